@@ -1,0 +1,65 @@
+//! The probes crate's one error type. Every variant names the path or device involved and,
+//! where there is one, what the operator should do.
+
+use std::io;
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProbeError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+
+    #[error("cannot list {path}: {source}")]
+    ReadDir {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+
+    #[error("{path}: unexpected content {content:?}: {expected}")]
+    Parse {
+        path: PathBuf,
+        content: String,
+        expected: &'static str,
+    },
+
+    #[error("{device}: {message}")]
+    Verbs { device: String, message: String },
+
+    #[error("{0}")]
+    Other(String),
+}
+
+impl ProbeError {
+    pub fn read(path: impl Into<PathBuf>, source: io::Error) -> Self {
+        Self::Read {
+            path: path.into(),
+            source,
+        }
+    }
+
+    pub fn parse(path: impl Into<PathBuf>, content: &str, expected: &'static str) -> Self {
+        Self::Parse {
+            path: path.into(),
+            content: content.trim_end().to_owned(),
+            expected,
+        }
+    }
+
+    /// Bounded, stable label for metrics (`fabricgate_probe_errors_total{kind=...}`).
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Self::Read { .. } | Self::ReadDir { .. } => "read",
+            Self::Parse { .. } => "parse",
+            Self::Verbs { .. } => "verbs",
+            Self::Other(_) => "other",
+        }
+    }
+}
+
+pub type Result<T, E = ProbeError> = std::result::Result<T, E>;

@@ -1,0 +1,485 @@
+//! The RDMA tree in sysfs: `class/infiniband/<dev>` (a symlink into `devices/`), its ports,
+//! GID tables, counters, and the PCIe link of the HCA behind the `device` link.
+//!
+//! Parsers are pure functions over the file content; the reader around them turns every
+//! failure into a per-device or per-port error so one bad device never hides the others.
+
+use super::{
+    DeviceReport, Gid, GidType, LinkLayer, NodeType, PciLink, PhysState, PortReport, PortState,
+    Rate, RdmaReport,
+};
+use crate::Roots;
+use crate::error::ProbeError;
+use std::collections::BTreeMap;
+use std::fs::{self, File};
+use std::io::{self, Read};
+use std::path::{Path, PathBuf};
+
+/// Parse `4: ACTIVE` (the kernel's `"%d: %s"`); the number is authoritative.
+pub fn parse_port_state(s: &str) -> Option<PortState> {
+    parse_numbered(s).map(PortState::from_code)
+}
+
+/// Parse `5: LinkUp`.
+pub fn parse_phys_state(s: &str) -> Option<PhysState> {
+    parse_numbered(s).map(PhysState::from_code)
+}
+
+/// Parse `1: CA`.
+pub fn parse_node_type(s: &str) -> Option<NodeType> {
+    let (num, name) = s.trim().split_once(':')?;
+    Some(NodeType {
+        code: num.trim().parse().ok()?,
+        name: name.trim().to_owned(),
+    })
+}
+
+fn parse_numbered(s: &str) -> Option<u8> {
+    let (num, name) = s.trim().split_once(':')?;
+    if name.trim().is_empty() {
+        return None;
+    }
+    num.trim().parse().ok()
+}
+
+/// Parse the kernel's `rate_show` output: `"%d%s Gb/sec (%dX%s)"`, e.g. `400 Gb/sec (4X NDR)`,
+/// `2.5 Gb/sec (1X SDR)`. Some drivers omit the speed name (`10 Gb/sec (4X)`).
+pub fn parse_rate(s: &str) -> Option<Rate> {
+    let s = s.trim();
+    let (gbps, rest) = s.split_once(" Gb/sec")?;
+    let gbps: f64 = gbps.trim().parse().ok()?;
+    if !gbps.is_finite() || gbps < 0.0 {
+        return None;
+    }
+    let inner = rest.trim().strip_prefix('(')?.strip_suffix(')')?;
+    let (width, speed) = inner.split_once('X')?;
+    Some(Rate {
+        gbps,
+        width: width.trim().parse().ok()?,
+        speed: speed.trim().to_owned(),
+    })
+}
+
+/// Parse `0x1a` (LIDs are printed in hex).
+pub fn parse_hex_u32(s: &str) -> Option<u32> {
+    let s = s.trim();
+    let digits = s.strip_prefix("0x").or_else(|| s.strip_prefix("0X"))?;
+    u32::from_str_radix(digits, 16).ok()
+}
+
+/// Parse a PCIe speed: `16.0 GT/s PCIe`, `8 GT/s`, `2.5 GT/s PCIe`; `Unknown` gives `None`.
+pub fn parse_pcie_speed(s: &str) -> Option<f64> {
+    let (num, _) = s.trim().split_once(" GT/s")?;
+    num.trim().parse().ok()
+}
+
+/// What a counter file holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CounterText {
+    Value(u64),
+    /// `N/A (no PMA)`: the port has no performance management agent; absent, not 0.
+    NotAvailable,
+}
+
+/// Counter values: decimal, or `N/A (no PMA)`; `None` for anything else.
+pub fn parse_counter(s: &str) -> Option<CounterText> {
+    let s = s.trim();
+    if s.starts_with("N/A") {
+        return Some(CounterText::NotAvailable);
+    }
+    s.parse().ok().map(CounterText::Value)
+}
+
+fn is_zero_gid(gid: &str) -> bool {
+    gid.bytes().all(|b| b == b'0' || b == b':')
+}
+
+/// Reads small attribute files with one reusable buffer: sysfs attributes fit one page and
+/// come back in one `read`, and the probe reads thousands of them per tick.
+struct AttrReader {
+    buf: Vec<u8>,
+}
+
+impl AttrReader {
+    fn new() -> Self {
+        Self {
+            buf: Vec::with_capacity(4096),
+        }
+    }
+
+    /// `Ok(None)` when the file does not exist; read errors (EINVAL on unused GID entries,
+    /// EACCES, EIO) are returned so the caller decides what they mean.
+    fn read(&mut self, path: &Path) -> Result<Option<&str>, ProbeError> {
+        self.buf.clear();
+        let mut file = match File::open(path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(ProbeError::read(path, e)),
+        };
+        file.read_to_end(&mut self.buf)
+            .map_err(|e| ProbeError::read(path, e))?;
+        let text = std::str::from_utf8(&self.buf)
+            .map_err(|_| ProbeError::parse(path, "<non-UTF-8 bytes>", "UTF-8 text"))?;
+        Ok(Some(text.trim_end_matches(['\n', '\0'])))
+    }
+
+    /// Read an optional attribute and parse it; absence is `None`, failure goes to `errors`.
+    fn parsed<T>(
+        &mut self,
+        path: &Path,
+        expected: &'static str,
+        errors: &mut Vec<String>,
+        parse: impl FnOnce(&str) -> Option<T>,
+    ) -> Option<T> {
+        match self.read(path) {
+            Ok(None) => None,
+            Ok(Some(text)) => match parse(text) {
+                Some(v) => Some(v),
+                None => {
+                    errors.push(ProbeError::parse(path, text, expected).to_string());
+                    None
+                }
+            },
+            Err(e) => {
+                errors.push(e.to_string());
+                None
+            }
+        }
+    }
+
+    fn string(&mut self, path: &Path, errors: &mut Vec<String>) -> Option<String> {
+        self.parsed(path, "text", errors, |s| {
+            let s = s.trim();
+            (!s.is_empty()).then(|| s.to_owned())
+        })
+    }
+}
+
+/// Entries of a directory, sorted; `Ok(None)` when it does not exist.
+fn list_dir(path: &Path) -> Result<Option<Vec<String>>, ProbeError> {
+    let entries = match fs::read_dir(path) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => {
+            return Err(ProbeError::ReadDir {
+                path: path.to_owned(),
+                source,
+            });
+        }
+    };
+    let mut names = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|source| ProbeError::ReadDir {
+            path: path.to_owned(),
+            source,
+        })?;
+        if let Some(name) = entry.file_name().to_str() {
+            names.push(name.to_owned());
+        }
+    }
+    names.sort();
+    Ok(Some(names))
+}
+
+/// Read every RDMA device under `<sysfs>/class/infiniband`.
+pub fn probe(roots: &Roots) -> RdmaReport {
+    let class = roots.sys("class/infiniband");
+    let mut report = RdmaReport::default();
+    let names = match list_dir(&class) {
+        Ok(Some(names)) => names,
+        Ok(None) => return report,
+        Err(e) => {
+            report.subsystem_present = true;
+            report.errors.push(e.to_string());
+            return report;
+        }
+    };
+    report.subsystem_present = true;
+    let mut reader = AttrReader::new();
+    report.devices = names
+        .into_iter()
+        .map(|name| read_device(&mut reader, &class.join(&name), name))
+        .collect();
+    report
+}
+
+fn read_device(reader: &mut AttrReader, dir: &Path, name: String) -> DeviceReport {
+    let mut dev = DeviceReport {
+        name,
+        ..DeviceReport::default()
+    };
+    let errors = &mut dev.errors;
+    dev.node_type = reader.parsed(
+        &dir.join("node_type"),
+        "\"N: NAME\"",
+        errors,
+        parse_node_type,
+    );
+    dev.node_guid = reader.string(&dir.join("node_guid"), errors);
+    dev.sys_image_guid = reader.string(&dir.join("sys_image_guid"), errors);
+    dev.fw_ver = reader.string(&dir.join("fw_ver"), errors);
+    dev.hca_type = reader.string(&dir.join("hca_type"), errors);
+    dev.board_id = reader.string(&dir.join("board_id"), errors);
+    dev.pci = read_pci(reader, &dir.join("device"), errors);
+
+    let ports_dir = dir.join("ports");
+    match list_dir(&ports_dir) {
+        Ok(Some(entries)) => {
+            let mut numbers: Vec<u32> = entries.iter().filter_map(|n| n.parse().ok()).collect();
+            numbers.sort_unstable();
+            if numbers.is_empty() {
+                dev.errors.push(format!(
+                    "{}: no ports listed; the driver did not register any port",
+                    ports_dir.display()
+                ));
+            }
+            dev.ports = numbers
+                .into_iter()
+                .map(|n| read_port(reader, &ports_dir.join(n.to_string()), n))
+                .collect();
+        }
+        Ok(None) => dev.errors.push(format!(
+            "{}: missing; the device registered without ports (driver failed to initialise?)",
+            ports_dir.display()
+        )),
+        Err(e) => dev.errors.push(e.to_string()),
+    }
+    dev
+}
+
+/// The PCIe link of the parent device, when the parent is a PCI function.
+fn read_pci(reader: &mut AttrReader, link: &Path, errors: &mut Vec<String>) -> Option<PciLink> {
+    let target = fs::read_link(link).ok()?;
+    let address = target.file_name()?.to_str()?.to_owned();
+    let mut pci = PciLink {
+        address,
+        ..PciLink::default()
+    };
+    pci.numa_node = reader
+        .parsed(&link.join("numa_node"), "an integer", errors, |s| {
+            s.trim().parse::<i64>().ok()
+        })
+        .and_then(|n| u32::try_from(n).ok());
+    // `Unknown` speed (link down, or a virtual function) is reported as absent, not an error.
+    pci.current_speed_gts = reader
+        .read(&link.join("current_link_speed"))
+        .ok()
+        .flatten()
+        .and_then(parse_pcie_speed);
+    pci.max_speed_gts = reader
+        .read(&link.join("max_link_speed"))
+        .ok()
+        .flatten()
+        .and_then(parse_pcie_speed);
+    pci.current_width = reader
+        .read(&link.join("current_link_width"))
+        .ok()
+        .flatten()
+        .and_then(|s| s.trim().parse().ok());
+    pci.max_width = reader
+        .read(&link.join("max_link_width"))
+        .ok()
+        .flatten()
+        .and_then(|s| s.trim().parse().ok());
+    Some(pci)
+}
+
+fn read_port(reader: &mut AttrReader, dir: &Path, port: u32) -> PortReport {
+    let mut p = PortReport {
+        port,
+        ..PortReport::default()
+    };
+    let errors = &mut p.errors;
+    p.state = reader.parsed(
+        &dir.join("state"),
+        "\"N: STATE\" such as \"4: ACTIVE\"",
+        errors,
+        parse_port_state,
+    );
+    p.phys_state = reader.parsed(
+        &dir.join("phys_state"),
+        "\"N: STATE\" such as \"5: LinkUp\"",
+        errors,
+        parse_phys_state,
+    );
+    p.rate = reader.parsed(
+        &dir.join("rate"),
+        "\"N Gb/sec (WX SPEED)\"",
+        errors,
+        parse_rate,
+    );
+    p.link_layer = reader.parsed(&dir.join("link_layer"), "a link layer", errors, |s| {
+        Some(LinkLayer::parse(s))
+    });
+    p.lid = reader.parsed(&dir.join("lid"), "a hex LID", errors, parse_hex_u32);
+    p.sm_lid = reader.parsed(&dir.join("sm_lid"), "a hex LID", errors, parse_hex_u32);
+    p.gids = read_gids(reader, dir, errors);
+    p.counters = read_counters(reader, &dir.join("counters"), errors);
+    p.hw_counters = read_counters(reader, &dir.join("hw_counters"), errors);
+    p
+}
+
+fn read_gids(reader: &mut AttrReader, port_dir: &Path, errors: &mut Vec<String>) -> Vec<Gid> {
+    let gids_dir = port_dir.join("gids");
+    let names = match list_dir(&gids_dir) {
+        Ok(Some(n)) => n,
+        Ok(None) => return Vec::new(),
+        Err(e) => {
+            errors.push(e.to_string());
+            return Vec::new();
+        }
+    };
+    let mut indices: Vec<u32> = names.iter().filter_map(|n| n.parse().ok()).collect();
+    indices.sort_unstable();
+    let mut out = Vec::new();
+    for index in indices {
+        let idx = index.to_string();
+        let gid = match reader.read(&gids_dir.join(&idx)) {
+            Ok(Some(g)) if !is_zero_gid(g) => g.trim().to_owned(),
+            // Unused entries read as all zeroes (or fail on some kernels): not in use.
+            _ => continue,
+        };
+        // The kernel answers EINVAL for attributes of entries without a netdev (InfiniBand).
+        let attrs = port_dir.join("gid_attrs");
+        let gid_type = reader
+            .read(&attrs.join("types").join(&idx))
+            .ok()
+            .flatten()
+            .map(GidType::parse);
+        let netdev = reader
+            .read(&attrs.join("ndevs").join(&idx))
+            .ok()
+            .flatten()
+            .map(|s| s.trim().to_owned())
+            .filter(|s| !s.is_empty());
+        out.push(Gid {
+            index,
+            gid,
+            gid_type,
+            netdev,
+        });
+    }
+    out
+}
+
+fn read_counters(
+    reader: &mut AttrReader,
+    dir: &Path,
+    errors: &mut Vec<String>,
+) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    let names = match list_dir(dir) {
+        Ok(Some(n)) => n,
+        Ok(None) => return out,
+        Err(e) => {
+            errors.push(e.to_string());
+            return out;
+        }
+    };
+    for name in names {
+        let path: PathBuf = dir.join(&name);
+        match reader.read(&path) {
+            Ok(Some(text)) => match parse_counter(text) {
+                Some(CounterText::Value(v)) => {
+                    out.insert(name, v);
+                }
+                Some(CounterText::NotAvailable) => {}
+                // `lifespan` is a writable knob in hw_counters, not a counter.
+                None if name == "lifespan" => {}
+                None => {
+                    errors.push(ProbeError::parse(&path, text, "a decimal counter").to_string())
+                }
+            },
+            Ok(None) => {}
+            Err(e) => errors.push(e.to_string()),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_every_kernel_port_state() {
+        let cases = [
+            ("0: NOP\n", PortState::Nop),
+            ("1: DOWN\n", PortState::Down),
+            ("2: INIT\n", PortState::Init),
+            ("3: ARMED\n", PortState::Armed),
+            ("4: ACTIVE\n", PortState::Active),
+            ("5: ACTIVE_DEFER\n", PortState::ActiveDefer),
+            ("7: UNKNOWN\n", PortState::Unknown(7)),
+        ];
+        for (text, want) in cases {
+            assert_eq!(parse_port_state(text), Some(want), "{text:?}");
+        }
+        assert_eq!(parse_port_state("ACTIVE"), None);
+        assert_eq!(parse_port_state("4:"), None);
+        assert_eq!(parse_port_state("x: ACTIVE"), None);
+    }
+
+    #[test]
+    fn parses_every_kernel_phys_state() {
+        let cases = [
+            ("1: Sleep", PhysState::Sleep),
+            ("2: Polling", PhysState::Polling),
+            ("3: Disabled", PhysState::Disabled),
+            (
+                "4: PortConfigurationTraining",
+                PhysState::PortConfigurationTraining,
+            ),
+            ("5: LinkUp", PhysState::LinkUp),
+            ("6: LinkErrorRecovery", PhysState::LinkErrorRecovery),
+            ("7: Phy Test", PhysState::PhyTest),
+            ("0: <unknown>", PhysState::Unknown(0)),
+        ];
+        for (text, want) in cases {
+            assert_eq!(parse_phys_state(text), Some(want), "{text:?}");
+        }
+    }
+
+    #[test]
+    fn parses_rates_with_width_and_speed() {
+        let r = parse_rate("400 Gb/sec (4X NDR)\n").unwrap();
+        assert_eq!((r.gbps, r.width, r.speed.as_str()), (400.0, 4, "NDR"));
+        let r = parse_rate("2.5 Gb/sec (1X SDR)").unwrap();
+        assert_eq!((r.gbps, r.width, r.speed.as_str()), (2.5, 1, "SDR"));
+        let r = parse_rate("200 Gb/sec (2X NDR)").unwrap();
+        assert_eq!((r.gbps, r.width), (200.0, 2));
+        let r = parse_rate("10 Gb/sec (4X)").unwrap();
+        assert_eq!((r.gbps, r.width, r.speed.as_str()), (10.0, 4, ""));
+        assert_eq!(parse_rate("fast"), None);
+        assert_eq!(parse_rate("400 Gb/sec"), None);
+        assert_eq!(parse_rate("-1 Gb/sec (4X NDR)"), None);
+    }
+
+    #[test]
+    fn parses_lids_pcie_and_counters() {
+        assert_eq!(parse_hex_u32("0x1a\n"), Some(26));
+        assert_eq!(parse_hex_u32("26"), None);
+        assert_eq!(parse_pcie_speed("32.0 GT/s PCIe\n"), Some(32.0));
+        assert_eq!(parse_pcie_speed("8 GT/s"), Some(8.0));
+        assert_eq!(parse_pcie_speed("Unknown"), None);
+        assert_eq!(parse_counter("123\n"), Some(CounterText::Value(123)));
+        assert_eq!(
+            parse_counter("N/A (no PMA)\n"),
+            Some(CounterText::NotAvailable)
+        );
+        assert_eq!(parse_counter("lots"), None);
+        assert_eq!(
+            parse_node_type("1: CA\n"),
+            Some(NodeType {
+                code: 1,
+                name: "CA".into()
+            })
+        );
+    }
+
+    #[test]
+    fn zero_gids_are_unused() {
+        assert!(is_zero_gid("0000:0000:0000:0000:0000:0000:0000:0000"));
+        assert!(!is_zero_gid("fe80:0000:0000:0000:ec0d:9a03:0078:6a6a"));
+    }
+}

@@ -1,0 +1,206 @@
+//! `fabricgate check`: one probe, one verdict, printed as a table or as JSON.
+
+use crate::policy::Verdict;
+use fabricgate_probes::ProbeReport;
+use fabricgate_probes::rdma::{DeviceReport, format_gbps};
+use serde_json::{Value, json};
+use std::fmt::Write as _;
+
+/// The JSON document of `fabricgate check --format json`: the verdict and the report merged
+/// under `rdma` and `lustre`, so `rdma.ready` sits beside `rdma.devices`.
+pub fn to_json(report: &ProbeReport, verdict: &Verdict) -> Value {
+    let mut rdma = serde_json::to_value(&report.rdma).unwrap_or(Value::Null);
+    if let Value::Object(map) = &mut rdma {
+        map.insert("ready".into(), json!(verdict.rdma.part.ready));
+        map.insert("usable_ports".into(), json!(verdict.rdma.usable_ports));
+        map.insert("required_ports".into(), json!(verdict.rdma.required_ports));
+        map.insert(
+            "reasons".into(),
+            json!(messages(&verdict.rdma.part.findings)),
+        );
+        map.insert(
+            "warnings".into(),
+            json!(messages(&verdict.rdma.part.warnings)),
+        );
+    }
+    let mut lustre = serde_json::to_value(&report.storage).unwrap_or(Value::Null);
+    if !lustre.is_object() {
+        lustre = json!({});
+    }
+    if let Value::Object(map) = &mut lustre {
+        map.insert("ready".into(), json!(verdict.lustre.ready));
+        map.insert("reasons".into(), json!(messages(&verdict.lustre.findings)));
+        map.insert("warnings".into(), json!(messages(&verdict.lustre.warnings)));
+    }
+    json!({
+        "ready": verdict.ready,
+        "reasons": verdict.reasons(),
+        "warnings": verdict.warnings(),
+        "rdma": rdma,
+        "lustre": lustre,
+        "labels": verdict.labels,
+        "taints": verdict.taints,
+        "conditions": verdict.conditions,
+        "timestamp": report.timestamp,
+        "timings": report.timings,
+    })
+}
+
+fn messages(findings: &[crate::policy::Finding]) -> Vec<&str> {
+    findings.iter().map(|f| f.message.as_str()).collect()
+}
+
+/// A readable report for a terminal.
+pub fn to_table(report: &ProbeReport, verdict: &Verdict) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "fabricgate: node {}",
+        if verdict.ready {
+            "VALIDATED"
+        } else {
+            "NOT VALIDATED"
+        }
+    );
+    for reason in verdict.reasons() {
+        let _ = writeln!(out, "  ✗ {reason}");
+    }
+    for warning in verdict.warnings() {
+        let _ = writeln!(out, "  ! {warning}");
+    }
+    let _ = writeln!(
+        out,
+        "\nRDMA: {} ({} usable port{}, {} required)",
+        if verdict.rdma.part.ready {
+            "ready"
+        } else {
+            "not ready"
+        },
+        verdict.rdma.usable_ports,
+        if verdict.rdma.usable_ports == 1 {
+            ""
+        } else {
+            "s"
+        },
+        verdict.rdma.required_ports
+    );
+    if report.rdma.devices.is_empty() {
+        let _ = writeln!(out, "  (no RDMA devices)");
+    } else {
+        let rows = device_rows(&report.rdma.devices);
+        let widths: Vec<usize> = (0..HEADER.len())
+            .map(|c| {
+                rows.iter()
+                    .map(|r| r[c].chars().count())
+                    .chain([HEADER[c].len()])
+                    .max()
+                    .unwrap_or(0)
+            })
+            .collect();
+        for row in std::iter::once(HEADER.map(str::to_owned).to_vec()).chain(rows) {
+            let line: Vec<String> = row
+                .iter()
+                .zip(&widths)
+                .map(|(cell, w)| format!("{cell:<w$}"))
+                .collect();
+            let _ = writeln!(out, "  {}", line.join("  ").trim_end());
+        }
+    }
+    let _ = writeln!(
+        out,
+        "\nLustre: {}",
+        if verdict.lustre.ready {
+            "ready"
+        } else {
+            "not ready"
+        }
+    );
+    let _ = writeln!(out, "\nLabels:");
+    for (k, v) in &verdict.labels {
+        let _ = writeln!(out, "  {k}={v}");
+    }
+    let _ = writeln!(out, "Taints:");
+    if verdict.taints.is_empty() {
+        let _ = writeln!(out, "  (none)");
+    }
+    for t in &verdict.taints {
+        let _ = writeln!(
+            out,
+            "  {}={}:{}",
+            t.key,
+            t.value.as_deref().unwrap_or(""),
+            t.effect
+        );
+    }
+    out
+}
+
+const HEADER: [&str; 9] = [
+    "DEVICE", "PORT", "STATE", "PHYS", "RATE", "LINK", "NETDEV", "PCIE", "VERBS",
+];
+
+fn device_rows(devices: &[DeviceReport]) -> Vec<Vec<String>> {
+    let dash = || "-".to_owned();
+    let mut rows = Vec::new();
+    for dev in devices {
+        let pcie = dev.pci.as_ref().map_or_else(dash, |p| {
+            let w = |v: Option<u32>| v.map_or("?".into(), |v| v.to_string());
+            let s = |v: Option<f64>| v.map_or("?".into(), format_gbps);
+            let mut text = format!("x{} {}GT/s", w(p.current_width), s(p.current_speed_gts));
+            if p.is_degraded() {
+                let _ = write!(text, " (of x{} {}GT/s)", w(p.max_width), s(p.max_speed_gts));
+            }
+            text
+        });
+        let verbs = dev.verbs.as_ref().map_or_else(dash, |v| {
+            if v.opened {
+                "ok".into()
+            } else {
+                "FAILED".into()
+            }
+        });
+        if dev.ports.is_empty() {
+            rows.push(vec![
+                dev.name.clone(),
+                dash(),
+                "(no ports)".into(),
+                dash(),
+                dash(),
+                dash(),
+                dash(),
+                pcie.clone(),
+                verbs.clone(),
+            ]);
+        }
+        for p in &dev.ports {
+            rows.push(vec![
+                dev.name.clone(),
+                p.port.to_string(),
+                p.state.map_or("?".into(), |s| s.name()),
+                p.phys_state.map_or("?".into(), |s| s.name()),
+                p.rate.as_ref().map_or_else(dash, ToString::to_string),
+                p.link_layer
+                    .as_ref()
+                    .map_or_else(dash, |l| l.name().to_owned()),
+                {
+                    let n = p.netdevs();
+                    if n.is_empty() { dash() } else { n.join(",") }
+                },
+                pcie.clone(),
+                verbs.clone(),
+            ]);
+        }
+    }
+    rows
+}
+
+/// Exit code for a completed check: 3 when nothing could be probed at all.
+pub fn exit_code(report: &ProbeReport, verdict: &Verdict) -> u8 {
+    if verdict.ready {
+        crate::EXIT_VALIDATED
+    } else if report.rdma.devices.is_empty() && !report.rdma.errors.is_empty() {
+        crate::EXIT_CANNOT_PROBE
+    } else {
+        crate::EXIT_NOT_VALIDATED
+    }
+}

@@ -1,0 +1,17 @@
+//! fabricgate: proves a GPU node's RDMA fabric and shared storage work before training
+//! workers may land on it. The binary in `main.rs` is a thin CLI over this library.
+
+pub mod check;
+pub mod cli;
+pub mod config;
+pub mod error;
+pub mod metrics;
+pub mod policy;
+
+pub use error::{Error, Result};
+
+/// `fabricgate check` exit codes (DESIGN.md).
+pub const EXIT_VALIDATED: u8 = 0;
+pub const EXIT_NOT_VALIDATED: u8 = 1;
+pub const EXIT_USAGE: u8 = 2;
+pub const EXIT_CANNOT_PROBE: u8 = 3;

@@ -1,0 +1,41 @@
+//! The `fabricgate` binary: argument parsing and exit codes only.
+
+use clap::Parser;
+use fabricgate::cli::{CheckArgs, Cli, Command, Format};
+use fabricgate::{EXIT_USAGE, check, policy};
+use fabricgate_probes::Prober;
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Check(args) => run_check(&args),
+        Command::Run(_args) => Err(anyhow::anyhow!("`fabricgate run` is not implemented yet")),
+    };
+    match result {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("fabricgate: {e:#}");
+            let code = e
+                .downcast_ref::<fabricgate::Error>()
+                .map_or(EXIT_USAGE, fabricgate::Error::exit_code);
+            ExitCode::from(code)
+        }
+    }
+}
+
+fn run_check(args: &CheckArgs) -> anyhow::Result<u8> {
+    let config = args.probe.load_config()?;
+    let roots = args.probe.roots()?;
+    let mut prober = Prober::new(roots, args.probe.probe_config(&config));
+    let report = prober.probe();
+    let verdict = policy::evaluate(&report, &config);
+    match args.format {
+        Format::Json => println!(
+            "{}",
+            serde_json::to_string_pretty(&check::to_json(&report, &verdict))?
+        ),
+        Format::Table => print!("{}", check::to_table(&report, &verdict)),
+    }
+    Ok(check::exit_code(&report, &verdict))
+}

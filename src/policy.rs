@@ -1,0 +1,488 @@
+//! The pure decision: a probe report and the requirements in, a verdict out. No I/O, no clock.
+
+use crate::config::{Config, LinkLayerRequirement};
+use fabricgate_probes::ProbeReport;
+use fabricgate_probes::rdma::{
+    DeviceReport, LinkLayer, PhysState, PortReport, PortState, RdmaReport, format_gbps,
+};
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// Which part of the node a finding is about; each maps to one Node condition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scope {
+    Rdma,
+    Lustre,
+}
+
+/// One problem found, with a machine-readable code (the Node condition's reason).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Finding {
+    pub scope: Scope,
+    /// CamelCase, stable: used as the Node condition `reason`.
+    pub code: &'static str,
+    pub message: String,
+}
+
+/// The verdict on one part of the node.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PartVerdict {
+    pub ready: bool,
+    /// Why not ready (empty when ready).
+    pub findings: Vec<Finding>,
+    /// Problems that do not block readiness (e.g. a spare port down while enough are up).
+    pub warnings: Vec<Finding>,
+}
+
+impl PartVerdict {
+    fn ok() -> Self {
+        Self {
+            ready: true,
+            findings: Vec::new(),
+            warnings: Vec::new(),
+        }
+    }
+}
+
+/// RDMA-specific outcome, also feeding the labels.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RdmaVerdict {
+    #[serde(flatten)]
+    pub part: PartVerdict,
+    /// Ports that meet every rule.
+    pub usable_ports: u32,
+    pub required_ports: u32,
+    /// Slowest usable port.
+    pub min_rate_gbps: Option<f64>,
+    /// `InfiniBand`, `Ethernet` or `Mixed` over the usable ports.
+    pub link_layer: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Taint {
+    pub key: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    pub effect: String,
+}
+
+/// A Node condition as fabricgate wants it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Condition {
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// `True` or `False`.
+    pub status: String,
+    pub reason: String,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Verdict {
+    pub ready: bool,
+    pub rdma: RdmaVerdict,
+    pub lustre: PartVerdict,
+    pub labels: BTreeMap<String, String>,
+    pub taints: Vec<Taint>,
+    pub conditions: Vec<Condition>,
+}
+
+impl Verdict {
+    /// One human sentence per problem, RDMA first.
+    pub fn reasons(&self) -> Vec<String> {
+        self.rdma
+            .part
+            .findings
+            .iter()
+            .chain(&self.lustre.findings)
+            .map(|f| f.message.clone())
+            .collect()
+    }
+
+    pub fn warnings(&self) -> Vec<String> {
+        self.rdma
+            .part
+            .warnings
+            .iter()
+            .chain(&self.lustre.warnings)
+            .map(|f| f.message.clone())
+            .collect()
+    }
+}
+
+/// Judge one probe report against the requirements, with no memory of earlier probes.
+pub fn evaluate(report: &ProbeReport, config: &Config) -> Verdict {
+    let rdma = evaluate_rdma(&report.rdma, config);
+    let lustre = evaluate_lustre(report, config);
+    let ready = rdma.part.ready && lustre.ready;
+    let prefix = &config.node.label_prefix;
+
+    let mut labels = BTreeMap::new();
+    let b = |v: bool| if v { "true" } else { "false" }.to_owned();
+    labels.insert(format!("{prefix}ready"), b(ready));
+    labels.insert(format!("{prefix}rdma.ready"), b(rdma.part.ready));
+    labels.insert(
+        format!("{prefix}rdma.active-ports"),
+        rdma.usable_ports.to_string(),
+    );
+    if let Some(ll) = &rdma.link_layer {
+        labels.insert(format!("{prefix}rdma.link-layer"), ll.clone());
+    }
+    if let Some(rate) = rdma.min_rate_gbps {
+        labels.insert(format!("{prefix}rdma.rate-gbps"), format_gbps(rate));
+    }
+    labels.insert(format!("{prefix}lustre.ready"), b(lustre.ready));
+
+    let taints = if ready {
+        Vec::new()
+    } else {
+        vec![Taint {
+            key: config.node.taint_key(),
+            value: None,
+            effect: config.node.taint_effect.as_str().to_owned(),
+        }]
+    };
+
+    let conditions = vec![
+        condition(
+            "FabricReady",
+            ready,
+            "FabricValidated",
+            &[&rdma.part, &lustre],
+        ),
+        condition(
+            "RDMAReady",
+            rdma.part.ready,
+            "RDMAPortsActive",
+            &[&rdma.part],
+        ),
+        condition(
+            "LustreReady",
+            lustre.ready,
+            "LustreMountsHealthy",
+            &[&lustre],
+        ),
+    ];
+
+    Verdict {
+        ready,
+        rdma,
+        lustre,
+        labels,
+        taints,
+        conditions,
+    }
+}
+
+fn condition(type_: &str, ready: bool, ok_reason: &str, parts: &[&PartVerdict]) -> Condition {
+    let findings: Vec<&Finding> = parts.iter().flat_map(|p| &p.findings).collect();
+    let (reason, message) = if ready {
+        (
+            ok_reason.to_owned(),
+            "all fabricgate checks passed".to_owned(),
+        )
+    } else {
+        let reason = findings
+            .first()
+            .map_or("NotValidated", |f| f.code)
+            .to_owned();
+        let message = findings
+            .iter()
+            .map(|f| f.message.as_str())
+            .collect::<Vec<_>>()
+            .join("; ");
+        (reason, message)
+    };
+    Condition {
+        type_: type_.to_owned(),
+        status: if ready { "True" } else { "False" }.to_owned(),
+        reason,
+        message,
+    }
+}
+
+fn evaluate_lustre(_report: &ProbeReport, _config: &Config) -> PartVerdict {
+    PartVerdict::ok()
+}
+
+fn rdma_finding(code: &'static str, message: String) -> Finding {
+    Finding {
+        scope: Scope::Rdma,
+        code,
+        message,
+    }
+}
+
+fn evaluate_rdma(report: &RdmaReport, config: &Config) -> RdmaVerdict {
+    let req = &config.rdma;
+    let matcher = config.device_matcher();
+    let mut problems: Vec<Finding> = Vec::new();
+    let mut usable: Vec<&PortReport> = Vec::new();
+
+    for err in &report.errors {
+        problems.push(rdma_finding("RDMAProbeFailed", err.clone()));
+    }
+
+    let in_scope: Vec<&DeviceReport> = report
+        .devices
+        .iter()
+        .filter(|d| matcher.is_match(&d.name))
+        .collect();
+
+    if !report.subsystem_present {
+        let mut msg = "no RDMA devices: the kernel exposes no RDMA subsystem \
+                       (class/infiniband is absent; no RDMA driver loaded)"
+            .to_owned();
+        if let Some(err) = report.verbs.as_ref().and_then(|v| v.error.as_ref()) {
+            msg.push_str("; ");
+            msg.push_str(err);
+        }
+        problems.push(rdma_finding("NoRDMADevices", msg));
+    } else if in_scope.is_empty() && report.errors.is_empty() {
+        let names: Vec<&str> = report.devices.iter().map(|d| d.name.as_str()).collect();
+        problems.push(rdma_finding(
+            "NoRDMADevices",
+            if names.is_empty() {
+                "no RDMA devices: class/infiniband is empty".to_owned()
+            } else {
+                format!(
+                    "no RDMA device matches rdma.devices {:?} (found: {})",
+                    req.devices,
+                    names.join(", ")
+                )
+            },
+        ));
+    }
+
+    for dev in in_scope {
+        let device_problems = device_problems(dev, config);
+        let blocked = !device_problems.is_empty();
+        problems.extend(device_problems);
+        for port in &dev.ports {
+            if !link_layer_in_scope(port, req.link_layer) {
+                continue;
+            }
+            let port_problems = port_problems(dev, port, config);
+            if port_problems.is_empty() && !blocked {
+                usable.push(port);
+            }
+            problems.extend(port_problems);
+        }
+    }
+
+    let usable_ports = u32::try_from(usable.len()).unwrap_or(u32::MAX);
+    let ready = usable_ports >= req.min_active_ports;
+    let mut part = PartVerdict {
+        ready,
+        findings: Vec::new(),
+        warnings: Vec::new(),
+    };
+    if ready {
+        part.warnings = problems;
+    } else {
+        let code = problems.first().map_or("InsufficientPorts", |f| f.code);
+        part.findings = problems;
+        part.findings.push(rdma_finding(
+            code,
+            format!(
+                "{usable_ports} usable RDMA port{} of {} required",
+                if usable_ports == 1 { "" } else { "s" },
+                req.min_active_ports
+            ),
+        ));
+    }
+
+    let min_rate_gbps = usable
+        .iter()
+        .filter_map(|p| p.rate.as_ref().map(|r| r.gbps))
+        .min_by(f64::total_cmp);
+    let mut layers: Vec<&str> = usable
+        .iter()
+        .filter_map(|p| p.link_layer.as_ref().map(LinkLayer::name))
+        .collect();
+    layers.sort_unstable();
+    layers.dedup();
+    let link_layer = match layers.as_slice() {
+        [] => None,
+        [one] => Some((*one).to_owned()),
+        _ => Some("Mixed".to_owned()),
+    };
+
+    RdmaVerdict {
+        part,
+        usable_ports,
+        required_ports: req.min_active_ports,
+        min_rate_gbps,
+        link_layer,
+    }
+}
+
+fn link_layer_in_scope(port: &PortReport, want: LinkLayerRequirement) -> bool {
+    match want {
+        LinkLayerRequirement::Any => true,
+        LinkLayerRequirement::InfiniBand => port.link_layer == Some(LinkLayer::InfiniBand),
+        LinkLayerRequirement::Ethernet => port.link_layer == Some(LinkLayer::Ethernet),
+    }
+}
+
+/// Problems that make every port of the device unusable.
+fn device_problems(dev: &DeviceReport, config: &Config) -> Vec<Finding> {
+    let mut out = Vec::new();
+    for err in &dev.errors {
+        out.push(rdma_finding(
+            "DeviceUnreadable",
+            format!("{}: {err}", dev.name),
+        ));
+    }
+    if dev.ports.is_empty() && dev.errors.is_empty() {
+        out.push(rdma_finding(
+            "DeviceUnreadable",
+            format!("{}: the device has no ports", dev.name),
+        ));
+    }
+    if let Some(verbs) = &dev.verbs
+        && !verbs.opened
+    {
+        let why = verbs.error.as_deref().unwrap_or("unknown error");
+        out.push(rdma_finding(
+            "VerbsUnavailable",
+            format!(
+                "{}: sysfs shows the device but verbs cannot open it: {why}",
+                dev.name
+            ),
+        ));
+    }
+    if config.rdma.require_full_pcie_link
+        && let Some(pci) = dev.pci.as_ref().filter(|p| p.is_degraded())
+    {
+        let link = |w: Option<u32>, s: Option<f64>| {
+            format!(
+                "x{} at {} GT/s",
+                w.map_or("?".into(), |w| w.to_string()),
+                s.map_or("?".into(), format_gbps)
+            )
+        };
+        out.push(rdma_finding(
+            "PCIeLinkDegraded",
+            format!(
+                "{} ({}): PCIe link trained at {}, capable of {}; the HCA's bandwidth is \
+                     cut; reseat the card or check the slot and BIOS settings",
+                dev.name,
+                pci.address,
+                link(pci.current_width, pci.current_speed_gts),
+                link(pci.max_width, pci.max_speed_gts)
+            ),
+        ));
+    }
+    out
+}
+
+/// Problems that make this port unusable.
+fn port_problems(dev: &DeviceReport, port: &PortReport, config: &Config) -> Vec<Finding> {
+    let req = &config.rdma;
+    let name = format!("{} port {}", dev.name, port.port);
+    let mut out = Vec::new();
+
+    match (port.state, port.phys_state) {
+        (None, _) => {
+            let detail = port
+                .errors
+                .iter()
+                .find(|e| e.contains("/state"))
+                .cloned()
+                .unwrap_or_else(|| "state file missing".into());
+            out.push(rdma_finding(
+                "PortStateUnknown",
+                format!("{name}: cannot tell the port state: {detail}"),
+            ));
+            return out;
+        }
+        (Some(PortState::Init | PortState::Armed), phys) => {
+            let state = port.state.map(|s| s.name()).unwrap_or_default();
+            out.push(rdma_finding(
+                "PortNotActivatedBySM",
+                format!(
+                    "{name}: state {state}{}: the subnet manager has not activated this port; \
+                     check that a subnet manager (opensm, UFM) is running and reaches it",
+                    phys.map_or(String::new(), |p| format!(" (phys {p})"))
+                ),
+            ));
+            return out;
+        }
+        (Some(PortState::Active), Some(PhysState::LinkUp)) => {}
+        (Some(state), phys) => {
+            out.push(rdma_finding(
+                "PortDown",
+                format!(
+                    "{name}: state {state}, phys {}: the link is down; check the cable, \
+                     transceiver and switch port",
+                    phys.map_or("unknown".into(), |p| p.name())
+                ),
+            ));
+            return out;
+        }
+    }
+
+    if let Some(vp) = &port.verbs
+        && vp.state != PortState::Active
+    {
+        out.push(rdma_finding(
+            "PortDown",
+            format!(
+                "{name}: sysfs says ACTIVE but ibv_query_port says {}",
+                vp.state
+            ),
+        ));
+    }
+
+    match &port.rate {
+        Some(rate) if rate.gbps + 1e-9 < req.min_rate_gbps => out.push(rdma_finding(
+            "RateBelowRequired",
+            format!(
+                "{name}: rate {rate} below required {} Gb/s",
+                format_gbps(req.min_rate_gbps)
+            ),
+        )),
+        None if req.min_rate_gbps > 0.0 => out.push(rdma_finding(
+            "RateBelowRequired",
+            format!(
+                "{name}: rate unknown, required {} Gb/s",
+                format_gbps(req.min_rate_gbps)
+            ),
+        )),
+        _ => {}
+    }
+
+    if req.require_roce_v2
+        && port.link_layer == Some(LinkLayer::Ethernet)
+        && !port.has_roce_v2_gid()
+    {
+        let netdevs = port.netdevs();
+        out.push(rdma_finding(
+            "NoRoCEv2GID",
+            format!(
+                "{name}: no RoCE v2 GID{}; RoCE v2 needs an IP address on the port's netdev \
+                 (NCCL picks RoCE v2 GIDs for routable traffic)",
+                if netdevs.is_empty() {
+                    String::new()
+                } else {
+                    format!(" on {}", netdevs.join(", "))
+                }
+            ),
+        ));
+    }
+
+    if let Some(sel) = port.selftest.as_ref().filter(|s| !s.ok) {
+        out.push(rdma_finding(
+            "SelftestFailed",
+            format!(
+                "{name}: data-path self-test failed at {}{}: {}",
+                sel.failed_step.as_deref().unwrap_or("an unknown step"),
+                sel.errno.map_or(String::new(), |e| format!(" (errno {e})")),
+                sel.message.as_deref().unwrap_or("no detail")
+            ),
+        ));
+    }
+    out
+}
