@@ -54,7 +54,7 @@ make_sysfs() {
         printf '16\n' >"$dir/current_link_width"
         printf '16\n' >"$dir/max_link_width"
         printf '%d\n' $((i / 5)) >"$dir/numa_node"
-        ln -s "../../.." "$dir/infiniband/$dev/device"
+        ln -s "../../../$pci" "$dir/infiniband/$dev/device"
         ln -s "../../devices/pci0000:00/$pci/infiniband/$dev" "$root/class/infiniband/$dev"
         local d=$dir/infiniband/$dev
         printf '1: CA\n' >"$d/node_type"
@@ -90,7 +90,10 @@ make_sysfs() {
             port_rcv_remote_physical_errors port_rcv_switch_relay_errors \
             port_xmit_constraint_errors port_xmit_data port_xmit_discards port_xmit_packets \
             port_xmit_wait symbol_error unicast_rcv_packets unicast_xmit_packets VL15_dropped; do
-            printf '%d\n' $((RANDOM * 1000)) >"$port/counters/$c"
+            case $c in
+                *_data | *_packets) printf '%d\n' $((RANDOM * 100000)) >"$port/counters/$c" ;;
+                *) printf '0\n' >"$port/counters/$c" ;;
+            esac
         done
         for c in duplicate_request implied_nak_seq_err local_ack_timeout_err np_cnp_sent \
             np_ecn_marked_roce_packets out_of_buffer out_of_sequence packet_seq_err \

@@ -45,7 +45,10 @@ fn object(kind: &str) -> Value {
         .next()
         .unwrap_or_else(|| panic!("daemonset.yaml has no {kind}"))
         .clone();
-    assert!(found.next().is_none(), "daemonset.yaml has more than one {kind}");
+    assert!(
+        found.next().is_none(),
+        "daemonset.yaml has more than one {kind}"
+    );
     first
 }
 
@@ -72,7 +75,10 @@ fn container_argv() -> Vec<String> {
     if argv.is_empty() {
         argv.push("fabricgate".into());
     } else {
-        assert!(argv[0].ends_with("/fabricgate") || argv[0] == "fabricgate", "{argv:?}");
+        assert!(
+            argv[0].ends_with("/fabricgate") || argv[0] == "fabricgate",
+            "{argv:?}"
+        );
     }
     argv.extend(strings(&c["args"]));
     argv
@@ -148,14 +154,19 @@ fn daemonset_tolerates_the_agents_own_taint_and_not_ready_nodes() {
         })
     };
     // Both effects the taint can be configured with.
-    assert!(tolerates(&taint_key, "NoSchedule"), "{taint_key} NoSchedule");
+    assert!(
+        tolerates(&taint_key, "NoSchedule"),
+        "{taint_key} NoSchedule"
+    );
     assert!(tolerates(&taint_key, "NoExecute"), "{taint_key} NoExecute");
     assert!(tolerates("node.kubernetes.io/not-ready", "NoSchedule"));
     assert!(tolerates("node.kubernetes.io/not-ready", "NoExecute"));
     assert!(tolerates("node.kubernetes.io/unreachable", "NoExecute"));
     assert_eq!(spec["priorityClassName"], "system-node-critical");
     assert!(
-        spec["nodeSelector"].as_object().is_some_and(|m| !m.is_empty()),
+        spec["nodeSelector"]
+            .as_object()
+            .is_some_and(|m| !m.is_empty()),
         "GPU nodes are selected explicitly"
     );
 }
@@ -217,10 +228,7 @@ fn configmap_requirements_are_accepted_and_use_the_binarys_names() {
     let text = cm["data"]["requirements.yaml"].as_str().unwrap();
     let config = Config::parse(text).unwrap_or_else(|e| panic!("requirements rejected: {e}"));
     assert_eq!(config.node.label_prefix, DEFAULT_LABEL_PREFIX);
-    assert_eq!(
-        config.node.taint_key(),
-        NodeSettings::default().taint_key()
-    );
+    assert_eq!(config.node.taint_key(), NodeSettings::default().taint_key());
     // The example is the documented 8x400G InfiniBand node.
     assert_eq!(config.rdma.min_active_ports, 8);
     assert_eq!(config.rdma.min_rate_gbps, 400.0);
@@ -248,7 +256,10 @@ fn configmap_requirements_are_accepted_and_use_the_binarys_names() {
             .unwrap_or_else(|| panic!("{required} is not under any volumeMount"));
         assert_eq!(parent["mountPropagation"], "HostToContainer", "{parent}");
         let vol = volume(parent["name"].as_str().unwrap());
-        assert_eq!(vol["hostPath"]["path"], parent["mountPath"], "same path as on the host");
+        assert_eq!(
+            vol["hostPath"]["path"], parent["mountPath"],
+            "same path as on the host"
+        );
     }
 }
 
@@ -258,14 +269,24 @@ fn container_arguments_are_accepted_by_the_binarys_cli() {
     // The roots the agent reads are the host's sysfs (read-only) and a real procfs.
     let sys = volume_mount(args.probe.sysfs_root.to_str().unwrap());
     assert_eq!(sys["readOnly"], true);
-    assert_eq!(volume(sys["name"].as_str().unwrap())["hostPath"]["path"], "/sys");
+    assert_eq!(
+        volume(sys["name"].as_str().unwrap())["hostPath"]["path"],
+        "/sys"
+    );
     assert_eq!(args.probe.proc_root, PathBuf::from("/proc"));
-    assert_eq!(args.interval, std::time::Duration::from_secs(10), "the default interval");
+    assert_eq!(
+        args.interval,
+        std::time::Duration::from_secs(10),
+        "the default interval"
+    );
     assert!(!args.dry_run, "the deployed agent writes to the Node");
     // The node name comes from the downward API through the variable the CLI reads.
     let env = container()["env"].as_array().unwrap().clone();
     let node_name = env.iter().find(|e| e["name"] == "NODE_NAME").unwrap();
-    assert_eq!(node_name["valueFrom"]["fieldRef"]["fieldPath"], "spec.nodeName");
+    assert_eq!(
+        node_name["valueFrom"]["fieldRef"]["fieldPath"],
+        "spec.nodeName"
+    );
 }
 
 #[test]
@@ -300,7 +321,10 @@ fn probe_and_scrape_ports_match_the_metrics_address() {
 fn pod_runs_with_least_privilege() {
     let ds = object("DaemonSet");
     let pod = &ds["spec"]["template"]["spec"];
-    assert_eq!(pod["hostNetwork"], true, "RDMA devices may be netns-exclusive");
+    assert_eq!(
+        pod["hostNetwork"], true,
+        "RDMA devices may be netns-exclusive"
+    );
     for forbidden in ["hostPID", "hostIPC"] {
         assert!(pod.get(forbidden).is_none_or(|v| v == false), "{forbidden}");
     }
@@ -323,7 +347,10 @@ fn pod_runs_with_least_privilege() {
         .iter()
         .filter_map(|v| v["hostPath"]["path"].as_str())
         .collect();
-    assert_eq!(host_paths, BTreeSet::from(["/sys", "/dev/infiniband", "/lustre"]));
+    assert_eq!(
+        host_paths,
+        BTreeSet::from(["/sys", "/dev/infiniband", "/lustre"])
+    );
     for m in c["volumeMounts"].as_array().unwrap() {
         if m["mountPath"] != "/dev/infiniband" {
             assert_eq!(m["readOnly"], true, "{m}");
@@ -332,7 +359,10 @@ fn pod_runs_with_least_privilege() {
     // The token is projected by hand (pod-bound: it carries the node-name claim); nothing is
     // mounted automatically.
     assert_eq!(pod["automountServiceAccountToken"], false);
-    assert_eq!(object("ServiceAccount")["automountServiceAccountToken"], false);
+    assert_eq!(
+        object("ServiceAccount")["automountServiceAccountToken"],
+        false
+    );
     let token = volume_mount("/var/run/secrets/kubernetes.io/serviceaccount");
     let sources = volume(token["name"].as_str().unwrap())["projected"]["sources"].clone();
     assert!(
@@ -403,7 +433,10 @@ fn tool(name: &str, install: &str) -> Option<PathBuf> {
             .find(|p| p.is_file())
     });
     if found.is_none() {
-        assert!(!in_ci(), "{name} is not installed; CI installs it with {install}");
+        assert!(
+            !in_ci(),
+            "{name} is not installed; CI installs it with {install}"
+        );
         eprintln!("SKIP: {name} is not installed ({install}; .ci/deploy.sh does it)");
     }
     found
@@ -471,7 +504,10 @@ fn dockerfile_passes_hadolint() {
     bad.write_all(b"FROM debian:latest\nRUN apt-get install curl\n")
         .unwrap();
     let (ok, _) = run(Proc::new(&hadolint).arg(bad.path()));
-    assert!(!ok, "hadolint accepted an unpinned image and apt-get without -y");
+    assert!(
+        !ok,
+        "hadolint accepted an unpinned image and apt-get without -y"
+    );
 }
 
 #[test]
@@ -561,7 +597,9 @@ fn cel_python() -> Option<PathBuf> {
         !in_ci(),
         "no python3 with cel-expr-python and PyYAML; .ci/deploy.sh installs them"
     );
-    eprintln!("SKIP: no python3 with cel-expr-python and PyYAML (pip install cel-expr-python pyyaml)");
+    eprintln!(
+        "SKIP: no python3 with cel-expr-python and PyYAML (pip install cel-expr-python pyyaml)"
+    );
     None
 }
 
@@ -745,7 +783,8 @@ fn admission_policy_confines_the_agent_to_its_own_nodes_own_fields() {
             "own conditions added",
             |n| {
                 conditions(n).push(json!({"type": "RDMAReady", "status": "True", "reason": "Ok"}));
-                conditions(n).push(json!({"type": "LustreReady", "status": "False", "reason": "Hung"}));
+                conditions(n)
+                    .push(json!({"type": "LustreReady", "status": "False", "reason": "Hung"}));
             },
             true,
         ),
@@ -872,7 +911,11 @@ fn admission_policy_confines_the_agent_to_its_own_nodes_own_fields() {
                 "{} ({}{}): expected {}, got {d}",
                 c.what,
                 c.operation,
-                if c.subresource.is_empty() { "" } else { " status" },
+                if c.subresource.is_empty() {
+                    ""
+                } else {
+                    " status"
+                },
                 if c.allowed { "allowed" } else { "denied" }
             ));
         }
