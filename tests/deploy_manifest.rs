@@ -270,6 +270,10 @@ fn container_arguments_are_accepted_by_the_binarys_cli() {
     let sys = volume_mount(args.probe.sysfs_root.to_str().unwrap());
     assert_eq!(sys["readOnly"], true);
     assert_eq!(
+        sys["recursiveReadOnly"], "IfPossible",
+        "cgroup, debugfs below /sys too"
+    );
+    assert_eq!(
         volume(sys["name"].as_str().unwrap())["hostPath"]["path"],
         "/sys"
     );
