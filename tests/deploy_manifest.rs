@@ -263,6 +263,32 @@ fn configmap_requirements_are_accepted_and_use_the_binarys_names() {
     }
 }
 
+/// The example requirements describe the node they claim to: the 8x400G InfiniBand fixture
+/// (8 IB ports + 2 RoCE storage ports) passes the RDMA rules, a degraded one does not.
+#[test]
+fn configmap_example_validates_an_8x400g_node_and_rejects_a_degraded_one() {
+    use fabricgate_probes::rdma::VerbsMode;
+    use fabricgate_probes::{ProbeConfig, Prober, Roots};
+    let cm = object("ConfigMap");
+    let config = Config::parse(cm["data"]["requirements.yaml"].as_str().unwrap()).unwrap();
+    let verdict = |fixture: &str| {
+        let dir = root().join("tests/fixtures").join(fixture);
+        let probe_config = ProbeConfig {
+            verbs: VerbsMode::Off,
+            ..ProbeConfig::default()
+        };
+        let mut prober = Prober::new(Roots::new(dir.join("sys"), dir.join("proc")), probe_config);
+        fabricgate::policy::evaluate(&prober.probe(), &config)
+    };
+    let healthy = verdict("ndr-8x400-healthy");
+    assert!(healthy.rdma.part.ready, "{:?}", healthy.reasons());
+    assert_eq!(healthy.rdma.usable_ports, 8, "the InfiniBand ports only");
+    assert_eq!(healthy.rdma.min_rate_gbps, Some(400.0));
+    for degraded in ["ndr-degraded-link", "ndr-port-down", "ndr-pcie-x8"] {
+        assert!(!verdict(degraded).rdma.part.ready, "{degraded} passed");
+    }
+}
+
 #[test]
 fn container_arguments_are_accepted_by_the_binarys_cli() {
     let args = run_args();
