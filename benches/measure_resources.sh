@@ -10,6 +10,7 @@
 #                 8x400G InfiniBand node)
 # PROC_ROOT       procfs (default: /proc, this machine's real mount table)
 # INTERVAL        probe interval (default: 10s, the agent's default)
+# MODE            run (default) or check (a proxy: one `fabricgate check` per interval)
 #
 # The agent runs with --dry-run and no kubeconfig (it needs no cluster), --verbs off (no RDMA
 # hardware here). Samples VmRSS every 5 s from /proc/PID/status; at the end reads VmHWM and
@@ -43,6 +44,29 @@ SYSFS_ROOT=${SYSFS_ROOT:-tests/fixtures/ndr-8x400-healthy/sys}
 [ -d "$SYSFS_ROOT/class/infiniband" ] || { echo "no sysfs tree at $SYSFS_ROOT" >&2; exit 2; }
 
 unset KUBECONFIG KUBERNETES_SERVICE_HOST KUBERNETES_SERVICE_PORT
+
+# MODE=check: a proxy for builds without `run`: one `fabricgate check` per interval, each
+# measured by GNU time (max RSS, user+sys CPU). It has no metrics server, no async runtime and
+# no Kubernetes client, so it understates the agent's memory.
+if [ "${MODE:-run}" = check ]; then
+    secs=$(printf '%s' "$INTERVAL" | sed -E 's/s$//')
+    end=$((SECONDS + DURATION))
+    while [ "$SECONDS" -lt "$end" ]; do
+        /usr/bin/time -a -o "$work/times" -f '%U %S %M' \
+            "$FABRICGATE_BIN" check --verbs off --sysfs-root "$SYSFS_ROOT" \
+            --proc-root "$PROC_ROOT" --format json >/dev/null || true
+        sleep "$secs"
+    done
+    awk -v dur="$DURATION" -v bin="$FABRICGATE_BIN" -v iv="$INTERVAL" '
+        { n++; cpu += $1 + $2; if ($3 > max) max = $3 }
+        END {
+            printf "binary           %s check (proxy; every %s for %d s, %d probes)\n", bin, iv, dur, n
+            printf "peak RSS         %.1f MiB (largest single check)\n", max/1024
+            printf "CPU (user+sys)   %.2f s total, %.1f ms per probe = %.2f millicores average\n", cpu, cpu/n*1000, cpu/dur*1000
+        }' "$work/times"
+    exit 0
+fi
+
 NODE_NAME=measure-node "$FABRICGATE_BIN" run --dry-run --verbs off \
     --sysfs-root "$SYSFS_ROOT" --proc-root "$PROC_ROOT" \
     --interval "$INTERVAL" --metrics-addr 127.0.0.1:0 \
