@@ -186,6 +186,11 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
 }
 
 async fn stopped(mut stop: watch::Receiver<bool>) {
+    wait_stop(&mut stop).await;
+}
+
+/// Completes once shutdown was requested (the watch `Ref` is not held across awaits).
+async fn wait_stop(stop: &mut watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
 }
 
@@ -205,7 +210,7 @@ async fn probe_loop(
     loop {
         tokio::select! {
             biased;
-            _ = stop.wait_for(|s| *s) => return Ok(()),
+            () = wait_stop(&mut stop) => return Ok(()),
             () = sleep_until(next) => {}
         }
         let started = Instant::now();
@@ -213,7 +218,7 @@ async fn probe_loop(
         next = started + interval.mul_f64(1.0 - 0.1 * jitter.next_f64());
         let report = tokio::select! {
             biased;
-            _ = stop.wait_for(|s| *s) => return Ok(()),
+            () = wait_stop(&mut stop) => return Ok(()),
             r = probes.probe() => r?,
         };
         let instant = policy::evaluate(&report, config);
@@ -314,9 +319,13 @@ async fn reconcile_loop(
         let wake = deadline.unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400));
         tokio::select! {
             biased;
-            _ = stop.wait_for(|s| *s) => return,
+            () = wait_stop(&mut stop) => return,
             // While failing, wait for the backoff deadline; it reconciles the latest verdict.
-            r = desired.changed(), if failures == 0 => if r.is_err() { return },
+            r = desired.changed(), if failures == 0 => {
+                if r.is_err() {
+                    return;
+                }
+            }
             () = sleep_until(wake), if deadline.is_some() => {
                 if failures == 0 {
                     rec.invalidate();
@@ -331,7 +340,7 @@ async fn reconcile_loop(
             tokio::pin!(fut);
             tokio::select! {
                 r = &mut fut => r,
-                _ = stop.wait_for(|s| *s) => {
+                () = wait_stop(&mut stop) => {
                     match timeout(WRITE_GRACE, &mut fut).await {
                         Ok(Ok(_)) => {}
                         Ok(Err(e)) => tracing::warn!(error = %e, "last Node write failed at shutdown"),

@@ -27,7 +27,7 @@ pub enum Error {
     #[error("Node {node} does not exist; check --node-name/NODE_NAME (downward API spec.nodeName)")]
     NodeNotFound { node: String },
 
-    #[error("cannot {action} Node {node}: {source}{}", forbidden_hint(source))]
+    #[error("cannot {action} Node {node}: {source}{}", forbidden_hint(.source))]
     Kube {
         action: &'static str,
         node: String,

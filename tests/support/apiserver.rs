@@ -1050,6 +1050,7 @@ fn apply(
         }
         let have = labels_of(&before);
         if !force {
+            let key = &key;
             let conflicts: Vec<String> = want
                 .iter()
                 .filter(|(k, v)| have.get(*k).is_some_and(|h| h != *v))
@@ -1057,7 +1058,7 @@ fn apply(
                     stored
                         .owners
                         .iter()
-                        .filter(move |(ok, (o, _))| **ok != key && o.labels.contains(k))
+                        .filter(move |(ok, (o, _))| *ok != key && o.labels.contains(k))
                         .map(move |((m, _, _), _)| {
                             format!("conflict with \"{m}\": .metadata.labels.{k}")
                         })
