@@ -96,10 +96,13 @@ impl Agent {
 
 /// Install the global `tracing` subscriber (level from `RUST_LOG`, default `info`).
 pub fn init_logging(format: LogFormat) {
+    // kube's HTTP layer logs every failed request at ERROR; the reconcile loop already says
+    // what failed and when it retries, once per kind of failure.
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,kube_client=off"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     // A second init (tests) keeps the first subscriber.
     let _ = match format {
@@ -237,18 +240,13 @@ async fn probe_loop(
                     good_probes = hysteresis.good_streak(),
                     "node validated: fabric ready"
                 );
+            } else if verdict.reasons().is_empty() {
+                tracing::info!(
+                    recover_after = config.node.recover_after,
+                    "node not validated yet: waiting for consecutive good probes"
+                );
             } else {
-                let reasons = verdict.reasons();
-                let why = if reasons.is_empty() {
-                    verdict
-                        .conditions
-                        .iter()
-                        .find(|c| c.type_ == "FabricReady")
-                        .map_or_else(String::new, |c| c.message.clone())
-                } else {
-                    reasons.join("; ")
-                };
-                tracing::warn!(reasons = %why, "node not ready");
+                tracing::warn!(reasons = %verdict.reasons().join("; "), "node not ready");
             }
             last_ready = Some(verdict.ready);
         }

@@ -27,7 +27,7 @@ pub enum Error {
     #[error("Node {node} does not exist; check --node-name/NODE_NAME (downward API spec.nodeName)")]
     NodeNotFound { node: String },
 
-    #[error("cannot {action} Node {node}: {source}{}", forbidden_hint(.source))]
+    #[error("cannot {action} Node {node}: {}{}", describe(.source), forbidden_hint(.source))]
     Kube {
         action: &'static str,
         node: String,
@@ -43,6 +43,14 @@ pub enum Error {
 
     #[error("internal error: {message}")]
     Internal { message: String },
+}
+
+/// kube's `Display` of an API error repeats the whole Status in Debug form; keep it short.
+fn describe(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) => format!("{} {}: {}", s.code, s.reason, s.message),
+        other => other.to_string(),
+    }
 }
 
 fn forbidden_hint(e: &kube::Error) -> &'static str {
