@@ -235,7 +235,7 @@ fn plan_taints(
         value: w.value.clone(),
         effect: w.effect.clone(),
         // kubectl stamps NoExecute taints; tolerationSeconds count from it.
-        time_added: (w.effect == "NoExecute").then(|| Time(*now)),
+        time_added: (w.effect == "NoExecute").then_some(Time(*now)),
     });
     let mut out = Vec::with_capacity(current.len() + 1);
     let mut placed = false;
@@ -803,7 +803,7 @@ mod tests {
         let p = plan(&node(&[], vec![], observed), &verdict(true), KEY, &now);
         let c = p.conditions.unwrap();
         assert_eq!(c[0].last_transition_time, Some(Time(now)));
-        assert_eq!(p.transition.unwrap().ready, true);
+        assert!(p.transition.unwrap().ready);
     }
 
     #[test]

@@ -394,13 +394,13 @@ async fn handle(
     let (latency, fault) = {
         let mut st = state.lock().unwrap_or_else(|e| e.into_inner());
         let fault = st.fault.clone();
-        if fault.is_some() {
-            if let Some(n) = st.fault_budget.as_mut() {
-                *n -= 1;
-                if *n == 0 {
-                    st.fault = None;
-                    st.fault_budget = None;
-                }
+        if fault.is_some()
+            && let Some(n) = st.fault_budget.as_mut()
+        {
+            *n -= 1;
+            if *n == 0 {
+                st.fault = None;
+                st.fault_budget = None;
             }
         }
         (st.latency, fault)
@@ -479,12 +479,13 @@ fn percent_decode(s: &str) -> String {
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
-        if b[i] == b'%' && i + 2 < b.len() {
-            if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
-                out.push(v);
-                i += 3;
-                continue;
-            }
+        if b[i] == b'%'
+            && i + 2 < b.len()
+            && let Ok(v) = u8::from_str_radix(&s[i + 1..i + 3], 16)
+        {
+            out.push(v);
+            i += 3;
+            continue;
         }
         out.push(if b[i] == b'+' { b' ' } else { b[i] });
         i += 1;
@@ -596,16 +597,16 @@ fn route(
                 return not_found(name);
             };
             let answer = json_response(200, &render(stored));
-            if st.after_get.as_ref().is_some_and(|(n, _)| n == name) {
-                if let Some((n, f)) = st.after_get.take() {
-                    let rv = st.bump();
-                    if let Some(stored) = st.nodes.get_mut(&n) {
-                        let before = stored.object.clone();
-                        f(&mut stored.object);
-                        stored.object["metadata"]["resourceVersion"] = json!(rv);
-                        record_update(stored, &before, "other-controller", "");
-                        record_update(stored, &before, "other-controller", "status");
-                    }
+            if st.after_get.as_ref().is_some_and(|(n, _)| n == name)
+                && let Some((n, f)) = st.after_get.take()
+            {
+                let rv = st.bump();
+                if let Some(stored) = st.nodes.get_mut(&n) {
+                    let before = stored.object.clone();
+                    f(&mut stored.object);
+                    stored.object["metadata"]["resourceVersion"] = json!(rv);
+                    record_update(stored, &before, "other-controller", "");
+                    record_update(stored, &before, "other-controller", "status");
                 }
             }
             answer
@@ -883,21 +884,19 @@ fn commit(
 
 /// Drop empty maps/lists the real server would omit (`omitempty`).
 fn normalize(node: &mut Value) {
-    if let Some(spec) = node.get_mut("spec").and_then(Value::as_object_mut) {
-        if spec
+    if let Some(spec) = node.get_mut("spec").and_then(Value::as_object_mut)
+        && spec
             .get("taints")
             .is_some_and(|t| t.as_array().is_some_and(Vec::is_empty) || t.is_null())
-        {
-            spec.remove("taints");
-        }
+    {
+        spec.remove("taints");
     }
-    if let Some(meta) = node.get_mut("metadata").and_then(Value::as_object_mut) {
-        if meta
+    if let Some(meta) = node.get_mut("metadata").and_then(Value::as_object_mut)
+        && meta
             .get("labels")
             .is_some_and(|l| l.as_object().is_some_and(Map::is_empty) || l.is_null())
-        {
-            meta.remove("labels");
-        }
+    {
+        meta.remove("labels");
     }
 }
 
@@ -998,12 +997,12 @@ fn apply(
     }
     // Only what the stand-in tracks ownership of; anything else would be silently wrong.
     let allowed_meta = ["name", "labels"];
-    if let Some(m) = config["metadata"].as_object() {
-        if let Some(k) = m.keys().find(|k| !allowed_meta.contains(&k.as_str())) {
-            return bad_request(&format!(
-                "stand-in: apply of metadata.{k} is not implemented"
-            ));
-        }
+    if let Some(m) = config["metadata"].as_object()
+        && let Some(k) = m.keys().find(|k| !allowed_meta.contains(&k.as_str()))
+    {
+        return bad_request(&format!(
+            "stand-in: apply of metadata.{k} is not implemented"
+        ));
     }
     let allowed_top: &[&str] = if subresource == "status" {
         &["apiVersion", "kind", "metadata", "status"]
@@ -1139,21 +1138,20 @@ fn apply(
         if !force {
             for c in &want {
                 let t = c["type"].as_str().unwrap_or_default();
-                if have.get(t).is_some_and(|h| h != c) {
-                    if let Some(((m, _, _), _)) = stored
+                if have.get(t).is_some_and(|h| h != c)
+                    && let Some(((m, _, _), _)) = stored
                         .owners
                         .iter()
                         .find(|(ok, (o, _))| **ok != key && o.conditions.contains(t))
-                    {
-                        return status_response(
-                            409,
-                            "Conflict",
-                            &format!(
-                                "Apply failed with 1 conflict: conflict with \"{m}\": .status.conditions[type=\"{t}\"]"
-                            ),
-                            None,
-                        );
-                    }
+                {
+                    return status_response(
+                        409,
+                        "Conflict",
+                        &format!(
+                            "Apply failed with 1 conflict: conflict with \"{m}\": .status.conditions[type=\"{t}\"]"
+                        ),
+                        None,
+                    );
                 }
             }
         }
@@ -1198,14 +1196,14 @@ fn apply(
     }
     normalize(&mut stored.object);
     let changed = stored.object != before;
-    if changed {
-        if let Some(e) = stored.owners.get_mut(&(
+    if changed
+        && let Some(e) = stored.owners.get_mut(&(
             manager.to_owned(),
             "Apply".to_owned(),
             subresource.to_owned(),
-        )) {
-            e.1 = now_rfc3339();
-        }
+        ))
+    {
+        e.1 = now_rfc3339();
     }
     prune(stored);
     if changed {
