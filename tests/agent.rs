@@ -618,3 +618,88 @@ fn json_logs_are_one_object_per_line() {
         && l["status"] == "False"));
     assert!(lines.iter().all(|l| l["level"].is_string()));
 }
+
+/// The closing-note numbers. Run with
+/// `cargo test -p fabricgate --test agent -- --ignored --nocapture measure`.
+#[test]
+#[ignore = "measurement: ~1 minute"]
+fn measure_port_down_to_taint_and_steady_state_requests() {
+    // Time from the port going down to the taint written, at a 1 s interval (the probe phase is
+    // uniform over the interval; the rest is the GET and the JSON patch).
+    let hca = FakeHca::new(true);
+    let api = seeded_api();
+    let interval = Duration::from_secs(1);
+    let agent = start_agent(
+        &hca,
+        Some(&api),
+        &["--interval", "1s", "--log-format", "json"],
+    );
+    wait_until("validation", Duration::from_secs(20), || ready(&api));
+    let mut took = Vec::new();
+    for _ in 0..10 {
+        hca.set_port(false);
+        took.push(wait_until("taint", Duration::from_secs(5), || has_our_taint(&api)));
+        hca.set_port(true);
+        wait_until("untaint", Duration::from_secs(10), || ready(&api));
+        // Desynchronise the next flip from the probe phase.
+        std::thread::sleep(Duration::from_millis(137));
+    }
+    took.sort();
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    println!(
+        "port down -> taint at --interval 1s over {} flips: min {:.0} ms, median {:.0} ms, max {:.0} ms",
+        took.len(),
+        ms(took[0]),
+        ms(took[took.len() / 2]),
+        ms(took[took.len() - 1])
+    );
+    assert!(took.iter().all(|d| *d < interval + Duration::from_millis(500)));
+    // The agent's own part: from the probe that saw the port down to the taint written.
+    let mut seen: Option<k8s_openapi::jiff::Timestamp> = None;
+    let mut reaction = Vec::new();
+    for line in agent.log().lines() {
+        let v: Value = serde_json::from_str(line).unwrap();
+        let at: k8s_openapi::jiff::Timestamp = v["timestamp"].as_str().unwrap().parse().unwrap();
+        match v["message"].as_str().unwrap() {
+            "node not ready" => seen = Some(at),
+            "added taint" => {
+                if let Some(s) = seen.take() {
+                    reaction.push(Duration::try_from(at - s).unwrap());
+                }
+            }
+            _ => {}
+        }
+    }
+    reaction.sort();
+    assert_eq!(reaction.len(), 10);
+    println!(
+        "probe verdict -> taint written (GET + JSON patch on the stand-in): min {:.1} ms, median {:.1} ms, max {:.1} ms",
+        ms(reaction[0]),
+        ms(reaction[5]),
+        ms(reaction[9])
+    );
+    drop(agent);
+
+    // Steady state: writes and reads over 100 resync periods, scaled to the defaults
+    // (--interval 10s, --resync-interval 60s).
+    let api = seeded_api();
+    let _agent = start_agent(
+        &hca,
+        Some(&api),
+        &["--interval", "10ms", "--resync-interval", "100ms"],
+    );
+    wait_until("validation", Duration::from_secs(20), || ready(&api));
+    std::thread::sleep(Duration::from_millis(200));
+    api.reset_requests();
+    std::thread::sleep(Duration::from_secs(10));
+    let writes = api.writes();
+    let gets = api.count("get");
+    let periods = 100.0;
+    println!(
+        "steady state over {periods} resync periods (1000 probes): {writes} writes, {gets} reads \
+         => per node per hour at the defaults: {:.0} writes, {:.0} reads",
+        writes as f64 / periods * 60.0,
+        gets as f64 / periods * 60.0
+    );
+    assert_eq!(writes, 0);
+}
