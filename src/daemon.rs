@@ -156,6 +156,7 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
     ));
 
     let (desired_tx, desired_rx) = watch::channel::<Option<Verdict>>(None);
+    let mut hysteresis = Hysteresis::new(&config);
     let reconciler = Reconciler::new(
         node_name.clone(),
         config.node.clone(),
@@ -163,6 +164,13 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
         dry_run,
         Arc::clone(&metrics),
     );
+    if reconciler.validated_on_node().await {
+        tracing::info!(
+            node = %node_name,
+            "the Node shows fabricgate's validation from an earlier run; resuming it"
+        );
+        hysteresis.resume_validated();
+    }
     let loop_task = tokio::spawn(reconcile_loop(
         reconciler,
         desired_rx,
@@ -178,7 +186,16 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
         dry_run,
         "fabricgate agent started"
     );
-    let result = probe_loop(prober, &config, interval, &metrics, &desired_tx, stop_rx).await;
+    let result = probe_loop(
+        prober,
+        &config,
+        hysteresis,
+        interval,
+        &metrics,
+        &desired_tx,
+        stop_rx,
+    )
+    .await;
 
     // The reconcile loop finishes or abandons its write within WRITE_GRACE.
     drop(desired_tx);
@@ -200,13 +217,13 @@ async fn wait_stop(stop: &mut watch::Receiver<bool>) {
 async fn probe_loop(
     prober: Prober,
     config: &Config,
+    mut hysteresis: Hysteresis,
     interval: Duration,
     metrics: &Metrics,
     desired: &watch::Sender<Option<Verdict>>,
     mut stop: watch::Receiver<bool>,
 ) -> Result<()> {
     let probes = ProbeThread::spawn(prober)?;
-    let mut hysteresis = Hysteresis::new(config);
     let mut jitter = Jitter::new();
     let mut next = Instant::now();
     let mut last_ready: Option<bool> = None;

@@ -357,6 +357,34 @@ impl Reconciler {
         &self.node_name
     }
 
+    /// Whether the Node shows a validation by an earlier run: `FabricReady=True` and not our
+    /// taint. `false` when it cannot be read (the safe start: not validated).
+    pub async fn validated_on_node(&self) -> bool {
+        let Some(nodes) = &self.nodes else {
+            return false;
+        };
+        let Ok(Ok(Some(node))) =
+            tokio::time::timeout(Duration::from_secs(5), nodes.get_opt(&self.node_name)).await
+        else {
+            return false;
+        };
+        let key = self.settings.taint_key();
+        let tainted = node
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.as_ref())
+            .is_some_and(|ts| ts.iter().any(|t| t.key == key));
+        let fabric_ready = node
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| {
+                cs.iter()
+                    .any(|c| c.type_ == "FabricReady" && c.status == "True")
+            });
+        fabric_ready && !tainted
+    }
+
     /// Forget what was confirmed, so the next reconcile reads the Node (periodic resync).
     pub fn invalidate(&mut self) {
         self.confirmed = None;
@@ -521,15 +549,18 @@ impl Reconciler {
             .await;
         let node = res.map_err(|e| self.kube_err("apply conditions on", e))?;
         self.wrote("conditions", outcome);
-        for c in conditions {
-            tracing::info!(
-                node = %self.node_name,
-                condition = %c.type_,
-                status = %c.status,
-                reason = c.reason.as_deref().unwrap_or(""),
-                "applied condition"
-            );
-        }
+        let shown: Vec<String> = conditions
+            .iter()
+            .map(|c| {
+                format!(
+                    "{}={}({})",
+                    c.type_,
+                    c.status,
+                    c.reason.as_deref().unwrap_or("")
+                )
+            })
+            .collect();
+        tracing::info!(node = %self.node_name, conditions = %shown.join(","), "applied conditions");
         Ok(node)
     }
 

@@ -212,6 +212,15 @@ impl Hysteresis {
         }
     }
 
+    /// Continue a validation a previous agent run recorded on the Node (`FabricReady=True`, no
+    /// taint): an agent restart then does not re-taint a healthy node. The next bad probe still
+    /// fails it at once.
+    pub fn resume_validated(&mut self) {
+        self.validated = true;
+        self.good_streak = self.recover_after;
+        self.held = None;
+    }
+
     /// Consecutive good probes seen so far (0 after a bad one).
     pub fn good_streak(&self) -> u32 {
         self.good_streak
@@ -673,6 +682,15 @@ mod tests {
             let v = h.apply(verdict(i % 2 == 0, "mlx5_0 port 1"));
             assert_eq!(v, first, "probe {i}");
         }
+    }
+
+    #[test]
+    fn a_resumed_validation_stays_ready_on_a_good_probe_and_fails_on_a_bad_one() {
+        let mut h = hysteresis(3);
+        h.resume_validated();
+        assert!(h.apply(verdict(true, "p")).ready);
+        assert!(!h.apply(verdict(false, "p")).ready);
+        assert!(!h.apply(verdict(true, "p")).ready, "recovery needs 3 again");
     }
 
     #[test]

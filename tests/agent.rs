@@ -300,6 +300,28 @@ fn port_down_taints_within_one_interval_and_recovers_after_recover_after_probes(
 }
 
 #[test]
+fn restarting_the_agent_on_a_validated_node_writes_nothing() {
+    let hca = FakeHca::new(true);
+    let api = seeded_api();
+    let agent = start_agent(&hca, Some(&api), &["--interval", "100ms"]);
+    wait_until("validation", Duration::from_secs(20), || ready(&api));
+    let (status, _) = agent.stop();
+    assert!(status.success());
+    api.reset_requests();
+    let agent = start_agent(&hca, Some(&api), &["--interval", "100ms"]);
+    let until = Instant::now() + Duration::from_millis(1500);
+    while Instant::now() < until {
+        assert!(!has_our_taint(&api), "a restart re-tainted a healthy node");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(api.writes(), 0, "{:?}", api.counts());
+    assert!(agent.log().contains("resuming"), "{}", agent.log());
+    // And it still fails fast.
+    hca.set_port(false);
+    wait_until("the taint", Duration::from_secs(5), || has_our_taint(&api));
+}
+
+#[test]
 fn steady_state_makes_zero_writes_and_flapping_makes_no_taint_storm() {
     let hca = FakeHca::new(true);
     let api = seeded_api();
@@ -613,9 +635,13 @@ fn json_logs_are_one_object_per_line() {
         .lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
         .collect();
-    assert!(lines.iter().any(|l| l["message"] == "applied condition"
-        && l["condition"] == "FabricReady"
-        && l["status"] == "False"));
+    assert!(lines.iter().any(|l| {
+        l["message"] == "applied conditions"
+            && l["conditions"]
+                .as_str()
+                .unwrap()
+                .contains("FabricReady=False(PortDown)")
+    }));
     assert!(lines.iter().all(|l| l["level"].is_string()));
 }
 
@@ -638,7 +664,9 @@ fn measure_port_down_to_taint_and_steady_state_requests() {
     let mut took = Vec::new();
     for _ in 0..10 {
         hca.set_port(false);
-        took.push(wait_until("taint", Duration::from_secs(5), || has_our_taint(&api)));
+        took.push(wait_until("taint", Duration::from_secs(5), || {
+            has_our_taint(&api)
+        }));
         hca.set_port(true);
         wait_until("untaint", Duration::from_secs(10), || ready(&api));
         // Desynchronise the next flip from the probe phase.
@@ -653,7 +681,10 @@ fn measure_port_down_to_taint_and_steady_state_requests() {
         ms(took[took.len() / 2]),
         ms(took[took.len() - 1])
     );
-    assert!(took.iter().all(|d| *d < interval + Duration::from_millis(500)));
+    assert!(
+        took.iter()
+            .all(|d| *d < interval + Duration::from_millis(500))
+    );
     // The agent's own part: from the probe that saw the port down to the taint written.
     let mut seen: Option<k8s_openapi::jiff::Timestamp> = None;
     let mut reaction = Vec::new();
