@@ -734,3 +734,57 @@ fn measure_port_down_to_taint_and_steady_state_requests() {
     );
     assert_eq!(writes, 0);
 }
+
+fn committed_fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+}
+
+/// The committed 8 x 400G NDR fixture trees drive the Node through the real binary.
+#[test]
+fn committed_fixtures_drive_the_node() {
+    let scratch = FakeHca::new(true);
+    for (fixture, ready_expected) in [("ndr-8x400-healthy", true), ("ndr-port-down", false)] {
+        let api = seeded_api();
+        let root = committed_fixture(fixture);
+        let kubeconfig = scratch.scratch().join("kubeconfig");
+        api.write_kubeconfig(&kubeconfig);
+        let mut child = Command::new(env!("CARGO_BIN_EXE_fabricgate"))
+            .arg("run")
+            .arg("--sysfs-root")
+            .arg(root.join("sys"))
+            .arg("--proc-root")
+            .arg(root.join("proc"))
+            .arg("--config")
+            .arg(committed_fixture("requirements-ndr.yaml"))
+            .args(["--verbs", "off", "--metrics-addr", "127.0.0.1:0"])
+            .args(["--interval", "100ms"])
+            .env("KUBECONFIG", &kubeconfig)
+            .env("NODE_NAME", NODE)
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        if ready_expected {
+            wait_until(fixture, Duration::from_secs(20), || ready(&api));
+            assert_eq!(
+                label(&api, "fabricgate.io/rdma.active-ports").as_deref(),
+                Some("8")
+            );
+            assert_eq!(
+                label(&api, "fabricgate.io/rdma.rate-gbps").as_deref(),
+                Some("400")
+            );
+        } else {
+            wait_until(fixture, Duration::from_secs(20), || {
+                condition(&api, "FabricReady").is_some_and(|c| c["reason"] == "PortDown")
+            });
+            assert!(has_our_taint(&api));
+            assert_eq!(label(&api, "fabricgate.io/ready").as_deref(), Some("false"));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
