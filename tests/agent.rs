@@ -439,38 +439,50 @@ fn api_outage_is_survived_and_converges_after() {
     assert!(agent.log().contains("backing off"));
 }
 
+/// Both forms of 429: a Status body with `details.retryAfterSeconds`, and API Priority and
+/// Fairness's plain-text body where only the `Retry-After` header says how long.
 #[test]
 fn retry_after_is_honoured() {
-    let hca = FakeHca::new(true);
-    let api = seeded_api();
-    let _agent = start_agent(&hca, Some(&api), &["--interval", "50ms"]);
-    wait_until("validation", Duration::from_secs(20), || ready(&api));
-    api.set_fault(Fault::TooManyRequests {
-        retry_after_secs: 2,
-    });
-    api.reset_requests();
-    hca.set_port(false);
-    std::thread::sleep(Duration::from_millis(3000));
-    let throttled: Vec<Instant> = api
-        .requests()
-        .iter()
-        .filter(|r| r.status == 429)
-        .map(|r| r.at)
-        .collect();
-    assert!(!throttled.is_empty());
-    // Backoff alone would retry every <= 50ms: 60 requests in 3s.
-    assert!(
-        throttled.len() <= 2,
-        "{} requests while throttled",
-        throttled.len()
-    );
-    for pair in throttled.windows(2) {
-        assert!(pair[1] - pair[0] >= Duration::from_millis(1900));
+    for fault in [
+        Fault::TooManyRequests {
+            retry_after_secs: 2,
+        },
+        Fault::TooManyRequestsPlain {
+            retry_after_secs: 2,
+        },
+    ] {
+        let hca = FakeHca::new(true);
+        let api = seeded_api();
+        let _agent = start_agent(&hca, Some(&api), &["--interval", "50ms"]);
+        wait_until("validation", Duration::from_secs(20), || ready(&api));
+        api.set_fault(fault.clone());
+        api.reset_requests();
+        hca.set_port(false);
+        std::thread::sleep(Duration::from_millis(3000));
+        let throttled: Vec<Instant> = api
+            .requests()
+            .iter()
+            .filter(|r| r.status == 429)
+            .map(|r| r.at)
+            .collect();
+        assert!(!throttled.is_empty());
+        // Backoff alone would retry every <= 50ms: 60 requests in 3s.
+        assert!(
+            throttled.len() <= 2,
+            "{fault:?}: {} requests while throttled",
+            throttled.len()
+        );
+        for pair in throttled.windows(2) {
+            assert!(
+                pair[1] - pair[0] >= Duration::from_millis(1900),
+                "{fault:?}"
+            );
+        }
+        api.clear_fault();
+        wait_until("convergence", Duration::from_secs(5), || {
+            has_our_taint(&api)
+        });
     }
-    api.clear_fault();
-    wait_until("convergence", Duration::from_secs(5), || {
-        has_our_taint(&api)
-    });
 }
 
 #[test]

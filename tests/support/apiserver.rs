@@ -44,6 +44,8 @@ use std::time::{Duration, Instant};
 pub enum Fault {
     /// 429 Too Many Requests with `Retry-After: secs` (header and Status details).
     TooManyRequests { retry_after_secs: u32 },
+    /// 429 as API Priority and Fairness sends it: `Retry-After` header, plain-text body.
+    TooManyRequestsPlain { retry_after_secs: u32 },
     /// 500 Internal Server Error.
     InternalError,
     /// Close the connection without answering.
@@ -418,6 +420,22 @@ async fn handle(
                 Some(json!({ "retryAfterSeconds": retry_after_secs })),
             );
             r.headers_mut().insert(
+                hyper::header::RETRY_AFTER,
+                hyper::header::HeaderValue::from(retry_after_secs),
+            );
+            Outcome::Answer(r)
+        }
+        Some(Fault::TooManyRequestsPlain { retry_after_secs }) => {
+            let mut r = Response::new(Full::new(Bytes::from_static(
+                b"Too many requests, please try again later.\n",
+            )));
+            *r.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+            let h = r.headers_mut();
+            h.insert(
+                hyper::header::CONTENT_TYPE,
+                hyper::header::HeaderValue::from_static("text/plain; charset=utf-8"),
+            );
+            h.insert(
                 hyper::header::RETRY_AFTER,
                 hyper::header::HeaderValue::from(retry_after_secs),
             );
