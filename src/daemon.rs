@@ -164,7 +164,12 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
         dry_run,
         Arc::clone(&metrics),
     );
-    if reconciler.validated_on_node().await {
+    let mut early_stop = stop_rx.clone();
+    let resumed = tokio::select! {
+        v = reconciler.validated_on_node() => v,
+        () = wait_stop(&mut early_stop) => false,
+    };
+    if resumed {
         tracing::info!(
             node = %node_name,
             "the Node shows fabricgate's validation from an earlier run; resuming it"

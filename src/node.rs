@@ -364,7 +364,7 @@ impl Reconciler {
             return false;
         };
         let Ok(Ok(Some(node))) =
-            tokio::time::timeout(Duration::from_secs(5), nodes.get_opt(&self.node_name)).await
+            tokio::time::timeout(Duration::from_secs(3), nodes.get_opt(&self.node_name)).await
         else {
             return false;
         };

@@ -530,6 +530,20 @@ fn sigterm_exits_cleanly_within_5s_even_with_a_write_in_flight() {
 }
 
 #[test]
+fn sigterm_during_startup_against_a_hung_api_server_exits_within_5s() {
+    let hca = FakeHca::new(true);
+    let api = seeded_api();
+    api.set_latency(Duration::from_secs(30));
+    let agent = start_agent(&hca, Some(&api), &["--interval", "100ms"]);
+    // The stand-in logs a request when it answers, which a hung server does not: give the
+    // agent time to start and send its first read, then stop it while that read hangs.
+    std::thread::sleep(Duration::from_millis(800));
+    let (status, took) = agent.stop();
+    assert!(status.success(), "{status:?}");
+    assert!(took < Duration::from_secs(5), "{took:?}");
+}
+
+#[test]
 fn sigint_exits_cleanly() {
     let hca = FakeHca::new(false);
     let api = seeded_api();
