@@ -100,6 +100,6 @@ printf '%s\n' "${samples[@]}" | awk -v hwm="$hwm" -v ut="$utime" -v st="$stime" 
         printf "binary           %s (interval %s, %d s, %d samples, %d threads)\n", bin, iv, dur, n, thr
         printf "RSS (VmRSS)      min %.1f MiB  avg %.1f MiB  max %.1f MiB\n", min/1024, s/n/1024, max/1024
         printf "peak (VmHWM)     %.1f MiB\n", hwm/1024
-        printf "CPU (utime+stime) %.2f s user %.2f s sys %.2f s = %.2f millicores average\n", cpu, ut/hz, st/hz, cpu/dur*1000
+        printf "CPU (utime+stime) %.2f s (user %.2f s, sys %.2f s) = %.2f millicores average\n", cpu, ut/hz, st/hz, cpu/dur*1000
     }'
 echo "agent log lines: $(wc -l <"$work/agent.log")"
