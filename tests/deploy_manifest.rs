@@ -232,6 +232,10 @@ fn configmap_requirements_are_accepted_and_use_the_binarys_names() {
     // The example is the documented 8x400G InfiniBand node.
     assert_eq!(config.rdma.min_active_ports, 8);
     assert_eq!(config.rdma.min_rate_gbps, 400.0);
+    assert_eq!(
+        config.node.recover_after,
+        NodeSettings::default().recover_after
+    );
 
     // The file the agent is told to read is this ConfigMap key, mounted read-only.
     let args = run_args();
