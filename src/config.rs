@@ -109,7 +109,7 @@ mod humantime_duration {
         let text = String::deserialize(d)?;
         humantime::parse_duration(text.trim()).map_err(|e| {
             D::Error::custom(format!(
-                "{text:?} is not a duration ({e}); write e.g. \"5s\" or \"1500ms\""
+                "lustre.statfs_timeout: {text:?} is not a duration ({e}); write e.g. \"5s\" or \"1500ms\""
             ))
         })
     }
