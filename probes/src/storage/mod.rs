@@ -589,3 +589,9 @@ mod tests {
         assert_eq!(p.targets(Some(&table)).len(), 2);
     }
 }
+
+// The daemon moves its prober onto a blocking thread; keep that possible.
+const _: fn() = || {
+    fn assert_send<T: Send>() {}
+    assert_send::<StorageProber>();
+};

@@ -65,11 +65,10 @@ impl MountTable {
 
     /// The mount visible at exactly `path` (the last one stacked there).
     pub fn find(&self, path: &Path) -> Option<&MountEntry> {
+        // The kernel prints canonical mount points, so only the query needs normalising
+        // (Path equality already ignores repeated and trailing separators).
         let want = normalize(path);
-        self.entries
-            .iter()
-            .rev()
-            .find(|e| normalize(&e.mount_point) == want)
+        self.entries.iter().rev().find(|e| e.mount_point == want)
     }
 
     /// The mount that holds `path` (longest mount point that is a prefix of it).
@@ -77,10 +76,12 @@ impl MountTable {
         let want = normalize(path);
         let mut best: Option<(usize, &MountEntry)> = None;
         for e in &self.entries {
-            let mp = normalize(&e.mount_point);
-            let depth = mp.components().count();
+            if !want.starts_with(&e.mount_point) {
+                continue;
+            }
+            let depth = e.mount_point.components().count();
             // `>=` so that a later mount stacked on the same point wins.
-            if want.starts_with(&mp) && best.is_none_or(|(d, _)| depth >= d) {
+            if best.is_none_or(|(d, _)| depth >= d) {
                 best = Some((depth, e));
             }
         }
@@ -171,6 +172,9 @@ fn split_options(s: &str) -> Vec<String> {
 /// is kept as it is.
 pub fn unescape(s: &str) -> Vec<u8> {
     let b = s.as_bytes();
+    if !b.contains(&b'\\') {
+        return b.to_vec();
+    }
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
