@@ -15,7 +15,9 @@ use std::path::PathBuf;
 /// A 2,000-line table shaped like a busy node's: overlay roots, secrets and projected
 /// volumes with escaped names, a few network file systems.
 fn big_mountinfo(extra: &[PathBuf]) -> String {
-    let mut s = String::from("28 1 259:2 / / rw,relatime shared:1 - ext4 /dev/nvme0n1p2 rw,errors=remount-ro\n");
+    let mut s = String::from(
+        "28 1 259:2 / / rw,relatime shared:1 - ext4 /dev/nvme0n1p2 rw,errors=remount-ro\n",
+    );
     let mut id = 100;
     while id < 100 + 2000 - 1 - extra.len() {
         let pod = format!("{:08x}-1b2c-4d5e-8f90-{:012x}", id * 7919, id * 104_729);

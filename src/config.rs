@@ -357,7 +357,10 @@ mod tests {
         )
         .unwrap();
         assert!(!c.lustre.all_lustre);
-        assert_eq!(c.lustre.statfs_timeout, std::time::Duration::from_millis(1500));
+        assert_eq!(
+            c.lustre.statfs_timeout,
+            std::time::Duration::from_millis(1500)
+        );
         assert_eq!(c.mounts[0].fstype.as_deref(), Some("nfs4"));
         assert!(!c.mounts[0].writable);
         assert!(c.mounts[1].writable);
@@ -381,13 +384,22 @@ mod tests {
         for (yaml, key) in [
             ("lustre:\n  statfs_timeout: soon\n", "statfs_timeout"),
             ("lustre:\n  statfs_timeout: 0s\n", "lustre.statfs_timeout"),
-            ("lustre:\n  min_free_percent: 100\n", "lustre.min_free_percent"),
-            ("lustre:\n  min_free_percent: -1\n", "lustre.min_free_percent"),
+            (
+                "lustre:\n  min_free_percent: 100\n",
+                "lustre.min_free_percent",
+            ),
+            (
+                "lustre:\n  min_free_percent: -1\n",
+                "lustre.min_free_percent",
+            ),
             ("lustre:\n  mounts: [scratch]\n", "lustre.mounts[0]"),
             ("lustre:\n  all_lustre: maybe\n", "all_lustre"),
             ("lustre:\n  statfs_timout: 5s\n", "statfs_timout"),
             ("mounts:\n  - path: datasets\n", "mounts[0].path"),
-            ("mounts:\n  - path: /a\n  - path: /b\n    fstype: \"\"\n", "mounts[1].fstype"),
+            (
+                "mounts:\n  - path: /a\n  - path: /b\n    fstype: \"\"\n",
+                "mounts[1].fstype",
+            ),
             ("mounts:\n  - path: /a\n    type: nfs\n", "type"),
             ("mounts:\n  - fstype: nfs\n", "path"),
         ] {

@@ -2,10 +2,10 @@
 
 use crate::config::{Config, LinkLayerRequirement};
 use fabricgate_probes::ProbeReport;
-use fabricgate_probes::storage::{LustreHealth, MountStatus};
 use fabricgate_probes::rdma::{
     DeviceReport, LinkLayer, PhysState, PortReport, PortState, RdmaReport, format_gbps,
 };
+use fabricgate_probes::storage::{LustreHealth, MountStatus};
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -269,7 +269,11 @@ fn evaluate_lustre(report: &ProbeReport, config: &Config) -> PartVerdict {
     let lustre_wanted = !config.lustre.mounts.is_empty() || config.lustre.all_lustre;
     let client = &storage.client;
     if lustre_wanted && client.present {
-        let text = client.health_text.as_deref().unwrap_or("").replace('\n', "; ");
+        let text = client
+            .health_text
+            .as_deref()
+            .unwrap_or("")
+            .replace('\n', "; ");
         match client.health {
             Some(LustreHealth::Healthy) => {}
             Some(LustreHealth::Lbug) => findings.push(lustre_finding(
@@ -305,10 +309,7 @@ fn evaluate_lustre(report: &ProbeReport, config: &Config) -> PartVerdict {
             .collect();
         for imp in &client.imports {
             let in_scope = config.lustre.all_lustre
-                || imp
-                    .fsname
-                    .as_deref()
-                    .is_some_and(|f| fsnames.contains(&f));
+                || imp.fsname.as_deref().is_some_and(|f| fsnames.contains(&f));
             if !in_scope || imp.healthy {
                 continue;
             }

@@ -47,7 +47,11 @@ fn strs(v: &Value) -> Vec<String> {
 #[test]
 fn lost_ost_fails_the_node_with_the_target_named() {
     let fx = fixture("lustre-ost-down");
-    let r = check(&fx.join("sys"), &fx.join("proc"), "rdma: {min_active_ports: 0}\n");
+    let r = check(
+        &fx.join("sys"),
+        &fx.join("proc"),
+        "rdma: {min_active_ports: 0}\n",
+    );
     assert_eq!(r.code, 1, "{}", r.stderr);
     let l = &r.json["lustre"];
     assert_eq!(l["ready"], false);
@@ -62,7 +66,10 @@ fn lost_ost_fails_the_node_with_the_target_named() {
     assert_eq!(r.json["taints"][0]["key"], "fabricgate.io/unvalidated");
     let imports = l["client"]["imports"].as_array().unwrap();
     assert_eq!(imports.len(), 5);
-    let ost3 = imports.iter().find(|i| i["target"] == "scratch-OST0003").unwrap();
+    let ost3 = imports
+        .iter()
+        .find(|i| i["target"] == "scratch-OST0003")
+        .unwrap();
     assert_eq!(ost3["state"], "DISCONN");
     assert_eq!(ost3["healthy"], false);
     assert_eq!(l["client"]["health"], "healthy");
@@ -76,7 +83,16 @@ fn lost_ost_fails_the_node_with_the_target_named() {
     }
     let status = m["status"].as_str().unwrap();
     assert!(
-        ["ok", "missing", "hung", "wrong_type", "read_only", "full", "error"].contains(&status),
+        [
+            "ok",
+            "missing",
+            "hung",
+            "wrong_type",
+            "read_only",
+            "full",
+            "error"
+        ]
+        .contains(&status),
         "{status}"
     );
 }
@@ -133,7 +149,10 @@ fn bad_storage_config_is_exit_2_naming_the_key() {
     let fx = fixture("lustre-healthy");
     for (yaml, key) in [
         ("lustre:\n  statfs_timeout: soon\n", "statfs_timeout"),
-        ("lustre:\n  min_free_percent: 150\n", "lustre.min_free_percent"),
+        (
+            "lustre:\n  min_free_percent: 150\n",
+            "lustre.min_free_percent",
+        ),
         ("mounts:\n  - path: relative/dir\n", "mounts[0].path"),
     ] {
         let r = check(&fx.join("sys"), &fx.join("proc"), yaml);
@@ -164,6 +183,9 @@ fn table_output_lists_the_mounts() {
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("/lustre/projects  -  missing  not mounted"), "{text}");
+    assert!(
+        text.contains("/lustre/projects  -  missing  not mounted"),
+        "{text}"
+    );
     assert!(text.contains("lustre client 2.15.3"), "{text}");
 }

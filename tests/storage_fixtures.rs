@@ -74,9 +74,16 @@ fn lost_ost_is_named() {
     assert_eq!(f.message, "lustre scratch-OST0003 import DISCONN");
     assert_eq!(f.scope, Scope::Lustre);
     assert_eq!(v.labels["fabricgate.io/lustre.ready"], "false");
-    let cond = v.conditions.iter().find(|c| c.type_ == "LustreReady").unwrap();
+    let cond = v
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "LustreReady")
+        .unwrap();
     assert_eq!(cond.status, "False");
-    assert!(cond.message.contains("lustre scratch-OST0003 import DISCONN"));
+    assert!(
+        cond.message
+            .contains("lustre scratch-OST0003 import DISCONN")
+    );
 }
 
 #[test]
@@ -87,15 +94,17 @@ fn deactivated_ost_is_a_warning_not_a_failure() {
     );
     let v = policy::evaluate(&report, &config);
     assert!(
-        !v.lustre.findings.iter().any(|f| f.code == "LustreImportDown"),
+        !v.lustre
+            .findings
+            .iter()
+            .any(|f| f.code == "LustreImportDown"),
         "{:?}",
         v.lustre.findings
     );
     assert!(
-        v.lustre
-            .warnings
-            .iter()
-            .any(|w| w.message.starts_with("lustre scratch-OST0001 import DISCONN")),
+        v.lustre.warnings.iter().any(|w| w
+            .message
+            .starts_with("lustre scratch-OST0001 import DISCONN")),
         "{:?}",
         v.lustre.warnings
     );
@@ -113,8 +122,12 @@ fn legacy_procfs_health_check_not_healthy() {
 
     let (report, config) = probe_with(roots("lustre-legacy"), "rdma: {min_active_ports: 0}\n");
     let v = policy::evaluate(&report, &config);
-    assert!(v.lustre.findings.iter().any(|f| f.code == "LustreUnhealthy"
-        && f.message.contains("NOT HEALTHY")));
+    assert!(
+        v.lustre
+            .findings
+            .iter()
+            .any(|f| f.code == "LustreUnhealthy" && f.message.contains("NOT HEALTHY"))
+    );
 }
 
 #[test]
@@ -155,16 +168,31 @@ fn missing_and_wrong_type_come_from_the_table_without_statfs() {
     assert_eq!(m[0].path, "/lustre/projects");
     assert_eq!(m[0].status, MountStatus::Missing);
     assert_eq!(m[0].fstype, None);
-    assert!(m[0].message.contains("the path is on / (ext4)"), "{}", m[0].message);
+    assert!(
+        m[0].message.contains("the path is on / (ext4)"),
+        "{}",
+        m[0].message
+    );
     assert_eq!(m[1].status, MountStatus::WrongType);
     assert_eq!(m[1].fstype.as_deref(), Some("xfs"));
-    assert!(m[1].message.contains("lustre is required"), "{}", m[1].message);
+    assert!(
+        m[1].message.contains("lustre is required"),
+        "{}",
+        m[1].message
+    );
     assert_eq!(m[2].status, MountStatus::WrongType, "nfs4 is not nfs");
     assert!(m.iter().all(|m| m.statfs_seconds.is_none()));
     let v = policy::evaluate(&report, &config);
     let codes: Vec<&str> = v.lustre.findings.iter().map(|f| f.code).collect();
-    assert_eq!(codes, ["MountMissing", "WrongFilesystemType", "WrongFilesystemType"]);
-    assert!(v.lustre.findings[0].message.starts_with("/lustre/projects: not mounted"));
+    assert_eq!(
+        codes,
+        ["MountMissing", "WrongFilesystemType", "WrongFilesystemType"]
+    );
+    assert!(
+        v.lustre.findings[0]
+            .message
+            .starts_with("/lustre/projects: not mounted")
+    );
 }
 
 #[test]
@@ -183,8 +211,15 @@ fn discovered_lustre_mount_is_statted_at_its_real_path() {
     assert!(!m.required);
     assert_eq!(m.status, MountStatus::Error);
     assert_eq!(m.lustre_fsname.as_deref(), Some("scratch"));
-    assert_eq!(m.source.as_deref(), Some("10.1.1.1@o2ib:10.1.1.2@o2ib:/scratch"));
-    assert!(m.message.contains("No such file or directory"), "{}", m.message);
+    assert_eq!(
+        m.source.as_deref(),
+        Some("10.1.1.1@o2ib:10.1.1.2@o2ib:/scratch")
+    );
+    assert!(
+        m.message.contains("No such file or directory"),
+        "{}",
+        m.message
+    );
 }
 
 #[test]
@@ -211,10 +246,20 @@ fn read_only_and_escaped_paths_on_real_directories() {
     assert!(r.errors.is_empty(), "{:?}", r.errors);
     // The same path twice is checked once.
     assert_eq!(r.mounts.len(), 2, "{:?}", r.mounts);
-    assert_eq!(r.mounts[0].status, MountStatus::ReadOnly, "{}", r.mounts[0].message);
+    assert_eq!(
+        r.mounts[0].status,
+        MountStatus::ReadOnly,
+        "{}",
+        r.mounts[0].message
+    );
     assert_eq!(r.mounts[0].read_only, Some(true));
     assert!(r.mounts[0].message.contains("ro in the mount options"));
-    assert_eq!(r.mounts[1].status, MountStatus::Ok, "{}", r.mounts[1].message);
+    assert_eq!(
+        r.mounts[1].status,
+        MountStatus::Ok,
+        "{}",
+        r.mounts[1].message
+    );
     assert!(r.mounts[1].capacity.as_ref().unwrap().total_bytes > 0);
     assert!(r.mounts[1].statfs_seconds.is_some());
     assert_eq!(r.stuck_statfs, 0);

@@ -15,9 +15,7 @@ use fabricgate_probes::storage::{MountSpec, MountStatus, StorageConfig, StorageP
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-use storage_support::{
-    TmpfsMount, in_ci, is_root, require, thread_count, threads_named,
-};
+use storage_support::{TmpfsMount, in_ci, is_root, require, thread_count, threads_named};
 
 const TEST_NAME: &str = "hung_fuse_mount_is_hung_within_the_timeout_and_leaks_no_threads";
 const INNER: &str = "FABRICGATE_FUSE_TEST_INNER";
@@ -46,13 +44,18 @@ fn hung_fuse_mount_is_hung_within_the_timeout_and_leaks_no_threads() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         println!("{stdout}");
         eprintln!("{stderr}");
-        assert!(out.status.success(), "the test failed in its mount namespace");
+        assert!(
+            out.status.success(),
+            "the test failed in its mount namespace"
+        );
         assert!(stdout.contains("1 passed"), "the inner test did not run");
         return;
     }
     if std::env::var_os(INNER).is_none() {
         assert!(!in_ci(), "CI=true but `unshare --mount` does not work");
-        eprintln!("note: unshare unavailable; the FUSE mounts are visible machine-wide while the test runs");
+        eprintln!(
+            "note: unshare unavailable; the FUSE mounts are visible machine-wide while the test runs"
+        );
     }
     run();
 }
@@ -213,13 +216,21 @@ fn run() {
         "{:#?}",
         r.mounts
     );
-    assert!(r.mounts[0].message.contains("did not return within 1.0s"), "{}", r.mounts[0].message);
+    assert!(
+        r.mounts[0].message.contains("did not return within 1.0s"),
+        "{}",
+        r.mounts[0].message
+    );
     assert_eq!(r.mounts[0].fstype.as_deref(), Some("fuse.hangfs"));
     assert_eq!(r.mounts[0].statfs_seconds, None);
     assert_eq!(r.mounts[1].fstype.as_deref(), Some("tmpfs"));
     assert!(r.mounts[1].capacity.as_ref().unwrap().total_bytes >= 16 * 1024 * 1024);
     assert_eq!(r.stuck_statfs, 2);
-    assert_eq!(threads_named(WORKER_THREAD_NAME), 2, "one stuck worker per hung mount");
+    assert_eq!(
+        threads_named(WORKER_THREAD_NAME),
+        2,
+        "one stuck worker per hung mount"
+    );
 
     // 100 more probes: the stuck calls are not repeated, so no thread piles up and each probe
     // returns at once (the healthy tmpfs answers in microseconds).
@@ -229,9 +240,18 @@ fn run() {
         let took = started.elapsed();
         assert!(took < TIMEOUT + MARGIN, "cycle {i}: probe took {took:?}");
         assert_eq!(r.mounts[0].status, MountStatus::Hung, "cycle {i}");
-        assert_eq!(r.mounts[1].status, MountStatus::Ok, "cycle {i}: {}", r.mounts[1].message);
+        assert_eq!(
+            r.mounts[1].status,
+            MountStatus::Ok,
+            "cycle {i}: {}",
+            r.mounts[1].message
+        );
         assert_eq!(r.mounts[2].status, MountStatus::Hung, "cycle {i}");
-        assert!(r.mounts[0].message.contains("has still not returned"), "{}", r.mounts[0].message);
+        assert!(
+            r.mounts[0].message.contains("has still not returned"),
+            "{}",
+            r.mounts[0].message
+        );
         assert_eq!(r.stuck_statfs, 2, "cycle {i}");
     }
     assert_eq!(threads_named(WORKER_THREAD_NAME), 2);
@@ -246,12 +266,19 @@ fn run() {
     hung_a.kill();
     let deadline = Instant::now() + Duration::from_secs(10);
     while prober.stuck_statfs() > 1 {
-        assert!(Instant::now() < deadline, "the stuck statfs did not return after the server died");
+        assert!(
+            Instant::now() < deadline,
+            "the stuck statfs did not return after the server died"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     let r = prober.probe(&roots);
     assert_eq!(r.mounts[0].status, MountStatus::Error, "{:#?}", r.mounts[0]);
-    assert!(r.mounts[0].message.contains("statfs"), "{}", r.mounts[0].message);
+    assert!(
+        r.mounts[0].message.contains("statfs"),
+        "{}",
+        r.mounts[0].message
+    );
     assert_eq!(r.mounts[2].status, MountStatus::Hung);
     assert_eq!(r.stuck_statfs, 1);
     assert_eq!(threads_named(WORKER_THREAD_NAME), 1);

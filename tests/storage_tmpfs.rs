@@ -37,7 +37,10 @@ fn lustre_entry_pointing_at_a_real_tmpfs_is_wrong_type() {
     // The fixture's table, with the Lustre line's mount point moved onto the real tmpfs: the
     // table says lustre, statfs says TMPFS_MAGIC.
     let table = std::fs::read_to_string(fixture("lustre-healthy/proc/self/mountinfo")).unwrap();
-    let table = table.replace(" /lustre/scratch ", &format!(" {} ", tmpfs.path().display()));
+    let table = table.replace(
+        " /lustre/scratch ",
+        &format!(" {} ", tmpfs.path().display()),
+    );
     let proc = ProcRoot::new(&table);
     let sys = fixture("lustre-healthy/sys");
     let yaml = format!(
@@ -58,7 +61,11 @@ fn lustre_entry_pointing_at_a_real_tmpfs_is_wrong_type() {
     assert_eq!(m.fstype.as_deref(), Some("lustre"));
     assert_eq!(m.fs_magic.as_deref(), Some("0x01021994"));
     assert!(m.message.contains("(tmpfs)"), "{}", m.message);
-    assert!(m.message.contains("LL_SUPER_MAGIC 0x0bd00bd0"), "{}", m.message);
+    assert!(
+        m.message.contains("LL_SUPER_MAGIC 0x0bd00bd0"),
+        "{}",
+        m.message
+    );
     assert!(m.statfs_seconds.is_some());
     let v = policy::evaluate(&report, &config);
     assert_eq!(v.lustre.findings[0].code, "WrongFilesystemType");
@@ -112,9 +119,16 @@ fn filled_tmpfs_is_full_below_the_floor() {
     let r = live_probe(vec![spec(&tmpfs, 10.0)]);
     let m = &r.mounts[0];
     assert_eq!(m.status, MountStatus::Full, "{m:#?}");
-    assert!(m.message.contains("below the required 10%"), "{}", m.message);
+    assert!(
+        m.message.contains("below the required 10%"),
+        "{}",
+        m.message
+    );
     // A floor of 0 disables the check.
-    assert_eq!(live_probe(vec![spec(&tmpfs, 0.0)]).mounts[0].status, MountStatus::Ok);
+    assert_eq!(
+        live_probe(vec![spec(&tmpfs, 0.0)]).mounts[0].status,
+        MountStatus::Ok
+    );
 }
 
 #[test]
@@ -134,13 +148,19 @@ fn escaped_mount_point_on_a_real_tmpfs() {
     struct Unmount(std::path::PathBuf);
     impl Drop for Unmount {
         fn drop(&mut self) {
-            let _ = std::process::Command::new("umount").arg("-l").arg(&self.0).status();
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(&self.0)
+                .status();
         }
     }
     let _guard = Unmount(dir.clone());
     // The live table has the kernel's own escapes (\040, \011) for this path.
     let live = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    assert!(live.contains("with\\040space\\011and\\040tab"), "kernel escaping changed?");
+    assert!(
+        live.contains("with\\040space\\011and\\040tab"),
+        "kernel escaping changed?"
+    );
     let r = live_probe(vec![MountSpec {
         path: dir.clone(),
         fstype: Some("tmpfs".into()),

@@ -21,7 +21,10 @@ pub fn require(ok: bool, what: &str) -> bool {
     if ok {
         return true;
     }
-    assert!(!in_ci(), "CI=true but this test's prerequisite is missing: {what}");
+    assert!(
+        !in_ci(),
+        "CI=true but this test's prerequisite is missing: {what}"
+    );
     eprintln!("SKIPPED: {what} (runs in CI, where it is required)");
     false
 }
@@ -83,7 +86,10 @@ impl TmpfsMount {
             .arg(dir.path())
             .status()
             .unwrap();
-        assert!(status.success(), "mount -t tmpfs -o {options} failed: {status}");
+        assert!(
+            status.success(),
+            "mount -t tmpfs -o {options} failed: {status}"
+        );
         Self { dir }
     }
 
@@ -94,7 +100,10 @@ impl TmpfsMount {
 
 impl Drop for TmpfsMount {
     fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(self.dir.path()).status();
+        let _ = Command::new("umount")
+            .arg("-l")
+            .arg(self.dir.path())
+            .status();
     }
 }
 

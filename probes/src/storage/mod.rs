@@ -500,6 +500,12 @@ fn fmt_bytes(b: u64) -> String {
     }
 }
 
+// The daemon moves its prober onto a blocking thread; keep that possible.
+const _: fn() = || {
+    fn assert_send<T: Send>() {}
+    assert_send::<StorageProber>();
+};
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -589,9 +595,3 @@ mod tests {
         assert_eq!(p.targets(Some(&table)).len(), 2);
     }
 }
-
-// The daemon moves its prober onto a blocking thread; keep that possible.
-const _: fn() = || {
-    fn assert_send<T: Send>() {}
-    assert_send::<StorageProber>();
-};

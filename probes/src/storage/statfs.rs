@@ -49,6 +49,8 @@ pub struct StatfsInfo {
 ///
 /// # Errors
 /// The OS error of statfs(2) (ENOENT, EACCES, ENOTCONN on an aborted FUSE mount, ...).
+// The statfs fields are `long`: i64 here, i32 on 32-bit targets, hence the widening calls.
+#[allow(clippy::useless_conversion)]
 pub fn statfs(path: &Path) -> io::Result<StatfsInfo> {
     let st = rustix::fs::statfs(path).map_err(io::Error::from)?;
     // The kernel's magic numbers are 32-bit; f_type is a signed long, so keep the low 32 bits
