@@ -92,10 +92,22 @@ struct InFlight {
     handle: JoinHandle<()>,
 }
 
+/// The call a worker makes: [`statfs`], or a stand-in in unit tests.
+type StatfsFn = fn(&Path) -> io::Result<StatfsInfo>;
+
 /// Keeps the outstanding statfs calls between probes.
-#[derive(Default)]
 pub struct StatfsPool {
     in_flight: HashMap<PathBuf, InFlight>,
+    op: StatfsFn,
+}
+
+impl Default for StatfsPool {
+    fn default() -> Self {
+        Self {
+            in_flight: HashMap::new(),
+            op: statfs,
+        }
+    }
 }
 
 impl std::fmt::Debug for StatfsPool {
@@ -126,7 +138,7 @@ impl StatfsPool {
                 }));
                 continue;
             }
-            match spawn(path) {
+            match spawn(path, self.op) {
                 Ok(call) => {
                     self.in_flight.insert(path.clone(), call);
                     outcomes.push(None);
@@ -203,7 +215,7 @@ impl StatfsPool {
     }
 }
 
-fn spawn(path: &Path) -> io::Result<InFlight> {
+fn spawn(path: &Path, op: StatfsFn) -> io::Result<InFlight> {
     let (tx, rx) = mpsc::sync_channel(1);
     let owned = path.to_owned();
     let handle = std::thread::Builder::new()
@@ -211,7 +223,7 @@ fn spawn(path: &Path) -> io::Result<InFlight> {
         .stack_size(WORKER_STACK_BYTES)
         .spawn(move || {
             let started = Instant::now();
-            let result = statfs(&owned);
+            let result = op(&owned);
             // The receiver may be gone (prober dropped); nothing to do then.
             let _ = tx.send((result, started.elapsed()));
         })?;
@@ -291,6 +303,78 @@ mod tests {
             );
             assert_eq!(pool.stuck(), 0);
         }
+    }
+
+    static GATE: std::sync::Mutex<bool> = std::sync::Mutex::new(false);
+    static OPENED: std::sync::Condvar = std::sync::Condvar::new();
+    static HANG_CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+    /// Like statfs, but a path named `hang` blocks until the gate opens.
+    fn gated(path: &Path) -> io::Result<StatfsInfo> {
+        if path.ends_with("hang") {
+            HANG_CALLS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let mut open = GATE.lock().unwrap();
+            while !*open {
+                open = OPENED.wait(open).unwrap();
+            }
+        }
+        statfs(Path::new("/"))
+    }
+
+    #[test]
+    fn a_stuck_call_is_never_repeated_and_the_deadline_is_shared() {
+        let mut pool = StatfsPool {
+            in_flight: HashMap::new(),
+            op: gated,
+        };
+        let paths = vec![
+            PathBuf::from("/a/hang"),
+            PathBuf::from("/"),
+            PathBuf::from("/b/hang"),
+        ];
+        let timeout = Duration::from_millis(200);
+        let started = Instant::now();
+        let out = pool.run(&paths, timeout);
+        let took = started.elapsed();
+        assert!(took >= timeout && took < timeout * 5, "{took:?}");
+        assert!(matches!(out[0], Outcome::Hung { new: true, .. }), "{out:?}");
+        assert!(
+            matches!(out[1], Outcome::Done { result: Ok(_), .. }),
+            "{out:?}"
+        );
+        assert!(matches!(out[2], Outcome::Hung { new: true, .. }), "{out:?}");
+        for _ in 0..50 {
+            let started = Instant::now();
+            let out = pool.run(&paths, timeout);
+            // Nothing new to wait for: the stuck calls are reported at once.
+            assert!(started.elapsed() < timeout, "{:?}", started.elapsed());
+            assert!(
+                matches!(out[0], Outcome::Hung { new: false, .. }),
+                "{out:?}"
+            );
+            assert!(
+                matches!(out[2], Outcome::Hung { new: false, .. }),
+                "{out:?}"
+            );
+        }
+        assert_eq!(HANG_CALLS.load(std::sync::atomic::Ordering::SeqCst), 2);
+        assert_eq!(pool.stuck(), 2);
+
+        // The server comes back: the stuck calls return, are reaped, and fresh ones succeed.
+        *GATE.lock().unwrap() = true;
+        OPENED.notify_all();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while pool.stuck() > 0 {
+            assert!(Instant::now() < deadline);
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let out = pool.run(&paths, timeout);
+        assert!(
+            out.iter()
+                .all(|o| matches!(o, Outcome::Done { result: Ok(_), .. })),
+            "{out:?}"
+        );
+        assert_eq!(HANG_CALLS.load(std::sync::atomic::Ordering::SeqCst), 4);
     }
 
     #[test]
