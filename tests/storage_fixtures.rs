@@ -278,3 +278,73 @@ fn unreadable_mount_table_is_an_error_not_missing() {
     let v = policy::evaluate(&report, &config);
     assert_eq!(v.lustre.findings[0].code, "MountTableUnreadable");
 }
+
+#[test]
+fn every_mount_status_maps_to_its_finding_code() {
+    use fabricgate_probes::storage::{MountReport, StorageReport};
+    let mount = |path: &str, status: MountStatus| MountReport {
+        path: path.into(),
+        fstype: Some("nfs4".into()),
+        status,
+        message: format!("{} here", status.as_str()),
+        required: true,
+        expected_fstype: None,
+        source: None,
+        lustre_fsname: None,
+        read_only: None,
+        fs_magic: None,
+        capacity: None,
+        statfs_seconds: None,
+    };
+    let statuses = [
+        (MountStatus::Ok, None),
+        (MountStatus::Missing, Some("MountMissing")),
+        (MountStatus::Hung, Some("MountHung")),
+        (MountStatus::WrongType, Some("WrongFilesystemType")),
+        (MountStatus::ReadOnly, Some("MountReadOnly")),
+        (MountStatus::Full, Some("MountFull")),
+        (MountStatus::Error, Some("MountError")),
+    ];
+    let mut yaml = String::from("rdma: {min_active_ports: 0}\nmounts:\n");
+    let mut mounts = Vec::new();
+    for (i, (status, _)) in statuses.iter().enumerate() {
+        yaml.push_str(&format!("  - path: /m{i}\n"));
+        mounts.push(mount(&format!("/m{i}"), *status));
+    }
+    let config = Config::parse(&yaml).unwrap();
+    let report = ProbeReport {
+        timestamp: 0.0,
+        rdma: Default::default(),
+        storage: StorageReport {
+            mounts,
+            ..StorageReport::default()
+        },
+        timings: Default::default(),
+    };
+    let v = policy::evaluate(&report, &config);
+    let codes: Vec<&str> = v.lustre.findings.iter().map(|f| f.code).collect();
+    let want: Vec<&str> = statuses.iter().filter_map(|(_, c)| *c).collect();
+    assert_eq!(codes, want);
+    assert_eq!(v.lustre.findings[1].message, "/m2: hung here");
+    let cond = v
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "LustreReady")
+        .unwrap();
+    assert_eq!(cond.reason, "MountMissing");
+    assert!(!v.ready);
+
+    // Only ok mounts: ready, and a required mount absent from the report is not.
+    let report = ProbeReport {
+        storage: StorageReport {
+            mounts: vec![mount("/m0", MountStatus::Ok)],
+            ..StorageReport::default()
+        },
+        ..report
+    };
+    let config = Config::parse("rdma: {min_active_ports: 0}\nmounts:\n  - path: /m0\n").unwrap();
+    assert!(policy::evaluate(&report, &config).lustre.ready);
+    let config = Config::parse("rdma: {min_active_ports: 0}\nmounts:\n  - path: /m9\n").unwrap();
+    let v = policy::evaluate(&report, &config);
+    assert_eq!(v.lustre.findings[0].message, "/m9: required but not probed");
+}
