@@ -137,10 +137,10 @@ impl ProbeArgs {
         Ok(Roots::new(&self.sysfs_root, &self.proc_root))
     }
 
-    pub fn probe_config(&self, _config: &Config) -> ProbeConfig {
+    pub fn probe_config(&self, config: &Config) -> ProbeConfig {
         ProbeConfig {
             verbs: self.verbs.into(),
-            ..ProbeConfig::default()
+            storage: config.storage_config(),
         }
     }
 }
