@@ -7,6 +7,7 @@ pub mod config;
 pub mod error;
 pub mod metrics;
 pub mod policy;
+pub mod selftest;
 
 pub use error::{Error, Result};
 

@@ -1,7 +1,7 @@
 //! The `fabricgate` binary: argument parsing and exit codes only.
 
 use clap::Parser;
-use fabricgate::cli::{CheckArgs, Cli, Command, Format};
+use fabricgate::cli::{CheckArgs, Cli, Command, Format, SelftestArgs};
 use fabricgate::{EXIT_USAGE, check, policy};
 use fabricgate_probes::Prober;
 use std::process::ExitCode;
@@ -11,6 +11,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Check(args) => run_check(&args),
         Command::Run(_args) => Err(anyhow::anyhow!("`fabricgate run` is not implemented yet")),
+        Command::Selftest(args) => run_selftest(&args),
     };
     match result {
         Ok(code) => ExitCode::from(code),
@@ -38,4 +39,18 @@ fn run_check(args: &CheckArgs) -> anyhow::Result<u8> {
         Format::Table => print!("{}", check::to_table(&report, &verdict)),
     }
     Ok(check::exit_code(&report, &verdict))
+}
+
+fn run_selftest(args: &SelftestArgs) -> anyhow::Result<u8> {
+    let config = args.probe.load_config()?;
+    let roots = args.probe.roots()?;
+    let timeout = args
+        .timeout
+        .unwrap_or_else(|| config.rdma.selftest_timeout());
+    let outcome = fabricgate::selftest::run(&roots, &config, timeout);
+    match args.format {
+        Format::Json => println!("{}", serde_json::to_string_pretty(&outcome.to_json())?),
+        Format::Table => print!("{}", outcome.to_table()),
+    }
+    Ok(outcome.exit_code())
 }

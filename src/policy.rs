@@ -476,12 +476,15 @@ fn port_problems(dev: &DeviceReport, port: &PortReport, config: &Config) -> Vec<
     if let Some(sel) = port.selftest.as_ref().filter(|s| !s.ok) {
         out.push(rdma_finding(
             "SelftestFailed",
-            format!(
-                "{name}: data-path self-test failed at {}{}: {}",
-                sel.failed_step.as_deref().unwrap_or("an unknown step"),
-                sel.errno.map_or(String::new(), |e| format!(" (errno {e})")),
-                sel.message.as_deref().unwrap_or("no detail")
-            ),
+            match &sel.message {
+                // The probe's message already starts with the step and errno.
+                Some(message) => format!("{name}: data-path self-test failed: {message}"),
+                None => format!(
+                    "{name}: data-path self-test failed at {}{}",
+                    sel.failed_step.as_deref().unwrap_or("an unknown step"),
+                    sel.errno.map_or(String::new(), |e| format!(" (errno {e})")),
+                ),
+            },
         ));
     }
     out
