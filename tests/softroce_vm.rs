@@ -51,9 +51,9 @@ fn boot() -> &'static Boot {
             eprintln!("SKIPPED softroce_vm: {why}");
             return Boot::Skipped(why);
         }
-        // Kept (not a TempDir) so a failure can be inspected: console.log is in there.
-        let out =
-            std::env::temp_dir().join(format!("fabricgate-softroce-vm-{}", std::process::id()));
+        // Kept under target/ (replaced by the next run) so a failure can be inspected:
+        // console.log, every command's JSON and stderr are in there.
+        let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("softroce-vm");
         let _ = std::fs::remove_dir_all(&out);
         std::fs::create_dir_all(&out).unwrap();
         let status = Command::new("bash")

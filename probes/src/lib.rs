@@ -148,11 +148,10 @@ impl Prober {
     /// are not tested: the verdict already names why they are unusable.
     fn selftest(&mut self, rdma: &mut rdma::RdmaReport) {
         let cfg = &self.config.selftest;
-        let every_due = match cfg.schedule {
-            SelftestSchedule::Off => return,
-            SelftestSchedule::OnStart => false,
-            SelftestSchedule::Every(n) => self.probes % u64::from(n.max(1)) == 0,
-        };
+        if cfg.schedule == SelftestSchedule::Off {
+            return;
+        }
+        let (schedule, probes) = (cfg.schedule, self.probes);
         let Some(matcher) = cfg.matcher() else {
             return;
         };
@@ -162,8 +161,7 @@ impl Prober {
             if !opened || !port.is_up() || !matcher.is_match(&dev.name) {
                 return false;
             }
-            let mem = memory.get(&(dev.name.clone(), port.port));
-            every_due || mem.is_none_or(|m| !m.was_up || m.last.as_ref().is_none_or(|r| !r.ok))
+            selftest_due(schedule, probes, memory.get(&(dev.name.clone(), port.port)))
         };
         selftest::run(rdma, &mut select, cfg.timeout);
 
@@ -182,5 +180,60 @@ impl Prober {
         }
         // A device that vanished (e.g. `rdma link delete`) is tested afresh if it returns.
         memory.retain(|k, _| seen.contains(k));
+    }
+}
+
+/// Whether an up port is tested on probe number `probes` (0-based): when first seen up or
+/// back up, while its last result failed, and every N probes with `every N probes`.
+fn selftest_due(schedule: SelftestSchedule, probes: u64, memory: Option<&PortMemory>) -> bool {
+    let every_due = match schedule {
+        SelftestSchedule::Off => return false,
+        SelftestSchedule::OnStart => false,
+        SelftestSchedule::Every(n) => probes.is_multiple_of(u64::from(n.max(1))),
+    };
+    every_due || memory.is_none_or(|m| !m.was_up || m.last.as_ref().is_none_or(|r| !r.ok))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mem(was_up: bool, ok: Option<bool>) -> PortMemory {
+        PortMemory {
+            was_up,
+            last: ok.map(|ok| rdma::SelftestResult {
+                ok,
+                ..rdma::SelftestResult::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn on_start_tests_new_recovered_and_failing_ports_only() {
+        let on = SelftestSchedule::OnStart;
+        assert!(selftest_due(on, 0, None), "first sight");
+        assert!(
+            !selftest_due(on, 7, Some(&mem(true, Some(true)))),
+            "passed: kept"
+        );
+        assert!(
+            selftest_due(on, 7, Some(&mem(true, Some(false)))),
+            "failed: retried"
+        );
+        assert!(
+            selftest_due(on, 7, Some(&mem(false, Some(true)))),
+            "back up"
+        );
+        assert!(!selftest_due(SelftestSchedule::Off, 0, None));
+    }
+
+    #[test]
+    fn every_n_probes_retests_passing_ports_on_schedule() {
+        let every3 = SelftestSchedule::Every(3);
+        let passed = mem(true, Some(true));
+        let due: Vec<u64> = (0..7)
+            .filter(|&p| selftest_due(every3, p, Some(&passed)))
+            .collect();
+        assert_eq!(due, vec![0, 3, 6]);
     }
 }

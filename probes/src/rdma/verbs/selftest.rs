@@ -796,7 +796,7 @@ mod tests {
                 gid(
                     0,
                     "fe80:0000:0000:0000:5054:00ff:fe12:3456",
-                    GidType::RoceV1,
+                    GidType::IbRoceV1,
                 ),
                 gid(
                     1,
@@ -806,7 +806,7 @@ mod tests {
                 gid(
                     2,
                     "0000:0000:0000:0000:0000:ffff:0a00:020f",
-                    GidType::RoceV1,
+                    GidType::IbRoceV1,
                 ),
                 gid(
                     3,
@@ -818,7 +818,7 @@ mod tests {
         };
         assert_eq!(pick_gid(&port), Some(3));
         let v1_only = PortReport {
-            gids: vec![gid(0, "fe80::1", GidType::RoceV1)],
+            gids: vec![gid(0, "fe80::1", GidType::IbRoceV1)],
             ..PortReport::default()
         };
         assert_eq!(pick_gid(&v1_only), Some(0));
