@@ -234,6 +234,13 @@ fn eth0_down_flips_the_verdict_naming_the_port_and_up_restores_it() {
     // The very first probe after `ip link set eth0 down` already sees it.
     assert_eq!(t["down_checks"], 1, "{t:?}");
 
+    // `fabricgate selftest` on the down port fails at the first step, saying so.
+    let st = json(dir, "selftest_down");
+    assert_eq!(rc(dir, "selftest_down"), 1, "{st}");
+    assert_eq!(st["ports"][0]["failed_step"], "query_port");
+    let msg = st["ports"][0]["message"].as_str().unwrap();
+    assert!(msg.contains("port is DOWN"), "{msg}");
+
     let up = json(dir, "up_again");
     assert_eq!(rc(dir, "up_again"), 0, "{up}");
     assert_eq!(up["ready"], true);

@@ -52,6 +52,7 @@ wait "$sysfs_wait"
 check_ms=$(fg_now_ms)
 check down_again
 timing check_ms $(($(fg_now_ms) - check_ms))
+step selftest_down "$FG_BIN" selftest --format json --config "$FG_REQ"
 
 # 4. eth0 back up: ready again.
 t0=$(fg_now_ms)
