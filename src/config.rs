@@ -86,6 +86,8 @@ pub struct NodeSettings {
     /// Prefix of every label and of the taint key (`fabricgate.io/`).
     pub label_prefix: String,
     pub taint_effect: TaintEffect,
+    /// Consecutive good probes before a not-ready node is marked ready again (>= 1).
+    pub recover_after: u32,
 }
 
 impl Default for NodeSettings {
@@ -93,9 +95,12 @@ impl Default for NodeSettings {
         Self {
             label_prefix: DEFAULT_LABEL_PREFIX.into(),
             taint_effect: TaintEffect::NoSchedule,
+            recover_after: DEFAULT_RECOVER_AFTER,
         }
     }
 }
+
+pub const DEFAULT_RECOVER_AFTER: u32 = 3;
 
 pub const DEFAULT_LABEL_PREFIX: &str = "fabricgate.io/";
 
@@ -204,6 +209,12 @@ impl Config {
                 );
             }
         }
+        if self.node.recover_after == 0 {
+            return bad(
+                "node.recover_after",
+                "0 would never mark the node ready; give a count >= 1 (default 3)".to_owned(),
+            );
+        }
         validate_label_prefix(&self.node.label_prefix)
     }
 
@@ -262,6 +273,17 @@ mod tests {
         assert!(c.rdma.require_full_pcie_link);
         assert!(c.lustre.mounts.is_empty());
         assert_eq!(c.node.taint_key(), "fabricgate.io/unvalidated");
+        assert_eq!(c.node.recover_after, 3);
+    }
+
+    #[test]
+    fn recover_after_must_be_positive() {
+        let c = Config::parse("node:\n  recover_after: 5\n").unwrap();
+        assert_eq!(c.node.recover_after, 5);
+        let e = Config::parse("node:\n  recover_after: 0\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("node.recover_after"), "{e}");
     }
 
     #[test]

@@ -4,8 +4,10 @@
 pub mod check;
 pub mod cli;
 pub mod config;
+pub mod daemon;
 pub mod error;
 pub mod metrics;
+pub mod node;
 pub mod policy;
 pub mod selftest;
 

@@ -5,16 +5,153 @@
 //! Outside CI the tests skip, saying why, when qemu or the kernel package is unavailable;
 //! with CI=true a missing prerequisite is a failure.
 
+mod support;
+
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Child, Command};
 use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+use support::apiserver::{self, ApiServer};
 
-/// The results of the one boot: the output folder, or why the suite is skipped.
+/// The results of the one boot: the output folder and what the host saw of the daemon, or
+/// why the suite is skipped.
 enum Boot {
-    Ran(PathBuf),
+    Ran(PathBuf, DaemonRun),
     Skipped(String),
+}
+
+const NODE: &str = "fabricgate-vm";
+const TAINT: &str = "fabricgate.io/unvalidated";
+
+/// What the host saw on the stand-in's Node while the daemon ran in the guest.
+#[derive(Debug, Default)]
+struct DaemonRun {
+    /// First validation: daemon start to the Node labelled ready without the taint.
+    start_to_ready: Option<Duration>,
+    /// `ip link set eth0 down` (the guest's marker file) to the taint on the Node.
+    down_to_taint: Option<Duration>,
+    /// `ip link set eth0 up` to the taint gone (includes `node.recover_after` good probes).
+    up_to_untaint: Option<Duration>,
+    /// `rdma link delete rxe0` to the taint back.
+    delete_to_taint: Option<Duration>,
+    /// The Node while tainted, and after recovery.
+    tainted_node: Option<Value>,
+    recovered_node: Option<Value>,
+    /// Why the host gave up, if it did.
+    error: Option<String>,
+}
+
+fn has_taint(node: &Value) -> bool {
+    node["spec"]["taints"]
+        .as_array()
+        .is_some_and(|t| t.iter().any(|t| t["key"] == TAINT))
+}
+
+fn condition<'a>(node: &'a Value, type_: &str) -> &'a Value {
+    node["status"]["conditions"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["type"] == type_))
+        .unwrap_or(&Value::Null)
+}
+
+fn is_validated(node: &Value) -> bool {
+    node["metadata"]["labels"]["fabricgate.io/ready"] == "true" && !has_taint(node)
+}
+
+/// Drives the host side of scenario 6 in tests/vm/scenarios.sh: waits for the guest's
+/// marker files, watches the Node, and acknowledges each phase with `host.NAME`.
+struct Host<'a> {
+    api: &'a ApiServer,
+    out: &'a Path,
+    child: &'a mut Child,
+}
+
+impl Host<'_> {
+    const POLL: Duration = Duration::from_millis(20);
+
+    fn guest_gone(&mut self) -> bool {
+        !matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Wait for the guest's marker file; the instant it was seen.
+    fn marker(&mut self, name: &str, limit: Duration) -> Result<Instant, String> {
+        let start = Instant::now();
+        loop {
+            if self.out.join(name).exists() {
+                return Ok(Instant::now());
+            }
+            if self.guest_gone() || start.elapsed() > limit {
+                return Err(format!("the guest never wrote {name}"));
+            }
+            std::thread::sleep(Self::POLL);
+        }
+    }
+
+    /// Wait until the Node satisfies `want`; the elapsed time since `since`.
+    fn node_until(
+        &mut self,
+        what: &str,
+        since: Instant,
+        limit: Duration,
+        want: impl Fn(&Value) -> bool,
+    ) -> Result<(Duration, Value), String> {
+        loop {
+            if let Some(node) = self.api.node(NODE).filter(|n| want(n)) {
+                return Ok((since.elapsed(), node));
+            }
+            if self.guest_gone() || since.elapsed() > limit {
+                return Err(format!(
+                    "the Node never became {what}: {}",
+                    self.api.node(NODE).unwrap_or_default()
+                ));
+            }
+            std::thread::sleep(Self::POLL);
+        }
+    }
+
+    fn ack(&self, name: &str) {
+        std::fs::write(self.out.join(format!("host.{name}")), b"").unwrap();
+    }
+
+    fn drive(&mut self, run: &mut DaemonRun) -> Result<(), String> {
+        let long = Duration::from_secs(240);
+        let started = self.marker("daemon.started", long)?;
+        let (t, _) =
+            self.node_until("validated", started, Duration::from_secs(120), is_validated)?;
+        run.start_to_ready = Some(t);
+        self.ack("ready");
+
+        let down = self.marker("daemon.down", Duration::from_secs(30))?;
+        let (t, _) = self.node_until("tainted", down, Duration::from_secs(60), has_taint)?;
+        run.down_to_taint = Some(t);
+        // Taint, labels and conditions are separate writes: wait for the whole picture.
+        let (_, node) = self.node_until("not ready", down, Duration::from_secs(60), |n| {
+            has_taint(n)
+                && n["metadata"]["labels"]["fabricgate.io/ready"] == "false"
+                && condition(n, "RDMAReady")["status"] == "False"
+        })?;
+        run.tainted_node = Some(node);
+        self.ack("tainted");
+
+        let up = self.marker("daemon.up", Duration::from_secs(60))?;
+        let (t, _) =
+            self.node_until("untainted", up, Duration::from_secs(90), |n| !has_taint(n))?;
+        run.up_to_untaint = Some(t);
+        let (_, node) = self.node_until("validated", up, Duration::from_secs(90), |n| {
+            is_validated(n) && condition(n, "RDMAReady")["status"] == "True"
+        })?;
+        run.recovered_node = Some(node);
+        self.ack("untainted");
+
+        let deleted = self.marker("vanish.deleted", Duration::from_secs(60))?;
+        let (t, _) =
+            self.node_until("tainted again", deleted, Duration::from_secs(60), has_taint)?;
+        run.delete_to_taint = Some(t);
+        self.ack("tainted_again");
+        Ok(())
+    }
 }
 
 fn manifest_dir() -> &'static Path {
@@ -56,7 +193,18 @@ fn boot() -> &'static Boot {
         let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("softroce-vm");
         let _ = std::fs::remove_dir_all(&out);
         std::fs::create_dir_all(&out).unwrap();
-        let status = Command::new("bash")
+
+        // The API-server stand-in on the host's loopback; the guest reaches it through its
+        // second NIC (qemu user network 10.0.3.0/24, host 10.0.3.2).
+        let api = ApiServer::start();
+        api.seed_node(ApiServer::kubelet_node(NODE));
+        let kubeconfig = out.join("kubeconfig");
+        apiserver::write_kubeconfig(
+            &kubeconfig,
+            &format!("http://10.0.3.2:{}", api.addr().port()),
+        );
+
+        let mut child = Command::new("bash")
             .arg(vm.join("run.sh"))
             .args(["-t", "290", "-o"])
             .arg(&out)
@@ -64,21 +212,34 @@ fn boot() -> &'static Boot {
             .current_dir(manifest_dir())
             .env("FG_BIN", env!("CARGO_BIN_EXE_fabricgate"))
             .env("FG_REQ", vm.join("rxe-requirements.yaml"))
-            .status()
+            .env("FG_KUBECONFIG", &kubeconfig)
+            .env("FG_NODE", NODE)
+            .spawn()
             .expect("run tests/vm/run.sh");
+        let mut run = DaemonRun::default();
+        let mut host = Host {
+            api: &api,
+            out: &out,
+            child: &mut child,
+        };
+        if let Err(e) = host.drive(&mut run) {
+            host.ack("abort");
+            run.error = Some(e);
+        }
+        let status = child.wait().expect("wait for tests/vm/run.sh");
         assert!(
             status.success(),
             "the VM run failed ({status}); see {}/console.log and stderr",
             out.display()
         );
-        Boot::Ran(out)
+        Boot::Ran(out, run)
     })
 }
 
 /// The folder of results, or `None` (after printing why) when skipped.
 fn results() -> Option<&'static Path> {
     match boot() {
-        Boot::Ran(dir) => Some(dir),
+        Boot::Ran(dir, _) => Some(dir),
         Boot::Skipped(why) => {
             eprintln!("skipped: {why}");
             None
@@ -297,5 +458,52 @@ fn rdma_link_delete_mid_run_is_reported_not_a_crash() {
             .any(|m| m.starts_with("no RDMA devices")),
         "{:?}",
         reasons(&gone)
+    );
+}
+
+#[test]
+fn daemon_in_the_vm_taints_and_untaints_the_standin_node_as_eth0_goes_down_and_up() {
+    let Some(dir) = results() else { return };
+    let Boot::Ran(_, run) = boot() else { return };
+    let log = std::fs::read_to_string(dir.join("daemon.log")).unwrap_or_default();
+    assert!(
+        run.error.is_none(),
+        "{:?}\n{run:?}\ndaemon log:\n{log}",
+        run.error
+    );
+    let tainted = run.tainted_node.as_ref().unwrap();
+    assert_eq!(
+        tainted["metadata"]["labels"]["fabricgate.io/ready"],
+        "false"
+    );
+    let rdma_ready = condition(tainted, "RDMAReady");
+    assert_eq!(rdma_ready["status"], "False");
+    assert_eq!(rdma_ready["reason"], "PortDown");
+    assert!(
+        rdma_ready["message"]
+            .as_str()
+            .unwrap()
+            .contains("rxe0 port 1"),
+        "{rdma_ready}"
+    );
+    let recovered = run.recovered_node.as_ref().unwrap();
+    assert_eq!(
+        recovered["metadata"]["labels"]["fabricgate.io/rdma.active-ports"],
+        "1"
+    );
+    // The kubelet's own label survives the agent's writes.
+    assert_eq!(
+        recovered["metadata"]["labels"]["kubernetes.io/hostname"],
+        NODE
+    );
+    // rdma link delete: tainted again, and the daemon kept running until SIGTERM.
+    assert!(run.delete_to_taint.is_some());
+    assert!(dir.join("daemon.alive_after_delete").exists(), "{log}");
+    let rc = std::fs::read_to_string(dir.join("daemon.rc")).unwrap();
+    assert_eq!(rc.trim(), "0", "daemon exit after SIGTERM; log:\n{log}");
+    eprintln!(
+        "daemon (interval 1s): start -> validated {:?}; eth0 down -> taint on the stand-in \
+         {:?}; eth0 up -> taint removed {:?}; rdma link delete -> taint {:?}",
+        run.start_to_ready, run.down_to_taint, run.up_to_untaint, run.delete_to_taint
     );
 }

@@ -10,6 +10,10 @@
 # FG_VM_DIR (this folder, for guest-lib.sh). The script's stdout and stderr are replayed here;
 # the exit status is the guest script's, or 124 when the hard timeout (default 240 s) killed
 # the VM, or 125 when the guest never reported.
+#
+# Two NICs, each on its own qemu user network: eth0 (10.0.2.0/24) carries rxe0 and is the one
+# scenarios take down; eth1 (10.0.3.0/24) stays up for management, and 10.0.3.2:PORT reaches
+# this host's 127.0.0.1:PORT (e.g. the API-server stand-in) even while eth0 is down.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -59,6 +63,7 @@ timeout -k 5 "$timeout_s" qemu-system-x86_64 \
     -virtfs "local,path=/,mount_tag=hostroot,security_model=passthrough,readonly=on,multidevs=remap" \
     -virtfs "local,path=$out,mount_tag=fgout,security_model=none" \
     -netdev user,id=n0 -device virtio-net-pci,netdev=n0 \
+    -netdev user,id=n1,net=10.0.3.0/24 -device virtio-net-pci,netdev=n1 \
     </dev/null >"$out/console.log" 2>&1 || rc=$?
 
 [ -f "$out/stdout" ] && cat "$out/stdout"

@@ -74,8 +74,29 @@ mount -t tmpfs tmpfs /dev/infiniband
 check hidden
 umount /dev/infiniband
 
-# 6. rxe0 deleted while checks keep running: each check must finish (ready or not), none
-#    may crash.
+# 6. The daemon against the API-server stand-in on the host (FG_KUBECONFIG, server
+#    http://10.0.3.2:PORT over eth1): the host test watches the Node's taint and acknowledges
+#    each phase with $FG_OUT/host.NAME; we take eth0 down and up between them.
+daemon=""
+if [ -n "${FG_KUBECONFIG:-}" ]; then
+    KUBECONFIG="$FG_KUBECONFIG" RUST_LOG=info "$FG_BIN" run --config "$FG_REQ" \
+        --node-name "${FG_NODE:-fabricgate-vm}" --interval 1s \
+        --metrics-addr 127.0.0.1:9464 >"$O/daemon.log" 2>&1 &
+    daemon=$!
+    echo "$daemon" >"$O/daemon.started"
+    if fg_wait_host ready 120; then
+        ip link set eth0 down
+        : >"$O/daemon.down"
+        if fg_wait_host tainted 60; then
+            ip link set eth0 up
+            : >"$O/daemon.up"
+            fg_wait_host untainted 90
+        fi
+    fi
+fi
+
+# 7. rxe0 deleted while checks (and the daemon) keep running: each check must finish (ready
+#    or not), none may crash, and the daemon taints the Node again and keeps running.
 i=0
 : >"$O/vanish.rcs"
 (
@@ -91,4 +112,13 @@ rdma link delete rxe0
 echo deleted >"$O/vanish.deleted"
 wait "$loop"
 check gone
+if [ -n "$daemon" ]; then
+    fg_wait_host tainted_again 60
+    if kill -0 "$daemon" 2>/dev/null; then
+        echo alive >"$O/daemon.alive_after_delete"
+        kill -TERM "$daemon"
+    fi
+    wait "$daemon"
+    echo $? >"$O/daemon.rc"
+fi
 exit 0
