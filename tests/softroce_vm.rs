@@ -496,6 +496,17 @@ fn daemon_in_the_vm_taints_and_untaints_the_standin_node_as_eth0_goes_down_and_u
         recovered["metadata"]["labels"]["kubernetes.io/hostname"],
         NODE
     );
+    // Validated twice: at start and after eth0 came back, each time only after
+    // node.recover_after (3) consecutive good probes.
+    let validations: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("node validated"))
+        .collect();
+    assert_eq!(validations.len(), 2, "{log}");
+    assert!(
+        validations.iter().all(|l| l.contains("good_probes=3")),
+        "{log}"
+    );
     // rdma link delete: tainted again, and the daemon kept running until SIGTERM.
     assert!(run.delete_to_taint.is_some());
     assert!(dir.join("daemon.alive_after_delete").exists(), "{log}");
