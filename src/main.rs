@@ -48,9 +48,14 @@ fn run_selftest(args: &SelftestArgs) -> anyhow::Result<u8> {
         .timeout
         .unwrap_or_else(|| config.rdma.selftest_timeout());
     let outcome = fabricgate::selftest::run(&roots, &config, timeout);
-    match args.format {
-        Format::Json => println!("{}", serde_json::to_string_pretty(&outcome.to_json())?),
-        Format::Table => print!("{}", outcome.to_table()),
+    let text = match args.format {
+        Format::Json => serde_json::to_string_pretty(&outcome.to_json())? + "\n",
+        Format::Table => outcome.to_table(),
+    };
+    // A closed pipe (`| head`) is not an error worth a panic; the exit code still tells.
+    match std::io::Write::write_all(&mut std::io::stdout().lock(), text.as_bytes()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => return Err(e.into()),
+        _ => {}
     }
     Ok(outcome.exit_code())
 }

@@ -31,9 +31,16 @@ impl Outcome {
         !self.ports.is_empty() && self.ports.iter().all(|p| p.result.ok)
     }
 
-    /// 0 every port passed, 1 a port failed, 3 nothing could be tested.
+    /// 0 every port passed, 1 a port failed, 3 nothing could be tested: no port, or no
+    /// device could even be opened (no RDMA in the kernel, no access to /dev/infiniband).
     pub fn exit_code(&self) -> u8 {
-        if self.ports.is_empty() {
+        let unopened = |p: &PortOutcome| {
+            matches!(
+                p.result.failed_step.as_deref(),
+                Some("get_device_list" | "open_device")
+            )
+        };
+        if self.ports.is_empty() || self.ports.iter().all(unopened) {
             crate::EXIT_CANNOT_PROBE
         } else if self.all_ok() {
             crate::EXIT_VALIDATED
@@ -170,6 +177,13 @@ mod tests {
         assert_eq!(outcome(&[true, true]).exit_code(), 0);
         assert_eq!(outcome(&[true, false]).exit_code(), 1);
         assert_eq!(outcome(&[]).exit_code(), 3);
+        let mut unopened = outcome(&[false, false]);
+        for p in &mut unopened.ports {
+            p.result.failed_step = Some("open_device".into());
+        }
+        assert_eq!(unopened.exit_code(), 3);
+        unopened.ports[1].result.failed_step = Some("reg_mr".into());
+        assert_eq!(unopened.exit_code(), 1);
     }
 
     #[test]
