@@ -9,6 +9,7 @@ pub mod error;
 pub mod metrics;
 pub mod node;
 pub mod policy;
+pub mod selftest;
 
 pub use error::{Error, Result};
 
