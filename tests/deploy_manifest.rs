@@ -232,6 +232,7 @@ fn configmap_requirements_are_accepted_and_use_the_binarys_names() {
     // The example is the documented 8x400G InfiniBand node.
     assert_eq!(config.rdma.min_active_ports, 8);
     assert_eq!(config.rdma.min_rate_gbps, 400.0);
+    assert!(config.lustre.all_lustre && config.lustre.min_free_percent == 5.0);
     assert_eq!(
         config.node.recover_after,
         NodeSettings::default().recover_after
@@ -250,7 +251,12 @@ fn configmap_requirements_are_accepted_and_use_the_binarys_names() {
     // Every required mount lies under a host directory mounted with HostToContainer
     // propagation at the same path, so the container sees the host's mounts there.
     let mounts = container()["volumeMounts"].as_array().unwrap().clone();
-    for required in &config.lustre.mounts {
+    let required_paths = config
+        .lustre
+        .mounts
+        .iter()
+        .chain(config.mounts.iter().map(|m| &m.path));
+    for required in required_paths {
         let parent = mounts
             .iter()
             .find(|m| {
