@@ -133,9 +133,12 @@ impl ProbeArgs {
         Ok(Roots::new(&self.sysfs_root, &self.proc_root))
     }
 
-    pub fn probe_config(&self, _config: &Config) -> ProbeConfig {
+    pub fn probe_config(&self, config: &Config) -> ProbeConfig {
         ProbeConfig {
             verbs: self.verbs.into(),
+            netdev: fabricgate_probes::netdev::NetdevConfig {
+                interfaces: config.fallback.netdevs.clone(),
+            },
             ..ProbeConfig::default()
         }
     }

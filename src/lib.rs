@@ -5,6 +5,7 @@ pub mod check;
 pub mod cli;
 pub mod config;
 pub mod error;
+pub mod fallback;
 pub mod metrics;
 pub mod policy;
 
