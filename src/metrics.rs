@@ -13,7 +13,7 @@ use crate::fallback::{FallbackDetector, FallbackStatus};
 use crate::policy::{Scope, Verdict};
 use axum::Router;
 use axum::extract::State;
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use fabricgate_probes::ProbeReport;
@@ -23,7 +23,6 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
-use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::{Registry, Unit};
 use std::collections::HashMap;
 use std::future::Future;
@@ -53,7 +52,7 @@ pub const ERROR_COUNTERS: &[&str] = &[
     "VL15_dropped",
 ];
 
-/// Driver `hw_counters` exported as `fabricgate_rdma_port_hw_counter_total{counter=...}`: the
+/// Driver `hw_counters` exported as `fabricgate_rdma_port_hw_events_total{counter=...}`: the
 /// RoCE retry, sequence and congestion counters that explain a slow or stalling fabric. A
 /// fixed list keeps the series bounded (mlx5 alone has dozens of hw_counters).
 pub const HW_COUNTERS: &[&str] = &[
@@ -313,7 +312,7 @@ impl Metrics {
             f.port_errors
         );
         reg!(
-            "rdma_port_hw_counter",
+            "rdma_port_hw_events",
             "Driver hw_counters (RoCE retries, sequence errors, congestion notifications), by name",
             f.port_hw
         );
@@ -374,10 +373,19 @@ impl Metrics {
             "Average RDMA byte rate over the fallback window (all in-scope ports)",
             f.fallback_rdma_rate
         );
-        r.register(
-            "fabricgate_build",
-            "Build of the running agent",
-            Info::new(vec![("version", env!("CARGO_PKG_VERSION"))]),
+        // A gauge rather than an OpenMetrics `info` family: the classic text parser (and
+        // `promtool check metrics`) know no `info` type, and every exporter spells it so.
+        let build: Family<Vec<(&'static str, &'static str)>, Gauge> = Family::default();
+        build
+            .get_or_create(&vec![
+                ("version", env!("CARGO_PKG_VERSION")),
+                ("rust_version", env!("CARGO_PKG_RUST_VERSION")),
+            ])
+            .set(1);
+        reg!(
+            "build_info",
+            "Build of the running agent; always 1",
+            build
         );
 
         for &probe in PROBE_KINDS {
@@ -616,8 +624,49 @@ impl Metrics {
         if result.is_err() {
             out.clear();
         }
-        out
+        sort_series(&out)
     }
+}
+
+/// Order the series of every family by their labels. prometheus-client keeps a family's
+/// series in a hash map, so its order changes from scrape to scrape; a stable order keeps the
+/// golden file exact and diffs of two scrapes readable. The lines of one series (a
+/// histogram's buckets, sum and count) stay together and in their order.
+fn sort_series(text: &str) -> String {
+    fn series_key(line: &str) -> &str {
+        let labels = line.find('{').map_or("", |open| {
+            let close = line.rfind('}').unwrap_or(line.len());
+            &line[open..close]
+        });
+        // A histogram's bucket lines differ only in `le`, which is always last.
+        labels.find(",le=\"").map_or(labels, |i| &labels[..i])
+    }
+    fn flush<'a>(out: &mut String, groups: &mut Vec<(&'a str, Vec<&'a str>)>) {
+        groups.sort_by(|a, b| a.0.cmp(b.0));
+        for (_, lines) in groups.drain(..) {
+            for l in lines {
+                out.push_str(l);
+                out.push('\n');
+            }
+        }
+    }
+    let mut out = String::with_capacity(text.len());
+    let mut groups: Vec<(&str, Vec<&str>)> = Vec::new();
+    for line in text.lines() {
+        if line.starts_with('#') {
+            flush(&mut out, &mut groups);
+            out.push_str(line);
+            out.push('\n');
+            continue;
+        }
+        let key = series_key(line);
+        match groups.last_mut() {
+            Some((k, lines)) if *k == key => lines.push(line),
+            _ => groups.push((key, vec![line])),
+        }
+    }
+    flush(&mut out, &mut groups);
+    out
 }
 
 /// What the metrics need of one checked mount.
@@ -662,12 +711,24 @@ pub fn wants_openmetrics(accept: Option<&str>) -> bool {
     })
 }
 
-async fn metrics_handler(State(metrics): State<Arc<Metrics>>, headers: HeaderMap) -> Response {
-    let openmetrics = wants_openmetrics(
-        headers
-            .get(header::ACCEPT)
-            .and_then(|v| v.to_str().ok()),
-    );
+/// `?format=openmetrics|prometheus` overrides the `Accept` header (Prometheus before 2.49
+/// cannot choose the format a scrape asks for, but can add URL parameters).
+fn format_override(query: Option<&str>) -> Option<bool> {
+    query?.split('&').find_map(|kv| match kv {
+        "format=openmetrics" => Some(true),
+        "format=prometheus" => Some(false),
+        _ => None,
+    })
+}
+
+async fn metrics_handler(
+    State(metrics): State<Arc<Metrics>>,
+    uri: Uri,
+    headers: HeaderMap,
+) -> Response {
+    let openmetrics = format_override(uri.query()).unwrap_or_else(|| {
+        wants_openmetrics(headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()))
+    });
     let body = metrics.encode(openmetrics);
     let content_type = if openmetrics {
         OPENMETRICS_CONTENT_TYPE
@@ -745,5 +806,9 @@ mod tests {
         assert!(!wants_openmetrics(Some("*/*")));
         assert!(!wants_openmetrics(None));
         assert!(!wants_openmetrics(Some("application/openmetrics-text;q=0")));
+        assert_eq!(format_override(Some("format=prometheus")), Some(false));
+        assert_eq!(format_override(Some("a=b&format=openmetrics")), Some(true));
+        assert_eq!(format_override(Some("format=xml")), None);
+        assert_eq!(format_override(None), None);
     }
 }
