@@ -84,7 +84,8 @@ impl FallbackDetector {
                     let Some(bytes) = bytes else { continue };
                     counted = true;
                     let key = (dev.name.clone(), port.port, tx);
-                    rdma_delta = rdma_delta.saturating_add(moved(&mut self.rdma_series, &key, bytes));
+                    rdma_delta =
+                        rdma_delta.saturating_add(moved(&mut self.rdma_series, &key, bytes));
                     seen_rdma.push(key);
                 }
                 rdma_ports += usize::from(counted);

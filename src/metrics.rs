@@ -31,9 +31,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Content type of OpenMetrics text 1.0.0.
-pub const OPENMETRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+pub const OPENMETRICS_CONTENT_TYPE: &str =
+    "application/openmetrics-text; version=1.0.0; charset=utf-8";
 /// Content type of the classic Prometheus text format.
-pub const PROMETHEUS_CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
+pub const PROMETHEUS_CONTENT_TYPE: &str =
+    prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
 
 /// IB performance-management error counters exported as
 /// `fabricgate_rdma_port_errors_total{counter=...}` (the names are the sysfs file names).
@@ -94,7 +96,11 @@ impl Monotonic {
 
     /// The increase since the previous read.
     pub fn observe(&mut self, raw: u64) -> u64 {
-        let delta = if raw >= self.last { raw - self.last } else { raw };
+        let delta = if raw >= self.last {
+            raw - self.last
+        } else {
+            raw
+        };
         self.last = raw;
         delta
     }
@@ -269,9 +275,21 @@ impl Metrics {
                 r.register_with_unit(concat!("fabricgate_", $name), $help, $unit, $m.clone())
             };
         }
-        reg!("node_ready", "1 when the node passed every check (RDMA and storage), else 0", f.node_ready);
-        reg!("rdma_ready", "1 when the RDMA requirements are met, else 0", f.rdma_ready);
-        reg!("lustre_ready", "1 when every required mount is healthy, else 0", f.lustre_ready);
+        reg!(
+            "node_ready",
+            "1 when the node passed every check (RDMA and storage), else 0",
+            f.node_ready
+        );
+        reg!(
+            "rdma_ready",
+            "1 when the RDMA requirements are met, else 0",
+            f.rdma_ready
+        );
+        reg!(
+            "lustre_ready",
+            "1 when every required mount is healthy, else 0",
+            f.lustre_ready
+        );
         reg!(
             "findings",
             "Problems that keep the node unvalidated, by scope and reason (the Node condition reason)",
@@ -287,8 +305,16 @@ impl Metrics {
             "Physical port state (ports/N/phys_state): 2 Polling, 3 Disabled, 5 LinkUp, 6 LinkErrorRecovery",
             f.port_phys_state
         );
-        reg!("rdma_port_rate_gbps", "Negotiated port rate in Gb/s (ports/N/rate)", f.port_rate_gbps);
-        reg!("rdma_port_up", "1 when the port is ACTIVE and LinkUp, else 0", f.port_up);
+        reg!(
+            "rdma_port_rate_gbps",
+            "Negotiated port rate in Gb/s (ports/N/rate)",
+            f.port_rate_gbps
+        );
+        reg!(
+            "rdma_port_up",
+            "1 when the port is ACTIVE and LinkUp, else 0",
+            f.port_up
+        );
         reg!(
             "rdma_port_info",
             "Port attributes as labels (link layer, netdev of a RoCE port); always 1",
@@ -328,36 +354,61 @@ impl Metrics {
             f.netdev_tx_bytes,
             Unit::Bytes
         );
-        reg!("mount_up", "1 when the mount is present and statfs answered, else 0", f.mount_up);
-        reg!("mount_hung", "1 when statfs on the mount did not return in time, else 0", f.mount_hung);
+        reg!(
+            "mount_up",
+            "1 when the mount is present and statfs answered, else 0",
+            f.mount_up
+        );
+        reg!(
+            "mount_hung",
+            "1 when statfs on the mount did not return in time, else 0",
+            f.mount_hung
+        );
         reg!(
             "mount_statfs",
             "How long statfs on the mount took",
             f.mount_statfs_seconds,
             Unit::Seconds
         );
-        reg!("mount_free", "Free bytes on the mount", f.mount_free_bytes, Unit::Bytes);
+        reg!(
+            "mount_free",
+            "Free bytes on the mount",
+            f.mount_free_bytes,
+            Unit::Bytes
+        );
         reg!(
             "mount_available",
             "Bytes available to unprivileged users on the mount",
             f.mount_available_bytes,
             Unit::Bytes
         );
-        reg!("mount_free_inodes", "Free inodes on the mount", f.mount_free_inodes);
+        reg!(
+            "mount_free_inodes",
+            "Free inodes on the mount",
+            f.mount_free_inodes
+        );
         reg!(
             "probe_duration",
             "Wall time of each probe kind",
             probe_duration,
             Unit::Seconds
         );
-        reg!("probe_errors", "Errors reported by each probe kind", f.probe_errors);
+        reg!(
+            "probe_errors",
+            "Errors reported by each probe kind",
+            f.probe_errors
+        );
         reg!(
             "last_probe_timestamp",
             "Unix time when the last completed probe started",
             f.last_probe_timestamp,
             Unit::Seconds
         );
-        reg!("node_writes", "Writes to the Kubernetes API, by kind", f.node_writes);
+        reg!(
+            "node_writes",
+            "Writes to the Kubernetes API, by kind",
+            f.node_writes
+        );
         reg!(
             "fallback_suspected",
             "1 when TCP traffic is high while the RDMA ports are idle (silent TCP fallback), else 0",
@@ -382,14 +433,12 @@ impl Metrics {
                 ("rust_version", env!("CARGO_PKG_RUST_VERSION")),
             ])
             .set(1);
-        reg!(
-            "build_info",
-            "Build of the running agent; always 1",
-            build
-        );
+        reg!("build_info", "Build of the running agent; always 1", build);
 
         for &probe in PROBE_KINDS {
-            f.probe_errors.get_or_create(&ProbeLabels { probe }).inc_by(0);
+            f.probe_errors
+                .get_or_create(&ProbeLabels { probe })
+                .inc_by(0);
         }
         for &kind in NODE_WRITE_KINDS {
             f.node_writes.get_or_create(&KindLabels { kind }).inc_by(0);
@@ -428,7 +477,13 @@ impl Metrics {
         f.rdma_ready.set(i64::from(verdict.rdma.part.ready));
         f.lustre_ready.set(i64::from(verdict.lustre.ready));
         f.findings.clear();
-        for finding in verdict.rdma.part.findings.iter().chain(&verdict.lustre.findings) {
+        for finding in verdict
+            .rdma
+            .part
+            .findings
+            .iter()
+            .chain(&verdict.lustre.findings)
+        {
             let scope = match finding.scope {
                 Scope::Rdma => "rdma",
                 Scope::Lustre => "lustre",
@@ -639,6 +694,9 @@ fn sort_series(text: &str) -> String {
             &line[open..close]
         });
         // A histogram's bucket lines differ only in `le`, which is always last.
+        if labels.starts_with("{le=\"") {
+            return "";
+        }
         labels.find(",le=\"").map_or(labels, |i| &labels[..i])
     }
     fn flush<'a>(out: &mut String, groups: &mut Vec<(&'a str, Vec<&'a str>)>) {
@@ -810,5 +868,20 @@ mod tests {
         assert_eq!(format_override(Some("a=b&format=openmetrics")), Some(true));
         assert_eq!(format_override(Some("format=xml")), None);
         assert_eq!(format_override(None), None);
+    }
+
+    #[test]
+    fn series_are_sorted_by_labels_and_histogram_lines_stay_together() {
+        let text = "# TYPE a gauge\na{d=\"b\"} 2\na{d=\"a\"} 1\n# TYPE h histogram\n\
+                    h_bucket{p=\"z\",le=\"1\"} 1\nh_bucket{p=\"z\",le=\"+Inf\"} 1\n\
+                    h_sum{p=\"z\"} 1\nh_count{p=\"z\"} 1\nh_bucket{p=\"a\",le=\"1\"} 0\n\
+                    h_bucket{p=\"a\",le=\"+Inf\"} 0\nh_sum{p=\"a\"} 0\nh_count{p=\"a\"} 0\n\
+                    # TYPE u histogram\nu_bucket{le=\"5\"} 1\nu_bucket{le=\"10\"} 1\nu_sum 1\nu_count 1\n";
+        let want = "# TYPE a gauge\na{d=\"a\"} 1\na{d=\"b\"} 2\n# TYPE h histogram\n\
+                    h_bucket{p=\"a\",le=\"1\"} 0\nh_bucket{p=\"a\",le=\"+Inf\"} 0\n\
+                    h_sum{p=\"a\"} 0\nh_count{p=\"a\"} 0\nh_bucket{p=\"z\",le=\"1\"} 1\n\
+                    h_bucket{p=\"z\",le=\"+Inf\"} 1\nh_sum{p=\"z\"} 1\nh_count{p=\"z\"} 1\n\
+                    # TYPE u histogram\nu_bucket{le=\"5\"} 1\nu_bucket{le=\"10\"} 1\nu_sum 1\nu_count 1\n";
+        assert_eq!(sort_series(text), want);
     }
 }

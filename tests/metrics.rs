@@ -29,7 +29,12 @@ fn check_golden(name: &str, got: &str) {
         .unwrap_or_else(|e| panic!("{}: {e}; run with UPDATE_GOLDEN=1", path.display()));
     if want != got {
         for (i, (w, g)) in want.lines().zip(got.lines()).enumerate() {
-            assert_eq!(w, g, "{name} line {} differs (UPDATE_GOLDEN=1 to accept)", i + 1);
+            assert_eq!(
+                w,
+                g,
+                "{name} line {} differs (UPDATE_GOLDEN=1 to accept)",
+                i + 1
+            );
         }
         panic!(
             "{name}: {} lines expected, {} got (UPDATE_GOLDEN=1 to accept)",
@@ -64,10 +69,22 @@ fn fixture_values_arrive_under_the_issue_names() {
     assert_eq!(sample(&t, "fabricgate_rdma_ready"), Some(1.0));
     assert_eq!(sample(&t, "fabricgate_lustre_ready"), Some(1.0));
     let p = r#"{device="mlx5_0",port="1"}"#;
-    assert_eq!(sample(&t, &format!("fabricgate_rdma_port_state{p}")), Some(4.0));
-    assert_eq!(sample(&t, &format!("fabricgate_rdma_port_phys_state{p}")), Some(5.0));
-    assert_eq!(sample(&t, &format!("fabricgate_rdma_port_rate_gbps{p}")), Some(400.0));
-    assert_eq!(sample(&t, &format!("fabricgate_rdma_port_up{p}")), Some(1.0));
+    assert_eq!(
+        sample(&t, &format!("fabricgate_rdma_port_state{p}")),
+        Some(4.0)
+    );
+    assert_eq!(
+        sample(&t, &format!("fabricgate_rdma_port_phys_state{p}")),
+        Some(5.0)
+    );
+    assert_eq!(
+        sample(&t, &format!("fabricgate_rdma_port_rate_gbps{p}")),
+        Some(400.0)
+    );
+    assert_eq!(
+        sample(&t, &format!("fabricgate_rdma_port_up{p}")),
+        Some(1.0)
+    );
     // port_xmit_data is in 4-octet words: 1_000_000 * seed(1) words = 4 MB.
     assert_eq!(
         sample(&t, &format!("fabricgate_rdma_port_transmit_bytes_total{p}")),
@@ -95,7 +112,10 @@ fn fixture_values_arrive_under_the_issue_names() {
         !t.contains(r#"fabricgate_rdma_port_hw_events_total{device="mlx5_0""#),
         "an IB port without hw_counters has no hw series (absent, not 0)"
     );
-    assert!(!t.contains("rx_write_requests"), "hw_counters outside the list stay out");
+    assert!(
+        !t.contains("rx_write_requests"),
+        "hw_counters outside the list stay out"
+    );
     assert_eq!(
         sample(
             &t,
@@ -104,20 +124,35 @@ fn fixture_values_arrive_under_the_issue_names() {
         Some(1.0)
     );
     assert_eq!(
-        sample(&t, r#"fabricgate_netdev_receive_bytes_total{device="eth0"}"#),
+        sample(
+            &t,
+            r#"fabricgate_netdev_receive_bytes_total{device="eth0"}"#
+        ),
         Some(7_000_000.0)
     );
     assert_eq!(
-        sample(&t, r#"fabricgate_netdev_transmit_bytes_total{device="ens3f0np0"}"#),
+        sample(
+            &t,
+            r#"fabricgate_netdev_transmit_bytes_total{device="ens3f0np0"}"#
+        ),
         Some(3_000_000.0)
     );
-    assert!(!t.contains(r#"device="lo""#), "virtual interfaces are not read in auto mode");
+    assert!(
+        !t.contains(r#"device="lo""#),
+        "virtual interfaces are not read in auto mode"
+    );
     assert_eq!(
-        sample(&t, r#"fabricgate_probe_duration_seconds_count{probe="rdma_sysfs"}"#),
+        sample(
+            &t,
+            r#"fabricgate_probe_duration_seconds_count{probe="rdma_sysfs"}"#
+        ),
         Some(1.0)
     );
     assert_eq!(
-        sample(&t, r#"fabricgate_probe_duration_seconds_bucket{probe="rdma_sysfs",le="0.005"}"#),
+        sample(
+            &t,
+            r#"fabricgate_probe_duration_seconds_bucket{probe="rdma_sysfs",le="0.005"}"#
+        ),
         Some(1.0)
     );
     assert!(
@@ -128,7 +163,10 @@ fn fixture_values_arrive_under_the_issue_names() {
         sample(&t, r#"fabricgate_probe_errors_total{probe="rdma_sysfs"}"#),
         Some(0.0)
     );
-    assert_eq!(sample(&t, "fabricgate_last_probe_timestamp_seconds"), Some(1.7e9));
+    assert_eq!(
+        sample(&t, "fabricgate_last_probe_timestamp_seconds"),
+        Some(1.7e9)
+    );
     assert_eq!(
         sample(&t, r#"fabricgate_node_writes_total{kind="labels"}"#),
         Some(0.0)
@@ -142,8 +180,7 @@ fn not_ready_node_exports_its_findings_and_down_port() {
     let tmp = tempfile::tempdir().unwrap();
     write_node(tmp.path(), Shape::SMALL, 1);
     std::fs::write(
-        tmp.path()
-            .join("class/infiniband/mlx5_1/ports/1/state"),
+        tmp.path().join("class/infiniband/mlx5_1/ports/1/state"),
         "2: INIT\n",
     )
     .unwrap();
@@ -158,7 +195,10 @@ fn not_ready_node_exports_its_findings_and_down_port() {
         Some(0.0)
     );
     assert_eq!(
-        sample(&t, r#"fabricgate_rdma_port_state{device="mlx5_1",port="1"}"#),
+        sample(
+            &t,
+            r#"fabricgate_rdma_port_state{device="mlx5_1",port="1"}"#
+        ),
         Some(2.0)
     );
     assert!(
@@ -182,7 +222,10 @@ fn counters_never_go_backwards_across_a_kernel_reset() {
         record_fixture(&metrics, tmp.path(), &config, 100.0 + i as f64);
         let t = metrics.encode(false);
         let now = (sample(&t, series).unwrap(), sample(&t, netdev).unwrap());
-        assert!(now.0 >= last.0 && now.1 >= last.1, "went backwards: {last:?} -> {now:?}");
+        assert!(
+            now.0 >= last.0 && now.1 >= last.1,
+            "went backwards: {last:?} -> {now:?}"
+        );
         last = now;
     }
     // 9 ticks before the reset, plus 1 (the restart) and 2 more after it.
@@ -233,9 +276,19 @@ fn fallback_gauge_rises_when_tcp_is_busy_and_rdma_idle() {
         metrics.record_probe(&report, &verdict);
     }
     let t = metrics.encode(false);
-    assert_eq!(sample(&t, "fabricgate_fallback_suspected"), Some(1.0), "{t}");
-    assert_eq!(sample(&t, "fabricgate_fallback_tcp_bytes_per_second"), Some(2e8));
-    assert_eq!(sample(&t, "fabricgate_fallback_rdma_bytes_per_second"), Some(0.0));
+    assert_eq!(
+        sample(&t, "fabricgate_fallback_suspected"),
+        Some(1.0),
+        "{t}"
+    );
+    assert_eq!(
+        sample(&t, "fabricgate_fallback_tcp_bytes_per_second"),
+        Some(2e8)
+    );
+    assert_eq!(
+        sample(&t, "fabricgate_fallback_rdma_bytes_per_second"),
+        Some(0.0)
+    );
     assert!(metrics.fallback_status().suspected);
 }
 
@@ -246,9 +299,18 @@ fn node_writes_are_counted_by_kind() {
     metrics.record_node_write("labels");
     metrics.record_node_write("taint");
     let t = metrics.encode(false);
-    assert_eq!(sample(&t, r#"fabricgate_node_writes_total{kind="labels"}"#), Some(2.0));
-    assert_eq!(sample(&t, r#"fabricgate_node_writes_total{kind="taint"}"#), Some(1.0));
-    assert_eq!(sample(&t, r#"fabricgate_node_writes_total{kind="event"}"#), Some(0.0));
+    assert_eq!(
+        sample(&t, r#"fabricgate_node_writes_total{kind="labels"}"#),
+        Some(2.0)
+    );
+    assert_eq!(
+        sample(&t, r#"fabricgate_node_writes_total{kind="taint"}"#),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(&t, r#"fabricgate_node_writes_total{kind="event"}"#),
+        Some(0.0)
+    );
 }
 
 fn promtool_check(text: &str) -> (bool, String) {
@@ -285,11 +347,21 @@ fn promtool_check_metrics_passes_on_served_output() {
     let (addr, stop) = start_server(&rt, metrics);
     let (_, _, text) = http_get(&addr, "/metrics", None);
     let (ok, msg) = promtool_check(&text);
-    assert!(ok, "promtool check metrics (Prometheus text): {msg}\n{text}");
+    assert!(
+        ok,
+        "promtool check metrics (Prometheus text): {msg}\n{text}"
+    );
     // promtool 2.x parses only the classic format; the OpenMetrics output is parsed by a real
     // Prometheus server in tests/prometheus_server.rs (it asks for OpenMetrics first).
-    let (_, _, forced) = http_get(&addr, "/metrics?format=prometheus", Some("application/openmetrics-text"));
-    assert_eq!(forced, text, "?format=prometheus overrides the Accept header");
+    let (_, _, forced) = http_get(
+        &addr,
+        "/metrics?format=prometheus",
+        Some("application/openmetrics-text"),
+    );
+    assert_eq!(
+        forced, text,
+        "?format=prometheus overrides the Accept header"
+    );
     // A broken exposition must fail, or the checks above prove nothing.
     let (ok, _) = promtool_check("# TYPE x counter\nx_total{a=\"b\"} 1\nx_total{a=\"b\"} 1\n");
     assert!(!ok);
@@ -327,14 +399,20 @@ fn http_endpoints_negotiate_format_and_report_readiness() {
 
     let (status, head, body) = http_get(&addr, "/metrics", None);
     assert_eq!(status, 200);
-    assert!(head.contains("content-type: text/plain; version=0.0.4"), "{head}");
+    assert!(
+        head.contains("content-type: text/plain; version=0.0.4"),
+        "{head}"
+    );
     assert!(!body.contains("# EOF"));
     assert!(body.contains("# TYPE fabricgate_rdma_port_transmit_bytes_total counter"));
 
     let prom2 = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5";
     let (status, head, body) = http_get(&addr, "/metrics", Some(prom2));
     assert_eq!(status, 200);
-    assert!(head.contains("content-type: application/openmetrics-text"), "{head}");
+    assert!(
+        head.contains("content-type: application/openmetrics-text"),
+        "{head}"
+    );
     assert!(body.ends_with("# EOF\n"));
     assert!(body.contains("# TYPE fabricgate_rdma_port_transmit_bytes counter"));
     assert!(body.contains("# UNIT fabricgate_rdma_port_transmit_bytes bytes"));

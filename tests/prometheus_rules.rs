@@ -105,14 +105,19 @@ fn every_alert_says_what_to_do_and_is_tested_firing_and_not_firing() {
             let text = rule["annotations"][key].as_str().unwrap_or("");
             assert!(text.len() > 20, "{name}: {key} too thin: {text:?}");
         }
-        assert!(rule["labels"]["severity"].is_string(), "{name}: no severity");
+        assert!(
+            rule["labels"]["severity"].is_string(),
+            "{name}: no severity"
+        );
         let mine: Vec<&&Value> = checks.iter().filter(|c| c["alertname"] == name).collect();
         assert!(
-            mine.iter().any(|c| !c["exp_alerts"].as_array().unwrap().is_empty()),
+            mine.iter()
+                .any(|c| !c["exp_alerts"].as_array().unwrap().is_empty()),
             "{name}: no test where it fires"
         );
         assert!(
-            mine.iter().any(|c| c["exp_alerts"].as_array().unwrap().is_empty()),
+            mine.iter()
+                .any(|c| c["exp_alerts"].as_array().unwrap().is_empty()),
             "{name}: no test where it stays quiet"
         );
     }

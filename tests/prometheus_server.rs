@@ -146,7 +146,11 @@ fn real_prometheus_scrapes_both_formats_and_answers_queries() {
 
     for job in ["fabricgate", "fabricgate-text"] {
         let sel = format!("job=\"{job}\"");
-        assert_eq!(single(&prom, &format!("up{{{sel}}}"), deadline), 1.0, "{job}");
+        assert_eq!(
+            single(&prom, &format!("up{{{sel}}}"), deadline),
+            1.0,
+            "{job}"
+        );
         assert_eq!(
             single(&prom, &format!("fabricgate_node_ready{{{sel}}}"), deadline),
             1.0
@@ -185,12 +189,24 @@ fn real_prometheus_scrapes_both_formats_and_answers_queries() {
             ),
             1.0
         );
-        let ports = wait_for(&prom, &format!("fabricgate_rdma_port_up{{{sel}}}"), deadline);
+        let ports = wait_for(
+            &prom,
+            &format!("fabricgate_rdma_port_up{{{sel}}}"),
+            deadline,
+        );
         assert_eq!(ports.len(), 3, "{ports:?}");
     }
     // Both formats carry the same samples: nothing lost in either encoding.
-    let om = single(&prom, "scrape_samples_scraped{job=\"fabricgate\"}", deadline);
-    let text = single(&prom, "scrape_samples_scraped{job=\"fabricgate-text\"}", deadline);
+    let om = single(
+        &prom,
+        "scrape_samples_scraped{job=\"fabricgate\"}",
+        deadline,
+    );
+    let text = single(
+        &prom,
+        "scrape_samples_scraped{job=\"fabricgate-text\"}",
+        deadline,
+    );
     assert_eq!(om, text);
     assert!(om > 100.0, "{om}");
     let _ = stop_tx.send(());

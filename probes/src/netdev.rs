@@ -165,7 +165,10 @@ mod tests {
         };
         let got = probe(&roots, &config);
         assert_eq!(got[0].rx_bytes, Some(5));
-        assert_eq!(got[0].tx_bytes, None, "a malformed counter is absent, not 0");
+        assert_eq!(
+            got[0].tx_bytes, None,
+            "a malformed counter is absent, not 0"
+        );
         assert!(got[0].errors[0].contains("tx_bytes"), "{:?}", got[0].errors);
         assert_eq!(got[1].rx_bytes, None);
         assert!(got[1].errors[0].contains("eth9"), "{:?}", got[1].errors);

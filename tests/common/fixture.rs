@@ -13,7 +13,7 @@ use std::path::Path;
 pub struct Shape {
     /// InfiniBand HCAs (NDR, 1 port each unless `ports_per_device` says otherwise).
     pub ib_devices: usize,
-    /// RoCE HCAs, each with one Ethernet port and a netdev.
+    /// RoCE HCAs, with Ethernet ports and a netdev per port.
     pub roce_devices: usize,
     pub ports_per_device: usize,
 }
@@ -79,8 +79,7 @@ pub fn write_node(root: &Path, shape: Shape, tick: u64) {
         if !dev_dir.join("device").exists() {
             symlink(format!("../../../{pci}"), dev_dir.join("device")).unwrap();
         }
-        let ports = if roce { 1 } else { shape.ports_per_device };
-        for p in 1..=ports {
+        for p in 1..=shape.ports_per_device {
             let port_dir = dev_dir.join("ports").join(p.to_string());
             write(&port_dir.join("state"), "4: ACTIVE\n");
             write(&port_dir.join("phys_state"), "5: LinkUp\n");
@@ -113,7 +112,7 @@ pub fn write_node(root: &Path, shape: Shape, tick: u64) {
             if roce {
                 write(&port_dir.join("link_layer"), "Ethernet\n");
                 write(&port_dir.join("rate"), "200 Gb/sec (4X HDR)\n");
-                let netdev = format!("ens{}f0np0", d + 1);
+                let netdev = format!("ens{}f{}np{}", d + 1, p - 1, p - 1);
                 write(
                     &port_dir.join("gids/0"),
                     &format!("fe80:0000:0000:0000:966d:aeff:fe03:{:04x}\n", 0x1a00 + d),
@@ -194,7 +193,11 @@ pub fn write_node(root: &Path, shape: Shape, tick: u64) {
         symlink("../../../0000:05:00.0", eth0.join("device")).unwrap();
     }
     if !class_net.join("eth0").exists() {
-        symlink("../../devices/pci0000:00/0000:05:00.0/net/eth0", class_net.join("eth0")).unwrap();
+        symlink(
+            "../../devices/pci0000:00/0000:05:00.0/net/eth0",
+            class_net.join("eth0"),
+        )
+        .unwrap();
     }
     let lo = root.join("devices/virtual/net/lo");
     write(&lo.join("statistics/rx_bytes"), "123\n");
