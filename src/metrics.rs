@@ -24,6 +24,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::future::Future;
 use std::hash::Hash;
@@ -688,19 +689,37 @@ impl Metrics {
 /// golden file exact and diffs of two scrapes readable. The lines of one series (a
 /// histogram's buckets, sum and count) stay together and in their order.
 fn sort_series(text: &str) -> String {
-    fn series_key(line: &str) -> &str {
+    /// The series' labels without `le` (a histogram's bucket lines differ only in `le`,
+    /// which the classic encoder writes last and the OpenMetrics encoder first).
+    fn series_key(line: &str) -> Cow<'_, str> {
         let labels = line.find('{').map_or("", |open| {
             let close = line.rfind('}').unwrap_or(line.len());
-            &line[open..close]
+            &line[open + 1..close]
         });
-        // A histogram's bucket lines differ only in `le`, which is always last.
-        if labels.starts_with("{le=\"") {
-            return "";
+        let le = if labels.starts_with("le=\"") {
+            Some(0)
+        } else {
+            labels.find(",le=\"").map(|i| i + 1)
+        };
+        let Some(start) = le else {
+            return Cow::Borrowed(labels);
+        };
+        let value_start = start + 4;
+        let end = labels[value_start..]
+            .find('"')
+            .map_or(labels.len(), |i| value_start + i + 1);
+        let (before, after) = (
+            labels[..start].trim_end_matches(','),
+            labels[end..].trim_start_matches(','),
+        );
+        match (before.is_empty(), after.is_empty()) {
+            (_, true) => Cow::Borrowed(before),
+            (true, false) => Cow::Borrowed(after),
+            (false, false) => Cow::Owned(format!("{before},{after}")),
         }
-        labels.find(",le=\"").map_or(labels, |i| &labels[..i])
     }
-    fn flush<'a>(out: &mut String, groups: &mut Vec<(&'a str, Vec<&'a str>)>) {
-        groups.sort_by(|a, b| a.0.cmp(b.0));
+    fn flush(out: &mut String, groups: &mut Vec<(Cow<'_, str>, Vec<&str>)>) {
+        groups.sort_by(|a, b| a.0.cmp(&b.0));
         for (_, lines) in groups.drain(..) {
             for l in lines {
                 out.push_str(l);
@@ -709,7 +728,7 @@ fn sort_series(text: &str) -> String {
         }
     }
     let mut out = String::with_capacity(text.len());
-    let mut groups: Vec<(&str, Vec<&str>)> = Vec::new();
+    let mut groups: Vec<(Cow<'_, str>, Vec<&str>)> = Vec::new();
     for line in text.lines() {
         if line.starts_with('#') {
             flush(&mut out, &mut groups);
@@ -883,5 +902,12 @@ mod tests {
                     h_bucket{p=\"z\",le=\"+Inf\"} 1\nh_sum{p=\"z\"} 1\nh_count{p=\"z\"} 1\n\
                     # TYPE u histogram\nu_bucket{le=\"5\"} 1\nu_bucket{le=\"10\"} 1\nu_sum 1\nu_count 1\n";
         assert_eq!(sort_series(text), want);
+        let om = "# TYPE h histogram\nh_bucket{le=\"1\",p=\"z\"} 1\nh_bucket{le=\"+Inf\",p=\"z\"} 1\n\
+                  h_count{p=\"z\"} 1\nh_bucket{le=\"1\",p=\"a\"} 0\nh_bucket{le=\"+Inf\",p=\"a\"} 0\n\
+                  h_count{p=\"a\"} 0\n# EOF\n";
+        let want = "# TYPE h histogram\nh_bucket{le=\"1\",p=\"a\"} 0\nh_bucket{le=\"+Inf\",p=\"a\"} 0\n\
+                    h_count{p=\"a\"} 0\nh_bucket{le=\"1\",p=\"z\"} 1\nh_bucket{le=\"+Inf\",p=\"z\"} 1\n\
+                    h_count{p=\"z\"} 1\n# EOF\n";
+        assert_eq!(sort_series(om), want);
     }
 }

@@ -189,6 +189,20 @@ fn real_prometheus_scrapes_both_formats_and_answers_queries() {
             ),
             1.0
         );
+        // record_fixture pins the sysfs probe at 4.2 ms: in the 5 ms bucket, not the 2.5 ms.
+        for (le, want) in [("0.0025", 0.0), ("0.005", 1.0), ("+Inf", 1.0)] {
+            assert_eq!(
+                single(
+                    &prom,
+                    &format!(
+                        "fabricgate_probe_duration_seconds_bucket{{{sel},probe=\"rdma_sysfs\",le=\"{le}\"}}"
+                    ),
+                    deadline
+                ),
+                want,
+                "{job} le={le}"
+            );
+        }
         let ports = wait_for(
             &prom,
             &format!("fabricgate_rdma_port_up{{{sel}}}"),
