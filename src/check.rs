@@ -124,13 +124,10 @@ pub fn to_table(report: &ProbeReport, verdict: &Verdict) -> String {
         let _ = writeln!(out, "  (none)");
     }
     for t in &verdict.taints {
-        let _ = writeln!(
-            out,
-            "  {}={}:{}",
-            t.key,
-            t.value.as_deref().unwrap_or(""),
-            t.effect
-        );
+        let _ = match &t.value {
+            Some(v) => writeln!(out, "  {}={v}:{}", t.key, t.effect),
+            None => writeln!(out, "  {}:{}", t.key, t.effect),
+        };
     }
     out
 }

@@ -116,8 +116,7 @@ impl AttrReader {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(ProbeError::read(path, e)),
         };
-        file.read_to_end(&mut self.buf)
-            .map_err(|e| ProbeError::read(path, e))?;
+        read_small(&mut file, &mut self.buf).map_err(|e| ProbeError::read(path, e))?;
         let text = std::str::from_utf8(&self.buf)
             .map_err(|_| ProbeError::parse(path, "<non-UTF-8 bytes>", "UTF-8 text"))?;
         Ok(Some(text.trim_end_matches(['\n', '\0'])))
@@ -152,6 +151,33 @@ impl AttrReader {
             let s = s.trim();
             (!s.is_empty()).then(|| s.to_owned())
         })
+    }
+}
+
+/// Read a whole small file with as few syscalls as possible: `read_to_end` also stats and
+/// seeks to size its buffer, doubling the cost per attribute. A sysfs attribute (at most one
+/// page) and a small regular file both come back in one `read`; a read that does not fill
+/// the buffer is the end of the file for both.
+fn read_small(file: &mut File, buf: &mut Vec<u8>) -> io::Result<()> {
+    const CHUNK: usize = 4096;
+    loop {
+        let len = buf.len();
+        buf.resize(len + CHUNK, 0);
+        let n = match file.read(&mut buf[len..]) {
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {
+                buf.truncate(len);
+                continue;
+            }
+            Err(e) => {
+                buf.truncate(len);
+                return Err(e);
+            }
+        };
+        buf.truncate(len + n);
+        if n < CHUNK {
+            return Ok(());
+        }
     }
 }
 

@@ -1,0 +1,156 @@
+//! The sysfs reader over the committed fixture trees (real layout, symlinks included) and over
+//! small trees built in a temp dir for edge cases.
+
+use fabricgate_probes::Roots;
+use fabricgate_probes::rdma::{GidType, LinkLayer, PhysState, PortState, sysfs};
+use std::fs;
+use std::path::{Path, PathBuf};
+
+fn fixture(name: &str) -> Roots {
+    let base = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures")
+        .join(name);
+    Roots::new(base.join("sys"), base.join("proc"))
+}
+
+#[test]
+fn healthy_node_is_read_through_the_class_symlinks() {
+    let report = sysfs::probe(&fixture("ndr-8x400-healthy"));
+    assert!(report.subsystem_present);
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    let names: Vec<&str> = report.devices.iter().map(|d| d.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3", "mlx5_4", "mlx5_5", "mlx5_6", "mlx5_7",
+            "mlx5_8", "mlx5_9"
+        ]
+    );
+    let dev = &report.devices[0];
+    assert!(dev.errors.is_empty(), "{:?}", dev.errors);
+    assert_eq!(
+        dev.node_type.as_ref().map(|n| (n.code, n.name.as_str())),
+        Some((1, "CA"))
+    );
+    assert_eq!(dev.node_guid.as_deref(), Some("a088:c203:0000:1a2b"));
+    assert_eq!(dev.fw_ver.as_deref(), Some("28.39.1002"));
+    assert_eq!(dev.hca_type.as_deref(), Some("MT4129"));
+    assert_eq!(dev.board_id.as_deref(), Some("MT_0000000838"));
+    let pci = dev.pci.as_ref().unwrap();
+    assert_eq!(pci.address, "0000:18:00.0");
+    assert_eq!(pci.numa_node, Some(0));
+    assert_eq!(pci.current_speed_gts, Some(32.0));
+    assert_eq!(pci.current_width, Some(16));
+    assert!(!pci.is_degraded());
+    assert_eq!(report.devices[5].pci.as_ref().unwrap().numa_node, Some(1));
+
+    let port = &dev.ports[0];
+    assert_eq!(port.port, 1);
+    assert_eq!(port.state, Some(PortState::Active));
+    assert_eq!(port.phys_state, Some(PhysState::LinkUp));
+    assert!(port.is_up());
+    let rate = port.rate.as_ref().unwrap();
+    assert_eq!(
+        (rate.gbps, rate.width, rate.speed.as_str()),
+        (400.0, 4, "NDR")
+    );
+    assert_eq!(port.link_layer, Some(LinkLayer::InfiniBand));
+    assert_eq!(port.lid, Some(0x11));
+    assert_eq!(port.sm_lid, Some(1));
+    // Only the one GID in use; zero entries are skipped.
+    assert_eq!(port.gids.len(), 1);
+    assert_eq!(port.gids[0].gid_type, Some(GidType::IbRoceV1));
+    assert_eq!(port.gids[0].netdev, None);
+    assert_eq!(port.counters.get("port_xmit_data"), Some(&1_000_000_000));
+    assert_eq!(port.transmit_bytes(), Some(4_000_000_000));
+    assert_eq!(port.counters.get("link_downed"), Some(&1));
+    assert_eq!(port.hw_counters.get("out_of_sequence"), Some(&0));
+    // `lifespan` is a knob, but it is numeric, so it is kept like the kernel shows it.
+    assert!(port.errors.is_empty(), "{:?}", port.errors);
+
+    let roce = &report.devices[8].ports[0];
+    assert_eq!(roce.link_layer, Some(LinkLayer::Ethernet));
+    assert!(roce.has_roce_v2_gid());
+    assert_eq!(roce.netdevs(), ["ens10f0np0"]);
+    assert_eq!(roce.gids.len(), 4);
+    assert_eq!(roce.lid, Some(0));
+}
+
+#[test]
+fn broken_scenarios_become_per_port_and_per_device_errors() {
+    let report = sysfs::probe(&fixture("malformed-state"));
+    let port = &report.devices[1].ports[0];
+    assert_eq!(port.state, None);
+    assert!(
+        port.errors[0].contains("mlx5_1/ports/1/state"),
+        "{:?}",
+        port.errors
+    );
+    assert!(port.errors[0].contains("\"ACTIVE?\""), "{:?}", port.errors);
+    // The other devices are untouched.
+    assert_eq!(report.devices[2].ports[0].state, Some(PortState::Active));
+
+    let report = sysfs::probe(&fixture("no-ports-folder"));
+    let dev = &report.devices[4];
+    assert!(dev.ports.is_empty());
+    assert!(dev.errors[0].contains("ports: missing"), "{:?}", dev.errors);
+    assert_eq!(report.devices[5].ports.len(), 1);
+
+    let report = sysfs::probe(&fixture("ndr-pcie-x8"));
+    let pci = report.devices[2].pci.as_ref().unwrap();
+    assert_eq!((pci.current_width, pci.max_width), (Some(8), Some(16)));
+    assert!(pci.is_degraded());
+
+    let report = sysfs::probe(&fixture("roce-no-v2"));
+    assert!(!report.devices[8].ports[0].has_roce_v2_gid());
+    assert!(report.devices[9].ports[0].has_roce_v2_gid());
+}
+
+#[test]
+fn no_rdma_subsystem_is_not_an_error() {
+    let report = sysfs::probe(&fixture("no-rdma"));
+    assert!(!report.subsystem_present);
+    assert!(report.devices.is_empty());
+    assert!(report.errors.is_empty());
+}
+
+fn write(path: &Path, text: &str) {
+    fs::create_dir_all(path.parent().unwrap()).unwrap();
+    fs::write(path, text).unwrap();
+}
+
+/// A virtual device (Soft-RoCE) has no PCI parent; counters without a PMA read `N/A`.
+#[test]
+fn virtual_device_and_unavailable_counters() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sys: PathBuf = tmp.path().join("sys");
+    let dev = sys.join("devices/virtual/infiniband/rxe0");
+    write(&dev.join("node_type"), "1: CA\n");
+    let port = dev.join("ports/1");
+    write(&port.join("state"), "1: DOWN\n");
+    write(&port.join("phys_state"), "3: Disabled\n");
+    write(&port.join("rate"), "2.5 Gb/sec (1X SDR)\n");
+    write(&port.join("link_layer"), "Ethernet\n");
+    write(&port.join("counters/port_xmit_data"), "N/A (no PMA)\n");
+    write(&port.join("counters/symbol_error"), "oops\n");
+    write(&port.join("hw_counters/sent_pkts"), "42\n");
+    fs::create_dir_all(sys.join("class/infiniband")).unwrap();
+    std::os::unix::fs::symlink(
+        "../../devices/virtual/infiniband/rxe0",
+        sys.join("class/infiniband/rxe0"),
+    )
+    .unwrap();
+    let report = sysfs::probe(&Roots::new(&sys, tmp.path()));
+    let d = &report.devices[0];
+    assert_eq!(d.pci, None);
+    assert_eq!(d.node_guid, None);
+    let p = &d.ports[0];
+    assert_eq!(p.state, Some(PortState::Down));
+    assert_eq!(p.rate.as_ref().map(|r| r.gbps), Some(2.5));
+    assert_eq!(p.counters.get("port_xmit_data"), None);
+    assert_eq!(p.transmit_bytes(), None);
+    assert_eq!(p.hw_counters.get("sent_pkts"), Some(&42));
+    assert_eq!(p.errors.len(), 1, "{:?}", p.errors);
+    assert!(p.errors[0].contains("symbol_error"));
+    assert_eq!(p.lid, None);
+}

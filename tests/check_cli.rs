@@ -1,0 +1,329 @@
+//! `fabricgate check` through the real binary over the fixture trees: exit codes, JSON keys,
+//! and the verdict and reason for every scenario.
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+}
+
+fn check(fixture_name: &str, config: Option<&str>, extra: &[&str]) -> Output {
+    let dir = fixture(fixture_name);
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_fabricgate"));
+    cmd.arg("check")
+        .arg("--verbs")
+        .arg("off")
+        .arg("--sysfs-root")
+        .arg(dir.join("sys"))
+        .arg("--proc-root")
+        .arg(dir.join("proc"));
+    let tmp = tempfile::NamedTempFile::new().unwrap();
+    if let Some(yaml) = config {
+        std::fs::write(tmp.path(), yaml).unwrap();
+        cmd.arg("--config").arg(tmp.path());
+    }
+    cmd.args(extra).output().unwrap()
+}
+
+fn check_json(fixture_name: &str, config: Option<&str>) -> (i32, Value) {
+    let out = check(fixture_name, config, &["--format", "json"]);
+    let json: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "not JSON ({e}): stdout={} stderr={}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (out.status.code().unwrap(), json)
+}
+
+const NDR: &str = "rdma:\n  devices: \"mlx5_*\"\n  min_active_ports: 8\n  min_rate_gbps: 400\n  link_layer: InfiniBand\n";
+const ALL_TEN: &str = "rdma:\n  min_active_ports: 10\n";
+
+fn reasons(json: &Value) -> Vec<String> {
+    json["reasons"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r.as_str().unwrap().to_owned())
+        .collect()
+}
+
+fn port<'a>(json: &'a Value, device: &str, port: u64) -> &'a Value {
+    json["rdma"]["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["name"] == device)
+        .unwrap_or_else(|| panic!("no device {device}"))["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["port"] == port)
+        .unwrap()
+}
+
+#[test]
+fn healthy_ndr_node_is_validated_with_labels_and_no_taint() {
+    let (code, json) = check_json("ndr-8x400-healthy", Some(NDR));
+    assert_eq!(code, 0, "{json:#}");
+    assert_eq!(json["ready"], true);
+    assert_eq!(json["rdma"]["ready"], true);
+    assert!(reasons(&json).is_empty());
+    assert_eq!(json["rdma"]["devices"].as_array().unwrap().len(), 10);
+    let p = port(&json, "mlx5_0", 1);
+    assert_eq!(p["state"], "ACTIVE");
+    assert_eq!(p["phys_state"], "LinkUp");
+    assert_eq!(p["rate_gbps"], 400.0);
+    assert_eq!(p["link_layer"], "InfiniBand");
+    let labels = &json["labels"];
+    assert_eq!(labels["fabricgate.io/ready"], "true");
+    assert_eq!(labels["fabricgate.io/rdma.ready"], "true");
+    assert_eq!(labels["fabricgate.io/rdma.active-ports"], "8");
+    assert_eq!(labels["fabricgate.io/rdma.link-layer"], "InfiniBand");
+    assert_eq!(labels["fabricgate.io/rdma.rate-gbps"], "400");
+    assert_eq!(json["taints"].as_array().unwrap().len(), 0);
+    let conds = json["conditions"].as_array().unwrap();
+    let types: Vec<&str> = conds.iter().map(|c| c["type"].as_str().unwrap()).collect();
+    assert_eq!(types, ["FabricReady", "RDMAReady", "LustreReady"]);
+    assert!(conds.iter().all(|c| c["status"] == "True"));
+}
+
+#[test]
+fn roce_storage_ports_count_with_their_netdev_and_gid() {
+    let (code, json) = check_json("ndr-8x400-healthy", Some(ALL_TEN));
+    assert_eq!(code, 0, "{json:#}");
+    let p = port(&json, "mlx5_8", 1);
+    assert_eq!(p["link_layer"], "Ethernet");
+    assert_eq!(p["rate_gbps"], 200.0);
+    assert_eq!(p["netdevs"][0], "ens10f0np0");
+    assert_eq!(json["labels"]["fabricgate.io/rdma.link-layer"], "Mixed");
+    assert_eq!(json["labels"]["fabricgate.io/rdma.rate-gbps"], "200");
+}
+
+/// Each broken scenario: the exit code, the reason that must appear, and the port count.
+#[test]
+fn every_failure_scenario_gives_its_reason() {
+    let cases: &[(&str, &str, &[&str], &str)] = &[
+        (
+            "ndr-port-down",
+            NDR,
+            &["mlx5_3 port 1: state DOWN, phys Disabled"],
+            "7",
+        ),
+        (
+            "ndr-port-init",
+            NDR,
+            &[
+                "mlx5_5 port 1: state INIT",
+                "subnet manager has not activated",
+            ],
+            "7",
+        ),
+        (
+            "ndr-degraded-link",
+            NDR,
+            &["mlx5_3 port 1: rate 200 Gb/s (2X NDR) below required 400 Gb/s"],
+            "7",
+        ),
+        (
+            "ndr-pcie-x8",
+            NDR,
+            &[
+                "mlx5_2 (0000:38:00.0): PCIe link trained at x8 at 32 GT/s, capable of x16 at 32 GT/s",
+            ],
+            "7",
+        ),
+        (
+            "roce-no-v2",
+            ALL_TEN,
+            &["mlx5_8 port 1: no RoCE v2 GID on ens10f0np0"],
+            "9",
+        ),
+        (
+            "malformed-state",
+            NDR,
+            &[
+                "mlx5_1 port 1: cannot tell the port state",
+                "ports/1/state",
+                "\"ACTIVE?\"",
+            ],
+            "7",
+        ),
+        ("no-ports-folder", NDR, &["mlx5_4:", "ports: missing"], "7"),
+    ];
+    for (name, config, wanted, ports) in cases {
+        let (code, json) = check_json(name, Some(config));
+        assert_eq!(code, 1, "{name}: {json:#}");
+        assert_eq!(json["ready"], false, "{name}");
+        assert_eq!(json["rdma"]["ready"], false, "{name}");
+        let all = reasons(&json).join("\n");
+        for w in *wanted {
+            assert!(all.contains(w), "{name}: reason {w:?} not in:\n{all}");
+        }
+        assert_eq!(
+            json["labels"]["fabricgate.io/rdma.active-ports"], *ports,
+            "{name}"
+        );
+        assert_eq!(json["labels"]["fabricgate.io/ready"], "false", "{name}");
+        let taints = json["taints"].as_array().unwrap();
+        assert_eq!(taints.len(), 1, "{name}");
+        assert_eq!(taints[0]["key"], "fabricgate.io/unvalidated");
+        assert_eq!(taints[0]["effect"], "NoSchedule");
+        assert!(taints[0].get("value").is_none());
+    }
+}
+
+#[test]
+fn port_in_init_sets_a_condition_reason_for_the_subnet_manager() {
+    let (_, json) = check_json("ndr-port-init", Some(NDR));
+    let rdma = json["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "RDMAReady")
+        .unwrap();
+    assert_eq!(rdma["status"], "False");
+    assert_eq!(rdma["reason"], "PortNotActivatedBySM");
+    assert!(rdma["message"].as_str().unwrap().contains("mlx5_5 port 1"));
+}
+
+#[test]
+fn a_down_port_beyond_the_requirement_is_a_warning_not_a_failure() {
+    let (code, json) = check_json("ndr-port-down", Some("rdma:\n  min_active_ports: 9\n"));
+    assert_eq!(code, 0, "{json:#}");
+    let warnings = json["warnings"].as_array().unwrap();
+    assert!(
+        warnings
+            .iter()
+            .any(|w| w.as_str().unwrap().contains("mlx5_3 port 1: state DOWN"))
+    );
+}
+
+#[test]
+fn pcie_check_can_be_turned_off() {
+    let cfg = format!("{NDR}  require_full_pcie_link: false\n");
+    let (code, json) = check_json("ndr-pcie-x8", Some(&cfg));
+    assert_eq!(code, 0, "{json:#}");
+}
+
+#[test]
+fn no_rdma_at_all_says_so_and_exits_1() {
+    let (code, json) = check_json("no-rdma", None);
+    assert_eq!(code, 1);
+    assert_eq!(json["rdma"]["ready"], false);
+    assert_eq!(json["rdma"]["devices"].as_array().unwrap().len(), 0);
+    let all = reasons(&json).join("\n");
+    assert!(all.contains("no RDMA devices"), "{all}");
+    // Without RDMA requirements the same node is fine.
+    let (code, _) = check_json("no-rdma", Some("rdma:\n  min_active_ports: 0\n"));
+    assert_eq!(code, 0);
+}
+
+#[test]
+fn table_output_is_readable() {
+    let out = check("ndr-degraded-link", Some(NDR), &[]);
+    assert_eq!(out.status.code(), Some(1));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.starts_with("fabricgate: node NOT VALIDATED"), "{text}");
+    assert!(text.contains("mlx5_3 port 1: rate 200 Gb/s (2X NDR) below required 400 Gb/s"));
+    assert!(
+        text.contains("fabricgate.io/unvalidated:NoSchedule"),
+        "{text}"
+    );
+    assert!(
+        text.contains("mlx5_3  1     ACTIVE  LinkUp  200 Gb/s (2X NDR)"),
+        "{text}"
+    );
+}
+
+#[test]
+fn config_errors_exit_2_and_name_the_key_or_path() {
+    let out = check("ndr-8x400-healthy", Some("rdma:\n  min_ports: 8\n"), &[]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("min_ports"), "{err}");
+
+    let out = check(
+        "ndr-8x400-healthy",
+        Some("rdma:\n  min_rate_gbps: fast\n"),
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("min_rate_gbps"));
+
+    let out = check(
+        "ndr-8x400-healthy",
+        None,
+        &["--config", "/nonexistent/req.yaml"],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/req.yaml"));
+
+    let out = check("ndr-8x400-healthy", None, &["--format", "xml"]);
+    assert_eq!(out.status.code(), Some(2));
+
+    let out = Command::new(env!("CARGO_BIN_EXE_fabricgate"))
+        .args(["check", "--sysfs-root", "/nonexistent/sys"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/sys"));
+}
+
+#[cfg(unix)]
+#[test]
+fn unreadable_rdma_class_is_exit_3() {
+    use std::os::unix::fs::PermissionsExt;
+    // Root ignores permission bits, so only run this as a normal user.
+    if unsafe_is_root() {
+        eprintln!("skipped: running as root, permission bits are not enforced");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let class = tmp.path().join("sys/class/infiniband");
+    std::fs::create_dir_all(&class).unwrap();
+    std::fs::create_dir_all(tmp.path().join("proc")).unwrap();
+    std::fs::set_permissions(&class, std::fs::Permissions::from_mode(0o000)).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_fabricgate"))
+        .args(["check", "--verbs", "off", "--format", "json"])
+        .arg("--sysfs-root")
+        .arg(tmp.path().join("sys"))
+        .arg("--proc-root")
+        .arg(tmp.path().join("proc"))
+        .output()
+        .unwrap();
+    std::fs::set_permissions(&class, std::fs::Permissions::from_mode(0o755)).unwrap();
+    assert_eq!(out.status.code(), Some(3));
+}
+
+fn unsafe_is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .map(|s| {
+            s.lines()
+                .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
+        })
+        .unwrap_or(false)
+}
+
+/// On this kind of machine (no RDMA in the kernel) the live check must say so, not crash.
+#[test]
+fn live_check_without_rdma_kernel_exits_1_with_a_clear_reason() {
+    if Path::new("/sys/class/infiniband").exists() {
+        eprintln!("skipped: this machine has an RDMA subsystem");
+        return;
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_fabricgate"))
+        .args(["check", "--format", "json"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let json: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let all = reasons(&json).join("\n");
+    assert!(all.contains("no RDMA devices"), "{all}");
+    assert!(all.contains("ibv_get_device_list"), "{all}");
+}
