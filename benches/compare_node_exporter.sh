@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Side-by-side scrape latency: Debian's prometheus-node-exporter (only its infiniband
-# collector, --path.sysfs at the fixture tree) against fabricgate over the same tree, the
-# benchmark's synthetic node of 12 RDMA devices / 24 ports.
+# collector, --path.sysfs at the fixture tree) against fabricgate over the same tree,
+# tests/fixtures/bench-12x2 (12 RDMA devices / 24 ports).
 #
-#   benches/compare_node_exporter.sh [SCRAPES]      (default 200)
+#   benches/compare_node_exporter.sh [SCRAPES] [NODE_DIR]   (defaults: 200, bench-12x2)
 #
 # Needs: prometheus-node-exporter, curl (apt-get install -y prometheus-node-exporter curl).
 # fabricgate is served by `fabricgate run --dry-run` when that subcommand works, else by the
@@ -12,6 +12,7 @@ set -euo pipefail
 
 N="${1:-200}"
 cd "$(dirname "$0")/.."
+NODE="$(realpath "${2:-tests/fixtures/bench-12x2}")"
 command -v prometheus-node-exporter >/dev/null || { echo "install prometheus-node-exporter" >&2; exit 2; }
 command -v curl >/dev/null || { echo "install curl" >&2; exit 2; }
 
@@ -19,12 +20,10 @@ cargo build --release --quiet --bin fabricgate --example metrics_fixture
 BIN=target/release/fabricgate
 HELPER=target/release/examples/metrics_fixture
 
-TMP="$(mktemp -d)"
 PIDS=()
 cleanup() {
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
   for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
-  rm -rf "$TMP"
 }
 trap cleanup EXIT
 
@@ -33,13 +32,11 @@ free_port() {
     || echo $((20000 + RANDOM % 20000))
 }
 
-"$HELPER" write "$TMP/sys"
-mkdir -p "$TMP/proc"
 NE_PORT="$(free_port)"
 FG_PORT="$(free_port)"
 
 prometheus-node-exporter \
-  --path.sysfs="$TMP/sys" --path.procfs="$TMP/proc" \
+  --path.sysfs="$NODE/sys" --path.procfs="$NODE/proc" \
   --collector.disable-defaults --collector.infiniband \
   --web.disable-exporter-metrics \
   --web.listen-address="127.0.0.1:$NE_PORT" --log.level=warn &
@@ -47,11 +44,11 @@ PIDS+=("$!")
 
 if "$BIN" run --help >/dev/null 2>&1 && ! "$BIN" run --dry-run --verbs off \
      --sysfs-root /nonexistent --proc-root /nonexistent 2>&1 | grep -q "not implemented"; then
-  "$BIN" run --dry-run --verbs off --sysfs-root "$TMP/sys" --proc-root "$TMP/sys" \
+  "$BIN" run --dry-run --verbs off --sysfs-root "$NODE/sys" --proc-root "$NODE/proc" \
     --metrics-addr "127.0.0.1:$FG_PORT" --interval 1s >/dev/null 2>&1 &
   FG_WHAT="fabricgate run --dry-run"
 else
-  "$HELPER" serve "$TMP/sys" "127.0.0.1:$FG_PORT" &
+  "$HELPER" "$NODE" "127.0.0.1:$FG_PORT" &
   FG_WHAT="fabricgate (metrics_fixture example)"
 fi
 PIDS+=("$!")
@@ -88,7 +85,7 @@ scrape "$FG_URL" >/dev/null
 read -r NE_MED NE_MEAN < <(scrape "$NE_URL" | stats)
 read -r FG_MED FG_MEAN < <(scrape "$FG_URL" | stats)
 
-printf '%-44s %8s %10s %10s\n' "exporter ($N scrapes, 12 devices / 24 ports)" series "median ms" "mean ms"
+printf '%-44s %8s %10s %10s\n' "exporter ($N scrapes of $(basename "$NODE"))" series "median ms" "mean ms"
 printf '%-44s %8s %10s %10s\n' "prometheus-node-exporter (infiniband only)" "$NE_SERIES" "$NE_MED" "$NE_MEAN"
 printf '%-44s %8s %10s %10s\n' "$FG_WHAT" "$FG_SERIES" "$FG_MED" "$FG_MEAN"
 awk -v a="$FG_MED" -v b="$NE_MED" 'BEGIN { printf "ratio fabricgate / node_exporter (median): %.2f\n", a / b }'

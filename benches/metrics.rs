@@ -1,10 +1,7 @@
-//! Encoding `/metrics` for a 12-device/24-port node (target: under 1 ms median), and
-//! recording one probe into the registry.
+//! Encoding `/metrics` for a 12-device/24-port node (tests/fixtures/bench-12x2; target: under
+//! 1 ms median), and recording one probe into the registry.
 //!
 //! `cargo bench --bench metrics`
-
-#[path = "../tests/common/fixture.rs"]
-mod fixture;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use fabricgate::config::Config;
@@ -15,11 +12,10 @@ use fabricgate_probes::{ProbeConfig, Prober, Roots};
 use std::hint::black_box;
 
 fn bench(c: &mut Criterion) {
-    let tmp = tempfile::tempdir().expect("tempdir");
-    fixture::write_node(tmp.path(), fixture::Shape::LARGE, 1);
+    let node = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/bench-12x2");
     let config = Config::default();
     let mut prober = Prober::new(
-        Roots::new(tmp.path(), tmp.path()),
+        Roots::new(node.join("sys"), node.join("proc")),
         ProbeConfig {
             verbs: VerbsMode::Off,
             ..ProbeConfig::default()

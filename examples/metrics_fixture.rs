@@ -1,13 +1,10 @@
-//! Helper for benches/compare_node_exporter.sh: writes the benchmark's synthetic node (12 RDMA
-//! devices, 24 ports) and serves fabricgate's `/metrics` over it, probing it every second.
+//! Helper for benches/compare_node_exporter.sh while `fabricgate run` is not available: serves
+//! fabricgate's `/metrics` over a fixture node (`DIR/sys`, `DIR/proc`), probing it every
+//! second with verbs off, through the same registry and HTTP server the agent uses.
 //!
 //! ```text
-//! cargo run --example metrics_fixture -- write DIR
-//! cargo run --example metrics_fixture -- serve DIR 127.0.0.1:9464
+//! cargo run --example metrics_fixture -- tests/fixtures/bench-12x2 127.0.0.1:9464
 //! ```
-
-#[path = "../tests/common/fixture.rs"]
-mod fixture;
 
 use fabricgate::config::Config;
 use fabricgate::metrics::{self, Metrics};
@@ -22,12 +19,8 @@ use std::time::Duration;
 fn main() -> Result<(), Box<dyn Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.as_slice() {
-        [cmd, dir] if cmd == "write" => {
-            fixture::write_node(&PathBuf::from(dir), fixture::Shape::LARGE, 1);
-            Ok(())
-        }
-        [cmd, dir, addr] if cmd == "serve" => serve(PathBuf::from(dir), addr),
-        _ => Err("usage: metrics_fixture write DIR | serve DIR ADDR".into()),
+        [dir, addr] => serve(PathBuf::from(dir), addr),
+        _ => Err("usage: metrics_fixture NODE_DIR ADDR".into()),
     }
 }
 
@@ -35,7 +28,7 @@ fn serve(dir: PathBuf, addr: &str) -> Result<(), Box<dyn Error>> {
     let config = Config::default();
     let metrics = Arc::new(Metrics::with_config(&config));
     let mut prober = Prober::new(
-        Roots::new(&dir, &dir),
+        Roots::new(dir.join("sys"), dir.join("proc")),
         ProbeConfig {
             verbs: VerbsMode::Off,
             ..ProbeConfig::default()

@@ -4,7 +4,9 @@
 mod common;
 
 use common::fixture::{Shape, write_node};
-use common::{have_tool, http_get, probe_fixture, record_fixture, sample};
+use common::{
+    committed_fixture, have_tool, http_get, ndr_requirements, probe_fixture, record_fixture, sample,
+};
 use fabricgate::config::Config;
 use fabricgate::metrics::{self, Metrics};
 use fabricgate::policy;
@@ -44,7 +46,20 @@ fn check_golden(name: &str, got: &str) {
     }
 }
 
-fn fixture_metrics() -> (tempfile::TempDir, Metrics) {
+/// The example GPU node (8 x NDR InfiniBand + 2 RoCE storage ports) and its requirements.
+fn fixture_metrics() -> Metrics {
+    let config = ndr_requirements();
+    let metrics = Metrics::with_config(&config);
+    record_fixture(
+        &metrics,
+        &committed_fixture("ndr-8x400-healthy"),
+        &config,
+        1_700_000_000.0,
+    );
+    metrics
+}
+
+fn small_node_metrics() -> (tempfile::TempDir, Metrics) {
     let tmp = tempfile::tempdir().unwrap();
     write_node(tmp.path(), Shape::SMALL, 1);
     let metrics = Metrics::new();
@@ -54,7 +69,7 @@ fn fixture_metrics() -> (tempfile::TempDir, Metrics) {
 
 #[test]
 fn golden_prometheus_text_and_openmetrics() {
-    let (_tmp, metrics) = fixture_metrics();
+    let metrics = fixture_metrics();
     let text = metrics.encode(false);
     let om = metrics.encode(true);
     check_golden("metrics.prom", &text);
@@ -63,7 +78,7 @@ fn golden_prometheus_text_and_openmetrics() {
 
 #[test]
 fn fixture_values_arrive_under_the_issue_names() {
-    let (_tmp, metrics) = fixture_metrics();
+    let (_tmp, metrics) = small_node_metrics();
     let t = metrics.encode(false);
     assert_eq!(sample(&t, "fabricgate_node_ready"), Some(1.0), "{t}");
     assert_eq!(sample(&t, "fabricgate_rdma_ready"), Some(1.0));
@@ -180,7 +195,7 @@ fn not_ready_node_exports_its_findings_and_down_port() {
     let tmp = tempfile::tempdir().unwrap();
     write_node(tmp.path(), Shape::SMALL, 1);
     std::fs::write(
-        tmp.path().join("class/infiniband/mlx5_1/ports/1/state"),
+        tmp.path().join("sys/class/infiniband/mlx5_1/ports/1/state"),
         "2: INIT\n",
     )
     .unwrap();
@@ -240,7 +255,7 @@ fn vanished_port_leaves_gauges_but_keeps_counters_monotonic() {
     let metrics = Metrics::new();
     let config = Config::default();
     record_fixture(&metrics, tmp.path(), &config, 1.0);
-    std::fs::remove_file(tmp.path().join("class/infiniband/mlx5_1")).unwrap();
+    std::fs::remove_file(tmp.path().join("sys/class/infiniband/mlx5_1")).unwrap();
     record_fixture(&metrics, tmp.path(), &config, 2.0);
     let t = metrics.encode(false);
     assert_eq!(
@@ -341,8 +356,7 @@ fn promtool_check_metrics_passes_on_served_output() {
     if !have_tool("promtool") {
         return;
     }
-    let (_tmp, metrics) = fixture_metrics();
-    let metrics = Arc::new(metrics);
+    let metrics = Arc::new(fixture_metrics());
     let rt = tokio::runtime::Runtime::new().unwrap();
     let (addr, stop) = start_server(&rt, metrics);
     let (_, _, text) = http_get(&addr, "/metrics", None);

@@ -3,9 +3,7 @@
 
 mod common;
 
-use common::fixture::{Shape, write_node};
-use common::{have_tool, http_get, record_fixture};
-use fabricgate::config::Config;
+use common::{committed_fixture, have_tool, http_get, ndr_requirements, record_fixture};
 use fabricgate::metrics::{self, Metrics};
 use serde_json::Value;
 use std::net::TcpListener;
@@ -92,10 +90,20 @@ fn real_prometheus_scrapes_both_formats_and_answers_queries() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let fixture = tmp.path().join("node");
-    write_node(&fixture, Shape::SMALL, 1);
-    let metrics = Arc::new(Metrics::new());
-    record_fixture(&metrics, &fixture, &Config::default(), 1_700_000_000.0);
+    // The example GPU node: 8 x 400G NDR InfiniBand + 2 x 200G RoCE storage ports.
+    let node = committed_fixture("ndr-8x400-healthy");
+    let config = ndr_requirements();
+    let metrics = Arc::new(Metrics::with_config(&config));
+    record_fixture(&metrics, &node, &config, 1_700_000_000.0);
+    let read_u64 = |rel: &str| -> f64 {
+        std::fs::read_to_string(node.join("sys").join(rel))
+            .unwrap()
+            .trim()
+            .parse::<u64>()
+            .unwrap() as f64
+    };
+    let xmit_words = read_u64("class/infiniband/mlx5_0/ports/1/counters/port_xmit_data");
+    let roce_rx = read_u64("class/net/ens10f0np0/statistics/rx_bytes");
 
     let rt = tokio::runtime::Runtime::new().unwrap();
     let listener = rt
@@ -158,7 +166,7 @@ fn real_prometheus_scrapes_both_formats_and_answers_queries() {
         assert_eq!(
             single(
                 &prom,
-                &format!("fabricgate_rdma_port_rate_gbps{{{sel},device=\"mlx5_2\",port=\"1\"}}"),
+                &format!("fabricgate_rdma_port_rate_gbps{{{sel},device=\"mlx5_8\",port=\"1\"}}"),
                 deadline
             ),
             200.0
@@ -171,15 +179,15 @@ fn real_prometheus_scrapes_both_formats_and_answers_queries() {
                 ),
                 deadline
             ),
-            4_000_000.0
+            4.0 * xmit_words
         );
         assert_eq!(
             single(
                 &prom,
-                &format!("fabricgate_netdev_receive_bytes_total{{{sel},device=\"eth0\"}}"),
+                &format!("fabricgate_netdev_receive_bytes_total{{{sel},device=\"ens10f0np0\"}}"),
                 deadline
             ),
-            7_000_000.0
+            roce_rx
         );
         assert_eq!(
             single(
@@ -208,7 +216,8 @@ fn real_prometheus_scrapes_both_formats_and_answers_queries() {
             &format!("fabricgate_rdma_port_up{{{sel}}}"),
             deadline,
         );
-        assert_eq!(ports.len(), 3, "{ports:?}");
+        assert_eq!(ports.len(), 10, "{ports:?}");
+        assert!(ports.iter().all(|(_, v)| *v == 1.0), "{ports:?}");
     }
     // Both formats carry the same samples: nothing lost in either encoding.
     let om = single(

@@ -15,8 +15,10 @@ use std::path::Path;
 /// Which interfaces to read.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NetdevConfig {
-    /// Interface names; empty means "every physical interface" (one with a `device` link,
-    /// which leaves out `lo`, bridges, veths and other virtual interfaces).
+    /// Interface names; empty means "every physical interface" (one whose sysfs node is not
+    /// under `devices/virtual/`, which leaves out `lo`, bridges, veths, bonds and tunnels), or,
+    /// where there is none (the agent runs in a pod's network namespace), every interface
+    /// but `lo`.
     pub interfaces: Vec<String>,
 }
 
@@ -68,14 +70,51 @@ fn physical_interfaces(class: &Path) -> Result<Vec<String>, ProbeError> {
             });
         }
     };
-    let mut names: Vec<String> = entries
+    let mut all: Vec<(String, bool)> = entries
         .filter_map(|e| e.ok())
         .filter_map(|e| e.file_name().to_str().map(str::to_owned))
-        .filter(|name| class.join(name).join("device").exists())
+        .filter(|name| name != "lo")
+        .map(|name| {
+            let virtual_ = is_virtual(&class.join(&name));
+            (name, virtual_)
+        })
         .collect();
-    names.sort();
+    all.sort();
+    let physical: Vec<String> = all
+        .iter()
+        .filter(|(_, v)| !v)
+        .map(|(n, _)| n.clone())
+        .collect();
+    let mut names = if physical.is_empty() {
+        all.into_iter().map(|(n, _)| n).collect()
+    } else {
+        physical
+    };
     names.truncate(MAX_AUTO_INTERFACES);
     Ok(names)
+}
+
+/// `class/net/<if>` links into `devices/virtual/net/<if>` for software interfaces and into
+/// the bus device (`devices/pci.../net/<if>`) for hardware ones.
+fn is_virtual(link: &Path) -> bool {
+    let target = fs::canonicalize(link).unwrap_or_else(|_| link.to_owned());
+    // Judge only the part below the sysfs root (`<root>/class/net/<if>`), whatever the root.
+    let root = link
+        .parent()
+        .and_then(Path::parent)
+        .and_then(Path::parent)
+        .and_then(|r| fs::canonicalize(r).ok());
+    let below = root
+        .as_deref()
+        .and_then(|r| target.strip_prefix(r).ok())
+        .unwrap_or(&target);
+    let mut parts = below.components().map(|c| c.as_os_str());
+    while let Some(part) = parts.next() {
+        if part == "devices" {
+            return parts.next().is_some_and(|next| next == "virtual");
+        }
+    }
+    false
 }
 
 fn read_interface(class: &Path, name: String, configured: bool) -> NetdevReport {
@@ -125,20 +164,17 @@ mod tests {
     use std::os::unix::fs::symlink;
 
     fn iface(root: &Path, name: &str, physical: bool, rx: &str, tx: &str) {
-        let dir = root.join("devices/virtual/net").join(name);
+        let rel = if physical {
+            format!("devices/pci0000:00/0000:00:03.0/net/{name}")
+        } else {
+            format!("devices/virtual/net/{name}")
+        };
+        let dir = root.join(&rel);
         fs::create_dir_all(dir.join("statistics")).unwrap();
         fs::write(dir.join("statistics/rx_bytes"), rx).unwrap();
         fs::write(dir.join("statistics/tx_bytes"), tx).unwrap();
-        if physical {
-            fs::create_dir_all(root.join("devices/pci0000:00/0000:00:03.0")).unwrap();
-            symlink("../../../pci0000:00/0000:00:03.0", dir.join("device")).unwrap();
-        }
         fs::create_dir_all(root.join("class/net")).unwrap();
-        symlink(
-            format!("../../devices/virtual/net/{name}"),
-            root.join("class/net").join(name),
-        )
-        .unwrap();
+        symlink(format!("../../{rel}"), root.join("class/net").join(name)).unwrap();
     }
 
     #[test]
@@ -146,6 +182,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         iface(tmp.path(), "eth0", true, "1000\n", "2000\n");
         iface(tmp.path(), "lo", false, "5\n", "5\n");
+        iface(tmp.path(), "veth1234", false, "5\n", "5\n");
         let roots = Roots::new(tmp.path(), tmp.path());
         let got = probe(&roots, &NetdevConfig::default());
         assert_eq!(got.len(), 1, "{got:?}");
@@ -153,6 +190,17 @@ mod tests {
         assert_eq!(got[0].rx_bytes, Some(1000));
         assert_eq!(got[0].tx_bytes, Some(2000));
         assert!(got[0].errors.is_empty());
+    }
+
+    #[test]
+    fn auto_mode_in_a_pod_namespace_reads_the_virtual_interfaces_but_lo() {
+        let tmp = tempfile::tempdir().unwrap();
+        iface(tmp.path(), "eth0", false, "1000\n", "2000\n");
+        iface(tmp.path(), "lo", false, "5\n", "5\n");
+        let roots = Roots::new(tmp.path(), tmp.path());
+        let got = probe(&roots, &NetdevConfig::default());
+        let names: Vec<&str> = got.iter().map(|n| n.name.as_str()).collect();
+        assert_eq!(names, ["eth0"]);
     }
 
     #[test]

@@ -1,6 +1,6 @@
-//! Writes a synthetic node in the shape real sysfs has it (class links into `devices/`,
-//! attribute text exactly as the kernel prints it), for the metrics tests, the benchmark and
-//! the node_exporter comparison. Values are deterministic so the golden file is stable.
+//! Writes a small synthetic node in the shape real sysfs has it (class links into `devices/`,
+//! attribute text exactly as the kernel prints it), for the metrics tests that change
+//! counters between probes (the committed trees under tests/fixtures/ are read-only).
 
 #![allow(dead_code)]
 
@@ -25,12 +25,6 @@ impl Shape {
         roce_devices: 1,
         ports_per_device: 1,
     };
-    /// The benchmark's node: 12 devices, 24 ports.
-    pub const LARGE: Shape = Shape {
-        ib_devices: 10,
-        roce_devices: 2,
-        ports_per_device: 2,
-    };
 }
 
 fn write(path: &Path, text: &str) {
@@ -38,9 +32,10 @@ fn write(path: &Path, text: &str) {
     fs::write(path, text).unwrap();
 }
 
-/// Write the node under `root` (used as both sysfs and procfs root); counters scaled by
-/// `tick` so successive calls look like traffic.
-pub fn write_node(root: &Path, shape: Shape, tick: u64) {
+/// Write the node under `node/sys` and `node/proc`; counters scaled by `tick` so successive
+/// calls look like traffic.
+pub fn write_node(node: &Path, shape: Shape, tick: u64) {
+    let root = &node.join("sys");
     let class_ib = root.join("class/infiniband");
     let class_net = root.join("class/net");
     fs::create_dir_all(&class_ib).unwrap();
@@ -205,5 +200,9 @@ pub fn write_node(root: &Path, shape: Shape, tick: u64) {
     if !class_net.join("lo").exists() {
         symlink("../../devices/virtual/net/lo", class_net.join("lo")).unwrap();
     }
-    fs::create_dir_all(root.join("self")).unwrap();
+    fs::create_dir_all(node.join("proc/self")).unwrap();
+    write(
+        &node.join("proc/self/mountinfo"),
+        "21 1 252:1 / / rw,relatime shared:1 - ext4 /dev/vda1 rw\n",
+    );
 }

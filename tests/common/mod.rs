@@ -12,18 +12,30 @@ use fabricgate_probes::rdma::VerbsMode;
 use fabricgate_probes::{ProbeConfig, ProbeReport, ProbeTimings, Prober, Roots};
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-/// Probe the fixture tree at `root` with sysfs only, with a fixed clock and fixed timings so
-/// the output is reproducible.
-pub fn probe_fixture(root: &Path, timestamp: f64) -> ProbeReport {
+/// A committed fixture node (`tests/fixtures/<name>`, with `sys/` and `proc/`).
+pub fn committed_fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+}
+
+/// The requirements file that goes with the committed fixtures.
+pub fn ndr_requirements() -> Config {
+    Config::load(&committed_fixture("requirements-ndr.yaml")).unwrap()
+}
+
+/// Probe the node at `node` (`sys/`, `proc/`) with sysfs only, with a fixed clock and fixed
+/// timings so the output is reproducible.
+pub fn probe_fixture(node: &Path, timestamp: f64) -> ProbeReport {
     let config = ProbeConfig {
         verbs: VerbsMode::Off,
         netdev: NetdevConfig::default(),
         ..ProbeConfig::default()
     };
-    let mut prober = Prober::new(Roots::new(root, root), config);
+    let mut prober = Prober::new(Roots::new(node.join("sys"), node.join("proc")), config);
     let mut report = prober.probe();
     report.timestamp = timestamp;
     report.timings = ProbeTimings {
@@ -36,8 +48,8 @@ pub fn probe_fixture(root: &Path, timestamp: f64) -> ProbeReport {
 }
 
 /// Record one probe of the fixture into `metrics`.
-pub fn record_fixture(metrics: &Metrics, root: &Path, config: &Config, timestamp: f64) {
-    let report = probe_fixture(root, timestamp);
+pub fn record_fixture(metrics: &Metrics, node: &Path, config: &Config, timestamp: f64) {
+    let report = probe_fixture(node, timestamp);
     let verdict = policy::evaluate(&report, config);
     metrics.record_probe(&report, &verdict);
 }
