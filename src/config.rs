@@ -89,7 +89,8 @@ pub struct FallbackSettings {
     /// Sliding window the two rates are averaged over (`10m`, `90s`).
     #[serde(with = "duration_text")]
     pub window: Duration,
-    /// Interfaces on the TCP path (pod network, RoCE netdevs); empty: every physical one.
+    /// Interfaces on the TCP path (pod network, RoCE netdevs); empty: every physical one
+    /// (every one but `lo` where there is none, as in a pod's network namespace).
     pub netdevs: Vec<String>,
     /// TCP receive + transmit rate, summed over `netdevs`, that counts as "high".
     pub tcp_min_bytes_per_second: u64,
