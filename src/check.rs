@@ -115,6 +115,22 @@ pub fn to_table(report: &ProbeReport, verdict: &Verdict) -> String {
             "not ready"
         }
     );
+    if report.storage.mounts.is_empty() {
+        let _ = writeln!(out, "  (no mounts to check)");
+    }
+    for m in &report.storage.mounts {
+        let _ = writeln!(
+            out,
+            "  {}  {}  {}  {}",
+            m.path,
+            m.fstype.as_deref().unwrap_or("-"),
+            m.status.as_str(),
+            m.message
+        );
+    }
+    if let Some(version) = &report.storage.client.version {
+        let _ = writeln!(out, "  lustre client {version}");
+    }
     let _ = writeln!(out, "\nLabels:");
     for (k, v) in &verdict.labels {
         let _ = writeln!(out, "  {k}={v}");

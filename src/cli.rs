@@ -44,6 +44,10 @@ pub struct RunArgs {
     /// Probe interval (jittered by up to 10%).
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     pub interval: std::time::Duration,
+    /// Re-read the Node this often even when the verdict is unchanged, to undo drift (someone
+    /// removing the taint by hand); between resyncs an unchanged verdict costs no request.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    pub resync_interval: std::time::Duration,
     /// Address of the /metrics, /healthz and /readyz server.
     #[arg(long, default_value = "0.0.0.0:9464", value_name = "ADDR")]
     pub metrics_addr: std::net::SocketAddr,
@@ -136,10 +140,10 @@ impl ProbeArgs {
     pub fn probe_config(&self, config: &Config) -> ProbeConfig {
         ProbeConfig {
             verbs: self.verbs.into(),
+            storage: config.storage_config(),
             netdev: fabricgate_probes::netdev::NetdevConfig {
                 interfaces: config.fallback.netdevs.clone(),
             },
-            ..ProbeConfig::default()
         }
     }
 }

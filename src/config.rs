@@ -12,6 +12,8 @@ use std::time::Duration;
 pub struct Config {
     pub rdma: RdmaRequirements,
     pub lustre: LustreRequirements,
+    /// Other required mounts of any type (NFS, GPFS, WekaFS, ...).
+    pub mounts: Vec<MountRequirement>,
     pub node: NodeSettings,
     pub fallback: FallbackSettings,
 }
@@ -54,11 +56,65 @@ pub enum LinkLayerRequirement {
     Any,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LustreRequirements {
-    /// Required mount points.
+    /// Required mount points; each must be a mounted, healthy, writable Lustre file system.
     pub mounts: Vec<String>,
+    /// Also require every Lustre mount found on the node (and the client's imports) healthy.
+    pub all_lustre: bool,
+    /// How long one probe waits for statfs on the mounts (`5s`, `1500ms`).
+    #[serde(with = "humantime_duration")]
+    pub statfs_timeout: std::time::Duration,
+    /// Capacity floor: percent of blocks and of inodes that must be free (0 = no check).
+    pub min_free_percent: f64,
+}
+
+impl Default for LustreRequirements {
+    fn default() -> Self {
+        Self {
+            mounts: Vec::new(),
+            all_lustre: true,
+            statfs_timeout: fabricgate_probes::storage::DEFAULT_STATFS_TIMEOUT,
+            min_free_percent: 0.0,
+        }
+    }
+}
+
+/// A required mount of any type (the top-level `mounts:` list).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MountRequirement {
+    pub path: String,
+    /// File-system type as `/proc/self/mountinfo` names it (`nfs4`, `gpfs`, `wekafs`).
+    #[serde(default)]
+    pub fstype: Option<String>,
+    /// Read-only is a problem unless this is false (e.g. a read-only datasets export).
+    #[serde(default = "default_true")]
+    pub writable: bool,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// `statfs_timeout: 5s` in YAML, as humantime writes and reads it.
+mod humantime_duration {
+    use serde::{Deserialize, Deserializer, Serializer, de::Error as _};
+    use std::time::Duration;
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&humantime::format_duration(*d).to_string())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let text = String::deserialize(d)?;
+        humantime::parse_duration(text.trim()).map_err(|e| {
+            D::Error::custom(format!(
+                "lustre.statfs_timeout: {text:?} is not a duration ({e}); write e.g. \"5s\" or \"1500ms\""
+            ))
+        })
+    }
 }
 
 /// How the verdict is written onto the Node.
@@ -68,6 +124,8 @@ pub struct NodeSettings {
     /// Prefix of every label and of the taint key (`fabricgate.io/`).
     pub label_prefix: String,
     pub taint_effect: TaintEffect,
+    /// Consecutive good probes before a not-ready node is marked ready again (>= 1).
+    pub recover_after: u32,
 }
 
 impl Default for NodeSettings {
@@ -75,6 +133,7 @@ impl Default for NodeSettings {
         Self {
             label_prefix: DEFAULT_LABEL_PREFIX.into(),
             taint_effect: TaintEffect::NoSchedule,
+            recover_after: DEFAULT_RECOVER_AFTER,
         }
     }
 }
@@ -87,7 +146,7 @@ impl Default for NodeSettings {
 pub struct FallbackSettings {
     pub enabled: bool,
     /// Sliding window the two rates are averaged over (`10m`, `90s`).
-    #[serde(with = "duration_text")]
+    #[serde(with = "humantime_duration")]
     pub window: Duration,
     /// Interfaces on the TCP path (pod network, RoCE netdevs); empty: every physical one
     /// (every one but `lo` where there is none, as in a pod's network namespace).
@@ -113,22 +172,7 @@ impl Default for FallbackSettings {
     }
 }
 
-/// `Duration` as humantime text (`10m`) in the YAML file.
-mod duration_text {
-    use serde::{Deserialize, Deserializer, Serializer};
-    use std::time::Duration;
-
-    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&humantime::format_duration(*d).to_string())
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        let text = String::deserialize(d)?;
-        humantime::parse_duration(&text).map_err(|e| {
-            serde::de::Error::custom(format!("{text:?} is not a duration such as \"10m\": {e}"))
-        })
-    }
-}
+pub const DEFAULT_RECOVER_AFTER: u32 = 3;
 
 pub const DEFAULT_LABEL_PREFIX: &str = "fabricgate.io/";
 
@@ -239,7 +283,72 @@ impl Config {
                 );
             }
         }
+        if self.node.recover_after == 0 {
+            return bad(
+                "node.recover_after",
+                "0 would never mark the node ready; give a count >= 1 (default 3)".to_owned(),
+            );
+        }
+        if self.lustre.statfs_timeout.is_zero() {
+            return bad(
+                "lustre.statfs_timeout",
+                "must be longer than 0 (e.g. \"5s\")".into(),
+            );
+        }
+        if !self.lustre.min_free_percent.is_finite()
+            || !(0.0..100.0).contains(&self.lustre.min_free_percent)
+        {
+            return bad(
+                "lustre.min_free_percent",
+                format!(
+                    "{} is not a percentage; give a number >= 0 and < 100",
+                    self.lustre.min_free_percent
+                ),
+            );
+        }
+        for (i, m) in self.mounts.iter().enumerate() {
+            if !m.path.starts_with('/') {
+                return bad(
+                    &format!("mounts[{i}].path"),
+                    format!("{:?} is not an absolute path", m.path),
+                );
+            }
+            if let Some(t) = &m.fstype
+                && (t.is_empty() || t.contains(char::is_whitespace))
+            {
+                return bad(
+                    &format!("mounts[{i}].fstype"),
+                    format!(
+                        "{t:?} is not a file-system type; use the name /proc/self/mountinfo \
+                         shows (e.g. nfs4)"
+                    ),
+                );
+            }
+        }
         validate_label_prefix(&self.node.label_prefix)
+    }
+
+    /// What the storage probe must check, from `lustre:` and `mounts:`.
+    pub fn storage_config(&self) -> fabricgate_probes::storage::StorageConfig {
+        use fabricgate_probes::storage::{MountSpec, StorageConfig};
+        let mut required: Vec<MountSpec> = self
+            .lustre
+            .mounts
+            .iter()
+            .map(|p| MountSpec::lustre(p, self.lustre.min_free_percent))
+            .collect();
+        required.extend(self.mounts.iter().map(|m| MountSpec {
+            path: m.path.clone().into(),
+            fstype: m.fstype.clone(),
+            writable: m.writable,
+            min_free_percent: 0.0,
+        }));
+        StorageConfig {
+            required,
+            all_lustre: self.lustre.all_lustre,
+            statfs_timeout: self.lustre.statfs_timeout,
+            lustre_min_free_percent: self.lustre.min_free_percent,
+        }
     }
 
     /// The device-name matcher for `rdma.devices`.
@@ -296,7 +405,84 @@ mod tests {
         assert!(c.rdma.require_roce_v2);
         assert!(c.rdma.require_full_pcie_link);
         assert!(c.lustre.mounts.is_empty());
+        assert!(c.lustre.all_lustre);
+        assert_eq!(c.lustre.statfs_timeout, std::time::Duration::from_secs(5));
+        assert_eq!(c.lustre.min_free_percent, 0.0);
+        assert!(c.mounts.is_empty());
         assert_eq!(c.node.taint_key(), "fabricgate.io/unvalidated");
+        assert_eq!(c.node.recover_after, 3);
+    }
+
+    #[test]
+    fn recover_after_must_be_positive() {
+        let c = Config::parse("node:\n  recover_after: 5\n").unwrap();
+        assert_eq!(c.node.recover_after, 5);
+        let e = Config::parse("node:\n  recover_after: 0\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("node.recover_after"), "{e}");
+    }
+
+    #[test]
+    fn storage_sections_parse_and_build_the_probe_config() {
+        let c = Config::parse(
+            "lustre:\n  mounts: [\"/lustre/scratch\"]\n  all_lustre: false\n  \
+             statfs_timeout: 1500ms\n  min_free_percent: 5\n\
+             mounts:\n  - path: /datasets\n    fstype: nfs4\n    writable: false\n  - path: /home\n",
+        )
+        .unwrap();
+        assert!(!c.lustre.all_lustre);
+        assert_eq!(
+            c.lustre.statfs_timeout,
+            std::time::Duration::from_millis(1500)
+        );
+        assert_eq!(c.mounts[0].fstype.as_deref(), Some("nfs4"));
+        assert!(!c.mounts[0].writable);
+        assert!(c.mounts[1].writable);
+        assert_eq!(c.mounts[1].fstype, None);
+        let s = c.storage_config();
+        assert!(!s.all_lustre);
+        assert_eq!(s.statfs_timeout, std::time::Duration::from_millis(1500));
+        assert_eq!(s.required.len(), 3);
+        assert_eq!(s.required[0].fstype.as_deref(), Some("lustre"));
+        assert_eq!(s.required[0].min_free_percent, 5.0);
+        assert!(s.required[0].writable);
+        assert_eq!(s.required[1].path, std::path::PathBuf::from("/datasets"));
+        assert_eq!(s.required[2].min_free_percent, 0.0);
+        // Round trip: the serialized duration reads back.
+        let again = Config::parse(&serde_norway::to_string(&c).unwrap()).unwrap();
+        assert_eq!(again, c);
+    }
+
+    #[test]
+    fn bad_storage_values_name_the_key() {
+        for (yaml, key) in [
+            ("lustre:\n  statfs_timeout: soon\n", "statfs_timeout"),
+            ("lustre:\n  statfs_timeout: 0s\n", "lustre.statfs_timeout"),
+            (
+                "lustre:\n  min_free_percent: 100\n",
+                "lustre.min_free_percent",
+            ),
+            (
+                "lustre:\n  min_free_percent: -1\n",
+                "lustre.min_free_percent",
+            ),
+            ("lustre:\n  mounts: [scratch]\n", "lustre.mounts[0]"),
+            ("lustre:\n  all_lustre: maybe\n", "all_lustre"),
+            ("lustre:\n  statfs_timout: 5s\n", "statfs_timout"),
+            ("mounts:\n  - path: datasets\n", "mounts[0].path"),
+            (
+                "mounts:\n  - path: /a\n  - path: /b\n    fstype: \"\"\n",
+                "mounts[1].fstype",
+            ),
+            ("mounts:\n  - path: /a\n    type: nfs\n", "type"),
+            ("mounts:\n  - fstype: nfs\n", "path"),
+        ] {
+            let e = Config::parse(yaml).unwrap_err();
+            assert_eq!(e.exit_code(), crate::EXIT_USAGE);
+            let e = e.to_string();
+            assert!(e.contains(key), "{yaml:?}: {e}");
+        }
     }
 
     #[test]

@@ -20,6 +20,46 @@ pub enum Error {
 
     #[error("{flag}: {message}")]
     Usage { flag: String, message: String },
+
+    #[error("no Kubernetes configuration: {message}")]
+    KubeConfig { message: String },
+
+    #[error("Node {node} does not exist; check --node-name/NODE_NAME (downward API spec.nodeName)")]
+    NodeNotFound { node: String },
+
+    #[error("cannot {action} Node {node}: {}{}", describe(.source), forbidden_hint(.source))]
+    Kube {
+        action: &'static str,
+        node: String,
+        #[source]
+        source: Box<kube::Error>,
+    },
+
+    #[error(
+        "Node {node}: the taint write conflicted {attempts} times in a row with other writers; \
+         will retry"
+    )]
+    Conflict { node: String, attempts: u32 },
+
+    #[error("internal error: {message}")]
+    Internal { message: String },
+}
+
+/// kube's `Display` of an API error repeats the whole Status in Debug form; keep it short.
+fn describe(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) => format!("{} {}: {}", s.code, s.reason, s.message),
+        other => other.to_string(),
+    }
+}
+
+fn forbidden_hint(e: &kube::Error) -> &'static str {
+    match e {
+        kube::Error::Api(s) if s.code == 403 => {
+            " (RBAC: the agent needs nodes get/patch, nodes/status patch, events create/patch)"
+        }
+        _ => "",
+    }
 }
 
 impl Error {
@@ -30,7 +70,40 @@ impl Error {
                 "config"
             }
             Self::Usage { .. } => "usage",
+            Self::KubeConfig { .. } => "kubeconfig",
+            Self::NodeNotFound { .. } => "node_not_found",
+            Self::Kube { source, .. } => match source.as_ref() {
+                kube::Error::Api(s) if s.code == 429 => "api_throttled",
+                kube::Error::Api(s) if s.code == 409 || s.code == 422 => "api_conflict",
+                kube::Error::Api(s) if s.code >= 500 => "api_server_error",
+                kube::Error::Api(_) => "api_rejected",
+                _ => "api_unreachable",
+            },
+            Self::Conflict { .. } => "api_conflict",
+            Self::Internal { .. } => "internal",
         }
+    }
+
+    /// The server's requested delay before retrying (`Retry-After` of a 429 body), if any.
+    pub fn retry_after(&self) -> Option<std::time::Duration> {
+        match self {
+            Self::Kube { source, .. } => match source.as_ref() {
+                kube::Error::Api(s) if s.code == 429 => s
+                    .details
+                    .as_ref()
+                    .map(|d| d.retry_after_seconds)
+                    .filter(|&secs| secs > 0)
+                    .map(|secs| std::time::Duration::from_secs(u64::from(secs))),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+
+    /// Whether the API server answered 429 Too Many Requests.
+    pub fn is_throttled(&self) -> bool {
+        matches!(self, Self::Kube { source, .. }
+            if matches!(source.as_ref(), kube::Error::Api(s) if s.code == 429))
     }
 
     /// Process exit code for `fabricgate check` and friends (DESIGN.md).
@@ -39,7 +112,12 @@ impl Error {
             Self::ConfigRead { .. }
             | Self::ConfigParse { .. }
             | Self::ConfigValue { .. }
-            | Self::Usage { .. } => crate::EXIT_USAGE,
+            | Self::Usage { .. }
+            | Self::KubeConfig { .. }
+            | Self::NodeNotFound { .. } => crate::EXIT_USAGE,
+            Self::Kube { .. } | Self::Conflict { .. } | Self::Internal { .. } => {
+                crate::EXIT_CANNOT_PROBE
+            }
         }
     }
 }

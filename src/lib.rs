@@ -4,9 +4,11 @@
 pub mod check;
 pub mod cli;
 pub mod config;
+pub mod daemon;
 pub mod error;
 pub mod fallback;
 pub mod metrics;
+pub mod node;
 pub mod policy;
 
 pub use error::{Error, Result};

@@ -1,8 +1,8 @@
 //! The `fabricgate` binary: argument parsing and exit codes only.
 
 use clap::Parser;
-use fabricgate::cli::{CheckArgs, Cli, Command, Format};
-use fabricgate::{EXIT_USAGE, check, policy};
+use fabricgate::cli::{CheckArgs, Cli, Command, Format, RunArgs};
+use fabricgate::{EXIT_USAGE, EXIT_VALIDATED, check, daemon, policy};
 use fabricgate_probes::Prober;
 use std::process::ExitCode;
 
@@ -10,7 +10,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Check(args) => run_check(&args),
-        Command::Run(_args) => Err(anyhow::anyhow!("`fabricgate run` is not implemented yet")),
+        Command::Run(args) => run_agent(&args),
     };
     match result {
         Ok(code) => ExitCode::from(code),
@@ -38,4 +38,25 @@ fn run_check(args: &CheckArgs) -> anyhow::Result<u8> {
         Format::Table => print!("{}", check::to_table(&report, &verdict)),
     }
     Ok(check::exit_code(&report, &verdict))
+}
+
+fn run_agent(args: &RunArgs) -> anyhow::Result<u8> {
+    daemon::init_logging(args.log_format);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let result = runtime.block_on(async {
+        let agent = daemon::Agent::from_args(args).await?;
+        let shutdown = async {
+            if let Err(e) = daemon::shutdown_signal().await {
+                tracing::error!("cannot install signal handlers ({e}); stopping");
+            }
+        };
+        daemon::run(agent, shutdown).await
+    });
+    // Do not wait on blocking tasks (DNS lookups) of an unreachable API server.
+    runtime.shutdown_timeout(std::time::Duration::from_millis(200));
+    result?;
+    Ok(EXIT_VALIDATED)
 }

@@ -17,7 +17,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use fabricgate_probes::ProbeReport;
-use fabricgate_probes::storage::StorageReport;
+use fabricgate_probes::storage::{MountStatus, StorageReport};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -758,16 +758,37 @@ pub struct MountSample {
     pub free_inodes: Option<u64>,
 }
 
-/// The per-mount figures of a storage report, and the number of storage errors.
-///
-/// TODO(storage, issue 3): `StorageReport` is still the empty seam on this branch. When the
-/// storage probe lands, map `report.mounts[i]` here: `mount` = `path`, `up` = status not
-/// `missing`/`hung`/`error`, `hung` = status `hung`, `statfs_seconds`, and
-/// `capacity.{free_bytes, available_bytes, free_inodes}`; errors = `report.errors.len()`
-/// plus mounts with status `error`.
+/// The per-mount figures of a storage report, and the number of storage errors (problems
+/// not tied to one mount, Lustre client errors, and mounts whose statfs failed).
 pub fn mount_samples(report: &StorageReport) -> (Vec<MountSample>, usize) {
-    let _ = report;
-    (Vec::new(), 0)
+    let samples = report
+        .mounts
+        .iter()
+        .map(|m| {
+            let capacity = m.capacity.as_ref();
+            MountSample {
+                mount: m.path.clone(),
+                up: !matches!(
+                    m.status,
+                    MountStatus::Missing | MountStatus::Hung | MountStatus::Error
+                ),
+                hung: m.status == MountStatus::Hung,
+                statfs_seconds: m.statfs_seconds,
+                free_bytes: capacity.map(|c| c.free_bytes),
+                available_bytes: capacity.map(|c| c.available_bytes),
+                free_inodes: capacity.and_then(|c| c.free_inodes),
+            }
+        })
+        .collect();
+    let failed = report
+        .mounts
+        .iter()
+        .filter(|m| m.status == MountStatus::Error)
+        .count();
+    (
+        samples,
+        report.errors.len() + report.client.errors.len() + failed,
+    )
 }
 
 /// True when the scraper's `Accept` header asks for OpenMetrics (Prometheus 2.x asks for it

@@ -5,6 +5,7 @@ use fabricgate_probes::ProbeReport;
 use fabricgate_probes::rdma::{
     DeviceReport, LinkLayer, PhysState, PortReport, PortState, RdmaReport, format_gbps,
 };
+use fabricgate_probes::storage::{LustreHealth, MountStatus};
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -175,6 +176,102 @@ pub fn evaluate(report: &ProbeReport, config: &Config) -> Verdict {
     }
 }
 
+/// `reason` of the `FabricReady` condition while a node that has never been validated by this
+/// agent collects its first good probes.
+pub const AWAITING_VALIDATION: &str = "AwaitingValidation";
+
+/// Fail fast, recover slowly: a bad probe makes the node not ready at once; it is ready again
+/// only after `recover_after` consecutive good probes.
+///
+/// While recovering, the last not-ready verdict is repeated unchanged, so a flapping port
+/// produces no label, condition or taint churn on the Node. Pure: no I/O, no clock.
+#[derive(Debug, Clone)]
+pub struct Hysteresis {
+    recover_after: u32,
+    ready_label: String,
+    taint: Taint,
+    good_streak: u32,
+    validated: bool,
+    /// The last not-ready verdict handed out, repeated while recovering.
+    held: Option<Verdict>,
+}
+
+impl Hysteresis {
+    /// A node starts not validated: it needs `node.recover_after` good probes first.
+    pub fn new(config: &Config) -> Self {
+        Self {
+            recover_after: config.node.recover_after.max(1),
+            ready_label: format!("{}ready", config.node.label_prefix),
+            taint: Taint {
+                key: config.node.taint_key(),
+                value: None,
+                effect: config.node.taint_effect.as_str().to_owned(),
+            },
+            good_streak: 0,
+            validated: false,
+            held: None,
+        }
+    }
+
+    /// Continue a validation a previous agent run recorded on the Node (`FabricReady=True`, no
+    /// taint): an agent restart then does not re-taint a healthy node. The next bad probe still
+    /// fails it at once.
+    pub fn resume_validated(&mut self) {
+        self.validated = true;
+        self.good_streak = self.recover_after;
+        self.held = None;
+    }
+
+    /// Consecutive good probes seen so far (0 after a bad one).
+    pub fn good_streak(&self) -> u32 {
+        self.good_streak
+    }
+
+    /// Whether the node is currently validated (the last verdict handed out was ready).
+    pub fn validated(&self) -> bool {
+        self.validated
+    }
+
+    /// The verdict to act on, given the verdict of the probe just taken.
+    pub fn apply(&mut self, instant: Verdict) -> Verdict {
+        if !instant.ready {
+            self.good_streak = 0;
+            self.validated = false;
+            self.held = Some(instant.clone());
+            return instant;
+        }
+        self.good_streak = self.good_streak.saturating_add(1);
+        if self.validated || self.good_streak >= self.recover_after {
+            self.validated = true;
+            self.held = None;
+            return instant;
+        }
+        match &self.held {
+            Some(held) => held.clone(),
+            None => self.awaiting(instant),
+        }
+    }
+
+    /// A good probe on a node not yet validated since the agent started: everything the probe
+    /// found is reported, but the node stays tainted and `FabricReady` stays `False`. The
+    /// message does not count probes, so it does not change (and cause a write) on each one.
+    fn awaiting(&self, mut v: Verdict) -> Verdict {
+        v.ready = false;
+        v.labels
+            .insert(self.ready_label.clone(), "false".to_owned());
+        v.taints = vec![self.taint.clone()];
+        for c in v.conditions.iter_mut().filter(|c| c.type_ == "FabricReady") {
+            c.status = "False".to_owned();
+            c.reason = AWAITING_VALIDATION.to_owned();
+            c.message = format!(
+                "all fabricgate checks pass; the node is validated after {} consecutive good probes",
+                self.recover_after
+            );
+        }
+        v
+    }
+}
+
 fn condition(type_: &str, ready: bool, ok_reason: &str, parts: &[&PartVerdict]) -> Condition {
     let findings: Vec<&Finding> = parts.iter().flat_map(|p| &p.findings).collect();
     let (reason, message) = if ready {
@@ -202,8 +299,139 @@ fn condition(type_: &str, ready: bool, ok_reason: &str, parts: &[&PartVerdict]) 
     }
 }
 
-fn evaluate_lustre(_report: &ProbeReport, _config: &Config) -> PartVerdict {
-    PartVerdict::ok()
+fn lustre_finding(code: &'static str, message: String) -> Finding {
+    Finding {
+        scope: Scope::Lustre,
+        code,
+        message,
+    }
+}
+
+/// Storage: the required mounts (`lustre.mounts` and `mounts`), every Lustre mount found when
+/// `lustre.all_lustre`, and the Lustre client's health and imports. All of it feeds the one
+/// `lustre` part, so `LustreReady` and `fabricgate.io/lustre.ready` cover all shared storage.
+fn evaluate_lustre(report: &ProbeReport, config: &Config) -> PartVerdict {
+    let storage = &report.storage;
+    let mut findings = Vec::new();
+    let mut warnings = Vec::new();
+
+    for err in &storage.errors {
+        let code = if storage.mount_table_entries == 0 {
+            "MountTableUnreadable"
+        } else {
+            "MountTableMalformed"
+        };
+        // A few unparsable lines do not hide the mounts we need; an unreadable table does.
+        if code == "MountTableUnreadable" {
+            findings.push(lustre_finding(code, err.clone()));
+        } else {
+            warnings.push(lustre_finding(code, err.clone()));
+        }
+    }
+
+    for m in &storage.mounts {
+        let code = match m.status {
+            MountStatus::Ok => continue,
+            MountStatus::Missing => "MountMissing",
+            MountStatus::Hung => "MountHung",
+            MountStatus::WrongType => "WrongFilesystemType",
+            MountStatus::ReadOnly => "MountReadOnly",
+            MountStatus::Full => "MountFull",
+            MountStatus::Error => "MountError",
+        };
+        findings.push(lustre_finding(code, format!("{}: {}", m.path, m.message)));
+    }
+
+    // A requirement the probe did not check (report made with another config) is not met.
+    let required = config
+        .lustre
+        .mounts
+        .iter()
+        .chain(config.mounts.iter().map(|m| &m.path));
+    for path in required {
+        let want = fabricgate_probes::storage::mountinfo::normalize(std::path::Path::new(path));
+        let probed = storage.mounts.iter().any(|m| {
+            fabricgate_probes::storage::mountinfo::normalize(std::path::Path::new(&m.path)) == want
+        });
+        if !probed {
+            findings.push(lustre_finding(
+                "MountMissing",
+                format!("{path}: required but not probed"),
+            ));
+        }
+    }
+
+    // The Lustre client matters when Lustre is required or all_lustre asks for it.
+    let lustre_wanted = !config.lustre.mounts.is_empty() || config.lustre.all_lustre;
+    let client = &storage.client;
+    if lustre_wanted && client.present {
+        let text = client
+            .health_text
+            .as_deref()
+            .unwrap_or("")
+            .replace('\n', "; ");
+        match client.health {
+            Some(LustreHealth::Healthy) => {}
+            Some(LustreHealth::Lbug) => findings.push(lustre_finding(
+                "LustreUnhealthy",
+                format!(
+                    "lustre client hit an LBUG (health_check: {text}); the node needs a reboot"
+                ),
+            )),
+            Some(LustreHealth::NotHealthy) => findings.push(lustre_finding(
+                "LustreUnhealthy",
+                format!("lustre client is NOT HEALTHY (health_check: {text})"),
+            )),
+            Some(LustreHealth::Unknown) => warnings.push(lustre_finding(
+                "LustreUnhealthy",
+                format!("lustre health_check says {text:?}, which fabricgate does not know"),
+            )),
+            None => warnings.push(lustre_finding(
+                "LustreUnhealthy",
+                "lustre client modules are loaded but health_check could not be read".into(),
+            )),
+        }
+        for e in &client.errors {
+            warnings.push(lustre_finding("LustreUnhealthy", e.clone()));
+        }
+
+        // Imports of the file systems in scope: all of them with all_lustre, otherwise those
+        // of the required Lustre mounts.
+        let fsnames: Vec<&str> = storage
+            .mounts
+            .iter()
+            .filter(|m| m.required)
+            .filter_map(|m| m.lustre_fsname.as_deref())
+            .collect();
+        for imp in &client.imports {
+            let in_scope = config.lustre.all_lustre
+                || imp.fsname.as_deref().is_some_and(|f| fsnames.contains(&f));
+            if !in_scope || imp.healthy {
+                continue;
+            }
+            let state = imp.state.as_deref().unwrap_or("unreadable");
+            let message = format!("lustre {} import {state}", imp.target);
+            if imp.active == Some(false) {
+                warnings.push(lustre_finding(
+                    "LustreImportDown",
+                    format!("{message} (deactivated by an administrator)"),
+                ));
+            } else if imp.state.is_none() {
+                warnings.push(lustre_finding(
+                    "LustreImportDown",
+                    imp.error.clone().unwrap_or(message),
+                ));
+            } else {
+                findings.push(lustre_finding("LustreImportDown", message));
+            }
+        }
+    }
+
+    let mut part = PartVerdict::ok();
+    part.ready = findings.is_empty();
+    part.findings = findings;
+    part.warnings = warnings;
+    part
 }
 
 fn rdma_finding(code: &'static str, message: String) -> Finding {
@@ -668,5 +896,124 @@ mod tests {
         );
         assert_eq!(fabric.reason, "PortNotActivatedBySM");
         assert!(fabric.message.contains("state ARMED"));
+    }
+}
+
+/// Hysteresis tests with hand-built verdicts.
+#[cfg(test)]
+mod hysteresis_tests {
+    use super::*;
+
+    fn verdict(ready: bool, port: &str) -> Verdict {
+        let config = Config::default();
+        let part = PartVerdict {
+            ready,
+            findings: if ready {
+                Vec::new()
+            } else {
+                vec![rdma_finding("PortDown", format!("{port} is down"))]
+            },
+            warnings: Vec::new(),
+        };
+        let rdma = RdmaVerdict {
+            part: part.clone(),
+            usable_ports: u32::from(ready),
+            required_ports: 1,
+            min_rate_gbps: ready.then_some(400.0),
+            link_layer: ready.then(|| "InfiniBand".to_owned()),
+        };
+        let mut labels = BTreeMap::new();
+        labels.insert("fabricgate.io/ready".to_owned(), ready.to_string());
+        Verdict {
+            ready,
+            rdma,
+            lustre: PartVerdict::ok(),
+            labels,
+            taints: if ready {
+                Vec::new()
+            } else {
+                vec![Taint {
+                    key: config.node.taint_key(),
+                    value: None,
+                    effect: "NoSchedule".into(),
+                }]
+            },
+            conditions: vec![condition("FabricReady", ready, "FabricValidated", &[&part])],
+        }
+    }
+
+    fn hysteresis(n: u32) -> Hysteresis {
+        let mut config = Config::default();
+        config.node.recover_after = n;
+        Hysteresis::new(&config)
+    }
+
+    #[test]
+    fn a_new_node_is_validated_only_after_recover_after_good_probes() {
+        let mut h = hysteresis(3);
+        for i in 1..3 {
+            let v = h.apply(verdict(true, "p"));
+            assert!(!v.ready, "probe {i}");
+            assert_eq!(v.labels["fabricgate.io/ready"], "false");
+            assert_eq!(v.taints.len(), 1);
+            assert_eq!(v.taints[0].key, "fabricgate.io/unvalidated");
+            assert_eq!(v.conditions[0].status, "False");
+            assert_eq!(v.conditions[0].reason, AWAITING_VALIDATION);
+        }
+        let v = h.apply(verdict(true, "p"));
+        assert!(v.ready);
+        assert!(v.taints.is_empty());
+        assert_eq!(v.conditions[0].status, "True");
+        assert!(h.validated());
+    }
+
+    #[test]
+    fn one_bad_probe_fails_at_once() {
+        let mut h = hysteresis(3);
+        for _ in 0..3 {
+            h.apply(verdict(true, "p"));
+        }
+        let v = h.apply(verdict(false, "mlx5_0 port 1"));
+        assert!(!v.ready);
+        assert_eq!(v.conditions[0].reason, "PortDown");
+        assert_eq!(h.good_streak(), 0);
+    }
+
+    #[test]
+    fn recovery_repeats_the_last_failure_unchanged_then_validates() {
+        let mut h = hysteresis(3);
+        for _ in 0..3 {
+            h.apply(verdict(true, "p"));
+        }
+        let bad = h.apply(verdict(false, "mlx5_0 port 1"));
+        assert_eq!(h.apply(verdict(true, "p")), bad);
+        assert_eq!(h.apply(verdict(true, "p")), bad);
+        assert!(h.apply(verdict(true, "p")).ready);
+    }
+
+    #[test]
+    fn a_flapping_port_yields_one_unchanging_not_ready_verdict() {
+        let mut h = hysteresis(3);
+        let first = h.apply(verdict(false, "mlx5_0 port 1"));
+        for i in 0..50 {
+            let v = h.apply(verdict(i % 2 == 0, "mlx5_0 port 1"));
+            assert_eq!(v, first, "probe {i}");
+        }
+    }
+
+    #[test]
+    fn a_resumed_validation_stays_ready_on_a_good_probe_and_fails_on_a_bad_one() {
+        let mut h = hysteresis(3);
+        h.resume_validated();
+        assert!(h.apply(verdict(true, "p")).ready);
+        assert!(!h.apply(verdict(false, "p")).ready);
+        assert!(!h.apply(verdict(true, "p")).ready, "recovery needs 3 again");
+    }
+
+    #[test]
+    fn recover_after_one_validates_on_the_first_good_probe() {
+        let mut h = hysteresis(1);
+        h.apply(verdict(false, "p"));
+        assert!(h.apply(verdict(true, "p")).ready);
     }
 }

@@ -448,3 +448,98 @@ fn serve_returns_when_shutdown_completes() {
         assert!(matches!(result, Ok(Ok(()))), "{result:?}");
     });
 }
+
+fn mount_report(
+    path: &str,
+    status: fabricgate_probes::storage::MountStatus,
+    statfs_seconds: Option<f64>,
+    capacity: Option<fabricgate_probes::storage::Capacity>,
+) -> fabricgate_probes::storage::MountReport {
+    fabricgate_probes::storage::MountReport {
+        path: path.into(),
+        fstype: Some("lustre".into()),
+        status,
+        message: String::new(),
+        required: true,
+        expected_fstype: Some("lustre".into()),
+        source: Some("10.1.1.1@o2ib:/scratch".into()),
+        lustre_fsname: Some("scratch".into()),
+        read_only: Some(false),
+        fs_magic: None,
+        capacity,
+        statfs_seconds,
+    }
+}
+
+#[test]
+fn mounts_export_up_hung_statfs_time_and_free_space() {
+    use fabricgate_probes::storage::{Capacity, MountStatus};
+    let tmp = tempfile::tempdir().unwrap();
+    write_node(tmp.path(), Shape::SMALL, 1);
+    let config = Config::default();
+    let metrics = Metrics::new();
+    let mut report = probe_fixture(tmp.path(), 1.0);
+    report.storage.mounts = vec![
+        mount_report(
+            "/lustre/scratch",
+            MountStatus::Ok,
+            Some(0.002),
+            Some(Capacity {
+                total_bytes: 1000,
+                free_bytes: 600,
+                available_bytes: 500,
+                available_percent: Some(50.0),
+                total_inodes: Some(100),
+                free_inodes: Some(42),
+                free_inodes_percent: Some(42.0),
+            }),
+        ),
+        mount_report("/lustre/home", MountStatus::Hung, None, None),
+        mount_report("/data", MountStatus::Missing, None, None),
+    ];
+    report
+        .storage
+        .errors
+        .push("mountinfo line 7 unparsable".into());
+    let verdict = policy::evaluate(&report, &config);
+    metrics.record_probe(&report, &verdict);
+    let t = metrics.encode(false);
+    let m = |name: &str, mount: &str| sample(&t, &format!("{name}{{mount=\"{mount}\"}}"));
+    assert_eq!(m("fabricgate_mount_up", "/lustre/scratch"), Some(1.0));
+    assert_eq!(m("fabricgate_mount_hung", "/lustre/scratch"), Some(0.0));
+    assert_eq!(
+        m("fabricgate_mount_statfs_seconds", "/lustre/scratch"),
+        Some(0.002)
+    );
+    assert_eq!(
+        m("fabricgate_mount_free_bytes", "/lustre/scratch"),
+        Some(600.0)
+    );
+    assert_eq!(
+        m("fabricgate_mount_available_bytes", "/lustre/scratch"),
+        Some(500.0)
+    );
+    assert_eq!(
+        m("fabricgate_mount_free_inodes", "/lustre/scratch"),
+        Some(42.0)
+    );
+    assert_eq!(m("fabricgate_mount_up", "/lustre/home"), Some(0.0));
+    assert_eq!(m("fabricgate_mount_hung", "/lustre/home"), Some(1.0));
+    assert_eq!(
+        m("fabricgate_mount_statfs_seconds", "/lustre/home"),
+        None,
+        "statfs never returned: no duration, not 0"
+    );
+    assert_eq!(m("fabricgate_mount_free_bytes", "/lustre/home"), None);
+    assert_eq!(m("fabricgate_mount_up", "/data"), Some(0.0));
+    assert_eq!(m("fabricgate_mount_hung", "/data"), Some(0.0));
+    assert_eq!(
+        sample(&t, r#"fabricgate_probe_errors_total{probe="storage"}"#),
+        Some(1.0)
+    );
+    // The mount vanishes from the next report: its gauges go with it.
+    report.storage.mounts.truncate(1);
+    metrics.record_probe(&report, &verdict);
+    let t = metrics.encode(false);
+    assert_eq!(sample(&t, r#"fabricgate_mount_up{mount="/data"}"#), None);
+}

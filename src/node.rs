@@ -1,0 +1,872 @@
+//! Keeps the Node's labels, taint and conditions equal to the verdict, writing only the
+//! difference between what the Node shows and what the verdict wants.
+//!
+//! - labels: server-side apply (field manager `fabricgate`), so labels we stop setting are
+//!   removed by the API server and labels of other owners are never touched;
+//! - the taint: `spec.taints` is an atomic list, so a JSON patch guarded by a `test` on
+//!   `metadata.resourceVersion`, retried on conflict, that changes only our key;
+//! - conditions: server-side apply on the status subresource (the list is a map keyed by
+//!   `type`, so we own just our types);
+//! - an `events.k8s.io/v1` Event at each `FabricReady` transition.
+
+use crate::config::NodeSettings;
+use crate::error::{Error, Result};
+use crate::metrics::Metrics;
+use crate::policy::{self, Verdict};
+use k8s_openapi::api::core::v1::{Node, NodeCondition, ObjectReference, Taint};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use serde_json::json;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Field manager of every write, and the owner name `kubectl get node -o yaml
+/// --show-managed-fields` shows.
+pub const FIELD_MANAGER: &str = "fabricgate";
+/// `reportingController` of our Events.
+pub const REPORTING_CONTROLLER: &str = "fabricgate.io/agent";
+/// Node conditions fabricgate owns.
+pub const CONDITION_TYPES: [&str; 3] = ["FabricReady", "RDMAReady", "LustreReady"];
+/// Namespace of Events about Nodes (cluster-scoped objects), as the kubelet does.
+pub const EVENT_NAMESPACE: &str = "default";
+/// Attempts of the taint read-modify-write before giving up until the next retry.
+const TAINT_ATTEMPTS: u32 = 5;
+
+/// What must change on the Node; `None` fields are already right.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Plan {
+    /// The full set of labels fabricgate applies (SSA removes owned labels not in it).
+    pub labels: Option<BTreeMap<String, String>>,
+    /// The whole new `spec.taints` list.
+    pub taints: Option<Vec<Taint>>,
+    /// Our conditions, as applied.
+    pub conditions: Option<Vec<NodeCondition>>,
+    /// `FabricReady` changes status: an Event is due.
+    pub transition: Option<Transition>,
+}
+
+/// A change of `FabricReady`, reported as an Event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Transition {
+    pub ready: bool,
+    pub reason: String,
+    pub message: String,
+}
+
+impl Plan {
+    pub fn is_empty(&self) -> bool {
+        self.labels.is_none() && self.taints.is_none() && self.conditions.is_none()
+    }
+
+    /// One human line per write, for `--dry-run` and logs.
+    pub fn describe(&self, node: &Node, taint_key: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        if let Some(want) = &self.labels {
+            let have = node.metadata.labels.clone().unwrap_or_default();
+            let mut diffs = Vec::new();
+            for (k, v) in want {
+                match have.get(k) {
+                    Some(old) if old == v => {}
+                    Some(old) => diffs.push(format!("{k}: {old} -> {v}")),
+                    None => diffs.push(format!("{k}: (none) -> {v}")),
+                }
+            }
+            for k in owned_labels(node) {
+                if !want.contains_key(&k) {
+                    diffs.push(format!("{k}: removed"));
+                }
+            }
+            out.push(format!("labels: {}", diffs.join(", ")));
+        }
+        if let Some(taints) = &self.taints {
+            out.push(match taints.iter().find(|t| t.key == taint_key) {
+                Some(t) => format!("taint: add {}:{}", t.key, t.effect),
+                None => format!("taint: remove {taint_key}"),
+            });
+        }
+        if let Some(conds) = &self.conditions {
+            for c in conds {
+                out.push(format!(
+                    "condition {}={} reason={} message={:?}",
+                    c.type_,
+                    c.status,
+                    c.reason.as_deref().unwrap_or(""),
+                    c.message.as_deref().unwrap_or("")
+                ));
+            }
+        }
+        if let Some(t) = &self.transition {
+            out.push(format!(
+                "event: {} ({})",
+                if t.ready {
+                    "FabricReady"
+                } else {
+                    "FabricNotReady"
+                },
+                t.reason
+            ));
+        }
+        out
+    }
+}
+
+/// Labels fabricgate owns on the Node according to its managed fields (server-side apply).
+pub fn owned_labels(node: &Node) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for entry in node.metadata.managed_fields.iter().flatten() {
+        if entry.manager.as_deref() != Some(FIELD_MANAGER)
+            || entry.operation.as_deref() != Some("Apply")
+            || entry.subresource.as_deref().is_some_and(|s| !s.is_empty())
+        {
+            continue;
+        }
+        let labels = entry
+            .fields_v1
+            .as_ref()
+            .and_then(|f| f.0.get("f:metadata"))
+            .and_then(|m| m.get("f:labels"))
+            .and_then(|l| l.as_object());
+        for key in labels.into_iter().flat_map(|l| l.keys()) {
+            if let Some(k) = key.strip_prefix("f:") {
+                out.insert(k.to_owned());
+            }
+        }
+    }
+    out
+}
+
+/// The writes that make `node` show `verdict`. Pure: `now` stamps changed conditions.
+pub fn plan(node: &Node, verdict: &Verdict, taint_key: &str, now: &Timestamp) -> Plan {
+    let mut plan = Plan::default();
+
+    let have = node.metadata.labels.clone().unwrap_or_default();
+    let labels_differ = verdict.labels.iter().any(|(k, v)| have.get(k) != Some(v))
+        || owned_labels(node)
+            .iter()
+            .any(|k| !verdict.labels.contains_key(k));
+    if labels_differ {
+        plan.labels = Some(verdict.labels.clone());
+    }
+
+    plan.taints = plan_taints(node, verdict, taint_key, now);
+
+    let observed: Vec<NodeCondition> = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.clone())
+        .unwrap_or_default();
+    let find = |t: &str| observed.iter().find(|c| c.type_ == t);
+    let conditions_differ = verdict.conditions.iter().any(|want| {
+        find(&want.type_).is_none_or(|have| {
+            have.status != want.status
+                || have.reason.as_deref() != Some(want.reason.as_str())
+                || have.message.as_deref() != Some(want.message.as_str())
+        })
+    });
+    if conditions_differ {
+        plan.conditions = Some(
+            verdict
+                .conditions
+                .iter()
+                .map(|want| {
+                    let since = find(&want.type_)
+                        .filter(|have| have.status == want.status)
+                        .and_then(|have| have.last_transition_time.clone())
+                        .unwrap_or(Time(*now));
+                    NodeCondition {
+                        type_: want.type_.clone(),
+                        status: want.status.clone(),
+                        reason: Some(want.reason.clone()),
+                        message: Some(want.message.clone()),
+                        last_transition_time: Some(since),
+                        // Stamped only when we write, so it never causes a write by itself.
+                        last_heartbeat_time: Some(Time(*now)),
+                    }
+                })
+                .collect(),
+        );
+    }
+
+    if let Some(fabric) = verdict.conditions.iter().find(|c| c.type_ == "FabricReady") {
+        let before = find("FabricReady").map(|c| c.status.as_str());
+        let first_wait = before.is_none() && fabric.reason == policy::AWAITING_VALIDATION;
+        if before != Some(fabric.status.as_str()) && !first_wait {
+            plan.transition = Some(Transition {
+                ready: fabric.status == "True",
+                reason: fabric.reason.clone(),
+                message: fabric.message.clone(),
+            });
+        }
+    }
+    plan
+}
+
+/// The new taint list, or `None` when ours is already right. Taints of other owners keep their
+/// place; ours replaces our first one in place or goes last.
+fn plan_taints(
+    node: &Node,
+    verdict: &Verdict,
+    taint_key: &str,
+    now: &Timestamp,
+) -> Option<Vec<Taint>> {
+    let current: Vec<Taint> = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.clone())
+        .unwrap_or_default();
+    let want = verdict.taints.iter().find(|t| t.key == taint_key);
+    let ours: Vec<&Taint> = current.iter().filter(|t| t.key == taint_key).collect();
+    let already = match (want, ours.as_slice()) {
+        (None, []) => true,
+        (Some(w), [have]) => {
+            have.effect == w.effect
+                && have.value.as_deref().unwrap_or("") == w.value.as_deref().unwrap_or("")
+        }
+        _ => false,
+    };
+    if already {
+        return None;
+    }
+    let ours_new = want.map(|w| Taint {
+        key: w.key.clone(),
+        value: w.value.clone(),
+        effect: w.effect.clone(),
+        // kubectl stamps NoExecute taints; tolerationSeconds count from it.
+        time_added: (w.effect == "NoExecute").then_some(Time(*now)),
+    });
+    let mut out = Vec::with_capacity(current.len() + 1);
+    let mut placed = false;
+    for t in current {
+        if t.key != taint_key {
+            out.push(t);
+        } else if !placed {
+            placed = true;
+            out.extend(ours_new.clone());
+        }
+    }
+    if !placed {
+        out.extend(ours_new);
+    }
+    Some(out)
+}
+
+/// `Retry-After` of the last 429 the client saw, filled in by a layer of the HTTP stack
+/// (kube's error type keeps the body, not the headers).
+#[derive(Debug, Clone, Default)]
+pub struct RetryAfter(Arc<Mutex<Option<Duration>>>);
+
+impl RetryAfter {
+    pub fn set(&self, d: Duration) {
+        if let Ok(mut slot) = self.0.lock() {
+            *slot = Some(d);
+        }
+    }
+
+    pub fn take(&self) -> Option<Duration> {
+        self.0.lock().ok().and_then(|mut slot| slot.take())
+    }
+}
+
+/// Build the client from in-cluster config or `KUBECONFIG`, with our own retry handling: kube's
+/// default retry would wait up to 15 times inside one request, hiding the outage from us.
+///
+/// # Errors
+/// [`Error::KubeConfig`] when no configuration is found or it is unusable.
+pub async fn client(retry_after: RetryAfter) -> Result<kube::Client> {
+    let mut config = kube::Config::infer().await.map_err(|e| Error::KubeConfig {
+        message: format!(
+            "{e}; run in a pod with a service account, set KUBECONFIG, or use --dry-run"
+        ),
+    })?;
+    config.default_retry = false;
+    config.connect_timeout = Some(Duration::from_secs(5));
+    config.read_timeout = Some(Duration::from_secs(15));
+    config.write_timeout = Some(Duration::from_secs(15));
+    let layer = tower::ServiceBuilder::new().map_response(
+        move |res: http::Response<Box<kube::client::DynBody>>| {
+            if res.status() == http::StatusCode::TOO_MANY_REQUESTS
+                && let Some(secs) = res
+                    .headers()
+                    .get(http::header::RETRY_AFTER)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+            {
+                retry_after.set(Duration::from_secs(secs));
+            }
+            res
+        },
+    );
+    let builder = kube::client::ClientBuilder::try_from(config).map_err(|e| Error::KubeConfig {
+        message: format!("cannot build the Kubernetes client: {e}"),
+    })?;
+    Ok(builder.with_layer(&layer).build())
+}
+
+/// What a reconcile did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Outcome {
+    /// Requests made (reads and writes).
+    pub requests: u32,
+    /// Writes made.
+    pub writes: u32,
+}
+
+/// Keeps one Node in line with the latest verdict.
+pub struct Reconciler {
+    node_name: String,
+    settings: NodeSettings,
+    nodes: Option<Api<Node>>,
+    events: Option<Api<Event>>,
+    dry_run: bool,
+    metrics: Arc<Metrics>,
+    /// The verdict last confirmed on the Node (read back or written): lets a tick whose
+    /// verdict did not change skip even the read.
+    confirmed: Option<Verdict>,
+    /// An Event owed for a transition whose writes went through but whose Event did not.
+    pending_event: Option<Transition>,
+    /// Dry-run: what was last logged, so an unchanged verdict logs nothing.
+    logged: Option<Vec<String>>,
+}
+
+impl Reconciler {
+    /// `client` is `None` only for `--dry-run` without a cluster.
+    pub fn new(
+        node_name: String,
+        settings: NodeSettings,
+        client: Option<kube::Client>,
+        dry_run: bool,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Self {
+            node_name,
+            settings,
+            nodes: client.clone().map(Api::all),
+            events: client.map(|c| Api::namespaced(c, EVENT_NAMESPACE)),
+            dry_run,
+            metrics,
+            confirmed: None,
+            pending_event: None,
+            logged: None,
+        }
+    }
+
+    pub fn node_name(&self) -> &str {
+        &self.node_name
+    }
+
+    /// Whether the Node shows a validation by an earlier run: `FabricReady=True` and not our
+    /// taint. `false` when it cannot be read (the safe start: not validated).
+    pub async fn validated_on_node(&self) -> bool {
+        let Some(nodes) = &self.nodes else {
+            return false;
+        };
+        let Ok(Ok(Some(node))) =
+            tokio::time::timeout(Duration::from_secs(3), nodes.get_opt(&self.node_name)).await
+        else {
+            return false;
+        };
+        let key = self.settings.taint_key();
+        let tainted = node
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.as_ref())
+            .is_some_and(|ts| ts.iter().any(|t| t.key == key));
+        let fabric_ready = node
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| {
+                cs.iter()
+                    .any(|c| c.type_ == "FabricReady" && c.status == "True")
+            });
+        fabric_ready && !tainted
+    }
+
+    /// Forget what was confirmed, so the next reconcile reads the Node (periodic resync).
+    pub fn invalidate(&mut self) {
+        self.confirmed = None;
+    }
+
+    /// Make the Node show `verdict`.
+    ///
+    /// # Errors
+    /// [`Error::NodeNotFound`] and [`Error::Kube`] for API failures; the caller backs off and
+    /// calls again (nothing is left half-written: each write is one atomic request).
+    pub async fn reconcile(&mut self, verdict: &Verdict) -> Result<Outcome> {
+        let taint_key = self.settings.taint_key();
+        let Some(nodes) = self.nodes.clone() else {
+            self.log_dry_run_without_cluster(verdict, &taint_key);
+            return Ok(Outcome::default());
+        };
+        if self.confirmed.as_ref() == Some(verdict) && self.pending_event.is_none() {
+            return Ok(Outcome::default());
+        }
+        let mut outcome = Outcome::default();
+        let mut node = self.get(&nodes, &mut outcome).await?;
+        let now = Timestamp::now();
+        let plan = plan(&node, verdict, &taint_key, &now);
+        if let Some(t) = &plan.transition {
+            self.pending_event = Some(t.clone());
+        }
+
+        if self.dry_run {
+            let lines = plan.describe(&node, &taint_key);
+            if !lines.is_empty() && self.logged.as_ref() != Some(&lines) {
+                for line in &lines {
+                    tracing::info!(node = %self.node_name, dry_run = true, "would write {line}");
+                }
+            }
+            self.logged = Some(lines);
+            self.pending_event = None;
+            self.confirmed = Some(verdict.clone());
+            return Ok(outcome);
+        }
+
+        // Going bad: taint first, so nothing new lands while we describe why. Going good:
+        // describe first, untaint last.
+        let taint_first = !verdict.ready;
+        if taint_first && plan.taints.is_some() {
+            node = self
+                .write_taint(&nodes, node, verdict, &taint_key, &mut outcome)
+                .await?;
+        }
+        if let Some(labels) = &plan.labels {
+            node = self.apply_labels(&nodes, labels, &mut outcome).await?;
+        }
+        if let Some(conditions) = &plan.conditions {
+            node = self
+                .apply_conditions(&nodes, conditions, &mut outcome)
+                .await?;
+        }
+        if !taint_first && plan.taints.is_some() {
+            node = self
+                .write_taint(&nodes, node, verdict, &taint_key, &mut outcome)
+                .await?;
+        }
+        if let Some(t) = self.pending_event.clone() {
+            self.emit_event(&node, &t, &mut outcome).await?;
+            self.pending_event = None;
+        }
+        self.confirmed = Some(verdict.clone());
+        Ok(outcome)
+    }
+
+    fn log_dry_run_without_cluster(&mut self, verdict: &Verdict, taint_key: &str) {
+        let taint = verdict
+            .taints
+            .iter()
+            .find(|t| t.key == taint_key)
+            .map_or_else(|| "none".to_owned(), |t| format!("{}:{}", t.key, t.effect));
+        let labels: Vec<String> = verdict
+            .labels
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        let conditions: Vec<String> = verdict
+            .conditions
+            .iter()
+            .map(|c| format!("{}={} ({}: {})", c.type_, c.status, c.reason, c.message))
+            .collect();
+        let lines = vec![
+            format!("labels {}", labels.join(",")),
+            format!("taint {taint}"),
+            format!("conditions {}", conditions.join("; ")),
+        ];
+        if self.logged.as_ref() == Some(&lines) {
+            return;
+        }
+        for line in &lines {
+            tracing::info!(node = %self.node_name, dry_run = true, "would set {line}");
+        }
+        self.logged = Some(lines);
+    }
+
+    async fn get(&self, nodes: &Api<Node>, outcome: &mut Outcome) -> Result<Node> {
+        outcome.requests += 1;
+        match nodes.get_opt(&self.node_name).await {
+            Ok(Some(node)) => Ok(node),
+            Ok(None) => Err(Error::NodeNotFound {
+                node: self.node_name.clone(),
+            }),
+            Err(source) => Err(self.kube_err("read", source)),
+        }
+    }
+
+    fn kube_err(&self, action: &'static str, source: kube::Error) -> Error {
+        Error::Kube {
+            action,
+            node: self.node_name.clone(),
+            source: Box::new(source),
+        }
+    }
+
+    fn wrote(&self, kind: &'static str, outcome: &mut Outcome) {
+        outcome.requests += 1;
+        outcome.writes += 1;
+        self.metrics.record_node_write(kind);
+    }
+
+    async fn apply_labels(
+        &self,
+        nodes: &Api<Node>,
+        labels: &BTreeMap<String, String>,
+        outcome: &mut Outcome,
+    ) -> Result<Node> {
+        let body = json!({
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": { "name": self.node_name, "labels": labels },
+        });
+        let pp = PatchParams::apply(FIELD_MANAGER).force();
+        let res = nodes
+            .patch(&self.node_name, &pp, &Patch::Apply(&body))
+            .await;
+        let node = res.map_err(|e| self.kube_err("apply labels on", e))?;
+        self.wrote("labels", outcome);
+        let shown: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        tracing::info!(node = %self.node_name, labels = %shown.join(","), "applied labels");
+        Ok(node)
+    }
+
+    async fn apply_conditions(
+        &self,
+        nodes: &Api<Node>,
+        conditions: &[NodeCondition],
+        outcome: &mut Outcome,
+    ) -> Result<Node> {
+        let body = json!({
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": { "name": self.node_name },
+            "status": { "conditions": conditions },
+        });
+        let pp = PatchParams::apply(FIELD_MANAGER).force();
+        let res = nodes
+            .patch_status(&self.node_name, &pp, &Patch::Apply(&body))
+            .await;
+        let node = res.map_err(|e| self.kube_err("apply conditions on", e))?;
+        self.wrote("conditions", outcome);
+        let shown: Vec<String> = conditions
+            .iter()
+            .map(|c| {
+                format!(
+                    "{}={}({})",
+                    c.type_,
+                    c.status,
+                    c.reason.as_deref().unwrap_or("")
+                )
+            })
+            .collect();
+        tracing::info!(node = %self.node_name, conditions = %shown.join(","), "applied conditions");
+        Ok(node)
+    }
+
+    /// Read-modify-write of `spec.taints`, guarded by the resourceVersion it was computed from;
+    /// a conflict (another writer got in between) re-reads and recomputes.
+    async fn write_taint(
+        &self,
+        nodes: &Api<Node>,
+        mut node: Node,
+        verdict: &Verdict,
+        taint_key: &str,
+        outcome: &mut Outcome,
+    ) -> Result<Node> {
+        for attempt in 1..=TAINT_ATTEMPTS {
+            let Some(taints) = plan_taints(&node, verdict, taint_key, &Timestamp::now()) else {
+                return Ok(node);
+            };
+            let rv = node.metadata.resource_version.clone().unwrap_or_default();
+            let patch: json_patch::Patch = serde_json::from_value(json!([
+                { "op": "test", "path": "/metadata/resourceVersion", "value": rv },
+                { "op": "add", "path": "/spec/taints", "value": taints },
+            ]))
+            .map_err(|e| Error::Internal {
+                message: format!("building the taint patch: {e}"),
+            })?;
+            let pp = PatchParams {
+                field_manager: Some(FIELD_MANAGER.to_owned()),
+                ..PatchParams::default()
+            };
+            match nodes
+                .patch(&self.node_name, &pp, &Patch::Json::<()>(patch))
+                .await
+            {
+                Ok(new) => {
+                    self.wrote("taint", outcome);
+                    let on = taints.iter().any(|t| t.key == taint_key);
+                    tracing::info!(
+                        node = %self.node_name,
+                        taint = %taint_key,
+                        effect = %self.settings.taint_effect.as_str(),
+                        "{}",
+                        if on { "added taint" } else { "removed taint" }
+                    );
+                    return Ok(new);
+                }
+                // A failed `test` is 422; a resourceVersion conflict is 409.
+                Err(kube::Error::Api(s)) if s.code == 409 || s.code == 422 => {
+                    outcome.requests += 1;
+                    tracing::debug!(node = %self.node_name, attempt, "taint write conflicted; re-reading");
+                    node = self.get(nodes, outcome).await?;
+                }
+                Err(e) => return Err(self.kube_err("write the taint on", e)),
+            }
+        }
+        Err(Error::Conflict {
+            node: self.node_name.clone(),
+            attempts: TAINT_ATTEMPTS,
+        })
+    }
+
+    async fn emit_event(&self, node: &Node, t: &Transition, outcome: &mut Outcome) -> Result<()> {
+        let Some(events) = &self.events else {
+            return Ok(());
+        };
+        let now = Timestamp::now();
+        let event = Event {
+            metadata: ObjectMeta {
+                generate_name: Some(format!("{}.", self.node_name)),
+                namespace: Some(EVENT_NAMESPACE.to_owned()),
+                ..ObjectMeta::default()
+            },
+            event_time: Some(MicroTime(now)),
+            action: Some(if t.ready { "Validated" } else { "Invalidated" }.to_owned()),
+            reason: Some(
+                if t.ready {
+                    "FabricReady"
+                } else {
+                    "FabricNotReady"
+                }
+                .to_owned(),
+            ),
+            note: Some(truncate(&format!("{}: {}", t.reason, t.message), 1024)),
+            type_: Some(if t.ready { "Normal" } else { "Warning" }.to_owned()),
+            regarding: Some(ObjectReference {
+                api_version: Some("v1".to_owned()),
+                kind: Some("Node".to_owned()),
+                name: Some(self.node_name.clone()),
+                uid: node.metadata.uid.clone(),
+                ..ObjectReference::default()
+            }),
+            reporting_controller: Some(REPORTING_CONTROLLER.to_owned()),
+            reporting_instance: Some(truncate(&format!("fabricgate-{}", self.node_name), 128)),
+            ..Event::default()
+        };
+        let pp = PostParams {
+            field_manager: Some(FIELD_MANAGER.to_owned()),
+            ..PostParams::default()
+        };
+        events
+            .create(&pp, &event)
+            .await
+            .map_err(|e| self.kube_err("create an event for", e))?;
+        self.wrote("event", outcome);
+        tracing::info!(
+            node = %self.node_name,
+            ready = t.ready,
+            reason = %t.reason,
+            "recorded event"
+        );
+        Ok(())
+    }
+}
+
+/// Events' `note` is limited to 1 kB; cut on a character boundary.
+fn truncate(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_owned();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::policy::{Condition, PartVerdict, RdmaVerdict};
+    use k8s_openapi::api::core::v1::{NodeSpec, NodeStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
+
+    const KEY: &str = "fabricgate.io/unvalidated";
+
+    fn verdict(ready: bool) -> Verdict {
+        let config = Config::default();
+        let part = PartVerdict {
+            ready,
+            findings: Vec::new(),
+            warnings: Vec::new(),
+        };
+        let cond = |t: &str, ok: &str| Condition {
+            type_: t.into(),
+            status: if ready { "True" } else { "False" }.into(),
+            reason: if ready { ok.into() } else { "PortDown".into() },
+            message: if ready {
+                "ok".into()
+            } else {
+                "mlx5_0 port 1 down".into()
+            },
+        };
+        Verdict {
+            ready,
+            rdma: RdmaVerdict {
+                part: part.clone(),
+                usable_ports: u32::from(ready),
+                required_ports: 1,
+                min_rate_gbps: None,
+                link_layer: None,
+            },
+            lustre: part,
+            labels: [("fabricgate.io/ready".to_owned(), ready.to_string())].into(),
+            taints: if ready {
+                vec![]
+            } else {
+                vec![policy::Taint {
+                    key: config.node.taint_key(),
+                    value: None,
+                    effect: "NoSchedule".into(),
+                }]
+            },
+            conditions: vec![
+                cond("FabricReady", "FabricValidated"),
+                cond("RDMAReady", "RDMAPortsActive"),
+            ],
+        }
+    }
+
+    fn taint(key: &str) -> Taint {
+        Taint {
+            key: key.into(),
+            effect: "NoSchedule".into(),
+            ..Taint::default()
+        }
+    }
+
+    fn node(labels: &[(&str, &str)], taints: Vec<Taint>, conds: Vec<NodeCondition>) -> Node {
+        Node {
+            metadata: ObjectMeta {
+                name: Some("n".into()),
+                labels: Some(
+                    labels
+                        .iter()
+                        .map(|(k, v)| ((*k).into(), (*v).into()))
+                        .collect(),
+                ),
+                ..ObjectMeta::default()
+            },
+            spec: Some(NodeSpec {
+                taints: Some(taints),
+                ..NodeSpec::default()
+            }),
+            status: Some(NodeStatus {
+                conditions: Some(conds),
+                ..NodeStatus::default()
+            }),
+        }
+    }
+
+    fn applied(v: &Verdict, now: &Timestamp) -> Vec<NodeCondition> {
+        plan(&node(&[], vec![], vec![]), v, KEY, now)
+            .conditions
+            .unwrap()
+    }
+
+    #[test]
+    fn a_node_that_matches_needs_no_write() {
+        let now = Timestamp::now();
+        let v = verdict(false);
+        let n = node(
+            &[("fabricgate.io/ready", "false"), ("team", "ml")],
+            vec![taint("other"), taint(KEY)],
+            applied(&v, &now),
+        );
+        let p = plan(&n, &v, KEY, &now);
+        assert!(p.is_empty(), "{p:?}");
+        assert_eq!(p.transition, None);
+    }
+
+    #[test]
+    fn tainting_keeps_other_taints_in_place_and_untainting_removes_only_ours() {
+        let now = Timestamp::now();
+        let n = node(&[], vec![taint("a"), taint("b")], vec![]);
+        let t = plan(&n, &verdict(false), KEY, &now).taints.unwrap();
+        let keys: Vec<&str> = t.iter().map(|t| t.key.as_str()).collect();
+        assert_eq!(keys, ["a", "b", KEY]);
+
+        let n = node(
+            &[],
+            vec![taint("a"), taint(KEY), taint("b"), taint(KEY)],
+            vec![],
+        );
+        let t = plan(&n, &verdict(true), KEY, &now).taints.unwrap();
+        let keys: Vec<&str> = t.iter().map(|t| t.key.as_str()).collect();
+        assert_eq!(keys, ["a", "b"]);
+
+        // Our key with the wrong effect is replaced where it stands.
+        let mut wrong = taint(KEY);
+        wrong.effect = "NoExecute".into();
+        let n = node(&[], vec![taint("a"), wrong, taint("b")], vec![]);
+        let t = plan(&n, &verdict(false), KEY, &now).taints.unwrap();
+        assert_eq!(t[1].key, KEY);
+        assert_eq!(t[1].effect, "NoSchedule");
+        assert_eq!(t.len(), 3);
+    }
+
+    #[test]
+    fn last_transition_time_changes_only_with_the_status() {
+        let then = Timestamp::from_second(1_700_000_000).unwrap();
+        let now = Timestamp::now();
+        let bad = verdict(false);
+        let mut observed = applied(&bad, &then);
+        // Same status, new message: rewritten, transition time kept.
+        observed[0].message = Some("older message".into());
+        let p = plan(&node(&[], vec![], observed.clone()), &bad, KEY, &now);
+        let c = p.conditions.unwrap();
+        assert_eq!(c[0].last_transition_time, Some(Time(then)));
+        assert_eq!(p.transition, None, "no status change, no event");
+        // Status flips: new transition time and an event.
+        let p = plan(&node(&[], vec![], observed), &verdict(true), KEY, &now);
+        let c = p.conditions.unwrap();
+        assert_eq!(c[0].last_transition_time, Some(Time(now)));
+        assert!(p.transition.unwrap().ready);
+    }
+
+    #[test]
+    fn labels_we_owned_and_no_longer_set_trigger_an_apply() {
+        let now = Timestamp::now();
+        let v = verdict(true);
+        let mut n = node(
+            &[
+                ("fabricgate.io/ready", "true"),
+                ("fabricgate.io/rdma.rate-gbps", "400"),
+            ],
+            vec![],
+            applied(&v, &now),
+        );
+        // Not ours (no managed fields): left alone.
+        assert!(plan(&n, &v, KEY, &now).labels.is_none());
+        n.metadata.managed_fields = Some(vec![ManagedFieldsEntry {
+            manager: Some(FIELD_MANAGER.into()),
+            operation: Some("Apply".into()),
+            fields_v1: Some(FieldsV1(json!({"f:metadata": {"f:labels": {
+                "f:fabricgate.io/ready": {}, "f:fabricgate.io/rdma.rate-gbps": {}
+            }}}))),
+            ..ManagedFieldsEntry::default()
+        }]);
+        assert_eq!(
+            owned_labels(&n),
+            [
+                "fabricgate.io/rdma.rate-gbps".to_owned(),
+                "fabricgate.io/ready".to_owned()
+            ]
+            .into()
+        );
+        assert_eq!(plan(&n, &v, KEY, &now).labels, Some(v.labels.clone()));
+    }
+}
