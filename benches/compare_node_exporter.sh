@@ -44,7 +44,7 @@ PIDS+=("$!")
 
 PROBE_RUN="$("$BIN" run --dry-run --verbs off --sysfs-root /nonexistent --proc-root /nonexistent 2>&1 || true)"
 if [[ "$PROBE_RUN" != *"not implemented"* ]] && "$BIN" run --help >/dev/null 2>&1; then
-  "$BIN" run --dry-run --verbs off --sysfs-root "$NODE/sys" --proc-root "$NODE/proc" \
+  "$BIN" run --dry-run --node-name bench --verbs off --sysfs-root "$NODE/sys" --proc-root "$NODE/proc" \
     --metrics-addr "127.0.0.1:$FG_PORT" --interval 1s >/dev/null 2>&1 &
   FG_WHAT="fabricgate run --dry-run"
 else

@@ -4,7 +4,7 @@ use crate::config::Config;
 use crate::error::{Error, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use fabricgate_probes::rdma::VerbsMode;
-use fabricgate_probes::{ProbeConfig, Roots};
+use fabricgate_probes::{ProbeConfig, Roots, SelftestConfig};
 use std::path::PathBuf;
 
 #[derive(Debug, Parser)]
@@ -25,6 +25,21 @@ pub enum Command {
     /// Run as the node agent: probe on an interval, keep the Node's labels, taint and
     /// conditions true, serve /metrics, /healthz and /readyz.
     Run(RunArgs),
+    /// Run only the loopback RC data-path self-test on every selected port and print the
+    /// results; exit 0 all passed / 1 a port failed / 2 usage / 3 nothing could be tested.
+    Selftest(SelftestArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct SelftestArgs {
+    #[command(flatten)]
+    pub probe: ProbeArgs,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    pub format: Format,
+    /// Bound on each port's test; default: `rdma.selftest_timeout` (2s).
+    #[arg(long, value_parser = humantime::parse_duration, value_name = "DURATION")]
+    pub timeout: Option<std::time::Duration>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
@@ -143,6 +158,11 @@ impl ProbeArgs {
             storage: config.storage_config(),
             netdev: fabricgate_probes::netdev::NetdevConfig {
                 interfaces: config.fallback.netdevs.clone(),
+            },
+            selftest: SelftestConfig {
+                schedule: config.rdma.selftest_schedule(),
+                timeout: config.rdma.selftest_timeout(),
+                devices: Some(config.rdma.devices.clone()),
             },
         }
     }

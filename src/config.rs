@@ -2,6 +2,7 @@
 //! values and unreadable files are errors that name the key or path.
 
 use crate::error::{Error, Result};
+use fabricgate_probes::rdma::verbs::selftest::SelftestSchedule;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 use std::time::Duration;
@@ -32,6 +33,10 @@ pub struct RdmaRequirements {
     pub require_roce_v2: bool,
     /// The HCA's PCIe link must run at its maximum speed and width.
     pub require_full_pcie_link: bool,
+    /// Loopback RC data-path self-test: `off`, `on-start` or `every N probes`.
+    pub selftest: String,
+    /// Bound on one port's self-test (humantime: `2s`, `500ms`).
+    pub selftest_timeout: String,
 }
 
 impl Default for RdmaRequirements {
@@ -43,7 +48,22 @@ impl Default for RdmaRequirements {
             link_layer: LinkLayerRequirement::Any,
             require_roce_v2: true,
             require_full_pcie_link: true,
+            selftest: "on-start".into(),
+            selftest_timeout: "2s".into(),
         }
+    }
+}
+
+impl RdmaRequirements {
+    /// The parsed `rdma.selftest` (validated at load; `on-start` if somehow invalid).
+    pub fn selftest_schedule(&self) -> SelftestSchedule {
+        self.selftest.parse().unwrap_or_default()
+    }
+
+    /// The parsed `rdma.selftest_timeout` (validated at load; 2 s if somehow invalid).
+    pub fn selftest_timeout(&self) -> std::time::Duration {
+        humantime::parse_duration(&self.selftest_timeout)
+            .unwrap_or(fabricgate_probes::rdma::verbs::selftest::DEFAULT_TIMEOUT)
     }
 }
 
@@ -257,6 +277,21 @@ impl Config {
                 "rdma.devices",
                 format!("{:?} is not a valid glob: {e}", self.rdma.devices),
             );
+        }
+        if let Err(e) = self.rdma.selftest.parse::<SelftestSchedule>() {
+            return bad("rdma.selftest", e);
+        }
+        match humantime::parse_duration(&self.rdma.selftest_timeout) {
+            Ok(d) if !d.is_zero() && d <= std::time::Duration::from_secs(60) => {}
+            _ => {
+                return bad(
+                    "rdma.selftest_timeout",
+                    format!(
+                        "{:?} is not a duration between 1ms and 60s (e.g. \"2s\")",
+                        self.rdma.selftest_timeout
+                    ),
+                );
+            }
         }
         for (i, m) in self.lustre.mounts.iter().enumerate() {
             if !m.starts_with('/') {
@@ -561,6 +596,33 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("tcp_rate"), "{e}");
+    }
+
+    #[test]
+    fn selftest_schedule_parses_and_bad_values_name_the_key() {
+        let c = Config::parse("").unwrap();
+        assert_eq!(c.rdma.selftest_schedule(), SelftestSchedule::OnStart);
+        assert_eq!(c.rdma.selftest_timeout(), std::time::Duration::from_secs(2));
+        let c = Config::parse("rdma:\n  selftest: every 6 probes\n  selftest_timeout: 500ms\n")
+            .unwrap();
+        assert_eq!(c.rdma.selftest_schedule(), SelftestSchedule::Every(6));
+        assert_eq!(
+            c.rdma.selftest_timeout(),
+            std::time::Duration::from_millis(500)
+        );
+        let c = Config::parse("rdma:\n  selftest: \"off\"\n").unwrap();
+        assert_eq!(c.rdma.selftest_schedule(), SelftestSchedule::Off);
+        let e = Config::parse("rdma:\n  selftest: sometimes\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("rdma.selftest") && e.contains("every N probes"),
+            "{e}"
+        );
+        let e = Config::parse("rdma:\n  selftest_timeout: 0s\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("rdma.selftest_timeout"), "{e}");
     }
 
     #[test]

@@ -10,6 +10,7 @@ pub mod fallback;
 pub mod metrics;
 pub mod node;
 pub mod policy;
+pub mod selftest;
 
 pub use error::{Error, Result};
 

@@ -1,7 +1,7 @@
 //! The `fabricgate` binary: argument parsing and exit codes only.
 
 use clap::Parser;
-use fabricgate::cli::{CheckArgs, Cli, Command, Format, RunArgs};
+use fabricgate::cli::{CheckArgs, Cli, Command, Format, RunArgs, SelftestArgs};
 use fabricgate::{EXIT_USAGE, EXIT_VALIDATED, check, daemon, policy};
 use fabricgate_probes::Prober;
 use std::process::ExitCode;
@@ -11,6 +11,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Check(args) => run_check(&args),
         Command::Run(args) => run_agent(&args),
+        Command::Selftest(args) => run_selftest(&args),
     };
     match result {
         Ok(code) => ExitCode::from(code),
@@ -38,6 +39,25 @@ fn run_check(args: &CheckArgs) -> anyhow::Result<u8> {
         Format::Table => print!("{}", check::to_table(&report, &verdict)),
     }
     Ok(check::exit_code(&report, &verdict))
+}
+
+fn run_selftest(args: &SelftestArgs) -> anyhow::Result<u8> {
+    let config = args.probe.load_config()?;
+    let roots = args.probe.roots()?;
+    let timeout = args
+        .timeout
+        .unwrap_or_else(|| config.rdma.selftest_timeout());
+    let outcome = fabricgate::selftest::run(&roots, &config, timeout);
+    let text = match args.format {
+        Format::Json => serde_json::to_string_pretty(&outcome.to_json())? + "\n",
+        Format::Table => outcome.to_table(),
+    };
+    // A closed pipe (`| head`) is not an error worth a panic; the exit code still tells.
+    match std::io::Write::write_all(&mut std::io::stdout().lock(), text.as_bytes()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => return Err(e.into()),
+        _ => {}
+    }
+    Ok(outcome.exit_code())
 }
 
 fn run_agent(args: &RunArgs) -> anyhow::Result<u8> {

@@ -704,12 +704,18 @@ fn port_problems(dev: &DeviceReport, port: &PortReport, config: &Config) -> Vec<
     if let Some(sel) = port.selftest.as_ref().filter(|s| !s.ok) {
         out.push(rdma_finding(
             "SelftestFailed",
-            format!(
-                "{name}: data-path self-test failed at {}{}: {}",
-                sel.failed_step.as_deref().unwrap_or("an unknown step"),
-                sel.errno.map_or(String::new(), |e| format!(" (errno {e})")),
-                sel.message.as_deref().unwrap_or("no detail")
-            ),
+            match (&sel.message, &sel.failed_step) {
+                // The probe's own messages start with the step and errno already.
+                (Some(message), Some(step)) if message.starts_with(step.as_str()) => {
+                    format!("{name}: data-path self-test failed: {message}")
+                }
+                (message, step) => format!(
+                    "{name}: data-path self-test failed at {}{}: {}",
+                    step.as_deref().unwrap_or("an unknown step"),
+                    sel.errno.map_or(String::new(), |e| format!(" (errno {e})")),
+                    message.as_deref().unwrap_or("no detail")
+                ),
+            },
         ));
     }
     out
@@ -858,6 +864,8 @@ mod tests {
             errno: Some(12),
             message: Some("RLIMIT_MEMLOCK too low".into()),
             latency_us: None,
+            gid_index: None,
+            duration_us: None,
         });
         let v = evaluate(&report(vec![device("rxe0", vec![p])]), &Config::default());
         assert!(!v.ready);

@@ -10,7 +10,9 @@ pub mod storage;
 pub use error::{ProbeError, Result};
 pub use roots::Roots;
 
+use rdma::verbs::selftest::{self, SelftestSchedule};
 use serde::Serialize;
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// What to probe and how.
@@ -20,6 +22,44 @@ pub struct ProbeConfig {
     pub storage: storage::StorageConfig,
     /// Interfaces whose TCP-path byte counters are read (the fallback detector's input).
     pub netdev: netdev::NetdevConfig,
+    pub selftest: SelftestConfig,
+}
+
+/// The loopback data-path self-test (needs `verbs: Required`).
+#[derive(Debug, Clone)]
+pub struct SelftestConfig {
+    pub schedule: SelftestSchedule,
+    /// Bound on one port's test.
+    pub timeout: Duration,
+    /// Glob over device names to test (the requirements' `rdma.devices`); `None`: all.
+    pub devices: Option<String>,
+}
+
+impl Default for SelftestConfig {
+    fn default() -> Self {
+        Self {
+            schedule: SelftestSchedule::default(),
+            timeout: selftest::DEFAULT_TIMEOUT,
+            devices: None,
+        }
+    }
+}
+
+impl SelftestConfig {
+    /// An invalid glob matches nothing (the agent's config validation rejects it first).
+    fn matcher(&self) -> Option<globset::GlobMatcher> {
+        let pattern = self.devices.as_deref().unwrap_or("*");
+        globset::Glob::new(pattern)
+            .ok()
+            .map(|g| g.compile_matcher())
+    }
+}
+
+/// What the prober remembers about one port between probes, for the self-test schedule.
+#[derive(Debug, Clone, Default)]
+struct PortMemory {
+    was_up: bool,
+    last: Option<rdma::SelftestResult>,
 }
 
 /// One probe of the node.
@@ -49,6 +89,9 @@ pub struct Prober {
     roots: Roots,
     config: ProbeConfig,
     storage: storage::StorageProber,
+    /// Probes completed so far (drives `every N probes`).
+    probes: u64,
+    ports: BTreeMap<(String, u32), PortMemory>,
 }
 
 impl Prober {
@@ -58,6 +101,8 @@ impl Prober {
             roots,
             config,
             storage,
+            probes: 0,
+            ports: BTreeMap::new(),
         }
     }
 
@@ -85,8 +130,10 @@ impl Prober {
         if self.config.verbs == rdma::VerbsMode::Required {
             let started = Instant::now();
             rdma::verbs::probe_into(&mut rdma);
+            self.selftest(&mut rdma);
             timings.rdma_verbs_seconds = started.elapsed().as_secs_f64();
         }
+        self.probes += 1;
 
         let started = Instant::now();
         let storage = self.storage.probe(&self.roots);
@@ -103,5 +150,101 @@ impl Prober {
             netdevs,
             timings,
         }
+    }
+
+    /// Run the data-path self-test where the schedule says so, and report the last result
+    /// elsewhere. A port is tested when it comes up (first probe included), every N probes
+    /// with `every N probes`, and on every probe while its last test failed, so a repaired
+    /// port recovers without a restart. Ports that are down or on devices verbs cannot open
+    /// are not tested: the verdict already names why they are unusable.
+    fn selftest(&mut self, rdma: &mut rdma::RdmaReport) {
+        let cfg = &self.config.selftest;
+        if cfg.schedule == SelftestSchedule::Off {
+            return;
+        }
+        let (schedule, probes) = (cfg.schedule, self.probes);
+        let Some(matcher) = cfg.matcher() else {
+            return;
+        };
+        let memory = &mut self.ports;
+        let mut select = |dev: &rdma::DeviceReport, port: &rdma::PortReport| {
+            let opened = dev.verbs.as_ref().is_some_and(|v| v.opened);
+            if !opened || !port.is_up() || !matcher.is_match(&dev.name) {
+                return false;
+            }
+            selftest_due(schedule, probes, memory.get(&(dev.name.clone(), port.port)))
+        };
+        selftest::run(rdma, &mut select, cfg.timeout);
+
+        let mut seen = Vec::new();
+        for dev in &mut rdma.devices {
+            for port in &mut dev.ports {
+                let key = (dev.name.clone(), port.port);
+                let mem = memory.entry(key.clone()).or_default();
+                match &port.selftest {
+                    Some(fresh) => mem.last = Some(fresh.clone()),
+                    None => port.selftest = mem.last.clone(),
+                }
+                mem.was_up = port.is_up();
+                seen.push(key);
+            }
+        }
+        // A device that vanished (e.g. `rdma link delete`) is tested afresh if it returns.
+        memory.retain(|k, _| seen.contains(k));
+    }
+}
+
+/// Whether an up port is tested on probe number `probes` (0-based): when first seen up or
+/// back up, while its last result failed, and every N probes with `every N probes`.
+fn selftest_due(schedule: SelftestSchedule, probes: u64, memory: Option<&PortMemory>) -> bool {
+    let every_due = match schedule {
+        SelftestSchedule::Off => return false,
+        SelftestSchedule::OnStart => false,
+        SelftestSchedule::Every(n) => probes.is_multiple_of(u64::from(n.max(1))),
+    };
+    every_due || memory.is_none_or(|m| !m.was_up || m.last.as_ref().is_none_or(|r| !r.ok))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mem(was_up: bool, ok: Option<bool>) -> PortMemory {
+        PortMemory {
+            was_up,
+            last: ok.map(|ok| rdma::SelftestResult {
+                ok,
+                ..rdma::SelftestResult::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn on_start_tests_new_recovered_and_failing_ports_only() {
+        let on = SelftestSchedule::OnStart;
+        assert!(selftest_due(on, 0, None), "first sight");
+        assert!(
+            !selftest_due(on, 7, Some(&mem(true, Some(true)))),
+            "passed: kept"
+        );
+        assert!(
+            selftest_due(on, 7, Some(&mem(true, Some(false)))),
+            "failed: retried"
+        );
+        assert!(
+            selftest_due(on, 7, Some(&mem(false, Some(true)))),
+            "back up"
+        );
+        assert!(!selftest_due(SelftestSchedule::Off, 0, None));
+    }
+
+    #[test]
+    fn every_n_probes_retests_passing_ports_on_schedule() {
+        let every3 = SelftestSchedule::Every(3);
+        let passed = mem(true, Some(true));
+        let due: Vec<u64> = (0..7)
+            .filter(|&p| selftest_due(every3, p, Some(&passed)))
+            .collect();
+        assert_eq!(due, vec![0, 3, 6]);
     }
 }

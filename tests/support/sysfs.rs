@@ -27,7 +27,14 @@ impl FakeHca {
         std::fs::write(port_dir.join("rate"), "400 Gb/sec (4X NDR)\n").expect("rate");
         std::fs::write(port_dir.join("link_layer"), "InfiniBand\n").expect("link_layer");
         std::fs::write(port_dir.join("phys_state"), "5: LinkUp\n").expect("phys_state");
-        std::fs::create_dir_all(dir.path().join("proc")).expect("mkdir proc");
+        // A real kernel always has a mount table; this one has no shared file system.
+        std::fs::create_dir_all(dir.path().join("proc/self")).expect("mkdir proc");
+        std::fs::write(
+            dir.path().join("proc/self/mountinfo"),
+            "21 1 252:1 / / rw,relatime shared:1 - ext4 /dev/vda1 rw\n\
+             22 21 0:20 / /sys rw,nosuid,nodev,noexec,relatime shared:2 - sysfs sysfs rw\n",
+        )
+        .expect("mountinfo");
         let hca = Self { dir, port_dir };
         hca.set_port(up);
         hca

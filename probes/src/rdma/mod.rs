@@ -213,15 +213,21 @@ pub struct VerbsPort {
 }
 
 /// Result of the loopback RC data-path self-test on one port.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct SelftestResult {
     pub ok: bool,
     /// The step that failed (`alloc_pd`, `reg_mr`, `modify_qp RTR`, `poll_cq`, ...).
     pub failed_step: Option<String>,
     pub errno: Option<i32>,
+    /// The whole story, starting with the step: `reg_mr: errno 12 (ENOMEM): ...`.
     pub message: Option<String>,
-    /// Round-trip latency of the verified exchange, microseconds.
+    /// Round-trip latency of the RDMA WRITE (post to completion, which needs the
+    /// responder's ACK), microseconds.
     pub latency_us: Option<f64>,
+    /// GID table index the queue pairs were addressed with (RoCE); `None` on InfiniBand.
+    pub gid_index: Option<u32>,
+    /// Wall time of the whole test on this port, setup and teardown included, microseconds.
+    pub duration_us: Option<f64>,
 }
 
 /// How the verbs layer is used.

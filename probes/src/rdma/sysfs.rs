@@ -146,11 +146,10 @@ impl AttrReader {
         }
     }
 
+    /// An empty attribute is absent, not an error: rxe prints an empty `fw_ver` line.
     fn string(&mut self, path: &Path, errors: &mut Vec<String>) -> Option<String> {
-        self.parsed(path, "text", errors, |s| {
-            let s = s.trim();
-            (!s.is_empty()).then(|| s.to_owned())
-        })
+        self.parsed(path, "text", errors, |s| Some(s.trim().to_owned()))
+            .filter(|s| !s.is_empty())
     }
 }
 
@@ -426,6 +425,22 @@ fn read_counters(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// rxe0 in a real guest: `fw_ver` holds just "\n". That must not block the device.
+    #[test]
+    fn empty_text_attribute_is_absent_not_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fw_ver");
+        fs::write(&path, "\n").unwrap();
+        let mut errors = Vec::new();
+        assert_eq!(AttrReader::new().string(&path, &mut errors), None);
+        assert!(errors.is_empty(), "{errors:?}");
+        fs::write(&path, "20.39.1002\n").unwrap();
+        assert_eq!(
+            AttrReader::new().string(&path, &mut errors).as_deref(),
+            Some("20.39.1002")
+        );
+    }
 
     #[test]
     fn parses_every_kernel_port_state() {

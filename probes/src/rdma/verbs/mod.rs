@@ -3,6 +3,8 @@
 //! opens every device and queries every port (including down ones, which the `ibverbs`
 //! crate's `Device::open()` refuses).
 
+pub mod selftest;
+
 use super::{LinkLayer, PhysState, PortState, RdmaReport, VerbsDevice, VerbsPort, VerbsStatus};
 use rdma_sys as sys;
 use std::ffi::CStr;

@@ -1,0 +1,862 @@
+//! The loopback RC data-path self-test: on one port, two RC queue pairs connected to each
+//! other, an RDMA WRITE and a SEND of a known pattern, the bytes verified and the round trip
+//! timed. A port can be ACTIVE while this fails (no usable GID, RLIMIT_MEMLOCK too low to pin
+//! memory, a provider that cannot move data), which is exactly what it is for.
+//!
+//! Every verbs object is an RAII guard declared after what it depends on, so Rust's reverse
+//! drop order frees QPs before the CQ, the MR before the PD, and everything on every path.
+
+use super::{Context, DeviceList};
+use crate::rdma::{DeviceReport, GidType, LinkLayer, PortReport, RdmaReport, SelftestResult};
+use rdma_sys as sys;
+use std::io;
+use std::marker::PhantomData;
+use std::os::raw::c_int;
+use std::ptr;
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+/// When the prober runs the self-test (`rdma.selftest` in the requirements file).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SelftestSchedule {
+    Off,
+    /// Each port when it is first seen up (and after it comes back up), and again on every
+    /// probe while its last test failed; a passing result is kept and reported.
+    #[default]
+    OnStart,
+    /// Every N probes (N >= 1), plus the `OnStart` cases.
+    Every(u32),
+}
+
+impl FromStr for SelftestSchedule {
+    type Err = String;
+
+    /// `off`, `on-start`, `every N probes` (or `every N`).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let words: Vec<&str> = s.split_whitespace().collect();
+        let bad =
+            || format!("{s:?} is not a schedule; use \"off\", \"on-start\" or \"every N probes\"");
+        match words.as_slice() {
+            ["off"] => Ok(Self::Off),
+            ["on-start"] => Ok(Self::OnStart),
+            ["every", n] | ["every", n, "probes" | "probe"] => match n.parse::<u32>() {
+                Ok(n) if n >= 1 => Ok(Self::Every(n)),
+                _ => Err(bad()),
+            },
+            _ => Err(bad()),
+        }
+    }
+}
+
+/// Default bound on one port's test, QP setup to the last completion.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Size of each region of the test buffer (WRITE source/target, SEND source/target).
+const REGION: usize = 256;
+
+/// Which step failed, its errno and what to do.
+struct StepError {
+    step: &'static str,
+    errno: Option<i32>,
+    message: String,
+}
+
+impl StepError {
+    fn os(step: &'static str, err: &io::Error) -> Self {
+        let errno = err.raw_os_error().filter(|&e| e != 0);
+        Self {
+            step,
+            errno,
+            message: describe(step, errno, err),
+        }
+    }
+
+    fn other(step: &'static str, message: String) -> Self {
+        Self {
+            step,
+            errno: None,
+            message,
+        }
+    }
+}
+
+/// `errno 12 (ENOMEM): ...` with advice for the cases an operator can fix.
+fn describe(step: &str, errno: Option<i32>, err: &io::Error) -> String {
+    let Some(e) = errno else {
+        return format!("{step}: {err}");
+    };
+    let head = format!("{step}: errno {e} ({})", errno_name(e));
+    match (step, e) {
+        ("reg_mr", libc::ENOMEM | libc::EPERM | libc::EAGAIN) => format!(
+            "{head}: RLIMIT_MEMLOCK too low ({}); raise the memlock limit (ulimit -l, \
+             LimitMEMLOCK, container runtime) or add IPC_LOCK",
+            memlock_limit()
+        ),
+        (_, libc::EACCES | libc::EPERM) => format!(
+            "{head}: permission denied; give the agent access to /dev/infiniband and IPC_LOCK"
+        ),
+        _ => format!("{head}: {err}"),
+    }
+}
+
+fn errno_name(e: i32) -> &'static str {
+    match e {
+        libc::EPERM => "EPERM",
+        libc::ENOENT => "ENOENT",
+        libc::EIO => "EIO",
+        libc::ENXIO => "ENXIO",
+        libc::EAGAIN => "EAGAIN",
+        libc::ENOMEM => "ENOMEM",
+        libc::EACCES => "EACCES",
+        libc::EFAULT => "EFAULT",
+        libc::EBUSY => "EBUSY",
+        libc::ENODEV => "ENODEV",
+        libc::EINVAL => "EINVAL",
+        libc::ENOSPC => "ENOSPC",
+        libc::ENOSYS => "ENOSYS",
+        libc::EOPNOTSUPP => "EOPNOTSUPP",
+        libc::ENETUNREACH => "ENETUNREACH",
+        libc::ENETDOWN => "ENETDOWN",
+        libc::ETIMEDOUT => "ETIMEDOUT",
+        libc::EHOSTUNREACH => "EHOSTUNREACH",
+        _ => "?",
+    }
+}
+
+/// The soft RLIMIT_MEMLOCK as text, for the reg_mr advice.
+fn memlock_limit() -> String {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `lim` is a valid out-pointer for getrlimit.
+    let rc = unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) };
+    if rc != 0 {
+        return "limit unknown".into();
+    }
+    if lim.rlim_cur == libc::RLIM_INFINITY {
+        "memlock unlimited".into()
+    } else {
+        format!("memlock {} bytes", lim.rlim_cur)
+    }
+}
+
+/// The errno left by a verbs call that returned NULL; never "success".
+fn last_errno() -> io::Error {
+    let err = io::Error::last_os_error();
+    if err.raw_os_error() == Some(0) {
+        io::Error::from_raw_os_error(libc::EIO)
+    } else {
+        err
+    }
+}
+
+struct Pd<'c> {
+    ptr: *mut sys::ibv_pd,
+    _ctx: PhantomData<&'c Context<'c>>,
+}
+
+impl Drop for Pd<'_> {
+    fn drop(&mut self) {
+        // SAFETY: allocated by ibv_alloc_pd, freed once; everything using it was dropped
+        // first (declared later). A failure cannot be handled in Drop.
+        let _ = unsafe { sys::ibv_dealloc_pd(self.ptr) };
+    }
+}
+
+struct Cq<'c> {
+    ptr: *mut sys::ibv_cq,
+    _ctx: PhantomData<&'c Context<'c>>,
+}
+
+impl Drop for Cq<'_> {
+    fn drop(&mut self) {
+        // SAFETY: created by ibv_create_cq, destroyed once, after the QPs using it.
+        let _ = unsafe { sys::ibv_destroy_cq(self.ptr) };
+    }
+}
+
+struct Qp<'p> {
+    ptr: *mut sys::ibv_qp,
+    _pd: PhantomData<&'p Pd<'p>>,
+}
+
+impl Qp<'_> {
+    fn num(&self) -> u32 {
+        // SAFETY: `ptr` is a live QP; qp_num is set by ibv_create_qp.
+        unsafe { (*self.ptr).qp_num }
+    }
+
+    fn modify(
+        &self,
+        step: &'static str,
+        attr: &mut sys::ibv_qp_attr,
+        mask: sys::ibv_qp_attr_mask,
+    ) -> Result<(), StepError> {
+        let mask = c_int::try_from(mask.0).unwrap_or(c_int::MAX);
+        // SAFETY: live QP, `attr` a valid, fully initialised attribute struct.
+        let rc = unsafe { sys::ibv_modify_qp(self.ptr, attr, mask) };
+        if rc != 0 {
+            return Err(StepError::os(step, &io::Error::from_raw_os_error(rc)));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Qp<'_> {
+    fn drop(&mut self) {
+        // SAFETY: created by ibv_create_qp, destroyed once; outstanding WRs are flushed by
+        // the provider.
+        let _ = unsafe { sys::ibv_destroy_qp(self.ptr) };
+    }
+}
+
+struct Mr<'p> {
+    ptr: *mut sys::ibv_mr,
+    _pd: PhantomData<&'p Pd<'p>>,
+}
+
+impl Mr<'_> {
+    fn keys(&self) -> (u32, u32) {
+        // SAFETY: live MR; lkey/rkey are plain fields set at registration.
+        unsafe { ((*self.ptr).lkey, (*self.ptr).rkey) }
+    }
+}
+
+impl Drop for Mr<'_> {
+    fn drop(&mut self) {
+        // SAFETY: registered by ibv_reg_mr, deregistered once, before its PD and while the
+        // buffer (declared earlier) is still alive.
+        let _ = unsafe { sys::ibv_dereg_mr(self.ptr) };
+    }
+}
+
+/// How to address our own port: a GID index (RoCE, or IB with GRH) or the LID.
+#[derive(Debug, Clone, Copy)]
+struct Address {
+    gid_index: Option<u8>,
+    lid: u16,
+}
+
+/// Pick the GID the loopback uses: a RoCE v2 GID (IPv4-mapped first, as NCCL prefers), else
+/// any other; InfiniBand uses the LID and needs none.
+fn pick_gid(port: &PortReport) -> Option<u32> {
+    let roce2 = |g: &&crate::rdma::Gid| g.gid_type == Some(GidType::RoceV2);
+    let v4 = |g: &&crate::rdma::Gid| g.gid.starts_with("0000:0000:0000:0000:0000:ffff:");
+    port.gids
+        .iter()
+        .filter(roce2)
+        .find(v4)
+        .or_else(|| port.gids.iter().find(roce2))
+        .or_else(|| port.gids.first())
+        .map(|g| g.index)
+}
+
+/// Run the test on one port of an open context. Never panics; bounded by `timeout` once the
+/// queue pairs exist (setup calls are synchronous and short).
+fn run_port(ctx: &Context<'_>, port: &PortReport, timeout: Duration) -> SelftestResult {
+    let started = Instant::now();
+    let mut gid_index = None;
+    let outcome = run_port_inner(ctx, port, timeout, &mut gid_index);
+    let duration_us = Some(started.elapsed().as_secs_f64() * 1e6);
+    match outcome {
+        Ok(latency) => SelftestResult {
+            ok: true,
+            failed_step: None,
+            errno: None,
+            message: None,
+            latency_us: Some(latency.as_secs_f64() * 1e6),
+            gid_index,
+            duration_us,
+        },
+        Err(e) => SelftestResult {
+            ok: false,
+            failed_step: Some(e.step.to_owned()),
+            errno: e.errno,
+            message: Some(e.message),
+            latency_us: None,
+            gid_index,
+            duration_us,
+        },
+    }
+}
+
+fn run_port_inner(
+    ctx: &Context<'_>,
+    port: &PortReport,
+    timeout: Duration,
+    gid_out: &mut Option<u32>,
+) -> Result<Duration, StepError> {
+    let num = u8::try_from(port.port)
+        .map_err(|_| StepError::other("query_port", format!("port {} out of range", port.port)))?;
+    let attr = ctx
+        .query_port(num)
+        .map_err(|e| StepError::os("query_port", &e))?;
+    if attr.state != crate::rdma::PortState::Active {
+        return Err(StepError::other(
+            "query_port",
+            format!(
+                "query_port: port is {} (phys {}); the data path needs an ACTIVE port",
+                attr.state, attr.phys_state
+            ),
+        ));
+    }
+    let addr = if attr.link_layer == LinkLayer::Ethernet {
+        let idx = pick_gid(port).ok_or_else(|| {
+            StepError::other(
+                "select_gid",
+                "select_gid: the port has no GID; RoCE needs an IP address on the port's netdev"
+                    .into(),
+            )
+        })?;
+        *gid_out = Some(idx);
+        Address {
+            gid_index: Some(u8::try_from(idx).map_err(|_| {
+                StepError::other("select_gid", format!("select_gid: GID index {idx} > 255"))
+            })?),
+            lid: 0,
+        }
+    } else {
+        Address {
+            gid_index: None,
+            lid: attr.lid,
+        }
+    };
+
+    // The buffer outlives the MR that pins it: declared first, dropped last.
+    let mut buf = vec![0u8; 4 * REGION];
+    let base = buf.as_mut_ptr();
+
+    // SAFETY: `ctx.ptr` is an open context; a non-null PD is owned by the guard.
+    let pd_ptr = unsafe { sys::ibv_alloc_pd(ctx.ptr) };
+    if pd_ptr.is_null() {
+        return Err(StepError::os("alloc_pd", &last_errno()));
+    }
+    let pd = Pd {
+        ptr: pd_ptr,
+        _ctx: PhantomData,
+    };
+
+    // SAFETY: open context; no completion channel; the CQ is owned by the guard.
+    let cq_ptr = unsafe { sys::ibv_create_cq(ctx.ptr, 16, ptr::null_mut(), ptr::null_mut(), 0) };
+    if cq_ptr.is_null() {
+        return Err(StepError::os("create_cq", &last_errno()));
+    }
+    let cq = Cq {
+        ptr: cq_ptr,
+        _ctx: PhantomData,
+    };
+
+    let access = sys::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE
+        | sys::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE
+        | sys::ibv_access_flags::IBV_ACCESS_REMOTE_READ;
+    let access_int = c_int::try_from(access.0).unwrap_or(0);
+    // SAFETY: `base` points to `buf.len()` bytes that stay alive (and unmoved: the Vec is
+    // never resized) until the MR guard, declared after `buf`, deregisters them.
+    let mr_ptr = unsafe { sys::ibv_reg_mr(pd.ptr, base.cast(), buf.len(), access_int) };
+    if mr_ptr.is_null() {
+        return Err(StepError::os("reg_mr", &last_errno()));
+    }
+    let mr = Mr {
+        ptr: mr_ptr,
+        _pd: PhantomData,
+    };
+    let (lkey, rkey) = mr.keys();
+
+    let create_qp = |step: &'static str| -> Result<Qp<'_>, StepError> {
+        // SAFETY: an all-zero ibv_qp_init_attr is valid (null pointers, zero caps).
+        let mut init: sys::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+        init.send_cq = cq.ptr;
+        init.recv_cq = cq.ptr;
+        init.qp_type = sys::ibv_qp_type::IBV_QPT_RC;
+        init.cap.max_send_wr = 4;
+        init.cap.max_recv_wr = 4;
+        init.cap.max_send_sge = 1;
+        init.cap.max_recv_sge = 1;
+        // SAFETY: live PD and CQ; `init` fully initialised; the QP is owned by the guard.
+        let qp = unsafe { sys::ibv_create_qp(pd.ptr, &mut init) };
+        if qp.is_null() {
+            return Err(StepError::os(step, &last_errno()));
+        }
+        Ok(Qp {
+            ptr: qp,
+            _pd: PhantomData,
+        })
+    };
+    let qp_a = create_qp("create_qp")?;
+    let qp_b = create_qp("create_qp")?;
+
+    for (me, peer) in [(&qp_a, qp_b.num()), (&qp_b, qp_a.num())] {
+        connect(me, peer, num, &attr, addr, ctx)?;
+    }
+
+    // Known patterns: distinct per region so a misdirected write cannot pass.
+    let write_src: Vec<u8> = (0..REGION).map(|i| (i as u8) ^ 0xA5).collect();
+    let send_src: Vec<u8> = (0..REGION)
+        .map(|i| (i as u8).wrapping_mul(7) ^ 0x3C)
+        .collect();
+    let region = |i: usize| base.wrapping_add(i * REGION);
+    // SAFETY: regions 0 and 2 lie inside `buf` (4 * REGION bytes) and do not overlap the
+    // sources, which are separate Vecs.
+    unsafe {
+        ptr::copy_nonoverlapping(write_src.as_ptr(), region(0), REGION);
+        ptr::copy_nonoverlapping(send_src.as_ptr(), region(2), REGION);
+    }
+    let sge = |i: usize| sys::ibv_sge {
+        addr: region(i) as u64,
+        length: REGION as u32,
+        lkey,
+    };
+
+    // The receive for the SEND, on B, into region 3.
+    let mut recv_sge = sge(3);
+    // SAFETY: an all-zero ibv_recv_wr is valid; fields set below.
+    let mut recv_wr: sys::ibv_recv_wr = unsafe { std::mem::zeroed() };
+    recv_wr.wr_id = WR_RECV;
+    recv_wr.sg_list = &mut recv_sge;
+    recv_wr.num_sge = 1;
+    let mut bad_recv: *mut sys::ibv_recv_wr = ptr::null_mut();
+    // SAFETY: live QP; the WR and its SGE live across the call; the target is registered.
+    let rc = unsafe { sys::ibv_post_recv(qp_b.ptr, &mut recv_wr, &mut bad_recv) };
+    if rc != 0 {
+        return Err(StepError::os(
+            "post_recv",
+            &io::Error::from_raw_os_error(rc),
+        ));
+    }
+
+    let deadline = Instant::now() + timeout;
+
+    // RDMA WRITE region 0 (via A) into region 1 (B's side, by rkey); its completion needs
+    // the responder's ACK, so post-to-completion is a full round trip.
+    let mut write_sge = sge(0);
+    let write_start = Instant::now();
+    post_send(
+        &qp_a,
+        WR_WRITE,
+        sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+        &mut write_sge,
+        Some((region(1) as u64, rkey)),
+    )?;
+    poll_for(&cq, &[(WR_WRITE, "RDMA WRITE")], deadline)?;
+    let latency = write_start.elapsed();
+
+    let mut send_sge = sge(2);
+    post_send(
+        &qp_a,
+        WR_SEND,
+        sys::ibv_wr_opcode::IBV_WR_SEND,
+        &mut send_sge,
+        None,
+    )?;
+    // On loopback the receive side may complete before the sender sees its ACK.
+    poll_for(&cq, &[(WR_SEND, "SEND"), (WR_RECV, "RECV")], deadline)?;
+
+    // SAFETY: the HCA is done with the buffer (all completions in); regions 1 and 3 are
+    // inside `buf`.
+    let (written, received) = unsafe {
+        (
+            std::slice::from_raw_parts(region(1), REGION).to_vec(),
+            std::slice::from_raw_parts(region(3), REGION).to_vec(),
+        )
+    };
+    if written != write_src {
+        return Err(StepError::other(
+            "verify",
+            format!(
+                "verify: RDMA WRITE completed but the target holds different bytes \
+                 (first difference at offset {})",
+                first_diff(&written, &write_src)
+            ),
+        ));
+    }
+    if received != send_src {
+        return Err(StepError::other(
+            "verify",
+            format!(
+                "verify: SEND completed but the receive buffer holds different bytes \
+                 (first difference at offset {})",
+                first_diff(&received, &send_src)
+            ),
+        ));
+    }
+    drop((qp_b, qp_a, mr, cq, pd));
+    drop(buf);
+    Ok(latency)
+}
+
+const WR_WRITE: u64 = 1;
+const WR_SEND: u64 = 2;
+const WR_RECV: u64 = 3;
+
+fn first_diff(a: &[u8], b: &[u8]) -> usize {
+    a.iter().zip(b).position(|(x, y)| x != y).unwrap_or(0)
+}
+
+/// RESET → INIT → RTR → RTS towards `peer` on our own port.
+fn connect(
+    qp: &Qp<'_>,
+    peer: u32,
+    port: u8,
+    attr: &crate::rdma::VerbsPort,
+    addr: Address,
+    ctx: &Context<'_>,
+) -> Result<(), StepError> {
+    use sys::ibv_qp_attr_mask as m;
+    // SAFETY: an all-zero ibv_qp_attr is valid.
+    let mut a: sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
+    a.qp_state = sys::ibv_qp_state::IBV_QPS_INIT;
+    a.pkey_index = 0;
+    a.port_num = port;
+    a.qp_access_flags = (sys::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE
+        | sys::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE
+        | sys::ibv_access_flags::IBV_ACCESS_REMOTE_READ)
+        .0;
+    qp.modify(
+        "modify_qp INIT",
+        &mut a,
+        m::IBV_QP_STATE | m::IBV_QP_PKEY_INDEX | m::IBV_QP_PORT | m::IBV_QP_ACCESS_FLAGS,
+    )?;
+
+    // SAFETY: as above.
+    let mut a: sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
+    a.qp_state = sys::ibv_qp_state::IBV_QPS_RTR;
+    // 1024 is safe on every port (rxe's active MTU follows the netdev's).
+    a.path_mtu = sys::ibv_mtu::IBV_MTU_1024.min(mtu_enum(attr.active_mtu));
+    a.dest_qp_num = peer;
+    a.rq_psn = 0;
+    a.max_dest_rd_atomic = 1;
+    a.min_rnr_timer = 12;
+    a.ah_attr.port_num = port;
+    a.ah_attr.sl = 0;
+    if let Some(idx) = addr.gid_index {
+        // SAFETY: an all-zero ibv_gid is valid.
+        let mut gid: sys::ibv_gid = unsafe { std::mem::zeroed() };
+        // SAFETY: open context, valid out-pointer.
+        let rc = unsafe { sys::ibv_query_gid(ctx.ptr, port, c_int::from(idx), &mut gid) };
+        if rc != 0 {
+            return Err(StepError::os("query_gid", &last_errno()));
+        }
+        a.ah_attr.is_global = 1;
+        a.ah_attr.grh.dgid = gid;
+        a.ah_attr.grh.sgid_index = idx;
+        a.ah_attr.grh.hop_limit = 64;
+    } else {
+        a.ah_attr.is_global = 0;
+        a.ah_attr.dlid = addr.lid;
+    }
+    qp.modify(
+        "modify_qp RTR",
+        &mut a,
+        m::IBV_QP_STATE
+            | m::IBV_QP_AV
+            | m::IBV_QP_PATH_MTU
+            | m::IBV_QP_DEST_QPN
+            | m::IBV_QP_RQ_PSN
+            | m::IBV_QP_MAX_DEST_RD_ATOMIC
+            | m::IBV_QP_MIN_RNR_TIMER,
+    )?;
+
+    // SAFETY: as above.
+    let mut a: sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
+    a.qp_state = sys::ibv_qp_state::IBV_QPS_RTS;
+    a.sq_psn = 0;
+    // ~67 ms transport timeout, 3 retries: a dead path fails inside the 2 s default bound.
+    a.timeout = 14;
+    a.retry_cnt = 3;
+    a.rnr_retry = 3;
+    a.max_rd_atomic = 1;
+    qp.modify(
+        "modify_qp RTS",
+        &mut a,
+        m::IBV_QP_STATE
+            | m::IBV_QP_TIMEOUT
+            | m::IBV_QP_RETRY_CNT
+            | m::IBV_QP_RNR_RETRY
+            | m::IBV_QP_SQ_PSN
+            | m::IBV_QP_MAX_QP_RD_ATOMIC,
+    )
+}
+
+fn mtu_enum(bytes: u32) -> sys::ibv_mtu::Type {
+    match bytes {
+        4096.. => sys::ibv_mtu::IBV_MTU_4096,
+        2048.. => sys::ibv_mtu::IBV_MTU_2048,
+        1024.. => sys::ibv_mtu::IBV_MTU_1024,
+        512.. => sys::ibv_mtu::IBV_MTU_512,
+        _ => sys::ibv_mtu::IBV_MTU_256,
+    }
+}
+
+fn post_send(
+    qp: &Qp<'_>,
+    wr_id: u64,
+    opcode: sys::ibv_wr_opcode::Type,
+    sge: &mut sys::ibv_sge,
+    remote: Option<(u64, u32)>,
+) -> Result<(), StepError> {
+    // SAFETY: an all-zero ibv_send_wr is valid (null next, no flags).
+    let mut wr: sys::ibv_send_wr = unsafe { std::mem::zeroed() };
+    wr.wr_id = wr_id;
+    wr.sg_list = sge;
+    wr.num_sge = 1;
+    wr.opcode = opcode;
+    wr.send_flags = sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
+    if let Some((remote_addr, rkey)) = remote {
+        wr.wr.rdma = sys::rdma_t { remote_addr, rkey };
+    }
+    let mut bad: *mut sys::ibv_send_wr = ptr::null_mut();
+    // SAFETY: live QP; `wr` and its SGE outlive the call; the SGE is in a registered MR.
+    let rc = unsafe { sys::ibv_post_send(qp.ptr, &mut wr, &mut bad) };
+    if rc != 0 {
+        let step = if opcode == sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE {
+            "post_send RDMA WRITE"
+        } else {
+            "post_send SEND"
+        };
+        return Err(StepError::os(step, &io::Error::from_raw_os_error(rc)));
+    }
+    Ok(())
+}
+
+/// Poll the CQ until every completion in `want` (wr_id, name) has arrived, in any order.
+fn poll_for(cq: &Cq<'_>, want: &[(u64, &str)], deadline: Instant) -> Result<(), StepError> {
+    let mut missing: Vec<(u64, &str)> = want.to_vec();
+    let mut empty_polls = 0u32;
+    while !missing.is_empty() {
+        // SAFETY: an all-zero ibv_wc is valid as an out-parameter.
+        let mut wc: sys::ibv_wc = unsafe { std::mem::zeroed() };
+        // SAFETY: live CQ; room for exactly one completion.
+        let n = unsafe { sys::ibv_poll_cq(cq.ptr, 1, &mut wc) };
+        if n < 0 {
+            return Err(StepError::os("poll_cq", &io::Error::from_raw_os_error(-n)));
+        }
+        if n == 1 {
+            let what = match wc.wr_id {
+                WR_WRITE => "RDMA WRITE",
+                WR_SEND => "SEND",
+                WR_RECV => "RECV",
+                _ => "unknown work request",
+            };
+            if wc.status != sys::ibv_wc_status::IBV_WC_SUCCESS {
+                return Err(StepError::other(
+                    "poll_cq",
+                    format!(
+                        "poll_cq: {what} completed with error: {} (status {}, vendor_err {:#x})",
+                        wc_status_str(wc.status),
+                        wc.status,
+                        wc.vendor_err
+                    ),
+                ));
+            }
+            missing.retain(|(id, _)| *id != wc.wr_id);
+            continue;
+        }
+        if Instant::now() >= deadline {
+            let names: Vec<&str> = missing.iter().map(|(_, n)| *n).collect();
+            return Err(StepError {
+                step: "poll_cq",
+                errno: Some(libc::ETIMEDOUT),
+                message: format!(
+                    "poll_cq: errno {} (ETIMEDOUT): no {} completion before the deadline; \
+                     the port is up but does not move data",
+                    libc::ETIMEDOUT,
+                    names.join(" or ")
+                ),
+            });
+        }
+        // Spin briefly (completions on hardware take microseconds), then yield the CPU: a
+        // software provider (rxe) needs it to make progress.
+        empty_polls += 1;
+        if empty_polls > 200 {
+            std::thread::sleep(Duration::from_micros(50));
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+    Ok(())
+}
+
+fn wc_status_str(status: sys::ibv_wc_status::Type) -> String {
+    // SAFETY: ibv_wc_status_str returns a static NUL-terminated string for any value.
+    let p = unsafe { sys::ibv_wc_status_str(status) };
+    if p.is_null() {
+        return format!("status {status}");
+    }
+    // SAFETY: non-null, static, NUL-terminated.
+    unsafe { std::ffi::CStr::from_ptr(p) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// Run the test on every port `select` picks, storing results in `PortReport.selftest`.
+/// Devices are opened afresh (the verbs probe closes its contexts); a device that cannot be
+/// opened fails each selected port at `open_device`.
+pub fn run(
+    report: &mut RdmaReport,
+    select: &mut dyn FnMut(&DeviceReport, &PortReport) -> bool,
+    timeout: Duration,
+) {
+    let chosen: Vec<(usize, Vec<usize>)> = report
+        .devices
+        .iter()
+        .enumerate()
+        .map(|(d, dev)| {
+            let ports = dev
+                .ports
+                .iter()
+                .enumerate()
+                .filter(|(_, p)| select(dev, p))
+                .map(|(i, _)| i)
+                .collect::<Vec<_>>();
+            (d, ports)
+        })
+        .filter(|(_, ports)| !ports.is_empty())
+        .collect();
+    if chosen.is_empty() {
+        return;
+    }
+    let list = DeviceList::new();
+    for (d, ports) in chosen {
+        let dev = &mut report.devices[d];
+        let failed = |step: &'static str, err: &io::Error| {
+            let e = StepError::os(step, err);
+            SelftestResult {
+                ok: false,
+                failed_step: Some(e.step.to_owned()),
+                errno: e.errno,
+                message: Some(e.message),
+                ..SelftestResult::default()
+            }
+        };
+        let opened = match &list {
+            Err(e) => Err(failed("get_device_list", e)),
+            Ok(list) => match list.iter().find(|x| x.name() == dev.name) {
+                None => Err(SelftestResult {
+                    ok: false,
+                    failed_step: Some("open_device".into()),
+                    message: Some(format!(
+                        "open_device: libibverbs does not list {}; install its provider \
+                         library (ibverbs-providers)",
+                        dev.name
+                    )),
+                    ..SelftestResult::default()
+                }),
+                Some(device) => device.open().map_err(|e| failed("open_device", &e)),
+            },
+        };
+        match opened {
+            Ok(ctx) => {
+                for i in ports {
+                    let result = run_port(&ctx, &dev.ports[i], timeout);
+                    dev.ports[i].selftest = Some(result);
+                }
+            }
+            Err(result) => {
+                for i in ports {
+                    dev.ports[i].selftest = Some(result.clone());
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rdma::Gid;
+
+    #[test]
+    fn schedules_parse_and_reject_nonsense() {
+        assert_eq!("off".parse(), Ok(SelftestSchedule::Off));
+        assert_eq!("on-start".parse(), Ok(SelftestSchedule::OnStart));
+        assert_eq!("every 5 probes".parse(), Ok(SelftestSchedule::Every(5)));
+        assert_eq!("every 1".parse(), Ok(SelftestSchedule::Every(1)));
+        for bad in ["", "always", "every 0 probes", "every x probes", "on start"] {
+            let e = bad.parse::<SelftestSchedule>().unwrap_err();
+            assert!(e.contains("every N probes"), "{bad}: {e}");
+        }
+    }
+
+    fn gid(index: u32, gid: &str, t: GidType) -> Gid {
+        Gid {
+            index,
+            gid: gid.into(),
+            gid_type: Some(t),
+            netdev: Some("eth0".into()),
+        }
+    }
+
+    /// The GID table rxe0 showed in the VM: link-local v2 at 0, IPv4-mapped v2 at 1.
+    #[test]
+    fn picks_the_ipv4_mapped_roce_v2_gid() {
+        let port = PortReport {
+            port: 1,
+            gids: vec![
+                gid(
+                    0,
+                    "fe80:0000:0000:0000:5054:00ff:fe12:3456",
+                    GidType::IbRoceV1,
+                ),
+                gid(
+                    1,
+                    "fe80:0000:0000:0000:5054:00ff:fe12:3456",
+                    GidType::RoceV2,
+                ),
+                gid(
+                    2,
+                    "0000:0000:0000:0000:0000:ffff:0a00:020f",
+                    GidType::IbRoceV1,
+                ),
+                gid(
+                    3,
+                    "0000:0000:0000:0000:0000:ffff:0a00:020f",
+                    GidType::RoceV2,
+                ),
+            ],
+            ..PortReport::default()
+        };
+        assert_eq!(pick_gid(&port), Some(3));
+        let v1_only = PortReport {
+            gids: vec![gid(0, "fe80::1", GidType::IbRoceV1)],
+            ..PortReport::default()
+        };
+        assert_eq!(pick_gid(&v1_only), Some(0));
+        assert_eq!(pick_gid(&PortReport::default()), None);
+    }
+
+    #[test]
+    fn reg_mr_enomem_names_memlock_and_the_fix() {
+        let e = StepError::os("reg_mr", &io::Error::from_raw_os_error(libc::ENOMEM));
+        assert_eq!(e.errno, Some(12));
+        assert!(
+            e.message
+                .starts_with("reg_mr: errno 12 (ENOMEM): RLIMIT_MEMLOCK too low"),
+            "{}",
+            e.message
+        );
+        assert!(e.message.contains("IPC_LOCK"), "{}", e.message);
+    }
+
+    /// Without RDMA in the kernel the test must fail at a named step, not panic.
+    #[test]
+    fn selected_ports_without_rdma_fail_with_a_step() {
+        let mut report = RdmaReport {
+            devices: vec![DeviceReport {
+                name: "fabricgate-test-no-such-dev".into(),
+                ports: vec![PortReport {
+                    port: 1,
+                    ..PortReport::default()
+                }],
+                ..DeviceReport::default()
+            }],
+            ..RdmaReport::default()
+        };
+        run(&mut report, &mut |_, _| true, DEFAULT_TIMEOUT);
+        let r = report.devices[0].ports[0].selftest.clone().unwrap();
+        assert!(!r.ok);
+        let step = r.failed_step.unwrap();
+        assert!(step == "get_device_list" || step == "open_device", "{step}");
+        assert!(r.message.unwrap().starts_with(&step));
+    }
+}

@@ -1,0 +1,520 @@
+//! Real RDMA end to end: boots a Debian kernel under qemu (tests/vm/), creates a Soft-RoCE
+//! device `rxe0` over the guest's eth0 and runs this build's `fabricgate` against it. One boot
+//! runs every scenario (tests/vm/scenarios.sh); each test below asserts one of them.
+//!
+//! Outside CI the tests skip, saying why, when qemu or the kernel package is unavailable;
+//! with CI=true a missing prerequisite is a failure.
+
+mod support;
+
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+use support::apiserver::{self, ApiServer};
+
+/// The results of the one boot: the output folder and what the host saw of the daemon, or
+/// why the suite is skipped.
+enum Boot {
+    Ran(PathBuf, DaemonRun),
+    Skipped(String),
+}
+
+const NODE: &str = "fabricgate-vm";
+const TAINT: &str = "fabricgate.io/unvalidated";
+
+/// What the host saw on the stand-in's Node while the daemon ran in the guest.
+#[derive(Debug, Default)]
+struct DaemonRun {
+    /// First validation: daemon start to the Node labelled ready without the taint.
+    start_to_ready: Option<Duration>,
+    /// `ip link set eth0 down` (the guest's marker file) to the taint on the Node.
+    down_to_taint: Option<Duration>,
+    /// `ip link set eth0 up` to the taint gone (includes `node.recover_after` good probes).
+    up_to_untaint: Option<Duration>,
+    /// `rdma link delete rxe0` to the taint back.
+    delete_to_taint: Option<Duration>,
+    /// The Node while tainted, and after recovery.
+    tainted_node: Option<Value>,
+    recovered_node: Option<Value>,
+    /// Why the host gave up, if it did.
+    error: Option<String>,
+}
+
+fn has_taint(node: &Value) -> bool {
+    node["spec"]["taints"]
+        .as_array()
+        .is_some_and(|t| t.iter().any(|t| t["key"] == TAINT))
+}
+
+fn condition<'a>(node: &'a Value, type_: &str) -> &'a Value {
+    node["status"]["conditions"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["type"] == type_))
+        .unwrap_or(&Value::Null)
+}
+
+fn is_validated(node: &Value) -> bool {
+    node["metadata"]["labels"]["fabricgate.io/ready"] == "true" && !has_taint(node)
+}
+
+/// Drives the host side of scenario 6 in tests/vm/scenarios.sh: waits for the guest's
+/// marker files, watches the Node, and acknowledges each phase with `host.NAME`.
+struct Host<'a> {
+    api: &'a ApiServer,
+    out: &'a Path,
+    child: &'a mut Child,
+}
+
+impl Host<'_> {
+    const POLL: Duration = Duration::from_millis(20);
+
+    fn guest_gone(&mut self) -> bool {
+        !matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Wait for the guest's marker file; the instant it was seen.
+    fn marker(&mut self, name: &str, limit: Duration) -> Result<Instant, String> {
+        let start = Instant::now();
+        loop {
+            if self.out.join(name).exists() {
+                return Ok(Instant::now());
+            }
+            if self.guest_gone() || start.elapsed() > limit {
+                return Err(format!("the guest never wrote {name}"));
+            }
+            std::thread::sleep(Self::POLL);
+        }
+    }
+
+    /// Wait until the Node satisfies `want`; the elapsed time since `since`.
+    fn node_until(
+        &mut self,
+        what: &str,
+        since: Instant,
+        limit: Duration,
+        want: impl Fn(&Value) -> bool,
+    ) -> Result<(Duration, Value), String> {
+        loop {
+            if let Some(node) = self.api.node(NODE).filter(|n| want(n)) {
+                return Ok((since.elapsed(), node));
+            }
+            if self.guest_gone() || since.elapsed() > limit {
+                return Err(format!(
+                    "the Node never became {what}: {}",
+                    self.api.node(NODE).unwrap_or_default()
+                ));
+            }
+            std::thread::sleep(Self::POLL);
+        }
+    }
+
+    fn ack(&self, name: &str) {
+        std::fs::write(self.out.join(format!("host.{name}")), b"").unwrap();
+    }
+
+    fn drive(&mut self, run: &mut DaemonRun) -> Result<(), String> {
+        let long = Duration::from_secs(240);
+        let started = self.marker("daemon.started", long)?;
+        let (t, _) =
+            self.node_until("validated", started, Duration::from_secs(120), is_validated)?;
+        run.start_to_ready = Some(t);
+        self.ack("ready");
+
+        let down = self.marker("daemon.down", Duration::from_secs(30))?;
+        let (t, _) = self.node_until("tainted", down, Duration::from_secs(60), has_taint)?;
+        run.down_to_taint = Some(t);
+        // Taint, labels and conditions are separate writes: wait for the whole picture.
+        let (_, node) = self.node_until("not ready", down, Duration::from_secs(60), |n| {
+            has_taint(n)
+                && n["metadata"]["labels"]["fabricgate.io/ready"] == "false"
+                && condition(n, "RDMAReady")["status"] == "False"
+        })?;
+        run.tainted_node = Some(node);
+        self.ack("tainted");
+
+        let up = self.marker("daemon.up", Duration::from_secs(60))?;
+        let (t, _) =
+            self.node_until("untainted", up, Duration::from_secs(90), |n| !has_taint(n))?;
+        run.up_to_untaint = Some(t);
+        let (_, node) = self.node_until("validated", up, Duration::from_secs(90), |n| {
+            is_validated(n) && condition(n, "RDMAReady")["status"] == "True"
+        })?;
+        run.recovered_node = Some(node);
+        self.ack("untainted");
+
+        let deleted = self.marker("vanish.deleted", Duration::from_secs(60))?;
+        let (t, _) =
+            self.node_until("tainted again", deleted, Duration::from_secs(60), has_taint)?;
+        run.delete_to_taint = Some(t);
+        self.ack("tainted_again");
+        Ok(())
+    }
+}
+
+fn manifest_dir() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+}
+
+fn boot() -> &'static Boot {
+    static BOOT: OnceLock<Boot> = OnceLock::new();
+    BOOT.get_or_init(|| {
+        let vm = manifest_dir().join("tests/vm");
+        let missing = if Command::new("qemu-system-x86_64")
+            .arg("--version")
+            .output()
+            .is_err()
+        {
+            Some("qemu-system-x86_64 is not installed (run .ci/vm.sh)".to_owned())
+        } else {
+            // Downloads/unpacks the kernel and builds the initramfs once (cached).
+            match Command::new("bash").arg(vm.join("setup.sh")).output() {
+                Ok(o) if o.status.success() => None,
+                Ok(o) => Some(format!(
+                    "tests/vm/setup.sh failed: {}",
+                    String::from_utf8_lossy(&o.stderr).trim()
+                )),
+                Err(e) => Some(format!("cannot run tests/vm/setup.sh: {e}")),
+            }
+        };
+        if let Some(why) = missing {
+            assert!(!in_ci(), "Soft-RoCE VM prerequisites missing in CI: {why}");
+            eprintln!("SKIPPED softroce_vm: {why}");
+            return Boot::Skipped(why);
+        }
+        // Kept under target/ (replaced by the next run) so a failure can be inspected:
+        // console.log, every command's JSON and stderr are in there.
+        let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("softroce-vm");
+        let _ = std::fs::remove_dir_all(&out);
+        std::fs::create_dir_all(&out).unwrap();
+
+        // The API-server stand-in on the host's loopback; the guest reaches it through its
+        // second NIC (qemu user network 10.0.3.0/24, host 10.0.3.2).
+        let api = ApiServer::start();
+        api.seed_node(ApiServer::kubelet_node(NODE));
+        let kubeconfig = out.join("kubeconfig");
+        apiserver::write_kubeconfig(
+            &kubeconfig,
+            &format!("http://10.0.3.2:{}", api.addr().port()),
+        );
+
+        let mut child = Command::new("bash")
+            .arg(vm.join("run.sh"))
+            .args(["-t", "290", "-o"])
+            .arg(&out)
+            .arg(vm.join("scenarios.sh"))
+            .current_dir(manifest_dir())
+            .env("FG_BIN", env!("CARGO_BIN_EXE_fabricgate"))
+            .env("FG_REQ", vm.join("rxe-requirements.yaml"))
+            .env("FG_KUBECONFIG", &kubeconfig)
+            .env("FG_NODE", NODE)
+            .spawn()
+            .expect("run tests/vm/run.sh");
+        let mut run = DaemonRun::default();
+        let mut host = Host {
+            api: &api,
+            out: &out,
+            child: &mut child,
+        };
+        if let Err(e) = host.drive(&mut run) {
+            host.ack("abort");
+            run.error = Some(e);
+        }
+        let status = child.wait().expect("wait for tests/vm/run.sh");
+        assert!(
+            status.success(),
+            "the VM run failed ({status}); see {}/console.log and stderr",
+            out.display()
+        );
+        Boot::Ran(out, run)
+    })
+}
+
+/// The folder of results, or `None` (after printing why) when skipped.
+fn results() -> Option<&'static Path> {
+    match boot() {
+        Boot::Ran(dir, _) => Some(dir),
+        Boot::Skipped(why) => {
+            eprintln!("skipped: {why}");
+            None
+        }
+    }
+}
+
+fn json(dir: &Path, name: &str) -> Value {
+    let path = dir.join(format!("{name}.json"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}: {text}", path.display()))
+}
+
+fn rc(dir: &Path, name: &str) -> i32 {
+    let path = dir.join(format!("{name}.rc"));
+    std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+fn timings(dir: &Path) -> BTreeMap<String, u64> {
+    std::fs::read_to_string(dir.join("timings.env"))
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.trim().parse().unwrap()))
+        .collect()
+}
+
+fn reasons(doc: &Value) -> Vec<String> {
+    doc["reasons"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r.as_str().unwrap().to_owned())
+        .collect()
+}
+
+fn rxe0(doc: &Value) -> &Value {
+    doc["rdma"]["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["name"] == "rxe0")
+        .unwrap_or_else(|| panic!("no rxe0 in {doc}"))
+}
+
+#[test]
+fn rxe0_up_is_ready_with_verbs_opened_for_real() {
+    let Some(dir) = results() else { return };
+    let doc = json(dir, "up");
+    assert_eq!(rc(dir, "up"), 0, "{doc}");
+    assert_eq!(doc["ready"], true, "{doc}");
+    assert_eq!(doc["rdma"]["ready"], true);
+    assert_eq!(doc["rdma"]["usable_ports"], 1);
+    assert_eq!(doc["rdma"]["verbs"]["error"], Value::Null);
+    assert!(
+        doc["rdma"]["verbs"]["devices"]
+            .as_array()
+            .unwrap()
+            .contains(&Value::from("rxe0"))
+    );
+    let dev = rxe0(&doc);
+    assert_eq!(dev["verbs"]["opened"], true, "{dev}");
+    assert_eq!(dev["verbs"]["phys_port_cnt"], 1);
+    assert!(dev["errors"].as_array().unwrap().is_empty(), "{dev}");
+    let port = &dev["ports"][0];
+    assert_eq!(port["port"], 1);
+    assert_eq!(port["state"], "ACTIVE");
+    assert_eq!(port["phys_state"], "LinkUp");
+    assert_eq!(port["link_layer"], "Ethernet");
+    assert_eq!(port["verbs"]["state"], "ACTIVE", "{port}");
+    assert_eq!(port["netdevs"], serde_json::json!(["eth0"]));
+    assert!(
+        port["gids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|g| g["gid_type"] == "RoCE v2" && g["netdev"] == "eth0"),
+        "{port}"
+    );
+    assert_eq!(doc["labels"]["fabricgate.io/rdma.link-layer"], "Ethernet");
+    assert_eq!(doc["labels"]["fabricgate.io/rdma.rate-gbps"], "2.5");
+    assert!(doc["taints"].as_array().unwrap().is_empty());
+    // rdma.selftest: on-start ran the data path in the same probe.
+    assert_eq!(port["selftest"]["ok"], true, "{port}");
+    assert!(port["selftest"]["latency_us"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn selftest_moves_and_verifies_bytes_over_rc_loopback() {
+    let Some(dir) = results() else { return };
+    let doc = json(dir, "selftest");
+    assert_eq!(rc(dir, "selftest"), 0, "{doc}");
+    assert_eq!(doc["ok"], true);
+    let port = &doc["ports"][0];
+    assert_eq!(port["device"], "rxe0");
+    assert_eq!(port["port"], 1);
+    assert_eq!(port["ok"], true);
+    assert_eq!(port["failed_step"], Value::Null);
+    let latency = port["latency_us"].as_f64().unwrap();
+    assert!(latency > 0.0 && latency < 2_000_000.0, "{latency}");
+    // rxe0's GID table: the IPv4-mapped RoCE v2 GID of 10.0.2.15 is index 1.
+    assert_eq!(port["gid_index"], 1);
+    eprintln!("self-test RDMA WRITE round trip under TCG: {latency:.1} µs");
+}
+
+#[test]
+fn selftest_names_reg_mr_and_errno_when_memlock_is_too_low() {
+    let Some(dir) = results() else { return };
+    let doc = json(dir, "selftest_memlock");
+    assert_eq!(rc(dir, "selftest_memlock"), 1, "{doc}");
+    let port = &doc["ports"][0];
+    assert_eq!(port["ok"], false);
+    assert_eq!(port["failed_step"], "reg_mr");
+    assert_eq!(port["errno"], 12);
+    let msg = port["message"].as_str().unwrap();
+    assert!(
+        msg.starts_with("reg_mr: errno 12 (ENOMEM): RLIMIT_MEMLOCK too low"),
+        "{msg}"
+    );
+    // The same failure through `check`: the port is not ready, the reason says why.
+    let check = json(dir, "check_memlock");
+    assert_eq!(rc(dir, "check_memlock"), 1);
+    assert_eq!(check["ready"], false);
+    assert!(
+        reasons(&check)
+            .iter()
+            .any(|r| r
+                .starts_with("rxe0 port 1: data-path self-test failed: reg_mr: errno 12 (ENOMEM)")),
+        "{:?}",
+        reasons(&check)
+    );
+    assert_eq!(check["conditions"][1]["reason"], "SelftestFailed");
+}
+
+#[test]
+fn eth0_down_flips_the_verdict_naming_the_port_and_up_restores_it() {
+    let Some(dir) = results() else { return };
+    let down = json(dir, "down");
+    assert_eq!(rc(dir, "down"), 1);
+    assert_eq!(down["ready"], false);
+    let r = reasons(&down);
+    assert!(
+        r.iter().any(|m| m.starts_with("rxe0 port 1: state DOWN")),
+        "{r:?}"
+    );
+    assert_eq!(down["conditions"][1]["reason"], "PortDown");
+    assert_eq!(down["taints"][0]["key"], "fabricgate.io/unvalidated");
+    let t = timings(dir);
+    // The very first probe after `ip link set eth0 down` already sees it.
+    assert_eq!(t["down_checks"], 1, "{t:?}");
+
+    // `fabricgate selftest` on the down port fails at the first step, saying so.
+    let st = json(dir, "selftest_down");
+    assert_eq!(rc(dir, "selftest_down"), 1, "{st}");
+    assert_eq!(st["ports"][0]["failed_step"], "query_port");
+    let msg = st["ports"][0]["message"].as_str().unwrap();
+    assert!(msg.contains("port is DOWN"), "{msg}");
+
+    let up = json(dir, "up_again");
+    assert_eq!(rc(dir, "up_again"), 0, "{up}");
+    assert_eq!(up["ready"], true);
+    assert_eq!(rxe0(&up)["ports"][0]["selftest"]["ok"], true);
+    eprintln!(
+        "eth0 down -> sysfs DOWN {} ms, -> verdict not ready {} ms (one check takes {} ms \
+         under TCG); eth0 up -> ACTIVE {} ms, -> ready {} ms",
+        t["down_to_sysfs_ms"],
+        t["down_to_not_ready_ms"],
+        t["check_ms"],
+        t["up_to_active_ms"],
+        t["up_to_ready_ms"]
+    );
+}
+
+#[test]
+fn hidden_dev_infiniband_is_not_ready_because_verbs_cannot_open_what_sysfs_shows() {
+    let Some(dir) = results() else { return };
+    let doc = json(dir, "hidden");
+    assert_eq!(rc(dir, "hidden"), 1);
+    assert_eq!(doc["ready"], false);
+    let dev = rxe0(&doc);
+    assert_eq!(dev["verbs"]["opened"], false);
+    // sysfs still shows the port up...
+    assert_eq!(dev["ports"][0]["state"], "ACTIVE");
+    // ...and the reason says verbs cannot open it.
+    let r = reasons(&doc);
+    assert!(
+        r.iter().any(
+            |m| m.starts_with("rxe0: sysfs shows the device but verbs cannot open it")
+                && m.contains("/dev/infiniband")
+        ),
+        "{r:?}"
+    );
+    assert_eq!(doc["conditions"][1]["reason"], "VerbsUnavailable");
+}
+
+#[test]
+fn rdma_link_delete_mid_run_is_reported_not_a_crash() {
+    let Some(dir) = results() else { return };
+    let rcs = std::fs::read_to_string(dir.join("vanish.rcs")).unwrap();
+    let rcs: Vec<i32> = rcs.lines().map(|l| l.trim().parse().unwrap()).collect();
+    assert_eq!(rcs.len(), 6, "{rcs:?}");
+    // 0 or 1 only: no panic (101), no signal, no "could not probe".
+    assert!(rcs.iter().all(|&c| c == 0 || c == 1), "{rcs:?}");
+    let stderr = std::fs::read_to_string(dir.join("vanish.stderr")).unwrap_or_default();
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    let gone = json(dir, "gone");
+    assert_eq!(rc(dir, "gone"), 1);
+    assert_eq!(gone["ready"], false);
+    assert!(
+        reasons(&gone)
+            .iter()
+            .any(|m| m.starts_with("no RDMA devices")),
+        "{:?}",
+        reasons(&gone)
+    );
+}
+
+#[test]
+fn daemon_in_the_vm_taints_and_untaints_the_standin_node_as_eth0_goes_down_and_up() {
+    let Some(dir) = results() else { return };
+    let Boot::Ran(_, run) = boot() else { return };
+    let log = std::fs::read_to_string(dir.join("daemon.log")).unwrap_or_default();
+    assert!(
+        run.error.is_none(),
+        "{:?}\n{run:?}\ndaemon log:\n{log}",
+        run.error
+    );
+    let tainted = run.tainted_node.as_ref().unwrap();
+    assert_eq!(
+        tainted["metadata"]["labels"]["fabricgate.io/ready"],
+        "false"
+    );
+    let rdma_ready = condition(tainted, "RDMAReady");
+    assert_eq!(rdma_ready["status"], "False");
+    assert_eq!(rdma_ready["reason"], "PortDown");
+    assert!(
+        rdma_ready["message"]
+            .as_str()
+            .unwrap()
+            .contains("rxe0 port 1"),
+        "{rdma_ready}"
+    );
+    let recovered = run.recovered_node.as_ref().unwrap();
+    assert_eq!(
+        recovered["metadata"]["labels"]["fabricgate.io/rdma.active-ports"],
+        "1"
+    );
+    // The kubelet's own label survives the agent's writes.
+    assert_eq!(
+        recovered["metadata"]["labels"]["kubernetes.io/hostname"],
+        NODE
+    );
+    // Validated twice: at start and after eth0 came back, each time only after
+    // node.recover_after (3) consecutive good probes.
+    let validations: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("node validated"))
+        .collect();
+    assert_eq!(validations.len(), 2, "{log}");
+    assert!(
+        validations.iter().all(|l| l.contains("good_probes=3")),
+        "{log}"
+    );
+    // rdma link delete: tainted again, and the daemon kept running until SIGTERM.
+    assert!(run.delete_to_taint.is_some());
+    assert!(dir.join("daemon.alive_after_delete").exists(), "{log}");
+    let rc = std::fs::read_to_string(dir.join("daemon.rc")).unwrap();
+    assert_eq!(rc.trim(), "0", "daemon exit after SIGTERM; log:\n{log}");
+    eprintln!(
+        "daemon (interval 1s): start -> validated {:?}; eth0 down -> taint on the stand-in \
+         {:?}; eth0 up -> taint removed {:?}; rdma link delete -> taint {:?}",
+        run.start_to_ready, run.down_to_taint, run.up_to_untaint, run.delete_to_taint
+    );
+}

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Boot the Soft-RoCE test VM, run SCRIPT inside it (as root, in a chroot of this host's root
+# file system, read-only, cwd = the current directory) and power off.
+#
+#   tests/vm/run.sh [-t SECONDS] [-o OUTDIR] SCRIPT
+#
+# OUTDIR (a fresh temp dir by default) is writable from the guest at /tmp/fg-out and ends up
+# holding stdout, stderr, rc and console.log (the serial console). Variables named FG_* are
+# passed into the guest, plus FG_KROOT/FG_KVER (the kernel tree, for `modprobe -d`) and
+# FG_VM_DIR (this folder, for guest-lib.sh). The script's stdout and stderr are replayed here;
+# the exit status is the guest script's, or 124 when the hard timeout (default 240 s) killed
+# the VM, or 125 when the guest never reported.
+#
+# Two NICs, each on its own qemu user network: eth0 (10.0.2.0/24) carries rxe0 and is the one
+# scenarios take down; eth1 (10.0.3.0/24) stays up for management, and 10.0.3.2:PORT reaches
+# this host's 127.0.0.1:PORT (e.g. the API-server stand-in) even while eth0 is down.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+timeout_s=240
+out=""
+while getopts "t:o:" opt; do
+    case "$opt" in
+        t) timeout_s="$OPTARG" ;;
+        o) out="$OPTARG" ;;
+        *) echo "usage: $0 [-t SECONDS] [-o OUTDIR] SCRIPT" >&2; exit 2 ;;
+    esac
+done
+shift $((OPTIND - 1))
+[ $# -eq 1 ] || { echo "usage: $0 [-t SECONDS] [-o OUTDIR] SCRIPT" >&2; exit 2; }
+script="$1"
+[ -f "$script" ] || { echo "run.sh: no such script: $script" >&2; exit 2; }
+
+envfile="$("$here/setup.sh")"
+# shellcheck disable=SC1090
+. "$envfile"
+
+if [ -z "$out" ]; then
+    out="$(mktemp -d "${TMPDIR:-/tmp}/fabricgate-vm.XXXXXX")"
+fi
+mkdir -p "$out"
+out="$(cd "$out" && pwd)"
+rm -f "$out"/{stdout,stderr,rc,console.log}
+cp "$script" "$out/guest.sh"
+{
+    printf 'export FG_CWD=%q FG_KROOT=%q FG_KVER=%q FG_VM_DIR=%q FG_OUT=/tmp/fg-out\n' \
+        "$PWD" "$KROOT" "$KVER" "$here"
+    while IFS='=' read -r name _; do
+        case "$name" in
+            FG_CWD | FG_KROOT | FG_KVER | FG_VM_DIR | FG_OUT) ;;
+            FG_*) printf 'export %s=%q\n' "$name" "${!name}" ;;
+        esac
+    done < <(env)
+} >"$out/env.sh"
+
+# KVM hangs under nested virtualization on these machines: pure emulation (TCG) it is.
+rc=0
+timeout -k 5 "$timeout_s" qemu-system-x86_64 \
+    -accel tcg -cpu max -m 1024 -smp 2 \
+    -nographic -no-reboot -monitor none -serial stdio \
+    -kernel "$KERNEL" -initrd "$INITRD" \
+    -append "console=ttyS0 quiet loglevel=3 panic=-1" \
+    -virtfs "local,path=/,mount_tag=hostroot,security_model=passthrough,readonly=on,multidevs=remap" \
+    -virtfs "local,path=$out,mount_tag=fgout,security_model=none" \
+    -netdev user,id=n0 -device virtio-net-pci,netdev=n0 \
+    -netdev user,id=n1,net=10.0.3.0/24 -device virtio-net-pci,netdev=n1 \
+    </dev/null >"$out/console.log" 2>&1 || rc=$?
+
+[ -f "$out/stdout" ] && cat "$out/stdout"
+[ -f "$out/stderr" ] && cat "$out/stderr" >&2
+if [ -f "$out/rc" ]; then
+    exit "$(cat "$out/rc")"
+fi
+if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+    echo "run.sh: the VM did not finish within ${timeout_s}s and was killed; console: $out/console.log" >&2
+    tail -20 "$out/console.log" >&2
+    exit 124
+fi
+echo "run.sh: the guest never reported a result (qemu exit $rc); console: $out/console.log" >&2
+tail -20 "$out/console.log" >&2
+exit 125
