@@ -184,6 +184,8 @@ struct Families {
     port_phys_state: Family<PortLabels, Gauge>,
     port_rate_gbps: Family<PortLabels, GaugeF64>,
     port_up: Family<PortLabels, Gauge>,
+    selftest_ok: Family<PortLabels, Gauge>,
+    selftest_latency: Family<PortLabels, GaugeF64>,
     port_info: Family<PortInfoLabels, Gauge>,
     port_tx_bytes: Family<PortLabels, Counter>,
     port_rx_bytes: Family<PortLabels, Counter>,
@@ -315,6 +317,17 @@ impl Metrics {
             "rdma_port_up",
             "1 when the port is ACTIVE and LinkUp, else 0",
             f.port_up
+        );
+        reg!(
+            "rdma_selftest_ok",
+            "1 when the last loopback RC data-path self-test on the port passed, 0 when it failed",
+            f.selftest_ok
+        );
+        reg!(
+            "rdma_selftest_latency",
+            "Round-trip latency of the last passing data-path self-test",
+            f.selftest_latency,
+            Unit::Seconds
         );
         reg!(
             "rdma_port_info",
@@ -504,6 +517,8 @@ impl Metrics {
         }
         f.port_rate_gbps.clear();
         f.port_info.clear();
+        f.selftest_ok.clear();
+        f.selftest_latency.clear();
         let mut errors_sysfs = report.rdma.errors.len();
         let mut errors_verbs = report
             .rdma
@@ -536,6 +551,12 @@ impl Metrics {
                 f.port_up
                     .get_or_create(&labels)
                     .set(i64::from(port.is_up()));
+                if let Some(sel) = &port.selftest {
+                    f.selftest_ok.get_or_create(&labels).set(i64::from(sel.ok));
+                    if let Some(us) = sel.latency_us.filter(|_| sel.ok) {
+                        f.selftest_latency.get_or_create(&labels).set(us / 1e6);
+                    }
+                }
                 f.port_info
                     .get_or_create(&PortInfoLabels {
                         device: dev.name.clone(),

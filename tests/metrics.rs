@@ -543,3 +543,56 @@ fn mounts_export_up_hung_statfs_time_and_free_space() {
     let t = metrics.encode(false);
     assert_eq!(sample(&t, r#"fabricgate_mount_up{mount="/data"}"#), None);
 }
+
+#[test]
+fn selftest_results_are_exported_per_port() {
+    use fabricgate_probes::rdma::SelftestResult;
+    let tmp = tempfile::tempdir().unwrap();
+    write_node(tmp.path(), Shape::SMALL, 1);
+    let config = Config::parse("rdma:\n  min_active_ports: 1\n").unwrap();
+    let mut report = probe_fixture(tmp.path(), 1.0);
+    let ports = &mut report.rdma.devices;
+    ports[0].ports[0].selftest = Some(SelftestResult {
+        ok: true,
+        latency_us: Some(2500.0),
+        ..SelftestResult::default()
+    });
+    ports[1].ports[0].selftest = Some(SelftestResult {
+        ok: false,
+        failed_step: Some("reg_mr".into()),
+        errno: Some(12),
+        ..SelftestResult::default()
+    });
+    let metrics = Metrics::with_config(&config);
+    metrics.record_probe(&report, &policy::evaluate(&report, &config));
+    let t = metrics.encode(false);
+    let dev0 = &report.rdma.devices[0].name;
+    let dev1 = &report.rdma.devices[1].name;
+    assert_eq!(
+        sample(
+            &t,
+            &format!(r#"fabricgate_rdma_selftest_ok{{device="{dev0}",port="1"}}"#)
+        ),
+        Some(1.0),
+        "{t}"
+    );
+    assert_eq!(
+        sample(
+            &t,
+            &format!(r#"fabricgate_rdma_selftest_latency_seconds{{device="{dev0}",port="1"}}"#)
+        ),
+        Some(0.0025)
+    );
+    assert_eq!(
+        sample(
+            &t,
+            &format!(r#"fabricgate_rdma_selftest_ok{{device="{dev1}",port="1"}}"#)
+        ),
+        Some(0.0)
+    );
+    assert!(!t.contains(&format!(
+        r#"fabricgate_rdma_selftest_latency_seconds{{device="{dev1}""#
+    )));
+    let (ok, out) = promtool_check(&t);
+    assert!(ok, "{out}");
+}
