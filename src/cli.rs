@@ -156,6 +156,9 @@ impl ProbeArgs {
         ProbeConfig {
             verbs: self.verbs.into(),
             storage: config.storage_config(),
+            netdev: fabricgate_probes::netdev::NetdevConfig {
+                interfaces: config.fallback.netdevs.clone(),
+            },
             selftest: SelftestConfig {
                 schedule: config.rdma.selftest_schedule(),
                 timeout: config.rdma.selftest_timeout(),

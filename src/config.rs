@@ -5,6 +5,7 @@ use crate::error::{Error, Result};
 use fabricgate_probes::rdma::verbs::selftest::SelftestSchedule;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
+use std::time::Duration;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -15,6 +16,7 @@ pub struct Config {
     /// Other required mounts of any type (NFS, GPFS, WekaFS, ...).
     pub mounts: Vec<MountRequirement>,
     pub node: NodeSettings,
+    pub fallback: FallbackSettings,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -156,6 +158,40 @@ impl Default for NodeSettings {
     }
 }
 
+/// The silent-TCP-fallback detector (`fabricgate_fallback_suspected`): over `window`, TCP
+/// bytes on `netdevs` at or above `tcp_min_bytes_per_second` while the in-scope RDMA ports
+/// (`rdma.devices`) move at most `rdma_max_bytes_per_second`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FallbackSettings {
+    pub enabled: bool,
+    /// Sliding window the two rates are averaged over (`10m`, `90s`).
+    #[serde(with = "humantime_duration")]
+    pub window: Duration,
+    /// Interfaces on the TCP path (pod network, RoCE netdevs); empty: every physical one
+    /// (every one but `lo` where there is none, as in a pod's network namespace).
+    pub netdevs: Vec<String>,
+    /// TCP receive + transmit rate, summed over `netdevs`, that counts as "high".
+    pub tcp_min_bytes_per_second: u64,
+    /// RDMA receive + transmit rate, summed over the in-scope ports, that counts as "idle".
+    pub rdma_max_bytes_per_second: u64,
+}
+
+impl Default for FallbackSettings {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            window: Duration::from_secs(600),
+            netdevs: Vec::new(),
+            // 100 MB/s (800 Mb/s): far above control-plane chatter, far below what a
+            // data-parallel job pushes when NCCL falls back to sockets.
+            tcp_min_bytes_per_second: 100_000_000,
+            // 1 MB/s: an RDMA port carrying any collective traffic moves orders more.
+            rdma_max_bytes_per_second: 1_000_000,
+        }
+    }
+}
+
 pub const DEFAULT_RECOVER_AFTER: u32 = 3;
 
 pub const DEFAULT_LABEL_PREFIX: &str = "fabricgate.io/";
@@ -262,6 +298,23 @@ impl Config {
                 return bad(
                     &format!("lustre.mounts[{i}]"),
                     format!("{m:?} is not an absolute path"),
+                );
+            }
+        }
+        if self.fallback.window < Duration::from_secs(1) {
+            return bad(
+                "fallback.window",
+                format!(
+                    "{} is too short; give at least a few probe intervals (e.g. \"10m\")",
+                    humantime::format_duration(self.fallback.window)
+                ),
+            );
+        }
+        for (i, n) in self.fallback.netdevs.iter().enumerate() {
+            if n.is_empty() || n.contains('/') || n == "." || n == ".." {
+                return bad(
+                    &format!("fallback.netdevs[{i}]"),
+                    format!("{n:?} is not an interface name (see `ip link`)"),
                 );
             }
         }
@@ -509,6 +562,40 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("node.label_prefix"), "{e}");
+    }
+
+    #[test]
+    fn fallback_section_defaults_parse_and_validate() {
+        let c = Config::parse("").unwrap();
+        assert!(c.fallback.enabled);
+        assert_eq!(c.fallback.window, Duration::from_secs(600));
+        assert!(c.fallback.netdevs.is_empty());
+        assert_eq!(c.fallback.tcp_min_bytes_per_second, 100_000_000);
+        assert_eq!(c.fallback.rdma_max_bytes_per_second, 1_000_000);
+        let c = Config::parse(
+            "fallback:\n  window: 90s\n  netdevs: [eth0, bond0]\n  \
+             tcp_min_bytes_per_second: 5000\n  rdma_max_bytes_per_second: 10\n",
+        )
+        .unwrap();
+        assert_eq!(c.fallback.window, Duration::from_secs(90));
+        assert_eq!(c.fallback.netdevs, ["eth0", "bond0"]);
+        assert_eq!(c.fallback.tcp_min_bytes_per_second, 5000);
+        let e = Config::parse("fallback:\n  window: soon\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("soon"), "{e}");
+        let e = Config::parse("fallback:\n  window: 10ms\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("fallback.window"), "{e}");
+        let e = Config::parse("fallback:\n  netdevs: [\"../x\"]\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("fallback.netdevs[0]"), "{e}");
+        let e = Config::parse("fallback:\n  tcp_rate: 1\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("tcp_rate"), "{e}");
     }
 
     #[test]

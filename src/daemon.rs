@@ -79,6 +79,8 @@ impl Agent {
             }
             Err(e) => return Err(e),
         };
+        // The fallback detector follows `fallback:` and `rdma.devices` of the config.
+        let metrics = Arc::new(Metrics::with_config(&config));
         Ok(Self {
             node_name,
             config,
@@ -89,7 +91,7 @@ impl Agent {
             listener,
             client,
             retry_after,
-            metrics: Arc::new(Metrics::new()),
+            metrics,
         })
     }
 }

@@ -6,6 +6,7 @@ pub mod cli;
 pub mod config;
 pub mod daemon;
 pub mod error;
+pub mod fallback;
 pub mod metrics;
 pub mod node;
 pub mod policy;

@@ -772,6 +772,7 @@ mod tests {
                 errors: Vec::new(),
             },
             storage: StorageReport::default(),
+            netdevs: Vec::new(),
             timings: ProbeTimings::default(),
         }
     }

@@ -319,6 +319,7 @@ fn every_mount_status_maps_to_its_finding_code() {
             mounts,
             ..StorageReport::default()
         },
+        netdevs: Vec::new(),
         timings: Default::default(),
     };
     let v = policy::evaluate(&report, &config);

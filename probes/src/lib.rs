@@ -2,6 +2,7 @@
 //! Lustre. Synchronous and free of Kubernetes; every path comes from one [`Roots`].
 
 pub mod error;
+pub mod netdev;
 pub mod rdma;
 pub mod roots;
 pub mod storage;
@@ -19,6 +20,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 pub struct ProbeConfig {
     pub verbs: rdma::VerbsMode,
     pub storage: storage::StorageConfig,
+    /// Interfaces whose TCP-path byte counters are read (the fallback detector's input).
+    pub netdev: netdev::NetdevConfig,
     pub selftest: SelftestConfig,
 }
 
@@ -66,6 +69,8 @@ pub struct ProbeReport {
     pub timestamp: f64,
     pub rdma: rdma::RdmaReport,
     pub storage: storage::StorageReport,
+    /// TCP-path byte counters of the configured (or physical) network interfaces.
+    pub netdevs: Vec<netdev::NetdevReport>,
     pub timings: ProbeTimings,
 }
 
@@ -75,6 +80,7 @@ pub struct ProbeTimings {
     pub rdma_sysfs_seconds: f64,
     pub rdma_verbs_seconds: f64,
     pub storage_seconds: f64,
+    pub netdev_seconds: f64,
 }
 
 /// Holds the state that must outlive a single probe (the statfs workers that may be stuck on a
@@ -133,10 +139,15 @@ impl Prober {
         let storage = self.storage.probe(&self.roots);
         timings.storage_seconds = started.elapsed().as_secs_f64();
 
+        let started = Instant::now();
+        let netdevs = netdev::probe(&self.roots, &self.config.netdev);
+        timings.netdev_seconds = started.elapsed().as_secs_f64();
+
         ProbeReport {
             timestamp,
             rdma,
             storage,
+            netdevs,
             timings,
         }
     }

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Side-by-side scrape latency: Debian's prometheus-node-exporter (only its infiniband
+# collector, --path.sysfs at the fixture tree) against fabricgate over the same tree,
+# tests/fixtures/bench-12x2 (12 RDMA devices / 24 ports).
+#
+#   benches/compare_node_exporter.sh [SCRAPES] [NODE_DIR]   (defaults: 200, bench-12x2)
+#
+# Needs: prometheus-node-exporter, curl (apt-get install -y prometheus-node-exporter curl).
+# fabricgate is served by `fabricgate run --dry-run` when that subcommand works, else by the
+# metrics_fixture example (same registry and HTTP server).
+set -euo pipefail
+
+N="${1:-200}"
+cd "$(dirname "$0")/.."
+NODE="$(realpath "${2:-tests/fixtures/bench-12x2}")"
+command -v prometheus-node-exporter >/dev/null || { echo "install prometheus-node-exporter" >&2; exit 2; }
+command -v curl >/dev/null || { echo "install curl" >&2; exit 2; }
+
+cargo build --release --quiet --bin fabricgate --example metrics_fixture
+BIN=target/release/fabricgate
+HELPER=target/release/examples/metrics_fixture
+
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+}
+trap cleanup EXIT
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])' 2>/dev/null \
+    || echo $((20000 + RANDOM % 20000))
+}
+
+NE_PORT="$(free_port)"
+FG_PORT="$(free_port)"
+
+prometheus-node-exporter \
+  --path.sysfs="$NODE/sys" --path.procfs="$NODE/proc" \
+  --collector.disable-defaults --collector.infiniband \
+  --web.disable-exporter-metrics \
+  --web.listen-address="127.0.0.1:$NE_PORT" --log.level=warn &
+PIDS+=("$!")
+
+PROBE_RUN="$("$BIN" run --dry-run --verbs off --sysfs-root /nonexistent --proc-root /nonexistent 2>&1 || true)"
+if [[ "$PROBE_RUN" != *"not implemented"* ]] && "$BIN" run --help >/dev/null 2>&1; then
+  "$BIN" run --dry-run --node-name bench --verbs off --sysfs-root "$NODE/sys" --proc-root "$NODE/proc" \
+    --metrics-addr "127.0.0.1:$FG_PORT" --interval 1s >/dev/null 2>&1 &
+  FG_WHAT="fabricgate run --dry-run"
+else
+  "$HELPER" "$NODE" "127.0.0.1:$FG_PORT" &
+  FG_WHAT="fabricgate (metrics_fixture example)"
+fi
+PIDS+=("$!")
+
+wait_up() {
+  for _ in $(seq 1 100); do
+    curl -fsS -o /dev/null "$1" 2>/dev/null && return 0
+    sleep 0.1
+  done
+  echo "no answer from $1" >&2
+  return 1
+}
+NE_URL="http://127.0.0.1:$NE_PORT/metrics"
+FG_URL="http://127.0.0.1:$FG_PORT/metrics"
+wait_up "$NE_URL"
+wait_up "$FG_URL"
+sleep 1.5 # let fabricgate finish its first probe
+
+# The same port counter through both, so the comparison is of like with like.
+NE_SERIES="$(curl -fsS "$NE_URL" | grep -c '^node_infiniband' || true)"
+FG_SERIES="$(curl -fsS "$FG_URL" | grep -c '^fabricgate_' || true)"
+
+scrape() { # URL -> N lines of seconds
+  for _ in $(seq 1 "$N"); do
+    curl -fsS -o /dev/null -w '%{time_total}\n' "$1"
+  done
+}
+stats() { # stdin seconds -> "median_ms mean_ms"
+  sort -g | awk '{a[NR]=$1; s+=$1} END {m=(NR%2)?a[(NR+1)/2]:(a[NR/2]+a[NR/2+1])/2; printf "%.3f %.3f\n", m*1000, s/NR*1000}'
+}
+
+scrape "$NE_URL" >/dev/null   # warm-up round for both
+scrape "$FG_URL" >/dev/null
+read -r NE_MED NE_MEAN < <(scrape "$NE_URL" | stats)
+read -r FG_MED FG_MEAN < <(scrape "$FG_URL" | stats)
+
+printf '%-44s %8s %10s %10s\n' "exporter ($N scrapes of $(basename "$NODE"))" series "median ms" "mean ms"
+printf '%-44s %8s %10s %10s\n' "prometheus-node-exporter (infiniband only)" "$NE_SERIES" "$NE_MED" "$NE_MEAN"
+printf '%-44s %8s %10s %10s\n' "$FG_WHAT" "$FG_SERIES" "$FG_MED" "$FG_MEAN"
+awk -v a="$FG_MED" -v b="$NE_MED" 'BEGIN { printf "ratio fabricgate / node_exporter (median): %.2f\n", a / b }'
+echo "note: node_exporter reads sysfs on every scrape; fabricgate serves the registry its probe loop filled."

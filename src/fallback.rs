@@ -1,0 +1,299 @@
+//! The silent-TCP-fallback detector.
+//!
+//! When NCCL (or MPI, or Lustre's LNet) cannot use the RDMA ports it falls back to sockets and
+//! keeps working, only slower, so nothing fails and nobody looks. The tell is in the byte
+//! counters: the TCP path (pod network, the netdevs behind RoCE ports) is busy while the RDMA
+//! ports sit idle. Over a sliding window we average both rates from the probe reports; when
+//! TCP is at or above `tcp_min_bytes_per_second` and RDMA at or below
+//! `rdma_max_bytes_per_second` the fallback is suspected.
+//!
+//! RDMA traffic bypasses the kernel network stack, so it never shows up in the netdev
+//! counters; TCP traffic never shows up in `port_xmit_data`/`port_rcv_data` of a RoCE port.
+//! IPoIB is the exception (it is TCP carried by the IB port, so it counts as RDMA-port bytes
+//! here): a fallback onto IPoIB keeps the ports busy and is not what this detector catches.
+
+use crate::config::{Config, FallbackSettings};
+use crate::metrics::Monotonic;
+use fabricgate_probes::ProbeReport;
+use std::collections::{HashMap, VecDeque};
+
+/// What the detector concluded after one probe.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct FallbackStatus {
+    pub suspected: bool,
+    /// Average TCP-path bytes per second over the window; `None` until two samples exist
+    /// (or when no netdev counter could be read).
+    pub tcp_bytes_per_second: Option<f64>,
+    /// Average RDMA bytes per second over the in-scope ports; `None` as above.
+    pub rdma_bytes_per_second: Option<f64>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Sample {
+    t: f64,
+    rdma: f64,
+    tcp: f64,
+}
+
+/// Keeps the samples of the last window; one per probe.
+#[derive(Debug)]
+pub struct FallbackDetector {
+    settings: FallbackSettings,
+    devices: globset::GlobMatcher,
+    /// Per-series accumulators, so a counter reset is a zero step, never a negative one.
+    rdma_series: HashMap<(String, u32, bool), Monotonic>,
+    tcp_series: HashMap<(String, bool), Monotonic>,
+    rdma_total: f64,
+    tcp_total: f64,
+    samples: VecDeque<Sample>,
+}
+
+impl FallbackDetector {
+    pub fn new(config: &Config) -> Self {
+        Self {
+            settings: config.fallback.clone(),
+            devices: config.device_matcher(),
+            rdma_series: HashMap::new(),
+            tcp_series: HashMap::new(),
+            rdma_total: 0.0,
+            tcp_total: 0.0,
+            samples: VecDeque::new(),
+        }
+    }
+
+    /// Add one probe report and judge the window that ends with it.
+    pub fn observe(&mut self, report: &ProbeReport) -> FallbackStatus {
+        let t = report.timestamp;
+        if self.samples.back().is_some_and(|s| t <= s.t) {
+            // The wall clock stepped back: rates across the step would be nonsense.
+            self.samples.clear();
+        }
+
+        let mut rdma_ports = 0usize;
+        let mut rdma_delta = 0u64;
+        let mut seen_rdma = Vec::new();
+        for dev in report
+            .rdma
+            .devices
+            .iter()
+            .filter(|d| self.devices.is_match(&d.name))
+        {
+            for port in &dev.ports {
+                let mut counted = false;
+                for (tx, bytes) in [(true, port.transmit_bytes()), (false, port.receive_bytes())] {
+                    let Some(bytes) = bytes else { continue };
+                    counted = true;
+                    let key = (dev.name.clone(), port.port, tx);
+                    rdma_delta =
+                        rdma_delta.saturating_add(moved(&mut self.rdma_series, &key, bytes));
+                    seen_rdma.push(key);
+                }
+                rdma_ports += usize::from(counted);
+            }
+        }
+        self.rdma_series.retain(|k, _| seen_rdma.contains(k));
+
+        let mut tcp_netdevs = 0usize;
+        let mut tcp_delta = 0u64;
+        let mut seen_tcp = Vec::new();
+        for nd in &report.netdevs {
+            let mut counted = false;
+            for (tx, bytes) in [(true, nd.tx_bytes), (false, nd.rx_bytes)] {
+                let Some(bytes) = bytes else { continue };
+                counted = true;
+                let key = (nd.name.clone(), tx);
+                tcp_delta = tcp_delta.saturating_add(moved(&mut self.tcp_series, &key, bytes));
+                seen_tcp.push(key);
+            }
+            tcp_netdevs += usize::from(counted);
+        }
+        self.tcp_series.retain(|k, _| seen_tcp.contains(k));
+
+        self.rdma_total += rdma_delta as f64;
+        self.tcp_total += tcp_delta as f64;
+        self.samples.push_back(Sample {
+            t,
+            rdma: self.rdma_total,
+            tcp: self.tcp_total,
+        });
+        let window = self.settings.window.as_secs_f64();
+        // Keep one sample at or before the window's start so the span covers the window.
+        while self.samples.len() > 2 && self.samples[1].t <= t - window {
+            self.samples.pop_front();
+        }
+
+        let (Some(first), Some(last)) = (self.samples.front(), self.samples.back()) else {
+            return FallbackStatus::default();
+        };
+        let span = last.t - first.t;
+        if span <= 0.0 {
+            return FallbackStatus::default();
+        }
+        let tcp_rate = (tcp_netdevs > 0).then(|| (last.tcp - first.tcp) / span);
+        let rdma_rate = (rdma_ports > 0).then(|| (last.rdma - first.rdma) / span);
+        // Half a window of evidence before judging: a node that just booted, or an agent
+        // that just restarted, has seen too little to page anyone.
+        let enough = span >= window / 2.0;
+        let suspected = self.settings.enabled
+            && enough
+            && matches!((tcp_rate, rdma_rate), (Some(tcp), Some(rdma))
+                if tcp >= self.settings.tcp_min_bytes_per_second as f64
+                    && rdma <= self.settings.rdma_max_bytes_per_second as f64);
+        FallbackStatus {
+            suspected,
+            tcp_bytes_per_second: tcp_rate,
+            rdma_bytes_per_second: rdma_rate,
+        }
+    }
+}
+
+/// Bytes moved since the previous observation of a series; 0 for a series seen first now
+/// (its absolute value says nothing about the window).
+fn moved<K: std::hash::Hash + Eq + Clone>(
+    series: &mut HashMap<K, Monotonic>,
+    key: &K,
+    raw: u64,
+) -> u64 {
+    match series.get_mut(key) {
+        Some(m) => m.observe(raw),
+        None => {
+            series.insert(key.clone(), Monotonic::starting_at(raw));
+            0
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fabricgate_probes::netdev::NetdevReport;
+    use fabricgate_probes::rdma::{DeviceReport, PortReport, RdmaReport};
+    use fabricgate_probes::{ProbeTimings, storage::StorageReport};
+    use std::time::Duration;
+
+    fn report(t: f64, rdma_words: u64, tcp_bytes: u64) -> ProbeReport {
+        let mut port = PortReport {
+            port: 1,
+            ..PortReport::default()
+        };
+        port.counters.insert("port_xmit_data".into(), rdma_words);
+        port.counters.insert("port_rcv_data".into(), rdma_words);
+        ProbeReport {
+            timestamp: t,
+            rdma: RdmaReport {
+                subsystem_present: true,
+                devices: vec![DeviceReport {
+                    name: "mlx5_0".into(),
+                    ports: vec![port],
+                    ..DeviceReport::default()
+                }],
+                ..RdmaReport::default()
+            },
+            storage: StorageReport::default(),
+            netdevs: vec![NetdevReport {
+                name: "eth0".into(),
+                rx_bytes: Some(tcp_bytes),
+                tx_bytes: Some(0),
+                errors: Vec::new(),
+            }],
+            timings: ProbeTimings::default(),
+        }
+    }
+
+    fn config(window_s: u64) -> Config {
+        let mut c = Config::default();
+        c.fallback.window = Duration::from_secs(window_s);
+        c
+    }
+
+    /// The incident: 1 GB/s of TCP for the whole window, RDMA ports flat.
+    #[test]
+    fn busy_tcp_and_idle_rdma_is_suspected_once_half_a_window_is_seen() {
+        let mut d = FallbackDetector::new(&config(600));
+        let mut last = FallbackStatus::default();
+        for i in 0..=60u64 {
+            let t = 1_000.0 + 10.0 * i as f64;
+            last = d.observe(&report(t, 5_000, 1_000_000_000 * 10 * i));
+            if i < 30 {
+                assert!(!last.suspected, "too early at sample {i}: {last:?}");
+            }
+        }
+        assert!(last.suspected, "{last:?}");
+        assert_eq!(last.tcp_bytes_per_second, Some(1e9));
+        assert_eq!(last.rdma_bytes_per_second, Some(0.0));
+    }
+
+    #[test]
+    fn busy_rdma_or_quiet_tcp_is_not_suspected() {
+        // Healthy training: TCP busy-ish (checkpoints, logs) but RDMA far busier.
+        let mut d = FallbackDetector::new(&config(60));
+        let mut s = FallbackStatus::default();
+        for i in 0..=12u64 {
+            s = d.observe(&report(
+                10.0 * i as f64,
+                250_000_000 * 10 * i,
+                200_000_000 * 10 * i,
+            ));
+        }
+        assert!(!s.suspected, "{s:?}");
+        assert_eq!(s.rdma_bytes_per_second, Some(2e9));
+        // Idle node: both quiet.
+        let mut d = FallbackDetector::new(&config(60));
+        for i in 0..=12u64 {
+            s = d.observe(&report(10.0 * i as f64, 0, 1_000 * i));
+        }
+        assert!(!s.suspected, "{s:?}");
+    }
+
+    #[test]
+    fn the_window_slides_so_the_alarm_clears_when_rdma_resumes() {
+        let mut d = FallbackDetector::new(&config(60));
+        let mut s = FallbackStatus::default();
+        let (mut rdma, mut tcp) = (0u64, 0u64);
+        for i in 0..=12 {
+            tcp += 2_000_000_000;
+            s = d.observe(&report(10.0 * f64::from(i), rdma, tcp));
+        }
+        assert!(s.suspected);
+        for i in 13..=30 {
+            rdma += 2_000_000_000;
+            tcp += 2_000_000_000;
+            s = d.observe(&report(10.0 * f64::from(i), rdma, tcp));
+        }
+        assert!(!s.suspected, "{s:?}");
+        assert_eq!(s.rdma_bytes_per_second, Some(2e9 * 4.0 * 2.0 / 10.0));
+    }
+
+    #[test]
+    fn a_counter_reset_never_makes_a_negative_rate() {
+        let mut d = FallbackDetector::new(&config(60));
+        d.observe(&report(0.0, 1_000_000, 9_000_000_000));
+        // Driver reload: both counters restart near zero.
+        let s = d.observe(&report(10.0, 10, 1_000));
+        assert!(s.tcp_bytes_per_second.unwrap() >= 0.0, "{s:?}");
+        assert!(s.rdma_bytes_per_second.unwrap() >= 0.0, "{s:?}");
+        assert_eq!(s.tcp_bytes_per_second, Some(100.0));
+    }
+
+    #[test]
+    fn disabled_or_without_rdma_ports_never_suspects() {
+        let mut c = config(60);
+        c.fallback.enabled = false;
+        let mut d = FallbackDetector::new(&c);
+        let mut s = FallbackStatus::default();
+        for i in 0..=12u64 {
+            s = d.observe(&report(10.0 * i as f64, 0, 2_000_000_000 * i));
+        }
+        assert!(!s.suspected);
+        assert!(s.tcp_bytes_per_second.is_some(), "rates are still reported");
+
+        let mut c = config(60);
+        c.rdma.devices = "bnxt_*".into();
+        let mut d = FallbackDetector::new(&c);
+        for i in 0..=12u64 {
+            s = d.observe(&report(10.0 * i as f64, 0, 2_000_000_000 * i));
+        }
+        assert!(!s.suspected, "no in-scope RDMA port: not an RDMA node");
+        assert_eq!(s.rdma_bytes_per_second, None);
+    }
+}

@@ -1,0 +1,207 @@
+#!/usr/bin/env python3
+"""Writes rules_test.yaml (input for `promtool test rules`) from the cases below.
+
+promtool compares annotations exactly, so the expected summary/description of every firing
+alert is rendered here from deploy/prometheus-rules.yaml with the labels and value each case
+expects (only the template forms the rules use: $labels.X, $value, $value | printf "%.0f").
+Run it after changing a rule or a case:  python3 tests/prometheus/gen_rules_test.py
+"""
+
+import pathlib
+import re
+
+import yaml
+
+HERE = pathlib.Path(__file__).resolve().parent
+RULES = HERE.parent.parent / "deploy" / "prometheus-rules.yaml"
+
+A = 'instance="gpu-a:9464",job="fabricgate"'
+B = 'instance="gpu-b:9464",job="fabricgate"'
+LA = {"instance": "gpu-a:9464", "job": "fabricgate"}
+LB = {"instance": "gpu-b:9464", "job": "fabricgate"}
+
+
+def port(labels, device, p, **extra):
+    return {**labels, "device": device, "port": str(p), **extra}
+
+
+# (alertname, description, input_series, [(eval_time, [(labels, value)])]).
+# Every alert has at least one time where it fires and one where it does not.
+CASES = [
+    (
+        "FabricgateNodeNotValidated",
+        "gpu-a turns unvalidated at 6m and fires after 10m; gpu-b stays ready",
+        [
+            (f"fabricgate_node_ready{{{A}}}", "1x5 0x30"),
+            (f"fabricgate_node_ready{{{B}}}", "1x35"),
+        ],
+        [("10m", []), ("20m", [(LA, 0)])],
+    ),
+    (
+        "FabricgateRDMAPortDown",
+        "mlx5_1 port 1 goes down; a short blip on mlx5_0 does not fire",
+        [
+            (f'fabricgate_rdma_port_up{{{A},device="mlx5_0",port="1"}}', "1 0 0 1x20"),
+            (f'fabricgate_rdma_port_up{{{A},device="mlx5_1",port="1"}}', "1x2 0x20"),
+        ],
+        [("4m", []), ("12m", [(port(LA, "mlx5_1", 1), 0)])],
+    ),
+    (
+        "FabricgateRDMALinkRateDegraded",
+        "mlx5_1 retrains from 400 to 200 Gb/s (below its own past and its IB peers); the RoCE "
+        "port at 200 Gb/s is not compared with the IB ports; a down port is PortDown's business",
+        [
+            (f'fabricgate_rdma_port_rate_gbps{{{A},device="mlx5_0",port="1"}}', "400x40"),
+            (f'fabricgate_rdma_port_rate_gbps{{{A},device="mlx5_1",port="1"}}', "400x10 200x30"),
+            (f'fabricgate_rdma_port_rate_gbps{{{A},device="mlx5_2",port="1"}}', "200x40"),
+            (f'fabricgate_rdma_port_rate_gbps{{{A},device="mlx5_3",port="1"}}', "100x40"),
+            (f'fabricgate_rdma_port_up{{{A},device="mlx5_0",port="1"}}', "1x40"),
+            (f'fabricgate_rdma_port_up{{{A},device="mlx5_1",port="1"}}', "1x40"),
+            (f'fabricgate_rdma_port_up{{{A},device="mlx5_2",port="1"}}', "1x40"),
+            (f'fabricgate_rdma_port_up{{{A},device="mlx5_3",port="1"}}', "0x40"),
+            (f'fabricgate_rdma_port_info{{{A},device="mlx5_0",port="1",link_layer="InfiniBand",netdev=""}}', "1x40"),
+            (f'fabricgate_rdma_port_info{{{A},device="mlx5_1",port="1",link_layer="InfiniBand",netdev=""}}', "1x40"),
+            (f'fabricgate_rdma_port_info{{{A},device="mlx5_2",port="1",link_layer="Ethernet",netdev="ens3"}}', "1x40"),
+            (f'fabricgate_rdma_port_info{{{A},device="mlx5_3",port="1",link_layer="InfiniBand",netdev=""}}', "1x40"),
+        ],
+        [("8m", []), ("15m", []), ("25m", [(port(LA, "mlx5_1", 1), 200)])],
+    ),
+    (
+        "FabricgateRDMAErrorsRising",
+        "symbol errors climb 1/min on mlx5_0 and a link_downed step on mlx5_1 fire; a slow "
+        "trickle of port_rcv_errors (5 in an hour) does not",
+        [
+            (f'fabricgate_rdma_port_errors_total{{{A},device="mlx5_0",port="1",counter="symbol_error"}}', "0+1x70"),
+            (f'fabricgate_rdma_port_errors_total{{{A},device="mlx5_1",port="1",counter="link_downed"}}', "0x30 1x40"),
+            (f'fabricgate_rdma_port_errors_total{{{A},device="mlx5_2",port="1",counter="port_rcv_errors"}}', "0+0.1x70"),
+        ],
+        [
+            ("5m", []),
+            (
+                "60m",
+                [
+                    (port(LA, "mlx5_0", 1, counter="symbol_error"), 60),
+                    (port(LA, "mlx5_1", 1, counter="link_downed"), 1),
+                ],
+            ),
+        ],
+    ),
+    (
+        "FabricgateRoCERetriesRising",
+        "out_of_sequence climbs 10/min; congestion notifications (np_cnp_sent) never alert",
+        [
+            (f'fabricgate_rdma_port_hw_events_total{{{A},device="mlx5_2",port="1",counter="out_of_sequence"}}', "0+10x70"),
+            (f'fabricgate_rdma_port_hw_events_total{{{A},device="mlx5_2",port="1",counter="np_cnp_sent"}}', "0+1000x70"),
+        ],
+        [("5m", []), ("60m", [(port(LA, "mlx5_2", 1, counter="out_of_sequence"), 600)])],
+    ),
+    (
+        "FabricgateLustreMountHung",
+        "/lustre/scratch hangs at 5m; /lustre/home stays healthy",
+        [
+            (f'fabricgate_mount_hung{{{A},mount="/lustre/scratch"}}', "0x4 1x20"),
+            (f'fabricgate_mount_hung{{{A},mount="/lustre/home"}}', "0x25"),
+            (f'fabricgate_mount_up{{{A},mount="/lustre/scratch"}}', "1x4 0x20"),
+            (f'fabricgate_mount_up{{{A},mount="/lustre/home"}}', "1x25"),
+        ],
+        [("5m", []), ("10m", [({**LA, "mount": "/lustre/scratch"}, 1)])],
+    ),
+    (
+        "FabricgateMountDown",
+        "/data goes missing; a hung mount is reported by MountHung only",
+        [
+            (f'fabricgate_mount_up{{{A},mount="/data"}}', "1x2 0x20"),
+            (f'fabricgate_mount_hung{{{A},mount="/data"}}', "0x22"),
+            (f'fabricgate_mount_up{{{A},mount="/lustre/scratch"}}', "0x22"),
+            (f'fabricgate_mount_hung{{{A},mount="/lustre/scratch"}}', "1x22"),
+        ],
+        [("5m", []), ("10m", [({**LA, "mount": "/data"}, 0)])],
+    ),
+    (
+        "FabricgateSilentTCPFallback",
+        "gpu-a is suspected from 10m and fires after 15m; gpu-b is not",
+        [
+            (f"fabricgate_fallback_suspected{{{A}}}", "0x9 1x40"),
+            (f"fabricgate_fallback_suspected{{{B}}}", "0x50"),
+        ],
+        [("20m", []), ("30m", [(LA, 1)])],
+    ),
+    (
+        "FabricgateAgentDown",
+        "gpu-a stops answering scrapes; gpu-b keeps answering",
+        [
+            (f'up{{{A}}}', "1x3 0x20"),
+            (f'up{{{B}}}', "1x24"),
+        ],
+        [("5m", []), ("12m", [(LA, 0)])],
+    ),
+    (
+        "FabricgateAgentStale",
+        "gpu-a's last probe stops at t=300s while time moves on; gpu-b keeps probing",
+        [
+            (f"fabricgate_last_probe_timestamp_seconds{{{A}}}", "0+60x5 300x30"),
+            (f"fabricgate_last_probe_timestamp_seconds{{{B}}}", "0+60x35"),
+        ],
+        # At 15m (900s): 900 - 300 = 600 > 300 since 10m + 5m for.
+        [("9m", []), ("16m", [(LA, 660)])],
+    ),
+]
+
+
+def render(template, labels, value):
+    def sub(m):
+        expr = m.group(1).strip()
+        if expr.startswith("$labels."):
+            return labels[expr[len("$labels."):]]
+        if expr == "$value":
+            return f"{value:g}"
+        if re.fullmatch(r'\$value \| printf "%\.0f"', expr):
+            return f"{value:.0f}"
+        raise ValueError(f"template form not handled here: {expr}")
+
+    return re.sub(r"\{\{(.*?)\}\}", sub, template)
+
+
+def main():
+    rules = yaml.safe_load(RULES.read_text())
+    by_name = {r["alert"]: r for g in rules["groups"] for r in g["rules"]}
+    missing = set(by_name) - {c[0] for c in CASES}
+    if missing:
+        raise SystemExit(f"alerts without a test case: {sorted(missing)}")
+    tests = []
+    for name, desc, series, evals in CASES:
+        rule = by_name[name]
+        checks = []
+        for t, alerts in evals:
+            exp = []
+            for labels, value in alerts:
+                exp.append(
+                    {
+                        "exp_labels": {**labels, **rule.get("labels", {})},
+                        "exp_annotations": {
+                            k: render(v, labels, value)
+                            for k, v in rule["annotations"].items()
+                        },
+                    }
+                )
+            checks.append({"eval_time": t, "alertname": name, "exp_alerts": exp})
+        tests.append(
+            {
+                "name": f"{name}: {desc}",
+                "interval": "1m",
+                "input_series": [{"series": s, "values": v} for s, v in series],
+                "alert_rule_test": checks,
+            }
+        )
+    doc = {
+        "rule_files": ["../../deploy/prometheus-rules.yaml"],
+        "evaluation_interval": "1m",
+        "tests": tests,
+    }
+    header = "# Generated by gen_rules_test.py from its cases; edit those and rerun.\n"
+    out = HERE / "rules_test.yaml"
+    out.write_text(header + yaml.safe_dump(doc, sort_keys=False, width=100))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,256 @@
+//! A real `prometheus` server scrapes the real agent (`fabricgate run --dry-run` over the
+//! example GPU node fixture) in both formats, and the HTTP query API returns the series with
+//! the values the fixture holds.
+
+mod common;
+
+use common::{committed_fixture, have_tool, http_get};
+use serde_json::Value;
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Kills the server when the test ends, however it ends.
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn urlencode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// The instant vector for `promql`, as (labels, value) pairs.
+fn query(prom: &str, promql: &str) -> Vec<(Value, f64)> {
+    let (status, _, body) = http_get(
+        prom,
+        &format!("/api/v1/query?query={}", urlencode(promql)),
+        None,
+    );
+    assert_eq!(status, 200, "{promql}: {body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["status"], "success", "{body}");
+    v["data"]["result"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["metric"].clone(),
+                r["value"][1].as_str().unwrap().parse().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// Poll until `promql` returns something (scrapes land every second).
+fn wait_for(prom: &str, promql: &str, deadline: Instant) -> Vec<(Value, f64)> {
+    loop {
+        let got = query(prom, promql);
+        if !got.is_empty() {
+            return got;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no result for {promql} within the deadline"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// Poll until `promql` returns exactly `want` (a gauge the agent changes over time).
+fn wait_value(prom: &str, promql: &str, want: f64, deadline: Instant) {
+    loop {
+        let got = query(prom, promql);
+        if got.len() == 1 && got[0].1 == want {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{promql}: wanted {want}, last got {got:?}"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+fn single(prom: &str, promql: &str, deadline: Instant) -> f64 {
+    let got = wait_for(prom, promql, deadline);
+    assert_eq!(got.len(), 1, "{promql}: {got:?}");
+    got[0].1
+}
+
+#[test]
+fn real_prometheus_scrapes_both_formats_and_answers_queries() {
+    if !have_tool("prometheus") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    // The example GPU node: 8 x 400G NDR InfiniBand + 2 x 200G RoCE storage ports.
+    let node = committed_fixture("ndr-8x400-healthy");
+    let read_u64 = |rel: &str| -> f64 {
+        std::fs::read_to_string(node.join("sys").join(rel))
+            .unwrap()
+            .trim()
+            .parse::<u64>()
+            .unwrap() as f64
+    };
+    let xmit_words = read_u64("class/infiniband/mlx5_0/ports/1/counters/port_xmit_data");
+    let roce_rx = read_u64("class/net/ens10f0np0/statistics/rx_bytes");
+
+    let agent = format!("127.0.0.1:{}", free_port());
+    let _agent = KillOnDrop(
+        Command::new(env!("CARGO_BIN_EXE_fabricgate"))
+            .args(["run", "--dry-run", "--node-name", "gpu-a", "--verbs", "off"])
+            .arg("--sysfs-root")
+            .arg(node.join("sys"))
+            .arg("--proc-root")
+            .arg(node.join("proc"))
+            .arg("--config")
+            .arg(committed_fixture("requirements-ndr.yaml"))
+            .args(["--metrics-addr", &agent, "--interval", "1s"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while !(std::net::TcpStream::connect(&agent).is_ok()
+        && http_get(&agent, "/readyz", None).0 == 200)
+    {
+        assert!(Instant::now() < deadline, "the agent did not become ready");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    // Job "fabricgate" lets Prometheus negotiate (it asks for OpenMetrics first); job
+    // "fabricgate-text" forces the classic text format through the URL parameter.
+    let config = format!(
+        "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n\
+         scrape_configs:\n\
+         \x20 - job_name: fabricgate\n    static_configs:\n      - targets: ['{agent}']\n\
+         \x20 - job_name: fabricgate-text\n    params:\n      format: [prometheus]\n    \
+         static_configs:\n      - targets: ['{agent}']\n"
+    );
+    let config_path = tmp.path().join("prometheus.yml");
+    std::fs::write(&config_path, config).unwrap();
+    let prom = format!("127.0.0.1:{}", free_port());
+    let _server = KillOnDrop(
+        Command::new("prometheus")
+            .arg(format!("--config.file={}", config_path.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                tmp.path().join("data").display()
+            ))
+            .arg(format!("--web.listen-address={prom}"))
+            .arg("--log.level=warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap(),
+    );
+    loop {
+        let ready = std::net::TcpStream::connect(&prom).is_ok()
+            && http_get(&prom, "/-/ready", None).0 == 200;
+        if ready {
+            break;
+        }
+        assert!(Instant::now() < deadline, "prometheus did not become ready");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+
+    for job in ["fabricgate", "fabricgate-text"] {
+        let sel = format!("job=\"{job}\"");
+        assert_eq!(
+            single(&prom, &format!("up{{{sel}}}"), deadline),
+            1.0,
+            "{job}"
+        );
+        // The agent validates the node after `recover_after` good probes (3 s here).
+        wait_value(
+            &prom,
+            &format!("fabricgate_node_ready{{{sel}}}"),
+            1.0,
+            deadline,
+        );
+        assert_eq!(
+            single(
+                &prom,
+                &format!("fabricgate_rdma_port_rate_gbps{{{sel},device=\"mlx5_8\",port=\"1\"}}"),
+                deadline
+            ),
+            200.0
+        );
+        assert_eq!(
+            single(
+                &prom,
+                &format!(
+                    "fabricgate_rdma_port_transmit_bytes_total{{{sel},device=\"mlx5_0\",port=\"1\"}}"
+                ),
+                deadline
+            ),
+            4.0 * xmit_words
+        );
+        assert_eq!(
+            single(
+                &prom,
+                &format!("fabricgate_netdev_receive_bytes_total{{{sel},device=\"ens10f0np0\"}}"),
+                deadline
+            ),
+            roce_rx
+        );
+        let count = single(
+            &prom,
+            &format!("fabricgate_probe_duration_seconds_count{{{sel},probe=\"rdma_sysfs\"}}"),
+            deadline,
+        );
+        let inf = single(
+            &prom,
+            &format!(
+                "fabricgate_probe_duration_seconds_bucket{{{sel},probe=\"rdma_sysfs\",le=\"+Inf\"}}"
+            ),
+            deadline,
+        );
+        assert!(
+            count >= 1.0 && inf >= count - 1.0,
+            "{job}: count {count}, +Inf {inf}"
+        );
+        let ports = wait_for(
+            &prom,
+            &format!("fabricgate_rdma_port_up{{{sel}}}"),
+            deadline,
+        );
+        assert_eq!(ports.len(), 10, "{ports:?}");
+        assert!(ports.iter().all(|(_, v)| *v == 1.0), "{ports:?}");
+    }
+    // Both formats carry the same samples: nothing lost in either encoding.
+    let om = single(
+        &prom,
+        "scrape_samples_scraped{job=\"fabricgate\"}",
+        deadline,
+    );
+    let text = single(
+        &prom,
+        "scrape_samples_scraped{job=\"fabricgate-text\"}",
+        deadline,
+    );
+    assert_eq!(om, text);
+    assert!(om > 100.0, "{om}");
+}
