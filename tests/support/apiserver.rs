@@ -777,54 +777,37 @@ fn patch_node(
             let force = query.get("force").is_some_and(|f| f == "true");
             apply(st, name, subresource, &manager, force, &patch)
         }
-        Some("application/json-patch+json") => {
-            let Value::Array(ops) = patch else {
-                return bad_request(
-                    "json: cannot unmarshal object into Go value of type jsonpatch.Patch",
-                );
-            };
+        Some(
+            kind @ ("application/json-patch+json"
+            | "application/merge-patch+json"
+            | "application/strategic-merge-patch+json"),
+        ) => {
             let mut doc = current.clone();
-            if let Err(e) = json_patch_apply(&mut doc, &ops) {
-                return match e {
-                    PatchError::Bad(m) => bad_request(&m),
-                    PatchError::Unprocessable(m) => status_response(
-                        422,
-                        "Invalid",
-                        "the server rejected our request due to an error in our request",
-                        Some(
-                            json!({ "causes": [{ "reason": "UnexpectedServerResponse", "message": m }] }),
-                        ),
-                    ),
-                };
+            match kind {
+                "application/json-patch+json" => {
+                    let Value::Array(ops) = patch else {
+                        return bad_request(
+                            "json: cannot unmarshal object into Go value of type jsonpatch.Patch",
+                        );
+                    };
+                    if let Err(e) = json_patch_apply(&mut doc, &ops) {
+                        return match e {
+                            PatchError::Bad(m) => bad_request(&m),
+                            PatchError::Unprocessable(m) => status_response(
+                                422,
+                                "Invalid",
+                                "the server rejected our request due to an error in our request",
+                                Some(
+                                    json!({ "causes": [{ "reason": "UnexpectedServerResponse", "message": m }] }),
+                                ),
+                            ),
+                        };
+                    }
+                }
+                "application/merge-patch+json" => merge_patch(&mut doc, &patch),
+                _ => strategic_merge(&mut doc, &patch),
             }
-            if doc["metadata"]["resourceVersion"] != current["metadata"]["resourceVersion"] {
-                return conflict(name);
-            }
-            commit(
-                st,
-                name,
-                subresource,
-                manager.as_deref().unwrap_or("unknown"),
-                doc,
-            )
-        }
-        Some("application/merge-patch+json") => {
-            let mut doc = current.clone();
-            merge_patch(&mut doc, &patch);
-            if doc["metadata"]["resourceVersion"] != current["metadata"]["resourceVersion"] {
-                return conflict(name);
-            }
-            commit(
-                st,
-                name,
-                subresource,
-                manager.as_deref().unwrap_or("unknown"),
-                doc,
-            )
-        }
-        Some("application/strategic-merge-patch+json") => {
-            let mut doc = current.clone();
-            strategic_merge(&mut doc, &patch);
+            // A patch that sets metadata.resourceVersion is an optimistic-concurrency guard.
             if doc["metadata"]["resourceVersion"] != current["metadata"]["resourceVersion"] {
                 return conflict(name);
             }
