@@ -6,6 +6,7 @@ pub mod netdev;
 pub mod rdma;
 pub mod roots;
 pub mod storage;
+mod sysfs_io;
 
 pub use error::{ProbeError, Result};
 pub use roots::Roots;

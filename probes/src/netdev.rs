@@ -7,9 +7,9 @@
 
 use crate::Roots;
 use crate::error::ProbeError;
+use crate::sysfs_io::{AttrReader, list_dir};
 use serde::Serialize;
 use std::fs;
-use std::io;
 use std::path::Path;
 
 /// Which interfaces to read.
@@ -60,19 +60,9 @@ pub fn probe(roots: &Roots, config: &NetdevConfig) -> Vec<NetdevReport> {
 }
 
 fn physical_interfaces(class: &Path) -> Result<Vec<String>, ProbeError> {
-    let entries = match fs::read_dir(class) {
-        Ok(e) => e,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(source) => {
-            return Err(ProbeError::ReadDir {
-                path: class.to_owned(),
-                source,
-            });
-        }
-    };
+    let entries = list_dir(class)?.unwrap_or_default();
     let mut all: Vec<(String, bool)> = entries
-        .filter_map(|e| e.ok())
-        .filter_map(|e| e.file_name().to_str().map(str::to_owned))
+        .into_iter()
         .filter(|name| name != "lo")
         .map(|name| {
             let virtual_ = is_virtual(&class.join(&name));
@@ -131,26 +121,21 @@ fn read_interface(class: &Path, name: String, configured: bool) -> NetdevReport 
         return report;
     }
     let stats = dir.join("statistics");
-    report.rx_bytes = read_counter(&stats.join("rx_bytes"), &mut report.errors);
-    report.tx_bytes = read_counter(&stats.join("tx_bytes"), &mut report.errors);
+    let mut reader = AttrReader::new();
+    let errors = &mut report.errors;
+    report.rx_bytes = reader.parsed(
+        &stats.join("rx_bytes"),
+        "a decimal byte counter",
+        errors,
+        parse_counter,
+    );
+    report.tx_bytes = reader.parsed(
+        &stats.join("tx_bytes"),
+        "a decimal byte counter",
+        errors,
+        parse_counter,
+    );
     report
-}
-
-fn read_counter(path: &Path, errors: &mut Vec<String>) -> Option<u64> {
-    match fs::read_to_string(path) {
-        Ok(text) => match parse_counter(&text) {
-            Some(v) => Some(v),
-            None => {
-                errors.push(ProbeError::parse(path, &text, "a decimal byte counter").to_string());
-                None
-            }
-        },
-        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-        Err(e) => {
-            errors.push(ProbeError::read(path, e).to_string());
-            None
-        }
-    }
 }
 
 /// `12345\n` → 12345.
