@@ -347,7 +347,7 @@ fn steady_state_makes_zero_writes_and_flapping_makes_no_taint_storm() {
     // Flap the port for 2 s: up 10 ms, down 40 ms. With recover_after 3 the agent may only
     // untaint after three good probes in a row, which a 10 ms up phase never gives at a 20 ms
     // interval. On a loaded machine this thread can be descheduled while the port is up; an
-    // up phase that really lasted two intervals or more may legitimately untaint (and the
+    // up phase that really lasted 1.5 intervals or more may legitimately untaint (and the
     // next down re-taint), so each such phase allows two more writes. Anything beyond that
     // is a storm.
     api.reset_requests();
