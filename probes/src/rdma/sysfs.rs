@@ -108,12 +108,45 @@ pub fn probe(roots: &Roots) -> RdmaReport {
         }
     };
     report.subsystem_present = true;
-    let mut reader = AttrReader::new();
-    report.devices = names
-        .into_iter()
-        .map(|name| read_device(&mut reader, &class.join(&name), name))
-        .collect();
+    report.devices = read_devices(&class, &names);
     report
+}
+
+/// Devices are independent, and reading one is a thousand small syscalls, not parsing; on a
+/// node with many HCAs the probe reads them on up to one thread per core (at most 4), each
+/// taking every n-th device, and keeps the sorted order.
+fn read_devices(class: &Path, names: &[String]) -> Vec<DeviceReport> {
+    let threads = std::thread::available_parallelism()
+        .map_or(1, std::num::NonZeroUsize::get)
+        .min(4)
+        .min(names.len() / 2)
+        .max(1);
+    let read_share = |first: usize| {
+        let mut reader = AttrReader::new();
+        names
+            .iter()
+            .enumerate()
+            .skip(first)
+            .step_by(threads)
+            .map(|(i, name)| (i, read_device(&mut reader, &class.join(name), name.clone())))
+            .collect::<Vec<_>>()
+    };
+    let mut devices: Vec<(usize, DeviceReport)> = std::thread::scope(|scope| {
+        let helpers: Vec<_> = (1..threads)
+            .map(|first| scope.spawn(move || read_share(first)))
+            .collect();
+        let mut all = read_share(0);
+        for helper in helpers {
+            match helper.join() {
+                Ok(part) => all.extend(part),
+                // A panic while reading is a bug; surface it as the serial code would.
+                Err(panic) => std::panic::resume_unwind(panic),
+            }
+        }
+        all
+    });
+    devices.sort_by_key(|(i, _)| *i);
+    devices.into_iter().map(|(_, d)| d).collect()
 }
 
 fn read_device(reader: &mut AttrReader, dir: &Path, name: String) -> DeviceReport {
