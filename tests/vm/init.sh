@@ -31,6 +31,11 @@ mount -t tmpfs tmpfs "$R/run"
 [ -d "$R/var/tmp" ] && mount -t tmpfs tmpfs "$R/var/tmp"
 mkdir -p "$R/tmp/fg-out"
 mount -t 9p -o "$opts" fgout "$R/tmp/fg-out" || die "cannot mount the output share (9p tag fgout)"
+# The checkout, at its own path: the tmpfs mounts above would hide one under /tmp or /run.
+cwd="$(. "$R/tmp/fg-out/env.sh" && echo "$FG_CWD")"
+[ -n "$cwd" ] || die "no FG_CWD in env.sh"
+mkdir -p "$R$cwd" 2>/dev/null
+mount -t 9p -o "$opts,ro,cache=loose" fgcwd "$R$cwd" || die "cannot mount the checkout (9p tag fgcwd) at $cwd"
 
 echo "FABRICGATE-VM: running job"
 chroot "$R" /usr/bin/env -i HOME=/root TERM=dumb \

@@ -4,6 +4,8 @@
 #
 #   tests/vm/run.sh [-t SECONDS] [-o OUTDIR] SCRIPT
 #
+# The current directory (the checkout) is also shared on its own and mounted at the same path
+# after the guest's tmpfs mounts, so a checkout under /tmp, /run or /var/tmp stays visible.
 # OUTDIR (a fresh temp dir by default) is writable from the guest at /tmp/fg-out and ends up
 # holding stdout, stderr, rc and console.log (the serial console). Variables named FG_* are
 # passed into the guest, plus FG_KROOT/FG_KVER (the kernel tree, for `modprobe -d`) and
@@ -62,6 +64,7 @@ timeout -k 5 "$timeout_s" qemu-system-x86_64 \
     -append "console=ttyS0 quiet loglevel=3 panic=-1" \
     -virtfs "local,path=/,mount_tag=hostroot,security_model=passthrough,readonly=on,multidevs=remap" \
     -virtfs "local,path=$out,mount_tag=fgout,security_model=none" \
+    -virtfs "local,path=$PWD,mount_tag=fgcwd,security_model=passthrough,readonly=on,multidevs=remap" \
     -netdev user,id=n0 -device virtio-net-pci,netdev=n0 \
     -netdev user,id=n1,net=10.0.3.0/24 -device virtio-net-pci,netdev=n1 \
     </dev/null >"$out/console.log" 2>&1 || rc=$?
