@@ -240,12 +240,3 @@ pub enum VerbsMode {
     #[default]
     Required,
 }
-
-/// Probe all RDMA devices: sysfs first (it never needs the device files), then verbs.
-pub fn probe(roots: &crate::Roots, verbs_mode: VerbsMode) -> RdmaReport {
-    let mut report = sysfs::probe(roots);
-    if verbs_mode == VerbsMode::Required {
-        verbs::probe_into(&mut report);
-    }
-    report
-}
