@@ -31,6 +31,16 @@ fn rv(node: &Node) -> u64 {
         .unwrap()
 }
 
+fn condition_types(node: Node) -> Vec<String> {
+    node.status
+        .unwrap()
+        .conditions
+        .unwrap()
+        .into_iter()
+        .map(|c| c.type_)
+        .collect()
+}
+
 fn code(e: kube::Error) -> u16 {
     match e {
         kube::Error::Api(s) => s.code,
@@ -144,27 +154,13 @@ async fn status_apply_merges_conditions_by_type() {
         )
         .await
         .unwrap();
-    let types: Vec<String> = n
-        .status
-        .unwrap()
-        .conditions
-        .unwrap()
-        .into_iter()
-        .map(|c| c.type_)
-        .collect();
+    let types = condition_types(n);
     assert_eq!(types, ["Ready", "FabricReady", "RDMAReady"]);
     let n = nodes
         .patch_status(NODE, &ssa, &Patch::Apply(body(&["FabricReady"])))
         .await
         .unwrap();
-    let types: Vec<String> = n
-        .status
-        .unwrap()
-        .conditions
-        .unwrap()
-        .into_iter()
-        .map(|c| c.type_)
-        .collect();
+    let types = condition_types(n);
     assert_eq!(
         types,
         ["Ready", "FabricReady"],
