@@ -30,7 +30,7 @@ pub struct Agent {
     pub resync: Duration,
     pub dry_run: bool,
     pub listener: tokio::net::TcpListener,
-    pub client: Option<kube::Client>,
+    pub client: Option<node::Clients>,
     pub retry_after: RetryAfter,
     pub metrics: Arc<Metrics>,
 }
@@ -159,10 +159,20 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
 
     let (desired_tx, desired_rx) = watch::channel::<Option<Verdict>>(None);
     let mut hysteresis = Hysteresis::new(&config);
+    // The agent's own Node, watched: drift is undone at once and steady state reads nothing.
+    let (node_tx, node_rx) = tokio::sync::mpsc::channel(16);
+    let watch_task = client.as_ref().map(|c| {
+        tokio::spawn(node::watch_node(
+            c.watch.clone(),
+            node_name.clone(),
+            node_tx,
+            interval,
+        ))
+    });
     let reconciler = Reconciler::new(
         node_name.clone(),
         config.node.clone(),
-        client,
+        client.map(|c| c.requests),
         dry_run,
         Arc::clone(&metrics),
     );
@@ -181,6 +191,7 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
     let loop_task = tokio::spawn(reconcile_loop(
         reconciler,
         desired_rx,
+        node_rx,
         stop_rx.clone(),
         LoopTiming { interval, resync },
         retry_after,
@@ -207,6 +218,9 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
     // The reconcile loop finishes or abandons its write within WRITE_GRACE.
     drop(desired_tx);
     let _ = timeout(WRITE_GRACE + Duration::from_millis(500), loop_task).await;
+    if let Some(w) = watch_task {
+        w.abort();
+    }
     let _ = timeout(Duration::from_millis(500), server).await;
     tracing::info!(node = %node_name, "fabricgate agent stopped");
     result
@@ -329,6 +343,7 @@ struct LoopTiming {
 async fn reconcile_loop(
     mut rec: Reconciler,
     mut desired: watch::Receiver<Option<Verdict>>,
+    mut node_updates: tokio::sync::mpsc::Receiver<Option<k8s_openapi::api::core::v1::Node>>,
     mut stop: watch::Receiver<bool>,
     timing: LoopTiming,
     retry_after: RetryAfter,
@@ -337,6 +352,7 @@ async fn reconcile_loop(
     let mut deadline: Option<Instant> = None;
     let mut jitter = Jitter::new();
     let mut last_error: Option<&'static str> = None;
+    let mut watching = true;
     loop {
         let wake = deadline.unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400));
         tokio::select! {
@@ -351,6 +367,25 @@ async fn reconcile_loop(
             () = sleep_until(wake), if deadline.is_some() => {
                 if failures == 0 {
                     rec.invalidate();
+                }
+            }
+            // Someone else changed the Node (or the watch broke): reconcile against it now.
+            update = node_updates.recv(), if watching => {
+                match update {
+                    Some(Some(node)) => {
+                        if !rec.observe(node) || failures > 0 {
+                            continue;
+                        }
+                    }
+                    Some(None) => {
+                        rec.forget_observed();
+                        continue;
+                    }
+                    // No watch (dry run without a cluster): stop polling this arm.
+                    None => {
+                        watching = false;
+                        continue;
+                    }
                 }
             }
         }
@@ -387,6 +422,8 @@ async fn reconcile_loop(
                 deadline = Some(Instant::now() + timing.resync);
             }
             Err(e) => {
+                // What the watch showed may be what the failed write was based on.
+                rec.forget_observed();
                 failures = failures.saturating_add(1);
                 let mut delay = backoff(failures, timing.interval, &mut jitter);
                 if e.is_throttled() {

@@ -270,12 +270,26 @@ impl RetryAfter {
     }
 }
 
-/// Build the client from in-cluster config or `KUBECONFIG`, with our own retry handling: kube's
-/// default retry would wait up to 15 times inside one request, hiding the outage from us.
+/// Read timeout of the client that watches the Node: above [`WATCH_TIMEOUT_SECS`], so only
+/// a connection that really went quiet times out (a watch sends nothing while nothing changes).
+const WATCH_READ_TIMEOUT: Duration = Duration::from_secs(WATCH_TIMEOUT_SECS as u64 + 30);
+/// The server ends each watch after this long; the agent then re-watches from the last
+/// resourceVersion (one request per 5 minutes at steady state).
+const WATCH_TIMEOUT_SECS: u32 = 290;
+
+/// The two clients of the agent: one for reads and writes (15 s timeouts), one for the
+/// long-lived watch of its own Node.
+pub struct Clients {
+    pub requests: kube::Client,
+    pub watch: kube::Client,
+}
+
+/// Build the clients from in-cluster config or `KUBECONFIG`, with our own retry handling:
+/// kube's default retry would wait up to 15 times inside one request, hiding the outage from us.
 ///
 /// # Errors
 /// [`Error::KubeConfig`] when no configuration is found or it is unusable.
-pub async fn client(retry_after: RetryAfter) -> Result<kube::Client> {
+pub async fn client(retry_after: RetryAfter) -> Result<Clients> {
     let mut config = kube::Config::infer().await.map_err(|e| Error::KubeConfig {
         message: format!(
             "{e}; run in a pod with a service account, set KUBECONFIG, or use --dry-run"
@@ -285,6 +299,8 @@ pub async fn client(retry_after: RetryAfter) -> Result<kube::Client> {
     config.connect_timeout = Some(Duration::from_secs(5));
     config.read_timeout = Some(Duration::from_secs(15));
     config.write_timeout = Some(Duration::from_secs(15));
+    let mut watch_config = config.clone();
+    watch_config.read_timeout = Some(WATCH_READ_TIMEOUT);
     let layer = tower::ServiceBuilder::new().map_response(
         move |res: http::Response<Box<kube::client::DynBody>>| {
             if res.status() == http::StatusCode::TOO_MANY_REQUESTS
@@ -299,10 +315,88 @@ pub async fn client(retry_after: RetryAfter) -> Result<kube::Client> {
             res
         },
     );
-    let builder = kube::client::ClientBuilder::try_from(config).map_err(|e| Error::KubeConfig {
-        message: format!("cannot build the Kubernetes client: {e}"),
-    })?;
-    Ok(builder.with_layer(&layer).build())
+    let build = |config: kube::Config| {
+        kube::client::ClientBuilder::try_from(config).map_err(|e| Error::KubeConfig {
+            message: format!("cannot build the Kubernetes client: {e}"),
+        })
+    };
+    Ok(Clients {
+        requests: build(config)?.with_layer(&layer).build(),
+        watch: build(watch_config)?.build(),
+    })
+}
+
+/// Watch this agent's own Node (a field selector on its name) and send every version of it
+/// the server reports (`None` when the watch broke, so the reconciler reads again until it is
+/// back), until `tx` is closed. Re-watches from the last resourceVersion when
+/// the server ends a watch, from scratch when that version is too old (410 Gone), and backs
+/// off (capped at `max_backoff`) while the server fails. A watch means drift (a hand-removed
+/// taint, a changed allocatable) is seen at once, and steady state costs no periodic reads.
+pub async fn watch_node(
+    client: kube::Client,
+    node_name: String,
+    tx: tokio::sync::mpsc::Sender<Option<Node>>,
+    max_backoff: Duration,
+) {
+    use futures::StreamExt;
+    use kube::api::{WatchEvent, WatchParams};
+    let nodes: Api<Node> = Api::all(client);
+    let params = WatchParams::default()
+        .fields(&format!("metadata.name={node_name}"))
+        .timeout(WATCH_TIMEOUT_SECS)
+        .disable_bookmarks();
+    let mut version = "0".to_owned();
+    let mut delay = Duration::from_millis(200);
+    loop {
+        match nodes.watch(&params, &version).await {
+            Ok(stream) => {
+                let mut stream = stream.boxed();
+                while let Some(event) = stream.next().await {
+                    match event {
+                        Ok(WatchEvent::Added(node) | WatchEvent::Modified(node)) => {
+                            delay = Duration::from_millis(200);
+                            if let Some(rv) = &node.metadata.resource_version {
+                                version.clone_from(rv);
+                            }
+                            if tx.send(Some(node)).await.is_err() {
+                                return;
+                            }
+                        }
+                        Ok(WatchEvent::Bookmark(b)) => {
+                            version = b.metadata.resource_version;
+                        }
+                        Ok(WatchEvent::Deleted(_)) => {}
+                        Ok(WatchEvent::Error(e)) if e.code == 410 => {
+                            version = "0".to_owned();
+                            let _ = tx.send(None).await;
+                            break;
+                        }
+                        Ok(WatchEvent::Error(e)) => {
+                            tracing::debug!(node = %node_name, error = %e.message, "watch error");
+                            let _ = tx.send(None).await;
+                            break;
+                        }
+                        Err(e) => {
+                            tracing::debug!(node = %node_name, error = %e, "watch stream ended");
+                            let _ = tx.send(None).await;
+                            break;
+                        }
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::debug!(node = %node_name, error = %e, retry_in = ?delay, "cannot watch the Node");
+                if tx.send(None).await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(max_backoff.max(Duration::from_millis(200)));
+            }
+        }
+        if tx.is_closed() {
+            return;
+        }
+    }
 }
 
 /// What a reconcile did.
@@ -329,6 +423,11 @@ pub struct Reconciler {
     pending_event: Option<Transition>,
     /// Dry-run: what was last logged, so an unchanged verdict logs nothing.
     logged: Option<Vec<String>>,
+    /// The newest Node the watch delivered, used instead of a GET while the watch is live.
+    observed: Option<Node>,
+    /// resourceVersions our own writes produced (newest last): the watch echoes them back,
+    /// and an echo of our own write is nothing to react to.
+    own_versions: std::collections::VecDeque<String>,
 }
 
 impl Reconciler {
@@ -350,7 +449,41 @@ impl Reconciler {
             confirmed: None,
             pending_event: None,
             logged: None,
+            observed: None,
+            own_versions: std::collections::VecDeque::new(),
         }
+    }
+
+    /// A version of the Node from the watch. `true` when it needs a reconcile: someone else
+    /// changed it (not an echo of our own writes).
+    pub fn observe(&mut self, node: Node) -> bool {
+        let rv = node.metadata.resource_version.clone().unwrap_or_default();
+        let echo = !rv.is_empty() && self.own_versions.contains(&rv);
+        if echo {
+            // Older echoes must not replace the result of our newer write.
+            if self.own_versions.back() == Some(&rv) {
+                self.observed = Some(node);
+            }
+            return false;
+        }
+        self.observed = Some(node);
+        self.confirmed = None;
+        true
+    }
+
+    /// The watch is down: read the Node again until it is back.
+    pub fn forget_observed(&mut self) {
+        self.observed = None;
+    }
+
+    fn remember_own(&mut self, node: &Node) {
+        if let Some(rv) = &node.metadata.resource_version {
+            if self.own_versions.len() >= 16 {
+                self.own_versions.pop_front();
+            }
+            self.own_versions.push_back(rv.clone());
+        }
+        self.observed = Some(node.clone());
     }
 
     pub fn node_name(&self) -> &str {
@@ -405,7 +538,10 @@ impl Reconciler {
             return Ok(Outcome::default());
         }
         let mut outcome = Outcome::default();
-        let mut node = self.get(&nodes, &mut outcome).await?;
+        let mut node = match self.observed.clone() {
+            Some(node) => node,
+            None => self.get(&nodes, &mut outcome).await?,
+        };
         let now = Timestamp::now();
         let plan = plan(&node, verdict, &taint_key, &now);
         if let Some(t) = &plan.transition {
@@ -432,19 +568,23 @@ impl Reconciler {
             node = self
                 .write_taint(&nodes, node, verdict, &taint_key, &mut outcome)
                 .await?;
+            self.remember_own(&node);
         }
         if let Some(labels) = &plan.labels {
             node = self.apply_labels(&nodes, labels, &mut outcome).await?;
+            self.remember_own(&node);
         }
         if let Some(conditions) = &plan.conditions {
             node = self
                 .apply_conditions(&nodes, conditions, &mut outcome)
                 .await?;
+            self.remember_own(&node);
         }
         if !taint_first && plan.taints.is_some() {
             node = self
                 .write_taint(&nodes, node, verdict, &taint_key, &mut outcome)
                 .await?;
+            self.remember_own(&node);
         }
         if let Some(t) = self.pending_event.clone() {
             self.emit_event(&node, &t, &mut outcome).await?;

@@ -191,21 +191,15 @@ fn rbac_grants_exactly_what_the_agent_uses() {
             }
         }
     }
-    let expected: BTreeSet<String> = [
-        "core nodes get",
-        "core nodes list",
-        "core nodes watch",
-        "core nodes patch",
-        "core nodes/status patch",
-        "core events create",
-        "core events patch",
-        "events.k8s.io events create",
-        "events.k8s.io events patch",
-    ]
-    .into_iter()
-    .map(String::from)
-    .collect();
-    assert_eq!(grants, expected);
+    // That these grants are exactly what the agent uses is asserted from the real apiserver's
+    // audit log of a full agent run (tests/cluster.rs,
+    // the_cluster_role_grants_exactly_what_a_full_agent_run_uses); here only their shape.
+    assert!(
+        grants
+            .iter()
+            .all(|g| g.starts_with("core nodes") || g.starts_with("events.k8s.io events")),
+        "{grants:?}"
+    );
 
     let binding = object("ClusterRoleBinding");
     assert_eq!(binding["roleRef"]["kind"], "ClusterRole");

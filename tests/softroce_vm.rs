@@ -13,7 +13,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
-use support::apiserver::{self, ApiServer};
+use support::controlplane::ControlPlane;
+use support::env::in_ci;
 
 /// The results of the one boot: the output folder and what the host saw of the daemon, or
 /// why the suite is skipped.
@@ -25,7 +26,7 @@ enum Boot {
 const NODE: &str = "fabricgate-vm";
 const TAINT: &str = "fabricgate.io/unvalidated";
 
-/// What the host saw on the stand-in's Node while the daemon ran in the guest.
+/// What the host saw on the real apiserver's Node while the daemon ran in the guest.
 #[derive(Debug, Default)]
 struct DaemonRun {
     /// First validation: daemon start to the Node labelled ready without the taint.
@@ -63,7 +64,7 @@ fn is_validated(node: &Value) -> bool {
 /// Drives the host side of scenario 6 in tests/vm/scenarios.sh: waits for the guest's
 /// marker files, watches the Node, and acknowledges each phase with `host.NAME`.
 struct Host<'a> {
-    api: &'a ApiServer,
+    cp: &'a ControlPlane,
     out: &'a Path,
     child: &'a mut Child,
 }
@@ -98,13 +99,13 @@ impl Host<'_> {
         want: impl Fn(&Value) -> bool,
     ) -> Result<(Duration, Value), String> {
         loop {
-            if let Some(node) = self.api.node(NODE).filter(|n| want(n)) {
+            if let Some(node) = self.cp.node(NODE).filter(|n| want(n)) {
                 return Ok((since.elapsed(), node));
             }
             if self.guest_gone() || since.elapsed() > limit {
                 return Err(format!(
                     "the Node never became {what}: {}",
-                    self.api.node(NODE).unwrap_or_default()
+                    self.cp.node(NODE).unwrap_or_default()
                 ));
             }
             std::thread::sleep(Self::POLL);
@@ -158,10 +159,6 @@ fn manifest_dir() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-fn in_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
-}
-
 fn boot() -> &'static Boot {
     static BOOT: OnceLock<Boot> = OnceLock::new();
     BOOT.get_or_init(|| {
@@ -194,14 +191,25 @@ fn boot() -> &'static Boot {
         let _ = std::fs::remove_dir_all(&out);
         std::fs::create_dir_all(&out).unwrap();
 
-        // The API-server stand-in on the host's loopback; the guest reaches it through its
-        // second NIC (qemu user network 10.0.3.0/24, host 10.0.3.2).
-        let api = ApiServer::start();
-        api.seed_node(ApiServer::kubelet_node(NODE));
+        // The real kube-apiserver on the host's loopback; the guest reaches it through its
+        // second NIC (qemu user network 10.0.3.0/24, host 10.0.3.2, which the serving
+        // certificate names). The daemon uses its pod-bound ServiceAccount token, so RBAC and
+        // the own-node admission policy are in force.
+        let Some(cp) = ControlPlane::shared() else {
+            return Boot::Skipped("no control plane binary (run .ci/controlplane.sh)".into());
+        };
+        cp.create_node(
+            NODE,
+            serde_json::json!({}),
+            serde_json::json!([]),
+            serde_json::json!({}),
+        );
         let kubeconfig = out.join("kubeconfig");
-        apiserver::write_kubeconfig(
+        let token = cp.agent_token(NODE);
+        cp.write_kubeconfig(
             &kubeconfig,
-            &format!("http://10.0.3.2:{}", api.addr().port()),
+            &format!("https://10.0.3.2:{}", cp.port),
+            &token,
         );
 
         let mut child = Command::new("bash")
@@ -218,7 +226,7 @@ fn boot() -> &'static Boot {
             .expect("run tests/vm/run.sh");
         let mut run = DaemonRun::default();
         let mut host = Host {
-            api: &api,
+            cp,
             out: &out,
             child: &mut child,
         };
@@ -462,7 +470,7 @@ fn rdma_link_delete_mid_run_is_reported_not_a_crash() {
 }
 
 #[test]
-fn daemon_in_the_vm_taints_and_untaints_the_standin_node_as_eth0_goes_down_and_up() {
+fn daemon_in_the_vm_taints_and_untaints_its_node_on_the_real_apiserver_as_eth0_goes_down_and_up() {
     let Some(dir) = results() else { return };
     let Boot::Ran(_, run) = boot() else { return };
     let log = std::fs::read_to_string(dir.join("daemon.log")).unwrap_or_default();
@@ -513,7 +521,7 @@ fn daemon_in_the_vm_taints_and_untaints_the_standin_node_as_eth0_goes_down_and_u
     let rc = std::fs::read_to_string(dir.join("daemon.rc")).unwrap();
     assert_eq!(rc.trim(), "0", "daemon exit after SIGTERM; log:\n{log}");
     eprintln!(
-        "daemon (interval 1s): start -> validated {:?}; eth0 down -> taint on the stand-in \
+        "daemon (interval 1s): start -> validated {:?}; eth0 down -> taint on the real apiserver \
          {:?}; eth0 up -> taint removed {:?}; rdma link delete -> taint {:?}",
         run.start_to_ready, run.down_to_taint, run.up_to_untaint, run.delete_to_taint
     );

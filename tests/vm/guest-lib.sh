@@ -34,7 +34,7 @@ fg_now_ms() {
 }
 
 # fg_wait_host NAME SECONDS: wait for the host's acknowledgement file $FG_OUT/host.NAME
-# (the host watches the stand-in API server); fails on timeout or host.abort.
+# (the host watches the real kube-apiserver); fails on timeout or host.abort.
 fg_wait_host() {
     i=0
     while [ "$i" -lt $(($2 * 10)) ]; do

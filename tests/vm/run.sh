@@ -15,7 +15,7 @@
 #
 # Two NICs, each on its own qemu user network: eth0 (10.0.2.0/24) carries rxe0 and is the one
 # scenarios take down; eth1 (10.0.3.0/24) stays up for management, and 10.0.3.2:PORT reaches
-# this host's 127.0.0.1:PORT (e.g. the API-server stand-in) even while eth0 is down.
+# this host's 127.0.0.1:PORT (e.g. the test kube-apiserver) even while eth0 is down.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"

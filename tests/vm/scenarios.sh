@@ -74,8 +74,8 @@ mount -t tmpfs tmpfs /dev/infiniband
 check hidden
 umount /dev/infiniband
 
-# 6. The daemon against the API-server stand-in on the host (FG_KUBECONFIG, server
-#    http://10.0.3.2:PORT over eth1): the host test watches the Node's taint and acknowledges
+# 6. The daemon against the real kube-apiserver on the host (FG_KUBECONFIG, server
+#    https://10.0.3.2:PORT over eth1): the host test watches the Node's taint and acknowledges
 #    each phase with $FG_OUT/host.NAME; we take eth0 down and up between them.
 daemon=""
 if [ -n "${FG_KUBECONFIG:-}" ]; then

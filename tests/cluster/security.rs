@@ -1,0 +1,302 @@
+//! The security model of `daemonset.yaml`, on the real apiserver: its Namespace,
+//! ServiceAccount, ClusterRole(+Binding) and ValidatingAdmissionPolicy(+Binding) applied, and a
+//! token of the agent's ServiceAccount bound to a Pod on `sec-a` (the node-name claim the
+//! policy checks). With it the agent's own writes to `sec-a` succeed; everything else is
+//! denied, by the policy (with its message) or by RBAC. And the ClusterRole grants exactly
+//! what a full agent run uses according to the audit log.
+
+use crate::support::controlplane::{ControlPlane, client_from};
+use crate::support::sysfs::FakeHca;
+use crate::{AGENT_USER, TAINT, TestNode, control_plane, start_agent, wait_until};
+use k8s_openapi::api::core::v1::{Node, Secret};
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+/// The code and message of a denied request, or `None` when it succeeded.
+fn denial<T>(r: Result<T, kube::Error>) -> Option<(u16, String)> {
+    match r {
+        Ok(_) => None,
+        Err(kube::Error::Api(s)) => Some((s.code, s.message)),
+        Err(e) => panic!("not an API answer: {e}"),
+    }
+}
+
+fn ssa() -> PatchParams {
+    PatchParams::apply("fabricgate").force()
+}
+
+fn json_patch(ops: Value) -> Patch<()> {
+    Patch::Json(serde_json::from_value(ops).expect("JSON patch"))
+}
+
+/// The policy is enforced once the apiserver has loaded it: until then a write the policy
+/// denies goes through. Wait until a label outside the prefix is refused.
+fn wait_policy_loaded(cp: &ControlPlane, nodes: &Api<Node>, node: &str) {
+    wait_until(
+        "the admission policy to be enforced",
+        Duration::from_secs(60),
+        || {
+            let body = json!({ "metadata": { "labels": { "probe.example.com/policy": "x" } } });
+            let r = cp.block_on(nodes.patch(node, &PatchParams::default(), &Patch::Merge(&body)));
+            match denial(r) {
+                Some((403, _)) => true,
+                Some(other) => panic!("unexpected answer while waiting for the policy: {other:?}"),
+                None => {
+                    // It went through before the policy was active: undo it as admin.
+                    cp.kubectl(&["label", "node", node, "probe.example.com/policy-"]);
+                    false
+                }
+            }
+        },
+    );
+}
+
+#[test]
+fn the_agent_may_change_only_its_own_marks_on_its_own_node() {
+    let Some(cp) = control_plane() else { return };
+    let a = TestNode::seeded(cp, "sec-a");
+    let b = TestNode::seeded(cp, "sec-b");
+    let kubeconfig = a.agent_kubeconfig(None);
+    let client = cp.block_on(client_from(&kubeconfig));
+    let nodes: Api<Node> = Api::all(client.clone());
+    wait_policy_loaded(cp, &nodes, &a.name);
+
+    // What the agent does, on its own Node: allowed.
+    let labels = json!({ "apiVersion": "v1", "kind": "Node",
+        "metadata": { "name": a.name, "labels": { "fabricgate.io/ready": "false" } } });
+    assert_eq!(
+        denial(cp.block_on(nodes.patch(&a.name, &ssa(), &Patch::Apply(&labels)))),
+        None,
+        "labels by SSA on the own node"
+    );
+    let rv = a.json()["metadata"]["resourceVersion"].clone();
+    let taints = json!([
+        { "op": "test", "path": "/metadata/resourceVersion", "value": rv },
+        { "op": "add", "path": "/spec/taints", "value": [
+            { "key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule" },
+            { "key": TAINT, "effect": "NoExecute" } ] },
+    ]);
+    assert_eq!(
+        denial(cp.block_on(nodes.patch(&a.name, &PatchParams::default(), &json_patch(taints)))),
+        None,
+        "its own taint by JSON patch"
+    );
+    let conditions = json!({ "apiVersion": "v1", "kind": "Node", "metadata": { "name": a.name },
+        "status": { "conditions": [{ "type": "FabricReady", "status": "False",
+            "reason": "PortDown", "message": "test",
+            "lastTransitionTime": "2026-11-30T00:00:00Z" }] } });
+    assert_eq!(
+        denial(cp.block_on(nodes.patch_status(&a.name, &ssa(), &Patch::Apply(&conditions)))),
+        None,
+        "its own conditions by SSA on status"
+    );
+    let events: Api<Event> = Api::namespaced(client.clone(), "default");
+    let event: Event = serde_json::from_value(json!({
+        "metadata": { "generateName": "sec-a.", "namespace": "default" },
+        "eventTime": "2026-11-30T00:00:00.000000Z",
+        "action": "Invalidated", "reason": "FabricNotReady", "type": "Warning", "note": "test",
+        "regarding": { "apiVersion": "v1", "kind": "Node", "name": a.name },
+        "reportingController": "fabricgate.io/agent", "reportingInstance": "fabricgate-sec-a",
+    }))
+    .unwrap();
+    assert_eq!(
+        denial(cp.block_on(events.create(&PostParams::default(), &event))),
+        None,
+        "an Event"
+    );
+
+    // The same writes on another node: denied by the policy, naming both nodes.
+    let other = json!({ "apiVersion": "v1", "kind": "Node",
+        "metadata": { "name": b.name, "labels": { "fabricgate.io/ready": "false" } } });
+    let (code, msg) = denial(cp.block_on(nodes.patch(&b.name, &ssa(), &Patch::Apply(&other))))
+        .expect("writing another node is denied");
+    assert_eq!(code, 403);
+    assert!(
+        msg.contains("fabricgate on node sec-a may not modify node sec-b"),
+        "{msg}"
+    );
+    let other_status = json!({ "apiVersion": "v1", "kind": "Node", "metadata": { "name": b.name },
+        "status": { "conditions": [{ "type": "FabricReady", "status": "False",
+            "reason": "PortDown", "message": "test" }] } });
+    let (code, msg) =
+        denial(cp.block_on(nodes.patch_status(&b.name, &ssa(), &Patch::Apply(&other_status))))
+            .expect("another node's status is denied");
+    assert_eq!(code, 403);
+    assert!(msg.contains("may not modify node sec-b"), "{msg}");
+
+    // A label outside the prefix, another taint, another condition, on its own node.
+    let foreign_label = json!({ "metadata": { "labels": { "team": "hacked" } } });
+    let (code, msg) = denial(cp.block_on(nodes.patch(
+        &a.name,
+        &PatchParams::default(),
+        &Patch::Merge(&foreign_label),
+    )))
+    .expect("a foreign label is denied");
+    assert_eq!(code, 403);
+    assert!(
+        msg.contains("fabricgate may change only labels under fabricgate.io/"),
+        "{msg}"
+    );
+    let rv = a.json()["metadata"]["resourceVersion"].clone();
+    let foreign_taint = json!([
+        { "op": "test", "path": "/metadata/resourceVersion", "value": rv },
+        { "op": "add", "path": "/spec/taints/-", "value": { "key": "example.com/evil", "effect": "NoSchedule" } },
+    ]);
+    let (code, msg) = denial(cp.block_on(nodes.patch(
+        &a.name,
+        &PatchParams::default(),
+        &json_patch(foreign_taint),
+    )))
+    .expect("another taint is denied");
+    assert_eq!(code, 403);
+    assert!(
+        msg.contains("fabricgate may add or remove only its own taint fabricgate.io/unvalidated"),
+        "{msg}"
+    );
+    let foreign_condition = json!({ "apiVersion": "v1", "kind": "Node", "metadata": { "name": a.name },
+        "status": { "conditions": [{ "type": "Ready", "status": "False",
+            "reason": "Hacked", "message": "test" }] } });
+    let (code, msg) = denial(cp.block_on(nodes.patch_status(
+        &a.name,
+        &PatchParams::apply("fabricgate-evil").force(),
+        &Patch::Apply(&foreign_condition),
+    )))
+    .expect("another condition is denied");
+    assert_eq!(code, 403);
+    assert!(
+        msg.contains("fabricgate may change only its own conditions"),
+        "{msg}"
+    );
+    let unschedulable = json!({ "spec": { "unschedulable": true } });
+    let (code, msg) = denial(cp.block_on(nodes.patch(
+        &a.name,
+        &PatchParams::default(),
+        &Patch::Merge(&unschedulable),
+    )))
+    .expect("cordoning is denied");
+    assert_eq!(code, 403);
+    assert!(msg.contains("may not change the Node spec"), "{msg}");
+
+    // Creating and deleting Nodes: RBAC grants neither verb, so RBAC refuses them before
+    // admission (the policy would too).
+    let new_node: Node =
+        serde_json::from_value(json!({ "metadata": { "name": "sec-new" } })).unwrap();
+    let (code, msg) = denial(cp.block_on(nodes.create(&PostParams::default(), &new_node)))
+        .expect("creating a Node is denied");
+    assert_eq!(code, 403, "{msg}");
+    assert!(msg.contains(AGENT_USER), "{msg}");
+    let (code, msg) = denial(cp.block_on(nodes.delete(&b.name, &Default::default())))
+        .expect("deleting a Node is denied");
+    assert_eq!(code, 403, "{msg}");
+    assert!(cp.node(&b.name).is_some());
+
+    // Secrets: RBAC.
+    let secrets: Api<Secret> = Api::namespaced(client, "fabricgate");
+    let (code, msg) =
+        denial(cp.block_on(secrets.list(&Default::default()))).expect("reading Secrets is denied");
+    assert_eq!(code, 403);
+    assert!(msg.contains("cannot list resource \"secrets\""), "{msg}");
+
+    // Nothing of the denied writes landed.
+    let n = a.json();
+    assert_eq!(n["metadata"]["labels"]["team"], "ml");
+    assert_eq!(n["spec"]["unschedulable"], Value::Null);
+    assert_eq!(a.condition("Ready").unwrap()["status"], "True");
+}
+
+/// (apiGroup, resource[/subresource], verb) the ClusterRole in `daemonset.yaml` grants.
+fn granted() -> BTreeSet<(String, String, String)> {
+    let manifest = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("daemonset.yaml"),
+    )
+    .unwrap();
+    let role = manifest
+        .split("\n---")
+        .find(|d| d.contains("\nkind: ClusterRole\n") && d.contains("name: fabricgate-agent"))
+        .expect("the agent's ClusterRole");
+    let role: Value = serde_norway::from_str(role).expect("ClusterRole YAML");
+    let mut out = BTreeSet::new();
+    for rule in role["rules"].as_array().unwrap() {
+        for g in rule["apiGroups"].as_array().unwrap() {
+            for r in rule["resources"].as_array().unwrap() {
+                for v in rule["verbs"].as_array().unwrap() {
+                    out.insert((
+                        g.as_str().unwrap().to_owned(),
+                        r.as_str().unwrap().to_owned(),
+                        v.as_str().unwrap().to_owned(),
+                    ));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// A full agent run — validate, fail, recover, drift undone, restart, stop — and the audit
+/// log's account of what it used: the ClusterRole grants exactly that, no more.
+#[test]
+fn the_cluster_role_grants_exactly_what_a_full_agent_run_uses() {
+    let Some(cp) = control_plane() else { return };
+    let node = TestNode::seeded(cp, "sec-full-run");
+    let hca = FakeHca::new(true);
+    let kubeconfig = node.agent_kubeconfig(None);
+    let mark = cp.audit_mark();
+    let agent = start_agent(
+        &node.name,
+        &hca,
+        Some(&kubeconfig),
+        &["--interval", "200ms", "--resync-interval", "1s"],
+    );
+    wait_until("validation", Duration::from_secs(30), || node.ready());
+    hca.set_port(false);
+    wait_until("the taint", Duration::from_secs(10), || {
+        node.has_our_taint()
+    });
+    hca.set_port(true);
+    wait_until("recovery", Duration::from_secs(15), || node.ready());
+    cp.kubectl(&["label", "node", &node.name, "fabricgate.io/ready-"]);
+    wait_until("drift undone", Duration::from_secs(10), || {
+        node.label("fabricgate.io/ready").as_deref() == Some("true")
+    });
+    let (status, _) = agent.stop();
+    assert!(status.success());
+    let agent = start_agent(
+        &node.name,
+        &hca,
+        Some(&kubeconfig),
+        &["--interval", "200ms"],
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    drop(agent);
+
+    let used: BTreeSet<(String, String, String)> = node
+        .agent_requests(mark)
+        .into_iter()
+        .map(|e| {
+            let resource = if e.subresource.is_empty() {
+                e.resource.clone()
+            } else {
+                format!("{}/{}", e.resource, e.subresource)
+            };
+            (e.api_group.clone(), resource, e.verb.clone())
+        })
+        .collect();
+    let forbidden: Vec<_> = node
+        .agent_requests(mark)
+        .into_iter()
+        .filter(|e| e.code == 403)
+        .collect();
+    assert!(
+        forbidden.is_empty(),
+        "the agent was refused: {forbidden:#?}"
+    );
+    eprintln!("verbs and resources the agent used (audit log): {used:?}");
+    assert_eq!(
+        granted(),
+        used,
+        "the ClusterRole must grant exactly what the agent uses"
+    );
+}
