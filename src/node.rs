@@ -768,7 +768,8 @@ impl Reconciler {
         let now = Timestamp::now();
         let event = Event {
             metadata: ObjectMeta {
-                generate_name: Some(format!("{}.", self.node_name)),
+                // A generateName may not end in a dot (the real apiserver refuses it).
+                generate_name: Some(format!("{}-", self.node_name)),
                 namespace: Some(EVENT_NAMESPACE.to_owned()),
                 ..ObjectMeta::default()
             },

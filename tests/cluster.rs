@@ -53,6 +53,26 @@ impl Agent {
     pub fn alive(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
     }
+
+    /// [`wait_until`], with the end of this agent's log in the failure message.
+    pub fn wait(&self, what: &str, limit: Duration, mut f: impl FnMut() -> bool) -> Duration {
+        let started = Instant::now();
+        loop {
+            if f() {
+                return started.elapsed();
+            }
+            if started.elapsed() >= limit {
+                let log = self.log();
+                let tail: Vec<&str> = log.lines().rev().take(30).collect();
+                let tail: Vec<&str> = tail.into_iter().rev().collect();
+                panic!(
+                    "timed out after {limit:?} waiting for {what}; agent log:\n{}",
+                    tail.join("\n")
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
 }
 
 impl Drop for Agent {

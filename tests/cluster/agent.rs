@@ -23,7 +23,7 @@ fn healthy_node_is_validated_after_recover_after_probes_and_keeps_others_fields(
         Some(&kubeconfig),
         &["--interval", "200ms"],
     );
-    wait_until("validation", Duration::from_secs(30), || node.ready());
+    agent.wait("validation", Duration::from_secs(30), || node.ready());
 
     let n = node.json();
     let labels = &n["metadata"]["labels"];
@@ -122,7 +122,7 @@ fn port_down_taints_within_one_interval_and_recovers_after_recover_after_probes(
         Some(&kubeconfig),
         &["--interval", "500ms"],
     );
-    wait_until("validation", Duration::from_secs(30), || node.ready());
+    agent.wait("validation", Duration::from_secs(30), || node.ready());
     let events_before = node.events().len();
 
     hca.set_port(false);
@@ -200,7 +200,7 @@ fn restarting_the_agent_on_a_validated_node_writes_nothing() {
         Some(&kubeconfig),
         &["--interval", "100ms"],
     );
-    wait_until("validation", Duration::from_secs(30), || node.ready());
+    agent.wait("validation", Duration::from_secs(30), || node.ready());
     let (status, _) = agent.stop();
     assert!(status.success());
     let mark = cp.audit_mark();
@@ -239,7 +239,7 @@ fn steady_state_makes_zero_writes_and_flapping_makes_no_taint_storm() {
         Some(&kubeconfig),
         &["--interval", "20ms", "--resync-interval", "1h"],
     );
-    wait_until("validation", Duration::from_secs(30), || node.ready());
+    agent.wait("validation", Duration::from_secs(30), || node.ready());
     std::thread::sleep(Duration::from_millis(200));
     let mark = cp.audit_mark();
     // 100 ticks at 20ms (jittered down by up to 10%).
@@ -290,13 +290,13 @@ fn a_live_watch_undoes_drift_at_once_without_periodic_reads() {
     let node = TestNode::seeded(cp, "agent-watch-drift");
     let hca = FakeHca::new(true);
     let kubeconfig = node.agent_kubeconfig(None);
-    let _agent = start_agent(
+    let agent = start_agent(
         &node.name,
         &hca,
         Some(&kubeconfig),
         &["--interval", "20ms", "--resync-interval", "100ms"],
     );
-    wait_until("validation", Duration::from_secs(30), || node.ready());
+    agent.wait("validation", Duration::from_secs(30), || node.ready());
     std::thread::sleep(Duration::from_millis(300));
     let mark = cp.audit_mark();
     std::thread::sleep(Duration::from_millis(1500));
@@ -342,13 +342,13 @@ fn without_a_watch_resync_reads_and_undoes_drift() {
     );
     let hca = FakeHca::new(true);
     let kubeconfig = node.agent_kubeconfig(Some(&proxy.url()));
-    let _agent = start_agent(
+    let agent = start_agent(
         &node.name,
         &hca,
         Some(&kubeconfig),
         &["--interval", "20ms", "--resync-interval", "100ms"],
     );
-    wait_until("validation", Duration::from_secs(30), || node.ready());
+    agent.wait("validation", Duration::from_secs(30), || node.ready());
     std::thread::sleep(Duration::from_millis(200));
     let mark = cp.audit_mark();
     std::thread::sleep(Duration::from_millis(1500));
@@ -403,7 +403,7 @@ fn api_outage_is_survived_and_converges_after() {
         Some(&kubeconfig),
         &["--interval", "100ms"],
     );
-    wait_until("validation", Duration::from_secs(30), || node.ready());
+    agent.wait("validation", Duration::from_secs(30), || node.ready());
 
     // 30 intervals of outage (5 minutes at the default 10s), cycling through the faults,
     // while the port goes down.
@@ -472,8 +472,8 @@ fn retry_after_is_honoured() {
         let proxy = FaultProxy::start(&cp.url, &cp.ca_file);
         let hca = FakeHca::new(true);
         let kubeconfig = node.agent_kubeconfig(Some(&proxy.url()));
-        let _agent = start_agent(&node.name, &hca, Some(&kubeconfig), &["--interval", "50ms"]);
-        wait_until("validation", Duration::from_secs(30), || node.ready());
+        let agent = start_agent(&node.name, &hca, Some(&kubeconfig), &["--interval", "50ms"]);
+        agent.wait("validation", Duration::from_secs(30), || node.ready());
         proxy.set_fault(Fault::Status {
             code: 429,
             retry_after: Some(2),
@@ -513,15 +513,25 @@ fn concurrent_writer_conflict_is_retried_and_its_taint_kept() {
     let Some(cp) = control_plane() else { return };
     let node = TestNode::seeded(cp, "agent-conflict");
     let proxy = FaultProxy::start(&cp.url, &cp.ca_file);
+    // Without its watch the agent reads the Node before it writes: the other writer gets in
+    // between that read and the write. (With the watch, a stale view fails the same way.)
+    proxy.set_fault_matching(
+        Fault::Status {
+            code: 503,
+            retry_after: None,
+            plain: true,
+        },
+        "watch=",
+    );
     let hca = FakeHca::new(true);
     let kubeconfig = node.agent_kubeconfig(Some(&proxy.url()));
-    let _agent = start_agent(
+    let agent = start_agent(
         &node.name,
         &hca,
         Some(&kubeconfig),
         &["--interval", "200ms"],
     );
-    wait_until("validation", Duration::from_secs(30), || node.ready());
+    agent.wait("validation", Duration::from_secs(30), || node.ready());
 
     // Between the agent's read and its taint write, another controller adds a taint.
     let name = node.name.clone();
@@ -550,9 +560,10 @@ fn concurrent_writer_conflict_is_retried_and_its_taint_kept() {
         1,
         "the stale write was rejected once: {conflicts:?}"
     );
+    // kubectl put its taint first; ours goes last, the others keep their order.
     assert_eq!(
         node.taints(),
-        vec!["nvidia.com/gpu", "example.com/maintenance", TAINT]
+        vec!["example.com/maintenance", "nvidia.com/gpu", TAINT]
     );
 }
 
@@ -569,7 +580,7 @@ fn sigterm_exits_cleanly_within_5s_even_with_a_write_in_flight() {
         Some(&kubeconfig),
         &["--interval", "100ms"],
     );
-    wait_until("validation", Duration::from_secs(30), || node.ready());
+    agent.wait("validation", Duration::from_secs(30), || node.ready());
     // A hung API server: the next write never finishes on its own.
     proxy.set_fault(Fault::Stall(Duration::from_secs(30)));
     hca.set_port(false);
@@ -731,7 +742,7 @@ fn committed_fixtures_drive_the_node() {
         let root = committed_fixture(fixture);
         let kubeconfig = node.agent_kubeconfig(None);
         let config = committed_fixture("requirements-ndr.yaml");
-        let _agent = start_agent_at(
+        let agent = start_agent_at(
             &node.name,
             &root.join("sys"),
             &root.join("proc"),
@@ -740,7 +751,7 @@ fn committed_fixtures_drive_the_node() {
             &["--interval", "100ms", "--config", config.to_str().unwrap()],
         );
         if ready_expected {
-            wait_until(fixture, Duration::from_secs(30), || node.ready());
+            agent.wait(fixture, Duration::from_secs(30), || node.ready());
             assert_eq!(
                 node.label("fabricgate.io/rdma.active-ports").as_deref(),
                 Some("8")
@@ -768,8 +779,8 @@ fn a_quiet_minute_costs_no_writes_in_the_audit_log() {
     let node = TestNode::seeded(cp, "agent-quiet-minute");
     let hca = FakeHca::new(true);
     let kubeconfig = node.agent_kubeconfig(None);
-    let _agent = start_agent(&node.name, &hca, Some(&kubeconfig), &["--interval", "1s"]);
-    wait_until("validation", Duration::from_secs(30), || node.ready());
+    let agent = start_agent(&node.name, &hca, Some(&kubeconfig), &["--interval", "1s"]);
+    agent.wait("validation", Duration::from_secs(30), || node.ready());
     std::thread::sleep(Duration::from_secs(1));
     let mark = cp.audit_mark();
     let quiet = Duration::from_secs(60);
@@ -803,8 +814,8 @@ fn measure_port_down_to_taint_on_the_real_apiserver() {
     let node = TestNode::seeded(cp, "agent-measure");
     let hca = FakeHca::new(true);
     let kubeconfig = node.agent_kubeconfig(None);
-    let _agent = start_agent(&node.name, &hca, Some(&kubeconfig), &["--interval", "1s"]);
-    wait_until("validation", Duration::from_secs(30), || node.ready());
+    let agent = start_agent(&node.name, &hca, Some(&kubeconfig), &["--interval", "1s"]);
+    agent.wait("validation", Duration::from_secs(30), || node.ready());
     let mut took = Vec::new();
     for _ in 0..10 {
         hca.set_port(false);

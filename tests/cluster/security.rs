@@ -95,7 +95,7 @@ fn the_agent_may_change_only_its_own_marks_on_its_own_node() {
     );
     let events: Api<Event> = Api::namespaced(client.clone(), "default");
     let event: Event = serde_json::from_value(json!({
-        "metadata": { "generateName": "sec-a.", "namespace": "default" },
+        "metadata": { "generateName": "sec-a-", "namespace": "default" },
         "eventTime": "2026-11-30T00:00:00.000000Z",
         "action": "Invalidated", "reason": "FabricNotReady", "type": "Warning", "note": "test",
         "regarding": { "apiVersion": "v1", "kind": "Node", "name": a.name },
@@ -250,7 +250,7 @@ fn the_cluster_role_grants_exactly_what_a_full_agent_run_uses() {
         Some(&kubeconfig),
         &["--interval", "200ms", "--resync-interval", "1s"],
     );
-    wait_until("validation", Duration::from_secs(30), || node.ready());
+    agent.wait("validation", Duration::from_secs(30), || node.ready());
     hca.set_port(false);
     wait_until("the taint", Duration::from_secs(10), || {
         node.has_our_taint()
