@@ -17,6 +17,18 @@ pub struct Config {
     pub mounts: Vec<MountRequirement>,
     pub node: NodeSettings,
     pub fallback: FallbackSettings,
+    /// What the agent requires of its own Node object (device-plugin liveness).
+    pub kubernetes: KubernetesRequirements,
+}
+
+/// Requirements read from the agent's own (watched) Node, not from the host.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct KubernetesRequirements {
+    /// Extended resources a device plugin advertises (`rdma/hca_shared_devices_a`,
+    /// `nvidia.com/hostdev`): each must be in the Node's `status.capacity` and have
+    /// `status.allocatable` > 0. Empty (the default): not checked.
+    pub rdma_resources: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -146,6 +158,10 @@ pub struct NodeSettings {
     pub taint_effect: TaintEffect,
     /// Consecutive good probes before a not-ready node is marked ready again (>= 1).
     pub recover_after: u32,
+    /// Label selector of this agent's pool: the DaemonSet's nodeSelector (`pool=gpu-a`).
+    /// The blast-radius breaker counts only these Nodes; empty: the breaker is off.
+    pub pool_selector: String,
+    pub breaker: BreakerSettings,
 }
 
 impl Default for NodeSettings {
@@ -154,6 +170,37 @@ impl Default for NodeSettings {
             label_prefix: DEFAULT_LABEL_PREFIX.into(),
             taint_effect: TaintEffect::NoSchedule,
             recover_after: DEFAULT_RECOVER_AFTER,
+            pool_selector: String::new(),
+            breaker: BreakerSettings::default(),
+        }
+    }
+}
+
+/// The blast-radius breaker: before newly tainting its Node, the agent counts the Nodes of
+/// its pool (`node.pool_selector`) that already carry the taint, and does not taint past these
+/// limits (condition reason `BreakerOpen`). It never blocks untainting.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BreakerSettings {
+    /// `false`: taint regardless of the pool (the operator override for the whole pool; the
+    /// annotation `<label_prefix>breaker-override: "true"` does it for one Node).
+    pub enabled: bool,
+    /// Tainting this Node must not bring the tainted share of the pool above this (0..=1).
+    pub max_unvalidated_fraction: f64,
+    /// At most this many Nodes of the pool may have turned not ready (our `FabricReady`
+    /// condition's transition time) within `window`, this one included; 0: no such cap.
+    pub max_new_per_window: u32,
+    #[serde(with = "humantime_duration")]
+    pub window: Duration,
+}
+
+impl Default for BreakerSettings {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            max_unvalidated_fraction: 0.5,
+            max_new_per_window: 20,
+            window: Duration::from_secs(600),
         }
     }
 }
@@ -271,6 +318,55 @@ impl Config {
                     self.rdma.min_rate_gbps
                 ),
             );
+        }
+        let fraction = self.node.breaker.max_unvalidated_fraction;
+        if !(0.0..=1.0).contains(&fraction) {
+            return bad(
+                "node.breaker.max_unvalidated_fraction",
+                format!("{fraction} is not a fraction; give a number from 0 to 1 (e.g. 0.5)"),
+            );
+        }
+        if self.node.breaker.window.is_zero() {
+            return bad(
+                "node.breaker.window",
+                "must be greater than 0 (e.g. 10m)".to_owned(),
+            );
+        }
+        if !self.node.pool_selector.is_empty()
+            && self
+                .node
+                .pool_selector
+                .split(',')
+                .any(|term| term.trim().is_empty())
+        {
+            return bad(
+                "node.pool_selector",
+                format!(
+                    "{:?} has an empty term; give the DaemonSet's nodeSelector as a label \
+                     selector (e.g. \"pool=gpu-a,fabric=ib\")",
+                    self.node.pool_selector
+                ),
+            );
+        }
+        for r in &self.kubernetes.rdma_resources {
+            let valid = r.split_once('/').is_some_and(|(domain, name)| {
+                !domain.is_empty()
+                    && !name.is_empty()
+                    && !name.contains('/')
+                    && r.len() <= 253
+                    && r.bytes().all(|b| {
+                        b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_' | b'/')
+                    })
+            });
+            if !valid {
+                return bad(
+                    "kubernetes.rdma_resources",
+                    format!(
+                        "{r:?} is not an extended resource name; give the name the device \
+                         plugin advertises, e.g. \"rdma/hca_shared_devices_a\""
+                    ),
+                );
+            }
         }
         if let Err(e) = globset::Glob::new(&self.rdma.devices) {
             return bad(

@@ -6,9 +6,10 @@
 use crate::cli::{LogFormat, RunArgs};
 use crate::config::Config;
 use crate::error::{Error, Result};
+use crate::failclosed;
 use crate::metrics::{self, Metrics};
 use crate::node::{self, Reconciler, RetryAfter};
-use crate::policy::{self, Hysteresis, Verdict};
+use crate::policy::{self, Finding, Hysteresis, Verdict};
 use fabricgate_probes::{ProbeReport, Prober};
 use std::future::Future;
 use std::sync::Arc;
@@ -158,6 +159,8 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
     ));
 
     let (desired_tx, desired_rx) = watch::channel::<Option<Verdict>>(None);
+    // What the watched Node says about the device plugins (`kubernetes.rdma_resources`).
+    let (node_findings_tx, node_findings_rx) = watch::channel::<Vec<Finding>>(Vec::new());
     let mut hysteresis = Hysteresis::new(&config);
     // The agent's own Node, watched: drift is undone at once and steady state reads nothing.
     let (node_tx, node_rx) = tokio::sync::mpsc::channel(16);
@@ -195,6 +198,10 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
         stop_rx.clone(),
         LoopTiming { interval, resync },
         retry_after,
+        NodeChecks {
+            rdma_resources: config.kubernetes.rdma_resources.clone(),
+            findings: node_findings_tx,
+        },
     ));
 
     tracing::info!(
@@ -211,6 +218,7 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
         interval,
         &metrics,
         &desired_tx,
+        node_findings_rx,
         stop_rx,
     )
     .await;
@@ -242,30 +250,56 @@ async fn probe_loop(
     interval: Duration,
     metrics: &Metrics,
     desired: &watch::Sender<Option<Verdict>>,
+    mut node_findings: watch::Receiver<Vec<Finding>>,
     mut stop: watch::Receiver<bool>,
 ) -> Result<()> {
     let probes = ProbeThread::spawn(prober)?;
     let mut jitter = Jitter::new();
     let mut next = Instant::now();
     let mut last_ready: Option<bool> = None;
+    let mut last_report: Option<ProbeReport> = None;
+    let mut findings_open = true;
     loop {
-        tokio::select! {
+        // A device plugin that went away (seen on the watched Node) fails the node at once,
+        // judged with the last probe's report; coming back waits for the next probes (the
+        // hysteresis counts real probes only).
+        let fresh = tokio::select! {
             biased;
             () = wait_stop(&mut stop) => return Ok(()),
-            () = sleep_until(next) => {}
-        }
-        let started = Instant::now();
-        // Never later than the interval: "within one interval" holds with jitter.
-        next = started + interval.mul_f64(1.0 - 0.1 * jitter.next_f64());
-        let report = tokio::select! {
-            biased;
-            () = wait_stop(&mut stop) => return Ok(()),
-            r = probes.probe() => r?,
+            r = node_findings.changed(), if findings_open => {
+                if r.is_err() {
+                    findings_open = false;
+                    continue;
+                }
+                if node_findings.borrow().is_empty() || last_report.is_none() {
+                    continue;
+                }
+                false
+            }
+            () = sleep_until(next) => true,
         };
-        let instant = policy::evaluate(&report, config);
+        let report = match (&last_report, fresh) {
+            (Some(report), false) => report.clone(),
+            _ => {
+                let started = Instant::now();
+                // Never later than the interval: "within one interval" holds with jitter.
+                next = started + interval.mul_f64(1.0 - 0.1 * jitter.next_f64());
+                let report = tokio::select! {
+                    biased;
+                    () = wait_stop(&mut stop) => return Ok(()),
+                    r = probes.probe() => r?,
+                };
+                last_report = Some(report.clone());
+                report
+            }
+        };
+        let found = node_findings.borrow_and_update().clone();
+        let instant = policy::evaluate_with(&report, config, &found);
         let instant_ready = instant.ready;
         let verdict = hysteresis.apply(instant);
-        metrics.record_probe(&report, &verdict);
+        if fresh {
+            metrics.record_probe(&report, &verdict);
+        }
         tracing::debug!(
             instant_ready,
             ready = verdict.ready,
@@ -332,6 +366,33 @@ impl ProbeThread {
     }
 }
 
+/// Checks of the agent's own Node object, fed from the watch to the probe loop.
+struct NodeChecks {
+    rdma_resources: Vec<String>,
+    findings: watch::Sender<Vec<Finding>>,
+}
+
+impl NodeChecks {
+    fn observe(&self, node: &k8s_openapi::api::core::v1::Node) {
+        let found = failclosed::device_plugin_findings(node, &self.rdma_resources);
+        self.findings.send_if_modified(|have| {
+            if *have == found {
+                false
+            } else {
+                if found.is_empty() {
+                    tracing::info!("device-plugin resources are allocatable again");
+                } else {
+                    for f in &found {
+                        tracing::warn!(reason = f.code, "{}", f.message);
+                    }
+                }
+                *have = found;
+                true
+            }
+        });
+    }
+}
+
 #[derive(Debug, Clone, Copy)]
 struct LoopTiming {
     interval: Duration,
@@ -347,6 +408,7 @@ async fn reconcile_loop(
     mut stop: watch::Receiver<bool>,
     timing: LoopTiming,
     retry_after: RetryAfter,
+    checks: NodeChecks,
 ) {
     let mut failures: u32 = 0;
     let mut deadline: Option<Instant> = None;
@@ -373,6 +435,7 @@ async fn reconcile_loop(
             update = node_updates.recv(), if watching => {
                 match update {
                     Some(Some(node)) => {
+                        checks.observe(&node);
                         if !rec.observe(node) || failures > 0 {
                             continue;
                         }

@@ -6,6 +6,7 @@ pub mod cli;
 pub mod config;
 pub mod daemon;
 pub mod error;
+pub mod failclosed;
 pub mod fallback;
 pub mod metrics;
 pub mod node;

@@ -205,6 +205,7 @@ struct Families {
     probe_errors: Family<ProbeLabels, Counter>,
     last_probe_timestamp: GaugeF64,
     node_writes: Family<KindLabels, Counter>,
+    breaker_open: Gauge,
 
     fallback_suspected: Gauge,
     fallback_tcp_rate: OptionalGauge,
@@ -278,6 +279,11 @@ impl Metrics {
                 r.register_with_unit(concat!("fabricgate_", $name), $help, $unit, $m.clone())
             };
         }
+        reg!(
+            "breaker_open",
+            "1 while the blast-radius breaker keeps this node from being tainted, else 0",
+            f.breaker_open
+        );
         reg!(
             "node_ready",
             "1 when the node passed every check (RDMA and storage), else 0",
@@ -666,6 +672,12 @@ impl Metrics {
         set_optional(&f.fallback_rdma_rate, fb.rdma_bytes_per_second);
 
         self.first_probe_done.store(true, Ordering::Release);
+    }
+
+    /// Whether the blast-radius breaker is holding back this node's taint.
+    pub fn set_breaker_open(&self, open: bool) {
+        let _guard = self.lock();
+        self.families.breaker_open.set(i64::from(open));
     }
 
     /// Count a write to the API server (`kind`: `labels`, `taint`, `conditions`, `event`).

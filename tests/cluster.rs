@@ -11,6 +11,10 @@ mod support;
 
 #[path = "cluster/agent.rs"]
 mod agent;
+#[path = "cluster/breaker.rs"]
+mod breaker;
+#[path = "cluster/deviceplugin.rs"]
+mod deviceplugin;
 #[path = "cluster/scheduler.rs"]
 mod scheduler;
 #[path = "cluster/security.rs"]

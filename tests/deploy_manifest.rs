@@ -231,6 +231,24 @@ fn configmap_requirements_are_accepted_and_use_the_binarys_names() {
         config.node.recover_after,
         NodeSettings::default().recover_after
     );
+    // The blast-radius breaker counts the DaemonSet's pool: its nodeSelector, as a selector.
+    let selector = object("DaemonSet")["spec"]["template"]["spec"]["nodeSelector"].clone();
+    let mut terms: Vec<String> = selector
+        .as_object()
+        .expect("a nodeSelector")
+        .iter()
+        .map(|(k, v)| format!("{k}={}", v.as_str().unwrap()))
+        .collect();
+    terms.sort();
+    let mut pool: Vec<String> = config
+        .node
+        .pool_selector
+        .split(',')
+        .map(|t| t.trim().to_owned())
+        .collect();
+    pool.sort();
+    assert_eq!(pool, terms, "node.pool_selector must equal the nodeSelector");
+    assert!(config.node.breaker.enabled);
 
     // The file the agent is told to read is this ConfigMap key, mounted read-only.
     let args = run_args();

@@ -243,12 +243,26 @@ fn the_cluster_role_grants_exactly_what_a_full_agent_run_uses() {
     let node = TestNode::seeded(cp, "sec-full-run");
     let hca = FakeHca::new(true);
     let kubeconfig = node.agent_kubeconfig(None);
+    // With a pool, as daemonset.yaml configures it: the breaker lists the pool's Nodes.
+    let config = hca.scratch().join("requirements.yaml");
+    std::fs::write(
+        &config,
+        "node:\n  pool_selector: \"kubernetes.io/hostname=sec-full-run\"\n",
+    )
+    .unwrap();
     let mark = cp.audit_mark();
     let agent = start_agent(
         &node.name,
         &hca,
         Some(&kubeconfig),
-        &["--interval", "200ms", "--resync-interval", "1s"],
+        &[
+            "--interval",
+            "200ms",
+            "--resync-interval",
+            "1s",
+            "--config",
+            config.to_str().unwrap(),
+        ],
     );
     agent.wait("validation", Duration::from_secs(30), || node.ready());
     hca.set_port(false);
