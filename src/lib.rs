@@ -8,6 +8,7 @@ pub mod daemon;
 pub mod error;
 pub mod failclosed;
 pub mod fallback;
+pub mod guard;
 pub mod metrics;
 pub mod node;
 pub mod policy;

@@ -1,7 +1,7 @@
 //! The `fabricgate` binary: argument parsing and exit codes only.
 
 use clap::Parser;
-use fabricgate::cli::{CheckArgs, Cli, Command, Format, RunArgs, SelftestArgs};
+use fabricgate::cli::{CheckArgs, Cli, Command, Format, GuardArgs, RunArgs, SelftestArgs};
 use fabricgate::{EXIT_USAGE, EXIT_VALIDATED, check, daemon, policy};
 use fabricgate_probes::Prober;
 use std::process::ExitCode;
@@ -12,6 +12,7 @@ fn main() -> ExitCode {
         Command::Check(args) => run_check(&args),
         Command::Run(args) => run_agent(&args),
         Command::Selftest(args) => run_selftest(&args),
+        Command::Guard(args) => run_guard(args),
     };
     match result {
         Ok(code) => ExitCode::from(code),
@@ -76,6 +77,41 @@ fn run_agent(args: &RunArgs) -> anyhow::Result<u8> {
         daemon::run(agent, shutdown).await
     });
     // Do not wait on blocking tasks (DNS lookups) of an unreachable API server.
+    runtime.shutdown_timeout(std::time::Duration::from_millis(200));
+    result?;
+    Ok(EXIT_VALIDATED)
+}
+
+fn run_guard(args: GuardArgs) -> anyhow::Result<u8> {
+    daemon::init_logging(args.log_format);
+    let config = fabricgate::config::Config::load(&args.config)?;
+    let identity = args
+        .identity
+        .filter(|i| !i.trim().is_empty())
+        .unwrap_or_else(|| format!("fabricgate-guard-{}", std::process::id()));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let result = runtime.block_on(async {
+        let clients = fabricgate::node::client(fabricgate::node::RetryAfter::default()).await?;
+        let settings = fabricgate::guard::GuardSettings {
+            config,
+            namespace: args.namespace,
+            pod_selector: args.pod_selector,
+            stale_after: args.stale_after,
+            poll_interval: args.poll_interval,
+            lease_name: args.lease_name,
+            lease_duration: args.lease_duration,
+            identity,
+        };
+        let shutdown = async {
+            if let Err(e) = daemon::shutdown_signal().await {
+                tracing::error!("cannot install signal handlers ({e}); stopping");
+            }
+        };
+        fabricgate::guard::run(clients.requests, settings, shutdown).await
+    });
     runtime.shutdown_timeout(std::time::Duration::from_millis(200));
     result?;
     Ok(EXIT_VALIDATED)

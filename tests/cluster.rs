@@ -15,6 +15,8 @@ mod agent;
 mod breaker;
 #[path = "cluster/deviceplugin.rs"]
 mod deviceplugin;
+#[path = "cluster/guard.rs"]
+mod guard;
 #[path = "cluster/scheduler.rs"]
 mod scheduler;
 #[path = "cluster/security.rs"]

@@ -247,7 +247,10 @@ fn configmap_requirements_are_accepted_and_use_the_binarys_names() {
         .map(|t| t.trim().to_owned())
         .collect();
     pool.sort();
-    assert_eq!(pool, terms, "node.pool_selector must equal the nodeSelector");
+    assert_eq!(
+        pool, terms,
+        "node.pool_selector must equal the nodeSelector"
+    );
     assert!(config.node.breaker.enabled);
 
     // The file the agent is told to read is this ConfigMap key, mounted read-only.
@@ -1070,4 +1073,105 @@ fn cleanup_script_removes_only_what_fabricgate_owns() {
             {"op": "remove", "path": "/status/conditions/1"},
         ])
     );
+}
+
+/// Every document of `deploy/guard.yaml`.
+fn guard_documents() -> Vec<Value> {
+    let text = std::fs::read_to_string(root().join("deploy/guard.yaml")).unwrap();
+    serde_norway::Deserializer::from_str(&text)
+        .map(|doc| Value::deserialize(doc).unwrap())
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+#[test]
+fn guard_manifest_is_least_privilege_two_replicas_with_a_pdb_and_its_args_parse() {
+    let docs = guard_documents();
+    let one = |kind: &str| -> Value {
+        let found: Vec<&Value> = docs.iter().filter(|d| d["kind"] == kind).collect();
+        assert_eq!(found.len(), 1, "one {kind} in deploy/guard.yaml");
+        found[0].clone()
+    };
+    for d in &docs {
+        if d["kind"] != "ClusterRole" && d["kind"] != "ClusterRoleBinding" {
+            assert_eq!(d["metadata"]["namespace"], NAMESPACE, "{d}");
+        }
+    }
+    // RBAC: exactly these grants, no wildcards, no secrets.
+    let mut grants = BTreeSet::new();
+    for kind in ["ClusterRole", "Role"] {
+        for rule in one(kind)["rules"].as_array().unwrap() {
+            for group in strings(&rule["apiGroups"]) {
+                for resource in strings(&rule["resources"]) {
+                    for verb in strings(&rule["verbs"]) {
+                        grants.insert(format!("{kind} {group}/{resource} {verb}"));
+                    }
+                }
+            }
+        }
+    }
+    let want: BTreeSet<String> = [
+        "ClusterRole /nodes list",
+        "ClusterRole /nodes patch",
+        "ClusterRole /nodes/status patch",
+        "Role /pods list",
+        "Role coordination.k8s.io/leases create",
+        "Role coordination.k8s.io/leases get",
+        "Role coordination.k8s.io/leases patch",
+        "Role coordination.k8s.io/leases update",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect();
+    assert_eq!(grants, want);
+    let sa = one("ServiceAccount");
+    for binding in ["ClusterRoleBinding", "RoleBinding"] {
+        let b = one(binding);
+        assert_eq!(b["subjects"][0]["name"], sa["metadata"]["name"]);
+    }
+
+    let deploy = one("Deployment");
+    assert_eq!(deploy["spec"]["replicas"], 2);
+    let pod = &deploy["spec"]["template"]["spec"];
+    assert_eq!(pod["serviceAccountName"], sa["metadata"]["name"]);
+    let labels = &deploy["spec"]["template"]["metadata"]["labels"];
+    let pdb = one("PodDisruptionBudget");
+    assert_eq!(pdb["spec"]["minAvailable"], 1);
+    for (k, v) in pdb["spec"]["selector"]["matchLabels"].as_object().unwrap() {
+        assert_eq!(&labels[k], v, "the PDB selects the guard's pods");
+    }
+    let c = &pod["containers"][0];
+    assert_eq!(c["securityContext"]["allowPrivilegeEscalation"], false);
+    assert_eq!(c["securityContext"]["readOnlyRootFilesystem"], true);
+
+    // Its arguments are accepted by the binary, and point at the agent's ConfigMap.
+    let mut argv = vec!["fabricgate".to_owned()];
+    argv.extend(strings(&c["args"]));
+    let Command::Guard(args) = Cli::try_parse_from(&argv).unwrap().command else {
+        panic!("not the guard subcommand: {argv:?}");
+    };
+    let dir = args.config.parent().unwrap().to_str().unwrap().to_owned();
+    let mount = c["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["mountPath"] == dir.as_str())
+        .expect("the config directory is mounted");
+    let vol = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == mount["name"])
+        .unwrap();
+    assert_eq!(
+        vol["configMap"]["name"],
+        object("ConfigMap")["metadata"]["name"]
+    );
+    // The pod selector selects the agent DaemonSet's pods.
+    let ds_labels = &object("DaemonSet")["spec"]["template"]["metadata"]["labels"];
+    for term in args.pod_selector.split(',') {
+        let (k, v) = term.split_once('=').unwrap();
+        assert_eq!(ds_labels[k], v, "{term}");
+    }
+    assert_eq!(args.stale_after, std::time::Duration::from_secs(60));
 }
