@@ -111,3 +111,72 @@ fn ten_nodes_at_one_half_the_sixth_failing_node_is_not_tainted_and_recovery_unta
     agent.wait("recovery", Duration::from_secs(15), || node.ready());
     drop(agent);
 }
+
+/// The breaker's one read, measured with a pool of 500 Nodes: a label-selected list from the
+/// API server's watch cache (`resourceVersion=0`), as the agent makes it. Prints the figures
+/// (docs/failure-modes.md); asserts the list is the pool and only the pool.
+#[test]
+fn breaker_list_of_a_500_node_pool() {
+    use k8s_openapi::api::core::v1::Node;
+    use kube::api::{Api, DeleteParams, ListParams, PostParams};
+    let Some(cp) = control_plane() else { return };
+    let nodes: Api<Node> = Api::all(cp.admin());
+    let names: Vec<String> = (0..500).map(|i| format!("pool500-{i:03}")).collect();
+    cp.block_on(async {
+        for (i, name) in names.iter().enumerate() {
+            let mut node: Node = serde_json::from_value(json!({
+                "metadata": { "name": name, "labels": {
+                    POOL: "p500", "kubernetes.io/hostname": name,
+                    "nvidia.com/gpu.product": "H200",
+                }},
+                "spec": { "taints": if i % 10 == 0 {
+                    json!([{ "key": TAINT, "effect": "NoSchedule" }])
+                } else { json!([]) } },
+            }))
+            .unwrap();
+            node.metadata.resource_version = None;
+            let _ = nodes.create(&PostParams::default(), &node).await;
+        }
+    });
+    let params = ListParams::default()
+        .labels(&format!("{POOL}=p500"))
+        .match_any();
+    let mut times = Vec::new();
+    let mut count = 0;
+    let mut tainted = 0;
+    for _ in 0..5 {
+        let started = std::time::Instant::now();
+        let list = cp.block_on(nodes.list(&params)).unwrap();
+        times.push(started.elapsed());
+        count = list.items.len();
+        tainted = list
+            .items
+            .iter()
+            .filter(|n| {
+                n.spec
+                    .as_ref()
+                    .and_then(|s| s.taints.as_ref())
+                    .is_some_and(|ts| ts.iter().any(|t| t.key == TAINT))
+            })
+            .count();
+    }
+    let bytes = serde_json::to_vec(&cp.get_json(&format!(
+        "/api/v1/nodes?labelSelector={POOL}%3Dp500&resourceVersion=0"
+    )))
+    .unwrap()
+    .len();
+    times.sort();
+    eprintln!(
+        "breaker list of a 500-node pool: median {:?}, max {:?}, {} kB of JSON",
+        times[2],
+        times[4],
+        bytes / 1024
+    );
+    assert_eq!(count, 500, "the list is exactly the pool");
+    assert_eq!(tainted, 50);
+    cp.block_on(async {
+        for name in &names {
+            let _ = nodes.delete(name, &DeleteParams::default()).await;
+        }
+    });
+}
