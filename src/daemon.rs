@@ -217,9 +217,11 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
         hysteresis,
         interval,
         &metrics,
-        &desired_tx,
-        node_findings_rx,
-        stop_rx,
+        Channels {
+            desired: &desired_tx,
+            node_findings: node_findings_rx,
+            stop: stop_rx,
+        },
     )
     .await;
 
@@ -243,16 +245,27 @@ async fn wait_stop(stop: &mut watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
 }
 
+/// What the probe loop talks through: verdicts out; the watched Node's findings and the stop
+/// signal in.
+struct Channels<'a> {
+    desired: &'a watch::Sender<Option<Verdict>>,
+    node_findings: watch::Receiver<Vec<Finding>>,
+    stop: watch::Receiver<bool>,
+}
+
 async fn probe_loop(
     prober: Prober,
     config: &Config,
     mut hysteresis: Hysteresis,
     interval: Duration,
     metrics: &Metrics,
-    desired: &watch::Sender<Option<Verdict>>,
-    mut node_findings: watch::Receiver<Vec<Finding>>,
-    mut stop: watch::Receiver<bool>,
+    channels: Channels<'_>,
 ) -> Result<()> {
+    let Channels {
+        desired,
+        mut node_findings,
+        mut stop,
+    } = channels;
     let probes = ProbeThread::spawn(prober)?;
     let mut jitter = Jitter::new();
     let mut next = Instant::now();

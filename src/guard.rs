@@ -285,8 +285,8 @@ async fn sweep(
                 if reason_now.as_deref() != Some(failclosed::BREAKER_OPEN) {
                     let text = format!("{why}; would taint for {AGENT_NOT_RUNNING}: {message}");
                     set_condition(nodes, &name, failclosed::BREAKER_OPEN, &text).await?;
+                    tracing::error!(node = %name, "BLAST-RADIUS BREAKER OPEN (guard): {why}");
                 }
-                tracing::error!(node = %name, "BLAST-RADIUS BREAKER OPEN (guard): {why}");
             }
         }
     }

@@ -1175,3 +1175,29 @@ fn guard_manifest_is_least_privilege_two_replicas_with_a_pdb_and_its_args_parse(
     }
     assert_eq!(args.stale_after, std::time::Duration::from_secs(60));
 }
+
+#[test]
+fn guard_manifest_passes_yamllint_and_both_kubernetes_schemas() {
+    let manifest = root().join("deploy/guard.yaml");
+    if let Some(yl) = tool("yamllint", "pip install yamllint") {
+        let (ok, out) = run(Proc::new(&yl)
+            .args(["--strict", "-c"])
+            .arg(root().join("deploy/yamllint.yaml"))
+            .arg(&manifest));
+        assert!(ok, "yamllint:\n{out}");
+    }
+    let Some(kv) = tool("kubernetes-validate", "pip install kubernetes-validate") else {
+        return;
+    };
+    for version in [OLDEST_KUBERNETES, NEWEST_KUBERNETES] {
+        let (ok, out) = run(Proc::new(&kv)
+            .args(["--strict", "-k", version])
+            .arg(&manifest));
+        assert!(ok, "kubernetes-validate {version}:\n{out}");
+        assert_eq!(
+            out.matches(" passed for resource ").count(),
+            guard_documents().len(),
+            "every object was checked against {version}:\n{out}"
+        );
+    }
+}

@@ -140,6 +140,10 @@ fn guard_taints_nodes_whose_agent_is_gone_only_the_leader_acts_and_failover_work
         cp,
         name: names[i].clone(),
     };
+    // The shipped manifest is accepted by the real apiserver (server-side dry run).
+    let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/guard.yaml");
+    cp.apply("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: fabricgate\n");
+    cp.kubectl(&["apply", "--dry-run=server", "-f", manifest]);
     let scratch = tempfile::tempdir().unwrap();
     let config = scratch.path().join("requirements.yaml");
     std::fs::write(
