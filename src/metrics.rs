@@ -280,11 +280,6 @@ impl Metrics {
             };
         }
         reg!(
-            "breaker_open",
-            "1 while the blast-radius breaker keeps this node from being tainted, else 0",
-            f.breaker_open
-        );
-        reg!(
             "node_ready",
             "1 when the node passed every check (RDMA and storage), else 0",
             f.node_ready
@@ -428,6 +423,11 @@ impl Metrics {
             "node_writes",
             "Writes to the Kubernetes API, by kind",
             f.node_writes
+        );
+        reg!(
+            "breaker_open",
+            "1 while the blast-radius breaker keeps this node from being tainted, else 0",
+            f.breaker_open
         );
         reg!(
             "fallback_suspected",
@@ -926,6 +926,16 @@ mod tests {
         assert_eq!(m.observe(25), 5);
         let mut m = Monotonic::starting_at(u64::MAX - 1);
         assert_eq!(m.observe(3), 3, "64-bit wrap counts as a restart");
+    }
+
+    #[test]
+    fn breaker_open_is_exported() {
+        let m = Metrics::new();
+        assert!(m.encode(false).contains("fabricgate_breaker_open 0"));
+        m.set_breaker_open(true);
+        assert!(m.encode(false).contains("fabricgate_breaker_open 1"));
+        m.set_breaker_open(false);
+        assert!(m.encode(false).contains("fabricgate_breaker_open 0"));
     }
 
     #[test]

@@ -16,10 +16,12 @@ fn ten_nodes_at_one_half_the_sixth_failing_node_is_not_tainted_and_recovery_unta
     // breaker-0..4: failing nodes their agents tainted; breaker-5..8 validated; breaker-9 is
     // this test's agent's node, registered with the taint as the docs recommend.
     for (i, name) in names.iter().enumerate() {
+        // The GPU taint, as on the other test nodes: keeps the scheduler test's pods off.
+        let gpu = json!({ "key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule" });
         let taints = if i < 5 || i == 9 {
-            json!([{ "key": TAINT, "effect": "NoSchedule" }])
+            json!([gpu, { "key": TAINT, "effect": "NoSchedule" }])
         } else {
-            json!([])
+            json!([gpu])
         };
         cp.create_node(name, json!({ POOL: "breaker" }), taints, json!({}));
     }

@@ -29,7 +29,11 @@ fn plugin_resource_gone_from_allocatable_fails_the_node_within_one_interval_and_
     cp.create_node(
         name,
         json!({}),
-        json!([{ "key": TAINT, "effect": "NoSchedule" }]),
+        // The GPU taint, as on the other test nodes: keeps the scheduler test's pods off.
+        json!([
+            { "key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule" },
+            { "key": TAINT, "effect": "NoSchedule" },
+        ]),
         json!({ RESOURCE: "1000" }),
     );
     let node = TestNode {

@@ -104,7 +104,12 @@ fn guard_taints_nodes_whose_agent_is_gone_only_the_leader_acts_and_failover_work
     ));
     let names: Vec<String> = (0..6).map(|i| format!("guard-{i}")).collect();
     for name in &names {
-        cp.create_node(name, json!({ POOL: "guard" }), json!([]), json!({}));
+        cp.create_node(
+            name,
+            json!({ POOL: "guard" }),
+            json!([{ "key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule" }]),
+            json!({}),
+        );
         let pod = json!({
             "apiVersion": "v1", "kind": "Pod",
             "metadata": { "name": pod_name(name), "namespace": NS, "labels": { "app": APP } },
