@@ -633,6 +633,43 @@ mod tests {
     }
 
     #[test]
+    fn fail_closed_keys_parse_and_bad_values_name_the_key() {
+        let c = Config::parse(
+            "kubernetes:\n  rdma_resources: [\"rdma/hca_shared_devices_a\"]\n\
+             node:\n  pool_selector: \"pool=a,fabric=ib\"\n  breaker:\n    enabled: false\n\
+             \x20   max_unvalidated_fraction: 0.25\n    max_new_per_window: 3\n    window: 5m\n",
+        )
+        .unwrap();
+        assert_eq!(
+            c.kubernetes.rdma_resources,
+            vec!["rdma/hca_shared_devices_a".to_owned()]
+        );
+        assert_eq!(c.node.pool_selector, "pool=a,fabric=ib");
+        assert!(!c.node.breaker.enabled);
+        assert_eq!(c.node.breaker.max_unvalidated_fraction, 0.25);
+        assert_eq!(c.node.breaker.max_new_per_window, 3);
+        assert_eq!(c.node.breaker.window, Duration::from_secs(300));
+        let d = Config::default();
+        assert!(d.kubernetes.rdma_resources.is_empty() && d.node.pool_selector.is_empty());
+        assert_eq!(d.node.breaker.max_unvalidated_fraction, 0.5);
+        for (yaml, key) in [
+            (
+                "kubernetes:\n  rdma_resources: [\"hca\"]\n",
+                "kubernetes.rdma_resources",
+            ),
+            (
+                "node:\n  breaker:\n    max_unvalidated_fraction: 1.5\n",
+                "node.breaker.max_unvalidated_fraction",
+            ),
+            ("node:\n  breaker:\n    window: 0s\n", "node.breaker.window"),
+            ("node:\n  pool_selector: \"a=b,\"\n", "node.pool_selector"),
+        ] {
+            let e = Config::parse(yaml).unwrap_err().to_string();
+            assert!(e.contains(key), "{yaml}: {e}");
+        }
+    }
+
+    #[test]
     fn unknown_keys_and_bad_values_name_the_key() {
         let e = Config::parse("rdma:\n  min_port: 2\n")
             .unwrap_err()
