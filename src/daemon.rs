@@ -161,9 +161,9 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
     let mut hysteresis = Hysteresis::new(&config);
     // The agent's own Node, watched: drift is undone at once and steady state reads nothing.
     let (node_tx, node_rx) = tokio::sync::mpsc::channel(16);
-    let watch_task = client.as_ref().map(|c| {
+    let watch_task = client.as_ref().and_then(|c| c.watch.clone()).map(|watch| {
         tokio::spawn(node::watch_node(
-            c.watch.clone(),
+            watch,
             node_name.clone(),
             node_tx,
             interval,

@@ -281,7 +281,8 @@ const WATCH_TIMEOUT_SECS: u32 = 290;
 /// long-lived watch of its own Node.
 pub struct Clients {
     pub requests: kube::Client,
-    pub watch: kube::Client,
+    /// `None`: no watch; the Node is re-read every resync interval instead.
+    pub watch: Option<kube::Client>,
 }
 
 /// Build the clients from in-cluster config or `KUBECONFIG`, with our own retry handling:
@@ -290,11 +291,19 @@ pub struct Clients {
 /// # Errors
 /// [`Error::KubeConfig`] when no configuration is found or it is unusable.
 pub async fn client(retry_after: RetryAfter) -> Result<Clients> {
-    let mut config = kube::Config::infer().await.map_err(|e| Error::KubeConfig {
+    let config = kube::Config::infer().await.map_err(|e| Error::KubeConfig {
         message: format!(
             "{e}; run in a pod with a service account, set KUBECONFIG, or use --dry-run"
         ),
     })?;
+    clients_from(config, retry_after)
+}
+
+/// [`client`] from an explicit configuration (one process running many agents, in tests).
+///
+/// # Errors
+/// [`Error::KubeConfig`] when the configuration is unusable.
+pub fn clients_from(mut config: kube::Config, retry_after: RetryAfter) -> Result<Clients> {
     config.default_retry = false;
     config.connect_timeout = Some(Duration::from_secs(5));
     config.read_timeout = Some(Duration::from_secs(15));
@@ -322,7 +331,7 @@ pub async fn client(retry_after: RetryAfter) -> Result<Clients> {
     };
     Ok(Clients {
         requests: build(config)?.with_layer(&layer).build(),
-        watch: build(watch_config)?.build(),
+        watch: Some(build(watch_config)?.build()),
     })
 }
 

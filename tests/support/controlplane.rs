@@ -28,12 +28,16 @@ pub struct ControlPlane {
     pub url: String,
     pub port: u16,
     pub admin_token: String,
+    /// A second `system:masters` user, `fabricgate-fleet`, so a fleet of in-process agents is
+    /// told apart from the tests' own admin reads in the audit log.
+    pub fleet_token: String,
     pub ca_file: PathBuf,
     pub admin_kubeconfig: PathBuf,
     pub audit_log: PathBuf,
     children: Mutex<Vec<Child>>,
     scheduler: Mutex<Option<Child>>,
     admin_client: OnceLock<kube::Client>,
+    apiserver_pid: std::sync::atomic::AtomicU32,
 }
 
 /// One line of the audit log, as much of it as the tests read.
@@ -140,9 +144,13 @@ impl ControlPlane {
         make_pki(&dir);
 
         let admin_token = random_hex(16);
+        let fleet_token = random_hex(16);
         std::fs::write(
             dir.join("tokens.csv"),
-            format!("{admin_token},admin,admin-uid,system:masters\n"),
+            format!(
+                "{admin_token},admin,admin-uid,system:masters\n\
+                 {fleet_token},fabricgate-fleet,fleet-uid,system:masters\n"
+            ),
         )
         .expect("tokens.csv");
         std::fs::write(
@@ -227,12 +235,14 @@ impl ControlPlane {
                 url: format!("https://127.0.0.1:{port}"),
                 port,
                 admin_token: admin_token.clone(),
+                fleet_token: fleet_token.clone(),
                 ca_file: ca_file.clone(),
                 admin_kubeconfig: dir.join("admin.kubeconfig"),
                 audit_log: audit_log.clone(),
                 children: Mutex::new(Vec::new()),
                 scheduler: Mutex::new(None),
                 admin_client: OnceLock::new(),
+                apiserver_pid: std::sync::atomic::AtomicU32::new(apiserver.id()),
             };
             match cp.wait_ready(&mut apiserver, Duration::from_secs(120)) {
                 Ok(()) => {
@@ -294,6 +304,17 @@ impl ControlPlane {
              current-context: test\n"
         );
         std::fs::write(path, text).expect("write kubeconfig");
+    }
+
+    /// CPU seconds (user + system) the kube-apiserver process has used so far.
+    pub fn apiserver_cpu_seconds(&self) -> f64 {
+        let pid = self.apiserver_pid.load(std::sync::atomic::Ordering::Relaxed);
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        // Fields after the parenthesised command name; utime and stime are 14th and 15th.
+        let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+        (ticks(11) + ticks(12)) / 100.0
     }
 
     pub fn dir(&self) -> &Path {
