@@ -11,6 +11,8 @@ mod support;
 
 #[path = "cluster/agent.rs"]
 mod agent;
+#[path = "cluster/cleanup.rs"]
+mod cleanup;
 #[path = "cluster/fleet.rs"]
 mod fleet;
 #[path = "cluster/scheduler.rs"]

@@ -35,7 +35,13 @@ struct Fleet {
 impl Fleet {
     /// Register `n` Nodes `PREFIX-i` (tainted, as the docs recommend) and start one agent per
     /// Node in this process.
-    fn start(cp: &'static ControlPlane, prefix: &str, n: usize, interval: Duration, watch: bool) -> Fleet {
+    fn start(
+        cp: &'static ControlPlane,
+        prefix: &str,
+        n: usize,
+        interval: Duration,
+        watch: bool,
+    ) -> Fleet {
         let names: Vec<String> = (0..n).map(|i| format!("{prefix}-{i:04}")).collect();
         let admin = cp.admin();
         let nodes: Api<Node> = Api::all(admin);
@@ -46,7 +52,10 @@ impl Fleet {
                     "spec": { "taints": [{ "key": TAINT, "effect": "NoSchedule" }] },
                 }))
                 .unwrap();
-                nodes.create(&PostParams::default(), &node).await.expect("create node");
+                nodes
+                    .create(&PostParams::default(), &node)
+                    .await
+                    .expect("create node");
                 let status = json!({ "status": { "conditions": [{
                     "type": "Ready", "status": "True", "reason": "KubeletReady",
                     "message": "kubelet is posting ready status" }] } });
@@ -159,13 +168,21 @@ struct Figures {
     failure_to_all_tainted: Duration,
 }
 
-fn run_fleet(cp: &'static ControlPlane, prefix: &str, n: usize, watch: bool, quiet: Duration) -> Figures {
+fn run_fleet(
+    cp: &'static ControlPlane,
+    prefix: &str,
+    n: usize,
+    watch: bool,
+    quiet: Duration,
+) -> Figures {
     let interval = Duration::from_secs(2);
     let started = Instant::now();
     let fleet = Fleet::start(cp, prefix, n, interval, watch);
-    wait_until("the whole fleet validated", Duration::from_secs(600), || {
-        census(cp, prefix) == (0, n)
-    });
+    wait_until(
+        "the whole fleet validated",
+        Duration::from_secs(600),
+        || census(cp, prefix) == (0, n),
+    );
     let start_to_all_ready = started.elapsed();
     std::thread::sleep(Duration::from_secs(2));
 
@@ -239,7 +256,10 @@ fn twenty_agents_in_one_process_validate_stay_quiet_and_taint_a_failed_tenth() {
     let f = run_fleet(cp, "fleet-small", 20, true, Duration::from_secs(10));
     eprintln!("{}", report("watch", &f));
     assert_eq!(f.writes, 0, "no writes at steady state");
-    assert_eq!(f.requests, 0, "with a watch per Node, no requests at all in 10 s");
+    assert_eq!(
+        f.requests, 0,
+        "with a watch per Node, no requests at all in 10 s"
+    );
     assert!(
         f.failure_to_all_tainted < Duration::from_secs(10),
         "{:?}",

@@ -308,7 +308,9 @@ impl ControlPlane {
 
     /// CPU seconds (user + system) the kube-apiserver process has used so far.
     pub fn apiserver_cpu_seconds(&self) -> f64 {
-        let pid = self.apiserver_pid.load(std::sync::atomic::Ordering::Relaxed);
+        let pid = self
+            .apiserver_pid
+            .load(std::sync::atomic::Ordering::Relaxed);
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
         // Fields after the parenthesised command name; utime and stime are 14th and 15th.
         let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
