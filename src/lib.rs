@@ -1,6 +1,8 @@
 //! fabricgate: proves a GPU node's RDMA fabric and shared storage work before training
 //! workers may land on it. The binary in `main.rs` is a thin CLI over this library.
 
+#![forbid(unsafe_code)]
+
 pub mod check;
 pub mod cli;
 pub mod config;

@@ -2,6 +2,8 @@
 
 pub mod sysfs;
 pub mod types;
+// The only module allowed `unsafe` (see the crate root).
+#[allow(unsafe_code)]
 pub mod verbs;
 
 use serde::{Serialize, Serializer};
