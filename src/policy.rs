@@ -483,8 +483,9 @@ fn evaluate_rdma(report: &RdmaReport, config: &Config) -> RdmaVerdict {
         ));
     }
 
+    let mut notes: Vec<Finding> = Vec::new();
     for dev in in_scope {
-        let device_problems = device_problems(dev, config);
+        let device_problems = device_problems(dev, config, &mut notes);
         let blocked = !device_problems.is_empty();
         problems.extend(device_problems);
         for port in &dev.ports {
@@ -520,6 +521,7 @@ fn evaluate_rdma(report: &RdmaReport, config: &Config) -> RdmaVerdict {
             ),
         ));
     }
+    part.warnings.extend(notes);
 
     let min_rate_gbps = usable
         .iter()
@@ -554,10 +556,31 @@ fn link_layer_in_scope(port: &PortReport, want: LinkLayerRequirement) -> bool {
     }
 }
 
-/// Problems that make every port of the device unusable.
-fn device_problems(dev: &DeviceReport, config: &Config) -> Vec<Finding> {
+/// Problems that make every port of the device unusable; `notes` gets those that do not
+/// (an unresolvable PCI function while `require_full_pcie_link` is off).
+fn device_problems(dev: &DeviceReport, config: &Config, notes: &mut Vec<Finding>) -> Vec<Finding> {
     let mut out = Vec::new();
-    for err in &dev.errors {
+    if let Some(why) = &dev.pci_error {
+        let finding = rdma_finding(
+            "PCIeLinkUnknown",
+            format!(
+                "{}: {why}, so rdma.require_full_pcie_link fails for it (set it to false \
+                 for an HCA that is not on PCIe)",
+                dev.name
+            ),
+        );
+        if config.rdma.require_full_pcie_link {
+            out.push(finding);
+        } else {
+            notes.push(finding);
+        }
+    }
+    // The PCI error is judged above, by the PCIe rule.
+    for err in dev
+        .errors
+        .iter()
+        .filter(|e| Some(*e) != dev.pci_error.as_ref())
+    {
         out.push(rdma_finding(
             "DeviceUnreadable",
             format!("{}: {err}", dev.name),

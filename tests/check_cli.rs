@@ -211,6 +211,74 @@ fn pcie_check_can_be_turned_off() {
     assert_eq!(code, 0, "{json:#}");
 }
 
+/// `ndr-pci-unresolved`: mlx5_2 is a sub-function whose `device` link names an auxiliary
+/// device (its PCI function, trained at x8, is found above it); mlx5_5's link dangles (the
+/// function was unplugged). Neither may pass the PCIe rule silently.
+#[test]
+fn an_unresolvable_pci_function_fails_the_pcie_rule_with_a_reason() {
+    let (code, json) = check_json("ndr-pci-unresolved", Some(NDR));
+    assert_eq!(code, 1, "{json:#}");
+    let all = reasons(&json).join("\n");
+    assert!(
+        all.contains("mlx5_2 (0000:38:00.0): PCIe link trained at x8 at 32 GT/s"),
+        "{all}"
+    );
+    assert!(
+        all.contains("mlx5_5: ") && all.contains("rdma.require_full_pcie_link fails for it"),
+        "{all}"
+    );
+    assert_eq!(json["labels"]["fabricgate.io/rdma.active-ports"], "6");
+    let dev5 = json["rdma"]["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["name"] == "mlx5_5")
+        .unwrap();
+    assert!(dev5["pci"].is_null(), "{dev5:#}");
+    let why = dev5["pci_error"].as_str().unwrap();
+    assert!(
+        why.contains("mlx5_5/device: cannot resolve the PCI function"),
+        "{why}"
+    );
+    let errors: Vec<&str> = dev5["errors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(errors, [why], "the device's errors say so too");
+
+    // Alone, mlx5_5 gives the condition its own reason.
+    let (code, json) = check_json("ndr-pci-unresolved", Some("rdma:\n  devices: mlx5_5\n"));
+    assert_eq!(code, 1, "{json:#}");
+    let rdma = json["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "RDMAReady")
+        .unwrap();
+    assert_eq!(rdma["reason"], "PCIeLinkUnknown", "{rdma:#}");
+
+    // With the rule off both devices count, and the unknown link is still a warning.
+    let cfg = format!("{NDR}  require_full_pcie_link: false\n");
+    let (code, json) = check_json("ndr-pci-unresolved", Some(&cfg));
+    assert_eq!(code, 0, "{json:#}");
+    let warnings = json["warnings"].to_string();
+    assert!(
+        warnings.contains("mlx5_5/device: cannot resolve"),
+        "{warnings}"
+    );
+
+    // The table says the link is unknown rather than showing a dash.
+    let out = check("ndr-pci-unresolved", Some(NDR), &[]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    let row = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("mlx5_5"))
+        .unwrap();
+    assert!(row.contains("unknown"), "{row}");
+}
+
 #[test]
 fn no_rdma_at_all_says_so_and_exits_1() {
     let (code, json) = check_json("no-rdma", None);
