@@ -16,7 +16,7 @@ pub mod selftest;
 
 pub use error::{Error, Result};
 
-/// `fabricgate check` exit codes (DESIGN.md).
+/// `fabricgate check` exit codes (docs/configuration.md, Exit codes).
 pub const EXIT_VALIDATED: u8 = 0;
 pub const EXIT_NOT_VALIDATED: u8 = 1;
 pub const EXIT_USAGE: u8 = 2;

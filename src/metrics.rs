@@ -2,7 +2,7 @@
 //!
 //! One [`Metrics`] is shared by the probe loop (which calls [`Metrics::record_probe`] after
 //! every probe) and the HTTP server ([`serve`]). Metric names and labels are the interface
-//! dashboards and alert rules rely on; README.md lists them.
+//! dashboards and alert rules rely on; docs/metrics.md lists them.
 //!
 //! Kernel counters are exported through [`Monotonic`] accumulators: a counter the kernel
 //! resets (driver reload, `perfquery -R`) or wraps becomes a step of zero-or-more, so
