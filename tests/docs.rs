@@ -15,7 +15,10 @@ fn read(rel: &str) -> String {
 fn readme_is_a_landing_page_with_the_two_commands() {
     let readme = read("README.md");
     let lines = readme.lines().count();
-    assert!(lines <= 300, "README.md has {lines} lines; move detail to docs/");
+    assert!(
+        lines <= 300,
+        "README.md has {lines} lines; move detail to docs/"
+    );
     for command in [
         "./scripts/setup.sh && cargo run --release -- check",
         "./scripts/setup.sh && cargo test --workspace",
@@ -91,7 +94,10 @@ fn code_refers_to_design_documents_inside_docs() {
             }
         }
     }
-    assert!(offenders.is_empty(), "DESIGN.md referenced in {offenders:?}");
+    assert!(
+        offenders.is_empty(),
+        "DESIGN.md referenced in {offenders:?}"
+    );
 }
 
 fn walk(dir: &Path) -> Vec<PathBuf> {

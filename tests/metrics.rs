@@ -19,10 +19,10 @@ fn golden_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden")
 }
 
-/// Compare with the golden file; `UPDATE_GOLDEN=1` rewrites it instead.
+/// Compare with the golden file; `UPDATE_GOLDEN=1` rewrites it instead (refused under CI).
 fn check_golden(name: &str, got: &str) {
     let path = golden_dir().join(name);
-    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+    if common::update_golden() {
         std::fs::create_dir_all(golden_dir()).unwrap();
         std::fs::write(&path, got).unwrap();
         return;
@@ -74,6 +74,107 @@ fn golden_prometheus_text_and_openmetrics() {
     let om = metrics.encode(true);
     check_golden("metrics.prom", &text);
     check_golden("metrics.openmetrics", &om);
+}
+
+/// An unhealthy node: the `ndr-port-down` fixture (mlx5_3 DOWN), a hung required Lustre
+/// mount, a failed self-test on mlx5_0 and a passing one on mlx5_1, and over one fallback
+/// window 200 MB/s of TCP per physical interface while the RDMA counters stand still.
+fn unhealthy_metrics() -> Metrics {
+    use fabricgate_probes::rdma::SelftestResult;
+    use fabricgate_probes::storage::{MountReport, MountStatus};
+    let mut config = ndr_requirements();
+    config.lustre.mounts = vec!["/lustre/scratch".into()];
+    let metrics = Metrics::with_config(&config);
+    let node = committed_fixture("ndr-port-down");
+    let t0 = 1_700_000_000.0;
+    let window = config.fallback.window.as_secs();
+    for (i, t) in [(0, t0), (1, t0 + window as f64)] {
+        let mut report = probe_fixture(&node, t);
+        for nd in &mut report.netdevs {
+            nd.rx_bytes = nd.rx_bytes.map(|b| b + i * 200_000_000 * window);
+        }
+        report.storage.mounts.push(MountReport {
+            path: "/lustre/scratch".into(),
+            fstype: Some("lustre".into()),
+            status: MountStatus::Hung,
+            message: "statfs started 5s ago has still not returned".into(),
+            required: true,
+            expected_fstype: Some("lustre".into()),
+            source: Some("10.1.1.1@o2ib:/scratch".into()),
+            lustre_fsname: Some("scratch".into()),
+            read_only: Some(false),
+            fs_magic: None,
+            capacity: None,
+            statfs_seconds: None,
+        });
+        let devices = &mut report.rdma.devices;
+        devices[0].ports[0].selftest = Some(SelftestResult {
+            ok: false,
+            failed_step: Some("reg_mr".into()),
+            errno: Some(12),
+            message: Some("reg_mr: errno 12 (ENOMEM): RLIMIT_MEMLOCK too low".into()),
+            duration_us: Some(310.0),
+            ..SelftestResult::default()
+        });
+        devices[1].ports[0].selftest = Some(SelftestResult {
+            ok: true,
+            latency_us: Some(2108.0),
+            gid_index: None,
+            duration_us: Some(5400.0),
+            ..SelftestResult::default()
+        });
+        let verdict = policy::evaluate(&report, &config);
+        metrics.record_probe(&report, &verdict);
+    }
+    metrics
+}
+
+/// The series of an unhealthy node are pinned too, not only those of a healthy one.
+#[test]
+fn golden_unhealthy_node() {
+    let metrics = unhealthy_metrics();
+    let text = metrics.encode(false);
+    for (series, want) in [
+        ("fabricgate_node_ready", 0.0),
+        ("fabricgate_rdma_ready", 0.0),
+        ("fabricgate_lustre_ready", 0.0),
+        (r#"fabricgate_rdma_port_up{device="mlx5_3",port="1"}"#, 0.0),
+        (
+            r#"fabricgate_rdma_port_state{device="mlx5_3",port="1"}"#,
+            1.0,
+        ),
+        (r#"fabricgate_mount_hung{mount="/lustre/scratch"}"#, 1.0),
+        (r#"fabricgate_mount_up{mount="/lustre/scratch"}"#, 0.0),
+        ("fabricgate_fallback_suspected", 1.0),
+        (
+            r#"fabricgate_rdma_selftest_ok{device="mlx5_0",port="1"}"#,
+            0.0,
+        ),
+        (
+            r#"fabricgate_rdma_selftest_ok{device="mlx5_1",port="1"}"#,
+            1.0,
+        ),
+        (
+            r#"fabricgate_rdma_selftest_latency_seconds{device="mlx5_1",port="1"}"#,
+            0.002108,
+        ),
+        (
+            r#"fabricgate_findings{scope="lustre",reason="MountHung"}"#,
+            1.0,
+        ),
+    ] {
+        assert_eq!(sample(&text, series), Some(want), "{series}\n{text}");
+    }
+    assert!(
+        text.contains(r#"fabricgate_findings{scope="rdma",reason="PortDown"}"#),
+        "{text}"
+    );
+    assert!(
+        sample(&text, "fabricgate_fallback_tcp_bytes_per_second").is_some_and(|r| r >= 1e8),
+        "{text}"
+    );
+    check_golden("metrics-unhealthy.prom", &text);
+    check_golden("metrics-unhealthy.openmetrics", &metrics.encode(true));
 }
 
 #[test]
