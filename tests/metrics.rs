@@ -5,7 +5,8 @@ mod common;
 
 use common::fixture::{Shape, write_node};
 use common::{
-    committed_fixture, have_tool, http_get, ndr_requirements, probe_fixture, record_fixture, sample,
+    committed_fixture, have_tool, http_get, ndr_requirements, probe_fixture, record_fixture,
+    sample, unhealthy_metrics,
 };
 use fabricgate::config::Config;
 use fabricgate::metrics::{self, Metrics};
@@ -74,59 +75,6 @@ fn golden_prometheus_text_and_openmetrics() {
     let om = metrics.encode(true);
     check_golden("metrics.prom", &text);
     check_golden("metrics.openmetrics", &om);
-}
-
-/// An unhealthy node: the `ndr-port-down` fixture (mlx5_3 DOWN), a hung required Lustre
-/// mount, a failed self-test on mlx5_0 and a passing one on mlx5_1, and over one fallback
-/// window 200 MB/s of TCP per physical interface while the RDMA counters stand still.
-fn unhealthy_metrics() -> Metrics {
-    use fabricgate_probes::rdma::SelftestResult;
-    use fabricgate_probes::storage::{MountReport, MountStatus};
-    let mut config = ndr_requirements();
-    config.lustre.mounts = vec!["/lustre/scratch".into()];
-    let metrics = Metrics::with_config(&config);
-    let node = committed_fixture("ndr-port-down");
-    let t0 = 1_700_000_000.0;
-    let window = config.fallback.window.as_secs();
-    for (i, t) in [(0, t0), (1, t0 + window as f64)] {
-        let mut report = probe_fixture(&node, t);
-        for nd in &mut report.netdevs {
-            nd.rx_bytes = nd.rx_bytes.map(|b| b + i * 200_000_000 * window);
-        }
-        report.storage.mounts.push(MountReport {
-            path: "/lustre/scratch".into(),
-            fstype: Some("lustre".into()),
-            status: MountStatus::Hung,
-            message: "statfs started 5s ago has still not returned".into(),
-            required: true,
-            expected_fstype: Some("lustre".into()),
-            source: Some("10.1.1.1@o2ib:/scratch".into()),
-            lustre_fsname: Some("scratch".into()),
-            read_only: Some(false),
-            fs_magic: None,
-            capacity: None,
-            statfs_seconds: None,
-        });
-        let devices = &mut report.rdma.devices;
-        devices[0].ports[0].selftest = Some(SelftestResult {
-            ok: false,
-            failed_step: Some("reg_mr".into()),
-            errno: Some(12),
-            message: Some("reg_mr: errno 12 (ENOMEM): RLIMIT_MEMLOCK too low".into()),
-            duration_us: Some(310.0),
-            ..SelftestResult::default()
-        });
-        devices[1].ports[0].selftest = Some(SelftestResult {
-            ok: true,
-            latency_us: Some(2108.0),
-            gid_index: None,
-            duration_us: Some(5400.0),
-            ..SelftestResult::default()
-        });
-        let verdict = policy::evaluate(&report, &config);
-        metrics.record_probe(&report, &verdict);
-    }
-    metrics
 }
 
 /// The series of an unhealthy node are pinned too, not only those of a healthy one.
