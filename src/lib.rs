@@ -6,6 +6,7 @@
 pub mod check;
 pub mod cli;
 pub mod config;
+pub mod counters;
 pub mod daemon;
 pub mod error;
 pub mod fallback;

@@ -5,8 +5,8 @@ mod common;
 
 use common::fixture::{Shape, write_node};
 use common::{
-    committed_fixture, have_tool, http_get, ndr_requirements, probe_fixture, record_fixture,
-    sample, unhealthy_metrics,
+    committed_fixture, have_tool, http_get, mount_report, ndr_requirements, probe_fixture,
+    record_fixture, sample, unhealthy_metrics,
 };
 use fabricgate::config::Config;
 use fabricgate::metrics::{self, Metrics};
@@ -496,28 +496,6 @@ fn serve_returns_when_shutdown_completes() {
         .await;
         assert!(matches!(result, Ok(Ok(()))), "{result:?}");
     });
-}
-
-fn mount_report(
-    path: &str,
-    status: fabricgate_probes::storage::MountStatus,
-    statfs_seconds: Option<f64>,
-    capacity: Option<fabricgate_probes::storage::Capacity>,
-) -> fabricgate_probes::storage::MountReport {
-    fabricgate_probes::storage::MountReport {
-        path: path.into(),
-        fstype: Some("lustre".into()),
-        status,
-        message: String::new(),
-        required: true,
-        expected_fstype: Some("lustre".into()),
-        source: Some("10.1.1.1@o2ib:/scratch".into()),
-        lustre_fsname: Some("scratch".into()),
-        read_only: Some(false),
-        fs_magic: None,
-        capacity,
-        statfs_seconds,
-    }
 }
 
 #[test]

@@ -98,6 +98,67 @@ fn single(prom: &str, promql: &str, deadline: Instant) -> f64 {
     got[0].1
 }
 
+/// `fabricgate run --dry-run` over the example GPU node as node `name`, probing every second;
+/// returns its metrics address once `/readyz` answers, and the process (killed on drop).
+fn start_agent(name: &str, deadline: Instant) -> (String, KillOnDrop) {
+    let node = committed_fixture("ndr-8x400-healthy");
+    let agent = format!("127.0.0.1:{}", free_port());
+    let child = KillOnDrop(
+        Command::new(env!("CARGO_BIN_EXE_fabricgate"))
+            .args(["run", "--dry-run", "--node-name", name, "--verbs", "off"])
+            .arg("--sysfs-root")
+            .arg(node.join("sys"))
+            .arg("--proc-root")
+            .arg(node.join("proc"))
+            .arg("--config")
+            .arg(committed_fixture("requirements-ndr.yaml"))
+            .args(["--metrics-addr", &agent, "--interval", "1s"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_ready(&agent, "/readyz", deadline);
+    (agent, child)
+}
+
+fn wait_ready(addr: &str, path: &str, deadline: Instant) {
+    while !(std::net::TcpStream::connect(addr).is_ok() && http_get(addr, path, None).0 == 200) {
+        assert!(
+            Instant::now() < deadline,
+            "{addr}{path} did not become ready"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A real `prometheus` with `config` (storage in `dir`), once it is ready.
+fn start_prometheus(
+    dir: &std::path::Path,
+    config: &str,
+    deadline: Instant,
+) -> (String, KillOnDrop) {
+    let config_path = dir.join("prometheus.yml");
+    std::fs::write(&config_path, config).unwrap();
+    let prom = format!("127.0.0.1:{}", free_port());
+    let server = KillOnDrop(
+        Command::new("prometheus")
+            .arg(format!("--config.file={}", config_path.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("data").display()
+            ))
+            .arg(format!("--web.listen-address={prom}"))
+            .arg("--log.level=warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap(),
+    );
+    wait_ready(&prom, "/-/ready", deadline);
+    (prom, server)
+}
+
 #[test]
 fn real_prometheus_scrapes_both_formats_and_answers_queries() {
     if !have_tool("prometheus") {
@@ -116,29 +177,8 @@ fn real_prometheus_scrapes_both_formats_and_answers_queries() {
     let xmit_words = read_u64("class/infiniband/mlx5_0/ports/1/counters/port_xmit_data");
     let roce_rx = read_u64("class/net/ens10f0np0/statistics/rx_bytes");
 
-    let agent = format!("127.0.0.1:{}", free_port());
-    let _agent = KillOnDrop(
-        Command::new(env!("CARGO_BIN_EXE_fabricgate"))
-            .args(["run", "--dry-run", "--node-name", "gpu-a", "--verbs", "off"])
-            .arg("--sysfs-root")
-            .arg(node.join("sys"))
-            .arg("--proc-root")
-            .arg(node.join("proc"))
-            .arg("--config")
-            .arg(committed_fixture("requirements-ndr.yaml"))
-            .args(["--metrics-addr", &agent, "--interval", "1s"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
     let deadline = Instant::now() + Duration::from_secs(90);
-    while !(std::net::TcpStream::connect(&agent).is_ok()
-        && http_get(&agent, "/readyz", None).0 == 200)
-    {
-        assert!(Instant::now() < deadline, "the agent did not become ready");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let (agent, _agent) = start_agent("gpu-a", deadline);
 
     // Job "fabricgate" lets Prometheus negotiate (it asks for OpenMetrics first); job
     // "fabricgate-text" forces the classic text format through the URL parameter.
@@ -149,32 +189,7 @@ fn real_prometheus_scrapes_both_formats_and_answers_queries() {
          \x20 - job_name: fabricgate-text\n    params:\n      format: [prometheus]\n    \
          static_configs:\n      - targets: ['{agent}']\n"
     );
-    let config_path = tmp.path().join("prometheus.yml");
-    std::fs::write(&config_path, config).unwrap();
-    let prom = format!("127.0.0.1:{}", free_port());
-    let _server = KillOnDrop(
-        Command::new("prometheus")
-            .arg(format!("--config.file={}", config_path.display()))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                tmp.path().join("data").display()
-            ))
-            .arg(format!("--web.listen-address={prom}"))
-            .arg("--log.level=warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap(),
-    );
-    loop {
-        let ready = std::net::TcpStream::connect(&prom).is_ok()
-            && http_get(&prom, "/-/ready", None).0 == 200;
-        if ready {
-            break;
-        }
-        assert!(Instant::now() < deadline, "prometheus did not become ready");
-        std::thread::sleep(Duration::from_millis(250));
-    }
+    let (prom, _server) = start_prometheus(tmp.path(), &config, deadline);
 
     for job in ["fabricgate", "fabricgate-text"] {
         let sel = format!("job=\"{job}\"");
@@ -330,33 +345,10 @@ fn every_dashboard_query_returns_data_from_the_agent() {
     }
 
     let tmp = tempfile::tempdir().unwrap();
-    let node = committed_fixture("ndr-8x400-healthy");
-    let agent = format!("127.0.0.1:{}", free_port());
-    let _agent = KillOnDrop(
-        Command::new(env!("CARGO_BIN_EXE_fabricgate"))
-            .args(["run", "--dry-run", "--node-name", "gpu-a", "--verbs", "off"])
-            .arg("--sysfs-root")
-            .arg(node.join("sys"))
-            .arg("--proc-root")
-            .arg(node.join("proc"))
-            .arg("--config")
-            .arg(committed_fixture("requirements-ndr.yaml"))
-            .args(["--metrics-addr", &agent, "--interval", "1s"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let unhealthy = serve_in_process(common::unhealthy_metrics());
     let deadline = Instant::now() + Duration::from_secs(90);
-    for target in [&agent, &unhealthy] {
-        while !(std::net::TcpStream::connect(target).is_ok()
-            && http_get(target, "/readyz", None).0 == 200)
-        {
-            assert!(Instant::now() < deadline, "{target} did not become ready");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
+    let (agent, _agent) = start_agent("gpu-a", deadline);
+    let unhealthy = serve_in_process(common::unhealthy_metrics());
+    wait_ready(&unhealthy, "/readyz", deadline);
     let config = format!(
         "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n\
          scrape_configs:\n\
@@ -364,29 +356,7 @@ fn every_dashboard_query_returns_data_from_the_agent() {
          \x20     - targets: ['{agent}']\n        labels: {{node: gpu-a}}\n\
          \x20     - targets: ['{unhealthy}']\n        labels: {{node: gpu-b}}\n"
     );
-    let config_path = tmp.path().join("prometheus.yml");
-    std::fs::write(&config_path, config).unwrap();
-    let prom = format!("127.0.0.1:{}", free_port());
-    let _server = KillOnDrop(
-        Command::new("prometheus")
-            .arg(format!("--config.file={}", config_path.display()))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                tmp.path().join("data").display()
-            ))
-            .arg(format!("--web.listen-address={prom}"))
-            .arg("--log.level=warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap(),
-    );
-    while !(std::net::TcpStream::connect(&prom).is_ok()
-        && http_get(&prom, "/-/ready", None).0 == 200)
-    {
-        assert!(Instant::now() < deadline, "prometheus did not become ready");
-        std::thread::sleep(Duration::from_millis(250));
-    }
+    let (prom, _server) = start_prometheus(tmp.path(), &config, deadline);
     // Both agents scraped, and the binary validated its node (recover_after good probes).
     wait_value(&prom, "count(up{job=\"fabricgate\"} == 1)", 2.0, deadline);
     wait_value(

@@ -46,7 +46,7 @@ pub fn probe_fixture(node: &Path, timestamp: f64) -> ProbeReport {
 /// window 200 MB/s of TCP per physical interface while the RDMA counters stand still.
 pub fn unhealthy_metrics() -> Metrics {
     use fabricgate_probes::rdma::SelftestResult;
-    use fabricgate_probes::storage::{MountReport, MountStatus};
+    use fabricgate_probes::storage::MountStatus;
     let mut config = ndr_requirements();
     config.lustre.mounts = vec!["/lustre/scratch".into()];
     let metrics = Metrics::with_config(&config);
@@ -58,20 +58,9 @@ pub fn unhealthy_metrics() -> Metrics {
         for nd in &mut report.netdevs {
             nd.rx_bytes = nd.rx_bytes.map(|b| b + i * 200_000_000 * window);
         }
-        report.storage.mounts.push(MountReport {
-            path: "/lustre/scratch".into(),
-            fstype: Some("lustre".into()),
-            status: MountStatus::Hung,
-            message: "statfs started 5s ago has still not returned".into(),
-            required: true,
-            expected_fstype: Some("lustre".into()),
-            source: Some("10.1.1.1@o2ib:/scratch".into()),
-            lustre_fsname: Some("scratch".into()),
-            read_only: Some(false),
-            fs_magic: None,
-            capacity: None,
-            statfs_seconds: None,
-        });
+        let mut hung = mount_report("/lustre/scratch", MountStatus::Hung, None, None);
+        hung.message = "statfs started 5s ago has still not returned".into();
+        report.storage.mounts.push(hung);
         let devices = &mut report.rdma.devices;
         devices[0].ports[0].selftest = Some(SelftestResult {
             ok: false,
@@ -92,6 +81,29 @@ pub fn unhealthy_metrics() -> Metrics {
         metrics.record_probe(&report, &verdict);
     }
     metrics
+}
+
+/// A required Lustre mount of `/lustre/scratch`'s file system in the given state.
+pub fn mount_report(
+    path: &str,
+    status: fabricgate_probes::storage::MountStatus,
+    statfs_seconds: Option<f64>,
+    capacity: Option<fabricgate_probes::storage::Capacity>,
+) -> fabricgate_probes::storage::MountReport {
+    fabricgate_probes::storage::MountReport {
+        path: path.into(),
+        fstype: Some("lustre".into()),
+        status,
+        message: String::new(),
+        required: true,
+        expected_fstype: Some("lustre".into()),
+        source: Some("10.1.1.1@o2ib:/scratch".into()),
+        lustre_fsname: Some("scratch".into()),
+        read_only: Some(false),
+        fs_magic: None,
+        capacity,
+        statfs_seconds,
+    }
 }
 
 /// Record one probe of the fixture into `metrics`.
