@@ -49,9 +49,25 @@ impl Roots {
     /// # Errors
     /// The I/O error of resolving either path, or `InvalidData` when the target is outside.
     pub fn resolve_sys(&self, path: &Path) -> std::io::Result<PathBuf> {
+        self.resolve_sys_under(path, &self.canonical_sysfs_root()?)
+    }
+
+    /// The sysfs root with every symlink resolved.
+    ///
+    /// # Errors
+    /// The I/O error of resolving it.
+    pub fn canonical_sysfs_root(&self) -> std::io::Result<PathBuf> {
+        std::fs::canonicalize(&self.sysfs)
+    }
+
+    /// [`Roots::resolve_sys`] with the root already resolved ([`Roots::canonical_sysfs_root`]),
+    /// for callers that resolve many paths.
+    ///
+    /// # Errors
+    /// As [`Roots::resolve_sys`].
+    pub fn resolve_sys_under(&self, path: &Path, root: &Path) -> std::io::Result<PathBuf> {
         let target = std::fs::canonicalize(path)?;
-        let root = std::fs::canonicalize(&self.sysfs)?;
-        if target.starts_with(&root) {
+        if target.starts_with(root) {
             Ok(target)
         } else {
             Err(std::io::Error::new(

@@ -239,10 +239,12 @@ fn resolve_pci_function(roots: &Roots, link: &Path) -> Result<Option<PathBuf>, S
             link.display()
         )
     };
-    let target = roots
-        .resolve_sys(link)
+    let resolve =
+        |root: PathBuf| Ok::<_, std::io::Error>((roots.resolve_sys_under(link, &root)?, root));
+    let (target, root) = roots
+        .canonical_sysfs_root()
+        .and_then(resolve)
         .map_err(|e| cannot(format!("cannot resolve the PCI function: {e}")))?;
-    let root = roots.resolve_sys(roots.sysfs_root()).unwrap_or_default();
     let function = target
         .ancestors()
         .take_while(|p| p.starts_with(&root) && *p != root)
