@@ -156,7 +156,14 @@ fn device_rows(devices: &[DeviceReport]) -> Vec<Vec<String>> {
     let dash = || "-".to_owned();
     let mut rows = Vec::new();
     for dev in devices {
-        let pcie = dev.pci.as_ref().map_or_else(dash, |p| {
+        let unknown_or_dash = || {
+            if dev.pci_error.is_some() {
+                "unknown".to_owned()
+            } else {
+                dash()
+            }
+        };
+        let pcie = dev.pci.as_ref().map_or_else(unknown_or_dash, |p| {
             let w = |v: Option<u32>| v.map_or("?".into(), |v| v.to_string());
             let s = |v: Option<f64>| v.map_or("?".into(), format_gbps);
             let mut text = format!("x{} {}GT/s", w(p.current_width), s(p.current_speed_gts));

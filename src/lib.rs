@@ -1,9 +1,12 @@
 //! fabricgate: proves a GPU node's RDMA fabric and shared storage work before training
 //! workers may land on it. The binary in `main.rs` is a thin CLI over this library.
 
+#![forbid(unsafe_code)]
+
 pub mod check;
 pub mod cli;
 pub mod config;
+pub mod counters;
 pub mod daemon;
 pub mod error;
 pub mod fallback;
@@ -14,7 +17,7 @@ pub mod selftest;
 
 pub use error::{Error, Result};
 
-/// `fabricgate check` exit codes (DESIGN.md).
+/// `fabricgate check` exit codes (docs/configuration.md, Exit codes).
 pub const EXIT_VALIDATED: u8 = 0;
 pub const EXIT_NOT_VALIDATED: u8 = 1;
 pub const EXIT_USAGE: u8 = 2;

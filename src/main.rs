@@ -1,5 +1,7 @@
 //! The `fabricgate` binary: argument parsing and exit codes only.
 
+#![forbid(unsafe_code)]
+
 use clap::Parser;
 use fabricgate::cli::{CheckArgs, Cli, Command, Format, RunArgs, SelftestArgs};
 use fabricgate::{EXIT_USAGE, EXIT_VALIDATED, check, daemon, policy};

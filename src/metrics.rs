@@ -2,13 +2,14 @@
 //!
 //! One [`Metrics`] is shared by the probe loop (which calls [`Metrics::record_probe`] after
 //! every probe) and the HTTP server ([`serve`]). Metric names and labels are the interface
-//! dashboards and alert rules rely on; README.md lists them.
+//! dashboards and alert rules rely on; docs/metrics.md lists them.
 //!
-//! Kernel counters are exported through [`Monotonic`] accumulators: a counter the kernel
+//! Kernel counters are exported through [`Monotonic`] accumulators (src/counters.rs): a counter the kernel
 //! resets (driver reload, `perfquery -R`) or wraps becomes a step of zero-or-more, so
 //! `rate()` is never negative and no increase is lost across the reset.
 
 use crate::config::Config;
+pub use crate::counters::Monotonic;
 use crate::fallback::{FallbackDetector, FallbackStatus};
 use crate::policy::{Scope, Verdict};
 use axum::Router;
@@ -17,6 +18,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use fabricgate_probes::ProbeReport;
+use fabricgate_probes::rdma::PortReport;
 use fabricgate_probes::storage::{MountStatus, StorageReport};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -81,31 +83,6 @@ pub const NODE_WRITE_KINDS: &[&str] = &["labels", "taint", "conditions", "event"
 const DURATION_BUCKETS: [f64; 14] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
-
-/// A kernel counter seen through successive reads, turned into increments that never go
-/// backwards: a decrease means the counter restarted from zero (reset, driver reload, or a
-/// wrap), so everything read since then is new.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Monotonic {
-    last: u64,
-}
-
-impl Monotonic {
-    pub fn starting_at(raw: u64) -> Self {
-        Self { last: raw }
-    }
-
-    /// The increase since the previous read.
-    pub fn observe(&mut self, raw: u64) -> u64 {
-        let delta = if raw >= self.last {
-            raw - self.last
-        } else {
-            raw
-        };
-        self.last = raw;
-        delta
-    }
-}
 
 type GaugeF64 = Gauge<f64, AtomicU64>;
 
@@ -220,8 +197,13 @@ struct Readers {
     port_hw: HashMap<PortCounterLabels, Monotonic>,
     netdev_rx: HashMap<DeviceLabels, Monotonic>,
     netdev_tx: HashMap<DeviceLabels, Monotonic>,
-    fallback: FallbackDetector,
-    last_fallback: FallbackStatus,
+}
+
+/// The fallback detector and its last conclusion, behind their own lock.
+#[derive(Debug)]
+struct Fallback {
+    detector: FallbackDetector,
+    last: FallbackStatus,
 }
 
 /// Add the increase of one kernel counter read to its exported counter.
@@ -249,6 +231,8 @@ pub struct Metrics {
     probe_duration: Family<ProbeLabels, Histogram, fn() -> Histogram>,
     /// Held while recording and while encoding, so a scrape never sees half a probe.
     state: Mutex<Readers>,
+    /// Not under `state`: the detector's window work never holds up a scrape.
+    fallback: Mutex<Fallback>,
     first_probe_done: AtomicBool,
 }
 
@@ -469,8 +453,10 @@ impl Metrics {
                 port_hw: HashMap::new(),
                 netdev_rx: HashMap::new(),
                 netdev_tx: HashMap::new(),
-                fallback: FallbackDetector::new(config),
-                last_fallback: FallbackStatus::default(),
+            }),
+            fallback: Mutex::new(Fallback {
+                detector: FallbackDetector::new(config),
+                last: FallbackStatus::default(),
             }),
             first_probe_done: AtomicBool::new(false),
         }
@@ -482,165 +468,21 @@ impl Metrics {
     }
 
     /// Record one completed probe and its verdict; the first call makes `/readyz` answer 200.
+    ///
+    /// The fallback detector runs first, under its own lock; the metrics lock (which a scrape
+    /// also takes) is held only while the registry is updated, so a scrape never sees half a
+    /// probe and never waits for the detector.
     pub fn record_probe(&self, report: &ProbeReport, verdict: &Verdict) {
-        let f = &self.families;
+        let fallback = {
+            let mut fb = self.fallback.lock().unwrap_or_else(|p| p.into_inner());
+            fb.last = fb.detector.observe(report);
+            fb.last
+        };
         let mut st = self.lock();
-        let st = &mut *st;
-
-        f.node_ready.set(i64::from(verdict.ready));
-        f.rdma_ready.set(i64::from(verdict.rdma.part.ready));
-        f.lustre_ready.set(i64::from(verdict.lustre.ready));
-        f.findings.clear();
-        for finding in verdict
-            .rdma
-            .part
-            .findings
-            .iter()
-            .chain(&verdict.lustre.findings)
-        {
-            let scope = match finding.scope {
-                Scope::Rdma => "rdma",
-                Scope::Lustre => "lustre",
-            };
-            f.findings
-                .get_or_create(&FindingLabels {
-                    scope,
-                    reason: finding.code,
-                })
-                .inc();
-        }
-
-        // Gauges describe the present: a port that vanished must vanish from /metrics too.
-        // Counters stay (with their accumulators) so a port that comes back continues upward.
-        for fam in [&f.port_state, &f.port_phys_state, &f.port_up] {
-            fam.clear();
-        }
-        f.port_rate_gbps.clear();
-        f.port_info.clear();
-        f.selftest_ok.clear();
-        f.selftest_latency.clear();
-        let mut errors_sysfs = report.rdma.errors.len();
-        let mut errors_verbs = report
-            .rdma
-            .verbs
-            .as_ref()
-            .map_or(0, |v| usize::from(v.error.is_some()));
-        for dev in &report.rdma.devices {
-            errors_sysfs += dev.errors.len();
-            errors_verbs += dev
-                .verbs
-                .as_ref()
-                .map_or(0, |v| usize::from(v.error.is_some()));
-            for port in &dev.ports {
-                errors_sysfs += port.errors.len();
-                let labels = PortLabels {
-                    device: dev.name.clone(),
-                    port: port.port,
-                };
-                if let Some(s) = port.state {
-                    f.port_state.get_or_create(&labels).set(i64::from(s.code()));
-                }
-                if let Some(s) = port.phys_state {
-                    f.port_phys_state
-                        .get_or_create(&labels)
-                        .set(i64::from(s.code()));
-                }
-                if let Some(rate) = &port.rate {
-                    f.port_rate_gbps.get_or_create(&labels).set(rate.gbps);
-                }
-                f.port_up
-                    .get_or_create(&labels)
-                    .set(i64::from(port.is_up()));
-                if let Some(sel) = &port.selftest {
-                    f.selftest_ok.get_or_create(&labels).set(i64::from(sel.ok));
-                    if let Some(us) = sel.latency_us.filter(|_| sel.ok) {
-                        f.selftest_latency.get_or_create(&labels).set(us / 1e6);
-                    }
-                }
-                f.port_info
-                    .get_or_create(&PortInfoLabels {
-                        device: dev.name.clone(),
-                        port: port.port,
-                        link_layer: port
-                            .link_layer
-                            .as_ref()
-                            .map_or_else(String::new, |l| l.name().to_owned()),
-                        netdev: port.netdevs().join(","),
-                    })
-                    .set(1);
-                if let Some(b) = port.transmit_bytes() {
-                    accumulate(&f.port_tx_bytes, &mut st.port_tx, labels.clone(), b);
-                }
-                if let Some(b) = port.receive_bytes() {
-                    accumulate(&f.port_rx_bytes, &mut st.port_rx, labels.clone(), b);
-                }
-                for &counter in ERROR_COUNTERS {
-                    if let Some(&v) = port.counters.get(counter) {
-                        let l = PortCounterLabels {
-                            device: dev.name.clone(),
-                            port: port.port,
-                            counter,
-                        };
-                        accumulate(&f.port_errors, &mut st.port_errors, l, v);
-                    }
-                }
-                for &counter in HW_COUNTERS {
-                    if let Some(&v) = port.hw_counters.get(counter) {
-                        let l = PortCounterLabels {
-                            device: dev.name.clone(),
-                            port: port.port,
-                            counter,
-                        };
-                        accumulate(&f.port_hw, &mut st.port_hw, l, v);
-                    }
-                }
-            }
-        }
-
-        let mut errors_netdev = 0;
-        for nd in &report.netdevs {
-            errors_netdev += nd.errors.len();
-            let l = DeviceLabels {
-                device: nd.name.clone(),
-            };
-            if let Some(b) = nd.rx_bytes {
-                accumulate(&f.netdev_rx_bytes, &mut st.netdev_rx, l.clone(), b);
-            }
-            if let Some(b) = nd.tx_bytes {
-                accumulate(&f.netdev_tx_bytes, &mut st.netdev_tx, l, b);
-            }
-        }
-
-        for fam in [
-            &f.mount_up,
-            &f.mount_hung,
-            &f.mount_free_bytes,
-            &f.mount_available_bytes,
-            &f.mount_free_inodes,
-        ] {
-            fam.clear();
-        }
-        f.mount_statfs_seconds.clear();
-        let (mounts, errors_storage) = mount_samples(&report.storage);
-        for m in mounts {
-            let l = MountLabels { mount: m.mount };
-            f.mount_up.get_or_create(&l).set(i64::from(m.up));
-            f.mount_hung.get_or_create(&l).set(i64::from(m.hung));
-            if let Some(s) = m.statfs_seconds {
-                f.mount_statfs_seconds.get_or_create(&l).set(s);
-            }
-            let as_gauge = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
-            if let Some(v) = m.free_bytes {
-                f.mount_free_bytes.get_or_create(&l).set(as_gauge(v));
-            }
-            if let Some(v) = m.available_bytes {
-                f.mount_available_bytes.get_or_create(&l).set(as_gauge(v));
-            }
-            if let Some(v) = m.free_inodes {
-                f.mount_free_inodes.get_or_create(&l).set(as_gauge(v));
-            }
-        }
-
+        self.record_verdict(verdict);
+        let (errors_sysfs, errors_verbs) = self.record_rdma(report, &mut st);
+        let errors_netdev = self.record_netdevs(report, &mut st);
+        let errors_storage = self.record_mounts(&report.storage);
         let t = &report.timings;
         let verbs_ran = report.rdma.verbs.is_some();
         for (probe, seconds, ran, errors) in [
@@ -653,19 +495,191 @@ impl Metrics {
             if ran {
                 self.probe_duration.get_or_create(&l).observe(seconds);
             }
-            f.probe_errors
+            self.families
+                .probe_errors
                 .get_or_create(&l)
                 .inc_by(u64::try_from(errors).unwrap_or(u64::MAX));
         }
+        let f = &self.families;
         f.last_probe_timestamp.set(report.timestamp);
-
-        let fb = st.fallback.observe(report);
-        st.last_fallback = fb;
-        f.fallback_suspected.set(i64::from(fb.suspected));
-        set_optional(&f.fallback_tcp_rate, fb.tcp_bytes_per_second);
-        set_optional(&f.fallback_rdma_rate, fb.rdma_bytes_per_second);
-
+        f.fallback_suspected.set(i64::from(fallback.suspected));
+        set_optional(&f.fallback_tcp_rate, fallback.tcp_bytes_per_second);
+        set_optional(&f.fallback_rdma_rate, fallback.rdma_bytes_per_second);
+        drop(st);
         self.first_probe_done.store(true, Ordering::Release);
+    }
+
+    fn record_verdict(&self, verdict: &Verdict) {
+        let f = &self.families;
+        f.node_ready.set(i64::from(verdict.ready));
+        f.rdma_ready.set(i64::from(verdict.rdma.part.ready));
+        f.lustre_ready.set(i64::from(verdict.lustre.ready));
+        f.findings.clear();
+        let findings = verdict.rdma.part.findings.iter();
+        for finding in findings.chain(&verdict.lustre.findings) {
+            let scope = match finding.scope {
+                Scope::Rdma => "rdma",
+                Scope::Lustre => "lustre",
+            };
+            let reason = finding.code;
+            f.findings
+                .get_or_create(&FindingLabels { scope, reason })
+                .inc();
+        }
+    }
+
+    /// Port gauges and counters; returns the errors the sysfs and verbs probes reported.
+    fn record_rdma(&self, report: &ProbeReport, st: &mut Readers) -> (usize, usize) {
+        let f = &self.families;
+        // Gauges describe the present: a port that vanished must vanish from /metrics too.
+        // Counters stay (with their accumulators) so a port that comes back continues upward.
+        for fam in [
+            &f.port_state,
+            &f.port_phys_state,
+            &f.port_up,
+            &f.selftest_ok,
+        ] {
+            fam.clear();
+        }
+        f.port_rate_gbps.clear();
+        f.port_info.clear();
+        f.selftest_latency.clear();
+        let verbs_error = |e: &Option<String>| usize::from(e.is_some());
+        let mut errors_sysfs = report.rdma.errors.len();
+        let mut errors_verbs = report
+            .rdma
+            .verbs
+            .as_ref()
+            .map_or(0, |v| verbs_error(&v.error));
+        for dev in &report.rdma.devices {
+            errors_sysfs += dev.errors.len();
+            errors_verbs += dev.verbs.as_ref().map_or(0, |v| verbs_error(&v.error));
+            for port in &dev.ports {
+                errors_sysfs += port.errors.len();
+                self.record_port(&dev.name, port, st);
+            }
+        }
+        (errors_sysfs, errors_verbs)
+    }
+
+    fn record_port(&self, device: &str, port: &PortReport, st: &mut Readers) {
+        let f = &self.families;
+        let labels = PortLabels {
+            device: device.to_owned(),
+            port: port.port,
+        };
+        if let Some(s) = port.state {
+            f.port_state.get_or_create(&labels).set(i64::from(s.code()));
+        }
+        if let Some(s) = port.phys_state {
+            f.port_phys_state
+                .get_or_create(&labels)
+                .set(i64::from(s.code()));
+        }
+        if let Some(rate) = &port.rate {
+            f.port_rate_gbps.get_or_create(&labels).set(rate.gbps);
+        }
+        f.port_up
+            .get_or_create(&labels)
+            .set(i64::from(port.is_up()));
+        if let Some(sel) = &port.selftest {
+            f.selftest_ok.get_or_create(&labels).set(i64::from(sel.ok));
+            if let Some(us) = sel.latency_us.filter(|_| sel.ok) {
+                f.selftest_latency.get_or_create(&labels).set(us / 1e6);
+            }
+        }
+        f.port_info
+            .get_or_create(&PortInfoLabels {
+                device: device.to_owned(),
+                port: port.port,
+                link_layer: port
+                    .link_layer
+                    .as_ref()
+                    .map_or_else(String::new, |l| l.name().to_owned()),
+                netdev: port.netdevs().join(","),
+            })
+            .set(1);
+        if let Some(b) = port.transmit_bytes() {
+            accumulate(&f.port_tx_bytes, &mut st.port_tx, labels.clone(), b);
+        }
+        if let Some(b) = port.receive_bytes() {
+            accumulate(&f.port_rx_bytes, &mut st.port_rx, labels, b);
+        }
+        // The port error counters and the driver's hw_counters: one loop, two tables.
+        for (names, values, family, readers) in [
+            (
+                ERROR_COUNTERS,
+                &port.counters,
+                &f.port_errors,
+                &mut st.port_errors,
+            ),
+            (HW_COUNTERS, &port.hw_counters, &f.port_hw, &mut st.port_hw),
+        ] {
+            for &counter in names {
+                if let Some(&v) = values.get(counter) {
+                    let l = PortCounterLabels {
+                        device: device.to_owned(),
+                        port: port.port,
+                        counter,
+                    };
+                    accumulate(family, readers, l, v);
+                }
+            }
+        }
+    }
+
+    /// Netdev byte counters; returns the errors the netdev probe reported.
+    fn record_netdevs(&self, report: &ProbeReport, st: &mut Readers) -> usize {
+        let f = &self.families;
+        let mut errors = 0;
+        for nd in &report.netdevs {
+            errors += nd.errors.len();
+            let l = DeviceLabels {
+                device: nd.name.clone(),
+            };
+            if let Some(b) = nd.rx_bytes {
+                accumulate(&f.netdev_rx_bytes, &mut st.netdev_rx, l.clone(), b);
+            }
+            if let Some(b) = nd.tx_bytes {
+                accumulate(&f.netdev_tx_bytes, &mut st.netdev_tx, l, b);
+            }
+        }
+        errors
+    }
+
+    /// Mount gauges (cleared first: an unmounted path disappears); returns the storage errors.
+    fn record_mounts(&self, storage: &StorageReport) -> usize {
+        let f = &self.families;
+        for fam in [
+            &f.mount_up,
+            &f.mount_hung,
+            &f.mount_free_bytes,
+            &f.mount_available_bytes,
+            &f.mount_free_inodes,
+        ] {
+            fam.clear();
+        }
+        f.mount_statfs_seconds.clear();
+        let (mounts, errors) = mount_samples(storage);
+        let as_gauge = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        for m in mounts {
+            let l = MountLabels { mount: m.mount };
+            f.mount_up.get_or_create(&l).set(i64::from(m.up));
+            f.mount_hung.get_or_create(&l).set(i64::from(m.hung));
+            if let Some(s) = m.statfs_seconds {
+                f.mount_statfs_seconds.get_or_create(&l).set(s);
+            }
+            for (family, value) in [
+                (&f.mount_free_bytes, m.free_bytes),
+                (&f.mount_available_bytes, m.available_bytes),
+                (&f.mount_free_inodes, m.free_inodes),
+            ] {
+                if let Some(v) = value {
+                    family.get_or_create(&l).set(as_gauge(v));
+                }
+            }
+        }
+        errors
     }
 
     /// Count a write to the API server (`kind`: `labels`, `taint`, `conditions`, `event`).
@@ -679,7 +693,7 @@ impl Metrics {
 
     /// The fallback detector's conclusion after the last probe.
     pub fn fallback_status(&self) -> FallbackStatus {
-        self.lock().last_fallback
+        self.fallback.lock().unwrap_or_else(|p| p.into_inner()).last
     }
 
     /// `/readyz`: true once the first probe completed.
@@ -904,17 +918,6 @@ pub async fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn monotonic_treats_a_decrease_as_a_restart_from_zero() {
-        let mut m = Monotonic::starting_at(100);
-        assert_eq!(m.observe(150), 50);
-        assert_eq!(m.observe(150), 0);
-        assert_eq!(m.observe(20), 20, "reset: the 20 since the restart are new");
-        assert_eq!(m.observe(25), 5);
-        let mut m = Monotonic::starting_at(u64::MAX - 1);
-        assert_eq!(m.observe(3), 3, "64-bit wrap counts as a restart");
-    }
 
     #[test]
     fn accept_header_negotiation() {

@@ -408,6 +408,23 @@ pub async fn watch_node(
     }
 }
 
+/// What [`Reconciler::apply`] writes by server-side apply.
+#[derive(Clone, Copy)]
+enum Apply<'a> {
+    Labels(&'a BTreeMap<String, String>),
+    Conditions(&'a [NodeCondition]),
+}
+
+impl Apply<'_> {
+    /// For the error message: "cannot {action} Node {name}".
+    fn action(self) -> &'static str {
+        match self {
+            Self::Labels(_) => "apply labels on",
+            Self::Conditions(_) => "apply conditions on",
+        }
+    }
+}
+
 /// What a reconcile did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Outcome {
@@ -580,12 +597,14 @@ impl Reconciler {
             self.remember_own(&node);
         }
         if let Some(labels) = &plan.labels {
-            node = self.apply_labels(&nodes, labels, &mut outcome).await?;
+            node = self
+                .apply(&nodes, Apply::Labels(labels), &mut outcome)
+                .await?;
             self.remember_own(&node);
         }
         if let Some(conditions) = &plan.conditions {
             node = self
-                .apply_conditions(&nodes, conditions, &mut outcome)
+                .apply(&nodes, Apply::Conditions(conditions), &mut outcome)
                 .await?;
             self.remember_own(&node);
         }
@@ -658,58 +677,55 @@ impl Reconciler {
         self.metrics.record_node_write(kind);
     }
 
-    async fn apply_labels(
+    /// Server-side apply (field manager `fabricgate`, forced) of our labels on the Node, or of
+    /// our conditions on its status subresource: one request, counted as one write.
+    async fn apply(
         &self,
         nodes: &Api<Node>,
-        labels: &BTreeMap<String, String>,
+        what: Apply<'_>,
         outcome: &mut Outcome,
     ) -> Result<Node> {
-        let body = json!({
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": { "name": self.node_name, "labels": labels },
-        });
+        let name = &self.node_name;
         let pp = PatchParams::apply(FIELD_MANAGER).force();
-        let res = nodes
-            .patch(&self.node_name, &pp, &Patch::Apply(&body))
-            .await;
-        let node = res.map_err(|e| self.kube_err("apply labels on", e))?;
-        self.wrote("labels", outcome);
-        let shown: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        tracing::info!(node = %self.node_name, labels = %shown.join(","), "applied labels");
-        Ok(node)
-    }
-
-    async fn apply_conditions(
-        &self,
-        nodes: &Api<Node>,
-        conditions: &[NodeCondition],
-        outcome: &mut Outcome,
-    ) -> Result<Node> {
-        let body = json!({
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": { "name": self.node_name },
-            "status": { "conditions": conditions },
-        });
-        let pp = PatchParams::apply(FIELD_MANAGER).force();
-        let res = nodes
-            .patch_status(&self.node_name, &pp, &Patch::Apply(&body))
-            .await;
-        let node = res.map_err(|e| self.kube_err("apply conditions on", e))?;
-        self.wrote("conditions", outcome);
-        let shown: Vec<String> = conditions
-            .iter()
-            .map(|c| {
-                format!(
-                    "{}={}({})",
-                    c.type_,
-                    c.status,
-                    c.reason.as_deref().unwrap_or("")
-                )
-            })
-            .collect();
-        tracing::info!(node = %self.node_name, conditions = %shown.join(","), "applied conditions");
+        let (kind, res) = match what {
+            Apply::Labels(labels) => {
+                let body = json!({
+                    "apiVersion": "v1",
+                    "kind": "Node",
+                    "metadata": { "name": name, "labels": labels },
+                });
+                let res = nodes.patch(name, &pp, &Patch::Apply(&body)).await;
+                ("labels", res)
+            }
+            Apply::Conditions(conditions) => {
+                let body = json!({
+                    "apiVersion": "v1",
+                    "kind": "Node",
+                    "metadata": { "name": name },
+                    "status": { "conditions": conditions },
+                });
+                let res = nodes.patch_status(name, &pp, &Patch::Apply(&body)).await;
+                ("conditions", res)
+            }
+        };
+        let node = res.map_err(|e| self.kube_err(what.action(), e))?;
+        self.wrote(kind, outcome);
+        match what {
+            Apply::Labels(labels) => {
+                let shown: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                tracing::info!(node = %name, labels = %shown.join(","), "applied labels");
+            }
+            Apply::Conditions(conditions) => {
+                let shown: Vec<String> = conditions
+                    .iter()
+                    .map(|c| {
+                        let reason = c.reason.as_deref().unwrap_or("");
+                        format!("{}={}({reason})", c.type_, c.status)
+                    })
+                    .collect();
+                tracing::info!(node = %name, conditions = %shown.join(","), "applied conditions");
+            }
+        }
         Ok(node)
     }
 
@@ -877,11 +893,7 @@ mod tests {
             taints: if ready {
                 vec![]
             } else {
-                vec![policy::Taint {
-                    key: config.node.taint_key(),
-                    value: None,
-                    effect: "NoSchedule".into(),
-                }]
+                vec![policy::unvalidated_taint(&config)]
             },
             conditions: vec![
                 cond("FabricReady", "FabricValidated"),

@@ -5,7 +5,7 @@ use fabricgate_probes::ProbeReport;
 use fabricgate_probes::rdma::{
     DeviceReport, LinkLayer, PhysState, PortReport, PortState, RdmaReport, format_gbps,
 };
-use fabricgate_probes::storage::{LustreHealth, MountStatus};
+use fabricgate_probes::storage::{LustreHealth, MountStatus, StorageReport};
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -112,6 +112,16 @@ impl Verdict {
     }
 }
 
+/// The one taint fabricgate owns: `<label_prefix>unvalidated` with the configured effect,
+/// present exactly while the node is not validated.
+pub fn unvalidated_taint(config: &Config) -> Taint {
+    Taint {
+        key: config.node.taint_key(),
+        value: None,
+        effect: config.node.taint_effect.as_str().to_owned(),
+    }
+}
+
 /// Judge one probe report against the requirements, with no memory of earlier probes.
 pub fn evaluate(report: &ProbeReport, config: &Config) -> Verdict {
     let rdma = evaluate_rdma(&report.rdma, config);
@@ -138,11 +148,7 @@ pub fn evaluate(report: &ProbeReport, config: &Config) -> Verdict {
     let taints = if ready {
         Vec::new()
     } else {
-        vec![Taint {
-            key: config.node.taint_key(),
-            value: None,
-            effect: config.node.taint_effect.as_str().to_owned(),
-        }]
+        vec![unvalidated_taint(config)]
     };
 
     let conditions = vec![
@@ -202,11 +208,7 @@ impl Hysteresis {
         Self {
             recover_after: config.node.recover_after.max(1),
             ready_label: format!("{}ready", config.node.label_prefix),
-            taint: Taint {
-                key: config.node.taint_key(),
-                value: None,
-                effect: config.node.taint_effect.as_str().to_owned(),
-            },
+            taint: unvalidated_taint(config),
             good_streak: 0,
             validated: false,
             held: None,
@@ -314,7 +316,26 @@ fn evaluate_lustre(report: &ProbeReport, config: &Config) -> PartVerdict {
     let storage = &report.storage;
     let mut findings = Vec::new();
     let mut warnings = Vec::new();
+    mount_findings(storage, config, &mut findings, &mut warnings);
+    // The Lustre client matters when Lustre is required or all_lustre asks for it.
+    let lustre_wanted = !config.lustre.mounts.is_empty() || config.lustre.all_lustre;
+    if lustre_wanted && storage.client.present {
+        lustre_client_findings(storage, config, &mut findings, &mut warnings);
+    }
+    let mut part = PartVerdict::ok();
+    part.ready = findings.is_empty();
+    part.findings = findings;
+    part.warnings = warnings;
+    part
+}
 
+/// The mount table, each checked mount's status, and required mounts the probe did not check.
+fn mount_findings(
+    storage: &StorageReport,
+    config: &Config,
+    findings: &mut Vec<Finding>,
+    warnings: &mut Vec<Finding>,
+) {
     for err in &storage.errors {
         let code = if storage.mount_table_entries == 0 {
             "MountTableUnreadable"
@@ -360,78 +381,74 @@ fn evaluate_lustre(report: &ProbeReport, config: &Config) -> PartVerdict {
             ));
         }
     }
+}
 
-    // The Lustre client matters when Lustre is required or all_lustre asks for it.
-    let lustre_wanted = !config.lustre.mounts.is_empty() || config.lustre.all_lustre;
+/// The Lustre client's health and the imports of the file systems in scope.
+fn lustre_client_findings(
+    storage: &StorageReport,
+    config: &Config,
+    findings: &mut Vec<Finding>,
+    warnings: &mut Vec<Finding>,
+) {
     let client = &storage.client;
-    if lustre_wanted && client.present {
-        let text = client
-            .health_text
-            .as_deref()
-            .unwrap_or("")
-            .replace('\n', "; ");
-        match client.health {
-            Some(LustreHealth::Healthy) => {}
-            Some(LustreHealth::Lbug) => findings.push(lustre_finding(
-                "LustreUnhealthy",
-                format!(
-                    "lustre client hit an LBUG (health_check: {text}); the node needs a reboot"
-                ),
-            )),
-            Some(LustreHealth::NotHealthy) => findings.push(lustre_finding(
-                "LustreUnhealthy",
-                format!("lustre client is NOT HEALTHY (health_check: {text})"),
-            )),
-            Some(LustreHealth::Unknown) => warnings.push(lustre_finding(
-                "LustreUnhealthy",
-                format!("lustre health_check says {text:?}, which fabricgate does not know"),
-            )),
-            None => warnings.push(lustre_finding(
-                "LustreUnhealthy",
-                "lustre client modules are loaded but health_check could not be read".into(),
-            )),
-        }
-        for e in &client.errors {
-            warnings.push(lustre_finding("LustreUnhealthy", e.clone()));
-        }
-
-        // Imports of the file systems in scope: all of them with all_lustre, otherwise those
-        // of the required Lustre mounts.
-        let fsnames: Vec<&str> = storage
-            .mounts
-            .iter()
-            .filter(|m| m.required)
-            .filter_map(|m| m.lustre_fsname.as_deref())
-            .collect();
-        for imp in &client.imports {
-            let in_scope = config.lustre.all_lustre
-                || imp.fsname.as_deref().is_some_and(|f| fsnames.contains(&f));
-            if !in_scope || imp.healthy {
-                continue;
-            }
-            let state = imp.state.as_deref().unwrap_or("unreadable");
-            let message = format!("lustre {} import {state}", imp.target);
-            if imp.active == Some(false) {
-                warnings.push(lustre_finding(
-                    "LustreImportDown",
-                    format!("{message} (deactivated by an administrator)"),
-                ));
-            } else if imp.state.is_none() {
-                warnings.push(lustre_finding(
-                    "LustreImportDown",
-                    imp.error.clone().unwrap_or(message),
-                ));
-            } else {
-                findings.push(lustre_finding("LustreImportDown", message));
-            }
-        }
+    let text = client
+        .health_text
+        .as_deref()
+        .unwrap_or("")
+        .replace('\n', "; ");
+    match client.health {
+        Some(LustreHealth::Healthy) => {}
+        Some(LustreHealth::Lbug) => findings.push(lustre_finding(
+            "LustreUnhealthy",
+            format!("lustre client hit an LBUG (health_check: {text}); the node needs a reboot"),
+        )),
+        Some(LustreHealth::NotHealthy) => findings.push(lustre_finding(
+            "LustreUnhealthy",
+            format!("lustre client is NOT HEALTHY (health_check: {text})"),
+        )),
+        Some(LustreHealth::Unknown) => warnings.push(lustre_finding(
+            "LustreUnhealthy",
+            format!("lustre health_check says {text:?}, which fabricgate does not know"),
+        )),
+        None => warnings.push(lustre_finding(
+            "LustreUnhealthy",
+            "lustre client modules are loaded but health_check could not be read".into(),
+        )),
+    }
+    for e in &client.errors {
+        warnings.push(lustre_finding("LustreUnhealthy", e.clone()));
     }
 
-    let mut part = PartVerdict::ok();
-    part.ready = findings.is_empty();
-    part.findings = findings;
-    part.warnings = warnings;
-    part
+    // Imports of the file systems in scope: all of them with all_lustre, otherwise those
+    // of the required Lustre mounts.
+    let fsnames: Vec<&str> = storage
+        .mounts
+        .iter()
+        .filter(|m| m.required)
+        .filter_map(|m| m.lustre_fsname.as_deref())
+        .collect();
+    for imp in &client.imports {
+        let in_scope =
+            config.lustre.all_lustre || imp.fsname.as_deref().is_some_and(|f| fsnames.contains(&f));
+        if !in_scope || imp.healthy {
+            continue;
+        }
+        let state = imp.state.as_deref().unwrap_or("unreadable");
+        let message = format!("lustre {} import {state}", imp.target);
+        if imp.active == Some(false) {
+            warnings.push(lustre_finding(
+                "LustreImportDown",
+                format!("{message} (deactivated by an administrator)"),
+            ));
+        } else if imp.state.is_none() {
+            warnings.push(lustre_finding(
+                "LustreImportDown",
+                imp.error.clone().unwrap_or(message),
+            ));
+        } else {
+            findings.push(lustre_finding("LustreImportDown", message));
+        }
+    }
 }
 
 fn rdma_finding(code: &'static str, message: String) -> Finding {
@@ -483,8 +500,9 @@ fn evaluate_rdma(report: &RdmaReport, config: &Config) -> RdmaVerdict {
         ));
     }
 
+    let mut notes: Vec<Finding> = Vec::new();
     for dev in in_scope {
-        let device_problems = device_problems(dev, config);
+        let device_problems = device_problems(dev, config, &mut notes);
         let blocked = !device_problems.is_empty();
         problems.extend(device_problems);
         for port in &dev.ports {
@@ -520,6 +538,7 @@ fn evaluate_rdma(report: &RdmaReport, config: &Config) -> RdmaVerdict {
             ),
         ));
     }
+    part.warnings.extend(notes);
 
     let min_rate_gbps = usable
         .iter()
@@ -554,10 +573,31 @@ fn link_layer_in_scope(port: &PortReport, want: LinkLayerRequirement) -> bool {
     }
 }
 
-/// Problems that make every port of the device unusable.
-fn device_problems(dev: &DeviceReport, config: &Config) -> Vec<Finding> {
+/// Problems that make every port of the device unusable; `notes` gets those that do not
+/// (an unresolvable PCI function while `require_full_pcie_link` is off).
+fn device_problems(dev: &DeviceReport, config: &Config, notes: &mut Vec<Finding>) -> Vec<Finding> {
     let mut out = Vec::new();
-    for err in &dev.errors {
+    if let Some(why) = &dev.pci_error {
+        let finding = rdma_finding(
+            "PCIeLinkUnknown",
+            format!(
+                "{}: {why}, so rdma.require_full_pcie_link fails for it (set it to false \
+                 for an HCA that is not on PCIe)",
+                dev.name
+            ),
+        );
+        if config.rdma.require_full_pcie_link {
+            out.push(finding);
+        } else {
+            notes.push(finding);
+        }
+    }
+    // The PCI error is judged above, by the PCIe rule.
+    for err in dev
+        .errors
+        .iter()
+        .filter(|e| Some(*e) != dev.pci_error.as_ref())
+    {
         out.push(rdma_finding(
             "DeviceUnreadable",
             format!("{}: {err}", dev.name),
@@ -940,11 +980,7 @@ mod hysteresis_tests {
             taints: if ready {
                 Vec::new()
             } else {
-                vec![Taint {
-                    key: config.node.taint_key(),
-                    value: None,
-                    effect: "NoSchedule".into(),
-                }]
+                vec![unvalidated_taint(&config)]
             },
             conditions: vec![condition("FabricReady", ready, "FabricValidated", &[&part])],
         }

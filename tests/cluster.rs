@@ -7,6 +7,7 @@
 //! Without the control plane binary (`.ci/controlplane.sh` builds it) each test prints
 //! `SKIP:` and passes, except under `CI=true`, where that is a failure.
 
+mod common;
 mod support;
 
 #[path = "cluster/agent.rs"]

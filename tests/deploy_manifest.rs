@@ -4,6 +4,8 @@
 //! external validators (kubernetes-validate, hadolint, yamllint) run when present. In CI
 //! (`CI=true`) a missing validator is a failure; elsewhere the test says why it skipped.
 
+mod common;
+
 use clap::Parser;
 use fabricgate::cli::{Cli, Command, RunArgs};
 use fabricgate::config::{Config, DEFAULT_LABEL_PREFIX, NodeSettings};
@@ -455,25 +457,9 @@ fn admission_policy_uses_the_binarys_names_and_is_bound() {
 
 // ---- external tools ----------------------------------------------------------------------
 
-fn in_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| v == "true")
-}
-
 /// The tool on PATH, or None (with a printed reason) outside CI; a failure in CI.
 fn tool(name: &str, install: &str) -> Option<PathBuf> {
-    let found = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|d| d.join(name))
-            .find(|p| p.is_file())
-    });
-    if found.is_none() {
-        assert!(
-            !in_ci(),
-            "{name} is not installed; CI installs it with {install}"
-        );
-        eprintln!("SKIP: {name} is not installed ({install}; .ci/deploy.sh does it)");
-    }
-    found
+    common::require_tool(name, &format!("{install}; .ci/deploy.sh does it"))
 }
 
 fn run(cmd: &mut Proc) -> (bool, String) {
@@ -627,12 +613,10 @@ fn cel_python() -> Option<PathBuf> {
             return Some(python);
         }
     }
-    assert!(
-        !in_ci(),
-        "no python3 with cel-expr-python and PyYAML; .ci/deploy.sh installs them"
-    );
-    eprintln!(
-        "SKIP: no python3 with cel-expr-python and PyYAML (pip install cel-expr-python pyyaml)"
+    common::require(
+        false,
+        "no python3 with cel-expr-python and PyYAML",
+        "pip install cel-expr-python pyyaml; .ci/deploy.sh installs them",
     );
     None
 }

@@ -5,6 +5,7 @@
 //! Outside CI the tests skip, saying why, when qemu or the kernel package is unavailable;
 //! with CI=true a missing prerequisite is a failure.
 
+mod common;
 mod support;
 
 use serde_json::Value;
@@ -14,7 +15,6 @@ use std::process::{Child, Command};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 use support::controlplane::ControlPlane;
-use support::env::in_ci;
 
 /// The results of the one boot: the output folder and what the host saw of the daemon, or
 /// why the suite is skipped.
@@ -163,11 +163,7 @@ fn boot() -> &'static Boot {
     static BOOT: OnceLock<Boot> = OnceLock::new();
     BOOT.get_or_init(|| {
         let vm = manifest_dir().join("tests/vm");
-        let missing = if Command::new("qemu-system-x86_64")
-            .arg("--version")
-            .output()
-            .is_err()
-        {
+        let missing = if common::tool("qemu-system-x86_64").is_none() {
             Some("qemu-system-x86_64 is not installed (run .ci/vm.sh)".to_owned())
         } else {
             // Downloads/unpacks the kernel and builds the initramfs once (cached).
@@ -181,8 +177,7 @@ fn boot() -> &'static Boot {
             }
         };
         if let Some(why) = missing {
-            assert!(!in_ci(), "Soft-RoCE VM prerequisites missing in CI: {why}");
-            eprintln!("SKIPPED softroce_vm: {why}");
+            common::require(false, &why, "run .ci/vm.sh");
             return Boot::Skipped(why);
         }
         // Kept under target/ (replaced by the next run) so a failure can be inspected:
@@ -249,7 +244,7 @@ fn results() -> Option<&'static Path> {
     match boot() {
         Boot::Ran(dir, _) => Some(dir),
         Boot::Skipped(why) => {
-            eprintln!("skipped: {why}");
+            common::require(false, why, "run .ci/vm.sh");
             None
         }
     }

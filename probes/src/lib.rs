@@ -1,5 +1,11 @@
 //! All of fabricgate's hardware and OS knowledge: RDMA devices (sysfs and verbs), mounts and
 //! Lustre. Synchronous and free of Kubernetes; every path comes from one [`Roots`].
+//!
+//! `unsafe` is denied here and allowed on one module only, `rdma::verbs` (the libibverbs
+//! wrapper), where every block carries a `// SAFETY:` comment (clippy enforces it).
+
+#![deny(unsafe_code)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod error;
 pub mod netdev;

@@ -5,13 +5,13 @@
 use crate::support::sysfs::FakeHca;
 use crate::{TAINT, TestNode, control_plane, start_agent};
 use std::process::Command;
+
 use std::time::Duration;
 
 #[test]
 fn cleanup_script_removes_only_what_fabricgate_owns() {
     let Some(cp) = control_plane() else { return };
-    if Command::new("jq").arg("--version").output().is_err() {
-        crate::support::env::skip_or_fail("jq is not installed (apt-get install jq)");
+    if crate::common::require_tool("jq", "apt-get install jq").is_none() {
         return;
     }
     let node = TestNode::seeded(cp, "cleanup-a");

@@ -9,7 +9,6 @@
 //! Children run in their own process group and are told to exit with their parent
 //! (`CONTROLPLANE_EXIT_WITH_PARENT`), so a test binary that ends or is killed leaves nothing.
 
-use super::env;
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
@@ -114,11 +113,11 @@ impl ControlPlane {
                 let binary = std::env::var_os("FABRICGATE_CONTROLPLANE")
                     .map(PathBuf::from)
                     .unwrap_or_else(|| PathBuf::from(DEFAULT_BINARY));
-                if !binary.is_file() {
-                    env::skip_or_fail(&format!(
-                        "no control plane binary at {} (build it with .ci/controlplane.sh)",
-                        binary.display()
-                    ));
+                if !crate::common::require(
+                    binary.is_file(),
+                    &format!("no control plane binary at {}", binary.display()),
+                    "build it with .ci/controlplane.sh",
+                ) {
                     return None;
                 }
                 Some(ControlPlane::start(&binary))

@@ -2,6 +2,8 @@
 
 pub mod sysfs;
 pub mod types;
+// The only module allowed `unsafe` (see the crate root).
+#[allow(unsafe_code)]
 pub mod verbs;
 
 use serde::{Serialize, Serializer};
@@ -39,7 +41,12 @@ pub struct DeviceReport {
     pub fw_ver: Option<String>,
     pub hca_type: Option<String>,
     pub board_id: Option<String>,
+    /// The PCI function behind the `device` link; `None` for a device without one (rxe, siw)
+    /// and when it cannot be resolved (then `pci_error` says why).
     pub pci: Option<PciLink>,
+    /// Why the `device` link exists but names no readable PCI function; also in `errors`.
+    /// The PCIe link rule (`rdma.require_full_pcie_link`) fails for such a device.
+    pub pci_error: Option<String>,
     pub ports: Vec<PortReport>,
     /// `None` when verbs were not probed; otherwise what opening a context gave.
     pub verbs: Option<VerbsDevice>,

@@ -108,14 +108,14 @@ pub fn probe(roots: &Roots) -> RdmaReport {
         }
     };
     report.subsystem_present = true;
-    report.devices = read_devices(&class, &names);
+    report.devices = read_devices(roots, &class, &names);
     report
 }
 
 /// Devices are independent, and reading one is a thousand small syscalls, not parsing; on a
 /// node with many HCAs the probe reads them on up to one thread per core (at most 4), each
 /// taking every n-th device, and keeps the sorted order.
-fn read_devices(class: &Path, names: &[String]) -> Vec<DeviceReport> {
+fn read_devices(roots: &Roots, class: &Path, names: &[String]) -> Vec<DeviceReport> {
     let threads = std::thread::available_parallelism()
         .map_or(1, std::num::NonZeroUsize::get)
         .min(4)
@@ -128,7 +128,10 @@ fn read_devices(class: &Path, names: &[String]) -> Vec<DeviceReport> {
             .enumerate()
             .skip(first)
             .step_by(threads)
-            .map(|(i, name)| (i, read_device(&mut reader, &class.join(name), name.clone())))
+            .map(|(i, name)| {
+                let dev = read_device(&mut reader, roots, &class.join(name), name.clone());
+                (i, dev)
+            })
             .collect::<Vec<_>>()
     };
     let mut devices: Vec<(usize, DeviceReport)> = std::thread::scope(|scope| {
@@ -149,7 +152,7 @@ fn read_devices(class: &Path, names: &[String]) -> Vec<DeviceReport> {
     devices.into_iter().map(|(_, d)| d).collect()
 }
 
-fn read_device(reader: &mut AttrReader, dir: &Path, name: String) -> DeviceReport {
+fn read_device(reader: &mut AttrReader, roots: &Roots, dir: &Path, name: String) -> DeviceReport {
     let mut dev = DeviceReport {
         name,
         ..DeviceReport::default()
@@ -166,7 +169,14 @@ fn read_device(reader: &mut AttrReader, dir: &Path, name: String) -> DeviceRepor
     dev.fw_ver = reader.string(&dir.join("fw_ver"), errors);
     dev.hca_type = reader.string(&dir.join("hca_type"), errors);
     dev.board_id = reader.string(&dir.join("board_id"), errors);
-    dev.pci = read_pci(reader, &dir.join("device"), errors);
+    match resolve_pci_function(roots, &dir.join("device")) {
+        Ok(Some(function)) => dev.pci = Some(read_pci(reader, &function, errors)),
+        Ok(None) => {}
+        Err(why) => {
+            errors.push(why.clone());
+            dev.pci_error = Some(why);
+        }
+    }
 
     let ports_dir = dir.join("ports");
     match list_dir(&ports_dir) {
@@ -193,10 +203,72 @@ fn read_device(reader: &mut AttrReader, dir: &Path, name: String) -> DeviceRepor
     dev
 }
 
-/// The PCIe link of the parent device, when the parent is a PCI function.
-fn read_pci(reader: &mut AttrReader, link: &Path, errors: &mut Vec<String>) -> Option<PciLink> {
-    let target = fs::read_link(link).ok()?;
-    let address = target.file_name()?.to_str()?.to_owned();
+/// `0000:3b:00.0` (domain, bus, device.function; the domain may be longer than 4 digits).
+pub fn is_pci_address(name: &str) -> bool {
+    let hex = |s: &str, len: std::ops::RangeInclusive<usize>| {
+        len.contains(&s.len()) && s.bytes().all(|b| b.is_ascii_hexdigit())
+    };
+    let mut parts = name.split(':');
+    let (Some(domain), Some(bus), Some(devfn), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return false;
+    };
+    let Some((dev, func)) = devfn.split_once('.') else {
+        return false;
+    };
+    hex(domain, 4..=8)
+        && hex(bus, 2..=2)
+        && hex(dev, 2..=2)
+        && matches!(func.as_bytes(), [b'0'..=b'7'])
+}
+
+/// The sysfs folder of the PCI function behind a device's `device` link: the link
+/// canonicalised (through [`Roots`], so fixture trees resolve inside themselves), then the
+/// nearest folder named like a PCI address at or above it, so a device on an auxiliary bus
+/// (an mlx5 sub-function) resolves to its physical function. `Ok(None)` when there is no
+/// `device` link at all (software devices such as rxe have none); `Err` with what went wrong
+/// and what it means when the link exists but names no PCI function.
+fn resolve_pci_function(roots: &Roots, link: &Path) -> Result<Option<PathBuf>, String> {
+    if fs::symlink_metadata(link).is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound) {
+        return Ok(None);
+    }
+    let cannot = |what: String| {
+        format!(
+            "{}: {what}; the HCA's PCIe link cannot be checked",
+            link.display()
+        )
+    };
+    let resolve =
+        |root: PathBuf| Ok::<_, std::io::Error>((roots.resolve_sys_under(link, &root)?, root));
+    let (target, root) = roots
+        .canonical_sysfs_root()
+        .and_then(resolve)
+        .map_err(|e| cannot(format!("cannot resolve the PCI function: {e}")))?;
+    let function = target
+        .ancestors()
+        .take_while(|p| p.starts_with(&root) && *p != root)
+        .find(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(is_pci_address)
+        });
+    match function {
+        Some(f) => Ok(Some(f.to_owned())),
+        None => Err(cannot(format!(
+            "resolves to {}, which is not inside a PCI function",
+            target.strip_prefix(&root).unwrap_or(&target).display()
+        ))),
+    }
+}
+
+/// The PCIe link of the PCI function in `function` (a canonical sysfs folder).
+fn read_pci(reader: &mut AttrReader, function: &Path, errors: &mut Vec<String>) -> PciLink {
+    let address = function
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let link = function;
     let mut pci = PciLink {
         address,
         ..PciLink::default()
@@ -227,7 +299,7 @@ fn read_pci(reader: &mut AttrReader, link: &Path, errors: &mut Vec<String>) -> O
         .ok()
         .flatten()
         .and_then(|s| s.trim().parse().ok());
-    Some(pci)
+    pci
 }
 
 fn read_port(reader: &mut AttrReader, dir: &Path, port: u32) -> PortReport {
@@ -436,6 +508,63 @@ mod tests {
                 code: 1,
                 name: "CA".into()
             })
+        );
+    }
+
+    #[test]
+    fn pci_addresses_are_recognised() {
+        for good in ["0000:3b:00.0", "0000:00:1f.7", "10000:01:00.0"] {
+            assert!(is_pci_address(good), "{good}");
+        }
+        for bad in [
+            "mlx5_core.sf.2",
+            "pci0000:00",
+            "0000:3b:00",
+            "0000:3b:00.8",
+            "0000:3b:0.0",
+            "0000:3b:00.0:1",
+            "",
+        ] {
+            assert!(!is_pci_address(bad), "{bad}");
+        }
+    }
+
+    /// The three outcomes of resolving a `device` link: none (software device), a PCI
+    /// function at or above the target, and a target outside any PCI function.
+    #[test]
+    fn device_links_resolve_to_the_pci_function_or_say_why_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let sys = dir.path().join("sys");
+        let roots = Roots::new(&sys, dir.path().join("proc"));
+        let mk = |rel: &str| fs::create_dir_all(sys.join(rel)).unwrap();
+        mk("devices/virtual/infiniband/rxe0");
+        mk("devices/pci0000:00/0000:00:01.0/0000:3b:00.0/mlx5_core.sf.4/infiniband/mlx5_4");
+        mk("devices/platform/HISI00D1:00/infiniband/hns_0");
+        let link = |target: &str, at: &str| {
+            std::os::unix::fs::symlink(target, sys.join(at).join("device")).unwrap();
+            sys.join(at).join("device")
+        };
+        let none = sys.join("devices/virtual/infiniband/rxe0/device");
+        assert_eq!(resolve_pci_function(&roots, &none), Ok(None));
+
+        let sf = link(
+            "../../../mlx5_core.sf.4",
+            "devices/pci0000:00/0000:00:01.0/0000:3b:00.0/mlx5_core.sf.4/infiniband/mlx5_4",
+        );
+        let function = resolve_pci_function(&roots, &sf).unwrap().unwrap();
+        assert!(
+            function.ends_with("0000:00:01.0/0000:3b:00.0"),
+            "{function:?}"
+        );
+
+        let platform = link("../..", "devices/platform/HISI00D1:00/infiniband/hns_0");
+        let why = resolve_pci_function(&roots, &platform).unwrap_err();
+        assert!(
+            why.contains(
+                "resolves to devices/platform/HISI00D1:00, which is not inside a PCI \
+                          function; the HCA's PCIe link cannot be checked"
+            ),
+            "{why}"
         );
     }
 
