@@ -423,7 +423,7 @@ async fn reconcile_loop(
             }
             Err(e) => {
                 // What the watch showed may be what the failed write was based on.
-                rec.forget_observed();
+                rec.distrust_observed();
                 failures = failures.saturating_add(1);
                 let mut delay = backoff(failures, timing.interval, &mut jitter);
                 if e.is_throttled() {

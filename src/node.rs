@@ -449,8 +449,11 @@ pub struct Reconciler {
     pending_event: Option<Transition>,
     /// Dry-run: what was last logged, so an unchanged verdict logs nothing.
     logged: Option<Vec<String>>,
-    /// The newest Node the watch delivered, used instead of a GET while the watch is live.
+    /// The newest Node the watch delivered (or our write returned while it is live), used
+    /// instead of a GET while the watch is live.
     observed: Option<Node>,
+    /// The watch delivered the Node and has not broken since.
+    watch_live: bool,
     /// resourceVersions our own writes produced (newest last): the watch echoes them back,
     /// and an echo of our own write is nothing to react to.
     own_versions: std::collections::VecDeque<String>,
@@ -476,6 +479,7 @@ impl Reconciler {
             pending_event: None,
             logged: None,
             observed: None,
+            watch_live: false,
             own_versions: std::collections::VecDeque::new(),
         }
     }
@@ -483,6 +487,7 @@ impl Reconciler {
     /// A version of the Node from the watch. `true` when it needs a reconcile: someone else
     /// changed it (not an echo of our own writes).
     pub fn observe(&mut self, node: Node) -> bool {
+        self.watch_live = true;
         let rv = node.metadata.resource_version.clone().unwrap_or_default();
         let echo = !rv.is_empty() && self.own_versions.contains(&rv);
         if echo {
@@ -497,9 +502,15 @@ impl Reconciler {
         true
     }
 
+    /// A write based on what the watch showed failed: read the Node before the next one.
+    pub fn distrust_observed(&mut self) {
+        self.observed = None;
+    }
+
     /// The watch is down: read the Node again until it is back.
     pub fn forget_observed(&mut self) {
         self.observed = None;
+        self.watch_live = false;
     }
 
     fn remember_own(&mut self, node: &Node) {
@@ -509,7 +520,9 @@ impl Reconciler {
             }
             self.own_versions.push_back(rv.clone());
         }
-        self.observed = Some(node.clone());
+        if self.watch_live {
+            self.observed = Some(node.clone());
+        }
     }
 
     pub fn node_name(&self) -> &str {
@@ -564,7 +577,7 @@ impl Reconciler {
             return Ok(Outcome::default());
         }
         let mut outcome = Outcome::default();
-        let mut node = match self.observed.clone() {
+        let mut node = match self.observed.clone().filter(|_| self.watch_live) {
             Some(node) => node,
             None => self.get(&nodes, &mut outcome).await?,
         };
