@@ -193,7 +193,11 @@ pub fn plan(node: &Node, verdict: &Verdict, taint_key: &str, now: &Timestamp) ->
     if let Some(fabric) = verdict.conditions.iter().find(|c| c.type_ == "FabricReady") {
         let before = find("FabricReady").map(|c| c.status.as_str());
         let first_wait = before.is_none() && fabric.reason == policy::AWAITING_VALIDATION;
-        if before != Some(fabric.status.as_str()) && !first_wait {
+        // Entering an agent error is worth one Event even when FabricReady was already False.
+        let agent_error = fabric.reason == crate::agent_error::REASON
+            && find("FabricReady").and_then(|c| c.reason.as_deref())
+                != Some(crate::agent_error::REASON);
+        if (before != Some(fabric.status.as_str()) || agent_error) && !first_wait {
             plan.transition = Some(Transition {
                 ready: fabric.status == "True",
                 reason: fabric.reason.clone(),
@@ -217,6 +221,10 @@ fn plan_taints(
         .as_ref()
         .and_then(|s| s.taints.clone())
         .unwrap_or_default();
+    if verdict.keep_taint {
+        // An agent error under `node.on_agent_error: keep`: our taint stays as it is.
+        return None;
+    }
     let want = verdict.taints.iter().find(|t| t.key == taint_key);
     let ours: Vec<&Taint> = current.iter().filter(|t| t.key == taint_key).collect();
     let already = match (want, ours.as_slice()) {
@@ -637,6 +645,9 @@ impl Reconciler {
             reason: Some(
                 if t.ready {
                     "FabricReady"
+                } else if t.reason == crate::agent_error::REASON {
+                    // The agent's own trouble, told apart from a fabric fault at a glance.
+                    crate::agent_error::REASON
                 } else {
                     "FabricNotReady"
                 }
@@ -737,6 +748,7 @@ mod tests {
                 cond("FabricReady", "FabricValidated"),
                 cond("RDMAReady", "RDMAPortsActive"),
             ],
+            keep_taint: false,
         }
     }
 

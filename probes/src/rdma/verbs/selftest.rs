@@ -425,7 +425,11 @@ fn run_port_inner(
         ));
     }
 
-    let deadline = Instant::now() + timeout;
+    // Checked: a timeout too large for the clock waits "forever" instead of panicking.
+    let now = Instant::now();
+    let deadline = now
+        .checked_add(timeout)
+        .unwrap_or_else(|| now + Duration::from_secs(86_400));
 
     // RDMA WRITE region 0 (via A) into region 1 (B's side, by rkey); its completion needs
     // the responder's ACK, so post-to-completion is a full round trip.
