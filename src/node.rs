@@ -790,6 +790,31 @@ mod tests {
     }
 
     #[test]
+    fn keep_taint_leaves_our_taint_either_way_and_agent_error_is_one_transition() {
+        let now = Timestamp::now();
+        let mut v = verdict(false);
+        v.keep_taint = true;
+        for taints in [vec![], vec![taint(KEY)]] {
+            let n = node(&[], taints, vec![]);
+            assert_eq!(plan(&n, &v, KEY, &now).taints, None);
+        }
+        // Not ready for a port, then an agent error: still False, but an Event is due once.
+        let before = verdict(false);
+        let n = node(&[], vec![taint(KEY)], applied(&before, &now));
+        let mut v = verdict(false);
+        for c in &mut v.conditions {
+            c.reason = crate::agent_error::REASON.into();
+        }
+        let p = plan(&n, &v, KEY, &now);
+        assert_eq!(
+            p.transition.map(|t| t.reason),
+            Some(crate::agent_error::REASON.to_owned())
+        );
+        let n = node(&[], vec![taint(KEY)], applied(&v, &now));
+        assert_eq!(plan(&n, &v, KEY, &now).transition, None, "only on entering");
+    }
+
+    #[test]
     fn a_node_that_matches_needs_no_write() {
         let now = Timestamp::now();
         let v = verdict(false);
