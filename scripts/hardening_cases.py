@@ -214,7 +214,8 @@ def config_case(name, text, extra=None, timeout=60, vm=None):
         code, secs, rss, err = one_shot(
             ["check", "--config", path, "--sysfs-root", sys_dir, "--proc-root", proc_dir,
              "--verbs", "off"] + (extra or []), timeout=timeout, limit_vm_kib=vm)
-        msg = [l for l in err.splitlines() if not l.startswith("TIME ")]
+        msg = [l for l in err.splitlines()
+               if not l.startswith(("TIME ", "Command exited", "Command terminated"))]
         row(name, code, secs, rss, (msg[-1] if msg else "")[:140].replace("|", "/"))
 
 
@@ -225,7 +226,8 @@ def path_case(name, make, timeout=10, vm=None):
         code, secs, rss, err = one_shot(
             ["check", "--config", path, "--sysfs-root", sys_dir, "--proc-root", proc_dir,
              "--verbs", "off"], timeout=timeout, limit_vm_kib=vm)
-        msg = [l for l in err.splitlines() if not l.startswith("TIME ")]
+        msg = [l for l in err.splitlines()
+               if not l.startswith(("TIME ", "Command exited", "Command terminated"))]
         row(name, code, secs, rss, (msg[-1] if msg else "")[:140].replace("|", "/"))
 
 
@@ -240,14 +242,15 @@ def case_closed_stdout():
         sys_dir, proc_dir = fake_tree(tmp)
         started = time.monotonic()
         # bash: PIPESTATUS[0] is check's status.
+        # The reader is gone before the first byte is written (`| true`; `| head -c1` races).
         p = subprocess.run(
             ["bash", "-c", f"'{BIN}' check --sysfs-root '{sys_dir}' --proc-root '{proc_dir}' "
-             "--verbs off | head -c1 >/dev/null; echo ${PIPESTATUS[0]}"],
+             "--verbs off | true; echo ${PIPESTATUS[0]}"],
             capture_output=True)
         code = p.stdout.decode().strip()
         normal = subprocess.run([BIN, "check", "--sysfs-root", sys_dir, "--proc-root", proc_dir,
                                  "--verbs", "off"], capture_output=True).returncode
-        row("`check \\| head -c1`", code, f"{time.monotonic() - started:.2f}", "-",
+        row("`check \\| true` (stdout closed)", code, f"{time.monotonic() - started:.2f}", "-",
             f"exit code without the pipe: {normal}; panic on stderr: "
             f"{'panicked' in p.stderr.decode()}")
 
@@ -298,7 +301,33 @@ def case_renames():
             f"/metrics {size0 / 1024:.1f} KB -> {size1 / 1024:.1f} KB")
 
 
+def case_stall():
+    """A probe frozen on a FIFO `rate` attribute after the first probe."""
+    with tempfile.TemporaryDirectory() as tmp:
+        extra = ["--probe-deadline", "2s", "--liveness-grace", "2s"] if NEW else []
+        a = Agent(tmp, ["--interval", "500ms"] + extra)
+        ready = a.wait_ready()
+        rate = os.path.join(a.sys_dir,
+                            "devices/pci0000:00/0000:00:02.0/infiniband/mlx5_0/ports/1/rate")
+        os.remove(rate)
+        os.mkfifo(rate)
+        t0 = time.monotonic()
+        seen = {}
+        while time.monotonic() - t0 < 12:
+            for path in ("/readyz", "/healthz"):
+                if path not in seen and get(a.port, path, 1)[0] != 200:
+                    seen[path] = f"{time.monotonic() - t0:.2f} s"
+            time.sleep(0.05)
+        rss = rss_kib(a.p.pid)
+        a.stop()
+        row("probe frozen on a FIFO `rate`" + (" (`--probe-deadline 2s --liveness-grace 2s`)"
+                                               if NEW else ""), "running", "12 (observed)", rss,
+            f"ready before: {ready}; first non-200: /readyz {seen.get('/readyz', 'never')}, "
+            f"/healthz {seen.get('/healthz', 'never')}")
+
+
 def main():
+    case_stall()
     case_flood()
     case_resync()
     case_interval()
@@ -310,8 +339,8 @@ def main():
     config_case("nested YAML, 100,000 `[`", "rdma: " + "[" * 100_000 + "]" * 100_000 + "\n",
                 timeout=120)
     path_case("`--config` a FIFO", mkfifo)
-    path_case("`--config /dev/zero` (`ulimit -v 4 GiB`)", lambda _: "/dev/zero",
-              vm=4 * 1024 * 1024)
+    path_case("`--config /dev/zero` (`ulimit -v 1 GiB`)", lambda _: "/dev/zero",
+              vm=1024 * 1024)
     path_case("`--config` a directory", lambda tmp: tmp)
     case_closed_stdout()
     case_rate()
