@@ -96,8 +96,6 @@ fn start(
         .arg("run")
         .arg("--sysfs-root")
         .arg(hca.sysfs_root())
-        .arg("--proc-root")
-        .arg(hca.proc_root())
         .args(["--verbs", "off", "--metrics-addr", &addr.to_string()])
         .args(extra)
         .env("KUBECONFIG", &kubeconfig)
@@ -109,6 +107,9 @@ fn start(
         .env_remove("FABRICGATE_FAILPOINT")
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap());
+    if !extra.contains(&"--proc-root") {
+        cmd.arg("--proc-root").arg(hca.proc_root());
+    }
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -496,6 +497,61 @@ fn no_access_to_the_device_nodes_is_an_agent_error_not_a_hardware_reason() {
         fault.cause,
         fabricgate::agent_error::Cause::OutOfDescriptors
     );
+}
+
+/// Mounts the agent's container lacks: an unreadable mount table, or (live /proc) a required
+/// mount whose top-level directory does not exist inside the container.
+#[test]
+fn missing_mounts_of_the_agent_itself_are_agent_errors() {
+    let hca = FakeHca::new(true);
+    let config = write_config(
+        &hca,
+        "req.yaml",
+        "mounts:\n  - path: /fabricgate-test-absent-dir/data\n",
+    );
+    let empty_proc = hca.scratch().join("empty-proc");
+    std::fs::create_dir(&empty_proc).unwrap();
+    for (proc_root, needle) in [
+        (
+            Path::new("/proc"),
+            "does not exist inside the agent's container",
+        ),
+        (empty_proc.as_path(), "cannot read the mount table"),
+    ] {
+        let mut cmd_args = vec![
+            "--interval".to_owned(),
+            "100ms".to_owned(),
+            "--dry-run".to_owned(),
+            "--config".to_owned(),
+            config.to_str().unwrap().to_owned(),
+        ];
+        cmd_args.push("--proc-root".into());
+        cmd_args.push(proc_root.to_str().unwrap().into());
+        let args: Vec<&str> = cmd_args.iter().map(String::as_str).collect();
+        let agent = start(&hca, None, None, &args, &[]);
+        wait_until("the agent error", Duration::from_secs(20), || {
+            agent
+                .get("/metrics")
+                .is_some_and(|(_, m)| sample(&m, "fabricgate_agent_error") == Some(1.0))
+        });
+        let (status, why) = agent.get("/readyz").unwrap();
+        assert_eq!(status, 503);
+        assert!(why.contains(needle), "{why}");
+        let metrics = agent.get("/metrics").unwrap().1;
+        assert!(
+            metrics.contains("fabricgate_findings{scope=\"lustre\",reason=\"AgentError\"} 1"),
+            "{metrics}"
+        );
+        assert!(
+            !metrics.contains("reason=\"MountMissing\""),
+            "no node reason"
+        );
+        assert_eq!(
+            agent.get("/healthz").map(|r| r.0),
+            Some(200),
+            "no restart for this"
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
