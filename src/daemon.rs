@@ -299,23 +299,15 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
         r = &mut server => Ended::Server(r),
     };
     let result = match ended {
-        Ended::Probe(r) => {
-            // The reconcile loop finishes or abandons its write within WRITE_GRACE.
-            drop(desired_tx);
-            let _ = timeout(WRITE_GRACE + Duration::from_millis(500), loop_task).await;
-            let _ = timeout(Duration::from_millis(500), server).await;
-            r
-        }
-        Ended::Reconcile(r) if *stopping.borrow() => {
-            r.map_err(|e| task_died("the Node writer", &e))
-        }
+        Ended::Probe(r) => r,
+        // Shutting down: whichever part noticed first.
+        _ if *stopping.borrow() => Ok(()),
         Ended::Reconcile(r) => Err(r.err().map_or_else(
             || Error::Internal {
                 message: "the Node writer stopped while the agent runs".into(),
             },
             |e| task_died("the Node writer", &e),
         )),
-        Ended::Server(_) if *stopping.borrow() => Ok(()),
         Ended::Server(r) => Err(match r {
             Ok(Ok(())) => Error::Internal {
                 message: "the metrics server stopped while the agent runs".into(),
@@ -326,6 +318,15 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
             Err(e) => task_died("the metrics server", &e),
         }),
     };
+    // The reconcile loop finishes or abandons its write within WRITE_GRACE. (A handle that
+    // completed inside the select above is finished and not polled again.)
+    drop(desired_tx);
+    if !loop_task.is_finished() {
+        let _ = timeout(WRITE_GRACE + Duration::from_millis(500), &mut loop_task).await;
+    }
+    if !server.is_finished() {
+        let _ = timeout(Duration::from_millis(500), &mut server).await;
+    }
     tracing::info!(node = %node_name, "fabricgate agent stopped");
     result
 }
