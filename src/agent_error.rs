@@ -113,18 +113,23 @@ fn error_texts(report: &ProbeReport) -> Vec<&str> {
     out
 }
 
+/// `(os error N)` as `std::io::Error` prints it, exactly (not `os error 122`, EDQUOT).
+fn has_os_error(text: &str, errno: i32) -> bool {
+    text.contains(&format!("(os error {errno})"))
+}
+
 fn is_out_of_descriptors(text: &str) -> bool {
-    text.contains("os error 24")
-        || text.contains("os error 23")
+    has_os_error(text, libc::EMFILE)
+        || has_os_error(text, libc::ENFILE)
         || text.contains("Too many open files")
-        || text.contains("EMFILE")
-        || text.contains("ENFILE")
+        || text.contains("(EMFILE)")
+        || text.contains("(ENFILE)")
 }
 
 fn is_out_of_memory(text: &str) -> bool {
-    text.contains("os error 12")
+    has_os_error(text, libc::ENOMEM)
         || text.contains("Cannot allocate memory")
-        || text.contains("ENOMEM")
+        || text.contains("(ENOMEM)")
 }
 
 /// Verbs could not open a device node from inside the container (the probes' advice names
@@ -331,6 +336,14 @@ mod tests {
              the container and allow access to it"
         ));
         assert!(!is_no_device_access("mlx5_0 port 1: state DOWN"));
+        // Other errnos that merely start with the same digits are the node's business.
+        assert!(!is_out_of_memory(
+            "/lustre/x: write check: Disk quota exceeded (os error 122)"
+        ));
+        assert!(!is_out_of_descriptors("statfs: (os error 240)"));
+        assert!(is_out_of_memory(
+            "read_dir: Cannot allocate memory (os error 12)"
+        ));
     }
 
     #[test]

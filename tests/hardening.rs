@@ -866,3 +866,38 @@ fn a_closed_stdout_ends_check_and_selftest_quietly_with_their_exit_codes() {
         assert!(!stderr.contains("panicked"), "{cmd}: {stderr}");
     }
 }
+
+proptest::proptest! {
+    /// Whatever the port reports, a rate label is valid or absent; every realistic rate has one.
+    #[test]
+    fn any_rate_gives_a_valid_label_value_or_none(gbps in proptest::num::f64::ANY) {
+        let text = fabricgate_probes::rdma::format_gbps(gbps);
+        if let Some(v) = fabricgate::policy::LabelValue::new(&text) {
+            proptest::prop_assert!(valid_label_value(v.as_str()), "{}", text);
+        }
+        if (0.0..1e6).contains(&gbps) && gbps.is_sign_positive() {
+            proptest::prop_assert!(fabricgate::policy::LabelValue::new(&text).is_some(), "{}", text);
+        }
+    }
+
+    #[test]
+    fn label_values_are_valid_by_construction(s in ".{0,80}") {
+        match fabricgate::policy::LabelValue::new(&s) {
+            Some(v) => proptest::prop_assert!(valid_label_value(v.as_str())),
+            None => proptest::prop_assert!(!valid_label_value(&s)),
+        }
+    }
+}
+
+/// Kubernetes' rule, written out independently: `(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?`,
+/// at most 63 characters.
+fn valid_label_value(s: &str) -> bool {
+    let b = s.as_bytes();
+    let alnum = |c: &u8| c.is_ascii_alphanumeric();
+    b.len() <= 63
+        && (b.is_empty()
+            || (b.first().is_some_and(alnum)
+                && b.last().is_some_and(alnum)
+                && b.iter()
+                    .all(|c| alnum(c) || matches!(c, b'-' | b'_' | b'.'))))
+}
