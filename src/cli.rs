@@ -37,8 +37,8 @@ pub struct SelftestArgs {
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Table)]
     pub format: Format,
-    /// Bound on each port's test; default: `rdma.selftest_timeout` (2s).
-    #[arg(long, value_parser = humantime::parse_duration, value_name = "DURATION")]
+    /// Bound on each port's test, 1ms to 60s; default: `rdma.selftest_timeout` (2s).
+    #[arg(long, value_parser = parse_selftest_timeout, value_name = "DURATION")]
     pub timeout: Option<std::time::Duration>,
 }
 
@@ -56,16 +56,34 @@ pub struct RunArgs {
     /// Name of the Node this agent guards (downward API `spec.nodeName`).
     #[arg(long, env = "NODE_NAME", value_name = "NAME")]
     pub node_name: Option<String>,
-    /// Probe interval (jittered by up to 10%).
-    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    /// Probe interval (jittered by up to 10%), 10ms to 1h.
+    #[arg(long, default_value = "10s", value_parser = parse_interval)]
     pub interval: std::time::Duration,
     /// Re-read the Node this often even when the verdict is unchanged, to undo drift (someone
     /// removing the taint by hand); between resyncs an unchanged verdict costs no request.
-    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    /// 100ms to 24h.
+    #[arg(long, default_value = "60s", value_parser = parse_resync_interval)]
     pub resync_interval: std::time::Duration,
-    /// Address of the /metrics, /healthz and /readyz server.
-    #[arg(long, default_value = "0.0.0.0:9464", value_name = "ADDR")]
+    /// Address of the /metrics, /healthz and /readyz server. In a DaemonSet, the node's own
+    /// address: `$(HOST_IP):9464` with HOST_IP from the downward API `status.hostIP`.
+    #[arg(long, default_value = "0.0.0.0:9464", value_name = "ADDR", value_parser = crate::server::parse_listen_addr)]
     pub metrics_addr: std::net::SocketAddr,
+    /// Most connections the metrics server keeps open at once (lowered further so they never
+    /// take more than half of the descriptors left after a reserve for the probe).
+    #[arg(long, default_value_t = crate::server::DEFAULT_MAX_CONNECTIONS, value_parser = parse_max_connections, value_name = "N")]
+    pub metrics_max_connections: usize,
+    /// A probe that has not finished after this long is an agent error: /readyz fails at once
+    /// and the condition says AgentError. 1s to 1h.
+    #[arg(long, default_value = "60s", value_parser = parse_probe_deadline, value_name = "DURATION")]
+    pub probe_deadline: std::time::Duration,
+    /// /healthz fails once a probe has run past the deadline by this much, so the kubelet
+    /// restarts a wedged agent. 0s to 1h.
+    #[arg(long, default_value = "60s", value_parser = parse_liveness_grace, value_name = "DURATION")]
+    pub liveness_grace: std::time::Duration,
+    /// Series of a device (RDMA or netdev) that disappeared are dropped from /metrics after
+    /// this long. 0s to 7 days.
+    #[arg(long, default_value = "10m", value_parser = parse_stale_series_grace, value_name = "DURATION")]
+    pub stale_series_grace: std::time::Duration,
     /// Log the Node writes instead of making them; needs no cluster.
     #[arg(long)]
     pub dry_run: bool,
@@ -162,8 +180,58 @@ impl ProbeArgs {
             selftest: SelftestConfig {
                 schedule: config.rdma.selftest_schedule(),
                 timeout: config.rdma.selftest_timeout(),
-                devices: Some(config.rdma.devices.clone()),
+                devices: Some(config.rdma.devices.as_str().to_owned()),
             },
         }
+    }
+}
+
+/// `clap` value parsers for durations with bounds (a value outside them is exit 2).
+macro_rules! duration_flag {
+    ($name:ident, $min:expr, $max:expr) => {
+        fn $name(text: &str) -> std::result::Result<std::time::Duration, String> {
+            crate::config::parse_bounded_duration(text, $min, $max)
+        }
+    };
+}
+
+// The minimums are far below anything useful in a deployment (10s, 60s) because the
+// end-to-end tests run the agent fast; they only rule out a busy loop (`1ns`, `0s`).
+duration_flag!(
+    parse_interval,
+    std::time::Duration::from_millis(10),
+    std::time::Duration::from_secs(3600)
+);
+duration_flag!(
+    parse_resync_interval,
+    std::time::Duration::from_millis(100),
+    std::time::Duration::from_secs(86_400)
+);
+duration_flag!(
+    parse_probe_deadline,
+    std::time::Duration::from_secs(1),
+    std::time::Duration::from_secs(3600)
+);
+duration_flag!(
+    parse_liveness_grace,
+    std::time::Duration::ZERO,
+    std::time::Duration::from_secs(3600)
+);
+duration_flag!(
+    parse_stale_series_grace,
+    std::time::Duration::ZERO,
+    std::time::Duration::from_secs(7 * 86_400)
+);
+duration_flag!(
+    parse_selftest_timeout,
+    std::time::Duration::from_millis(1),
+    std::time::Duration::from_secs(60)
+);
+
+fn parse_max_connections(text: &str) -> std::result::Result<usize, String> {
+    let max = crate::server::MAX_MAX_CONNECTIONS;
+    match text.trim().parse::<usize>() {
+        Ok(n) if (2..=max).contains(&n) => Ok(n),
+        _ => Err(format!("{text:?} is not a number from 2 to {max}")),
     }
 }

@@ -3,12 +3,15 @@
 //!
 //! Shutdown is a future passed in (as in mini-redis), so tests drive it without signals.
 
+use crate::agent_error::{self, AgentFault};
 use crate::cli::{LogFormat, RunArgs};
 use crate::config::Config;
 use crate::error::{Error, Result};
+use crate::health::HealthTiming;
 use crate::metrics::{self, Metrics};
 use crate::node::{self, Reconciler, RetryAfter};
 use crate::policy::{self, Hysteresis, Verdict};
+use crate::server::Limits;
 use fabricgate_probes::{ProbeReport, Prober};
 use std::future::Future;
 use std::sync::Arc;
@@ -33,6 +36,38 @@ pub struct Agent {
     pub client: Option<node::Clients>,
     pub retry_after: RetryAfter,
     pub metrics: Arc<Metrics>,
+    /// Connection limits of the metrics server (from `RLIMIT_NOFILE`).
+    pub limits: Limits,
+    pub probe_deadline: Duration,
+    pub liveness_grace: Duration,
+    pub stale_series_grace: Duration,
+    /// Test-only fault injection (`FABRICGATE_FAILPOINT`, docs/hardening.md).
+    pub failpoint: Failpoint,
+}
+
+/// Faults the integration tests inject into the real binary through the environment variable
+/// `FABRICGATE_FAILPOINT` (never set in a deployment).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Failpoint {
+    #[default]
+    None,
+    /// The reconcile task panics on its first verdict.
+    ReconcilePanic,
+    /// The probe thread panics on its second probe.
+    ProbePanic,
+    /// Every probe after the first blocks forever.
+    ProbeStall,
+}
+
+impl Failpoint {
+    fn from_env() -> Self {
+        match std::env::var("FABRICGATE_FAILPOINT").as_deref() {
+            Ok("reconcile-panic") => Self::ReconcilePanic,
+            Ok("probe-panic") => Self::ProbePanic,
+            Ok("probe-stall") => Self::ProbeStall,
+            _ => Self::None,
+        }
+    }
 }
 
 impl Agent {
@@ -61,6 +96,16 @@ impl Agent {
         let config = args.probe.load_config()?;
         let roots = args.probe.roots()?;
         let prober = Prober::new(roots, args.probe.probe_config(&config));
+        // Descriptors: all the container allows, and HTTP connections kept far below that.
+        let nofile = crate::server::raise_nofile();
+        let limits = Limits::for_nofile(args.metrics_max_connections, nofile.soft);
+        tracing::info!(
+            nofile_before = ?nofile.before,
+            nofile = ?nofile.soft,
+            nofile_hard = ?nofile.hard,
+            max_connections = limits.max_connections,
+            "descriptor budget"
+        );
         let listener = tokio::net::TcpListener::bind(args.metrics_addr)
             .await
             .map_err(|e| Error::Usage {
@@ -92,8 +137,35 @@ impl Agent {
             client,
             retry_after,
             metrics,
+            limits,
+            probe_deadline: args.probe_deadline,
+            liveness_grace: args.liveness_grace,
+            stale_series_grace: args.stale_series_grace,
+            failpoint: Failpoint::from_env(),
         })
     }
+}
+
+/// Make any panic, on any thread or task, end the process with [`crate::EXIT_AGENT_PANIC`]:
+/// never a half-alive agent whose probes and `/healthz` go on while its Node writer is dead.
+pub fn exit_on_panic() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        default(info);
+        tracing::error!(
+            panic = %info,
+            "a task of the agent panicked; exiting with status {} so that it is restarted",
+            crate::EXIT_AGENT_PANIC
+        );
+        std::process::exit(i32::from(crate::EXIT_AGENT_PANIC));
+    }));
+}
+
+/// `now + d`, or a day from now when that overflows the clock (never panics).
+fn later(now: Instant, d: Duration) -> Instant {
+    now.checked_add(d)
+        .or_else(|| now.checked_add(Duration::from_secs(86_400)))
+        .unwrap_or(now)
 }
 
 /// Install the global `tracing` subscriber (level from `RUST_LOG`, default `info`).
@@ -144,16 +216,28 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
         client,
         retry_after,
         metrics,
+        limits,
+        probe_deadline,
+        liveness_grace,
+        stale_series_grace,
+        failpoint,
     } = agent;
+    metrics.health().set_timing(HealthTiming {
+        interval,
+        probe_deadline,
+        liveness_grace,
+    });
+    metrics.set_stale_series_grace(stale_series_grace);
     let (stop_tx, stop_rx) = watch::channel(false);
     tokio::spawn(async move {
         shutdown.await;
         let _ = stop_tx.send(true);
     });
 
-    let server = tokio::spawn(metrics::serve(
+    let mut server = tokio::spawn(metrics::serve_with_limits(
         listener,
         Arc::clone(&metrics),
+        limits,
         stopped(stop_rx.clone()),
     ));
 
@@ -188,13 +272,14 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
         );
         hysteresis.resume_validated();
     }
-    let loop_task = tokio::spawn(reconcile_loop(
+    let mut loop_task = tokio::spawn(reconcile_loop(
         reconciler,
         desired_rx,
         node_rx,
         stop_rx.clone(),
         LoopTiming { interval, resync },
         retry_after,
+        failpoint,
     ));
 
     tracing::info!(
@@ -204,26 +289,73 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
         dry_run,
         "fabricgate agent started"
     );
-    let result = probe_loop(
-        prober,
+    let stopping = stop_rx.clone();
+    let probing = probe_loop(
+        ProbeThread::spawn(prober, failpoint)?,
         &config,
         hysteresis,
-        interval,
+        ProbeTiming {
+            interval,
+            deadline: probe_deadline,
+        },
         &metrics,
         &desired_tx,
         stop_rx,
-    )
-    .await;
-
-    // The reconcile loop finishes or abandons its write within WRITE_GRACE.
+    );
+    // Supervision: the probe loop, the Node writer and the server live and die together. A
+    // panic already ended the process (exit_on_panic); a task that returns early ends it too.
+    let ended = tokio::select! {
+        r = probing => Ended::Probe(r),
+        r = &mut loop_task => Ended::Reconcile(r),
+        r = &mut server => Ended::Server(r),
+    };
+    let result = match ended {
+        Ended::Probe(r) => r,
+        // Shutting down: whichever part noticed first.
+        _ if *stopping.borrow() => Ok(()),
+        Ended::Reconcile(r) => Err(r.err().map_or_else(
+            || Error::Internal {
+                message: "the Node writer stopped while the agent runs".into(),
+            },
+            |e| task_died("the Node writer", &e),
+        )),
+        Ended::Server(r) => Err(match r {
+            Ok(Ok(())) => Error::Internal {
+                message: "the metrics server stopped while the agent runs".into(),
+            },
+            Ok(Err(e)) => Error::Internal {
+                message: format!("the metrics server failed: {e}"),
+            },
+            Err(e) => task_died("the metrics server", &e),
+        }),
+    };
+    // The reconcile loop finishes or abandons its write within WRITE_GRACE. (A handle that
+    // completed inside the select above is finished and not polled again.)
     drop(desired_tx);
-    let _ = timeout(WRITE_GRACE + Duration::from_millis(500), loop_task).await;
+    if !loop_task.is_finished() {
+        let _ = timeout(WRITE_GRACE + Duration::from_millis(500), &mut loop_task).await;
+    }
     if let Some(w) = watch_task {
         w.abort();
     }
-    let _ = timeout(Duration::from_millis(500), server).await;
+    if !server.is_finished() {
+        let _ = timeout(Duration::from_millis(500), &mut server).await;
+    }
     tracing::info!(node = %node_name, "fabricgate agent stopped");
     result
+}
+
+/// Which of the agent's concurrent parts ended first.
+enum Ended {
+    Probe(Result<()>),
+    Reconcile(std::result::Result<(), tokio::task::JoinError>),
+    Server(std::result::Result<std::io::Result<()>, tokio::task::JoinError>),
+}
+
+fn task_died(what: &str, e: &tokio::task::JoinError) -> Error {
+    Error::Internal {
+        message: format!("{what} task ended abnormally: {e}"),
+    }
 }
 
 async fn stopped(mut stop: watch::Receiver<bool>) {
@@ -235,19 +367,55 @@ async fn wait_stop(stop: &mut watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
 }
 
+#[derive(Debug, Clone, Copy)]
+struct ProbeTiming {
+    interval: Duration,
+    /// A probe still running after this is an agent error (`--probe-deadline`).
+    deadline: Duration,
+}
+
+/// Hand a verdict to the Node writer when it differs from the last one.
+fn publish(desired: &watch::Sender<Option<Verdict>>, verdict: Verdict) {
+    desired.send_if_modified(|d| {
+        if d.as_ref() == Some(&verdict) {
+            false
+        } else {
+            *d = Some(verdict);
+            true
+        }
+    });
+}
+
+/// Log entering, changing and leaving an agent error, once each.
+fn log_agent_error(last: &mut Option<AgentFault>, now: Option<&AgentFault>) {
+    match (last.as_ref(), now) {
+        (None, None) => {}
+        (Some(_), None) => tracing::info!("agent error cleared; judging the node again"),
+        (Some(a), Some(b)) if a == b => {}
+        (_, Some(f)) => tracing::error!(
+            cause = f.cause.name(),
+            message = %f.message,
+            "agent error: the agent cannot judge this node (condition reason AgentError)"
+        ),
+    }
+    *last = now.cloned();
+}
+
 async fn probe_loop(
-    prober: Prober,
+    probes: ProbeThread,
     config: &Config,
     mut hysteresis: Hysteresis,
-    interval: Duration,
+    timing: ProbeTiming,
     metrics: &Metrics,
     desired: &watch::Sender<Option<Verdict>>,
     mut stop: watch::Receiver<bool>,
 ) -> Result<()> {
-    let probes = ProbeThread::spawn(prober)?;
+    let interval = timing.interval;
     let mut jitter = Jitter::new();
     let mut next = Instant::now();
     let mut last_ready: Option<bool> = None;
+    let mut last_fault: Option<AgentFault> = None;
+    let mut last_verdict: Option<Verdict> = None;
     loop {
         tokio::select! {
             biased;
@@ -256,16 +424,47 @@ async fn probe_loop(
         }
         let started = Instant::now();
         // Never later than the interval: "within one interval" holds with jitter.
-        next = started + interval.mul_f64(1.0 - 0.1 * jitter.next_f64());
-        let report = tokio::select! {
-            biased;
-            () = wait_stop(&mut stop) => return Ok(()),
-            r = probes.probe() => r?,
+        next = later(started, interval.mul_f64(1.0 - 0.1 * jitter.next_f64()));
+        metrics.health().probe_started();
+        let probe = probes.probe();
+        tokio::pin!(probe);
+        let deadline = later(started, timing.deadline);
+        let mut stalled = false;
+        let probed = loop {
+            tokio::select! {
+                biased;
+                () = wait_stop(&mut stop) => return Ok(()),
+                r = &mut probe => break r?,
+                () = sleep_until(deadline), if !stalled => {
+                    // The probe goes on (it cannot be cancelled); the node is judged as an
+                    // agent error until it returns, and /healthz fails after the grace.
+                    stalled = true;
+                    let fault = AgentFault::stalled(timing.deadline);
+                    let base = last_verdict.clone().unwrap_or_else(|| {
+                        policy::evaluate(&empty_report(), config)
+                    });
+                    let verdict = agent_error::verdict(base, &fault, config);
+                    metrics.set_agent_error(Some(&fault.message));
+                    log_agent_error(&mut last_fault, Some(&fault));
+                    publish(desired, agent_error::gate(verdict, Some(&fault), config));
+                }
+            }
         };
+        let report = probed.report;
         let instant = policy::evaluate(&report, config);
         let instant_ready = instant.ready;
-        let verdict = hysteresis.apply(instant);
+        let fault = agent_error::classify(&report, &probed.own_mounts);
+        // An agent error says nothing about the node: hysteresis does not see that probe, so
+        // the node continues where it was once the agent can judge again.
+        let verdict = match &fault {
+            None => hysteresis.apply(instant),
+            Some(f) => agent_error::verdict(instant, f, config),
+        };
+        metrics.set_agent_error(fault.as_ref().map(|f| f.message.as_str()));
+        log_agent_error(&mut last_fault, fault.as_ref());
         metrics.record_probe(&report, &verdict);
+        let verdict = agent_error::gate(verdict, fault.as_ref(), config);
+        last_verdict = Some(verdict.clone());
         tracing::debug!(
             instant_ready,
             ready = verdict.ready,
@@ -288,32 +487,57 @@ async fn probe_loop(
             }
             last_ready = Some(verdict.ready);
         }
-        desired.send_if_modified(|d| {
-            if d.as_ref() == Some(&verdict) {
-                false
-            } else {
-                *d = Some(verdict);
-                true
-            }
-        });
+        publish(desired, verdict);
     }
+}
+
+/// What a probe of nothing gives (the base verdict of a stall before any probe completed).
+fn empty_report() -> ProbeReport {
+    ProbeReport {
+        timestamp: 0.0,
+        rdma: fabricgate_probes::rdma::RdmaReport::default(),
+        storage: fabricgate_probes::storage::StorageReport::default(),
+        netdevs: Vec::new(),
+        timings: fabricgate_probes::ProbeTimings::default(),
+    }
+}
+
+/// One probe's report and the agent's own blind spots found beside it.
+struct Probed {
+    report: ProbeReport,
+    /// [`agent_error::own_mount_problems`].
+    own_mounts: Vec<String>,
 }
 
 /// The prober lives on its own thread for the agent's life: a probe may block (hung mounts,
 /// verbs), and its storage workers must persist across ticks. A thread stuck in a probe does not
 /// delay shutdown: nobody joins it.
 struct ProbeThread {
-    requests: std::sync::mpsc::Sender<oneshot::Sender<ProbeReport>>,
+    requests: std::sync::mpsc::Sender<oneshot::Sender<Probed>>,
 }
 
 impl ProbeThread {
-    fn spawn(mut prober: Prober) -> Result<Self> {
-        let (tx, rx) = std::sync::mpsc::channel::<oneshot::Sender<ProbeReport>>();
+    fn spawn(mut prober: Prober, failpoint: Failpoint) -> Result<Self> {
+        let (tx, rx) = std::sync::mpsc::channel::<oneshot::Sender<Probed>>();
+        let live_procfs = prober.roots().procfs_root() == std::path::Path::new("/proc");
         std::thread::Builder::new()
             .name("fabricgate-probe".into())
             .spawn(move || {
+                let mut done: u64 = 0;
                 while let Ok(reply) = rx.recv() {
-                    let _ = reply.send(prober.probe());
+                    match failpoint {
+                        Failpoint::ProbeStall if done >= 1 => loop {
+                            std::thread::park();
+                        },
+                        Failpoint::ProbePanic if done >= 1 => {
+                            panic!("failpoint probe-panic: the probe thread panics")
+                        }
+                        _ => {}
+                    }
+                    let report = prober.probe();
+                    let own_mounts = agent_error::own_mount_problems(&report, live_procfs);
+                    done += 1;
+                    let _ = reply.send(Probed { report, own_mounts });
                 }
             })
             .map_err(|e| Error::Internal {
@@ -322,7 +546,7 @@ impl ProbeThread {
         Ok(Self { requests: tx })
     }
 
-    async fn probe(&self) -> Result<ProbeReport> {
+    async fn probe(&self) -> Result<Probed> {
         let (tx, rx) = oneshot::channel();
         let dead = || Error::Internal {
             message: "the probe thread died".into(),
@@ -347,6 +571,7 @@ async fn reconcile_loop(
     mut stop: watch::Receiver<bool>,
     timing: LoopTiming,
     retry_after: RetryAfter,
+    failpoint: Failpoint,
 ) {
     let mut failures: u32 = 0;
     let mut deadline: Option<Instant> = None;
@@ -354,7 +579,7 @@ async fn reconcile_loop(
     let mut last_error: Option<&'static str> = None;
     let mut watching = true;
     loop {
-        let wake = deadline.unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400));
+        let wake = deadline.unwrap_or_else(|| later(Instant::now(), Duration::from_secs(86_400)));
         tokio::select! {
             biased;
             () = wait_stop(&mut stop) => return,
@@ -392,6 +617,9 @@ async fn reconcile_loop(
         let Some(verdict) = desired.borrow_and_update().clone() else {
             continue;
         };
+        if failpoint == Failpoint::ReconcilePanic {
+            panic!("failpoint reconcile-panic: the reconcile task panics");
+        }
         let result = {
             let fut = rec.reconcile(&verdict);
             tokio::pin!(fut);
@@ -419,7 +647,7 @@ async fn reconcile_loop(
                 }
                 failures = 0;
                 last_error = None;
-                deadline = Some(Instant::now() + timing.resync);
+                deadline = Some(later(Instant::now(), timing.resync));
             }
             Err(e) => {
                 // What the watch showed may be what the failed write was based on.
@@ -440,7 +668,7 @@ async fn reconcile_loop(
                     tracing::debug!(error = %e, retry_in = ?delay, failures, "Node reconcile failed again");
                 }
                 last_error = Some(label);
-                deadline = Some(Instant::now() + delay);
+                deadline = Some(later(Instant::now(), delay));
             }
         }
     }

@@ -288,7 +288,7 @@ mod tests {
         assert!(s.tcp_bytes_per_second.is_some(), "rates are still reported");
 
         let mut c = config(60);
-        c.rdma.devices = "bnxt_*".into();
+        c.rdma.devices = "bnxt_*".parse().unwrap();
         let mut d = FallbackDetector::new(&c);
         for i in 0..=12u64 {
             s = d.observe(&report(10.0 * i as f64, 0, 2_000_000_000 * i));

@@ -3,6 +3,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod agent_error;
 pub mod check;
 pub mod cli;
 pub mod config;
@@ -10,10 +11,12 @@ pub mod counters;
 pub mod daemon;
 pub mod error;
 pub mod fallback;
+pub mod health;
 pub mod metrics;
 pub mod node;
 pub mod policy;
 pub mod selftest;
+pub mod server;
 
 pub use error::{Error, Result};
 
@@ -22,3 +25,6 @@ pub const EXIT_VALIDATED: u8 = 0;
 pub const EXIT_NOT_VALIDATED: u8 = 1;
 pub const EXIT_USAGE: u8 = 2;
 pub const EXIT_CANNOT_PROBE: u8 = 3;
+/// `fabricgate run`: a task of the agent panicked; the process ends so the kubelet restarts it
+/// (docs/hardening.md).
+pub const EXIT_AGENT_PANIC: u8 = 70;

@@ -33,14 +33,23 @@ fn run_check(args: &CheckArgs) -> anyhow::Result<u8> {
     let mut prober = Prober::new(roots, args.probe.probe_config(&config));
     let report = prober.probe();
     let verdict = policy::evaluate(&report, &config);
-    match args.format {
-        Format::Json => println!(
-            "{}",
-            serde_json::to_string_pretty(&check::to_json(&report, &verdict))?
-        ),
-        Format::Table => print!("{}", check::to_table(&report, &verdict)),
-    }
+    let text = match args.format {
+        Format::Json => serde_json::to_string_pretty(&check::to_json(&report, &verdict))? + "\n",
+        Format::Table => check::to_table(&report, &verdict),
+    };
+    write_stdout(&text)?;
     Ok(check::exit_code(&report, &verdict))
+}
+
+/// Write the whole output; a reader that went away (`| head -c1`) is not an error: the exit
+/// code still tells the verdict.
+fn write_stdout(text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e),
+        _ => Ok(()),
+    }
 }
 
 fn run_selftest(args: &SelftestArgs) -> anyhow::Result<u8> {
@@ -54,16 +63,13 @@ fn run_selftest(args: &SelftestArgs) -> anyhow::Result<u8> {
         Format::Json => serde_json::to_string_pretty(&outcome.to_json())? + "\n",
         Format::Table => outcome.to_table(),
     };
-    // A closed pipe (`| head`) is not an error worth a panic; the exit code still tells.
-    match std::io::Write::write_all(&mut std::io::stdout().lock(), text.as_bytes()) {
-        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => return Err(e.into()),
-        _ => {}
-    }
+    write_stdout(&text)?;
     Ok(outcome.exit_code())
 }
 
 fn run_agent(args: &RunArgs) -> anyhow::Result<u8> {
     daemon::init_logging(args.log_format);
+    daemon::exit_on_panic();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -11,7 +11,9 @@
 use crate::config::Config;
 pub use crate::counters::Monotonic;
 use crate::fallback::{FallbackDetector, FallbackStatus};
+use crate::health::Health;
 use crate::policy::{Scope, Verdict};
+use crate::server::Limits;
 use axum::Router;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
@@ -30,7 +32,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::future::Future;
 use std::hash::Hash;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Content type of OpenMetrics text 1.0.0.
@@ -128,6 +130,14 @@ struct KindLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WhyLabels {
+    why: &'static str,
+}
+
+/// The `why` label values of `fabricgate_http_connections_dropped_total`.
+pub const HTTP_DROP_REASONS: &[&str] = &["evicted", "rejected"];
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct FindingLabels {
     scope: &'static str,
     reason: &'static str,
@@ -186,6 +196,10 @@ struct Families {
     fallback_suspected: Gauge,
     fallback_tcp_rate: OptionalGauge,
     fallback_rdma_rate: OptionalGauge,
+
+    agent_error: Gauge,
+    http_connections: Gauge,
+    http_dropped: Family<WhyLabels, Counter>,
 }
 
 /// Reader state behind the counters: the last raw value of every kernel counter series.
@@ -197,6 +211,11 @@ struct Readers {
     port_hw: HashMap<PortCounterLabels, Monotonic>,
     netdev_rx: HashMap<DeviceLabels, Monotonic>,
     netdev_tx: HashMap<DeviceLabels, Monotonic>,
+    /// When each RDMA device / netdev was last in a report (stale-series pruning).
+    rdma_seen: HashMap<String, std::time::Instant>,
+    netdev_seen: HashMap<String, std::time::Instant>,
+    /// Series of a device absent for longer than this are dropped (`--stale-series-grace`).
+    series_grace: std::time::Duration,
 }
 
 /// The fallback detector and its last conclusion, behind their own lock.
@@ -204,6 +223,46 @@ struct Readers {
 struct Fallback {
     detector: FallbackDetector,
     last: FallbackStatus,
+}
+
+/// Default of `--stale-series-grace`.
+pub const DEFAULT_STALE_SERIES_GRACE: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// Remember who was seen now and return the names unseen for longer than `grace`.
+fn expire(
+    seen: &mut HashMap<String, std::time::Instant>,
+    present: impl Iterator<Item = String>,
+    now: std::time::Instant,
+    grace: std::time::Duration,
+) -> Vec<String> {
+    for name in present {
+        seen.insert(name, now);
+    }
+    let gone: Vec<String> = seen
+        .iter()
+        .filter(|(_, t)| now.saturating_duration_since(**t) > grace)
+        .map(|(n, _)| n.clone())
+        .collect();
+    for n in &gone {
+        seen.remove(n);
+    }
+    gone
+}
+
+/// Drop the series (and their accumulators) whose labels `is_gone`.
+fn drop_series<L: Clone + Hash + Eq + EncodeLabelSet + std::fmt::Debug>(
+    family: &Family<L, Counter>,
+    readers: &mut HashMap<L, Monotonic>,
+    is_gone: impl Fn(&L) -> bool,
+) {
+    readers.retain(|labels, _| {
+        if is_gone(labels) {
+            family.remove(labels);
+            false
+        } else {
+            true
+        }
+    });
 }
 
 /// Add the increase of one kernel counter read to its exported counter.
@@ -233,7 +292,7 @@ pub struct Metrics {
     state: Mutex<Readers>,
     /// Not under `state`: the detector's window work never holds up a scrape.
     fallback: Mutex<Fallback>,
-    first_probe_done: AtomicBool,
+    health: Health,
 }
 
 impl Default for Metrics {
@@ -432,6 +491,26 @@ impl Metrics {
             ])
             .set(1);
         reg!("build_info", "Build of the running agent; always 1", build);
+        reg!(
+            "agent_error",
+            "1 while the agent itself cannot do its job (condition reason AgentError: resource \
+             exhaustion, a stalled probe, no access to device nodes or mounts), else 0",
+            f.agent_error
+        );
+        reg!(
+            "http_connections",
+            "Open connections to the metrics server",
+            f.http_connections
+        );
+        reg!(
+            "http_connections_dropped",
+            "Connections the metrics server closed to stay within its cap: evicted (oldest idle \
+             one, for a newer connection) or rejected (every open one was busy)",
+            f.http_dropped
+        );
+        for &why in HTTP_DROP_REASONS {
+            f.http_dropped.get_or_create(&WhyLabels { why }).inc_by(0);
+        }
 
         for &probe in PROBE_KINDS {
             f.probe_errors
@@ -453,12 +532,15 @@ impl Metrics {
                 port_hw: HashMap::new(),
                 netdev_rx: HashMap::new(),
                 netdev_tx: HashMap::new(),
+                rdma_seen: HashMap::new(),
+                netdev_seen: HashMap::new(),
+                series_grace: DEFAULT_STALE_SERIES_GRACE,
             }),
             fallback: Mutex::new(Fallback {
                 detector: FallbackDetector::new(config),
                 last: FallbackStatus::default(),
             }),
-            first_probe_done: AtomicBool::new(false),
+            health: Health::default(),
         }
     }
 
@@ -502,11 +584,59 @@ impl Metrics {
         }
         let f = &self.families;
         f.last_probe_timestamp.set(report.timestamp);
+
+        // Counters of a device gone for longer than the grace (renamed, removed) are dropped,
+        // so /metrics does not grow with every device name ever seen.
+        let now = std::time::Instant::now();
+        let grace = st.series_grace;
+        let gone = expire(
+            &mut st.rdma_seen,
+            report.rdma.devices.iter().map(|d| d.name.clone()),
+            now,
+            grace,
+        );
+        if !gone.is_empty() {
+            let port_gone = |l: &PortLabels| gone.contains(&l.device);
+            let counter_gone = |l: &PortCounterLabels| gone.contains(&l.device);
+            drop_series(&f.port_tx_bytes, &mut st.port_tx, port_gone);
+            drop_series(&f.port_rx_bytes, &mut st.port_rx, port_gone);
+            drop_series(&f.port_errors, &mut st.port_errors, counter_gone);
+            drop_series(&f.port_hw, &mut st.port_hw, counter_gone);
+        }
+        let gone = expire(
+            &mut st.netdev_seen,
+            report.netdevs.iter().map(|n| n.name.clone()),
+            now,
+            grace,
+        );
+        if !gone.is_empty() {
+            let dev_gone = |l: &DeviceLabels| gone.contains(&l.device);
+            drop_series(&f.netdev_rx_bytes, &mut st.netdev_rx, dev_gone);
+            drop_series(&f.netdev_tx_bytes, &mut st.netdev_tx, dev_gone);
+        }
+
         f.fallback_suspected.set(i64::from(fallback.suspected));
         set_optional(&f.fallback_tcp_rate, fallback.tcp_bytes_per_second);
         set_optional(&f.fallback_rdma_rate, fallback.rdma_bytes_per_second);
         drop(st);
-        self.first_probe_done.store(true, Ordering::Release);
+        self.health.probe_completed();
+    }
+
+    /// How long the series of a vanished device stay (`--stale-series-grace`).
+    pub fn set_stale_series_grace(&self, grace: std::time::Duration) {
+        self.lock().series_grace = grace;
+    }
+
+    /// The agent's health state behind `/healthz` and `/readyz`.
+    pub fn health(&self) -> &Health {
+        &self.health
+    }
+
+    /// Set or clear the agent error (`fabricgate_agent_error`, `/readyz`).
+    pub fn set_agent_error(&self, message: Option<&str>) {
+        let _guard = self.lock();
+        self.families.agent_error.set(i64::from(message.is_some()));
+        self.health.set_agent_error(message.map(str::to_owned));
     }
 
     fn record_verdict(&self, verdict: &Verdict) {
@@ -696,9 +826,10 @@ impl Metrics {
         self.fallback.lock().unwrap_or_else(|p| p.into_inner()).last
     }
 
-    /// `/readyz`: true once the first probe completed.
+    /// `/readyz`: true once the first probe completed and while the probe loop is neither
+    /// stalled nor in an agent error ([`Health::readiness`]).
     pub fn is_ready(&self) -> bool {
-        self.first_probe_done.load(Ordering::Acquire)
+        self.health.is_ready()
     }
 
     /// The exposition text; OpenMetrics when `openmetrics`, else Prometheus text 0.0.4.
@@ -876,14 +1007,44 @@ async fn metrics_handler(
 }
 
 async fn readyz_handler(State(metrics): State<Arc<Metrics>>) -> Response {
-    if metrics.is_ready() {
-        (StatusCode::OK, "ready\n").into_response()
-    } else {
-        (
+    match metrics.health.readiness() {
+        Ok(()) => (StatusCode::OK, "ready\n").into_response(),
+        Err(why) => (
             StatusCode::SERVICE_UNAVAILABLE,
-            "not ready: the first probe has not completed\n",
+            format!("not ready: {why}\n"),
         )
-            .into_response()
+            .into_response(),
+    }
+}
+
+async fn healthz_handler(State(metrics): State<Arc<Metrics>>) -> Response {
+    match metrics.health.liveness() {
+        Ok(()) => (StatusCode::OK, "ok\n").into_response(),
+        Err(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("unhealthy: {why}\n"),
+        )
+            .into_response(),
+    }
+}
+
+impl crate::server::ServerObserver for Metrics {
+    fn connection(&self, admission: crate::server::Admission, open: usize) {
+        let f = &self.families;
+        f.http_connections
+            .set(i64::try_from(open).unwrap_or(i64::MAX));
+        let why = match admission {
+            crate::server::Admission::Admitted => return,
+            crate::server::Admission::Evicted => "evicted",
+            crate::server::Admission::Rejected => "rejected",
+        };
+        f.http_dropped.get_or_create(&WhyLabels { why }).inc();
+    }
+
+    fn closed(&self, open: usize) {
+        self.families
+            .http_connections
+            .set(i64::try_from(open).unwrap_or(i64::MAX));
     }
 }
 
@@ -896,7 +1057,7 @@ pub fn router(metrics: Arc<Metrics>) -> Router {
     Router::new()
         .route("/", get(index_handler))
         .route("/metrics", get(metrics_handler))
-        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/healthz", get(healthz_handler))
         .route("/readyz", get(readyz_handler))
         .with_state(metrics)
 }
@@ -910,9 +1071,21 @@ pub async fn serve(
     metrics: Arc<Metrics>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(metrics))
-        .with_graceful_shutdown(shutdown)
-        .await
+    serve_with_limits(listener, metrics, Limits::default(), shutdown).await
+}
+
+/// [`serve`] within explicit connection limits (the agent derives them from `RLIMIT_NOFILE`).
+///
+/// # Errors
+/// I/O errors of the listener.
+pub async fn serve_with_limits(
+    listener: tokio::net::TcpListener,
+    metrics: Arc<Metrics>,
+    limits: Limits,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let observer: Arc<dyn crate::server::ServerObserver> = Arc::clone(&metrics) as _;
+    crate::server::serve(listener, router(metrics), limits, observer, shutdown).await
 }
 
 #[cfg(test)]

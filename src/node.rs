@@ -193,7 +193,11 @@ pub fn plan(node: &Node, verdict: &Verdict, taint_key: &str, now: &Timestamp) ->
     if let Some(fabric) = verdict.conditions.iter().find(|c| c.type_ == "FabricReady") {
         let before = find("FabricReady").map(|c| c.status.as_str());
         let first_wait = before.is_none() && fabric.reason == policy::AWAITING_VALIDATION;
-        if before != Some(fabric.status.as_str()) && !first_wait {
+        // Entering an agent error is worth one Event even when FabricReady was already False.
+        let agent_error = fabric.reason == crate::agent_error::REASON
+            && find("FabricReady").and_then(|c| c.reason.as_deref())
+                != Some(crate::agent_error::REASON);
+        if (before != Some(fabric.status.as_str()) || agent_error) && !first_wait {
             plan.transition = Some(Transition {
                 ready: fabric.status == "True",
                 reason: fabric.reason.clone(),
@@ -217,6 +221,10 @@ fn plan_taints(
         .as_ref()
         .and_then(|s| s.taints.clone())
         .unwrap_or_default();
+    if verdict.keep_taint {
+        // An agent error under `node.on_agent_error: keep`: our taint stays as it is.
+        return None;
+    }
     let want = verdict.taints.iter().find(|t| t.key == taint_key);
     let ours: Vec<&Taint> = current.iter().filter(|t| t.key == taint_key).collect();
     let already = match (want, ours.as_slice()) {
@@ -816,6 +824,9 @@ impl Reconciler {
             reason: Some(
                 if t.ready {
                     "FabricReady"
+                } else if t.reason == crate::agent_error::REASON {
+                    // The agent's own trouble, told apart from a fabric fault at a glance.
+                    crate::agent_error::REASON
                 } else {
                     "FabricNotReady"
                 }
@@ -912,6 +923,7 @@ mod tests {
                 cond("FabricReady", "FabricValidated"),
                 cond("RDMAReady", "RDMAPortsActive"),
             ],
+            keep_taint: false,
         }
     }
 
@@ -950,6 +962,31 @@ mod tests {
         plan(&node(&[], vec![], vec![]), v, KEY, now)
             .conditions
             .unwrap()
+    }
+
+    #[test]
+    fn keep_taint_leaves_our_taint_either_way_and_agent_error_is_one_transition() {
+        let now = Timestamp::now();
+        let mut v = verdict(false);
+        v.keep_taint = true;
+        for taints in [vec![], vec![taint(KEY)]] {
+            let n = node(&[], taints, vec![]);
+            assert_eq!(plan(&n, &v, KEY, &now).taints, None);
+        }
+        // Not ready for a port, then an agent error: still False, but an Event is due once.
+        let before = verdict(false);
+        let n = node(&[], vec![taint(KEY)], applied(&before, &now));
+        let mut v = verdict(false);
+        for c in &mut v.conditions {
+            c.reason = crate::agent_error::REASON.into();
+        }
+        let p = plan(&n, &v, KEY, &now);
+        assert_eq!(
+            p.transition.map(|t| t.reason),
+            Some(crate::agent_error::REASON.to_owned())
+        );
+        let n = node(&[], vec![taint(KEY)], applied(&v, &now));
+        assert_eq!(plan(&n, &v, KEY, &now).transition, None, "only on entering");
     }
 
     #[test]

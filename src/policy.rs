@@ -87,6 +87,10 @@ pub struct Verdict {
     pub labels: BTreeMap<String, String>,
     pub taints: Vec<Taint>,
     pub conditions: Vec<Condition>,
+    /// Leave our taint on the Node as it is (an agent error under `node.on_agent_error: keep`);
+    /// `taints` is then not applied. Set only by [`crate::agent_error::gate`].
+    #[serde(skip)]
+    pub keep_taint: bool,
 }
 
 impl Verdict {
@@ -130,20 +134,33 @@ pub fn evaluate(report: &ProbeReport, config: &Config) -> Verdict {
     let prefix = &config.node.label_prefix;
 
     let mut labels = BTreeMap::new();
-    let b = |v: bool| if v { "true" } else { "false" }.to_owned();
-    labels.insert(format!("{prefix}ready"), b(ready));
-    labels.insert(format!("{prefix}rdma.ready"), b(rdma.part.ready));
-    labels.insert(
+    let b = |v: bool| if v { "true" } else { "false" };
+    put_label(&mut labels, format!("{prefix}ready"), b(ready));
+    put_label(
+        &mut labels,
+        format!("{prefix}rdma.ready"),
+        b(rdma.part.ready),
+    );
+    put_label(
+        &mut labels,
         format!("{prefix}rdma.active-ports"),
-        rdma.usable_ports.to_string(),
+        &rdma.usable_ports.to_string(),
     );
     if let Some(ll) = &rdma.link_layer {
-        labels.insert(format!("{prefix}rdma.link-layer"), ll.clone());
+        put_label(&mut labels, format!("{prefix}rdma.link-layer"), ll);
     }
     if let Some(rate) = rdma.min_rate_gbps {
-        labels.insert(format!("{prefix}rdma.rate-gbps"), format_gbps(rate));
+        put_label(
+            &mut labels,
+            format!("{prefix}rdma.rate-gbps"),
+            &format_gbps(rate),
+        );
     }
-    labels.insert(format!("{prefix}lustre.ready"), b(lustre.ready));
+    put_label(
+        &mut labels,
+        format!("{prefix}lustre.ready"),
+        b(lustre.ready),
+    );
 
     let taints = if ready {
         Vec::new()
@@ -179,6 +196,44 @@ pub fn evaluate(report: &ProbeReport, config: &Config) -> Verdict {
         labels,
         taints,
         conditions,
+        keep_taint: false,
+    }
+}
+
+/// Longest Kubernetes label value.
+pub const MAX_LABEL_VALUE: usize = 63;
+
+/// A valid Kubernetes label value by construction: at most 63 characters of `[A-Za-z0-9._-]`,
+/// beginning and ending with an alphanumeric (or empty).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LabelValue(String);
+
+impl LabelValue {
+    /// `None` when `raw` is not a valid label value (the raw value then lives only in the
+    /// metrics, e.g. `fabricgate_rdma_port_rate_gbps`).
+    pub fn new(raw: &str) -> Option<Self> {
+        let ok_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
+        let ends_ok = raw.is_empty()
+            || (raw.starts_with(|c: char| c.is_ascii_alphanumeric())
+                && raw.ends_with(|c: char| c.is_ascii_alphanumeric()));
+        (raw.len() <= MAX_LABEL_VALUE && raw.chars().all(ok_char) && ends_ok)
+            .then(|| Self(raw.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    pub fn into_string(self) -> String {
+        self.0
+    }
+}
+
+/// Set `key` to `value` when `value` is a valid label value; otherwise leave the label out:
+/// a label is a summary, the metrics carry the raw figure.
+fn put_label(labels: &mut BTreeMap<String, String>, key: String, value: &str) {
+    if let Some(v) = LabelValue::new(value) {
+        labels.insert(key, v.into_string());
     }
 }
 
@@ -493,7 +548,7 @@ fn evaluate_rdma(report: &RdmaReport, config: &Config) -> RdmaVerdict {
             } else {
                 format!(
                     "no RDMA device matches rdma.devices {:?} (found: {})",
-                    req.devices,
+                    req.devices.as_str(),
                     names.join(", ")
                 )
             },
@@ -983,6 +1038,7 @@ mod hysteresis_tests {
                 vec![unvalidated_taint(&config)]
             },
             conditions: vec![condition("FabricReady", ready, "FabricValidated", &[&part])],
+            keep_taint: false,
         }
     }
 

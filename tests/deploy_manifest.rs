@@ -82,9 +82,24 @@ fn container_argv() -> Vec<String> {
             "{argv:?}"
         );
     }
-    argv.extend(strings(&c["args"]));
+    // The kubelet expands $(VAR) in args from the container's env; do the same with a sample
+    // value for each downward-API field.
+    let env = c["env"].as_array().cloned().unwrap_or_default();
+    argv.extend(strings(&c["args"]).into_iter().map(|arg| {
+        env.iter().fold(arg, |arg, e| {
+            let value = match e["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
+                Some("status.hostIP") => SAMPLE_HOST_IP.to_owned(),
+                Some(other) => format!("sample-{other}"),
+                None => e["value"].as_str().unwrap_or_default().to_owned(),
+            };
+            arg.replace(&format!("$({})", e["name"].as_str().unwrap()), &value)
+        })
+    }));
     argv
 }
+
+/// What `status.hostIP` stands for when the tests expand `$(HOST_IP)`.
+const SAMPLE_HOST_IP: &str = "10.20.30.40";
 
 fn run_args() -> RunArgs {
     let argv = container_argv();
@@ -323,6 +338,34 @@ fn container_arguments_are_accepted_by_the_binarys_cli() {
         node_name["valueFrom"]["fieldRef"]["fieldPath"],
         "spec.nodeName"
     );
+}
+
+#[test]
+fn metrics_port_listens_on_the_nodes_address_only() {
+    // Not 0.0.0.0: the agent runs in the host network, where every interface would expose it.
+    let raw = strings(&container()["args"]);
+    let addr_arg = raw
+        .iter()
+        .find(|a| a.starts_with("--metrics-addr="))
+        .expect("--metrics-addr is given");
+    assert_eq!(addr_arg, "--metrics-addr=$(HOST_IP):9464");
+    let env = container()["env"].as_array().unwrap().clone();
+    let host_ip = env.iter().find(|e| e["name"] == "HOST_IP").unwrap();
+    assert_eq!(
+        host_ip["valueFrom"]["fieldRef"]["fieldPath"],
+        "status.hostIP"
+    );
+    let addr = run_args().metrics_addr;
+    assert_eq!(addr.ip().to_string(), SAMPLE_HOST_IP);
+    assert!(!addr.ip().is_unspecified());
+    // An IPv6 node's hostIP has no brackets; the flag accepts it as written.
+    let v6 = Cli::try_parse_from(["fabricgate", "run", "--metrics-addr=fd00::7:9464"]);
+    match v6 {
+        Ok(Cli {
+            command: Command::Run(a),
+        }) => assert_eq!(a.metrics_addr.to_string(), "[fd00::7]:9464"),
+        other => panic!("{other:?}"),
+    }
 }
 
 #[test]

@@ -111,6 +111,11 @@ impl Fleet {
                     listener: tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
                     client: Some(clients),
                     retry_after,
+                    limits: fabricgate::server::Limits::default(),
+                    probe_deadline: Duration::from_secs(60),
+                    liveness_grace: Duration::from_secs(60),
+                    stale_series_grace: Duration::from_secs(600),
+                    failpoint: daemon::Failpoint::None,
                 };
                 let shutdown = async move {
                     let _ = stop_rx.wait_for(|s| *s).await;

@@ -227,7 +227,12 @@ fn run_port_inner(
     for (me, peer) in [(&qp_a, qp_b.num()), (&qp_b, qp_a.num())] {
         connect(me, peer, num, &attr, addr, ctx)?;
     }
-    write_and_send(&qp_a, &qp_b, &cq, &mut mr, Instant::now() + timeout)
+    // Checked: a timeout too large for the clock waits "forever" instead of panicking.
+    let now = Instant::now();
+    let deadline = now
+        .checked_add(timeout)
+        .unwrap_or_else(|| now + Duration::from_secs(86_400));
+    write_and_send(&qp_a, &qp_b, &cq, &mut mr, deadline)
 }
 
 /// How to reach our own port: a RoCE port by a GID (recorded in `gid_out`), an InfiniBand
