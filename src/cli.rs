@@ -164,6 +164,9 @@ impl ProbeArgs {
                 timeout: config.rdma.selftest_timeout(),
                 devices: Some(config.rdma.devices.clone()),
             },
+            gpudirect: fabricgate_probes::gpudirect::GpudirectConfig {
+                hca_devices: Some(config.rdma.devices.clone()),
+            },
         }
     }
 }

@@ -722,7 +722,9 @@ mod tests {
                 min_rate_gbps: None,
                 link_layer: None,
             },
-            lustre: part,
+            lustre: part.clone(),
+            gpudirect: policy::GpudirectVerdict::default(),
+            placement: part,
             labels: [("fabricgate.io/ready".to_owned(), ready.to_string())].into(),
             taints: if ready {
                 vec![]
