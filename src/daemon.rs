@@ -165,7 +165,8 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
         client,
         dry_run,
         Arc::clone(&metrics),
-    );
+    )
+    .with_required_labels(config.placement.required_labels.clone());
     let mut early_stop = stop_rx.clone();
     let resumed = tokio::select! {
         v = reconciler.validated_on_node() => v,

@@ -329,6 +329,8 @@ pub struct Reconciler {
     pending_event: Option<Transition>,
     /// Dry-run: what was last logged, so an unchanged verdict logs nothing.
     logged: Option<Vec<String>>,
+    /// `placement.required_labels`: keys the Node must carry (checked on each Node read).
+    required_labels: Vec<String>,
 }
 
 impl Reconciler {
@@ -350,7 +352,16 @@ impl Reconciler {
             confirmed: None,
             pending_event: None,
             logged: None,
+            required_labels: Vec::new(),
         }
+    }
+
+    /// Check `placement.required_labels` against the Node on every reconcile: a missing key
+    /// makes the written verdict not ready (see [`policy::apply_placement`]).
+    #[must_use]
+    pub fn with_required_labels(mut self, keys: Vec<String>) -> Self {
+        self.required_labels = keys;
+        self
     }
 
     pub fn node_name(&self) -> &str {
@@ -406,6 +417,18 @@ impl Reconciler {
         }
         let mut outcome = Outcome::default();
         let mut node = self.get(&nodes, &mut outcome).await?;
+        // What is confirmed is the probe's verdict; what is written also reflects the Node's
+        // placement labels, re-read at least every resync interval.
+        let probed = verdict;
+        let placed;
+        let verdict = if self.required_labels.is_empty() {
+            verdict
+        } else {
+            let labels = node.metadata.labels.clone().unwrap_or_default();
+            placed =
+                policy::apply_placement(verdict, &labels, &self.required_labels, &self.settings);
+            &placed
+        };
         let now = Timestamp::now();
         let plan = plan(&node, verdict, &taint_key, &now);
         if let Some(t) = &plan.transition {
@@ -421,7 +444,7 @@ impl Reconciler {
             }
             self.logged = Some(lines);
             self.pending_event = None;
-            self.confirmed = Some(verdict.clone());
+            self.confirmed = Some(probed.clone());
             return Ok(outcome);
         }
 
@@ -450,7 +473,7 @@ impl Reconciler {
             self.emit_event(&node, &t, &mut outcome).await?;
             self.pending_event = None;
         }
-        self.confirmed = Some(verdict.clone());
+        self.confirmed = Some(probed.clone());
         Ok(outcome)
     }
 

@@ -1106,11 +1106,10 @@ fn evaluate_gpudirect(report: &GpudirectReport, config: &Config) -> GpudirectVer
 pub fn apply_placement(
     verdict: &Verdict,
     node_labels: &BTreeMap<String, String>,
-    config: &Config,
+    required_labels: &[String],
+    node: &crate::config::NodeSettings,
 ) -> Verdict {
-    let missing: Vec<&str> = config
-        .placement
-        .required_labels
+    let missing: Vec<&str> = required_labels
         .iter()
         .filter(|k| !node_labels.contains_key(k.as_str()))
         .map(String::as_str)
@@ -1135,11 +1134,11 @@ pub fn apply_placement(
     };
     v.ready = false;
     v.labels
-        .insert(format!("{}ready", config.node.label_prefix), "false".into());
+        .insert(format!("{}ready", node.label_prefix), "false".into());
     v.taints = vec![Taint {
-        key: config.node.taint_key(),
+        key: node.taint_key(),
         value: None,
-        effect: config.node.taint_effect.as_str().to_owned(),
+        effect: node.taint_effect.as_str().to_owned(),
     }];
     let parts = [&v.rdma.part, &v.lustre, &v.gpudirect.part, &v.placement];
     let fabric = condition("FabricReady", false, "FabricValidated", &parts);
@@ -1379,6 +1378,43 @@ mod hysteresis_tests {
             },
             conditions: vec![condition("FabricReady", ready, "FabricValidated", &[&part])],
         }
+    }
+
+    #[test]
+    fn missing_placement_labels_taint_a_ready_node_and_name_the_keys() {
+        let config = Config::parse(
+            "placement:\n  required_labels: [cloud.example.com/block, cloud.example.com/rack]\n",
+        )
+        .unwrap();
+        let ready = verdict(true, "mlx5_0");
+        let required = &config.placement.required_labels;
+        let mut labels = BTreeMap::new();
+        labels.insert("cloud.example.com/block".to_owned(), "b1".to_owned());
+        let v = apply_placement(&ready, &labels, required, &config.node);
+        assert!(!v.ready);
+        assert!(!v.placement.ready);
+        assert_eq!(v.labels["fabricgate.io/ready"], "false");
+        assert_eq!(v.taints.len(), 1);
+        assert_eq!(v.taints[0].key, "fabricgate.io/unvalidated");
+        let fabric = &v.conditions[0];
+        assert_eq!(
+            (fabric.status.as_str(), fabric.reason.as_str()),
+            ("False", "PlacementLabelsMissing")
+        );
+        assert!(fabric.message.contains("cloud.example.com/rack"));
+        assert!(!fabric.message.contains("cloud.example.com/block,"));
+        assert_eq!(v.reasons().len(), 1);
+        // Every key present: the verdict is unchanged.
+        labels.insert("cloud.example.com/rack".to_owned(), "r7".to_owned());
+        assert_eq!(
+            apply_placement(&ready, &labels, required, &config.node),
+            ready
+        );
+        // Nothing required: unchanged even without labels.
+        assert_eq!(
+            apply_placement(&ready, &BTreeMap::new(), &[], &config.node),
+            ready
+        );
     }
 
     fn hysteresis(n: u32) -> Hysteresis {
