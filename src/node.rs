@@ -29,7 +29,8 @@ pub const FIELD_MANAGER: &str = "fabricgate";
 /// `reportingController` of our Events.
 pub const REPORTING_CONTROLLER: &str = "fabricgate.io/agent";
 /// Node conditions fabricgate owns.
-pub const CONDITION_TYPES: [&str; 3] = ["FabricReady", "RDMAReady", "LustreReady"];
+pub const CONDITION_TYPES: [&str; 4] =
+    ["FabricReady", "RDMAReady", "LustreReady", "GPUDirectReady"];
 /// Namespace of Events about Nodes (cluster-scoped objects), as the kubelet does.
 pub const EVENT_NAMESPACE: &str = "default";
 /// Attempts of the taint read-modify-write before giving up until the next retry.
