@@ -271,6 +271,8 @@ pub fn verdict(mut v: Verdict, fault: &AgentFault, config: &Config) -> Verdict {
                 v.labels
                     .insert(format!("{prefix}lustre.ready"), "false".into());
             }
+            // The agent's own faults are about the fabric probes and its mounts only.
+            Scope::Gpudirect | Scope::Placement => {}
         }
     }
     for c in &mut v.conditions {

@@ -182,6 +182,9 @@ impl ProbeArgs {
                 timeout: config.rdma.selftest_timeout(),
                 devices: Some(config.rdma.devices.as_str().to_owned()),
             },
+            gpudirect: fabricgate_probes::gpudirect::GpudirectConfig {
+                hca_devices: Some(config.rdma.devices.as_str().to_owned()),
+            },
         }
     }
 }

@@ -2,6 +2,7 @@
 //! values and unreadable files are errors that name the key or path.
 
 use crate::error::{Error, Result};
+use fabricgate_probes::gpudirect::pci::Relation;
 use fabricgate_probes::rdma::verbs::selftest::SelftestSchedule;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
@@ -17,6 +18,10 @@ pub struct Config {
     pub mounts: Vec<MountRequirement>,
     pub node: NodeSettings,
     pub fallback: FallbackSettings,
+    /// GPUDirect RDMA: GPU ↔ HCA topology, ACS on the paths, the peer-memory path.
+    pub gpudirect: GpudirectRequirements,
+    /// Labels the operator (or another controller) must have put on the Node.
+    pub placement: PlacementRequirements,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -39,6 +44,70 @@ pub struct RdmaRequirements {
     /// Bound on one port's self-test (humantime: `2s`, `500ms`; 1ms to 60s).
     #[serde(with = "selftest_timeout")]
     pub selftest_timeout: Duration,
+    /// Each counted port's active MTU (bytes: 256, 512, 1024, 2048, 4096) must be at least
+    /// this; on RoCE also the netdev MTU must carry it. `None`: not checked.
+    pub min_mtu: Option<u32>,
+    pub roce: RoceRequirements,
+}
+
+/// RoCE-only transport rules (`rdma.roce`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RoceRequirements {
+    /// ECN must be on (notification and reaction point) for `ecn_priority` where the driver
+    /// exposes it in sysfs (mlx5: `class/net/<if>/ecn/roce_{np,rp}/enable/<prio>`).
+    pub require_ecn: bool,
+    /// The priority RoCE traffic uses (0..7; NCCL's traffic class maps to it; commonly 3).
+    pub ecn_priority: u8,
+}
+
+impl Default for RoceRequirements {
+    fn default() -> Self {
+        Self {
+            require_ecn: false,
+            ecn_priority: 3,
+        }
+    }
+}
+
+/// `gpudirect:` requirements.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GpudirectRequirements {
+    /// Problems found here keep the node unvalidated (otherwise they are warnings).
+    pub required: bool,
+    /// Worst acceptable PCIe relation between a GPU and its nearest HCA: `PIX`, `PXB`,
+    /// `PHB`, `NODE` or `SYS`.
+    pub max_relation: String,
+    /// Accept ACS request/completion redirection on a GPU–HCA path (some platforms set it on
+    /// purpose and route peer-to-peer through the root complex).
+    pub allow_acs: bool,
+}
+
+impl Default for GpudirectRequirements {
+    fn default() -> Self {
+        Self {
+            required: false,
+            max_relation: "PXB".into(),
+            allow_acs: false,
+        }
+    }
+}
+
+impl GpudirectRequirements {
+    /// The parsed `gpudirect.max_relation` (validated at load; `PXB` if somehow invalid).
+    pub fn max_relation(&self) -> Relation {
+        self.max_relation.parse().unwrap_or(Relation::Pxb)
+    }
+}
+
+/// `placement:` requirements.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PlacementRequirements {
+    /// Label keys that must be present on the Node (e.g. the topology levels of a Kueue
+    /// `Topology`); checked by the agent against its Node, not by `check`.
+    pub required_labels: Vec<String>,
 }
 
 impl Default for RdmaRequirements {
@@ -52,6 +121,8 @@ impl Default for RdmaRequirements {
             require_full_pcie_link: true,
             selftest: SelftestSchedule::OnStart,
             selftest_timeout: fabricgate_probes::rdma::verbs::selftest::DEFAULT_TIMEOUT,
+            min_mtu: None,
+            roce: RoceRequirements::default(),
         }
     }
 }
@@ -512,6 +583,31 @@ impl Config {
                 );
             }
         }
+        if let Some(mtu) = self.rdma.min_mtu
+            && !fabricgate_probes::gpudirect::transport::IB_MTUS.contains(&mtu)
+        {
+            return bad(
+                "rdma.min_mtu",
+                format!("{mtu} is not an RDMA MTU; give 256, 512, 1024, 2048 or 4096"),
+            );
+        }
+        if self.rdma.roce.ecn_priority > 7 {
+            return bad(
+                "rdma.roce.ecn_priority",
+                format!(
+                    "{} is not a priority; give 0..7",
+                    self.rdma.roce.ecn_priority
+                ),
+            );
+        }
+        if let Err(e) = self.gpudirect.max_relation.parse::<Relation>() {
+            return bad("gpudirect.max_relation", e);
+        }
+        for (i, key) in self.placement.required_labels.iter().enumerate() {
+            if let Err(e) = validate_label_key(key) {
+                return bad(&format!("placement.required_labels[{i}]"), e);
+            }
+        }
         validate_label_prefix(&self.node.label_prefix)
     }
 
@@ -681,6 +777,37 @@ pub fn nesting_depth(text: &str) -> usize {
         max = max.max(indents.len() + dashes + peak);
     }
     max
+}
+
+/// A Kubernetes label key: optional DNS-subdomain prefix and `/`, then a name of at most 63
+/// characters (alphanumerics, `-`, `_`, `.`; alphanumeric at both ends).
+pub fn validate_label_key(key: &str) -> std::result::Result<(), String> {
+    let (prefix, name) = match key.rsplit_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, key),
+    };
+    if let Some(p) = prefix
+        && validate_label_prefix(&format!("{p}/")).is_err()
+    {
+        return Err(format!("{key:?}: the prefix {p:?} is not a DNS subdomain"));
+    }
+    if !is_label_value(name) || name.is_empty() {
+        return Err(format!(
+            "{key:?}: the name must be 1-63 characters of [A-Za-z0-9-_.], alphanumeric at both ends"
+        ));
+    }
+    Ok(())
+}
+
+/// A valid Kubernetes label value (empty allowed): at most 63 characters of `[A-Za-z0-9-_.]`,
+/// beginning and ending with an alphanumeric.
+pub fn is_label_value(v: &str) -> bool {
+    let alnum = |c: Option<char>| c.is_none_or(|c| c.is_ascii_alphanumeric());
+    v.len() <= 63
+        && v.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        && alnum(v.chars().next())
+        && alnum(v.chars().last())
 }
 
 /// A label prefix is a DNS subdomain followed by `/` (Kubernetes label key prefix rules).
@@ -910,6 +1037,58 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("rdma.selftest_timeout"), "{e}");
+    }
+
+    #[test]
+    fn gpudirect_transport_and_placement_keys() {
+        let c = Config::parse("").unwrap();
+        assert!(!c.gpudirect.required);
+        assert_eq!(c.gpudirect.max_relation(), Relation::Pxb);
+        assert!(!c.gpudirect.allow_acs);
+        assert_eq!(c.rdma.min_mtu, None);
+        assert!(!c.rdma.roce.require_ecn);
+        assert_eq!(c.rdma.roce.ecn_priority, 3);
+        assert!(c.placement.required_labels.is_empty());
+        let c = Config::parse(
+            "rdma:\n  min_mtu: 4096\n  roce:\n    require_ecn: true\n    ecn_priority: 5\n\
+             gpudirect:\n  required: true\n  max_relation: PIX\n  allow_acs: true\n\
+             placement:\n  required_labels: [topology.kubernetes.io/zone, example.com/rack, block]\n",
+        )
+        .unwrap();
+        assert_eq!(c.rdma.min_mtu, Some(4096));
+        assert!(c.rdma.roce.require_ecn);
+        assert_eq!(c.rdma.roce.ecn_priority, 5);
+        assert!(c.gpudirect.required && c.gpudirect.allow_acs);
+        assert_eq!(c.gpudirect.max_relation(), Relation::Pix);
+        assert_eq!(c.placement.required_labels.len(), 3);
+        for (yaml, key) in [
+            ("rdma:\n  min_mtu: 1500\n", "rdma.min_mtu"),
+            (
+                "rdma:\n  roce:\n    ecn_priority: 8\n",
+                "rdma.roce.ecn_priority",
+            ),
+            ("rdma:\n  roce:\n    ecn: true\n", "ecn"),
+            (
+                "gpudirect:\n  max_relation: CLOSE\n",
+                "gpudirect.max_relation",
+            ),
+            ("gpudirect:\n  requried: true\n", "requried"),
+            (
+                "placement:\n  required_labels: [\"bad key!\"]\n",
+                "placement.required_labels[0]",
+            ),
+            (
+                "placement:\n  required_labels: [\"Example.com/rack\"]\n",
+                "placement.required_labels[0]",
+            ),
+        ] {
+            let e = Config::parse(yaml).unwrap_err().to_string();
+            assert!(e.contains(key), "{yaml:?}: {e}");
+        }
+        assert!(is_label_value("0.1.2.3") && is_label_value("") && is_label_value("PXB"));
+        assert!(
+            !is_label_value("-x") && !is_label_value("a/b") && !is_label_value(&"a".repeat(64))
+        );
     }
 
     #[test]

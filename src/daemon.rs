@@ -259,7 +259,8 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
         client.map(|c| c.requests),
         dry_run,
         Arc::clone(&metrics),
-    );
+    )
+    .with_required_labels(config.placement.required_labels.clone());
     let mut early_stop = stop_rx.clone();
     let resumed = tokio::select! {
         v = reconciler.validated_on_node() => v,
@@ -498,6 +499,7 @@ fn empty_report() -> ProbeReport {
         rdma: fabricgate_probes::rdma::RdmaReport::default(),
         storage: fabricgate_probes::storage::StorageReport::default(),
         netdevs: Vec::new(),
+        gpudirect: fabricgate_probes::gpudirect::GpudirectReport::default(),
         timings: fabricgate_probes::ProbeTimings::default(),
     }
 }

@@ -196,6 +196,7 @@ mod tests {
                 tx_bytes: Some(0),
                 errors: Vec::new(),
             }],
+            gpudirect: Default::default(),
             timings: ProbeTimings::default(),
         }
     }

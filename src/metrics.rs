@@ -77,7 +77,7 @@ pub const HW_COUNTERS: &[&str] = &[
 ];
 
 /// The `probe` label values of the duration histogram and the error counter.
-pub const PROBE_KINDS: &[&str] = &["rdma_sysfs", "rdma_verbs", "storage", "netdev"];
+pub const PROBE_KINDS: &[&str] = &["rdma_sysfs", "rdma_verbs", "storage", "netdev", "gpudirect"];
 
 /// The `kind` label values of `fabricgate_node_writes_total`.
 pub const NODE_WRITE_KINDS: &[&str] = &["labels", "taint", "conditions", "event"];
@@ -136,6 +136,22 @@ struct WhyLabels {
 
 /// The `why` label values of `fabricgate_http_connections_dropped_total`.
 pub const HTTP_DROP_REASONS: &[&str] = &["evicted", "rejected"];
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct GpuPairLabels {
+    gpu: String,
+    hca: String,
+    relation: &'static str,
+    numa: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EcnLabels {
+    device: String,
+    port: u32,
+    /// `np` (notification point) or `rp` (reaction point).
+    point: &'static str,
+}
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct FindingLabels {
@@ -200,6 +216,14 @@ struct Families {
     agent_error: Gauge,
     http_connections: Gauge,
     http_dropped: Family<WhyLabels, Counter>,
+    gpudirect_ready: Gauge,
+    gpudirect_gpus: Gauge,
+    gpudirect_pair_relation: Family<GpuPairLabels, Gauge>,
+    gpudirect_worst_relation: OptionalGauge,
+    gpudirect_acs_redirect_bridges: Gauge,
+    gpudirect_peer_memory: Gauge,
+    port_active_mtu: Family<PortLabels, Gauge>,
+    port_ecn_enabled: Family<EcnLabels, Gauge>,
 }
 
 /// Reader state behind the counters: the last raw value of every kernel counter series.
@@ -293,6 +317,8 @@ pub struct Metrics {
     /// Not under `state`: the detector's window work never holds up a scrape.
     fallback: Mutex<Fallback>,
     health: Health,
+    /// `rdma.roce.ecn_priority`: the priority `fabricgate_rdma_port_ecn_enabled` reports.
+    ecn_priority: u8,
 }
 
 impl Default for Metrics {
@@ -481,6 +507,47 @@ impl Metrics {
             "Average RDMA byte rate over the fallback window (all in-scope ports)",
             f.fallback_rdma_rate
         );
+        reg!(
+            "gpudirect_ready",
+            "1 when the GPUDirect checks pass (or do not apply: no GPUs and not required), else 0",
+            f.gpudirect_ready
+        );
+        reg!(
+            "gpudirect_gpus",
+            "NVIDIA GPUs found in sysfs (PCI vendor 0x10de, display/3D class)",
+            f.gpudirect_gpus
+        );
+        reg!(
+            "gpudirect_pair_relation",
+            "PCIe relation between each GPU and its nearest HCA: 0 PIX, 1 PXB, 2 PHB, 3 NODE, 4 SYS",
+            f.gpudirect_pair_relation
+        );
+        reg!(
+            "gpudirect_worst_relation",
+            "Worst GPU-HCA relation on the node: 0 PIX, 1 PXB, 2 PHB, 3 NODE, 4 SYS (absent without pairs)",
+            f.gpudirect_worst_relation
+        );
+        reg!(
+            "gpudirect_acs_redirect_bridges",
+            "Bridges on GPU-HCA paths with ACS request or completion redirection enabled",
+            f.gpudirect_acs_redirect_bridges
+        );
+        reg!(
+            "gpudirect_peer_memory",
+            "1 when GPU memory can be registered with the HCA (nvidia_peermem loaded, or DMA-BUF), else 0",
+            f.gpudirect_peer_memory
+        );
+        reg!(
+            "rdma_port_active_mtu",
+            "Active RDMA MTU of the port (verbs; RoCE with --verbs off: derived from the netdev MTU)",
+            f.port_active_mtu,
+            Unit::Bytes
+        );
+        reg!(
+            "rdma_port_ecn_enabled",
+            "1 when ECN is on for rdma.roce.ecn_priority at the notification (np) or reaction (rp) point",
+            f.port_ecn_enabled
+        );
         // A gauge rather than an OpenMetrics `info` family: the classic text parser (and
         // `promtool check metrics`) know no `info` type, and every exporter spells it so.
         let build: Family<Vec<(&'static str, &'static str)>, Gauge> = Family::default();
@@ -541,6 +608,7 @@ impl Metrics {
                 last: FallbackStatus::default(),
             }),
             health: Health::default(),
+            ecn_priority: config.rdma.roce.ecn_priority,
         }
     }
 
@@ -572,6 +640,12 @@ impl Metrics {
             ("rdma_verbs", t.rdma_verbs_seconds, verbs_ran, errors_verbs),
             ("storage", t.storage_seconds, true, errors_storage),
             ("netdev", t.netdev_seconds, true, errors_netdev),
+            (
+                "gpudirect",
+                t.gpudirect_seconds,
+                true,
+                report.gpudirect.errors.len(),
+            ),
         ] {
             let l = ProbeLabels { probe };
             if ran {
@@ -584,6 +658,7 @@ impl Metrics {
         }
         let f = &self.families;
         f.last_probe_timestamp.set(report.timestamp);
+        self.record_gpudirect(report, verdict);
 
         // Counters of a device gone for longer than the grace (renamed, removed) are dropped,
         // so /metrics does not grow with every device name ever seen.
@@ -646,10 +721,16 @@ impl Metrics {
         f.lustre_ready.set(i64::from(verdict.lustre.ready));
         f.findings.clear();
         let findings = verdict.rdma.part.findings.iter();
-        for finding in findings.chain(&verdict.lustre.findings) {
+        for finding in findings
+            .chain(&verdict.lustre.findings)
+            .chain(&verdict.gpudirect.part.findings)
+            .chain(&verdict.placement.findings)
+        {
             let scope = match finding.scope {
                 Scope::Rdma => "rdma",
                 Scope::Lustre => "lustre",
+                Scope::Gpudirect => "gpudirect",
+                Scope::Placement => "placement",
             };
             let reason = finding.code;
             f.findings
@@ -810,6 +891,63 @@ impl Metrics {
             }
         }
         errors
+    }
+
+    fn record_gpudirect(&self, report: &ProbeReport, verdict: &Verdict) {
+        let f = &self.families;
+        let gd = &report.gpudirect;
+        f.gpudirect_ready
+            .set(i64::from(verdict.gpudirect.part.ready));
+        f.gpudirect_gpus
+            .set(i64::try_from(gd.gpus.len()).unwrap_or(i64::MAX));
+        f.gpudirect_pair_relation.clear();
+        for p in &gd.pairs {
+            f.gpudirect_pair_relation
+                .get_or_create(&GpuPairLabels {
+                    gpu: p.gpu.clone(),
+                    hca: p.hca.clone(),
+                    relation: p.relation.name(),
+                    numa: p.numa.map_or(String::new(), |n| n.to_string()),
+                })
+                .set(i64::from(p.relation.rank()));
+        }
+        set_optional(
+            &f.gpudirect_worst_relation,
+            gd.worst_relation.map(|r| f64::from(r.rank())),
+        );
+        let redirecting: std::collections::BTreeSet<&str> = gd
+            .pairs
+            .iter()
+            .flat_map(|p| p.redirecting_bridges())
+            .map(|b| b.address.as_str())
+            .collect();
+        f.gpudirect_acs_redirect_bridges
+            .set(i64::try_from(redirecting.len()).unwrap_or(i64::MAX));
+        f.gpudirect_peer_memory.set(i64::from(gd.peermem.usable()));
+        f.port_active_mtu.clear();
+        f.port_ecn_enabled.clear();
+        for t in &gd.transport {
+            if let Some(mtu) = t.active_mtu {
+                f.port_active_mtu
+                    .get_or_create(&PortLabels {
+                        device: t.device.clone(),
+                        port: t.port,
+                    })
+                    .set(i64::from(mtu));
+            }
+            let Some(ecn) = &t.ecn else { continue };
+            for (point, map) in [("np", &ecn.np), ("rp", &ecn.rp)] {
+                if let Some(on) = map.get(&self.ecn_priority) {
+                    f.port_ecn_enabled
+                        .get_or_create(&EcnLabels {
+                            device: t.device.clone(),
+                            port: t.port,
+                            point,
+                        })
+                        .set(i64::from(*on));
+                }
+            }
+        }
     }
 
     /// Count a write to the API server (`kind`: `labels`, `taint`, `conditions`, `event`).

@@ -29,7 +29,8 @@ pub const FIELD_MANAGER: &str = "fabricgate";
 /// `reportingController` of our Events.
 pub const REPORTING_CONTROLLER: &str = "fabricgate.io/agent";
 /// Node conditions fabricgate owns.
-pub const CONDITION_TYPES: [&str; 3] = ["FabricReady", "RDMAReady", "LustreReady"];
+pub const CONDITION_TYPES: [&str; 4] =
+    ["FabricReady", "RDMAReady", "LustreReady", "GPUDirectReady"];
 /// Namespace of Events about Nodes (cluster-scoped objects), as the kubelet does.
 pub const EVENT_NAMESPACE: &str = "default";
 /// Attempts of the taint read-modify-write before giving up until the next retry.
@@ -465,6 +466,8 @@ pub struct Reconciler {
     /// resourceVersions our own writes produced (newest last): the watch echoes them back,
     /// and an echo of our own write is nothing to react to.
     own_versions: std::collections::VecDeque<String>,
+    /// `placement.required_labels`: keys the Node must carry (checked on each Node read).
+    required_labels: Vec<String>,
 }
 
 impl Reconciler {
@@ -489,6 +492,7 @@ impl Reconciler {
             observed: None,
             watch_live: false,
             own_versions: std::collections::VecDeque::new(),
+            required_labels: Vec::new(),
         }
     }
 
@@ -531,6 +535,14 @@ impl Reconciler {
         if self.watch_live {
             self.observed = Some(node.clone());
         }
+    }
+
+    /// Check `placement.required_labels` against the Node on every reconcile: a missing key
+    /// makes the written verdict not ready (see [`policy::apply_placement`]).
+    #[must_use]
+    pub fn with_required_labels(mut self, keys: Vec<String>) -> Self {
+        self.required_labels = keys;
+        self
     }
 
     pub fn node_name(&self) -> &str {
@@ -589,6 +601,18 @@ impl Reconciler {
             Some(node) => node,
             None => self.get(&nodes, &mut outcome).await?,
         };
+        // What is confirmed is the probe's verdict; what is written also reflects the Node's
+        // placement labels, as the watch (or a read) shows them now.
+        let probed = verdict;
+        let placed;
+        let verdict = if self.required_labels.is_empty() {
+            verdict
+        } else {
+            let labels = node.metadata.labels.clone().unwrap_or_default();
+            placed =
+                policy::apply_placement(verdict, &labels, &self.required_labels, &self.settings);
+            &placed
+        };
         let now = Timestamp::now();
         let plan = plan(&node, verdict, &taint_key, &now);
         if let Some(t) = &plan.transition {
@@ -604,7 +628,7 @@ impl Reconciler {
             }
             self.logged = Some(lines);
             self.pending_event = None;
-            self.confirmed = Some(verdict.clone());
+            self.confirmed = Some(probed.clone());
             return Ok(outcome);
         }
 
@@ -639,7 +663,7 @@ impl Reconciler {
             self.emit_event(&node, &t, &mut outcome).await?;
             self.pending_event = None;
         }
-        self.confirmed = Some(verdict.clone());
+        self.confirmed = Some(probed.clone());
         Ok(outcome)
     }
 
@@ -912,7 +936,9 @@ mod tests {
                 min_rate_gbps: None,
                 link_layer: None,
             },
-            lustre: part,
+            lustre: part.clone(),
+            gpudirect: policy::GpudirectVerdict::default(),
+            placement: part,
             labels: [("fabricgate.io/ready".to_owned(), ready.to_string())].into(),
             taints: if ready {
                 vec![]

@@ -16,6 +16,8 @@ mod agent;
 mod cleanup;
 #[path = "cluster/fleet.rs"]
 mod fleet;
+#[path = "cluster/placement.rs"]
+mod placement;
 #[path = "cluster/scheduler.rs"]
 mod scheduler;
 #[path = "cluster/security.rs"]

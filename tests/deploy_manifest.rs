@@ -478,7 +478,7 @@ fn admission_policy_uses_the_binarys_names_and_is_bound() {
     assert_eq!(var("taintKey"), "variables.prefix + 'unvalidated'");
     assert_eq!(
         var("ownConditions"),
-        "['FabricReady', 'RDMAReady', 'LustreReady']"
+        "['FabricReady', 'RDMAReady', 'LustreReady', 'GPUDirectReady']"
     );
     assert_eq!(spec["failurePolicy"], "Fail");
     let sa = object("ServiceAccount");

@@ -325,6 +325,7 @@ fn every_mount_status_maps_to_its_finding_code() {
             ..StorageReport::default()
         },
         netdevs: Vec::new(),
+        gpudirect: Default::default(),
         timings: Default::default(),
     };
     let v = policy::evaluate(&report, &config);

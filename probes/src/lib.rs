@@ -8,6 +8,7 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod error;
+pub mod gpudirect;
 pub mod netdev;
 pub mod rdma;
 pub mod roots;
@@ -30,6 +31,8 @@ pub struct ProbeConfig {
     /// Interfaces whose TCP-path byte counters are read (the fallback detector's input).
     pub netdev: netdev::NetdevConfig,
     pub selftest: SelftestConfig,
+    /// GPU ↔ HCA topology, ACS, peer memory and transport settings.
+    pub gpudirect: gpudirect::GpudirectConfig,
 }
 
 /// The loopback data-path self-test (needs `verbs: Required`).
@@ -78,6 +81,8 @@ pub struct ProbeReport {
     pub storage: storage::StorageReport,
     /// TCP-path byte counters of the configured (or physical) network interfaces.
     pub netdevs: Vec<netdev::NetdevReport>,
+    /// GPUs, their nearest HCAs, ACS on the paths, peer memory, port MTUs and ECN.
+    pub gpudirect: gpudirect::GpudirectReport,
     pub timings: ProbeTimings,
 }
 
@@ -88,6 +93,7 @@ pub struct ProbeTimings {
     pub rdma_verbs_seconds: f64,
     pub storage_seconds: f64,
     pub netdev_seconds: f64,
+    pub gpudirect_seconds: f64,
 }
 
 /// Holds the state that must outlive a single probe (the statfs workers that may be stuck on a
@@ -143,6 +149,10 @@ impl Prober {
         self.probes += 1;
 
         let started = Instant::now();
+        let gpudirect = gpudirect::probe(&self.roots, &self.config.gpudirect, &rdma);
+        timings.gpudirect_seconds = started.elapsed().as_secs_f64();
+
+        let started = Instant::now();
         let storage = self.storage.probe(&self.roots);
         timings.storage_seconds = started.elapsed().as_secs_f64();
 
@@ -155,6 +165,7 @@ impl Prober {
             rdma,
             storage,
             netdevs,
+            gpudirect,
             timings,
         }
     }

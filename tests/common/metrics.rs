@@ -37,6 +37,7 @@ pub fn probe_fixture(node: &Path, timestamp: f64) -> ProbeReport {
         rdma_verbs_seconds: 0.0,
         storage_seconds: 0.0007,
         netdev_seconds: 0.0001,
+        gpudirect_seconds: 0.0003,
     };
     report
 }
