@@ -17,6 +17,8 @@ pub struct Config {
     pub mounts: Vec<MountRequirement>,
     pub node: NodeSettings,
     pub fallback: FallbackSettings,
+    /// Inter-node RDMA measurements (docs/peers.md); off by default.
+    pub peers: crate::peers::PeersSettings,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -360,6 +362,7 @@ impl Config {
                 );
             }
         }
+        self.peers.validate()?;
         validate_label_prefix(&self.node.label_prefix)
     }
 

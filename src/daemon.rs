@@ -8,7 +8,9 @@ use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::metrics::{self, Metrics};
 use crate::node::{self, Reconciler, RetryAfter};
+use crate::peers::{self, PeerAgent, PeerSpec, Rounds};
 use crate::policy::{self, Hysteresis, Verdict};
+use fabricgate_probes::rdma::peer::Identity;
 use fabricgate_probes::{ProbeReport, Prober};
 use std::future::Future;
 use std::sync::Arc;
@@ -33,6 +35,8 @@ pub struct Agent {
     pub client: Option<kube::Client>,
     pub retry_after: RetryAfter,
     pub metrics: Arc<Metrics>,
+    /// The peer responder and rounds, when `peers.enabled` (docs/peers.md).
+    pub peers: Option<(PeerAgent, Rounds)>,
 }
 
 impl Agent {
@@ -60,7 +64,7 @@ impl Agent {
         }
         let config = args.probe.load_config()?;
         let roots = args.probe.roots()?;
-        let prober = Prober::new(roots, args.probe.probe_config(&config));
+        let prober = Prober::new(roots.clone(), args.probe.probe_config(&config));
         let listener = tokio::net::TcpListener::bind(args.metrics_addr)
             .await
             .map_err(|e| Error::Usage {
@@ -81,6 +85,35 @@ impl Agent {
         };
         // The fallback detector follows `fallback:` and `rdma.devices` of the config.
         let metrics = Arc::new(Metrics::with_config(&config));
+        let peers = if config.peers.enabled {
+            let mut extra = Vec::new();
+            for p in &args.peers {
+                extra.push(PeerSpec::parse(p, config.peers.port()).map_err(|message| {
+                    Error::Usage {
+                        flag: "--peers".into(),
+                        message,
+                    }
+                })?);
+            }
+            let identity = Identity {
+                node_name: node_name.clone(),
+                group: peers::group_of(client.as_ref(), &node_name, &config.peers.match_label)
+                    .await,
+            };
+            let agent = PeerAgent::start(
+                &config,
+                identity.clone(),
+                &roots,
+                metrics.peers.clone().unwrap_or_default(),
+            )?;
+            let rounds = Rounds::new(&config.peers, &extra, identity, roots);
+            Some((agent, rounds))
+        } else {
+            if !args.peers.is_empty() {
+                tracing::warn!("--peers is ignored: peers.enabled is false in the config");
+            }
+            None
+        };
         Ok(Self {
             node_name,
             config,
@@ -92,6 +125,7 @@ impl Agent {
             client,
             retry_after,
             metrics,
+            peers,
         })
     }
 }
@@ -144,7 +178,22 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
         client,
         retry_after,
         metrics,
+        peers,
     } = agent;
+    // Dropping the sender (when `run` returns) stops the peer thread.
+    let (_peers_stop, peers_stop_rx) = std::sync::mpsc::channel::<()>();
+    let peer_agent = match peers {
+        Some((agent, rounds)) => {
+            agent.spawn_rounds(
+                rounds,
+                config.peers.interval(interval),
+                config.peers.keep_rounds as usize,
+                peers_stop_rx,
+            )?;
+            Some(agent)
+        }
+        None => None,
+    };
     let (stop_tx, stop_rx) = watch::channel(false);
     tokio::spawn(async move {
         shutdown.await;
@@ -201,6 +250,7 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
         &metrics,
         &desired_tx,
         stop_rx,
+        peer_agent.as_ref(),
     )
     .await;
 
@@ -221,6 +271,7 @@ async fn wait_stop(stop: &mut watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn probe_loop(
     prober: Prober,
     config: &Config,
@@ -229,6 +280,7 @@ async fn probe_loop(
     metrics: &Metrics,
     desired: &watch::Sender<Option<Verdict>>,
     mut stop: watch::Receiver<bool>,
+    peers: Option<&PeerAgent>,
 ) -> Result<()> {
     let probes = ProbeThread::spawn(prober)?;
     let mut jitter = Jitter::new();
@@ -248,7 +300,13 @@ async fn probe_loop(
             () = wait_stop(&mut stop) => return Ok(()),
             r = probes.probe() => r?,
         };
-        let instant = policy::evaluate(&report, config);
+        let mut instant = policy::evaluate(&report, config);
+        if let Some(p) = peers {
+            p.update_ports(&report.rdma);
+            if let Some(finding) = p.required_finding() {
+                instant = crate::peers::apply_finding(instant, finding, config);
+            }
+        }
         let instant_ready = instant.ready;
         let verdict = hysteresis.apply(instant);
         metrics.record_probe(&report, &verdict);

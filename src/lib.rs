@@ -9,6 +9,7 @@ pub mod error;
 pub mod fallback;
 pub mod metrics;
 pub mod node;
+pub mod peers;
 pub mod policy;
 pub mod selftest;
 

@@ -250,6 +250,8 @@ pub struct Metrics {
     /// Held while recording and while encoding, so a scrape never sees half a probe.
     state: Mutex<Readers>,
     first_probe_done: AtomicBool,
+    /// The `fabricgate_peer_*` families, registered when `peers.enabled`.
+    pub peers: Option<crate::peers::PeerMetrics>,
 }
 
 impl Default for Metrics {
@@ -458,6 +460,10 @@ impl Metrics {
             f.node_writes.get_or_create(&KindLabels { kind }).inc_by(0);
         }
 
+        let peers = config
+            .peers
+            .enabled
+            .then(|| crate::peers::PeerMetrics::register(&mut r));
         Self {
             registry: r,
             families: f,
@@ -473,6 +479,7 @@ impl Metrics {
                 last_fallback: FallbackStatus::default(),
             }),
             first_probe_done: AtomicBool::new(false),
+            peers,
         }
     }
 
