@@ -475,6 +475,15 @@ fn decode_endpoint(payload: &[u8]) -> EndpointInfo {
 }
 
 fn read_frame(stream: &mut TcpStream, deadline: Instant) -> io::Result<Frame> {
+    read_frame_within(stream, deadline, FRAME_TIMEOUT)
+}
+
+/// Read one frame, waiting at most `per_frame` and never past `deadline`.
+fn read_frame_within(
+    stream: &mut TcpStream,
+    deadline: Instant,
+    per_frame: Duration,
+) -> io::Result<Frame> {
     let now = Instant::now();
     let left = deadline.saturating_duration_since(now);
     if left.is_zero() {
@@ -483,7 +492,7 @@ fn read_frame(stream: &mut TcpStream, deadline: Instant) -> io::Result<Frame> {
             "session time limit reached",
         ));
     }
-    stream.set_read_timeout(Some(left.min(FRAME_TIMEOUT)))?;
+    stream.set_read_timeout(Some(left.min(per_frame)))?;
     let mut f = [0u8; FRAME_LEN];
     stream.read_exact(&mut f)?;
     decode(&f).ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "not a fabricgate frame"))
@@ -751,7 +760,8 @@ fn serve(stream: &mut TcpStream, shared: &Shared) -> Served {
         stream
             .write_all(&encode_endpoint(&ep.local(), Status::Ok))
             .map_err(|_| ())?;
-        let frame = read_frame(stream, deadline).map_err(|_| ())?;
+        // The client's bursts run now: DONE may take the rest of the session.
+        let frame = read_frame_within(stream, deadline, SESSION_LIMIT).map_err(|_| ())?;
         let frame = expect_kind(frame, T_DONE, "DONE").map_err(|_| ())?;
         let want = Cursor::new(&frame.payload).u64();
         let got = digest(&ep.snapshot(0, plan.buffer_len()));
@@ -925,7 +935,7 @@ pub fn measure(
     if let Err(e) = stream.write_all(&hello.encode()) {
         return io_failure("send HELLO", &e);
     }
-    let frame = match read_frame(&mut stream, deadline) {
+    let frame = match read_frame_within(&mut stream, deadline, timeout) {
         Ok(f) => f,
         Err(e) => return io_failure("read WELCOME", &e),
     };
@@ -971,7 +981,7 @@ pub fn measure(
         if let Err(e) = stream.write_all(&encode_endpoint(&ep.local(), Status::Ok)) {
             return io_failure("send ENDPOINT", &e);
         }
-        let frame = match read_frame(&mut stream, deadline) {
+        let frame = match read_frame_within(&mut stream, deadline, timeout) {
             Ok(f) => f,
             Err(e) => return io_failure("read ENDPOINT", &e),
         };
@@ -1029,7 +1039,7 @@ pub fn measure(
         if let Err(e) = stream.write_all(&done) {
             return io_failure("send DONE", &e);
         }
-        let verdict = match read_frame(&mut stream, deadline) {
+        let verdict = match read_frame_within(&mut stream, deadline, timeout) {
             Ok(f) => f,
             Err(e) => return io_failure("read VERDICT", &e),
         };
