@@ -1209,8 +1209,8 @@ impl PingReport {
         );
         let fmt = |d: Duration| {
             let us = d.as_secs_f64() * 1e6;
-            if us >= 10_000.0 {
-                format!("{:.1} ms", us / 1e3)
+            if us >= 1_000.0 {
+                format!("{:.2} ms", us / 1e3)
             } else {
                 format!("{us:.1} µs")
             }

@@ -47,8 +47,8 @@ mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144 fgsync "$S" || fail "c
 modprobe -d "$FG_KROOT" -S "$FG_KVER" crc32_generic || fail "modprobe crc32_generic"
 modprobe -d "$FG_KROOT" -S "$FG_KVER" rdma_rxe || fail "modprobe rdma_rxe"
 ip link set lo up
-ip link set eth0 up && ip addr add "169.254.77.$ME/16" dev eth0 || fail "eth0"
-ip link set eth1 up && ip addr add "169.254.78.$ME/16" dev eth1 || fail "eth1"
+ip link set eth0 up && ip addr add "169.254.77.$ME/24" dev eth0 || fail "eth0"
+ip link set eth1 up && ip addr add "169.254.78.$ME/24" dev eth1 || fail "eth1"
 rdma link add rxe0 type rxe netdev eth0 || fail "rdma link add"
 fg_wait_port ACTIVE 30 || fail "rxe0 not ACTIVE"
 

@@ -7,8 +7,10 @@
 #
 # Networking never leaves this machine: each link is a qemu socket netdev over 127.0.0.1 (VM a
 # listens, VM b connects), so the guests' frames travel inside the two qemu processes.
-#   eth0  169.254.77.1 (a) / .2 (b): carries rxe0; the link scenarios take down
-#   eth1  169.254.78.1 (a) / .2 (b): management (the peers' TCP side channel), stays up
+#   eth0  169.254.77.1/24 (a) / .2 (b): carries rxe0; the link scenarios take down
+#   eth1  169.254.78.1/24 (a) / .2 (b): management (the peers' TCP side channel), stays up
+# (two /24s, not one /16: with both NICs in one subnet, RoCE packets of rxe0 and the side
+# channel took either NIC and sessions failed intermittently)
 # OUTDIR/a and OUTDIR/b are each guest's output share (/tmp/fg-out: stdout, stderr, rc,
 # console.log); OUTDIR/sync is shared by both (the guest mounts it at /tmp/fg-sync with 9p tag
 # fgsync) for marker files that order the two guests' steps. Exit status: 0 when both guest

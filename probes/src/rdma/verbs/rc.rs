@@ -425,9 +425,11 @@ impl Endpoint<'_> {
         let mut a: sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
         a.qp_state = sys::ibv_qp_state::IBV_QPS_RTS;
         a.sq_psn = self.local.psn;
-        // ~67 ms transport timeout, 3 retries: a dead path fails in well under a second.
-        a.timeout = 14;
-        a.retry_cnt = 3;
+        // ~268 ms transport timeout (4.096 µs × 2^16), 7 retries (perftest and NCCL use 7):
+        // a lost packet is retried rather than failing the session, and a dead path still
+        // fails in about two seconds, inside the default `peers.timeout`.
+        a.timeout = 16;
+        a.retry_cnt = 7;
         a.rnr_retry = 3;
         a.max_rd_atomic = 1;
         modify(
