@@ -625,6 +625,7 @@ impl PeerMetrics {
                         self.errors.get_or_create(&error_labels(&key, *kind)).inc();
                     }
                 }
+                Outcome::Skipped(Skip::Starting) => self.remove_values(&key),
                 Outcome::Skipped(_) => {
                     self.remove_values(&key);
                     for kind in ErrorKind::ALL {
@@ -825,25 +826,31 @@ impl Rounds {
                 if measured >= self.per_round {
                     break;
                 }
-                let mut skipped = false;
+                let mut skipped = None;
                 for local in ports {
                     let outcome =
                         peer::measure(target.addr, local, &self.identity, &self.plan, self.timeout);
-                    skipped = matches!(outcome, Outcome::Skipped(_));
+                    if let Outcome::Skipped(why) = outcome {
+                        skipped = Some(why);
+                    }
                     round.results.push(PeerResult {
                         target: target.clone(),
                         local: local.clone(),
                         outcome,
                     });
-                    if skipped {
+                    if skipped.is_some() {
                         break;
                     }
                 }
-                if skipped {
-                    self.selector.exclude(target.addr);
-                } else {
-                    self.selector.measured(target.addr);
-                    measured += 1;
+                match skipped {
+                    // Never worth asking again while the address stays listed.
+                    Some(Skip::SelfNode | Skip::OtherGroup) => self.selector.exclude(target.addr),
+                    // Its agent is starting: next time round.
+                    Some(_) => self.selector.measured(target.addr),
+                    None => {
+                        self.selector.measured(target.addr);
+                        measured += 1;
+                    }
                 }
             }
         }
@@ -955,9 +962,13 @@ impl PeerAgent {
             flag: "peers.listen".into(),
             message: format!("cannot listen on {listen}: {e}"),
         })?;
+        // A session may take as long as a client's bound, plus setup.
+        let limit = config.peers.timeout + Duration::from_secs(5);
         let responder =
-            Responder::start(listener, identity, roots.clone()).map_err(|e| Error::Internal {
-                message: format!("cannot start the peer responder: {e}"),
+            Responder::start(listener, identity, roots.clone(), limit).map_err(|e| {
+                Error::Internal {
+                    message: format!("cannot start the peer responder: {e}"),
+                }
             })?;
         tracing::info!(addr = %responder.local_addr(), "peer responder listening");
         Ok(Self {
@@ -1164,6 +1175,7 @@ impl PingReport {
                         v["message"] = json!(match s {
                             Skip::SelfNode => "the peer is this node",
                             Skip::OtherGroup => "the peer is in another group (peers.match_label)",
+                            Skip::Starting => "the peer's agent is starting; try again",
                         });
                     }
                     Outcome::Failed { kind, message } => {

@@ -176,7 +176,9 @@ if [ "$ROLE" = b ]; then
 else
     mark ready_for_cut
     wait_for b cut 120
-    r0=$(rounds_now)
+    # The counters at the cut, fresh (the scraper may be mid-sleep).
+    curl -s --max-time 60 -o "$O/cut.prom" http://127.0.0.1:9464/metrics || log "no scrape at the cut"
+    r0=$(awk '/^fabricgate_peer_rounds_total /{print $2}' "$O/cut.prom" 2>/dev/null)
     echo "rounds_at_cut=$r0" >>"$O/timings.env"
     i=0
     while :; do

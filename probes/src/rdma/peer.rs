@@ -46,7 +46,7 @@ const MAGIC: [u8; 4] = *b"FGPR";
 pub const FRAME_LEN: usize = 256;
 /// Sessions served at once; more are answered BUSY.
 pub const MAX_SESSIONS: usize = 4;
-/// One session, accept to close, at most.
+/// Default bound on one session, accept to close (the agent passes `peers.timeout` + 5 s).
 pub const SESSION_LIMIT: Duration = Duration::from_secs(10);
 /// One frame must arrive within this.
 pub const FRAME_TIMEOUT: Duration = Duration::from_secs(3);
@@ -91,6 +91,9 @@ pub enum Status {
     Verbs,
     /// The bytes in the responder's buffer differ from what the client wrote.
     Mismatch,
+    /// The responder's agent has not finished its first probe: it does not know its ports
+    /// yet. Not an error; the peer is measured in a later round.
+    Starting,
     Unknown(u8),
 }
 
@@ -106,6 +109,7 @@ impl Status {
             Self::Version => 6,
             Self::Verbs => 7,
             Self::Mismatch => 8,
+            Self::Starting => 9,
             Self::Unknown(c) => c,
         }
     }
@@ -121,6 +125,7 @@ impl Status {
             6 => Self::Version,
             7 => Self::Verbs,
             8 => Self::Mismatch,
+            9 => Self::Starting,
             c => Self::Unknown(c),
         }
     }
@@ -136,6 +141,7 @@ impl Status {
             Self::Version => "the responder speaks another protocol version",
             Self::Verbs => "the responder could not create its queue pair",
             Self::Mismatch => "the responder's buffer holds different bytes than were written",
+            Self::Starting => "the responder's agent is starting (no probe yet)",
             Self::Unknown(_) => "unknown status",
         }
     }
@@ -557,27 +563,35 @@ pub struct ResponderStats {
 pub struct Responder {
     addr: SocketAddr,
     stop: Arc<AtomicBool>,
-    ports: Arc<Mutex<Vec<LocalPort>>>,
+    ports: Arc<Mutex<Option<Vec<LocalPort>>>>,
     stats: Arc<ResponderStats>,
 }
 
 struct Shared {
     identity: Identity,
-    ports: Arc<Mutex<Vec<LocalPort>>>,
+    /// `None` until the agent's first probe told us the usable ports.
+    ports: Arc<Mutex<Option<Vec<LocalPort>>>>,
     stats: Arc<ResponderStats>,
     active: AtomicUsize,
     roots: Roots,
+    session_limit: Duration,
 }
 
 impl Responder {
-    /// Serve sessions on `listener` (bound by the caller) from a background thread.
+    /// Serve sessions on `listener` (bound by the caller) from a background thread; each
+    /// session is closed after `session_limit` (capped at one minute).
     ///
     /// # Errors
     /// The listener's address cannot be read, or the thread cannot be started.
-    pub fn start(listener: TcpListener, identity: Identity, roots: Roots) -> io::Result<Self> {
+    pub fn start(
+        listener: TcpListener,
+        identity: Identity,
+        roots: Roots,
+        session_limit: Duration,
+    ) -> io::Result<Self> {
         let addr = listener.local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
-        let ports = Arc::new(Mutex::new(Vec::new()));
+        let ports = Arc::new(Mutex::new(None));
         let stats = Arc::new(ResponderStats::default());
         let shared = Arc::new(Shared {
             identity,
@@ -585,6 +599,7 @@ impl Responder {
             stats: Arc::clone(&stats),
             active: AtomicUsize::new(0),
             roots,
+            session_limit: session_limit.min(Duration::from_secs(60)),
         });
         let stop_flag = Arc::clone(&stop);
         std::thread::Builder::new()
@@ -603,8 +618,9 @@ impl Responder {
     }
 
     /// The ports sessions may use (the validated ones); empty: every session gets NO_PORT.
+    /// Until the first call, sessions get STARTING.
     pub fn set_ports(&self, ports: Vec<LocalPort>) {
-        *self.ports.lock().unwrap_or_else(|p| p.into_inner()) = ports;
+        *self.ports.lock().unwrap_or_else(|p| p.into_inner()) = Some(ports);
     }
 
     pub fn stats(&self) -> &ResponderStats {
@@ -690,7 +706,8 @@ enum Served {
 }
 
 fn serve(stream: &mut TcpStream, shared: &Shared) -> Served {
-    let deadline = Instant::now() + SESSION_LIMIT;
+    let limit = shared.session_limit;
+    let deadline = Instant::now() + limit;
     let _ = stream.set_write_timeout(Some(FRAME_TIMEOUT));
     let _ = stream.set_nodelay(true);
     let Ok(frame) = read_frame(stream, deadline) else {
@@ -724,6 +741,10 @@ fn serve(stream: &mut TcpStream, shared: &Shared) -> Served {
     }
     let port = {
         let ports = shared.ports.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(ports) = ports.as_ref() else {
+            drop(ports);
+            return refuse(stream, Status::Starting);
+        };
         ports
             .iter()
             .find(|p| p.device == hello.device && p.port == hello.port)
@@ -761,7 +782,7 @@ fn serve(stream: &mut TcpStream, shared: &Shared) -> Served {
             .write_all(&encode_endpoint(&ep.local(), Status::Ok))
             .map_err(|_| ())?;
         // The client's bursts run now: DONE may take the rest of the session.
-        let frame = read_frame_within(stream, deadline, SESSION_LIMIT).map_err(|_| ())?;
+        let frame = read_frame_within(stream, deadline, limit).map_err(|_| ())?;
         let frame = expect_kind(frame, T_DONE, "DONE").map_err(|_| ())?;
         let want = Cursor::new(&frame.payload).u64();
         let got = digest(&ep.snapshot(0, plan.buffer_len()));
@@ -820,6 +841,8 @@ pub enum Skip {
     SelfNode,
     /// The peer is in another group.
     OtherGroup,
+    /// The peer's agent has not finished its first probe; try again in a later round.
+    Starting,
 }
 
 /// A completed measurement.
@@ -950,6 +973,7 @@ pub fn measure(
         Status::Ok => {}
         Status::SelfNode => return Outcome::Skipped(Skip::SelfNode),
         Status::OtherGroup => return Outcome::Skipped(Skip::OtherGroup),
+        Status::Starting => return Outcome::Skipped(Skip::Starting),
         Status::Version => {
             return failed(
                 ErrorKind::Connect,
@@ -1275,7 +1299,9 @@ mod tests {
 
     fn responder(identity: Identity) -> Responder {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        Responder::start(l, identity, Roots::default()).unwrap()
+        let r = Responder::start(l, identity, Roots::default(), SESSION_LIMIT).unwrap();
+        r.set_ports(Vec::new());
+        r
     }
 
     fn local() -> LocalPort {
@@ -1391,6 +1417,29 @@ mod tests {
             measure(addr, &local(), &me, &Plan::default(), FRAME_TIMEOUT),
             Outcome::Skipped(Skip::SelfNode)
         );
+    }
+
+    #[test]
+    fn a_responder_before_its_first_probe_says_starting() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let r = Responder::start(l, Identity::default(), Roots::default(), SESSION_LIMIT).unwrap();
+        let me = Identity {
+            node_name: "gpu-b".into(),
+            group: String::new(),
+        };
+        let t = Duration::from_secs(5);
+        assert_eq!(
+            measure(r.local_addr(), &local(), &me, &Plan::default(), t),
+            Outcome::Skipped(Skip::Starting)
+        );
+        r.set_ports(Vec::new());
+        assert!(matches!(
+            measure(r.local_addr(), &local(), &me, &Plan::default(), t),
+            Outcome::Failed {
+                kind: Some(ErrorKind::Connect),
+                ..
+            }
+        ));
     }
 
     #[test]
