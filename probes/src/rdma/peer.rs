@@ -565,6 +565,7 @@ pub struct Responder {
     stop: Arc<AtomicBool>,
     ports: Arc<Mutex<Option<Vec<LocalPort>>>>,
     stats: Arc<ResponderStats>,
+    active: Arc<AtomicUsize>,
 }
 
 struct Shared {
@@ -572,7 +573,7 @@ struct Shared {
     /// `None` until the agent's first probe told us the usable ports.
     ports: Arc<Mutex<Option<Vec<LocalPort>>>>,
     stats: Arc<ResponderStats>,
-    active: AtomicUsize,
+    active: Arc<AtomicUsize>,
     roots: Roots,
     session_limit: Duration,
 }
@@ -593,11 +594,12 @@ impl Responder {
         let stop = Arc::new(AtomicBool::new(false));
         let ports = Arc::new(Mutex::new(None));
         let stats = Arc::new(ResponderStats::default());
+        let active = Arc::new(AtomicUsize::new(0));
         let shared = Arc::new(Shared {
             identity,
             ports: Arc::clone(&ports),
             stats: Arc::clone(&stats),
-            active: AtomicUsize::new(0),
+            active: Arc::clone(&active),
             roots,
             session_limit: session_limit.min(Duration::from_secs(60)),
         });
@@ -610,6 +612,7 @@ impl Responder {
             stop,
             ports,
             stats,
+            active,
         })
     }
 
@@ -625,6 +628,11 @@ impl Responder {
 
     pub fn stats(&self) -> &ResponderStats {
         &self.stats
+    }
+
+    /// Sessions being served right now.
+    pub fn active_sessions(&self) -> usize {
+        self.active.load(Ordering::Acquire)
     }
 }
 
@@ -1341,7 +1349,19 @@ mod tests {
             } => assert!(message.contains("no usable RDMA port"), "{message}"),
             other => panic!("{other:?}"),
         }
-        assert_eq!(r.stats().refused.load(Ordering::Relaxed), 3);
+        // Counted when the session thread ends, which may be just after our reply.
+        assert!(wait_until(|| r.stats().refused.load(Ordering::Relaxed) == 3));
+    }
+
+    fn wait_until(cond: impl Fn() -> bool) -> bool {
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(10) {
+            if cond() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        false
     }
 
     #[test]
@@ -1386,6 +1406,7 @@ mod tests {
         let mut buf = [0u8; 16];
         junk.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         assert_eq!(junk.read(&mut buf).unwrap_or(0), 0, "garbage is dropped");
+        assert!(wait_until(|| r.active_sessions() == 0));
 
         // Hold MAX_SESSIONS half-open sessions: the next one is told BUSY at once.
         let holders: Vec<TcpStream> = (0..MAX_SESSIONS)
@@ -1395,7 +1416,7 @@ mod tests {
                 s
             })
             .collect();
-        std::thread::sleep(Duration::from_millis(200));
+        assert!(wait_until(|| r.active_sessions() == MAX_SESSIONS));
         let mut extra = TcpStream::connect(addr).unwrap();
         extra
             .set_read_timeout(Some(Duration::from_secs(5)))
@@ -1408,7 +1429,7 @@ mod tests {
         // The half-open sessions are cut after FRAME_TIMEOUT; then a client is served
         // again (here: refused as SELF, which needs a free slot).
         drop(holders);
-        std::thread::sleep(Duration::from_millis(300));
+        assert!(wait_until(|| r.active_sessions() == 0));
         let me = Identity {
             node_name: "gpu-a".into(),
             group: String::new(),
