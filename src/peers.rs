@@ -1232,9 +1232,16 @@ impl PingReport {
             match o {
                 Outcome::Measured(m) => {
                     let there = format!("{}/{}", m.peer_device, m.peer_port);
-                    let bw = m
-                        .bandwidth
-                        .map_or_else(|| "-".to_owned(), |b| format!("{:.2} Gb/s", b * 8.0 / 1e9));
+                    let bw = m.bandwidth.map_or_else(
+                        || "-".to_owned(),
+                        |b| {
+                            if b >= 125e6 {
+                                format!("{:.2} Gb/s", b * 8.0 / 1e9)
+                            } else {
+                                format!("{:.2} MB/s", b / 1e6)
+                            }
+                        },
+                    );
                     let _ = writeln!(
                         out,
                         "  {here:<12} {there:<16} {:>10} {:>10} {:>10} {:>10} {bw:>12}  {} messages{}",

@@ -540,21 +540,45 @@ fn fabricgate_ping_works_both_ways_and_fails_as_documented_after_the_cut() {
     );
 }
 
-/// Numbers of a perftest result table: the row after the header containing `column`.
+/// Numbers of a perftest result table: the row after the header containing `column`, by
+/// column name. Header words without a unit (`99%`, `BW`) belong to the next word
+/// (`99% percentile[usec]`, `BW average[MB/sec]`); `#bytes` and `#iterations` stand alone.
 fn perftest_row(text: &str, column: &str) -> Option<BTreeMap<String, f64>> {
     let lines: Vec<&str> = text.lines().collect();
     let h = lines.iter().position(|l| l.contains(column))?;
-    let header: Vec<&str> = lines[h]
-        .split("  ")
-        .map(str::trim)
-        .filter(|c| !c.is_empty())
-        .collect();
+    let mut header: Vec<String> = Vec::new();
+    let mut pending = String::new();
+    for word in lines[h].split_whitespace() {
+        if !word.contains('[') && !word.starts_with('#') {
+            pending.push_str(word);
+            pending.push(' ');
+            continue;
+        }
+        header.push(format!("{pending}{word}"));
+        pending.clear();
+    }
     let row: Vec<f64> = lines
         .get(h + 1)?
         .split_whitespace()
         .filter_map(|v| v.parse().ok())
         .collect();
-    Some(header.iter().map(|c| c.to_string()).zip(row).collect())
+    (row.len() == header.len()).then(|| header.into_iter().zip(row).collect())
+}
+
+#[test]
+fn perftest_tables_parse_by_column_name() {
+    let lat = " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    \
+               t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] \n \
+               64      200          3337.78        77165.58      35800.80  \t       37144.97     \
+               \t11158.24\t\t70192.64 \t\t77165.58\n";
+    let l = perftest_row(lat, "t_typical").unwrap();
+    assert_eq!(l["t_typical[usec]"], 35800.80);
+    assert_eq!(l["99% percentile[usec]"], 70192.64);
+    let bw = " #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]\n \
+              65536      400              2.86               2.18   \t\t   0.000035\n";
+    let w = perftest_row(bw, "BW average").unwrap();
+    assert_eq!(w["BW average[MB/sec]"], 2.18);
+    assert_eq!(w["#iterations"], 400.0);
 }
 
 #[test]
