@@ -191,15 +191,16 @@ fn agent_with_peers_enabled_runs_the_responder_and_exports_peer_metrics() {
         (refused && rounds >= 1.0).then_some(body)
     });
     for family in [
-        "# TYPE fabricgate_peer_rtt_seconds gauge",
-        "# TYPE fabricgate_peer_bandwidth_bytes_per_second gauge",
-        "# TYPE fabricgate_peer_errors_total counter",
-        "# TYPE fabricgate_peer_round_cpu_seconds gauge",
+        "# TYPE fabricgate_peer_rounds_total counter",
+        "# TYPE fabricgate_peer_round_duration_seconds gauge",
+        "# TYPE fabricgate_peer_responder_cpu_seconds_total counter",
     ] {
         assert!(body.contains(family), "{family} missing:\n{body}");
     }
-    // No local port: nothing measured, so no per-peer series and no errors blamed on a peer.
+    // No local port: nothing measured, so no per-peer series (the families appear with
+    // their first series) and no errors blamed on a peer.
     assert!(!body.contains("peer=\""), "{body}");
+    assert!(!body.contains("fabricgate_peer_rtt_seconds"), "{body}");
 }
 
 #[test]
