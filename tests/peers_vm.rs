@@ -516,7 +516,7 @@ fn fabricgate_ping_works_both_ways_and_fails_as_documented_after_the_cut() {
             "{table}"
         );
         assert!(
-            table.contains("RTT P50") && table.contains("Gb/s"),
+            table.contains("RTT P50") && table.contains("B/s"),
             "{table}"
         );
     }
