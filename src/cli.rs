@@ -28,6 +28,46 @@ pub enum Command {
     /// Run only the loopback RC data-path self-test on every selected port and print the
     /// results; exit 0 all passed / 1 a port failed / 2 usage / 3 nothing could be tested.
     Selftest(SelftestArgs),
+    /// Measure RDMA round trip (and with --bandwidth, RDMA WRITE bandwidth) to another
+    /// node's agent; exit 0 reachable / 1 unreachable / 2 usage / 3 nothing could be measured.
+    Ping(PingArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct PingArgs {
+    #[command(flatten)]
+    pub probe: ProbeArgs,
+    /// The peer: `host` or `host:port` of its agent's responder (port: `peers.listen`'s,
+    /// default 9465).
+    #[arg(value_name = "PEER")]
+    pub peer: String,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    pub format: Format,
+    /// Measure only from this local device (default: every usable port of `rdma.devices`).
+    #[arg(long, value_name = "DEVICE")]
+    pub device: Option<String>,
+    /// RDMA WRITEs in the RTT burst (default `peers.rtt_messages`; at most 64).
+    #[arg(long, value_name = "N")]
+    pub count: Option<u32>,
+    /// Bytes per RTT message (default `peers.rtt_message_size`).
+    #[arg(long, value_name = "BYTES")]
+    pub size: Option<u32>,
+    /// Also run the RDMA WRITE bandwidth burst (sizes from `peers.bandwidth`).
+    #[arg(long)]
+    pub bandwidth: bool,
+    /// Bytes per WRITE of the bandwidth burst (default `peers.bandwidth.message_size`).
+    #[arg(long, value_name = "BYTES")]
+    pub bw_size: Option<u32>,
+    /// Length of the bandwidth burst (default `peers.bandwidth.duration`; at most 2s).
+    #[arg(long, value_parser = humantime::parse_duration, value_name = "DURATION")]
+    pub bw_duration: Option<std::time::Duration>,
+    /// Bound on the whole measurement per port (default `peers.timeout`).
+    #[arg(long, value_parser = humantime::parse_duration, value_name = "DURATION")]
+    pub timeout: Option<std::time::Duration>,
+    /// This node's name, told to the peer (it refuses to measure itself).
+    #[arg(long, env = "NODE_NAME", value_name = "NAME")]
+    pub node_name: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -90,6 +130,10 @@ pub struct RunArgs {
     /// Log line format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+    /// Static peers for the RDMA measurements (`host` or `host:port`, comma separated),
+    /// in addition to `peers.static` and `peers.service`; needs `peers.enabled`.
+    #[arg(long, value_delimiter = ',', value_name = "PEERS")]
+    pub peers: Vec<String>,
 }
 
 /// Flags shared by every subcommand that probes.

@@ -22,6 +22,8 @@ pub struct Config {
     pub gpudirect: GpudirectRequirements,
     /// Labels the operator (or another controller) must have put on the Node.
     pub placement: PlacementRequirements,
+    /// Inter-node RDMA measurements (docs/peers.md); off by default.
+    pub peers: crate::peers::PeersSettings,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -608,6 +610,7 @@ impl Config {
                 return bad(&format!("placement.required_labels[{i}]"), e);
             }
         }
+        self.peers.validate()?;
         validate_label_prefix(&self.node.label_prefix)
     }
 

@@ -10,8 +10,10 @@ use crate::error::{Error, Result};
 use crate::health::HealthTiming;
 use crate::metrics::{self, Metrics};
 use crate::node::{self, Reconciler, RetryAfter};
+use crate::peers::{self, PeerAgent, PeerSpec, Rounds};
 use crate::policy::{self, Hysteresis, Verdict};
 use crate::server::Limits;
+use fabricgate_probes::rdma::peer::Identity;
 use fabricgate_probes::{ProbeReport, Prober};
 use std::future::Future;
 use std::sync::Arc;
@@ -43,6 +45,8 @@ pub struct Agent {
     pub stale_series_grace: Duration,
     /// Test-only fault injection (`FABRICGATE_FAILPOINT`, docs/hardening.md).
     pub failpoint: Failpoint,
+    /// The peer responder and rounds, when `peers.enabled` (docs/peers.md).
+    pub peers: Option<(PeerAgent, Rounds)>,
 }
 
 /// Faults the integration tests inject into the real binary through the environment variable
@@ -95,7 +99,7 @@ impl Agent {
         }
         let config = args.probe.load_config()?;
         let roots = args.probe.roots()?;
-        let prober = Prober::new(roots, args.probe.probe_config(&config));
+        let prober = Prober::new(roots.clone(), args.probe.probe_config(&config));
         // Descriptors: all the container allows, and HTTP connections kept far below that.
         let nofile = crate::server::raise_nofile();
         let limits = Limits::for_nofile(args.metrics_max_connections, nofile.soft);
@@ -126,6 +130,39 @@ impl Agent {
         };
         // The fallback detector follows `fallback:` and `rdma.devices` of the config.
         let metrics = Arc::new(Metrics::with_config(&config));
+        let peers = if config.peers.enabled {
+            let mut extra = Vec::new();
+            for p in &args.peers {
+                extra.push(PeerSpec::parse(p, config.peers.port()).map_err(|message| {
+                    Error::Usage {
+                        flag: "--peers".into(),
+                        message,
+                    }
+                })?);
+            }
+            let identity = Identity {
+                node_name: node_name.clone(),
+                group: peers::group_of(
+                    client.as_ref().map(|c| &c.requests),
+                    &node_name,
+                    &config.peers.match_label,
+                )
+                .await,
+            };
+            let agent = PeerAgent::start(
+                &config,
+                identity.clone(),
+                &roots,
+                metrics.peers.clone().unwrap_or_default(),
+            )?;
+            let rounds = Rounds::new(&config.peers, &extra, identity, roots);
+            Some((agent, rounds))
+        } else {
+            if !args.peers.is_empty() {
+                tracing::warn!("--peers is ignored: peers.enabled is false in the config");
+            }
+            None
+        };
         Ok(Self {
             node_name,
             config,
@@ -142,6 +179,7 @@ impl Agent {
             liveness_grace: args.liveness_grace,
             stale_series_grace: args.stale_series_grace,
             failpoint: Failpoint::from_env(),
+            peers,
         })
     }
 }
@@ -221,6 +259,7 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
         liveness_grace,
         stale_series_grace,
         failpoint,
+        peers,
     } = agent;
     metrics.health().set_timing(HealthTiming {
         interval,
@@ -228,6 +267,20 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
         liveness_grace,
     });
     metrics.set_stale_series_grace(stale_series_grace);
+    // Dropping the sender (when `run` returns) stops the peer thread.
+    let (_peers_stop, peers_stop_rx) = std::sync::mpsc::channel::<()>();
+    let peer_agent = match peers {
+        Some((agent, rounds)) => {
+            agent.spawn_rounds(
+                rounds,
+                config.peers.interval(interval),
+                config.peers.keep_rounds as usize,
+                peers_stop_rx,
+            )?;
+            Some(agent)
+        }
+        None => None,
+    };
     let (stop_tx, stop_rx) = watch::channel(false);
     tokio::spawn(async move {
         shutdown.await;
@@ -302,6 +355,7 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
         &metrics,
         &desired_tx,
         stop_rx,
+        peer_agent.as_ref(),
     );
     // Supervision: the probe loop, the Node writer and the server live and die together. A
     // panic already ended the process (exit_on_panic); a task that returns early ends it too.
@@ -402,6 +456,7 @@ fn log_agent_error(last: &mut Option<AgentFault>, now: Option<&AgentFault>) {
     *last = now.cloned();
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn probe_loop(
     probes: ProbeThread,
     config: &Config,
@@ -410,6 +465,7 @@ async fn probe_loop(
     metrics: &Metrics,
     desired: &watch::Sender<Option<Verdict>>,
     mut stop: watch::Receiver<bool>,
+    peers: Option<&PeerAgent>,
 ) -> Result<()> {
     let interval = timing.interval;
     let mut jitter = Jitter::new();
@@ -452,7 +508,13 @@ async fn probe_loop(
             }
         };
         let report = probed.report;
-        let instant = policy::evaluate(&report, config);
+        let mut instant = policy::evaluate(&report, config);
+        if let Some(p) = peers {
+            p.update_ports(&report.rdma);
+            if let Some(finding) = p.required_finding() {
+                instant = crate::peers::apply_finding(instant, finding, config);
+            }
+        }
         let instant_ready = instant.ready;
         let fault = agent_error::classify(&report, &probed.own_mounts);
         // An agent error says nothing about the node: hysteresis does not see that probe, so

@@ -14,6 +14,7 @@ pub mod fallback;
 pub mod health;
 pub mod metrics;
 pub mod node;
+pub mod peers;
 pub mod policy;
 pub mod selftest;
 pub mod server;

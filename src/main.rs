@@ -3,7 +3,7 @@
 #![forbid(unsafe_code)]
 
 use clap::Parser;
-use fabricgate::cli::{CheckArgs, Cli, Command, Format, RunArgs, SelftestArgs};
+use fabricgate::cli::{CheckArgs, Cli, Command, Format, PingArgs, RunArgs, SelftestArgs};
 use fabricgate::{EXIT_USAGE, EXIT_VALIDATED, check, daemon, policy};
 use fabricgate_probes::Prober;
 use std::process::ExitCode;
@@ -14,6 +14,7 @@ fn main() -> ExitCode {
         Command::Check(args) => run_check(&args),
         Command::Run(args) => run_agent(&args),
         Command::Selftest(args) => run_selftest(&args),
+        Command::Ping(args) => run_ping(&args),
     };
     match result {
         Ok(code) => ExitCode::from(code),
@@ -64,6 +65,51 @@ fn run_selftest(args: &SelftestArgs) -> anyhow::Result<u8> {
         Format::Table => outcome.to_table(),
     };
     write_stdout(&text)?;
+    Ok(outcome.exit_code())
+}
+
+fn run_ping(args: &PingArgs) -> anyhow::Result<u8> {
+    let config = args.probe.load_config()?;
+    let roots = args.probe.roots()?;
+    let p = &config.peers;
+    let plan = fabricgate_probes::rdma::peer::Plan {
+        rtt_size: args.size.unwrap_or(p.rtt_message_size),
+        rtt_count: args.count.unwrap_or(p.rtt_messages),
+        bw_size: if args.bandwidth || p.bandwidth.enabled {
+            args.bw_size.unwrap_or(p.bandwidth.message_size)
+        } else {
+            0
+        },
+        bw_duration: args.bw_duration.unwrap_or(p.bandwidth.duration),
+    };
+    plan.validate()
+        .map_err(|message| fabricgate::Error::Usage {
+            flag: "--count/--size/--bw-size/--bw-duration".into(),
+            message,
+        })?;
+    let mut report = fabricgate_probes::rdma::sysfs::probe(&roots);
+    fabricgate_probes::rdma::verbs::probe_into(&mut report);
+    let identity = fabricgate_probes::rdma::peer::Identity {
+        node_name: args.node_name.clone().unwrap_or_default(),
+        group: String::new(),
+    };
+    let outcome = fabricgate::peers::ping(
+        &args.peer,
+        &report,
+        &config,
+        args.device.as_deref(),
+        &identity,
+        &plan,
+        args.timeout.unwrap_or(p.timeout),
+    );
+    let text = match args.format {
+        Format::Json => serde_json::to_string_pretty(&outcome.to_json())? + "\n",
+        Format::Table => outcome.to_table(),
+    };
+    match std::io::Write::write_all(&mut std::io::stdout().lock(), text.as_bytes()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => return Err(e.into()),
+        _ => {}
+    }
     Ok(outcome.exit_code())
 }
 

@@ -319,6 +319,8 @@ pub struct Metrics {
     health: Health,
     /// `rdma.roce.ecn_priority`: the priority `fabricgate_rdma_port_ecn_enabled` reports.
     ecn_priority: u8,
+    /// The `fabricgate_peer_*` families, registered when `peers.enabled`.
+    pub peers: Option<crate::peers::PeerMetrics>,
 }
 
 impl Default for Metrics {
@@ -588,6 +590,10 @@ impl Metrics {
             f.node_writes.get_or_create(&KindLabels { kind }).inc_by(0);
         }
 
+        let peers = config
+            .peers
+            .enabled
+            .then(|| crate::peers::PeerMetrics::register(&mut r));
         Self {
             registry: r,
             families: f,
@@ -609,6 +615,7 @@ impl Metrics {
             }),
             health: Health::default(),
             ecn_priority: config.rdma.roce.ecn_priority,
+            peers,
         }
     }
 

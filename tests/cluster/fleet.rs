@@ -116,6 +116,7 @@ impl Fleet {
                     liveness_grace: Duration::from_secs(60),
                     stale_series_grace: Duration::from_secs(600),
                     failpoint: daemon::Failpoint::None,
+                    peers: None,
                 };
                 let shutdown = async move {
                     let _ = stop_rx.wait_for(|s| *s).await;

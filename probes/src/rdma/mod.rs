@@ -1,5 +1,6 @@
 //! RDMA devices and ports: what sysfs says, what verbs says, and the loopback self-test.
 
+pub mod peer;
 pub mod sysfs;
 pub mod types;
 // The only module allowed `unsafe` (see the crate root).

@@ -4,6 +4,7 @@
 //! crate's `Device::open()` refuses).
 
 pub mod objects;
+pub mod rc;
 pub mod selftest;
 
 use super::{LinkLayer, PhysState, PortState, RdmaReport, VerbsDevice, VerbsPort, VerbsStatus};
