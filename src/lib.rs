@@ -10,7 +10,9 @@ pub mod fallback;
 pub mod metrics;
 pub mod node;
 pub mod policy;
+pub mod preflight;
 pub mod selftest;
+pub mod webhook;
 
 pub use error::{Error, Result};
 

@@ -442,62 +442,20 @@ fn rdma_finding(code: &'static str, message: String) -> Finding {
     }
 }
 
+/// The ports that meet every rule of `rdma:` (the ones `rdma.usable_ports` counts), as
+/// `(device, port)` in report order: what NCCL may be pinned to.
+pub fn usable_ports(report: &RdmaReport, config: &Config) -> Vec<(String, u32)> {
+    assess_rdma(report, config)
+        .1
+        .iter()
+        .map(|(dev, port)| (dev.name.clone(), port.port))
+        .collect()
+}
+
 fn evaluate_rdma(report: &RdmaReport, config: &Config) -> RdmaVerdict {
     let req = &config.rdma;
-    let matcher = config.device_matcher();
-    let mut problems: Vec<Finding> = Vec::new();
-    let mut usable: Vec<&PortReport> = Vec::new();
-
-    for err in &report.errors {
-        problems.push(rdma_finding("RDMAProbeFailed", err.clone()));
-    }
-
-    let in_scope: Vec<&DeviceReport> = report
-        .devices
-        .iter()
-        .filter(|d| matcher.is_match(&d.name))
-        .collect();
-
-    if !report.subsystem_present {
-        let mut msg = "no RDMA devices: the kernel exposes no RDMA subsystem \
-                       (class/infiniband is absent; no RDMA driver loaded)"
-            .to_owned();
-        if let Some(err) = report.verbs.as_ref().and_then(|v| v.error.as_ref()) {
-            msg.push_str("; ");
-            msg.push_str(err);
-        }
-        problems.push(rdma_finding("NoRDMADevices", msg));
-    } else if in_scope.is_empty() && report.errors.is_empty() {
-        let names: Vec<&str> = report.devices.iter().map(|d| d.name.as_str()).collect();
-        problems.push(rdma_finding(
-            "NoRDMADevices",
-            if names.is_empty() {
-                "no RDMA devices: class/infiniband is empty".to_owned()
-            } else {
-                format!(
-                    "no RDMA device matches rdma.devices {:?} (found: {})",
-                    req.devices,
-                    names.join(", ")
-                )
-            },
-        ));
-    }
-
-    for dev in in_scope {
-        let device_problems = device_problems(dev, config);
-        let blocked = !device_problems.is_empty();
-        problems.extend(device_problems);
-        for port in &dev.ports {
-            if !link_layer_in_scope(port, req.link_layer) {
-                continue;
-            }
-            let port_problems = port_problems(dev, port, config);
-            if port_problems.is_empty() && !blocked {
-                usable.push(port);
-            }
-            problems.extend(port_problems);
-        }
-    }
+    let (problems, usable_pairs) = assess_rdma(report, config);
+    let usable: Vec<&PortReport> = usable_pairs.iter().map(|(_, p)| *p).collect();
 
     let usable_ports = u32::try_from(usable.len()).unwrap_or(u32::MAX);
     let ready = usable_ports >= req.min_active_ports;
@@ -544,6 +502,69 @@ fn evaluate_rdma(report: &RdmaReport, config: &Config) -> RdmaVerdict {
         min_rate_gbps,
         link_layer,
     }
+}
+
+/// Every RDMA problem found, and the usable ports with their devices.
+fn assess_rdma<'r>(
+    report: &'r RdmaReport,
+    config: &Config,
+) -> (Vec<Finding>, Vec<(&'r DeviceReport, &'r PortReport)>) {
+    let req = &config.rdma;
+    let matcher = config.device_matcher();
+    let mut problems: Vec<Finding> = Vec::new();
+    let mut usable: Vec<(&DeviceReport, &PortReport)> = Vec::new();
+
+    for err in &report.errors {
+        problems.push(rdma_finding("RDMAProbeFailed", err.clone()));
+    }
+
+    let in_scope: Vec<&DeviceReport> = report
+        .devices
+        .iter()
+        .filter(|d| matcher.is_match(&d.name))
+        .collect();
+
+    if !report.subsystem_present {
+        let mut msg = "no RDMA devices: the kernel exposes no RDMA subsystem \
+                       (class/infiniband is absent; no RDMA driver loaded)"
+            .to_owned();
+        if let Some(err) = report.verbs.as_ref().and_then(|v| v.error.as_ref()) {
+            msg.push_str("; ");
+            msg.push_str(err);
+        }
+        problems.push(rdma_finding("NoRDMADevices", msg));
+    } else if in_scope.is_empty() && report.errors.is_empty() {
+        let names: Vec<&str> = report.devices.iter().map(|d| d.name.as_str()).collect();
+        problems.push(rdma_finding(
+            "NoRDMADevices",
+            if names.is_empty() {
+                "no RDMA devices: class/infiniband is empty".to_owned()
+            } else {
+                format!(
+                    "no RDMA device matches rdma.devices {:?} (found: {})",
+                    req.devices,
+                    names.join(", ")
+                )
+            },
+        ));
+    }
+
+    for dev in in_scope {
+        let device_problems = device_problems(dev, config);
+        let blocked = !device_problems.is_empty();
+        problems.extend(device_problems);
+        for port in &dev.ports {
+            if !link_layer_in_scope(port, req.link_layer) {
+                continue;
+            }
+            let port_problems = port_problems(dev, port, config);
+            if port_problems.is_empty() && !blocked {
+                usable.push((dev, port));
+            }
+            problems.extend(port_problems);
+        }
+    }
+    (problems, usable)
 }
 
 fn link_layer_in_scope(port: &PortReport, want: LinkLayerRequirement) -> bool {

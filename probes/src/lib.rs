@@ -3,6 +3,7 @@
 
 pub mod error;
 pub mod netdev;
+pub mod pod;
 pub mod rdma;
 pub mod roots;
 pub mod storage;
