@@ -103,14 +103,14 @@ pub struct WebhookArgs {
     /// Serving certificate chain (PEM); re-read when it changes.
     #[arg(
         long,
-        default_value = "/etc/fabricgate/tls/tls.crt",
+        default_value = "/etc/fabricgate-tls/tls.crt",
         value_name = "FILE"
     )]
     pub tls_cert_file: PathBuf,
     /// Private key of the serving certificate (PEM).
     #[arg(
         long,
-        default_value = "/etc/fabricgate/tls/tls.key",
+        default_value = "/etc/fabricgate-tls/tls.key",
         value_name = "FILE"
     )]
     pub tls_key_file: PathBuf,

@@ -1059,3 +1059,182 @@ fn cleanup_script_removes_only_what_fabricgate_owns() {
         ])
     );
 }
+
+// ---- deploy/webhook.yaml: the admission webhook -----------------------------------------
+
+fn webhook_documents() -> Vec<Value> {
+    let text = std::fs::read_to_string(root().join("deploy/webhook.yaml")).unwrap();
+    serde_norway::Deserializer::from_str(&text)
+        .map(|doc| Value::deserialize(doc).unwrap())
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+fn webhook_object(kind: &str) -> Value {
+    let docs = webhook_documents();
+    let found: Vec<&Value> = docs.iter().filter(|d| d["kind"] == kind).collect();
+    assert_eq!(found.len(), 1, "deploy/webhook.yaml holds one {kind}");
+    found[0].clone()
+}
+
+#[test]
+fn webhook_manifest_holds_its_objects_in_the_agent_namespace() {
+    let kinds: Vec<String> = webhook_documents()
+        .iter()
+        .map(|d| d["kind"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "ServiceAccount",
+            "Deployment",
+            "PodDisruptionBudget",
+            "Service",
+            "MutatingWebhookConfiguration"
+        ]
+    );
+    for kind in [
+        "ServiceAccount",
+        "Deployment",
+        "PodDisruptionBudget",
+        "Service",
+    ] {
+        assert_eq!(
+            webhook_object(kind)["metadata"]["namespace"],
+            NAMESPACE,
+            "{kind}"
+        );
+    }
+    // It mounts the DaemonSet's requirements ConfigMap, so agent and preflight agree.
+    let volumes = webhook_object("Deployment")["spec"]["template"]["spec"]["volumes"].clone();
+    let cm = volumes
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["configMap"].is_object())
+        .unwrap()["configMap"]["name"]
+        .clone();
+    assert_eq!(cm, object("ConfigMap")["metadata"]["name"]);
+}
+
+#[test]
+fn webhook_configuration_is_what_the_binary_renders() {
+    let manifest = webhook_object("MutatingWebhookConfiguration");
+    let service = webhook_object("Service");
+    let port = service["spec"]["ports"][0]["port"].as_u64().unwrap();
+    let rendered = fabricgate::webhook::webhook_configuration(
+        manifest["metadata"]["name"].as_str().unwrap(),
+        &fabricgate::webhook::Endpoint::Service {
+            namespace: NAMESPACE.into(),
+            name: service["metadata"]["name"].as_str().unwrap().into(),
+            port: u16::try_from(port).unwrap(),
+        },
+        b"",
+        DEFAULT_LABEL_PREFIX,
+        &["kube-system", NAMESPACE],
+    );
+    let mut webhooks = rendered["webhooks"].clone();
+    for w in webhooks.as_array_mut().unwrap() {
+        // cert-manager's CA injector fills caBundle in the cluster.
+        w["clientConfig"]
+            .as_object_mut()
+            .unwrap()
+            .remove("caBundle");
+    }
+    assert_eq!(manifest["webhooks"], webhooks);
+    assert_eq!(
+        manifest["metadata"]["annotations"]["cert-manager.io/inject-ca-from"],
+        format!(
+            "{NAMESPACE}/{}",
+            service["metadata"]["name"].as_str().unwrap()
+        )
+    );
+}
+
+#[test]
+fn webhook_container_arguments_are_accepted_and_consistent() {
+    let spec = webhook_object("Deployment")["spec"]["template"]["spec"].clone();
+    let c = &spec["containers"][0];
+    let mut argv = vec!["fabricgate".to_owned()];
+    argv.extend(strings(&c["args"]));
+    // --preflight-image comes from the container's FABRICGATE_IMAGE, as clap's env does.
+    let image_env = c["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "FABRICGATE_IMAGE")
+        .expect("FABRICGATE_IMAGE in the webhook's env")
+        .clone();
+    argv.push(format!(
+        "--preflight-image={}",
+        image_env["value"].as_str().unwrap()
+    ));
+    let args = match Cli::try_parse_from(&argv) {
+        Ok(Cli {
+            command: Command::Webhook(args),
+        }) => args,
+        Ok(other) => panic!("{argv:?} is not `fabricgate webhook`: {other:?}"),
+        Err(e) => panic!("the CLI rejects {argv:?}:\n{e}"),
+    };
+    // The port the Service targets is the one the webhook listens on.
+    assert_eq!(
+        u64::from(args.listen.port()),
+        c["ports"][0]["containerPort"].as_u64().unwrap()
+    );
+    assert_eq!(
+        webhook_object("Service")["spec"]["ports"][0]["targetPort"],
+        c["ports"][0]["name"]
+    );
+    // Certificate, key and requirements come from the mounted volumes.
+    let mounted = |path: &Path| {
+        c["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| path.starts_with(m["mountPath"].as_str().unwrap()))
+    };
+    assert!(mounted(&args.tls_cert_file) && mounted(&args.tls_key_file));
+    assert!(mounted(args.config.as_deref().unwrap()));
+    // The requirements in the ConfigMap are accepted by the mutation (and so by preflight).
+    let data = object("ConfigMap")["data"]["requirements.yaml"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("requirements.yaml");
+    std::fs::write(&file, &data).unwrap();
+    let mut args = args;
+    args.config = Some(file);
+    let m = args.mutation_config().unwrap();
+    assert_eq!(m.requirements_yaml, data);
+    // The init container runs this very image.
+    assert_eq!(image_env["value"], c["image"]);
+    assert_eq!(m.image, c["image"].as_str().unwrap());
+    assert_eq!(spec["automountServiceAccountToken"], false);
+    assert_eq!(c["securityContext"]["readOnlyRootFilesystem"], true);
+}
+
+#[test]
+fn webhook_manifest_validates_and_passes_yamllint() {
+    let manifest = root().join("deploy/webhook.yaml");
+    if let Some(kv) = tool("kubernetes-validate", "pip install kubernetes-validate") {
+        for version in [OLDEST_KUBERNETES, NEWEST_KUBERNETES] {
+            let (ok, out) = run(Proc::new(&kv)
+                .args(["--strict", "-k", version])
+                .arg(&manifest));
+            assert!(ok, "kubernetes-validate {version}:\n{out}");
+            assert_eq!(
+                out.matches(" passed for resource ").count(),
+                webhook_documents().len(),
+                "{out}"
+            );
+        }
+    }
+    if let Some(yl) = tool("yamllint", "pip install yamllint") {
+        let (ok, out) = run(Proc::new(&yl)
+            .args(["--strict", "-c"])
+            .arg(root().join("deploy/yamllint.yaml"))
+            .arg(&manifest));
+        assert!(ok, "yamllint:\n{out}");
+    }
+}
