@@ -135,6 +135,11 @@ fn run_preflight(args: &PreflightArgs) -> anyhow::Result<u8> {
     for note in &outcome.notes {
         eprintln!("note: {note}");
     }
+    let t = &outcome.timings;
+    eprintln!(
+        "timings: rdma sysfs {:.3}s, verbs and self-test {:.3}s, storage {:.3}s, total {:.3}s",
+        t.rdma_sysfs_seconds, t.rdma_verbs_seconds, t.storage_seconds, outcome.elapsed_seconds
+    );
     if let Err(e) =
         preflight::write_termination_log(&args.termination_log, &outcome.termination_message())
     {

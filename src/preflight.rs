@@ -69,6 +69,8 @@ pub struct Outcome {
     pub ports: Vec<(String, u32)>,
     pub device_nodes: Vec<DeviceNode>,
     pub memlock: MemlockReport,
+    /// Wall time of each probe kind.
+    pub timings: fabricgate_probes::ProbeTimings,
     pub elapsed_seconds: f64,
 }
 
@@ -163,8 +165,6 @@ pub fn run(roots: &Roots, probe: ProbeConfig, config: &Config, opts: &Options) -
         }
     };
 
-    let mut report = Prober::new(roots.clone(), probe).probe();
-
     // sysfs is not namespaced: the pod sees every HCA of the host there, but only the device
     // nodes the device plugin injected. Devices without their node are not this pod's.
     let matcher = config.device_matcher();
@@ -178,6 +178,13 @@ pub fn run(roots: &Roots, probe: ProbeConfig, config: &Config, opts: &Options) -
         .filter(|n| n.present && in_scope(&n.device))
         .count();
     let all_missing = !missing.is_empty() && given == 0;
+    let mut report = if all_missing {
+        // Nothing of the pod's RDMA to look at: fail fast, with the storage probe only (no
+        // verbs providers loaded, no GID tables read).
+        storage_only(roots, probe)
+    } else {
+        Prober::new(roots.clone(), probe).probe()
+    };
     if all_missing {
         problems.push(format!(
             "no RDMA device node in this container: {} missing; the device plugin did not \
@@ -249,7 +256,26 @@ pub fn run(roots: &Roots, probe: ProbeConfig, config: &Config, opts: &Options) -
         ports,
         device_nodes,
         memlock,
+        timings: report.timings.clone(),
         elapsed_seconds: started.elapsed().as_secs_f64(),
+    }
+}
+
+/// A report with the storage probe alone (RDMA left empty).
+fn storage_only(roots: &Roots, probe: ProbeConfig) -> fabricgate_probes::ProbeReport {
+    let started = Instant::now();
+    let storage = fabricgate_probes::storage::StorageProber::new(probe.storage).probe(roots);
+    fabricgate_probes::ProbeReport {
+        timestamp: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64()),
+        rdma: fabricgate_probes::rdma::RdmaReport::default(),
+        storage,
+        netdevs: Vec::new(),
+        timings: fabricgate_probes::ProbeTimings {
+            storage_seconds: started.elapsed().as_secs_f64(),
+            ..Default::default()
+        },
     }
 }
 
