@@ -54,7 +54,7 @@ fn admit(review: &Value) -> (Value, Value) {
     (response, pod)
 }
 
-fn init<'a>(pod: &'a Value) -> &'a Value {
+fn init(pod: &Value) -> &Value {
     &pod["spec"]["initContainers"][0]
 }
 

@@ -111,7 +111,8 @@ pub fn parse_memlock(limits: &str) -> Option<MemlockLimit> {
     })
 }
 
-/// `CapEff:	0000000000004000` of `/proc/<pid>/status`: the effective capability set.
+/// The `CapEff:` line of `/proc/<pid>/status` (a tab, then hex): the effective capability
+/// set.
 pub fn parse_cap_eff(status: &str) -> Option<u64> {
     let line = status.lines().find(|l| l.starts_with("CapEff:"))?;
     u64::from_str_radix(line["CapEff:".len()..].trim(), 16).ok()
