@@ -16,8 +16,10 @@ pub mod metrics;
 pub mod node;
 pub mod peers;
 pub mod policy;
+pub mod preflight;
 pub mod selftest;
 pub mod server;
+pub mod webhook;
 
 pub use error::{Error, Result};
 

@@ -3,7 +3,9 @@
 #![forbid(unsafe_code)]
 
 use clap::Parser;
-use fabricgate::cli::{CheckArgs, Cli, Command, Format, PingArgs, RunArgs, SelftestArgs};
+use fabricgate::cli::{
+    CheckArgs, Cli, Command, Format, PingArgs, PreflightArgs, RunArgs, SelftestArgs, WebhookArgs,
+};
 use fabricgate::{EXIT_USAGE, EXIT_VALIDATED, check, daemon, policy};
 use fabricgate_probes::Prober;
 use std::process::ExitCode;
@@ -15,6 +17,8 @@ fn main() -> ExitCode {
         Command::Run(args) => run_agent(&args),
         Command::Selftest(args) => run_selftest(&args),
         Command::Ping(args) => run_ping(&args),
+        Command::Preflight(args) => run_preflight(&args),
+        Command::Webhook(args) => run_webhook(&args),
     };
     match result {
         Ok(code) => ExitCode::from(code),
@@ -132,5 +136,102 @@ fn run_agent(args: &RunArgs) -> anyhow::Result<u8> {
     // Do not wait on blocking tasks (DNS lookups) of an unreachable API server.
     runtime.shutdown_timeout(std::time::Duration::from_millis(200));
     result?;
+    Ok(EXIT_VALIDATED)
+}
+
+fn run_preflight(args: &PreflightArgs) -> anyhow::Result<u8> {
+    use fabricgate::preflight;
+    // A usage error must reach `kubectl describe pod` too.
+    let fail = |e: fabricgate::Error| -> anyhow::Result<u8> {
+        let _ = preflight::write_termination_log(&args.termination_log, &e.to_string());
+        Err(e.into())
+    };
+    let config = match args.load_config() {
+        Ok(c) => c,
+        Err(e) => return fail(e),
+    };
+    let roots = match args.probe.roots() {
+        Ok(r) => r.with_devfs(&args.dev_root),
+        Err(e) => return fail(e),
+    };
+    let opts = preflight::Options {
+        selftest: args.selftest,
+        min_memlock: args.min_memlock,
+        min_active_ports: args.min_active_ports,
+        nccl_net: args.nccl_net.clone(),
+    };
+    let outcome = preflight::run(&roots, args.probe.probe_config(&config), &config, &opts);
+    let mut code = outcome.exit_code;
+    if outcome.ok() {
+        match preflight::write_nccl_files(&args.nccl_dir, &outcome.ports, &opts.nccl_net) {
+            Ok((conf, env)) => println!(
+                "fabricgate preflight: validated {} in {:.2}s; NCCL_IB_HCA={} NCCL_NET={} \
+                 written to {} and {}",
+                outcome.ib_hca().trim_start_matches('='),
+                outcome.elapsed_seconds,
+                outcome.ib_hca(),
+                opts.nccl_net,
+                conf.display(),
+                env.display()
+            ),
+            Err(e) => return fail(e),
+        }
+    } else {
+        let _ = preflight::remove_nccl_files(&args.nccl_dir);
+        eprintln!(
+            "fabricgate preflight: NOT VALIDATED after {:.2}s:",
+            outcome.elapsed_seconds
+        );
+        for p in &outcome.problems {
+            eprintln!("{p}");
+        }
+    }
+    for note in &outcome.notes {
+        eprintln!("note: {note}");
+    }
+    let t = &outcome.timings;
+    eprintln!(
+        "timings: rdma sysfs {:.3}s, verbs and self-test {:.3}s, storage {:.3}s, total {:.3}s",
+        t.rdma_sysfs_seconds, t.rdma_verbs_seconds, t.storage_seconds, outcome.elapsed_seconds
+    );
+    if let Err(e) =
+        preflight::write_termination_log(&args.termination_log, &outcome.termination_message())
+    {
+        eprintln!(
+            "fabricgate preflight: cannot write {}: {e}",
+            args.termination_log.display()
+        );
+        if outcome.ok() {
+            code = fabricgate::EXIT_USAGE;
+        }
+    }
+    Ok(code)
+}
+
+fn run_webhook(args: &WebhookArgs) -> anyhow::Result<u8> {
+    daemon::init_logging(args.log_format);
+    let config = fabricgate::webhook::ServerConfig {
+        mutation: args.mutation_config()?,
+        cert_file: args.tls_cert_file.clone(),
+        key_file: args.tls_key_file.clone(),
+        reload_interval: args.cert_reload_interval,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let listener = tokio::net::TcpListener::bind(args.listen)
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.listen))?;
+        tracing::info!(addr = %args.listen, "admission webhook serving");
+        let shutdown = async {
+            if let Err(e) = daemon::shutdown_signal().await {
+                tracing::error!("cannot install signal handlers ({e}); stopping");
+            }
+        };
+        fabricgate::webhook::serve(config, listener, shutdown).await?;
+        anyhow::Ok(())
+    })?;
     Ok(EXIT_VALIDATED)
 }

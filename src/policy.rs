@@ -584,11 +584,34 @@ fn rdma_finding(code: &'static str, message: String) -> Finding {
     }
 }
 
-fn evaluate_rdma(report: &RdmaReport, transport: &[PortTransport], config: &Config) -> RdmaVerdict {
+/// The ports that meet every rule of `rdma:` (the ones `rdma.usable_ports` counts), as
+/// `(device, port)` in report order: what NCCL may be pinned to.
+pub fn usable_ports(report: &ProbeReport, config: &Config) -> Vec<(String, u32)> {
+    assess_rdma(&report.rdma, &report.gpudirect.transport, config)
+        .usable
+        .iter()
+        .map(|(dev, port)| (dev.name.clone(), port.port))
+        .collect()
+}
+
+/// Every RDMA problem found, the usable ports with their devices, and the facts that block
+/// nothing (an unknown PCIe link with the rule off, an MTU that cannot be read with
+/// --verbs off).
+struct RdmaAssessment<'r> {
+    problems: Vec<Finding>,
+    usable: Vec<(&'r DeviceReport, &'r PortReport)>,
+    notes: Vec<Finding>,
+}
+
+fn assess_rdma<'r>(
+    report: &'r RdmaReport,
+    transport: &[PortTransport],
+    config: &Config,
+) -> RdmaAssessment<'r> {
     let req = &config.rdma;
     let matcher = config.device_matcher();
     let mut problems: Vec<Finding> = Vec::new();
-    let mut usable: Vec<&PortReport> = Vec::new();
+    let mut usable: Vec<(&DeviceReport, &PortReport)> = Vec::new();
 
     for err in &report.errors {
         problems.push(rdma_finding("RDMAProbeFailed", err.clone()));
@@ -625,8 +648,6 @@ fn evaluate_rdma(report: &RdmaReport, transport: &[PortTransport], config: &Conf
         ));
     }
 
-    // Facts that block nothing (an unknown PCIe link with the rule off, an MTU that cannot be
-    // read with --verbs off): warnings.
     let mut notes: Vec<Finding> = Vec::new();
     for dev in in_scope {
         let device_problems = device_problems(dev, config, &mut notes);
@@ -644,11 +665,26 @@ fn evaluate_rdma(report: &RdmaReport, transport: &[PortTransport], config: &Conf
                 port_problems.extend(transport_problems(dev, port, t, config, &mut notes));
             }
             if port_problems.is_empty() && !blocked {
-                usable.push(port);
+                usable.push((dev, port));
             }
             problems.extend(port_problems);
         }
     }
+    RdmaAssessment {
+        problems,
+        usable,
+        notes,
+    }
+}
+
+fn evaluate_rdma(report: &RdmaReport, transport: &[PortTransport], config: &Config) -> RdmaVerdict {
+    let req = &config.rdma;
+    let RdmaAssessment {
+        problems,
+        usable: usable_pairs,
+        notes,
+    } = assess_rdma(report, transport, config);
+    let usable: Vec<&PortReport> = usable_pairs.iter().map(|(_, p)| *p).collect();
 
     let usable_ports = u32::try_from(usable.len()).unwrap_or(u32::MAX);
     let ready = usable_ports >= req.min_active_ports;

@@ -10,6 +10,7 @@
 pub mod error;
 pub mod gpudirect;
 pub mod netdev;
+pub mod pod;
 pub mod rdma;
 pub mod roots;
 pub mod storage;

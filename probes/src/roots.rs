@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 pub struct Roots {
     sysfs: PathBuf,
     procfs: PathBuf,
+    /// Root of the device nodes (`/dev`); only `fabricgate preflight` looks there.
+    devfs: PathBuf,
 }
 
 impl Default for Roots {
@@ -21,7 +23,24 @@ impl Roots {
         Self {
             sysfs: sysfs.into(),
             procfs: procfs.into(),
+            devfs: PathBuf::from("/dev"),
         }
+    }
+
+    /// The same roots with device nodes looked up under `devfs` instead of `/dev`.
+    #[must_use]
+    pub fn with_devfs(mut self, devfs: impl Into<PathBuf>) -> Self {
+        self.devfs = devfs.into();
+        self
+    }
+
+    pub fn devfs_root(&self) -> &Path {
+        &self.devfs
+    }
+
+    /// `<devfs>/<rel>`; `rel` is relative to `/dev` (e.g. `infiniband/uverbs0`).
+    pub fn dev(&self, rel: impl AsRef<Path>) -> PathBuf {
+        self.devfs.join(strip_root(rel.as_ref()))
     }
 
     /// True when both roots are the live system ones; verbs and statfs only make sense then.
@@ -108,6 +127,15 @@ mod tests {
         );
         assert!(!roots.is_live());
         assert!(Roots::default().is_live());
+        assert_eq!(
+            roots.dev("infiniband/uverbs0"),
+            PathBuf::from("/dev/infiniband/uverbs0")
+        );
+        let roots = roots.with_devfs("/tmp/fx/dev");
+        assert_eq!(
+            roots.dev("/infiniband/uverbs0"),
+            PathBuf::from("/tmp/fx/dev/infiniband/uverbs0")
+        );
     }
 
     #[test]
