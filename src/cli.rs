@@ -164,6 +164,8 @@ impl ProbeArgs {
                 timeout: config.rdma.selftest_timeout(),
                 devices: Some(config.rdma.devices.clone()),
             },
+            // `check` probes once; `run` sets the cadence from its --interval.
+            counters_interval: None,
         }
     }
 }

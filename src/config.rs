@@ -37,6 +37,9 @@ pub struct RdmaRequirements {
     pub selftest: String,
     /// Bound on one port's self-test (humantime: `2s`, `500ms`).
     pub selftest_timeout: String,
+    /// How often `counters/` and `hw_counters/` are read (humantime; `0s`: every probe).
+    /// Unset: every probe when `--interval` is at least 10 s, else every 10 s.
+    pub counters_interval: Option<String>,
 }
 
 impl Default for RdmaRequirements {
@@ -50,6 +53,7 @@ impl Default for RdmaRequirements {
             require_full_pcie_link: true,
             selftest: "on-start".into(),
             selftest_timeout: "2s".into(),
+            counters_interval: None,
         }
     }
 }
@@ -64,6 +68,19 @@ impl RdmaRequirements {
     pub fn selftest_timeout(&self) -> std::time::Duration {
         humantime::parse_duration(&self.selftest_timeout)
             .unwrap_or(fabricgate_probes::rdma::verbs::selftest::DEFAULT_TIMEOUT)
+    }
+
+    /// How often the probe reads the counters for a probe loop every `probe_interval`:
+    /// `None` is every probe (validated at load; the default if somehow invalid).
+    pub fn counters_interval(&self, probe_interval: Duration) -> Option<Duration> {
+        match self
+            .counters_interval
+            .as_deref()
+            .map(humantime::parse_duration)
+        {
+            Some(Ok(d)) => (d > probe_interval).then_some(d),
+            _ => fabricgate_probes::default_counters_interval(probe_interval),
+        }
     }
 }
 
@@ -291,6 +308,20 @@ impl Config {
                         self.rdma.selftest_timeout
                     ),
                 );
+            }
+        }
+        if let Some(text) = &self.rdma.counters_interval {
+            match humantime::parse_duration(text) {
+                Ok(d) if d <= Duration::from_secs(24 * 3600) => {}
+                _ => {
+                    return bad(
+                        "rdma.counters_interval",
+                        format!(
+                            "{text:?} is not a duration between 0s (every probe) and 24h \
+                             (e.g. \"10s\")"
+                        ),
+                    );
+                }
             }
         }
         for (i, m) in self.lustre.mounts.iter().enumerate() {

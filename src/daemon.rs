@@ -60,7 +60,9 @@ impl Agent {
         }
         let config = args.probe.load_config()?;
         let roots = args.probe.roots()?;
-        let prober = Prober::new(roots, args.probe.probe_config(&config));
+        let mut probe_config = args.probe.probe_config(&config);
+        probe_config.counters_interval = config.rdma.counters_interval(args.interval);
+        let prober = Prober::new(roots, probe_config);
         let listener = tokio::net::TcpListener::bind(args.metrics_addr)
             .await
             .map_err(|e| Error::Usage {
