@@ -4,6 +4,7 @@
 //! 10,000 Lustre entries are read, never rejected as a whole.
 
 use serde_json::Value;
+use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -265,4 +266,69 @@ fn ten_thousand_lustre_mounts_are_checked_in_seconds() {
     // None of these paths exists here: each is an error of its own, the table is fine.
     assert_eq!(r.code, Some(1));
     assert!(!r.json.to_string().contains("MountTable"));
+}
+
+/// A real mount point whose name holds a 0xff byte, in a private mount namespace (`unshare
+/// -m`, needs root): the live `/proc/self/mountinfo` prints the byte unescaped, and the
+/// check still reads the table and finds the required mount next to it.
+#[test]
+fn a_real_non_utf8_mount_point_in_a_private_namespace() {
+    let ci = std::env::var("CI").is_ok_and(|v| v == "true");
+    let unshare_ok = Command::new("unshare")
+        .args(["-m", "--propagation", "private", "true"])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !unshare_ok {
+        assert!(
+            !ci,
+            "CI=true: `unshare -m` must work here (root and util-linux needed)"
+        );
+        println!("SKIP: `unshare -m` is not permitted here (needs root and util-linux)");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let sys = tmp.path().join("sys");
+    std::fs::create_dir_all(&sys).unwrap();
+    let odd = tmp.path().join(OsStr::from_bytes(b"caf\xe9 \xff\\dir"));
+    let data = tmp.path().join("data");
+    std::fs::create_dir_all(&odd).unwrap();
+    std::fs::create_dir_all(&data).unwrap();
+    let config = tmp.path().join("fabricgate.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "rdma: {{min_active_ports: 0}}\nlustre: {{all_lustre: false}}\nmounts:\n  - path: {}\n    fstype: tmpfs\n",
+            data.display()
+        ),
+    )
+    .unwrap();
+    let out = Command::new("unshare")
+        .args(["-m", "--propagation", "private", "bash", "-c"])
+        .arg(
+            "mount -t tmpfs fg-odd \"$1\" && mount -t tmpfs fg-data \"$2\" && \
+             grep -c fg-odd /proc/self/mountinfo >&2 && shift 2 && exec \"$@\"",
+        )
+        .arg("fabricgate")
+        .arg(&odd)
+        .arg(&data)
+        .arg(env!("CARGO_BIN_EXE_fabricgate"))
+        .args(["check", "--verbs", "off", "--format", "json"])
+        .arg("--sysfs-root")
+        .arg(&sys)
+        .args(["--proc-root", "/proc", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let json: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    assert!(
+        stderr.starts_with('1'),
+        "the odd tmpfs is in the table: {stderr}"
+    );
+    assert_eq!(out.status.code(), Some(0), "{json:#} {stderr}");
+    let m = &json["lustre"]["mounts"][0];
+    assert_eq!(m["status"], "ok", "{json:#}");
+    assert_eq!(m["fstype"], "tmpfs");
+    assert!(!json.to_string().contains("MountTable"), "{json:#}");
 }

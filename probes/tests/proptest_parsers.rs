@@ -3,8 +3,8 @@
 //! what they can.
 
 use fabricgate_probes::rdma::sysfs::{
-    CounterText, parse_counter, parse_hex_u32, parse_node_type, parse_pcie_speed,
-    parse_phys_state, parse_port_state, parse_rate,
+    CounterText, parse_counter, parse_hex_u32, parse_node_type, parse_pcie_speed, parse_phys_state,
+    parse_port_state, parse_rate,
 };
 use fabricgate_probes::storage::mountinfo::{MountTable, normalize};
 use proptest::prelude::*;

@@ -50,7 +50,12 @@ pub fn probe_fixture(node: &Path, timestamp: f64) -> ProbeReport {
 
 /// Pretend every port's counters were read at `timestamp` (the fixed clock of a test).
 pub fn set_counters_timestamp(report: &mut ProbeReport, timestamp: f64) {
-    for port in report.rdma.devices.iter_mut().flat_map(|d| d.ports.iter_mut()) {
+    for port in report
+        .rdma
+        .devices
+        .iter_mut()
+        .flat_map(|d| d.ports.iter_mut())
+    {
         port.counters_timestamp = Some(timestamp);
     }
 }

@@ -621,4 +621,49 @@ mod tests {
         assert_eq!(t.get(0).unwrap().super_options, "rw");
         assert!(t.get(1).unwrap().super_options.is_empty());
     }
+
+    #[test]
+    fn a_fixture_table_is_re_read_on_every_probe() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("mountinfo");
+        std::fs::write(&path, "25 1 259:2 / / rw - ext4 /dev/sda rw\n").unwrap();
+        let mut file = MountTableFile::default();
+        assert_eq!(file.table(&path).unwrap().len(), 1);
+        std::fs::write(
+            &path,
+            "25 1 259:2 / / rw - ext4 /dev/sda rw\n30 25 0:52 / /x rw - tmpfs none rw\n",
+        )
+        .unwrap();
+        assert_eq!(file.table(&path).unwrap().len(), 2);
+        assert_eq!(file.parses(), 2);
+        let fifo = dir.path().join("fifo");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        assert!(made.is_ok_and(|s| s.success()));
+        let e = file.table(&fifo).unwrap_err().to_string();
+        assert!(e.contains("FIFO"), "{e}");
+        let e = file.table(&dir.path().join("none")).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::NotFound);
+    }
+
+    /// On procfs the table is parsed again only after `poll` says it changed. Other tests
+    /// may mount things meanwhile, so one of a few back-to-back pairs must hit the cache.
+    #[test]
+    fn the_live_table_is_reused_until_the_kernel_says_it_changed() {
+        let path = Path::new("/proc/self/mountinfo");
+        let mut file = MountTableFile::default();
+        let mut reused = false;
+        for _ in 0..5 {
+            let a = file.table(path).unwrap();
+            let b = file.table(path).unwrap();
+            if Arc::ptr_eq(&a, &b) {
+                reused = true;
+                break;
+            }
+        }
+        assert!(
+            reused,
+            "every read of /proc/self/mountinfo was parsed again"
+        );
+        assert!(file.open.as_ref().is_some_and(|o| o.pollable));
+    }
 }
