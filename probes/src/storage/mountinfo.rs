@@ -265,7 +265,7 @@ pub fn normalize(path: &Path) -> PathBuf {
 }
 
 fn memchr(needle: u8, hay: &[u8]) -> Option<usize> {
-    hay.iter().position(|&b| b == needle)
+    memchr::memchr(needle, hay)
 }
 
 /// Split off the next space-separated field of `buf[*pos..end]` (empty fields included).
@@ -368,11 +368,14 @@ fn decoded(buf: &mut Vec<u8>, r: std::ops::Range<usize>) -> Span {
     let start = buf.len();
     let mut i = r.start;
     while i < r.end {
-        let b = buf[i];
-        if b == b'\\'
-            && i + 3 < r.end
-            && buf[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
-        {
+        // Copy up to the next backslash in one go.
+        let next = memchr(b'\\', &buf[i..r.end]).map_or(r.end, |j| i + j);
+        buf.extend_from_within(i..next);
+        i = next;
+        if i >= r.end {
+            break;
+        }
+        if i + 3 < r.end && buf[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
             let v = u32::from(buf[i + 1] - b'0') * 64
                 + u32::from(buf[i + 2] - b'0') * 8
                 + u32::from(buf[i + 3] - b'0');
@@ -382,7 +385,7 @@ fn decoded(buf: &mut Vec<u8>, r: std::ops::Range<usize>) -> Span {
                 continue;
             }
         }
-        buf.push(b);
+        buf.push(b'\\');
         i += 1;
     }
     span(start..buf.len())
