@@ -168,11 +168,8 @@ fn an_attribute_linked_to_dev_zero_is_reported_without_growing() {
             "{name} is named: {errors}"
         );
     }
-    let reasons = r.json["reasons"].to_string();
-    assert!(
-        reasons.is_empty() || !reasons.contains("mlx5_1"),
-        "{reasons}"
-    );
+    // The unreadable state costs that port only: 7 of 8 ports still count.
+    assert_eq!(r.json["ready"], true, "{:#}", r.json);
 }
 
 /// A `mountinfo` line for a mount of `fstype` at `point` (raw bytes: the kernel prints
