@@ -369,6 +369,8 @@ impl ProbeArgs {
             gpudirect: fabricgate_probes::gpudirect::GpudirectConfig {
                 hca_devices: Some(config.rdma.devices.as_str().to_owned()),
             },
+            // `check` probes once; `run` sets the cadence from its --interval.
+            counters_interval: None,
         }
     }
 }

@@ -50,6 +50,11 @@ pub struct RdmaRequirements {
     /// this; on RoCE also the netdev MTU must carry it. `None`: not checked.
     pub min_mtu: Option<u32>,
     pub roce: RoceRequirements,
+    /// How often `counters/` and `hw_counters/` are read (humantime, 0s to 24h; `0s` or
+    /// anything up to `--interval`: every probe). Unset: every probe when `--interval` is at
+    /// least 10 s, else every 10 s.
+    #[serde(with = "counters_interval", skip_serializing_if = "Option::is_none")]
+    pub counters_interval: Option<Duration>,
 }
 
 /// RoCE-only transport rules (`rdma.roce`).
@@ -125,6 +130,7 @@ impl Default for RdmaRequirements {
             selftest_timeout: fabricgate_probes::rdma::verbs::selftest::DEFAULT_TIMEOUT,
             min_mtu: None,
             roce: RoceRequirements::default(),
+            counters_interval: None,
         }
     }
 }
@@ -138,6 +144,15 @@ impl RdmaRequirements {
     /// `rdma.selftest_timeout`, parsed and bounded at load.
     pub fn selftest_timeout(&self) -> Duration {
         self.selftest_timeout
+    }
+
+    /// How often the probe reads the counters for a probe loop every `probe_interval`:
+    /// `None` is every probe (validated at load; the default if somehow invalid).
+    pub fn counters_interval(&self, probe_interval: Duration) -> Option<Duration> {
+        match self.counters_interval {
+            Some(d) => (d > probe_interval).then_some(d),
+            None => fabricgate_probes::default_counters_interval(probe_interval),
+        }
     }
 }
 
@@ -311,6 +326,26 @@ bounded_duration!(
     Duration::from_millis(10),
     Duration::from_secs(600)
 );
+/// `rdma.counters_interval`: optional, bounded like the others.
+mod counters_interval {
+    use serde::{Deserialize, Deserializer, Serializer, de::Error as _};
+    use std::time::Duration;
+
+    pub fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        match d {
+            Some(d) => s.serialize_str(&humantime::format_duration(*d).to_string()),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        let text = String::deserialize(d)?;
+        super::parse_bounded_duration(&text, Duration::ZERO, Duration::from_secs(24 * 3600))
+            .map(Some)
+            .map_err(|e| D::Error::custom(format!("rdma.counters_interval: {e}")))
+    }
+}
+
 bounded_duration!(
     fallback_window,
     "fallback.window",

@@ -99,7 +99,9 @@ impl Agent {
         }
         let config = args.probe.load_config()?;
         let roots = args.probe.roots()?;
-        let prober = Prober::new(roots.clone(), args.probe.probe_config(&config));
+        let mut probe_config = args.probe.probe_config(&config);
+        probe_config.counters_interval = config.rdma.counters_interval(args.interval);
+        let prober = Prober::new(roots.clone(), probe_config);
         // Descriptors: all the container allows, and HTTP connections kept far below that.
         let nofile = crate::server::raise_nofile();
         let limits = Limits::for_nofile(args.metrics_max_connections, nofile.soft);

@@ -329,7 +329,8 @@ fn fallback_gauge_rises_when_tcp_is_busy_and_rdma_idle() {
     let mut report = probe_fixture(tmp.path(), 0.0);
     for i in 0..=12u64 {
         report.timestamp = 10.0 * i as f64;
-        // RDMA counters frozen; eth0 moves 2 GB every 10 s.
+        common::set_counters_timestamp(&mut report, 10.0 * i as f64);
+        // RDMA counters frozen (but read on every probe); eth0 moves 2 GB every 10 s.
         report
             .netdevs
             .iter_mut()

@@ -32,6 +32,7 @@ pub fn probe_fixture(node: &Path, timestamp: f64) -> ProbeReport {
     let mut prober = Prober::new(Roots::new(node.join("sys"), node.join("proc")), config);
     let mut report = prober.probe();
     report.timestamp = timestamp;
+    set_counters_timestamp(&mut report, timestamp);
     report.timings = ProbeTimings {
         rdma_sysfs_seconds: 0.0042,
         rdma_verbs_seconds: 0.0,
@@ -104,6 +105,18 @@ pub fn mount_report(
         fs_magic: None,
         capacity,
         statfs_seconds,
+    }
+}
+
+/// Pretend every port's counters were read at `timestamp` (the fixed clock of a test).
+pub fn set_counters_timestamp(report: &mut ProbeReport, timestamp: f64) {
+    for port in report
+        .rdma
+        .devices
+        .iter_mut()
+        .flat_map(|d| d.ports.iter_mut())
+    {
+        port.counters_timestamp = Some(timestamp);
     }
 }
 

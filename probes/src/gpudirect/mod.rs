@@ -228,7 +228,7 @@ fn find_gpus(
         }
     };
     let mut out = Vec::new();
-    for name in names.iter().filter(|n| pci::is_pci_address(n)) {
+    for name in names.names.iter().filter(|n| pci::is_pci_address(n)) {
         let dev = dir.join(name);
         // Class first: most functions are not display controllers, one read rules them out.
         let Some(class) =
@@ -380,7 +380,7 @@ fn peer_memory(roots: &Roots, reader: &mut AttrReader) -> PeerMemory {
         }
     }
     if let Ok(Some(peers)) = list_dir(&roots.sys("kernel/mm/memory_peers")) {
-        pm.registered = Some(peers.iter().any(|p| p.starts_with("nv_mem")));
+        pm.registered = Some(peers.names.iter().any(|p| p.starts_with("nv_mem")));
     }
     if let Ok(Some(text)) = reader.read(&roots.proc("driver/nvidia/version"))
         && let Some(d) = modules::parse_nvidia_version(text)

@@ -9,6 +9,7 @@ pub mod verbs;
 
 use serde::{Serialize, Serializer};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 pub use types::{GidType, LinkLayer, NodeType, PcieSpeed, PhysState, PortState, Rate, format_gbps};
 
@@ -101,9 +102,14 @@ pub struct PortReport {
     pub sm_lid: Option<u32>,
     pub gids: Vec<Gid>,
     /// `counters/*`, raw as the kernel gives them (`port_xmit_data` is in 4-octet units).
-    pub counters: BTreeMap<String, u64>,
+    /// Shared with the prober, which reads counters on their own cadence
+    /// (`rdma.counters_interval`): between reads a report carries the last values.
+    pub counters: Arc<BTreeMap<String, u64>>,
     /// `hw_counters/*` (driver-specific, e.g. RoCE congestion and retry counters).
-    pub hw_counters: BTreeMap<String, u64>,
+    pub hw_counters: Arc<BTreeMap<String, u64>>,
+    /// When `counters` and `hw_counters` were read (seconds since the Unix epoch); rates over
+    /// them must use this, not the probe's timestamp. `None` when never read.
+    pub counters_timestamp: Option<f64>,
     pub verbs: Option<VerbsPort>,
     pub selftest: Option<SelftestResult>,
     pub errors: Vec<String>,
@@ -164,6 +170,7 @@ impl Serialize for PortReport {
             gids: &'a [Gid],
             counters: &'a BTreeMap<String, u64>,
             hw_counters: &'a BTreeMap<String, u64>,
+            counters_timestamp: Option<f64>,
             verbs: Option<&'a VerbsPort>,
             selftest: Option<&'a SelftestResult>,
             errors: &'a [String],
@@ -183,6 +190,7 @@ impl Serialize for PortReport {
             gids: &self.gids,
             counters: &self.counters,
             hw_counters: &self.hw_counters,
+            counters_timestamp: self.counters_timestamp,
             verbs: self.verbs.as_ref(),
             selftest: self.selftest.as_ref(),
             errors: &self.errors,
