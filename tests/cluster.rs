@@ -22,6 +22,8 @@ mod placement;
 mod scheduler;
 #[path = "cluster/security.rs"]
 mod security;
+#[path = "cluster/webhook.rs"]
+mod webhook;
 
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
