@@ -156,7 +156,15 @@ pub(crate) fn read_to_string(path: &Path) -> io::Result<String> {
     })
 }
 
-/// One attribute file kept open between probes.
+/// Attribute files kept open at once, process-wide. A node's GID tables alone can hold
+/// thousands of files (rxe: 1024 entries x 3 attributes per port), more than a default
+/// `ulimit -n` of 1024: past this budget an attribute is opened, read and closed on each read
+/// instead, so the probe never runs the process out of descriptors (EMFILE would fail every
+/// other read, verbs included).
+pub(crate) const MAX_KEPT_OPEN: usize = 512;
+static KEPT_OPEN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// One attribute file kept open between probes (within [`MAX_KEPT_OPEN`]).
 #[derive(Debug)]
 pub(crate) struct Attr {
     path: PathBuf,
@@ -166,6 +174,8 @@ pub(crate) struct Attr {
 #[derive(Debug)]
 enum Slot {
     Open(File),
+    /// Over the budget: opened, read and closed on every read.
+    Reopen,
     Missing,
     /// Opening failed (not a regular file, EACCES, ...): the message, repeated every read
     /// until the directory changes and the attribute is opened again.
@@ -174,8 +184,16 @@ enum Slot {
 
 impl Attr {
     pub(crate) fn open(path: PathBuf) -> Self {
+        use std::sync::atomic::Ordering;
         let slot = match open_regular(&path) {
-            Ok(Some(f)) => Slot::Open(f),
+            Ok(Some(f)) => {
+                if KEPT_OPEN.fetch_add(1, Ordering::Relaxed) < MAX_KEPT_OPEN {
+                    Slot::Open(f)
+                } else {
+                    KEPT_OPEN.fetch_sub(1, Ordering::Relaxed);
+                    Slot::Reopen
+                }
+            }
             Ok(None) => Slot::Missing,
             Err(e) => Slot::Failed(e.to_string()),
         };
@@ -191,11 +209,20 @@ impl Attr {
     pub(crate) fn read<'b>(&self, buf: &'b mut AttrBuf) -> Result<Option<&'b str>, AttrError<'_>> {
         match &self.slot {
             Slot::Missing => Ok(None),
+            Slot::Reopen => read_once(&self.path, buf).map_err(AttrError::Probe),
             Slot::Failed(msg) => Err(AttrError::Message(msg)),
             Slot::Open(file) => {
                 buf.fill(file, &self.path).map_err(AttrError::Probe)?;
                 buf.text(&self.path).map(Some).map_err(AttrError::Probe)
             }
+        }
+    }
+}
+
+impl Drop for Attr {
+    fn drop(&mut self) {
+        if matches!(self.slot, Slot::Open(_)) {
+            KEPT_OPEN.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
         }
     }
 }
@@ -363,6 +390,27 @@ impl DirStamp {
 
 #[cfg(test)]
 mod tests {
+
+    /// More attributes than the budget: every one reads, and no more than the budget stay open.
+    #[test]
+    fn attributes_past_the_kept_open_budget_are_read_by_reopening() {
+        let dir = tempfile::tempdir().unwrap();
+        let attrs: Vec<Attr> = (0..MAX_KEPT_OPEN + 20)
+            .map(|i| {
+                let path = dir.path().join(format!("a{i}"));
+                std::fs::write(&path, format!("{i}\n")).unwrap();
+                Attr::open(path)
+            })
+            .collect();
+        assert!(KEPT_OPEN.load(std::sync::atomic::Ordering::Relaxed) <= MAX_KEPT_OPEN);
+        assert!(attrs.iter().any(|a| matches!(a.slot, Slot::Reopen)));
+        let mut buf = AttrBuf::new();
+        for (i, a) in attrs.iter().enumerate() {
+            let text = a.read(&mut buf).ok().flatten().map(|t| t.trim().to_owned());
+            assert_eq!(text, Some(i.to_string()));
+        }
+    }
+
     use super::*;
 
     #[test]
