@@ -245,6 +245,16 @@ impl TestNode {
                 .is_some_and(|e| e["reason"] == "FabricReady")
     }
 
+    /// An agent for this Node over a one-HCA tree whose port is `up`, with its pod-bound
+    /// token, talking to `server` (a fault proxy) or the apiserver itself. The agent is
+    /// dropped (killed) before the tree when both go out of scope together.
+    pub fn run_agent(&self, up: bool, server: Option<&str>, extra: &[&str]) -> (FakeHca, Agent) {
+        let hca = FakeHca::new(up);
+        let kubeconfig = self.agent_kubeconfig(server);
+        let agent = start_agent(&self.name, &hca, Some(&kubeconfig), extra);
+        (hca, agent)
+    }
+
     /// A kubeconfig of this Node's agent (pod-bound token), to the apiserver or `server`.
     pub fn agent_kubeconfig(&self, server: Option<&str>) -> PathBuf {
         self.cp.agent_kubeconfig(&self.name, server)
