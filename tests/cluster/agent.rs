@@ -304,16 +304,8 @@ fn a_live_watch_undoes_drift_at_once_without_periodic_reads() {
 fn without_a_watch_resync_reads_and_undoes_drift() {
     let Some(cp) = control_plane() else { return };
     let node = TestNode::seeded(cp, "agent-resync");
-    let proxy = FaultProxy::start(&cp.url, &cp.ca_file);
     // Watches fail; everything else goes through.
-    proxy.set_fault_matching(
-        Fault::Status {
-            code: 503,
-            retry_after: None,
-            plain: true,
-        },
-        "watch=",
-    );
+    let proxy = FaultProxy::without_watches(&cp.url, &cp.ca_file);
     let (_hca, agent) = node.run_agent(
         true,
         Some(&proxy.url()),
@@ -475,17 +467,9 @@ fn retry_after_is_honoured() {
 fn concurrent_writer_conflict_is_retried_and_its_taint_kept() {
     let Some(cp) = control_plane() else { return };
     let node = TestNode::seeded(cp, "agent-conflict");
-    let proxy = FaultProxy::start(&cp.url, &cp.ca_file);
     // Without its watch the agent reads the Node before it writes: the other writer gets in
     // between that read and the write. (With the watch, a stale view fails the same way.)
-    proxy.set_fault_matching(
-        Fault::Status {
-            code: 503,
-            retry_after: None,
-            plain: true,
-        },
-        "watch=",
-    );
+    let proxy = FaultProxy::without_watches(&cp.url, &cp.ca_file);
     let (hca, agent) = node.run_agent(true, Some(&proxy.url()), &["--interval", "200ms"]);
     agent.wait("validation", Duration::from_secs(30), || node.ready());
 

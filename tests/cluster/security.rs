@@ -6,7 +6,6 @@
 //! what a full agent run uses according to the audit log.
 
 use crate::support::controlplane::{ControlPlane, client_from};
-use crate::support::sysfs::FakeHca;
 use crate::{AGENT_USER, TAINT, TestNode, control_plane, start_agent, wait_until};
 use k8s_openapi::api::core::v1::{Node, Secret};
 use k8s_openapi::api::events::v1::Event;
@@ -241,13 +240,10 @@ fn granted() -> BTreeSet<(String, String, String)> {
 fn the_cluster_role_grants_exactly_what_a_full_agent_run_uses() {
     let Some(cp) = control_plane() else { return };
     let node = TestNode::seeded(cp, "sec-full-run");
-    let hca = FakeHca::new(true);
-    let kubeconfig = node.agent_kubeconfig(None);
     let mark = cp.audit_mark();
-    let agent = start_agent(
-        &node.name,
-        &hca,
-        Some(&kubeconfig),
+    let (hca, agent) = node.run_agent(
+        true,
+        None,
         &["--interval", "200ms", "--resync-interval", "1s"],
     );
     agent.wait("validation", Duration::from_secs(30), || node.ready());
@@ -263,6 +259,8 @@ fn the_cluster_role_grants_exactly_what_a_full_agent_run_uses() {
     });
     let (status, _) = agent.stop();
     assert!(status.success());
+    // The restart (a new pod-bound token, as a new agent pod gets).
+    let kubeconfig = node.agent_kubeconfig(None);
     let agent = start_agent(
         &node.name,
         &hca,
