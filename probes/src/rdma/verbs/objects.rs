@@ -48,7 +48,7 @@ impl<T> Drop for Owned<'_, T> {
 }
 
 /// The errno left by a verbs call that returned NULL; never "success".
-fn last_errno() -> io::Error {
+pub(crate) fn last_errno() -> io::Error {
     let err = io::Error::last_os_error();
     if err.raw_os_error() == Some(0) {
         io::Error::from_raw_os_error(libc::EIO)

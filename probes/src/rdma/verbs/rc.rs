@@ -9,7 +9,8 @@
 //! All verbs objects live inside [`with_endpoint`] as RAII guards declared after what they
 //! depend on, so they are freed in reverse order on every path, including errors and panics.
 
-use super::{Context, DeviceList};
+use super::objects::last_errno;
+use super::{Context, DeviceList, mtu_enum, wc_status_str};
 use rdma_sys as sys;
 use std::io;
 use std::marker::PhantomData;
@@ -78,15 +79,6 @@ impl RcError {
     /// A WRITE completed with an error status (other than a timeout).
     pub fn is_completion_error(&self) -> bool {
         self.wc_status.is_some() && !self.is_timeout()
-    }
-}
-
-fn last_errno() -> io::Error {
-    let err = io::Error::last_os_error();
-    if err.raw_os_error() == Some(0) {
-        io::Error::from_raw_os_error(libc::EIO)
-    } else {
-        err
     }
 }
 
@@ -345,28 +337,6 @@ fn modify(
         return Err(RcError::os(step, &io::Error::from_raw_os_error(rc)));
     }
     Ok(())
-}
-
-fn mtu_enum(bytes: u32) -> sys::ibv_mtu::Type {
-    match bytes {
-        4096.. => sys::ibv_mtu::IBV_MTU_4096,
-        2048.. => sys::ibv_mtu::IBV_MTU_2048,
-        1024.. => sys::ibv_mtu::IBV_MTU_1024,
-        512.. => sys::ibv_mtu::IBV_MTU_512,
-        _ => sys::ibv_mtu::IBV_MTU_256,
-    }
-}
-
-fn wc_status_str(status: sys::ibv_wc_status::Type) -> String {
-    // SAFETY: ibv_wc_status_str returns a static NUL-terminated string for any value.
-    let p = unsafe { sys::ibv_wc_status_str(status) };
-    if p.is_null() {
-        return format!("status {status}");
-    }
-    // SAFETY: non-null, static, NUL-terminated.
-    unsafe { std::ffi::CStr::from_ptr(p) }
-        .to_string_lossy()
-        .into_owned()
 }
 
 impl Endpoint<'_> {

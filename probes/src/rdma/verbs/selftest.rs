@@ -8,7 +8,7 @@
 //! buffer, and everything on every path.
 
 use super::objects::{Cq, Mr, Pd, Qp, query_gid};
-use super::{Context, DeviceList};
+use super::{Context, DeviceList, mtu_enum, wc_status_str};
 use crate::rdma::{DeviceReport, GidType, LinkLayer, PortReport, RdmaReport, SelftestResult};
 use rdma_sys as sys;
 use std::io;
@@ -420,16 +420,6 @@ fn connect(
     .map_err(|e| StepError::os("modify_qp RTS", &e))
 }
 
-fn mtu_enum(bytes: u32) -> sys::ibv_mtu::Type {
-    match bytes {
-        4096.. => sys::ibv_mtu::IBV_MTU_4096,
-        2048.. => sys::ibv_mtu::IBV_MTU_2048,
-        1024.. => sys::ibv_mtu::IBV_MTU_1024,
-        512.. => sys::ibv_mtu::IBV_MTU_512,
-        _ => sys::ibv_mtu::IBV_MTU_256,
-    }
-}
-
 /// Poll the CQ until every completion in `want` (wr_id, name) has arrived, in any order.
 fn poll_for(cq: &Cq<'_>, want: &[(u64, &str)], deadline: Instant) -> Result<(), StepError> {
     let mut missing: Vec<(u64, &str)> = want.to_vec();
@@ -479,18 +469,6 @@ fn poll_for(cq: &Cq<'_>, want: &[(u64, &str)], deadline: Instant) -> Result<(), 
         }
     }
     Ok(())
-}
-
-fn wc_status_str(status: sys::ibv_wc_status::Type) -> String {
-    // SAFETY: ibv_wc_status_str returns a static NUL-terminated string for any value.
-    let p = unsafe { sys::ibv_wc_status_str(status) };
-    if p.is_null() {
-        return format!("status {status}");
-    }
-    // SAFETY: non-null, static, NUL-terminated.
-    unsafe { std::ffi::CStr::from_ptr(p) }
-        .to_string_lossy()
-        .into_owned()
 }
 
 /// Run the test on every port `select` picks, storing results in `PortReport.selftest`.
