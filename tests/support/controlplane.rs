@@ -577,9 +577,25 @@ impl ControlPlane {
 
     /// Every audit event so far.
     pub fn audit(&self) -> Vec<AuditEvent> {
-        let Ok(file) = std::fs::File::open(&self.audit_log) else {
+        self.audit_since(0)
+    }
+
+    /// Where the audit log's complete lines end now (a byte offset): read what comes after it
+    /// with [`Self::audit_since`].
+    pub fn audit_mark(&self) -> usize {
+        let bytes = std::fs::read(&self.audit_log).unwrap_or_default();
+        bytes.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1)
+    }
+
+    /// The audit events logged after `mark` (from [`Self::audit_mark`]).
+    pub fn audit_since(&self, mark: usize) -> Vec<AuditEvent> {
+        use std::io::{Seek, SeekFrom};
+        let Ok(mut file) = std::fs::File::open(&self.audit_log) else {
             return Vec::new();
         };
+        if file.seek(SeekFrom::Start(mark as u64)).is_err() {
+            return Vec::new();
+        }
         BufReader::new(file)
             .lines()
             .map_while(Result::ok)
@@ -615,15 +631,6 @@ impl ControlPlane {
                 }
             })
             .collect()
-    }
-
-    /// Audit events from now on: note the current length, read the rest later.
-    pub fn audit_mark(&self) -> usize {
-        self.audit().len()
-    }
-
-    pub fn audit_since(&self, mark: usize) -> Vec<AuditEvent> {
-        self.audit().into_iter().skip(mark).collect()
     }
 
     /// Start kube-scheduler (once), with the admin kubeconfig.
