@@ -43,7 +43,7 @@ COPY --from=build /out/fabricgate /usr/local/bin/fabricgate
 # Non-root by default (`docker run IMAGE check` needs nothing more when the uverbs device nodes
 # are world-accessible, as rdma-core's udev rules make them). The DaemonSet runs it as UID 0
 # with every capability dropped except IPC_LOCK, which only root can hold in Kubernetes
-# (README.md, Deploying fabricgate).
+# (docs/deploy.md).
 USER 65532:65532
 ENTRYPOINT ["/usr/local/bin/fabricgate"]
 CMD ["run"]

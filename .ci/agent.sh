@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# CI needs of the agent tests (tests/agent.rs). The API-server stand-in is in-process Rust and
-# the fixture sysfs trees are built in tempdirs; the tests signal the agent with kill(1), which
-# Debian ships in procps.
+# CI needs of the agent tests (tests/agent.rs, tests/cluster.rs): the tests signal the agent
+# with kill(1), which Debian ships in procps. The real control plane they talk to is built by
+# .ci/controlplane.sh.
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 apt-get update

@@ -5,6 +5,10 @@
 #
 #   benches/compare_node_exporter.sh [SCRAPES] [NODE_DIR]   (defaults: 200, bench-12x2)
 #
+# Then CPU per minute at equal freshness: fabricgate probing every FG_INTERVAL (default 10s),
+# both exporters scraped every SCRAPE_EVERY seconds (default 15) for CPU_SECONDS (default 60;
+# 0 skips it); CPU is utime+stime from /proc/PID/stat of each exporter process.
+#
 # Needs: prometheus-node-exporter, curl (apt-get install -y prometheus-node-exporter curl).
 # fabricgate is served by `fabricgate run --dry-run` when that subcommand works, else by the
 # metrics_fixture example (same registry and HTTP server).
@@ -45,7 +49,7 @@ PIDS+=("$!")
 PROBE_RUN="$("$BIN" run --dry-run --verbs off --sysfs-root /nonexistent --proc-root /nonexistent 2>&1 || true)"
 if [[ "$PROBE_RUN" != *"not implemented"* ]] && "$BIN" run --help >/dev/null 2>&1; then
   "$BIN" run --dry-run --node-name bench --verbs off --sysfs-root "$NODE/sys" --proc-root "$NODE/proc" \
-    --metrics-addr "127.0.0.1:$FG_PORT" --interval 1s >/dev/null 2>&1 &
+    --metrics-addr "127.0.0.1:$FG_PORT" --interval "${FG_INTERVAL:-10s}" >/dev/null 2>&1 &
   FG_WHAT="fabricgate run --dry-run"
 else
   "$HELPER" "$NODE" "127.0.0.1:$FG_PORT" &
@@ -90,3 +94,27 @@ printf '%-44s %8s %10s %10s\n' "prometheus-node-exporter (infiniband only)" "$NE
 printf '%-44s %8s %10s %10s\n' "$FG_WHAT" "$FG_SERIES" "$FG_MED" "$FG_MEAN"
 awk -v a="$FG_MED" -v b="$NE_MED" 'BEGIN { printf "ratio fabricgate / node_exporter (median): %.2f\n", a / b }'
 echo "note: node_exporter reads sysfs on every scrape; fabricgate serves the registry its probe loop filled."
+
+CPU_SECONDS="${CPU_SECONDS:-60}"
+SCRAPE_EVERY="${SCRAPE_EVERY:-15}"
+if [ "$CPU_SECONDS" -gt 0 ]; then
+  NE_PID="${PIDS[0]}"
+  FG_PID="${PIDS[1]}"
+  TICKS="$(getconf CLK_TCK)"
+  cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+  ne0="$(cpu_ticks "$NE_PID")"; fg0="$(cpu_ticks "$FG_PID")"
+  end=$((SECONDS + CPU_SECONDS))
+  while [ "$SECONDS" -lt "$end" ]; do
+    curl -fsS -o /dev/null "$NE_URL"
+    curl -fsS -o /dev/null "$FG_URL"
+    sleep "$SCRAPE_EVERY"
+  done
+  ne1="$(cpu_ticks "$NE_PID")"; fg1="$(cpu_ticks "$FG_PID")"
+  awk -v n=$((ne1 - ne0)) -v f=$((fg1 - fg0)) -v t="$TICKS" -v s="$CPU_SECONDS" -v i="${FG_INTERVAL:-10s}" -v e="$SCRAPE_EVERY" 'BEGIN {
+    nm = n / t * 1000 * 60 / s; fm = f / t * 1000 * 60 / s
+    printf "CPU per minute at equal freshness (fabricgate probes every %s, both scraped every %ss, %ss):\n", i, e, s
+    printf "  prometheus-node-exporter (infiniband only)  %8.1f ms\n", nm
+    printf "  fabricgate                                  %8.1f ms\n", fm
+    if (nm > 0) printf "ratio fabricgate / node_exporter (CPU): %.2f\n", fm / nm
+  }'
+fi

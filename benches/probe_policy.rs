@@ -34,6 +34,27 @@ fn bench(c: &mut Criterion) {
             black_box(policy::evaluate(black_box(&report), &config))
         })
     });
+
+    // Counters on their own cadence (`rdma.counters_interval`): the probes between two
+    // counter reads read only what the verdict needs.
+    let mut prober = Prober::new(
+        prober.roots().clone(),
+        ProbeConfig {
+            verbs: VerbsMode::Off,
+            counters_interval: Some(std::time::Duration::from_secs(3600)),
+            ..ProbeConfig::default()
+        },
+    );
+    let _ = prober.probe();
+    c.bench_function(
+        "sysfs probe + policy, 12 devices / 24 ports, verdict attributes only",
+        |b| {
+            b.iter(|| {
+                let report = prober.probe();
+                black_box(policy::evaluate(black_box(&report), &config))
+            })
+        },
+    );
 }
 
 criterion_group!(benches, bench);

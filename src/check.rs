@@ -32,12 +32,40 @@ pub fn to_json(report: &ProbeReport, verdict: &Verdict) -> Value {
         map.insert("reasons".into(), json!(messages(&verdict.lustre.findings)));
         map.insert("warnings".into(), json!(messages(&verdict.lustre.warnings)));
     }
+    let gd = &verdict.gpudirect;
+    let mut gpudirect = serde_json::to_value(&report.gpudirect).unwrap_or(Value::Null);
+    if !gpudirect.is_object() {
+        gpudirect = json!({});
+    }
+    if let Value::Object(map) = &mut gpudirect {
+        map.insert("present".into(), json!(gd.gpus > 0));
+        if gd.gpus == 0 {
+            map.insert(
+                "message".into(),
+                json!("no NVIDIA GPUs found (PCI vendor 0x10de, display/3D class)"),
+            );
+        }
+        map.insert("required".into(), json!(gd.required));
+        map.insert("ready".into(), json!(gd.part.ready));
+        map.insert("relation".into(), json!(gd.relation));
+        map.insert("rails".into(), json!(gd.rails));
+        map.insert("reasons".into(), json!(messages(&gd.part.findings)));
+        map.insert("warnings".into(), json!(messages(&gd.part.warnings)));
+    }
+    // `check` reads no Node, so `placement.required_labels` is the agent's to check.
+    let placement = json!({
+        "evaluated": !verdict.placement.findings.is_empty(),
+        "ready": verdict.placement.ready,
+        "reasons": messages(&verdict.placement.findings),
+    });
     json!({
         "ready": verdict.ready,
         "reasons": verdict.reasons(),
         "warnings": verdict.warnings(),
         "rdma": rdma,
         "lustre": lustre,
+        "gpudirect": gpudirect,
+        "placement": placement,
         "labels": verdict.labels,
         "taints": verdict.taints,
         "conditions": verdict.conditions,
@@ -131,6 +159,7 @@ pub fn to_table(report: &ProbeReport, verdict: &Verdict) -> String {
     if let Some(version) = &report.storage.client.version {
         let _ = writeln!(out, "  lustre client {version}");
     }
+    gpudirect_table(&mut out, report, verdict);
     let _ = writeln!(out, "\nLabels:");
     for (k, v) in &verdict.labels {
         let _ = writeln!(out, "  {k}={v}");
@@ -148,6 +177,55 @@ pub fn to_table(report: &ProbeReport, verdict: &Verdict) -> String {
     out
 }
 
+fn gpudirect_table(out: &mut String, report: &ProbeReport, verdict: &Verdict) {
+    let gd = &report.gpudirect;
+    let v = &verdict.gpudirect;
+    if gd.gpus.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nGPUDirect: no NVIDIA GPUs found{}",
+            if v.required {
+                " (gpudirect.required)"
+            } else {
+                ", not checked"
+            }
+        );
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "\nGPUDirect: {} ({} GPU{}, worst relation {}, peer memory {})",
+        if v.part.ready { "ready" } else { "not ready" },
+        gd.gpus.len(),
+        if gd.gpus.len() == 1 { "" } else { "s" },
+        v.relation.map_or("-", |r| r.name()),
+        gd.peermem.method.as_deref().unwrap_or("unavailable")
+    );
+    for p in &gd.pairs {
+        let acs = if p.redirecting_bridges().next().is_some() {
+            "ACS redirect"
+        } else if p.bridges.iter().any(|b| {
+            matches!(
+                b.acs,
+                fabricgate_probes::gpudirect::pci::AcsState::Unknown { .. }
+            )
+        }) {
+            "ACS unknown"
+        } else {
+            "ACS ok"
+        };
+        let _ = writeln!(
+            out,
+            "  GPU {}  {}  {}  numa {}  {}",
+            p.gpu,
+            p.hca,
+            p.relation,
+            p.numa.map_or("?".into(), |n| n.to_string()),
+            acs
+        );
+    }
+}
+
 const HEADER: [&str; 9] = [
     "DEVICE", "PORT", "STATE", "PHYS", "RATE", "LINK", "NETDEV", "PCIE", "VERBS",
 ];
@@ -156,7 +234,14 @@ fn device_rows(devices: &[DeviceReport]) -> Vec<Vec<String>> {
     let dash = || "-".to_owned();
     let mut rows = Vec::new();
     for dev in devices {
-        let pcie = dev.pci.as_ref().map_or_else(dash, |p| {
+        let unknown_or_dash = || {
+            if dev.pci_error.is_some() {
+                "unknown".to_owned()
+            } else {
+                dash()
+            }
+        };
+        let pcie = dev.pci.as_ref().map_or_else(unknown_or_dash, |p| {
             let w = |v: Option<u32>| v.map_or("?".into(), |v| v.to_string());
             let s = |v: Option<f64>| v.map_or("?".into(), format_gbps);
             let mut text = format!("x{} {}GT/s", w(p.current_width), s(p.current_speed_gts));

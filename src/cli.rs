@@ -28,9 +28,189 @@ pub enum Command {
     /// Run only the loopback RC data-path self-test on every selected port and print the
     /// results; exit 0 all passed / 1 a port failed / 2 usage / 3 nothing could be tested.
     Selftest(SelftestArgs),
+    /// Inside a worker pod (init container): check the RDMA devices, memlock limit and mounts
+    /// this pod was given, then pin NCCL to the validated ports; exit 0 / 1 / 2 / 3 as `check`.
+    Preflight(PreflightArgs),
+    /// Serve the mutating admission webhook that adds preflight to opted-in pods.
+    Webhook(WebhookArgs),
+    /// Measure RDMA round trip (and with --bandwidth, RDMA WRITE bandwidth) to another
+    /// node's agent; exit 0 reachable / 1 unreachable / 2 usage / 3 nothing could be measured.
+    Ping(PingArgs),
     /// Cluster-level guard (Deployment, 2 replicas, leader election on a Lease): taint pool
     /// Nodes whose agent pod is missing or not Ready for --stale-after (`AgentNotRunning`).
     Guard(GuardArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct PingArgs {
+    #[command(flatten)]
+    pub probe: ProbeArgs,
+    /// The peer: `host` or `host:port` of its agent's responder (port: `peers.listen`'s,
+    /// default 9465).
+    #[arg(value_name = "PEER")]
+    pub peer: String,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    pub format: Format,
+    /// Measure only from this local device (default: every usable port of `rdma.devices`).
+    #[arg(long, value_name = "DEVICE")]
+    pub device: Option<String>,
+    /// RDMA WRITEs in the RTT burst (default `peers.rtt_messages`; at most 64).
+    #[arg(long, value_name = "N")]
+    pub count: Option<u32>,
+    /// Bytes per RTT message (default `peers.rtt_message_size`).
+    #[arg(long, value_name = "BYTES")]
+    pub size: Option<u32>,
+    /// Also run the RDMA WRITE bandwidth burst (sizes from `peers.bandwidth`).
+    #[arg(long)]
+    pub bandwidth: bool,
+    /// Bytes per WRITE of the bandwidth burst (default `peers.bandwidth.message_size`).
+    #[arg(long, value_name = "BYTES")]
+    pub bw_size: Option<u32>,
+    /// Length of the bandwidth burst (default `peers.bandwidth.duration`; at most 2s).
+    #[arg(long, value_parser = humantime::parse_duration, value_name = "DURATION")]
+    pub bw_duration: Option<std::time::Duration>,
+    /// Bound on the whole measurement per port (default `peers.timeout`).
+    #[arg(long, value_parser = humantime::parse_duration, value_name = "DURATION")]
+    pub timeout: Option<std::time::Duration>,
+    /// This node's name, told to the peer (it refuses to measure itself).
+    #[arg(long, env = "NODE_NAME", value_name = "NAME")]
+    pub node_name: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct PreflightArgs {
+    #[command(flatten)]
+    pub probe: ProbeArgs,
+    /// The requirements as YAML text, instead of --config (the webhook passes them so).
+    #[arg(
+        long,
+        env = "FABRICGATE_REQUIREMENTS",
+        value_name = "YAML",
+        conflicts_with = "config"
+    )]
+    pub requirements: Option<String>,
+    /// Root of the device nodes (`infiniband/uverbsN` is looked up beneath it).
+    #[arg(long, default_value = "/dev", value_name = "DIR")]
+    pub dev_root: PathBuf,
+    /// Shared emptyDir where `nccl.conf` and `nccl.env` are written on success.
+    #[arg(long, default_value = "/fabricgate", value_name = "DIR")]
+    pub nccl_dir: PathBuf,
+    /// Where the problems (or the success line) are written for `kubectl describe pod`.
+    #[arg(long, default_value = "/dev/termination-log", value_name = "FILE")]
+    pub termination_log: PathBuf,
+    /// Least RLIMIT_MEMLOCK (soft) that passes without CAP_IPC_LOCK: `unlimited` or a size
+    /// (`64MiB`).
+    #[arg(long, default_value = "unlimited", value_name = "SIZE")]
+    pub min_memlock: fabricgate_probes::pod::Limit,
+    /// Ports required in this pod; default `rdma.min_active_ports`.
+    #[arg(long, value_name = "N")]
+    pub min_active_ports: Option<u32>,
+    /// Loopback RC self-test on each port: `auto` follows `rdma.selftest`.
+    #[arg(long, value_enum, default_value_t = crate::preflight::SelftestChoice::Auto)]
+    pub selftest: crate::preflight::SelftestChoice,
+    /// `NCCL_NET` written to the NCCL files (`IB`; a net plugin's name where one is used).
+    #[arg(long, default_value = "IB", value_name = "NAME")]
+    pub nccl_net: String,
+}
+
+impl PreflightArgs {
+    /// The requirements: inline text, the --config file, or the defaults; and the text
+    /// itself (for the log).
+    ///
+    /// # Errors
+    /// The config errors of [`Config::parse`] / [`Config::load`].
+    pub fn load_config(&self) -> Result<Config> {
+        match &self.requirements {
+            Some(text) => Config::parse(text).map_err(|e| match e {
+                Error::ConfigParse { message, .. } => Error::ConfigParse {
+                    path: "$FABRICGATE_REQUIREMENTS".into(),
+                    message,
+                },
+                other => other,
+            }),
+            None => self.probe.load_config(),
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct WebhookArgs {
+    /// Requirements file (YAML): handed to every preflight init container, and its mount
+    /// paths select which of the pod's volume mounts preflight gets.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Address to serve HTTPS on (`POST /mutate`, `GET /healthz`).
+    #[arg(long, default_value = "0.0.0.0:8443", value_name = "ADDR")]
+    pub listen: std::net::SocketAddr,
+    /// Serving certificate chain (PEM); re-read when it changes.
+    #[arg(
+        long,
+        default_value = "/etc/fabricgate-tls/tls.crt",
+        value_name = "FILE"
+    )]
+    pub tls_cert_file: PathBuf,
+    /// Private key of the serving certificate (PEM).
+    #[arg(
+        long,
+        default_value = "/etc/fabricgate-tls/tls.key",
+        value_name = "FILE"
+    )]
+    pub tls_key_file: PathBuf,
+    /// How often the certificate files are checked for a change.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub cert_reload_interval: std::time::Duration,
+    /// Image of the preflight init container (this webhook's own image).
+    #[arg(long, env = "FABRICGATE_IMAGE", value_name = "IMAGE")]
+    pub preflight_image: String,
+    /// Resource-name prefix that marks a container as using RDMA devices (repeatable;
+    /// replaces the defaults rdma/, nvidia.com/hostdev, nvidia.com/rdma, nvidia.com/sriov,
+    /// mellanox.com/).
+    #[arg(long = "rdma-resource-prefix", value_name = "PREFIX")]
+    pub rdma_resource_prefixes: Vec<String>,
+    /// Mount path of the NCCL emptyDir in the pod's containers.
+    #[arg(long, default_value = "/fabricgate", value_name = "DIR")]
+    pub nccl_dir: String,
+    /// Extra argument for `fabricgate preflight` in the init container (repeatable), e.g.
+    /// `--preflight-arg=--min-memlock=1GiB`.
+    #[arg(long = "preflight-arg", value_name = "ARG", allow_hyphen_values = true)]
+    pub preflight_args: Vec<String>,
+    /// Log line format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+impl WebhookArgs {
+    /// The mutation this webhook applies, from its requirements file and flags.
+    ///
+    /// # Errors
+    /// The requirements file's errors; [`Error::Usage`] for a relative --nccl-dir.
+    pub fn mutation_config(&self) -> Result<crate::webhook::MutationConfig> {
+        let (config, yaml) = match &self.config {
+            Some(path) => {
+                let config = Config::load(path)?;
+                let yaml = std::fs::read_to_string(path).map_err(|source| Error::ConfigRead {
+                    path: path.clone(),
+                    source,
+                })?;
+                (config, yaml)
+            }
+            None => (Config::default(), String::new()),
+        };
+        if !self.nccl_dir.starts_with('/') {
+            return Err(Error::Usage {
+                flag: "--nccl-dir".into(),
+                message: format!("{:?} is not an absolute path", self.nccl_dir),
+            });
+        }
+        let mut m = crate::webhook::MutationConfig::new(&config, &yaml, &self.preflight_image);
+        if !self.rdma_resource_prefixes.is_empty() {
+            m.rdma_resource_prefixes = self.rdma_resource_prefixes.clone();
+        }
+        m.nccl_dir = self.nccl_dir.clone();
+        m.preflight_args = self.preflight_args.clone();
+        Ok(m)
+    }
 }
 
 #[derive(Debug, Args)]
@@ -72,8 +252,8 @@ pub struct SelftestArgs {
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Table)]
     pub format: Format,
-    /// Bound on each port's test; default: `rdma.selftest_timeout` (2s).
-    #[arg(long, value_parser = humantime::parse_duration, value_name = "DURATION")]
+    /// Bound on each port's test, 1ms to 60s; default: `rdma.selftest_timeout` (2s).
+    #[arg(long, value_parser = parse_selftest_timeout, value_name = "DURATION")]
     pub timeout: Option<std::time::Duration>,
 }
 
@@ -91,22 +271,44 @@ pub struct RunArgs {
     /// Name of the Node this agent guards (downward API `spec.nodeName`).
     #[arg(long, env = "NODE_NAME", value_name = "NAME")]
     pub node_name: Option<String>,
-    /// Probe interval (jittered by up to 10%).
-    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    /// Probe interval (jittered by up to 10%), 10ms to 1h.
+    #[arg(long, default_value = "10s", value_parser = parse_interval)]
     pub interval: std::time::Duration,
     /// Re-read the Node this often even when the verdict is unchanged, to undo drift (someone
     /// removing the taint by hand); between resyncs an unchanged verdict costs no request.
-    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    /// 100ms to 24h.
+    #[arg(long, default_value = "60s", value_parser = parse_resync_interval)]
     pub resync_interval: std::time::Duration,
-    /// Address of the /metrics, /healthz and /readyz server.
-    #[arg(long, default_value = "0.0.0.0:9464", value_name = "ADDR")]
+    /// Address of the /metrics, /healthz and /readyz server. In a DaemonSet, the node's own
+    /// address: `$(HOST_IP):9464` with HOST_IP from the downward API `status.hostIP`.
+    #[arg(long, default_value = "0.0.0.0:9464", value_name = "ADDR", value_parser = crate::server::parse_listen_addr)]
     pub metrics_addr: std::net::SocketAddr,
+    /// Most connections the metrics server keeps open at once (lowered further so they never
+    /// take more than half of the descriptors left after a reserve for the probe).
+    #[arg(long, default_value_t = crate::server::DEFAULT_MAX_CONNECTIONS, value_parser = parse_max_connections, value_name = "N")]
+    pub metrics_max_connections: usize,
+    /// A probe that has not finished after this long is an agent error: /readyz fails at once
+    /// and the condition says AgentError. 1s to 1h.
+    #[arg(long, default_value = "60s", value_parser = parse_probe_deadline, value_name = "DURATION")]
+    pub probe_deadline: std::time::Duration,
+    /// /healthz fails once a probe has run past the deadline by this much, so the kubelet
+    /// restarts a wedged agent. 0s to 1h.
+    #[arg(long, default_value = "60s", value_parser = parse_liveness_grace, value_name = "DURATION")]
+    pub liveness_grace: std::time::Duration,
+    /// Series of a device (RDMA or netdev) that disappeared are dropped from /metrics after
+    /// this long. 0s to 7 days.
+    #[arg(long, default_value = "10m", value_parser = parse_stale_series_grace, value_name = "DURATION")]
+    pub stale_series_grace: std::time::Duration,
     /// Log the Node writes instead of making them; needs no cluster.
     #[arg(long)]
     pub dry_run: bool,
     /// Log line format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+    /// Static peers for the RDMA measurements (`host` or `host:port`, comma separated),
+    /// in addition to `peers.static` and `peers.service`; needs `peers.enabled`.
+    #[arg(long, value_delimiter = ',', value_name = "PEERS")]
+    pub peers: Vec<String>,
 }
 
 /// Flags shared by every subcommand that probes.
@@ -197,8 +399,63 @@ impl ProbeArgs {
             selftest: SelftestConfig {
                 schedule: config.rdma.selftest_schedule(),
                 timeout: config.rdma.selftest_timeout(),
-                devices: Some(config.rdma.devices.clone()),
+                devices: Some(config.rdma.devices.as_str().to_owned()),
             },
+            gpudirect: fabricgate_probes::gpudirect::GpudirectConfig {
+                hca_devices: Some(config.rdma.devices.as_str().to_owned()),
+            },
+            // `check` probes once; `run` sets the cadence from its --interval.
+            counters_interval: None,
         }
+    }
+}
+
+/// `clap` value parsers for durations with bounds (a value outside them is exit 2).
+macro_rules! duration_flag {
+    ($name:ident, $min:expr, $max:expr) => {
+        fn $name(text: &str) -> std::result::Result<std::time::Duration, String> {
+            crate::config::parse_bounded_duration(text, $min, $max)
+        }
+    };
+}
+
+// The minimums are far below anything useful in a deployment (10s, 60s) because the
+// end-to-end tests run the agent fast; they only rule out a busy loop (`1ns`, `0s`).
+duration_flag!(
+    parse_interval,
+    std::time::Duration::from_millis(10),
+    std::time::Duration::from_secs(3600)
+);
+duration_flag!(
+    parse_resync_interval,
+    std::time::Duration::from_millis(100),
+    std::time::Duration::from_secs(86_400)
+);
+duration_flag!(
+    parse_probe_deadline,
+    std::time::Duration::from_secs(1),
+    std::time::Duration::from_secs(3600)
+);
+duration_flag!(
+    parse_liveness_grace,
+    std::time::Duration::ZERO,
+    std::time::Duration::from_secs(3600)
+);
+duration_flag!(
+    parse_stale_series_grace,
+    std::time::Duration::ZERO,
+    std::time::Duration::from_secs(7 * 86_400)
+);
+duration_flag!(
+    parse_selftest_timeout,
+    std::time::Duration::from_millis(1),
+    std::time::Duration::from_secs(60)
+);
+
+fn parse_max_connections(text: &str) -> std::result::Result<usize, String> {
+    let max = crate::server::MAX_MAX_CONNECTIONS;
+    match text.trim().parse::<usize>() {
+        Ok(n) if (2..=max).contains(&n) => Ok(n),
+        _ => Err(format!("{text:?} is not a number from 2 to {max}")),
     }
 }

@@ -2,6 +2,7 @@
 //! values and unreadable files are errors that name the key or path.
 
 use crate::error::{Error, Result};
+use fabricgate_probes::gpudirect::pci::Relation;
 use fabricgate_probes::rdma::verbs::selftest::SelftestSchedule;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
@@ -17,6 +18,12 @@ pub struct Config {
     pub mounts: Vec<MountRequirement>,
     pub node: NodeSettings,
     pub fallback: FallbackSettings,
+    /// GPUDirect RDMA: GPU ↔ HCA topology, ACS on the paths, the peer-memory path.
+    pub gpudirect: GpudirectRequirements,
+    /// Labels the operator (or another controller) must have put on the Node.
+    pub placement: PlacementRequirements,
+    /// Inter-node RDMA measurements (docs/peers.md); off by default.
+    pub peers: crate::peers::PeersSettings,
     /// What the agent requires of its own Node object (device-plugin liveness).
     pub kubernetes: KubernetesRequirements,
 }
@@ -34,8 +41,8 @@ pub struct KubernetesRequirements {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RdmaRequirements {
-    /// Glob over device names that count (`mlx5_*`).
-    pub devices: String,
+    /// Glob over device names that count (`mlx5_*`), compiled at load.
+    pub devices: DeviceGlob,
     /// Ports that must be ACTIVE + LinkUp and meet the rules below.
     pub min_active_ports: u32,
     /// Each counted port's rate must be at least this.
@@ -46,38 +53,323 @@ pub struct RdmaRequirements {
     /// The HCA's PCIe link must run at its maximum speed and width.
     pub require_full_pcie_link: bool,
     /// Loopback RC data-path self-test: `off`, `on-start` or `every N probes`.
-    pub selftest: String,
-    /// Bound on one port's self-test (humantime: `2s`, `500ms`).
-    pub selftest_timeout: String,
+    #[serde(with = "schedule")]
+    pub selftest: SelftestSchedule,
+    /// Bound on one port's self-test (humantime: `2s`, `500ms`; 1ms to 60s).
+    #[serde(with = "selftest_timeout")]
+    pub selftest_timeout: Duration,
+    /// Each counted port's active MTU (bytes: 256, 512, 1024, 2048, 4096) must be at least
+    /// this; on RoCE also the netdev MTU must carry it. `None`: not checked.
+    pub min_mtu: Option<u32>,
+    pub roce: RoceRequirements,
+    /// How often `counters/` and `hw_counters/` are read (humantime, 0s to 24h; `0s` or
+    /// anything up to `--interval`: every probe). Unset: every probe when `--interval` is at
+    /// least 10 s, else every 10 s.
+    #[serde(with = "counters_interval", skip_serializing_if = "Option::is_none")]
+    pub counters_interval: Option<Duration>,
+}
+
+/// RoCE-only transport rules (`rdma.roce`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RoceRequirements {
+    /// ECN must be on (notification and reaction point) for `ecn_priority` where the driver
+    /// exposes it in sysfs (mlx5: `class/net/<if>/ecn/roce_{np,rp}/enable/<prio>`).
+    pub require_ecn: bool,
+    /// The priority RoCE traffic uses (0..7; NCCL's traffic class maps to it; commonly 3).
+    pub ecn_priority: u8,
+}
+
+impl Default for RoceRequirements {
+    fn default() -> Self {
+        Self {
+            require_ecn: false,
+            ecn_priority: 3,
+        }
+    }
+}
+
+/// `gpudirect:` requirements.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GpudirectRequirements {
+    /// Problems found here keep the node unvalidated (otherwise they are warnings).
+    pub required: bool,
+    /// Worst acceptable PCIe relation between a GPU and its nearest HCA: `PIX`, `PXB`,
+    /// `PHB`, `NODE` or `SYS`.
+    pub max_relation: String,
+    /// Accept ACS request/completion redirection on a GPU–HCA path (some platforms set it on
+    /// purpose and route peer-to-peer through the root complex).
+    pub allow_acs: bool,
+}
+
+impl Default for GpudirectRequirements {
+    fn default() -> Self {
+        Self {
+            required: false,
+            max_relation: "PXB".into(),
+            allow_acs: false,
+        }
+    }
+}
+
+impl GpudirectRequirements {
+    /// The parsed `gpudirect.max_relation` (validated at load; `PXB` if somehow invalid).
+    pub fn max_relation(&self) -> Relation {
+        self.max_relation.parse().unwrap_or(Relation::Pxb)
+    }
+}
+
+/// `placement:` requirements.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PlacementRequirements {
+    /// Label keys that must be present on the Node (e.g. the topology levels of a Kueue
+    /// `Topology`); checked by the agent against its Node, not by `check`.
+    pub required_labels: Vec<String>,
 }
 
 impl Default for RdmaRequirements {
     fn default() -> Self {
         Self {
-            devices: "*".into(),
+            devices: DeviceGlob::any(),
             min_active_ports: 1,
             min_rate_gbps: 0.0,
             link_layer: LinkLayerRequirement::Any,
             require_roce_v2: true,
             require_full_pcie_link: true,
-            selftest: "on-start".into(),
-            selftest_timeout: "2s".into(),
+            selftest: SelftestSchedule::OnStart,
+            selftest_timeout: fabricgate_probes::rdma::verbs::selftest::DEFAULT_TIMEOUT,
+            min_mtu: None,
+            roce: RoceRequirements::default(),
+            counters_interval: None,
         }
     }
 }
 
 impl RdmaRequirements {
-    /// The parsed `rdma.selftest` (validated at load; `on-start` if somehow invalid).
+    /// `rdma.selftest`, parsed at load.
     pub fn selftest_schedule(&self) -> SelftestSchedule {
-        self.selftest.parse().unwrap_or_default()
+        self.selftest
     }
 
-    /// The parsed `rdma.selftest_timeout` (validated at load; 2 s if somehow invalid).
-    pub fn selftest_timeout(&self) -> std::time::Duration {
-        humantime::parse_duration(&self.selftest_timeout)
-            .unwrap_or(fabricgate_probes::rdma::verbs::selftest::DEFAULT_TIMEOUT)
+    /// `rdma.selftest_timeout`, parsed and bounded at load.
+    pub fn selftest_timeout(&self) -> Duration {
+        self.selftest_timeout
+    }
+
+    /// How often the probe reads the counters for a probe loop every `probe_interval`:
+    /// `None` is every probe (validated at load; the default if somehow invalid).
+    pub fn counters_interval(&self, probe_interval: Duration) -> Option<Duration> {
+        match self.counters_interval {
+            Some(d) => (d > probe_interval).then_some(d),
+            None => fabricgate_probes::default_counters_interval(probe_interval),
+        }
     }
 }
+
+/// Longest `rdma.devices` glob accepted (device names are at most 64 bytes).
+pub const MAX_GLOB_BYTES: usize = 256;
+
+/// `rdma.devices`: the glob text as written and its compiled matcher.
+#[derive(Debug, Clone)]
+pub struct DeviceGlob {
+    text: String,
+    matcher: globset::GlobMatcher,
+}
+
+impl DeviceGlob {
+    /// `*`: every device.
+    pub fn any() -> Self {
+        match "*".parse() {
+            Ok(g) => g,
+            Err(_) => unreachable!("\"*\" is a valid glob"),
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+
+    pub fn matcher(&self) -> &globset::GlobMatcher {
+        &self.matcher
+    }
+
+    pub fn is_match(&self, name: &str) -> bool {
+        self.matcher.is_match(name)
+    }
+}
+
+impl PartialEq for DeviceGlob {
+    fn eq(&self, other: &Self) -> bool {
+        self.text == other.text
+    }
+}
+
+impl std::fmt::Display for DeviceGlob {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl std::str::FromStr for DeviceGlob {
+    type Err = String;
+
+    /// Bounded before it reaches the glob compiler (a 400 KB glob used to panic it).
+    fn from_str(text: &str) -> Result<Self, String> {
+        if text.len() > MAX_GLOB_BYTES {
+            return Err(format!(
+                "a glob of {} bytes is longer than the {MAX_GLOB_BYTES} accepted; device names \
+                 are short (e.g. \"mlx5_*\")",
+                text.len()
+            ));
+        }
+        if text.is_empty() {
+            return Err("an empty glob matches no device; use \"*\" for all".into());
+        }
+        let glob =
+            globset::Glob::new(text).map_err(|e| format!("{text:?} is not a valid glob: {e}"))?;
+        Ok(Self {
+            text: text.to_owned(),
+            matcher: glob.compile_matcher(),
+        })
+    }
+}
+
+impl Serialize for DeviceGlob {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(&self.text)
+    }
+}
+
+impl<'de> Deserialize<'de> for DeviceGlob {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        // serde_norway names the enclosing section only; the message names the key.
+        text.parse()
+            .map_err(|e| serde::de::Error::custom(format!("rdma.devices: {e}")))
+    }
+}
+
+/// `rdma.selftest` as written in YAML.
+mod schedule {
+    use fabricgate_probes::rdma::verbs::selftest::SelftestSchedule;
+    use serde::{Deserialize, Deserializer, Serializer, de::Error as _};
+
+    pub fn serialize<S: Serializer>(v: &SelftestSchedule, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&match v {
+            SelftestSchedule::Off => "off".to_owned(),
+            SelftestSchedule::OnStart => "on-start".to_owned(),
+            SelftestSchedule::Every(n) => format!("every {n} probes"),
+        })
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<SelftestSchedule, D::Error> {
+        let text = String::deserialize(d)?;
+        text.parse()
+            .map_err(|e| D::Error::custom(format!("rdma.selftest: {e}")))
+    }
+}
+
+/// Parse a humantime duration within `[min, max]`; the message says what is accepted.
+///
+/// # Errors
+/// A message naming the text and the bounds (the caller adds the key or flag).
+pub fn parse_bounded_duration(
+    text: &str,
+    min: Duration,
+    max: Duration,
+) -> std::result::Result<Duration, String> {
+    let range = || {
+        format!(
+            "between {} and {}",
+            humantime::format_duration(min),
+            humantime::format_duration(max)
+        )
+    };
+    let d = humantime::parse_duration(text.trim()).map_err(|e| {
+        format!(
+            "{text:?} is not a duration ({e}); give one {} (e.g. \"5s\", \"1500ms\")",
+            range()
+        )
+    })?;
+    if d < min || d > max {
+        return Err(format!(
+            "{text:?} is out of range; give a duration {}",
+            range()
+        ));
+    }
+    Ok(d)
+}
+
+/// A YAML duration field with bounds: `bounded_duration!(module, "key.path", MIN, MAX)`.
+/// serde_norway prefixes errors with the enclosing section only, so the message names the key.
+macro_rules! bounded_duration {
+    ($name:ident, $key:literal, $min:expr, $max:expr) => {
+        mod $name {
+            use serde::{Deserialize, Deserializer, Serializer, de::Error as _};
+            use std::time::Duration;
+
+            pub const MIN: Duration = $min;
+            pub const MAX: Duration = $max;
+
+            pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(&humantime::format_duration(*d).to_string())
+            }
+
+            pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+                let text = String::deserialize(d)?;
+                super::parse_bounded_duration(&text, MIN, MAX)
+                    .map_err(|e| D::Error::custom(format!("{}: {e}", $key)))
+            }
+        }
+    };
+}
+
+bounded_duration!(
+    selftest_timeout,
+    "rdma.selftest_timeout",
+    Duration::from_millis(1),
+    Duration::from_secs(60)
+);
+bounded_duration!(
+    statfs_timeout,
+    "lustre.statfs_timeout",
+    Duration::from_millis(10),
+    Duration::from_secs(600)
+);
+/// `rdma.counters_interval`: optional, bounded like the others.
+mod counters_interval {
+    use serde::{Deserialize, Deserializer, Serializer, de::Error as _};
+    use std::time::Duration;
+
+    pub fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        match d {
+            Some(d) => s.serialize_str(&humantime::format_duration(*d).to_string()),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        let text = String::deserialize(d)?;
+        super::parse_bounded_duration(&text, Duration::ZERO, Duration::from_secs(24 * 3600))
+            .map(Some)
+            .map_err(|e| D::Error::custom(format!("rdma.counters_interval: {e}")))
+    }
+}
+
+bounded_duration!(
+    breaker_window,
+    "node.breaker.window",
+    Duration::from_secs(1),
+    Duration::from_secs(7 * 86_400)
+);
+bounded_duration!(
+    fallback_window,
+    "fallback.window",
+    Duration::from_secs(1),
+    Duration::from_secs(7 * 86_400)
+);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub enum LinkLayerRequirement {
@@ -95,8 +387,8 @@ pub struct LustreRequirements {
     pub mounts: Vec<String>,
     /// Also require every Lustre mount found on the node (and the client's imports) healthy.
     pub all_lustre: bool,
-    /// How long one probe waits for statfs on the mounts (`5s`, `1500ms`).
-    #[serde(with = "humantime_duration")]
+    /// How long one probe waits for statfs on the mounts (`5s`, `1500ms`; 10ms to 10m).
+    #[serde(with = "statfs_timeout")]
     pub statfs_timeout: std::time::Duration,
     /// Capacity floor: percent of blocks and of inodes that must be free (0 = no check).
     pub min_free_percent: f64,
@@ -130,25 +422,6 @@ fn default_true() -> bool {
     true
 }
 
-/// `statfs_timeout: 5s` in YAML, as humantime writes and reads it.
-mod humantime_duration {
-    use serde::{Deserialize, Deserializer, Serializer, de::Error as _};
-    use std::time::Duration;
-
-    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&humantime::format_duration(*d).to_string())
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        let text = String::deserialize(d)?;
-        humantime::parse_duration(text.trim()).map_err(|e| {
-            D::Error::custom(format!(
-                "lustre.statfs_timeout: {text:?} is not a duration ({e}); write e.g. \"5s\" or \"1500ms\""
-            ))
-        })
-    }
-}
-
 /// How the verdict is written onto the Node.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -162,6 +435,9 @@ pub struct NodeSettings {
     /// The blast-radius breaker counts only these Nodes; empty: the breaker is off.
     pub pool_selector: String,
     pub breaker: BreakerSettings,
+    /// What an agent error (condition reason `AgentError`) does to the taint: `taint` (fail
+    /// closed) or `keep` (leave it as it is).
+    pub on_agent_error: OnAgentError,
 }
 
 impl Default for NodeSettings {
@@ -170,6 +446,7 @@ impl Default for NodeSettings {
             label_prefix: DEFAULT_LABEL_PREFIX.into(),
             taint_effect: TaintEffect::NoSchedule,
             recover_after: DEFAULT_RECOVER_AFTER,
+            on_agent_error: OnAgentError::Taint,
             pool_selector: String::new(),
             breaker: BreakerSettings::default(),
         }
@@ -190,7 +467,7 @@ pub struct BreakerSettings {
     /// At most this many Nodes of the pool may have turned not ready (our `FabricReady`
     /// condition's transition time) within `window`, this one included; 0: no such cap.
     pub max_new_per_window: u32,
-    #[serde(with = "humantime_duration")]
+    #[serde(with = "breaker_window")]
     pub window: Duration,
 }
 
@@ -205,6 +482,17 @@ impl Default for BreakerSettings {
     }
 }
 
+/// `node.on_agent_error`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum OnAgentError {
+    /// Taint the node while the agent cannot judge it (fail closed).
+    #[default]
+    Taint,
+    /// Leave the taint as it is on the Node until the agent can judge again.
+    Keep,
+}
+
 /// The silent-TCP-fallback detector (`fabricgate_fallback_suspected`): over `window`, TCP
 /// bytes on `netdevs` at or above `tcp_min_bytes_per_second` while the in-scope RDMA ports
 /// (`rdma.devices`) move at most `rdma_max_bytes_per_second`.
@@ -212,8 +500,8 @@ impl Default for BreakerSettings {
 #[serde(deny_unknown_fields, default)]
 pub struct FallbackSettings {
     pub enabled: bool,
-    /// Sliding window the two rates are averaged over (`10m`, `90s`).
-    #[serde(with = "humantime_duration")]
+    /// Sliding window the two rates are averaged over (`10m`, `90s`; 1s to 7 days).
+    #[serde(with = "fallback_window")]
     pub window: Duration,
     /// Interfaces on the TCP path (pod network, RoCE netdevs); empty: every physical one
     /// (every one but `lo` where there is none, as in a pod's network namespace).
@@ -273,10 +561,7 @@ impl Config {
     /// unknown keys (the message names the key and line), [`Error::ConfigValue`] for values
     /// out of range.
     pub fn load(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|source| Error::ConfigRead {
-            path: path.to_owned(),
-            source,
-        })?;
+        let text = read_config_file(path)?;
         Self::parse(&text).map_err(|e| match e {
             Error::ConfigParse { message, .. } => Error::ConfigParse {
                 path: path.to_owned(),
@@ -291,6 +576,23 @@ impl Config {
     /// # Errors
     /// As [`Config::load`], with an empty path in [`Error::ConfigParse`].
     pub fn parse(text: &str) -> Result<Self> {
+        let parse_err = |message: String| Error::ConfigParse {
+            path: Default::default(),
+            message,
+        };
+        if text.len() > MAX_CONFIG_BYTES {
+            return Err(parse_err(format!(
+                "{} bytes is more than the {MAX_CONFIG_BYTES} a requirements file may have",
+                text.len()
+            )));
+        }
+        let depth = nesting_depth(text);
+        if depth > MAX_CONFIG_DEPTH {
+            return Err(parse_err(format!(
+                "nested {depth} levels deep; a requirements file needs at most 4 and {MAX_CONFIG_DEPTH} \
+                 are accepted"
+            )));
+        }
         let config: Self = if text.trim().is_empty() {
             Self::default()
         } else {
@@ -324,12 +626,6 @@ impl Config {
             return bad(
                 "node.breaker.max_unvalidated_fraction",
                 format!("{fraction} is not a fraction; give a number from 0 to 1 (e.g. 0.5)"),
-            );
-        }
-        if self.node.breaker.window.is_zero() {
-            return bad(
-                "node.breaker.window",
-                "must be greater than 0 (e.g. 10m)".to_owned(),
             );
         }
         if !self.node.pool_selector.is_empty()
@@ -368,27 +664,6 @@ impl Config {
                 );
             }
         }
-        if let Err(e) = globset::Glob::new(&self.rdma.devices) {
-            return bad(
-                "rdma.devices",
-                format!("{:?} is not a valid glob: {e}", self.rdma.devices),
-            );
-        }
-        if let Err(e) = self.rdma.selftest.parse::<SelftestSchedule>() {
-            return bad("rdma.selftest", e);
-        }
-        match humantime::parse_duration(&self.rdma.selftest_timeout) {
-            Ok(d) if !d.is_zero() && d <= std::time::Duration::from_secs(60) => {}
-            _ => {
-                return bad(
-                    "rdma.selftest_timeout",
-                    format!(
-                        "{:?} is not a duration between 1ms and 60s (e.g. \"2s\")",
-                        self.rdma.selftest_timeout
-                    ),
-                );
-            }
-        }
         for (i, m) in self.lustre.mounts.iter().enumerate() {
             if !m.starts_with('/') {
                 return bad(
@@ -396,15 +671,6 @@ impl Config {
                     format!("{m:?} is not an absolute path"),
                 );
             }
-        }
-        if self.fallback.window < Duration::from_secs(1) {
-            return bad(
-                "fallback.window",
-                format!(
-                    "{} is too short; give at least a few probe intervals (e.g. \"10m\")",
-                    humantime::format_duration(self.fallback.window)
-                ),
-            );
         }
         for (i, n) in self.fallback.netdevs.iter().enumerate() {
             if n.is_empty() || n.contains('/') || n == "." || n == ".." {
@@ -418,12 +684,6 @@ impl Config {
             return bad(
                 "node.recover_after",
                 "0 would never mark the node ready; give a count >= 1 (default 3)".to_owned(),
-            );
-        }
-        if self.lustre.statfs_timeout.is_zero() {
-            return bad(
-                "lustre.statfs_timeout",
-                "must be longer than 0 (e.g. \"5s\")".into(),
             );
         }
         if !self.lustre.min_free_percent.is_finite()
@@ -456,6 +716,32 @@ impl Config {
                 );
             }
         }
+        if let Some(mtu) = self.rdma.min_mtu
+            && !fabricgate_probes::gpudirect::transport::IB_MTUS.contains(&mtu)
+        {
+            return bad(
+                "rdma.min_mtu",
+                format!("{mtu} is not an RDMA MTU; give 256, 512, 1024, 2048 or 4096"),
+            );
+        }
+        if self.rdma.roce.ecn_priority > 7 {
+            return bad(
+                "rdma.roce.ecn_priority",
+                format!(
+                    "{} is not a priority; give 0..7",
+                    self.rdma.roce.ecn_priority
+                ),
+            );
+        }
+        if let Err(e) = self.gpudirect.max_relation.parse::<Relation>() {
+            return bad("gpudirect.max_relation", e);
+        }
+        for (i, key) in self.placement.required_labels.iter().enumerate() {
+            if let Err(e) = validate_label_key(key) {
+                return bad(&format!("placement.required_labels[{i}]"), e);
+            }
+        }
+        self.peers.validate()?;
         validate_label_prefix(&self.node.label_prefix)
     }
 
@@ -482,15 +768,180 @@ impl Config {
         }
     }
 
-    /// The device-name matcher for `rdma.devices`.
+    /// The device-name matcher for `rdma.devices` (compiled at load).
     pub fn device_matcher(&self) -> globset::GlobMatcher {
-        globset::Glob::new(&self.rdma.devices)
-            .unwrap_or_else(|_| match globset::Glob::new("*") {
-                Ok(g) => g,
-                Err(_) => unreachable!("\"*\" is a valid glob"),
-            })
-            .compile_matcher()
+        self.rdma.devices.matcher().clone()
     }
+}
+
+/// Largest requirements file accepted.
+pub const MAX_CONFIG_BYTES: usize = 256 * 1024;
+/// Deepest nesting accepted (block indentation levels, `- ` items and flow brackets).
+pub const MAX_CONFIG_DEPTH: usize = 32;
+
+/// Read the requirements file without ever blocking on it: it must be a regular file (a FIFO,
+/// a directory or `/dev/zero` is refused before a byte is read) of at most
+/// [`MAX_CONFIG_BYTES`].
+fn read_config_file(path: &Path) -> Result<String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let read_err = |source: std::io::Error| Error::ConfigRead {
+        path: path.to_owned(),
+        source,
+    };
+    let not_regular = |what: &str| Error::ConfigParse {
+        path: path.to_owned(),
+        message: format!("is {what}, not a regular file; give the path of a YAML file"),
+    };
+    // O_NONBLOCK: opening a FIFO without a writer returns at once instead of waiting.
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(read_err)?;
+    let meta = file.metadata().map_err(read_err)?;
+    let ft = meta.file_type();
+    if !ft.is_file() {
+        use std::os::unix::fs::FileTypeExt;
+        let what = if ft.is_dir() {
+            "a directory"
+        } else if ft.is_fifo() {
+            "a FIFO"
+        } else if ft.is_char_device() || ft.is_block_device() {
+            "a device"
+        } else if ft.is_socket() {
+            "a socket"
+        } else {
+            "not a regular file"
+        };
+        return Err(not_regular(what));
+    }
+    let limit = u64::try_from(MAX_CONFIG_BYTES).unwrap_or(u64::MAX);
+    if meta.len() > limit {
+        return Err(Error::ConfigParse {
+            path: path.to_owned(),
+            message: format!(
+                "{} bytes is more than the {MAX_CONFIG_BYTES} a requirements file may have",
+                meta.len()
+            ),
+        });
+    }
+    let mut bytes = Vec::new();
+    file.take(limit + 1)
+        .read_to_end(&mut bytes)
+        .map_err(read_err)?;
+    if bytes.len() > MAX_CONFIG_BYTES {
+        return Err(Error::ConfigParse {
+            path: path.to_owned(),
+            message: format!("more than the {MAX_CONFIG_BYTES} bytes a requirements file may have"),
+        });
+    }
+    String::from_utf8(bytes).map_err(|e| Error::ConfigParse {
+        path: path.to_owned(),
+        message: format!("not UTF-8 text (byte {})", e.utf8_error().valid_up_to()),
+    })
+}
+
+/// An upper estimate of how deeply `text` nests: block indentation levels plus `- ` sequence
+/// markers plus open flow brackets outside quotes. Linear, so deep nesting is refused before
+/// the YAML parser spends time on it.
+pub fn nesting_depth(text: &str) -> usize {
+    let mut max = 0usize;
+    let mut indents: Vec<usize> = Vec::new();
+    let mut flow = 0usize;
+    let (mut single, mut double) = (false, false);
+    for line in text.lines() {
+        let trimmed = line.trim_start_matches([' ', '\t']);
+        if trimmed.is_empty() || (trimmed.starts_with('#') && !single && !double) {
+            continue;
+        }
+        if flow == 0 && !single && !double {
+            let indent = line.len() - trimmed.len();
+            while indents.last().is_some_and(|&i| i >= indent) {
+                indents.pop();
+            }
+            indents.push(indent);
+        }
+        let mut rest = trimmed;
+        let mut dashes = 0usize;
+        if !single && !double {
+            while let Some(r) = rest.strip_prefix('-') {
+                if !(r.is_empty() || r.starts_with([' ', '\t'])) {
+                    break;
+                }
+                dashes += 1;
+                rest = r.trim_start_matches([' ', '\t']);
+            }
+        }
+        let mut peak = flow;
+        let mut escaped = false;
+        // Quotes open a scalar only where one can start (`it's` is no quote).
+        let mut prev_sep = true;
+        let mut prev_space = true;
+        for c in rest.chars() {
+            if double {
+                match c {
+                    _ if escaped => escaped = false,
+                    '\\' => escaped = true,
+                    '"' => double = false,
+                    _ => {}
+                }
+                continue;
+            }
+            if single {
+                if c == '\'' {
+                    single = false;
+                }
+                continue;
+            }
+            match c {
+                '"' if prev_sep => double = true,
+                '\'' if prev_sep => single = true,
+                '#' if prev_space => break,
+                '[' | '{' => {
+                    flow += 1;
+                    peak = peak.max(flow);
+                }
+                ']' | '}' => flow = flow.saturating_sub(1),
+                _ => {}
+            }
+            prev_space = c == ' ' || c == '\t';
+            prev_sep = prev_space || matches!(c, '[' | '{' | ',');
+        }
+        max = max.max(indents.len() + dashes + peak);
+    }
+    max
+}
+
+/// A Kubernetes label key: optional DNS-subdomain prefix and `/`, then a name of at most 63
+/// characters (alphanumerics, `-`, `_`, `.`; alphanumeric at both ends).
+pub fn validate_label_key(key: &str) -> std::result::Result<(), String> {
+    let (prefix, name) = match key.rsplit_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, key),
+    };
+    if let Some(p) = prefix
+        && validate_label_prefix(&format!("{p}/")).is_err()
+    {
+        return Err(format!("{key:?}: the prefix {p:?} is not a DNS subdomain"));
+    }
+    if !is_label_value(name) || name.is_empty() {
+        return Err(format!(
+            "{key:?}: the name must be 1-63 characters of [A-Za-z0-9-_.], alphanumeric at both ends"
+        ));
+    }
+    Ok(())
+}
+
+/// A valid Kubernetes label value (empty allowed): at most 63 characters of `[A-Za-z0-9-_.]`,
+/// beginning and ending with an alphanumeric.
+pub fn is_label_value(v: &str) -> bool {
+    let alnum = |c: Option<char>| c.is_none_or(|c| c.is_ascii_alphanumeric());
+    v.len() <= 63
+        && v.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        && alnum(v.chars().next())
+        && alnum(v.chars().last())
 }
 
 /// A label prefix is a DNS subdomain followed by `/` (Kubernetes label key prefix rules).
@@ -529,7 +980,8 @@ mod tests {
     #[test]
     fn empty_file_gives_documented_defaults() {
         let c = Config::parse("").unwrap();
-        assert_eq!(c.rdma.devices, "*");
+        assert_eq!(c.rdma.devices.as_str(), "*");
+        assert_eq!(c.node.on_agent_error, OnAgentError::Taint);
         assert_eq!(c.rdma.min_active_ports, 1);
         assert_eq!(c.rdma.min_rate_gbps, 0.0);
         assert_eq!(c.rdma.link_layer, LinkLayerRequirement::Any);
@@ -759,10 +1211,185 @@ mod tests {
     }
 
     #[test]
+    fn gpudirect_transport_and_placement_keys() {
+        let c = Config::parse("").unwrap();
+        assert!(!c.gpudirect.required);
+        assert_eq!(c.gpudirect.max_relation(), Relation::Pxb);
+        assert!(!c.gpudirect.allow_acs);
+        assert_eq!(c.rdma.min_mtu, None);
+        assert!(!c.rdma.roce.require_ecn);
+        assert_eq!(c.rdma.roce.ecn_priority, 3);
+        assert!(c.placement.required_labels.is_empty());
+        let c = Config::parse(
+            "rdma:\n  min_mtu: 4096\n  roce:\n    require_ecn: true\n    ecn_priority: 5\n\
+             gpudirect:\n  required: true\n  max_relation: PIX\n  allow_acs: true\n\
+             placement:\n  required_labels: [topology.kubernetes.io/zone, example.com/rack, block]\n",
+        )
+        .unwrap();
+        assert_eq!(c.rdma.min_mtu, Some(4096));
+        assert!(c.rdma.roce.require_ecn);
+        assert_eq!(c.rdma.roce.ecn_priority, 5);
+        assert!(c.gpudirect.required && c.gpudirect.allow_acs);
+        assert_eq!(c.gpudirect.max_relation(), Relation::Pix);
+        assert_eq!(c.placement.required_labels.len(), 3);
+        for (yaml, key) in [
+            ("rdma:\n  min_mtu: 1500\n", "rdma.min_mtu"),
+            (
+                "rdma:\n  roce:\n    ecn_priority: 8\n",
+                "rdma.roce.ecn_priority",
+            ),
+            ("rdma:\n  roce:\n    ecn: true\n", "ecn"),
+            (
+                "gpudirect:\n  max_relation: CLOSE\n",
+                "gpudirect.max_relation",
+            ),
+            ("gpudirect:\n  requried: true\n", "requried"),
+            (
+                "placement:\n  required_labels: [\"bad key!\"]\n",
+                "placement.required_labels[0]",
+            ),
+            (
+                "placement:\n  required_labels: [\"Example.com/rack\"]\n",
+                "placement.required_labels[0]",
+            ),
+        ] {
+            let e = Config::parse(yaml).unwrap_err().to_string();
+            assert!(e.contains(key), "{yaml:?}: {e}");
+        }
+        assert!(is_label_value("0.1.2.3") && is_label_value("") && is_label_value("PXB"));
+        assert!(
+            !is_label_value("-x") && !is_label_value("a/b") && !is_label_value(&"a".repeat(64))
+        );
+    }
+
+    #[test]
     fn unreadable_file_names_the_path() {
         let e = Config::load(Path::new("/nonexistent/fabricgate.yaml"))
             .unwrap_err()
             .to_string();
         assert!(e.contains("/nonexistent/fabricgate.yaml"), "{e}");
+    }
+}
+
+#[cfg(test)]
+mod hardening_tests {
+    use super::*;
+
+    fn err(yaml: &str) -> String {
+        let e = Config::parse(yaml).unwrap_err();
+        assert_eq!(e.exit_code(), crate::EXIT_USAGE, "{yaml:?}");
+        e.to_string()
+    }
+
+    #[test]
+    fn each_duration_error_names_its_own_key() {
+        // fallback.window used to be reported as lustre.statfs_timeout.
+        let e = err("fallback:\n  window: soon\n");
+        assert!(e.contains("fallback.window"), "{e}");
+        assert!(!e.contains("statfs_timeout"), "{e}");
+        let e = err("rdma:\n  selftest_timeout: 2 fortnights\n");
+        assert!(e.contains("rdma.selftest_timeout"), "{e}");
+        let e = err("lustre:\n  statfs_timeout: soon\n");
+        assert!(e.contains("lustre.statfs_timeout"), "{e}");
+        let e = err("rdma:\n  selftest: sometimes\n");
+        assert!(e.contains("rdma.selftest"), "{e}");
+        let e = err("rdma:\n  devices: \"mlx5_[\"\n");
+        assert!(e.contains("rdma.devices"), "{e}");
+    }
+
+    #[test]
+    fn durations_are_bounded_at_both_ends() {
+        for (yaml, key) in [
+            (
+                "lustre:\n  statfs_timeout: 300000000000y\n",
+                "lustre.statfs_timeout",
+            ),
+            ("lustre:\n  statfs_timeout: 1ms\n", "lustre.statfs_timeout"),
+            ("rdma:\n  selftest_timeout: 61s\n", "rdma.selftest_timeout"),
+            ("rdma:\n  selftest_timeout: 0s\n", "rdma.selftest_timeout"),
+            ("fallback:\n  window: 300000000000y\n", "fallback.window"),
+            ("fallback:\n  window: 10ms\n", "fallback.window"),
+        ] {
+            let e = err(yaml);
+            assert!(e.contains(key) && e.contains("between"), "{yaml:?}: {e}");
+        }
+        let c =
+            Config::parse("lustre:\n  statfs_timeout: 10m\nfallback:\n  window: 7days\n").unwrap();
+        assert_eq!(c.lustre.statfs_timeout, Duration::from_secs(600));
+        assert_eq!(c.fallback.window, Duration::from_secs(7 * 86_400));
+    }
+
+    #[test]
+    fn schedule_timeout_and_glob_are_typed_at_load() {
+        let c = Config::parse(
+            "rdma:\n  devices: \"mlx5_*\"\n  selftest: every 6 probes\n  selftest_timeout: 500ms\n",
+        )
+        .unwrap();
+        assert_eq!(c.rdma.selftest, SelftestSchedule::Every(6));
+        assert_eq!(c.rdma.selftest_timeout, Duration::from_millis(500));
+        assert!(c.rdma.devices.is_match("mlx5_0"));
+        assert!(!c.rdma.devices.is_match("rxe0"));
+        let again = Config::parse(&serde_norway::to_string(&c).unwrap()).unwrap();
+        assert_eq!(again, c);
+    }
+
+    #[test]
+    fn a_huge_glob_is_refused_before_compiling() {
+        let glob = "a".repeat(100 * 1024);
+        let started = std::time::Instant::now();
+        let e = err(&format!("rdma:\n  devices: \"{glob}\"\n"));
+        assert!(
+            e.contains("rdma.devices") && e.contains("longer than"),
+            "{}",
+            &e[..200.min(e.len())]
+        );
+        // Generous: the check is linear; the old path panicked in the glob compiler.
+        assert!(started.elapsed() < std::time::Duration::from_secs(20));
+        let e = err("rdma:\n  devices: \"\"\n");
+        assert!(e.contains("rdma.devices"), "{e}");
+    }
+
+    #[test]
+    fn deep_nesting_is_refused_before_parsing() {
+        let flow = format!("rdma: {}{}\n", "[".repeat(10_000), "]".repeat(10_000));
+        let e = err(&flow);
+        assert!(e.contains("nested"), "{e}");
+        let mut block = String::new();
+        for i in 0..100 {
+            block.push_str(&" ".repeat(i));
+            block.push_str("k:\n");
+        }
+        assert!(err(&block).contains("nested"));
+        let dashes = format!("mounts:\n  {}/a\n", "- ".repeat(100));
+        assert!(err(&dashes).contains("nested"));
+        // The shipped example is shallow.
+        assert!(nesting_depth("rdma:\n  devices: \"[[[[\"\nmounts:\n  - path: /a\n") <= 4);
+    }
+
+    #[test]
+    fn on_agent_error_parses() {
+        let c = Config::parse("node:\n  on_agent_error: keep\n").unwrap();
+        assert_eq!(c.node.on_agent_error, OnAgentError::Keep);
+        let e = err("node:\n  on_agent_error: maybe\n");
+        assert!(e.contains("node.on_agent_error"), "{e}");
+    }
+
+    #[test]
+    fn a_config_path_that_is_not_a_regular_file_is_refused_without_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = Config::load(dir.path()).unwrap_err();
+        assert_eq!(e.exit_code(), crate::EXIT_USAGE);
+        assert!(e.to_string().contains("a directory"), "{e}");
+        let e = Config::load(Path::new("/dev/zero")).unwrap_err();
+        assert!(e.to_string().contains("a device"), "{e}");
+        let fifo = dir.path().join("fifo");
+        let status = std::process::Command::new("mkfifo").arg(&fifo).status();
+        assert!(status.is_ok_and(|s| s.success()), "mkfifo (coreutils)");
+        let e = Config::load(&fifo).unwrap_err();
+        assert!(e.to_string().contains("a FIFO"), "{e}");
+        let big = dir.path().join("big.yaml");
+        std::fs::write(&big, "#".repeat(MAX_CONFIG_BYTES + 1)).unwrap();
+        let e = Config::load(&big).unwrap_err();
+        assert!(e.to_string().contains("bytes"), "{e}");
     }
 }

@@ -3,13 +3,18 @@
 //!
 //! Shutdown is a future passed in (as in mini-redis), so tests drive it without signals.
 
+use crate::agent_error::{self, AgentFault};
 use crate::cli::{LogFormat, RunArgs};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::failclosed;
+use crate::health::HealthTiming;
 use crate::metrics::{self, Metrics};
 use crate::node::{self, Reconciler, RetryAfter};
+use crate::peers::{self, PeerAgent, PeerSpec, Rounds};
 use crate::policy::{self, Finding, Hysteresis, Verdict};
+use crate::server::Limits;
+use fabricgate_probes::rdma::peer::Identity;
 use fabricgate_probes::{ProbeReport, Prober};
 use std::future::Future;
 use std::sync::Arc;
@@ -34,6 +39,40 @@ pub struct Agent {
     pub client: Option<node::Clients>,
     pub retry_after: RetryAfter,
     pub metrics: Arc<Metrics>,
+    /// Connection limits of the metrics server (from `RLIMIT_NOFILE`).
+    pub limits: Limits,
+    pub probe_deadline: Duration,
+    pub liveness_grace: Duration,
+    pub stale_series_grace: Duration,
+    /// Test-only fault injection (`FABRICGATE_FAILPOINT`, docs/hardening.md).
+    pub failpoint: Failpoint,
+    /// The peer responder and rounds, when `peers.enabled` (docs/peers.md).
+    pub peers: Option<(PeerAgent, Rounds)>,
+}
+
+/// Faults the integration tests inject into the real binary through the environment variable
+/// `FABRICGATE_FAILPOINT` (never set in a deployment).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Failpoint {
+    #[default]
+    None,
+    /// The reconcile task panics on its first verdict.
+    ReconcilePanic,
+    /// The probe thread panics on its second probe.
+    ProbePanic,
+    /// Every probe after the first blocks forever.
+    ProbeStall,
+}
+
+impl Failpoint {
+    fn from_env() -> Self {
+        match std::env::var("FABRICGATE_FAILPOINT").as_deref() {
+            Ok("reconcile-panic") => Self::ReconcilePanic,
+            Ok("probe-panic") => Self::ProbePanic,
+            Ok("probe-stall") => Self::ProbeStall,
+            _ => Self::None,
+        }
+    }
 }
 
 impl Agent {
@@ -61,7 +100,19 @@ impl Agent {
         }
         let config = args.probe.load_config()?;
         let roots = args.probe.roots()?;
-        let prober = Prober::new(roots, args.probe.probe_config(&config));
+        let mut probe_config = args.probe.probe_config(&config);
+        probe_config.counters_interval = config.rdma.counters_interval(args.interval);
+        let prober = Prober::new(roots.clone(), probe_config);
+        // Descriptors: all the container allows, and HTTP connections kept far below that.
+        let nofile = crate::server::raise_nofile();
+        let limits = Limits::for_nofile(args.metrics_max_connections, nofile.soft);
+        tracing::info!(
+            nofile_before = ?nofile.before,
+            nofile = ?nofile.soft,
+            nofile_hard = ?nofile.hard,
+            max_connections = limits.max_connections,
+            "descriptor budget"
+        );
         let listener = tokio::net::TcpListener::bind(args.metrics_addr)
             .await
             .map_err(|e| Error::Usage {
@@ -82,6 +133,39 @@ impl Agent {
         };
         // The fallback detector follows `fallback:` and `rdma.devices` of the config.
         let metrics = Arc::new(Metrics::with_config(&config));
+        let peers = if config.peers.enabled {
+            let mut extra = Vec::new();
+            for p in &args.peers {
+                extra.push(PeerSpec::parse(p, config.peers.port()).map_err(|message| {
+                    Error::Usage {
+                        flag: "--peers".into(),
+                        message,
+                    }
+                })?);
+            }
+            let identity = Identity {
+                node_name: node_name.clone(),
+                group: peers::group_of(
+                    client.as_ref().map(|c| &c.requests),
+                    &node_name,
+                    &config.peers.match_label,
+                )
+                .await,
+            };
+            let agent = PeerAgent::start(
+                &config,
+                identity.clone(),
+                &roots,
+                metrics.peers.clone().unwrap_or_default(),
+            )?;
+            let rounds = Rounds::new(&config.peers, &extra, identity, roots);
+            Some((agent, rounds))
+        } else {
+            if !args.peers.is_empty() {
+                tracing::warn!("--peers is ignored: peers.enabled is false in the config");
+            }
+            None
+        };
         Ok(Self {
             node_name,
             config,
@@ -93,8 +177,36 @@ impl Agent {
             client,
             retry_after,
             metrics,
+            limits,
+            probe_deadline: args.probe_deadline,
+            liveness_grace: args.liveness_grace,
+            stale_series_grace: args.stale_series_grace,
+            failpoint: Failpoint::from_env(),
+            peers,
         })
     }
+}
+
+/// Make any panic, on any thread or task, end the process with [`crate::EXIT_AGENT_PANIC`]:
+/// never a half-alive agent whose probes and `/healthz` go on while its Node writer is dead.
+pub fn exit_on_panic() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        default(info);
+        tracing::error!(
+            panic = %info,
+            "a task of the agent panicked; exiting with status {} so that it is restarted",
+            crate::EXIT_AGENT_PANIC
+        );
+        std::process::exit(i32::from(crate::EXIT_AGENT_PANIC));
+    }));
+}
+
+/// `now + d`, or a day from now when that overflows the clock (never panics).
+fn later(now: Instant, d: Duration) -> Instant {
+    now.checked_add(d)
+        .or_else(|| now.checked_add(Duration::from_secs(86_400)))
+        .unwrap_or(now)
 }
 
 /// Install the global `tracing` subscriber (level from `RUST_LOG`, default `info`).
@@ -145,16 +257,43 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
         client,
         retry_after,
         metrics,
+        limits,
+        probe_deadline,
+        liveness_grace,
+        stale_series_grace,
+        failpoint,
+        peers,
     } = agent;
+    metrics.health().set_timing(HealthTiming {
+        interval,
+        probe_deadline,
+        liveness_grace,
+    });
+    metrics.set_stale_series_grace(stale_series_grace);
+    // Dropping the sender (when `run` returns) stops the peer thread.
+    let (_peers_stop, peers_stop_rx) = std::sync::mpsc::channel::<()>();
+    let peer_agent = match peers {
+        Some((agent, rounds)) => {
+            agent.spawn_rounds(
+                rounds,
+                config.peers.interval(interval),
+                config.peers.keep_rounds as usize,
+                peers_stop_rx,
+            )?;
+            Some(agent)
+        }
+        None => None,
+    };
     let (stop_tx, stop_rx) = watch::channel(false);
     tokio::spawn(async move {
         shutdown.await;
         let _ = stop_tx.send(true);
     });
 
-    let server = tokio::spawn(metrics::serve(
+    let mut server = tokio::spawn(metrics::serve_with_limits(
         listener,
         Arc::clone(&metrics),
+        limits,
         stopped(stop_rx.clone()),
     ));
 
@@ -164,9 +303,9 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
     let mut hysteresis = Hysteresis::new(&config);
     // The agent's own Node, watched: drift is undone at once and steady state reads nothing.
     let (node_tx, node_rx) = tokio::sync::mpsc::channel(16);
-    let watch_task = client.as_ref().map(|c| {
+    let watch_task = client.as_ref().and_then(|c| c.watch.clone()).map(|watch| {
         tokio::spawn(node::watch_node(
-            c.watch.clone(),
+            watch,
             node_name.clone(),
             node_tx,
             interval,
@@ -178,7 +317,8 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
         client.map(|c| c.requests),
         dry_run,
         Arc::clone(&metrics),
-    );
+    )
+    .with_required_labels(config.placement.required_labels.clone());
     let mut early_stop = stop_rx.clone();
     let resumed = tokio::select! {
         v = reconciler.validated_on_node() => v,
@@ -191,17 +331,21 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
         );
         hysteresis.resume_validated();
     }
-    let loop_task = tokio::spawn(reconcile_loop(
+    let mut loop_task = tokio::spawn(reconcile_loop(
         reconciler,
         desired_rx,
         node_rx,
         stop_rx.clone(),
-        LoopTiming { interval, resync },
-        retry_after,
+        LoopTiming {
+            interval,
+            resync,
+            retry_after,
+        },
         NodeChecks {
             rdma_resources: config.kubernetes.rdma_resources.clone(),
             findings: node_findings_tx,
         },
+        failpoint,
     ));
 
     tracing::info!(
@@ -211,29 +355,77 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
         dry_run,
         "fabricgate agent started"
     );
-    let result = probe_loop(
-        prober,
+    let stopping = stop_rx.clone();
+    let probing = probe_loop(
+        ProbeThread::spawn(prober, failpoint)?,
         &config,
         hysteresis,
-        interval,
+        ProbeTiming {
+            interval,
+            deadline: probe_deadline,
+        },
         &metrics,
         Channels {
             desired: &desired_tx,
             node_findings: node_findings_rx,
             stop: stop_rx,
         },
-    )
-    .await;
-
-    // The reconcile loop finishes or abandons its write within WRITE_GRACE.
+        peer_agent.as_ref(),
+    );
+    // Supervision: the probe loop, the Node writer and the server live and die together. A
+    // panic already ended the process (exit_on_panic); a task that returns early ends it too.
+    let ended = tokio::select! {
+        r = probing => Ended::Probe(r),
+        r = &mut loop_task => Ended::Reconcile(r),
+        r = &mut server => Ended::Server(r),
+    };
+    let result = match ended {
+        Ended::Probe(r) => r,
+        // Shutting down: whichever part noticed first.
+        _ if *stopping.borrow() => Ok(()),
+        Ended::Reconcile(r) => Err(r.err().map_or_else(
+            || Error::Internal {
+                message: "the Node writer stopped while the agent runs".into(),
+            },
+            |e| task_died("the Node writer", &e),
+        )),
+        Ended::Server(r) => Err(match r {
+            Ok(Ok(())) => Error::Internal {
+                message: "the metrics server stopped while the agent runs".into(),
+            },
+            Ok(Err(e)) => Error::Internal {
+                message: format!("the metrics server failed: {e}"),
+            },
+            Err(e) => task_died("the metrics server", &e),
+        }),
+    };
+    // The reconcile loop finishes or abandons its write within WRITE_GRACE. (A handle that
+    // completed inside the select above is finished and not polled again.)
     drop(desired_tx);
-    let _ = timeout(WRITE_GRACE + Duration::from_millis(500), loop_task).await;
+    if !loop_task.is_finished() {
+        let _ = timeout(WRITE_GRACE + Duration::from_millis(500), &mut loop_task).await;
+    }
     if let Some(w) = watch_task {
         w.abort();
     }
-    let _ = timeout(Duration::from_millis(500), server).await;
+    if !server.is_finished() {
+        let _ = timeout(Duration::from_millis(500), &mut server).await;
+    }
     tracing::info!(node = %node_name, "fabricgate agent stopped");
     result
+}
+
+/// Which of the agent's concurrent parts ended first.
+enum Ended {
+    Probe(Result<()>),
+    Reconcile(std::result::Result<(), tokio::task::JoinError>),
+    Server(std::result::Result<std::io::Result<()>, tokio::task::JoinError>),
+}
+
+fn task_died(what: &str, e: &tokio::task::JoinError) -> Error {
+    Error::Internal {
+        message: format!("{what} task ended abnormally: {e}"),
+    }
 }
 
 async fn stopped(mut stop: watch::Receiver<bool>) {
@@ -253,24 +445,62 @@ struct Channels<'a> {
     stop: watch::Receiver<bool>,
 }
 
+#[derive(Debug, Clone, Copy)]
+struct ProbeTiming {
+    interval: Duration,
+    /// A probe still running after this is an agent error (`--probe-deadline`).
+    deadline: Duration,
+}
+
+/// Hand a verdict to the Node writer when it differs from the last one.
+fn publish(desired: &watch::Sender<Option<Verdict>>, verdict: Verdict) {
+    desired.send_if_modified(|d| {
+        if d.as_ref() == Some(&verdict) {
+            false
+        } else {
+            *d = Some(verdict);
+            true
+        }
+    });
+}
+
+/// Log entering, changing and leaving an agent error, once each.
+fn log_agent_error(last: &mut Option<AgentFault>, now: Option<&AgentFault>) {
+    match (last.as_ref(), now) {
+        (None, None) => {}
+        (Some(_), None) => tracing::info!("agent error cleared; judging the node again"),
+        (Some(a), Some(b)) if a == b => {}
+        (_, Some(f)) => tracing::error!(
+            cause = f.cause.name(),
+            message = %f.message,
+            "agent error: the agent cannot judge this node (condition reason AgentError)"
+        ),
+    }
+    *last = now.cloned();
+}
+
+#[allow(clippy::too_many_arguments)]
 async fn probe_loop(
-    prober: Prober,
+    probes: ProbeThread,
     config: &Config,
     mut hysteresis: Hysteresis,
-    interval: Duration,
+    timing: ProbeTiming,
     metrics: &Metrics,
     channels: Channels<'_>,
+    peers: Option<&PeerAgent>,
 ) -> Result<()> {
     let Channels {
         desired,
         mut node_findings,
         mut stop,
     } = channels;
-    let probes = ProbeThread::spawn(prober)?;
+    let interval = timing.interval;
     let mut jitter = Jitter::new();
     let mut next = Instant::now();
     let mut last_ready: Option<bool> = None;
-    let mut last_report: Option<ProbeReport> = None;
+    let mut last_fault: Option<AgentFault> = None;
+    let mut last_verdict: Option<Verdict> = None;
+    let mut last_probed: Option<Probed> = None;
     let mut findings_open = true;
     loop {
         // A device plugin that went away (seen on the watched Node) fails the node at once,
@@ -284,35 +514,75 @@ async fn probe_loop(
                     findings_open = false;
                     continue;
                 }
-                if node_findings.borrow().is_empty() || last_report.is_none() {
+                if node_findings.borrow().is_empty() || last_probed.is_none() {
                     continue;
                 }
                 false
             }
             () = sleep_until(next) => true,
         };
-        let report = match (&last_report, fresh) {
-            (Some(report), false) => report.clone(),
+        let probed = match (&last_probed, fresh) {
+            (Some(probed), false) => probed.clone(),
             _ => {
                 let started = Instant::now();
                 // Never later than the interval: "within one interval" holds with jitter.
-                next = started + interval.mul_f64(1.0 - 0.1 * jitter.next_f64());
-                let report = tokio::select! {
-                    biased;
-                    () = wait_stop(&mut stop) => return Ok(()),
-                    r = probes.probe() => r?,
+                next = later(started, interval.mul_f64(1.0 - 0.1 * jitter.next_f64()));
+                metrics.health().probe_started();
+                let probe = probes.probe();
+                tokio::pin!(probe);
+                let deadline = later(started, timing.deadline);
+                let mut stalled = false;
+                let probed = loop {
+                    tokio::select! {
+                        biased;
+                        () = wait_stop(&mut stop) => return Ok(()),
+                        r = &mut probe => break r?,
+                        () = sleep_until(deadline), if !stalled => {
+                            // The probe goes on (it cannot be cancelled); the node is judged
+                            // as an agent error until it returns, and /healthz fails after
+                            // the grace.
+                            stalled = true;
+                            let fault = AgentFault::stalled(timing.deadline);
+                            let base = last_verdict.clone().unwrap_or_else(|| {
+                                policy::evaluate(&empty_report(), config)
+                            });
+                            let verdict = agent_error::verdict(base, &fault, config);
+                            metrics.set_agent_error(Some(&fault.message));
+                            log_agent_error(&mut last_fault, Some(&fault));
+                            publish(desired, agent_error::gate(verdict, Some(&fault), config));
+                        }
+                    }
                 };
-                last_report = Some(report.clone());
-                report
+                last_probed = Some(probed.clone());
+                probed
             }
         };
+        let report = &probed.report;
         let found = node_findings.borrow_and_update().clone();
-        let instant = policy::evaluate_with(&report, config, &found);
-        let instant_ready = instant.ready;
-        let verdict = hysteresis.apply(instant);
-        if fresh {
-            metrics.record_probe(&report, &verdict);
+        let mut instant = policy::evaluate_with(report, config, &found);
+        if let Some(p) = peers {
+            if fresh {
+                p.update_ports(&report.rdma);
+            }
+            if let Some(finding) = p.required_finding() {
+                instant = crate::peers::apply_finding(instant, finding, config);
+            }
         }
+        let instant_ready = instant.ready;
+        let fault = agent_error::classify(report, &probed.own_mounts);
+        // An agent error says nothing about the node: hysteresis does not see that probe, so
+        // the node continues where it was once the agent can judge again.
+        let verdict = match &fault {
+            None => hysteresis.apply(instant),
+            Some(f) => agent_error::verdict(instant, f, config),
+        };
+        metrics.set_agent_error(fault.as_ref().map(|f| f.message.as_str()));
+        log_agent_error(&mut last_fault, fault.as_ref());
+        if fresh {
+            metrics.record_probe(report, &verdict);
+        }
+        let verdict = agent_error::gate(verdict, fault.as_ref(), config);
+        last_verdict = Some(verdict.clone());
         tracing::debug!(
             instant_ready,
             ready = verdict.ready,
@@ -335,32 +605,59 @@ async fn probe_loop(
             }
             last_ready = Some(verdict.ready);
         }
-        desired.send_if_modified(|d| {
-            if d.as_ref() == Some(&verdict) {
-                false
-            } else {
-                *d = Some(verdict);
-                true
-            }
-        });
+        publish(desired, verdict);
     }
+}
+
+/// What a probe of nothing gives (the base verdict of a stall before any probe completed).
+fn empty_report() -> ProbeReport {
+    ProbeReport {
+        timestamp: 0.0,
+        rdma: fabricgate_probes::rdma::RdmaReport::default(),
+        storage: fabricgate_probes::storage::StorageReport::default(),
+        netdevs: Vec::new(),
+        gpudirect: fabricgate_probes::gpudirect::GpudirectReport::default(),
+        timings: fabricgate_probes::ProbeTimings::default(),
+    }
+}
+
+/// One probe's report and the agent's own blind spots found beside it.
+#[derive(Clone)]
+struct Probed {
+    report: ProbeReport,
+    /// [`agent_error::own_mount_problems`].
+    own_mounts: Vec<String>,
 }
 
 /// The prober lives on its own thread for the agent's life: a probe may block (hung mounts,
 /// verbs), and its storage workers must persist across ticks. A thread stuck in a probe does not
 /// delay shutdown: nobody joins it.
 struct ProbeThread {
-    requests: std::sync::mpsc::Sender<oneshot::Sender<ProbeReport>>,
+    requests: std::sync::mpsc::Sender<oneshot::Sender<Probed>>,
 }
 
 impl ProbeThread {
-    fn spawn(mut prober: Prober) -> Result<Self> {
-        let (tx, rx) = std::sync::mpsc::channel::<oneshot::Sender<ProbeReport>>();
+    fn spawn(mut prober: Prober, failpoint: Failpoint) -> Result<Self> {
+        let (tx, rx) = std::sync::mpsc::channel::<oneshot::Sender<Probed>>();
+        let live_procfs = prober.roots().procfs_root() == std::path::Path::new("/proc");
         std::thread::Builder::new()
             .name("fabricgate-probe".into())
             .spawn(move || {
+                let mut done: u64 = 0;
                 while let Ok(reply) = rx.recv() {
-                    let _ = reply.send(prober.probe());
+                    match failpoint {
+                        Failpoint::ProbeStall if done >= 1 => loop {
+                            std::thread::park();
+                        },
+                        Failpoint::ProbePanic if done >= 1 => {
+                            panic!("failpoint probe-panic: the probe thread panics")
+                        }
+                        _ => {}
+                    }
+                    let report = prober.probe();
+                    let own_mounts = agent_error::own_mount_problems(&report, live_procfs);
+                    done += 1;
+                    let _ = reply.send(Probed { report, own_mounts });
                 }
             })
             .map_err(|e| Error::Internal {
@@ -369,7 +666,7 @@ impl ProbeThread {
         Ok(Self { requests: tx })
     }
 
-    async fn probe(&self) -> Result<ProbeReport> {
+    async fn probe(&self) -> Result<Probed> {
         let (tx, rx) = oneshot::channel();
         let dead = || Error::Internal {
             message: "the probe thread died".into(),
@@ -406,10 +703,12 @@ impl NodeChecks {
     }
 }
 
-#[derive(Debug, Clone, Copy)]
+/// When the Node writer acts: the probe interval caps its backoff, `resync` re-reads the Node,
+/// `retry_after` is the API server's last `Retry-After`.
 struct LoopTiming {
     interval: Duration,
     resync: Duration,
+    retry_after: RetryAfter,
 }
 
 /// Applies the latest verdict whenever it changes, re-reads the Node every `resync` to undo
@@ -420,8 +719,8 @@ async fn reconcile_loop(
     mut node_updates: tokio::sync::mpsc::Receiver<Option<k8s_openapi::api::core::v1::Node>>,
     mut stop: watch::Receiver<bool>,
     timing: LoopTiming,
-    retry_after: RetryAfter,
     checks: NodeChecks,
+    failpoint: Failpoint,
 ) {
     let mut failures: u32 = 0;
     let mut deadline: Option<Instant> = None;
@@ -429,7 +728,7 @@ async fn reconcile_loop(
     let mut last_error: Option<&'static str> = None;
     let mut watching = true;
     loop {
-        let wake = deadline.unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400));
+        let wake = deadline.unwrap_or_else(|| later(Instant::now(), Duration::from_secs(86_400)));
         tokio::select! {
             biased;
             () = wait_stop(&mut stop) => return,
@@ -468,6 +767,9 @@ async fn reconcile_loop(
         let Some(verdict) = desired.borrow_and_update().clone() else {
             continue;
         };
+        if failpoint == Failpoint::ReconcilePanic {
+            panic!("failpoint reconcile-panic: the reconcile task panics");
+        }
         let result = {
             let fut = rec.reconcile(&verdict);
             tokio::pin!(fut);
@@ -495,16 +797,16 @@ async fn reconcile_loop(
                 }
                 failures = 0;
                 last_error = None;
-                deadline = Some(Instant::now() + timing.resync);
+                deadline = Some(later(Instant::now(), timing.resync));
             }
             Err(e) => {
                 // What the watch showed may be what the failed write was based on.
-                rec.forget_observed();
+                rec.distrust_observed();
                 failures = failures.saturating_add(1);
                 let mut delay = backoff(failures, timing.interval, &mut jitter);
                 if e.is_throttled() {
                     // The header (seen by the client layer) or the Status body carries it.
-                    let header = retry_after.take();
+                    let header = timing.retry_after.take();
                     if let Some(server) = e.retry_after().or(header) {
                         delay = delay.max(server);
                     }
@@ -516,7 +818,7 @@ async fn reconcile_loop(
                     tracing::debug!(error = %e, retry_in = ?delay, failures, "Node reconcile failed again");
                 }
                 last_error = Some(label);
-                deadline = Some(Instant::now() + delay);
+                deadline = Some(later(Instant::now(), delay));
             }
         }
     }

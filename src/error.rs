@@ -106,7 +106,7 @@ impl Error {
             if matches!(source.as_ref(), kube::Error::Api(s) if s.code == 429))
     }
 
-    /// Process exit code for `fabricgate check` and friends (DESIGN.md).
+    /// Process exit code for `fabricgate check` and friends (docs/configuration.md, Exit codes).
     pub fn exit_code(&self) -> u8 {
         match self {
             Self::ConfigRead { .. }

@@ -13,7 +13,7 @@
 //! here): a fallback onto IPoIB keeps the ports busy and is not what this detector catches.
 
 use crate::config::{Config, FallbackSettings};
-use crate::metrics::Monotonic;
+use crate::counters::Monotonic;
 use fabricgate_probes::ProbeReport;
 use std::collections::{HashMap, VecDeque};
 
@@ -28,11 +28,36 @@ pub struct FallbackStatus {
     pub rdma_bytes_per_second: Option<f64>,
 }
 
+/// A running byte total at the time its counters were read.
 #[derive(Debug, Clone, Copy)]
 struct Sample {
     t: f64,
-    rdma: f64,
-    tcp: f64,
+    bytes: f64,
+}
+
+/// The samples of one side (RDMA or TCP) within the window.
+#[derive(Debug, Default)]
+struct Series {
+    samples: VecDeque<Sample>,
+}
+
+impl Series {
+    fn push(&mut self, t: f64, bytes: f64, window: f64, now: f64) {
+        if self.samples.back().is_none_or(|s| t > s.t) {
+            self.samples.push_back(Sample { t, bytes });
+        }
+        // Keep one sample at or before the window's start so the span covers the window.
+        while self.samples.len() > 2 && self.samples[1].t <= now - window {
+            self.samples.pop_front();
+        }
+    }
+
+    /// Average rate and the span it covers; `None` until two samples exist.
+    fn rate(&self) -> Option<(f64, f64)> {
+        let (first, last) = (self.samples.front()?, self.samples.back()?);
+        let span = last.t - first.t;
+        (span > 0.0).then(|| ((last.bytes - first.bytes) / span, span))
+    }
 }
 
 /// Keeps the samples of the last window; one per probe.
@@ -45,7 +70,10 @@ pub struct FallbackDetector {
     tcp_series: HashMap<(String, bool), Monotonic>,
     rdma_total: f64,
     tcp_total: f64,
-    samples: VecDeque<Sample>,
+    /// RDMA totals at the time the port counters were read (`counters_timestamp`: the probe
+    /// may read them less often than it probes), TCP totals at the probe's time.
+    rdma_samples: Series,
+    tcp_samples: Series,
 }
 
 impl FallbackDetector {
@@ -57,17 +85,21 @@ impl FallbackDetector {
             tcp_series: HashMap::new(),
             rdma_total: 0.0,
             tcp_total: 0.0,
-            samples: VecDeque::new(),
+            rdma_samples: Series::default(),
+            tcp_samples: Series::default(),
         }
     }
 
     /// Add one probe report and judge the window that ends with it.
     pub fn observe(&mut self, report: &ProbeReport) -> FallbackStatus {
         let t = report.timestamp;
-        if self.samples.back().is_some_and(|s| t <= s.t) {
+        if self.tcp_samples.samples.back().is_some_and(|s| t <= s.t) {
             // The wall clock stepped back: rates across the step would be nonsense.
-            self.samples.clear();
+            self.tcp_samples.samples.clear();
+            self.rdma_samples.samples.clear();
         }
+        // When the RDMA counters in this report were read.
+        let mut rdma_t: Option<f64> = None;
 
         let mut rdma_ports = 0usize;
         let mut rdma_delta = 0u64;
@@ -83,6 +115,8 @@ impl FallbackDetector {
                 for (tx, bytes) in [(true, port.transmit_bytes()), (false, port.receive_bytes())] {
                     let Some(bytes) = bytes else { continue };
                     counted = true;
+                    let read_at = port.counters_timestamp.unwrap_or(t);
+                    rdma_t = Some(rdma_t.map_or(read_at, |r: f64| r.max(read_at)));
                     let key = (dev.name.clone(), port.port, tx);
                     rdma_delta =
                         rdma_delta.saturating_add(moved(&mut self.rdma_series, &key, bytes));
@@ -111,26 +145,32 @@ impl FallbackDetector {
 
         self.rdma_total += rdma_delta as f64;
         self.tcp_total += tcp_delta as f64;
-        self.samples.push_back(Sample {
-            t,
-            rdma: self.rdma_total,
-            tcp: self.tcp_total,
-        });
         let window = self.settings.window.as_secs_f64();
-        // Keep one sample at or before the window's start so the span covers the window.
-        while self.samples.len() > 2 && self.samples[1].t <= t - window {
-            self.samples.pop_front();
+        self.tcp_samples.push(t, self.tcp_total, window, t);
+        if let Some(rdma_t) = rdma_t {
+            self.rdma_samples.push(rdma_t, self.rdma_total, window, t);
         }
 
-        let (Some(first), Some(last)) = (self.samples.front(), self.samples.back()) else {
-            return FallbackStatus::default();
+        let (Some((tcp, tcp_span)), Some((rdma, rdma_span))) =
+            (self.tcp_samples.rate(), self.rdma_samples.rate())
+        else {
+            return FallbackStatus {
+                tcp_bytes_per_second: self
+                    .tcp_samples
+                    .rate()
+                    .filter(|_| tcp_netdevs > 0)
+                    .map(|r| r.0),
+                rdma_bytes_per_second: self
+                    .rdma_samples
+                    .rate()
+                    .filter(|_| rdma_ports > 0)
+                    .map(|r| r.0),
+                ..FallbackStatus::default()
+            };
         };
-        let span = last.t - first.t;
-        if span <= 0.0 {
-            return FallbackStatus::default();
-        }
-        let tcp_rate = (tcp_netdevs > 0).then(|| (last.tcp - first.tcp) / span);
-        let rdma_rate = (rdma_ports > 0).then(|| (last.rdma - first.rdma) / span);
+        let span = tcp_span.min(rdma_span);
+        let tcp_rate = (tcp_netdevs > 0).then_some(tcp);
+        let rdma_rate = (rdma_ports > 0).then_some(rdma);
         // Half a window of evidence before judging: a node that just booted, or an agent
         // that just restarted, has seen too little to page anyone.
         let enough = span >= window / 2.0;
@@ -176,8 +216,10 @@ mod tests {
             port: 1,
             ..PortReport::default()
         };
-        port.counters.insert("port_xmit_data".into(), rdma_words);
-        port.counters.insert("port_rcv_data".into(), rdma_words);
+        let counters = std::sync::Arc::make_mut(&mut port.counters);
+        counters.insert("port_xmit_data".into(), rdma_words);
+        counters.insert("port_rcv_data".into(), rdma_words);
+        port.counters_timestamp = Some(t);
         ProbeReport {
             timestamp: t,
             rdma: RdmaReport {
@@ -196,6 +238,7 @@ mod tests {
                 tx_bytes: Some(0),
                 errors: Vec::new(),
             }],
+            gpudirect: Default::default(),
             timings: ProbeTimings::default(),
         }
     }
@@ -264,6 +307,27 @@ mod tests {
         assert_eq!(s.rdma_bytes_per_second, Some(2e9 * 4.0 * 2.0 / 10.0));
     }
 
+    /// Probes every second, counters read every 10 s (`rdma.counters_interval`): the RDMA
+    /// rate uses the counters' own timestamps, so it is exact, not smeared or inflated.
+    #[test]
+    fn counters_read_on_their_own_cadence_give_exact_rates() {
+        let mut d = FallbackDetector::new(&config(60));
+        let mut s = FallbackStatus::default();
+        // 1 MB/s of RDMA (250,000 words/s per direction, 2 directions), 300 MB/s of TCP.
+        for i in 0..=120u64 {
+            let t = 1_000.0 + i as f64;
+            let read_at = (i / 10) * 10;
+            let mut r = report(t, 250_000 * read_at / 2, 300_000_000 * i);
+            r.rdma.devices[0].ports[0].counters_timestamp = Some(1_000.0 + read_at as f64);
+            s = d.observe(&r);
+            if i >= 20 {
+                assert_eq!(s.rdma_bytes_per_second, Some(1e6), "sample {i}: {s:?}");
+                assert_eq!(s.tcp_bytes_per_second, Some(3e8), "sample {i}: {s:?}");
+            }
+        }
+        assert!(s.suspected, "{s:?}");
+    }
+
     #[test]
     fn a_counter_reset_never_makes_a_negative_rate() {
         let mut d = FallbackDetector::new(&config(60));
@@ -288,7 +352,7 @@ mod tests {
         assert!(s.tcp_bytes_per_second.is_some(), "rates are still reported");
 
         let mut c = config(60);
-        c.rdma.devices = "bnxt_*".into();
+        c.rdma.devices = "bnxt_*".parse().unwrap();
         let mut d = FallbackDetector::new(&c);
         for i in 0..=12u64 {
             s = d.observe(&report(10.0 * i as f64, 0, 2_000_000_000 * i));

@@ -1,7 +1,12 @@
 //! The `fabricgate` binary: argument parsing and exit codes only.
 
+#![forbid(unsafe_code)]
+
 use clap::Parser;
-use fabricgate::cli::{CheckArgs, Cli, Command, Format, GuardArgs, RunArgs, SelftestArgs};
+use fabricgate::cli::{
+    CheckArgs, Cli, Command, Format, GuardArgs, PingArgs, PreflightArgs, RunArgs, SelftestArgs,
+    WebhookArgs,
+};
 use fabricgate::{EXIT_USAGE, EXIT_VALIDATED, check, daemon, policy};
 use fabricgate_probes::Prober;
 use std::process::ExitCode;
@@ -13,6 +18,9 @@ fn main() -> ExitCode {
         Command::Run(args) => run_agent(&args),
         Command::Selftest(args) => run_selftest(&args),
         Command::Guard(args) => run_guard(args),
+        Command::Ping(args) => run_ping(&args),
+        Command::Preflight(args) => run_preflight(&args),
+        Command::Webhook(args) => run_webhook(&args),
     };
     match result {
         Ok(code) => ExitCode::from(code),
@@ -32,14 +40,23 @@ fn run_check(args: &CheckArgs) -> anyhow::Result<u8> {
     let mut prober = Prober::new(roots, args.probe.probe_config(&config));
     let report = prober.probe();
     let verdict = policy::evaluate(&report, &config);
-    match args.format {
-        Format::Json => println!(
-            "{}",
-            serde_json::to_string_pretty(&check::to_json(&report, &verdict))?
-        ),
-        Format::Table => print!("{}", check::to_table(&report, &verdict)),
-    }
+    let text = match args.format {
+        Format::Json => serde_json::to_string_pretty(&check::to_json(&report, &verdict))? + "\n",
+        Format::Table => check::to_table(&report, &verdict),
+    };
+    write_stdout(&text)?;
     Ok(check::exit_code(&report, &verdict))
+}
+
+/// Write the whole output; a reader that went away (`| head -c1`) is not an error: the exit
+/// code still tells the verdict.
+fn write_stdout(text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e),
+        _ => Ok(()),
+    }
 }
 
 fn run_selftest(args: &SelftestArgs) -> anyhow::Result<u8> {
@@ -53,7 +70,48 @@ fn run_selftest(args: &SelftestArgs) -> anyhow::Result<u8> {
         Format::Json => serde_json::to_string_pretty(&outcome.to_json())? + "\n",
         Format::Table => outcome.to_table(),
     };
-    // A closed pipe (`| head`) is not an error worth a panic; the exit code still tells.
+    write_stdout(&text)?;
+    Ok(outcome.exit_code())
+}
+
+fn run_ping(args: &PingArgs) -> anyhow::Result<u8> {
+    let config = args.probe.load_config()?;
+    let roots = args.probe.roots()?;
+    let p = &config.peers;
+    let plan = fabricgate_probes::rdma::peer::Plan {
+        rtt_size: args.size.unwrap_or(p.rtt_message_size),
+        rtt_count: args.count.unwrap_or(p.rtt_messages),
+        bw_size: if args.bandwidth || p.bandwidth.enabled {
+            args.bw_size.unwrap_or(p.bandwidth.message_size)
+        } else {
+            0
+        },
+        bw_duration: args.bw_duration.unwrap_or(p.bandwidth.duration),
+    };
+    plan.validate()
+        .map_err(|message| fabricgate::Error::Usage {
+            flag: "--count/--size/--bw-size/--bw-duration".into(),
+            message,
+        })?;
+    let mut report = fabricgate_probes::rdma::sysfs::probe(&roots);
+    fabricgate_probes::rdma::verbs::probe_into(&mut report);
+    let identity = fabricgate_probes::rdma::peer::Identity {
+        node_name: args.node_name.clone().unwrap_or_default(),
+        group: String::new(),
+    };
+    let outcome = fabricgate::peers::ping(
+        &args.peer,
+        &report,
+        &config,
+        args.device.as_deref(),
+        &identity,
+        &plan,
+        args.timeout.unwrap_or(p.timeout),
+    );
+    let text = match args.format {
+        Format::Json => serde_json::to_string_pretty(&outcome.to_json())? + "\n",
+        Format::Table => outcome.to_table(),
+    };
     match std::io::Write::write_all(&mut std::io::stdout().lock(), text.as_bytes()) {
         Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => return Err(e.into()),
         _ => {}
@@ -63,6 +121,7 @@ fn run_selftest(args: &SelftestArgs) -> anyhow::Result<u8> {
 
 fn run_agent(args: &RunArgs) -> anyhow::Result<u8> {
     daemon::init_logging(args.log_format);
+    daemon::exit_on_panic();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -79,6 +138,103 @@ fn run_agent(args: &RunArgs) -> anyhow::Result<u8> {
     // Do not wait on blocking tasks (DNS lookups) of an unreachable API server.
     runtime.shutdown_timeout(std::time::Duration::from_millis(200));
     result?;
+    Ok(EXIT_VALIDATED)
+}
+
+fn run_preflight(args: &PreflightArgs) -> anyhow::Result<u8> {
+    use fabricgate::preflight;
+    // A usage error must reach `kubectl describe pod` too.
+    let fail = |e: fabricgate::Error| -> anyhow::Result<u8> {
+        let _ = preflight::write_termination_log(&args.termination_log, &e.to_string());
+        Err(e.into())
+    };
+    let config = match args.load_config() {
+        Ok(c) => c,
+        Err(e) => return fail(e),
+    };
+    let roots = match args.probe.roots() {
+        Ok(r) => r.with_devfs(&args.dev_root),
+        Err(e) => return fail(e),
+    };
+    let opts = preflight::Options {
+        selftest: args.selftest,
+        min_memlock: args.min_memlock,
+        min_active_ports: args.min_active_ports,
+        nccl_net: args.nccl_net.clone(),
+    };
+    let outcome = preflight::run(&roots, args.probe.probe_config(&config), &config, &opts);
+    let mut code = outcome.exit_code;
+    if outcome.ok() {
+        match preflight::write_nccl_files(&args.nccl_dir, &outcome.ports, &opts.nccl_net) {
+            Ok((conf, env)) => println!(
+                "fabricgate preflight: validated {} in {:.2}s; NCCL_IB_HCA={} NCCL_NET={} \
+                 written to {} and {}",
+                outcome.ib_hca().trim_start_matches('='),
+                outcome.elapsed_seconds,
+                outcome.ib_hca(),
+                opts.nccl_net,
+                conf.display(),
+                env.display()
+            ),
+            Err(e) => return fail(e),
+        }
+    } else {
+        let _ = preflight::remove_nccl_files(&args.nccl_dir);
+        eprintln!(
+            "fabricgate preflight: NOT VALIDATED after {:.2}s:",
+            outcome.elapsed_seconds
+        );
+        for p in &outcome.problems {
+            eprintln!("{p}");
+        }
+    }
+    for note in &outcome.notes {
+        eprintln!("note: {note}");
+    }
+    let t = &outcome.timings;
+    eprintln!(
+        "timings: rdma sysfs {:.3}s, verbs and self-test {:.3}s, storage {:.3}s, total {:.3}s",
+        t.rdma_sysfs_seconds, t.rdma_verbs_seconds, t.storage_seconds, outcome.elapsed_seconds
+    );
+    if let Err(e) =
+        preflight::write_termination_log(&args.termination_log, &outcome.termination_message())
+    {
+        eprintln!(
+            "fabricgate preflight: cannot write {}: {e}",
+            args.termination_log.display()
+        );
+        if outcome.ok() {
+            code = fabricgate::EXIT_USAGE;
+        }
+    }
+    Ok(code)
+}
+
+fn run_webhook(args: &WebhookArgs) -> anyhow::Result<u8> {
+    daemon::init_logging(args.log_format);
+    let config = fabricgate::webhook::ServerConfig {
+        mutation: args.mutation_config()?,
+        cert_file: args.tls_cert_file.clone(),
+        key_file: args.tls_key_file.clone(),
+        reload_interval: args.cert_reload_interval,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let listener = tokio::net::TcpListener::bind(args.listen)
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.listen))?;
+        tracing::info!(addr = %args.listen, "admission webhook serving");
+        let shutdown = async {
+            if let Err(e) = daemon::shutdown_signal().await {
+                tracing::error!("cannot install signal handlers ({e}); stopping");
+            }
+        };
+        fabricgate::webhook::serve(config, listener, shutdown).await?;
+        anyhow::Ok(())
+    })?;
     Ok(EXIT_VALIDATED)
 }
 

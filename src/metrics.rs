@@ -2,21 +2,25 @@
 //!
 //! One [`Metrics`] is shared by the probe loop (which calls [`Metrics::record_probe`] after
 //! every probe) and the HTTP server ([`serve`]). Metric names and labels are the interface
-//! dashboards and alert rules rely on; README.md lists them.
+//! dashboards and alert rules rely on; docs/metrics.md lists them.
 //!
-//! Kernel counters are exported through [`Monotonic`] accumulators: a counter the kernel
+//! Kernel counters are exported through [`Monotonic`] accumulators (src/counters.rs): a counter the kernel
 //! resets (driver reload, `perfquery -R`) or wraps becomes a step of zero-or-more, so
 //! `rate()` is never negative and no increase is lost across the reset.
 
 use crate::config::Config;
+pub use crate::counters::Monotonic;
 use crate::fallback::{FallbackDetector, FallbackStatus};
+use crate::health::Health;
 use crate::policy::{Scope, Verdict};
+use crate::server::Limits;
 use axum::Router;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use fabricgate_probes::ProbeReport;
+use fabricgate_probes::rdma::PortReport;
 use fabricgate_probes::storage::{MountStatus, StorageReport};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -28,7 +32,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::future::Future;
 use std::hash::Hash;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Content type of OpenMetrics text 1.0.0.
@@ -73,7 +77,7 @@ pub const HW_COUNTERS: &[&str] = &[
 ];
 
 /// The `probe` label values of the duration histogram and the error counter.
-pub const PROBE_KINDS: &[&str] = &["rdma_sysfs", "rdma_verbs", "storage", "netdev"];
+pub const PROBE_KINDS: &[&str] = &["rdma_sysfs", "rdma_verbs", "storage", "netdev", "gpudirect"];
 
 /// The `kind` label values of `fabricgate_node_writes_total`.
 pub const NODE_WRITE_KINDS: &[&str] = &["labels", "taint", "conditions", "event"];
@@ -81,31 +85,6 @@ pub const NODE_WRITE_KINDS: &[&str] = &["labels", "taint", "conditions", "event"
 const DURATION_BUCKETS: [f64; 14] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
-
-/// A kernel counter seen through successive reads, turned into increments that never go
-/// backwards: a decrease means the counter restarted from zero (reset, driver reload, or a
-/// wrap), so everything read since then is new.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Monotonic {
-    last: u64,
-}
-
-impl Monotonic {
-    pub fn starting_at(raw: u64) -> Self {
-        Self { last: raw }
-    }
-
-    /// The increase since the previous read.
-    pub fn observe(&mut self, raw: u64) -> u64 {
-        let delta = if raw >= self.last {
-            raw - self.last
-        } else {
-            raw
-        };
-        self.last = raw;
-        delta
-    }
-}
 
 type GaugeF64 = Gauge<f64, AtomicU64>;
 
@@ -148,6 +127,30 @@ struct ProbeLabels {
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct KindLabels {
     kind: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WhyLabels {
+    why: &'static str,
+}
+
+/// The `why` label values of `fabricgate_http_connections_dropped_total`.
+pub const HTTP_DROP_REASONS: &[&str] = &["evicted", "rejected"];
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct GpuPairLabels {
+    gpu: String,
+    hca: String,
+    relation: &'static str,
+    numa: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EcnLabels {
+    device: String,
+    port: u32,
+    /// `np` (notification point) or `rp` (reaction point).
+    point: &'static str,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -210,6 +213,18 @@ struct Families {
     fallback_suspected: Gauge,
     fallback_tcp_rate: OptionalGauge,
     fallback_rdma_rate: OptionalGauge,
+
+    agent_error: Gauge,
+    http_connections: Gauge,
+    http_dropped: Family<WhyLabels, Counter>,
+    gpudirect_ready: Gauge,
+    gpudirect_gpus: Gauge,
+    gpudirect_pair_relation: Family<GpuPairLabels, Gauge>,
+    gpudirect_worst_relation: OptionalGauge,
+    gpudirect_acs_redirect_bridges: Gauge,
+    gpudirect_peer_memory: Gauge,
+    port_active_mtu: Family<PortLabels, Gauge>,
+    port_ecn_enabled: Family<EcnLabels, Gauge>,
 }
 
 /// Reader state behind the counters: the last raw value of every kernel counter series.
@@ -221,8 +236,58 @@ struct Readers {
     port_hw: HashMap<PortCounterLabels, Monotonic>,
     netdev_rx: HashMap<DeviceLabels, Monotonic>,
     netdev_tx: HashMap<DeviceLabels, Monotonic>,
-    fallback: FallbackDetector,
-    last_fallback: FallbackStatus,
+    /// When each RDMA device / netdev was last in a report (stale-series pruning).
+    rdma_seen: HashMap<String, std::time::Instant>,
+    netdev_seen: HashMap<String, std::time::Instant>,
+    /// Series of a device absent for longer than this are dropped (`--stale-series-grace`).
+    series_grace: std::time::Duration,
+}
+
+/// The fallback detector and its last conclusion, behind their own lock.
+#[derive(Debug)]
+struct Fallback {
+    detector: FallbackDetector,
+    last: FallbackStatus,
+}
+
+/// Default of `--stale-series-grace`.
+pub const DEFAULT_STALE_SERIES_GRACE: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// Remember who was seen now and return the names unseen for longer than `grace`.
+fn expire(
+    seen: &mut HashMap<String, std::time::Instant>,
+    present: impl Iterator<Item = String>,
+    now: std::time::Instant,
+    grace: std::time::Duration,
+) -> Vec<String> {
+    for name in present {
+        seen.insert(name, now);
+    }
+    let gone: Vec<String> = seen
+        .iter()
+        .filter(|(_, t)| now.saturating_duration_since(**t) > grace)
+        .map(|(n, _)| n.clone())
+        .collect();
+    for n in &gone {
+        seen.remove(n);
+    }
+    gone
+}
+
+/// Drop the series (and their accumulators) whose labels `is_gone`.
+fn drop_series<L: Clone + Hash + Eq + EncodeLabelSet + std::fmt::Debug>(
+    family: &Family<L, Counter>,
+    readers: &mut HashMap<L, Monotonic>,
+    is_gone: impl Fn(&L) -> bool,
+) {
+    readers.retain(|labels, _| {
+        if is_gone(labels) {
+            family.remove(labels);
+            false
+        } else {
+            true
+        }
+    });
 }
 
 /// Add the increase of one kernel counter read to its exported counter.
@@ -250,7 +315,13 @@ pub struct Metrics {
     probe_duration: Family<ProbeLabels, Histogram, fn() -> Histogram>,
     /// Held while recording and while encoding, so a scrape never sees half a probe.
     state: Mutex<Readers>,
-    first_probe_done: AtomicBool,
+    /// Not under `state`: the detector's window work never holds up a scrape.
+    fallback: Mutex<Fallback>,
+    health: Health,
+    /// `rdma.roce.ecn_priority`: the priority `fabricgate_rdma_port_ecn_enabled` reports.
+    ecn_priority: u8,
+    /// The `fabricgate_peer_*` families, registered when `peers.enabled`.
+    pub peers: Option<crate::peers::PeerMetrics>,
 }
 
 impl Default for Metrics {
@@ -444,6 +515,47 @@ impl Metrics {
             "Average RDMA byte rate over the fallback window (all in-scope ports)",
             f.fallback_rdma_rate
         );
+        reg!(
+            "gpudirect_ready",
+            "1 when the GPUDirect checks pass (or do not apply: no GPUs and not required), else 0",
+            f.gpudirect_ready
+        );
+        reg!(
+            "gpudirect_gpus",
+            "NVIDIA GPUs found in sysfs (PCI vendor 0x10de, display/3D class)",
+            f.gpudirect_gpus
+        );
+        reg!(
+            "gpudirect_pair_relation",
+            "PCIe relation between each GPU and its nearest HCA: 0 PIX, 1 PXB, 2 PHB, 3 NODE, 4 SYS",
+            f.gpudirect_pair_relation
+        );
+        reg!(
+            "gpudirect_worst_relation",
+            "Worst GPU-HCA relation on the node: 0 PIX, 1 PXB, 2 PHB, 3 NODE, 4 SYS (absent without pairs)",
+            f.gpudirect_worst_relation
+        );
+        reg!(
+            "gpudirect_acs_redirect_bridges",
+            "Bridges on GPU-HCA paths with ACS request or completion redirection enabled",
+            f.gpudirect_acs_redirect_bridges
+        );
+        reg!(
+            "gpudirect_peer_memory",
+            "1 when GPU memory can be registered with the HCA (nvidia_peermem loaded, or DMA-BUF), else 0",
+            f.gpudirect_peer_memory
+        );
+        reg!(
+            "rdma_port_active_mtu",
+            "Active RDMA MTU of the port (verbs; RoCE with --verbs off: derived from the netdev MTU)",
+            f.port_active_mtu,
+            Unit::Bytes
+        );
+        reg!(
+            "rdma_port_ecn_enabled",
+            "1 when ECN is on for rdma.roce.ecn_priority at the notification (np) or reaction (rp) point",
+            f.port_ecn_enabled
+        );
         // A gauge rather than an OpenMetrics `info` family: the classic text parser (and
         // `promtool check metrics`) know no `info` type, and every exporter spells it so.
         let build: Family<Vec<(&'static str, &'static str)>, Gauge> = Family::default();
@@ -454,6 +566,26 @@ impl Metrics {
             ])
             .set(1);
         reg!("build_info", "Build of the running agent; always 1", build);
+        reg!(
+            "agent_error",
+            "1 while the agent itself cannot do its job (condition reason AgentError: resource \
+             exhaustion, a stalled probe, no access to device nodes or mounts), else 0",
+            f.agent_error
+        );
+        reg!(
+            "http_connections",
+            "Open connections to the metrics server",
+            f.http_connections
+        );
+        reg!(
+            "http_connections_dropped",
+            "Connections the metrics server closed to stay within its cap: evicted (oldest idle \
+             one, for a newer connection) or rejected (every open one was busy)",
+            f.http_dropped
+        );
+        for &why in HTTP_DROP_REASONS {
+            f.http_dropped.get_or_create(&WhyLabels { why }).inc_by(0);
+        }
 
         for &probe in PROBE_KINDS {
             f.probe_errors
@@ -464,6 +596,10 @@ impl Metrics {
             f.node_writes.get_or_create(&KindLabels { kind }).inc_by(0);
         }
 
+        let peers = config
+            .peers
+            .enabled
+            .then(|| crate::peers::PeerMetrics::register(&mut r));
         Self {
             registry: r,
             families: f,
@@ -475,10 +611,17 @@ impl Metrics {
                 port_hw: HashMap::new(),
                 netdev_rx: HashMap::new(),
                 netdev_tx: HashMap::new(),
-                fallback: FallbackDetector::new(config),
-                last_fallback: FallbackStatus::default(),
+                rdma_seen: HashMap::new(),
+                netdev_seen: HashMap::new(),
+                series_grace: DEFAULT_STALE_SERIES_GRACE,
             }),
-            first_probe_done: AtomicBool::new(false),
+            fallback: Mutex::new(Fallback {
+                detector: FallbackDetector::new(config),
+                last: FallbackStatus::default(),
+            }),
+            health: Health::default(),
+            ecn_priority: config.rdma.roce.ecn_priority,
+            peers,
         }
     }
 
@@ -488,124 +631,233 @@ impl Metrics {
     }
 
     /// Record one completed probe and its verdict; the first call makes `/readyz` answer 200.
+    ///
+    /// The fallback detector runs first, under its own lock; the metrics lock (which a scrape
+    /// also takes) is held only while the registry is updated, so a scrape never sees half a
+    /// probe and never waits for the detector.
     pub fn record_probe(&self, report: &ProbeReport, verdict: &Verdict) {
-        let f = &self.families;
+        let fallback = {
+            let mut fb = self.fallback.lock().unwrap_or_else(|p| p.into_inner());
+            fb.last = fb.detector.observe(report);
+            fb.last
+        };
         let mut st = self.lock();
-        let st = &mut *st;
+        self.record_verdict(verdict);
+        let (errors_sysfs, errors_verbs) = self.record_rdma(report, &mut st);
+        let errors_netdev = self.record_netdevs(report, &mut st);
+        let errors_storage = self.record_mounts(&report.storage);
+        let t = &report.timings;
+        let verbs_ran = report.rdma.verbs.is_some();
+        for (probe, seconds, ran, errors) in [
+            ("rdma_sysfs", t.rdma_sysfs_seconds, true, errors_sysfs),
+            ("rdma_verbs", t.rdma_verbs_seconds, verbs_ran, errors_verbs),
+            ("storage", t.storage_seconds, true, errors_storage),
+            ("netdev", t.netdev_seconds, true, errors_netdev),
+            (
+                "gpudirect",
+                t.gpudirect_seconds,
+                true,
+                report.gpudirect.errors.len(),
+            ),
+        ] {
+            let l = ProbeLabels { probe };
+            if ran {
+                self.probe_duration.get_or_create(&l).observe(seconds);
+            }
+            self.families
+                .probe_errors
+                .get_or_create(&l)
+                .inc_by(u64::try_from(errors).unwrap_or(u64::MAX));
+        }
+        let f = &self.families;
+        f.last_probe_timestamp.set(report.timestamp);
+        self.record_gpudirect(report, verdict);
 
+        // Counters of a device gone for longer than the grace (renamed, removed) are dropped,
+        // so /metrics does not grow with every device name ever seen.
+        let now = std::time::Instant::now();
+        let grace = st.series_grace;
+        let gone = expire(
+            &mut st.rdma_seen,
+            report.rdma.devices.iter().map(|d| d.name.clone()),
+            now,
+            grace,
+        );
+        if !gone.is_empty() {
+            let port_gone = |l: &PortLabels| gone.contains(&l.device);
+            let counter_gone = |l: &PortCounterLabels| gone.contains(&l.device);
+            drop_series(&f.port_tx_bytes, &mut st.port_tx, port_gone);
+            drop_series(&f.port_rx_bytes, &mut st.port_rx, port_gone);
+            drop_series(&f.port_errors, &mut st.port_errors, counter_gone);
+            drop_series(&f.port_hw, &mut st.port_hw, counter_gone);
+        }
+        let gone = expire(
+            &mut st.netdev_seen,
+            report.netdevs.iter().map(|n| n.name.clone()),
+            now,
+            grace,
+        );
+        if !gone.is_empty() {
+            let dev_gone = |l: &DeviceLabels| gone.contains(&l.device);
+            drop_series(&f.netdev_rx_bytes, &mut st.netdev_rx, dev_gone);
+            drop_series(&f.netdev_tx_bytes, &mut st.netdev_tx, dev_gone);
+        }
+
+        f.fallback_suspected.set(i64::from(fallback.suspected));
+        set_optional(&f.fallback_tcp_rate, fallback.tcp_bytes_per_second);
+        set_optional(&f.fallback_rdma_rate, fallback.rdma_bytes_per_second);
+        drop(st);
+        self.health.probe_completed();
+    }
+
+    /// How long the series of a vanished device stay (`--stale-series-grace`).
+    pub fn set_stale_series_grace(&self, grace: std::time::Duration) {
+        self.lock().series_grace = grace;
+    }
+
+    /// The agent's health state behind `/healthz` and `/readyz`.
+    pub fn health(&self) -> &Health {
+        &self.health
+    }
+
+    /// Set or clear the agent error (`fabricgate_agent_error`, `/readyz`).
+    pub fn set_agent_error(&self, message: Option<&str>) {
+        let _guard = self.lock();
+        self.families.agent_error.set(i64::from(message.is_some()));
+        self.health.set_agent_error(message.map(str::to_owned));
+    }
+
+    fn record_verdict(&self, verdict: &Verdict) {
+        let f = &self.families;
         f.node_ready.set(i64::from(verdict.ready));
         f.rdma_ready.set(i64::from(verdict.rdma.part.ready));
         f.lustre_ready.set(i64::from(verdict.lustre.ready));
         f.findings.clear();
-        for finding in verdict
-            .rdma
-            .part
-            .findings
-            .iter()
+        let findings = verdict.rdma.part.findings.iter();
+        for finding in findings
             .chain(&verdict.lustre.findings)
+            .chain(&verdict.gpudirect.part.findings)
+            .chain(&verdict.placement.findings)
         {
             let scope = match finding.scope {
                 Scope::Rdma => "rdma",
                 Scope::Lustre => "lustre",
+                Scope::Gpudirect => "gpudirect",
+                Scope::Placement => "placement",
             };
+            let reason = finding.code;
             f.findings
-                .get_or_create(&FindingLabels {
-                    scope,
-                    reason: finding.code,
-                })
+                .get_or_create(&FindingLabels { scope, reason })
                 .inc();
         }
+    }
 
+    /// Port gauges and counters; returns the errors the sysfs and verbs probes reported.
+    fn record_rdma(&self, report: &ProbeReport, st: &mut Readers) -> (usize, usize) {
+        let f = &self.families;
         // Gauges describe the present: a port that vanished must vanish from /metrics too.
         // Counters stay (with their accumulators) so a port that comes back continues upward.
-        for fam in [&f.port_state, &f.port_phys_state, &f.port_up] {
+        for fam in [
+            &f.port_state,
+            &f.port_phys_state,
+            &f.port_up,
+            &f.selftest_ok,
+        ] {
             fam.clear();
         }
         f.port_rate_gbps.clear();
         f.port_info.clear();
-        f.selftest_ok.clear();
         f.selftest_latency.clear();
+        let verbs_error = |e: &Option<String>| usize::from(e.is_some());
         let mut errors_sysfs = report.rdma.errors.len();
         let mut errors_verbs = report
             .rdma
             .verbs
             .as_ref()
-            .map_or(0, |v| usize::from(v.error.is_some()));
+            .map_or(0, |v| verbs_error(&v.error));
         for dev in &report.rdma.devices {
             errors_sysfs += dev.errors.len();
-            errors_verbs += dev
-                .verbs
-                .as_ref()
-                .map_or(0, |v| usize::from(v.error.is_some()));
+            errors_verbs += dev.verbs.as_ref().map_or(0, |v| verbs_error(&v.error));
             for port in &dev.ports {
                 errors_sysfs += port.errors.len();
-                let labels = PortLabels {
-                    device: dev.name.clone(),
-                    port: port.port,
-                };
-                if let Some(s) = port.state {
-                    f.port_state.get_or_create(&labels).set(i64::from(s.code()));
-                }
-                if let Some(s) = port.phys_state {
-                    f.port_phys_state
-                        .get_or_create(&labels)
-                        .set(i64::from(s.code()));
-                }
-                if let Some(rate) = &port.rate {
-                    f.port_rate_gbps.get_or_create(&labels).set(rate.gbps);
-                }
-                f.port_up
-                    .get_or_create(&labels)
-                    .set(i64::from(port.is_up()));
-                if let Some(sel) = &port.selftest {
-                    f.selftest_ok.get_or_create(&labels).set(i64::from(sel.ok));
-                    if let Some(us) = sel.latency_us.filter(|_| sel.ok) {
-                        f.selftest_latency.get_or_create(&labels).set(us / 1e6);
-                    }
-                }
-                f.port_info
-                    .get_or_create(&PortInfoLabels {
-                        device: dev.name.clone(),
+                self.record_port(&dev.name, port, st);
+            }
+        }
+        (errors_sysfs, errors_verbs)
+    }
+
+    fn record_port(&self, device: &str, port: &PortReport, st: &mut Readers) {
+        let f = &self.families;
+        let labels = PortLabels {
+            device: device.to_owned(),
+            port: port.port,
+        };
+        if let Some(s) = port.state {
+            f.port_state.get_or_create(&labels).set(i64::from(s.code()));
+        }
+        if let Some(s) = port.phys_state {
+            f.port_phys_state
+                .get_or_create(&labels)
+                .set(i64::from(s.code()));
+        }
+        if let Some(rate) = &port.rate {
+            f.port_rate_gbps.get_or_create(&labels).set(rate.gbps);
+        }
+        f.port_up
+            .get_or_create(&labels)
+            .set(i64::from(port.is_up()));
+        if let Some(sel) = &port.selftest {
+            f.selftest_ok.get_or_create(&labels).set(i64::from(sel.ok));
+            if let Some(us) = sel.latency_us.filter(|_| sel.ok) {
+                f.selftest_latency.get_or_create(&labels).set(us / 1e6);
+            }
+        }
+        f.port_info
+            .get_or_create(&PortInfoLabels {
+                device: device.to_owned(),
+                port: port.port,
+                link_layer: port
+                    .link_layer
+                    .as_ref()
+                    .map_or_else(String::new, |l| l.name().to_owned()),
+                netdev: port.netdevs().join(","),
+            })
+            .set(1);
+        if let Some(b) = port.transmit_bytes() {
+            accumulate(&f.port_tx_bytes, &mut st.port_tx, labels.clone(), b);
+        }
+        if let Some(b) = port.receive_bytes() {
+            accumulate(&f.port_rx_bytes, &mut st.port_rx, labels, b);
+        }
+        // The port error counters and the driver's hw_counters: one loop, two tables.
+        for (names, values, family, readers) in [
+            (
+                ERROR_COUNTERS,
+                &port.counters,
+                &f.port_errors,
+                &mut st.port_errors,
+            ),
+            (HW_COUNTERS, &port.hw_counters, &f.port_hw, &mut st.port_hw),
+        ] {
+            for &counter in names {
+                if let Some(&v) = values.get(counter) {
+                    let l = PortCounterLabels {
+                        device: device.to_owned(),
                         port: port.port,
-                        link_layer: port
-                            .link_layer
-                            .as_ref()
-                            .map_or_else(String::new, |l| l.name().to_owned()),
-                        netdev: port.netdevs().join(","),
-                    })
-                    .set(1);
-                if let Some(b) = port.transmit_bytes() {
-                    accumulate(&f.port_tx_bytes, &mut st.port_tx, labels.clone(), b);
-                }
-                if let Some(b) = port.receive_bytes() {
-                    accumulate(&f.port_rx_bytes, &mut st.port_rx, labels.clone(), b);
-                }
-                for &counter in ERROR_COUNTERS {
-                    if let Some(&v) = port.counters.get(counter) {
-                        let l = PortCounterLabels {
-                            device: dev.name.clone(),
-                            port: port.port,
-                            counter,
-                        };
-                        accumulate(&f.port_errors, &mut st.port_errors, l, v);
-                    }
-                }
-                for &counter in HW_COUNTERS {
-                    if let Some(&v) = port.hw_counters.get(counter) {
-                        let l = PortCounterLabels {
-                            device: dev.name.clone(),
-                            port: port.port,
-                            counter,
-                        };
-                        accumulate(&f.port_hw, &mut st.port_hw, l, v);
-                    }
+                        counter,
+                    };
+                    accumulate(family, readers, l, v);
                 }
             }
         }
+    }
 
-        let mut errors_netdev = 0;
+    /// Netdev byte counters; returns the errors the netdev probe reported.
+    fn record_netdevs(&self, report: &ProbeReport, st: &mut Readers) -> usize {
+        let f = &self.families;
+        let mut errors = 0;
         for nd in &report.netdevs {
-            errors_netdev += nd.errors.len();
+            errors += nd.errors.len();
             let l = DeviceLabels {
                 device: nd.name.clone(),
             };
@@ -616,7 +868,12 @@ impl Metrics {
                 accumulate(&f.netdev_tx_bytes, &mut st.netdev_tx, l, b);
             }
         }
+        errors
+    }
 
+    /// Mount gauges (cleared first: an unmounted path disappears); returns the storage errors.
+    fn record_mounts(&self, storage: &StorageReport) -> usize {
+        let f = &self.families;
         for fam in [
             &f.mount_up,
             &f.mount_hung,
@@ -627,7 +884,8 @@ impl Metrics {
             fam.clear();
         }
         f.mount_statfs_seconds.clear();
-        let (mounts, errors_storage) = mount_samples(&report.storage);
+        let (mounts, errors) = mount_samples(storage);
+        let as_gauge = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
         for m in mounts {
             let l = MountLabels { mount: m.mount };
             f.mount_up.get_or_create(&l).set(i64::from(m.up));
@@ -635,43 +893,74 @@ impl Metrics {
             if let Some(s) = m.statfs_seconds {
                 f.mount_statfs_seconds.get_or_create(&l).set(s);
             }
-            let as_gauge = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
-            if let Some(v) = m.free_bytes {
-                f.mount_free_bytes.get_or_create(&l).set(as_gauge(v));
-            }
-            if let Some(v) = m.available_bytes {
-                f.mount_available_bytes.get_or_create(&l).set(as_gauge(v));
-            }
-            if let Some(v) = m.free_inodes {
-                f.mount_free_inodes.get_or_create(&l).set(as_gauge(v));
+            for (family, value) in [
+                (&f.mount_free_bytes, m.free_bytes),
+                (&f.mount_available_bytes, m.available_bytes),
+                (&f.mount_free_inodes, m.free_inodes),
+            ] {
+                if let Some(v) = value {
+                    family.get_or_create(&l).set(as_gauge(v));
+                }
             }
         }
+        errors
+    }
 
-        let t = &report.timings;
-        let verbs_ran = report.rdma.verbs.is_some();
-        for (probe, seconds, ran, errors) in [
-            ("rdma_sysfs", t.rdma_sysfs_seconds, true, errors_sysfs),
-            ("rdma_verbs", t.rdma_verbs_seconds, verbs_ran, errors_verbs),
-            ("storage", t.storage_seconds, true, errors_storage),
-            ("netdev", t.netdev_seconds, true, errors_netdev),
-        ] {
-            let l = ProbeLabels { probe };
-            if ran {
-                self.probe_duration.get_or_create(&l).observe(seconds);
-            }
-            f.probe_errors
-                .get_or_create(&l)
-                .inc_by(u64::try_from(errors).unwrap_or(u64::MAX));
+    fn record_gpudirect(&self, report: &ProbeReport, verdict: &Verdict) {
+        let f = &self.families;
+        let gd = &report.gpudirect;
+        f.gpudirect_ready
+            .set(i64::from(verdict.gpudirect.part.ready));
+        f.gpudirect_gpus
+            .set(i64::try_from(gd.gpus.len()).unwrap_or(i64::MAX));
+        f.gpudirect_pair_relation.clear();
+        for p in &gd.pairs {
+            f.gpudirect_pair_relation
+                .get_or_create(&GpuPairLabels {
+                    gpu: p.gpu.clone(),
+                    hca: p.hca.clone(),
+                    relation: p.relation.name(),
+                    numa: p.numa.map_or(String::new(), |n| n.to_string()),
+                })
+                .set(i64::from(p.relation.rank()));
         }
-        f.last_probe_timestamp.set(report.timestamp);
-
-        let fb = st.fallback.observe(report);
-        st.last_fallback = fb;
-        f.fallback_suspected.set(i64::from(fb.suspected));
-        set_optional(&f.fallback_tcp_rate, fb.tcp_bytes_per_second);
-        set_optional(&f.fallback_rdma_rate, fb.rdma_bytes_per_second);
-
-        self.first_probe_done.store(true, Ordering::Release);
+        set_optional(
+            &f.gpudirect_worst_relation,
+            gd.worst_relation.map(|r| f64::from(r.rank())),
+        );
+        let redirecting: std::collections::BTreeSet<&str> = gd
+            .pairs
+            .iter()
+            .flat_map(|p| p.redirecting_bridges())
+            .map(|b| b.address.as_str())
+            .collect();
+        f.gpudirect_acs_redirect_bridges
+            .set(i64::try_from(redirecting.len()).unwrap_or(i64::MAX));
+        f.gpudirect_peer_memory.set(i64::from(gd.peermem.usable()));
+        f.port_active_mtu.clear();
+        f.port_ecn_enabled.clear();
+        for t in &gd.transport {
+            if let Some(mtu) = t.active_mtu {
+                f.port_active_mtu
+                    .get_or_create(&PortLabels {
+                        device: t.device.clone(),
+                        port: t.port,
+                    })
+                    .set(i64::from(mtu));
+            }
+            let Some(ecn) = &t.ecn else { continue };
+            for (point, map) in [("np", &ecn.np), ("rp", &ecn.rp)] {
+                if let Some(on) = map.get(&self.ecn_priority) {
+                    f.port_ecn_enabled
+                        .get_or_create(&EcnLabels {
+                            device: t.device.clone(),
+                            port: t.port,
+                            point,
+                        })
+                        .set(i64::from(*on));
+                }
+            }
+        }
     }
 
     /// Whether the blast-radius breaker is holding back this node's taint.
@@ -691,12 +980,13 @@ impl Metrics {
 
     /// The fallback detector's conclusion after the last probe.
     pub fn fallback_status(&self) -> FallbackStatus {
-        self.lock().last_fallback
+        self.fallback.lock().unwrap_or_else(|p| p.into_inner()).last
     }
 
-    /// `/readyz`: true once the first probe completed.
+    /// `/readyz`: true once the first probe completed and while the probe loop is neither
+    /// stalled nor in an agent error ([`Health::readiness`]).
     pub fn is_ready(&self) -> bool {
-        self.first_probe_done.load(Ordering::Acquire)
+        self.health.is_ready()
     }
 
     /// The exposition text; OpenMetrics when `openmetrics`, else Prometheus text 0.0.4.
@@ -874,14 +1164,44 @@ async fn metrics_handler(
 }
 
 async fn readyz_handler(State(metrics): State<Arc<Metrics>>) -> Response {
-    if metrics.is_ready() {
-        (StatusCode::OK, "ready\n").into_response()
-    } else {
-        (
+    match metrics.health.readiness() {
+        Ok(()) => (StatusCode::OK, "ready\n").into_response(),
+        Err(why) => (
             StatusCode::SERVICE_UNAVAILABLE,
-            "not ready: the first probe has not completed\n",
+            format!("not ready: {why}\n"),
         )
-            .into_response()
+            .into_response(),
+    }
+}
+
+async fn healthz_handler(State(metrics): State<Arc<Metrics>>) -> Response {
+    match metrics.health.liveness() {
+        Ok(()) => (StatusCode::OK, "ok\n").into_response(),
+        Err(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("unhealthy: {why}\n"),
+        )
+            .into_response(),
+    }
+}
+
+impl crate::server::ServerObserver for Metrics {
+    fn connection(&self, admission: crate::server::Admission, open: usize) {
+        let f = &self.families;
+        f.http_connections
+            .set(i64::try_from(open).unwrap_or(i64::MAX));
+        let why = match admission {
+            crate::server::Admission::Admitted => return,
+            crate::server::Admission::Evicted => "evicted",
+            crate::server::Admission::Rejected => "rejected",
+        };
+        f.http_dropped.get_or_create(&WhyLabels { why }).inc();
+    }
+
+    fn closed(&self, open: usize) {
+        self.families
+            .http_connections
+            .set(i64::try_from(open).unwrap_or(i64::MAX));
     }
 }
 
@@ -894,7 +1214,7 @@ pub fn router(metrics: Arc<Metrics>) -> Router {
     Router::new()
         .route("/", get(index_handler))
         .route("/metrics", get(metrics_handler))
-        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/healthz", get(healthz_handler))
         .route("/readyz", get(readyz_handler))
         .with_state(metrics)
 }
@@ -908,25 +1228,26 @@ pub async fn serve(
     metrics: Arc<Metrics>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(metrics))
-        .with_graceful_shutdown(shutdown)
-        .await
+    serve_with_limits(listener, metrics, Limits::default(), shutdown).await
+}
+
+/// [`serve`] within explicit connection limits (the agent derives them from `RLIMIT_NOFILE`).
+///
+/// # Errors
+/// I/O errors of the listener.
+pub async fn serve_with_limits(
+    listener: tokio::net::TcpListener,
+    metrics: Arc<Metrics>,
+    limits: Limits,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let observer: Arc<dyn crate::server::ServerObserver> = Arc::clone(&metrics) as _;
+    crate::server::serve(listener, router(metrics), limits, observer, shutdown).await
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn monotonic_treats_a_decrease_as_a_restart_from_zero() {
-        let mut m = Monotonic::starting_at(100);
-        assert_eq!(m.observe(150), 50);
-        assert_eq!(m.observe(150), 0);
-        assert_eq!(m.observe(20), 20, "reset: the 20 since the restart are new");
-        assert_eq!(m.observe(25), 5);
-        let mut m = Monotonic::starting_at(u64::MAX - 1);
-        assert_eq!(m.observe(3), 3, "64-bit wrap counts as a restart");
-    }
 
     #[test]
     fn breaker_open_is_exported() {

@@ -30,7 +30,8 @@ pub const FIELD_MANAGER: &str = "fabricgate";
 /// `reportingController` of our Events.
 pub const REPORTING_CONTROLLER: &str = "fabricgate.io/agent";
 /// Node conditions fabricgate owns.
-pub const CONDITION_TYPES: [&str; 3] = ["FabricReady", "RDMAReady", "LustreReady"];
+pub const CONDITION_TYPES: [&str; 4] =
+    ["FabricReady", "RDMAReady", "LustreReady", "GPUDirectReady"];
 /// Namespace of Events about Nodes (cluster-scoped objects), as the kubelet does.
 pub const EVENT_NAMESPACE: &str = "default";
 /// Attempts of the taint read-modify-write before giving up until the next retry.
@@ -194,7 +195,11 @@ pub fn plan(node: &Node, verdict: &Verdict, taint_key: &str, now: &Timestamp) ->
     if let Some(fabric) = verdict.conditions.iter().find(|c| c.type_ == "FabricReady") {
         let before = find("FabricReady").map(|c| c.status.as_str());
         let first_wait = before.is_none() && fabric.reason == policy::AWAITING_VALIDATION;
-        if before != Some(fabric.status.as_str()) && !first_wait {
+        // Entering an agent error is worth one Event even when FabricReady was already False.
+        let agent_error = fabric.reason == crate::agent_error::REASON
+            && find("FabricReady").and_then(|c| c.reason.as_deref())
+                != Some(crate::agent_error::REASON);
+        if (before != Some(fabric.status.as_str()) || agent_error) && !first_wait {
             plan.transition = Some(Transition {
                 ready: fabric.status == "True",
                 reason: fabric.reason.clone(),
@@ -218,6 +223,10 @@ fn plan_taints(
         .as_ref()
         .and_then(|s| s.taints.clone())
         .unwrap_or_default();
+    if verdict.keep_taint {
+        // An agent error under `node.on_agent_error: keep`: our taint stays as it is.
+        return None;
+    }
     let want = verdict.taints.iter().find(|t| t.key == taint_key);
     let ours: Vec<&Taint> = current.iter().filter(|t| t.key == taint_key).collect();
     let already = match (want, ours.as_slice()) {
@@ -282,7 +291,8 @@ const WATCH_TIMEOUT_SECS: u32 = 290;
 /// long-lived watch of its own Node.
 pub struct Clients {
     pub requests: kube::Client,
-    pub watch: kube::Client,
+    /// `None`: no watch; the Node is re-read every resync interval instead.
+    pub watch: Option<kube::Client>,
 }
 
 /// Build the clients from in-cluster config or `KUBECONFIG`, with our own retry handling:
@@ -291,11 +301,19 @@ pub struct Clients {
 /// # Errors
 /// [`Error::KubeConfig`] when no configuration is found or it is unusable.
 pub async fn client(retry_after: RetryAfter) -> Result<Clients> {
-    let mut config = kube::Config::infer().await.map_err(|e| Error::KubeConfig {
+    let config = kube::Config::infer().await.map_err(|e| Error::KubeConfig {
         message: format!(
             "{e}; run in a pod with a service account, set KUBECONFIG, or use --dry-run"
         ),
     })?;
+    clients_from(config, retry_after)
+}
+
+/// [`client`] from an explicit configuration (one process running many agents, in tests).
+///
+/// # Errors
+/// [`Error::KubeConfig`] when the configuration is unusable.
+pub fn clients_from(mut config: kube::Config, retry_after: RetryAfter) -> Result<Clients> {
     config.default_retry = false;
     config.connect_timeout = Some(Duration::from_secs(5));
     config.read_timeout = Some(Duration::from_secs(15));
@@ -323,7 +341,7 @@ pub async fn client(retry_after: RetryAfter) -> Result<Clients> {
     };
     Ok(Clients {
         requests: build(config)?.with_layer(&layer).build(),
-        watch: build(watch_config)?.build(),
+        watch: Some(build(watch_config)?.build()),
     })
 }
 
@@ -411,6 +429,23 @@ fn wants_new_taint(node: &Node, verdict: &Verdict, taint_key: &str) -> bool {
     !has && verdict.taints.iter().any(|t| t.key == taint_key)
 }
 
+/// What [`Reconciler::apply`] writes by server-side apply.
+#[derive(Clone, Copy)]
+enum Apply<'a> {
+    Labels(&'a BTreeMap<String, String>),
+    Conditions(&'a [NodeCondition]),
+}
+
+impl Apply<'_> {
+    /// For the error message: "cannot {action} Node {name}".
+    fn action(self) -> &'static str {
+        match self {
+            Self::Labels(_) => "apply labels on",
+            Self::Conditions(_) => "apply conditions on",
+        }
+    }
+}
+
 /// What a reconcile did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Outcome {
@@ -435,11 +470,16 @@ pub struct Reconciler {
     pending_event: Option<Transition>,
     /// Dry-run: what was last logged, so an unchanged verdict logs nothing.
     logged: Option<Vec<String>>,
-    /// The newest Node the watch delivered, used instead of a GET while the watch is live.
+    /// The newest Node the watch delivered (or our write returned while it is live), used
+    /// instead of a GET while the watch is live.
     observed: Option<Node>,
+    /// The watch delivered the Node and has not broken since.
+    watch_live: bool,
     /// resourceVersions our own writes produced (newest last): the watch echoes them back,
     /// and an echo of our own write is nothing to react to.
     own_versions: std::collections::VecDeque<String>,
+    /// `placement.required_labels`: keys the Node must carry (checked on each Node read).
+    required_labels: Vec<String>,
 }
 
 impl Reconciler {
@@ -462,13 +502,16 @@ impl Reconciler {
             pending_event: None,
             logged: None,
             observed: None,
+            watch_live: false,
             own_versions: std::collections::VecDeque::new(),
+            required_labels: Vec::new(),
         }
     }
 
     /// A version of the Node from the watch. `true` when it needs a reconcile: someone else
     /// changed it (not an echo of our own writes).
     pub fn observe(&mut self, node: Node) -> bool {
+        self.watch_live = true;
         let rv = node.metadata.resource_version.clone().unwrap_or_default();
         let echo = !rv.is_empty() && self.own_versions.contains(&rv);
         if echo {
@@ -483,9 +526,15 @@ impl Reconciler {
         true
     }
 
+    /// A write based on what the watch showed failed: read the Node before the next one.
+    pub fn distrust_observed(&mut self) {
+        self.observed = None;
+    }
+
     /// The watch is down: read the Node again until it is back.
     pub fn forget_observed(&mut self) {
         self.observed = None;
+        self.watch_live = false;
     }
 
     fn remember_own(&mut self, node: &Node) {
@@ -495,7 +544,17 @@ impl Reconciler {
             }
             self.own_versions.push_back(rv.clone());
         }
-        self.observed = Some(node.clone());
+        if self.watch_live {
+            self.observed = Some(node.clone());
+        }
+    }
+
+    /// Check `placement.required_labels` against the Node on every reconcile: a missing key
+    /// makes the written verdict not ready (see [`policy::apply_placement`]).
+    #[must_use]
+    pub fn with_required_labels(mut self, keys: Vec<String>) -> Self {
+        self.required_labels = keys;
+        self
     }
 
     pub fn node_name(&self) -> &str {
@@ -549,11 +608,22 @@ impl Reconciler {
         if self.confirmed.as_ref() == Some(verdict) && self.pending_event.is_none() {
             return Ok(Outcome::default());
         }
-        let wanted = verdict.clone();
         let mut outcome = Outcome::default();
-        let mut node = match self.observed.clone() {
+        let mut node = match self.observed.clone().filter(|_| self.watch_live) {
             Some(node) => node,
             None => self.get(&nodes, &mut outcome).await?,
+        };
+        // What is confirmed is the probe's verdict; what is written also reflects the Node's
+        // placement labels, as the watch (or a read) shows them now.
+        let probed = verdict;
+        let placed;
+        let verdict = if self.required_labels.is_empty() {
+            verdict
+        } else {
+            let labels = node.metadata.labels.clone().unwrap_or_default();
+            placed =
+                policy::apply_placement(verdict, &labels, &self.required_labels, &self.settings);
+            &placed
         };
         let gated;
         let verdict = if wants_new_taint(&node, verdict, &taint_key) {
@@ -594,7 +664,7 @@ impl Reconciler {
             }
             self.logged = Some(lines);
             self.pending_event = None;
-            self.confirmed = Some(wanted);
+            self.confirmed = Some(probed.clone());
             return Ok(outcome);
         }
 
@@ -608,12 +678,14 @@ impl Reconciler {
             self.remember_own(&node);
         }
         if let Some(labels) = &plan.labels {
-            node = self.apply_labels(&nodes, labels, &mut outcome).await?;
+            node = self
+                .apply(&nodes, Apply::Labels(labels), &mut outcome)
+                .await?;
             self.remember_own(&node);
         }
         if let Some(conditions) = &plan.conditions {
             node = self
-                .apply_conditions(&nodes, conditions, &mut outcome)
+                .apply(&nodes, Apply::Conditions(conditions), &mut outcome)
                 .await?;
             self.remember_own(&node);
         }
@@ -627,7 +699,7 @@ impl Reconciler {
             self.emit_event(&node, &t, &mut outcome).await?;
             self.pending_event = None;
         }
-        self.confirmed = Some(wanted);
+        self.confirmed = Some(probed.clone());
         Ok(outcome)
     }
 
@@ -741,58 +813,55 @@ impl Reconciler {
         self.metrics.record_node_write(kind);
     }
 
-    async fn apply_labels(
+    /// Server-side apply (field manager `fabricgate`, forced) of our labels on the Node, or of
+    /// our conditions on its status subresource: one request, counted as one write.
+    async fn apply(
         &self,
         nodes: &Api<Node>,
-        labels: &BTreeMap<String, String>,
+        what: Apply<'_>,
         outcome: &mut Outcome,
     ) -> Result<Node> {
-        let body = json!({
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": { "name": self.node_name, "labels": labels },
-        });
+        let name = &self.node_name;
         let pp = PatchParams::apply(FIELD_MANAGER).force();
-        let res = nodes
-            .patch(&self.node_name, &pp, &Patch::Apply(&body))
-            .await;
-        let node = res.map_err(|e| self.kube_err("apply labels on", e))?;
-        self.wrote("labels", outcome);
-        let shown: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        tracing::info!(node = %self.node_name, labels = %shown.join(","), "applied labels");
-        Ok(node)
-    }
-
-    async fn apply_conditions(
-        &self,
-        nodes: &Api<Node>,
-        conditions: &[NodeCondition],
-        outcome: &mut Outcome,
-    ) -> Result<Node> {
-        let body = json!({
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": { "name": self.node_name },
-            "status": { "conditions": conditions },
-        });
-        let pp = PatchParams::apply(FIELD_MANAGER).force();
-        let res = nodes
-            .patch_status(&self.node_name, &pp, &Patch::Apply(&body))
-            .await;
-        let node = res.map_err(|e| self.kube_err("apply conditions on", e))?;
-        self.wrote("conditions", outcome);
-        let shown: Vec<String> = conditions
-            .iter()
-            .map(|c| {
-                format!(
-                    "{}={}({})",
-                    c.type_,
-                    c.status,
-                    c.reason.as_deref().unwrap_or("")
-                )
-            })
-            .collect();
-        tracing::info!(node = %self.node_name, conditions = %shown.join(","), "applied conditions");
+        let (kind, res) = match what {
+            Apply::Labels(labels) => {
+                let body = json!({
+                    "apiVersion": "v1",
+                    "kind": "Node",
+                    "metadata": { "name": name, "labels": labels },
+                });
+                let res = nodes.patch(name, &pp, &Patch::Apply(&body)).await;
+                ("labels", res)
+            }
+            Apply::Conditions(conditions) => {
+                let body = json!({
+                    "apiVersion": "v1",
+                    "kind": "Node",
+                    "metadata": { "name": name },
+                    "status": { "conditions": conditions },
+                });
+                let res = nodes.patch_status(name, &pp, &Patch::Apply(&body)).await;
+                ("conditions", res)
+            }
+        };
+        let node = res.map_err(|e| self.kube_err(what.action(), e))?;
+        self.wrote(kind, outcome);
+        match what {
+            Apply::Labels(labels) => {
+                let shown: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                tracing::info!(node = %name, labels = %shown.join(","), "applied labels");
+            }
+            Apply::Conditions(conditions) => {
+                let shown: Vec<String> = conditions
+                    .iter()
+                    .map(|c| {
+                        let reason = c.reason.as_deref().unwrap_or("");
+                        format!("{}={}({reason})", c.type_, c.status)
+                    })
+                    .collect();
+                tracing::info!(node = %name, conditions = %shown.join(","), "applied conditions");
+            }
+        }
         Ok(node)
     }
 
@@ -870,6 +939,9 @@ impl Reconciler {
             reason: Some(
                 if t.ready {
                     "FabricReady"
+                } else if t.reason == crate::agent_error::REASON {
+                    // The agent's own trouble, told apart from a fabric fault at a glance.
+                    crate::agent_error::REASON
                 } else {
                     "FabricNotReady"
                 }
@@ -955,21 +1027,20 @@ mod tests {
                 min_rate_gbps: None,
                 link_layer: None,
             },
-            lustre: part,
+            lustre: part.clone(),
+            gpudirect: policy::GpudirectVerdict::default(),
+            placement: part,
             labels: [("fabricgate.io/ready".to_owned(), ready.to_string())].into(),
             taints: if ready {
                 vec![]
             } else {
-                vec![policy::Taint {
-                    key: config.node.taint_key(),
-                    value: None,
-                    effect: "NoSchedule".into(),
-                }]
+                vec![policy::unvalidated_taint(&config)]
             },
             conditions: vec![
                 cond("FabricReady", "FabricValidated"),
                 cond("RDMAReady", "RDMAPortsActive"),
             ],
+            keep_taint: false,
         }
     }
 
@@ -1008,6 +1079,31 @@ mod tests {
         plan(&node(&[], vec![], vec![]), v, KEY, now)
             .conditions
             .unwrap()
+    }
+
+    #[test]
+    fn keep_taint_leaves_our_taint_either_way_and_agent_error_is_one_transition() {
+        let now = Timestamp::now();
+        let mut v = verdict(false);
+        v.keep_taint = true;
+        for taints in [vec![], vec![taint(KEY)]] {
+            let n = node(&[], taints, vec![]);
+            assert_eq!(plan(&n, &v, KEY, &now).taints, None);
+        }
+        // Not ready for a port, then an agent error: still False, but an Event is due once.
+        let before = verdict(false);
+        let n = node(&[], vec![taint(KEY)], applied(&before, &now));
+        let mut v = verdict(false);
+        for c in &mut v.conditions {
+            c.reason = crate::agent_error::REASON.into();
+        }
+        let p = plan(&n, &v, KEY, &now);
+        assert_eq!(
+            p.transition.map(|t| t.reason),
+            Some(crate::agent_error::REASON.to_owned())
+        );
+        let n = node(&[], vec![taint(KEY)], applied(&v, &now));
+        assert_eq!(plan(&n, &v, KEY, &now).transition, None, "only on entering");
     }
 
     #[test]

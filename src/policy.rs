@@ -2,10 +2,13 @@
 
 use crate::config::{Config, LinkLayerRequirement};
 use fabricgate_probes::ProbeReport;
+use fabricgate_probes::gpudirect::pci::{AcsState, Relation, acs_control_names};
+use fabricgate_probes::gpudirect::transport::netdev_mtu_for_roce;
+use fabricgate_probes::gpudirect::{GpudirectReport, MtuSource, PortTransport};
 use fabricgate_probes::rdma::{
     DeviceReport, LinkLayer, PhysState, PortReport, PortState, RdmaReport, format_gbps,
 };
-use fabricgate_probes::storage::{LustreHealth, MountStatus};
+use fabricgate_probes::storage::{LustreHealth, MountStatus, StorageReport};
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -15,6 +18,8 @@ use std::collections::BTreeMap;
 pub enum Scope {
     Rdma,
     Lustre,
+    Gpudirect,
+    Placement,
 }
 
 /// One problem found, with a machine-readable code (the Node condition's reason).
@@ -37,7 +42,7 @@ pub struct PartVerdict {
 }
 
 impl PartVerdict {
-    fn ok() -> Self {
+    pub fn ok() -> Self {
         Self {
             ready: true,
             findings: Vec::new(),
@@ -58,6 +63,34 @@ pub struct RdmaVerdict {
     pub min_rate_gbps: Option<f64>,
     /// `InfiniBand`, `Ethernet` or `Mixed` over the usable ports.
     pub link_layer: Option<String>,
+}
+
+/// GPUDirect outcome (`gpudirect:` requirements), also feeding the topology labels.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GpudirectVerdict {
+    #[serde(flatten)]
+    pub part: PartVerdict,
+    /// `gpudirect.required`: when false every problem here is a warning.
+    pub required: bool,
+    pub gpus: usize,
+    /// Worst relation between a GPU and its HCA.
+    pub relation: Option<Relation>,
+    /// The rail map as a label value: per GPU in PCI address order, the index of its HCA among
+    /// the in-scope HCAs in name order (`0.1.2.3.4.5.6.7`); `x` for a GPU without one.
+    pub rails: Option<String>,
+}
+
+impl Default for GpudirectVerdict {
+    /// A node without GPUs and without `gpudirect.required`.
+    fn default() -> Self {
+        Self {
+            part: PartVerdict::ok(),
+            required: false,
+            gpus: 0,
+            relation: None,
+            rails: None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -84,9 +117,17 @@ pub struct Verdict {
     pub ready: bool,
     pub rdma: RdmaVerdict,
     pub lustre: PartVerdict,
+    pub gpudirect: GpudirectVerdict,
+    /// `placement.required_labels` on the Node: only the agent (which reads its Node) fills
+    /// this in, through [`apply_placement`]; `check` leaves it ready.
+    pub placement: PartVerdict,
     pub labels: BTreeMap<String, String>,
     pub taints: Vec<Taint>,
     pub conditions: Vec<Condition>,
+    /// Leave our taint on the Node as it is (an agent error under `node.on_agent_error: keep`);
+    /// `taints` is then not applied. Set only by [`crate::agent_error::gate`].
+    #[serde(skip)]
+    pub keep_taint: bool,
 }
 
 impl Verdict {
@@ -97,6 +138,8 @@ impl Verdict {
             .findings
             .iter()
             .chain(&self.lustre.findings)
+            .chain(&self.gpudirect.part.findings)
+            .chain(&self.placement.findings)
             .map(|f| f.message.clone())
             .collect()
     }
@@ -107,8 +150,20 @@ impl Verdict {
             .warnings
             .iter()
             .chain(&self.lustre.warnings)
+            .chain(&self.gpudirect.part.warnings)
+            .chain(&self.placement.warnings)
             .map(|f| f.message.clone())
             .collect()
+    }
+}
+
+/// The one taint fabricgate owns: `<label_prefix>unvalidated` with the configured effect,
+/// present exactly while the node is not validated.
+pub fn unvalidated_taint(config: &Config) -> Taint {
+    Taint {
+        key: config.node.taint_key(),
+        value: None,
+        effect: config.node.taint_effect.as_str().to_owned(),
     }
 }
 
@@ -125,47 +180,75 @@ pub const DEVICE_PLUGIN_UNAVAILABLE: &str = "DevicePluginUnavailable";
 /// the hardware's own findings, so a healthy fabric with a dead plugin is not ready and the
 /// condition names the resource.
 pub fn evaluate_with(report: &ProbeReport, config: &Config, node_findings: &[Finding]) -> Verdict {
-    let mut rdma = evaluate_rdma(&report.rdma, config);
+    let mut rdma = evaluate_rdma(&report.rdma, &report.gpudirect.transport, config);
     if !node_findings.is_empty() {
         rdma.part.ready = false;
         rdma.part.findings.extend(node_findings.iter().cloned());
     }
     let lustre = evaluate_lustre(report, config);
-    let ready = rdma.part.ready && lustre.ready;
+    let gpudirect = evaluate_gpudirect(&report.gpudirect, config);
+    let ready = rdma.part.ready && lustre.ready && gpudirect.part.ready;
     let prefix = &config.node.label_prefix;
 
     let mut labels = BTreeMap::new();
-    let b = |v: bool| if v { "true" } else { "false" }.to_owned();
-    labels.insert(format!("{prefix}ready"), b(ready));
-    labels.insert(format!("{prefix}rdma.ready"), b(rdma.part.ready));
-    labels.insert(
+    let b = |v: bool| if v { "true" } else { "false" };
+    put_label(&mut labels, format!("{prefix}ready"), b(ready));
+    put_label(
+        &mut labels,
+        format!("{prefix}rdma.ready"),
+        b(rdma.part.ready),
+    );
+    put_label(
+        &mut labels,
         format!("{prefix}rdma.active-ports"),
-        rdma.usable_ports.to_string(),
+        &rdma.usable_ports.to_string(),
     );
     if let Some(ll) = &rdma.link_layer {
-        labels.insert(format!("{prefix}rdma.link-layer"), ll.clone());
+        put_label(&mut labels, format!("{prefix}rdma.link-layer"), ll);
     }
     if let Some(rate) = rdma.min_rate_gbps {
-        labels.insert(format!("{prefix}rdma.rate-gbps"), format_gbps(rate));
+        put_label(
+            &mut labels,
+            format!("{prefix}rdma.rate-gbps"),
+            &format_gbps(rate),
+        );
     }
-    labels.insert(format!("{prefix}lustre.ready"), b(lustre.ready));
+    put_label(
+        &mut labels,
+        format!("{prefix}lustre.ready"),
+        b(lustre.ready),
+    );
+    let gpu_node = gpudirect.gpus > 0 || gpudirect.required;
+    if gpu_node {
+        put_label(
+            &mut labels,
+            format!("{prefix}gpudirect.ready"),
+            b(gpudirect.part.ready),
+        );
+    }
+    if let Some(rel) = gpudirect.relation {
+        put_label(
+            &mut labels,
+            format!("{prefix}gpudirect.relation"),
+            rel.name(),
+        );
+    }
+    if let Some(rails) = &gpudirect.rails {
+        put_label(&mut labels, format!("{prefix}rails"), rails);
+    }
 
     let taints = if ready {
         Vec::new()
     } else {
-        vec![Taint {
-            key: config.node.taint_key(),
-            value: None,
-            effect: config.node.taint_effect.as_str().to_owned(),
-        }]
+        vec![unvalidated_taint(config)]
     };
 
-    let conditions = vec![
+    let mut conditions = vec![
         condition(
             "FabricReady",
             ready,
             "FabricValidated",
-            &[&rdma.part, &lustre],
+            &[&rdma.part, &lustre, &gpudirect.part],
         ),
         condition(
             "RDMAReady",
@@ -180,14 +263,62 @@ pub fn evaluate_with(report: &ProbeReport, config: &Config, node_findings: &[Fin
             &[&lustre],
         ),
     ];
+    if gpu_node {
+        conditions.push(condition(
+            "GPUDirectReady",
+            gpudirect.part.ready,
+            "GPUDirectUsable",
+            &[&gpudirect.part],
+        ));
+    }
 
     Verdict {
         ready,
         rdma,
         lustre,
+        gpudirect,
+        placement: PartVerdict::ok(),
         labels,
         taints,
         conditions,
+        keep_taint: false,
+    }
+}
+
+/// Longest Kubernetes label value.
+pub const MAX_LABEL_VALUE: usize = 63;
+
+/// A valid Kubernetes label value by construction: at most 63 characters of `[A-Za-z0-9._-]`,
+/// beginning and ending with an alphanumeric (or empty).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LabelValue(String);
+
+impl LabelValue {
+    /// `None` when `raw` is not a valid label value (the raw value then lives only in the
+    /// metrics, e.g. `fabricgate_rdma_port_rate_gbps`).
+    pub fn new(raw: &str) -> Option<Self> {
+        let ok_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
+        let ends_ok = raw.is_empty()
+            || (raw.starts_with(|c: char| c.is_ascii_alphanumeric())
+                && raw.ends_with(|c: char| c.is_ascii_alphanumeric()));
+        (raw.len() <= MAX_LABEL_VALUE && raw.chars().all(ok_char) && ends_ok)
+            .then(|| Self(raw.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    pub fn into_string(self) -> String {
+        self.0
+    }
+}
+
+/// Set `key` to `value` when `value` is a valid label value; otherwise leave the label out:
+/// a label is a summary, the metrics carry the raw figure.
+fn put_label(labels: &mut BTreeMap<String, String>, key: String, value: &str) {
+    if let Some(v) = LabelValue::new(value) {
+        labels.insert(key, v.into_string());
     }
 }
 
@@ -217,11 +348,7 @@ impl Hysteresis {
         Self {
             recover_after: config.node.recover_after.max(1),
             ready_label: format!("{}ready", config.node.label_prefix),
-            taint: Taint {
-                key: config.node.taint_key(),
-                value: None,
-                effect: config.node.taint_effect.as_str().to_owned(),
-            },
+            taint: unvalidated_taint(config),
             good_streak: 0,
             validated: false,
             held: None,
@@ -329,7 +456,26 @@ fn evaluate_lustre(report: &ProbeReport, config: &Config) -> PartVerdict {
     let storage = &report.storage;
     let mut findings = Vec::new();
     let mut warnings = Vec::new();
+    mount_findings(storage, config, &mut findings, &mut warnings);
+    // The Lustre client matters when Lustre is required or all_lustre asks for it.
+    let lustre_wanted = !config.lustre.mounts.is_empty() || config.lustre.all_lustre;
+    if lustre_wanted && storage.client.present {
+        lustre_client_findings(storage, config, &mut findings, &mut warnings);
+    }
+    let mut part = PartVerdict::ok();
+    part.ready = findings.is_empty();
+    part.findings = findings;
+    part.warnings = warnings;
+    part
+}
 
+/// The mount table, each checked mount's status, and required mounts the probe did not check.
+fn mount_findings(
+    storage: &StorageReport,
+    config: &Config,
+    findings: &mut Vec<Finding>,
+    warnings: &mut Vec<Finding>,
+) {
     for err in &storage.errors {
         let code = if storage.mount_table_entries == 0 {
             "MountTableUnreadable"
@@ -375,78 +521,74 @@ fn evaluate_lustre(report: &ProbeReport, config: &Config) -> PartVerdict {
             ));
         }
     }
+}
 
-    // The Lustre client matters when Lustre is required or all_lustre asks for it.
-    let lustre_wanted = !config.lustre.mounts.is_empty() || config.lustre.all_lustre;
+/// The Lustre client's health and the imports of the file systems in scope.
+fn lustre_client_findings(
+    storage: &StorageReport,
+    config: &Config,
+    findings: &mut Vec<Finding>,
+    warnings: &mut Vec<Finding>,
+) {
     let client = &storage.client;
-    if lustre_wanted && client.present {
-        let text = client
-            .health_text
-            .as_deref()
-            .unwrap_or("")
-            .replace('\n', "; ");
-        match client.health {
-            Some(LustreHealth::Healthy) => {}
-            Some(LustreHealth::Lbug) => findings.push(lustre_finding(
-                "LustreUnhealthy",
-                format!(
-                    "lustre client hit an LBUG (health_check: {text}); the node needs a reboot"
-                ),
-            )),
-            Some(LustreHealth::NotHealthy) => findings.push(lustre_finding(
-                "LustreUnhealthy",
-                format!("lustre client is NOT HEALTHY (health_check: {text})"),
-            )),
-            Some(LustreHealth::Unknown) => warnings.push(lustre_finding(
-                "LustreUnhealthy",
-                format!("lustre health_check says {text:?}, which fabricgate does not know"),
-            )),
-            None => warnings.push(lustre_finding(
-                "LustreUnhealthy",
-                "lustre client modules are loaded but health_check could not be read".into(),
-            )),
-        }
-        for e in &client.errors {
-            warnings.push(lustre_finding("LustreUnhealthy", e.clone()));
-        }
-
-        // Imports of the file systems in scope: all of them with all_lustre, otherwise those
-        // of the required Lustre mounts.
-        let fsnames: Vec<&str> = storage
-            .mounts
-            .iter()
-            .filter(|m| m.required)
-            .filter_map(|m| m.lustre_fsname.as_deref())
-            .collect();
-        for imp in &client.imports {
-            let in_scope = config.lustre.all_lustre
-                || imp.fsname.as_deref().is_some_and(|f| fsnames.contains(&f));
-            if !in_scope || imp.healthy {
-                continue;
-            }
-            let state = imp.state.as_deref().unwrap_or("unreadable");
-            let message = format!("lustre {} import {state}", imp.target);
-            if imp.active == Some(false) {
-                warnings.push(lustre_finding(
-                    "LustreImportDown",
-                    format!("{message} (deactivated by an administrator)"),
-                ));
-            } else if imp.state.is_none() {
-                warnings.push(lustre_finding(
-                    "LustreImportDown",
-                    imp.error.clone().unwrap_or(message),
-                ));
-            } else {
-                findings.push(lustre_finding("LustreImportDown", message));
-            }
-        }
+    let text = client
+        .health_text
+        .as_deref()
+        .unwrap_or("")
+        .replace('\n', "; ");
+    match client.health {
+        Some(LustreHealth::Healthy) => {}
+        Some(LustreHealth::Lbug) => findings.push(lustre_finding(
+            "LustreUnhealthy",
+            format!("lustre client hit an LBUG (health_check: {text}); the node needs a reboot"),
+        )),
+        Some(LustreHealth::NotHealthy) => findings.push(lustre_finding(
+            "LustreUnhealthy",
+            format!("lustre client is NOT HEALTHY (health_check: {text})"),
+        )),
+        Some(LustreHealth::Unknown) => warnings.push(lustre_finding(
+            "LustreUnhealthy",
+            format!("lustre health_check says {text:?}, which fabricgate does not know"),
+        )),
+        None => warnings.push(lustre_finding(
+            "LustreUnhealthy",
+            "lustre client modules are loaded but health_check could not be read".into(),
+        )),
+    }
+    for e in &client.errors {
+        warnings.push(lustre_finding("LustreUnhealthy", e.clone()));
     }
 
-    let mut part = PartVerdict::ok();
-    part.ready = findings.is_empty();
-    part.findings = findings;
-    part.warnings = warnings;
-    part
+    // Imports of the file systems in scope: all of them with all_lustre, otherwise those
+    // of the required Lustre mounts.
+    let fsnames: Vec<&str> = storage
+        .mounts
+        .iter()
+        .filter(|m| m.required)
+        .filter_map(|m| m.lustre_fsname.as_deref())
+        .collect();
+    for imp in &client.imports {
+        let in_scope =
+            config.lustre.all_lustre || imp.fsname.as_deref().is_some_and(|f| fsnames.contains(&f));
+        if !in_scope || imp.healthy {
+            continue;
+        }
+        let state = imp.state.as_deref().unwrap_or("unreadable");
+        let message = format!("lustre {} import {state}", imp.target);
+        if imp.active == Some(false) {
+            warnings.push(lustre_finding(
+                "LustreImportDown",
+                format!("{message} (deactivated by an administrator)"),
+            ));
+        } else if imp.state.is_none() {
+            warnings.push(lustre_finding(
+                "LustreImportDown",
+                imp.error.clone().unwrap_or(message),
+            ));
+        } else {
+            findings.push(lustre_finding("LustreImportDown", message));
+        }
+    }
 }
 
 fn rdma_finding(code: &'static str, message: String) -> Finding {
@@ -457,11 +599,34 @@ fn rdma_finding(code: &'static str, message: String) -> Finding {
     }
 }
 
-fn evaluate_rdma(report: &RdmaReport, config: &Config) -> RdmaVerdict {
+/// The ports that meet every rule of `rdma:` (the ones `rdma.usable_ports` counts), as
+/// `(device, port)` in report order: what NCCL may be pinned to.
+pub fn usable_ports(report: &ProbeReport, config: &Config) -> Vec<(String, u32)> {
+    assess_rdma(&report.rdma, &report.gpudirect.transport, config)
+        .usable
+        .iter()
+        .map(|(dev, port)| (dev.name.clone(), port.port))
+        .collect()
+}
+
+/// Every RDMA problem found, the usable ports with their devices, and the facts that block
+/// nothing (an unknown PCIe link with the rule off, an MTU that cannot be read with
+/// --verbs off).
+struct RdmaAssessment<'r> {
+    problems: Vec<Finding>,
+    usable: Vec<(&'r DeviceReport, &'r PortReport)>,
+    notes: Vec<Finding>,
+}
+
+fn assess_rdma<'r>(
+    report: &'r RdmaReport,
+    transport: &[PortTransport],
+    config: &Config,
+) -> RdmaAssessment<'r> {
     let req = &config.rdma;
     let matcher = config.device_matcher();
     let mut problems: Vec<Finding> = Vec::new();
-    let mut usable: Vec<&PortReport> = Vec::new();
+    let mut usable: Vec<(&DeviceReport, &PortReport)> = Vec::new();
 
     for err in &report.errors {
         problems.push(rdma_finding("RDMAProbeFailed", err.clone()));
@@ -491,28 +656,50 @@ fn evaluate_rdma(report: &RdmaReport, config: &Config) -> RdmaVerdict {
             } else {
                 format!(
                     "no RDMA device matches rdma.devices {:?} (found: {})",
-                    req.devices,
+                    req.devices.as_str(),
                     names.join(", ")
                 )
             },
         ));
     }
 
+    let mut notes: Vec<Finding> = Vec::new();
     for dev in in_scope {
-        let device_problems = device_problems(dev, config);
+        let device_problems = device_problems(dev, config, &mut notes);
         let blocked = !device_problems.is_empty();
         problems.extend(device_problems);
         for port in &dev.ports {
             if !link_layer_in_scope(port, req.link_layer) {
                 continue;
             }
-            let port_problems = port_problems(dev, port, config);
+            let mut port_problems = port_problems(dev, port, config);
+            let t = transport
+                .iter()
+                .find(|t| t.device == dev.name && t.port == port.port);
+            if port.is_up() {
+                port_problems.extend(transport_problems(dev, port, t, config, &mut notes));
+            }
             if port_problems.is_empty() && !blocked {
-                usable.push(port);
+                usable.push((dev, port));
             }
             problems.extend(port_problems);
         }
     }
+    RdmaAssessment {
+        problems,
+        usable,
+        notes,
+    }
+}
+
+fn evaluate_rdma(report: &RdmaReport, transport: &[PortTransport], config: &Config) -> RdmaVerdict {
+    let req = &config.rdma;
+    let RdmaAssessment {
+        problems,
+        usable: usable_pairs,
+        notes,
+    } = assess_rdma(report, transport, config);
+    let usable: Vec<&PortReport> = usable_pairs.iter().map(|(_, p)| *p).collect();
 
     let usable_ports = u32::try_from(usable.len()).unwrap_or(u32::MAX);
     let ready = usable_ports >= req.min_active_ports;
@@ -521,6 +708,7 @@ fn evaluate_rdma(report: &RdmaReport, config: &Config) -> RdmaVerdict {
         findings: Vec::new(),
         warnings: Vec::new(),
     };
+    let notes_later = notes;
     if ready {
         part.warnings = problems;
     } else {
@@ -535,6 +723,7 @@ fn evaluate_rdma(report: &RdmaReport, config: &Config) -> RdmaVerdict {
             ),
         ));
     }
+    part.warnings.extend(notes_later);
 
     let min_rate_gbps = usable
         .iter()
@@ -569,10 +758,31 @@ fn link_layer_in_scope(port: &PortReport, want: LinkLayerRequirement) -> bool {
     }
 }
 
-/// Problems that make every port of the device unusable.
-fn device_problems(dev: &DeviceReport, config: &Config) -> Vec<Finding> {
+/// Problems that make every port of the device unusable; `notes` gets those that do not
+/// (an unresolvable PCI function while `require_full_pcie_link` is off).
+fn device_problems(dev: &DeviceReport, config: &Config, notes: &mut Vec<Finding>) -> Vec<Finding> {
     let mut out = Vec::new();
-    for err in &dev.errors {
+    if let Some(why) = &dev.pci_error {
+        let finding = rdma_finding(
+            "PCIeLinkUnknown",
+            format!(
+                "{}: {why}, so rdma.require_full_pcie_link fails for it (set it to false \
+                 for an HCA that is not on PCIe)",
+                dev.name
+            ),
+        );
+        if config.rdma.require_full_pcie_link {
+            out.push(finding);
+        } else {
+            notes.push(finding);
+        }
+    }
+    // The PCI error is judged above, by the PCIe rule.
+    for err in dev
+        .errors
+        .iter()
+        .filter(|e| Some(*e) != dev.pci_error.as_ref())
+    {
         out.push(rdma_finding(
             "DeviceUnreadable",
             format!("{}: {err}", dev.name),
@@ -736,6 +946,360 @@ fn port_problems(dev: &DeviceReport, port: &PortReport, config: &Config) -> Vec<
     out
 }
 
+/// Transport settings of an up port: active MTU against `rdma.min_mtu`, the RoCE netdev MTU
+/// against the RDMA MTU, and ECN on the RoCE priority (`rdma.roce`). Problems block the port;
+/// what cannot be known goes to `notes`.
+fn transport_problems(
+    dev: &DeviceReport,
+    port: &PortReport,
+    t: Option<&PortTransport>,
+    config: &Config,
+    notes: &mut Vec<Finding>,
+) -> Vec<Finding> {
+    let req = &config.rdma;
+    let name = format!("{} port {}", dev.name, port.port);
+    let mut out = Vec::new();
+    let roce = port.link_layer == Some(LinkLayer::Ethernet);
+    let active = t.and_then(|t| t.active_mtu);
+    let netdev = t.and_then(|t| t.netdev.as_deref());
+    let netdev_mtu = t.and_then(|t| t.netdev_mtu);
+
+    if let Some(min) = req.min_mtu {
+        match active {
+            Some(mtu) if mtu < min => {
+                let fix = match (roce, netdev, netdev_mtu) {
+                    (true, Some(nd), Some(nd_mtu)) if nd_mtu < netdev_mtu_for_roce(min) => {
+                        format!(
+                            "the netdev {nd} has MTU {nd_mtu}, which carries at most RDMA MTU \
+                             {mtu}; raise it to at least {} (e.g. `ip link set {nd} mtu 9000`, \
+                             and the switch ports to match)",
+                            netdev_mtu_for_roce(min)
+                        )
+                    }
+                    (true, ..) => "raise the netdev MTU (9000) and the RDMA MTU the \
+                                   application requests"
+                        .to_owned(),
+                    (false, ..) => format!(
+                        "raise the subnet manager's MTU for the partition (opensm \
+                         partitions.conf `mtu=5` is 4096) and check the switch port's MTU \
+                         cap (ibportstate) so the port comes up at {min}"
+                    ),
+                };
+                out.push(rdma_finding(
+                    "MTUBelowRequired",
+                    format!("{name}: active MTU {mtu} below rdma.min_mtu {min}: {fix}"),
+                ));
+            }
+            Some(_) => {}
+            None => notes.push(rdma_finding(
+                "MTUUnknown",
+                format!(
+                    "{name}: active MTU unknown, rdma.min_mtu {min} not checked ({})",
+                    if roce {
+                        "the RoCE netdev's MTU could not be read"
+                    } else {
+                        "sysfs has no MTU for InfiniBand ports; it comes from verbs \
+                         (ibv_query_port), which --verbs off skips"
+                    }
+                ),
+            )),
+        }
+    }
+
+    // With verbs, the RDMA MTU is the port's own; the netdev must carry it plus RoCE headers.
+    if roce
+        && let (Some(mtu), Some(MtuSource::Verbs), Some(nd), Some(nd_mtu)) = (
+            active,
+            t.and_then(|t| t.active_mtu_source),
+            netdev,
+            netdev_mtu,
+        )
+        && nd_mtu < netdev_mtu_for_roce(mtu)
+    {
+        out.push(rdma_finding(
+            "NetdevMTUTooSmall",
+            format!(
+                "{name}: the netdev {nd} has MTU {nd_mtu}, too small for the port's RDMA MTU \
+                 {mtu} plus {} bytes of RoCE headers; set it to at least {} \
+                 (`ip link set {nd} mtu 9000`)",
+                netdev_mtu_for_roce(mtu) - mtu,
+                netdev_mtu_for_roce(mtu)
+            ),
+        ));
+    }
+
+    if roce
+        && req.roce.require_ecn
+        && let Some(ecn) = t.and_then(|t| t.ecn.as_ref())
+    {
+        let prio = req.roce.ecn_priority;
+        let off: Vec<&str> = [("roce_np", &ecn.np), ("roce_rp", &ecn.rp)]
+            .into_iter()
+            .filter(|(_, m)| m.get(&prio) != Some(&true))
+            .map(|(n, _)| n)
+            .collect();
+        if !off.is_empty() {
+            let nd = netdev.unwrap_or("<netdev>");
+            let cmds: Vec<String> = off
+                .iter()
+                .map(|p| format!("echo 1 > /sys/class/net/{nd}/ecn/{p}/enable/{prio}"))
+                .collect();
+            out.push(rdma_finding(
+                "ECNDisabled",
+                format!(
+                    "{name}: ECN is off for priority {prio} on {nd} ({}); RoCE without ECN \
+                     collapses under congestion: {} (or set it in the NIC's QoS tooling)",
+                    off.iter()
+                        .map(|p| format!("{p}/enable/{prio}"))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    cmds.join("; ")
+                ),
+            ));
+        }
+    }
+    out
+}
+
+fn gpudirect_finding(code: &'static str, message: String) -> Finding {
+    Finding {
+        scope: Scope::Gpudirect,
+        code,
+        message,
+    }
+}
+
+/// GPUs, their HCAs, ACS on the paths and the peer-memory path. With `gpudirect.required`
+/// false every problem is a warning; a node without GPUs passes unless required.
+fn evaluate_gpudirect(report: &GpudirectReport, config: &Config) -> GpudirectVerdict {
+    let req = &config.gpudirect;
+    let max = req.max_relation();
+    let mut problems = Vec::new();
+    let mut notes = Vec::new();
+
+    if report.gpus.is_empty() {
+        if req.required {
+            problems.push(gpudirect_finding(
+                "NoGPUs",
+                "gpudirect.required is true but no NVIDIA GPU (PCI vendor 0x10de, display or \
+                 3D class) is listed under bus/pci/devices; check the GPU is seated and visible \
+                 to the kernel (lspci -d 10de:)"
+                    .into(),
+            ));
+        }
+    } else if report.hcas.is_empty() {
+        problems.push(gpudirect_finding(
+            "NoHCAForGPUs",
+            format!(
+                "{} GPU{} but no RDMA device matching rdma.devices {:?} on a PCI function: \
+                 GPUDirect RDMA has no HCA to use",
+                report.gpus.len(),
+                if report.gpus.len() == 1 { "" } else { "s" },
+                config.rdma.devices
+            ),
+        ));
+    }
+
+    for pair in &report.pairs {
+        let who = format!("GPU {} and {} ({})", pair.gpu, pair.hca, pair.hca_address);
+        if pair.relation > max {
+            let numa = |n: Option<u32>| n.map_or("?".to_owned(), |n| n.to_string());
+            let why = match pair.relation {
+                Relation::Sys => format!(
+                    "across sockets: the GPU is on NUMA node {}, the HCA on NUMA node {}, so \
+                     traffic crosses the CPU interconnect",
+                    numa(pair.numa),
+                    numa(pair.hca_numa)
+                ),
+                Relation::Node => "on different host bridges of one NUMA node".to_owned(),
+                Relation::Phb => "connected only through the CPU's host bridge".to_owned(),
+                _ => "connected through several PCIe switches".to_owned(),
+            };
+            problems.push(gpudirect_finding(
+                "GPUHCATooFar",
+                format!(
+                    "{who} are {}, {why}; that is worse than gpudirect.max_relation {}: move \
+                     the HCA to a slot on the GPU's PCIe switch or socket, or relax \
+                     gpudirect.max_relation",
+                    pair.relation,
+                    max.name()
+                ),
+            ));
+        }
+        // A path through the host bridge goes via the root complex anyway: ACS there changes
+        // nothing, so only switch-local paths (PIX, PXB) are judged.
+        let switch_local = pair.relation <= Relation::Pxb;
+        for bridge in pair.redirecting_bridges().filter(|_| switch_local) {
+            let AcsState::Present { control, .. } = bridge.acs else {
+                continue;
+            };
+            let finding = gpudirect_finding(
+                "ACSRedirect",
+                format!(
+                    "{who}: bridge {} on their PCIe path has ACS {} (control 0x{control:04x}): \
+                     peer-to-peer goes up to the root complex; disable ACS in the BIOS or clear \
+                     it (`setpci -s {} ECAP_ACS+0x6.w=0000`), or set gpudirect.allow_acs: true \
+                     if the platform needs it",
+                    bridge.address,
+                    acs_control_names(control).join("+"),
+                    bridge.address
+                ),
+            );
+            if req.allow_acs {
+                notes.push(finding);
+            } else {
+                problems.push(finding);
+            }
+        }
+    }
+    let unknown: Vec<&str> = report
+        .pairs
+        .iter()
+        .flat_map(|p| &p.bridges)
+        .filter(|b| matches!(b.acs, AcsState::Unknown { .. }))
+        .map(|b| b.address.as_str())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    if !unknown.is_empty() {
+        notes.push(gpudirect_finding(
+            "ACSUnknown",
+            format!(
+                "ACS of {} bridge{} on GPU–HCA paths is unknown ({}): the config space read \
+                 stopped before the extended capabilities (unprivileged reads get 64 bytes); \
+                 run the agent with CAP_SYS_ADMIN to check ACS",
+                unknown.len(),
+                if unknown.len() == 1 { "" } else { "s" },
+                unknown.join(", ")
+            ),
+        ));
+    }
+
+    if !report.gpus.is_empty() && !report.peermem.usable() {
+        let pm = &report.peermem;
+        let module = match (&pm.module, &pm.module_state) {
+            (Some(m), Some(state)) => format!("{m} is {state}, not Live"),
+            _ => "nvidia_peermem is not loaded (not in /proc/modules)".to_owned(),
+        };
+        let dmabuf = match (&pm.driver_version, pm.open_kernel_modules) {
+            (Some(v), Some(true)) => format!(
+                "the open kernel modules {v} on kernel {} do not give DMA-BUF (needs >= 515 \
+                 on Linux >= 5.12)",
+                pm.kernel_release.as_deref().unwrap_or("?")
+            ),
+            (Some(v), _) => format!("driver {v} is the proprietary flavour (no DMA-BUF)"),
+            (None, _) => "no NVIDIA driver version in /proc/driver/nvidia/version".to_owned(),
+        };
+        problems.push(gpudirect_finding(
+            "PeerMemoryUnavailable",
+            format!(
+                "GPUDirect RDMA is off: {module} and {dmabuf}; NCCL stages every transfer \
+                 through host memory. Load it (`modprobe nvidia_peermem`; GPU operator: \
+                 driver.rdma.enabled=true) or use the open kernel modules for DMA-BUF"
+            ),
+        ));
+    }
+    for e in &report.errors {
+        notes.push(gpudirect_finding("GPUDirectProbeError", e.clone()));
+    }
+
+    let rails = if report.pairs.is_empty() {
+        None
+    } else {
+        let parts: Vec<String> = report
+            .gpus
+            .iter()
+            .map(|g| {
+                report
+                    .pairs
+                    .iter()
+                    .find(|p| p.gpu == g.address)
+                    .and_then(|p| report.hcas.iter().position(|h| h.name == p.hca))
+                    .map_or("x".to_owned(), |i| i.to_string())
+            })
+            .collect();
+        let value = parts.join(".");
+        if crate::config::is_label_value(&value) {
+            Some(value)
+        } else {
+            notes.push(gpudirect_finding(
+                "RailsLabelTooLong",
+                format!(
+                    "the rail map of {} GPUs does not fit a label value (63 characters); \
+                     the rails label is left out",
+                    report.gpus.len()
+                ),
+            ));
+            None
+        }
+    };
+
+    let mut part = PartVerdict::ok();
+    if req.required {
+        part.ready = problems.is_empty();
+        part.findings = problems;
+    } else {
+        part.warnings = problems;
+    }
+    part.warnings.extend(notes);
+    GpudirectVerdict {
+        part,
+        required: req.required,
+        gpus: report.gpus.len(),
+        relation: report.worst_relation,
+        rails,
+    }
+}
+
+/// Fold `placement.required_labels` into a verdict, given the Node's current labels: a missing
+/// key makes the node not ready (with the taint and a `FabricReady=False` reason naming it).
+/// The agent calls this with the labels of its Node on every reconcile; `check`, which reads no
+/// Node, does not.
+pub fn apply_placement(
+    verdict: &Verdict,
+    node_labels: &BTreeMap<String, String>,
+    required_labels: &[String],
+    node: &crate::config::NodeSettings,
+) -> Verdict {
+    let missing: Vec<&str> = required_labels
+        .iter()
+        .filter(|k| !node_labels.contains_key(k.as_str()))
+        .map(String::as_str)
+        .collect();
+    if missing.is_empty() {
+        return verdict.clone();
+    }
+    let mut v = verdict.clone();
+    v.placement = PartVerdict {
+        ready: false,
+        findings: vec![Finding {
+            scope: Scope::Placement,
+            code: "PlacementLabelsMissing",
+            message: format!(
+                "the Node lacks placement label{} {} (placement.required_labels): topology-aware \
+                 schedulers (Kueue TAS) cannot place pods on it; label the Node",
+                if missing.len() == 1 { "" } else { "s" },
+                missing.join(", ")
+            ),
+        }],
+        warnings: Vec::new(),
+    };
+    v.ready = false;
+    v.labels
+        .insert(format!("{}ready", node.label_prefix), "false".into());
+    v.taints = vec![Taint {
+        key: node.taint_key(),
+        value: None,
+        effect: node.taint_effect.as_str().to_owned(),
+    }];
+    let parts = [&v.rdma.part, &v.lustre, &v.gpudirect.part, &v.placement];
+    let fabric = condition("FabricReady", false, "FabricValidated", &parts);
+    for c in v.conditions.iter_mut().filter(|c| c.type_ == "FabricReady") {
+        *c = fabric.clone();
+    }
+    v
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -788,12 +1352,98 @@ mod tests {
             },
             storage: StorageReport::default(),
             netdevs: Vec::new(),
+            gpudirect: Default::default(),
             timings: ProbeTimings::default(),
         }
     }
 
     fn config(yaml: &str) -> Config {
         Config::parse(yaml).unwrap()
+    }
+
+    fn gpu_report(gpus: &[&str], pairs: &[(&str, &str, Relation)]) -> GpudirectReport {
+        use fabricgate_probes::gpudirect::{Gpu, Hca, Pair, PeerMemory};
+        let mut hcas: Vec<&str> = pairs.iter().map(|p| p.1).collect();
+        hcas.sort_unstable();
+        hcas.dedup();
+        GpudirectReport {
+            gpus: gpus
+                .iter()
+                .map(|a| Gpu {
+                    address: (*a).into(),
+                    device: None,
+                    class: "0x030200".into(),
+                    numa_node: Some(0),
+                    path: String::new(),
+                })
+                .collect(),
+            hcas: hcas
+                .iter()
+                .map(|h| Hca {
+                    name: (*h).into(),
+                    address: String::new(),
+                    numa_node: Some(0),
+                    path: String::new(),
+                })
+                .collect(),
+            pairs: pairs
+                .iter()
+                .map(|(g, h, r)| Pair {
+                    gpu: (*g).into(),
+                    hca: (*h).into(),
+                    hca_address: String::new(),
+                    relation: *r,
+                    numa: Some(0),
+                    hca_numa: Some(1),
+                    bridges: Vec::new(),
+                })
+                .collect(),
+            worst_relation: pairs.iter().map(|p| p.2).max(),
+            peermem: PeerMemory {
+                method: Some("dma-buf".into()),
+                ..PeerMemory::default()
+            },
+            ..GpudirectReport::default()
+        }
+    }
+
+    #[test]
+    fn rails_label_maps_gpus_to_hca_indices_and_marks_gpus_without_one() {
+        let gd = gpu_report(
+            &["0000:01:00.0", "0000:02:00.0", "0000:03:00.0"],
+            &[
+                ("0000:01:00.0", "mlx5_1", Relation::Pix),
+                ("0000:03:00.0", "mlx5_0", Relation::Phb),
+            ],
+        );
+        let v = evaluate_gpudirect(&gd, &config(""));
+        assert_eq!(v.rails.as_deref(), Some("1.x.0"));
+        assert_eq!(v.relation, Some(Relation::Phb));
+        assert!(v.part.ready, "not required: warnings only");
+        assert_eq!(v.part.warnings[0].code, "GPUHCATooFar");
+        let v = evaluate_gpudirect(&gd, &config("gpudirect:\n  max_relation: PHB\n"));
+        assert!(v.part.warnings.is_empty(), "{:?}", v.part.warnings);
+        let v = evaluate_gpudirect(&gd, &config("gpudirect:\n  required: true\n"));
+        assert!(!v.part.ready);
+        assert_eq!(v.part.findings[0].code, "GPUHCATooFar");
+        // GPUs without any HCA.
+        let gd = gpu_report(&["0000:01:00.0"], &[]);
+        let v = evaluate_gpudirect(&gd, &config("gpudirect:\n  required: true\n"));
+        assert_eq!(v.part.findings[0].code, "NoHCAForGPUs");
+        assert_eq!(v.rails, None);
+        // 40 GPUs do not fit a label value: no label, a warning.
+        let names: Vec<String> = (0..40).map(|i| format!("0000:{i:02x}:00.0")).collect();
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        let pairs: Vec<(&str, &str, Relation)> =
+            refs.iter().map(|g| (*g, "mlx5_0", Relation::Pix)).collect();
+        let v = evaluate_gpudirect(&gpu_report(&refs, &pairs), &config(""));
+        assert_eq!(v.rails, None);
+        assert!(
+            v.part
+                .warnings
+                .iter()
+                .any(|w| w.code == "RailsLabelTooLong")
+        );
     }
 
     fn reasons(v: &Verdict) -> String {
@@ -951,18 +1601,54 @@ mod hysteresis_tests {
             ready,
             rdma,
             lustre: PartVerdict::ok(),
+            gpudirect: GpudirectVerdict::default(),
+            placement: PartVerdict::ok(),
             labels,
             taints: if ready {
                 Vec::new()
             } else {
-                vec![Taint {
-                    key: config.node.taint_key(),
-                    value: None,
-                    effect: "NoSchedule".into(),
-                }]
+                vec![unvalidated_taint(&config)]
             },
             conditions: vec![condition("FabricReady", ready, "FabricValidated", &[&part])],
+            keep_taint: false,
         }
+    }
+
+    #[test]
+    fn missing_placement_labels_taint_a_ready_node_and_name_the_keys() {
+        let config = Config::parse(
+            "placement:\n  required_labels: [cloud.example.com/block, cloud.example.com/rack]\n",
+        )
+        .unwrap();
+        let ready = verdict(true, "mlx5_0");
+        let required = &config.placement.required_labels;
+        let mut labels = BTreeMap::new();
+        labels.insert("cloud.example.com/block".to_owned(), "b1".to_owned());
+        let v = apply_placement(&ready, &labels, required, &config.node);
+        assert!(!v.ready);
+        assert!(!v.placement.ready);
+        assert_eq!(v.labels["fabricgate.io/ready"], "false");
+        assert_eq!(v.taints.len(), 1);
+        assert_eq!(v.taints[0].key, "fabricgate.io/unvalidated");
+        let fabric = &v.conditions[0];
+        assert_eq!(
+            (fabric.status.as_str(), fabric.reason.as_str()),
+            ("False", "PlacementLabelsMissing")
+        );
+        assert!(fabric.message.contains("cloud.example.com/rack"));
+        assert!(!fabric.message.contains("cloud.example.com/block,"));
+        assert_eq!(v.reasons().len(), 1);
+        // Every key present: the verdict is unchanged.
+        labels.insert("cloud.example.com/rack".to_owned(), "r7".to_owned());
+        assert_eq!(
+            apply_placement(&ready, &labels, required, &config.node),
+            ready
+        );
+        // Nothing required: unchanged even without labels.
+        assert_eq!(
+            apply_placement(&ready, &BTreeMap::new(), &[], &config.node),
+            ready
+        );
     }
 
     fn hysteresis(n: u32) -> Hysteresis {

@@ -115,7 +115,7 @@ pub fn run(roots: &Roots, config: &Config, timeout: Duration) -> Outcome {
         let names: Vec<&str> = report.devices.iter().map(|d| d.name.as_str()).collect();
         errors.push(format!(
             "no RDMA device matches rdma.devices {:?} (found: {})",
-            config.rdma.devices,
+            config.rdma.devices.as_str(),
             if names.is_empty() {
                 "none".to_owned()
             } else {

@@ -2,6 +2,7 @@
 //! configuration at all. Everything the agent does to a cluster is in `tests/cluster.rs`,
 //! against the real kube-apiserver.
 
+mod common;
 mod support;
 
 use std::process::{Command, Stdio};

@@ -1,15 +1,12 @@
 //! `fabricgate check` through the real binary over the fixture trees: exit codes, JSON keys,
 //! and the verdict and reason for every scenario.
 
-use serde_json::Value;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
 
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(name)
-}
+use common::fixture;
+use serde_json::Value;
+use std::path::Path;
+use std::process::{Command, Output};
 
 fn check(fixture_name: &str, config: Option<&str>, extra: &[&str]) -> Output {
     let dir = fixture(fixture_name);
@@ -211,6 +208,74 @@ fn pcie_check_can_be_turned_off() {
     assert_eq!(code, 0, "{json:#}");
 }
 
+/// `ndr-pci-unresolved`: mlx5_2 is a sub-function whose `device` link names an auxiliary
+/// device (its PCI function, trained at x8, is found above it); mlx5_5's link dangles (the
+/// function was unplugged). Neither may pass the PCIe rule silently.
+#[test]
+fn an_unresolvable_pci_function_fails_the_pcie_rule_with_a_reason() {
+    let (code, json) = check_json("ndr-pci-unresolved", Some(NDR));
+    assert_eq!(code, 1, "{json:#}");
+    let all = reasons(&json).join("\n");
+    assert!(
+        all.contains("mlx5_2 (0000:38:00.0): PCIe link trained at x8 at 32 GT/s"),
+        "{all}"
+    );
+    assert!(
+        all.contains("mlx5_5: ") && all.contains("rdma.require_full_pcie_link fails for it"),
+        "{all}"
+    );
+    assert_eq!(json["labels"]["fabricgate.io/rdma.active-ports"], "6");
+    let dev5 = json["rdma"]["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["name"] == "mlx5_5")
+        .unwrap();
+    assert!(dev5["pci"].is_null(), "{dev5:#}");
+    let why = dev5["pci_error"].as_str().unwrap();
+    assert!(
+        why.contains("mlx5_5/device: cannot resolve the PCI function"),
+        "{why}"
+    );
+    let errors: Vec<&str> = dev5["errors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(errors, [why], "the device's errors say so too");
+
+    // Alone, mlx5_5 gives the condition its own reason.
+    let (code, json) = check_json("ndr-pci-unresolved", Some("rdma:\n  devices: mlx5_5\n"));
+    assert_eq!(code, 1, "{json:#}");
+    let rdma = json["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "RDMAReady")
+        .unwrap();
+    assert_eq!(rdma["reason"], "PCIeLinkUnknown", "{rdma:#}");
+
+    // With the rule off both devices count, and the unknown link is still a warning.
+    let cfg = format!("{NDR}  require_full_pcie_link: false\n");
+    let (code, json) = check_json("ndr-pci-unresolved", Some(&cfg));
+    assert_eq!(code, 0, "{json:#}");
+    let warnings = json["warnings"].to_string();
+    assert!(
+        warnings.contains("mlx5_5/device: cannot resolve"),
+        "{warnings}"
+    );
+
+    // The table says the link is unknown rather than showing a dash.
+    let out = check("ndr-pci-unresolved", Some(NDR), &[]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    let row = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("mlx5_5"))
+        .unwrap();
+    assert!(row.contains("unknown"), "{row}");
+}
+
 #[test]
 fn no_rdma_at_all_says_so_and_exits_1() {
     let (code, json) = check_json("no-rdma", None);
@@ -279,17 +344,27 @@ fn config_errors_exit_2_and_name_the_key_or_path() {
 #[test]
 fn unreadable_rdma_class_is_exit_3() {
     use std::os::unix::fs::PermissionsExt;
-    // Root ignores permission bits, so only run this as a normal user.
-    if unsafe_is_root() {
-        eprintln!("skipped: running as root, permission bits are not enforced");
-        return;
-    }
     let tmp = tempfile::tempdir().unwrap();
     let class = tmp.path().join("sys/class/infiniband");
     std::fs::create_dir_all(&class).unwrap();
     std::fs::create_dir_all(tmp.path().join("proc")).unwrap();
+    // Reachable for an unprivileged user, except the class folder itself.
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     std::fs::set_permissions(&class, std::fs::Permissions::from_mode(0o000)).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_fabricgate"))
+    let bin = env!("CARGO_BIN_EXE_fabricgate");
+    // Root ignores permission bits: as root, run the check as `nobody`.
+    let mut cmd = if common::is_root() {
+        let Some(setpriv) = common::require_tool("setpriv", "apt-get install util-linux") else {
+            return;
+        };
+        let mut c = Command::new(setpriv);
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .arg(bin);
+        c
+    } else {
+        Command::new(bin)
+    };
+    let out = cmd
         .args(["check", "--verbs", "off", "--format", "json"])
         .arg("--sysfs-root")
         .arg(tmp.path().join("sys"))
@@ -298,32 +373,46 @@ fn unreadable_rdma_class_is_exit_3() {
         .output()
         .unwrap();
     std::fs::set_permissions(&class, std::fs::Permissions::from_mode(0o755)).unwrap();
-    assert_eq!(out.status.code(), Some(3));
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("class/infiniband"),
+        "the report names what it could not read"
+    );
 }
 
-fn unsafe_is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .map(|s| {
-            s.lines()
-                .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
-        })
-        .unwrap_or(false)
-}
-
-/// On this kind of machine (no RDMA in the kernel) the live check must say so, not crash.
+/// The live check on this machine: without RDMA in the kernel it must say so (exit 1), not
+/// crash; with RDMA it must report exactly the devices sysfs lists.
 #[test]
-fn live_check_without_rdma_kernel_exits_1_with_a_clear_reason() {
-    if Path::new("/sys/class/infiniband").exists() {
-        eprintln!("skipped: this machine has an RDMA subsystem");
-        return;
-    }
+fn live_check_reports_this_machines_rdma_or_its_absence() {
     let out = Command::new(env!("CARGO_BIN_EXE_fabricgate"))
         .args(["check", "--format", "json"])
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(1));
     let json: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let all = reasons(&json).join("\n");
-    assert!(all.contains("no RDMA devices"), "{all}");
-    assert!(all.contains("ibv_get_device_list"), "{all}");
+    let class = Path::new("/sys/class/infiniband");
+    if !class.exists() {
+        assert_eq!(out.status.code(), Some(1));
+        let all = reasons(&json).join("\n");
+        assert!(all.contains("no RDMA devices"), "{all}");
+        assert!(all.contains("ibv_get_device_list"), "{all}");
+        return;
+    }
+    assert!(matches!(out.status.code(), Some(0 | 1)), "{json:#}");
+    let mut want: Vec<String> = std::fs::read_dir(class)
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .collect();
+    want.sort();
+    let got: Vec<&str> = json["rdma"]["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|d| d["name"].as_str())
+        .collect();
+    assert_eq!(got, want);
 }

@@ -7,20 +7,29 @@
 //! Without the control plane binary (`.ci/controlplane.sh` builds it) each test prints
 //! `SKIP:` and passes, except under `CI=true`, where that is a failure.
 
+mod common;
 mod support;
 
 #[path = "cluster/agent.rs"]
 mod agent;
 #[path = "cluster/breaker.rs"]
 mod breaker;
+#[path = "cluster/cleanup.rs"]
+mod cleanup;
 #[path = "cluster/deviceplugin.rs"]
 mod deviceplugin;
+#[path = "cluster/fleet.rs"]
+mod fleet;
 #[path = "cluster/guard.rs"]
 mod guard;
+#[path = "cluster/placement.rs"]
+mod placement;
 #[path = "cluster/scheduler.rs"]
 mod scheduler;
 #[path = "cluster/security.rs"]
 mod security;
+#[path = "cluster/webhook.rs"]
+mod webhook;
 
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
@@ -240,6 +249,16 @@ impl TestNode {
                 .events()
                 .last()
                 .is_some_and(|e| e["reason"] == "FabricReady")
+    }
+
+    /// An agent for this Node over a one-HCA tree whose port is `up`, with its pod-bound
+    /// token, talking to `server` (a fault proxy) or the apiserver itself. The agent is
+    /// dropped (killed) before the tree when both go out of scope together.
+    pub fn run_agent(&self, up: bool, server: Option<&str>, extra: &[&str]) -> (FakeHca, Agent) {
+        let hca = FakeHca::new(up);
+        let kubeconfig = self.agent_kubeconfig(server);
+        let agent = start_agent(&self.name, &hca, Some(&kubeconfig), extra);
+        (hca, agent)
     }
 
     /// A kubeconfig of this Node's agent (pod-bound token), to the apiserver or `server`.

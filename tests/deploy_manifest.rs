@@ -4,6 +4,8 @@
 //! external validators (kubernetes-validate, hadolint, yamllint) run when present. In CI
 //! (`CI=true`) a missing validator is a failure; elsewhere the test says why it skipped.
 
+mod common;
+
 use clap::Parser;
 use fabricgate::cli::{Cli, Command, RunArgs};
 use fabricgate::config::{Config, DEFAULT_LABEL_PREFIX, NodeSettings};
@@ -80,9 +82,24 @@ fn container_argv() -> Vec<String> {
             "{argv:?}"
         );
     }
-    argv.extend(strings(&c["args"]));
+    // The kubelet expands $(VAR) in args from the container's env; do the same with a sample
+    // value for each downward-API field.
+    let env = c["env"].as_array().cloned().unwrap_or_default();
+    argv.extend(strings(&c["args"]).into_iter().map(|arg| {
+        env.iter().fold(arg, |arg, e| {
+            let value = match e["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
+                Some("status.hostIP") => SAMPLE_HOST_IP.to_owned(),
+                Some(other) => format!("sample-{other}"),
+                None => e["value"].as_str().unwrap_or_default().to_owned(),
+            };
+            arg.replace(&format!("$({})", e["name"].as_str().unwrap()), &value)
+        })
+    }));
     argv
 }
+
+/// What `status.hostIP` stands for when the tests expand `$(HOST_IP)`.
+const SAMPLE_HOST_IP: &str = "10.20.30.40";
 
 fn run_args() -> RunArgs {
     let argv = container_argv();
@@ -345,6 +362,34 @@ fn container_arguments_are_accepted_by_the_binarys_cli() {
 }
 
 #[test]
+fn metrics_port_listens_on_the_nodes_address_only() {
+    // Not 0.0.0.0: the agent runs in the host network, where every interface would expose it.
+    let raw = strings(&container()["args"]);
+    let addr_arg = raw
+        .iter()
+        .find(|a| a.starts_with("--metrics-addr="))
+        .expect("--metrics-addr is given");
+    assert_eq!(addr_arg, "--metrics-addr=$(HOST_IP):9464");
+    let env = container()["env"].as_array().unwrap().clone();
+    let host_ip = env.iter().find(|e| e["name"] == "HOST_IP").unwrap();
+    assert_eq!(
+        host_ip["valueFrom"]["fieldRef"]["fieldPath"],
+        "status.hostIP"
+    );
+    let addr = run_args().metrics_addr;
+    assert_eq!(addr.ip().to_string(), SAMPLE_HOST_IP);
+    assert!(!addr.ip().is_unspecified());
+    // An IPv6 node's hostIP has no brackets; the flag accepts it as written.
+    let v6 = Cli::try_parse_from(["fabricgate", "run", "--metrics-addr=fd00::7:9464"]);
+    match v6 {
+        Ok(Cli {
+            command: Command::Run(a),
+        }) => assert_eq!(a.metrics_addr.to_string(), "[fd00::7]:9464"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
 fn probe_and_scrape_ports_match_the_metrics_address() {
     let port = run_args().metrics_addr.port();
     let c = container();
@@ -454,7 +499,7 @@ fn admission_policy_uses_the_binarys_names_and_is_bound() {
     assert_eq!(var("taintKey"), "variables.prefix + 'unvalidated'");
     assert_eq!(
         var("ownConditions"),
-        "['FabricReady', 'RDMAReady', 'LustreReady']"
+        "['FabricReady', 'RDMAReady', 'LustreReady', 'GPUDirectReady']"
     );
     assert_eq!(spec["failurePolicy"], "Fail");
     let sa = object("ServiceAccount");
@@ -476,25 +521,9 @@ fn admission_policy_uses_the_binarys_names_and_is_bound() {
 
 // ---- external tools ----------------------------------------------------------------------
 
-fn in_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| v == "true")
-}
-
 /// The tool on PATH, or None (with a printed reason) outside CI; a failure in CI.
 fn tool(name: &str, install: &str) -> Option<PathBuf> {
-    let found = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|d| d.join(name))
-            .find(|p| p.is_file())
-    });
-    if found.is_none() {
-        assert!(
-            !in_ci(),
-            "{name} is not installed; CI installs it with {install}"
-        );
-        eprintln!("SKIP: {name} is not installed ({install}; .ci/deploy.sh does it)");
-    }
-    found
+    common::require_tool(name, &format!("{install}; .ci/deploy.sh does it"))
 }
 
 fn run(cmd: &mut Proc) -> (bool, String) {
@@ -648,12 +677,10 @@ fn cel_python() -> Option<PathBuf> {
             return Some(python);
         }
     }
-    assert!(
-        !in_ci(),
-        "no python3 with cel-expr-python and PyYAML; .ci/deploy.sh installs them"
-    );
-    eprintln!(
-        "SKIP: no python3 with cel-expr-python and PyYAML (pip install cel-expr-python pyyaml)"
+    common::require(
+        false,
+        "no python3 with cel-expr-python and PyYAML",
+        "pip install cel-expr-python pyyaml; .ci/deploy.sh installs them",
     );
     None
 }
@@ -983,98 +1010,8 @@ fn admission_policy_confines_the_agent_to_its_own_nodes_own_fields() {
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
 
-// ---- uninstall clean-up ------------------------------------------------------------------
-
-/// `deploy/cleanup-nodes.sh` against a recording stand-in for kubectl: it removes exactly
-/// fabricgate's labels, taint and conditions, and nothing of anyone else's.
-#[test]
-fn cleanup_script_removes_only_what_fabricgate_owns() {
-    let Some(_) = tool("jq", "apt-get install jq") else {
-        return;
-    };
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("calls");
-    let node = json!({
-        "metadata": {"name": "gpu-3", "labels": {
-            "kubernetes.io/hostname": "gpu-3",
-            "fabricgate.io/ready": "false",
-            "fabricgate.io/rdma.rate-gbps": "400",
-            "fabricgate.io.example/other": "x",
-        }},
-        "spec": {"taints": [
-            {"key": "nvidia.com/gpu", "effect": "NoSchedule"},
-            {"key": "fabricgate.io/unvalidated", "effect": "NoSchedule"},
-        ]},
-        "status": {"conditions": [
-            {"type": "Ready", "status": "True"},
-            {"type": "FabricReady", "status": "False"},
-            {"type": "MemoryPressure", "status": "False"},
-            {"type": "LustreReady", "status": "True"},
-        ]},
-    });
-    let clean = json!({
-        "metadata": {"name": "gpu-4", "labels": {"kubernetes.io/hostname": "gpu-4"}},
-        "spec": {},
-        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
-    });
-    std::fs::write(dir.path().join("gpu-3.json"), node.to_string()).unwrap();
-    std::fs::write(dir.path().join("gpu-4.json"), clean.to_string()).unwrap();
-    let kubectl = dir.path().join("kubectl");
-    std::fs::write(
-        &kubectl,
-        format!(
-            "#!/bin/sh\n\
-             case \"$*\" in\n\
-             'get nodes -o jsonpath='*) printf 'gpu-3\\ngpu-4\\n' ;;\n\
-             'get node '*' -o json') cat \"{dir}/$3.json\" ;;\n\
-             *) printf '%s\\n' \"$*\" >>\"{log}\" ;;\n\
-             esac\n",
-            dir = dir.path().display(),
-            log = log.display()
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(
-        &kubectl,
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
-    let path = format!(
-        "{}:{}",
-        dir.path().display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
-    let (ok, out) = run(Proc::new("bash")
-        .arg(root().join("deploy/cleanup-nodes.sh"))
-        .env("PATH", path));
-    assert!(ok, "{out}");
-    let calls = std::fs::read_to_string(&log).unwrap();
-    let calls: Vec<&str> = calls.lines().collect();
-    assert_eq!(
-        calls.len(),
-        3,
-        "nothing to do on the clean node: {calls:#?}"
-    );
-    assert_eq!(
-        calls[0],
-        "label node gpu-3 fabricgate.io/rdma.rate-gbps- fabricgate.io/ready-"
-    );
-    assert_eq!(calls[1], "taint node gpu-3 fabricgate.io/unvalidated-");
-    let patch = calls[2]
-        .strip_prefix("patch node gpu-3 --subresource=status --type=json -p ")
-        .unwrap();
-    let patch: Value = serde_json::from_str(patch).unwrap();
-    assert_eq!(
-        patch,
-        json!([
-            {"op": "test", "path": "/status/conditions/3/type", "value": "LustreReady"},
-            {"op": "remove", "path": "/status/conditions/3"},
-            {"op": "test", "path": "/status/conditions/1/type", "value": "FabricReady"},
-            {"op": "remove", "path": "/status/conditions/1"},
-        ])
-    );
-}
-
+// deploy/cleanup-nodes.sh runs with the real kubectl against the real apiserver in
+// tests/cluster/cleanup.rs.
 /// Every document of `deploy/guard.yaml`.
 fn guard_documents() -> Vec<Value> {
     let text = std::fs::read_to_string(root().join("deploy/guard.yaml")).unwrap();

@@ -5,7 +5,8 @@ mod common;
 
 use common::fixture::{Shape, write_node};
 use common::{
-    committed_fixture, have_tool, http_get, ndr_requirements, probe_fixture, record_fixture, sample,
+    committed_fixture, have_tool, http_get, mount_report, ndr_requirements, probe_fixture,
+    record_fixture, sample, unhealthy_metrics,
 };
 use fabricgate::config::Config;
 use fabricgate::metrics::{self, Metrics};
@@ -19,10 +20,10 @@ fn golden_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden")
 }
 
-/// Compare with the golden file; `UPDATE_GOLDEN=1` rewrites it instead.
+/// Compare with the golden file; `UPDATE_GOLDEN=1` rewrites it instead (refused under CI).
 fn check_golden(name: &str, got: &str) {
     let path = golden_dir().join(name);
-    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+    if common::update_golden() {
         std::fs::create_dir_all(golden_dir()).unwrap();
         std::fs::write(&path, got).unwrap();
         return;
@@ -74,6 +75,54 @@ fn golden_prometheus_text_and_openmetrics() {
     let om = metrics.encode(true);
     check_golden("metrics.prom", &text);
     check_golden("metrics.openmetrics", &om);
+}
+
+/// The series of an unhealthy node are pinned too, not only those of a healthy one.
+#[test]
+fn golden_unhealthy_node() {
+    let metrics = unhealthy_metrics();
+    let text = metrics.encode(false);
+    for (series, want) in [
+        ("fabricgate_node_ready", 0.0),
+        ("fabricgate_rdma_ready", 0.0),
+        ("fabricgate_lustre_ready", 0.0),
+        (r#"fabricgate_rdma_port_up{device="mlx5_3",port="1"}"#, 0.0),
+        (
+            r#"fabricgate_rdma_port_state{device="mlx5_3",port="1"}"#,
+            1.0,
+        ),
+        (r#"fabricgate_mount_hung{mount="/lustre/scratch"}"#, 1.0),
+        (r#"fabricgate_mount_up{mount="/lustre/scratch"}"#, 0.0),
+        ("fabricgate_fallback_suspected", 1.0),
+        (
+            r#"fabricgate_rdma_selftest_ok{device="mlx5_0",port="1"}"#,
+            0.0,
+        ),
+        (
+            r#"fabricgate_rdma_selftest_ok{device="mlx5_1",port="1"}"#,
+            1.0,
+        ),
+        (
+            r#"fabricgate_rdma_selftest_latency_seconds{device="mlx5_1",port="1"}"#,
+            0.002108,
+        ),
+        (
+            r#"fabricgate_findings{scope="lustre",reason="MountHung"}"#,
+            1.0,
+        ),
+    ] {
+        assert_eq!(sample(&text, series), Some(want), "{series}\n{text}");
+    }
+    assert!(
+        text.contains(r#"fabricgate_findings{scope="rdma",reason="PortDown"}"#),
+        "{text}"
+    );
+    assert!(
+        sample(&text, "fabricgate_fallback_tcp_bytes_per_second").is_some_and(|r| r >= 1e8),
+        "{text}"
+    );
+    check_golden("metrics-unhealthy.prom", &text);
+    check_golden("metrics-unhealthy.openmetrics", &metrics.encode(true));
 }
 
 #[test]
@@ -280,7 +329,8 @@ fn fallback_gauge_rises_when_tcp_is_busy_and_rdma_idle() {
     let mut report = probe_fixture(tmp.path(), 0.0);
     for i in 0..=12u64 {
         report.timestamp = 10.0 * i as f64;
-        // RDMA counters frozen; eth0 moves 2 GB every 10 s.
+        common::set_counters_timestamp(&mut report, 10.0 * i as f64);
+        // RDMA counters frozen (but read on every probe); eth0 moves 2 GB every 10 s.
         report
             .netdevs
             .iter_mut()
@@ -447,28 +497,6 @@ fn serve_returns_when_shutdown_completes() {
         .await;
         assert!(matches!(result, Ok(Ok(()))), "{result:?}");
     });
-}
-
-fn mount_report(
-    path: &str,
-    status: fabricgate_probes::storage::MountStatus,
-    statfs_seconds: Option<f64>,
-    capacity: Option<fabricgate_probes::storage::Capacity>,
-) -> fabricgate_probes::storage::MountReport {
-    fabricgate_probes::storage::MountReport {
-        path: path.into(),
-        fstype: Some("lustre".into()),
-        status,
-        message: String::new(),
-        required: true,
-        expected_fstype: Some("lustre".into()),
-        source: Some("10.1.1.1@o2ib:/scratch".into()),
-        lustre_fsname: Some("scratch".into()),
-        read_only: Some(false),
-        fs_magic: None,
-        capacity,
-        statfs_seconds,
-    }
 }
 
 #[test]

@@ -98,6 +98,67 @@ fn single(prom: &str, promql: &str, deadline: Instant) -> f64 {
     got[0].1
 }
 
+/// `fabricgate run --dry-run` over the example GPU node as node `name`, probing every second;
+/// returns its metrics address once `/readyz` answers, and the process (killed on drop).
+fn start_agent(name: &str, deadline: Instant) -> (String, KillOnDrop) {
+    let node = committed_fixture("ndr-8x400-healthy");
+    let agent = format!("127.0.0.1:{}", free_port());
+    let child = KillOnDrop(
+        Command::new(env!("CARGO_BIN_EXE_fabricgate"))
+            .args(["run", "--dry-run", "--node-name", name, "--verbs", "off"])
+            .arg("--sysfs-root")
+            .arg(node.join("sys"))
+            .arg("--proc-root")
+            .arg(node.join("proc"))
+            .arg("--config")
+            .arg(committed_fixture("requirements-ndr.yaml"))
+            .args(["--metrics-addr", &agent, "--interval", "1s"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_ready(&agent, "/readyz", deadline);
+    (agent, child)
+}
+
+fn wait_ready(addr: &str, path: &str, deadline: Instant) {
+    while !(std::net::TcpStream::connect(addr).is_ok() && http_get(addr, path, None).0 == 200) {
+        assert!(
+            Instant::now() < deadline,
+            "{addr}{path} did not become ready"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A real `prometheus` with `config` (storage in `dir`), once it is ready.
+fn start_prometheus(
+    dir: &std::path::Path,
+    config: &str,
+    deadline: Instant,
+) -> (String, KillOnDrop) {
+    let config_path = dir.join("prometheus.yml");
+    std::fs::write(&config_path, config).unwrap();
+    let prom = format!("127.0.0.1:{}", free_port());
+    let server = KillOnDrop(
+        Command::new("prometheus")
+            .arg(format!("--config.file={}", config_path.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("data").display()
+            ))
+            .arg(format!("--web.listen-address={prom}"))
+            .arg("--log.level=warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap(),
+    );
+    wait_ready(&prom, "/-/ready", deadline);
+    (prom, server)
+}
+
 #[test]
 fn real_prometheus_scrapes_both_formats_and_answers_queries() {
     if !have_tool("prometheus") {
@@ -116,29 +177,8 @@ fn real_prometheus_scrapes_both_formats_and_answers_queries() {
     let xmit_words = read_u64("class/infiniband/mlx5_0/ports/1/counters/port_xmit_data");
     let roce_rx = read_u64("class/net/ens10f0np0/statistics/rx_bytes");
 
-    let agent = format!("127.0.0.1:{}", free_port());
-    let _agent = KillOnDrop(
-        Command::new(env!("CARGO_BIN_EXE_fabricgate"))
-            .args(["run", "--dry-run", "--node-name", "gpu-a", "--verbs", "off"])
-            .arg("--sysfs-root")
-            .arg(node.join("sys"))
-            .arg("--proc-root")
-            .arg(node.join("proc"))
-            .arg("--config")
-            .arg(committed_fixture("requirements-ndr.yaml"))
-            .args(["--metrics-addr", &agent, "--interval", "1s"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
     let deadline = Instant::now() + Duration::from_secs(90);
-    while !(std::net::TcpStream::connect(&agent).is_ok()
-        && http_get(&agent, "/readyz", None).0 == 200)
-    {
-        assert!(Instant::now() < deadline, "the agent did not become ready");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let (agent, _agent) = start_agent("gpu-a", deadline);
 
     // Job "fabricgate" lets Prometheus negotiate (it asks for OpenMetrics first); job
     // "fabricgate-text" forces the classic text format through the URL parameter.
@@ -149,32 +189,7 @@ fn real_prometheus_scrapes_both_formats_and_answers_queries() {
          \x20 - job_name: fabricgate-text\n    params:\n      format: [prometheus]\n    \
          static_configs:\n      - targets: ['{agent}']\n"
     );
-    let config_path = tmp.path().join("prometheus.yml");
-    std::fs::write(&config_path, config).unwrap();
-    let prom = format!("127.0.0.1:{}", free_port());
-    let _server = KillOnDrop(
-        Command::new("prometheus")
-            .arg(format!("--config.file={}", config_path.display()))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                tmp.path().join("data").display()
-            ))
-            .arg(format!("--web.listen-address={prom}"))
-            .arg("--log.level=warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap(),
-    );
-    loop {
-        let ready = std::net::TcpStream::connect(&prom).is_ok()
-            && http_get(&prom, "/-/ready", None).0 == 200;
-        if ready {
-            break;
-        }
-        assert!(Instant::now() < deadline, "prometheus did not become ready");
-        std::thread::sleep(Duration::from_millis(250));
-    }
+    let (prom, _server) = start_prometheus(tmp.path(), &config, deadline);
 
     for job in ["fabricgate", "fabricgate-text"] {
         let sel = format!("job=\"{job}\"");
@@ -253,4 +268,131 @@ fn real_prometheus_scrapes_both_formats_and_answers_queries() {
     );
     assert_eq!(om, text);
     assert!(om > 100.0, "{om}");
+}
+
+/// Every PromQL expression (`expr`) anywhere in a Grafana dashboard.
+fn dashboard_exprs(dashboard: &Value) -> Vec<String> {
+    let mut out = Vec::new();
+    match dashboard {
+        Value::Object(map) => {
+            for (key, value) in map {
+                match (key.as_str(), value) {
+                    ("expr", Value::String(e)) => out.push(e.clone()),
+                    _ => out.extend(dashboard_exprs(value)),
+                }
+            }
+        }
+        Value::Array(items) => items.iter().for_each(|v| out.extend(dashboard_exprs(v))),
+        _ => {}
+    }
+    out
+}
+
+/// The agent's own metrics server (`metrics::serve`) in-process, serving `metrics`.
+fn serve_in_process(metrics: fabricgate::metrics::Metrics) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let metrics = std::sync::Arc::new(metrics);
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+            let _ = fabricgate::metrics::serve(listener, metrics, std::future::pending()).await;
+        });
+    });
+    addr
+}
+
+/// Every query of `deploy/grafana/fabricgate.json` runs against a real Prometheus that scrapes
+/// two agents, and each returns data:
+/// - node `gpu-a`: `fabricgate run` (the binary) over the healthy example node;
+/// - node `gpu-b`: the agent's metrics server and registry in-process, recording the
+///   `ndr-port-down` fixture with a hung Lustre mount, a failed and a passing data-path
+///   self-test, and silent TCP fallback (`common::unhealthy_metrics`). The self-test needs
+///   RDMA hardware, which `fabricgate run` over a fixture tree cannot have.
+#[test]
+fn every_dashboard_query_returns_data_from_the_agent() {
+    if !have_tool("prometheus") {
+        return;
+    }
+    let path = common::repo_root().join("deploy/grafana/fabricgate.json");
+    let dashboard: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let exprs = dashboard_exprs(&dashboard);
+    assert!(exprs.len() >= 10, "{exprs:?}");
+    let titles: Vec<&str> = dashboard["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|p| p["title"].as_str())
+        .collect();
+    for wanted in [
+        "Fleet readiness",
+        "Nodes not validated, with their reasons",
+        "RDMA port state",
+        "RDMA port throughput",
+        "Silent TCP fallback suspected",
+        "Data-path self-test",
+        "Probe duration",
+    ] {
+        assert!(
+            titles.contains(&wanted),
+            "no panel {wanted:?} in {titles:?}"
+        );
+    }
+
+    let tmp = tempfile::tempdir().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let (agent, _agent) = start_agent("gpu-a", deadline);
+    let unhealthy = serve_in_process(common::unhealthy_metrics());
+    wait_ready(&unhealthy, "/readyz", deadline);
+    let config = format!(
+        "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n\
+         scrape_configs:\n\
+         \x20 - job_name: fabricgate\n    static_configs:\n\
+         \x20     - targets: ['{agent}']\n        labels: {{node: gpu-a}}\n\
+         \x20     - targets: ['{unhealthy}']\n        labels: {{node: gpu-b}}\n"
+    );
+    let (prom, _server) = start_prometheus(tmp.path(), &config, deadline);
+    // Both agents scraped, and the binary validated its node (recover_after good probes).
+    wait_value(&prom, "count(up{job=\"fabricgate\"} == 1)", 2.0, deadline);
+    wait_value(
+        &prom,
+        "fabricgate_node_ready{node=\"gpu-a\"}",
+        1.0,
+        deadline,
+    );
+
+    for expr in &exprs {
+        // rate() needs two samples in its window: poll until every query answers.
+        let got = loop {
+            let got = query(&prom, expr);
+            if got.iter().any(|(_, v)| !v.is_nan()) {
+                break got;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "dashboard query {expr:?} returned no data: {got:?}"
+            );
+            std::thread::sleep(Duration::from_millis(250));
+        };
+        assert!(got.iter().all(|(m, _)| m.is_object()), "{expr}: {got:?}");
+    }
+    // The reasons table names the unhealthy node's findings.
+    let findings = query(&prom, "fabricgate_findings > 0");
+    let reasons: Vec<String> = findings
+        .iter()
+        .map(|(m, _)| format!("{}/{}", m["node"], m["reason"]))
+        .collect();
+    assert!(
+        reasons.iter().any(|r| r == "\"gpu-b\"/\"PortDown\""),
+        "{reasons:?}"
+    );
+    assert!(
+        reasons.iter().all(|r| r.starts_with("\"gpu-b\"")),
+        "{reasons:?}"
+    );
 }

@@ -1,12 +1,14 @@
 //! `fabricgate check` through the real binary over storage fixtures: the `lustre` JSON
 //! object, labels, reasons and exit codes.
 
+mod common;
 mod storage_support;
 
+use common::fixture;
 use serde_json::Value;
 use std::path::Path;
 use std::process::Command;
-use storage_support::{ProcRoot, fixture, mountinfo_line};
+use storage_support::{ProcRoot, mountinfo_line};
 
 struct Run {
     code: i32,

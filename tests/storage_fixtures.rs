@@ -1,13 +1,15 @@
 //! The storage probe and policy over fixture trees shaped like real Lustre clients
 //! (tests/fixtures/lustre-*, made by make-lustre-fixtures.py). Needs no root.
 
+mod common;
 mod storage_support;
 
+use common::fixture;
 use fabricgate::config::Config;
 use fabricgate::policy::{self, Scope};
 use fabricgate_probes::storage::{self, LustreHealth, MountStatus, StorageProber};
 use fabricgate_probes::{ProbeConfig, ProbeReport, Prober, Roots};
-use storage_support::{ProcRoot, fixture, mountinfo_line};
+use storage_support::{ProcRoot, mountinfo_line};
 
 fn roots(name: &str) -> Roots {
     Roots::new(fixture(name).join("sys"), fixture(name).join("proc"))
@@ -199,8 +201,11 @@ fn missing_and_wrong_type_come_from_the_table_without_statfs() {
 fn discovered_lustre_mount_is_statted_at_its_real_path() {
     // The fixture's table lists /lustre/scratch; statfs goes to the real path, which does not
     // exist on a test machine, so the mount is an error with the OS reason.
-    if std::path::Path::new("/lustre/scratch").exists() {
-        eprintln!("SKIPPED: this machine has a real /lustre/scratch");
+    if !common::require(
+        !std::path::Path::new("/lustre/scratch").exists(),
+        "this machine has a real /lustre/scratch, which the fixture's mount table names",
+        "run on a machine without Lustre",
+    ) {
         return;
     }
     let mut p = StorageProber::new(storage::StorageConfig::default());
@@ -320,6 +325,7 @@ fn every_mount_status_maps_to_its_finding_code() {
             ..StorageReport::default()
         },
         netdevs: Vec::new(),
+        gpudirect: Default::default(),
         timings: Default::default(),
     };
     let v = policy::evaluate(&report, &config);

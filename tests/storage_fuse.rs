@@ -7,15 +7,17 @@
 //! The test re-runs itself under `unshare --mount` so its mounts are invisible to the rest of
 //! the machine (a `df` elsewhere must not hang on them) and vanish with the process.
 
+mod common;
 mod storage_support;
 
+use common::{in_ci, require, require_root};
 use fabricgate_probes::Roots;
 use fabricgate_probes::storage::statfs::WORKER_THREAD_NAME;
 use fabricgate_probes::storage::{MountSpec, MountStatus, StorageConfig, StorageProber};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-use storage_support::{TmpfsMount, in_ci, is_root, require, thread_count, threads_named};
+use storage_support::{TmpfsMount, thread_count, threads_named};
 
 const TEST_NAME: &str = "hung_fuse_mount_is_hung_within_the_timeout_and_leaks_no_threads";
 const INNER: &str = "FABRICGATE_FUSE_TEST_INNER";
@@ -25,10 +27,14 @@ const MARGIN: Duration = Duration::from_millis(1500);
 
 #[test]
 fn hung_fuse_mount_is_hung_within_the_timeout_and_leaks_no_threads() {
-    if !require(is_root(), "root (mount(2) and FUSE)") {
+    if !require_root("mount(2) and FUSE") {
         return;
     }
-    if !require(Path::new("/dev/fuse").exists(), "/dev/fuse (Debian fuse3)") {
+    if !require(
+        Path::new("/dev/fuse").exists(),
+        "/dev/fuse is missing",
+        "apt-get install fuse3; .ci/storage.sh installs it",
+    ) {
         return;
     }
     if std::env::var_os(INNER).is_none() && unshare_works() {
@@ -77,7 +83,11 @@ fn build_hangfs(dir: &Path) -> Option<PathBuf> {
     let flags = match flags {
         Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).into_owned(),
         _ => {
-            require(false, "pkg-config and libfuse3-dev");
+            require(
+                false,
+                "pkg-config cannot find fuse3",
+                "apt-get install pkg-config libfuse3-dev; .ci/storage.sh installs them",
+            );
             return None;
         }
     };
@@ -94,7 +104,11 @@ fn build_hangfs(dir: &Path) -> Option<PathBuf> {
         Ok(s) if s.success() => Some(bin),
         other => {
             assert!(!in_ci(), "cc failed to build {}: {other:?}", src.display());
-            require(false, "a C compiler (cc) that builds tests/fuse/hangfs.c");
+            require(
+                false,
+                "no C compiler (cc) that builds tests/fuse/hangfs.c",
+                "apt-get install gcc",
+            );
             None
         }
     }

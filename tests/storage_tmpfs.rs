@@ -1,14 +1,16 @@
 //! statfs on real tmpfs mounts the test creates (needs root for mount(2); skipped with a
 //! reason outside CI, required in CI).
 
+mod common;
 mod storage_support;
 
+use common::{fixture, require_root};
 use fabricgate::config::Config;
 use fabricgate::policy;
 use fabricgate_probes::storage::{MountSpec, MountStatus, StorageConfig, StorageProber};
 use fabricgate_probes::{ProbeConfig, Prober, Roots};
 use std::io::Write;
-use storage_support::{ProcRoot, TmpfsMount, fixture, is_root, mountinfo_line, require};
+use storage_support::{ProcRoot, TmpfsMount, mountinfo_line};
 
 fn spec(m: &TmpfsMount, min_free_percent: f64) -> MountSpec {
     MountSpec {
@@ -30,7 +32,7 @@ fn live_probe(specs: Vec<MountSpec>) -> fabricgate_probes::storage::StorageRepor
 
 #[test]
 fn lustre_entry_pointing_at_a_real_tmpfs_is_wrong_type() {
-    if !require(is_root(), "root (mount -t tmpfs)") {
+    if !require_root("mount -t tmpfs") {
         return;
     }
     let tmpfs = TmpfsMount::new("size=8m");
@@ -74,7 +76,7 @@ fn lustre_entry_pointing_at_a_real_tmpfs_is_wrong_type() {
 
 #[test]
 fn writable_tmpfs_is_ok_with_capacity() {
-    if !require(is_root(), "root (mount -t tmpfs)") {
+    if !require_root("mount -t tmpfs") {
         return;
     }
     let tmpfs = TmpfsMount::new("size=8m,nr_inodes=1000");
@@ -91,7 +93,7 @@ fn writable_tmpfs_is_ok_with_capacity() {
 
 #[test]
 fn read_only_tmpfs_is_read_only() {
-    if !require(is_root(), "root (mount -t tmpfs)") {
+    if !require_root("mount -t tmpfs") {
         return;
     }
     let tmpfs = TmpfsMount::new("ro,size=1m");
@@ -107,7 +109,7 @@ fn read_only_tmpfs_is_read_only() {
 
 #[test]
 fn filled_tmpfs_is_full_below_the_floor() {
-    if !require(is_root(), "root (mount -t tmpfs)") {
+    if !require_root("mount -t tmpfs") {
         return;
     }
     let tmpfs = TmpfsMount::new("size=1m");
@@ -133,7 +135,7 @@ fn filled_tmpfs_is_full_below_the_floor() {
 
 #[test]
 fn escaped_mount_point_on_a_real_tmpfs() {
-    if !require(is_root(), "root (mount -t tmpfs)") {
+    if !require_root("mount -t tmpfs") {
         return;
     }
     let base = tempfile::tempdir().unwrap();

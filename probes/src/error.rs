@@ -21,6 +21,19 @@ pub enum ProbeError {
         source: io::Error,
     },
 
+    /// Attribute files are regular files; anything else could block or never end.
+    #[error(
+        "{path}: {what}, not a regular file; sysfs attributes are regular files, so this one \
+         is not read (check what replaced it, or fix --sysfs-root)"
+    )]
+    NotRegular { path: PathBuf, what: &'static str },
+
+    #[error(
+        "{path}: larger than {limit} bytes; a sysfs attribute is at most one page, so this \
+         one is not read (check what replaced it, or fix --sysfs-root)"
+    )]
+    TooLarge { path: PathBuf, limit: usize },
+
     #[error("{path}: unexpected content {content:?}: {expected}")]
     Parse {
         path: PathBuf,
@@ -54,7 +67,10 @@ impl ProbeError {
     /// Bounded, stable label for metrics (`fabricgate_probe_errors_total{kind=...}`).
     pub fn metric_label(&self) -> &'static str {
         match self {
-            Self::Read { .. } | Self::ReadDir { .. } => "read",
+            Self::Read { .. }
+            | Self::ReadDir { .. }
+            | Self::NotRegular { .. }
+            | Self::TooLarge { .. } => "read",
             Self::Parse { .. } => "parse",
             Self::Verbs { .. } => "verbs",
             Self::Other(_) => "other",

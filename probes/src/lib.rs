@@ -1,8 +1,16 @@
 //! All of fabricgate's hardware and OS knowledge: RDMA devices (sysfs and verbs), mounts and
 //! Lustre. Synchronous and free of Kubernetes; every path comes from one [`Roots`].
+//!
+//! `unsafe` is denied here and allowed on one module only, `rdma::verbs` (the libibverbs
+//! wrapper), where every block carries a `// SAFETY:` comment (clippy enforces it).
+
+#![deny(unsafe_code)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod error;
+pub mod gpudirect;
 pub mod netdev;
+pub mod pod;
 pub mod rdma;
 pub mod roots;
 pub mod storage;
@@ -24,7 +32,21 @@ pub struct ProbeConfig {
     /// Interfaces whose TCP-path byte counters are read (the fallback detector's input).
     pub netdev: netdev::NetdevConfig,
     pub selftest: SelftestConfig,
+    /// GPU ↔ HCA topology, ACS, peer memory and transport settings.
+    pub gpudirect: gpudirect::GpudirectConfig,
+    /// How often `counters/` and `hw_counters/` are read (`rdma.counters_interval`); `None`:
+    /// on every probe. The verdict's attributes are read on every probe regardless.
+    pub counters_interval: Option<Duration>,
 }
+
+/// The default of `rdma.counters_interval` for a probe interval: every probe when probes are
+/// at least 10 s apart, else every 10 s (the freshness a 15 s Prometheus scrape needs).
+pub fn default_counters_interval(probe_interval: Duration) -> Option<Duration> {
+    (probe_interval < DEFAULT_COUNTERS_INTERVAL).then_some(DEFAULT_COUNTERS_INTERVAL)
+}
+
+/// See [`default_counters_interval`].
+pub const DEFAULT_COUNTERS_INTERVAL: Duration = Duration::from_secs(10);
 
 /// The loopback data-path self-test (needs `verbs: Required`).
 #[derive(Debug, Clone)]
@@ -72,6 +94,8 @@ pub struct ProbeReport {
     pub storage: storage::StorageReport,
     /// TCP-path byte counters of the configured (or physical) network interfaces.
     pub netdevs: Vec<netdev::NetdevReport>,
+    /// GPUs, their nearest HCAs, ACS on the paths, peer memory, port MTUs and ECN.
+    pub gpudirect: gpudirect::GpudirectReport,
     pub timings: ProbeTimings,
 }
 
@@ -82,6 +106,7 @@ pub struct ProbeTimings {
     pub rdma_verbs_seconds: f64,
     pub storage_seconds: f64,
     pub netdev_seconds: f64,
+    pub gpudirect_seconds: f64,
 }
 
 /// Holds the state that must outlive a single probe (the statfs workers that may be stuck on a
@@ -90,6 +115,10 @@ pub struct Prober {
     roots: Roots,
     config: ProbeConfig,
     storage: storage::StorageProber,
+    /// The RDMA attribute files, kept open between probes.
+    sysfs: rdma::sysfs::SysfsReader,
+    /// When the RDMA counters were last read (drives `counters_interval`).
+    counters_read: Option<Instant>,
     /// Probes completed so far (drives `every N probes`).
     probes: u64,
     ports: BTreeMap<(String, u32), PortMemory>,
@@ -98,7 +127,10 @@ pub struct Prober {
 impl Prober {
     pub fn new(roots: Roots, config: ProbeConfig) -> Self {
         let storage = storage::StorageProber::new(config.storage.clone());
+        let sysfs = rdma::sysfs::SysfsReader::new(&roots);
         Self {
+            sysfs,
+            counters_read: None,
             roots,
             config,
             storage,
@@ -125,7 +157,11 @@ impl Prober {
         let mut timings = ProbeTimings::default();
 
         let started = Instant::now();
-        let mut rdma = rdma::sysfs::probe(&self.roots);
+        let counters = self.counters_due(started);
+        if counters {
+            self.counters_read = Some(started);
+        }
+        let mut rdma = self.sysfs.probe(counters);
         timings.rdma_sysfs_seconds = started.elapsed().as_secs_f64();
 
         if self.config.verbs == rdma::VerbsMode::Required {
@@ -135,6 +171,10 @@ impl Prober {
             timings.rdma_verbs_seconds = started.elapsed().as_secs_f64();
         }
         self.probes += 1;
+
+        let started = Instant::now();
+        let gpudirect = gpudirect::probe(&self.roots, &self.config.gpudirect, &rdma);
+        timings.gpudirect_seconds = started.elapsed().as_secs_f64();
 
         let started = Instant::now();
         let storage = self.storage.probe(&self.roots);
@@ -149,7 +189,17 @@ impl Prober {
             rdma,
             storage,
             netdevs,
+            gpudirect,
             timings,
+        }
+    }
+
+    /// Whether this probe reads the counters: always without a `counters_interval`, else when
+    /// the interval has passed (less 5 %, so a jittered probe loop does not skip a beat).
+    fn counters_due(&self, now: Instant) -> bool {
+        match (self.config.counters_interval, self.counters_read) {
+            (None, _) | (_, None) => true,
+            (Some(every), Some(last)) => now.saturating_duration_since(last) + every / 20 >= every,
         }
     }
 

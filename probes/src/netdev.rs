@@ -60,7 +60,7 @@ pub fn probe(roots: &Roots, config: &NetdevConfig) -> Vec<NetdevReport> {
 }
 
 fn physical_interfaces(class: &Path) -> Result<Vec<String>, ProbeError> {
-    let entries = list_dir(class)?.unwrap_or_default();
+    let entries = list_dir(class)?.map(|l| l.names).unwrap_or_default();
     let mut all: Vec<(String, bool)> = entries
         .into_iter()
         .filter(|name| name != "lo")

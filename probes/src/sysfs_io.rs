@@ -1,37 +1,306 @@
 //! Reading sysfs-style attribute files and directories: the I/O every probe shares, so each
 //! treats absence (`None`), read errors and malformed content the same way.
+//!
+//! Reads are bounded: a file is opened with `O_NONBLOCK | O_CLOEXEC` and read only when
+//! `fstat` says it is a regular file (sysfs attributes are), so a FIFO where `rate` should be
+//! or a symlink to `/dev/zero` is a per-attribute error naming the path, never a hang; and no
+//! more than [`MAX_ATTR_BYTES`] are read from any file.
+//!
+//! The probe keeps its attribute files open ([`Attr`]) and re-reads each with one `pread` at
+//! offset 0 (kernfs regenerates the value on every read from offset 0).
 
 use crate::error::ProbeError;
-use std::fs::{self, File};
-use std::io::{self, Read};
-use std::path::Path;
+use std::ffi::OsString;
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
 
-/// Reads small attribute files with one reusable buffer: sysfs attributes fit one page and
-/// come back in one `read`, and the probe reads thousands of them per tick.
+/// Largest attribute read: a sysfs attribute is at most one page (64 KiB on arm64/ppc64le
+/// kernels with large pages); anything bigger is not an attribute.
+pub const MAX_ATTR_BYTES: usize = 64 * 1024;
+
+/// First read size: more than a 4 KiB page, so a sysfs attribute always comes back in one
+/// short `pread` (a full buffer would need a second call to see the end).
+const FIRST_READ: usize = 8 * 1024;
+
+/// A reusable read buffer, zeroed once: reading never clears or re-initialises it.
+pub(crate) struct AttrBuf {
+    data: Vec<u8>,
+    len: usize,
+}
+
+impl AttrBuf {
+    pub(crate) fn new() -> Self {
+        Self {
+            data: vec![0; FIRST_READ],
+            len: 0,
+        }
+    }
+
+    pub(crate) fn bytes(&self) -> &[u8] {
+        &self.data[..self.len]
+    }
+
+    /// Read all of `file` from offset 0: one `pread` for anything shorter than the buffer.
+    /// A short read is the end of the file, for sysfs and regular files alike.
+    fn fill(&mut self, file: &File, path: &Path) -> Result<(), ProbeError> {
+        self.len = 0;
+        loop {
+            if self.len == self.data.len() {
+                if self.len > MAX_ATTR_BYTES {
+                    return Err(ProbeError::TooLarge {
+                        path: path.to_owned(),
+                        limit: MAX_ATTR_BYTES,
+                    });
+                }
+                let grown = (self.data.len() * 2).min(MAX_ATTR_BYTES + 1);
+                self.data.resize(grown, 0);
+            }
+            let want = self.data.len() - self.len;
+            match file.read_at(&mut self.data[self.len..], self.len as u64) {
+                Ok(n) => {
+                    self.len += n;
+                    if n < want {
+                        return if self.len > MAX_ATTR_BYTES {
+                            Err(ProbeError::TooLarge {
+                                path: path.to_owned(),
+                                limit: MAX_ATTR_BYTES,
+                            })
+                        } else {
+                            Ok(())
+                        };
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(ProbeError::read(path, e)),
+            }
+        }
+    }
+
+    /// The content as text without trailing newlines and NUL padding.
+    fn text(&self, path: &Path) -> Result<&str, ProbeError> {
+        let text = std::str::from_utf8(self.bytes())
+            .map_err(|_| ProbeError::parse(path, "<non-UTF-8 bytes>", "UTF-8 text"))?;
+        Ok(text.trim_end_matches(['\n', '\0']))
+    }
+}
+
+/// Open `path` for bounded reading: `O_RDONLY | O_NONBLOCK | O_CLOEXEC` (opening a FIFO
+/// this way never waits for a writer), then `fstat`: anything but a regular file is refused.
+/// `Ok(None)` when it does not exist.
+pub(crate) fn open_regular(path: &Path) -> Result<Option<File>, ProbeError> {
+    let file = match OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(ProbeError::read(path, e)),
+    };
+    let meta = file.metadata().map_err(|e| ProbeError::read(path, e))?;
+    let kind = meta.file_type();
+    if kind.is_file() {
+        return Ok(Some(file));
+    }
+    let what = if kind.is_fifo() {
+        "a FIFO"
+    } else if kind.is_char_device() {
+        "a character device"
+    } else if kind.is_block_device() {
+        "a block device"
+    } else if kind.is_socket() {
+        "a socket"
+    } else if kind.is_dir() {
+        "a directory"
+    } else {
+        "not a regular file"
+    };
+    Err(ProbeError::NotRegular {
+        path: path.to_owned(),
+        what,
+    })
+}
+
+/// Read a whole small file once (open, bounded read, close).
+pub(crate) fn read_once<'b>(
+    path: &Path,
+    buf: &'b mut AttrBuf,
+) -> Result<Option<&'b str>, ProbeError> {
+    let Some(file) = open_regular(path)? else {
+        return Ok(None);
+    };
+    buf.fill(&file, path)?;
+    buf.text(path).map(Some)
+}
+
+/// `std::fs::read_to_string` with the same bounds as every attribute read (regular files
+/// only, opened without blocking, at most [`MAX_ATTR_BYTES`]); errors keep their
+/// `io::ErrorKind` (`NotFound` for a missing file) and name the path.
+pub(crate) fn read_to_string(path: &Path) -> io::Result<String> {
+    let mut buf = AttrBuf::new();
+    let file = match open_regular(path) {
+        Ok(Some(f)) => f,
+        Ok(None) => return Err(io::Error::from_raw_os_error(libc::ENOENT)),
+        Err(ProbeError::Read { source, .. }) => return Err(source),
+        Err(e) => return Err(io::Error::new(io::ErrorKind::InvalidData, e.to_string())),
+    };
+    buf.fill(&file, path)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+    String::from_utf8(buf.bytes().to_vec()).map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            "stream did not contain valid UTF-8",
+        )
+    })
+}
+
+/// Attribute files kept open at once, process-wide. A node's GID tables alone can hold
+/// thousands of files (rxe: 1024 entries x 3 attributes per port), more than a default
+/// `ulimit -n` of 1024: past this budget an attribute is opened, read and closed on each read
+/// instead, so the probe never runs the process out of descriptors (EMFILE would fail every
+/// other read, verbs included).
+pub(crate) const MAX_KEPT_OPEN: usize = 512;
+static KEPT_OPEN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// One attribute file kept open between probes (within [`MAX_KEPT_OPEN`]).
+#[derive(Debug)]
+pub(crate) struct Attr {
+    path: PathBuf,
+    slot: Slot,
+}
+
+#[derive(Debug)]
+enum Slot {
+    Open(File),
+    /// Over the budget: opened, read and closed on every read.
+    Reopen,
+    Missing,
+    /// Opening failed (not a regular file, EACCES, ...): the message, repeated every read
+    /// until the directory changes and the attribute is opened again.
+    Failed(String),
+}
+
+impl Attr {
+    pub(crate) fn open(path: PathBuf) -> Self {
+        use std::sync::atomic::Ordering;
+        let slot = match open_regular(&path) {
+            Ok(Some(f)) => {
+                if KEPT_OPEN.fetch_add(1, Ordering::Relaxed) < MAX_KEPT_OPEN {
+                    Slot::Open(f)
+                } else {
+                    KEPT_OPEN.fetch_sub(1, Ordering::Relaxed);
+                    Slot::Reopen
+                }
+            }
+            Ok(None) => Slot::Missing,
+            Err(e) => Slot::Failed(e.to_string()),
+        };
+        Self { path, slot }
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// One `pread` at offset 0 (more only for content over 8 KiB). `Ok(None)` when the file
+    /// did not exist when it was opened.
+    pub(crate) fn read<'b>(&self, buf: &'b mut AttrBuf) -> Result<Option<&'b str>, AttrError<'_>> {
+        match &self.slot {
+            Slot::Missing => Ok(None),
+            Slot::Reopen => read_once(&self.path, buf).map_err(AttrError::Probe),
+            Slot::Failed(msg) => Err(AttrError::Message(msg)),
+            Slot::Open(file) => {
+                buf.fill(file, &self.path).map_err(AttrError::Probe)?;
+                buf.text(&self.path).map(Some).map_err(AttrError::Probe)
+            }
+        }
+    }
+}
+
+impl Drop for Attr {
+    fn drop(&mut self) {
+        if matches!(self.slot, Slot::Open(_)) {
+            KEPT_OPEN.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+}
+
+/// Why an [`Attr`] could not be read.
+pub(crate) enum AttrError<'a> {
+    /// Opening failed earlier; the stored message.
+    Message(&'a str),
+    Probe(ProbeError),
+}
+
+impl AttrError<'_> {
+    /// The file (or its device) is gone: re-open the device's files on the next probe.
+    pub(crate) fn is_gone(&self) -> bool {
+        match self {
+            Self::Probe(ProbeError::Read { source, .. }) => matches!(
+                source.raw_os_error(),
+                Some(libc::ENODEV | libc::ENOENT | libc::ESTALE | libc::ENXIO)
+            ),
+            _ => false,
+        }
+    }
+}
+
+impl std::fmt::Display for AttrError<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Message(m) => f.write_str(m),
+            Self::Probe(e) => e.fmt(f),
+        }
+    }
+}
+
+/// Turn a read result into a parsed value: absence is `None`, failures go to `errors` (the
+/// message names the path).
+pub(crate) fn parsed<T>(
+    result: Result<Option<&str>, AttrError<'_>>,
+    path: &Path,
+    expected: &'static str,
+    errors: &mut Vec<String>,
+    parse: impl FnOnce(&str) -> Option<T>,
+) -> Option<T> {
+    match result {
+        Ok(None) => None,
+        Ok(Some(text)) => match parse(text) {
+            Some(v) => Some(v),
+            None => {
+                errors.push(ProbeError::parse(path, text, expected).to_string());
+                None
+            }
+        },
+        Err(e) => {
+            errors.push(e.to_string());
+            None
+        }
+    }
+}
+
+/// An empty attribute is absent, not an error: rxe prints an empty `fw_ver` line.
+pub(crate) fn string(
+    result: Result<Option<&str>, AttrError<'_>>,
+    path: &Path,
+    errors: &mut Vec<String>,
+) -> Option<String> {
+    parsed(result, path, "text", errors, |s| Some(s.trim().to_owned())).filter(|s| !s.is_empty())
+}
+
+/// Reads small attribute files by path with one reusable buffer (open, one read, close), for
+/// files read once rather than on every probe.
 pub(crate) struct AttrReader {
-    buf: Vec<u8>,
+    buf: AttrBuf,
 }
 
 impl AttrReader {
     pub(crate) fn new() -> Self {
         Self {
-            buf: Vec::with_capacity(4096),
+            buf: AttrBuf::new(),
         }
-    }
-
-    /// `Ok(None)` when the file does not exist; read errors (EINVAL on unused GID entries,
-    /// EACCES, EIO) are returned so the caller decides what they mean.
-    pub(crate) fn read(&mut self, path: &Path) -> Result<Option<&str>, ProbeError> {
-        self.buf.clear();
-        let mut file = match File::open(path) {
-            Ok(f) => f,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(ProbeError::read(path, e)),
-        };
-        read_small(&mut file, &mut self.buf).map_err(|e| ProbeError::read(path, e))?;
-        let text = std::str::from_utf8(&self.buf)
-            .map_err(|_| ProbeError::parse(path, "<non-UTF-8 bytes>", "UTF-8 text"))?;
-        Ok(Some(text.trim_end_matches(['\n', '\0'])))
     }
 
     /// Read an optional attribute and parse it; absence is `None`, failure goes to `errors`.
@@ -42,58 +311,32 @@ impl AttrReader {
         errors: &mut Vec<String>,
         parse: impl FnOnce(&str) -> Option<T>,
     ) -> Option<T> {
-        match self.read(path) {
-            Ok(None) => None,
-            Ok(Some(text)) => match parse(text) {
-                Some(v) => Some(v),
-                None => {
-                    errors.push(ProbeError::parse(path, text, expected).to_string());
-                    None
-                }
-            },
-            Err(e) => {
-                errors.push(e.to_string());
-                None
-            }
-        }
+        let result = read_once(path, &mut self.buf).map_err(AttrError::Probe);
+        parsed(result, path, expected, errors, parse)
     }
 
-    /// An empty attribute is absent, not an error: rxe prints an empty `fw_ver` line.
+    /// One bounded read of `path` (a regular file, capped): `Ok(None)` when it is absent.
+    pub(crate) fn read(&mut self, path: &Path) -> Result<Option<&str>, ProbeError> {
+        read_once(path, &mut self.buf)
+    }
+
+    /// An empty attribute is absent, not an error.
     pub(crate) fn string(&mut self, path: &Path, errors: &mut Vec<String>) -> Option<String> {
-        self.parsed(path, "text", errors, |s| Some(s.trim().to_owned()))
-            .filter(|s| !s.is_empty())
+        let result = read_once(path, &mut self.buf).map_err(AttrError::Probe);
+        string(result, path, errors)
     }
 }
 
-/// Read a whole small file with as few syscalls as possible: `read_to_end` also stats and
-/// seeks to size its buffer, doubling the cost per attribute. A sysfs attribute (at most one
-/// page) and a small regular file both come back in one `read`; a read that does not fill
-/// the buffer is the end of the file for both.
-fn read_small(file: &mut File, buf: &mut Vec<u8>) -> io::Result<()> {
-    const CHUNK: usize = 4096;
-    loop {
-        let len = buf.len();
-        buf.resize(len + CHUNK, 0);
-        let n = match file.read(&mut buf[len..]) {
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {
-                buf.truncate(len);
-                continue;
-            }
-            Err(e) => {
-                buf.truncate(len);
-                return Err(e);
-            }
-        };
-        buf.truncate(len + n);
-        if n < CHUNK {
-            return Ok(());
-        }
-    }
+/// Entries of a directory.
+pub(crate) struct Listing {
+    /// UTF-8 names, sorted.
+    pub names: Vec<String>,
+    /// Names that are not UTF-8 (reported by the caller, never dropped silently).
+    pub undecodable: Vec<OsString>,
 }
 
 /// Entries of a directory, sorted; `Ok(None)` when it does not exist.
-pub(crate) fn list_dir(path: &Path) -> Result<Option<Vec<String>>, ProbeError> {
+pub(crate) fn list_dir(path: &Path) -> Result<Option<Listing>, ProbeError> {
     let entries = match fs::read_dir(path) {
         Ok(e) => e,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
@@ -105,15 +348,125 @@ pub(crate) fn list_dir(path: &Path) -> Result<Option<Vec<String>>, ProbeError> {
         }
     };
     let mut names = Vec::new();
+    let mut undecodable = Vec::new();
     for entry in entries {
         let entry = entry.map_err(|source| ProbeError::ReadDir {
             path: path.to_owned(),
             source,
         })?;
-        if let Some(name) = entry.file_name().to_str() {
-            names.push(name.to_owned());
+        match entry.file_name().into_string() {
+            Ok(name) => names.push(name),
+            Err(raw) => undecodable.push(raw),
         }
     }
     names.sort();
-    Ok(Some(names))
+    undecodable.sort();
+    Ok(Some(Listing { names, undecodable }))
+}
+
+/// What identifies one version of a directory: its inode (a re-created sysfs device gets a
+/// new one) and its change times (a file added to or removed from a fixture directory).
+/// `None` when the directory is absent or unreadable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct DirStamp {
+    dev: u64,
+    ino: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl DirStamp {
+    /// `stat` (following symlinks) of `path`.
+    pub(crate) fn of(path: &Path) -> Option<Self> {
+        let m = fs::metadata(path).ok()?;
+        Some(Self {
+            dev: m.dev(),
+            ino: m.ino(),
+            mtime: (m.mtime(), m.mtime_nsec()),
+            ctime: (m.ctime(), m.ctime_nsec()),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+
+    /// More attributes than the budget: every one reads, and no more than the budget stay open.
+    #[test]
+    fn attributes_past_the_kept_open_budget_are_read_by_reopening() {
+        let dir = tempfile::tempdir().unwrap();
+        let attrs: Vec<Attr> = (0..MAX_KEPT_OPEN + 20)
+            .map(|i| {
+                let path = dir.path().join(format!("a{i}"));
+                std::fs::write(&path, format!("{i}\n")).unwrap();
+                Attr::open(path)
+            })
+            .collect();
+        assert!(KEPT_OPEN.load(std::sync::atomic::Ordering::Relaxed) <= MAX_KEPT_OPEN);
+        assert!(attrs.iter().any(|a| matches!(a.slot, Slot::Reopen)));
+        let mut buf = AttrBuf::new();
+        for (i, a) in attrs.iter().enumerate() {
+            let text = a.read(&mut buf).ok().flatten().map(|t| t.trim().to_owned());
+            assert_eq!(text, Some(i.to_string()));
+        }
+    }
+
+    use super::*;
+
+    #[test]
+    fn reads_small_and_large_regular_files_and_caps_the_size() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut buf = AttrBuf::new();
+        let small = dir.path().join("small");
+        fs::write(&small, "4: ACTIVE\n\0").unwrap();
+        assert_eq!(read_once(&small, &mut buf).unwrap(), Some("4: ACTIVE"));
+        let big = dir.path().join("big");
+        fs::write(&big, vec![b'9'; 20_000]).unwrap();
+        assert_eq!(
+            read_once(&big, &mut buf).unwrap().map(str::len),
+            Some(20_000)
+        );
+        let exact = dir.path().join("exact");
+        fs::write(&exact, vec![b'1'; FIRST_READ]).unwrap();
+        assert_eq!(
+            read_once(&exact, &mut buf).unwrap().map(str::len),
+            Some(FIRST_READ)
+        );
+        let huge = dir.path().join("huge");
+        fs::write(&huge, vec![b'9'; MAX_ATTR_BYTES + 1]).unwrap();
+        let e = read_once(&huge, &mut buf).unwrap_err().to_string();
+        assert!(e.contains("huge") && e.contains("65536"), "{e}");
+        assert_eq!(read_once(&dir.path().join("none"), &mut buf).unwrap(), None);
+    }
+
+    #[test]
+    fn fifo_and_char_devices_are_refused_without_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("rate");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        assert!(made.is_ok_and(|s| s.success()), "mkfifo {}", fifo.display());
+        let mut buf = AttrBuf::new();
+        let e = read_once(&fifo, &mut buf).unwrap_err().to_string();
+        assert!(e.contains("FIFO") && e.contains("rate"), "{e}");
+        let zero = dir.path().join("zero");
+        std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+        let e = read_once(&zero, &mut buf).unwrap_err().to_string();
+        assert!(e.contains("character device") && e.contains("zero"), "{e}");
+        let attr = Attr::open(zero);
+        assert!(attr.read(&mut buf).is_err());
+    }
+
+    #[test]
+    fn an_open_attribute_sees_rewrites_in_place() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state");
+        fs::write(&path, "1: DOWN\n").unwrap();
+        let attr = Attr::open(path.clone());
+        let mut buf = AttrBuf::new();
+        assert_eq!(attr.read(&mut buf).ok().flatten(), Some("1: DOWN"));
+        fs::write(&path, "4: ACTIVE\n").unwrap();
+        assert_eq!(attr.read(&mut buf).ok().flatten(), Some("4: ACTIVE"));
+        let missing = Attr::open(dir.path().join("nope"));
+        assert_eq!(missing.read(&mut buf).ok().flatten(), None);
+    }
 }

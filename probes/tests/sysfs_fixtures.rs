@@ -154,3 +154,78 @@ fn virtual_device_and_unavailable_counters() {
     assert!(p.errors[0].contains("symbol_error"));
     assert_eq!(p.lid, None);
 }
+
+/// A device whose name is not UTF-8 is reported (escaped name, one error), never dropped;
+/// a device re-created between probes (new directory) is read afresh by the same reader; the
+/// counters follow their own cadence and carry the time they were read.
+#[test]
+fn odd_names_re_created_devices_and_the_counters_cadence() {
+    use std::os::unix::ffi::OsStrExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let sys: PathBuf = tmp.path().join("sys");
+    let make = |dir: &str, state: &str, xmit: &str| {
+        let dev = sys.join("devices/virtual/infiniband").join(dir);
+        write(&dev.join("node_type"), "1: CA\n");
+        write(&dev.join("ports/1/state"), state);
+        write(&dev.join("ports/1/phys_state"), "5: LinkUp\n");
+        write(&dev.join("ports/1/counters/port_xmit_data"), xmit);
+    };
+    make("rxe0.a", "4: ACTIVE\n", "10\n");
+    fs::create_dir_all(sys.join("class/infiniband")).unwrap();
+    let link = sys.join("class/infiniband/rxe0");
+    std::os::unix::fs::symlink("../../devices/virtual/infiniband/rxe0.a", &link).unwrap();
+    let odd = sys
+        .join("class/infiniband")
+        .join(std::ffi::OsStr::from_bytes(b"mlx5_\xff"));
+    std::os::unix::fs::symlink("../../devices/virtual/infiniband/rxe0.a", &odd).unwrap();
+
+    let mut reader = sysfs::SysfsReader::new(&Roots::new(&sys, tmp.path()));
+    let r = reader.probe(true);
+    assert_eq!(r.devices.len(), 2, "{:?}", r.devices);
+    assert_eq!(r.devices[0].name, "rxe0");
+    assert_eq!(r.devices[1].name, "mlx5_\\xff");
+    assert!(
+        r.devices[1].errors[0].contains("not UTF-8"),
+        "{:?}",
+        r.devices[1]
+    );
+    let p = &r.devices[0].ports[0];
+    assert_eq!(p.state, Some(PortState::Active));
+    assert_eq!(p.counters.get("port_xmit_data"), Some(&10));
+    let first_read = p.counters_timestamp.unwrap();
+
+    // A counter moves, the state is rewritten in place: the state is read at once, the
+    // counter only when counters are due.
+    write(
+        &sys.join("devices/virtual/infiniband/rxe0.a/ports/1/counters/port_xmit_data"),
+        "20\n",
+    );
+    write(
+        &sys.join("devices/virtual/infiniband/rxe0.a/ports/1/state"),
+        "1: DOWN\n",
+    );
+    let r = reader.probe(false);
+    let p = &r.devices[0].ports[0];
+    assert_eq!(p.state, Some(PortState::Down));
+    assert_eq!(p.counters.get("port_xmit_data"), Some(&10));
+    assert_eq!(p.counters_timestamp, Some(first_read));
+    let r = reader.probe(true);
+    assert_eq!(
+        r.devices[0].ports[0].counters.get("port_xmit_data"),
+        Some(&20)
+    );
+
+    // The device is re-created elsewhere (driver reload): the link now points at a new
+    // directory, which is opened afresh.
+    make("rxe0.b", "4: ACTIVE\n", "5\n");
+    fs::remove_file(&link).unwrap();
+    std::os::unix::fs::symlink("../../devices/virtual/infiniband/rxe0.b", &link).unwrap();
+    let r = reader.probe(false);
+    let p = &r.devices[0].ports[0];
+    assert_eq!(p.state, Some(PortState::Active));
+    assert_eq!(
+        p.counters.get("port_xmit_data"),
+        Some(&5),
+        "a new port is read in full"
+    );
+}

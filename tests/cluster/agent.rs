@@ -15,14 +15,7 @@ use std::time::{Duration, Instant};
 fn healthy_node_is_validated_after_recover_after_probes_and_keeps_others_fields() {
     let Some(cp) = control_plane() else { return };
     let node = TestNode::seeded(cp, "agent-healthy");
-    let hca = FakeHca::new(true);
-    let kubeconfig = node.agent_kubeconfig(None);
-    let agent = start_agent(
-        &node.name,
-        &hca,
-        Some(&kubeconfig),
-        &["--interval", "200ms"],
-    );
+    let (_hca, agent) = node.run_agent(true, None, &["--interval", "200ms"]);
     agent.wait("validation", Duration::from_secs(30), || node.ready());
 
     let n = node.json();
@@ -113,15 +106,8 @@ fn healthy_node_is_validated_after_recover_after_probes_and_keeps_others_fields(
 fn port_down_taints_within_one_interval_and_recovers_after_recover_after_probes() {
     let Some(cp) = control_plane() else { return };
     let node = TestNode::seeded(cp, "agent-flip");
-    let hca = FakeHca::new(true);
-    let kubeconfig = node.agent_kubeconfig(None);
     let interval = Duration::from_millis(500);
-    let agent = start_agent(
-        &node.name,
-        &hca,
-        Some(&kubeconfig),
-        &["--interval", "500ms"],
-    );
+    let (hca, agent) = node.run_agent(true, None, &["--interval", "500ms"]);
     agent.wait("validation", Duration::from_secs(30), || node.ready());
     let events_before = node.events().len();
 
@@ -192,18 +178,12 @@ fn port_down_taints_within_one_interval_and_recovers_after_recover_after_probes(
 fn restarting_the_agent_on_a_validated_node_writes_nothing() {
     let Some(cp) = control_plane() else { return };
     let node = TestNode::seeded(cp, "agent-restart");
-    let hca = FakeHca::new(true);
-    let kubeconfig = node.agent_kubeconfig(None);
-    let agent = start_agent(
-        &node.name,
-        &hca,
-        Some(&kubeconfig),
-        &["--interval", "100ms"],
-    );
+    let (hca, agent) = node.run_agent(true, None, &["--interval", "100ms"]);
     agent.wait("validation", Duration::from_secs(30), || node.ready());
     let (status, _) = agent.stop();
     assert!(status.success());
     let mark = cp.audit_mark();
+    let kubeconfig = node.agent_kubeconfig(None);
     let agent = start_agent(
         &node.name,
         &hca,
@@ -231,12 +211,9 @@ fn restarting_the_agent_on_a_validated_node_writes_nothing() {
 fn steady_state_makes_zero_writes_and_flapping_makes_no_taint_storm() {
     let Some(cp) = control_plane() else { return };
     let node = TestNode::seeded(cp, "agent-flap");
-    let hca = FakeHca::new(true);
-    let kubeconfig = node.agent_kubeconfig(None);
-    let mut agent = start_agent(
-        &node.name,
-        &hca,
-        Some(&kubeconfig),
+    let (hca, mut agent) = node.run_agent(
+        true,
+        None,
         &["--interval", "20ms", "--resync-interval", "1h"],
     );
     agent.wait("validation", Duration::from_secs(30), || node.ready());
@@ -288,12 +265,9 @@ fn steady_state_makes_zero_writes_and_flapping_makes_no_taint_storm() {
 fn a_live_watch_undoes_drift_at_once_without_periodic_reads() {
     let Some(cp) = control_plane() else { return };
     let node = TestNode::seeded(cp, "agent-watch-drift");
-    let hca = FakeHca::new(true);
-    let kubeconfig = node.agent_kubeconfig(None);
-    let agent = start_agent(
-        &node.name,
-        &hca,
-        Some(&kubeconfig),
+    let (_hca, agent) = node.run_agent(
+        true,
+        None,
         &["--interval", "20ms", "--resync-interval", "100ms"],
     );
     agent.wait("validation", Duration::from_secs(30), || node.ready());
@@ -330,22 +304,11 @@ fn a_live_watch_undoes_drift_at_once_without_periodic_reads() {
 fn without_a_watch_resync_reads_and_undoes_drift() {
     let Some(cp) = control_plane() else { return };
     let node = TestNode::seeded(cp, "agent-resync");
-    let proxy = FaultProxy::start(&cp.url, &cp.ca_file);
     // Watches fail; everything else goes through.
-    proxy.set_fault_matching(
-        Fault::Status {
-            code: 503,
-            retry_after: None,
-            plain: true,
-        },
-        "watch=",
-    );
-    let hca = FakeHca::new(true);
-    let kubeconfig = node.agent_kubeconfig(Some(&proxy.url()));
-    let agent = start_agent(
-        &node.name,
-        &hca,
-        Some(&kubeconfig),
+    let proxy = FaultProxy::without_watches(&cp.url, &cp.ca_file);
+    let (_hca, agent) = node.run_agent(
+        true,
+        Some(&proxy.url()),
         &["--interval", "20ms", "--resync-interval", "100ms"],
     );
     agent.wait("validation", Duration::from_secs(30), || node.ready());
@@ -368,22 +331,21 @@ fn without_a_watch_resync_reads_and_undoes_drift() {
 fn a_hand_removed_taint_is_restored() {
     let Some(cp) = control_plane() else { return };
     let node = TestNode::seeded(cp, "agent-untainted-by-hand");
-    let hca = FakeHca::new(false);
-    let kubeconfig = node.agent_kubeconfig(None);
-    let _agent = start_agent(
-        &node.name,
-        &hca,
-        Some(&kubeconfig),
+    let (_hca, _agent) = node.run_agent(
+        false,
+        None,
         &["--interval", "100ms", "--resync-interval", "500ms"],
     );
     wait_until("a condition", Duration::from_secs(30), || {
         node.condition("FabricReady").is_some()
     });
     assert!(node.has_our_taint());
+    let mark = cp.audit_mark();
+    // The watch shows the removal at once: the agent may restore the taint before this test
+    // could read the Node, so the audit log proves it was gone and put back.
     cp.kubectl(&["taint", "node", &node.name, &format!("{TAINT}-")]);
-    assert!(!node.has_our_taint());
     let took = wait_until("the taint to be restored", Duration::from_secs(10), || {
-        node.has_our_taint()
+        node.has_our_taint() && node.taint_writes(mark) == 1
     });
     eprintln!("hand-removed taint restored after {took:?}");
     assert_eq!(node.taints(), vec!["nvidia.com/gpu", TAINT]);
@@ -394,15 +356,8 @@ fn api_outage_is_survived_and_converges_after() {
     let Some(cp) = control_plane() else { return };
     let node = TestNode::seeded(cp, "agent-outage");
     let proxy = FaultProxy::start(&cp.url, &cp.ca_file);
-    let hca = FakeHca::new(true);
-    let kubeconfig = node.agent_kubeconfig(Some(&proxy.url()));
     let interval = Duration::from_millis(100);
-    let mut agent = start_agent(
-        &node.name,
-        &hca,
-        Some(&kubeconfig),
-        &["--interval", "100ms"],
-    );
+    let (hca, mut agent) = node.run_agent(true, Some(&proxy.url()), &["--interval", "100ms"]);
     agent.wait("validation", Duration::from_secs(30), || node.ready());
 
     // 30 intervals of outage (5 minutes at the default 10s), cycling through the faults,
@@ -512,25 +467,10 @@ fn retry_after_is_honoured() {
 fn concurrent_writer_conflict_is_retried_and_its_taint_kept() {
     let Some(cp) = control_plane() else { return };
     let node = TestNode::seeded(cp, "agent-conflict");
-    let proxy = FaultProxy::start(&cp.url, &cp.ca_file);
     // Without its watch the agent reads the Node before it writes: the other writer gets in
     // between that read and the write. (With the watch, a stale view fails the same way.)
-    proxy.set_fault_matching(
-        Fault::Status {
-            code: 503,
-            retry_after: None,
-            plain: true,
-        },
-        "watch=",
-    );
-    let hca = FakeHca::new(true);
-    let kubeconfig = node.agent_kubeconfig(Some(&proxy.url()));
-    let agent = start_agent(
-        &node.name,
-        &hca,
-        Some(&kubeconfig),
-        &["--interval", "200ms"],
-    );
+    let proxy = FaultProxy::without_watches(&cp.url, &cp.ca_file);
+    let (hca, agent) = node.run_agent(true, Some(&proxy.url()), &["--interval", "200ms"]);
     agent.wait("validation", Duration::from_secs(30), || node.ready());
 
     // Between the agent's read and its taint write, another controller adds a taint.
@@ -572,14 +512,7 @@ fn sigterm_exits_cleanly_within_5s_even_with_a_write_in_flight() {
     let Some(cp) = control_plane() else { return };
     let node = TestNode::seeded(cp, "agent-sigterm");
     let proxy = FaultProxy::start(&cp.url, &cp.ca_file);
-    let hca = FakeHca::new(true);
-    let kubeconfig = node.agent_kubeconfig(Some(&proxy.url()));
-    let agent = start_agent(
-        &node.name,
-        &hca,
-        Some(&kubeconfig),
-        &["--interval", "100ms"],
-    );
+    let (hca, agent) = node.run_agent(true, Some(&proxy.url()), &["--interval", "100ms"]);
     agent.wait("validation", Duration::from_secs(30), || node.ready());
     // A hung API server: the next write never finishes on its own.
     proxy.set_fault(Fault::Stall(Duration::from_secs(30)));
@@ -596,14 +529,7 @@ fn sigterm_during_startup_against_a_hung_api_server_exits_within_5s() {
     let node = TestNode::seeded(cp, "agent-sigterm-start");
     let proxy = FaultProxy::start(&cp.url, &cp.ca_file);
     proxy.set_fault(Fault::Stall(Duration::from_secs(30)));
-    let hca = FakeHca::new(true);
-    let kubeconfig = node.agent_kubeconfig(Some(&proxy.url()));
-    let agent = start_agent(
-        &node.name,
-        &hca,
-        Some(&kubeconfig),
-        &["--interval", "100ms"],
-    );
+    let (_hca, agent) = node.run_agent(true, Some(&proxy.url()), &["--interval", "100ms"]);
     wait_until("the first read to hang", Duration::from_secs(10), || {
         !proxy.seen().is_empty() || agent.log().contains("probe")
     });
@@ -617,14 +543,7 @@ fn sigterm_during_startup_against_a_hung_api_server_exits_within_5s() {
 fn sigint_exits_cleanly() {
     let Some(cp) = control_plane() else { return };
     let node = TestNode::seeded(cp, "agent-sigint");
-    let hca = FakeHca::new(false);
-    let kubeconfig = node.agent_kubeconfig(None);
-    let mut agent = start_agent(
-        &node.name,
-        &hca,
-        Some(&kubeconfig),
-        &["--interval", "100ms"],
-    );
+    let (_hca, mut agent) = node.run_agent(false, None, &["--interval", "100ms"]);
     wait_until("a condition", Duration::from_secs(30), || {
         node.condition("FabricReady").is_some()
     });
@@ -703,12 +622,9 @@ fn dry_run_with_a_cluster_reads_and_logs_the_difference_without_writing() {
 fn json_logs_are_one_object_per_line() {
     let Some(cp) = control_plane() else { return };
     let node = TestNode::seeded(cp, "agent-json-logs");
-    let hca = FakeHca::new(false);
-    let kubeconfig = node.agent_kubeconfig(None);
-    let agent = start_agent(
-        &node.name,
-        &hca,
-        Some(&kubeconfig),
+    let (_hca, agent) = node.run_agent(
+        false,
+        None,
         &["--interval", "100ms", "--log-format", "json"],
     );
     wait_until("a condition", Duration::from_secs(30), || {
@@ -777,9 +693,7 @@ fn committed_fixtures_drive_the_node() {
 fn a_quiet_minute_costs_no_writes_in_the_audit_log() {
     let Some(cp) = control_plane() else { return };
     let node = TestNode::seeded(cp, "agent-quiet-minute");
-    let hca = FakeHca::new(true);
-    let kubeconfig = node.agent_kubeconfig(None);
-    let agent = start_agent(&node.name, &hca, Some(&kubeconfig), &["--interval", "1s"]);
+    let (_hca, agent) = node.run_agent(true, None, &["--interval", "1s"]);
     agent.wait("validation", Duration::from_secs(30), || node.ready());
     std::thread::sleep(Duration::from_secs(1));
     let mark = cp.audit_mark();
@@ -812,9 +726,7 @@ fn a_quiet_minute_costs_no_writes_in_the_audit_log() {
 fn measure_port_down_to_taint_on_the_real_apiserver() {
     let Some(cp) = control_plane() else { return };
     let node = TestNode::seeded(cp, "agent-measure");
-    let hca = FakeHca::new(true);
-    let kubeconfig = node.agent_kubeconfig(None);
-    let agent = start_agent(&node.name, &hca, Some(&kubeconfig), &["--interval", "1s"]);
+    let (hca, agent) = node.run_agent(true, None, &["--interval", "1s"]);
     agent.wait("validation", Duration::from_secs(30), || node.ready());
     let mut took = Vec::new();
     for _ in 0..10 {

@@ -6,8 +6,7 @@
 //! what a full agent run uses according to the audit log.
 
 use crate::support::controlplane::{ControlPlane, client_from};
-use crate::support::sysfs::FakeHca;
-use crate::{AGENT_USER, TAINT, TestNode, control_plane, start_agent, wait_until};
+use crate::{AGENT_USER, FakeHca, TAINT, TestNode, control_plane, start_agent, wait_until};
 use k8s_openapi::api::core::v1::{Node, Secret};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -277,6 +276,8 @@ fn the_cluster_role_grants_exactly_what_a_full_agent_run_uses() {
     });
     let (status, _) = agent.stop();
     assert!(status.success());
+    // The restart (a new pod-bound token, as a new agent pod gets).
+    let kubeconfig = node.agent_kubeconfig(None);
     let agent = start_agent(
         &node.name,
         &hca,

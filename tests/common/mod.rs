@@ -1,97 +1,122 @@
-//! Helpers shared by the metrics integration tests.
+//! The one test-support module for what every integration test asks about its environment:
+//! "in CI?", "root?", where the fixtures are, and where a tool is. Include it with
+//! `mod common;`.
+//!
+//! The rule it enforces: a test that lacks a tool or a privilege it needs FAILS under CI
+//! (`CI=true`, or `CI=1`), and elsewhere prints one `SKIP: <test>: <what is missing> (<how to
+//! get it>)` line and returns. Nothing else in `tests/` decides to skip.
+//!
+//! ```ignore
+//! mod common;
+//! let Some(promtool) = common::require_tool("promtool", ".ci/metrics.sh installs it") else {
+//!     return;
+//! };
+//! if !common::require_root("mount(2) needs root") { return; }
+//! ```
 
-#![allow(dead_code)]
+#![allow(dead_code)] // every test binary uses a different subset
 
 pub mod fixture;
+pub mod metrics;
 
-use fabricgate::config::Config;
-use fabricgate::metrics::Metrics;
-use fabricgate::policy;
-use fabricgate_probes::netdev::NetdevConfig;
-use fabricgate_probes::rdma::VerbsMode;
-use fabricgate_probes::{ProbeConfig, ProbeReport, ProbeTimings, Prober, Roots};
-use std::io::{Read, Write};
-use std::net::TcpStream;
+#[allow(unused_imports)]
+pub use metrics::*;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
-/// A committed fixture node (`tests/fixtures/<name>`, with `sys/` and `proc/`).
-pub fn committed_fixture(name: &str) -> PathBuf {
+/// True under CI, where a missing prerequisite must fail the test instead of skipping it.
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1")
+}
+
+/// Whether this process runs with effective UID 0 (from `/proc/self/status`).
+pub fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .and_then(|l| l.split_whitespace().nth(2).map(|e| e == "0"))
+        })
+        .unwrap_or(false)
+}
+
+/// The repository root (`CARGO_MANIFEST_DIR` of the agent crate).
+pub fn repo_root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(name)
 }
 
-/// The requirements file that goes with the committed fixtures.
-pub fn ndr_requirements() -> Config {
-    Config::load(&committed_fixture("requirements-ndr.yaml")).unwrap()
+/// A committed fixture (`tests/fixtures/<name>`: a node tree with `sys/` and `proc/`, or a
+/// file such as `requirements-ndr.yaml`).
+pub fn fixture(name: &str) -> PathBuf {
+    repo_root().join("tests/fixtures").join(name)
 }
 
-/// Probe the node at `node` (`sys/`, `proc/`) with sysfs only, with a fixed clock and fixed
-/// timings so the output is reproducible.
-pub fn probe_fixture(node: &Path, timestamp: f64) -> ProbeReport {
-    let config = ProbeConfig {
-        verbs: VerbsMode::Off,
-        netdev: NetdevConfig::default(),
-        ..ProbeConfig::default()
-    };
-    let mut prober = Prober::new(Roots::new(node.join("sys"), node.join("proc")), config);
-    let mut report = prober.probe();
-    report.timestamp = timestamp;
-    report.timings = ProbeTimings {
-        rdma_sysfs_seconds: 0.0042,
-        rdma_verbs_seconds: 0.0,
-        storage_seconds: 0.0007,
-        netdev_seconds: 0.0001,
-    };
-    report
+/// `name` on `PATH` (an executable file), without running it.
+pub fn tool(name: &str) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let paths = std::env::var_os("PATH")?;
+    std::env::split_paths(&paths)
+        .map(|d| d.join(name))
+        .find(|p| {
+            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
 }
 
-/// Record one probe of the fixture into `metrics`.
-pub fn record_fixture(metrics: &Metrics, node: &Path, config: &Config, timestamp: f64) {
-    let report = probe_fixture(node, timestamp);
-    let verdict = policy::evaluate(&report, config);
-    metrics.record_probe(&report, &verdict);
+/// The name libtest gave the current test's thread (the test's path), for `SKIP:` lines.
+fn test_name() -> String {
+    std::thread::current()
+        .name()
+        .unwrap_or("<unnamed test>")
+        .to_owned()
 }
 
-/// A plain HTTP/1.1 GET; returns (status, headers lower-cased, body).
-pub fn http_get(addr: &str, path: &str, accept: Option<&str>) -> (u16, String, String) {
-    let mut s = TcpStream::connect(addr).unwrap();
-    let accept = accept.map_or(String::new(), |a| format!("Accept: {a}\r\n"));
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\n{accept}Connection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).unwrap();
-    let (head, body) = raw.split_once("\r\n\r\n").unwrap();
-    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
-    (status, head.to_ascii_lowercase(), body.to_owned())
-}
-
-/// Whether a tool is installed; outside CI a missing tool skips the test (with a reason),
-/// in CI it is a failure.
-pub fn have_tool(tool: &str) -> bool {
-    let found = Command::new(tool)
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok();
-    if !found {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "{tool} is not installed; .ci/metrics.sh installs it"
-        );
-        eprintln!("SKIP: {tool} not installed (apt-get install prometheus)");
+/// A prerequisite the test cannot run without. `Ok` (`true`): go on. Missing: under CI the
+/// test fails with `what` and `how`; elsewhere a `SKIP:` line is printed and `false` returned.
+pub fn require(ok: bool, what: &str, how: &str) -> bool {
+    if ok {
+        return true;
     }
+    assert!(
+        !in_ci(),
+        "CI=true and this test's prerequisite is missing: {what} ({how})"
+    );
+    eprintln!("SKIP: {}: {what} ({how})", test_name());
+    false
+}
+
+/// [`tool`], as a prerequisite: `how` says how to install it.
+pub fn require_tool(name: &str, how: &str) -> Option<PathBuf> {
+    let found = tool(name);
+    require(found.is_some(), &format!("{name} is not installed"), how).then_some(())?;
     found
 }
 
-/// Sample value of the exposition line that starts with `series ` (exact name and labels).
-pub fn sample(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
-        .and_then(|v| v.split(' ').next()?.parse().ok())
+/// Root, as a prerequisite; `why` says what needs it.
+pub fn require_root(why: &str) -> bool {
+    require(
+        is_root(),
+        &format!("not running as root ({why})"),
+        "run the tests as root, as CI does",
+    )
+}
+
+/// Whether to rewrite golden files instead of comparing with them (`UPDATE_GOLDEN=1`). Under
+/// CI this is refused: the test fails, so CI can only compare.
+pub fn update_golden() -> bool {
+    let asked = std::env::var_os("UPDATE_GOLDEN").is_some_and(|v| !v.is_empty() && v != "0");
+    assert!(
+        !(asked && in_ci()),
+        "UPDATE_GOLDEN is refused under CI: golden files are only rewritten on purpose, locally"
+    );
+    asked
+}
+
+/// Kept for the metrics tests: `promtool`/`prometheus` as a prerequisite.
+pub fn have_tool(name: &str) -> bool {
+    require_tool(
+        name,
+        "apt-get install prometheus; .ci/metrics.sh installs it",
+    )
+    .is_some()
 }

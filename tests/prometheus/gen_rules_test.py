@@ -25,6 +25,24 @@ def port(labels, device, p, **extra):
     return {**labels, "device": device, "port": str(p), **extra}
 
 
+def inst(n):
+    return {"instance": f"gpu-{n}:9464", "job": "fabricgate"}
+
+
+def peer_rtt(n, p, stat="median"):
+    return (
+        f'fabricgate_peer_rtt_seconds{{instance="gpu-{n}:9464",job="fabricgate",'
+        f'device="mlx5_0",port="1",peer="10.0.0.{p}",stat="{stat}"}}'
+    )
+
+
+def peer_errors(n, p, kind):
+    return (
+        f'fabricgate_peer_errors_total{{instance="gpu-{n}:9464",job="fabricgate",'
+        f'device="mlx5_0",port="1",peer="10.0.0.{p}",kind="{kind}"}}'
+    )
+
+
 # (alertname, description, input_series, [(eval_time, [(labels, value)])]).
 # Every alert has at least one time where it fires and one where it does not.
 CASES = [
@@ -144,6 +162,38 @@ CASES = [
         ],
         # At 15m (900s): 900 - 300 = 600 > 300 since 10m + 5m for.
         [("9m", []), ("16m", [(LA, 660)])],
+    ),
+    (
+        "FabricgatePeerRTTHigh",
+        "from 5m gpu-a's round trips to all three of its peers are 10x the pool's; gpu-b and "
+        "gpu-d, which each see gpu-a slow among three peers, do not fire",
+        [
+            (peer_rtt(n, p), "0.00001x4 " + ("0.0001x30" if slow else "0.00001x30"))
+            for n, p, slow in [
+                ("a", 2, True), ("a", 3, True), ("a", 4, True),
+                ("b", 1, True), ("b", 3, False), ("b", 4, False),
+                ("c", 4, False), ("c", 5, False), ("c", 6, False),
+                ("d", 5, False), ("d", 6, False), ("d", 1, True),
+                ("e", 6, False), ("e", 2, False), ("e", 3, False),
+                ("f", 2, False), ("f", 3, False), ("f", 4, False),
+            ]
+        ],
+        [("4m", []), ("12m", []), ("20m", [(inst("a"), 3)])],
+    ),
+    (
+        "FabricgatePeerUnreachable",
+        "from 5m neither gpu-a nor gpu-b reaches 10.0.0.3 (errors rise, round trips stop); "
+        "10.0.0.4, which gpu-b still reaches, does not fire",
+        [
+            (peer_errors("a", 3, "timeout"), "0x5 1+1x20"),
+            (peer_errors("b", 3, "connect"), "0x5 1+1x20"),
+            (peer_rtt("a", 3), "0.00001x5 stale"),
+            (peer_rtt("b", 3), "0.00001x5 stale"),
+            (peer_errors("a", 4, "timeout"), "0x5 1+1x20"),
+            (peer_rtt("a", 4), "0.00001x5 stale"),
+            (peer_rtt("b", 4), "0.00001x26"),
+        ],
+        [("5m", []), ("8m", []), ("15m", [({"peer": "10.0.0.3"}, 20)])],
     ),
 ]
 

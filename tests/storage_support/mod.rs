@@ -1,44 +1,10 @@
-//! Helpers shared by the storage integration tests: fixture roots, a scratch procfs root with
-//! a hand-written mountinfo, root-only tmpfs mounts that clean up after themselves.
+//! Helpers shared by the storage integration tests: a scratch procfs root with a hand-written
+//! mountinfo, root-only tmpfs mounts that clean up after themselves, thread counts. What a
+//! test needs from its environment (root, tools, CI, fixtures) is in `tests/common`.
 #![allow(dead_code)] // each test file uses a different subset
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
-
-pub fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(name)
-}
-
-/// True in CI, where a missing prerequisite must fail the test instead of skipping it.
-pub fn in_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| v == "true")
-}
-
-/// Skip (outside CI) or fail (in CI) when `ok` is false. Returns whether to go on.
-pub fn require(ok: bool, what: &str) -> bool {
-    if ok {
-        return true;
-    }
-    assert!(
-        !in_ci(),
-        "CI=true but this test's prerequisite is missing: {what}"
-    );
-    eprintln!("SKIPPED: {what} (runs in CI, where it is required)");
-    false
-}
-
-pub fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Uid:"))
-                .and_then(|l| l.split_whitespace().nth(2).map(|e| e == "0"))
-        })
-        .unwrap_or(false)
-}
 
 /// A procfs root whose `self/mountinfo` holds `lines` (the fixture's table plus extras).
 pub struct ProcRoot {

@@ -9,7 +9,6 @@
 //! Children run in their own process group and are told to exit with their parent
 //! (`CONTROLPLANE_EXIT_WITH_PARENT`), so a test binary that ends or is killed leaves nothing.
 
-use super::env;
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
@@ -28,12 +27,16 @@ pub struct ControlPlane {
     pub url: String,
     pub port: u16,
     pub admin_token: String,
+    /// A second `system:masters` user, `fabricgate-fleet`, so a fleet of in-process agents is
+    /// told apart from the tests' own admin reads in the audit log.
+    pub fleet_token: String,
     pub ca_file: PathBuf,
     pub admin_kubeconfig: PathBuf,
     pub audit_log: PathBuf,
     children: Mutex<Vec<Child>>,
     scheduler: Mutex<Option<Child>>,
     admin_client: OnceLock<kube::Client>,
+    apiserver_pid: std::sync::atomic::AtomicU32,
 }
 
 /// One line of the audit log, as much of it as the tests read.
@@ -110,11 +113,11 @@ impl ControlPlane {
                 let binary = std::env::var_os("FABRICGATE_CONTROLPLANE")
                     .map(PathBuf::from)
                     .unwrap_or_else(|| PathBuf::from(DEFAULT_BINARY));
-                if !binary.is_file() {
-                    env::skip_or_fail(&format!(
-                        "no control plane binary at {} (build it with .ci/controlplane.sh)",
-                        binary.display()
-                    ));
+                if !crate::common::require(
+                    binary.is_file(),
+                    &format!("no control plane binary at {}", binary.display()),
+                    "build it with .ci/controlplane.sh",
+                ) {
                     return None;
                 }
                 Some(ControlPlane::start(&binary))
@@ -140,9 +143,13 @@ impl ControlPlane {
         make_pki(&dir);
 
         let admin_token = random_hex(16);
+        let fleet_token = random_hex(16);
         std::fs::write(
             dir.join("tokens.csv"),
-            format!("{admin_token},admin,admin-uid,system:masters\n"),
+            format!(
+                "{admin_token},admin,admin-uid,system:masters\n\
+                 {fleet_token},fabricgate-fleet,fleet-uid,system:masters\n"
+            ),
         )
         .expect("tokens.csv");
         std::fs::write(
@@ -227,12 +234,14 @@ impl ControlPlane {
                 url: format!("https://127.0.0.1:{port}"),
                 port,
                 admin_token: admin_token.clone(),
+                fleet_token: fleet_token.clone(),
                 ca_file: ca_file.clone(),
                 admin_kubeconfig: dir.join("admin.kubeconfig"),
                 audit_log: audit_log.clone(),
                 children: Mutex::new(Vec::new()),
                 scheduler: Mutex::new(None),
                 admin_client: OnceLock::new(),
+                apiserver_pid: std::sync::atomic::AtomicU32::new(apiserver.id()),
             };
             match cp.wait_ready(&mut apiserver, Duration::from_secs(120)) {
                 Ok(()) => {
@@ -294,6 +303,19 @@ impl ControlPlane {
              current-context: test\n"
         );
         std::fs::write(path, text).expect("write kubeconfig");
+    }
+
+    /// CPU seconds (user + system) the kube-apiserver process has used so far.
+    pub fn apiserver_cpu_seconds(&self) -> f64 {
+        let pid = self
+            .apiserver_pid
+            .load(std::sync::atomic::Ordering::Relaxed);
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        // Fields after the parenthesised command name; utime and stime are 14th and 15th.
+        let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+        (ticks(11) + ticks(12)) / 100.0
     }
 
     pub fn dir(&self) -> &Path {
@@ -555,9 +577,25 @@ impl ControlPlane {
 
     /// Every audit event so far.
     pub fn audit(&self) -> Vec<AuditEvent> {
-        let Ok(file) = std::fs::File::open(&self.audit_log) else {
+        self.audit_since(0)
+    }
+
+    /// Where the audit log's complete lines end now (a byte offset): read what comes after it
+    /// with [`Self::audit_since`].
+    pub fn audit_mark(&self) -> usize {
+        let bytes = std::fs::read(&self.audit_log).unwrap_or_default();
+        bytes.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1)
+    }
+
+    /// The audit events logged after `mark` (from [`Self::audit_mark`]).
+    pub fn audit_since(&self, mark: usize) -> Vec<AuditEvent> {
+        use std::io::{Seek, SeekFrom};
+        let Ok(mut file) = std::fs::File::open(&self.audit_log) else {
             return Vec::new();
         };
+        if file.seek(SeekFrom::Start(mark as u64)).is_err() {
+            return Vec::new();
+        }
         BufReader::new(file)
             .lines()
             .map_while(Result::ok)
@@ -593,15 +631,6 @@ impl ControlPlane {
                 }
             })
             .collect()
-    }
-
-    /// Audit events from now on: note the current length, read the rest later.
-    pub fn audit_mark(&self) -> usize {
-        self.audit().len()
-    }
-
-    pub fn audit_since(&self, mark: usize) -> Vec<AuditEvent> {
-        self.audit().into_iter().skip(mark).collect()
     }
 
     /// Start kube-scheduler (once), with the admin kubeconfig.

@@ -141,6 +141,21 @@ impl FaultProxy {
         }
     }
 
+    /// A proxy that refuses every watch (503) and passes everything else: the agent then reads
+    /// its Node as it would while its watch is down.
+    pub fn without_watches(upstream: &str, ca_file: &Path) -> FaultProxy {
+        let proxy = FaultProxy::start(upstream, ca_file);
+        proxy.set_fault_matching(
+            Fault::Status {
+                code: 503,
+                retry_after: None,
+                plain: true,
+            },
+            "watch=",
+        );
+        proxy
+    }
+
     /// `http://127.0.0.1:PORT`
     pub fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)

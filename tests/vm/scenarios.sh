@@ -33,6 +33,43 @@ step selftest "$FG_BIN" selftest --format json --config "$FG_REQ"
         "$FG_BIN" check --format json --config "$FG_REQ"
 )
 
+# P. `fabricgate preflight` as a worker pod's init container runs it: rxe0 given and a required
+#    path mounted; /dev/infiniband not injected; memlock 64 KiB without IPC_LOCK; a required
+#    path missing. Each leaves NAME.stdout/.stderr/.rc, NAME.termlog (the termination log),
+#    NAME.nccl/ (the emptyDir) and NAME_ms (wall time, from before exec to exit) in timings.
+now_ms() { date +%s%3N; }
+pf() {
+    name="$1"
+    shift
+    mkdir -p "$O/$name.nccl"
+    t0=$(now_ms)
+    "$@" preflight --nccl-dir "$O/$name.nccl" --termination-log "$O/$name.termlog" \
+        >"$O/$name.stdout" 2>"$O/$name.stderr"
+    echo $? >"$O/$name.rc"
+    timing "${name}_ms" $(($(now_ms) - t0))
+}
+PF_REQ="$(cat "$FG_REQ")
+mounts:
+  - path: /tmp
+    fstype: tmpfs"
+(
+    ulimit -l unlimited
+    FABRICGATE_REQUIREMENTS="$PF_REQ" pf preflight_ok "$FG_BIN"
+)
+mount -t tmpfs tmpfs /dev/infiniband
+FABRICGATE_REQUIREMENTS="$PF_REQ" pf preflight_hidden "$FG_BIN"
+umount /dev/infiniband
+(
+    ulimit -l 64
+    FABRICGATE_REQUIREMENTS="$PF_REQ" pf preflight_memlock \
+        setpriv --inh-caps=-ipc_lock --bounding-set=-ipc_lock "$FG_BIN"
+)
+(
+    ulimit -l unlimited
+    FABRICGATE_REQUIREMENTS="$PF_REQ
+  - path: /data/missing" pf preflight_no_path "$FG_BIN"
+)
+
 # 3. eth0 down: time from the command to the first check that says not ready.
 t0=$(fg_now_ms)
 ip link set eth0 down

@@ -1,11 +1,15 @@
 //! RDMA devices and ports: what sysfs says, what verbs says, and the loopback self-test.
 
+pub mod peer;
 pub mod sysfs;
 pub mod types;
+// The only module allowed `unsafe` (see the crate root).
+#[allow(unsafe_code)]
 pub mod verbs;
 
 use serde::{Serialize, Serializer};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 pub use types::{GidType, LinkLayer, NodeType, PcieSpeed, PhysState, PortState, Rate, format_gbps};
 
@@ -39,7 +43,12 @@ pub struct DeviceReport {
     pub fw_ver: Option<String>,
     pub hca_type: Option<String>,
     pub board_id: Option<String>,
+    /// The PCI function behind the `device` link; `None` for a device without one (rxe, siw)
+    /// and when it cannot be resolved (then `pci_error` says why).
     pub pci: Option<PciLink>,
+    /// Why the `device` link exists but names no readable PCI function; also in `errors`.
+    /// The PCIe link rule (`rdma.require_full_pcie_link`) fails for such a device.
+    pub pci_error: Option<String>,
     pub ports: Vec<PortReport>,
     /// `None` when verbs were not probed; otherwise what opening a context gave.
     pub verbs: Option<VerbsDevice>,
@@ -93,9 +102,14 @@ pub struct PortReport {
     pub sm_lid: Option<u32>,
     pub gids: Vec<Gid>,
     /// `counters/*`, raw as the kernel gives them (`port_xmit_data` is in 4-octet units).
-    pub counters: BTreeMap<String, u64>,
+    /// Shared with the prober, which reads counters on their own cadence
+    /// (`rdma.counters_interval`): between reads a report carries the last values.
+    pub counters: Arc<BTreeMap<String, u64>>,
     /// `hw_counters/*` (driver-specific, e.g. RoCE congestion and retry counters).
-    pub hw_counters: BTreeMap<String, u64>,
+    pub hw_counters: Arc<BTreeMap<String, u64>>,
+    /// When `counters` and `hw_counters` were read (seconds since the Unix epoch); rates over
+    /// them must use this, not the probe's timestamp. `None` when never read.
+    pub counters_timestamp: Option<f64>,
     pub verbs: Option<VerbsPort>,
     pub selftest: Option<SelftestResult>,
     pub errors: Vec<String>,
@@ -156,6 +170,7 @@ impl Serialize for PortReport {
             gids: &'a [Gid],
             counters: &'a BTreeMap<String, u64>,
             hw_counters: &'a BTreeMap<String, u64>,
+            counters_timestamp: Option<f64>,
             verbs: Option<&'a VerbsPort>,
             selftest: Option<&'a SelftestResult>,
             errors: &'a [String],
@@ -175,6 +190,7 @@ impl Serialize for PortReport {
             gids: &self.gids,
             counters: &self.counters,
             hw_counters: &self.hw_counters,
+            counters_timestamp: self.counters_timestamp,
             verbs: self.verbs.as_ref(),
             selftest: self.selftest.as_ref(),
             errors: &self.errors,

@@ -10,10 +10,13 @@ use super::{
 };
 use crate::Roots;
 use crate::error::ProbeError;
-use crate::sysfs_io::{AttrReader, list_dir};
+use crate::sysfs_io::{Attr, AttrBuf, DirStamp, list_dir, parsed, string};
 use std::collections::BTreeMap;
 use std::fs;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Parse `4: ACTIVE` (the kernel's `"%d: %s"`); the number is authoritative.
 pub fn parse_port_state(s: &str) -> Option<PortState> {
@@ -94,48 +97,131 @@ fn is_zero_gid(gid: &str) -> bool {
     gid.bytes().all(|b| b == b'0' || b == b':')
 }
 
-/// Read every RDMA device under `<sysfs>/class/infiniband`.
+/// Read every RDMA device under `<sysfs>/class/infiniband` once, counters included.
 pub fn probe(roots: &Roots) -> RdmaReport {
-    let class = roots.sys("class/infiniband");
-    let mut report = RdmaReport::default();
-    let names = match list_dir(&class) {
-        Ok(Some(names)) => names,
-        Ok(None) => return report,
-        Err(e) => {
-            report.subsystem_present = true;
-            report.errors.push(e.to_string());
-            return report;
-        }
-    };
-    report.subsystem_present = true;
-    report.devices = read_devices(&class, &names);
-    report
+    SysfsReader::new(roots).probe(true)
 }
 
-/// Devices are independent, and reading one is a thousand small syscalls, not parsing; on a
-/// node with many HCAs the probe reads them on up to one thread per core (at most 4), each
-/// taking every n-th device, and keeps the sorted order.
-fn read_devices(class: &Path, names: &[String]) -> Vec<DeviceReport> {
+/// Keeps the attribute files of every device and port open between probes, so a probe is one
+/// `pread` per attribute: no path building, no `open`/`close`. Before reading a device the
+/// reader `stat`s its directory (and each port's), and re-opens everything below it when the
+/// device appeared, disappeared or was re-created (a new inode, or a changed directory), or
+/// when a read said the file is gone (`ENODEV`).
+pub struct SysfsReader {
+    roots: Roots,
+    class: PathBuf,
+    devices: Vec<DevHandles>,
+    /// One read buffer per worker thread.
+    bufs: Vec<AttrBuf>,
+}
+
+impl std::fmt::Debug for SysfsReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SysfsReader")
+            .field("class", &self.class)
+            .field("devices", &self.devices.len())
+            .finish()
+    }
+}
+
+impl SysfsReader {
+    pub fn new(roots: &Roots) -> Self {
+        Self {
+            roots: roots.clone(),
+            class: roots.sys("class/infiniband"),
+            devices: Vec::new(),
+            bufs: Vec::new(),
+        }
+    }
+
+    /// Read every device. `counters`: also re-read `counters/` and `hw_counters/` (otherwise
+    /// each port reports the values and `counters_timestamp` of their last read; a port seen
+    /// for the first time is always read in full).
+    pub fn probe(&mut self, counters: bool) -> RdmaReport {
+        let mut report = RdmaReport::default();
+        let listing = match list_dir(&self.class) {
+            Ok(Some(listing)) => listing,
+            Ok(None) => {
+                self.devices.clear();
+                return report;
+            }
+            Err(e) => {
+                report.subsystem_present = true;
+                report.errors.push(e.to_string());
+                self.devices.clear();
+                return report;
+            }
+        };
+        report.subsystem_present = true;
+
+        // Keep the handles of devices still listed; new names get unopened handles.
+        let mut old = std::mem::take(&mut self.devices).into_iter().peekable();
+        let mut devices = Vec::with_capacity(listing.names.len());
+        for name in listing.names {
+            while old.next_if(|h| h.name < name).is_some() {}
+            match old.next_if(|h| h.name == name) {
+                Some(h) => devices.push(h),
+                None => devices.push(DevHandles::new(&self.roots, &self.class, name)),
+            }
+        }
+        self.devices = devices;
+
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        report.devices = read_devices(&mut self.devices, &mut self.bufs, counters, now);
+
+        // A name that is not UTF-8 cannot be a label or a metric value; say so rather than
+        // dropping the device silently.
+        for raw in listing.undecodable {
+            let shown = raw.as_bytes().escape_ascii().to_string();
+            report.devices.push(DeviceReport {
+                errors: vec![format!(
+                    "{}/{shown}: the device name is not UTF-8, so the device is not probed; \
+                     rename it (rdma dev set NAME name NEW) or check the driver",
+                    self.class.display()
+                )],
+                name: shown,
+                ..DeviceReport::default()
+            });
+        }
+        report
+    }
+}
+
+/// Devices are independent; on a node with many HCAs the probe reads them on up to one
+/// thread per core (at most 4), each taking a contiguous share, and keeps the sorted order.
+fn read_devices(
+    devices: &mut [DevHandles],
+    bufs: &mut Vec<AttrBuf>,
+    counters: bool,
+    now: f64,
+) -> Vec<DeviceReport> {
     let threads = std::thread::available_parallelism()
         .map_or(1, std::num::NonZeroUsize::get)
         .min(4)
-        .min(names.len() / 2)
+        .min(devices.len() / 4)
         .max(1);
-    let read_share = |first: usize| {
-        let mut reader = AttrReader::new();
-        names
-            .iter()
-            .enumerate()
-            .skip(first)
-            .step_by(threads)
-            .map(|(i, name)| (i, read_device(&mut reader, &class.join(name), name.clone())))
+    while bufs.len() < threads {
+        bufs.push(AttrBuf::new());
+    }
+    let read_share = |share: &mut [DevHandles], buf: &mut AttrBuf| {
+        share
+            .iter_mut()
+            .map(|h| h.read(buf, counters, now))
             .collect::<Vec<_>>()
     };
-    let mut devices: Vec<(usize, DeviceReport)> = std::thread::scope(|scope| {
-        let helpers: Vec<_> = (1..threads)
-            .map(|first| scope.spawn(move || read_share(first)))
+    if threads == 1 {
+        return read_share(devices, &mut bufs[0]);
+    }
+    let per = devices.len().div_ceil(threads);
+    std::thread::scope(|scope| {
+        let mut shares = devices.chunks_mut(per).zip(bufs.iter_mut());
+        let first = shares.next();
+        let helpers: Vec<_> = shares
+            .map(|(share, buf)| scope.spawn(move || read_share(share, buf)))
             .collect();
-        let mut all = read_share(0);
+        let mut all = first.map_or_else(Vec::new, |(share, buf)| read_share(share, buf));
         for helper in helpers {
             match helper.join() {
                 Ok(part) => all.extend(part),
@@ -144,208 +230,548 @@ fn read_devices(class: &Path, names: &[String]) -> Vec<DeviceReport> {
             }
         }
         all
-    });
-    devices.sort_by_key(|(i, _)| *i);
-    devices.into_iter().map(|(_, d)| d).collect()
+    })
 }
 
-fn read_device(reader: &mut AttrReader, dir: &Path, name: String) -> DeviceReport {
-    let mut dev = DeviceReport {
-        name,
-        ..DeviceReport::default()
-    };
-    let errors = &mut dev.errors;
-    dev.node_type = reader.parsed(
-        &dir.join("node_type"),
-        "\"N: NAME\"",
-        errors,
-        parse_node_type,
-    );
-    dev.node_guid = reader.string(&dir.join("node_guid"), errors);
-    dev.sys_image_guid = reader.string(&dir.join("sys_image_guid"), errors);
-    dev.fw_ver = reader.string(&dir.join("fw_ver"), errors);
-    dev.hca_type = reader.string(&dir.join("hca_type"), errors);
-    dev.board_id = reader.string(&dir.join("board_id"), errors);
-    dev.pci = read_pci(reader, &dir.join("device"), errors);
+/// The open files of one device.
+struct DevHandles {
+    name: String,
+    dir: PathBuf,
+    /// The directory when the files were opened; `None` before the first open.
+    stamp: Option<Option<DirStamp>>,
+    /// A read said a file is gone: re-open on the next probe.
+    stale: bool,
+    node_type: Attr,
+    node_guid: Attr,
+    sys_image_guid: Attr,
+    fw_ver: Attr,
+    hca_type: Attr,
+    board_id: Attr,
+    pci: Option<PciHandles>,
+    /// Why the PCI function behind the `device` link cannot be named (its PCIe check fails).
+    pci_error: Option<String>,
+    roots: Roots,
+    ports: Vec<PortHandles>,
+    /// Why there are no ports (no folder, empty, unreadable), reported on every probe.
+    ports_error: Option<String>,
+}
 
-    let ports_dir = dir.join("ports");
-    match list_dir(&ports_dir) {
-        Ok(Some(entries)) => {
-            let mut numbers: Vec<u32> = entries.iter().filter_map(|n| n.parse().ok()).collect();
-            numbers.sort_unstable();
-            if numbers.is_empty() {
-                dev.errors.push(format!(
-                    "{}: no ports listed; the driver did not register any port",
+struct PciHandles {
+    address: String,
+    numa_node: Attr,
+    current_link_speed: Attr,
+    max_link_speed: Attr,
+    current_link_width: Attr,
+    max_link_width: Attr,
+}
+
+struct PortHandles {
+    port: u32,
+    dir: PathBuf,
+    stamp: Option<DirStamp>,
+    state: Attr,
+    phys_state: Attr,
+    rate: Attr,
+    link_layer: Attr,
+    lid: Attr,
+    sm_lid: Attr,
+    gids_dir: PathBuf,
+    gids_stamp: Option<DirStamp>,
+    gids: Vec<GidHandles>,
+    gids_error: Option<String>,
+    counters: CounterGroup,
+    hw_counters: CounterGroup,
+    /// When the counter groups were last read (seconds since the Unix epoch).
+    counters_timestamp: Option<f64>,
+}
+
+struct GidHandles {
+    index: u32,
+    gid: Attr,
+    gid_type: Attr,
+    netdev: Attr,
+}
+
+/// `counters/` or `hw_counters/`: its files and the values of their last read.
+struct CounterGroup {
+    dir: PathBuf,
+    stamp: Option<DirStamp>,
+    files: Vec<(String, Attr)>,
+    list_error: Option<String>,
+    values: Arc<BTreeMap<String, u64>>,
+    /// Problems of the last read, reported with its values until the next one.
+    errors: Vec<String>,
+}
+
+fn placeholder() -> Attr {
+    Attr::open(PathBuf::new())
+}
+
+impl DevHandles {
+    fn new(roots: &Roots, class: &Path, name: String) -> Self {
+        Self {
+            pci_error: None,
+            roots: roots.clone(),
+            dir: class.join(&name),
+            name,
+            stamp: None,
+            stale: false,
+            node_type: placeholder(),
+            node_guid: placeholder(),
+            sys_image_guid: placeholder(),
+            fw_ver: placeholder(),
+            hca_type: placeholder(),
+            board_id: placeholder(),
+            pci: None,
+            ports: Vec::new(),
+            ports_error: None,
+        }
+    }
+
+    fn open(&mut self, stamp: Option<DirStamp>) {
+        let dir = &self.dir;
+        self.stamp = Some(stamp);
+        self.stale = false;
+        self.node_type = Attr::open(dir.join("node_type"));
+        self.node_guid = Attr::open(dir.join("node_guid"));
+        self.sys_image_guid = Attr::open(dir.join("sys_image_guid"));
+        self.fw_ver = Attr::open(dir.join("fw_ver"));
+        self.hca_type = Attr::open(dir.join("hca_type"));
+        self.board_id = Attr::open(dir.join("board_id"));
+        (self.pci, self.pci_error) = match resolve_pci_function(&self.roots, &dir.join("device")) {
+            Ok(Some(function)) => (Some(PciHandles::open(&function)), None),
+            Ok(None) => (None, None),
+            Err(why) => (None, Some(why)),
+        };
+        self.ports_error = None;
+        let ports_dir = dir.join("ports");
+        self.ports = match list_dir(&ports_dir) {
+            Ok(Some(listing)) => {
+                let mut numbers: Vec<u32> = listing
+                    .names
+                    .iter()
+                    .filter_map(|n| n.parse().ok())
+                    .collect();
+                numbers.sort_unstable();
+                if numbers.is_empty() {
+                    self.ports_error = Some(format!(
+                        "{}: no ports listed; the driver did not register any port",
+                        ports_dir.display()
+                    ));
+                }
+                numbers
+                    .into_iter()
+                    .map(|n| PortHandles::open(ports_dir.join(n.to_string()), n))
+                    .collect()
+            }
+            Ok(None) => {
+                self.ports_error = Some(format!(
+                    "{}: missing; the device registered without ports (driver failed to \
+                     initialise?)",
                     ports_dir.display()
                 ));
+                Vec::new()
             }
-            dev.ports = numbers
-                .into_iter()
-                .map(|n| read_port(reader, &ports_dir.join(n.to_string()), n))
-                .collect();
-        }
-        Ok(None) => dev.errors.push(format!(
-            "{}: missing; the device registered without ports (driver failed to initialise?)",
-            ports_dir.display()
-        )),
-        Err(e) => dev.errors.push(e.to_string()),
+            Err(e) => {
+                self.ports_error = Some(e.to_string());
+                Vec::new()
+            }
+        };
     }
-    dev
-}
 
-/// The PCIe link of the parent device, when the parent is a PCI function.
-fn read_pci(reader: &mut AttrReader, link: &Path, errors: &mut Vec<String>) -> Option<PciLink> {
-    let target = fs::read_link(link).ok()?;
-    let address = target.file_name()?.to_str()?.to_owned();
-    let mut pci = PciLink {
-        address,
-        ..PciLink::default()
-    };
-    pci.numa_node = reader
-        .parsed(&link.join("numa_node"), "an integer", errors, |s| {
-            s.trim().parse::<i64>().ok()
-        })
-        .and_then(|n| u32::try_from(n).ok());
-    // `Unknown` speed (link down, or a virtual function) is reported as absent, not an error.
-    pci.current_speed_gts = reader
-        .read(&link.join("current_link_speed"))
-        .ok()
-        .flatten()
-        .and_then(parse_pcie_speed);
-    pci.max_speed_gts = reader
-        .read(&link.join("max_link_speed"))
-        .ok()
-        .flatten()
-        .and_then(parse_pcie_speed);
-    pci.current_width = reader
-        .read(&link.join("current_link_width"))
-        .ok()
-        .flatten()
-        .and_then(|s| s.trim().parse().ok());
-    pci.max_width = reader
-        .read(&link.join("max_link_width"))
-        .ok()
-        .flatten()
-        .and_then(|s| s.trim().parse().ok());
-    Some(pci)
-}
-
-fn read_port(reader: &mut AttrReader, dir: &Path, port: u32) -> PortReport {
-    let mut p = PortReport {
-        port,
-        ..PortReport::default()
-    };
-    let errors = &mut p.errors;
-    p.state = reader.parsed(
-        &dir.join("state"),
-        "\"N: STATE\" such as \"4: ACTIVE\"",
-        errors,
-        parse_port_state,
-    );
-    p.phys_state = reader.parsed(
-        &dir.join("phys_state"),
-        "\"N: STATE\" such as \"5: LinkUp\"",
-        errors,
-        parse_phys_state,
-    );
-    p.rate = reader.parsed(
-        &dir.join("rate"),
-        "\"N Gb/sec (WX SPEED)\"",
-        errors,
-        parse_rate,
-    );
-    p.link_layer = reader.parsed(&dir.join("link_layer"), "a link layer", errors, |s| {
-        Some(LinkLayer::parse(s))
-    });
-    p.lid = reader.parsed(&dir.join("lid"), "a hex LID", errors, parse_hex_u32);
-    p.sm_lid = reader.parsed(&dir.join("sm_lid"), "a hex LID", errors, parse_hex_u32);
-    p.gids = read_gids(reader, dir, errors);
-    p.counters = read_counters(reader, &dir.join("counters"), errors);
-    p.hw_counters = read_counters(reader, &dir.join("hw_counters"), errors);
-    p
-}
-
-fn read_gids(reader: &mut AttrReader, port_dir: &Path, errors: &mut Vec<String>) -> Vec<Gid> {
-    let gids_dir = port_dir.join("gids");
-    let names = match list_dir(&gids_dir) {
-        Ok(Some(n)) => n,
-        Ok(None) => return Vec::new(),
-        Err(e) => {
-            errors.push(e.to_string());
-            return Vec::new();
+    fn read(&mut self, buf: &mut AttrBuf, counters: bool, now: f64) -> DeviceReport {
+        let stamp = DirStamp::of(&self.dir);
+        if self.stale || self.stamp != Some(stamp) {
+            self.open(stamp);
         }
+        let mut dev = DeviceReport {
+            name: self.name.clone(),
+            ..DeviceReport::default()
+        };
+        let errors = &mut dev.errors;
+        let gone = &mut self.stale;
+        dev.node_type = get(
+            &self.node_type,
+            buf,
+            "\"N: NAME\"",
+            errors,
+            gone,
+            parse_node_type,
+        );
+        dev.node_guid = text(&self.node_guid, buf, errors, gone);
+        dev.sys_image_guid = text(&self.sys_image_guid, buf, errors, gone);
+        dev.fw_ver = text(&self.fw_ver, buf, errors, gone);
+        dev.hca_type = text(&self.hca_type, buf, errors, gone);
+        dev.board_id = text(&self.board_id, buf, errors, gone);
+        dev.pci = self.pci.as_ref().map(|p| p.read(buf, errors, gone));
+        if let Some(why) = &self.pci_error {
+            errors.push(why.clone());
+            dev.pci_error = Some(why.clone());
+        }
+        if let Some(e) = &self.ports_error {
+            errors.push(e.clone());
+        }
+        dev.ports = self
+            .ports
+            .iter_mut()
+            .map(|p| p.read(buf, counters, now, gone))
+            .collect();
+        dev
+    }
+}
+
+/// Read and parse an attribute: absence is `None`, failures go to `errors` (naming the path),
+/// and a file that is gone marks the device for re-opening.
+fn get<T>(
+    attr: &Attr,
+    buf: &mut AttrBuf,
+    expected: &'static str,
+    errors: &mut Vec<String>,
+    gone: &mut bool,
+    parse: impl FnOnce(&str) -> Option<T>,
+) -> Option<T> {
+    let result = attr.read(buf);
+    if let Err(e) = &result {
+        *gone |= e.is_gone();
+    }
+    parsed(result, attr.path(), expected, errors, parse)
+}
+
+fn text(
+    attr: &Attr,
+    buf: &mut AttrBuf,
+    errors: &mut Vec<String>,
+    gone: &mut bool,
+) -> Option<String> {
+    let result = attr.read(buf);
+    if let Err(e) = &result {
+        *gone |= e.is_gone();
+    }
+    string(result, attr.path(), errors)
+}
+
+/// Read and parse an attribute whose failures are not errors (the kernel answers EINVAL for
+/// GID attributes of entries without a netdev, `Unknown` for the speed of a link that is down).
+fn quiet<T>(attr: &Attr, buf: &mut AttrBuf, parse: impl FnOnce(&str) -> Option<T>) -> Option<T> {
+    attr.read(buf).ok().flatten().and_then(parse)
+}
+
+/// `0000:3b:00.0` (domain, bus, device.function; the domain may be longer than 4 digits).
+pub fn is_pci_address(name: &str) -> bool {
+    let hex = |s: &str, len: std::ops::RangeInclusive<usize>| {
+        len.contains(&s.len()) && s.bytes().all(|b| b.is_ascii_hexdigit())
     };
-    let mut indices: Vec<u32> = names.iter().filter_map(|n| n.parse().ok()).collect();
-    indices.sort_unstable();
-    let mut out = Vec::new();
-    for index in indices {
-        let idx = index.to_string();
-        let gid = match reader.read(&gids_dir.join(&idx)) {
+    let mut parts = name.split(':');
+    let (Some(domain), Some(bus), Some(devfn), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return false;
+    };
+    let Some((dev, func)) = devfn.split_once('.') else {
+        return false;
+    };
+    hex(domain, 4..=8)
+        && hex(bus, 2..=2)
+        && hex(dev, 2..=2)
+        && matches!(func.as_bytes(), [b'0'..=b'7'])
+}
+
+/// The sysfs folder of the PCI function behind a device's `device` link: the link
+/// canonicalised (through [`Roots`], so fixture trees resolve inside themselves), then the
+/// nearest folder named like a PCI address at or above it, so a device on an auxiliary bus
+/// (an mlx5 sub-function) resolves to its physical function. `Ok(None)` when there is no
+/// `device` link at all (software devices such as rxe have none); `Err` with what went wrong
+/// and what it means when the link exists but names no PCI function.
+fn resolve_pci_function(roots: &Roots, link: &Path) -> Result<Option<PathBuf>, String> {
+    if fs::symlink_metadata(link).is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound) {
+        return Ok(None);
+    }
+    let cannot = |what: String| {
+        format!(
+            "{}: {what}; the HCA's PCIe link cannot be checked",
+            link.display()
+        )
+    };
+    let resolve =
+        |root: PathBuf| Ok::<_, std::io::Error>((roots.resolve_sys_under(link, &root)?, root));
+    let (target, root) = roots
+        .canonical_sysfs_root()
+        .and_then(resolve)
+        .map_err(|e| cannot(format!("cannot resolve the PCI function: {e}")))?;
+    let function = target
+        .ancestors()
+        .take_while(|p| p.starts_with(&root) && *p != root)
+        .find(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(is_pci_address)
+        });
+    match function {
+        Some(f) => Ok(Some(f.to_owned())),
+        None => Err(cannot(format!(
+            "resolves to {}, which is not inside a PCI function",
+            target.strip_prefix(&root).unwrap_or(&target).display()
+        ))),
+    }
+}
+
+impl PciHandles {
+    /// The PCIe link attributes of the PCI function in `function` (a canonical sysfs folder).
+    fn open(function: &Path) -> Self {
+        Self {
+            address: function
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            numa_node: Attr::open(function.join("numa_node")),
+            current_link_speed: Attr::open(function.join("current_link_speed")),
+            max_link_speed: Attr::open(function.join("max_link_speed")),
+            current_link_width: Attr::open(function.join("current_link_width")),
+            max_link_width: Attr::open(function.join("max_link_width")),
+        }
+    }
+
+    fn read(&self, buf: &mut AttrBuf, errors: &mut Vec<String>, gone: &mut bool) -> PciLink {
+        let width = |s: &str| s.trim().parse().ok();
+        PciLink {
+            address: self.address.clone(),
+            numa_node: get(&self.numa_node, buf, "an integer", errors, gone, |s| {
+                s.trim().parse::<i64>().ok()
+            })
+            .and_then(|n| u32::try_from(n).ok()),
+            // `Unknown` speed (link down, or a virtual function) is absent, not an error.
+            current_speed_gts: quiet(&self.current_link_speed, buf, parse_pcie_speed),
+            max_speed_gts: quiet(&self.max_link_speed, buf, parse_pcie_speed),
+            current_width: quiet(&self.current_link_width, buf, width),
+            max_width: quiet(&self.max_link_width, buf, width),
+        }
+    }
+}
+
+impl PortHandles {
+    fn open(dir: PathBuf, port: u32) -> Self {
+        let gids_dir = dir.join("gids");
+        let mut p = Self {
+            port,
+            stamp: DirStamp::of(&dir),
+            state: Attr::open(dir.join("state")),
+            phys_state: Attr::open(dir.join("phys_state")),
+            rate: Attr::open(dir.join("rate")),
+            link_layer: Attr::open(dir.join("link_layer")),
+            lid: Attr::open(dir.join("lid")),
+            sm_lid: Attr::open(dir.join("sm_lid")),
+            gids_stamp: None,
+            gids: Vec::new(),
+            gids_error: None,
+            counters: CounterGroup::new(dir.join("counters")),
+            hw_counters: CounterGroup::new(dir.join("hw_counters")),
+            counters_timestamp: None,
+            gids_dir,
+            dir,
+        };
+        p.open_gids();
+        p
+    }
+
+    fn open_gids(&mut self) {
+        self.gids_stamp = DirStamp::of(&self.gids_dir);
+        self.gids.clear();
+        self.gids_error = None;
+        let listing = match list_dir(&self.gids_dir) {
+            Ok(Some(listing)) => listing,
+            Ok(None) => return,
+            Err(e) => {
+                self.gids_error = Some(e.to_string());
+                return;
+            }
+        };
+        let mut indices: Vec<u32> = listing
+            .names
+            .iter()
+            .filter_map(|n| n.parse().ok())
+            .collect();
+        indices.sort_unstable();
+        let attrs = self.dir.join("gid_attrs");
+        self.gids = indices
+            .into_iter()
+            .map(|index| {
+                let idx = index.to_string();
+                GidHandles {
+                    index,
+                    gid: Attr::open(self.gids_dir.join(&idx)),
+                    gid_type: Attr::open(attrs.join("types").join(&idx)),
+                    netdev: Attr::open(attrs.join("ndevs").join(&idx)),
+                }
+            })
+            .collect();
+    }
+
+    fn read(&mut self, buf: &mut AttrBuf, counters: bool, now: f64, gone: &mut bool) -> PortReport {
+        let stamp = DirStamp::of(&self.dir);
+        if stamp != self.stamp {
+            *self = Self::open(std::mem::take(&mut self.dir), self.port);
+        } else if DirStamp::of(&self.gids_dir) != self.gids_stamp {
+            self.open_gids();
+        }
+        let mut p = PortReport {
+            port: self.port,
+            ..PortReport::default()
+        };
+        let errors = &mut p.errors;
+        p.state = get(
+            &self.state,
+            buf,
+            "\"N: STATE\" such as \"4: ACTIVE\"",
+            errors,
+            gone,
+            parse_port_state,
+        );
+        p.phys_state = get(
+            &self.phys_state,
+            buf,
+            "\"N: STATE\" such as \"5: LinkUp\"",
+            errors,
+            gone,
+            parse_phys_state,
+        );
+        p.rate = get(
+            &self.rate,
+            buf,
+            "\"N Gb/sec (WX SPEED)\"",
+            errors,
+            gone,
+            parse_rate,
+        );
+        p.link_layer = get(&self.link_layer, buf, "a link layer", errors, gone, |s| {
+            Some(LinkLayer::parse(s))
+        });
+        p.lid = get(&self.lid, buf, "a hex LID", errors, gone, parse_hex_u32);
+        p.sm_lid = get(&self.sm_lid, buf, "a hex LID", errors, gone, parse_hex_u32);
+        if let Some(e) = &self.gids_error {
+            errors.push(e.clone());
+        }
+        p.gids = self.gids.iter().filter_map(|g| g.read(buf)).collect();
+
+        if counters || self.counters_timestamp.is_none() {
+            self.counters.read(buf, gone);
+            self.hw_counters.read(buf, gone);
+            self.counters_timestamp = Some(now);
+        }
+        p.counters = Arc::clone(&self.counters.values);
+        p.hw_counters = Arc::clone(&self.hw_counters.values);
+        p.counters_timestamp = self.counters_timestamp;
+        errors.extend(self.counters.errors.iter().cloned());
+        errors.extend(self.hw_counters.errors.iter().cloned());
+        p
+    }
+}
+
+impl GidHandles {
+    fn read(&self, buf: &mut AttrBuf) -> Option<Gid> {
+        // Unused entries read as all zeroes (or fail on some kernels): not in use.
+        let gid = match self.gid.read(buf) {
             Ok(Some(g)) if !is_zero_gid(g) => g.trim().to_owned(),
-            // Unused entries read as all zeroes (or fail on some kernels): not in use.
-            _ => continue,
+            _ => return None,
         };
         // The kernel answers EINVAL for attributes of entries without a netdev (InfiniBand).
-        let attrs = port_dir.join("gid_attrs");
-        let gid_type = reader
-            .read(&attrs.join("types").join(&idx))
-            .ok()
-            .flatten()
-            .map(GidType::parse);
-        let netdev = reader
-            .read(&attrs.join("ndevs").join(&idx))
-            .ok()
-            .flatten()
-            .map(|s| s.trim().to_owned())
-            .filter(|s| !s.is_empty());
-        out.push(Gid {
-            index,
+        let gid_type = quiet(&self.gid_type, buf, |s| Some(GidType::parse(s)));
+        let netdev = quiet(&self.netdev, buf, |s| {
+            Some(s.trim().to_owned()).filter(|s| !s.is_empty())
+        });
+        Some(Gid {
+            index: self.index,
             gid,
             gid_type,
             netdev,
-        });
+        })
     }
-    out
 }
 
-fn read_counters(
-    reader: &mut AttrReader,
-    dir: &Path,
-    errors: &mut Vec<String>,
-) -> BTreeMap<String, u64> {
-    let mut out = BTreeMap::new();
-    let names = match list_dir(dir) {
-        Ok(Some(n)) => n,
-        Ok(None) => return out,
-        Err(e) => {
-            errors.push(e.to_string());
-            return out;
-        }
-    };
-    for name in names {
-        let path: PathBuf = dir.join(&name);
-        match reader.read(&path) {
-            Ok(Some(text)) => match parse_counter(text) {
-                Some(CounterText::Value(v)) => {
-                    out.insert(name, v);
-                }
-                Some(CounterText::NotAvailable) => {}
-                // `lifespan` is a writable knob in hw_counters, not a counter.
-                None if name == "lifespan" => {}
-                None => {
-                    errors.push(ProbeError::parse(&path, text, "a decimal counter").to_string())
-                }
-            },
-            Ok(None) => {}
-            Err(e) => errors.push(e.to_string()),
+impl CounterGroup {
+    fn new(dir: PathBuf) -> Self {
+        Self {
+            dir,
+            stamp: None,
+            files: Vec::new(),
+            list_error: None,
+            values: Arc::new(BTreeMap::new()),
+            errors: Vec::new(),
         }
     }
-    out
+
+    fn open(&mut self, stamp: Option<DirStamp>) {
+        self.stamp = stamp;
+        self.list_error = None;
+        self.files = match list_dir(&self.dir) {
+            Ok(Some(listing)) => listing
+                .names
+                .into_iter()
+                .map(|name| {
+                    let attr = Attr::open(self.dir.join(&name));
+                    (name, attr)
+                })
+                .collect(),
+            Ok(None) => Vec::new(),
+            Err(e) => {
+                self.list_error = Some(e.to_string());
+                Vec::new()
+            }
+        };
+        let names: Vec<&String> = self.files.iter().map(|(n, _)| n).collect();
+        Arc::make_mut(&mut self.values).retain(|k, _| names.contains(&k));
+    }
+
+    /// Re-read every counter, updating the values in place (no allocation once the names
+    /// are known and the previous report has been dropped).
+    fn read(&mut self, buf: &mut AttrBuf, gone: &mut bool) {
+        let stamp = DirStamp::of(&self.dir);
+        if self.stamp.is_none() || stamp != self.stamp {
+            self.open(stamp);
+        }
+        self.errors.clear();
+        if let Some(e) = &self.list_error {
+            self.errors.push(e.clone());
+        }
+        let values = Arc::make_mut(&mut self.values);
+        for (name, attr) in &self.files {
+            let value = match attr.read(buf) {
+                Ok(Some(text)) => match parse_counter(text) {
+                    Some(CounterText::Value(v)) => Some(v),
+                    Some(CounterText::NotAvailable) => None,
+                    // `lifespan` is a writable knob in hw_counters, not a counter.
+                    None if name == "lifespan" => None,
+                    None => {
+                        self.errors.push(
+                            ProbeError::parse(attr.path(), text, "a decimal counter").to_string(),
+                        );
+                        None
+                    }
+                },
+                Ok(None) => None,
+                Err(e) => {
+                    *gone |= e.is_gone();
+                    self.errors.push(e.to_string());
+                    None
+                }
+            };
+            match (value, values.get_mut(name.as_str())) {
+                (Some(v), Some(slot)) => *slot = v,
+                (Some(v), None) => {
+                    values.insert(name.clone(), v);
+                }
+                (None, Some(_)) => {
+                    values.remove(name.as_str());
+                }
+                (None, None) => {}
+            }
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sysfs_io::AttrReader;
 
     /// rxe0 in a real guest: `fw_ver` holds just "\n". That must not block the device.
     #[test]
@@ -436,6 +862,63 @@ mod tests {
                 code: 1,
                 name: "CA".into()
             })
+        );
+    }
+
+    #[test]
+    fn pci_addresses_are_recognised() {
+        for good in ["0000:3b:00.0", "0000:00:1f.7", "10000:01:00.0"] {
+            assert!(is_pci_address(good), "{good}");
+        }
+        for bad in [
+            "mlx5_core.sf.2",
+            "pci0000:00",
+            "0000:3b:00",
+            "0000:3b:00.8",
+            "0000:3b:0.0",
+            "0000:3b:00.0:1",
+            "",
+        ] {
+            assert!(!is_pci_address(bad), "{bad}");
+        }
+    }
+
+    /// The three outcomes of resolving a `device` link: none (software device), a PCI
+    /// function at or above the target, and a target outside any PCI function.
+    #[test]
+    fn device_links_resolve_to_the_pci_function_or_say_why_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let sys = dir.path().join("sys");
+        let roots = Roots::new(&sys, dir.path().join("proc"));
+        let mk = |rel: &str| fs::create_dir_all(sys.join(rel)).unwrap();
+        mk("devices/virtual/infiniband/rxe0");
+        mk("devices/pci0000:00/0000:00:01.0/0000:3b:00.0/mlx5_core.sf.4/infiniband/mlx5_4");
+        mk("devices/platform/HISI00D1:00/infiniband/hns_0");
+        let link = |target: &str, at: &str| {
+            std::os::unix::fs::symlink(target, sys.join(at).join("device")).unwrap();
+            sys.join(at).join("device")
+        };
+        let none = sys.join("devices/virtual/infiniband/rxe0/device");
+        assert_eq!(resolve_pci_function(&roots, &none), Ok(None));
+
+        let sf = link(
+            "../../../mlx5_core.sf.4",
+            "devices/pci0000:00/0000:00:01.0/0000:3b:00.0/mlx5_core.sf.4/infiniband/mlx5_4",
+        );
+        let function = resolve_pci_function(&roots, &sf).unwrap().unwrap();
+        assert!(
+            function.ends_with("0000:00:01.0/0000:3b:00.0"),
+            "{function:?}"
+        );
+
+        let platform = link("../..", "devices/platform/HISI00D1:00/infiniband/hns_0");
+        let why = resolve_pci_function(&roots, &platform).unwrap_err();
+        assert!(
+            why.contains(
+                "resolves to devices/platform/HISI00D1:00, which is not inside a PCI \
+                          function; the HCA's PCIe link cannot be checked"
+            ),
+            "{why}"
         );
     }
 

@@ -129,7 +129,7 @@ pub fn probe(roots: &Roots) -> LustreClient {
 
 fn read_import(roots: &Roots, dir: &Path, kind: &str, device: String) -> Import {
     let path = dir.join(&device).join("import");
-    let (fields, error) = match std::fs::read_to_string(&path) {
+    let (fields, error) = match crate::sysfs_io::read_to_string(&path) {
         Ok(text) => (parse_import(&text), None),
         Err(e) => (
             ImportFields::default(),
@@ -142,13 +142,14 @@ fn read_import(roots: &Roots, dir: &Path, kind: &str, device: String) -> Import 
         .map(|t| t.strip_suffix("_UUID").unwrap_or(t).to_owned())
         .unwrap_or_else(|| target_from_device(&device, kind));
     let fsname = target.rsplit_once('-').map(|(fs, _)| fs.to_owned());
-    let active = std::fs::read_to_string(roots.sys(format!("fs/lustre/{kind}/{device}/active")))
-        .ok()
-        .and_then(|s| match s.trim() {
-            "1" => Some(true),
-            "0" => Some(false),
-            _ => None,
-        });
+    let active =
+        crate::sysfs_io::read_to_string(&roots.sys(format!("fs/lustre/{kind}/{device}/active")))
+            .ok()
+            .and_then(|s| match s.trim() {
+                "1" => Some(true),
+                "0" => Some(false),
+                _ => None,
+            });
     let healthy = fields
         .state
         .as_deref()
@@ -177,7 +178,7 @@ fn target_from_device(device: &str, kind: &str) -> String {
 /// First readable file of `paths`; a missing file is skipped silently, others are recorded.
 fn read_first(paths: &[PathBuf], errors: &mut Vec<String>) -> Option<String> {
     for path in paths {
-        match std::fs::read_to_string(path) {
+        match crate::sysfs_io::read_to_string(path) {
             Ok(text) => return Some(text),
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => errors.push(format!("cannot read {}: {e}", path.display())),

@@ -11,9 +11,10 @@ pub mod mountinfo;
 pub mod statfs;
 
 use crate::Roots;
-use mountinfo::{MountEntry, MountTable};
+use mountinfo::{MountEntry, MountTable, MountTableFile};
 use serde::Serialize;
 use statfs::{LL_SUPER_MAGIC, Outcome, StatfsInfo, StatfsPool};
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -193,6 +194,8 @@ impl StorageReport {
 pub struct StorageProber {
     config: StorageConfig,
     pool: StatfsPool,
+    /// The mount table, re-parsed only when the kernel says it changed.
+    mountinfo: MountTableFile,
 }
 
 struct Target {
@@ -205,6 +208,7 @@ impl StorageProber {
         Self {
             config,
             pool: StatfsPool::new(),
+            mountinfo: MountTableFile::default(),
         }
     }
 
@@ -222,9 +226,8 @@ impl StorageProber {
     pub fn probe(&mut self, roots: &Roots) -> StorageReport {
         let mut report = StorageReport::default();
         let mountinfo_path = roots.proc("self/mountinfo");
-        let table = match std::fs::read_to_string(&mountinfo_path) {
-            Ok(text) => {
-                let table = MountTable::parse(&text);
+        let table_arc = match self.mountinfo.table(&mountinfo_path) {
+            Ok(table) => {
                 for bad in &table.bad_lines {
                     report
                         .errors
@@ -240,11 +243,13 @@ impl StorageProber {
                 None
             }
         };
-        report.mount_table_entries = table.as_ref().map_or(0, |t| t.entries.len());
+        let table: Option<&MountTable> = table_arc.as_deref();
+        report.mount_table_entries = table.map_or(0, MountTable::len);
+        let index = table.map(MountTable::index);
 
-        let targets = self.targets(table.as_ref());
+        let targets = self.targets(table);
         let mut statfs_paths: Vec<PathBuf> = Vec::new();
-        let mut pending: Vec<(usize, MountEntry)> = Vec::new();
+        let mut pending: Vec<(usize, MountEntry<'_>)> = Vec::new();
         for (i, target) in targets.iter().enumerate() {
             let spec = &target.spec;
             let mut m = MountReport {
@@ -261,7 +266,7 @@ impl StorageProber {
                 capacity: None,
                 statfs_seconds: None,
             };
-            let Some(table) = table.as_ref() else {
+            let (Some(table), Some(index)) = (table, index.as_ref()) else {
                 m.message = format!(
                     "cannot tell whether it is mounted: the mount table {} is unreadable",
                     mountinfo_path.display()
@@ -269,17 +274,17 @@ impl StorageProber {
                 report.mounts.push(m);
                 continue;
             };
-            let Some(entry) = table.find(&spec.path) else {
+            let Some(entry) = index.find(&spec.path) else {
                 m.status = MountStatus::Missing;
                 m.message = missing_message(spec, table, &mountinfo_path);
                 report.mounts.push(m);
                 continue;
             };
-            m.fstype = Some(entry.fstype.clone());
-            m.source = Some(entry.source.clone());
+            m.fstype = Some(entry.fstype.to_owned());
+            m.source = Some(entry.source.to_owned());
             m.read_only = Some(entry.is_read_only());
             if entry.fstype == "lustre" {
-                m.lustre_fsname = lustre::fsname_from_source(&entry.source);
+                m.lustre_fsname = lustre::fsname_from_source(entry.source);
             }
             if let Some(want) = spec.fstype.as_deref().filter(|w| *w != entry.fstype) {
                 m.status = MountStatus::WrongType;
@@ -292,7 +297,7 @@ impl StorageProber {
             }
             report.mounts.push(m);
             statfs_paths.push(spec.path.clone());
-            pending.push((i, entry.clone()));
+            pending.push((i, entry));
         }
 
         let timeout = self.config.statfs_timeout;
@@ -310,20 +315,19 @@ impl StorageProber {
     /// the same path), then the Lustre mounts found when `all_lustre` is on.
     fn targets(&self, table: Option<&MountTable>) -> Vec<Target> {
         let mut out: Vec<Target> = Vec::new();
-        let mut seen: Vec<PathBuf> = Vec::new();
+        // A set, not pairwise comparison: 10,000 Lustre mounts must not cost 10,000².
+        let mut seen: HashSet<PathBuf> = HashSet::new();
         let mut ordered: Vec<&MountSpec> = self.config.required.iter().collect();
         // Stable sort: Lustre specs first only for the dedup decision, then restore order.
         ordered.sort_by_key(|s| !s.is_lustre());
-        let mut keep: Vec<&MountSpec> = Vec::new();
+        let mut keep: HashSet<*const MountSpec> = HashSet::new();
         for spec in ordered {
-            let key = mountinfo::normalize(&spec.path);
-            if !seen.contains(&key) {
-                seen.push(key);
-                keep.push(spec);
+            if seen.insert(mountinfo::normalize(&spec.path)) {
+                keep.insert(std::ptr::from_ref(spec));
             }
         }
         for spec in &self.config.required {
-            if keep.iter().any(|k| std::ptr::eq(*k, spec)) {
+            if keep.contains(&std::ptr::from_ref(spec)) {
                 out.push(Target {
                     spec: spec.clone(),
                     required: true,
@@ -334,15 +338,14 @@ impl StorageProber {
             && let Some(table) = table
         {
             for entry in table.of_type("lustre") {
-                let key = mountinfo::normalize(&entry.mount_point);
+                // The kernel prints canonical mount points: no normalising needed.
                 // The same point may appear twice when over-mounted; check the visible one.
-                if seen.contains(&key) {
+                if !seen.insert(entry.mount_point.to_owned()) {
                     continue;
                 }
-                seen.push(key);
                 out.push(Target {
                     spec: MountSpec::lustre(
-                        entry.mount_point.clone(),
+                        entry.mount_point.to_owned(),
                         self.config.lustre_min_free_percent,
                     ),
                     required: false,
@@ -375,7 +378,7 @@ fn missing_message(spec: &MountSpec, table: &MountTable, mountinfo: &Path) -> St
 fn judge(
     m: &mut MountReport,
     spec: &MountSpec,
-    entry: &MountEntry,
+    entry: &MountEntry<'_>,
     outcome: Outcome,
     timeout: Duration,
 ) {

@@ -1,82 +1,218 @@
-//! `/proc/<pid>/mountinfo`: a pure parser over text, plus the lookups the probe needs.
+//! `/proc/<pid>/mountinfo`: a pure parser over bytes, plus the lookups the probe needs.
 //!
 //! Line format (proc(5)):
 //! `36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 - ext3 /dev/root rw,errors=continue`
 //! The kernel escapes space, tab, newline and backslash in paths as `\040`, `\011`, `\012`,
-//! `\134`; they are decoded here, byte for byte, so non-UTF-8 paths survive.
+//! `\134` and prints every other byte as it is, so a path may hold any byte sequence (UTF-8
+//! or not). Paths are decoded byte for byte into `OsStr`; the other fields are text (bytes
+//! that are not UTF-8 there are replaced and the line is still used). A line that does not
+//! have the fields of a mount is reported and skipped; the rest of the table is used.
+//!
+//! The table is one buffer: entries are spans into it, so parsing allocates nothing per line
+//! (2,000 lines in well under a millisecond).
 
-use std::ffi::OsString;
-use std::os::unix::ffi::OsStringExt;
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::fs::File;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
 
-/// One mount, as the kernel lists it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MountEntry {
+/// One mount, as the kernel lists it (borrowed from its [`MountTable`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MountEntry<'a> {
     pub mount_id: u32,
     pub parent_id: u32,
     /// `major:minor` of the device (`0:52`).
-    pub device: String,
+    pub device: &'a str,
     /// Root of the mount within its file system (`/` unless a bind mount of a subtree).
-    pub root: PathBuf,
-    pub mount_point: PathBuf,
-    /// Per-mount options (`rw,relatime`).
-    pub mount_options: Vec<String>,
-    /// `shared:1`, `master:2`, ...
-    pub optional_fields: Vec<String>,
-    pub fstype: String,
-    pub source: String,
-    /// Per-superblock options (`rw,flock,lazystatfs`).
-    pub super_options: Vec<String>,
+    pub root: &'a Path,
+    pub mount_point: &'a Path,
+    /// Per-mount options, comma-separated as printed (`rw,relatime`).
+    pub mount_options: &'a str,
+    /// `shared:1 master:2 ...`, space-separated as printed.
+    pub optional_fields: &'a str,
+    pub fstype: &'a str,
+    pub source: &'a str,
+    /// Per-superblock options, comma-separated (`rw,flock,lazystatfs`).
+    pub super_options: &'a str,
 }
 
-impl MountEntry {
+impl<'a> MountEntry<'a> {
     /// Mounted read-only, per mount or per superblock.
     pub fn is_read_only(&self) -> bool {
         self.mount_options
-            .iter()
-            .chain(&self.super_options)
+            .split(',')
+            .chain(self.super_options.split(','))
             .any(|o| o == "ro")
     }
+
+    /// The per-mount options one by one.
+    pub fn mount_options(&self) -> impl Iterator<Item = &'a str> + 'a {
+        self.mount_options.split(',').filter(|o| !o.is_empty())
+    }
+
+    /// The per-superblock options one by one.
+    pub fn super_options(&self) -> impl Iterator<Item = &'a str> + 'a {
+        self.super_options.split(',').filter(|o| !o.is_empty())
+    }
+
+    /// The optional fields one by one (`shared:1`, `master:2`).
+    pub fn optional_fields(&self) -> impl Iterator<Item = &'a str> + 'a {
+        self.optional_fields.split(' ').filter(|o| !o.is_empty())
+    }
+}
+
+/// A byte range in the table's buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+struct Span {
+    start: u32,
+    end: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Spans {
+    mount_id: u32,
+    parent_id: u32,
+    device: Span,
+    root: Span,
+    mount_point: Span,
+    mount_options: Span,
+    optional_fields: Span,
+    fstype: Span,
+    source: Span,
+    super_options: Span,
 }
 
 /// The parsed table, in kernel order (later entries stack on top of earlier ones).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct MountTable {
-    pub entries: Vec<MountEntry>,
+    /// The file as read, then decoded fields appended after it.
+    buf: Vec<u8>,
+    spans: Vec<Spans>,
     /// Lines that could not be parsed: `line N: why`. The rest of the table is still used.
     pub bad_lines: Vec<String>,
 }
 
+/// Longest table parsed (10,000 mounts take about 2 MB); spans are `u32`, and decoded copies
+/// at most triple the size. A larger file is cut there (and reported).
+pub const MAX_TABLE_BYTES: usize = 256 * 1024 * 1024;
+
 impl MountTable {
     /// Parse the whole file; bad lines are recorded, not fatal.
-    pub fn parse(text: &str) -> Self {
-        let mut table = Self::default();
-        for (i, line) in text.lines().enumerate() {
-            if line.trim().is_empty() {
-                continue;
-            }
-            match parse_line(line) {
-                Ok(entry) => table.entries.push(entry),
-                Err(why) => table.bad_lines.push(format!("line {}: {why}", i + 1)),
-            }
-        }
-        table
+    pub fn parse(text: impl AsRef<[u8]>) -> Self {
+        Self::from_bytes(text.as_ref().to_vec())
     }
 
-    /// The mount visible at exactly `path` (the last one stacked there).
-    pub fn find(&self, path: &Path) -> Option<&MountEntry> {
+    /// Parse a file read into `buf` (no copy).
+    pub fn from_bytes(mut buf: Vec<u8>) -> Self {
+        let mut bad_lines = Vec::new();
+        if buf.len() > MAX_TABLE_BYTES {
+            buf.truncate(MAX_TABLE_BYTES);
+            bad_lines.push(format!(
+                "the table is longer than {MAX_TABLE_BYTES} bytes; the rest is ignored"
+            ));
+        }
+        let input_len = buf.len();
+        let mut spans = Vec::with_capacity(input_len / 128);
+        let mut start = 0usize;
+        let mut line_no = 0usize;
+        while start < input_len {
+            line_no += 1;
+            let end = memchr(b'\n', &buf[start..input_len]).map_or(input_len, |i| start + i);
+            let line = start..end;
+            start = end + 1;
+            if buf[line.clone()].iter().all(u8::is_ascii_whitespace) {
+                continue;
+            }
+            match parse_line(&mut buf, line) {
+                Ok(s) => spans.push(s),
+                Err(why) => bad_lines.push(format!("line {line_no}: {why}")),
+            }
+        }
+        Self {
+            buf,
+            spans,
+            bad_lines,
+        }
+    }
+
+    /// Number of entries.
+    pub fn len(&self) -> usize {
+        self.spans.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.spans.is_empty()
+    }
+
+    fn bytes(&self, s: Span) -> &[u8] {
+        &self.buf[s.start as usize..s.end as usize]
+    }
+
+    /// Text fields were made valid UTF-8 when parsed.
+    fn str(&self, s: Span) -> &str {
+        std::str::from_utf8(self.bytes(s)).unwrap_or("")
+    }
+
+    fn path(&self, s: Span) -> &Path {
+        Path::new(OsStr::from_bytes(self.bytes(s)))
+    }
+
+    fn entry(&self, s: &Spans) -> MountEntry<'_> {
+        MountEntry {
+            mount_id: s.mount_id,
+            parent_id: s.parent_id,
+            device: self.str(s.device),
+            root: self.path(s.root),
+            mount_point: self.path(s.mount_point),
+            mount_options: self.str(s.mount_options),
+            optional_fields: self.str(s.optional_fields),
+            fstype: self.str(s.fstype),
+            source: self.str(s.source),
+            super_options: self.str(s.super_options),
+        }
+    }
+
+    /// Every entry, in table order.
+    pub fn entries(&self) -> impl DoubleEndedIterator<Item = MountEntry<'_>> + ExactSizeIterator {
+        self.spans.iter().map(|s| self.entry(s))
+    }
+
+    /// The entry at `index` in table order.
+    pub fn get(&self, index: usize) -> Option<MountEntry<'_>> {
+        self.spans.get(index).map(|s| self.entry(s))
+    }
+
+    /// The mount visible at exactly `path` (the last one stacked there). Linear; for many
+    /// lookups use [`MountTable::index`].
+    pub fn find(&self, path: &Path) -> Option<MountEntry<'_>> {
         // The kernel prints canonical mount points, so only the query needs normalising
         // (Path equality already ignores repeated and trailing separators).
         let want = normalize(path);
-        self.entries.iter().rev().find(|e| e.mount_point == want)
+        self.entries().rev().find(|e| e.mount_point == want)
+    }
+
+    /// An index from mount point to the visible (last stacked) entry: O(n) to build, O(1)
+    /// per lookup.
+    pub fn index(&self) -> MountIndex<'_> {
+        let mut by_point: HashMap<&[u8], usize> = HashMap::with_capacity(self.spans.len());
+        for (i, s) in self.spans.iter().enumerate() {
+            by_point.insert(self.bytes(s.mount_point), i);
+        }
+        MountIndex {
+            table: self,
+            by_point,
+        }
     }
 
     /// The mount that holds `path` (longest mount point that is a prefix of it).
-    pub fn containing(&self, path: &Path) -> Option<&MountEntry> {
+    pub fn containing(&self, path: &Path) -> Option<MountEntry<'_>> {
         let want = normalize(path);
-        let mut best: Option<(usize, &MountEntry)> = None;
-        for e in &self.entries {
-            if !want.starts_with(&e.mount_point) {
+        let mut best: Option<(usize, MountEntry<'_>)> = None;
+        for e in self.entries() {
+            if !want.starts_with(e.mount_point) {
                 continue;
             }
             let depth = e.mount_point.components().count();
@@ -89,8 +225,27 @@ impl MountTable {
     }
 
     /// Every mount of the given file-system type, in table order.
-    pub fn of_type<'a>(&'a self, fstype: &'a str) -> impl Iterator<Item = &'a MountEntry> + 'a {
-        self.entries.iter().filter(move |e| e.fstype == fstype)
+    pub fn of_type<'a>(&'a self, fstype: &'a str) -> impl Iterator<Item = MountEntry<'a>> + 'a {
+        self.spans
+            .iter()
+            .filter(move |s| self.bytes(s.fstype) == fstype.as_bytes())
+            .map(|s| self.entry(s))
+    }
+}
+
+/// Mount point → visible entry, for many lookups in one table.
+#[derive(Debug)]
+pub struct MountIndex<'a> {
+    table: &'a MountTable,
+    by_point: HashMap<&'a [u8], usize>,
+}
+
+impl<'a> MountIndex<'a> {
+    /// The mount visible at exactly `path` (the last one stacked there).
+    pub fn find(&self, path: &Path) -> Option<MountEntry<'a>> {
+        let want = normalize(path);
+        let i = *self.by_point.get(want.as_os_str().as_bytes())?;
+        self.table.get(i)
     }
 }
 
@@ -109,100 +264,262 @@ pub fn normalize(path: &Path) -> PathBuf {
     out
 }
 
-fn parse_line(line: &str) -> Result<MountEntry, String> {
-    let (head, tail) = line
-        .split_once(" - ")
-        .ok_or_else(|| "no ' - ' separator before the file-system type".to_owned())?;
-    let mut fields = head.split(' ');
-    let mut next = |what: &str| {
-        fields
-            .next()
-            .filter(|f| !f.is_empty())
+fn memchr(needle: u8, hay: &[u8]) -> Option<usize> {
+    memchr::memchr(needle, hay)
+}
+
+/// Split off the next space-separated field of `buf[*pos..end]` (empty fields included).
+fn next_field(buf: &[u8], pos: &mut usize, end: usize) -> Option<std::ops::Range<usize>> {
+    if *pos > end {
+        return None;
+    }
+    let start = *pos;
+    let stop = memchr(b' ', &buf[start..end]).map_or(end, |i| start + i);
+    *pos = stop + 1;
+    Some(start..stop)
+}
+
+fn parse_line(buf: &mut Vec<u8>, line: std::ops::Range<usize>) -> Result<Spans, String> {
+    let end = line.end;
+    let mut pos = line.start;
+    let mut next = |buf: &Vec<u8>, what: &str| {
+        next_field(buf, &mut pos, end)
+            .filter(|r| !r.is_empty())
             .ok_or_else(|| format!("missing {what}"))
     };
-    let mount_id = parse_id(next("mount ID")?, "mount ID")?;
-    let parent_id = parse_id(next("parent ID")?, "parent ID")?;
-    let device = next("major:minor")?.to_owned();
-    let root = unescape_path(next("root")?);
-    let mount_point = unescape_path(next("mount point")?);
-    let mount_options = split_options(next("mount options")?);
-    let optional_fields = fields
-        .filter(|f| !f.is_empty())
-        .map(str::to_owned)
-        .collect();
-
-    // The source may be empty on some pseudo file systems, so split exactly three ways.
-    let mut rest = tail.splitn(3, ' ');
-    let fstype = rest
-        .next()
-        .filter(|f| !f.is_empty())
+    let mount_id = parse_id(&buf[next(buf, "mount ID")?], "mount ID")?;
+    let parent_id = parse_id(&buf[next(buf, "parent ID")?], "parent ID")?;
+    let device = next(buf, "major:minor")?;
+    let root = next(buf, "root")?;
+    let mount_point = next(buf, "mount point")?;
+    let mount_options = next(buf, "mount options")?;
+    // Optional fields up to the lone `-`.
+    let optional_start = pos;
+    let mut optional_end = pos;
+    loop {
+        let Some(f) = next_field(buf, &mut pos, end) else {
+            return Err("no ' - ' separator before the file-system type".to_owned());
+        };
+        if &buf[f.clone()] == b"-" {
+            break;
+        }
+        optional_end = f.end;
+    }
+    let optional_fields = optional_start..optional_end.max(optional_start);
+    let fstype = next_field(buf, &mut pos, end)
+        .filter(|r| !r.is_empty())
         .ok_or_else(|| "missing file-system type".to_owned())?;
-    let source = rest
-        .next()
-        .ok_or_else(|| "missing mount source".to_owned())?;
-    let super_options = split_options(rest.next().unwrap_or(""));
+    // The source may be empty on some pseudo file systems.
+    let source = next_field(buf, &mut pos, end).ok_or_else(|| "missing mount source".to_owned())?;
+    // The super options are the rest of the line (they hold no unescaped spaces).
+    let super_options = if pos <= end { pos..end } else { end..end };
 
-    Ok(MountEntry {
+    Ok(Spans {
         mount_id,
         parent_id,
-        device,
-        root,
-        mount_point,
-        mount_options,
-        optional_fields,
-        fstype: unescape_string(fstype),
-        source: unescape_string(source),
-        super_options,
+        device: text(buf, device),
+        root: decoded(buf, root),
+        mount_point: decoded(buf, mount_point),
+        mount_options: text(buf, mount_options),
+        optional_fields: text(buf, optional_fields),
+        fstype: text(buf, fstype),
+        source: text(buf, source),
+        super_options: text(buf, super_options),
     })
 }
 
-fn parse_id(s: &str, what: &str) -> Result<u32, String> {
-    s.parse()
-        .map_err(|_| format!("{what} {s:?} is not a number"))
+fn parse_id(s: &[u8], what: &str) -> Result<u32, String> {
+    let mut v: u32 = 0;
+    if s.is_empty() || s.len() > 10 {
+        return Err(format!(
+            "{what} {:?} is not a number",
+            s.escape_ascii().to_string()
+        ));
+    }
+    for &b in s {
+        if !b.is_ascii_digit() {
+            return Err(format!(
+                "{what} {:?} is not a number",
+                s.escape_ascii().to_string()
+            ));
+        }
+        v = v
+            .checked_mul(10)
+            .and_then(|v| v.checked_add(u32::from(b - b'0')))
+            .ok_or_else(|| format!("{what} {:?} is too large", s.escape_ascii().to_string()))?;
+    }
+    Ok(v)
 }
 
-fn split_options(s: &str) -> Vec<String> {
-    s.split(',')
-        .filter(|o| !o.is_empty())
-        .map(unescape_string)
-        .collect()
+fn span(r: std::ops::Range<usize>) -> Span {
+    // Bounded by MAX_TABLE_BYTES (plus decoded copies no longer than the input).
+    Span {
+        start: u32::try_from(r.start).unwrap_or(u32::MAX),
+        end: u32::try_from(r.end).unwrap_or(u32::MAX),
+    }
+}
+
+/// A path field: octal escapes decoded (into a copy appended to the buffer when there are
+/// any), bytes kept as they are.
+fn decoded(buf: &mut Vec<u8>, r: std::ops::Range<usize>) -> Span {
+    if memchr(b'\\', &buf[r.clone()]).is_none() {
+        return span(r);
+    }
+    let start = buf.len();
+    let mut i = r.start;
+    while i < r.end {
+        // Copy up to the next backslash in one go.
+        let next = memchr(b'\\', &buf[i..r.end]).map_or(r.end, |j| i + j);
+        buf.extend_from_within(i..next);
+        i = next;
+        if i >= r.end {
+            break;
+        }
+        if i + 3 < r.end && buf[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
+            let v = u32::from(buf[i + 1] - b'0') * 64
+                + u32::from(buf[i + 2] - b'0') * 8
+                + u32::from(buf[i + 3] - b'0');
+            if let Ok(byte) = u8::try_from(v) {
+                buf.push(byte);
+                i += 4;
+                continue;
+            }
+        }
+        buf.push(b'\\');
+        i += 1;
+    }
+    span(start..buf.len())
+}
+
+/// A text field: decoded like a path, then made valid UTF-8 (invalid bytes replaced).
+fn text(buf: &mut Vec<u8>, r: std::ops::Range<usize>) -> Span {
+    let s = decoded(buf, r);
+    let bytes = &buf[s.start as usize..s.end as usize];
+    if std::str::from_utf8(bytes).is_ok() {
+        return s;
+    }
+    let fixed = String::from_utf8_lossy(bytes).into_owned();
+    let start = buf.len();
+    buf.extend_from_slice(fixed.as_bytes());
+    span(start..buf.len())
 }
 
 /// Decode the kernel's `\ooo` octal escapes; a backslash not followed by three octal digits
 /// is kept as it is.
 pub fn unescape(s: &str) -> Vec<u8> {
-    let b = s.as_bytes();
-    if !b.contains(&b'\\') {
-        return b.to_vec();
-    }
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\'
-            && i + 3 < b.len()
-            && b[i + 1..=i + 3].iter().all(|c| (b'0'..=b'7').contains(c))
+    let mut buf = s.as_bytes().to_vec();
+    let len = buf.len();
+    let d = decoded(&mut buf, 0..len);
+    buf[d.start as usize..d.end as usize].to_vec()
+}
+
+/// `<procfs>/self/mountinfo` kept open between probes and re-parsed only when it changed.
+///
+/// The kernel flags a change of the mount namespace to every open `mountinfo` file: `poll`
+/// returns `POLLPRI` once after each change. A file that is not on procfs (a fixture) gives
+/// no such signal, so it is re-read on every probe.
+#[derive(Debug, Default)]
+pub struct MountTableFile {
+    open: Option<OpenTable>,
+    /// Times the table was read and parsed (for tests and benchmarks).
+    parses: u64,
+}
+
+#[derive(Debug)]
+struct OpenTable {
+    path: PathBuf,
+    file: File,
+    /// On procfs: `poll` says when the table changed.
+    pollable: bool,
+    table: Arc<MountTable>,
+}
+
+/// `PROC_SUPER_MAGIC`.
+const PROC_SUPER_MAGIC: u64 = 0x9fa0;
+
+impl MountTableFile {
+    /// The current table at `path`: the cached one when the kernel says nothing changed,
+    /// else read (bounded: regular files only, at most [`MAX_TABLE_BYTES`]) and parsed.
+    pub fn table(&mut self, path: &Path) -> io::Result<Arc<MountTable>> {
+        if let Some(open) = self.open.as_ref().filter(|o| o.path == path)
+            && open.pollable
+            && !changed(&open.file)
         {
-            let v = u32::from(b[i + 1] - b'0') * 64
-                + u32::from(b[i + 2] - b'0') * 8
-                + u32::from(b[i + 3] - b'0');
-            if let Ok(byte) = u8::try_from(v) {
-                out.push(byte);
-                i += 4;
-                continue;
-            }
+            return Ok(Arc::clone(&open.table));
         }
-        out.push(b[i]);
-        i += 1;
+        let reuse = self.open.take().filter(|o| o.path == path);
+        let (file, pollable) = match reuse {
+            Some(o) => (o.file, o.pollable),
+            None => {
+                let file = crate::sysfs_io::open_regular(path)
+                    .map_err(|e| io::Error::other(e.to_string()))?
+                    .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))?;
+                let pollable = rustix::fs::fstatfs(&file).is_ok_and(|s| is_proc(s.f_type));
+                (file, pollable)
+            }
+        };
+        let bytes = read_all(&file)?;
+        self.parses += 1;
+        let table = Arc::new(MountTable::from_bytes(bytes));
+        self.open = Some(OpenTable {
+            path: path.to_owned(),
+            file,
+            pollable,
+            table: Arc::clone(&table),
+        });
+        Ok(table)
     }
-    out
+
+    /// How many times the table was read and parsed.
+    pub fn parses(&self) -> u64 {
+        self.parses
+    }
 }
 
-fn unescape_path(s: &str) -> PathBuf {
-    PathBuf::from(OsString::from_vec(unescape(s)))
+/// `f_type` is a signed long (i32 on 32-bit targets): compare its low 32 bits.
+#[allow(clippy::useless_conversion)]
+fn is_proc(f_type: impl Into<i64>) -> bool {
+    (f_type.into() as u64) & 0xFFFF_FFFF == PROC_SUPER_MAGIC
 }
 
-fn unescape_string(s: &str) -> String {
-    String::from_utf8_lossy(&unescape(s)).into_owned()
+/// `POLLPRI` (or `POLLERR`) on a procfs `mountinfo`: the mount table changed since the last
+/// `poll`. A failing `poll` counts as a change.
+fn changed(file: &File) -> bool {
+    use rustix::event::{PollFd, PollFlags, Timespec, poll};
+    let mut fds = [PollFd::new(file, PollFlags::PRI)];
+    let zero = Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    match poll(&mut fds, Some(&zero)) {
+        Ok(_) => fds[0]
+            .revents()
+            .intersects(PollFlags::PRI | PollFlags::ERR | PollFlags::NVAL),
+        Err(_) => true,
+    }
+}
+
+/// The whole file from offset 0, at most [`MAX_TABLE_BYTES`] (+1, to see the cut).
+fn read_all(file: &File) -> io::Result<Vec<u8>> {
+    use std::os::unix::fs::FileExt;
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut len = 0usize;
+    loop {
+        if len == buf.len() {
+            if len > MAX_TABLE_BYTES {
+                break;
+            }
+            buf.resize((len * 2).min(MAX_TABLE_BYTES + 1), 0);
+        }
+        match file.read_at(&mut buf[len..], len as u64) {
+            Ok(0) => break,
+            Ok(n) => len += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    buf.truncate(len);
+    Ok(buf)
 }
 
 #[cfg(test)]
@@ -221,27 +538,30 @@ mod tests {
     fn parses_every_field() {
         let t = MountTable::parse(SAMPLE);
         assert!(t.bad_lines.is_empty(), "{:?}", t.bad_lines);
-        assert_eq!(t.entries.len(), 5);
-        let l = &t.entries[2];
+        assert_eq!(t.len(), 5);
+        let l = t.get(2).unwrap();
         assert_eq!(l.mount_id, 321);
         assert_eq!(l.parent_id, 25);
         assert_eq!(l.device, "0:52");
-        assert_eq!(l.root, PathBuf::from("/"));
-        assert_eq!(l.mount_point, PathBuf::from("/lustre/scratch"));
-        assert_eq!(l.mount_options, vec!["rw", "relatime"]);
-        assert_eq!(l.optional_fields, vec!["shared:180"]);
+        assert_eq!(l.root, Path::new("/"));
+        assert_eq!(l.mount_point, Path::new("/lustre/scratch"));
+        assert_eq!(
+            l.mount_options().collect::<Vec<_>>(),
+            vec!["rw", "relatime"]
+        );
+        assert_eq!(l.optional_fields().collect::<Vec<_>>(), vec!["shared:180"]);
         assert_eq!(l.fstype, "lustre");
         assert_eq!(l.source, "10.1.1.1@o2ib:10.1.1.2@o2ib:/scratch");
-        assert!(l.super_options.contains(&"flock".to_owned()));
+        assert!(l.super_options().any(|o| o == "flock"));
         assert!(!l.is_read_only());
-        assert!(t.entries[3].is_read_only());
+        assert!(t.get(3).unwrap().is_read_only());
     }
 
     #[test]
     fn decodes_octal_escapes_in_paths() {
         let t = MountTable::parse(SAMPLE);
-        let m = &t.entries[4];
-        assert_eq!(m.mount_point, PathBuf::from("/mnt/with space\ttab\nnl\\bs"),);
+        let m = t.get(4).unwrap();
+        assert_eq!(m.mount_point, Path::new("/mnt/with space\ttab\nnl\\bs"));
         assert!(t.find(Path::new("/mnt/with space\ttab\nnl\\bs")).is_some());
         assert_eq!(unescape(r"a\040b"), b"a b");
         assert_eq!(unescape(r"\011\012\134"), b"\t\n\\");
@@ -251,8 +571,10 @@ mod tests {
         assert_eq!(unescape(r"end\"), b"end\\");
         // Non-UTF-8 bytes survive in paths.
         let t = MountTable::parse("1 0 0:1 / /x\\377y rw - tmpfs none rw\n");
-        use std::os::unix::ffi::OsStrExt;
-        assert_eq!(t.entries[0].mount_point.as_os_str().as_bytes(), b"/x\xffy");
+        assert_eq!(
+            t.get(0).unwrap().mount_point.as_os_str().as_bytes(),
+            b"/x\xffy"
+        );
     }
 
     #[test]
@@ -286,7 +608,7 @@ mod tests {
         let t = MountTable::parse(
             "garbage\nx 1 0:1 / / rw - ext4 /dev/sda rw\n25 1 259:2 / / rw - ext4 /dev/sda rw\n",
         );
-        assert_eq!(t.entries.len(), 1);
+        assert_eq!(t.len(), 1);
         assert_eq!(t.bad_lines.len(), 2);
         assert!(t.bad_lines[0].starts_with("line 1:"), "{:?}", t.bad_lines);
         assert!(t.bad_lines[1].contains("mount ID"), "{:?}", t.bad_lines);
@@ -298,8 +620,53 @@ mod tests {
             "30 25 0:40 / /run/x rw - tmpfs  rw\n31 25 0:41 / /y rw - proc proc\n",
         );
         assert!(t.bad_lines.is_empty(), "{:?}", t.bad_lines);
-        assert_eq!(t.entries[0].source, "");
-        assert_eq!(t.entries[0].super_options, vec!["rw"]);
-        assert!(t.entries[1].super_options.is_empty());
+        assert_eq!(t.get(0).unwrap().source, "");
+        assert_eq!(t.get(0).unwrap().super_options, "rw");
+        assert!(t.get(1).unwrap().super_options.is_empty());
+    }
+
+    #[test]
+    fn a_fixture_table_is_re_read_on_every_probe() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("mountinfo");
+        std::fs::write(&path, "25 1 259:2 / / rw - ext4 /dev/sda rw\n").unwrap();
+        let mut file = MountTableFile::default();
+        assert_eq!(file.table(&path).unwrap().len(), 1);
+        std::fs::write(
+            &path,
+            "25 1 259:2 / / rw - ext4 /dev/sda rw\n30 25 0:52 / /x rw - tmpfs none rw\n",
+        )
+        .unwrap();
+        assert_eq!(file.table(&path).unwrap().len(), 2);
+        assert_eq!(file.parses(), 2);
+        let fifo = dir.path().join("fifo");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        assert!(made.is_ok_and(|s| s.success()));
+        let e = file.table(&fifo).unwrap_err().to_string();
+        assert!(e.contains("FIFO"), "{e}");
+        let e = file.table(&dir.path().join("none")).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::NotFound);
+    }
+
+    /// On procfs the table is parsed again only after `poll` says it changed. Other tests
+    /// may mount things meanwhile, so one of a few back-to-back pairs must hit the cache.
+    #[test]
+    fn the_live_table_is_reused_until_the_kernel_says_it_changed() {
+        let path = Path::new("/proc/self/mountinfo");
+        let mut file = MountTableFile::default();
+        let mut reused = false;
+        for _ in 0..5 {
+            let a = file.table(path).unwrap();
+            let b = file.table(path).unwrap();
+            if Arc::ptr_eq(&a, &b) {
+                reused = true;
+                break;
+            }
+        }
+        assert!(
+            reused,
+            "every read of /proc/self/mountinfo was parsed again"
+        );
+        assert!(file.open.as_ref().is_some_and(|o| o.pollable));
     }
 }

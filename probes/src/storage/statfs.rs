@@ -149,7 +149,10 @@ impl StatfsPool {
         }
 
         // One shared deadline: the probe as a whole waits `timeout`, not `timeout` per mount.
-        let deadline = Instant::now() + timeout;
+        let now = Instant::now();
+        let deadline = now
+            .checked_add(timeout)
+            .unwrap_or_else(|| now + Duration::from_secs(86_400));
         for i in waiting {
             let path = &paths[i];
             let Some(call) = self.in_flight.get(path) else {

@@ -3,6 +3,8 @@
 //! opens every device and queries every port (including down ones, which the `ibverbs`
 //! crate's `Device::open()` refuses).
 
+pub mod objects;
+pub mod rc;
 pub mod selftest;
 
 use super::{LinkLayer, PhysState, PortState, RdmaReport, VerbsDevice, VerbsPort, VerbsStatus};
@@ -229,6 +231,30 @@ fn mtu_bytes(mtu: sys::ibv_mtu::Type) -> u32 {
         1..=5 => 128 << mtu,
         _ => 0,
     }
+}
+
+/// The verbs MTU enum for a byte count (the largest MTU that fits), for `modify_qp`.
+pub(crate) fn mtu_enum(bytes: u32) -> sys::ibv_mtu::Type {
+    match bytes {
+        4096.. => sys::ibv_mtu::IBV_MTU_4096,
+        2048.. => sys::ibv_mtu::IBV_MTU_2048,
+        1024.. => sys::ibv_mtu::IBV_MTU_1024,
+        512.. => sys::ibv_mtu::IBV_MTU_512,
+        _ => sys::ibv_mtu::IBV_MTU_256,
+    }
+}
+
+/// The name of a work-completion status (`IBV_WC_RETRY_EXC_ERR` as libibverbs words it).
+pub(crate) fn wc_status_str(status: sys::ibv_wc_status::Type) -> String {
+    // SAFETY: ibv_wc_status_str returns a static NUL-terminated string for any value.
+    let p = unsafe { sys::ibv_wc_status_str(status) };
+    if p.is_null() {
+        return format!("status {status}");
+    }
+    // SAFETY: non-null, static, NUL-terminated.
+    unsafe { std::ffi::CStr::from_ptr(p) }
+        .to_string_lossy()
+        .into_owned()
 }
 
 /// Advice for an errno from opening a device, naming the device file.

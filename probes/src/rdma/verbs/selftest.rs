@@ -3,16 +3,16 @@
 //! timed. A port can be ACTIVE while this fails (no usable GID, RLIMIT_MEMLOCK too low to pin
 //! memory, a provider that cannot move data), which is exactly what it is for.
 //!
-//! Every verbs object is an RAII guard declared after what it depends on, so Rust's reverse
-//! drop order frees QPs before the CQ, the MR before the PD, and everything on every path.
+//! Every verbs object is a guard from [`super::objects`] whose constructor borrows its
+//! parents, so the borrow checker frees QPs before the CQ, the MR before the PD and the
+//! buffer, and everything on every path.
 
-use super::{Context, DeviceList};
+use super::objects::{Cq, Mr, Pd, Qp, query_gid};
+use super::{Context, DeviceList, mtu_enum, wc_status_str};
 use crate::rdma::{DeviceReport, GidType, LinkLayer, PortReport, RdmaReport, SelftestResult};
 use rdma_sys as sys;
 use std::io;
-use std::marker::PhantomData;
 use std::os::raw::c_int;
-use std::ptr;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
@@ -141,96 +141,6 @@ fn memlock_limit() -> String {
     }
 }
 
-/// The errno left by a verbs call that returned NULL; never "success".
-fn last_errno() -> io::Error {
-    let err = io::Error::last_os_error();
-    if err.raw_os_error() == Some(0) {
-        io::Error::from_raw_os_error(libc::EIO)
-    } else {
-        err
-    }
-}
-
-struct Pd<'c> {
-    ptr: *mut sys::ibv_pd,
-    _ctx: PhantomData<&'c Context<'c>>,
-}
-
-impl Drop for Pd<'_> {
-    fn drop(&mut self) {
-        // SAFETY: allocated by ibv_alloc_pd, freed once; everything using it was dropped
-        // first (declared later). A failure cannot be handled in Drop.
-        let _ = unsafe { sys::ibv_dealloc_pd(self.ptr) };
-    }
-}
-
-struct Cq<'c> {
-    ptr: *mut sys::ibv_cq,
-    _ctx: PhantomData<&'c Context<'c>>,
-}
-
-impl Drop for Cq<'_> {
-    fn drop(&mut self) {
-        // SAFETY: created by ibv_create_cq, destroyed once, after the QPs using it.
-        let _ = unsafe { sys::ibv_destroy_cq(self.ptr) };
-    }
-}
-
-struct Qp<'p> {
-    ptr: *mut sys::ibv_qp,
-    _pd: PhantomData<&'p Pd<'p>>,
-}
-
-impl Qp<'_> {
-    fn num(&self) -> u32 {
-        // SAFETY: `ptr` is a live QP; qp_num is set by ibv_create_qp.
-        unsafe { (*self.ptr).qp_num }
-    }
-
-    fn modify(
-        &self,
-        step: &'static str,
-        attr: &mut sys::ibv_qp_attr,
-        mask: sys::ibv_qp_attr_mask,
-    ) -> Result<(), StepError> {
-        let mask = c_int::try_from(mask.0).unwrap_or(c_int::MAX);
-        // SAFETY: live QP, `attr` a valid, fully initialised attribute struct.
-        let rc = unsafe { sys::ibv_modify_qp(self.ptr, attr, mask) };
-        if rc != 0 {
-            return Err(StepError::os(step, &io::Error::from_raw_os_error(rc)));
-        }
-        Ok(())
-    }
-}
-
-impl Drop for Qp<'_> {
-    fn drop(&mut self) {
-        // SAFETY: created by ibv_create_qp, destroyed once; outstanding WRs are flushed by
-        // the provider.
-        let _ = unsafe { sys::ibv_destroy_qp(self.ptr) };
-    }
-}
-
-struct Mr<'p> {
-    ptr: *mut sys::ibv_mr,
-    _pd: PhantomData<&'p Pd<'p>>,
-}
-
-impl Mr<'_> {
-    fn keys(&self) -> (u32, u32) {
-        // SAFETY: live MR; lkey/rkey are plain fields set at registration.
-        unsafe { ((*self.ptr).lkey, (*self.ptr).rkey) }
-    }
-}
-
-impl Drop for Mr<'_> {
-    fn drop(&mut self) {
-        // SAFETY: registered by ibv_reg_mr, deregistered once, before its PD and while the
-        // buffer (declared earlier) is still alive.
-        let _ = unsafe { sys::ibv_dereg_mr(self.ptr) };
-    }
-}
-
 /// How to address our own port: a GID index (RoCE, or IB with GRH) or the LID.
 #[derive(Debug, Clone, Copy)]
 struct Address {
@@ -301,187 +211,125 @@ fn run_port_inner(
             ),
         ));
     }
-    let addr = if attr.link_layer == LinkLayer::Ethernet {
-        let idx = pick_gid(port).ok_or_else(|| {
-            StepError::other(
-                "select_gid",
-                "select_gid: the port has no GID; RoCE needs an IP address on the port's netdev"
-                    .into(),
-            )
-        })?;
-        *gid_out = Some(idx);
-        Address {
-            gid_index: Some(u8::try_from(idx).map_err(|_| {
-                StepError::other("select_gid", format!("select_gid: GID index {idx} > 255"))
-            })?),
-            lid: 0,
-        }
-    } else {
-        Address {
-            gid_index: None,
-            lid: attr.lid,
-        }
-    };
+    let addr = address(port, &attr, gid_out)?;
 
-    // The buffer outlives the MR that pins it: declared first, dropped last.
+    // Each guard borrows what it depends on: the borrow checker frees them in order.
     let mut buf = vec![0u8; 4 * REGION];
-    let base = buf.as_mut_ptr();
-
-    // SAFETY: `ctx.ptr` is an open context; a non-null PD is owned by the guard.
-    let pd_ptr = unsafe { sys::ibv_alloc_pd(ctx.ptr) };
-    if pd_ptr.is_null() {
-        return Err(StepError::os("alloc_pd", &last_errno()));
-    }
-    let pd = Pd {
-        ptr: pd_ptr,
-        _ctx: PhantomData,
-    };
-
-    // SAFETY: open context; no completion channel; the CQ is owned by the guard.
-    let cq_ptr = unsafe { sys::ibv_create_cq(ctx.ptr, 16, ptr::null_mut(), ptr::null_mut(), 0) };
-    if cq_ptr.is_null() {
-        return Err(StepError::os("create_cq", &last_errno()));
-    }
-    let cq = Cq {
-        ptr: cq_ptr,
-        _ctx: PhantomData,
-    };
-
+    let pd = Pd::alloc(ctx).map_err(|e| StepError::os("alloc_pd", &e))?;
+    let cq = Cq::create(ctx, 16).map_err(|e| StepError::os("create_cq", &e))?;
     let access = sys::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE
         | sys::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE
         | sys::ibv_access_flags::IBV_ACCESS_REMOTE_READ;
-    let access_int = c_int::try_from(access.0).unwrap_or(0);
-    // SAFETY: `base` points to `buf.len()` bytes that stay alive (and unmoved: the Vec is
-    // never resized) until the MR guard, declared after `buf`, deregisters them.
-    let mr_ptr = unsafe { sys::ibv_reg_mr(pd.ptr, base.cast(), buf.len(), access_int) };
-    if mr_ptr.is_null() {
-        return Err(StepError::os("reg_mr", &last_errno()));
-    }
-    let mr = Mr {
-        ptr: mr_ptr,
-        _pd: PhantomData,
-    };
-    let (lkey, rkey) = mr.keys();
-
-    let create_qp = |step: &'static str| -> Result<Qp<'_>, StepError> {
-        // SAFETY: an all-zero ibv_qp_init_attr is valid (null pointers, zero caps).
-        let mut init: sys::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
-        init.send_cq = cq.ptr;
-        init.recv_cq = cq.ptr;
-        init.qp_type = sys::ibv_qp_type::IBV_QPT_RC;
-        init.cap.max_send_wr = 4;
-        init.cap.max_recv_wr = 4;
-        init.cap.max_send_sge = 1;
-        init.cap.max_recv_sge = 1;
-        // SAFETY: live PD and CQ; `init` fully initialised; the QP is owned by the guard.
-        let qp = unsafe { sys::ibv_create_qp(pd.ptr, &mut init) };
-        if qp.is_null() {
-            return Err(StepError::os(step, &last_errno()));
-        }
-        Ok(Qp {
-            ptr: qp,
-            _pd: PhantomData,
-        })
-    };
-    let qp_a = create_qp("create_qp")?;
-    let qp_b = create_qp("create_qp")?;
-
+    let access = c_int::try_from(access.0).unwrap_or(0);
+    let mut mr = Mr::register(&pd, &mut buf, access).map_err(|e| StepError::os("reg_mr", &e))?;
+    let qp_a = Qp::create_rc(&pd, &cq).map_err(|e| StepError::os("create_qp", &e))?;
+    let qp_b = Qp::create_rc(&pd, &cq).map_err(|e| StepError::os("create_qp", &e))?;
     for (me, peer) in [(&qp_a, qp_b.num()), (&qp_b, qp_a.num())] {
         connect(me, peer, num, &attr, addr, ctx)?;
     }
+    // Checked: a timeout too large for the clock waits "forever" instead of panicking.
+    let now = Instant::now();
+    let deadline = now
+        .checked_add(timeout)
+        .unwrap_or_else(|| now + Duration::from_secs(86_400));
+    write_and_send(&qp_a, &qp_b, &cq, &mut mr, deadline)
+}
 
+/// How to reach our own port: a RoCE port by a GID (recorded in `gid_out`), an InfiniBand
+/// port by its LID.
+fn address(
+    port: &PortReport,
+    attr: &crate::rdma::VerbsPort,
+    gid_out: &mut Option<u32>,
+) -> Result<Address, StepError> {
+    if attr.link_layer != LinkLayer::Ethernet {
+        return Ok(Address {
+            gid_index: None,
+            lid: attr.lid,
+        });
+    }
+    let idx = pick_gid(port).ok_or_else(|| {
+        StepError::other(
+            "select_gid",
+            "select_gid: the port has no GID; RoCE needs an IP address on the port's netdev".into(),
+        )
+    })?;
+    *gid_out = Some(idx);
+    let gid_index = u8::try_from(idx).map_err(|_| {
+        StepError::other("select_gid", format!("select_gid: GID index {idx} > 255"))
+    })?;
+    Ok(Address {
+        gid_index: Some(gid_index),
+        lid: 0,
+    })
+}
+
+/// Over two connected QPs: an RDMA WRITE of region 0 (via A) into region 1 (by rkey), timed,
+/// then a SEND of region 2 into a receive on B at region 3; both targets verified. Returns
+/// the WRITE's round trip.
+fn write_and_send(
+    qp_a: &Qp<'_>,
+    qp_b: &Qp<'_>,
+    cq: &Cq<'_>,
+    mr: &mut Mr<'_>,
+    deadline: Instant,
+) -> Result<Duration, StepError> {
     // Known patterns: distinct per region so a misdirected write cannot pass.
     let write_src: Vec<u8> = (0..REGION).map(|i| (i as u8) ^ 0xA5).collect();
     let send_src: Vec<u8> = (0..REGION)
         .map(|i| (i as u8).wrapping_mul(7) ^ 0x3C)
         .collect();
-    let region = |i: usize| base.wrapping_add(i * REGION);
-    // SAFETY: regions 0 and 2 lie inside `buf` (4 * REGION bytes) and do not overlap the
-    // sources, which are separate Vecs.
-    unsafe {
-        ptr::copy_nonoverlapping(write_src.as_ptr(), region(0), REGION);
-        ptr::copy_nonoverlapping(send_src.as_ptr(), region(2), REGION);
-    }
-    let sge = |i: usize| sys::ibv_sge {
-        addr: region(i) as u64,
-        length: REGION as u32,
-        lkey,
-    };
-
-    // The receive for the SEND, on B, into region 3.
-    let mut recv_sge = sge(3);
-    // SAFETY: an all-zero ibv_recv_wr is valid; fields set below.
-    let mut recv_wr: sys::ibv_recv_wr = unsafe { std::mem::zeroed() };
-    recv_wr.wr_id = WR_RECV;
-    recv_wr.sg_list = &mut recv_sge;
-    recv_wr.num_sge = 1;
-    let mut bad_recv: *mut sys::ibv_recv_wr = ptr::null_mut();
-    // SAFETY: live QP; the WR and its SGE live across the call; the target is registered.
-    let rc = unsafe { sys::ibv_post_recv(qp_b.ptr, &mut recv_wr, &mut bad_recv) };
-    if rc != 0 {
-        return Err(StepError::os(
-            "post_recv",
-            &io::Error::from_raw_os_error(rc),
+    if !(mr.write(0, &write_src) && mr.write(2 * REGION, &send_src)) {
+        return Err(StepError::other(
+            "verify",
+            "verify: buffer too small".into(),
         ));
     }
+    let len = REGION as u32;
+    let (_, rkey) = mr.keys();
+    let target = mr
+        .addr(REGION)
+        .ok_or_else(|| StepError::other("verify", "verify: buffer too small".into()))?;
 
-    let deadline = Instant::now() + timeout;
+    qp_b.post_recv(WR_RECV, mr, 3 * REGION, len)
+        .map_err(|e| StepError::os("post_recv", &e))?;
 
-    // RDMA WRITE region 0 (via A) into region 1 (B's side, by rkey); its completion needs
-    // the responder's ACK, so post-to-completion is a full round trip.
-    let mut write_sge = sge(0);
+    // The WRITE's completion needs the responder's ACK: post-to-completion is a round trip.
     let write_start = Instant::now();
-    post_send(
-        &qp_a,
-        WR_WRITE,
-        sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE,
-        &mut write_sge,
-        Some((region(1) as u64, rkey)),
-    )?;
-    poll_for(&cq, &[(WR_WRITE, "RDMA WRITE")], deadline)?;
+    qp_a.post_send(WR_WRITE, mr, 0, len, Some((target, rkey)))
+        .map_err(|e| StepError::os("post_send RDMA WRITE", &e))?;
+    poll_for(cq, &[(WR_WRITE, "RDMA WRITE")], deadline)?;
     let latency = write_start.elapsed();
 
-    let mut send_sge = sge(2);
-    post_send(
-        &qp_a,
-        WR_SEND,
-        sys::ibv_wr_opcode::IBV_WR_SEND,
-        &mut send_sge,
-        None,
-    )?;
+    qp_a.post_send(WR_SEND, mr, 2 * REGION, len, None)
+        .map_err(|e| StepError::os("post_send SEND", &e))?;
     // On loopback the receive side may complete before the sender sees its ACK.
-    poll_for(&cq, &[(WR_SEND, "SEND"), (WR_RECV, "RECV")], deadline)?;
+    poll_for(cq, &[(WR_SEND, "SEND"), (WR_RECV, "RECV")], deadline)?;
 
-    // SAFETY: the HCA is done with the buffer (all completions in); regions 1 and 3 are
-    // inside `buf`.
-    let (written, received) = unsafe {
+    // All completions are in: the HCA is done with the buffer.
+    for (offset, want, what) in [
         (
-            std::slice::from_raw_parts(region(1), REGION).to_vec(),
-            std::slice::from_raw_parts(region(3), REGION).to_vec(),
-        )
-    };
-    if written != write_src {
-        return Err(StepError::other(
-            "verify",
-            format!(
-                "verify: RDMA WRITE completed but the target holds different bytes \
-                 (first difference at offset {})",
-                first_diff(&written, &write_src)
-            ),
-        ));
+            REGION,
+            &write_src,
+            "RDMA WRITE completed but the target holds",
+        ),
+        (
+            3 * REGION,
+            &send_src,
+            "SEND completed but the receive buffer holds",
+        ),
+    ] {
+        let got = mr.read(offset, REGION).unwrap_or_default();
+        if got != *want {
+            return Err(StepError::other(
+                "verify",
+                format!(
+                    "verify: {what} different bytes (first difference at offset {})",
+                    first_diff(&got, want)
+                ),
+            ));
+        }
     }
-    if received != send_src {
-        return Err(StepError::other(
-            "verify",
-            format!(
-                "verify: SEND completed but the receive buffer holds different bytes \
-                 (first difference at offset {})",
-                first_diff(&received, &send_src)
-            ),
-        ));
-    }
-    drop((qp_b, qp_a, mr, cq, pd));
-    drop(buf);
     Ok(latency)
 }
 
@@ -513,10 +361,10 @@ fn connect(
         | sys::ibv_access_flags::IBV_ACCESS_REMOTE_READ)
         .0;
     qp.modify(
-        "modify_qp INIT",
         &mut a,
         m::IBV_QP_STATE | m::IBV_QP_PKEY_INDEX | m::IBV_QP_PORT | m::IBV_QP_ACCESS_FLAGS,
-    )?;
+    )
+    .map_err(|e| StepError::os("modify_qp INIT", &e))?;
 
     // SAFETY: as above.
     let mut a: sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
@@ -530,13 +378,7 @@ fn connect(
     a.ah_attr.port_num = port;
     a.ah_attr.sl = 0;
     if let Some(idx) = addr.gid_index {
-        // SAFETY: an all-zero ibv_gid is valid.
-        let mut gid: sys::ibv_gid = unsafe { std::mem::zeroed() };
-        // SAFETY: open context, valid out-pointer.
-        let rc = unsafe { sys::ibv_query_gid(ctx.ptr, port, c_int::from(idx), &mut gid) };
-        if rc != 0 {
-            return Err(StepError::os("query_gid", &last_errno()));
-        }
+        let gid = query_gid(ctx, port, idx).map_err(|e| StepError::os("query_gid", &e))?;
         a.ah_attr.is_global = 1;
         a.ah_attr.grh.dgid = gid;
         a.ah_attr.grh.sgid_index = idx;
@@ -546,7 +388,6 @@ fn connect(
         a.ah_attr.dlid = addr.lid;
     }
     qp.modify(
-        "modify_qp RTR",
         &mut a,
         m::IBV_QP_STATE
             | m::IBV_QP_AV
@@ -555,7 +396,8 @@ fn connect(
             | m::IBV_QP_RQ_PSN
             | m::IBV_QP_MAX_DEST_RD_ATOMIC
             | m::IBV_QP_MIN_RNR_TIMER,
-    )?;
+    )
+    .map_err(|e| StepError::os("modify_qp RTR", &e))?;
 
     // SAFETY: as above.
     let mut a: sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
@@ -567,7 +409,6 @@ fn connect(
     a.rnr_retry = 3;
     a.max_rd_atomic = 1;
     qp.modify(
-        "modify_qp RTS",
         &mut a,
         m::IBV_QP_STATE
             | m::IBV_QP_TIMEOUT
@@ -576,47 +417,7 @@ fn connect(
             | m::IBV_QP_SQ_PSN
             | m::IBV_QP_MAX_QP_RD_ATOMIC,
     )
-}
-
-fn mtu_enum(bytes: u32) -> sys::ibv_mtu::Type {
-    match bytes {
-        4096.. => sys::ibv_mtu::IBV_MTU_4096,
-        2048.. => sys::ibv_mtu::IBV_MTU_2048,
-        1024.. => sys::ibv_mtu::IBV_MTU_1024,
-        512.. => sys::ibv_mtu::IBV_MTU_512,
-        _ => sys::ibv_mtu::IBV_MTU_256,
-    }
-}
-
-fn post_send(
-    qp: &Qp<'_>,
-    wr_id: u64,
-    opcode: sys::ibv_wr_opcode::Type,
-    sge: &mut sys::ibv_sge,
-    remote: Option<(u64, u32)>,
-) -> Result<(), StepError> {
-    // SAFETY: an all-zero ibv_send_wr is valid (null next, no flags).
-    let mut wr: sys::ibv_send_wr = unsafe { std::mem::zeroed() };
-    wr.wr_id = wr_id;
-    wr.sg_list = sge;
-    wr.num_sge = 1;
-    wr.opcode = opcode;
-    wr.send_flags = sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
-    if let Some((remote_addr, rkey)) = remote {
-        wr.wr.rdma = sys::rdma_t { remote_addr, rkey };
-    }
-    let mut bad: *mut sys::ibv_send_wr = ptr::null_mut();
-    // SAFETY: live QP; `wr` and its SGE outlive the call; the SGE is in a registered MR.
-    let rc = unsafe { sys::ibv_post_send(qp.ptr, &mut wr, &mut bad) };
-    if rc != 0 {
-        let step = if opcode == sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE {
-            "post_send RDMA WRITE"
-        } else {
-            "post_send SEND"
-        };
-        return Err(StepError::os(step, &io::Error::from_raw_os_error(rc)));
-    }
-    Ok(())
+    .map_err(|e| StepError::os("modify_qp RTS", &e))
 }
 
 /// Poll the CQ until every completion in `want` (wr_id, name) has arrived, in any order.
@@ -624,14 +425,7 @@ fn poll_for(cq: &Cq<'_>, want: &[(u64, &str)], deadline: Instant) -> Result<(), 
     let mut missing: Vec<(u64, &str)> = want.to_vec();
     let mut empty_polls = 0u32;
     while !missing.is_empty() {
-        // SAFETY: an all-zero ibv_wc is valid as an out-parameter.
-        let mut wc: sys::ibv_wc = unsafe { std::mem::zeroed() };
-        // SAFETY: live CQ; room for exactly one completion.
-        let n = unsafe { sys::ibv_poll_cq(cq.ptr, 1, &mut wc) };
-        if n < 0 {
-            return Err(StepError::os("poll_cq", &io::Error::from_raw_os_error(-n)));
-        }
-        if n == 1 {
+        if let Some(wc) = cq.poll_one().map_err(|e| StepError::os("poll_cq", &e))? {
             let what = match wc.wr_id {
                 WR_WRITE => "RDMA WRITE",
                 WR_SEND => "SEND",
@@ -675,18 +469,6 @@ fn poll_for(cq: &Cq<'_>, want: &[(u64, &str)], deadline: Instant) -> Result<(), 
         }
     }
     Ok(())
-}
-
-fn wc_status_str(status: sys::ibv_wc_status::Type) -> String {
-    // SAFETY: ibv_wc_status_str returns a static NUL-terminated string for any value.
-    let p = unsafe { sys::ibv_wc_status_str(status) };
-    if p.is_null() {
-        return format!("status {status}");
-    }
-    // SAFETY: non-null, static, NUL-terminated.
-    unsafe { std::ffi::CStr::from_ptr(p) }
-        .to_string_lossy()
-        .into_owned()
 }
 
 /// Run the test on every port `select` picks, storing results in `PortReport.selftest`.

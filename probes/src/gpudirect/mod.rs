@@ -1,0 +1,410 @@
+//! GPUDirect RDMA readiness from sysfs and procfs: which NVIDIA GPUs the node has, the PCIe
+//! relation between each GPU and its nearest HCA (the rail map), the ACS control register of
+//! every bridge on each GPU–HCA path, whether the peer-memory (or DMA-BUF) path is usable, and
+//! the transport settings of the RDMA ports.
+//!
+//! Pure parsers live in [`pci`], [`modules`] and [`transport`]; this module does the reading,
+//! every path through [`Roots`].
+
+pub mod modules;
+pub mod pci;
+pub mod transport;
+
+use crate::Roots;
+use crate::rdma::RdmaReport;
+use crate::sysfs_io::{AttrReader, list_dir};
+use pci::{AcsState, PciPath, Relation};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::fs::{self, File};
+use std::io::{self, Read};
+use std::path::{Path, PathBuf};
+
+pub use transport::{Ecn, MtuSource, PortTransport};
+
+/// What the GPUDirect probe looks at.
+#[derive(Debug, Clone, Default)]
+pub struct GpudirectConfig {
+    /// Glob over RDMA device names that count as HCAs (the requirements' `rdma.devices`);
+    /// `None`: all.
+    pub hca_devices: Option<String>,
+}
+
+impl GpudirectConfig {
+    fn matcher(&self) -> Option<globset::GlobMatcher> {
+        globset::Glob::new(self.hca_devices.as_deref().unwrap_or("*"))
+            .ok()
+            .map(|g| g.compile_matcher())
+    }
+}
+
+/// One probe's GPUDirect facts.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct GpudirectReport {
+    /// NVIDIA GPUs (vendor 0x10de, display/3D class), in PCI address order.
+    pub gpus: Vec<Gpu>,
+    /// In-scope RDMA devices that sit on a PCI function, in name order.
+    pub hcas: Vec<Hca>,
+    /// Each GPU and its nearest HCA (at most `ceil(gpus / hcas)` GPUs share one HCA).
+    pub pairs: Vec<Pair>,
+    /// The worst relation over `pairs`.
+    pub worst_relation: Option<Relation>,
+    pub peermem: PeerMemory,
+    pub transport: Vec<PortTransport>,
+    pub errors: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Gpu {
+    /// `0000:18:00.0`
+    pub address: String,
+    /// PCI device ID (`0x2330`).
+    pub device: Option<String>,
+    /// PCI class (`0x030200`).
+    pub class: String,
+    pub numa_node: Option<u32>,
+    /// Below the sysfs root: `devices/pci0000:10/.../0000:18:00.0`.
+    pub path: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Hca {
+    pub name: String,
+    pub address: String,
+    pub numa_node: Option<u32>,
+    pub path: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Pair {
+    /// The GPU's PCI address.
+    pub gpu: String,
+    /// The RDMA device name (`mlx5_0`).
+    pub hca: String,
+    pub hca_address: String,
+    pub relation: Relation,
+    /// The GPU's NUMA node.
+    pub numa: Option<u32>,
+    pub hca_numa: Option<u32>,
+    /// Bridges and switch ports a peer-to-peer transfer crosses, GPU side first.
+    pub bridges: Vec<Bridge>,
+}
+
+impl Pair {
+    /// Bridges whose ACS control redirects peer-to-peer requests or completions.
+    pub fn redirecting_bridges(&self) -> impl Iterator<Item = &Bridge> {
+        self.bridges.iter().filter(|b| b.acs.redirects())
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Bridge {
+    pub address: String,
+    pub acs: AcsState,
+}
+
+/// How GPU memory can be registered with the HCA.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct PeerMemory {
+    /// `nvidia_peermem` or the legacy `nv_peer_mem`, when loaded.
+    pub module: Option<String>,
+    /// `Live`, `Loading`, `Unloading` (from `/proc/modules`; `Live` from `/sys/module`).
+    pub module_state: Option<String>,
+    /// Where the module was seen: `proc/modules` or `sys/module`.
+    pub module_source: Option<String>,
+    /// `/sys/kernel/mm/memory_peers/nv_mem*` exists (the MLNX_OFED peer-memory registry);
+    /// `None` when that registry is absent (inbox kernels).
+    pub registered: Option<bool>,
+    /// NVIDIA kernel driver version from `/proc/driver/nvidia/version`.
+    pub driver_version: Option<String>,
+    /// The open-source kernel modules (they export GPU memory as DMA-BUF).
+    pub open_kernel_modules: Option<bool>,
+    /// `/proc/sys/kernel/osrelease`.
+    pub kernel_release: Option<String>,
+    /// Open kernel modules >= 515 on Linux >= 5.12 (`ib_umem_dmabuf`).
+    pub dmabuf: bool,
+    /// `nvidia_peermem`, `nv_peer_mem`, `nv_mem` (a registered peer-memory client), `dma-buf`,
+    /// or `None` when GPUDirect RDMA cannot work.
+    pub method: Option<String>,
+}
+
+impl PeerMemory {
+    pub fn usable(&self) -> bool {
+        self.method.is_some()
+    }
+}
+
+/// Read everything; never fails as a whole (problems land in `errors`).
+pub fn probe(roots: &Roots, config: &GpudirectConfig, rdma: &RdmaReport) -> GpudirectReport {
+    let mut report = GpudirectReport::default();
+    let matcher = config.matcher();
+    let in_scope = |name: &str| matcher.as_ref().is_some_and(|m| m.is_match(name));
+    let mut reader = AttrReader::new();
+    let sys_root = fs::canonicalize(roots.sys("")).unwrap_or_else(|_| roots.sys(""));
+
+    let gpus = find_gpus(roots, &sys_root, &mut reader, &mut report.errors);
+    let mut hcas = Vec::new();
+    for dev in rdma.devices.iter().filter(|d| in_scope(&d.name)) {
+        let Some(pci) = &dev.pci else { continue };
+        let link = roots.sys("class/infiniband").join(&dev.name).join("device");
+        if let Some((rel, path)) = resolve(&sys_root, &link) {
+            hcas.push((
+                Hca {
+                    name: dev.name.clone(),
+                    address: pci.address.clone(),
+                    numa_node: pci.numa_node,
+                    path: rel,
+                },
+                path,
+            ));
+        }
+    }
+    report.pairs = pair_up(&gpus, &hcas);
+    let mut acs_cache: BTreeMap<String, AcsState> = BTreeMap::new();
+    for pair in &mut report.pairs {
+        let gpu_path = gpus
+            .iter()
+            .find(|(g, _)| g.address == pair.gpu)
+            .map(|(_, p)| p);
+        let hca_path = hcas
+            .iter()
+            .find(|(h, _)| h.name == pair.hca)
+            .map(|(_, p)| p);
+        for bridge in &mut pair.bridges {
+            if let Some(acs) = acs_cache.get(&bridge.address) {
+                bridge.acs = *acs;
+                continue;
+            }
+            let dir = [gpu_path, hca_path]
+                .into_iter()
+                .flatten()
+                .find_map(|p| dir_of(p, &bridge.address));
+            let acs = match dir {
+                Some(dir) => read_acs(&roots.sys(dir).join("config"), &mut report.errors),
+                None => AcsState::Unknown { bytes_read: 0 },
+            };
+            acs_cache.insert(bridge.address.clone(), acs);
+            bridge.acs = acs;
+        }
+    }
+    report.worst_relation = report.pairs.iter().map(|p| p.relation).max();
+    report.gpus = gpus.into_iter().map(|(g, _)| g).collect();
+    report.hcas = hcas.into_iter().map(|(h, _)| h).collect();
+    report.peermem = peer_memory(roots, &mut reader);
+    report.transport = transport::probe(roots, rdma, &in_scope);
+    report
+}
+
+/// `(path below the sysfs root, parsed)` of a device link, resolved like the kernel resolves
+/// it; `None` unless it lands on a PCI function under `devices/pci*`.
+fn resolve(sys_root: &Path, link: &Path) -> Option<(String, PciPath)> {
+    let real = fs::canonicalize(link).ok()?;
+    let rel = real.strip_prefix(sys_root).ok()?.to_str()?.to_owned();
+    let parsed = PciPath::parse(&rel)?;
+    Some((rel, parsed))
+}
+
+/// `devices/pci.../<address>` for a bridge on `path`.
+fn dir_of(path: &PciPath, address: &str) -> Option<PathBuf> {
+    let at = path.components.iter().position(|c| c == address)?;
+    let mut dir = PathBuf::from("devices");
+    dir.extend(&path.components[..=at]);
+    Some(dir)
+}
+
+fn find_gpus(
+    roots: &Roots,
+    sys_root: &Path,
+    reader: &mut AttrReader,
+    errors: &mut Vec<String>,
+) -> Vec<(Gpu, PciPath)> {
+    let dir = roots.sys("bus/pci/devices");
+    let names = match list_dir(&dir) {
+        Ok(Some(n)) => n,
+        Ok(None) => return Vec::new(),
+        Err(e) => {
+            errors.push(e.to_string());
+            return Vec::new();
+        }
+    };
+    let mut out = Vec::new();
+    for name in names.names.iter().filter(|n| pci::is_pci_address(n)) {
+        let dev = dir.join(name);
+        // Class first: most functions are not display controllers, one read rules them out.
+        let Some(class) =
+            reader.parsed(&dev.join("class"), "a hex class", errors, pci::parse_class)
+        else {
+            continue;
+        };
+        if (class >> 16) as u8 != pci::BASE_CLASS_DISPLAY {
+            continue;
+        }
+        let Some(vendor) = reader.parsed(
+            &dev.join("vendor"),
+            "a hex vendor ID",
+            errors,
+            pci::parse_hex_u16,
+        ) else {
+            continue;
+        };
+        if !pci::is_nvidia_gpu(vendor, class) {
+            continue;
+        }
+        let device = reader
+            .read(&dev.join("device"))
+            .ok()
+            .flatten()
+            .map(|s| s.trim().to_owned());
+        let numa_node = reader
+            .parsed(&dev.join("numa_node"), "an integer", errors, |s| {
+                s.trim().parse::<i64>().ok()
+            })
+            .and_then(|n| u32::try_from(n).ok());
+        let Some((rel, path)) = resolve(sys_root, &dev) else {
+            errors.push(format!(
+                "{}: does not resolve to a PCI function under devices/pci*",
+                dev.display()
+            ));
+            continue;
+        };
+        out.push((
+            Gpu {
+                address: name.clone(),
+                device,
+                class: format!("0x{class:06x}"),
+                numa_node,
+                path: rel,
+            },
+            path,
+        ));
+    }
+    out
+}
+
+/// Each GPU's nearest HCA: candidate pairs best relation first, each GPU taking one HCA, an
+/// HCA serving at most `ceil(gpus / hcas)` GPUs (so 8 GPUs and 8 HCAs form 8 rails and a far
+/// HCA shows up as such instead of two GPUs crowding a near one).
+fn pair_up(gpus: &[(Gpu, PciPath)], hcas: &[(Hca, PciPath)]) -> Vec<Pair> {
+    if hcas.is_empty() {
+        return Vec::new();
+    }
+    let capacity = gpus.len().div_ceil(hcas.len()).max(1);
+    let mut candidates = Vec::new();
+    for (gi, (g, gp)) in gpus.iter().enumerate() {
+        for (hi, (h, hp)) in hcas.iter().enumerate() {
+            let (rel, bridges) = pci::relation(gp, g.numa_node, hp, h.numa_node);
+            candidates.push((rel, bridges.len(), gi, hi, bridges));
+        }
+    }
+    candidates.sort_by_key(|a| (a.0, a.1, a.2, a.3));
+    let mut chosen: Vec<Option<Pair>> = vec![None; gpus.len()];
+    let mut load = vec![0usize; hcas.len()];
+    for (rel, _, gi, hi, bridges) in candidates {
+        if chosen[gi].is_some() || load[hi] >= capacity {
+            continue;
+        }
+        load[hi] += 1;
+        let (g, h) = (&gpus[gi].0, &hcas[hi].0);
+        chosen[gi] = Some(Pair {
+            gpu: g.address.clone(),
+            hca: h.name.clone(),
+            hca_address: h.address.clone(),
+            relation: rel,
+            numa: g.numa_node,
+            hca_numa: h.numa_node,
+            bridges: bridges
+                .into_iter()
+                .map(|address| Bridge {
+                    address,
+                    acs: AcsState::Unknown { bytes_read: 0 },
+                })
+                .collect(),
+        });
+    }
+    chosen.into_iter().flatten().collect()
+}
+
+/// Read at most 4096 bytes of a binary `config` file. An unprivileged read returns 64.
+fn read_acs(path: &Path, errors: &mut Vec<String>) -> AcsState {
+    match read_config(path) {
+        Ok(bytes) => pci::parse_acs(&bytes),
+        Err(e) => {
+            errors.push(format!("cannot read {}: {e}", path.display()));
+            AcsState::Unknown { bytes_read: 0 }
+        }
+    }
+}
+
+fn read_config(path: &Path) -> io::Result<Vec<u8>> {
+    let mut buf = Vec::with_capacity(pci::EXT_CFG_SPACE_SIZE);
+    File::open(path)?
+        .take(pci::EXT_CFG_SPACE_SIZE as u64)
+        .read_to_end(&mut buf)?;
+    Ok(buf)
+}
+
+/// How GPUDirect RDMA is enabled, from (in order): `/proc/modules` (else `/sys/module/<m>/
+/// initstate`) for `nvidia_peermem` / `nv_peer_mem`; `/sys/kernel/mm/memory_peers/nv_mem*`;
+/// `/proc/driver/nvidia/version` and `/proc/sys/kernel/osrelease` for DMA-BUF.
+fn peer_memory(roots: &Roots, reader: &mut AttrReader) -> PeerMemory {
+    let mut pm = PeerMemory::default();
+    let mut ignored = Vec::new();
+    const MODULES: [&str; 2] = ["nvidia_peermem", "nv_peer_mem"];
+    match reader.read(&roots.proc("modules")) {
+        Ok(Some(text)) => {
+            let lines = modules::parse_proc_modules(text);
+            if let Some(m) = MODULES
+                .iter()
+                .find_map(|want| lines.iter().find(|l| l.name == *want))
+            {
+                pm.module = Some(m.name.clone());
+                pm.module_state = Some(m.state.clone());
+                pm.module_source = Some("proc/modules".into());
+            }
+        }
+        _ => {
+            for m in MODULES {
+                let state =
+                    reader.string(&roots.sys("module").join(m).join("initstate"), &mut ignored);
+                if let Some(state) = state {
+                    pm.module = Some(m.to_owned());
+                    pm.module_state = Some(if state == "live" {
+                        "Live".to_owned()
+                    } else {
+                        state
+                    });
+                    pm.module_source = Some("sys/module".into());
+                    break;
+                }
+            }
+        }
+    }
+    if let Ok(Some(peers)) = list_dir(&roots.sys("kernel/mm/memory_peers")) {
+        pm.registered = Some(peers.names.iter().any(|p| p.starts_with("nv_mem")));
+    }
+    if let Ok(Some(text)) = reader.read(&roots.proc("driver/nvidia/version"))
+        && let Some(d) = modules::parse_nvidia_version(text)
+    {
+        pm.open_kernel_modules = Some(d.open);
+        pm.dmabuf = d.open && d.major().is_some_and(|m| m >= modules::DMABUF_MIN_DRIVER);
+        pm.driver_version = Some(d.version);
+    }
+    pm.kernel_release = reader.string(&roots.proc("sys/kernel/osrelease"), &mut ignored);
+    let kernel_ok = pm
+        .kernel_release
+        .as_deref()
+        .and_then(modules::parse_kernel_release)
+        .is_some_and(|k| k >= modules::DMABUF_MIN_KERNEL);
+    pm.dmabuf &= kernel_ok;
+    let live = pm.module_state.as_deref() == Some("Live");
+    pm.method = if live {
+        pm.module.clone()
+    } else if pm.registered == Some(true) {
+        Some("nv_mem".into())
+    } else if pm.dmabuf {
+        Some("dma-buf".into())
+    } else {
+        None
+    };
+    pm
+}

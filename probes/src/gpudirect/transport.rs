@@ -1,0 +1,157 @@
+//! Transport settings of each RDMA port: the active MTU, the RoCE netdev's MTU and the
+//! driver's ECN switches (mlx5: `class/net/<if>/ecn/roce_np/enable/<prio>` and
+//! `.../roce_rp/enable/<prio>`, priorities 0..7).
+
+use crate::Roots;
+use crate::rdma::{LinkLayer, RdmaReport};
+use crate::sysfs_io::{AttrReader, list_dir};
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// Bytes of RoCE v2 headers the kernel subtracts from the netdev MTU to get the largest RDMA
+/// MTU (`iboe_get_mtu` in `include/rdma/ib_addr.h`): GRH 40 + UDP 8 + BTH 12 + XRC 4 +
+/// AtomicETH 28 + ICRC 4.
+pub const ROCE_HEADER_BYTES: u32 = 40 + 8 + 12 + 4 + 28 + 4;
+
+/// The RDMA MTUs (`enum ib_mtu`), in bytes.
+pub const IB_MTUS: [u32; 5] = [256, 512, 1024, 2048, 4096];
+
+/// The largest RDMA MTU a RoCE netdev with this MTU carries (`iboe_get_mtu`); `None` below 256.
+pub fn roce_mtu_for_netdev(netdev_mtu: u32) -> Option<u32> {
+    let room = netdev_mtu.checked_sub(ROCE_HEADER_BYTES)?;
+    IB_MTUS.into_iter().rev().find(|m| *m <= room)
+}
+
+/// The smallest netdev MTU that carries `rdma_mtu`.
+pub fn netdev_mtu_for_roce(rdma_mtu: u32) -> u32 {
+    rdma_mtu.saturating_add(ROCE_HEADER_BYTES)
+}
+
+/// Where the active MTU came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MtuSource {
+    /// `ibv_query_port` `active_mtu`.
+    Verbs,
+    /// Derived from the RoCE netdev's MTU the way the kernel does (`--verbs off`).
+    Netdev,
+}
+
+/// ECN switches per priority, as the driver exposes them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Ecn {
+    /// Notification point (`roce_np/enable/<prio>`): marks CNPs back to the sender.
+    pub np: BTreeMap<u8, bool>,
+    /// Reaction point (`roce_rp/enable/<prio>`): slows down on CNPs.
+    pub rp: BTreeMap<u8, bool>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PortTransport {
+    pub device: String,
+    pub port: u32,
+    pub link_layer: Option<String>,
+    /// The port's netdev (RoCE), from its GID table.
+    pub netdev: Option<String>,
+    pub netdev_mtu: Option<u32>,
+    /// Bytes; `None` when unknown (InfiniBand with `--verbs off`: sysfs has no MTU file).
+    pub active_mtu: Option<u32>,
+    pub active_mtu_source: Option<MtuSource>,
+    /// `None` where the driver exposes no `ecn` folder (not mlx5, or not RoCE).
+    pub ecn: Option<Ecn>,
+    pub errors: Vec<String>,
+}
+
+/// Read the transport settings of every port of the devices `in_scope` accepts.
+pub fn probe(
+    roots: &Roots,
+    rdma: &RdmaReport,
+    in_scope: &dyn Fn(&str) -> bool,
+) -> Vec<PortTransport> {
+    let mut reader = AttrReader::new();
+    let mut out = Vec::new();
+    for dev in rdma.devices.iter().filter(|d| in_scope(&d.name)) {
+        for port in &dev.ports {
+            let mut t = PortTransport {
+                device: dev.name.clone(),
+                port: port.port,
+                link_layer: port.link_layer.as_ref().map(|l| l.name().to_owned()),
+                netdev: port.netdevs().first().map(|s| (*s).to_owned()),
+                netdev_mtu: None,
+                active_mtu: None,
+                active_mtu_source: None,
+                ecn: None,
+                errors: Vec::new(),
+            };
+            if let Some(nd) = t.netdev.clone() {
+                let dir = roots.sys("class/net").join(&nd);
+                t.netdev_mtu = reader.parsed(&dir.join("mtu"), "an MTU", &mut t.errors, |s| {
+                    s.trim().parse().ok()
+                });
+                t.ecn = read_ecn(&mut reader, &dir.join("ecn"), &mut t.errors);
+            }
+            if let Some(mtu) = port.verbs.as_ref().map(|v| v.active_mtu).filter(|m| *m > 0) {
+                t.active_mtu = Some(mtu);
+                t.active_mtu_source = Some(MtuSource::Verbs);
+            } else if port.link_layer == Some(LinkLayer::Ethernet)
+                && let Some(mtu) = t.netdev_mtu.and_then(roce_mtu_for_netdev)
+            {
+                t.active_mtu = Some(mtu);
+                t.active_mtu_source = Some(MtuSource::Netdev);
+            }
+            out.push(t);
+        }
+    }
+    out
+}
+
+fn read_ecn(
+    reader: &mut AttrReader,
+    dir: &std::path::Path,
+    errors: &mut Vec<String>,
+) -> Option<Ecn> {
+    match list_dir(dir) {
+        Ok(Some(_)) => {}
+        Ok(None) => return None,
+        Err(e) => {
+            errors.push(e.to_string());
+            return None;
+        }
+    }
+    let mut ecn = Ecn::default();
+    for (proto, map) in [("roce_np", &mut ecn.np), ("roce_rp", &mut ecn.rp)] {
+        for prio in 0u8..8 {
+            let path = dir.join(proto).join("enable").join(prio.to_string());
+            if let Some(on) = reader.parsed(&path, "0 or 1", errors, parse_switch) {
+                map.insert(prio, on);
+            }
+        }
+    }
+    Some(ecn)
+}
+
+/// `1` / `0`.
+pub fn parse_switch(s: &str) -> Option<bool> {
+    match s.trim() {
+        "1" => Some(true),
+        "0" => Some(false),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn roce_mtu_follows_the_kernel() {
+        assert_eq!(roce_mtu_for_netdev(9000), Some(4096));
+        assert_eq!(roce_mtu_for_netdev(4192), Some(4096));
+        assert_eq!(roce_mtu_for_netdev(4191), Some(2048));
+        assert_eq!(roce_mtu_for_netdev(1500), Some(1024));
+        assert_eq!(roce_mtu_for_netdev(300), None);
+        assert_eq!(netdev_mtu_for_roce(4096), 4192);
+        assert_eq!(parse_switch("1\n"), Some(true));
+        assert_eq!(parse_switch("on"), None);
+    }
+}

@@ -1,0 +1,112 @@
+//! The GPUDirect probe over a copy of the DGX-like fixture spoiled in the ways a real (or
+//! hostile) sysfs can be: garbage and non-UTF-8 attributes, a symlink loop, a huge `config`,
+//! vanished files. It must not panic, must record what it could not read, and must keep
+//! pairing the GPUs it can still see.
+
+use fabricgate_probes::gpudirect::pci::{AcsState, Relation};
+use fabricgate_probes::gpudirect::{self, GpudirectConfig};
+use fabricgate_probes::{Roots, rdma};
+use std::fs;
+use std::os::unix::fs::symlink;
+use std::path::Path;
+use std::process::Command;
+
+#[test]
+fn spoiled_tree_degrades_per_device_without_panicking() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/dgx-healthy");
+    let node = tmp.path().join("node");
+    assert!(
+        Command::new("cp")
+            .arg("-a")
+            .arg(&src)
+            .arg(&node)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let sys = node.join("sys");
+    let devices = sys.join("bus/pci/devices");
+    // GPU 0: non-UTF-8 class; GPU 1: garbage vendor.
+    fs::write(devices.join("0000:15:00.0/class"), b"\xff\xfe\n").unwrap();
+    fs::write(devices.join("0000:19:00.0/vendor"), "nvidia\n").unwrap();
+    // A link that loops on itself.
+    symlink("0000:ff:00.0", devices.join("0000:ff:00.0")).unwrap();
+    // GPU 2's HCA-side switch port: a 1 MiB config of 0xff.
+    let dsp = fs::canonicalize(devices.join("0000:34:01.0")).unwrap();
+    fs::write(dsp.join("config"), vec![0xffu8; 1 << 20]).unwrap();
+    // GPU 3's GPU-side switch port: config gone.
+    let dsp = fs::canonicalize(devices.join("0000:38:00.0")).unwrap();
+    fs::remove_file(dsp.join("config")).unwrap();
+    // GPU 4: no NUMA affinity.
+    fs::write(devices.join("0000:95:00.0/numa_node"), "-1\n").unwrap();
+    // Transport: a netdev without mtu, an ECN switch with garbage.
+    fs::remove_file(sys.join("class/net/enp22s0np0/mtu")).unwrap();
+    fs::write(sys.join("class/net/enp26s0np0/ecn/roce_np/enable/3"), "2\n").unwrap();
+    // Peer memory: an unreadable /proc/modules line set.
+    fs::write(node.join("proc/modules"), b"\x00\x01garbage\n").unwrap();
+
+    let roots = Roots::new(&sys, node.join("proc"));
+    let rdma = rdma::sysfs::probe(&roots);
+    let report = gpudirect::probe(&roots, &GpudirectConfig::default(), &rdma);
+
+    let gpus: Vec<&str> = report.gpus.iter().map(|g| g.address.as_str()).collect();
+    assert_eq!(
+        gpus,
+        [
+            "0000:35:00.0",
+            "0000:39:00.0",
+            "0000:95:00.0",
+            "0000:99:00.0",
+            "0000:b5:00.0",
+            "0000:b9:00.0"
+        ]
+    );
+    assert!(
+        report
+            .errors
+            .iter()
+            .any(|e| e.contains("0000:15:00.0/class")),
+        "{:?}",
+        report.errors
+    );
+    assert!(
+        report
+            .errors
+            .iter()
+            .any(|e| e.contains("0000:19:00.0/vendor"))
+    );
+    assert_eq!(report.pairs.len(), 6);
+    // The six GPUs still get their own switch's HCA.
+    assert!(report.pairs.iter().all(|p| p.relation == Relation::Pix));
+    let pair = |gpu: &str| report.pairs.iter().find(|p| p.gpu == gpu).unwrap();
+    // All-ones extended config space: no capabilities, not a redirect.
+    assert_eq!(pair("0000:35:00.0").bridges[2].acs, AcsState::Absent);
+    assert_eq!(
+        pair("0000:39:00.0").bridges[0].acs,
+        AcsState::Unknown { bytes_read: 0 }
+    );
+    assert!(
+        report
+            .errors
+            .iter()
+            .any(|e| e.contains("0000:38:00.0/config"))
+    );
+    assert_eq!(pair("0000:95:00.0").numa, None);
+    // A garbage /proc/modules is not "loaded"; the sysfs fallback is not used when it reads.
+    assert_eq!(report.peermem.method, None);
+    let t = |dev: &str| report.transport.iter().find(|t| t.device == dev).unwrap();
+    assert_eq!(
+        (t("mlx5_0").netdev_mtu, t("mlx5_0").active_mtu),
+        (None, None)
+    );
+    let ecn = t("mlx5_1").ecn.as_ref().unwrap();
+    assert_eq!(ecn.np.get(&3), None);
+    assert_eq!(ecn.np.get(&2), Some(&true));
+    assert!(
+        t("mlx5_1")
+            .errors
+            .iter()
+            .any(|e| e.contains("roce_np/enable/3"))
+    );
+}

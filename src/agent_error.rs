@@ -1,0 +1,359 @@
+//! The agent's own trouble is never a node fault (docs/hardening.md, "AgentError").
+//!
+//! When the agent cannot do its job — it ran out of descriptors or memory, a probe stalled,
+//! its container has no access to the RDMA device nodes or lacks a mount it needs — the
+//! verdict says so with the condition reason [`REASON`] (`AgentError`), the cause and the fix,
+//! instead of a reason about the hardware. [`gate`] is the one place where the decision "the
+//! node carries the taint now" is taken; `node.on_agent_error` (`taint` | `keep`) chooses what
+//! an agent error does to the taint there.
+
+use crate::config::{Config, OnAgentError};
+use crate::policy::{Finding, Scope, Verdict};
+use fabricgate_probes::ProbeReport;
+use fabricgate_probes::storage::MountStatus;
+use std::path::{Component, Path};
+use std::time::Duration;
+
+/// Condition reason (and `fabricgate_findings` reason) of an agent error.
+pub const REASON: &str = "AgentError";
+
+/// What kind of agent trouble.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cause {
+    /// EMFILE / ENFILE: out of file descriptors.
+    OutOfDescriptors,
+    /// ENOMEM: out of memory (or locked memory for verbs).
+    OutOfMemory,
+    /// A probe did not finish within the probe deadline.
+    ProbeStalled,
+    /// The container cannot open the RDMA device nodes.
+    NoDeviceAccess,
+    /// The container lacks a mount it needs (its procfs, a required mount's parent).
+    MissingOwnMount,
+}
+
+impl Cause {
+    /// Stable snake_case name (logs, docs).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::OutOfDescriptors => "out_of_descriptors",
+            Self::OutOfMemory => "out_of_memory",
+            Self::ProbeStalled => "probe_stalled",
+            Self::NoDeviceAccess => "no_device_access",
+            Self::MissingOwnMount => "missing_own_mount",
+        }
+    }
+
+    /// The parts of the node whose verdict the agent cannot give.
+    fn scopes(self) -> &'static [Scope] {
+        match self {
+            Self::NoDeviceAccess => &[Scope::Rdma],
+            Self::MissingOwnMount => &[Scope::Lustre],
+            Self::OutOfDescriptors | Self::OutOfMemory | Self::ProbeStalled => {
+                &[Scope::Rdma, Scope::Lustre]
+            }
+        }
+    }
+}
+
+/// One agent error: what happened and what to do, in one sentence each.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentFault {
+    pub cause: Cause,
+    /// "<what happened>; <the fix>", shown as the condition message.
+    pub message: String,
+}
+
+impl AgentFault {
+    /// A probe still running after `deadline`.
+    pub fn stalled(deadline: Duration) -> Self {
+        Self {
+            cause: Cause::ProbeStalled,
+            message: format!(
+                "fabricgate agent error: a probe has not finished within the probe deadline of \
+                 {}s (a blocked read or a hung verbs call in the agent); the kubelet restarts the \
+                 agent when /healthz fails after the liveness grace; if it recurs, look for a \
+                 hung mount or driver on the node and raise --probe-deadline only if probes are \
+                 legitimately slow",
+                deadline.as_secs_f64()
+            ),
+        }
+    }
+}
+
+/// Every error text of a report, with where it came from.
+fn error_texts(report: &ProbeReport) -> Vec<&str> {
+    let mut out: Vec<&str> = Vec::new();
+    out.extend(report.rdma.errors.iter().map(String::as_str));
+    if let Some(e) = report.rdma.verbs.as_ref().and_then(|v| v.error.as_deref()) {
+        out.push(e);
+    }
+    for dev in &report.rdma.devices {
+        out.extend(dev.errors.iter().map(String::as_str));
+        if let Some(e) = dev.verbs.as_ref().and_then(|v| v.error.as_deref()) {
+            out.push(e);
+        }
+        for port in &dev.ports {
+            out.extend(port.errors.iter().map(String::as_str));
+            if let Some(m) = port.selftest.as_ref().and_then(|s| s.message.as_deref()) {
+                out.push(m);
+            }
+        }
+    }
+    out.extend(report.storage.errors.iter().map(String::as_str));
+    out.extend(report.storage.client.errors.iter().map(String::as_str));
+    for m in &report.storage.mounts {
+        if m.status == MountStatus::Error {
+            out.push(&m.message);
+        }
+    }
+    for nd in &report.netdevs {
+        out.extend(nd.errors.iter().map(String::as_str));
+    }
+    out
+}
+
+/// `(os error N)` as `std::io::Error` prints it, exactly (not `os error 122`, EDQUOT).
+fn has_os_error(text: &str, errno: i32) -> bool {
+    text.contains(&format!("(os error {errno})"))
+}
+
+fn is_out_of_descriptors(text: &str) -> bool {
+    has_os_error(text, libc::EMFILE)
+        || has_os_error(text, libc::ENFILE)
+        || text.contains("Too many open files")
+        || text.contains("(EMFILE)")
+        || text.contains("(ENFILE)")
+}
+
+fn is_out_of_memory(text: &str) -> bool {
+    has_os_error(text, libc::ENOMEM)
+        || text.contains("Cannot allocate memory")
+        || text.contains("(ENOMEM)")
+}
+
+/// Verbs could not open a device node from inside the container (the probes' advice names
+/// the container and /dev/infiniband for exactly these errnos).
+fn is_no_device_access(text: &str) -> bool {
+    (text.contains("cannot open") && text.contains("into the container"))
+        || text.contains("libibverbs does not see it")
+}
+
+/// Classify a probe report: `Some` when what went wrong is the agent's own trouble.
+/// `own_mounts` are the problems [`own_mount_problems`] found.
+pub fn classify(report: &ProbeReport, own_mounts: &[String]) -> Option<AgentFault> {
+    let texts = error_texts(report);
+    if let Some(t) = texts.iter().find(|t| is_out_of_descriptors(t)) {
+        return Some(AgentFault {
+            cause: Cause::OutOfDescriptors,
+            message: format!(
+                "fabricgate agent error: the agent ran out of file descriptors ({t}); this says \
+                 nothing about the node; fix: raise the agent container's open-file limit \
+                 (nofile) or report a descriptor leak in fabricgate"
+            ),
+        });
+    }
+    if let Some(t) = texts.iter().find(|t| is_out_of_memory(t)) {
+        return Some(AgentFault {
+            cause: Cause::OutOfMemory,
+            message: format!(
+                "fabricgate agent error: the agent ran out of memory ({t}); fix: raise the agent \
+                 container's memory limit, and for verbs memory registration its locked-memory \
+                 limit (memlock) with the IPC_LOCK capability"
+            ),
+        });
+    }
+    let no_access: Vec<&str> = texts
+        .iter()
+        .copied()
+        .filter(|t| is_no_device_access(t))
+        .collect();
+    if !no_access.is_empty() {
+        return Some(AgentFault {
+            cause: Cause::NoDeviceAccess,
+            message: format!(
+                "fabricgate agent error: the agent's container cannot use the RDMA device nodes \
+                 ({}); this is how the agent is deployed, not the fabric; fix: give the agent \
+                 the shared RDMA device-plugin resource, or mount /dev/infiniband with a device \
+                 cgroup rule that allows it",
+                no_access.join("; ")
+            ),
+        });
+    }
+    if let Some(e) = report
+        .storage
+        .errors
+        .iter()
+        .find(|e| e.starts_with("cannot read the mount table"))
+    {
+        return Some(AgentFault {
+            cause: Cause::MissingOwnMount,
+            message: format!(
+                "fabricgate agent error: {e}; the agent cannot see the node's mounts; fix: give \
+                 the container a procfs at --proc-root"
+            ),
+        });
+    }
+    if !own_mounts.is_empty() {
+        return Some(AgentFault {
+            cause: Cause::MissingOwnMount,
+            message: format!(
+                "fabricgate agent error: {}; fix: add a hostPath volume for it to the DaemonSet \
+                 (same path, mountPropagation: HostToContainer)",
+                own_mounts.join("; ")
+            ),
+        });
+    }
+    None
+}
+
+/// Required mounts reported missing whose top-level directory does not exist in the agent's
+/// own file system: the container was not given the host directory, so "missing" is the
+/// agent's blindness, not the node's. Only meaningful with the live procfs (the mount table
+/// then describes this very file system); may block on a hung mount, so call it on the
+/// probe thread.
+pub fn own_mount_problems(report: &ProbeReport, live_procfs: bool) -> Vec<String> {
+    if !live_procfs {
+        return Vec::new();
+    }
+    report
+        .storage
+        .mounts
+        .iter()
+        .filter(|m| m.required && m.status == MountStatus::Missing)
+        .filter_map(|m| {
+            let top = top_level(Path::new(&m.path))?;
+            match std::fs::symlink_metadata(&top) {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some(format!(
+                    "{} is required but {} does not exist inside the agent's container",
+                    m.path,
+                    top.display()
+                )),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+/// `/lustre` of `/lustre/scratch`; `None` for `/` itself.
+fn top_level(path: &Path) -> Option<std::path::PathBuf> {
+    let mut comps = path.components();
+    match (comps.next(), comps.next()) {
+        (Some(Component::RootDir), Some(Component::Normal(first))) => {
+            Some(Path::new("/").join(first))
+        }
+        _ => None,
+    }
+}
+
+/// The verdict of a probe the agent could not judge: the affected parts say `AgentError`
+/// with the cause and the fix instead of any reason about the hardware.
+pub fn verdict(mut v: Verdict, fault: &AgentFault, config: &Config) -> Verdict {
+    let finding = |scope| Finding {
+        scope,
+        code: REASON,
+        message: fault.message.clone(),
+    };
+    let prefix = &config.node.label_prefix;
+    v.ready = false;
+    v.labels.insert(format!("{prefix}ready"), "false".into());
+    for &scope in fault.cause.scopes() {
+        match scope {
+            Scope::Rdma => {
+                v.rdma.part.ready = false;
+                v.rdma.part.findings = vec![finding(Scope::Rdma)];
+                v.labels
+                    .insert(format!("{prefix}rdma.ready"), "false".into());
+            }
+            Scope::Lustre => {
+                v.lustre.ready = false;
+                v.lustre.findings = vec![finding(Scope::Lustre)];
+                v.labels
+                    .insert(format!("{prefix}lustre.ready"), "false".into());
+            }
+            // The agent's own faults are about the fabric probes and its mounts only.
+            Scope::Gpudirect | Scope::Placement => {}
+        }
+    }
+    for c in &mut v.conditions {
+        let affected = match c.type_.as_str() {
+            "FabricReady" => true,
+            "RDMAReady" => fault.cause.scopes().contains(&Scope::Rdma),
+            "LustreReady" => fault.cause.scopes().contains(&Scope::Lustre),
+            _ => false,
+        };
+        if affected {
+            c.status = "False".into();
+            c.reason = REASON.into();
+            c.message = fault.message.clone();
+        }
+    }
+    v
+}
+
+/// The single place where the decision "this node carries the taint now" is taken: every
+/// verdict passes here right before it is handed to the Node writer.
+///
+/// - no agent error: the taint the policy and its hysteresis chose;
+/// - an agent error and `node.on_agent_error: taint` (default, fail closed): the taint;
+/// - an agent error and `keep`: the taint stays as it is on the Node (added or removed by
+///   nobody until the agent can judge again).
+///
+/// A blast-radius breaker that holds back new taints belongs here too.
+pub fn gate(mut v: Verdict, fault: Option<&AgentFault>, config: &Config) -> Verdict {
+    let Some(_) = fault else {
+        v.keep_taint = false;
+        return v;
+    };
+    match config.node.on_agent_error {
+        OnAgentError::Taint => {
+            v.keep_taint = false;
+            v.taints = vec![crate::policy::Taint {
+                key: config.node.taint_key(),
+                value: None,
+                effect: config.node.taint_effect.as_str().to_owned(),
+            }];
+        }
+        OnAgentError::Keep => {
+            v.keep_taint = true;
+        }
+    }
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn descriptor_and_memory_exhaustion_are_agent_errors() {
+        assert!(is_out_of_descriptors(
+            "cannot read /sys/class/infiniband: Too many open files (os error 24)"
+        ));
+        assert!(is_out_of_memory(
+            "reg_mr: errno 12 (ENOMEM): cannot register"
+        ));
+        assert!(is_no_device_access(
+            "cannot open /dev/infiniband/uverbs0: permission denied; mount /dev/infiniband into \
+             the container and allow access to it"
+        ));
+        assert!(!is_no_device_access("mlx5_0 port 1: state DOWN"));
+        // Other errnos that merely start with the same digits are the node's business.
+        assert!(!is_out_of_memory(
+            "/lustre/x: write check: Disk quota exceeded (os error 122)"
+        ));
+        assert!(!is_out_of_descriptors("statfs: (os error 240)"));
+        assert!(is_out_of_memory(
+            "read_dir: Cannot allocate memory (os error 12)"
+        ));
+    }
+
+    #[test]
+    fn top_level_directory_of_a_mount() {
+        assert_eq!(
+            top_level(Path::new("/lustre/scratch")),
+            Some("/lustre".into())
+        );
+        assert_eq!(top_level(Path::new("/")), None);
+    }
+}

@@ -1,0 +1,452 @@
+//! `fabricgate preflight`: the init container of a training worker. From inside the pod it
+//! checks what this pod was given — the RDMA device nodes, the ports behind them (verbs, the
+//! requirements file's `rdma:` rules, optionally the loopback self-test), `RLIMIT_MEMLOCK`, the
+//! required mounts — with the same probes and policy as `fabricgate check`. On success it
+//! pins NCCL to exactly the validated ports (`nccl.conf` for `NCCL_CONF_FILE`, `nccl.env` for
+//! older NCCL); on failure it says why, one sentence per problem, also in the termination log.
+
+use crate::config::Config;
+use crate::policy;
+use fabricgate_probes::pod::{self, DeviceNode, Limit, MemlockReport};
+use fabricgate_probes::rdma::verbs::selftest::SelftestSchedule;
+use fabricgate_probes::{ProbeConfig, Prober, Roots};
+use serde::Serialize;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// File names inside `--nccl-dir`.
+pub const NCCL_CONF: &str = "nccl.conf";
+pub const NCCL_ENV: &str = "nccl.env";
+
+/// The kubelet keeps at most this much of a termination message.
+pub const TERMINATION_LOG_MAX: usize = 4096;
+
+/// Whether preflight runs the loopback data-path self-test on each port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SelftestChoice {
+    /// As the requirements say: on unless `rdma.selftest: off`.
+    #[default]
+    Auto,
+    On,
+    Off,
+}
+
+/// What preflight requires beyond the requirements file, and where it writes.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub selftest: SelftestChoice,
+    /// `RLIMIT_MEMLOCK` (soft) must be at least this, unless the process holds `CAP_IPC_LOCK`.
+    pub min_memlock: Limit,
+    /// Overrides `rdma.min_active_ports` (a pod given fewer HCAs than the node has).
+    pub min_active_ports: Option<u32>,
+    /// Value of `NCCL_NET` in the written files.
+    pub nccl_net: String,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            selftest: SelftestChoice::Auto,
+            min_memlock: Limit::Unlimited,
+            min_active_ports: None,
+            nccl_net: "IB".into(),
+        }
+    }
+}
+
+/// The result of one preflight run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Outcome {
+    /// 0 validated, 1 not validated, 3 could not probe at all (as `fabricgate check`).
+    pub exit_code: u8,
+    /// One sentence per problem; empty when validated.
+    pub problems: Vec<String>,
+    /// Problems that do not block (a spare port down, a device not given to this pod).
+    pub notes: Vec<String>,
+    /// The validated `(device, port)` list NCCL is pinned to (empty on failure).
+    pub ports: Vec<(String, u32)>,
+    pub device_nodes: Vec<DeviceNode>,
+    pub memlock: MemlockReport,
+    /// Wall time of each probe kind.
+    pub timings: fabricgate_probes::ProbeTimings,
+    pub elapsed_seconds: f64,
+}
+
+impl Outcome {
+    pub fn ok(&self) -> bool {
+        self.exit_code == crate::EXIT_VALIDATED
+    }
+
+    /// `=mlx5_0:1,mlx5_1:1`: the exact-match form of `NCCL_IB_HCA`.
+    pub fn ib_hca(&self) -> String {
+        ib_hca(&self.ports)
+    }
+
+    /// What goes to the termination log: the problems, or a one-line success summary.
+    pub fn termination_message(&self) -> String {
+        if self.ok() {
+            format!(
+                "fabricgate preflight: validated {}; NCCL pinned to them",
+                self.ports
+                    .iter()
+                    .map(|(d, p)| format!("{d}:{p}"))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            )
+        } else {
+            truncate(&self.problems.join("\n"), TERMINATION_LOG_MAX)
+        }
+    }
+}
+
+/// `NCCL_IB_HCA` with the `=` prefix: exact device names, each with its port
+/// (`=mlx5_0:1,mlx5_1:1`); without `=`, NCCL would treat `mlx5_1` as a prefix of `mlx5_10`.
+pub fn ib_hca(ports: &[(String, u32)]) -> String {
+    let list: Vec<String> = ports.iter().map(|(d, p)| format!("{d}:{p}")).collect();
+    format!("={}", list.join(","))
+}
+
+/// The `NCCL_CONF_FILE` contents (NCCL >= 2.23 reads `NAME=value` lines verbatim; `#` starts
+/// a comment; a variable already in the environment wins over the file).
+pub fn nccl_conf(ports: &[(String, u32)], net: &str) -> String {
+    format!(
+        "# Written by fabricgate preflight: the RDMA ports validated inside this pod.\n\
+         # NCCL >= 2.23 reads it through NCCL_CONF_FILE; NCCL_NET makes NCCL fail instead of\n\
+         # falling back to TCP sockets.\n\
+         NCCL_NET={net}\n\
+         NCCL_IB_HCA={}\n",
+        ib_hca(ports)
+    )
+}
+
+/// The same settings as shell exports, for NCCL < 2.23: `. /fabricgate/nccl.env`.
+pub fn nccl_env(ports: &[(String, u32)], net: &str) -> String {
+    format!(
+        "# Written by fabricgate preflight; source it before starting NCCL < 2.23.\n\
+         export NCCL_NET='{net}'\n\
+         export NCCL_IB_HCA='{}'\n",
+        ib_hca(ports)
+    )
+}
+
+/// Characters NCCL's list syntax and a single-quoted shell word both carry safely.
+fn safe_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+}
+
+/// Probe once from inside the pod and judge it. Never panics on system input; bounded by the
+/// statfs timeout plus the self-test timeout per port.
+pub fn run(roots: &Roots, probe: ProbeConfig, config: &Config, opts: &Options) -> Outcome {
+    let started = Instant::now();
+    let mut config = config.clone();
+    if let Some(n) = opts.min_active_ports {
+        config.rdma.min_active_ports = n;
+    }
+    let mut probe = probe;
+    probe.selftest.schedule = match (opts.selftest, config.rdma.selftest_schedule()) {
+        (SelftestChoice::Off, _) | (SelftestChoice::Auto, SelftestSchedule::Off) => {
+            SelftestSchedule::Off
+        }
+        _ => SelftestSchedule::OnStart,
+    };
+
+    let mut problems: Vec<String> = Vec::new();
+    let mut notes: Vec<String> = Vec::new();
+
+    let device_nodes = match pod::device_nodes(roots) {
+        Ok(nodes) => nodes,
+        Err(e) => {
+            notes.push(format!("cannot list the RDMA device nodes: {e}"));
+            Vec::new()
+        }
+    };
+
+    // sysfs is not namespaced: the pod sees every HCA of the host there, but only the device
+    // nodes the device plugin injected. Devices without their node are not this pod's.
+    let matcher = config.device_matcher();
+    let in_scope = |name: &str| matcher.is_match(name);
+    let missing: Vec<&DeviceNode> = device_nodes
+        .iter()
+        .filter(|n| !n.present && in_scope(&n.device))
+        .collect();
+    let given = device_nodes
+        .iter()
+        .filter(|n| n.present && in_scope(&n.device))
+        .count();
+    let all_missing = !missing.is_empty() && given == 0;
+    let mut report = if all_missing {
+        // Nothing of the pod's RDMA to look at: fail fast, with the storage probe only (no
+        // verbs providers loaded, no GID tables read).
+        storage_only(roots, probe)
+    } else {
+        Prober::new(roots.clone(), probe).probe()
+    };
+    if all_missing {
+        problems.push(format!(
+            "no RDMA device node in this container: {} missing; the device plugin did not \
+             inject /dev/infiniband into this pod (request the RDMA resource, e.g. \
+             rdma/<name>, in this container's resources)",
+            missing
+                .iter()
+                .map(|n| format!("{} ({})", n.path.display(), n.device))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    } else {
+        for n in &missing {
+            notes.push(format!(
+                "{}: {} is not in this container; the device is not counted",
+                n.device,
+                n.path.display()
+            ));
+        }
+        report
+            .rdma
+            .devices
+            .retain(|d| !missing.iter().any(|n| n.device == d.name));
+    }
+
+    let verdict = policy::evaluate(&report, &config);
+    if !all_missing {
+        if verdict.rdma.part.ready {
+            notes.extend(verdict.rdma.part.warnings.iter().map(|f| f.message.clone()));
+        } else {
+            problems.extend(verdict.rdma.part.findings.iter().map(|f| f.message.clone()));
+        }
+    }
+    if verdict.lustre.ready {
+        notes.extend(verdict.lustre.warnings.iter().map(|f| f.message.clone()));
+    } else {
+        problems.extend(verdict.lustre.findings.iter().map(|f| f.message.clone()));
+    }
+
+    let memlock = pod::memlock(roots);
+    if let Some(problem) = memlock_problem(&memlock, opts.min_memlock) {
+        problems.push(problem);
+    }
+
+    let mut ports = Vec::new();
+    if problems.is_empty() {
+        ports = policy::usable_ports(&report, &config);
+        if let Some((dev, _)) = ports.iter().find(|(d, _)| !safe_name(d)) {
+            problems.push(format!(
+                "RDMA device name {dev:?} cannot be written into NCCL_IB_HCA; rename it \
+                 (letters, digits, '_', '-', '.')"
+            ));
+            ports.clear();
+        }
+    }
+
+    let exit_code = if problems.is_empty() {
+        crate::EXIT_VALIDATED
+    } else if crate::check::exit_code(&report, &verdict) == crate::EXIT_CANNOT_PROBE && !all_missing
+    {
+        crate::EXIT_CANNOT_PROBE
+    } else {
+        crate::EXIT_NOT_VALIDATED
+    };
+    Outcome {
+        exit_code,
+        problems,
+        notes,
+        ports,
+        device_nodes,
+        memlock,
+        timings: report.timings.clone(),
+        elapsed_seconds: started.elapsed().as_secs_f64(),
+    }
+}
+
+/// A report with the storage probe alone (RDMA left empty).
+fn storage_only(roots: &Roots, probe: ProbeConfig) -> fabricgate_probes::ProbeReport {
+    let started = Instant::now();
+    let storage = fabricgate_probes::storage::StorageProber::new(probe.storage).probe(roots);
+    fabricgate_probes::ProbeReport {
+        timestamp: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64()),
+        rdma: fabricgate_probes::rdma::RdmaReport::default(),
+        storage,
+        netdevs: Vec::new(),
+        gpudirect: Default::default(),
+        timings: fabricgate_probes::ProbeTimings {
+            storage_seconds: started.elapsed().as_secs_f64(),
+            ..Default::default()
+        },
+    }
+}
+
+/// Whether `RLIMIT_MEMLOCK` lets RDMA pin memory: the soft limit is what a process gets.
+fn memlock_problem(report: &MemlockReport, min: Limit) -> Option<String> {
+    if report.ipc_lock == Some(true) {
+        return None; // CAP_IPC_LOCK: ib_umem_get ignores the limit.
+    }
+    let Some(limit) = report.limit else {
+        return Some(format!(
+            "cannot tell the memlock limit (RLIMIT_MEMLOCK): {}; RDMA needs {min} to pin \
+             NCCL's buffers",
+            report.errors.join("; ")
+        ));
+    };
+    if limit.soft.at_least(min) {
+        return None;
+    }
+    Some(format!(
+        "memlock limit (RLIMIT_MEMLOCK) is {} (hard {}), below the {min} RDMA needs to pin \
+         NCCL's buffers; raise the container runtime's memlock limit (containerd/CRI-O: \
+         LimitMEMLOCK=infinity) or add the IPC_LOCK capability to this container",
+        limit.soft, limit.hard
+    ))
+}
+
+fn truncate(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let mut end = max.saturating_sub(4);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{} ...", &text[..end])
+}
+
+/// Write `nccl.conf` and `nccl.env` into `dir` (each through a temporary file and a rename, so
+/// a reader never sees half a file).
+///
+/// # Errors
+/// The I/O error, with the path, when `dir` is not writable.
+pub fn write_nccl_files(
+    dir: &Path,
+    ports: &[(String, u32)],
+    net: &str,
+) -> crate::Result<(PathBuf, PathBuf)> {
+    let conf = dir.join(NCCL_CONF);
+    let env = dir.join(NCCL_ENV);
+    write_atomic(&conf, &nccl_conf(ports, net))?;
+    write_atomic(&env, &nccl_env(ports, net))?;
+    Ok((conf, env))
+}
+
+/// Remove files a previous successful run left in `dir` (an init container rerun after a
+/// failure must not leave NCCL pinned to ports that no longer pass).
+///
+/// # Errors
+/// Any removal error but "not found", with the path.
+pub fn remove_nccl_files(dir: &Path) -> crate::Result<()> {
+    for name in [NCCL_CONF, NCCL_ENV] {
+        let path = dir.join(name);
+        match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                return Err(crate::Error::Usage {
+                    flag: "--nccl-dir".into(),
+                    message: format!("cannot remove {}: {e}", path.display()),
+                });
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+fn write_atomic(path: &Path, text: &str) -> crate::Result<()> {
+    let tmp = path.with_extension("tmp");
+    let err = |e: io::Error| crate::Error::Usage {
+        flag: "--nccl-dir".into(),
+        message: format!(
+            "cannot write {}: {e}; mount the shared emptyDir there",
+            path.display()
+        ),
+    };
+    std::fs::write(&tmp, text).map_err(err)?;
+    std::fs::rename(&tmp, path).map_err(err)
+}
+
+/// Write the termination message (`/dev/termination-log`), so `kubectl describe pod` shows it.
+///
+/// # Errors
+/// The I/O error; the caller still prints the problems and exits with the right code.
+pub fn write_termination_log(path: &Path, message: &str) -> io::Result<()> {
+    std::fs::write(path, message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ports() -> Vec<(String, u32)> {
+        vec![("mlx5_0".into(), 1), ("mlx5_1".into(), 1)]
+    }
+
+    #[test]
+    fn ib_hca_uses_nccls_exact_match_syntax() {
+        assert_eq!(ib_hca(&ports()), "=mlx5_0:1,mlx5_1:1");
+        let conf = nccl_conf(&ports(), "IB");
+        let vars: Vec<&str> = conf.lines().filter(|l| !l.starts_with('#')).collect();
+        assert_eq!(vars, ["NCCL_NET=IB", "NCCL_IB_HCA==mlx5_0:1,mlx5_1:1"]);
+        let env = nccl_env(&[("rxe0".into(), 1)], "IB");
+        assert!(env.contains("export NCCL_IB_HCA='=rxe0:1'\n"), "{env}");
+        assert!(env.contains("export NCCL_NET='IB'\n"), "{env}");
+    }
+
+    #[test]
+    fn memlock_needs_the_limit_or_ipc_lock() {
+        use fabricgate_probes::pod::MemlockLimit;
+        let low = MemlockReport {
+            limit: Some(MemlockLimit {
+                soft: Limit::Bytes(65536),
+                hard: Limit::Bytes(65536),
+            }),
+            ipc_lock: Some(false),
+            errors: Vec::new(),
+        };
+        let msg = memlock_problem(&low, Limit::Unlimited).unwrap();
+        assert!(
+            msg.starts_with("memlock limit (RLIMIT_MEMLOCK) is 64 KiB"),
+            "{msg}"
+        );
+        assert!(memlock_problem(&low, Limit::Bytes(65536)).is_none());
+        let capable = MemlockReport {
+            ipc_lock: Some(true),
+            ..low.clone()
+        };
+        assert!(memlock_problem(&capable, Limit::Unlimited).is_none());
+        let unknown = MemlockReport {
+            limit: None,
+            ipc_lock: None,
+            errors: vec!["cannot read /proc/self/limits: gone".into()],
+        };
+        let msg = memlock_problem(&unknown, Limit::Unlimited).unwrap();
+        assert!(msg.contains("/proc/self/limits"), "{msg}");
+    }
+
+    #[test]
+    fn termination_message_is_bounded() {
+        let text = "é".repeat(5000);
+        let t = truncate(&text, TERMINATION_LOG_MAX);
+        assert!(t.len() <= TERMINATION_LOG_MAX);
+        assert!(t.ends_with(" ..."));
+        assert_eq!(truncate("short", 10), "short");
+    }
+
+    #[test]
+    fn files_are_written_and_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let (conf, env) = write_nccl_files(dir.path(), &ports(), "IB").unwrap();
+        assert!(
+            std::fs::read_to_string(&conf)
+                .unwrap()
+                .contains("NCCL_IB_HCA==mlx5_0:1,mlx5_1:1")
+        );
+        assert!(env.exists());
+        assert!(!dir.path().join("nccl.tmp").exists());
+        remove_nccl_files(dir.path()).unwrap();
+        assert!(!conf.exists() && !env.exists());
+        remove_nccl_files(dir.path()).unwrap();
+        let e = write_nccl_files(&dir.path().join("absent"), &ports(), "IB").unwrap_err();
+        assert!(e.to_string().contains("absent/nccl.conf"), "{e}");
+    }
+}

@@ -1,0 +1,171 @@
+//! Helpers shared by the metrics integration tests: probing fixture nodes with a fixed clock,
+//! plain HTTP, reading samples out of an exposition.
+
+use fabricgate::config::Config;
+use fabricgate::metrics::Metrics;
+use fabricgate::policy;
+use fabricgate_probes::netdev::NetdevConfig;
+use fabricgate_probes::rdma::VerbsMode;
+use fabricgate_probes::{ProbeConfig, ProbeReport, ProbeTimings, Prober, Roots};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+
+/// A committed fixture node (`tests/fixtures/<name>`, with `sys/` and `proc/`).
+pub fn committed_fixture(name: &str) -> PathBuf {
+    super::fixture(name)
+}
+
+/// The requirements file that goes with the committed fixtures.
+pub fn ndr_requirements() -> Config {
+    Config::load(&committed_fixture("requirements-ndr.yaml")).unwrap()
+}
+
+/// Probe the node at `node` (`sys/`, `proc/`) with sysfs only, with a fixed clock and fixed
+/// timings so the output is reproducible.
+pub fn probe_fixture(node: &Path, timestamp: f64) -> ProbeReport {
+    let config = ProbeConfig {
+        verbs: VerbsMode::Off,
+        netdev: NetdevConfig::default(),
+        ..ProbeConfig::default()
+    };
+    let mut prober = Prober::new(Roots::new(node.join("sys"), node.join("proc")), config);
+    let mut report = prober.probe();
+    report.timestamp = timestamp;
+    set_counters_timestamp(&mut report, timestamp);
+    report.timings = ProbeTimings {
+        rdma_sysfs_seconds: 0.0042,
+        rdma_verbs_seconds: 0.0,
+        storage_seconds: 0.0007,
+        netdev_seconds: 0.0001,
+        gpudirect_seconds: 0.0003,
+    };
+    report
+}
+
+/// An unhealthy node: the `ndr-port-down` fixture (mlx5_3 DOWN), a hung required Lustre
+/// mount, a failed self-test on mlx5_0 and a passing one on mlx5_1, and over one fallback
+/// window 200 MB/s of TCP per physical interface while the RDMA counters stand still.
+pub fn unhealthy_metrics() -> Metrics {
+    use fabricgate_probes::rdma::SelftestResult;
+    use fabricgate_probes::storage::MountStatus;
+    let mut config = ndr_requirements();
+    config.lustre.mounts = vec!["/lustre/scratch".into()];
+    let metrics = Metrics::with_config(&config);
+    let node = committed_fixture("ndr-port-down");
+    let t0 = 1_700_000_000.0;
+    let window = config.fallback.window.as_secs();
+    for (i, t) in [(0, t0), (1, t0 + window as f64)] {
+        let mut report = probe_fixture(&node, t);
+        for nd in &mut report.netdevs {
+            nd.rx_bytes = nd.rx_bytes.map(|b| b + i * 200_000_000 * window);
+        }
+        let mut hung = mount_report("/lustre/scratch", MountStatus::Hung, None, None);
+        hung.message = "statfs started 5s ago has still not returned".into();
+        report.storage.mounts.push(hung);
+        let devices = &mut report.rdma.devices;
+        devices[0].ports[0].selftest = Some(SelftestResult {
+            ok: false,
+            failed_step: Some("reg_mr".into()),
+            errno: Some(12),
+            message: Some("reg_mr: errno 12 (ENOMEM): RLIMIT_MEMLOCK too low".into()),
+            duration_us: Some(310.0),
+            ..SelftestResult::default()
+        });
+        devices[1].ports[0].selftest = Some(SelftestResult {
+            ok: true,
+            latency_us: Some(2108.0),
+            gid_index: None,
+            duration_us: Some(5400.0),
+            ..SelftestResult::default()
+        });
+        let verdict = policy::evaluate(&report, &config);
+        metrics.record_probe(&report, &verdict);
+    }
+    metrics
+}
+
+/// A required Lustre mount of `/lustre/scratch`'s file system in the given state.
+pub fn mount_report(
+    path: &str,
+    status: fabricgate_probes::storage::MountStatus,
+    statfs_seconds: Option<f64>,
+    capacity: Option<fabricgate_probes::storage::Capacity>,
+) -> fabricgate_probes::storage::MountReport {
+    fabricgate_probes::storage::MountReport {
+        path: path.into(),
+        fstype: Some("lustre".into()),
+        status,
+        message: String::new(),
+        required: true,
+        expected_fstype: Some("lustre".into()),
+        source: Some("10.1.1.1@o2ib:/scratch".into()),
+        lustre_fsname: Some("scratch".into()),
+        read_only: Some(false),
+        fs_magic: None,
+        capacity,
+        statfs_seconds,
+    }
+}
+
+/// Pretend every port's counters were read at `timestamp` (the fixed clock of a test).
+pub fn set_counters_timestamp(report: &mut ProbeReport, timestamp: f64) {
+    for port in report
+        .rdma
+        .devices
+        .iter_mut()
+        .flat_map(|d| d.ports.iter_mut())
+    {
+        port.counters_timestamp = Some(timestamp);
+    }
+}
+
+/// Record one probe of the fixture into `metrics`.
+pub fn record_fixture(metrics: &Metrics, node: &Path, config: &Config, timestamp: f64) {
+    let report = probe_fixture(node, timestamp);
+    let verdict = policy::evaluate(&report, config);
+    metrics.record_probe(&report, &verdict);
+}
+
+/// A plain HTTP/1.1 GET; returns (status, headers lower-cased, body).
+pub fn http_get(addr: &str, path: &str, accept: Option<&str>) -> (u16, String, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    let accept = accept.map_or(String::new(), |a| format!("Accept: {a}\r\n"));
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\n{accept}Connection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).unwrap();
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap();
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    let head = head.to_ascii_lowercase();
+    let body = if head.contains("transfer-encoding: chunked") {
+        dechunk(body)
+    } else {
+        body.to_owned()
+    };
+    (status, head, body)
+}
+
+/// The payload of a `Transfer-Encoding: chunked` body (Prometheus answers large queries so).
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let size = usize::from_str_radix(size.trim(), 16).unwrap();
+        if size == 0 {
+            break;
+        }
+        out.push_str(&rest[..size]);
+        body = rest[size..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+/// Sample value of the exposition line that starts with `series ` (exact name and labels).
+pub fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|v| v.split(' ').next()?.parse().ok())
+}

@@ -1,0 +1,114 @@
+//! The README stays a landing page with the two commands CI relies on, and no link in it or
+//! in `docs/` points at a file that does not exist.
+
+use std::path::{Path, PathBuf};
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn read(rel: &str) -> String {
+    std::fs::read_to_string(root().join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
+}
+
+#[test]
+fn readme_is_a_landing_page_with_the_two_commands() {
+    let readme = read("README.md");
+    let lines = readme.lines().count();
+    assert!(
+        lines <= 300,
+        "README.md has {lines} lines; move detail to docs/"
+    );
+    for command in [
+        "./scripts/setup.sh && cargo run --release -- check",
+        "./scripts/setup.sh && cargo test --workspace",
+    ] {
+        assert!(
+            readme.lines().any(|l| l.trim() == command),
+            "README.md lost the command line {command:?}"
+        );
+    }
+    // CI runs the README's test command (after setup.sh), not a variant of it.
+    let ci = read(".ci/run");
+    assert!(ci.contains("./scripts/setup.sh"), "{ci}");
+    assert!(
+        ci.lines().any(|l| l.trim() == "cargo test --workspace"),
+        "{ci}"
+    );
+}
+
+/// Relative link targets of `[text](target)` in a Markdown text, without `#anchor`.
+fn links(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(i) = rest.find("](") {
+        rest = &rest[i + 2..];
+        let Some(end) = rest.find(')') else { break };
+        let target = &rest[..end];
+        let path = target.split('#').next().unwrap_or("");
+        if !path.is_empty() && !target.contains("://") && !target.starts_with("mailto:") {
+            out.push(path.to_owned());
+        }
+    }
+    out
+}
+
+#[test]
+fn every_relative_link_in_the_docs_resolves() {
+    let mut files: Vec<PathBuf> = vec![root().join("README.md")];
+    let docs = std::fs::read_dir(root().join("docs")).expect("docs/ exists");
+    files.extend(
+        docs.filter_map(Result::ok)
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|x| x == "md")),
+    );
+    assert!(files.len() >= 7, "README.md and the docs/ files: {files:?}");
+    let mut broken = Vec::new();
+    for file in &files {
+        let text = std::fs::read_to_string(file).unwrap();
+        let dir = file.parent().unwrap();
+        for link in links(&text) {
+            if !dir.join(&link).exists() {
+                broken.push(format!("{}: {link}", file.display()));
+            }
+        }
+    }
+    assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
+}
+
+#[test]
+fn link_extraction_finds_relative_targets_only() {
+    let text = "see [a](docs/a.md#x), [b](https://example.com) and [c](#local)";
+    assert_eq!(links(text), ["docs/a.md"]);
+}
+
+/// The code points readers at docs/, never at a design document outside the repository.
+#[test]
+fn code_refers_to_design_documents_inside_docs() {
+    let mut offenders = Vec::new();
+    for dir in ["src", "probes/src"] {
+        for entry in walk(&root().join(dir)) {
+            let text = std::fs::read_to_string(&entry).unwrap_or_default();
+            if text.contains("DESIGN.md") {
+                offenders.push(entry.display().to_string());
+            }
+        }
+    }
+    assert!(
+        offenders.is_empty(),
+        "DESIGN.md referenced in {offenders:?}"
+    );
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap().filter_map(Result::ok) {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+    out
+}

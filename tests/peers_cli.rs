@@ -1,0 +1,240 @@
+//! `fabricgate ping` and the agent's peer wiring where no RDMA device is needed (the
+//! measurements themselves run between two real rxe devices in tests/peers_vm.rs).
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn fabricgate(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_fabricgate"))
+        .args(args)
+        .env_remove("NODE_NAME")
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap(),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+#[test]
+fn ping_without_a_local_rdma_port_is_exit_3_and_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_str().unwrap();
+    let (code, stdout, _) = fabricgate(&[
+        "ping",
+        "127.0.0.1:9",
+        "--sysfs-root",
+        root,
+        "--proc-root",
+        root,
+        "--format",
+        "json",
+    ]);
+    assert_eq!(code, 3, "{stdout}");
+    let doc: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(doc["ok"], false);
+    assert_eq!(doc["address"], "127.0.0.1:9");
+    assert!(
+        doc["errors"][0]
+            .as_str()
+            .unwrap()
+            .contains("no usable local RDMA port"),
+        "{doc}"
+    );
+    let (code, stdout, _) = fabricgate(&["ping", "127.0.0.1", "--sysfs-root", root]);
+    assert_eq!(code, 3);
+    assert!(
+        stdout.starts_with("fabricgate ping 127.0.0.1 (127.0.0.1:9465): UNREACHABLE"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn ping_usage_errors_are_exit_2_naming_the_value() {
+    let (code, _, stderr) = fabricgate(&["ping", "127.0.0.1", "--count", "1000"]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("RTT burst of 1000 messages"), "{stderr}");
+    let (code, _, stderr) =
+        fabricgate(&["ping", "127.0.0.1", "--bandwidth", "--bw-duration", "1m"]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("bandwidth burst"), "{stderr}");
+    let (code, _, stderr) = fabricgate(&["ping"]);
+    assert_eq!(code, 2, "{stderr}");
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("fabricgate.yaml");
+    std::fs::write(&cfg, "peers:\n  per_round: 0\n").unwrap();
+    let (code, _, stderr) = fabricgate(&["ping", "x", "--config", cfg.to_str().unwrap()]);
+    assert_eq!(code, 2);
+    assert!(stderr.contains("peers.per_round"), "{stderr}");
+}
+
+struct Agent(Child);
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn get(addr: &str, path: &str) -> Option<String> {
+    let mut s = TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").ok()?;
+    let mut body = String::new();
+    s.read_to_string(&mut body).ok()?;
+    Some(body)
+}
+
+fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// An agent with `peers.enabled` and no RDMA: the responder listens and answers a stranger's
+/// out-of-limits HELLO with a LIMITS frame; the peer families are in /metrics and count the
+/// refused session; rounds run (measuring nothing without a usable local port).
+#[test]
+fn agent_with_peers_enabled_runs_the_responder_and_exports_peer_metrics() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("fabricgate.yaml");
+    std::fs::write(
+        &cfg,
+        "peers:\n  enabled: true\n  listen: \"127.0.0.1:0\"\n  interval: 1s\n",
+    )
+    .unwrap();
+    let log = dir.path().join("agent.log");
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let child = Command::new(env!("CARGO_BIN_EXE_fabricgate"))
+        .args([
+            "run",
+            "--dry-run",
+            "--node-name",
+            "node-a",
+            "--interval",
+            "1s",
+        ])
+        .args(["--verbs", "off", "--metrics-addr", &metrics])
+        .args(["--sysfs-root", dir.path().to_str().unwrap()])
+        .args(["--config", cfg.to_str().unwrap(), "--peers", "127.0.0.1:9"])
+        .env_remove("KUBECONFIG")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env("HOME", dir.path())
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let _agent = Agent(child);
+    let responder = wait_for("the responder's address in the log", || {
+        let text = std::fs::read_to_string(&log).ok()?;
+        let line = text
+            .lines()
+            .find(|l| l.contains("peer responder listening"))?;
+        Some(
+            line.split("addr=")
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .to_owned(),
+        )
+    });
+
+    // A HELLO of protocol version 1 with an empty plan: refused as over the limits.
+    let mut s = TcpStream::connect(&responder).unwrap();
+    let mut hello = [0u8; 256];
+    hello[..4].copy_from_slice(b"FGPR");
+    hello[4..6].copy_from_slice(&1u16.to_be_bytes());
+    hello[6] = 1;
+    s.write_all(&hello).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut frame = [0u8; 256];
+    s.read_exact(&mut frame).unwrap();
+    assert_eq!(&frame[..4], b"FGPR");
+    assert_eq!(frame[6], 2, "WELCOME");
+    assert_eq!(frame[7], 5, "LIMITS");
+    assert!(
+        frame[8..].starts_with(b"node-a\0"),
+        "the responder names its node"
+    );
+
+    let body = wait_for("rounds and the refused session in /metrics", || {
+        let body = get(&metrics, "/metrics")?;
+        let refused = body
+            .lines()
+            .any(|l| l == "fabricgate_peer_responder_sessions_total{result=\"refused\"} 1");
+        let rounds = body
+            .lines()
+            .find_map(|l| l.strip_prefix("fabricgate_peer_rounds_total "))
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0);
+        (refused && rounds >= 1.0).then_some(body)
+    });
+    for family in [
+        "# TYPE fabricgate_peer_rounds_total counter",
+        "# TYPE fabricgate_peer_round_duration_seconds gauge",
+        "# TYPE fabricgate_peer_responder_cpu_seconds_total counter",
+    ] {
+        assert!(body.contains(family), "{family} missing:\n{body}");
+    }
+    // No local port: nothing measured, so no per-peer series (the families appear with
+    // their first series) and no errors blamed on a peer.
+    assert!(!body.contains("peer=\""), "{body}");
+    assert!(!body.contains("fabricgate_peer_rtt_seconds"), "{body}");
+}
+
+#[test]
+fn peers_flag_without_peers_enabled_is_ignored_with_a_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("agent.log");
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let child = Command::new(env!("CARGO_BIN_EXE_fabricgate"))
+        .args([
+            "run",
+            "--dry-run",
+            "--node-name",
+            "node-a",
+            "--interval",
+            "1s",
+        ])
+        .args(["--verbs", "off", "--metrics-addr", &metrics])
+        .args(["--sysfs-root", dir.path().to_str().unwrap()])
+        .args(["--peers", "10.0.0.2,10.0.0.3:7000"])
+        .env_remove("KUBECONFIG")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env("HOME", dir.path())
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let _agent = Agent(child);
+    let body = wait_for("/metrics after the first probe", || {
+        let body = get(&metrics, "/metrics")?;
+        body.contains("fabricgate_last_probe_timestamp_seconds ")
+            .then_some(body)
+    });
+    assert!(!body.contains("fabricgate_peer_"), "{body}");
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("--peers is ignored"), "{text}");
+}

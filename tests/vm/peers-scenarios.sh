@@ -1,0 +1,243 @@
+# The inter-node peer scenarios, run in both VMs of tests/vm/run-pair.sh (FG_ROLE=a or b) by
+# tests/peers_vm.rs. One boot of the pair runs them all; the guests order their steps with
+# marker files in the shared folder /tmp/fg-sync (ROLE.NAME).
+#   1. rxe0 over eth0 in both; an agent in each (`fabricgate run --dry-run`, peers enabled,
+#      --peers = the other VM); a scrape of /metrics every second into $FG_OUT/scrapes/;
+#      wait until each reports RTT and bandwidth for the other; `fabricgate ping` each way.
+#   2. b takes eth0 down; a keeps scraping for three more rounds; `fabricgate ping` again
+#      both ways (a: the peer is unreachable, b: no usable local port).
+#   3. agents stopped, eth0 up again, perftest's ib_write_lat and ib_write_bw between the two.
+# Needs FG_BIN (the fabricgate binary).
+# shellcheck shell=sh
+set -u
+. "$FG_VM_DIR/guest-lib.sh"
+O="$FG_OUT"
+S=/tmp/fg-sync
+ROLE="$FG_ROLE"
+if [ "$ROLE" = a ]; then ME=1 OTHER=2 PEER_ROLE=b; else ME=2 OTHER=1 PEER_ROLE=a; fi
+PEER_IP="169.254.78.$OTHER"
+CFG=/tmp/peers.yaml
+: >"$O/timings.env"
+
+timing() { echo "$1=$2" >>"$O/timings.env"; }
+log() { echo "[$ROLE $(fg_now_ms)] $*" >>"$O/steps.log"; }
+mark() { : >"$S/$ROLE.$1"; log "mark $1"; }
+fail() {
+    log "FAIL: $*"
+    echo "$ROLE: $*" >&2
+    : >"$S/$ROLE.abort"
+    exit 1
+}
+# wait_for ROLE NAME SECONDS
+wait_for() {
+    i=0
+    while [ "$i" -lt $(($3 * 10)) ]; do
+        [ -e "$S/$1.$2" ] && return 0
+        [ -e "$S/$PEER_ROLE.abort" ] && fail "the other VM aborted while we waited for $1.$2"
+        sleep 0.1
+        i=$((i + 1))
+    done
+    fail "no $1.$2 within $3 s"
+}
+
+mkdir -p "$S"
+mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144 fgsync "$S" || fail "cannot mount fgsync"
+
+# --- bring-up ------------------------------------------------------------------------
+modprobe -d "$FG_KROOT" -S "$FG_KVER" crc32_generic || fail "modprobe crc32_generic"
+modprobe -d "$FG_KROOT" -S "$FG_KVER" rdma_rxe || fail "modprobe rdma_rxe"
+ip link set lo up
+ip link set eth0 up && ip addr add "169.254.77.$ME/24" dev eth0 || fail "eth0"
+ip link set eth1 up && ip addr add "169.254.78.$ME/24" dev eth1 || fail "eth1"
+rdma link add rxe0 type rxe netdev eth0 || fail "rdma link add"
+fg_wait_port ACTIVE 30 || fail "rxe0 not ACTIVE"
+
+# gid_index: the RoCE v2 GID that maps our IPv4 address on eth0.
+gid_index() {
+    want="0000:0000:0000:0000:0000:ffff:a9fe:4d0$ME"
+    for f in /sys/class/infiniband/rxe0/ports/1/gids/*; do
+        n="${f##*/}"
+        if [ "$(cat "$f" 2>/dev/null)" = "$want" ] &&
+            grep -q "RoCE v2" "/sys/class/infiniband/rxe0/ports/1/gid_attrs/types/$n" 2>/dev/null; then
+            echo "$n"
+            return 0
+        fi
+    done
+    return 1
+}
+wait_gid() {
+    i=0
+    while [ "$i" -lt 200 ]; do
+        GIDX="$(gid_index)" && return 0
+        sleep 0.1
+        i=$((i + 1))
+    done
+    fail "no RoCE v2 GID for 169.254.77.$ME on rxe0"
+}
+wait_gid
+log "rxe0 ACTIVE, GID index $GIDX"
+mark up
+wait_for "$PEER_ROLE" up 240
+
+cat >"$CFG" <<EOF
+rdma:
+  devices: "rxe*"
+  min_active_ports: 1
+  link_layer: Ethernet
+  require_roce_v2: true
+  selftest: on-start
+  selftest_timeout: 10s
+peers:
+  enabled: true
+  listen: "0.0.0.0:9465"
+  per_round: 3
+  interval: 3s
+  timeout: 20s
+  rtt_messages: 16
+  rtt_message_size: 64
+  keep_rounds: 5
+  bandwidth:
+    enabled: true
+    message_size: 65536
+    duration: 200ms
+EOF
+
+# --- 1. agents measure each other ------------------------------------------------------
+RUST_LOG=info,fabricgate::peers=debug "$FG_BIN" run --dry-run --config "$CFG" \
+    --node-name "vm-$ROLE" --interval 2s --metrics-addr 127.0.0.1:9464 \
+    --peers "$PEER_IP" >"$O/agent.log" 2>&1 &
+agent=$!
+mkdir -p "$O/scrapes"
+(
+    i=0
+    while [ ! -e "$S/$ROLE.stop_scrape" ]; do
+        t=$(date +%s%3N)
+        if curl -s --max-time 5 -o "$O/scrapes/$i.prom.tmp" http://127.0.0.1:9464/metrics; then
+            mv "$O/scrapes/$i.prom.tmp" "$O/scrapes/$i.prom"
+            echo "$i $t" >>"$O/scrapes/index"
+            i=$((i + 1))
+        fi
+        sleep 1
+    done
+) &
+scraper=$!
+t0=$(fg_now_ms)
+latest() { ls "$O/scrapes/" | grep -c '\.prom$'; }
+measured() {
+    n=$(($(latest) - 1))
+    [ "$n" -ge 0 ] || return 1
+    f="$O/scrapes/$n.prom"
+    grep -q "^fabricgate_peer_rtt_seconds{.*peer=\"$PEER_IP\".*stat=\"median\"}" "$f" &&
+        grep -q "^fabricgate_peer_bandwidth_bytes_per_second{.*peer=\"$PEER_IP\"}" "$f"
+}
+i=0
+until measured; do
+    i=$((i + 1))
+    [ "$i" -ge 300 ] && fail "no RTT and bandwidth for $PEER_IP in /metrics within 300 s"
+    kill -0 "$agent" 2>/dev/null || fail "the agent exited: $(tail -5 "$O/agent.log")"
+    sleep 1
+done
+timing start_to_measured_ms $(($(fg_now_ms) - t0))
+mark measured
+wait_for "$PEER_ROLE" measured 300
+
+# fabricgate ping, table and JSON; the peer's agent answers.
+"$FG_BIN" ping "$PEER_IP" --config "$CFG" --bandwidth --node-name "vm-$ROLE" \
+    >"$O/ping.txt" 2>"$O/ping.stderr"
+echo $? >"$O/ping_table.rc"
+t=$(fg_now_ms)
+"$FG_BIN" ping "$PEER_IP" --config "$CFG" --bandwidth --node-name "vm-$ROLE" --format json \
+    >"$O/ping.json" 2>>"$O/ping.stderr"
+echo $? >"$O/ping.rc"
+timing ping_ms $(($(fg_now_ms) - t))
+# CPU of one `fabricgate ping` process (user + system, clock ticks of 1/100 s).
+/usr/bin/time -f "%U %S %e" -o "$O/ping.time" "$FG_BIN" ping "$PEER_IP" --config "$CFG" \
+    --node-name "vm-$ROLE" --format json >/dev/null 2>&1 || true
+mark pinged
+wait_for "$PEER_ROLE" pinged 300
+
+# --- 2. b cuts its RDMA link ---------------------------------------------------------
+rounds_now() {
+    n=$(($(latest) - 1))
+    awk '/^fabricgate_peer_rounds_total /{print $2}' "$O/scrapes/$n.prom" 2>/dev/null
+}
+if [ "$ROLE" = b ]; then
+    wait_for a ready_for_cut 120
+    date +%s%3N >"$S/cut_at_ms"
+    ip link set eth0 down
+    mark cut
+    fg_wait_port DOWN 20 || log "port did not report DOWN"
+    # Our own ping has no usable port now.
+    sleep 3
+    "$FG_BIN" ping "$PEER_IP" --config "$CFG" --node-name "vm-$ROLE" --format json \
+        >"$O/ping_cut.json" 2>"$O/ping_cut.stderr"
+    echo $? >"$O/ping_cut.rc"
+    wait_for a observed_cut 300
+else
+    mark ready_for_cut
+    wait_for b cut 120
+    # The counters at the cut, fresh (the scraper may be mid-sleep).
+    curl -s --max-time 60 -o "$O/cut.prom" http://127.0.0.1:9464/metrics || log "no scrape at the cut"
+    r0=$(awk '/^fabricgate_peer_rounds_total /{print $2}' "$O/cut.prom" 2>/dev/null)
+    echo "rounds_at_cut=$r0" >>"$O/timings.env"
+    i=0
+    while :; do
+        r=$(rounds_now)
+        [ -n "$r" ] && [ -n "$r0" ] && [ "$r" -ge $((r0 + 3)) ] && break
+        i=$((i + 1))
+        [ "$i" -ge 240 ] && { log "rounds did not advance: $r0 -> $r"; break; }
+        sleep 1
+    done
+    "$FG_BIN" ping "$PEER_IP" --config "$CFG" --node-name "vm-$ROLE" --format json \
+        >"$O/ping_cut.json" 2>"$O/ping_cut.stderr"
+    echo $? >"$O/ping_cut.rc"
+    mark observed_cut
+fi
+: >"$S/$ROLE.stop_scrape"
+wait "$scraper"
+kill -TERM "$agent"
+wait "$agent"
+echo $? >"$O/agent.rc"
+mark agent_stopped
+wait_for "$PEER_ROLE" agent_stopped 120
+
+# --- 3. perftest between the two, for comparison -------------------------------------
+if [ "$ROLE" = b ]; then
+    ip link set eth0 up
+    fg_wait_port ACTIVE 30 || fail "rxe0 not ACTIVE again"
+fi
+wait_gid
+mark up_again
+wait_for "$PEER_ROLE" up_again 120
+log "GID index $GIDX for perftest"
+# -F: no CPU-frequency warning failure (a VM has no cpufreq). The client connects over eth1.
+lat_args="-d rxe0 -i 1 -x $GIDX -s 64 -n 200 -F"
+bw_args="-d rxe0 -i 1 -x $GIDX -s 65536 -n 400 -F"
+if [ "$ROLE" = a ]; then
+    timeout 180 ib_write_lat $lat_args >"$O/ib_write_lat.txt" 2>&1 &
+    srv=$!
+    sleep 2
+    mark lat_listening
+    wait "$srv"
+    echo $? >"$O/ib_write_lat.rc"
+    wait_for b lat_done 200
+    timeout 180 ib_write_bw $bw_args >"$O/ib_write_bw.txt" 2>&1 &
+    srv=$!
+    sleep 2
+    mark bw_listening
+    wait "$srv"
+    echo $? >"$O/ib_write_bw.rc"
+    wait_for b bw_done 200
+else
+    wait_for a lat_listening 120
+    timeout 180 ib_write_lat $lat_args "169.254.78.$OTHER" >"$O/ib_write_lat.txt" 2>&1
+    echo $? >"$O/ib_write_lat.rc"
+    mark lat_done
+    wait_for a bw_listening 240
+    timeout 180 ib_write_bw $bw_args "169.254.78.$OTHER" >"$O/ib_write_bw.txt" 2>&1
+    echo $? >"$O/ib_write_bw.rc"
+    mark bw_done
+fi
+mark done
+wait_for "$PEER_ROLE" done 300
+exit 0
