@@ -22,6 +22,8 @@ mod deviceplugin;
 mod fleet;
 #[path = "cluster/guard.rs"]
 mod guard;
+#[path = "cluster/overlays.rs"]
+mod overlays;
 #[path = "cluster/placement.rs"]
 mod placement;
 #[path = "cluster/scheduler.rs"]

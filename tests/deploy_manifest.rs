@@ -146,11 +146,12 @@ fn manifest_holds_each_object_once_in_the_agent_namespace() {
             "ClusterRole",
             "ClusterRoleBinding",
             "ConfigMap",
-            "DaemonSet",
             "ValidatingAdmissionPolicy",
             "ValidatingAdmissionPolicyBinding",
+            "DaemonSet",
         ],
-        "kubectl apply creates them in this order: namespace before what lives in it"
+        "kubectl apply creates them in this order (kustomize's): namespace before what lives \
+         in it, the own-node policy before the agent"
     );
     assert_eq!(object("Namespace")["metadata"]["name"], NAMESPACE);
     for kind in ["ServiceAccount", "ConfigMap", "DaemonSet"] {
@@ -440,21 +441,33 @@ fn pod_runs_with_least_privilege() {
         assert!(c["resources"][kind]["memory"].is_string(), "memory {kind}");
     }
     assert!(c["resources"]["requests"]["cpu"].is_string());
-    // Only the host paths the agent needs, and only /dev/infiniband writable.
+    // Only the host paths the agent needs, all read-only: the RDMA device nodes come from
+    // the shared device-plugin resource the requirements check (deploy/overlays/shared-device).
     let host_paths: BTreeSet<&str> = pod["volumes"]
         .as_array()
         .unwrap()
         .iter()
         .filter_map(|v| v["hostPath"]["path"].as_str())
         .collect();
-    assert_eq!(
-        host_paths,
-        BTreeSet::from(["/sys", "/dev/infiniband", "/lustre"])
-    );
+    assert_eq!(host_paths, BTreeSet::from(["/sys", "/lustre"]));
     for m in c["volumeMounts"].as_array().unwrap() {
-        if m["mountPath"] != "/dev/infiniband" {
-            assert_eq!(m["readOnly"], true, "{m}");
-        }
+        assert_eq!(m["readOnly"], true, "{m}");
+    }
+    let config = Config::parse(
+        object("ConfigMap")["data"]["requirements.yaml"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    let resources = &config.kubernetes.rdma_resources;
+    assert_eq!(resources.len(), 1, "{resources:?}");
+    let shared = resources[0].as_str();
+    assert!(shared.contains("shared"), "a shared resource: {shared}");
+    for kind in ["requests", "limits"] {
+        assert_eq!(
+            c["resources"][kind][shared], "1",
+            "one unit of {shared} in {kind}: the agent reaches the devices as the workers do"
+        );
     }
     // The token is projected by hand (pod-bound: it carries the node-name claim); nothing is
     // mounted automatically.
@@ -568,11 +581,28 @@ fn manifest_passes_yamllint() {
     let Some(yl) = tool("yamllint", "pip install yamllint") else {
         return;
     };
+    // The annotated sources strictly; the rendered daemonset.yaml as kustomize writes it
+    // (sequences not indented, long CEL expressions on one line).
+    let mut sources = Proc::new(&yl);
+    sources
+        .args(["--strict", "-c"])
+        .arg(root().join("deploy/yamllint.yaml"));
+    for dir in [
+        "deploy/base",
+        "deploy/overlays/shared-device",
+        "deploy/overlays/privileged",
+    ] {
+        for entry in std::fs::read_dir(root().join(dir)).unwrap() {
+            sources.arg(entry.unwrap().path());
+        }
+    }
+    let (ok, out) = run(&mut sources);
+    assert!(ok, "yamllint (sources):\n{out}");
     let (ok, out) = run(Proc::new(&yl)
         .args(["--strict", "-c"])
-        .arg(root().join("deploy/yamllint.yaml"))
+        .arg(root().join("deploy/yamllint-rendered.yaml"))
         .arg(root().join("daemonset.yaml")));
-    assert!(ok, "yamllint:\n{out}");
+    assert!(ok, "yamllint (rendered):\n{out}");
 }
 
 #[test]
