@@ -90,9 +90,6 @@ pub struct PreflightArgs {
         conflicts_with = "config"
     )]
     pub requirements: Option<String>,
-    /// Root of the device nodes (`infiniband/uverbsN` is looked up beneath it).
-    #[arg(long, default_value = "/dev", value_name = "DIR")]
-    pub dev_root: PathBuf,
     /// Shared emptyDir where `nccl.conf` and `nccl.env` are written on success.
     #[arg(long, default_value = "/fabricgate", value_name = "DIR")]
     pub nccl_dir: PathBuf,
@@ -320,6 +317,10 @@ pub struct ProbeArgs {
     /// Root of procfs.
     #[arg(long, default_value = "/proc", value_name = "DIR")]
     pub proc_root: PathBuf,
+    /// Root of the device nodes (`infiniband/uverbsN` is looked up beneath it; libibverbs
+    /// itself always opens `/dev`).
+    #[arg(long, default_value = "/dev", value_name = "DIR")]
+    pub dev_root: PathBuf,
     /// Requirements file (YAML).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -386,7 +387,7 @@ impl ProbeArgs {
                 });
             }
         }
-        Ok(Roots::new(&self.sysfs_root, &self.proc_root))
+        Ok(Roots::new(&self.sysfs_root, &self.proc_root).with_devfs(&self.dev_root))
     }
 
     pub fn probe_config(&self, config: &Config) -> ProbeConfig {

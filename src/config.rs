@@ -28,14 +28,35 @@ pub struct Config {
     pub kubernetes: KubernetesRequirements,
 }
 
-/// Requirements read from the agent's own (watched) Node, not from the host.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+/// Device-plugin liveness: what the agent requires of its own (watched) Node, and of the
+/// plugin's socket and device nodes on the host.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct KubernetesRequirements {
     /// Extended resources a device plugin advertises (`rdma/hca_shared_devices_a`,
     /// `nvidia.com/hostdev`): each must be in the Node's `status.capacity` and have
-    /// `status.allocatable` > 0. Empty (the default): not checked.
+    /// `status.allocatable` > 0; and when set, every selected RDMA device must have its
+    /// `/dev/infiniband/uverbsN` in the agent's container (the plugin hands them out).
+    /// Empty (the default): not checked.
     pub rdma_resources: Vec<String>,
+    /// The kubelet's device-plugins directory as mounted (read-only) in the agent's container.
+    pub device_plugin_dir: String,
+    /// Socket file names in `device_plugin_dir` that must exist (the plugins' registered
+    /// endpoints). Empty (the default): not checked.
+    pub device_plugin_sockets: Vec<String>,
+}
+
+/// Where the kubelet keeps device-plugin sockets.
+pub const DEFAULT_DEVICE_PLUGIN_DIR: &str = "/var/lib/kubelet/device-plugins";
+
+impl Default for KubernetesRequirements {
+    fn default() -> Self {
+        Self {
+            rdma_resources: Vec::new(),
+            device_plugin_dir: DEFAULT_DEVICE_PLUGIN_DIR.into(),
+            device_plugin_sockets: Vec::new(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -644,6 +665,27 @@ impl Config {
                 ),
             );
         }
+        if !self.kubernetes.device_plugin_dir.starts_with('/') {
+            return bad(
+                "kubernetes.device_plugin_dir",
+                format!(
+                    "{:?} is not an absolute path; give the directory as mounted in the \
+                     agent's container (e.g. {DEFAULT_DEVICE_PLUGIN_DIR})",
+                    self.kubernetes.device_plugin_dir
+                ),
+            );
+        }
+        for socket in &self.kubernetes.device_plugin_sockets {
+            if socket.is_empty() || socket.contains('/') || socket == "." || socket == ".." {
+                return bad(
+                    "kubernetes.device_plugin_sockets",
+                    format!(
+                        "{socket:?} is not a file name; give the socket's name inside \
+                         kubernetes.device_plugin_dir (e.g. \"rdma-shared.sock\")"
+                    ),
+                );
+            }
+        }
         for r in &self.kubernetes.rdma_resources {
             let valid = r.split_once('/').is_some_and(|(domain, name)| {
                 !domain.is_empty()
@@ -1103,6 +1145,15 @@ mod tests {
         assert_eq!(c.node.breaker.window, Duration::from_secs(300));
         let d = Config::default();
         assert!(d.kubernetes.rdma_resources.is_empty() && d.node.pool_selector.is_empty());
+        assert!(d.kubernetes.device_plugin_sockets.is_empty());
+        assert_eq!(d.kubernetes.device_plugin_dir, DEFAULT_DEVICE_PLUGIN_DIR);
+        let c = Config::parse(
+            "kubernetes:\n  device_plugin_dir: /host/device-plugins\n  \
+             device_plugin_sockets: [rdma.sock]\n",
+        )
+        .unwrap();
+        assert_eq!(c.kubernetes.device_plugin_dir, "/host/device-plugins");
+        assert_eq!(c.kubernetes.device_plugin_sockets, ["rdma.sock"]);
         assert_eq!(d.node.breaker.max_unvalidated_fraction, 0.5);
         for (yaml, key) in [
             (
@@ -1115,6 +1166,14 @@ mod tests {
             ),
             ("node:\n  breaker:\n    window: 0s\n", "node.breaker.window"),
             ("node:\n  pool_selector: \"a=b,\"\n", "node.pool_selector"),
+            (
+                "kubernetes:\n  device_plugin_dir: var/lib/kubelet\n",
+                "kubernetes.device_plugin_dir",
+            ),
+            (
+                "kubernetes:\n  device_plugin_sockets: [\"../kubelet.sock\"]\n",
+                "kubernetes.device_plugin_sockets",
+            ),
         ] {
             let e = Config::parse(yaml).unwrap_err().to_string();
             assert!(e.contains(key), "{yaml}: {e}");

@@ -357,7 +357,11 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
     );
     let stopping = stop_rx.clone();
     let probing = probe_loop(
-        ProbeThread::spawn(prober, failpoint)?,
+        ProbeThread::spawn(
+            prober,
+            failclosed::PluginHostChecks::from_config(&config.kubernetes),
+            failpoint,
+        )?,
         &config,
         hysteresis,
         ProbeTiming {
@@ -558,7 +562,8 @@ async fn probe_loop(
             }
         };
         let report = &probed.report;
-        let found = node_findings.borrow_and_update().clone();
+        let mut found = node_findings.borrow_and_update().clone();
+        found.extend(probed.plugin.findings.iter().cloned());
         let mut instant = policy::evaluate_with(report, config, &found);
         if let Some(p) = peers {
             if fresh {
@@ -569,7 +574,10 @@ async fn probe_loop(
             }
         }
         let instant_ready = instant.ready;
-        let fault = agent_error::classify(report, &probed.own_mounts);
+        let fault = agent_error::classify(report, &probed.own_mounts).filter(|f| {
+            // Devices missing from an incomplete plugin set are the plugin's fault.
+            !(f.cause == agent_error::Cause::NoDeviceAccess && probed.plugin.incomplete_device_set)
+        });
         // An agent error says nothing about the node: hysteresis does not see that probe, so
         // the node continues where it was once the agent can judge again.
         let verdict = match &fault {
@@ -625,8 +633,10 @@ fn empty_report() -> ProbeReport {
 #[derive(Clone)]
 struct Probed {
     report: ProbeReport,
-    /// [`agent_error::own_mount_problems`].
+    /// [`agent_error::own_mount_problems`], and a device-plugins directory the agent lacks.
     own_mounts: Vec<String>,
+    /// [`failclosed::PluginHostChecks`] on this probe.
+    plugin: failclosed::PluginHostFindings,
 }
 
 /// The prober lives on its own thread for the agent's life: a probe may block (hung mounts,
@@ -637,7 +647,11 @@ struct ProbeThread {
 }
 
 impl ProbeThread {
-    fn spawn(mut prober: Prober, failpoint: Failpoint) -> Result<Self> {
+    fn spawn(
+        mut prober: Prober,
+        plugin_checks: failclosed::PluginHostChecks,
+        failpoint: Failpoint,
+    ) -> Result<Self> {
         let (tx, rx) = std::sync::mpsc::channel::<oneshot::Sender<Probed>>();
         let live_procfs = prober.roots().procfs_root() == std::path::Path::new("/proc");
         std::thread::Builder::new()
@@ -655,9 +669,15 @@ impl ProbeThread {
                         _ => {}
                     }
                     let report = prober.probe();
-                    let own_mounts = agent_error::own_mount_problems(&report, live_procfs);
+                    let mut own_mounts = agent_error::own_mount_problems(&report, live_procfs);
+                    let plugin = plugin_checks.run(prober.roots(), &report.rdma);
+                    own_mounts.extend(plugin.own_problems.iter().cloned());
                     done += 1;
-                    let _ = reply.send(Probed { report, own_mounts });
+                    let _ = reply.send(Probed {
+                        report,
+                        own_mounts,
+                        plugin,
+                    });
                 }
             })
             .map_err(|e| Error::Internal {

@@ -2,10 +2,15 @@
 //! own Node object besides the hardware (device-plugin liveness), and the one decision
 //! "taint this node now?" ([`taint_decision`]) with the blast-radius breaker.
 
-use crate::config::BreakerSettings;
+use crate::config::{BreakerSettings, KubernetesRequirements};
 use crate::policy::{DEVICE_PLUGIN_UNAVAILABLE, Finding, Scope, Verdict};
+use fabricgate_probes::Roots;
+use fabricgate_probes::pod::{self, DeviceNode};
+use fabricgate_probes::rdma::RdmaReport;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::Timestamp;
+use std::os::unix::fs::FileTypeExt;
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// `reason` of `FabricReady` when the breaker kept the agent from tainting.
@@ -179,6 +184,119 @@ pub fn device_plugin_findings(node: &Node, resources: &[String]) -> Vec<Finding>
         });
     }
     out
+}
+
+/// What the device plugins must show on the host, checked on the probe thread after each probe:
+/// their sockets registered under the kubelet's device-plugins directory, and every selected
+/// RDMA device's `uverbsN` node present in the agent's container (which gets them from the same
+/// plugin as the training pods).
+#[derive(Debug, Clone, Default)]
+pub struct PluginHostChecks {
+    resources: Vec<String>,
+    dir: PathBuf,
+    sockets: Vec<String>,
+}
+
+/// What [`PluginHostChecks::run`] found: node findings, and the agent's own blind spots.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PluginHostFindings {
+    /// `DevicePluginUnavailable` findings about the node.
+    pub findings: Vec<Finding>,
+    /// The agent cannot look (the device-plugins directory is not mounted): an agent error.
+    pub own_problems: Vec<String>,
+    /// Some selected devices' nodes are missing, others present: the verbs probe's "cannot
+    /// open" for the missing ones is then the plugin's fault, not the agent's deployment.
+    pub incomplete_device_set: bool,
+}
+
+impl PluginHostChecks {
+    pub fn from_config(k: &KubernetesRequirements) -> Self {
+        Self {
+            resources: k.rdma_resources.clone(),
+            dir: PathBuf::from(&k.device_plugin_dir),
+            sockets: k.device_plugin_sockets.clone(),
+        }
+    }
+
+    /// Check the sockets and the device nodes of the devices `rdma` selected.
+    pub fn run(&self, roots: &Roots, rdma: &RdmaReport) -> PluginHostFindings {
+        let mut out = PluginHostFindings::default();
+        if !self.sockets.is_empty() {
+            self.check_sockets(&mut out);
+        }
+        if !self.resources.is_empty() {
+            self.check_device_nodes(roots, rdma, &mut out);
+        }
+        out
+    }
+
+    fn check_sockets(&self, out: &mut PluginHostFindings) {
+        let dir = &self.dir;
+        if !dir.is_dir() {
+            out.own_problems.push(format!(
+                "kubernetes.device_plugin_sockets are checked in {} but it is not a directory \
+                 inside the agent's container (mount the kubelet's device-plugins directory \
+                 there read-only)",
+                dir.display()
+            ));
+            return;
+        }
+        for name in &self.sockets {
+            let path = dir.join(name);
+            let problem = match std::fs::symlink_metadata(&path) {
+                Ok(m) if m.file_type().is_socket() => continue,
+                Ok(_) => format!("{} is not a socket", path.display()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    format!("{} does not exist", path.display())
+                }
+                Err(e) => format!("cannot inspect {}: {e}", path.display()),
+            };
+            out.findings.push(Finding {
+                scope: Scope::Rdma,
+                code: DEVICE_PLUGIN_UNAVAILABLE,
+                message: format!(
+                    "device-plugin socket {name} is not registered with the kubelet: {problem}; \
+                     the device plugin is not running on this node (ls {} shows the registered \
+                     plugins); restart the device-plugin pod",
+                    dir.display()
+                ),
+            });
+        }
+    }
+
+    /// A plugin that started before the driver hands out an incomplete set: some selected
+    /// devices' nodes are in the container, others not. None at all is how the agent was
+    /// deployed (an agent error, from the verbs probe), not the plugin.
+    fn check_device_nodes(&self, roots: &Roots, rdma: &RdmaReport, out: &mut PluginHostFindings) {
+        let Ok(nodes) = pod::device_nodes(roots) else {
+            return; // unreadable class/infiniband_verbs: the RDMA probe reports sysfs errors
+        };
+        let selected: Vec<&DeviceNode> = nodes
+            .iter()
+            .filter(|n| rdma.devices.iter().any(|d| d.name == n.device))
+            .collect();
+        let missing: Vec<String> = selected
+            .iter()
+            .filter(|n| !n.present)
+            .map(|n| format!("{} ({})", n.path.display(), n.device))
+            .collect();
+        if missing.is_empty() || missing.len() == selected.len() {
+            return;
+        }
+        out.incomplete_device_set = true;
+        out.findings.push(Finding {
+            scope: Scope::Rdma,
+            code: DEVICE_PLUGIN_UNAVAILABLE,
+            message: format!(
+                "the device plugin hands out an incomplete set of RDMA devices: {} missing in \
+                 the agent's container, which gets its devices from {} as training pods do; the \
+                 plugin probably started before the driver created them; restart the \
+                 device-plugin pod on this node",
+                missing.join(", "),
+                self.resources.join(", ")
+            ),
+        });
+    }
 }
 
 /// Whether a Kubernetes quantity is greater than zero (`"0"`, `"0k"`, `"-1"`, garbage: no).
@@ -379,5 +497,103 @@ mod tests {
         ] {
             assert_eq!(positive(q), want, "{q}");
         }
+    }
+
+    fn host_checks(
+        sockets: &[&str],
+        dir: &std::path::Path,
+        resources: &[&str],
+    ) -> PluginHostChecks {
+        PluginHostChecks::from_config(&KubernetesRequirements {
+            rdma_resources: resources.iter().map(|r| (*r).to_owned()).collect(),
+            device_plugin_dir: dir.display().to_string(),
+            device_plugin_sockets: sockets.iter().map(|s| (*s).to_owned()).collect(),
+        })
+    }
+
+    fn rdma_of(names: &[&str]) -> RdmaReport {
+        RdmaReport {
+            devices: names
+                .iter()
+                .map(|n| fabricgate_probes::rdma::DeviceReport {
+                    name: (*n).to_owned(),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn plugin_socket_must_be_a_registered_socket() {
+        let dir = tempfile::tempdir().unwrap();
+        let roots = Roots::new(dir.path(), dir.path());
+        let checks = host_checks(&["rdma.sock"], dir.path(), &[]);
+        let listener = std::os::unix::net::UnixListener::bind(dir.path().join("rdma.sock"));
+        let listener = listener.unwrap();
+        assert_eq!(
+            checks.run(&roots, &rdma_of(&[])),
+            PluginHostFindings::default()
+        );
+        drop(listener);
+        std::fs::remove_file(dir.path().join("rdma.sock")).unwrap();
+        let found = checks.run(&roots, &rdma_of(&[]));
+        assert_eq!(found.findings.len(), 1);
+        assert_eq!(found.findings[0].code, DEVICE_PLUGIN_UNAVAILABLE);
+        assert!(
+            found.findings[0]
+                .message
+                .contains("rdma.sock is not registered")
+                && found.findings[0].message.contains("does not exist"),
+            "{:?}",
+            found.findings
+        );
+        std::fs::write(dir.path().join("rdma.sock"), "").unwrap();
+        let found = checks.run(&roots, &rdma_of(&[]));
+        assert!(found.findings[0].message.contains("is not a socket"));
+        // The directory not mounted in the agent's container: the agent's trouble.
+        let absent = host_checks(&["rdma.sock"], &dir.path().join("absent"), &[]);
+        let found = absent.run(&roots, &rdma_of(&[]));
+        assert!(found.findings.is_empty());
+        assert_eq!(found.own_problems.len(), 1);
+        assert!(found.own_problems[0].contains("not a directory inside the agent's container"));
+    }
+
+    #[test]
+    fn an_incomplete_device_set_from_the_plugin_is_a_finding_none_at_all_is_not() {
+        let fixture =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/pod-4of8");
+        let roots = Roots::new(fixture.join("sys"), fixture.join("proc"));
+        let checks = host_checks(&[], &fixture, &[R]);
+        // uverbs0-3 are in the fixture's /dev, uverbs4-9 are not.
+        let found = checks.run(
+            &roots.clone().with_devfs(fixture.join("dev")),
+            &rdma_of(&["mlx5_0", "mlx5_1", "mlx5_4"]),
+        );
+        assert!(found.incomplete_device_set);
+        assert_eq!(found.findings.len(), 1);
+        let m = &found.findings[0].message;
+        assert!(
+            m.contains("infiniband/uverbs4 (mlx5_4)") && !m.contains("uverbs0") && m.contains(R),
+            "{m}"
+        );
+        // Only the selected devices count.
+        let all_there = checks.run(
+            &roots.clone().with_devfs(fixture.join("dev")),
+            &rdma_of(&["mlx5_0", "mlx5_3"]),
+        );
+        assert_eq!(all_there, PluginHostFindings::default());
+        // No device node at all: how the agent is deployed (an agent error elsewhere).
+        let none = checks.run(
+            &roots.clone().with_devfs(fixture.join("no-dev")),
+            &rdma_of(&["mlx5_0", "mlx5_4"]),
+        );
+        assert_eq!(none, PluginHostFindings::default());
+        // Without kubernetes.rdma_resources the plugin is not in play.
+        let off = host_checks(&[], &fixture, &[]).run(
+            &roots.with_devfs(fixture.join("dev")),
+            &rdma_of(&["mlx5_0", "mlx5_4"]),
+        );
+        assert_eq!(off, PluginHostFindings::default());
     }
 }

@@ -153,7 +153,7 @@ fn run_preflight(args: &PreflightArgs) -> anyhow::Result<u8> {
         Err(e) => return fail(e),
     };
     let roots = match args.probe.roots() {
-        Ok(r) => r.with_devfs(&args.dev_root),
+        Ok(r) => r,
         Err(e) => return fail(e),
     };
     let opts = preflight::Options {

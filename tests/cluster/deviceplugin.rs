@@ -125,3 +125,105 @@ fn plugin_resource_gone_from_allocatable_fails_the_node_within_one_interval_and_
     });
     drop(agent);
 }
+
+/// The host side of the plugin: its socket under the kubelet's device-plugins directory, and
+/// the `/dev/infiniband` nodes it hands out (here the agent's `--dev-root`). A 10-HCA node
+/// (`tests/fixtures/pod-4of8`, every device node present at first).
+#[test]
+fn plugin_socket_gone_or_an_incomplete_device_set_fails_the_node_and_recovers() {
+    let Some(cp) = control_plane() else { return };
+    let name = "plugin-host";
+    cp.create_node(
+        name,
+        json!({}),
+        json!([
+            { "key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule" },
+            { "key": TAINT, "effect": "NoSchedule" },
+        ]),
+        json!({ RESOURCE: "1000" }),
+    );
+    let node = TestNode {
+        cp,
+        name: name.to_owned(),
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = crate::common::fixture("pod-4of8");
+    let status = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(fixture.join("sys"))
+        .arg(fixture.join("dev"))
+        .arg(dir.path())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let dev = dir.path().join("dev/infiniband");
+    for n in 4..10 {
+        std::fs::write(dev.join(format!("uverbs{n}")), "").unwrap();
+    }
+    let proc_root = dir.path().join("proc/self");
+    std::fs::create_dir_all(&proc_root).unwrap();
+    std::fs::write(
+        proc_root.join("mountinfo"),
+        "21 1 252:1 / / rw,relatime shared:1 - ext4 /dev/vda1 rw\n",
+    )
+    .unwrap();
+    let plugins = dir.path().join("device-plugins");
+    std::fs::create_dir(&plugins).unwrap();
+    let socket = plugins.join("rdma-shared.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    let config = dir.path().join("requirements.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "kubernetes:\n  rdma_resources: [\"{RESOURCE}\"]\n  device_plugin_dir: {}\n  \
+             device_plugin_sockets: [rdma-shared.sock]\n",
+            plugins.display()
+        ),
+    )
+    .unwrap();
+    let kubeconfig = node.agent_kubeconfig(None);
+    let agent = crate::start_agent_at(
+        name,
+        &dir.path().join("sys"),
+        &dir.path().join("proc"),
+        dir.path(),
+        Some(&kubeconfig),
+        &[
+            "--interval",
+            "300ms",
+            "--config",
+            config.to_str().unwrap(),
+            "--dev-root",
+            dir.path().join("dev").to_str().unwrap(),
+        ],
+    );
+    agent.wait("validation", Duration::from_secs(30), || node.ready());
+    let reason_with = |needle: &str| {
+        node.condition("FabricReady").is_some_and(|c| {
+            c["status"] == "False"
+                && c["reason"] == "DevicePluginUnavailable"
+                && c["message"].as_str().is_some_and(|m| m.contains(needle))
+        })
+    };
+
+    // The plugin stops: its socket goes away.
+    drop(listener);
+    std::fs::remove_file(&socket).unwrap();
+    agent.wait("the socket finding", Duration::from_secs(10), || {
+        node.has_our_taint() && reason_with("rdma-shared.sock is not registered")
+    });
+    let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    agent.wait("recovery", Duration::from_secs(15), || node.ready());
+
+    // The plugin restarted before the driver created uverbs7: an incomplete set.
+    std::fs::remove_file(dev.join("uverbs7")).unwrap();
+    agent.wait("the device-set finding", Duration::from_secs(10), || {
+        node.has_our_taint() && reason_with("infiniband/uverbs7 (mlx5_7)")
+    });
+    let rdma = node.condition("RDMAReady").unwrap();
+    assert_eq!(rdma["reason"], "DevicePluginUnavailable", "{rdma}");
+    std::fs::write(dev.join("uverbs7"), "").unwrap();
+    agent.wait("recovery", Duration::from_secs(15), || node.ready());
+    drop(listener);
+    drop(agent);
+}
