@@ -3,12 +3,16 @@
 //! subresource (and deleting a pod as a node drain or crash would).
 
 use crate::{TestNode, control_plane, signal, wait_until};
+use serde::Deserialize;
 use serde_json::json;
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-const NS: &str = "guard-test";
+/// The namespace of deploy/guard.yaml's Role: the agent pods and the Lease live there.
+const NS: &str = "fabricgate";
+const GUARD_USER: &str = "system:serviceaccount:fabricgate:fabricgate-guard";
 const POOL: &str = "fabricgate.io/test-pool";
 const APP: &str = "fg-agent-test";
 
@@ -98,10 +102,8 @@ fn holder(cp: &crate::support::controlplane::ControlPlane) -> Option<String> {
 #[test]
 fn guard_taints_nodes_whose_agent_is_gone_only_the_leader_acts_and_failover_works() {
     let Some(cp) = control_plane() else { return };
-    cp.apply(&format!(
-        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {NS}\n---\n\
-         apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: default\n  namespace: {NS}\n"
-    ));
+    // The namespace and the agent's ServiceAccount, as daemonset.yaml installs them.
+    cp.install_agent_rbac();
     let names: Vec<String> = (0..6).map(|i| format!("guard-{i}")).collect();
     for name in &names {
         cp.create_node(
@@ -115,6 +117,7 @@ fn guard_taints_nodes_whose_agent_is_gone_only_the_leader_acts_and_failover_work
             "metadata": { "name": pod_name(name), "namespace": NS, "labels": { "app": APP } },
             "spec": {
                 "nodeName": name,
+                "serviceAccountName": "fabricgate",
                 "automountServiceAccountToken": false,
                 "containers": [{ "name": "agent", "image": "fabricgate:test" }],
             },
@@ -145,19 +148,23 @@ fn guard_taints_nodes_whose_agent_is_gone_only_the_leader_acts_and_failover_work
         cp,
         name: names[i].clone(),
     };
-    // The shipped manifest is accepted by the real apiserver (server-side dry run).
+    // The shipped manifest, applied: the guards run with its ServiceAccount and RBAC (its
+    // Deployment stays inert: no controller manager runs here).
     let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/guard.yaml");
-    cp.apply("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: fabricgate\n");
-    cp.kubectl(&["apply", "--dry-run=server", "-f", manifest]);
+    cp.kubectl(&["apply", "-f", manifest]);
+    let token = cp.kubectl(&["-n", NS, "create", "token", "fabricgate-guard"]);
     let scratch = tempfile::tempdir().unwrap();
+    let kubeconfig = scratch.path().join("guard.kubeconfig");
+    cp.write_kubeconfig(&kubeconfig, &cp.url, token.trim());
+    let mark = cp.audit_mark();
     let config = scratch.path().join("requirements.yaml");
     std::fs::write(
         &config,
         format!("node:\n  pool_selector: \"{POOL}=guard\"\n"),
     )
     .unwrap();
-    let a = start_guard("guard-a", &config, &cp.admin_kubeconfig, scratch.path());
-    let b = start_guard("guard-b", &config, &cp.admin_kubeconfig, scratch.path());
+    let a = start_guard("guard-a", &config, &kubeconfig, scratch.path());
+    let b = start_guard("guard-b", &config, &kubeconfig, scratch.path());
     wait_until("a leader", Duration::from_secs(20), || holder(cp).is_some());
     let leader = holder(cp).unwrap();
     let (leader_guard, follower) = if leader == a.identity { (a, b) } else { (b, a) };
@@ -235,5 +242,59 @@ fn guard_taints_nodes_whose_agent_is_gone_only_the_leader_acts_and_failover_work
             .filter(|&i| i != 1 && i != 2 && i != 3)
             .all(|i| !node(i).has_our_taint())
     );
+    // A clean stop releases the Lease.
+    signal(&follower.child, "TERM");
+    wait_until("the Lease released", Duration::from_secs(10), || {
+        holder(cp).is_none()
+    });
     drop(follower);
+
+    // Least privilege, from the audit log: the guards used exactly what deploy/guard.yaml
+    // grants, and nothing they asked for was refused.
+    let requests: Vec<_> = cp
+        .audit_since(mark)
+        .into_iter()
+        .filter(|e| e.user == GUARD_USER)
+        .collect();
+    let refused: Vec<_> = requests.iter().filter(|e| e.code == 403).collect();
+    assert!(refused.is_empty(), "refused: {refused:#?}");
+    let used: BTreeSet<(String, String, String)> = requests
+        .iter()
+        .map(|e| {
+            let resource = if e.subresource.is_empty() {
+                e.resource.clone()
+            } else {
+                format!("{}/{}", e.resource, e.subresource)
+            };
+            (e.api_group.clone(), resource, e.verb.clone())
+        })
+        .collect();
+    assert_eq!(used, granted(), "audit log vs deploy/guard.yaml");
+}
+
+/// (apiGroup, resource, verb) the guard's ClusterRole and Role grant.
+fn granted() -> BTreeSet<(String, String, String)> {
+    let text =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/guard.yaml")).unwrap();
+    let mut out = BTreeSet::new();
+    for doc in serde_norway::Deserializer::from_str(&text) {
+        let v = serde_json::Value::deserialize(doc).unwrap();
+        if v["kind"] != "ClusterRole" && v["kind"] != "Role" {
+            continue;
+        }
+        for rule in v["rules"].as_array().unwrap() {
+            for g in rule["apiGroups"].as_array().unwrap() {
+                for r in rule["resources"].as_array().unwrap() {
+                    for verb in rule["verbs"].as_array().unwrap() {
+                        out.insert((
+                            g.as_str().unwrap().to_owned(),
+                            r.as_str().unwrap().to_owned(),
+                            verb.as_str().unwrap().to_owned(),
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    out
 }
