@@ -30,6 +30,9 @@ pub enum Cause {
     NoDeviceAccess,
     /// The container lacks a mount it needs (its procfs, a required mount's parent).
     MissingOwnMount,
+    /// The requirements were written for other hardware: RDMA devices exist, none matches
+    /// `rdma.devices`.
+    ConfigMismatch,
 }
 
 impl Cause {
@@ -41,13 +44,14 @@ impl Cause {
             Self::ProbeStalled => "probe_stalled",
             Self::NoDeviceAccess => "no_device_access",
             Self::MissingOwnMount => "missing_own_mount",
+            Self::ConfigMismatch => "config_mismatch",
         }
     }
 
     /// The parts of the node whose verdict the agent cannot give.
     fn scopes(self) -> &'static [Scope] {
         match self {
-            Self::NoDeviceAccess => &[Scope::Rdma],
+            Self::NoDeviceAccess | Self::ConfigMismatch => &[Scope::Rdma],
             Self::MissingOwnMount => &[Scope::Lustre],
             Self::OutOfDescriptors | Self::OutOfMemory | Self::ProbeStalled => {
                 &[Scope::Rdma, Scope::Lustre]
@@ -207,6 +211,33 @@ pub fn classify(report: &ProbeReport, own_mounts: &[String]) -> Option<AgentFaul
     None
 }
 
+/// Requirements that cannot be about this node: it has RDMA devices, but none matches
+/// `rdma.devices` (a ConfigMap written for another pool's HCAs, `mlx5_*` on a `bnxt_re` node).
+/// Not the hardware's fault, so an agent error; `None` when RDMA is not required, when sysfs
+/// shows no device at all (a missing driver is the node's fault) or could not be read.
+pub fn config_mismatch(report: &ProbeReport, config: &Config) -> Option<AgentFault> {
+    let rdma = &report.rdma;
+    if config.rdma.min_active_ports == 0 || rdma.devices.is_empty() || !rdma.errors.is_empty() {
+        return None;
+    }
+    let matcher = config.device_matcher();
+    if rdma.devices.iter().any(|d| matcher.is_match(&d.name)) {
+        return None;
+    }
+    let names: Vec<&str> = rdma.devices.iter().map(|d| d.name.as_str()).collect();
+    Some(AgentFault {
+        cause: Cause::ConfigMismatch,
+        message: format!(
+            "fabricgate agent error: the requirements select RDMA devices {:?} but this node \
+             has {}: they were written for other hardware, which says nothing about this node; \
+             fix: set rdma.devices to this node's HCAs, or give this pool its own DaemonSet and \
+             requirements (node.pool_selector)",
+            config.rdma.devices.as_str(),
+            names.join(", ")
+        ),
+    })
+}
+
 /// Required mounts reported missing whose top-level directory does not exist in the agent's
 /// own file system: the container was not given the host directory, so "missing" is the
 /// agent's blindness, not the node's. Only meaningful with the live procfs (the mount table
@@ -355,5 +386,38 @@ mod tests {
             Some("/lustre".into())
         );
         assert_eq!(top_level(Path::new("/")), None);
+    }
+
+    #[test]
+    fn requirements_for_other_hardware_are_an_agent_error_a_missing_driver_is_not() {
+        use fabricgate_probes::rdma::DeviceReport;
+        let mut report = crate::daemon::empty_report();
+        report.rdma.subsystem_present = true;
+        report.rdma.devices = ["bnxt_re0", "bnxt_re1"]
+            .iter()
+            .map(|n| DeviceReport {
+                name: (*n).to_owned(),
+                ..Default::default()
+            })
+            .collect();
+        let config = Config::parse("rdma:\n  devices: \"mlx5_*\"\n").unwrap();
+        let fault = config_mismatch(&report, &config).expect("an agent error");
+        assert_eq!(fault.cause, Cause::ConfigMismatch);
+        assert!(
+            fault.message.contains("\"mlx5_*\"") && fault.message.contains("bnxt_re0, bnxt_re1"),
+            "{}",
+            fault.message
+        );
+        let v = verdict(crate::policy::evaluate(&report, &config), &fault, &config);
+        assert!(v.rdma.part.findings.iter().all(|f| f.code == REASON));
+        // A matching device: the node is judged as usual.
+        let any = Config::parse("rdma:\n  devices: \"bnxt_*\"\n").unwrap();
+        assert_eq!(config_mismatch(&report, &any), None);
+        // RDMA not required: nothing to mismatch.
+        let off = Config::parse("rdma:\n  devices: \"mlx5_*\"\n  min_active_ports: 0\n").unwrap();
+        assert_eq!(config_mismatch(&report, &off), None);
+        // No device at all (no driver loaded): the node's fault, not the requirements'.
+        report.rdma.devices.clear();
+        assert_eq!(config_mismatch(&report, &config), None);
     }
 }

@@ -574,10 +574,13 @@ async fn probe_loop(
             }
         }
         let instant_ready = instant.ready;
-        let fault = agent_error::classify(report, &probed.own_mounts).filter(|f| {
-            // Devices missing from an incomplete plugin set are the plugin's fault.
-            !(f.cause == agent_error::Cause::NoDeviceAccess && probed.plugin.incomplete_device_set)
-        });
+        let fault = agent_error::classify(report, &probed.own_mounts)
+            .filter(|f| {
+                // Devices missing from an incomplete plugin set are the plugin's fault.
+                !(f.cause == agent_error::Cause::NoDeviceAccess
+                    && probed.plugin.incomplete_device_set)
+            })
+            .or_else(|| agent_error::config_mismatch(report, config));
         // An agent error says nothing about the node: hysteresis does not see that probe, so
         // the node continues where it was once the agent can judge again.
         let verdict = match &fault {
@@ -618,7 +621,7 @@ async fn probe_loop(
 }
 
 /// What a probe of nothing gives (the base verdict of a stall before any probe completed).
-fn empty_report() -> ProbeReport {
+pub(crate) fn empty_report() -> ProbeReport {
     ProbeReport {
         timestamp: 0.0,
         rdma: fabricgate_probes::rdma::RdmaReport::default(),

@@ -12,6 +12,8 @@ mod support;
 
 #[path = "cluster/agent.rs"]
 mod agent;
+#[path = "cluster/agenterror.rs"]
+mod agenterror;
 #[path = "cluster/breaker.rs"]
 mod breaker;
 #[path = "cluster/cleanup.rs"]
