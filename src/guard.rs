@@ -318,20 +318,7 @@ async fn taint(nodes: &Api<Node>, node: &Node, key: &str, s: &GuardSettings) -> 
         effect: s.config.node.taint_effect.as_str().to_owned(),
         ..Default::default()
     });
-    let rv = node.metadata.resource_version.clone().unwrap_or_default();
-    let patch: json_patch::Patch = serde_json::from_value(json!([
-        { "op": "test", "path": "/metadata/resourceVersion", "value": rv },
-        { "op": "add", "path": "/spec/taints", "value": taints },
-    ]))
-    .map_err(|e| Error::Internal {
-        message: format!("building the taint patch: {e}"),
-    })?;
-    let pp = PatchParams {
-        field_manager: Some(GUARD_FIELD_MANAGER.to_owned()),
-        ..PatchParams::default()
-    };
-    nodes
-        .patch(&name, &pp, &Patch::Json::<()>(patch))
+    crate::node::patch_taints(nodes, node, &taints, GUARD_FIELD_MANAGER)
         .await
         .map_err(|e| kube_err("taint", &name, e))?;
     Ok(())

@@ -429,6 +429,33 @@ fn wants_new_taint(node: &Node, verdict: &Verdict, taint_key: &str) -> bool {
     !has && verdict.taints.iter().any(|t| t.key == taint_key)
 }
 
+/// Replace the Node's taints with `taints` by JSON patch, guarded by a `test` on the
+/// resourceVersion they were computed from (a 409/422 means someone else wrote meanwhile).
+pub(crate) async fn patch_taints(
+    nodes: &Api<Node>,
+    node: &Node,
+    taints: &[Taint],
+    field_manager: &str,
+) -> std::result::Result<Node, kube::Error> {
+    let rv = node.metadata.resource_version.clone().unwrap_or_default();
+    let patch = json_patch::Patch(vec![
+        json_patch::PatchOperation::Test(json_patch::TestOperation {
+            path: json_patch::jsonptr::PointerBuf::from_tokens(["metadata", "resourceVersion"]),
+            value: json!(rv),
+        }),
+        json_patch::PatchOperation::Add(json_patch::AddOperation {
+            path: json_patch::jsonptr::PointerBuf::from_tokens(["spec", "taints"]),
+            value: json!(taints),
+        }),
+    ]);
+    let pp = PatchParams {
+        field_manager: Some(field_manager.to_owned()),
+        ..PatchParams::default()
+    };
+    let name = node.metadata.name.clone().unwrap_or_default();
+    nodes.patch(&name, &pp, &Patch::Json::<()>(patch)).await
+}
+
 /// What [`Reconciler::apply`] writes by server-side apply.
 #[derive(Clone, Copy)]
 enum Apply<'a> {
@@ -879,22 +906,7 @@ impl Reconciler {
             let Some(taints) = plan_taints(&node, verdict, taint_key, &Timestamp::now()) else {
                 return Ok(node);
             };
-            let rv = node.metadata.resource_version.clone().unwrap_or_default();
-            let patch: json_patch::Patch = serde_json::from_value(json!([
-                { "op": "test", "path": "/metadata/resourceVersion", "value": rv },
-                { "op": "add", "path": "/spec/taints", "value": taints },
-            ]))
-            .map_err(|e| Error::Internal {
-                message: format!("building the taint patch: {e}"),
-            })?;
-            let pp = PatchParams {
-                field_manager: Some(FIELD_MANAGER.to_owned()),
-                ..PatchParams::default()
-            };
-            match nodes
-                .patch(&self.node_name, &pp, &Patch::Json::<()>(patch))
-                .await
-            {
+            match patch_taints(nodes, &node, &taints, FIELD_MANAGER).await {
                 Ok(new) => {
                     self.wrote("taint", outcome);
                     let on = taints.iter().any(|t| t.key == taint_key);

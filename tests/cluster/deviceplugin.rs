@@ -2,6 +2,7 @@
 //! test drops and restores the resource's allocatable on the Node's status subresource, as the
 //! kubelet does when a device plugin's endpoint goes away and comes back.
 
+use crate::support::controlplane::ControlPlane;
 use crate::support::sysfs::FakeHca;
 use crate::{TAINT, TestNode, control_plane, start_agent, wait_until};
 use serde_json::json;
@@ -22,10 +23,8 @@ fn set_allocatable(node: &TestNode, value: &str) {
     ]);
 }
 
-#[test]
-fn plugin_resource_gone_from_allocatable_fails_the_node_within_one_interval_and_recovers() {
-    let Some(cp) = control_plane() else { return };
-    let name = "plugin-flip";
+/// A tainted GPU Node whose device plugin advertises 1000 units of [`RESOURCE`].
+fn plugin_node(cp: &'static ControlPlane, name: &str) -> TestNode {
     cp.create_node(
         name,
         json!({}),
@@ -36,10 +35,17 @@ fn plugin_resource_gone_from_allocatable_fails_the_node_within_one_interval_and_
         ]),
         json!({ RESOURCE: "1000" }),
     );
-    let node = TestNode {
+    TestNode {
         cp,
         name: name.to_owned(),
-    };
+    }
+}
+
+#[test]
+fn plugin_resource_gone_from_allocatable_fails_the_node_within_one_interval_and_recovers() {
+    let Some(cp) = control_plane() else { return };
+    let name = "plugin-flip";
+    let node = plugin_node(cp, name);
     let hca = FakeHca::new(true);
     let config = hca.scratch().join("requirements.yaml");
     std::fs::write(
@@ -133,19 +139,7 @@ fn plugin_resource_gone_from_allocatable_fails_the_node_within_one_interval_and_
 fn plugin_socket_gone_or_an_incomplete_device_set_fails_the_node_and_recovers() {
     let Some(cp) = control_plane() else { return };
     let name = "plugin-host";
-    cp.create_node(
-        name,
-        json!({}),
-        json!([
-            { "key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule" },
-            { "key": TAINT, "effect": "NoSchedule" },
-        ]),
-        json!({ RESOURCE: "1000" }),
-    );
-    let node = TestNode {
-        cp,
-        name: name.to_owned(),
-    };
+    let node = plugin_node(cp, name);
     let dir = tempfile::tempdir().unwrap();
     let fixture = crate::common::fixture("pod-4of8");
     let status = std::process::Command::new("cp")

@@ -2,8 +2,8 @@
 //! Lease; the test plays the kubelet, setting the agent pods' Ready condition on the status
 //! subresource (and deleting a pod as a node drain or crash would).
 
+use crate::support::controlplane::{AuditEvent, Grant, rbac_grants};
 use crate::{TestNode, control_plane, signal, wait_until};
-use serde::Deserialize;
 use serde_json::json;
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -258,43 +258,10 @@ fn guard_taints_nodes_whose_agent_is_gone_only_the_leader_acts_and_failover_work
         .collect();
     let refused: Vec<_> = requests.iter().filter(|e| e.code == 403).collect();
     assert!(refused.is_empty(), "refused: {refused:#?}");
-    let used: BTreeSet<(String, String, String)> = requests
-        .iter()
-        .map(|e| {
-            let resource = if e.subresource.is_empty() {
-                e.resource.clone()
-            } else {
-                format!("{}/{}", e.resource, e.subresource)
-            };
-            (e.api_group.clone(), resource, e.verb.clone())
-        })
-        .collect();
-    assert_eq!(used, granted(), "audit log vs deploy/guard.yaml");
-}
-
-/// (apiGroup, resource, verb) the guard's ClusterRole and Role grant.
-fn granted() -> BTreeSet<(String, String, String)> {
-    let text =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/guard.yaml")).unwrap();
-    let mut out = BTreeSet::new();
-    for doc in serde_norway::Deserializer::from_str(&text) {
-        let v = serde_json::Value::deserialize(doc).unwrap();
-        if v["kind"] != "ClusterRole" && v["kind"] != "Role" {
-            continue;
-        }
-        for rule in v["rules"].as_array().unwrap() {
-            for g in rule["apiGroups"].as_array().unwrap() {
-                for r in rule["resources"].as_array().unwrap() {
-                    for verb in rule["verbs"].as_array().unwrap() {
-                        out.insert((
-                            g.as_str().unwrap().to_owned(),
-                            r.as_str().unwrap().to_owned(),
-                            verb.as_str().unwrap().to_owned(),
-                        ));
-                    }
-                }
-            }
-        }
-    }
-    out
+    let used: BTreeSet<Grant> = requests.iter().map(AuditEvent::grant).collect();
+    let manifest = std::fs::read_to_string(manifest).unwrap();
+    let granted = rbac_grants(&manifest, |d| {
+        d["kind"] == "ClusterRole" || d["kind"] == "Role"
+    });
+    assert_eq!(used, granted, "audit log vs deploy/guard.yaml");
 }

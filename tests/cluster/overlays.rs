@@ -9,7 +9,6 @@ use crate::control_plane;
 use crate::support::controlplane::ControlPlane;
 use serde::Deserialize;
 use serde_json::Value;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 const OVERLAYS: [&str; 2] = ["shared-device", "privileged"];
@@ -56,24 +55,7 @@ fn every_overlay_passes_both_schemas_and_a_server_side_dry_run() {
         let docs = documents(&text);
         let file = cp.path(&format!("overlay-{overlay}.yaml"));
         std::fs::write(&file, &text).unwrap();
-        for version in ["1.30.0", "1.34.0"] {
-            let out = Command::new(&kv)
-                .args(["--strict", "-k", version])
-                .arg(&file)
-                .output()
-                .unwrap();
-            let stdout = String::from_utf8_lossy(&out.stdout);
-            assert!(
-                out.status.success(),
-                "{overlay} against {version}: {stdout}{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            assert_eq!(
-                stdout.matches(" passed for resource ").count(),
-                docs.len(),
-                "{overlay}: every object checked against {version}:\n{stdout}"
-            );
-        }
+        crate::common::assert_valid_for_both_schemas(&kv, &file, docs.len());
         let (ok, out, err) = cp.kubectl_as(
             &cp.admin_kubeconfig,
             &["apply", "--dry-run=server", "-f", file.to_str().unwrap()],

@@ -5,7 +5,7 @@
 //! denied, by the policy (with its message) or by RBAC. And the ClusterRole grants exactly
 //! what a full agent run uses according to the audit log.
 
-use crate::support::controlplane::{ControlPlane, client_from};
+use crate::support::controlplane::{AuditEvent, ControlPlane, Grant, client_from, rbac_grants};
 use crate::{AGENT_USER, FakeHca, TAINT, TestNode, control_plane, start_agent, wait_until};
 use k8s_openapi::api::core::v1::{Node, Secret};
 use k8s_openapi::api::events::v1::Event;
@@ -207,31 +207,14 @@ fn the_agent_may_change_only_its_own_marks_on_its_own_node() {
 }
 
 /// (apiGroup, resource[/subresource], verb) the ClusterRole in `daemonset.yaml` grants.
-fn granted() -> BTreeSet<(String, String, String)> {
+fn granted() -> BTreeSet<Grant> {
     let manifest = std::fs::read_to_string(
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("daemonset.yaml"),
     )
     .unwrap();
-    let role = manifest
-        .split("\n---")
-        .find(|d| d.contains("\nkind: ClusterRole\n") && d.contains("name: fabricgate-agent"))
-        .expect("the agent's ClusterRole");
-    let role: Value = serde_norway::from_str(role).expect("ClusterRole YAML");
-    let mut out = BTreeSet::new();
-    for rule in role["rules"].as_array().unwrap() {
-        for g in rule["apiGroups"].as_array().unwrap() {
-            for r in rule["resources"].as_array().unwrap() {
-                for v in rule["verbs"].as_array().unwrap() {
-                    out.insert((
-                        g.as_str().unwrap().to_owned(),
-                        r.as_str().unwrap().to_owned(),
-                        v.as_str().unwrap().to_owned(),
-                    ));
-                }
-            }
-        }
-    }
-    out
+    rbac_grants(&manifest, |d| {
+        d["kind"] == "ClusterRole" && d["metadata"]["name"] == "fabricgate-agent"
+    })
 }
 
 /// A full agent run — validate, fail, recover, drift undone, restart, stop — and the audit
@@ -287,17 +270,10 @@ fn the_cluster_role_grants_exactly_what_a_full_agent_run_uses() {
     std::thread::sleep(Duration::from_secs(2));
     drop(agent);
 
-    let used: BTreeSet<(String, String, String)> = node
+    let used: BTreeSet<Grant> = node
         .agent_requests(mark)
-        .into_iter()
-        .map(|e| {
-            let resource = if e.subresource.is_empty() {
-                e.resource.clone()
-            } else {
-                format!("{}/{}", e.resource, e.subresource)
-            };
-            (e.api_group.clone(), resource, e.verb.clone())
-        })
+        .iter()
+        .map(AuditEvent::grant)
         .collect();
     let forbidden: Vec<_> = node
         .agent_requests(mark)

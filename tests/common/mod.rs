@@ -120,3 +120,35 @@ pub fn have_tool(name: &str) -> bool {
     )
     .is_some()
 }
+
+/// The Kubernetes versions the manifests must validate against: the oldest supported (the
+/// admission policy and the node-name token claim need 1.30) and the newest schema published.
+pub const KUBERNETES_SCHEMAS: [&str; 2] = ["1.30.0", "1.37.0"];
+
+/// `kubernetes-validate --strict` of `manifest` against both [`KUBERNETES_SCHEMAS`]: it
+/// passes, and every one of its `objects` objects was checked.
+pub fn assert_valid_for_both_schemas(kv: &Path, manifest: &Path, objects: usize) {
+    for version in KUBERNETES_SCHEMAS {
+        let out = std::process::Command::new(kv)
+            .args(["--strict", "-k", version])
+            .arg(manifest)
+            .output()
+            .expect("run kubernetes-validate");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            out.status.success(),
+            "kubernetes-validate {version} {}:\n{text}",
+            manifest.display()
+        );
+        assert_eq!(
+            text.matches(" passed for resource ").count(),
+            objects,
+            "every object of {} checked against {version}:\n{text}",
+            manifest.display()
+        );
+    }
+}

@@ -77,6 +77,49 @@ impl AuditEvent {
             "create" | "update" | "patch" | "delete" | "deletecollection"
         )
     }
+
+    /// (apiGroup, resource[/subresource], verb): what RBAC had to grant for this request.
+    pub fn grant(&self) -> Grant {
+        let resource = if self.subresource.is_empty() {
+            self.resource.clone()
+        } else {
+            format!("{}/{}", self.resource, self.subresource)
+        };
+        (self.api_group.clone(), resource, self.verb.clone())
+    }
+}
+
+/// (apiGroup, resource[/subresource], verb).
+pub type Grant = (String, String, String);
+
+/// Every grant of the RBAC rules in the manifest documents `docs` that `pick` selects (a
+/// ClusterRole, a Role).
+pub fn rbac_grants(docs: &str, pick: impl Fn(&Value) -> bool) -> std::collections::BTreeSet<Grant> {
+    use serde::Deserialize;
+    let mut out = std::collections::BTreeSet::new();
+    for doc in serde_norway::Deserializer::from_str(docs) {
+        let v = Value::deserialize(doc).expect("manifest YAML");
+        if !pick(&v) {
+            continue;
+        }
+        let strings = |x: &Value| -> Vec<String> {
+            x.as_array()
+                .expect("a list")
+                .iter()
+                .map(|s| s.as_str().expect("a string").to_owned())
+                .collect()
+        };
+        for rule in v["rules"].as_array().expect("rules") {
+            for g in strings(&rule["apiGroups"]) {
+                for r in strings(&rule["resources"]) {
+                    for verb in strings(&rule["verbs"]) {
+                        out.insert((g.clone(), r.clone(), verb));
+                    }
+                }
+            }
+        }
+    }
+    out
 }
 
 static SHARED: OnceLock<Option<ControlPlane>> = OnceLock::new();
