@@ -75,6 +75,19 @@ pub fn count_pool(
     c
 }
 
+/// `<label_prefix>breaker-override` and whether the Node carries it as `"true"` (the
+/// operator's override of the breaker for this one Node).
+pub fn breaker_override(node: &Node, label_prefix: &str) -> (String, bool) {
+    let annotation = format!("{label_prefix}breaker-override");
+    let overridden = node
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(&annotation))
+        .is_some_and(|v| v == "true");
+    (annotation, overridden)
+}
+
 /// The answer to "taint this node now?".
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TaintDecision {

@@ -250,13 +250,8 @@ async fn sweep(
         if tainted {
             continue;
         }
-        let annotation = format!("{}breaker-override", s.config.node.label_prefix);
-        let overridden = node
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(&annotation))
-            .is_some_and(|v| v == "true");
+        let (annotation, overridden) =
+            failclosed::breaker_override(node, &s.config.node.label_prefix);
         let counted = failclosed::count_pool(
             &pool,
             &name,

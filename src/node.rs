@@ -740,13 +740,8 @@ impl Reconciler {
         outcome: &mut Outcome,
     ) -> failclosed::TaintDecision {
         let settings = &self.settings.breaker;
-        let annotation = format!("{}breaker-override", self.settings.label_prefix);
-        let overridden = node
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(&annotation))
-            .is_some_and(|v| v == "true");
+        let (annotation, overridden) =
+            failclosed::breaker_override(node, &self.settings.label_prefix);
         if self.settings.pool_selector.is_empty() || !settings.enabled || overridden {
             return failclosed::taint_decision(settings, None, overridden, &annotation);
         }
