@@ -52,18 +52,25 @@ pub fn count_pool(
             continue;
         }
         c.tainted_others += 1;
-        let recent = n
+        let fabric = n
             .status
             .as_ref()
             .and_then(|s| s.conditions.as_ref())
-            .and_then(|cs| cs.iter().find(|c| c.type_ == "FabricReady"))
-            .filter(|c| c.status == "False")
-            .and_then(|c| c.last_transition_time.as_ref())
-            .is_some_and(|t| {
+            .and_then(|cs| cs.iter().find(|c| c.type_ == "FabricReady"));
+        let recent = match fabric {
+            // Turned not ready within the window.
+            Some(c) if c.status == "False" => c.last_transition_time.as_ref().is_some_and(|t| {
                 now.duration_since(t.0)
                     .try_into()
                     .is_ok_and(|age: Duration| age <= window)
-            });
+            }),
+            // Tainted while the condition still says ready: a transition in progress (the
+            // taint is written before the conditions), so it is new. In a correlated burst
+            // most of the others are caught here, between their two writes.
+            Some(c) if c.status == "True" => true,
+            // No condition yet: registered with the taint, never validated; not a failure.
+            _ => false,
+        };
         if recent {
             c.new_in_window += 1;
         }
@@ -467,6 +474,23 @@ mod tests {
             taint_decision(&settings, Some(&c), false, ANN),
             TaintDecision::BreakerOpen { .. }
         ));
+        // Tainted a moment ago, its conditions not written yet (FabricReady still True): new.
+        nodes[2] = pool_node("n2", true, None);
+        let conditions = nodes[2].status.as_mut().unwrap();
+        conditions.conditions = Some(vec![k8s_openapi::api::core::v1::NodeCondition {
+            type_: "FabricReady".into(),
+            status: "True".into(),
+            last_transition_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                Timestamp::from_second(0).unwrap(),
+            )),
+            ..Default::default()
+        }]);
+        let c = count_pool(&nodes, "n99", KEY, w, &now);
+        assert_eq!(c.new_in_window, 2, "{c:?}");
+        // Registered with the taint, never validated (no condition): not a failure.
+        nodes[2] = pool_node("n2", true, None);
+        let c = count_pool(&nodes, "n99", KEY, w, &now);
+        assert_eq!(c.new_in_window, 1, "{c:?}");
     }
 
     #[test]

@@ -332,10 +332,24 @@ fn fleet_measure() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(500);
     let quiet = Duration::from_secs(120);
-    let watch = run_fleet(cp, "fleet-watch", n, true, false, quiet);
-    println!("{}", report("watch per Node", &watch));
-    let gets = run_fleet(cp, "fleet-gets", n, false, false, quiet);
-    println!("{}", report("periodic GETs (resync 60s)", &gets));
-    let breaker = run_fleet(cp, "fleet-breaker", n, true, true, quiet);
-    println!("{}", report("watch per Node + breaker", &breaker));
+    // FABRICGATE_FLEET_MODES: a comma-separated subset of watch,gets,breaker (default all).
+    let modes =
+        std::env::var("FABRICGATE_FLEET_MODES").unwrap_or_else(|_| "watch,gets,breaker".to_owned());
+    for mode in modes.split(',') {
+        let (label, watch, breaker) = match mode.trim() {
+            "watch" => ("watch per Node", true, false),
+            "gets" => ("periodic GETs (resync 60s)", false, false),
+            "breaker" => ("watch per Node + breaker", true, true),
+            other => panic!("FABRICGATE_FLEET_MODES: unknown mode {other:?}"),
+        };
+        let f = run_fleet(
+            cp,
+            &format!("fleet-{}", mode.trim()),
+            n,
+            watch,
+            breaker,
+            quiet,
+        );
+        println!("{}", report(label, &f));
+    }
 }
