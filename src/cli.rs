@@ -268,6 +268,15 @@ pub struct RunArgs {
     /// Name of the Node this agent guards (downward API `spec.nodeName`).
     #[arg(long, env = "NODE_NAME", value_name = "NAME")]
     pub node_name: Option<String>,
+    /// The agent's namespace (downward API `metadata.namespace`): where the blast-radius
+    /// breaker's ledger ConfigMap `fabricgate-breaker` lives.
+    #[arg(
+        long,
+        env = "POD_NAMESPACE",
+        default_value = "fabricgate",
+        value_name = "NAMESPACE"
+    )]
+    pub namespace: String,
     /// Probe interval (jittered by up to 10%), 10ms to 1h.
     #[arg(long, default_value = "10s", value_parser = parse_interval)]
     pub interval: std::time::Duration,

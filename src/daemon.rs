@@ -30,6 +30,8 @@ const BACKOFF_BASE: Duration = Duration::from_millis(200);
 /// Everything `run` needs, resolved from flags, environment and config file.
 pub struct Agent {
     pub node_name: String,
+    /// The agent's namespace (the breaker's ledger lives there).
+    pub namespace: String,
     pub config: Config,
     pub prober: Prober,
     pub interval: Duration,
@@ -183,6 +185,7 @@ impl Agent {
             stale_series_grace: args.stale_series_grace,
             failpoint: Failpoint::from_env(),
             peers,
+            namespace: args.namespace.clone(),
         })
     }
 }
@@ -263,6 +266,7 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
         stale_series_grace,
         failpoint,
         peers,
+        namespace,
     } = agent;
     metrics.health().set_timing(HealthTiming {
         interval,
@@ -318,7 +322,8 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
         dry_run,
         Arc::clone(&metrics),
     )
-    .with_required_labels(config.placement.required_labels.clone());
+    .with_required_labels(config.placement.required_labels.clone())
+    .with_breaker_ledger(&namespace);
     let mut early_stop = stop_rx.clone();
     let resumed = tokio::select! {
         v = reconciler.validated_on_node() => v,

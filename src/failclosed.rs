@@ -95,6 +95,55 @@ pub fn breaker_override(node: &Node, label_prefix: &str) -> (String, bool) {
     (annotation, overridden)
 }
 
+/// The ConfigMap (in the agent's namespace) where agents reserve their new taints: the
+/// ledger of `node.breaker.max_new_per_window`. Agents that fail in the same instant cannot
+/// see each other's taints in a list (a burst overshoots the cap by everyone deciding within
+/// one list latency); a reservation is a compare-and-swap on this one object, so the cap holds
+/// exactly. `data`: node name → RFC 3339 time of its new taint.
+pub const LEDGER: &str = "fabricgate-breaker";
+
+/// Entries of the ledger, other than `self_name`, for Nodes in `pool` and within `window` of
+/// `now`.
+pub fn ledger_recent(
+    data: &std::collections::BTreeMap<String, String>,
+    self_name: &str,
+    pool: &std::collections::BTreeSet<&str>,
+    window: Duration,
+    now: &Timestamp,
+) -> u32 {
+    let recent = data
+        .iter()
+        .filter(|(node, _)| node.as_str() != self_name && pool.contains(node.as_str()))
+        .filter(|(_, at)| within(at, window, now))
+        .count();
+    u32::try_from(recent).unwrap_or(u32::MAX)
+}
+
+/// The ledger with entries older than `window` (or unreadable) dropped and `self_name`
+/// reserved at `now`.
+pub fn ledger_with(
+    data: &std::collections::BTreeMap<String, String>,
+    self_name: &str,
+    window: Duration,
+    now: &Timestamp,
+) -> std::collections::BTreeMap<String, String> {
+    let mut out: std::collections::BTreeMap<String, String> = data
+        .iter()
+        .filter(|(_, at)| within(at, window, now))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    out.insert(self_name.to_owned(), now.to_string());
+    out
+}
+
+fn within(at: &str, window: Duration, now: &Timestamp) -> bool {
+    at.parse::<Timestamp>().is_ok_and(|t| {
+        now.duration_since(t)
+            .try_into()
+            .is_ok_and(|age: Duration| age <= window)
+    })
+}
+
 /// The answer to "taint this node now?".
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TaintDecision {
@@ -632,5 +681,31 @@ mod tests {
             &rdma_of(&["mlx5_0", "mlx5_4"]),
         );
         assert_eq!(off, PluginHostFindings::default());
+    }
+
+    #[test]
+    fn the_ledger_counts_recent_reservations_of_the_pool_and_drops_old_ones() {
+        let now = Timestamp::from_second(1_000_000).unwrap();
+        let at = |ago: i64| Timestamp::from_second(1_000_000 - ago).unwrap().to_string();
+        let data: BTreeMap<String, String> = [
+            ("a", at(10)),
+            ("b", at(700)),
+            ("c", at(5)),
+            ("other-pool", at(5)),
+            ("me", at(1)),
+            ("garbage", "yesterday".to_owned()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+        let pool: std::collections::BTreeSet<&str> =
+            ["a", "b", "c", "me", "garbage"].into_iter().collect();
+        let w = Duration::from_secs(600);
+        // a and c: b is too old, other-pool is not ours, me is me, garbage is unreadable.
+        assert_eq!(ledger_recent(&data, "me", &pool, w, &now), 2);
+        let next = ledger_with(&data, "d", w, &now);
+        assert!(!next.contains_key("b") && !next.contains_key("garbage"));
+        assert_eq!(next.get("d"), Some(&now.to_string()));
+        assert!(next.contains_key("a") && next.contains_key("other-pool"));
     }
 }

@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 use crate::failclosed;
 use crate::metrics::Metrics;
 use crate::policy::{self, Verdict};
-use k8s_openapi::api::core::v1::{Node, NodeCondition, ObjectReference, Taint};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, NodeCondition, ObjectReference, Taint};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
@@ -456,6 +456,16 @@ pub(crate) async fn patch_taints(
     nodes.patch(&name, &pp, &Patch::Json::<()>(patch)).await
 }
 
+/// A few milliseconds that differ between nodes and rounds, so that contending reservations
+/// spread out.
+fn jitter_ms(node: &str, round: u32) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in node.bytes().chain(round.to_le_bytes()) {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    h % 20
+}
+
 /// What [`Reconciler::apply`] writes by server-side apply.
 #[derive(Clone, Copy)]
 enum Apply<'a> {
@@ -507,6 +517,8 @@ pub struct Reconciler {
     own_versions: std::collections::VecDeque<String>,
     /// `placement.required_labels`: keys the Node must carry (checked on each Node read).
     required_labels: Vec<String>,
+    /// The breaker's ledger ([`failclosed::LEDGER`]) in the agent's namespace.
+    ledger: Option<Api<ConfigMap>>,
 }
 
 impl Reconciler {
@@ -532,7 +544,17 @@ impl Reconciler {
             watch_live: false,
             own_versions: std::collections::VecDeque::new(),
             required_labels: Vec::new(),
+            ledger: None,
         }
+    }
+
+    /// Reserve new taints in the breaker's ledger in `namespace` (the agent's own).
+    pub fn with_breaker_ledger(mut self, namespace: &str) -> Self {
+        self.ledger = self
+            .nodes
+            .as_ref()
+            .map(|n| Api::namespaced(n.clone().into_client(), namespace));
+        self
     }
 
     /// A version of the Node from the watch. `true` when it needs a reconcile: someone else
@@ -777,7 +799,83 @@ impl Reconciler {
             list_ms = started.elapsed().as_millis() as u64,
             "breaker: counted the pool before tainting"
         );
-        failclosed::taint_decision(settings, Some(&pool), false, &annotation)
+        let decision = failclosed::taint_decision(settings, Some(&pool), false, &annotation);
+        if decision != failclosed::TaintDecision::Taint || settings.max_new_per_window == 0 {
+            return decision;
+        }
+        let names: BTreeSet<&str> = list
+            .items
+            .iter()
+            .filter_map(|n| n.metadata.name.as_deref())
+            .collect();
+        match self.reserve(&names, outcome).await {
+            Ok(None) => failclosed::TaintDecision::Taint,
+            Ok(Some(reserved_by_others)) => {
+                let pool = failclosed::PoolCount {
+                    new_in_window: pool.new_in_window.max(reserved_by_others),
+                    ..pool
+                };
+                failclosed::taint_decision(settings, Some(&pool), false, &annotation)
+            }
+            Err(e) => {
+                // Without the ledger the list's count stands (a burst may overshoot the cap).
+                tracing::warn!(
+                    node = %self.node_name,
+                    error = %e,
+                    "cannot use the breaker's ledger ConfigMap {}; deciding from the pool list \
+                     alone",
+                    failclosed::LEDGER
+                );
+                decision
+            }
+        }
+    }
+
+    /// Reserve this node's new taint in the ledger by compare-and-swap: `Ok(None)` reserved;
+    /// `Ok(Some(n))`: the cap is reached, `n` others of the pool reserved within the window.
+    async fn reserve(
+        &self,
+        pool: &BTreeSet<&str>,
+        outcome: &mut Outcome,
+    ) -> std::result::Result<Option<u32>, kube::Error> {
+        let Some(ledger) = &self.ledger else {
+            return Ok(None);
+        };
+        let settings = &self.settings.breaker;
+        // Conflicts mean others reserved meanwhile: each retry reads their entries.
+        for round in 0..20 {
+            outcome.requests += 1;
+            let mut cm = ledger.get(failclosed::LEDGER).await?;
+            let now = Timestamp::now();
+            let data = cm.data.clone().unwrap_or_default();
+            let others =
+                failclosed::ledger_recent(&data, &self.node_name, pool, settings.window, &now);
+            if others + 1 > settings.max_new_per_window {
+                return Ok(Some(others));
+            }
+            cm.data = Some(failclosed::ledger_with(
+                &data,
+                &self.node_name,
+                settings.window,
+                &now,
+            ));
+            match ledger
+                .replace(failclosed::LEDGER, &PostParams::default(), &cm)
+                .await
+            {
+                Ok(_) => {
+                    self.wrote("ledger", outcome);
+                    return Ok(None);
+                }
+                Err(kube::Error::Api(e)) if e.code == 409 => {
+                    let pause = 5 + jitter_ms(&self.node_name, round);
+                    tokio::time::sleep(Duration::from_millis(pause)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        // Still contended after 20 rounds: the burst is large; hold back (fail safe).
+        Ok(Some(settings.max_new_per_window))
     }
 
     fn log_dry_run_without_cluster(&mut self, verdict: &Verdict, taint_key: &str) {

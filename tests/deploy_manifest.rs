@@ -53,6 +53,14 @@ fn object(kind: &str) -> Value {
     first
 }
 
+/// The requirements ConfigMap (the other one is the breaker's ledger).
+fn requirements_cm() -> Value {
+    documents()
+        .into_iter()
+        .find(|d| d["kind"] == "ConfigMap" && d["metadata"]["name"] == "fabricgate-requirements")
+        .expect("the fabricgate-requirements ConfigMap")
+}
+
 fn container() -> Value {
     let ds = object("DaemonSet");
     let containers = ds["spec"]["template"]["spec"]["containers"]
@@ -142,8 +150,11 @@ fn manifest_holds_each_object_once_in_the_agent_namespace() {
         [
             "Namespace",
             "ServiceAccount",
+            "Role",
             "ClusterRole",
+            "RoleBinding",
             "ClusterRoleBinding",
+            "ConfigMap",
             "ConfigMap",
             "ValidatingAdmissionPolicy",
             "ValidatingAdmissionPolicyBinding",
@@ -153,9 +164,10 @@ fn manifest_holds_each_object_once_in_the_agent_namespace() {
          in it, the own-node policy before the agent"
     );
     assert_eq!(object("Namespace")["metadata"]["name"], NAMESPACE);
-    for kind in ["ServiceAccount", "ConfigMap", "DaemonSet"] {
+    for kind in ["ServiceAccount", "Role", "RoleBinding", "DaemonSet"] {
         assert_eq!(object(kind)["metadata"]["namespace"], NAMESPACE, "{kind}");
     }
+    assert_eq!(requirements_cm()["metadata"]["namespace"], NAMESPACE);
 }
 
 #[test]
@@ -231,11 +243,27 @@ fn rbac_grants_exactly_what_the_agent_uses() {
         ds["spec"]["template"]["spec"]["serviceAccountName"],
         sa["metadata"]["name"]
     );
+    // In its namespace only the breaker's ledger, by name: read it and update it.
+    let ledger = object("Role");
+    assert_eq!(
+        ledger["rules"],
+        json!([{"apiGroups": [""], "resources": ["configmaps"],
+                "resourceNames": ["fabricgate-breaker"], "verbs": ["get", "update"]}])
+    );
+    assert!(
+        documents().iter().any(|d| d["kind"] == "ConfigMap"
+            && d["metadata"]["name"] == fabricgate::failclosed::LEDGER
+            && d["metadata"]["namespace"] == NAMESPACE),
+        "the ledger ConfigMap ships with the manifest (the agent may not create it)"
+    );
+    let role_binding = object("RoleBinding");
+    assert_eq!(role_binding["roleRef"]["name"], ledger["metadata"]["name"]);
+    assert_eq!(role_binding["subjects"], binding["subjects"]);
 }
 
 #[test]
 fn configmap_requirements_are_accepted_and_use_the_binarys_names() {
-    let cm = object("ConfigMap");
+    let cm = requirements_cm();
     let text = cm["data"]["requirements.yaml"].as_str().unwrap();
     let config = Config::parse(text).unwrap_or_else(|e| panic!("requirements rejected: {e}"));
     assert_eq!(config.node.label_prefix, DEFAULT_LABEL_PREFIX);
@@ -311,7 +339,7 @@ fn configmap_requirements_are_accepted_and_use_the_binarys_names() {
 fn configmap_example_validates_an_8x400g_node_and_rejects_a_degraded_one() {
     use fabricgate_probes::rdma::VerbsMode;
     use fabricgate_probes::{ProbeConfig, Prober, Roots};
-    let cm = object("ConfigMap");
+    let cm = requirements_cm();
     let config = Config::parse(cm["data"]["requirements.yaml"].as_str().unwrap()).unwrap();
     let verdict = |fixture: &str| {
         let dir = root().join("tests/fixtures").join(fixture);
@@ -453,7 +481,7 @@ fn pod_runs_with_least_privilege() {
         assert_eq!(m["readOnly"], true, "{m}");
     }
     let config = Config::parse(
-        object("ConfigMap")["data"]["requirements.yaml"]
+        requirements_cm()["data"]["requirements.yaml"]
             .as_str()
             .unwrap(),
     )
@@ -1120,7 +1148,7 @@ fn guard_manifest_is_least_privilege_two_replicas_with_a_pdb_and_its_args_parse(
         .unwrap();
     assert_eq!(
         vol["configMap"]["name"],
-        object("ConfigMap")["metadata"]["name"]
+        requirements_cm()["metadata"]["name"]
     );
     // The pod selector selects the agent DaemonSet's pods.
     let ds_labels = &object("DaemonSet")["spec"]["template"]["metadata"]["labels"];

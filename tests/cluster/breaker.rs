@@ -182,3 +182,83 @@ fn breaker_list_of_a_500_node_pool() {
         }
     });
 }
+
+/// A correlated burst: eight agents of one pool lose their ports at the same instant, with
+/// `max_new_per_window: 3`. Each sees almost none of the others' taints in its list (they
+/// decide within the same list latency); the ledger's compare-and-swap keeps the cap exact:
+/// three tainted, five held with `BreakerOpen`.
+#[test]
+fn a_burst_of_eight_failures_taints_exactly_max_new_per_window() {
+    let Some(cp) = control_plane() else { return };
+    let names: Vec<String> = (0..8).map(|i| format!("burst-{i}")).collect();
+    for name in &names {
+        let gpu = json!({ "key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule" });
+        cp.create_node(
+            name,
+            json!({ POOL: "burst" }),
+            json!([gpu, { "key": TAINT, "effect": "NoSchedule" }]),
+            json!({}),
+        );
+    }
+    let nodes: Vec<TestNode> = names
+        .iter()
+        .map(|n| TestNode {
+            cp,
+            name: n.clone(),
+        })
+        .collect();
+    let hcas: Vec<FakeHca> = (0..8).map(|_| FakeHca::new(true)).collect();
+    let agents: Vec<_> = nodes
+        .iter()
+        .zip(&hcas)
+        .map(|(node, hca)| {
+            let config = hca.scratch().join("requirements.yaml");
+            std::fs::write(
+                &config,
+                format!(
+                    "node:\n  recover_after: 1\n  pool_selector: \"{POOL}=burst\"\n  breaker:\n    \
+                     max_new_per_window: 3\n    window: 10m\n"
+                ),
+            )
+            .unwrap();
+            let kubeconfig = node.agent_kubeconfig(None);
+            start_agent(
+                &node.name,
+                hca,
+                Some(&kubeconfig),
+                &["--interval", "300ms", "--config", config.to_str().unwrap()],
+            )
+        })
+        .collect();
+    for (agent, node) in agents.iter().zip(&nodes) {
+        agent.wait("validation", Duration::from_secs(60), || node.ready());
+    }
+    for hca in &hcas {
+        hca.set_port(false);
+    }
+    let decided = |n: &TestNode| {
+        n.has_our_taint()
+            || n.condition("FabricReady")
+                .is_some_and(|c| c["reason"] == "BreakerOpen")
+    };
+    wait_until(
+        "every failing node decided",
+        Duration::from_secs(30),
+        || nodes.iter().all(decided),
+    );
+    // Held nodes re-check on every resync; give a wrong extra taint the time to appear.
+    std::thread::sleep(Duration::from_secs(2));
+    let tainted = nodes.iter().filter(|n| n.has_our_taint()).count();
+    let held: Vec<String> = nodes
+        .iter()
+        .filter(|n| !n.has_our_taint())
+        .map(|n| n.condition("FabricReady").unwrap()["message"].to_string())
+        .collect();
+    assert_eq!(tainted, 3, "held: {held:#?}");
+    assert!(
+        held.iter()
+            .all(|m| m.contains("node.breaker.max_new_per_window 3")),
+        "{held:#?}"
+    );
+    drop(agents);
+}

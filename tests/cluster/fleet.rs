@@ -44,6 +44,10 @@ impl Fleet {
         breaker: bool,
     ) -> Fleet {
         let names: Vec<String> = (0..n).map(|i| format!("{prefix}-{i:04}")).collect();
+        if breaker {
+            // The namespace and the breaker's ledger ConfigMap, as daemonset.yaml ships them.
+            cp.install_agent_rbac();
+        }
         let admin = cp.admin();
         let nodes: Api<Node> = Api::all(admin);
         cp.block_on(async {
@@ -123,6 +127,7 @@ impl Fleet {
                     stale_series_grace: Duration::from_secs(600),
                     failpoint: daemon::Failpoint::None,
                     peers: None,
+                    namespace: "fabricgate".to_owned(),
                 };
                 let shutdown = async move {
                     let _ = stop_rx.wait_for(|s| *s).await;

@@ -213,7 +213,8 @@ fn granted() -> BTreeSet<Grant> {
     )
     .unwrap();
     rbac_grants(&manifest, |d| {
-        d["kind"] == "ClusterRole" && d["metadata"]["name"] == "fabricgate-agent"
+        (d["kind"] == "ClusterRole" || d["kind"] == "Role")
+            && d["metadata"]["name"] == "fabricgate-agent"
     })
 }
 

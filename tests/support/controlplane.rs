@@ -545,7 +545,9 @@ impl ControlPlane {
             .expect("read daemonset.yaml");
             let docs: Vec<&str> = manifest
                 .split("\n---")
-                .filter(|d| !d.contains("\nkind: DaemonSet") && !d.contains("\nkind: ConfigMap"))
+                .filter(|d| {
+                    !d.contains("\nkind: DaemonSet") && !d.contains("name: fabricgate-requirements")
+                })
                 .collect();
             self.apply(&docs.join("\n---"));
             // The policy is enforced only once the apiserver has loaded it: wait until a
