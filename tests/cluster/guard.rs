@@ -169,12 +169,20 @@ fn guard_taints_nodes_whose_agent_is_gone_only_the_leader_acts_and_failover_work
     let leader = holder(cp).unwrap();
     let (leader_guard, follower) = if leader == a.identity { (a, b) } else { (b, a) };
 
-    // Healthy agents: nothing happens for well over stale_after.
+    // Healthy agents: nothing happens for well over stale_after, and the guard writes nothing
+    // but its Lease renewals.
+    let quiet = cp.audit_mark();
     std::thread::sleep(Duration::from_secs(4));
     assert!(
         (0..6).all(|i| !node(i).has_our_taint()),
         "no agent problem, no taint"
     );
+    let writes: Vec<_> = cp
+        .audit_since(quiet)
+        .into_iter()
+        .filter(|e| e.user == GUARD_USER && e.is_write() && e.resource != "leases")
+        .collect();
+    assert!(writes.is_empty(), "steady-state writes: {writes:#?}");
 
     // The agent pod on guard-1 is deleted; the one on guard-2 turns NotReady.
     cp.kubectl(&[
