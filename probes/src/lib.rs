@@ -8,6 +8,7 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod error;
+pub mod events;
 pub mod gpudirect;
 pub mod netdev;
 pub mod pod;
