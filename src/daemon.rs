@@ -346,6 +346,15 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
         "fabricgate agent started"
     );
     let stopping = stop_rx.clone();
+    // Kernel events wake the probe loop before the interval (docs/events.md).
+    let wakeup = crate::wakeup::Wakeup::start(
+        &config.events,
+        fabricgate_probes::events::EventOptions {
+            verbs: prober.config().verbs == fabricgate_probes::rdma::VerbsMode::Required,
+            ..Default::default()
+        },
+        metrics.events.clone(),
+    );
     let probing = probe_loop(
         ProbeThread::spawn(prober, failpoint)?,
         &config,
@@ -358,6 +367,7 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
         &desired_tx,
         stop_rx,
         peer_agent.as_ref(),
+        wakeup,
     );
     // Supervision: the probe loop, the Node writer and the server live and die together. A
     // panic already ended the process (exit_on_panic); a task that returns early ends it too.
@@ -468,6 +478,7 @@ async fn probe_loop(
     desired: &watch::Sender<Option<Verdict>>,
     mut stop: watch::Receiver<bool>,
     peers: Option<&PeerAgent>,
+    mut wakeup: crate::wakeup::Wakeup,
 ) -> Result<()> {
     let interval = timing.interval;
     let mut jitter = Jitter::new();
@@ -476,11 +487,13 @@ async fn probe_loop(
     let mut last_fault: Option<AgentFault> = None;
     let mut last_verdict: Option<Verdict> = None;
     loop {
-        tokio::select! {
+        // The interval, or kernel events (debounced) if they come first.
+        let trigger = tokio::select! {
             biased;
             () = wait_stop(&mut stop) => return Ok(()),
-            () = sleep_until(next) => {}
-        }
+            t = wakeup.wait(next) => t,
+        };
+        metrics.events.probe_triggered(&trigger);
         let started = Instant::now();
         // Never later than the interval: "within one interval" holds with jitter.
         next = later(started, interval.mul_f64(1.0 - 0.1 * jitter.next_f64()));
