@@ -486,6 +486,9 @@ async fn probe_loop(
     let mut last_ready: Option<bool> = None;
     let mut last_fault: Option<AgentFault> = None;
     let mut last_verdict: Option<Verdict> = None;
+    // The last full probe's report, kept only until the next probe starts (the prober then
+    // updates its counter maps in place).
+    let mut last_report: Option<ProbeReport> = None;
     loop {
         // The interval, or kernel events (debounced) if they come first.
         let trigger = tokio::select! {
@@ -494,6 +497,24 @@ async fn probe_loop(
             t = wakeup.wait(next) => t,
         };
         metrics.events.probe_triggered(&trigger);
+        // On kernel events, first re-read only the ports' states: a port down now fails the
+        // node before the full probe has finished (docs/events.md).
+        if let (crate::wakeup::Trigger::Event { .. }, Some(report)) = (&trigger, &mut last_report)
+            && last_fault.is_none()
+            && last_verdict.as_ref().is_some_and(|v| v.ready)
+            && let Ok(Some(states)) = timeout(timing.deadline, probes.port_states()).await
+            && let Some(instant) = crate::wakeup::fail_fast(report, &states, config)
+        {
+            let verdict = agent_error::gate(hysteresis.apply(instant), None, config);
+            tracing::warn!(
+                reasons = %verdict.reasons().join("; "),
+                "node not ready (port state read on a kernel event; the full probe follows)"
+            );
+            last_ready = Some(verdict.ready);
+            last_verdict = Some(verdict.clone());
+            publish(desired, verdict);
+        }
+        drop(last_report.take());
         let started = Instant::now();
         // Never later than the interval: "within one interval" holds with jitter.
         next = later(started, interval.mul_f64(1.0 - 0.1 * jitter.next_f64()));
@@ -566,6 +587,7 @@ async fn probe_loop(
             last_ready = Some(verdict.ready);
         }
         publish(desired, verdict);
+        last_report = Some(report);
     }
 }
 
@@ -592,18 +614,33 @@ struct Probed {
 /// verbs), and its storage workers must persist across ticks. A thread stuck in a probe does not
 /// delay shutdown: nobody joins it.
 struct ProbeThread {
-    requests: std::sync::mpsc::Sender<oneshot::Sender<Probed>>,
+    requests: std::sync::mpsc::Sender<ProbeRequest>,
+}
+
+/// What the probe thread is asked for.
+enum ProbeRequest {
+    /// A full probe.
+    Full(oneshot::Sender<Probed>),
+    /// Only the ports' states (the fail-fast read of an event-triggered probe).
+    PortStates(oneshot::Sender<Vec<fabricgate_probes::rdma::sysfs::PortStateRead>>),
 }
 
 impl ProbeThread {
     fn spawn(mut prober: Prober, failpoint: Failpoint) -> Result<Self> {
-        let (tx, rx) = std::sync::mpsc::channel::<oneshot::Sender<Probed>>();
+        let (tx, rx) = std::sync::mpsc::channel::<ProbeRequest>();
         let live_procfs = prober.roots().procfs_root() == std::path::Path::new("/proc");
         std::thread::Builder::new()
             .name("fabricgate-probe".into())
             .spawn(move || {
                 let mut done: u64 = 0;
-                while let Ok(reply) = rx.recv() {
+                while let Ok(request) = rx.recv() {
+                    let reply = match request {
+                        ProbeRequest::Full(reply) => reply,
+                        ProbeRequest::PortStates(reply) => {
+                            let _ = reply.send(prober.port_states());
+                            continue;
+                        }
+                    };
                     match failpoint {
                         Failpoint::ProbeStall if done >= 1 => loop {
                             std::thread::park();
@@ -630,8 +667,17 @@ impl ProbeThread {
         let dead = || Error::Internal {
             message: "the probe thread died".into(),
         };
-        self.requests.send(tx).map_err(|_| dead())?;
+        self.requests
+            .send(ProbeRequest::Full(tx))
+            .map_err(|_| dead())?;
         rx.await.map_err(|_| dead())
+    }
+
+    /// The RDMA ports' states only; `None` if the probe thread is gone.
+    async fn port_states(&self) -> Option<Vec<fabricgate_probes::rdma::sysfs::PortStateRead>> {
+        let (tx, rx) = oneshot::channel();
+        self.requests.send(ProbeRequest::PortStates(tx)).ok()?;
+        rx.await.ok()
     }
 }
 

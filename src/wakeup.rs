@@ -389,6 +389,45 @@ impl Wakeup {
     }
 }
 
+/// Fail fast on an event: the last full probe's report with the ports' fresh `state` and
+/// `phys_state` ([`fabricgate_probes::Prober::port_states`], two reads per port) patched in,
+/// judged by the same policy. A port that is down now needs nothing else to be judged, so
+/// when that verdict is not ready it goes to the Node writer before the full probe (which
+/// under emulation takes a second) has finished; the full probe follows at once and
+/// supersedes it. `None` when no port's state changed, or when the patched report is still
+/// ready: only the full probe may say a node is good. Patches `last` in place.
+pub fn fail_fast(
+    last: &mut fabricgate_probes::ProbeReport,
+    states: &[fabricgate_probes::rdma::sysfs::PortStateRead],
+    config: &crate::config::Config,
+) -> Option<crate::policy::Verdict> {
+    let mut changed = false;
+    for s in states {
+        let Some(port) = last
+            .rdma
+            .devices
+            .iter_mut()
+            .find(|d| d.name == s.device)
+            .and_then(|d| d.ports.iter_mut().find(|p| p.port == s.port))
+        else {
+            continue;
+        };
+        if port.state != Some(s.state) {
+            port.state = Some(s.state);
+            changed = true;
+        }
+        if s.phys_state.is_some() && port.phys_state != s.phys_state {
+            port.phys_state = s.phys_state;
+            changed = true;
+        }
+    }
+    if !changed {
+        return None;
+    }
+    let verdict = crate::policy::evaluate(last, config);
+    (!verdict.ready).then_some(verdict)
+}
+
 /// The event thread: open the sources, then hand over what they read until the [`Wakeup`]
 /// is dropped.
 fn event_thread(options: EventOptions, shared: &Shared, metrics: &EventMetrics) {
@@ -589,6 +628,66 @@ mod tests {
         let t = w.wait(start + ms(3_000)).await;
         assert_eq!(t, Trigger::Interval);
         assert_eq!(start.elapsed(), ms(3_000));
+    }
+
+    /// The committed 8 x NDR fixture, probed from sysfs, and its requirements.
+    fn ndr_node() -> (fabricgate_probes::ProbeReport, crate::config::Config) {
+        use fabricgate_probes::{ProbeConfig, Prober, Roots, rdma::VerbsMode};
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+        let node = dir.join("ndr-8x400-healthy");
+        let config = crate::config::Config::load(&dir.join("requirements-ndr.yaml")).unwrap();
+        let mut prober = Prober::new(
+            Roots::new(node.join("sys"), node.join("proc")),
+            ProbeConfig {
+                verbs: VerbsMode::Off,
+                ..ProbeConfig::default()
+            },
+        );
+        (prober.probe(), config)
+    }
+
+    fn read(device: &str, state: PortState, phys: Option<PhysState>) -> PortStateRead {
+        PortStateRead {
+            device: device.into(),
+            port: 1,
+            state,
+            phys_state: phys,
+        }
+    }
+
+    use fabricgate_probes::rdma::sysfs::PortStateRead;
+    use fabricgate_probes::rdma::{PhysState, PortState};
+
+    #[test]
+    fn a_port_read_down_fails_the_node_at_once_with_the_full_probes_reason() {
+        let (mut report, config) = ndr_node();
+        assert!(crate::policy::evaluate(&report, &config).ready);
+        let mut all = report.clone();
+        // Nothing changed: nothing to say.
+        let same = read("mlx5_0", PortState::Active, Some(PhysState::LinkUp));
+        assert_eq!(fail_fast(&mut report, &[same], &config), None);
+        // One of eight compute ports down: the fixture's requirements want all eight.
+        let down = read("mlx5_0", PortState::Down, Some(PhysState::Disabled));
+        let v = fail_fast(&mut report, std::slice::from_ref(&down), &config).unwrap();
+        assert!(!v.ready);
+        assert!(
+            v.reasons()
+                .iter()
+                .any(|r| r.starts_with("mlx5_0 port 1: state DOWN, phys Disabled")),
+            "{:?}",
+            v.reasons()
+        );
+        // The same as a full probe of that state says.
+        let port = &mut all.rdma.devices[0].ports[0];
+        port.state = Some(PortState::Down);
+        port.phys_state = Some(PhysState::Disabled);
+        assert_eq!(v, crate::policy::evaluate(&all, &config));
+        // A port coming back up is never judged good from a quick read.
+        let up = read("mlx5_0", PortState::Active, Some(PhysState::LinkUp));
+        assert_eq!(fail_fast(&mut report, &[up], &config), None);
+        // Unknown devices are ignored.
+        let other = read("mlx5_99", PortState::Down, None);
+        assert_eq!(fail_fast(&mut report, &[other], &config), None);
     }
 
     #[test]

@@ -195,6 +195,13 @@ impl Prober {
         }
     }
 
+    /// Only the RDMA ports' `state` and `phys_state`, re-read through the files the last probe
+    /// opened (two `pread`s per port): what an event-triggered probe acts on first
+    /// (docs/events.md). See [`rdma::sysfs::SysfsReader::port_states`].
+    pub fn port_states(&mut self) -> Vec<rdma::sysfs::PortStateRead> {
+        self.sysfs.port_states()
+    }
+
     /// Whether this probe reads the counters: always without a `counters_interval`, else when
     /// the interval has passed (less 5 %, so a jittered probe loop does not skip a beat).
     fn counters_due(&self, now: Instant) -> bool {
