@@ -42,16 +42,19 @@ UNTAINT='would set taint none'
 size() { wc -c <"$LOG"; }
 
 # after MARK PATTERN SECONDS: the timestamp (ns since the epoch) of the first log line after
-# byte MARK that contains PATTERN, waiting up to SECONDS for it. Text log lines start with an
+# byte MARK that contains PATTERN and is not older than $t0 (a line written after the mark
+# may carry an earlier time), waiting up to SECONDS for it. Text log lines start with an
 # RFC 3339 timestamp.
 after() {
     i=0
     while [ "$i" -lt $(($3 * 100)) ]; do
-        line=$(tail -c +$(($1 + 1)) "$LOG" | grep -F -m1 -- "$2")
-        if [ -n "$line" ]; then
-            date -d "${line%% *}" +%s%N
-            return 0
-        fi
+        for stamp in $(tail -c +$(($1 + 1)) "$LOG" | grep -F -- "$2" | cut -d' ' -f1); do
+            ns=$(date -d "$stamp" +%s%N)
+            if [ "$ns" -ge "${t0:-0}" ]; then
+                echo "$ns"
+                return 0
+            fi
+        done
         sleep 0.01
         i=$((i + 1))
     done
