@@ -156,10 +156,13 @@ fn eth0_down_reaches_the_taint_within_a_second_with_a_30s_interval() {
         ),
         ("IBV_EVENT_PORT_ERR logged", "down_to_port_err_us"),
         (
-            "probe started (after the 30 ms debounce)",
+            "event-triggered probe starts (after the 30 ms debounce)",
             "down_to_probe_us",
         ),
-        ("verdict not ready (probe done)", "down_to_verdict_us"),
+        (
+            "verdict not ready (fail-fast port state read)",
+            "down_to_verdict_us",
+        ),
         (
             "dry-run taint logged by the Node writer",
             "down_to_taint_us",

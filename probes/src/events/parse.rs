@@ -115,10 +115,10 @@ pub fn parse_rtnetlink(buf: &[u8]) -> Vec<LinkChange> {
         if kind == NLMSG_DONE {
             break;
         }
-        if kind == RTM_NEWLINK || kind == RTM_DELLINK {
-            if let Some(change) = parse_link(&msg[NLMSG_HDRLEN..], kind == RTM_DELLINK) {
-                out.push(change);
-            }
+        if (kind == RTM_NEWLINK || kind == RTM_DELLINK)
+            && let Some(change) = parse_link(&msg[NLMSG_HDRLEN..], kind == RTM_DELLINK)
+        {
+            out.push(change);
         }
         at = at.saturating_add(align4(len));
     }
