@@ -36,6 +36,9 @@ pub enum Command {
     /// Measure RDMA round trip (and with --bandwidth, RDMA WRITE bandwidth) to another
     /// node's agent; exit 0 reachable / 1 unreachable / 2 usage / 3 nothing could be measured.
     Ping(PingArgs),
+    /// Cluster-level guard (Deployment, 2 replicas, leader election on a Lease): taint pool
+    /// Nodes whose agent pod is missing or not Ready for --stale-after (`AgentNotRunning`).
+    Guard(GuardArgs),
 }
 
 #[derive(Debug, Args)]
@@ -87,9 +90,6 @@ pub struct PreflightArgs {
         conflicts_with = "config"
     )]
     pub requirements: Option<String>,
-    /// Root of the device nodes (`infiniband/uverbsN` is looked up beneath it).
-    #[arg(long, default_value = "/dev", value_name = "DIR")]
-    pub dev_root: PathBuf,
     /// Shared emptyDir where `nccl.conf` and `nccl.env` are written on success.
     #[arg(long, default_value = "/fabricgate", value_name = "DIR")]
     pub nccl_dir: PathBuf,
@@ -211,6 +211,38 @@ impl WebhookArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct GuardArgs {
+    /// Requirements file: `node.pool_selector` (the agent DaemonSet's nodeSelector),
+    /// `node.label_prefix`, `node.taint_effect` and `node.breaker` are used.
+    #[arg(long, value_name = "FILE")]
+    pub config: PathBuf,
+    /// Namespace of the agent pods and of the Lease.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "fabricgate")]
+    pub namespace: String,
+    /// Label selector of the agent DaemonSet's pods.
+    #[arg(long, default_value = "app.kubernetes.io/name=fabricgate")]
+    pub pod_selector: String,
+    /// How long an agent pod may be missing or not Ready before its Node is tainted.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    pub stale_after: std::time::Duration,
+    /// How often the leader lists the pool's Nodes and the agent pods (watch cache reads).
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    pub poll_interval: std::time::Duration,
+    /// Name of the coordination.k8s.io Lease the replicas elect a leader on.
+    #[arg(long, default_value = "fabricgate-guard")]
+    pub lease_name: String,
+    /// Lease duration: a leader that has not renewed for this long is replaced.
+    #[arg(long, default_value = "15s", value_parser = humantime::parse_duration)]
+    pub lease_duration: std::time::Duration,
+    /// This replica's identity in the Lease (downward API metadata.name).
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+    /// Log line format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, Args)]
 pub struct SelftestArgs {
     #[command(flatten)]
     pub probe: ProbeArgs,
@@ -285,6 +317,10 @@ pub struct ProbeArgs {
     /// Root of procfs.
     #[arg(long, default_value = "/proc", value_name = "DIR")]
     pub proc_root: PathBuf,
+    /// Root of the device nodes (`infiniband/uverbsN` is looked up beneath it; libibverbs
+    /// itself always opens `/dev`).
+    #[arg(long, default_value = "/dev", value_name = "DIR")]
+    pub dev_root: PathBuf,
     /// Requirements file (YAML).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -351,7 +387,7 @@ impl ProbeArgs {
                 });
             }
         }
-        Ok(Roots::new(&self.sysfs_root, &self.proc_root))
+        Ok(Roots::new(&self.sysfs_root, &self.proc_root).with_devfs(&self.dev_root))
     }
 
     pub fn probe_config(&self, config: &Config) -> ProbeConfig {

@@ -26,6 +26,39 @@ pub struct Config {
     pub peers: crate::peers::PeersSettings,
     /// Probe at once on kernel events (docs/events.md); on by default.
     pub events: crate::wakeup::EventsSettings,
+    /// What the agent requires of its own Node object (device-plugin liveness).
+    pub kubernetes: KubernetesRequirements,
+}
+
+/// Device-plugin liveness: what the agent requires of its own (watched) Node, and of the
+/// plugin's socket and device nodes on the host.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KubernetesRequirements {
+    /// Extended resources a device plugin advertises (`rdma/hca_shared_devices_a`,
+    /// `nvidia.com/hostdev`): each must be in the Node's `status.capacity` and have
+    /// `status.allocatable` > 0; and when set, every selected RDMA device must have its
+    /// `/dev/infiniband/uverbsN` in the agent's container (the plugin hands them out).
+    /// Empty (the default): not checked.
+    pub rdma_resources: Vec<String>,
+    /// The kubelet's device-plugins directory as mounted (read-only) in the agent's container.
+    pub device_plugin_dir: String,
+    /// Socket file names in `device_plugin_dir` that must exist (the plugins' registered
+    /// endpoints). Empty (the default): not checked.
+    pub device_plugin_sockets: Vec<String>,
+}
+
+/// Where the kubelet keeps device-plugin sockets.
+pub const DEFAULT_DEVICE_PLUGIN_DIR: &str = "/var/lib/kubelet/device-plugins";
+
+impl Default for KubernetesRequirements {
+    fn default() -> Self {
+        Self {
+            rdma_resources: Vec::new(),
+            device_plugin_dir: DEFAULT_DEVICE_PLUGIN_DIR.into(),
+            device_plugin_sockets: Vec::new(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -349,6 +382,12 @@ mod counters_interval {
 }
 
 bounded_duration!(
+    breaker_window,
+    "node.breaker.window",
+    Duration::from_secs(1),
+    Duration::from_secs(7 * 86_400)
+);
+bounded_duration!(
     fallback_window,
     "fallback.window",
     Duration::from_secs(1),
@@ -415,6 +454,10 @@ pub struct NodeSettings {
     pub taint_effect: TaintEffect,
     /// Consecutive good probes before a not-ready node is marked ready again (>= 1).
     pub recover_after: u32,
+    /// Label selector of this agent's pool: the DaemonSet's nodeSelector (`pool=gpu-a`).
+    /// The blast-radius breaker counts only these Nodes; empty: the breaker is off.
+    pub pool_selector: String,
+    pub breaker: BreakerSettings,
     /// What an agent error (condition reason `AgentError`) does to the taint: `taint` (fail
     /// closed) or `keep` (leave it as it is).
     pub on_agent_error: OnAgentError,
@@ -427,6 +470,37 @@ impl Default for NodeSettings {
             taint_effect: TaintEffect::NoSchedule,
             recover_after: DEFAULT_RECOVER_AFTER,
             on_agent_error: OnAgentError::Taint,
+            pool_selector: String::new(),
+            breaker: BreakerSettings::default(),
+        }
+    }
+}
+
+/// The blast-radius breaker: before newly tainting its Node, the agent counts the Nodes of
+/// its pool (`node.pool_selector`) that already carry the taint, and does not taint past these
+/// limits (condition reason `BreakerOpen`). It never blocks untainting.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BreakerSettings {
+    /// `false`: taint regardless of the pool (the operator override for the whole pool; the
+    /// annotation `<label_prefix>breaker-override: "true"` does it for one Node).
+    pub enabled: bool,
+    /// Tainting this Node must not bring the tainted share of the pool above this (0..=1).
+    pub max_unvalidated_fraction: f64,
+    /// At most this many Nodes of the pool may have turned not ready (our `FabricReady`
+    /// condition's transition time) within `window`, this one included; 0: no such cap.
+    pub max_new_per_window: u32,
+    #[serde(with = "breaker_window")]
+    pub window: Duration,
+}
+
+impl Default for BreakerSettings {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            max_unvalidated_fraction: 0.5,
+            max_new_per_window: 20,
+            window: Duration::from_secs(600),
         }
     }
 }
@@ -569,6 +643,70 @@ impl Config {
                     self.rdma.min_rate_gbps
                 ),
             );
+        }
+        let fraction = self.node.breaker.max_unvalidated_fraction;
+        if !(0.0..=1.0).contains(&fraction) {
+            return bad(
+                "node.breaker.max_unvalidated_fraction",
+                format!("{fraction} is not a fraction; give a number from 0 to 1 (e.g. 0.5)"),
+            );
+        }
+        if !self.node.pool_selector.is_empty()
+            && self
+                .node
+                .pool_selector
+                .split(',')
+                .any(|term| term.trim().is_empty())
+        {
+            return bad(
+                "node.pool_selector",
+                format!(
+                    "{:?} has an empty term; give the DaemonSet's nodeSelector as a label \
+                     selector (e.g. \"pool=gpu-a,fabric=ib\")",
+                    self.node.pool_selector
+                ),
+            );
+        }
+        if !self.kubernetes.device_plugin_dir.starts_with('/') {
+            return bad(
+                "kubernetes.device_plugin_dir",
+                format!(
+                    "{:?} is not an absolute path; give the directory as mounted in the \
+                     agent's container (e.g. {DEFAULT_DEVICE_PLUGIN_DIR})",
+                    self.kubernetes.device_plugin_dir
+                ),
+            );
+        }
+        for socket in &self.kubernetes.device_plugin_sockets {
+            if socket.is_empty() || socket.contains('/') || socket == "." || socket == ".." {
+                return bad(
+                    "kubernetes.device_plugin_sockets",
+                    format!(
+                        "{socket:?} is not a file name; give the socket's name inside \
+                         kubernetes.device_plugin_dir (e.g. \"rdma-shared.sock\")"
+                    ),
+                );
+            }
+        }
+        for r in &self.kubernetes.rdma_resources {
+            let valid = r.split_once('/').is_some_and(|(domain, name)| {
+                !domain.is_empty()
+                    && !name.is_empty()
+                    && !name.contains('/')
+                    && r.len() <= 253
+                    && r.bytes().all(|b| {
+                        b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_' | b'/')
+                    })
+            });
+            if !valid {
+                return bad(
+                    "kubernetes.rdma_resources",
+                    format!(
+                        "{r:?} is not an extended resource name; give the name the device \
+                         plugin advertises, e.g. \"rdma/hca_shared_devices_a\""
+                    ),
+                );
+            }
         }
         for (i, m) in self.lustre.mounts.iter().enumerate() {
             if !m.starts_with('/') {
@@ -988,6 +1126,60 @@ mod tests {
         assert!(c.device_matcher().is_match("mlx5_3"));
         assert!(!c.device_matcher().is_match("rxe0"));
         assert_eq!(c.lustre.mounts, vec!["/lustre/scratch".to_string()]);
+    }
+
+    #[test]
+    fn fail_closed_keys_parse_and_bad_values_name_the_key() {
+        let c = Config::parse(
+            "kubernetes:\n  rdma_resources: [\"rdma/hca_shared_devices_a\"]\n\
+             node:\n  pool_selector: \"pool=a,fabric=ib\"\n  breaker:\n    enabled: false\n\
+             \x20   max_unvalidated_fraction: 0.25\n    max_new_per_window: 3\n    window: 5m\n",
+        )
+        .unwrap();
+        assert_eq!(
+            c.kubernetes.rdma_resources,
+            vec!["rdma/hca_shared_devices_a".to_owned()]
+        );
+        assert_eq!(c.node.pool_selector, "pool=a,fabric=ib");
+        assert!(!c.node.breaker.enabled);
+        assert_eq!(c.node.breaker.max_unvalidated_fraction, 0.25);
+        assert_eq!(c.node.breaker.max_new_per_window, 3);
+        assert_eq!(c.node.breaker.window, Duration::from_secs(300));
+        let d = Config::default();
+        assert!(d.kubernetes.rdma_resources.is_empty() && d.node.pool_selector.is_empty());
+        assert!(d.kubernetes.device_plugin_sockets.is_empty());
+        assert_eq!(d.kubernetes.device_plugin_dir, DEFAULT_DEVICE_PLUGIN_DIR);
+        let c = Config::parse(
+            "kubernetes:\n  device_plugin_dir: /host/device-plugins\n  \
+             device_plugin_sockets: [rdma.sock]\n",
+        )
+        .unwrap();
+        assert_eq!(c.kubernetes.device_plugin_dir, "/host/device-plugins");
+        assert_eq!(c.kubernetes.device_plugin_sockets, ["rdma.sock"]);
+        assert_eq!(d.node.breaker.max_unvalidated_fraction, 0.5);
+        for (yaml, key) in [
+            (
+                "kubernetes:\n  rdma_resources: [\"hca\"]\n",
+                "kubernetes.rdma_resources",
+            ),
+            (
+                "node:\n  breaker:\n    max_unvalidated_fraction: 1.5\n",
+                "node.breaker.max_unvalidated_fraction",
+            ),
+            ("node:\n  breaker:\n    window: 0s\n", "node.breaker.window"),
+            ("node:\n  pool_selector: \"a=b,\"\n", "node.pool_selector"),
+            (
+                "kubernetes:\n  device_plugin_dir: var/lib/kubelet\n",
+                "kubernetes.device_plugin_dir",
+            ),
+            (
+                "kubernetes:\n  device_plugin_sockets: [\"../kubelet.sock\"]\n",
+                "kubernetes.device_plugin_sockets",
+            ),
+        ] {
+            let e = Config::parse(yaml).unwrap_err().to_string();
+            assert!(e.contains(key), "{yaml}: {e}");
+        }
     }
 
     #[test]

@@ -7,11 +7,12 @@ use crate::agent_error::{self, AgentFault};
 use crate::cli::{LogFormat, RunArgs};
 use crate::config::Config;
 use crate::error::{Error, Result};
+use crate::failclosed;
 use crate::health::HealthTiming;
 use crate::metrics::{self, Metrics};
 use crate::node::{self, Reconciler, RetryAfter};
 use crate::peers::{self, PeerAgent, PeerSpec, Rounds};
-use crate::policy::{self, Hysteresis, Verdict};
+use crate::policy::{self, Finding, Hysteresis, Verdict};
 use crate::server::Limits;
 use fabricgate_probes::rdma::peer::Identity;
 use fabricgate_probes::{ProbeReport, Prober};
@@ -297,6 +298,8 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
     ));
 
     let (desired_tx, desired_rx) = watch::channel::<Option<Verdict>>(None);
+    // What the watched Node says about the device plugins (`kubernetes.rdma_resources`).
+    let (node_findings_tx, node_findings_rx) = watch::channel::<Vec<Finding>>(Vec::new());
     let mut hysteresis = Hysteresis::new(&config);
     // The agent's own Node, watched: drift is undone at once and steady state reads nothing.
     let (node_tx, node_rx) = tokio::sync::mpsc::channel(16);
@@ -333,8 +336,15 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
         desired_rx,
         node_rx,
         stop_rx.clone(),
-        LoopTiming { interval, resync },
-        retry_after,
+        LoopTiming {
+            interval,
+            resync,
+            retry_after,
+        },
+        NodeChecks {
+            rdma_resources: config.kubernetes.rdma_resources.clone(),
+            findings: node_findings_tx,
+        },
         failpoint,
     ));
 
@@ -356,7 +366,11 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
         metrics.events.clone(),
     );
     let probing = probe_loop(
-        ProbeThread::spawn(prober, failpoint)?,
+        ProbeThread::spawn(
+            prober,
+            failclosed::PluginHostChecks::from_config(&config.kubernetes),
+            failpoint,
+        )?,
         &config,
         hysteresis,
         ProbeTiming {
@@ -364,8 +378,11 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
             deadline: probe_deadline,
         },
         &metrics,
-        &desired_tx,
-        stop_rx,
+        Channels {
+            desired: &desired_tx,
+            node_findings: node_findings_rx,
+            stop: stop_rx,
+        },
         peer_agent.as_ref(),
         wakeup,
     );
@@ -434,6 +451,14 @@ async fn wait_stop(stop: &mut watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
 }
 
+/// What the probe loop talks through: verdicts out; the watched Node's findings and the stop
+/// signal in.
+struct Channels<'a> {
+    desired: &'a watch::Sender<Option<Verdict>>,
+    node_findings: watch::Receiver<Vec<Finding>>,
+    stop: watch::Receiver<bool>,
+}
+
 #[derive(Debug, Clone, Copy)]
 struct ProbeTiming {
     interval: Duration,
@@ -475,84 +500,120 @@ async fn probe_loop(
     mut hysteresis: Hysteresis,
     timing: ProbeTiming,
     metrics: &Metrics,
-    desired: &watch::Sender<Option<Verdict>>,
-    mut stop: watch::Receiver<bool>,
+    channels: Channels<'_>,
     peers: Option<&PeerAgent>,
     mut wakeup: crate::wakeup::Wakeup,
 ) -> Result<()> {
+    let Channels {
+        desired,
+        mut node_findings,
+        mut stop,
+    } = channels;
     let interval = timing.interval;
     let mut jitter = Jitter::new();
     let mut next = Instant::now();
     let mut last_ready: Option<bool> = None;
     let mut last_fault: Option<AgentFault> = None;
     let mut last_verdict: Option<Verdict> = None;
-    // The last full probe's report, kept only until the next probe starts (the prober then
-    // updates its counter maps in place).
-    let mut last_report: Option<ProbeReport> = None;
+    let mut last_probed: Option<Probed> = None;
+    let mut findings_open = true;
     loop {
-        // The interval, or kernel events (debounced) if they come first.
-        let trigger = tokio::select! {
+        // A device plugin that went away (seen on the watched Node) fails the node at once,
+        // judged with the last probe's report; coming back waits for the next probes (the
+        // hysteresis counts real probes only).
+        let fresh = tokio::select! {
             biased;
             () = wait_stop(&mut stop) => return Ok(()),
-            t = wakeup.wait(next) => t,
-        };
-        metrics.events.probe_triggered(&trigger);
-        // On kernel events, first re-read only the ports' states: a port down now fails the
-        // node before the full probe has finished (docs/events.md).
-        if let (crate::wakeup::Trigger::Event { .. }, Some(report)) = (&trigger, &mut last_report)
-            && last_fault.is_none()
-            && last_verdict.as_ref().is_some_and(|v| v.ready)
-            && let Ok(Some(states)) = timeout(timing.deadline, probes.port_states()).await
-            && let Some(instant) = crate::wakeup::fail_fast(report, &states, config)
-        {
-            let verdict = agent_error::gate(hysteresis.apply(instant), None, config);
-            tracing::warn!(
-                reasons = %verdict.reasons().join("; "),
-                "node not ready (port state read on a kernel event; the full probe follows)"
-            );
-            last_ready = Some(verdict.ready);
-            last_verdict = Some(verdict.clone());
-            publish(desired, verdict);
-        }
-        drop(last_report.take());
-        let started = Instant::now();
-        // Never later than the interval: "within one interval" holds with jitter.
-        next = later(started, interval.mul_f64(1.0 - 0.1 * jitter.next_f64()));
-        metrics.health().probe_started();
-        let probe = probes.probe();
-        tokio::pin!(probe);
-        let deadline = later(started, timing.deadline);
-        let mut stalled = false;
-        let probed = loop {
-            tokio::select! {
-                biased;
-                () = wait_stop(&mut stop) => return Ok(()),
-                r = &mut probe => break r?,
-                () = sleep_until(deadline), if !stalled => {
-                    // The probe goes on (it cannot be cancelled); the node is judged as an
-                    // agent error until it returns, and /healthz fails after the grace.
-                    stalled = true;
-                    let fault = AgentFault::stalled(timing.deadline);
-                    let base = last_verdict.clone().unwrap_or_else(|| {
-                        policy::evaluate(&empty_report(), config)
-                    });
-                    let verdict = agent_error::verdict(base, &fault, config);
-                    metrics.set_agent_error(Some(&fault.message));
-                    log_agent_error(&mut last_fault, Some(&fault));
-                    publish(desired, agent_error::gate(verdict, Some(&fault), config));
+            r = node_findings.changed(), if findings_open => {
+                if r.is_err() {
+                    findings_open = false;
+                    continue;
                 }
+                if node_findings.borrow().is_empty() || last_probed.is_none() {
+                    continue;
+                }
+                false
+            }
+            // The interval, or kernel events (debounced) if they come first (docs/events.md).
+            trigger = wakeup.wait(next) => {
+                metrics.events.probe_triggered(&trigger);
+                // On kernel events, first re-read only the ports' states: a port down now
+                // fails the node before the full probe has finished.
+                if let (crate::wakeup::Trigger::Event { .. }, Some(last)) =
+                    (&trigger, &mut last_probed)
+                    && last_fault.is_none()
+                    && last_verdict.as_ref().is_some_and(|v| v.ready)
+                    && let Ok(Some(states)) =
+                        timeout(timing.deadline, probes.port_states()).await
+                    && let Some(instant) =
+                        crate::wakeup::fail_fast(&mut last.report, &states, config)
+                {
+                    let verdict = agent_error::gate(hysteresis.apply(instant), None, config);
+                    tracing::warn!(
+                        reasons = %verdict.reasons().join("; "),
+                        "node not ready (port state read on a kernel event; the full probe \
+                         follows)"
+                    );
+                    last_ready = Some(verdict.ready);
+                    last_verdict = Some(verdict.clone());
+                    publish(desired, verdict);
+                }
+                true
             }
         };
-        let report = probed.report;
-        let mut instant = policy::evaluate(&report, config);
+        let probed = match (&last_probed, fresh) {
+            (Some(probed), false) => probed.clone(),
+            _ => {
+                let started = Instant::now();
+                // Never later than the interval: "within one interval" holds with jitter.
+                next = later(started, interval.mul_f64(1.0 - 0.1 * jitter.next_f64()));
+                metrics.health().probe_started();
+                let probe = probes.probe();
+                tokio::pin!(probe);
+                let deadline = later(started, timing.deadline);
+                let mut stalled = false;
+                let probed = loop {
+                    tokio::select! {
+                        biased;
+                        () = wait_stop(&mut stop) => return Ok(()),
+                        r = &mut probe => break r?,
+                        () = sleep_until(deadline), if !stalled => {
+                            // The probe goes on (it cannot be cancelled); the node is judged
+                            // as an agent error until it returns, and /healthz fails after
+                            // the grace.
+                            stalled = true;
+                            let fault = AgentFault::stalled(timing.deadline);
+                            let base = last_verdict.clone().unwrap_or_else(|| {
+                                policy::evaluate(&empty_report(), config)
+                            });
+                            let verdict = agent_error::verdict(base, &fault, config);
+                            metrics.set_agent_error(Some(&fault.message));
+                            log_agent_error(&mut last_fault, Some(&fault));
+                            publish(desired, agent_error::gate(verdict, Some(&fault), config));
+                        }
+                    }
+                };
+                last_probed = Some(probed.clone());
+                probed
+            }
+        };
+        let report = &probed.report;
+        let mut found = node_findings.borrow_and_update().clone();
+        found.extend(probed.plugin.findings.iter().cloned());
+        let mut instant = policy::evaluate_with(report, config, &found);
         if let Some(p) = peers {
-            p.update_ports(&report.rdma);
+            if fresh {
+                p.update_ports(&report.rdma);
+            }
             if let Some(finding) = p.required_finding() {
                 instant = crate::peers::apply_finding(instant, finding, config);
             }
         }
         let instant_ready = instant.ready;
-        let fault = agent_error::classify(&report, &probed.own_mounts);
+        let fault = agent_error::classify(report, &probed.own_mounts).filter(|f| {
+            // Devices missing from an incomplete plugin set are the plugin's fault.
+            !(f.cause == agent_error::Cause::NoDeviceAccess && probed.plugin.incomplete_device_set)
+        });
         // An agent error says nothing about the node: hysteresis does not see that probe, so
         // the node continues where it was once the agent can judge again.
         let verdict = match &fault {
@@ -561,7 +622,9 @@ async fn probe_loop(
         };
         metrics.set_agent_error(fault.as_ref().map(|f| f.message.as_str()));
         log_agent_error(&mut last_fault, fault.as_ref());
-        metrics.record_probe(&report, &verdict);
+        if fresh {
+            metrics.record_probe(report, &verdict);
+        }
         let verdict = agent_error::gate(verdict, fault.as_ref(), config);
         last_verdict = Some(verdict.clone());
         tracing::debug!(
@@ -587,7 +650,6 @@ async fn probe_loop(
             last_ready = Some(verdict.ready);
         }
         publish(desired, verdict);
-        last_report = Some(report);
     }
 }
 
@@ -604,10 +666,13 @@ fn empty_report() -> ProbeReport {
 }
 
 /// One probe's report and the agent's own blind spots found beside it.
+#[derive(Clone)]
 struct Probed {
     report: ProbeReport,
-    /// [`agent_error::own_mount_problems`].
+    /// [`agent_error::own_mount_problems`], and a device-plugins directory the agent lacks.
     own_mounts: Vec<String>,
+    /// [`failclosed::PluginHostChecks`] on this probe.
+    plugin: failclosed::PluginHostFindings,
 }
 
 /// The prober lives on its own thread for the agent's life: a probe may block (hung mounts,
@@ -626,7 +691,11 @@ enum ProbeRequest {
 }
 
 impl ProbeThread {
-    fn spawn(mut prober: Prober, failpoint: Failpoint) -> Result<Self> {
+    fn spawn(
+        mut prober: Prober,
+        plugin_checks: failclosed::PluginHostChecks,
+        failpoint: Failpoint,
+    ) -> Result<Self> {
         let (tx, rx) = std::sync::mpsc::channel::<ProbeRequest>();
         let live_procfs = prober.roots().procfs_root() == std::path::Path::new("/proc");
         std::thread::Builder::new()
@@ -651,9 +720,15 @@ impl ProbeThread {
                         _ => {}
                     }
                     let report = prober.probe();
-                    let own_mounts = agent_error::own_mount_problems(&report, live_procfs);
+                    let mut own_mounts = agent_error::own_mount_problems(&report, live_procfs);
+                    let plugin = plugin_checks.run(prober.roots(), &report.rdma);
+                    own_mounts.extend(plugin.own_problems.iter().cloned());
                     done += 1;
-                    let _ = reply.send(Probed { report, own_mounts });
+                    let _ = reply.send(Probed {
+                        report,
+                        own_mounts,
+                        plugin,
+                    });
                 }
             })
             .map_err(|e| Error::Internal {
@@ -681,10 +756,39 @@ impl ProbeThread {
     }
 }
 
-#[derive(Debug, Clone, Copy)]
+/// Checks of the agent's own Node object, fed from the watch to the probe loop.
+struct NodeChecks {
+    rdma_resources: Vec<String>,
+    findings: watch::Sender<Vec<Finding>>,
+}
+
+impl NodeChecks {
+    fn observe(&self, node: &k8s_openapi::api::core::v1::Node) {
+        let found = failclosed::device_plugin_findings(node, &self.rdma_resources);
+        self.findings.send_if_modified(|have| {
+            if *have == found {
+                false
+            } else {
+                if found.is_empty() {
+                    tracing::info!("device-plugin resources are allocatable again");
+                } else {
+                    for f in &found {
+                        tracing::warn!(reason = f.code, "{}", f.message);
+                    }
+                }
+                *have = found;
+                true
+            }
+        });
+    }
+}
+
+/// When the Node writer acts: the probe interval caps its backoff, `resync` re-reads the Node,
+/// `retry_after` is the API server's last `Retry-After`.
 struct LoopTiming {
     interval: Duration,
     resync: Duration,
+    retry_after: RetryAfter,
 }
 
 /// Applies the latest verdict whenever it changes, re-reads the Node every `resync` to undo
@@ -695,7 +799,7 @@ async fn reconcile_loop(
     mut node_updates: tokio::sync::mpsc::Receiver<Option<k8s_openapi::api::core::v1::Node>>,
     mut stop: watch::Receiver<bool>,
     timing: LoopTiming,
-    retry_after: RetryAfter,
+    checks: NodeChecks,
     failpoint: Failpoint,
 ) {
     let mut failures: u32 = 0;
@@ -723,6 +827,7 @@ async fn reconcile_loop(
             update = node_updates.recv(), if watching => {
                 match update {
                     Some(Some(node)) => {
+                        checks.observe(&node);
                         if !rec.observe(node) || failures > 0 {
                             continue;
                         }
@@ -781,7 +886,7 @@ async fn reconcile_loop(
                 let mut delay = backoff(failures, timing.interval, &mut jitter);
                 if e.is_throttled() {
                     // The header (seen by the client layer) or the Status body carries it.
-                    let header = retry_after.take();
+                    let header = timing.retry_after.take();
                     if let Some(server) = e.retry_after().or(header) {
                         delay = delay.max(server);
                     }

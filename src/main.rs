@@ -4,7 +4,8 @@
 
 use clap::Parser;
 use fabricgate::cli::{
-    CheckArgs, Cli, Command, Format, PingArgs, PreflightArgs, RunArgs, SelftestArgs, WebhookArgs,
+    CheckArgs, Cli, Command, Format, GuardArgs, PingArgs, PreflightArgs, RunArgs, SelftestArgs,
+    WebhookArgs,
 };
 use fabricgate::{EXIT_USAGE, EXIT_VALIDATED, check, daemon, policy};
 use fabricgate_probes::Prober;
@@ -16,6 +17,7 @@ fn main() -> ExitCode {
         Command::Check(args) => run_check(&args),
         Command::Run(args) => run_agent(&args),
         Command::Selftest(args) => run_selftest(&args),
+        Command::Guard(args) => run_guard(args),
         Command::Ping(args) => run_ping(&args),
         Command::Preflight(args) => run_preflight(&args),
         Command::Webhook(args) => run_webhook(&args),
@@ -151,7 +153,7 @@ fn run_preflight(args: &PreflightArgs) -> anyhow::Result<u8> {
         Err(e) => return fail(e),
     };
     let roots = match args.probe.roots() {
-        Ok(r) => r.with_devfs(&args.dev_root),
+        Ok(r) => r,
         Err(e) => return fail(e),
     };
     let opts = preflight::Options {
@@ -233,5 +235,40 @@ fn run_webhook(args: &WebhookArgs) -> anyhow::Result<u8> {
         fabricgate::webhook::serve(config, listener, shutdown).await?;
         anyhow::Ok(())
     })?;
+    Ok(EXIT_VALIDATED)
+}
+
+fn run_guard(args: GuardArgs) -> anyhow::Result<u8> {
+    daemon::init_logging(args.log_format);
+    let config = fabricgate::config::Config::load(&args.config)?;
+    let identity = args
+        .identity
+        .filter(|i| !i.trim().is_empty())
+        .unwrap_or_else(|| format!("fabricgate-guard-{}", std::process::id()));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let result = runtime.block_on(async {
+        let clients = fabricgate::node::client(fabricgate::node::RetryAfter::default()).await?;
+        let settings = fabricgate::guard::GuardSettings {
+            config,
+            namespace: args.namespace,
+            pod_selector: args.pod_selector,
+            stale_after: args.stale_after,
+            poll_interval: args.poll_interval,
+            lease_name: args.lease_name,
+            lease_duration: args.lease_duration,
+            identity,
+        };
+        let shutdown = async {
+            if let Err(e) = daemon::shutdown_signal().await {
+                tracing::error!("cannot install signal handlers ({e}); stopping");
+            }
+        };
+        fabricgate::guard::run(clients.requests, settings, shutdown).await
+    });
+    runtime.shutdown_timeout(std::time::Duration::from_millis(200));
+    result?;
     Ok(EXIT_VALIDATED)
 }

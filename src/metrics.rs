@@ -208,6 +208,7 @@ struct Families {
     probe_errors: Family<ProbeLabels, Counter>,
     last_probe_timestamp: GaugeF64,
     node_writes: Family<KindLabels, Counter>,
+    breaker_open: Gauge,
 
     fallback_suspected: Gauge,
     fallback_tcp_rate: OptionalGauge,
@@ -495,6 +496,11 @@ impl Metrics {
             "node_writes",
             "Writes to the Kubernetes API, by kind",
             f.node_writes
+        );
+        reg!(
+            "breaker_open",
+            "1 while the blast-radius breaker keeps this node from being tainted, else 0",
+            f.breaker_open
         );
         reg!(
             "fallback_suspected",
@@ -961,6 +967,12 @@ impl Metrics {
         }
     }
 
+    /// Whether the blast-radius breaker is holding back this node's taint.
+    pub fn set_breaker_open(&self, open: bool) {
+        let _guard = self.lock();
+        self.families.breaker_open.set(i64::from(open));
+    }
+
     /// Count a write to the API server (`kind`: `labels`, `taint`, `conditions`, `event`).
     pub fn record_node_write(&self, kind: &'static str) {
         let _guard = self.lock();
@@ -1240,6 +1252,16 @@ pub async fn serve_with_limits(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn breaker_open_is_exported() {
+        let m = Metrics::new();
+        assert!(m.encode(false).contains("fabricgate_breaker_open 0"));
+        m.set_breaker_open(true);
+        assert!(m.encode(false).contains("fabricgate_breaker_open 1"));
+        m.set_breaker_open(false);
+        assert!(m.encode(false).contains("fabricgate_breaker_open 0"));
+    }
 
     #[test]
     fn accept_header_negotiation() {

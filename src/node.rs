@@ -11,13 +11,14 @@
 
 use crate::config::NodeSettings;
 use crate::error::{Error, Result};
+use crate::failclosed;
 use crate::metrics::Metrics;
 use crate::policy::{self, Verdict};
 use k8s_openapi::api::core::v1::{Node, NodeCondition, ObjectReference, Taint};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -417,6 +418,17 @@ pub async fn watch_node(
     }
 }
 
+/// Whether `verdict` adds our taint to a Node that does not carry it (the only write the
+/// breaker may hold back).
+fn wants_new_taint(node: &Node, verdict: &Verdict, taint_key: &str) -> bool {
+    let has = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|ts| ts.iter().any(|t| t.key == taint_key));
+    !has && verdict.taints.iter().any(|t| t.key == taint_key)
+}
+
 /// What [`Reconciler::apply`] writes by server-side apply.
 #[derive(Clone, Copy)]
 enum Apply<'a> {
@@ -613,6 +625,30 @@ impl Reconciler {
                 policy::apply_placement(verdict, &labels, &self.required_labels, &self.settings);
             &placed
         };
+        let gated;
+        let verdict = if wants_new_taint(&node, verdict, &taint_key) {
+            match self.breaker(&nodes, &node, &mut outcome).await {
+                failclosed::TaintDecision::Taint => {
+                    self.metrics.set_breaker_open(false);
+                    verdict
+                }
+                failclosed::TaintDecision::BreakerOpen { message } => {
+                    self.metrics.set_breaker_open(true);
+                    tracing::error!(
+                        node = %self.node_name,
+                        reasons = %verdict.reasons().join("; "),
+                        "BLAST-RADIUS BREAKER OPEN: {message}"
+                    );
+                    gated = failclosed::breaker_verdict(verdict, &taint_key, &message);
+                    &gated
+                }
+            }
+        } else {
+            if verdict.ready {
+                self.metrics.set_breaker_open(false);
+            }
+            verdict
+        };
         let now = Timestamp::now();
         let plan = plan(&node, verdict, &taint_key, &now);
         if let Some(t) = &plan.transition {
@@ -665,6 +701,61 @@ impl Reconciler {
         }
         self.confirmed = Some(probed.clone());
         Ok(outcome)
+    }
+
+    /// The breaker's answer for newly tainting this Node: one list of the pool's Nodes, served
+    /// from the API server's watch cache (`resourceVersion=0`), only when a taint is due.
+    /// A failed list taints (fail closed) with a warning.
+    async fn breaker(
+        &self,
+        nodes: &Api<Node>,
+        node: &Node,
+        outcome: &mut Outcome,
+    ) -> failclosed::TaintDecision {
+        let settings = &self.settings.breaker;
+        let annotation = format!("{}breaker-override", self.settings.label_prefix);
+        let overridden = node
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(&annotation))
+            .is_some_and(|v| v == "true");
+        if self.settings.pool_selector.is_empty() || !settings.enabled || overridden {
+            return failclosed::taint_decision(settings, None, overridden, &annotation);
+        }
+        outcome.requests += 1;
+        let params = ListParams::default()
+            .labels(&self.settings.pool_selector)
+            .match_any();
+        let started = std::time::Instant::now();
+        let list = match nodes.list(&params).await {
+            Ok(list) => list,
+            Err(e) => {
+                tracing::warn!(
+                    node = %self.node_name,
+                    selector = %self.settings.pool_selector,
+                    error = %e,
+                    "cannot list the pool's Nodes for the breaker; tainting (fail closed)"
+                );
+                return failclosed::TaintDecision::Taint;
+            }
+        };
+        let pool = failclosed::count_pool(
+            &list.items,
+            &self.node_name,
+            &self.settings.taint_key(),
+            settings.window,
+            &Timestamp::now(),
+        );
+        tracing::info!(
+            node = %self.node_name,
+            pool_nodes = pool.nodes,
+            tainted_others = pool.tainted_others,
+            new_in_window = pool.new_in_window,
+            list_ms = started.elapsed().as_millis() as u64,
+            "breaker: counted the pool before tainting"
+        );
+        failclosed::taint_decision(settings, Some(&pool), false, &annotation)
     }
 
     fn log_dry_run_without_cluster(&mut self, verdict: &Verdict, taint_key: &str) {

@@ -169,7 +169,22 @@ pub fn unvalidated_taint(config: &Config) -> Taint {
 
 /// Judge one probe report against the requirements, with no memory of earlier probes.
 pub fn evaluate(report: &ProbeReport, config: &Config) -> Verdict {
-    let rdma = evaluate_rdma(&report.rdma, &report.gpudirect.transport, config);
+    evaluate_with(report, config, &[])
+}
+
+/// Reason of the findings about the Node's device-plugin resources (`kubernetes.rdma_resources`).
+pub const DEVICE_PLUGIN_UNAVAILABLE: &str = "DevicePluginUnavailable";
+
+/// [`evaluate`], plus what the agent's own Node object shows (device-plugin resources,
+/// [`crate::failclosed::device_plugin_findings`]): those findings make the RDMA part not ready after
+/// the hardware's own findings, so a healthy fabric with a dead plugin is not ready and the
+/// condition names the resource.
+pub fn evaluate_with(report: &ProbeReport, config: &Config, node_findings: &[Finding]) -> Verdict {
+    let mut rdma = evaluate_rdma(&report.rdma, &report.gpudirect.transport, config);
+    if !node_findings.is_empty() {
+        rdma.part.ready = false;
+        rdma.part.findings.extend(node_findings.iter().cloned());
+    }
     let lustre = evaluate_lustre(report, config);
     let gpudirect = evaluate_gpudirect(&report.gpudirect, config);
     let ready = rdma.part.ready && lustre.ready && gpudirect.part.ready;

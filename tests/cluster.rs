@@ -12,10 +12,18 @@ mod support;
 
 #[path = "cluster/agent.rs"]
 mod agent;
+#[path = "cluster/breaker.rs"]
+mod breaker;
 #[path = "cluster/cleanup.rs"]
 mod cleanup;
+#[path = "cluster/deviceplugin.rs"]
+mod deviceplugin;
 #[path = "cluster/fleet.rs"]
 mod fleet;
+#[path = "cluster/guard.rs"]
+mod guard;
+#[path = "cluster/overlays.rs"]
+mod overlays;
 #[path = "cluster/placement.rs"]
 mod placement;
 #[path = "cluster/scheduler.rs"]

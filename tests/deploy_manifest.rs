@@ -146,11 +146,12 @@ fn manifest_holds_each_object_once_in_the_agent_namespace() {
             "ClusterRole",
             "ClusterRoleBinding",
             "ConfigMap",
-            "DaemonSet",
             "ValidatingAdmissionPolicy",
             "ValidatingAdmissionPolicyBinding",
+            "DaemonSet",
         ],
-        "kubectl apply creates them in this order: namespace before what lives in it"
+        "kubectl apply creates them in this order (kustomize's): namespace before what lives \
+         in it, the own-node policy before the agent"
     );
     assert_eq!(object("Namespace")["metadata"]["name"], NAMESPACE);
     for kind in ["ServiceAccount", "ConfigMap", "DaemonSet"] {
@@ -248,6 +249,27 @@ fn configmap_requirements_are_accepted_and_use_the_binarys_names() {
         config.node.recover_after,
         NodeSettings::default().recover_after
     );
+    // The blast-radius breaker counts the DaemonSet's pool: its nodeSelector, as a selector.
+    let selector = object("DaemonSet")["spec"]["template"]["spec"]["nodeSelector"].clone();
+    let mut terms: Vec<String> = selector
+        .as_object()
+        .expect("a nodeSelector")
+        .iter()
+        .map(|(k, v)| format!("{k}={}", v.as_str().unwrap()))
+        .collect();
+    terms.sort();
+    let mut pool: Vec<String> = config
+        .node
+        .pool_selector
+        .split(',')
+        .map(|t| t.trim().to_owned())
+        .collect();
+    pool.sort();
+    assert_eq!(
+        pool, terms,
+        "node.pool_selector must equal the nodeSelector"
+    );
+    assert!(config.node.breaker.enabled);
 
     // The file the agent is told to read is this ConfigMap key, mounted read-only.
     let args = run_args();
@@ -419,21 +441,33 @@ fn pod_runs_with_least_privilege() {
         assert!(c["resources"][kind]["memory"].is_string(), "memory {kind}");
     }
     assert!(c["resources"]["requests"]["cpu"].is_string());
-    // Only the host paths the agent needs, and only /dev/infiniband writable.
+    // Only the host paths the agent needs, all read-only: the RDMA device nodes come from
+    // the shared device-plugin resource the requirements check (deploy/overlays/shared-device).
     let host_paths: BTreeSet<&str> = pod["volumes"]
         .as_array()
         .unwrap()
         .iter()
         .filter_map(|v| v["hostPath"]["path"].as_str())
         .collect();
-    assert_eq!(
-        host_paths,
-        BTreeSet::from(["/sys", "/dev/infiniband", "/lustre"])
-    );
+    assert_eq!(host_paths, BTreeSet::from(["/sys", "/lustre"]));
     for m in c["volumeMounts"].as_array().unwrap() {
-        if m["mountPath"] != "/dev/infiniband" {
-            assert_eq!(m["readOnly"], true, "{m}");
-        }
+        assert_eq!(m["readOnly"], true, "{m}");
+    }
+    let config = Config::parse(
+        object("ConfigMap")["data"]["requirements.yaml"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    let resources = &config.kubernetes.rdma_resources;
+    assert_eq!(resources.len(), 1, "{resources:?}");
+    let shared = resources[0].as_str();
+    assert!(shared.contains("shared"), "a shared resource: {shared}");
+    for kind in ["requests", "limits"] {
+        assert_eq!(
+            c["resources"][kind][shared], "1",
+            "one unit of {shared} in {kind}: the agent reaches the devices as the workers do"
+        );
     }
     // The token is projected by hand (pod-bound: it carries the node-name claim); nothing is
     // mounted automatically.
@@ -547,11 +581,28 @@ fn manifest_passes_yamllint() {
     let Some(yl) = tool("yamllint", "pip install yamllint") else {
         return;
     };
+    // The annotated sources strictly; the rendered daemonset.yaml as kustomize writes it
+    // (sequences not indented, long CEL expressions on one line).
+    let mut sources = Proc::new(&yl);
+    sources
+        .args(["--strict", "-c"])
+        .arg(root().join("deploy/yamllint.yaml"));
+    for dir in [
+        "deploy/base",
+        "deploy/overlays/shared-device",
+        "deploy/overlays/privileged",
+    ] {
+        for entry in std::fs::read_dir(root().join(dir)).unwrap() {
+            sources.arg(entry.unwrap().path());
+        }
+    }
+    let (ok, out) = run(&mut sources);
+    assert!(ok, "yamllint (sources):\n{out}");
     let (ok, out) = run(Proc::new(&yl)
         .args(["--strict", "-c"])
-        .arg(root().join("deploy/yamllint.yaml"))
+        .arg(root().join("deploy/yamllint-rendered.yaml"))
         .arg(root().join("daemonset.yaml")));
-    assert!(ok, "yamllint:\n{out}");
+    assert!(ok, "yamllint (rendered):\n{out}");
 }
 
 #[test]
@@ -991,3 +1042,129 @@ fn admission_policy_confines_the_agent_to_its_own_nodes_own_fields() {
 
 // deploy/cleanup-nodes.sh runs with the real kubectl against the real apiserver in
 // tests/cluster/cleanup.rs.
+/// Every document of `deploy/guard.yaml`.
+fn guard_documents() -> Vec<Value> {
+    let text = std::fs::read_to_string(root().join("deploy/guard.yaml")).unwrap();
+    serde_norway::Deserializer::from_str(&text)
+        .map(|doc| Value::deserialize(doc).unwrap())
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+#[test]
+fn guard_manifest_is_least_privilege_two_replicas_with_a_pdb_and_its_args_parse() {
+    let docs = guard_documents();
+    let one = |kind: &str| -> Value {
+        let found: Vec<&Value> = docs.iter().filter(|d| d["kind"] == kind).collect();
+        assert_eq!(found.len(), 1, "one {kind} in deploy/guard.yaml");
+        found[0].clone()
+    };
+    for d in &docs {
+        if d["kind"] != "ClusterRole" && d["kind"] != "ClusterRoleBinding" {
+            assert_eq!(d["metadata"]["namespace"], NAMESPACE, "{d}");
+        }
+    }
+    // RBAC: exactly these grants, no wildcards, no secrets.
+    let mut grants = BTreeSet::new();
+    for kind in ["ClusterRole", "Role"] {
+        for rule in one(kind)["rules"].as_array().unwrap() {
+            for group in strings(&rule["apiGroups"]) {
+                for resource in strings(&rule["resources"]) {
+                    for verb in strings(&rule["verbs"]) {
+                        grants.insert(format!("{kind} {group}/{resource} {verb}"));
+                    }
+                }
+            }
+        }
+    }
+    let want: BTreeSet<String> = [
+        "ClusterRole /nodes list",
+        "ClusterRole /nodes patch",
+        "ClusterRole /nodes/status patch",
+        "Role /pods list",
+        "Role coordination.k8s.io/leases create",
+        "Role coordination.k8s.io/leases get",
+        "Role coordination.k8s.io/leases patch",
+        "Role coordination.k8s.io/leases update",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect();
+    assert_eq!(grants, want);
+    let sa = one("ServiceAccount");
+    for binding in ["ClusterRoleBinding", "RoleBinding"] {
+        let b = one(binding);
+        assert_eq!(b["subjects"][0]["name"], sa["metadata"]["name"]);
+    }
+
+    let deploy = one("Deployment");
+    assert_eq!(deploy["spec"]["replicas"], 2);
+    let pod = &deploy["spec"]["template"]["spec"];
+    assert_eq!(pod["serviceAccountName"], sa["metadata"]["name"]);
+    let labels = &deploy["spec"]["template"]["metadata"]["labels"];
+    let pdb = one("PodDisruptionBudget");
+    assert_eq!(pdb["spec"]["minAvailable"], 1);
+    for (k, v) in pdb["spec"]["selector"]["matchLabels"].as_object().unwrap() {
+        assert_eq!(&labels[k], v, "the PDB selects the guard's pods");
+    }
+    let c = &pod["containers"][0];
+    assert_eq!(c["securityContext"]["allowPrivilegeEscalation"], false);
+    assert_eq!(c["securityContext"]["readOnlyRootFilesystem"], true);
+
+    // Its arguments are accepted by the binary, and point at the agent's ConfigMap.
+    let mut argv = vec!["fabricgate".to_owned()];
+    argv.extend(strings(&c["args"]));
+    let Command::Guard(args) = Cli::try_parse_from(&argv).unwrap().command else {
+        panic!("not the guard subcommand: {argv:?}");
+    };
+    let dir = args.config.parent().unwrap().to_str().unwrap().to_owned();
+    let mount = c["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["mountPath"] == dir.as_str())
+        .expect("the config directory is mounted");
+    let vol = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == mount["name"])
+        .unwrap();
+    assert_eq!(
+        vol["configMap"]["name"],
+        object("ConfigMap")["metadata"]["name"]
+    );
+    // The pod selector selects the agent DaemonSet's pods.
+    let ds_labels = &object("DaemonSet")["spec"]["template"]["metadata"]["labels"];
+    for term in args.pod_selector.split(',') {
+        let (k, v) = term.split_once('=').unwrap();
+        assert_eq!(ds_labels[k], v, "{term}");
+    }
+    assert_eq!(args.stale_after, std::time::Duration::from_secs(60));
+}
+
+#[test]
+fn guard_manifest_passes_yamllint_and_both_kubernetes_schemas() {
+    let manifest = root().join("deploy/guard.yaml");
+    if let Some(yl) = tool("yamllint", "pip install yamllint") {
+        let (ok, out) = run(Proc::new(&yl)
+            .args(["--strict", "-c"])
+            .arg(root().join("deploy/yamllint.yaml"))
+            .arg(&manifest));
+        assert!(ok, "yamllint:\n{out}");
+    }
+    let Some(kv) = tool("kubernetes-validate", "pip install kubernetes-validate") else {
+        return;
+    };
+    for version in [OLDEST_KUBERNETES, NEWEST_KUBERNETES] {
+        let (ok, out) = run(Proc::new(&kv)
+            .args(["--strict", "-k", version])
+            .arg(&manifest));
+        assert!(ok, "kubernetes-validate {version}:\n{out}");
+        assert_eq!(
+            out.matches(" passed for resource ").count(),
+            guard_documents().len(),
+            "every object was checked against {version}:\n{out}"
+        );
+    }
+}

@@ -41,6 +41,7 @@ impl Fleet {
         n: usize,
         interval: Duration,
         watch: bool,
+        breaker: bool,
     ) -> Fleet {
         let names: Vec<String> = (0..n).map(|i| format!("{prefix}-{i:04}")).collect();
         let admin = cp.admin();
@@ -80,6 +81,7 @@ impl Fleet {
             let name = name.clone();
             let roots = Roots::new(hca.sysfs_root(), hca.proc_root());
             let mut stop_rx = stop_rx.clone();
+            let pool = prefix.to_owned();
             tasks.push(runtime.spawn(async move {
                 let kube_config = {
                     let kc = kube::config::Kubeconfig::read_from(&kc).unwrap();
@@ -92,7 +94,11 @@ impl Fleet {
                 if !watch {
                     clients.watch = None;
                 }
-                let config = Config::default();
+                let mut config = Config::default();
+                if breaker {
+                    // The shipped breaker (0.5 of the pool, 20 new in 10 min) over this pool.
+                    config.node.pool_selector = format!("pool={pool}");
+                }
                 let prober = Prober::new(
                     roots,
                     ProbeConfig {
@@ -146,21 +152,35 @@ impl Fleet {
 
 /// How many Nodes of `prefix` carry our taint, and how many are validated.
 fn census(cp: &ControlPlane, prefix: &str) -> (usize, usize) {
+    let (tainted, ready, _) = census_breaker(cp, prefix);
+    (tainted, ready)
+}
+
+/// [`census`], and how many untainted Nodes say `BreakerOpen`.
+fn census_breaker(cp: &ControlPlane, prefix: &str) -> (usize, usize, usize) {
     let nodes: Api<Node> = Api::all(cp.admin());
     let list = cp
         .block_on(nodes.list(&ListParams::default().labels(&format!("pool={prefix}"))))
         .expect("list nodes");
     let mut tainted = 0;
     let mut ready = 0;
+    let mut held = 0;
     for n in list.items {
         let v = serde_json::to_value(&n).unwrap();
+        let breaker_open = v["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["type"] == "FabricReady" && c["reason"] == "BreakerOpen");
         if taint_keys(&v).iter().any(|k| k == TAINT) {
             tainted += 1;
         } else if v["metadata"]["labels"]["fabricgate.io/ready"] == "true" {
             ready += 1;
+        } else if breaker_open {
+            held += 1;
         }
     }
-    (tainted, ready)
+    (tainted, ready, held)
 }
 
 struct Figures {
@@ -172,6 +192,9 @@ struct Figures {
     apiserver_cpu: f64,
     failed: usize,
     failure_to_all_tainted: Duration,
+    /// With the breaker: how many of the failed were tainted (the rest say `BreakerOpen`), and
+    /// how many pool lists the agents made for it.
+    breaker: Option<(usize, usize)>,
 }
 
 fn run_fleet(
@@ -179,11 +202,12 @@ fn run_fleet(
     prefix: &str,
     n: usize,
     watch: bool,
+    breaker: bool,
     quiet: Duration,
 ) -> Figures {
     let interval = Duration::from_secs(2);
     let started = Instant::now();
-    let fleet = Fleet::start(cp, prefix, n, interval, watch);
+    let fleet = Fleet::start(cp, prefix, n, interval, watch, breaker);
     wait_until(
         "the whole fleet validated",
         Duration::from_secs(600),
@@ -205,14 +229,31 @@ fn run_fleet(
 
     // One leaf switch fails: 10 % of the fleet at once.
     let failed = n.div_ceil(10);
+    let mark = cp.audit_mark();
     let failure = Instant::now();
     for hca in fleet.hcas.iter().take(failed) {
         hca.set_port(false);
     }
-    wait_until("the failed tenth tainted", Duration::from_secs(300), || {
-        census(cp, prefix).0 == failed
-    });
+    let mut decided = (0, 0);
+    wait_until(
+        "the failed tenth tainted (or held by the breaker)",
+        Duration::from_secs(300),
+        || {
+            let (tainted, _, held) = census_breaker(cp, prefix);
+            decided = (tainted, held);
+            if breaker {
+                tainted + held == failed
+            } else {
+                tainted == failed
+            }
+        },
+    );
     let failure_to_all_tainted = failure.elapsed();
+    let lists = cp
+        .audit_since(mark)
+        .into_iter()
+        .filter(|e| e.user == FLEET_USER && e.verb == "list" && e.resource == "nodes")
+        .count();
     let names = fleet.names.clone();
     fleet.stop();
     // Leave the cluster as it was for the other tests' node counts.
@@ -231,15 +272,23 @@ fn run_fleet(
         apiserver_cpu: cpu,
         failed,
         failure_to_all_tainted,
+        breaker: breaker.then_some((decided.0, lists)),
     }
 }
 
 fn report(label: &str, f: &Figures) -> String {
     let node_hours = f.n as f64 * f.quiet.as_secs_f64() / 3600.0;
+    let breaker = f.breaker.map_or(String::new(), |(tainted, lists)| {
+        format!(
+            "; breaker: {tainted} of the {} tainted, {} held (BreakerOpen), {lists} pool lists",
+            f.failed,
+            f.failed - tainted
+        )
+    });
     format!(
         "{label}: N={} start->all validated {:.1}s; quiet {:?}: {} requests ({} writes) = {:.1} \
          requests/node-hour, apiserver CPU {:.2}s ({:.1}% of a core); {} of {} failed at once -> \
-         all tainted in {:.2}s",
+         all decided in {:.2}s{breaker}",
         f.n,
         f.start_to_all_ready.as_secs_f64(),
         f.quiet,
@@ -259,7 +308,7 @@ fn report(label: &str, f: &Figures) -> String {
 #[test]
 fn twenty_agents_in_one_process_validate_stay_quiet_and_taint_a_failed_tenth() {
     let Some(cp) = control_plane() else { return };
-    let f = run_fleet(cp, "fleet-small", 20, true, Duration::from_secs(10));
+    let f = run_fleet(cp, "fleet-small", 20, true, false, Duration::from_secs(10));
     eprintln!("{}", report("watch", &f));
     assert_eq!(f.writes, 0, "no writes at steady state");
     assert_eq!(
@@ -283,8 +332,10 @@ fn fleet_measure() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(500);
     let quiet = Duration::from_secs(120);
-    let watch = run_fleet(cp, "fleet-watch", n, true, quiet);
+    let watch = run_fleet(cp, "fleet-watch", n, true, false, quiet);
     println!("{}", report("watch per Node", &watch));
-    let gets = run_fleet(cp, "fleet-gets", n, false, quiet);
+    let gets = run_fleet(cp, "fleet-gets", n, false, false, quiet);
     println!("{}", report("periodic GETs (resync 60s)", &gets));
+    let breaker = run_fleet(cp, "fleet-breaker", n, true, true, quiet);
+    println!("{}", report("watch per Node + breaker", &breaker));
 }

@@ -6,7 +6,7 @@
 //! what a full agent run uses according to the audit log.
 
 use crate::support::controlplane::{ControlPlane, client_from};
-use crate::{AGENT_USER, TAINT, TestNode, control_plane, start_agent, wait_until};
+use crate::{AGENT_USER, FakeHca, TAINT, TestNode, control_plane, start_agent, wait_until};
 use k8s_openapi::api::core::v1::{Node, Secret};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -240,11 +240,28 @@ fn granted() -> BTreeSet<(String, String, String)> {
 fn the_cluster_role_grants_exactly_what_a_full_agent_run_uses() {
     let Some(cp) = control_plane() else { return };
     let node = TestNode::seeded(cp, "sec-full-run");
+    let hca = FakeHca::new(true);
+    let kubeconfig = node.agent_kubeconfig(None);
+    // With a pool, as daemonset.yaml configures it: the breaker lists the pool's Nodes.
+    let config = hca.scratch().join("requirements.yaml");
+    std::fs::write(
+        &config,
+        "node:\n  pool_selector: \"kubernetes.io/hostname=sec-full-run\"\n",
+    )
+    .unwrap();
     let mark = cp.audit_mark();
-    let (hca, agent) = node.run_agent(
-        true,
-        None,
-        &["--interval", "200ms", "--resync-interval", "1s"],
+    let agent = start_agent(
+        &node.name,
+        &hca,
+        Some(&kubeconfig),
+        &[
+            "--interval",
+            "200ms",
+            "--resync-interval",
+            "1s",
+            "--config",
+            config.to_str().unwrap(),
+        ],
     );
     agent.wait("validation", Duration::from_secs(30), || node.ready());
     hca.set_port(false);

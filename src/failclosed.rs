@@ -1,0 +1,599 @@
+//! Failing closed on one node without taking down the fleet: what the agent requires of its
+//! own Node object besides the hardware (device-plugin liveness), and the one decision
+//! "taint this node now?" ([`taint_decision`]) with the blast-radius breaker.
+
+use crate::config::{BreakerSettings, KubernetesRequirements};
+use crate::policy::{DEVICE_PLUGIN_UNAVAILABLE, Finding, Scope, Verdict};
+use fabricgate_probes::Roots;
+use fabricgate_probes::pod::{self, DeviceNode};
+use fabricgate_probes::rdma::RdmaReport;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::jiff::Timestamp;
+use std::os::unix::fs::FileTypeExt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// `reason` of `FabricReady` when the breaker kept the agent from tainting.
+pub const BREAKER_OPEN: &str = "BreakerOpen";
+
+/// What the pool (`node.pool_selector`) looks like, counted from one list of its Nodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PoolCount {
+    /// Nodes in the pool, this one included.
+    pub nodes: u32,
+    /// Other Nodes of the pool carrying the taint.
+    pub tainted_others: u32,
+    /// Other Nodes of the pool whose `FabricReady` turned `False` within the window.
+    pub new_in_window: u32,
+}
+
+/// Count the pool from its Nodes (the state lives on the Nodes, so it survives restarts).
+pub fn count_pool(
+    nodes: &[Node],
+    self_name: &str,
+    taint_key: &str,
+    window: Duration,
+    now: &Timestamp,
+) -> PoolCount {
+    let mut c = PoolCount::default();
+    let mut seen_self = false;
+    for n in nodes {
+        c.nodes += 1;
+        if n.metadata.name.as_deref() == Some(self_name) {
+            seen_self = true;
+            continue;
+        }
+        let tainted = n
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.as_ref())
+            .is_some_and(|ts| ts.iter().any(|t| t.key == taint_key));
+        if !tainted {
+            continue;
+        }
+        c.tainted_others += 1;
+        let recent = n
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|cs| cs.iter().find(|c| c.type_ == "FabricReady"))
+            .filter(|c| c.status == "False")
+            .and_then(|c| c.last_transition_time.as_ref())
+            .is_some_and(|t| {
+                now.duration_since(t.0)
+                    .try_into()
+                    .is_ok_and(|age: Duration| age <= window)
+            });
+        if recent {
+            c.new_in_window += 1;
+        }
+    }
+    if !seen_self {
+        // Our own Node lacks the pool's labels: count it anyway, it is what we would taint.
+        c.nodes += 1;
+    }
+    c
+}
+
+/// The answer to "taint this node now?".
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TaintDecision {
+    Taint,
+    /// Do not taint; the message says why and how to override.
+    BreakerOpen {
+        message: String,
+    },
+}
+
+/// The one place that decides whether a node that is not tainted yet gets the taint: the
+/// breaker (with its operator overrides). Untainting never comes here.
+pub fn taint_decision(
+    settings: &BreakerSettings,
+    pool: Option<&PoolCount>,
+    overridden: bool,
+    override_annotation: &str,
+) -> TaintDecision {
+    let Some(pool) = pool else {
+        return TaintDecision::Taint;
+    };
+    if !settings.enabled || overridden {
+        return TaintDecision::Taint;
+    }
+    let after = pool.tainted_others + 1;
+    let fraction = f64::from(after) / f64::from(pool.nodes.max(1));
+    // The first tainted node of a pool is never a fleet-wide failure (and a pool of one node
+    // must be able to fail closed).
+    let why = if pool.tainted_others > 0 && fraction > settings.max_unvalidated_fraction {
+        format!(
+            "tainting this node would make {after} of {} nodes of the pool tainted ({:.0}%, \
+             above node.breaker.max_unvalidated_fraction {})",
+            pool.nodes,
+            fraction * 100.0,
+            settings.max_unvalidated_fraction
+        )
+    } else if settings.max_new_per_window > 0
+        && pool.new_in_window + 1 > settings.max_new_per_window
+    {
+        format!(
+            "{} nodes of the pool already failed within {} (node.breaker.max_new_per_window {})",
+            pool.new_in_window,
+            humantime::format_duration(settings.window),
+            settings.max_new_per_window
+        )
+    } else {
+        return TaintDecision::Taint;
+    };
+    TaintDecision::BreakerOpen {
+        message: format!(
+            "breaker open, not tainting: {why}; a fleet-wide failure is more likely a bad \
+             requirements rollout or agent deployment than broken hardware; fix that, or \
+             override: annotate the node {override_annotation}=true or set \
+             node.breaker.enabled: false"
+        ),
+    }
+}
+
+/// `verdict` as applied while the breaker is open: still not ready (labels, conditions), but
+/// without our taint, and `FabricReady`'s reason `BreakerOpen` with what would have tainted it.
+pub fn breaker_verdict(verdict: &Verdict, taint_key: &str, message: &str) -> Verdict {
+    let mut v = verdict.clone();
+    v.taints.retain(|t| t.key != taint_key);
+    for c in v.conditions.iter_mut().filter(|c| c.type_ == "FabricReady") {
+        c.message = format!("{message}; would taint for {}: {}", c.reason, c.message);
+        c.reason = BREAKER_OPEN.to_owned();
+    }
+    v
+}
+
+/// Findings about the device-plugin resources `resources` (`kubernetes.rdma_resources`) on
+/// `node`: each must be in `status.capacity` and have `status.allocatable` > 0. The kubelet
+/// drops a resource's allocatable to 0 when its plugin's endpoint goes away (plugin crashed,
+/// or a kubelet restart the plugin did not re-register after), and a resource no plugin ever
+/// registered is absent. Empty `resources`: nothing is checked.
+pub fn device_plugin_findings(node: &Node, resources: &[String]) -> Vec<Finding> {
+    if resources.is_empty() {
+        return Vec::new();
+    }
+    let node_name = node.metadata.name.as_deref().unwrap_or("this node");
+    let status = node.status.as_ref();
+    let capacity = status.and_then(|s| s.capacity.as_ref());
+    let allocatable = status.and_then(|s| s.allocatable.as_ref());
+    let mut out = Vec::new();
+    for r in resources {
+        let cap = capacity.and_then(|c| c.get(r)).map(|q| q.0.as_str());
+        let alloc = allocatable.and_then(|a| a.get(r)).map(|q| q.0.as_str());
+        let message = match (cap, alloc) {
+            (None, _) => format!(
+                "device-plugin resource {r} is not in the Node's status.capacity: no device \
+                 plugin registered it with the kubelet; check that the device plugin \
+                 DaemonSet runs on {node_name} and advertises {r} (resource name in its config)"
+            ),
+            (Some(_), Some(a)) if positive(a) => continue,
+            (Some(c), a) => format!(
+                "device-plugin resource {r} has allocatable {} (capacity {c}): the kubelet \
+                 lost the plugin's endpoint, so pods get no RDMA devices; check the device \
+                 plugin pod on {node_name} (restart it if it runs: a kubelet restart needs \
+                 it to register again) and the kubelet log",
+                a.unwrap_or("absent")
+            ),
+        };
+        out.push(Finding {
+            scope: Scope::Rdma,
+            code: DEVICE_PLUGIN_UNAVAILABLE,
+            message,
+        });
+    }
+    out
+}
+
+/// What the device plugins must show on the host, checked on the probe thread after each probe:
+/// their sockets registered under the kubelet's device-plugins directory, and every selected
+/// RDMA device's `uverbsN` node present in the agent's container (which gets them from the same
+/// plugin as the training pods).
+#[derive(Debug, Clone, Default)]
+pub struct PluginHostChecks {
+    resources: Vec<String>,
+    dir: PathBuf,
+    sockets: Vec<String>,
+}
+
+/// What [`PluginHostChecks::run`] found: node findings, and the agent's own blind spots.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PluginHostFindings {
+    /// `DevicePluginUnavailable` findings about the node.
+    pub findings: Vec<Finding>,
+    /// The agent cannot look (the device-plugins directory is not mounted): an agent error.
+    pub own_problems: Vec<String>,
+    /// Some selected devices' nodes are missing, others present: the verbs probe's "cannot
+    /// open" for the missing ones is then the plugin's fault, not the agent's deployment.
+    pub incomplete_device_set: bool,
+}
+
+impl PluginHostChecks {
+    pub fn from_config(k: &KubernetesRequirements) -> Self {
+        Self {
+            resources: k.rdma_resources.clone(),
+            dir: PathBuf::from(&k.device_plugin_dir),
+            sockets: k.device_plugin_sockets.clone(),
+        }
+    }
+
+    /// Check the sockets and the device nodes of the devices `rdma` selected.
+    pub fn run(&self, roots: &Roots, rdma: &RdmaReport) -> PluginHostFindings {
+        let mut out = PluginHostFindings::default();
+        if !self.sockets.is_empty() {
+            self.check_sockets(&mut out);
+        }
+        if !self.resources.is_empty() {
+            self.check_device_nodes(roots, rdma, &mut out);
+        }
+        out
+    }
+
+    fn check_sockets(&self, out: &mut PluginHostFindings) {
+        let dir = &self.dir;
+        if !dir.is_dir() {
+            out.own_problems.push(format!(
+                "kubernetes.device_plugin_sockets are checked in {} but it is not a directory \
+                 inside the agent's container (mount the kubelet's device-plugins directory \
+                 there read-only)",
+                dir.display()
+            ));
+            return;
+        }
+        for name in &self.sockets {
+            let path = dir.join(name);
+            let problem = match std::fs::symlink_metadata(&path) {
+                Ok(m) if m.file_type().is_socket() => continue,
+                Ok(_) => format!("{} is not a socket", path.display()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    format!("{} does not exist", path.display())
+                }
+                Err(e) => format!("cannot inspect {}: {e}", path.display()),
+            };
+            out.findings.push(Finding {
+                scope: Scope::Rdma,
+                code: DEVICE_PLUGIN_UNAVAILABLE,
+                message: format!(
+                    "device-plugin socket {name} is not registered with the kubelet: {problem}; \
+                     the device plugin is not running on this node (ls {} shows the registered \
+                     plugins); restart the device-plugin pod",
+                    dir.display()
+                ),
+            });
+        }
+    }
+
+    /// A plugin that started before the driver hands out an incomplete set: some selected
+    /// devices' nodes are in the container, others not. None at all is how the agent was
+    /// deployed (an agent error, from the verbs probe), not the plugin.
+    fn check_device_nodes(&self, roots: &Roots, rdma: &RdmaReport, out: &mut PluginHostFindings) {
+        let Ok(nodes) = pod::device_nodes(roots) else {
+            return; // unreadable class/infiniband_verbs: the RDMA probe reports sysfs errors
+        };
+        let selected: Vec<&DeviceNode> = nodes
+            .iter()
+            .filter(|n| rdma.devices.iter().any(|d| d.name == n.device))
+            .collect();
+        let missing: Vec<String> = selected
+            .iter()
+            .filter(|n| !n.present)
+            .map(|n| format!("{} ({})", n.path.display(), n.device))
+            .collect();
+        if missing.is_empty() || missing.len() == selected.len() {
+            return;
+        }
+        out.incomplete_device_set = true;
+        out.findings.push(Finding {
+            scope: Scope::Rdma,
+            code: DEVICE_PLUGIN_UNAVAILABLE,
+            message: format!(
+                "the device plugin hands out an incomplete set of RDMA devices: {} missing in \
+                 the agent's container, which gets its devices from {} as training pods do; the \
+                 plugin probably started before the driver created them; restart the \
+                 device-plugin pod on this node",
+                missing.join(", "),
+                self.resources.join(", ")
+            ),
+        });
+    }
+}
+
+/// Whether a Kubernetes quantity is greater than zero (`"0"`, `"0k"`, `"-1"`, garbage: no).
+fn positive(q: &str) -> bool {
+    let q = q.trim();
+    if q.starts_with('-') {
+        return false;
+    }
+    let number: String = q
+        .trim_start_matches('+')
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.')
+        .collect();
+    number.parse::<f64>().is_ok_and(|n| n > 0.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::NodeStatus;
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use std::collections::BTreeMap;
+
+    const R: &str = "rdma/hca_shared_devices_a";
+
+    fn node(capacity: &[(&str, &str)], allocatable: &[(&str, &str)]) -> Node {
+        let q = |kv: &[(&str, &str)]| -> BTreeMap<String, Quantity> {
+            kv.iter()
+                .map(|(k, v)| ((*k).to_owned(), Quantity((*v).to_owned())))
+                .collect()
+        };
+        Node {
+            metadata: ObjectMeta {
+                name: Some("gpu-1".into()),
+                ..ObjectMeta::default()
+            },
+            spec: None,
+            status: Some(NodeStatus {
+                capacity: Some(q(capacity)),
+                allocatable: Some(q(allocatable)),
+                ..NodeStatus::default()
+            }),
+        }
+    }
+
+    fn pool_node(name: &str, tainted: bool, failed_secs_ago: Option<i64>) -> Node {
+        use k8s_openapi::api::core::v1::{NodeCondition, NodeSpec, Taint};
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        let now = Timestamp::now().as_second();
+        Node {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(NodeSpec {
+                taints: Some(if tainted {
+                    vec![Taint {
+                        key: KEY.into(),
+                        effect: "NoSchedule".into(),
+                        ..Taint::default()
+                    }]
+                } else {
+                    vec![]
+                }),
+                ..NodeSpec::default()
+            }),
+            status: Some(NodeStatus {
+                conditions: failed_secs_ago.map(|ago| {
+                    vec![NodeCondition {
+                        type_: "FabricReady".into(),
+                        status: "False".into(),
+                        last_transition_time: Some(Time(
+                            Timestamp::from_second(now - ago).unwrap(),
+                        )),
+                        ..NodeCondition::default()
+                    }]
+                }),
+                ..NodeStatus::default()
+            }),
+        }
+    }
+
+    const KEY: &str = "fabricgate.io/unvalidated";
+    const ANN: &str = "fabricgate.io/breaker-override";
+
+    fn decide(pool: &PoolCount) -> TaintDecision {
+        taint_decision(&BreakerSettings::default(), Some(pool), false, ANN)
+    }
+
+    #[test]
+    fn ten_nodes_at_one_half_the_sixth_is_not_tainted() {
+        let mut nodes: Vec<Node> = (0..10)
+            .map(|i| pool_node(&format!("n{i}"), i < 4, None))
+            .collect();
+        let now = Timestamp::now();
+        let w = Duration::from_secs(600);
+        // Four others tainted: the fifth may taint (5 of 10 = 0.5, not above).
+        let c = count_pool(&nodes, "n9", KEY, w, &now);
+        assert_eq!((c.nodes, c.tainted_others), (10, 4));
+        assert_eq!(decide(&c), TaintDecision::Taint);
+        // Five others tainted: the sixth may not.
+        nodes[4] = pool_node("n4", true, None);
+        let c = count_pool(&nodes, "n9", KEY, w, &now);
+        let TaintDecision::BreakerOpen { message } = decide(&c) else {
+            panic!("breaker should be open: {c:?}");
+        };
+        assert!(message.contains("6 of 10"), "{message}");
+        assert!(message.contains(ANN), "{message}");
+        // Overrides.
+        assert_eq!(
+            taint_decision(&BreakerSettings::default(), Some(&c), true, ANN),
+            TaintDecision::Taint
+        );
+        let off = BreakerSettings {
+            enabled: false,
+            ..BreakerSettings::default()
+        };
+        assert_eq!(
+            taint_decision(&off, Some(&c), false, ANN),
+            TaintDecision::Taint
+        );
+        assert_eq!(
+            taint_decision(&BreakerSettings::default(), None, false, ANN),
+            TaintDecision::Taint
+        );
+        // A pool of one node can still fail closed.
+        let alone = count_pool(&nodes[9..], "n9", KEY, w, &now);
+        assert_eq!(alone.nodes, 1);
+        assert_eq!(decide(&alone), TaintDecision::Taint);
+    }
+
+    #[test]
+    fn the_absolute_cap_counts_only_recent_failures() {
+        let settings = BreakerSettings {
+            max_new_per_window: 2,
+            ..BreakerSettings::default()
+        };
+        let now = Timestamp::now();
+        let w = Duration::from_secs(600);
+        let mut nodes: Vec<Node> = (0..100)
+            .map(|i| pool_node(&format!("n{i}"), false, None))
+            .collect();
+        nodes[0] = pool_node("n0", true, Some(30));
+        nodes[1] = pool_node("n1", true, Some(3600));
+        let c = count_pool(&nodes, "n99", KEY, w, &now);
+        assert_eq!((c.tainted_others, c.new_in_window), (2, 1));
+        assert_eq!(
+            taint_decision(&settings, Some(&c), false, ANN),
+            TaintDecision::Taint
+        );
+        nodes[2] = pool_node("n2", true, Some(60));
+        let c = count_pool(&nodes, "n99", KEY, w, &now);
+        assert!(matches!(
+            taint_decision(&settings, Some(&c), false, ANN),
+            TaintDecision::BreakerOpen { .. }
+        ));
+    }
+
+    #[test]
+    fn nothing_is_checked_without_resources() {
+        assert!(device_plugin_findings(&node(&[], &[]), &[]).is_empty());
+    }
+
+    #[test]
+    fn a_registered_resource_with_allocatable_passes() {
+        let n = node(&[(R, "1k")], &[(R, "1000")]);
+        assert!(device_plugin_findings(&n, &[R.into()]).is_empty());
+    }
+
+    #[test]
+    fn allocatable_zero_or_missing_names_the_resource() {
+        for n in [
+            node(&[(R, "1000")], &[(R, "0")]),
+            node(&[(R, "1000")], &[]),
+            node(&[], &[]),
+            Node::default(),
+        ] {
+            let f = device_plugin_findings(&n, &[R.into(), "cpu".into()]);
+            assert!(!f.is_empty(), "{n:?}");
+            assert_eq!(f[0].code, DEVICE_PLUGIN_UNAVAILABLE);
+            assert!(f[0].message.contains(R), "{}", f[0].message);
+            assert!(f[0].message.contains("check"), "{}", f[0].message);
+        }
+    }
+
+    #[test]
+    fn quantities() {
+        for (q, want) in [
+            ("1", true),
+            ("1k", true),
+            ("0.5", true),
+            ("0", false),
+            ("0k", false),
+            ("-3", false),
+            ("", false),
+            ("x", false),
+        ] {
+            assert_eq!(positive(q), want, "{q}");
+        }
+    }
+
+    fn host_checks(
+        sockets: &[&str],
+        dir: &std::path::Path,
+        resources: &[&str],
+    ) -> PluginHostChecks {
+        PluginHostChecks::from_config(&KubernetesRequirements {
+            rdma_resources: resources.iter().map(|r| (*r).to_owned()).collect(),
+            device_plugin_dir: dir.display().to_string(),
+            device_plugin_sockets: sockets.iter().map(|s| (*s).to_owned()).collect(),
+        })
+    }
+
+    fn rdma_of(names: &[&str]) -> RdmaReport {
+        RdmaReport {
+            devices: names
+                .iter()
+                .map(|n| fabricgate_probes::rdma::DeviceReport {
+                    name: (*n).to_owned(),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn plugin_socket_must_be_a_registered_socket() {
+        let dir = tempfile::tempdir().unwrap();
+        let roots = Roots::new(dir.path(), dir.path());
+        let checks = host_checks(&["rdma.sock"], dir.path(), &[]);
+        let listener = std::os::unix::net::UnixListener::bind(dir.path().join("rdma.sock"));
+        let listener = listener.unwrap();
+        assert_eq!(
+            checks.run(&roots, &rdma_of(&[])),
+            PluginHostFindings::default()
+        );
+        drop(listener);
+        std::fs::remove_file(dir.path().join("rdma.sock")).unwrap();
+        let found = checks.run(&roots, &rdma_of(&[]));
+        assert_eq!(found.findings.len(), 1);
+        assert_eq!(found.findings[0].code, DEVICE_PLUGIN_UNAVAILABLE);
+        assert!(
+            found.findings[0]
+                .message
+                .contains("rdma.sock is not registered")
+                && found.findings[0].message.contains("does not exist"),
+            "{:?}",
+            found.findings
+        );
+        std::fs::write(dir.path().join("rdma.sock"), "").unwrap();
+        let found = checks.run(&roots, &rdma_of(&[]));
+        assert!(found.findings[0].message.contains("is not a socket"));
+        // The directory not mounted in the agent's container: the agent's trouble.
+        let absent = host_checks(&["rdma.sock"], &dir.path().join("absent"), &[]);
+        let found = absent.run(&roots, &rdma_of(&[]));
+        assert!(found.findings.is_empty());
+        assert_eq!(found.own_problems.len(), 1);
+        assert!(found.own_problems[0].contains("not a directory inside the agent's container"));
+    }
+
+    #[test]
+    fn an_incomplete_device_set_from_the_plugin_is_a_finding_none_at_all_is_not() {
+        let fixture =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/pod-4of8");
+        let roots = Roots::new(fixture.join("sys"), fixture.join("proc"));
+        let checks = host_checks(&[], &fixture, &[R]);
+        // uverbs0-3 are in the fixture's /dev, uverbs4-9 are not.
+        let found = checks.run(
+            &roots.clone().with_devfs(fixture.join("dev")),
+            &rdma_of(&["mlx5_0", "mlx5_1", "mlx5_4"]),
+        );
+        assert!(found.incomplete_device_set);
+        assert_eq!(found.findings.len(), 1);
+        let m = &found.findings[0].message;
+        assert!(
+            m.contains("infiniband/uverbs4 (mlx5_4)") && !m.contains("uverbs0") && m.contains(R),
+            "{m}"
+        );
+        // Only the selected devices count.
+        let all_there = checks.run(
+            &roots.clone().with_devfs(fixture.join("dev")),
+            &rdma_of(&["mlx5_0", "mlx5_3"]),
+        );
+        assert_eq!(all_there, PluginHostFindings::default());
+        // No device node at all: how the agent is deployed (an agent error elsewhere).
+        let none = checks.run(
+            &roots.clone().with_devfs(fixture.join("no-dev")),
+            &rdma_of(&["mlx5_0", "mlx5_4"]),
+        );
+        assert_eq!(none, PluginHostFindings::default());
+        // Without kubernetes.rdma_resources the plugin is not in play.
+        let off = host_checks(&[], &fixture, &[]).run(
+            &roots.with_devfs(fixture.join("dev")),
+            &rdma_of(&["mlx5_0", "mlx5_4"]),
+        );
+        assert_eq!(off, PluginHostFindings::default());
+    }
+}
