@@ -368,6 +368,39 @@ mod tests {
         assert_eq!(got[0].name, None);
     }
 
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(1024))]
+
+        /// Random bytes, and a real message with random bytes spliced in: never a panic,
+        /// never more messages than headers fit, and every name a real one could carry.
+        #[test]
+        fn rtnetlink_parsing_survives_any_bytes(
+            junk in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..4096),
+            at in 0usize..1492,
+        ) {
+            let got = parse_rtnetlink(&junk);
+            proptest::prop_assert!(got.len() <= junk.len() / NLMSG_HDRLEN);
+            let mut spliced = NEWLINK_V1_DOWN.to_vec();
+            let end = (at + junk.len().min(64)).min(spliced.len());
+            spliced[at.min(end)..end].copy_from_slice(&junk[..end - at.min(end)]);
+            for l in parse_rtnetlink(&spliced) {
+                proptest::prop_assert!(l.name.as_deref().is_none_or(|n| !n.contains('\0')));
+            }
+        }
+
+        #[test]
+        fn uevent_parsing_survives_any_bytes(
+            junk in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..4096),
+        ) {
+            if let Some(u) = parse_uevent(&junk) {
+                proptest::prop_assert!(!u.action.is_empty() && !u.subsystem.is_empty());
+            }
+            let mut real = UEVENT_ADD_RXE0.to_vec();
+            real.extend_from_slice(&junk);
+            let _ = parse_uevent(&real);
+        }
+    }
+
     #[test]
     fn a_real_uevent_of_a_netdev_added_and_removed() {
         let add = parse_uevent(UEVENT_ADD_NET).unwrap();
