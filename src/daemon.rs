@@ -361,6 +361,15 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
         "fabricgate agent started"
     );
     let stopping = stop_rx.clone();
+    // Kernel events wake the probe loop before the interval (docs/events.md).
+    let wakeup = crate::wakeup::Wakeup::start(
+        &config.events,
+        fabricgate_probes::events::EventOptions {
+            verbs: prober.config().verbs == fabricgate_probes::rdma::VerbsMode::Required,
+            ..Default::default()
+        },
+        metrics.events.clone(),
+    );
     let probing = probe_loop(
         ProbeThread::spawn(
             prober,
@@ -380,6 +389,7 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
             stop: stop_rx,
         },
         peer_agent.as_ref(),
+        wakeup,
     );
     // Supervision: the probe loop, the Node writer and the server live and die together. A
     // panic already ended the process (exit_on_panic); a task that returns early ends it too.
@@ -497,6 +507,7 @@ async fn probe_loop(
     metrics: &Metrics,
     channels: Channels<'_>,
     peers: Option<&PeerAgent>,
+    mut wakeup: crate::wakeup::Wakeup,
 ) -> Result<()> {
     let Channels {
         desired,
@@ -528,7 +539,32 @@ async fn probe_loop(
                 }
                 false
             }
-            () = sleep_until(next) => true,
+            // The interval, or kernel events (debounced) if they come first (docs/events.md).
+            trigger = wakeup.wait(next) => {
+                metrics.events.probe_triggered(&trigger);
+                // On kernel events, first re-read only the ports' states: a port down now
+                // fails the node before the full probe has finished.
+                if let (crate::wakeup::Trigger::Event { .. }, Some(last)) =
+                    (&trigger, &mut last_probed)
+                    && last_fault.is_none()
+                    && last_verdict.as_ref().is_some_and(|v| v.ready)
+                    && let Ok(Some(states)) =
+                        timeout(timing.deadline, probes.port_states()).await
+                    && let Some(instant) =
+                        crate::wakeup::fail_fast(&mut last.report, &states, config)
+                {
+                    let verdict = agent_error::gate(hysteresis.apply(instant), None, config);
+                    tracing::warn!(
+                        reasons = %verdict.reasons().join("; "),
+                        "node not ready (port state read on a kernel event; the full probe \
+                         follows)"
+                    );
+                    last_ready = Some(verdict.ready);
+                    last_verdict = Some(verdict.clone());
+                    publish(desired, verdict);
+                }
+                true
+            }
         };
         let probed = match (&last_probed, fresh) {
             (Some(probed), false) => probed.clone(),
@@ -651,7 +687,15 @@ struct Probed {
 /// verbs), and its storage workers must persist across ticks. A thread stuck in a probe does not
 /// delay shutdown: nobody joins it.
 struct ProbeThread {
-    requests: std::sync::mpsc::Sender<oneshot::Sender<Probed>>,
+    requests: std::sync::mpsc::Sender<ProbeRequest>,
+}
+
+/// What the probe thread is asked for.
+enum ProbeRequest {
+    /// A full probe.
+    Full(oneshot::Sender<Probed>),
+    /// Only the ports' states (the fail-fast read of an event-triggered probe).
+    PortStates(oneshot::Sender<Vec<fabricgate_probes::rdma::sysfs::PortStateRead>>),
 }
 
 impl ProbeThread {
@@ -660,13 +704,20 @@ impl ProbeThread {
         plugin_checks: failclosed::PluginHostChecks,
         failpoint: Failpoint,
     ) -> Result<Self> {
-        let (tx, rx) = std::sync::mpsc::channel::<oneshot::Sender<Probed>>();
+        let (tx, rx) = std::sync::mpsc::channel::<ProbeRequest>();
         let live_procfs = prober.roots().procfs_root() == std::path::Path::new("/proc");
         std::thread::Builder::new()
             .name("fabricgate-probe".into())
             .spawn(move || {
                 let mut done: u64 = 0;
-                while let Ok(reply) = rx.recv() {
+                while let Ok(request) = rx.recv() {
+                    let reply = match request {
+                        ProbeRequest::Full(reply) => reply,
+                        ProbeRequest::PortStates(reply) => {
+                            let _ = reply.send(prober.port_states());
+                            continue;
+                        }
+                    };
                     match failpoint {
                         Failpoint::ProbeStall if done >= 1 => loop {
                             std::thread::park();
@@ -699,8 +750,17 @@ impl ProbeThread {
         let dead = || Error::Internal {
             message: "the probe thread died".into(),
         };
-        self.requests.send(tx).map_err(|_| dead())?;
+        self.requests
+            .send(ProbeRequest::Full(tx))
+            .map_err(|_| dead())?;
         rx.await.map_err(|_| dead())
+    }
+
+    /// The RDMA ports' states only; `None` if the probe thread is gone.
+    async fn port_states(&self) -> Option<Vec<fabricgate_probes::rdma::sysfs::PortStateRead>> {
+        let (tx, rx) = oneshot::channel();
+        self.requests.send(ProbeRequest::PortStates(tx)).ok()?;
+        rx.await.ok()
     }
 }
 

@@ -21,6 +21,7 @@ pub mod policy;
 pub mod preflight;
 pub mod selftest;
 pub mod server;
+pub mod wakeup;
 pub mod webhook;
 
 pub use error::{Error, Result};

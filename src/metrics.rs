@@ -322,6 +322,8 @@ pub struct Metrics {
     ecn_priority: u8,
     /// The `fabricgate_peer_*` families, registered when `peers.enabled`.
     pub peers: Option<crate::peers::PeerMetrics>,
+    /// What triggered each probe and which event sources listen (docs/events.md).
+    pub events: crate::wakeup::EventMetrics,
 }
 
 impl Default for Metrics {
@@ -600,6 +602,7 @@ impl Metrics {
             .peers
             .enabled
             .then(|| crate::peers::PeerMetrics::register(&mut r));
+        let events = crate::wakeup::EventMetrics::register(&mut r);
         Self {
             registry: r,
             families: f,
@@ -622,6 +625,7 @@ impl Metrics {
             health: Health::default(),
             ecn_priority: config.rdma.roce.ecn_priority,
             peers,
+            events,
         }
     }
 

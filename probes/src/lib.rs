@@ -8,6 +8,7 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod error;
+pub mod events;
 pub mod gpudirect;
 pub mod netdev;
 pub mod pod;
@@ -192,6 +193,13 @@ impl Prober {
             gpudirect,
             timings,
         }
+    }
+
+    /// Only the RDMA ports' `state` and `phys_state`, re-read through the files the last probe
+    /// opened (two `pread`s per port): what an event-triggered probe acts on first
+    /// (docs/events.md). See [`rdma::sysfs::SysfsReader::port_states`].
+    pub fn port_states(&mut self) -> Vec<rdma::sysfs::PortStateRead> {
+        self.sysfs.port_states()
     }
 
     /// Whether this probe reads the counters: always without a `counters_interval`, else when

@@ -229,3 +229,57 @@ fn odd_names_re_created_devices_and_the_counters_cadence() {
         "a new port is read in full"
     );
 }
+
+/// The quick read an event-triggered probe starts with: only `state` and `phys_state`, through
+/// the files the last probe opened; nothing before a first probe, and a port whose state
+/// cannot be parsed now is left out rather than guessed.
+#[test]
+fn port_states_re_read_the_state_files_of_the_opened_ports() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sys: PathBuf = tmp.path().join("sys");
+    let dev = sys.join("devices/virtual/infiniband/rxe0");
+    for port in ["1", "2"] {
+        write(&dev.join("ports").join(port).join("state"), "4: ACTIVE\n");
+        write(
+            &dev.join("ports").join(port).join("phys_state"),
+            "5: LinkUp\n",
+        );
+    }
+    fs::create_dir_all(sys.join("class/infiniband")).unwrap();
+    std::os::unix::fs::symlink(
+        "../../devices/virtual/infiniband/rxe0",
+        sys.join("class/infiniband/rxe0"),
+    )
+    .unwrap();
+    let mut reader = sysfs::SysfsReader::new(&Roots::new(&sys, tmp.path()));
+    assert!(
+        reader.port_states().is_empty(),
+        "nothing is open before a probe"
+    );
+    reader.probe(true);
+
+    write(&dev.join("ports/1/state"), "1: DOWN\n");
+    write(&dev.join("ports/1/phys_state"), "3: Disabled\n");
+    let states = reader.port_states();
+    assert_eq!(
+        states,
+        vec![
+            sysfs::PortStateRead {
+                device: "rxe0".into(),
+                port: 1,
+                state: PortState::Down,
+                phys_state: Some(PhysState::Disabled),
+            },
+            sysfs::PortStateRead {
+                device: "rxe0".into(),
+                port: 2,
+                state: PortState::Active,
+                phys_state: Some(PhysState::LinkUp),
+            },
+        ]
+    );
+    write(&dev.join("ports/2/state"), "garbage\n");
+    let states = reader.port_states();
+    assert_eq!(states.len(), 1, "{states:?}");
+    assert_eq!(states[0].port, 1);
+}

@@ -189,6 +189,55 @@ impl SysfsReader {
     }
 }
 
+/// A port's state as one quick read found it ([`SysfsReader::port_states`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortStateRead {
+    pub device: String,
+    pub port: u32,
+    pub state: PortState,
+    pub phys_state: Option<PhysState>,
+}
+
+impl SysfsReader {
+    /// Re-read only `state` and `phys_state` of the ports the last [`Self::probe`] opened:
+    /// two `pread`s per port, nothing re-opened, no directory checked. A port whose state
+    /// cannot be read now (its device going away) is left out: this is for acting fast on
+    /// positive evidence (a port that is down now), the next full probe says the rest.
+    pub fn port_states(&mut self) -> Vec<PortStateRead> {
+        if self.bufs.is_empty() {
+            self.bufs.push(AttrBuf::new());
+        }
+        let buf = &mut self.bufs[0];
+        let mut out = Vec::new();
+        for dev in &self.devices {
+            for port in &dev.ports {
+                let Some(state) = port
+                    .state
+                    .read(buf)
+                    .ok()
+                    .flatten()
+                    .and_then(parse_port_state)
+                else {
+                    continue;
+                };
+                let phys_state = port
+                    .phys_state
+                    .read(buf)
+                    .ok()
+                    .flatten()
+                    .and_then(parse_phys_state);
+                out.push(PortStateRead {
+                    device: dev.name.clone(),
+                    port: port.port,
+                    state,
+                    phys_state,
+                });
+            }
+        }
+        out
+    }
+}
+
 /// Devices are independent; on a node with many HCAs the probe reads them on up to one
 /// thread per core (at most 4), each taking a contiguous share, and keeps the sorted order.
 fn read_devices(

@@ -3,6 +3,7 @@
 //! opens every device and queries every port (including down ones, which the `ibverbs`
 //! crate's `Device::open()` refuses).
 
+pub mod events;
 pub mod objects;
 pub mod rc;
 pub mod selftest;
