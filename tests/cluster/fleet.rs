@@ -99,6 +99,8 @@ impl Fleet {
                     clients.watch = None;
                 }
                 let mut config = Config::default();
+                // The fixture trees have no kernel events; 500 listeners would only load the host.
+                config.events.enabled = false;
                 if breaker {
                     // The shipped breaker (0.5 of the pool, 20 new in 10 min) over this pool.
                     config.node.pool_selector = format!("pool={pool}");
