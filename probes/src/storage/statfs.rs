@@ -8,7 +8,7 @@
 //! run (node_exporter's issues #244 and #578 are what happens otherwise).
 
 use serde::Serialize;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, TryRecvError};
@@ -26,6 +26,8 @@ pub const WORKER_THREAD_NAME: &str = "fg-statfs";
 
 /// statfs needs almost no stack; a stuck worker should cost as little memory as possible.
 const WORKER_STACK_BYTES: usize = 128 * 1024;
+/// statfs calls one probe runs at a time (calls stuck since earlier probes are not counted).
+pub const MAX_CONCURRENT: usize = 64;
 
 /// What statfs said about a mount.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -123,62 +125,43 @@ impl StatfsPool {
         Self::default()
     }
 
-    /// statfs every path at once, waiting at most `timeout` in total. Paths must be distinct.
-    /// Returns one outcome per path, in order.
+    /// statfs every path, at most [`MAX_CONCURRENT`] at a time, waiting at most `timeout` in
+    /// total. Paths must be distinct. Returns one outcome per path, in order.
     pub fn run(&mut self, paths: &[PathBuf], timeout: Duration) -> Vec<Outcome> {
         self.reap();
-        let mut outcomes: Vec<Option<Outcome>> = Vec::with_capacity(paths.len());
-        let mut waiting: Vec<usize> = Vec::new();
-        for (i, path) in paths.iter().enumerate() {
-            if let Some(call) = self.in_flight.get(path) {
-                // reap() removed every finished call, so this one is still stuck.
-                outcomes.push(Some(Outcome::Hung {
-                    waiting: call.started.elapsed(),
-                    new: false,
-                }));
-                continue;
-            }
-            match spawn(path, self.op) {
-                Ok(call) => {
-                    self.in_flight.insert(path.clone(), call);
-                    outcomes.push(None);
-                    waiting.push(i);
-                }
-                Err(e) => outcomes.push(Some(Outcome::SpawnFailed(e))),
-            }
-        }
-
         // One shared deadline: the probe as a whole waits `timeout`, not `timeout` per mount.
         let now = Instant::now();
         let deadline = now
             .checked_add(timeout)
             .unwrap_or_else(|| now + Duration::from_secs(86_400));
-        for i in waiting {
-            let path = &paths[i];
-            let Some(call) = self.in_flight.get(path) else {
-                continue;
-            };
-            let left = deadline.saturating_duration_since(Instant::now());
-            let outcome = match call.rx.recv_timeout(left) {
-                Ok((result, elapsed)) => {
-                    self.finish(path);
-                    Outcome::Done { result, elapsed }
-                }
-                Err(RecvTimeoutError::Timeout) => Outcome::Hung {
+        let mut outcomes: Vec<Option<Outcome>> = paths.iter().map(|_| None).collect();
+        // Started by this run and not collected yet, oldest first.
+        let mut active: VecDeque<usize> = VecDeque::new();
+        for (i, path) in paths.iter().enumerate() {
+            if let Some(call) = self.in_flight.get(path) {
+                // reap() removed every finished call, so this one is still stuck.
+                outcomes[i] = Some(Outcome::Hung {
                     waiting: call.started.elapsed(),
-                    new: true,
-                },
-                Err(RecvTimeoutError::Disconnected) => {
-                    self.finish(path);
-                    Outcome::Done {
-                        result: Err(io::Error::other(
-                            "statfs worker thread ended without a result",
-                        )),
-                        elapsed: Duration::ZERO,
-                    }
+                    new: false,
+                });
+                continue;
+            }
+            // A node with thousands of mounts must not start thousands of threads at once
+            // (each a stack, a signal stack and a malloc arena): collect the oldest first.
+            while active.len() >= MAX_CONCURRENT {
+                let Some(j) = active.pop_front() else { break };
+                outcomes[j] = Some(self.collect(&paths[j], deadline));
+            }
+            match spawn(path, self.op) {
+                Ok(call) => {
+                    self.in_flight.insert(path.clone(), call);
+                    active.push_back(i);
                 }
-            };
-            outcomes[i] = Some(outcome);
+                Err(e) => outcomes[i] = Some(Outcome::SpawnFailed(e)),
+            }
+        }
+        for j in active {
+            outcomes[j] = Some(self.collect(&paths[j], deadline));
         }
         outcomes
             .into_iter()
@@ -188,6 +171,33 @@ impl StatfsPool {
                 })
             })
             .collect()
+    }
+
+    /// Wait until `deadline` for the call on `path` this run started.
+    fn collect(&mut self, path: &Path, deadline: Instant) -> Outcome {
+        let Some(call) = self.in_flight.get(path) else {
+            return Outcome::SpawnFailed(io::Error::other("internal: no statfs call in flight"));
+        };
+        let left = deadline.saturating_duration_since(Instant::now());
+        match call.rx.recv_timeout(left) {
+            Ok((result, elapsed)) => {
+                self.finish(path);
+                Outcome::Done { result, elapsed }
+            }
+            Err(RecvTimeoutError::Timeout) => Outcome::Hung {
+                waiting: call.started.elapsed(),
+                new: true,
+            },
+            Err(RecvTimeoutError::Disconnected) => {
+                self.finish(path);
+                Outcome::Done {
+                    result: Err(io::Error::other(
+                        "statfs worker thread ended without a result",
+                    )),
+                    elapsed: Duration::ZERO,
+                }
+            }
+        }
     }
 
     /// statfs calls started by earlier probes that have not returned yet.
@@ -385,5 +395,38 @@ mod tests {
         assert_eq!(magic_name(LL_SUPER_MAGIC), Some("lustre"));
         assert_eq!(magic_name(0x0102_1994), Some("tmpfs"));
         assert_eq!(magic_name(1), None);
+    }
+
+    static RUNNING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    static MOST: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+    /// Counts how many calls run at once, each lasting a millisecond.
+    fn counted(_: &Path) -> io::Result<StatfsInfo> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let now = RUNNING.fetch_add(1, SeqCst) + 1;
+        MOST.fetch_max(now, SeqCst);
+        std::thread::sleep(Duration::from_millis(1));
+        RUNNING.fetch_sub(1, SeqCst);
+        Err(io::Error::from(io::ErrorKind::NotFound))
+    }
+
+    #[test]
+    fn thousands_of_mounts_run_at_most_max_concurrent_at_a_time() {
+        let mut pool = StatfsPool {
+            op: counted,
+            ..StatfsPool::default()
+        };
+        let paths: Vec<PathBuf> = (0..1000)
+            .map(|i| PathBuf::from(format!("/m/{i}")))
+            .collect();
+        let out = pool.run(&paths, Duration::from_secs(30));
+        assert_eq!(out.len(), 1000);
+        assert!(
+            out.iter()
+                .all(|o| matches!(o, Outcome::Done { result: Err(_), .. }))
+        );
+        let most = MOST.load(std::sync::atomic::Ordering::SeqCst);
+        assert!((2..=MAX_CONCURRENT).contains(&most), "{most} calls at once");
+        assert_eq!(pool.stuck(), 0);
     }
 }
