@@ -37,6 +37,10 @@ struct DaemonRun {
     up_to_untaint: Option<Duration>,
     /// `rdma link delete rxe0` to the taint back.
     delete_to_taint: Option<Duration>,
+    /// The agent restarted without /dev/infiniband: start to the Node saying AgentError with
+    /// the taint, and that Node.
+    hidden_to_agent_error: Option<Duration>,
+    agent_error_node: Option<Value>,
     /// The Node while tainted, and after recovery.
     tainted_node: Option<Value>,
     recovered_node: Option<Value>,
@@ -145,6 +149,22 @@ impl Host<'_> {
         })?;
         run.recovered_node = Some(node);
         self.ack("untainted");
+
+        let hidden = self.marker("daemon.hidden", Duration::from_secs(60))?;
+        let (t, node) = self.node_until("AgentError", hidden, Duration::from_secs(60), |n| {
+            has_taint(n) && condition(n, "RDMAReady")["reason"] == "AgentError"
+        })?;
+        run.hidden_to_agent_error = Some(t);
+        run.agent_error_node = Some(node);
+        self.ack("agent_error");
+        let restarted = self.marker("daemon.restarted", Duration::from_secs(60))?;
+        self.node_until(
+            "validated again",
+            restarted,
+            Duration::from_secs(90),
+            is_validated,
+        )?;
+        self.ack("recovered");
 
         let deleted = self.marker("vanish.deleted", Duration::from_secs(60))?;
         let (t, _) =
@@ -510,6 +530,18 @@ fn daemon_in_the_vm_taints_and_untaints_its_node_on_the_real_apiserver_as_eth0_g
         validations.iter().all(|l| l.contains("good_probes=3")),
         "{log}"
     );
+    // Without access to the device nodes: the agent's own trouble, not the hardware's.
+    let agent_error = run.agent_error_node.as_ref().unwrap();
+    for kind in ["FabricReady", "RDMAReady"] {
+        let c = condition(agent_error, kind);
+        assert_eq!(c["status"], "False", "{c}");
+        assert_eq!(c["reason"], "AgentError", "{c}");
+        let message = c["message"].as_str().unwrap();
+        assert!(
+            message.contains("/dev/infiniband") && message.contains("device-plugin"),
+            "names the device and the fix: {message}"
+        );
+    }
     // rdma link delete: tainted again, and the daemon kept running until SIGTERM.
     assert!(run.delete_to_taint.is_some());
     assert!(dir.join("daemon.alive_after_delete").exists(), "{log}");
@@ -517,8 +549,13 @@ fn daemon_in_the_vm_taints_and_untaints_its_node_on_the_real_apiserver_as_eth0_g
     assert_eq!(rc.trim(), "0", "daemon exit after SIGTERM; log:\n{log}");
     eprintln!(
         "daemon (interval 1s): start -> validated {:?}; eth0 down -> taint on the real apiserver \
-         {:?}; eth0 up -> taint removed {:?}; rdma link delete -> taint {:?}",
-        run.start_to_ready, run.down_to_taint, run.up_to_untaint, run.delete_to_taint
+         {:?}; eth0 up -> taint removed {:?}; no /dev/infiniband -> AgentError + taint {:?}; \
+         rdma link delete -> taint {:?}",
+        run.start_to_ready,
+        run.down_to_taint,
+        run.up_to_untaint,
+        run.hidden_to_agent_error,
+        run.delete_to_taint
     );
 }
 

@@ -132,6 +132,30 @@ if [ -n "${FG_KUBECONFIG:-}" ]; then
     fi
 fi
 
+# 6b. The agent without access to the device nodes (its /dev/infiniband hidden, as in a
+#     container the device cgroup or plugin gives nothing): the Node says AgentError, not a
+#     hardware reason, and is tainted (node.on_agent_error: taint). Then the normal agent is
+#     back and validates the node again.
+if [ -n "$daemon" ] && [ -e "$O/host.untainted" ]; then
+    kill -TERM "$daemon"
+    wait "$daemon"
+    KUBECONFIG="$FG_KUBECONFIG" RUST_LOG=info unshare -m --propagation private sh -c \
+        'mount -t tmpfs tmpfs /dev/infiniband && exec "$@"' hidden-agent \
+        "$FG_BIN" run --config "$FG_REQ" --node-name "${FG_NODE:-fabricgate-vm}" \
+        --interval 1s --metrics-addr 127.0.0.1:9464 >"$O/daemon_hidden.log" 2>&1 &
+    hidden=$!
+    : >"$O/daemon.hidden"
+    fg_wait_host agent_error 60
+    kill -TERM "$hidden"
+    wait "$hidden"
+    KUBECONFIG="$FG_KUBECONFIG" RUST_LOG=info "$FG_BIN" run --config "$FG_REQ" \
+        --node-name "${FG_NODE:-fabricgate-vm}" --interval 1s \
+        --metrics-addr 127.0.0.1:9464 >"$O/daemon_again.log" 2>&1 &
+    daemon=$!
+    : >"$O/daemon.restarted"
+    fg_wait_host recovered 90
+fi
+
 # 7. rxe0 deleted while checks (and the daemon) keep running: each check must finish (ready
 #    or not), none may crash, and the daemon taints the Node again and keeps running.
 i=0
