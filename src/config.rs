@@ -348,6 +348,7 @@ macro_rules! bounded_duration {
         }
     };
 }
+pub(crate) use bounded_duration;
 
 bounded_duration!(
     selftest_timeout,

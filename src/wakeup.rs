@@ -57,36 +57,13 @@ impl Default for EventsSettings {
     }
 }
 
-/// A bounded humantime field of `events:` (as `config::bounded_duration!` does for others).
-macro_rules! bounded {
-    ($name:ident, $key:literal, $min:expr, $max:expr) => {
-        mod $name {
-            use serde::{Deserialize, Deserializer, Serializer, de::Error as _};
-            use std::time::Duration;
-
-            pub const MIN: Duration = $min;
-            pub const MAX: Duration = $max;
-
-            pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-                s.serialize_str(&humantime::format_duration(*d).to_string())
-            }
-
-            pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-                let text = String::deserialize(d)?;
-                super::parse_bounded_duration(&text, MIN, MAX)
-                    .map_err(|e| D::Error::custom(format!("{}: {e}", $key)))
-            }
-        }
-    };
-}
-
-bounded!(
+crate::config::bounded_duration!(
     debounce,
     "events.debounce",
     Duration::ZERO,
     Duration::from_secs(1)
 );
-bounded!(
+crate::config::bounded_duration!(
     min_interval,
     "events.min_interval",
     Duration::from_millis(10),

@@ -11,6 +11,8 @@
 //! Outside CI the tests skip, saying why, when qemu or the kernel package is unavailable;
 //! with CI=true a missing prerequisite is a failure.
 
+mod common;
+
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -32,22 +34,7 @@ fn boot() -> &'static Result<PathBuf, String> {
     static BOOT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     BOOT.get_or_init(|| {
         let vm = manifest_dir().join("tests/vm");
-        let missing = if Command::new("qemu-system-x86_64")
-            .arg("--version")
-            .output()
-            .is_err()
-        {
-            Some("qemu-system-x86_64 is not installed (run .ci/vm.sh)".to_owned())
-        } else {
-            match Command::new("bash").arg(vm.join("setup.sh")).output() {
-                Ok(o) if o.status.success() => None,
-                Ok(o) => Some(format!(
-                    "tests/vm/setup.sh failed: {}",
-                    String::from_utf8_lossy(&o.stderr).trim()
-                )),
-                Err(e) => Some(format!("cannot run tests/vm/setup.sh: {e}")),
-            }
-        };
+        let missing = common::vm_prerequisites_missing();
         if let Some(why) = missing {
             assert!(!in_ci(), "Soft-RoCE VM prerequisites missing in CI: {why}");
             eprintln!("SKIP: peers_vm: {why}");

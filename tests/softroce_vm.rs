@@ -183,19 +183,7 @@ fn boot() -> &'static Boot {
     static BOOT: OnceLock<Boot> = OnceLock::new();
     BOOT.get_or_init(|| {
         let vm = manifest_dir().join("tests/vm");
-        let missing = if common::tool("qemu-system-x86_64").is_none() {
-            Some("qemu-system-x86_64 is not installed (run .ci/vm.sh)".to_owned())
-        } else {
-            // Downloads/unpacks the kernel and builds the initramfs once (cached).
-            match Command::new("bash").arg(vm.join("setup.sh")).output() {
-                Ok(o) if o.status.success() => None,
-                Ok(o) => Some(format!(
-                    "tests/vm/setup.sh failed: {}",
-                    String::from_utf8_lossy(&o.stderr).trim()
-                )),
-                Err(e) => Some(format!("cannot run tests/vm/setup.sh: {e}")),
-            }
-        };
+        let missing = common::vm_prerequisites_missing();
         if let Some(why) = missing {
             common::require(false, &why, "run .ci/vm.sh");
             return Boot::Skipped(why);

@@ -152,3 +152,22 @@ pub fn assert_valid_for_both_schemas(kv: &Path, manifest: &Path, objects: usize)
         );
     }
 }
+
+/// Why the Soft-RoCE VM cannot run here (no qemu, or `tests/vm/setup.sh` failed), or `None`
+/// once its kernel and initramfs are ready (setup downloads and builds them once, cached).
+pub fn vm_prerequisites_missing() -> Option<String> {
+    if tool("qemu-system-x86_64").is_none() {
+        return Some("qemu-system-x86_64 is not installed (run .ci/vm.sh)".to_owned());
+    }
+    match std::process::Command::new("bash")
+        .arg(repo_root().join("tests/vm/setup.sh"))
+        .output()
+    {
+        Ok(o) if o.status.success() => None,
+        Ok(o) => Some(format!(
+            "tests/vm/setup.sh failed: {}",
+            String::from_utf8_lossy(&o.stderr).trim()
+        )),
+        Err(e) => Some(format!("cannot run tests/vm/setup.sh: {e}")),
+    }
+}
