@@ -31,10 +31,24 @@ pub struct GpudirectConfig {
 }
 
 impl GpudirectConfig {
+    /// The compiled glob. Compiling it (a regex) cost more than the rest of the GPUDirect
+    /// probe of a GPU-less node, on every probe; the last one is kept (issue 17: agent CPU).
     fn matcher(&self) -> Option<globset::GlobMatcher> {
-        globset::Glob::new(self.hca_devices.as_deref().unwrap_or("*"))
+        type Compiled = (Option<String>, Option<globset::GlobMatcher>);
+        static LAST: std::sync::Mutex<Option<Compiled>> = std::sync::Mutex::new(None);
+        let mut last = LAST
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((pattern, matcher)) = last.as_ref()
+            && *pattern == self.hca_devices
+        {
+            return matcher.clone();
+        }
+        let matcher = globset::Glob::new(self.hca_devices.as_deref().unwrap_or("*"))
             .ok()
-            .map(|g| g.compile_matcher())
+            .map(|g| g.compile_matcher());
+        *last = Some((self.hca_devices.clone(), matcher.clone()));
+        matcher
     }
 }
 
