@@ -156,6 +156,43 @@ pub(crate) fn read_to_string(path: &Path) -> io::Result<String> {
     })
 }
 
+/// `fs::canonicalize(path)`, remembered per path while `path`'s own link target (one
+/// `readlink`; none for a directory) is unchanged and the result still exists (one `stat`).
+/// Canonicalizing walks every component with a `readlink` each: the GPUDirect and netdev
+/// probes resolved the same device links on every probe, about 240 `readlink`s a probe on a
+/// 12-HCA node (issue 17: agent CPU). A re-created device's link points elsewhere, so it is
+/// resolved again.
+pub(crate) fn canonical_cached(path: &Path) -> io::Result<PathBuf> {
+    use std::collections::HashMap;
+    type Resolved = (Option<PathBuf>, PathBuf);
+    static CACHE: std::sync::Mutex<Option<HashMap<PathBuf, Resolved>>> =
+        std::sync::Mutex::new(None);
+    /// Bound on remembered paths (a node has tens of devices and interfaces).
+    const MAX_ENTRIES: usize = 4096;
+    let link = fs::read_link(path).ok();
+    {
+        let cache = CACHE
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((target, canonical)) = cache.as_ref().and_then(|c| c.get(path))
+            && *target == link
+            && fs::symlink_metadata(canonical).is_ok()
+        {
+            return Ok(canonical.clone());
+        }
+    }
+    let canonical = fs::canonicalize(path)?;
+    let mut cache = CACHE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let map = cache.get_or_insert_with(HashMap::new);
+    if map.len() >= MAX_ENTRIES {
+        map.clear();
+    }
+    map.insert(path.to_owned(), (link, canonical.clone()));
+    Ok(canonical)
+}
+
 /// Attribute files kept open at once, process-wide, under a default `ulimit -n` of 1024 (and
 /// the least under any limit). A node's GID tables alone can hold thousands of files (rxe:
 /// 1024 entries x 3 attributes per port): past the budget an attribute is opened, read and
@@ -443,6 +480,26 @@ mod tests {
     }
 
     use super::*;
+
+    /// A remembered resolution follows a re-pointed link and forgets a vanished target.
+    #[test]
+    fn cached_canonical_paths_follow_relinks_and_removals() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+        std::fs::create_dir(&a).unwrap();
+        std::fs::create_dir(&b).unwrap();
+        let link = dir.path().join("device");
+        std::os::unix::fs::symlink("a", &link).unwrap();
+        let real = |p: &Path| std::fs::canonicalize(p).unwrap();
+        assert_eq!(canonical_cached(&link).unwrap(), real(&a));
+        assert_eq!(canonical_cached(&link).unwrap(), real(&a));
+        std::fs::remove_file(&link).unwrap();
+        std::os::unix::fs::symlink("b", &link).unwrap();
+        assert_eq!(canonical_cached(&link).unwrap(), real(&b));
+        std::fs::remove_dir(&b).unwrap();
+        assert!(canonical_cached(&link).is_err(), "a dangling link resolves");
+        assert_eq!(canonical_cached(dir.path()).unwrap(), real(dir.path()));
+    }
 
     /// The budget follows the descriptor limit: the old fixed 512 under a default 1024, every
     /// attribute of a large node under a container's raised limit.
