@@ -42,6 +42,8 @@ trap cleanup EXIT
 
 SYSFS_ROOT=${SYSFS_ROOT:-tests/fixtures/ndr-8x400-healthy/sys}
 [ -d "$SYSFS_ROOT/class/infiniband" ] || { echo "no sysfs tree at $SYSFS_ROOT" >&2; exit 2; }
+# Absolute, as in a pod (--sysfs-root /host/sys): a relative root costs a getcwd per resolved path.
+SYSFS_ROOT=$(realpath "$SYSFS_ROOT")
 
 unset KUBECONFIG KUBERNETES_SERVICE_HOST KUBERNETES_SERVICE_PORT
 

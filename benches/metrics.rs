@@ -1,5 +1,6 @@
 //! Encoding `/metrics` for a 12-device/24-port node (tests/fixtures/bench-12x2; target: under
-//! 1 ms median), and recording one probe into the registry.
+//! 1 ms median), recording one probe into the registry, and what a scrape between two probes
+//! costs now that the exposition is encoded once per probe (src/exposition.rs).
 //!
 //! `cargo bench --bench metrics`
 
@@ -33,6 +34,9 @@ fn bench(c: &mut Criterion) {
     });
     c.bench_function("encode_openmetrics_12dev_24port", |b| {
         b.iter(|| black_box(metrics.encode(true)))
+    });
+    c.bench_function("serve_cached_exposition_12dev_24port", |b| {
+        b.iter(|| black_box(metrics.exposition(black_box(false))))
     });
     c.bench_function("record_probe_12dev_24port", |b| {
         b.iter(|| metrics.record_probe(black_box(&report), black_box(&verdict)))

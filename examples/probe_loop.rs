@@ -22,6 +22,9 @@ fn main() -> anyhow::Result<()> {
     // only the verdict attributes after the first probe (counters on their own cadence).
     let counters = args.next().is_none_or(|m| m != "verdict");
     let config = Config::parse("rdma:\n  min_active_ports: 24\n  min_rate_gbps: 400\n")?;
+    // As the agent does before its first probe: the descriptor budget of kept-open
+    // attribute files follows the soft limit.
+    fabricgate::server::raise_nofile();
     let mut prober = Prober::new(
         Roots::new(node.join("sys"), node.join("proc")),
         ProbeConfig {

@@ -10,6 +10,7 @@ pub mod config;
 pub mod counters;
 pub mod daemon;
 pub mod error;
+pub mod exposition;
 pub mod failclosed;
 pub mod fallback;
 pub mod guard;

@@ -324,6 +324,11 @@ pub struct Metrics {
     pub peers: Option<crate::peers::PeerMetrics>,
     /// What triggered each probe and which event sources listen (docs/events.md).
     pub events: crate::wakeup::EventMetrics,
+    /// Families that change without the state lock (HTTP connections, peers): encoded at
+    /// every scrape and written after `registry`'s cached exposition.
+    live: Registry,
+    /// `/metrics` encoded once per change (src/exposition.rs).
+    exposition: crate::exposition::Cache,
 }
 
 impl Default for Metrics {
@@ -574,16 +579,21 @@ impl Metrics {
              exhaustion, a stalled probe, no access to device nodes or mounts), else 0",
             f.agent_error
         );
-        reg!(
-            "http_connections",
+        // The families below change without the state lock (the HTTP server at every
+        // connection, the peers' thread): they go to `live`, encoded at every scrape and
+        // written after the cached rest (src/exposition.rs). Register any family that is
+        // not changed under `Metrics::lock` there, last.
+        let mut live = Registry::default();
+        live.register(
+            "fabricgate_http_connections",
             "Open connections to the metrics server",
-            f.http_connections
+            f.http_connections.clone(),
         );
-        reg!(
-            "http_connections_dropped",
+        live.register(
+            "fabricgate_http_connections_dropped",
             "Connections the metrics server closed to stay within its cap: evicted (oldest idle \
              one, for a newer connection) or rejected (every open one was busy)",
-            f.http_dropped
+            f.http_dropped.clone(),
         );
         for &why in HTTP_DROP_REASONS {
             f.http_dropped.get_or_create(&WhyLabels { why }).inc_by(0);
@@ -601,8 +611,9 @@ impl Metrics {
         let peers = config
             .peers
             .enabled
-            .then(|| crate::peers::PeerMetrics::register(&mut r));
-        let events = crate::wakeup::EventMetrics::register(&mut r);
+            .then(|| crate::peers::PeerMetrics::register(&mut live));
+        // Counted by the event thread and the probe loop without the state lock.
+        let events = crate::wakeup::EventMetrics::register(&mut live);
         Self {
             registry: r,
             families: f,
@@ -626,10 +637,21 @@ impl Metrics {
             ecn_priority: config.rdma.roce.ecn_priority,
             peers,
             events,
+            live,
+            exposition: crate::exposition::Cache::default(),
         }
     }
 
+    /// The state lock, taken by everything that changes the registry (other than the
+    /// families in `live`): taking it marks the cached exposition stale.
     fn lock(&self) -> MutexGuard<'_, Readers> {
+        let guard = self.lock_for_reading();
+        self.exposition.bump();
+        guard
+    }
+
+    /// The state lock without marking the exposition stale (encoding only).
+    fn lock_for_reading(&self) -> MutexGuard<'_, Readers> {
         // A panic while recording leaves plain numbers behind; keep serving them.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -993,21 +1015,33 @@ impl Metrics {
         self.health.is_ready()
     }
 
-    /// The exposition text; OpenMetrics when `openmetrics`, else Prometheus text 0.0.4.
+    /// What `/metrics` serves: [`Metrics::encode`]'s bytes, encoded at most once per change
+    /// of the registry and per format (src/exposition.rs); a scrape between two changes is
+    /// served the same buffer.
+    pub fn exposition(&self, openmetrics: bool) -> axum::body::Bytes {
+        self.exposition.get(openmetrics, &self.live, || {
+            let _guard = self.lock_for_reading();
+            let generation = self.exposition.generation();
+            let text = crate::exposition::encode_registry(&self.registry, openmetrics);
+            (generation, text)
+        })
+    }
+
+    /// How many times `/metrics` had to encode the whole registry (for tests and benches).
+    pub fn exposition_encodes(&self) -> u64 {
+        self.exposition.encodes()
+    }
+
+    /// The exposition text, encoded now; OpenMetrics when `openmetrics`, else Prometheus text
+    /// 0.0.4.
     pub fn encode(&self, openmetrics: bool) -> String {
-        let _guard = self.lock();
-        let mut out = String::with_capacity(64 * 1024);
-        let result = if openmetrics {
-            prometheus_client::encoding::text::encode(&mut out, &self.registry)
-        } else {
-            prometheus_client::encoding::prometheus_text::encode(&mut out, &self.registry)
-        };
-        // Writing into a String cannot fail; an encoder error would be a bug in a label
-        // value, and half an exposition is worse than none.
-        if result.is_err() {
-            out.clear();
+        let _guard = self.lock_for_reading();
+        let mut out = crate::exposition::encode_registry(&self.registry, openmetrics);
+        out.push_str(&crate::exposition::encode_registry(&self.live, openmetrics));
+        if openmetrics {
+            out.push_str(crate::exposition::EOF);
         }
-        sort_series(&out)
+        out
     }
 }
 
@@ -1015,7 +1049,7 @@ impl Metrics {
 /// series in a hash map, so its order changes from scrape to scrape; a stable order keeps the
 /// golden file exact and diffs of two scrapes readable. The lines of one series (a
 /// histogram's buckets, sum and count) stay together and in their order.
-fn sort_series(text: &str) -> String {
+pub(crate) fn sort_series(text: &str) -> String {
     /// The series' labels without `le` (a histogram's bucket lines differ only in `le`,
     /// which the classic encoder writes last and the OpenMetrics encoder first).
     fn series_key(line: &str) -> Cow<'_, str> {
@@ -1154,7 +1188,7 @@ async fn metrics_handler(
     let openmetrics = format_override(uri.query()).unwrap_or_else(|| {
         wants_openmetrics(headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()))
     });
-    let body = metrics.encode(openmetrics);
+    let body = metrics.exposition(openmetrics);
     let content_type = if openmetrics {
         OPENMETRICS_CONTENT_TYPE
     } else {

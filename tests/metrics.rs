@@ -75,6 +75,89 @@ fn golden_prometheus_text_and_openmetrics() {
     let om = metrics.encode(true);
     check_golden("metrics.prom", &text);
     check_golden("metrics.openmetrics", &om);
+    // What /metrics serves (cached, live families spliced in) is the same bytes.
+    let served = |openmetrics| String::from_utf8(metrics.exposition(openmetrics).to_vec());
+    assert_eq!(served(false).unwrap(), text);
+    assert_eq!(served(true).unwrap(), om);
+}
+
+/// The cached exposition (src/exposition.rs) is encoded once per change and per format, and
+/// is at every moment what a fresh encoding gives: after a probe, a node write, an agent
+/// error, and a change of the families set without the state lock (HTTP connections).
+#[test]
+fn served_exposition_is_encoded_once_per_change_and_always_fresh() {
+    use fabricgate::server::{Admission, ServerObserver};
+    let tmp = tempfile::tempdir().unwrap();
+    write_node(tmp.path(), Shape::SMALL, 1);
+    let metrics = Metrics::new();
+    let same = |openmetrics: bool| {
+        let served = metrics.exposition(openmetrics);
+        let fresh = metrics.encode(openmetrics);
+        assert_eq!(String::from_utf8(served.to_vec()).unwrap(), fresh);
+        served
+    };
+    record_fixture(&metrics, tmp.path(), &Config::default(), 1.0);
+    let first = same(false);
+    let encodes = metrics.exposition_encodes();
+    // Nothing changed: the same buffer, no encoding.
+    for _ in 0..5 {
+        let again = metrics.exposition(false);
+        assert_eq!(
+            again.as_ptr(),
+            first.as_ptr(),
+            "a new buffer for an unchanged registry"
+        );
+    }
+    assert_eq!(metrics.exposition_encodes(), encodes);
+    // The other format is encoded once, on its first scrape.
+    same(true);
+    same(true);
+    assert_eq!(metrics.exposition_encodes(), encodes + 1);
+
+    // A connection (set without the state lock) is spliced in, no full encoding.
+    metrics.connection(Admission::Evicted, 7);
+    let t = String::from_utf8(same(false).to_vec()).unwrap();
+    assert_eq!(sample(&t, "fabricgate_http_connections"), Some(7.0));
+    assert_eq!(
+        sample(
+            &t,
+            r#"fabricgate_http_connections_dropped_total{why="evicted"}"#
+        ),
+        Some(1.0)
+    );
+    assert_eq!(metrics.exposition_encodes(), encodes + 1);
+
+    // Changes under the state lock: encoded again.
+    metrics.record_node_write("taint");
+    let t = String::from_utf8(same(false).to_vec()).unwrap();
+    assert_eq!(
+        sample(&t, r#"fabricgate_node_writes_total{kind="taint"}"#),
+        Some(1.0)
+    );
+    metrics.set_agent_error(Some("disk full"));
+    let t = String::from_utf8(same(false).to_vec()).unwrap();
+    assert_eq!(sample(&t, "fabricgate_agent_error"), Some(1.0));
+    write_node(tmp.path(), Shape::SMALL, 5);
+    record_fixture(&metrics, tmp.path(), &Config::default(), 2.0);
+    let t = String::from_utf8(same(false).to_vec()).unwrap();
+    assert_eq!(
+        sample(&t, "fabricgate_last_probe_timestamp_seconds"),
+        Some(2.0)
+    );
+    same(true);
+    assert_eq!(metrics.exposition_encodes(), encodes + 5);
+
+    // The peers' families are recorded by their own thread, without the state lock.
+    let config = Config::parse("peers:\n  enabled: true\n").unwrap();
+    let metrics = Metrics::with_config(&config);
+    let before = String::from_utf8(metrics.exposition(false).to_vec()).unwrap();
+    assert_eq!(sample(&before, "fabricgate_peer_required_met"), None);
+    let encodes = metrics.exposition_encodes();
+    metrics.peers.as_ref().unwrap().set_required(Some(true));
+    let served = String::from_utf8(metrics.exposition(false).to_vec()).unwrap();
+    assert_eq!(served, metrics.encode(false));
+    assert_eq!(sample(&served, "fabricgate_peer_required_met"), Some(1.0));
+    assert_eq!(metrics.exposition_encodes(), encodes);
 }
 
 /// The series of an unhealthy node are pinned too, not only those of a healthy one.

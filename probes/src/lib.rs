@@ -268,6 +268,34 @@ fn selftest_due(schedule: SelftestSchedule, probes: u64, memory: Option<&PortMem
 mod tests {
     use super::*;
 
+    /// Issue 17, item 2: counters on every probe when probes are at least 10 s apart, else
+    /// every 10 s; due again after the interval (less 5 % of jitter), and always at first.
+    #[test]
+    fn counters_cadence_defaults_to_every_probe_from_10s_else_every_10s() {
+        let s = Duration::from_secs;
+        assert_eq!(default_counters_interval(s(10)), None);
+        assert_eq!(default_counters_interval(s(60)), None);
+        assert_eq!(default_counters_interval(s(1)), Some(s(10)));
+        assert_eq!(
+            default_counters_interval(Duration::from_millis(500)),
+            Some(s(10))
+        );
+        let mut p = Prober::new(
+            Roots::new("/nonexistent", "/nonexistent"),
+            ProbeConfig {
+                counters_interval: default_counters_interval(s(1)),
+                ..ProbeConfig::default()
+            },
+        );
+        let t0 = Instant::now();
+        assert!(p.counters_due(t0), "the first probe reads the counters");
+        p.counters_read = Some(t0);
+        assert!(!p.counters_due(t0 + s(1)));
+        assert!(!p.counters_due(t0 + s(9)));
+        assert!(p.counters_due(t0 + Duration::from_millis(9_600)));
+        assert!(p.counters_due(t0 + s(10)));
+    }
+
     fn mem(was_up: bool, ok: Option<bool>) -> PortMemory {
         PortMemory {
             was_up,

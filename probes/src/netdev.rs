@@ -9,7 +9,6 @@ use crate::Roots;
 use crate::error::ProbeError;
 use crate::sysfs_io::{AttrReader, list_dir};
 use serde::Serialize;
-use std::fs;
 use std::path::Path;
 
 /// Which interfaces to read.
@@ -87,13 +86,13 @@ fn physical_interfaces(class: &Path) -> Result<Vec<String>, ProbeError> {
 /// `class/net/<if>` links into `devices/virtual/net/<if>` for software interfaces and into
 /// the bus device (`devices/pci.../net/<if>`) for hardware ones.
 fn is_virtual(link: &Path) -> bool {
-    let target = fs::canonicalize(link).unwrap_or_else(|_| link.to_owned());
+    let target = crate::sysfs_io::canonical_cached(link).unwrap_or_else(|_| link.to_owned());
     // Judge only the part below the sysfs root (`<root>/class/net/<if>`), whatever the root.
     let root = link
         .parent()
         .and_then(Path::parent)
         .and_then(Path::parent)
-        .and_then(|r| fs::canonicalize(r).ok());
+        .and_then(|r| crate::sysfs_io::canonical_cached(r).ok());
     let below = root
         .as_deref()
         .and_then(|r| target.strip_prefix(r).ok())
@@ -146,6 +145,7 @@ pub fn parse_counter(text: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
     use std::os::unix::fs::symlink;
 
     fn iface(root: &Path, name: &str, physical: bool, rx: &str, tx: &str) {

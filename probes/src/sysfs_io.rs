@@ -156,13 +156,75 @@ pub(crate) fn read_to_string(path: &Path) -> io::Result<String> {
     })
 }
 
-/// Attribute files kept open at once, process-wide. A node's GID tables alone can hold
-/// thousands of files (rxe: 1024 entries x 3 attributes per port), more than a default
-/// `ulimit -n` of 1024: past this budget an attribute is opened, read and closed on each read
-/// instead, so the probe never runs the process out of descriptors (EMFILE would fail every
-/// other read, verbs included).
+/// `fs::canonicalize(path)`, remembered per path while `path`'s own link target (one
+/// `readlink`; none for a directory) is unchanged and the result still exists (one `stat`).
+/// Canonicalizing walks every component with a `readlink` each: the GPUDirect and netdev
+/// probes resolved the same device links on every probe, about 240 `readlink`s a probe on a
+/// 12-HCA node (issue 17: agent CPU). A re-created device's link points elsewhere, so it is
+/// resolved again.
+pub(crate) fn canonical_cached(path: &Path) -> io::Result<PathBuf> {
+    use std::collections::HashMap;
+    type Resolved = (Option<PathBuf>, PathBuf);
+    static CACHE: std::sync::Mutex<Option<HashMap<PathBuf, Resolved>>> =
+        std::sync::Mutex::new(None);
+    /// Bound on remembered paths (a node has tens of devices and interfaces).
+    const MAX_ENTRIES: usize = 4096;
+    let link = fs::read_link(path).ok();
+    {
+        let cache = CACHE
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((target, canonical)) = cache.as_ref().and_then(|c| c.get(path))
+            && *target == link
+            && fs::symlink_metadata(canonical).is_ok()
+        {
+            return Ok(canonical.clone());
+        }
+    }
+    let canonical = fs::canonicalize(path)?;
+    let mut cache = CACHE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let map = cache.get_or_insert_with(HashMap::new);
+    if map.len() >= MAX_ENTRIES {
+        map.clear();
+    }
+    map.insert(path.to_owned(), (link, canonical.clone()));
+    Ok(canonical)
+}
+
+/// Attribute files kept open at once, process-wide, under a default `ulimit -n` of 1024 (and
+/// the least under any limit). A node's GID tables alone can hold thousands of files (rxe:
+/// 1024 entries x 3 attributes per port): past the budget an attribute is opened, read and
+/// closed on each read instead, so the probe never runs the process out of descriptors
+/// (EMFILE would fail every other read, verbs included).
 pub(crate) const MAX_KEPT_OPEN: usize = 512;
+/// The most attribute files kept open under any limit.
+pub(crate) const KEPT_OPEN_CEILING: usize = 65_536;
+/// Descriptors left out of the budget's share (the process's other files and sockets).
+const KEPT_OPEN_RESERVE: u64 = 256;
 static KEPT_OPEN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// The kept-open budget for a soft `RLIMIT_NOFILE` (`None`: unlimited): a quarter of what
+/// the limit leaves after a reserve (the metrics server may take half), between
+/// [`MAX_KEPT_OPEN`] and [`KEPT_OPEN_CEILING`]. A node agent runs with its soft limit raised
+/// to the hard one (1,048,576 in most container runtimes), so every attribute of a large
+/// node stays open; a bench-12x2 probe is then ~1,900 `pread`s and no `open`.
+pub(crate) fn kept_open_budget_for(soft: Option<u64>) -> usize {
+    soft.map_or(KEPT_OPEN_CEILING, |s| {
+        usize::try_from(s.saturating_sub(KEPT_OPEN_RESERVE) / 4).unwrap_or(KEPT_OPEN_CEILING)
+    })
+    .clamp(MAX_KEPT_OPEN, KEPT_OPEN_CEILING)
+}
+
+/// [`kept_open_budget_for`] the process's soft limit, read once, at the first attribute
+/// opened (the agent raises its limit before its first probe).
+fn kept_open_budget() -> usize {
+    static BUDGET: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *BUDGET.get_or_init(|| {
+        kept_open_budget_for(rustix::process::getrlimit(rustix::process::Resource::Nofile).current)
+    })
+}
 
 /// One attribute file kept open between probes (within [`MAX_KEPT_OPEN`]).
 #[derive(Debug)]
@@ -184,10 +246,15 @@ enum Slot {
 
 impl Attr {
     pub(crate) fn open(path: PathBuf) -> Self {
+        Self::open_within(path, kept_open_budget())
+    }
+
+    /// [`Attr::open`] with an explicit budget of kept-open files.
+    fn open_within(path: PathBuf, budget: usize) -> Self {
         use std::sync::atomic::Ordering;
         let slot = match open_regular(&path) {
             Ok(Some(f)) => {
-                if KEPT_OPEN.fetch_add(1, Ordering::Relaxed) < MAX_KEPT_OPEN {
+                if KEPT_OPEN.fetch_add(1, Ordering::Relaxed) < budget {
                     Slot::Open(f)
                 } else {
                     KEPT_OPEN.fetch_sub(1, Ordering::Relaxed);
@@ -395,14 +462,15 @@ mod tests {
     #[test]
     fn attributes_past_the_kept_open_budget_are_read_by_reopening() {
         let dir = tempfile::tempdir().unwrap();
-        let attrs: Vec<Attr> = (0..MAX_KEPT_OPEN + 20)
+        let budget = MAX_KEPT_OPEN;
+        let attrs: Vec<Attr> = (0..budget + 20)
             .map(|i| {
                 let path = dir.path().join(format!("a{i}"));
                 std::fs::write(&path, format!("{i}\n")).unwrap();
-                Attr::open(path)
+                Attr::open_within(path, budget)
             })
             .collect();
-        assert!(KEPT_OPEN.load(std::sync::atomic::Ordering::Relaxed) <= MAX_KEPT_OPEN);
+        assert!(KEPT_OPEN.load(std::sync::atomic::Ordering::Relaxed) <= budget);
         assert!(attrs.iter().any(|a| matches!(a.slot, Slot::Reopen)));
         let mut buf = AttrBuf::new();
         for (i, a) in attrs.iter().enumerate() {
@@ -412,6 +480,37 @@ mod tests {
     }
 
     use super::*;
+
+    /// A remembered resolution follows a re-pointed link and forgets a vanished target.
+    #[test]
+    fn cached_canonical_paths_follow_relinks_and_removals() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+        std::fs::create_dir(&a).unwrap();
+        std::fs::create_dir(&b).unwrap();
+        let link = dir.path().join("device");
+        std::os::unix::fs::symlink("a", &link).unwrap();
+        let real = |p: &Path| std::fs::canonicalize(p).unwrap();
+        assert_eq!(canonical_cached(&link).unwrap(), real(&a));
+        assert_eq!(canonical_cached(&link).unwrap(), real(&a));
+        std::fs::remove_file(&link).unwrap();
+        std::os::unix::fs::symlink("b", &link).unwrap();
+        assert_eq!(canonical_cached(&link).unwrap(), real(&b));
+        std::fs::remove_dir(&b).unwrap();
+        assert!(canonical_cached(&link).is_err(), "a dangling link resolves");
+        assert_eq!(canonical_cached(dir.path()).unwrap(), real(dir.path()));
+    }
+
+    /// The budget follows the descriptor limit: the old fixed 512 under a default 1024, every
+    /// attribute of a large node under a container's raised limit.
+    #[test]
+    fn the_kept_open_budget_follows_the_descriptor_limit() {
+        assert_eq!(kept_open_budget_for(Some(1024)), MAX_KEPT_OPEN);
+        assert_eq!(kept_open_budget_for(Some(0)), MAX_KEPT_OPEN);
+        assert_eq!(kept_open_budget_for(Some(20_000)), (20_000 - 256) / 4);
+        assert_eq!(kept_open_budget_for(Some(1_048_576)), KEPT_OPEN_CEILING);
+        assert_eq!(kept_open_budget_for(None), KEPT_OPEN_CEILING);
+    }
 
     #[test]
     fn reads_small_and_large_regular_files_and_caps_the_size() {

@@ -16,7 +16,7 @@ use crate::sysfs_io::{AttrReader, list_dir};
 use pci::{AcsState, PciPath, Relation};
 use serde::Serialize;
 use std::collections::BTreeMap;
-use std::fs::{self, File};
+use std::fs::File;
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 
@@ -31,10 +31,24 @@ pub struct GpudirectConfig {
 }
 
 impl GpudirectConfig {
+    /// The compiled glob. Compiling it (a regex) cost more than the rest of the GPUDirect
+    /// probe of a GPU-less node, on every probe; the last one is kept (issue 17: agent CPU).
     fn matcher(&self) -> Option<globset::GlobMatcher> {
-        globset::Glob::new(self.hca_devices.as_deref().unwrap_or("*"))
+        type Compiled = (Option<String>, Option<globset::GlobMatcher>);
+        static LAST: std::sync::Mutex<Option<Compiled>> = std::sync::Mutex::new(None);
+        let mut last = LAST
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((pattern, matcher)) = last.as_ref()
+            && *pattern == self.hca_devices
+        {
+            return matcher.clone();
+        }
+        let matcher = globset::Glob::new(self.hca_devices.as_deref().unwrap_or("*"))
             .ok()
-            .map(|g| g.compile_matcher())
+            .map(|g| g.compile_matcher());
+        *last = Some((self.hca_devices.clone(), matcher.clone()));
+        matcher
     }
 }
 
@@ -140,7 +154,8 @@ pub fn probe(roots: &Roots, config: &GpudirectConfig, rdma: &RdmaReport) -> Gpud
     let matcher = config.matcher();
     let in_scope = |name: &str| matcher.as_ref().is_some_and(|m| m.is_match(name));
     let mut reader = AttrReader::new();
-    let sys_root = fs::canonicalize(roots.sys("")).unwrap_or_else(|_| roots.sys(""));
+    let sys_root =
+        crate::sysfs_io::canonical_cached(&roots.sys("")).unwrap_or_else(|_| roots.sys(""));
 
     let gpus = find_gpus(roots, &sys_root, &mut reader, &mut report.errors);
     let mut hcas = Vec::new();
@@ -198,7 +213,7 @@ pub fn probe(roots: &Roots, config: &GpudirectConfig, rdma: &RdmaReport) -> Gpud
 /// `(path below the sysfs root, parsed)` of a device link, resolved like the kernel resolves
 /// it; `None` unless it lands on a PCI function under `devices/pci*`.
 fn resolve(sys_root: &Path, link: &Path) -> Option<(String, PciPath)> {
-    let real = fs::canonicalize(link).ok()?;
+    let real = crate::sysfs_io::canonical_cached(link).ok()?;
     let rel = real.strip_prefix(sys_root).ok()?.to_str()?.to_owned();
     let parsed = PciPath::parse(&rel)?;
     Some((rel, parsed))

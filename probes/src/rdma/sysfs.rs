@@ -246,11 +246,12 @@ fn read_devices(
     counters: bool,
     now: f64,
 ) -> Vec<DeviceReport> {
-    let threads = std::thread::available_parallelism()
-        .map_or(1, std::num::NonZeroUsize::get)
-        .min(4)
-        .min(devices.len() / 4)
-        .max(1);
+    // Asked once: `available_parallelism` reads the cgroup's CPU quota files each time.
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let cores = *CORES.get_or_init(|| {
+        std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+    });
+    let threads = cores.min(4).min(devices.len() / 4).max(1);
     while bufs.len() < threads {
         bufs.push(AttrBuf::new());
     }

@@ -216,6 +216,12 @@ impl StorageProber {
         &self.config
     }
 
+    /// How many times the mount table was read and parsed (once per change of the mount
+    /// namespace on procfs; on every probe for a table that is a plain file).
+    pub fn mount_table_parses(&self) -> u64 {
+        self.mountinfo.parses()
+    }
+
     /// statfs calls started by earlier probes that are still stuck.
     pub fn stuck_statfs(&mut self) -> usize {
         self.pool.stuck()

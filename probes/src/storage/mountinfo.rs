@@ -88,8 +88,10 @@ struct Spans {
 /// The parsed table, in kernel order (later entries stack on top of earlier ones).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct MountTable {
-    /// The file as read, then decoded fields appended after it.
+    /// The file as read.
     buf: Vec<u8>,
+    /// Decoded fields; a span at or past `buf.len()` points here.
+    extra: Vec<u8>,
     spans: Vec<Spans>,
     /// Lines that could not be parsed: `line N: why`. The rest of the table is still used.
     pub bad_lines: Vec<String>,
@@ -106,6 +108,12 @@ impl MountTable {
     }
 
     /// Parse a file read into `buf` (no copy).
+    ///
+    /// Fields are spans into `buf`, found with `memchr` (a short scalar scan first): only
+    /// the fields before the lone `-` and the two after it are split; the super options are
+    /// the rest of the line. One pass finds every backslash, so only a line with one has its
+    /// fields decoded; one UTF-8 check of the whole table spares the per-field checks. Decoded
+    /// copies go to a side buffer. Nothing is allocated per line.
     pub fn from_bytes(mut buf: Vec<u8>) -> Self {
         let mut bad_lines = Vec::new();
         if buf.len() > MAX_TABLE_BYTES {
@@ -114,25 +122,41 @@ impl MountTable {
                 "the table is longer than {MAX_TABLE_BYTES} bytes; the rest is ignored"
             ));
         }
-        let input_len = buf.len();
-        let mut spans = Vec::with_capacity(input_len / 128);
+        let input = buf.as_slice();
+        let mut extra = Extra {
+            base: input.len(),
+            bytes: Vec::new(),
+            all_utf8: std::str::from_utf8(input).is_ok(),
+        };
+        let backslashes: Vec<usize> = memchr::memchr_iter(b'\\', input).collect();
+        let mut next_backslash = 0usize;
+        let mut spans = Vec::with_capacity(input.len() / 128);
         let mut start = 0usize;
         let mut line_no = 0usize;
-        while start < input_len {
+        while start < input.len() {
+            let end = memchr(b'\n', &input[start..]).map_or(input.len(), |i| start + i);
             line_no += 1;
-            let end = memchr(b'\n', &buf[start..input_len]).map_or(input_len, |i| start + i);
+            while backslashes.get(next_backslash).is_some_and(|&i| i < start) {
+                next_backslash += 1;
+            }
+            let first = next_backslash;
+            while backslashes.get(next_backslash).is_some_and(|&i| i < end) {
+                next_backslash += 1;
+            }
+            let escapes = &backslashes[first..next_backslash];
             let line = start..end;
             start = end + 1;
-            if buf[line.clone()].iter().all(u8::is_ascii_whitespace) {
+            if input[line.clone()].iter().all(u8::is_ascii_whitespace) {
                 continue;
             }
-            match parse_line(&mut buf, line) {
+            match parse_line(input, line, escapes, &mut extra) {
                 Ok(s) => spans.push(s),
                 Err(why) => bad_lines.push(format!("line {line_no}: {why}")),
             }
         }
         Self {
             buf,
+            extra: extra.bytes,
             spans,
             bad_lines,
         }
@@ -148,7 +172,11 @@ impl MountTable {
     }
 
     fn bytes(&self, s: Span) -> &[u8] {
-        &self.buf[s.start as usize..s.end as usize]
+        let (start, end) = (s.start as usize, s.end as usize);
+        match start.checked_sub(self.buf.len()) {
+            Some(at) => &self.extra[at..at + (end - start)],
+            None => &self.buf[start..end],
+        }
     }
 
     /// Text fields were made valid UTF-8 when parsed.
@@ -268,63 +296,123 @@ fn memchr(needle: u8, hay: &[u8]) -> Option<usize> {
     memchr::memchr(needle, hay)
 }
 
-/// Split off the next space-separated field of `buf[*pos..end]` (empty fields included).
-fn next_field(buf: &[u8], pos: &mut usize, end: usize) -> Option<std::ops::Range<usize>> {
+/// Decoded copies of fields, kept next to the input.
+struct Extra {
+    /// Length of the input: a span at or past it points into `bytes`.
+    base: usize,
+    bytes: Vec<u8>,
+    /// The whole input is valid UTF-8, so a field without escapes needs no check.
+    all_utf8: bool,
+}
+
+impl Extra {
+    fn get<'a>(&'a self, input: &'a [u8], r: std::ops::Range<usize>) -> &'a [u8] {
+        if r.start >= self.base {
+            &self.bytes[r.start - self.base..r.end - self.base]
+        } else {
+            &input[r]
+        }
+    }
+}
+
+/// Where the next space is in `hay`: eight bytes at a time for the first 32 (most fields
+/// are short: ids, `major:minor`, `/`, options), then `memchr`.
+fn find_space(hay: &[u8]) -> Option<usize> {
+    const SHORT: usize = 32;
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGHS: u64 = 0x8080_8080_8080_8080;
+    let mut i = 0;
+    while i < SHORT && i + 8 <= hay.len() {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(&hay[i..i + 8]);
+        // A zero byte of `x` is a space of `hay`; the lowest flagged byte is the first one.
+        let x = u64::from_le_bytes(word) ^ (ONES * u64::from(b' '));
+        let found = x.wrapping_sub(ONES) & !x & HIGHS;
+        if found != 0 {
+            return Some(i + (found.trailing_zeros() / 8) as usize);
+        }
+        i += 8;
+    }
+    if i < SHORT {
+        return hay[i..].iter().position(|&b| b == b' ').map(|j| i + j);
+    }
+    memchr(b' ', &hay[i..]).map(|j| i + j)
+}
+
+/// Split off the next space-separated field of `input[*pos..end]` (empty fields included).
+fn next_field(input: &[u8], pos: &mut usize, end: usize) -> Option<std::ops::Range<usize>> {
     if *pos > end {
         return None;
     }
     let start = *pos;
-    let stop = memchr(b' ', &buf[start..end]).map_or(end, |i| start + i);
+    let stop = find_space(&input[start..end]).map_or(end, |i| start + i);
     *pos = stop + 1;
     Some(start..stop)
 }
 
-fn parse_line(buf: &mut Vec<u8>, line: std::ops::Range<usize>) -> Result<Spans, String> {
+/// The first field at or after `pos` that is a lone `-` (`pos` starts a field); its index.
+fn find_dash(input: &[u8], pos: usize, end: usize) -> Option<usize> {
+    let mut at = pos;
+    while at < end {
+        let i = at + memchr(b'-', &input[at..end])?;
+        let starts = i == pos || input[i - 1] == b' ';
+        let ends = i + 1 == end || input[i + 1] == b' ';
+        if starts && ends {
+            return Some(i);
+        }
+        at = i + 1;
+    }
+    None
+}
+
+fn parse_line(
+    input: &[u8],
+    line: std::ops::Range<usize>,
+    escapes: &[usize],
+    extra: &mut Extra,
+) -> Result<Spans, String> {
     let end = line.end;
     let mut pos = line.start;
-    let mut next = |buf: &Vec<u8>, what: &str| {
-        next_field(buf, &mut pos, end)
+    let mut next = |what: &str| {
+        next_field(input, &mut pos, end)
             .filter(|r| !r.is_empty())
             .ok_or_else(|| format!("missing {what}"))
     };
-    let mount_id = parse_id(&buf[next(buf, "mount ID")?], "mount ID")?;
-    let parent_id = parse_id(&buf[next(buf, "parent ID")?], "parent ID")?;
-    let device = next(buf, "major:minor")?;
-    let root = next(buf, "root")?;
-    let mount_point = next(buf, "mount point")?;
-    let mount_options = next(buf, "mount options")?;
+    let mount_id = parse_id(&input[next("mount ID")?], "mount ID")?;
+    let parent_id = parse_id(&input[next("parent ID")?], "parent ID")?;
+    let device = next("major:minor")?;
+    let root = next("root")?;
+    let mount_point = next("mount point")?;
+    let mount_options = next("mount options")?;
     // Optional fields up to the lone `-`.
-    let optional_start = pos;
-    let mut optional_end = pos;
-    loop {
-        let Some(f) = next_field(buf, &mut pos, end) else {
-            return Err("no ' - ' separator before the file-system type".to_owned());
-        };
-        if &buf[f.clone()] == b"-" {
-            break;
-        }
-        optional_end = f.end;
+    let no_separator = || "no ' - ' separator before the file-system type".to_owned();
+    if pos > end {
+        return Err(no_separator());
     }
-    let optional_fields = optional_start..optional_end.max(optional_start);
-    let fstype = next_field(buf, &mut pos, end)
+    let dash = find_dash(input, pos, end).ok_or_else(no_separator)?;
+    // The optional fields end before the space in front of the `-` (none when it is first).
+    let optional_fields = pos..(dash.saturating_sub(1)).max(pos);
+    pos = dash + 2;
+    let fstype = next_field(input, &mut pos, end)
         .filter(|r| !r.is_empty())
         .ok_or_else(|| "missing file-system type".to_owned())?;
     // The source may be empty on some pseudo file systems.
-    let source = next_field(buf, &mut pos, end).ok_or_else(|| "missing mount source".to_owned())?;
+    let source =
+        next_field(input, &mut pos, end).ok_or_else(|| "missing mount source".to_owned())?;
     // The super options are the rest of the line (they hold no unescaped spaces).
     let super_options = if pos <= end { pos..end } else { end..end };
 
     Ok(Spans {
         mount_id,
         parent_id,
-        device: text(buf, device),
-        root: decoded(buf, root),
-        mount_point: decoded(buf, mount_point),
-        mount_options: text(buf, mount_options),
-        optional_fields: text(buf, optional_fields),
-        fstype: text(buf, fstype),
-        source: text(buf, source),
-        super_options: text(buf, super_options),
+        device: text(input, extra, device, escapes),
+        root: span(path_field(input, extra, root, escapes)),
+        mount_point: span(path_field(input, extra, mount_point, escapes)),
+        mount_options: text(input, extra, mount_options, escapes),
+        optional_fields: text(input, extra, optional_fields, escapes),
+        fstype: text(input, extra, fstype, escapes),
+        source: text(input, extra, source, escapes),
+        super_options: text(input, extra, super_options, escapes),
     })
 }
 
@@ -359,58 +447,79 @@ fn span(r: std::ops::Range<usize>) -> Span {
     }
 }
 
-/// A path field: octal escapes decoded (into a copy appended to the buffer when there are
-/// any), bytes kept as they are.
-fn decoded(buf: &mut Vec<u8>, r: std::ops::Range<usize>) -> Span {
-    if memchr(b'\\', &buf[r.clone()]).is_none() {
+/// Whether one of the line's backslashes (`escapes`, sorted) is in `r`.
+fn has_escape(escapes: &[usize], r: &std::ops::Range<usize>) -> bool {
+    escapes.iter().any(|i| r.contains(i))
+}
+
+/// A path field: borrowed as it is unless it holds a backslash (then decoded into `extra`).
+fn path_field(
+    input: &[u8],
+    extra: &mut Extra,
+    r: std::ops::Range<usize>,
+    escapes: &[usize],
+) -> std::ops::Range<usize> {
+    if !has_escape(escapes, &r) {
+        return r;
+    }
+    let start = extra.base + extra.bytes.len();
+    decode_into(&input[r], &mut extra.bytes);
+    start..extra.base + extra.bytes.len()
+}
+
+/// A text field: decoded like a path, then made valid UTF-8 (invalid bytes replaced).
+fn text(input: &[u8], extra: &mut Extra, r: std::ops::Range<usize>, escapes: &[usize]) -> Span {
+    if extra.all_utf8 && !has_escape(escapes, &r) {
         return span(r);
     }
-    let start = buf.len();
-    let mut i = r.start;
-    while i < r.end {
+    let d = path_field(input, extra, r, escapes);
+    let bytes = extra.get(input, d.clone());
+    if std::str::from_utf8(bytes).is_ok() {
+        return span(d);
+    }
+    let fixed = String::from_utf8_lossy(bytes).into_owned();
+    let start = extra.base + extra.bytes.len();
+    extra.bytes.extend_from_slice(fixed.as_bytes());
+    span(start..extra.base + extra.bytes.len())
+}
+
+/// Append `field` to `out` with its `\ooo` octal escapes decoded; a backslash not followed by
+/// three octal digits (of a value up to 255) is kept as it is.
+fn decode_into(field: &[u8], out: &mut Vec<u8>) {
+    let mut i = 0;
+    while i < field.len() {
         // Copy up to the next backslash in one go.
-        let next = memchr(b'\\', &buf[i..r.end]).map_or(r.end, |j| i + j);
-        buf.extend_from_within(i..next);
+        let next = memchr(b'\\', &field[i..]).map_or(field.len(), |j| i + j);
+        out.extend_from_slice(&field[i..next]);
         i = next;
-        if i >= r.end {
+        if i >= field.len() {
             break;
         }
-        if i + 3 < r.end && buf[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
-            let v = u32::from(buf[i + 1] - b'0') * 64
-                + u32::from(buf[i + 2] - b'0') * 8
-                + u32::from(buf[i + 3] - b'0');
+        if i + 3 < field.len()
+            && field[i + 1..i + 4]
+                .iter()
+                .all(|c| (b'0'..=b'7').contains(c))
+        {
+            let v = u32::from(field[i + 1] - b'0') * 64
+                + u32::from(field[i + 2] - b'0') * 8
+                + u32::from(field[i + 3] - b'0');
             if let Ok(byte) = u8::try_from(v) {
-                buf.push(byte);
+                out.push(byte);
                 i += 4;
                 continue;
             }
         }
-        buf.push(b'\\');
+        out.push(b'\\');
         i += 1;
     }
-    span(start..buf.len())
-}
-
-/// A text field: decoded like a path, then made valid UTF-8 (invalid bytes replaced).
-fn text(buf: &mut Vec<u8>, r: std::ops::Range<usize>) -> Span {
-    let s = decoded(buf, r);
-    let bytes = &buf[s.start as usize..s.end as usize];
-    if std::str::from_utf8(bytes).is_ok() {
-        return s;
-    }
-    let fixed = String::from_utf8_lossy(bytes).into_owned();
-    let start = buf.len();
-    buf.extend_from_slice(fixed.as_bytes());
-    span(start..buf.len())
 }
 
 /// Decode the kernel's `\ooo` octal escapes; a backslash not followed by three octal digits
 /// is kept as it is.
 pub fn unescape(s: &str) -> Vec<u8> {
-    let mut buf = s.as_bytes().to_vec();
-    let len = buf.len();
-    let d = decoded(&mut buf, 0..len);
-    buf[d.start as usize..d.end as usize].to_vec()
+    let mut out = Vec::with_capacity(s.len());
+    decode_into(s.as_bytes(), &mut out);
+    out
 }
 
 /// `<procfs>/self/mountinfo` kept open between probes and re-parsed only when it changed.
@@ -646,6 +755,108 @@ mod tests {
         assert!(e.contains("FIFO"), "{e}");
         let e = file.table(&dir.path().join("none")).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::NotFound);
+    }
+
+    /// A plain reference parser (split, allocate, decode every field): what the one-pass
+    /// parser must agree with.
+    fn reference(bytes: &[u8]) -> (Vec<Vec<Vec<u8>>>, usize) {
+        fn decode(f: &[u8]) -> Vec<u8> {
+            let mut out = Vec::new();
+            decode_into(f, &mut out);
+            out
+        }
+        fn text(f: &[u8]) -> Vec<u8> {
+            String::from_utf8_lossy(&decode(f))
+                .into_owned()
+                .into_bytes()
+        }
+        fn id(f: &[u8]) -> Option<Vec<u8>> {
+            let ok = !f.is_empty() && f.len() <= 10 && f.iter().all(u8::is_ascii_digit);
+            let v: u32 = std::str::from_utf8(f).ok().filter(|_| ok)?.parse().ok()?;
+            Some(v.to_string().into_bytes())
+        }
+        let (mut entries, mut bad) = (Vec::new(), 0);
+        for line in bytes.split(|&b| b == b'\n') {
+            if line.iter().all(u8::is_ascii_whitespace) {
+                continue;
+            }
+            let f: Vec<&[u8]> = line.split(|&b| b == b' ').collect();
+            let parsed = (|| {
+                if f.len() < 6 || f[..6].iter().any(|x| x.is_empty()) {
+                    return None;
+                }
+                let dash = 6 + f[6..].iter().position(|x| *x == b"-")?;
+                let fstype = f.get(dash + 1).filter(|x| !x.is_empty())?;
+                let source = f.get(dash + 2)?;
+                let sup = f.get(dash + 3..).map_or(Vec::new(), |r| r.join(&b' '));
+                Some(vec![
+                    id(f[0])?,
+                    id(f[1])?,
+                    text(f[2]),
+                    decode(f[3]),
+                    decode(f[4]),
+                    text(f[5]),
+                    text(&f[6..dash].join(&b' ')),
+                    text(fstype),
+                    text(source),
+                    text(&sup),
+                ])
+            })();
+            match parsed {
+                Some(e) => entries.push(e),
+                None => bad += 1,
+            }
+        }
+        (entries, bad)
+    }
+
+    fn fields(e: &MountEntry<'_>) -> Vec<Vec<u8>> {
+        vec![
+            e.mount_id.to_string().into_bytes(),
+            e.parent_id.to_string().into_bytes(),
+            e.device.as_bytes().to_vec(),
+            e.root.as_os_str().as_bytes().to_vec(),
+            e.mount_point.as_os_str().as_bytes().to_vec(),
+            e.mount_options.as_bytes().to_vec(),
+            e.optional_fields.as_bytes().to_vec(),
+            e.fstype.as_bytes().to_vec(),
+            e.source.as_bytes().to_vec(),
+            e.super_options.as_bytes().to_vec(),
+        ]
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(1024))]
+
+        /// Lines built from the tokens that matter (separators, escapes, non-UTF-8 bytes, empty
+        /// fields, numbers): the one-pass parser and the reference agree field by field.
+        #[test]
+        fn one_pass_parser_agrees_with_the_reference(
+            lines in proptest::collection::vec(
+                proptest::collection::vec(
+                    proptest::sample::select(vec![
+                        "", "-", "25", "1", "4294967296", "+5", "0:52", "/", "/a\\040b",
+                        "/x\\377", "\\", "\\4", "rw,relatime", "shared:1", "master:2",
+                        "ext4", "nfs4", "\u{e9}", "srv:/e", "a\tb", "\r",
+                    ]),
+                    0..14,
+                ),
+                0..12,
+            ),
+            raw in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..8),
+        ) {
+            let mut text: Vec<u8> = Vec::new();
+            for l in &lines {
+                text.extend_from_slice(l.join(" ").as_bytes());
+                text.push(b'\n');
+            }
+            text.extend_from_slice(&raw);
+            let t = MountTable::parse(&text);
+            let (want, bad) = reference(&text);
+            let got: Vec<Vec<Vec<u8>>> = t.entries().map(|e| fields(&e)).collect();
+            proptest::prop_assert_eq!(got, want);
+            proptest::prop_assert_eq!(t.bad_lines.len(), bad);
+        }
     }
 
     /// On procfs the table is parsed again only after `poll` says it changed. Other tests

@@ -1,0 +1,126 @@
+//! `/metrics` bytes encoded once per change, not once per scrape (issue 17, item 4).
+//!
+//! Almost every series changes only when a probe is recorded (or a node write, or the agent
+//! error), all under [`crate::metrics::Metrics`]'s state lock, and taking that lock bumps a
+//! generation. That registry is encoded at most once per generation and per format, lazily,
+//! on the first scrape that asks for the format, and kept. The few families that change
+//! without the lock (open HTTP connections and connections dropped, set by the server at
+//! every connection; the peers' families, set by their own thread) live in a second, small
+//! registry that is encoded at every scrape and written after the cached part (they are the
+//! last families of the exposition, as before). When that part did not change either (the
+//! usual case), the scrape is served the previous response's buffer as it is: no encoding,
+//! no copy, one write.
+//!
+//! The served bytes are exactly what [`crate::metrics::Metrics::encode`] gives at the same
+//! moment (`tests/metrics.rs`: the golden files through the cache, and after every kind of
+//! change).
+
+use axum::body::Bytes;
+use prometheus_client::registry::Registry;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+/// The OpenMetrics terminator, written once at the very end.
+pub const EOF: &str = "# EOF\n";
+
+/// Encode `registry` in one format with its series sorted ([`crate::metrics::sort_series`]),
+/// without the OpenMetrics `# EOF` line. Empty on an encoder error (a bug in a label value:
+/// half an exposition is worse than none).
+pub fn encode_registry(registry: &Registry, openmetrics: bool) -> String {
+    let mut out = String::with_capacity(64 * 1024);
+    let result = if openmetrics {
+        prometheus_client::encoding::text::encode_registry(&mut out, registry)
+    } else {
+        prometheus_client::encoding::prometheus_text::encode(&mut out, registry)
+    };
+    if result.is_err() {
+        out.clear();
+    }
+    crate::metrics::sort_series(&out)
+}
+
+/// One format's cached exposition.
+#[derive(Debug)]
+struct Entry {
+    /// The generation the cached part was encoded at.
+    generation: u64,
+    /// The registry changed under the state lock, encoded.
+    cached: String,
+    /// The live part the last response was assembled with, and that response.
+    served: Option<(String, Bytes)>,
+}
+
+/// The cache behind [`crate::metrics::Metrics::exposition`].
+#[derive(Debug, Default)]
+pub struct Cache {
+    /// Bumped by every change made under the metrics state lock.
+    generation: AtomicU64,
+    /// `[Prometheus text, OpenMetrics]`.
+    entries: Mutex<[Option<Entry>; 2]>,
+    /// Encodings of the cached part (one per change and format scraped), for tests and
+    /// benchmarks.
+    encodes: AtomicU64,
+}
+
+impl Cache {
+    /// The registry is about to change (called with the state lock held).
+    pub fn bump(&self) {
+        self.generation.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// The current generation (read under the state lock to pair it with an encoding).
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// How many times the cached part was encoded.
+    pub fn encodes(&self) -> u64 {
+        self.encodes.load(Ordering::Relaxed)
+    }
+
+    fn entries(&self) -> MutexGuard<'_, [Option<Entry>; 2]> {
+        self.entries.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The exposition in one format. `encode_cached` encodes the registry changed under the
+    /// state lock; it is called only when the generation moved, must hold the state lock
+    /// while it encodes, and returns the generation read under that lock with the text.
+    /// `live` is encoded at every call and written after it.
+    pub fn get(
+        &self,
+        openmetrics: bool,
+        live: &Registry,
+        encode_cached: impl FnOnce() -> (u64, String),
+    ) -> Bytes {
+        let live_text = encode_registry(live, openmetrics);
+        let mut entries = self.entries();
+        let slot = &mut entries[usize::from(openmetrics)];
+        let now = self.generation();
+        let entry = match slot {
+            Some(e) if e.generation == now => e,
+            _ => {
+                let (generation, cached) = encode_cached();
+                self.encodes.fetch_add(1, Ordering::Relaxed);
+                slot.insert(Entry {
+                    generation,
+                    cached,
+                    served: None,
+                })
+            }
+        };
+        if let Some((text, bytes)) = &entry.served
+            && *text == live_text
+        {
+            return bytes.clone();
+        }
+        let mut out = Vec::with_capacity(entry.cached.len() + live_text.len() + EOF.len());
+        out.extend_from_slice(entry.cached.as_bytes());
+        out.extend_from_slice(live_text.as_bytes());
+        if openmetrics {
+            out.extend_from_slice(EOF.as_bytes());
+        }
+        let bytes = Bytes::from(out);
+        entry.served = Some((live_text, bytes.clone()));
+        bytes
+    }
+}
