@@ -10,7 +10,6 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -28,17 +27,8 @@ fn boot() -> &'static Result<PathBuf, String> {
         if let Some(why) = missing {
             return Err(why);
         }
-        // Kept under target/ (replaced by the next run) so a failure can be inspected.
-        let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("events-vm");
-        let _ = std::fs::remove_dir_all(&out);
-        std::fs::create_dir_all(&out).unwrap();
-        let status = Command::new("bash")
-            .arg(vm.join("run.sh"))
-            .args(["-t", "300", "-o"])
-            .arg(&out)
-            .arg(vm.join("events-scenarios.sh"))
-            .current_dir(manifest_dir())
-            .env("FG_BIN", env!("CARGO_BIN_EXE_fabricgate"))
+        let (mut cmd, out) = common::vm_command("run.sh", 300, "events-vm", "events-scenarios.sh");
+        let status = cmd
             .env("FG_REQ", vm.join("rxe-requirements.yaml"))
             .env("FG_FLIPS", FLIPS.to_string())
             .status()

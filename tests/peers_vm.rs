@@ -33,24 +33,14 @@ fn in_ci() -> bool {
 fn boot() -> &'static Result<PathBuf, String> {
     static BOOT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     BOOT.get_or_init(|| {
-        let vm = manifest_dir().join("tests/vm");
         let missing = common::vm_prerequisites_missing();
         if let Some(why) = missing {
-            assert!(!in_ci(), "Soft-RoCE VM prerequisites missing in CI: {why}");
-            eprintln!("SKIP: peers_vm: {why}");
+            common::require(false, &why, "run .ci/vm.sh");
             return Err(why);
         }
-        // Kept under target/ (replaced by the next run) for inspection.
-        let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("peers-vm");
-        let _ = std::fs::remove_dir_all(&out);
-        std::fs::create_dir_all(&out).unwrap();
-        let status = Command::new("bash")
-            .arg(vm.join("run-pair.sh"))
-            .args(["-t", "1500", "-o"])
-            .arg(&out)
-            .arg(vm.join("peers-scenarios.sh"))
-            .current_dir(manifest_dir())
-            .env("FG_BIN", env!("CARGO_BIN_EXE_fabricgate"))
+        let (mut cmd, out) =
+            common::vm_command("run-pair.sh", 1500, "peers-vm", "peers-scenarios.sh");
+        let status = cmd
             .status()
             .expect("run tests/vm/run-pair.sh");
         assert!(

@@ -11,7 +11,7 @@ mod support;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
+use std::process::Child;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 use support::controlplane::ControlPlane;
@@ -188,11 +188,8 @@ fn boot() -> &'static Boot {
             common::require(false, &why, "run .ci/vm.sh");
             return Boot::Skipped(why);
         }
-        // Kept under target/ (replaced by the next run) so a failure can be inspected:
-        // console.log, every command's JSON and stderr are in there.
-        let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("softroce-vm");
-        let _ = std::fs::remove_dir_all(&out);
-        std::fs::create_dir_all(&out).unwrap();
+        // console.log, every command's JSON and stderr stay in `out` for inspection.
+        let (mut cmd, out) = common::vm_command("run.sh", 290, "softroce-vm", "scenarios.sh");
 
         // The real kube-apiserver on the host's loopback; the guest reaches it through its
         // second NIC (qemu user network 10.0.3.0/24, host 10.0.3.2, which the serving
@@ -215,13 +212,7 @@ fn boot() -> &'static Boot {
             &token,
         );
 
-        let mut child = Command::new("bash")
-            .arg(vm.join("run.sh"))
-            .args(["-t", "290", "-o"])
-            .arg(&out)
-            .arg(vm.join("scenarios.sh"))
-            .current_dir(manifest_dir())
-            .env("FG_BIN", env!("CARGO_BIN_EXE_fabricgate"))
+        let mut child = cmd
             .env("FG_REQ", vm.join("rxe-requirements.yaml"))
             .env("FG_KUBECONFIG", &kubeconfig)
             .env("FG_NODE", NODE)

@@ -171,3 +171,26 @@ pub fn vm_prerequisites_missing() -> Option<String> {
         Err(e) => Some(format!("cannot run tests/vm/setup.sh: {e}")),
     }
 }
+
+/// `bash tests/vm/<runner> -t <timeout_s> -o <out> tests/vm/<scenarios>` from the repository
+/// root with `FG_BIN` set, and `out`: `<target tmp>/<name>`, emptied now and kept after the run
+/// so that a failure can be inspected. The caller adds its own `FG_*` variables.
+pub fn vm_command(
+    runner: &str,
+    timeout_s: u32,
+    name: &str,
+    scenarios: &str,
+) -> (std::process::Command, PathBuf) {
+    let vm = repo_root().join("tests/vm");
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+    let _ = std::fs::remove_dir_all(&out);
+    std::fs::create_dir_all(&out).expect("create the VM output directory");
+    let mut cmd = std::process::Command::new("bash");
+    cmd.arg(vm.join(runner))
+        .args(["-t", &timeout_s.to_string(), "-o"])
+        .arg(&out)
+        .arg(vm.join(scenarios))
+        .current_dir(repo_root())
+        .env("FG_BIN", env!("CARGO_BIN_EXE_fabricgate"));
+    (cmd, out)
+}
