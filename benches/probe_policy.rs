@@ -37,6 +37,27 @@ fn bench(c: &mut Criterion) {
         })
     });
 
+    // What `fabricgate run` reads on a probe that reads counters: only the counter files it
+    // exports or its fallback detector needs (`fabricgate check` reads them all, as above).
+    let mut prober = Prober::new(
+        prober.roots().clone(),
+        ProbeConfig {
+            verbs: VerbsMode::Off,
+            counter_names: fabricgate::metrics::counters_read(),
+            ..ProbeConfig::default()
+        },
+    );
+    let _ = prober.probe();
+    c.bench_function(
+        "sysfs probe + policy, 12 devices / 24 ports, the agent's counter files",
+        |b| {
+            b.iter(|| {
+                let report = prober.probe();
+                black_box(policy::evaluate(black_box(&report), &config))
+            })
+        },
+    );
+
     // Counters on their own cadence (`rdma.counters_interval`): the probes between two
     // counter reads read only what the verdict needs.
     let mut prober = Prober::new(

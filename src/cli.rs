@@ -414,8 +414,10 @@ impl ProbeArgs {
             gpudirect: fabricgate_probes::gpudirect::GpudirectConfig {
                 hca_devices: Some(config.rdma.devices.as_str().to_owned()),
             },
-            // `check` probes once; `run` sets the cadence from its --interval.
+            // `check` probes once and reads every counter file; `run` sets the cadence from its
+            // --interval and reads only the files it exports.
             counters_interval: None,
+            counter_names: Default::default(),
         }
     }
 }

@@ -104,6 +104,7 @@ impl Agent {
         let roots = args.probe.roots()?;
         let mut probe_config = args.probe.probe_config(&config);
         probe_config.counters_interval = config.rdma.counters_interval(args.interval);
+        probe_config.counter_names = crate::metrics::counters_read();
         let prober = Prober::new(roots.clone(), probe_config);
         // Descriptors: all the container allows, and HTTP connections kept far below that.
         let nofile = crate::server::raise_nofile();

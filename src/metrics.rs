@@ -76,6 +76,21 @@ pub const HW_COUNTERS: &[&str] = &[
     "rp_cnp_handled",
 ];
 
+/// The byte counters behind `fabricgate_rdma_port_{transmit,receive}_bytes_total` and the
+/// fallback detector's RDMA rate.
+pub const DATA_COUNTERS: &[&str] = &["port_xmit_data", "port_rcv_data"];
+
+/// The counter files the agent reads: what it exports and what its fallback detector needs.
+/// The rest of `counters/` and `hw_counters/` (about half of an mlx5 port's ~50 files) would be
+/// read on every probe for nothing.
+pub fn counters_read() -> fabricgate_probes::rdma::sysfs::CounterNames {
+    let owned = |names: &[&str]| names.iter().map(|&n| n.to_owned()).collect::<Vec<_>>();
+    fabricgate_probes::rdma::sysfs::CounterNames {
+        counters: Some([owned(DATA_COUNTERS), owned(ERROR_COUNTERS)].concat()),
+        hw_counters: Some(owned(HW_COUNTERS)),
+    }
+}
+
 /// The `probe` label values of the duration histogram and the error counter.
 pub const PROBE_KINDS: &[&str] = &["rdma_sysfs", "rdma_verbs", "storage", "netdev", "gpudirect"];
 

@@ -10,7 +10,7 @@
 //! logged once and shown by `fabricgate_event_source_active`, never an agent failure.
 
 use crate::config::parse_bounded_duration;
-use fabricgate_probes::events::{Event, EventOptions, EventSources, Source, SourceStatus};
+use fabricgate_probes::events::{Event, EventOptions, EventSources, Source, SourceStatus, Waker};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -23,8 +23,12 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::{Instant, sleep_until};
 
-/// How long the event thread blocks before it checks whether the agent still wants it.
+/// How long the event thread blocks before it checks whether the agent still wants it, when
+/// no eventfd can wake it (see [`Waker`]).
 const THREAD_POLL: Duration = Duration::from_secs(1);
+/// How long it blocks when the [`Waker`] can end the wait: a wake-up per second of an idle
+/// agent costs more than the probe loop at a 10 s interval.
+const THREAD_IDLE_WAIT: Duration = Duration::from_secs(30);
 /// Event descriptions kept per probe (for the debug log); the count is exact regardless.
 const KEEP_DETAILS: usize = 8;
 
@@ -234,8 +238,10 @@ struct Pending {
 struct Shared {
     pending: Mutex<Pending>,
     notify: Notify,
-    /// Set when the [`Wakeup`] is dropped: the thread ends within [`THREAD_POLL`].
+    /// Set when the [`Wakeup`] is dropped; the thread ends at once if the [`Waker`] works,
+    /// else within [`THREAD_POLL`].
     closed: AtomicBool,
+    waker: Waker,
 }
 
 impl Shared {
@@ -281,6 +287,7 @@ pub struct Wakeup {
 impl Drop for Wakeup {
     fn drop(&mut self) {
         self.shared.closed.store(true, Ordering::Relaxed);
+        self.shared.waker.wake();
     }
 }
 
@@ -409,10 +416,16 @@ pub fn fail_fast(
 /// is dropped.
 fn event_thread(options: EventOptions, shared: &Shared, metrics: &EventMetrics) {
     let mut sources = EventSources::open(options);
+    sources.set_waker(&shared.waker);
+    let timeout = if shared.waker.works() {
+        THREAD_IDLE_WAIT
+    } else {
+        THREAD_POLL
+    };
     let mut last: Option<[SourceStatus; 3]> = None;
     report_status(&sources, &mut last, metrics);
     while !shared.closed.load(Ordering::Relaxed) {
-        let events = sources.wait(THREAD_POLL);
+        let events = sources.wait(timeout);
         for e in &events {
             metrics.received(e.source());
             tracing::debug!(source = e.source().name(), event = %e, "kernel event");

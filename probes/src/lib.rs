@@ -38,6 +38,8 @@ pub struct ProbeConfig {
     /// How often `counters/` and `hw_counters/` are read (`rdma.counters_interval`); `None`:
     /// on every probe. The verdict's attributes are read on every probe regardless.
     pub counters_interval: Option<Duration>,
+    /// Which counter files are read (default: all of them).
+    pub counter_names: rdma::sysfs::CounterNames,
 }
 
 /// The default of `rdma.counters_interval` for a probe interval: every probe when probes are
@@ -128,7 +130,8 @@ pub struct Prober {
 impl Prober {
     pub fn new(roots: Roots, config: ProbeConfig) -> Self {
         let storage = storage::StorageProber::new(config.storage.clone());
-        let sysfs = rdma::sysfs::SysfsReader::new(&roots);
+        let sysfs =
+            rdma::sysfs::SysfsReader::with_counter_names(&roots, config.counter_names.clone());
         Self {
             sysfs,
             counters_read: None,

@@ -230,6 +230,62 @@ fn odd_names_re_created_devices_and_the_counters_cadence() {
     );
 }
 
+/// A reader given counter names reads only those files of each group (the rest are neither
+/// opened nor reported, so a broken one outside the selection is not an error); a group left
+/// at `None` is read in full; a named file the driver does not have is absent, not an error.
+#[test]
+fn a_counter_selection_reads_only_the_named_files() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sys: PathBuf = tmp.path().join("sys");
+    let port = sys.join("devices/virtual/infiniband/rxe0/ports/1");
+    write(&port.join("../../node_type"), "1: CA\n");
+    write(&port.join("state"), "4: ACTIVE\n");
+    write(&port.join("counters/port_xmit_data"), "7\n");
+    write(&port.join("counters/symbol_error"), "1\n");
+    write(
+        &port.join("counters/unicast_xmit_packets"),
+        "not a number\n",
+    );
+    write(&port.join("hw_counters/out_of_sequence"), "3\n");
+    write(&port.join("hw_counters/rx_write_requests"), "9\n");
+    fs::create_dir_all(sys.join("class/infiniband")).unwrap();
+    std::os::unix::fs::symlink(
+        "../../devices/virtual/infiniband/rxe0",
+        sys.join("class/infiniband/rxe0"),
+    )
+    .unwrap();
+    let roots = Roots::new(&sys, tmp.path());
+    let names = |list: &[&str]| Some(list.iter().map(|n| n.to_string()).collect::<Vec<_>>());
+    let mut reader = sysfs::SysfsReader::with_counter_names(
+        &roots,
+        sysfs::CounterNames {
+            counters: names(&["port_xmit_data", "symbol_error", "link_downed"]),
+            hw_counters: None,
+        },
+    );
+    let r = reader.probe(true);
+    let p = &r.devices[0].ports[0];
+    let keys = |m: &std::collections::BTreeMap<String, u64>| m.keys().cloned().collect::<Vec<_>>();
+    assert_eq!(keys(&p.counters), ["port_xmit_data", "symbol_error"]);
+    assert_eq!(
+        keys(&p.hw_counters),
+        ["out_of_sequence", "rx_write_requests"]
+    );
+    assert!(p.errors.is_empty(), "{:?}", p.errors);
+
+    // The same tree read in full: the file outside the selection is read, and its garbage
+    // is an error naming it.
+    let r = sysfs::SysfsReader::new(&roots).probe(true);
+    let p = &r.devices[0].ports[0];
+    assert_eq!(keys(&p.counters), ["port_xmit_data", "symbol_error"]);
+    assert_eq!(p.errors.len(), 1, "{:?}", p.errors);
+    assert!(
+        p.errors[0].contains("unicast_xmit_packets"),
+        "{:?}",
+        p.errors
+    );
+}
+
 /// The quick read an event-triggered probe starts with: only `state` and `phys_state`, through
 /// the files the last probe opened; nothing before a first probe, and a port whose state
 /// cannot be parsed now is left out rather than guessed.

@@ -22,11 +22,13 @@ pub fn ndr_requirements() -> Config {
 }
 
 /// Probe the node at `node` (`sys/`, `proc/`) with sysfs only, with a fixed clock and fixed
-/// timings so the output is reproducible.
+/// timings so the output is reproducible. Only the counter files the agent reads are read, so
+/// the golden expositions also prove that selection loses no exported series.
 pub fn probe_fixture(node: &Path, timestamp: f64) -> ProbeReport {
     let config = ProbeConfig {
         verbs: VerbsMode::Off,
         netdev: NetdevConfig::default(),
+        counter_names: fabricgate::metrics::counters_read(),
         ..ProbeConfig::default()
     };
     let mut prober = Prober::new(Roots::new(node.join("sys"), node.join("proc")), config);

@@ -27,6 +27,7 @@ use rustix::net::netlink::{self, SocketAddrNetlink};
 use rustix::net::{AddressFamily, RecvFlags, SocketFlags, SocketType};
 use serde::Serialize;
 use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// `RTMGRP_LINK` (linux/rtnetlink.h).
@@ -126,8 +127,52 @@ pub struct SourceStatus {
 
 /// The open sources. Not `Send` (the verbs contexts are raw libibverbs pointers): create it
 /// on the thread that waits on it.
+/// Wakes a thread blocked in [`EventSources::wait`] from another thread (an eventfd), so the
+/// waiting thread can block for long without polling a "should I stop" flag.
+#[derive(Debug, Clone)]
+pub struct Waker(Option<Arc<OwnedFd>>);
+
+impl Waker {
+    /// `None` inside when no eventfd can be made (then waits must be short to notice a stop).
+    pub fn new() -> Self {
+        let fd = rustix::event::eventfd(
+            0,
+            rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
+        );
+        Self(fd.ok().map(Arc::new))
+    }
+
+    /// Whether [`Self::wake`] really interrupts a wait.
+    pub fn works(&self) -> bool {
+        self.0.is_some()
+    }
+
+    /// End the current (or next) [`EventSources::wait`] of the sources given this waker.
+    pub fn wake(&self) {
+        if let Some(fd) = &self.0 {
+            // EAGAIN (the counter is full) still leaves it readable: the wait ends anyway.
+            let _ = rustix::io::write(fd.as_fd(), &1u64.to_ne_bytes());
+        }
+    }
+
+    /// Reset the counter after a wake-up, so the next wait blocks again.
+    fn drain(&self) {
+        if let Some(fd) = &self.0 {
+            let mut count = [0u8; 8];
+            let _ = rustix::io::read(fd.as_fd(), &mut count);
+        }
+    }
+}
+
+impl Default for Waker {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 pub struct EventSources {
     options: EventOptions,
+    waker: Option<Waker>,
     netlink: Option<OwnedFd>,
     netlink_problem: Option<String>,
     uevent: Option<OwnedFd>,
@@ -195,6 +240,7 @@ fn recv_kernel(fd: &OwnedFd, buf: &mut [u8]) -> std::io::Result<Received> {
 /// Which descriptor a poll entry is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Slot {
+    Waker,
     Netlink,
     Uevent,
     Verbs(usize),
@@ -206,6 +252,7 @@ impl EventSources {
     pub fn open(options: EventOptions) -> Self {
         let mut this = Self {
             options,
+            waker: None,
             netlink: None,
             netlink_problem: None,
             uevent: None,
@@ -271,6 +318,11 @@ impl EventSources {
         ]
     }
 
+    /// Let `waker` end a [`Self::wait`] early (it then returns no events).
+    pub fn set_waker(&mut self, waker: &Waker) {
+        self.waker = waker.works().then(|| waker.clone());
+    }
+
     /// The devices whose asynchronous events are listened to.
     pub fn verbs_devices(&self) -> Vec<String> {
         self.verbs.iter().map(|c| c.device().to_owned()).collect()
@@ -285,6 +337,11 @@ impl EventSources {
         let mut rescan = false;
         for (slot, flags) in ready {
             match slot {
+                Slot::Waker => {
+                    if let Some(w) = &self.waker {
+                        w.drain();
+                    }
+                }
                 Slot::Netlink => self.read_netlink(&mut events),
                 Slot::Uevent => rescan |= self.read_uevents(&mut events),
                 Slot::Verbs(i) => rescan |= self.read_verbs(i, flags, &mut events),
@@ -300,8 +357,12 @@ impl EventSources {
 
     /// `poll` every open descriptor; the ready ones and their `revents`.
     fn poll_ready(&self, timeout: Duration) -> Vec<(Slot, PollFlags)> {
-        let mut slots = Vec::with_capacity(2 + self.verbs.len());
-        let mut fds = Vec::with_capacity(2 + self.verbs.len());
+        let mut slots = Vec::with_capacity(3 + self.verbs.len());
+        let mut fds = Vec::with_capacity(3 + self.verbs.len());
+        if let Some(fd) = self.waker.as_ref().and_then(|w| w.0.as_ref()) {
+            slots.push(Slot::Waker);
+            fds.push(PollFd::from_borrowed_fd(fd.as_fd(), PollFlags::IN));
+        }
         if let Some(fd) = &self.netlink {
             slots.push(Slot::Netlink);
             fds.push(PollFd::from_borrowed_fd(fd.as_fd(), PollFlags::IN));
@@ -471,5 +532,42 @@ mod tests {
                 .all(|s| !s.active && s.problem.is_none())
         );
         assert!(sources.verbs_devices().is_empty());
+    }
+
+    /// A long wait ends as soon as another thread wakes it, returns no events, and the next
+    /// wait blocks again (the eventfd was drained).
+    #[test]
+    fn a_waker_ends_a_long_wait_from_another_thread() {
+        let waker = Waker::new();
+        assert!(
+            waker.works(),
+            "eventfd is available on every supported kernel"
+        );
+        // No kernel source, so nothing but the waker can end a wait early.
+        let mut sources = EventSources::open(EventOptions {
+            netlink: false,
+            uevent: false,
+            verbs: false,
+        });
+        sources.set_waker(&waker);
+        let remote = waker.clone();
+        let waking = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            remote.wake();
+        });
+        let started = Instant::now();
+        let events = sources.wait(Duration::from_secs(600));
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the wake ended the wait"
+        );
+        assert!(events.is_empty(), "{events:?}");
+        waking.join().unwrap();
+        let started = Instant::now();
+        let _ = sources.wait(Duration::from_millis(200));
+        assert!(
+            started.elapsed() >= Duration::from_millis(150),
+            "a drained waker does not end the next wait"
+        );
     }
 }

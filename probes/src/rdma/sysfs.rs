@@ -102,17 +102,29 @@ pub fn probe(roots: &Roots) -> RdmaReport {
     SysfsReader::new(roots).probe(true)
 }
 
+/// Which files of `counters/` and `hw_counters/` a reader reads; `None` for a group: all of
+/// them. The agent reads only what it exports and what its fallback detector needs (25 of the
+/// ~50 files of an mlx5 port), `check` reads everything.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CounterNames {
+    pub counters: Option<Vec<String>>,
+    pub hw_counters: Option<Vec<String>>,
+}
+
 /// Keeps the attribute files of every device and port open between probes, so a probe is one
 /// `pread` per attribute: no path building, no `open`/`close`. Before reading a device the
-/// reader `stat`s its directory (and each port's), and re-opens everything below it when the
-/// device appeared, disappeared or was re-created (a new inode, or a changed directory), or
-/// when a read said the file is gone (`ENODEV`).
+/// reader `stat`s its directory, and re-opens everything below it when the device appeared,
+/// disappeared or was re-created (a new inode, or a changed directory), or when a read said
+/// a file is gone (`ENODEV`); likewise each port's directory. The GID table and the counter
+/// groups are created and removed with their port by the kernel, so they are not `stat`ed on
+/// every probe.
 pub struct SysfsReader {
     roots: Roots,
     class: PathBuf,
     devices: Vec<DevHandles>,
     /// One read buffer per worker thread.
     bufs: Vec<AttrBuf>,
+    counter_names: Arc<CounterNames>,
 }
 
 impl std::fmt::Debug for SysfsReader {
@@ -126,11 +138,17 @@ impl std::fmt::Debug for SysfsReader {
 
 impl SysfsReader {
     pub fn new(roots: &Roots) -> Self {
+        Self::with_counter_names(roots, CounterNames::default())
+    }
+
+    /// A reader that reads only `names` of each port's counter groups.
+    pub fn with_counter_names(roots: &Roots, names: CounterNames) -> Self {
         Self {
             roots: roots.clone(),
             class: roots.sys("class/infiniband"),
             devices: Vec::new(),
             bufs: Vec::new(),
+            counter_names: Arc::new(names),
         }
     }
 
@@ -161,7 +179,12 @@ impl SysfsReader {
             while old.next_if(|h| h.name < name).is_some() {}
             match old.next_if(|h| h.name == name) {
                 Some(h) => devices.push(h),
-                None => devices.push(DevHandles::new(&self.roots, &self.class, name)),
+                None => devices.push(DevHandles::new(
+                    &self.roots,
+                    &self.class,
+                    name,
+                    &self.counter_names,
+                )),
             }
         }
         self.devices = devices;
@@ -301,6 +324,7 @@ struct DevHandles {
     /// Why the PCI function behind the `device` link cannot be named (its PCIe check fails).
     pci_error: Option<String>,
     roots: Roots,
+    counter_names: Arc<CounterNames>,
     ports: Vec<PortHandles>,
     /// Why there are no ports (no folder, empty, unreadable), reported on every probe.
     ports_error: Option<String>,
@@ -326,7 +350,6 @@ struct PortHandles {
     lid: Attr,
     sm_lid: Attr,
     gids_dir: PathBuf,
-    gids_stamp: Option<DirStamp>,
     gids: Vec<GidHandles>,
     gids_error: Option<String>,
     counters: CounterGroup,
@@ -345,7 +368,11 @@ struct GidHandles {
 /// `counters/` or `hw_counters/`: its files and the values of their last read.
 struct CounterGroup {
     dir: PathBuf,
-    stamp: Option<DirStamp>,
+    /// The reader's selection, and which of its two lists is this group's.
+    names: Arc<CounterNames>,
+    pick: fn(&CounterNames) -> &Option<Vec<String>>,
+    /// Listed (the files opened) since the device was last opened.
+    opened: bool,
     files: Vec<(String, Attr)>,
     list_error: Option<String>,
     values: Arc<BTreeMap<String, u64>>,
@@ -358,10 +385,11 @@ fn placeholder() -> Attr {
 }
 
 impl DevHandles {
-    fn new(roots: &Roots, class: &Path, name: String) -> Self {
+    fn new(roots: &Roots, class: &Path, name: String, counter_names: &Arc<CounterNames>) -> Self {
         Self {
             pci_error: None,
             roots: roots.clone(),
+            counter_names: Arc::clone(counter_names),
             dir: class.join(&name),
             name,
             stamp: None,
@@ -411,7 +439,9 @@ impl DevHandles {
                 }
                 numbers
                     .into_iter()
-                    .map(|n| PortHandles::open(ports_dir.join(n.to_string()), n))
+                    .map(|n| {
+                        PortHandles::open(ports_dir.join(n.to_string()), n, &self.counter_names)
+                    })
                     .collect()
             }
             Ok(None) => {
@@ -599,7 +629,7 @@ impl PciHandles {
 }
 
 impl PortHandles {
-    fn open(dir: PathBuf, port: u32) -> Self {
+    fn open(dir: PathBuf, port: u32, names: &Arc<CounterNames>) -> Self {
         let gids_dir = dir.join("gids");
         let mut p = Self {
             port,
@@ -610,11 +640,10 @@ impl PortHandles {
             link_layer: Attr::open(dir.join("link_layer")),
             lid: Attr::open(dir.join("lid")),
             sm_lid: Attr::open(dir.join("sm_lid")),
-            gids_stamp: None,
             gids: Vec::new(),
             gids_error: None,
-            counters: CounterGroup::new(dir.join("counters")),
-            hw_counters: CounterGroup::new(dir.join("hw_counters")),
+            counters: CounterGroup::new(dir.join("counters"), names, |n| &n.counters),
+            hw_counters: CounterGroup::new(dir.join("hw_counters"), names, |n| &n.hw_counters),
             counters_timestamp: None,
             gids_dir,
             dir,
@@ -624,7 +653,6 @@ impl PortHandles {
     }
 
     fn open_gids(&mut self) {
-        self.gids_stamp = DirStamp::of(&self.gids_dir);
         self.gids.clear();
         self.gids_error = None;
         let listing = match list_dir(&self.gids_dir) {
@@ -657,11 +685,9 @@ impl PortHandles {
     }
 
     fn read(&mut self, buf: &mut AttrBuf, counters: bool, now: f64, gone: &mut bool) -> PortReport {
-        let stamp = DirStamp::of(&self.dir);
-        if stamp != self.stamp {
-            *self = Self::open(std::mem::take(&mut self.dir), self.port);
-        } else if DirStamp::of(&self.gids_dir) != self.gids_stamp {
-            self.open_gids();
+        if DirStamp::of(&self.dir) != self.stamp {
+            let names = Arc::clone(&self.counters.names);
+            *self = Self::open(std::mem::take(&mut self.dir), self.port, &names);
         }
         let mut p = PortReport {
             port: self.port,
@@ -738,10 +764,16 @@ impl GidHandles {
 }
 
 impl CounterGroup {
-    fn new(dir: PathBuf) -> Self {
+    fn new(
+        dir: PathBuf,
+        names: &Arc<CounterNames>,
+        pick: fn(&CounterNames) -> &Option<Vec<String>>,
+    ) -> Self {
         Self {
             dir,
-            stamp: None,
+            names: Arc::clone(names),
+            pick,
+            opened: false,
             files: Vec::new(),
             list_error: None,
             values: Arc::new(BTreeMap::new()),
@@ -749,13 +781,15 @@ impl CounterGroup {
         }
     }
 
-    fn open(&mut self, stamp: Option<DirStamp>) {
-        self.stamp = stamp;
+    fn open(&mut self) {
+        self.opened = true;
         self.list_error = None;
+        let wanted = (self.pick)(&self.names);
         self.files = match list_dir(&self.dir) {
             Ok(Some(listing)) => listing
                 .names
                 .into_iter()
+                .filter(|name| wanted.as_ref().is_none_or(|w| w.contains(name)))
                 .map(|name| {
                     let attr = Attr::open(self.dir.join(&name));
                     (name, attr)
@@ -774,9 +808,8 @@ impl CounterGroup {
     /// Re-read every counter, updating the values in place (no allocation once the names
     /// are known and the previous report has been dropped).
     fn read(&mut self, buf: &mut AttrBuf, gone: &mut bool) {
-        let stamp = DirStamp::of(&self.dir);
-        if self.stamp.is_none() || stamp != self.stamp {
-            self.open(stamp);
+        if !self.opened {
+            self.open();
         }
         self.errors.clear();
         if let Some(e) = &self.list_error {
