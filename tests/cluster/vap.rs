@@ -120,6 +120,17 @@ fn status(what: &'static str, change: fn(&Value) -> Change, expect: Expect) -> C
     }
 }
 
+/// A create or delete of Node `node`.
+fn node_case(what: &'static str, who: Who, node: &'static str, op: Op, expect: Expect) -> Case {
+    Case {
+        what,
+        who,
+        node,
+        op,
+        expect,
+    }
+}
+
 /// The agent's label apply: `fabricgate.io/ready` (which it owns on the stored Node) and `more`.
 fn labels_apply(node: &str, ready: &str, more: &[(&str, &str)]) -> Change {
     let mut labels = serde_json::Map::new();
@@ -392,38 +403,34 @@ fn cases() -> Vec<Case> {
                 Expect::Policy(NO_CLAIM),
             )
         },
-        Case {
-            what: "own node deleted (RBAC)",
-            op: Op::Delete,
-            ..patch("", |_| Change::Merge(json!({})), Expect::Rbac)
-        },
-        Case {
-            what: "own node deleted (RBAC allows it)",
-            who: Who::AgentAlsoNodeEditor,
-            op: Op::Delete,
-            ..patch(
-                "",
-                |_| Change::Merge(json!({})),
-                Expect::Policy(ONLY_UPDATE),
-            )
-        },
-        Case {
-            what: "node created (RBAC)",
-            node: "vap-new",
-            op: Op::Create,
-            ..patch("", |_| Change::Merge(json!({})), Expect::Rbac)
-        },
-        Case {
-            what: "node created (RBAC allows it)",
-            who: Who::AgentAlsoNodeEditor,
-            node: "vap-new",
-            op: Op::Create,
-            ..patch(
-                "",
-                |_| Change::Merge(json!({})),
-                Expect::Policy(ONLY_UPDATE),
-            )
-        },
+        node_case(
+            "own node deleted (RBAC)",
+            Who::Agent(Some(OWN)),
+            OWN,
+            Op::Delete,
+            Expect::Rbac,
+        ),
+        node_case(
+            "own node deleted (RBAC allows it)",
+            Who::AgentAlsoNodeEditor,
+            OWN,
+            Op::Delete,
+            Expect::Policy(ONLY_UPDATE),
+        ),
+        node_case(
+            "node created (RBAC)",
+            Who::Agent(Some(OWN)),
+            "vap-new",
+            Op::Create,
+            Expect::Rbac,
+        ),
+        node_case(
+            "node created (RBAC allows it)",
+            Who::AgentAlsoNodeEditor,
+            "vap-new",
+            Op::Create,
+            Expect::Policy(ONLY_UPDATE),
+        ),
         // ---- other identities: not this policy's business ----
         Case {
             who: Who::Kubelet,
@@ -686,11 +693,13 @@ fn request(case: &Case, stored: &Value, node_uid: &str) -> http::Request<Vec<u8>
             "application/json",
             json!({ "apiVersion": "v1", "kind": "Node", "metadata": { "name": case.node } }),
         ),
+        // A DELETE with a body takes its options from the body alone (`?dryRun` would be
+        // ignored and the Node deleted): the dry run goes in both.
         Op::Delete => (
             http::Method::DELETE,
             format!("{base}/{}?dryRun=All", case.node),
             "application/json",
-            json!({}),
+            json!({ "apiVersion": "v1", "kind": "DeleteOptions", "dryRun": ["All"] }),
         ),
     };
     let mut req = http::Request::builder()
@@ -713,6 +722,14 @@ fn send(cp: &ControlPlane, client: &kube::Client, req: http::Request<Vec<u8>>) -
         Err(kube::Error::Api(s)) => Err((s.code, s.message)),
         Err(e) => panic!("not an API answer: {e}"),
     }
+}
+
+fn refused_by_policy(answer: &Answer) -> bool {
+    matches!(answer, Err((_, m)) if m.contains("ValidatingAdmissionPolicy 'fabricgate-own-node'"))
+}
+
+fn refused_by_rbac(answer: &Answer) -> bool {
+    matches!(answer, Err((403, m)) if m.contains(" cannot ") && !m.contains("ValidatingAdmissionPolicy"))
 }
 
 fn policy_refusal(message: &str) -> String {
@@ -789,28 +806,40 @@ fn admission_policy_confines_the_agent_to_its_own_nodes_own_fields() {
         (stored, answer)
     };
 
-    // The policy, and the test's RBAC, are enforced only once the apiserver has loaded them.
-    let by_name = |what: &str| {
-        cases
-            .iter()
-            .find(|c| c.what == what)
-            .unwrap_or_else(|| panic!("no case {what}"))
-    };
-    let probes = [
-        by_name("foreign label changed"),
-        by_name("own node deleted (RBAC allows it)"),
-        by_name("the kubelet is not restricted by this policy"),
-        by_name("a user is not restricted by this policy"),
-    ];
-    wait_until(
-        "the policy and the test's RBAC to be in force",
-        Duration::from_secs(60),
-        || {
-            probes.iter().all(|c| {
-                let (stored, answer) = run(c);
-                verdict(c, &stored, &answer).is_none()
-            })
+    // The policy and the test's RBAC are enforced only once the apiserver has loaded them.
+    // The policy is loaded when it refuses a write that breaks all of its update rules at once
+    // (so that this wait holds with any one rule taken out, and the table below says which
+    // cases that lets through); the RBAC when the identities it grants are not refused by it.
+    let everything_at_once = node_case(
+        "another node's foreign label, annotation and spec",
+        Who::Agent(Some(OWN)),
+        OTHER,
+        Op::Patch {
+            status: false,
+            change: |_| {
+                Change::Merge(json!({
+                    "metadata": { "labels": { "team": "x" }, "annotations": { "a": "b" } },
+                    "spec": { "unschedulable": true },
+                }))
+            },
         },
+        Expect::Rbac,
+    );
+    let granted: Vec<&Case> = cases
+        .iter()
+        .filter(|c| matches!(c.who, Who::Kubelet | Who::User | Who::AgentAlsoNodeEditor))
+        .collect();
+    assert_eq!(granted.len(), 5);
+    wait_until(
+        "the policy to refuse a write that breaks all its update rules \
+         (is it bound with validationActions: [Deny]?)",
+        Duration::from_secs(60),
+        || refused_by_policy(&run(&everything_at_once).1),
+    );
+    wait_until(
+        "the test's RBAC to be in force",
+        Duration::from_secs(30),
+        || granted.iter().all(|c| !refused_by_rbac(&run(c).1)),
     );
 
     let mut wrong = Vec::new();
@@ -828,10 +857,17 @@ fn admission_policy_confines_the_agent_to_its_own_nodes_own_fields() {
         wrong.join("\n")
     );
     // Dry runs only: nothing changed.
-    assert_eq!(
-        cp.node(OWN).expect("own node")["metadata"]["resourceVersion"],
-        own["metadata"]["resourceVersion"]
-    );
+    for stored in [&own, &other] {
+        let name = stored["metadata"]["name"].as_str().unwrap_or_default();
+        let now = cp
+            .node(name)
+            .unwrap_or_else(|| panic!("a dry run deleted {name}"));
+        assert_eq!(
+            now["metadata"]["resourceVersion"], stored["metadata"]["resourceVersion"],
+            "a dry run changed {name}"
+        );
+    }
+    assert!(cp.node("vap-new").is_none(), "a dry run created vap-new");
     eprintln!(
         "{} admission cases decided by the apiserver in {:?}",
         cases.len(),
