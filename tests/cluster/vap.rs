@@ -1,22 +1,24 @@
-//! The own-node ValidatingAdmissionPolicy (`fabricgate-own-node`, `deploy/base/admission-policy.yaml`
-//! as rendered into `daemonset.yaml`) decided by the real kube-apiserver, case by case: every
-//! case is a server-side dry run (`?dryRun=All`) of one Node change, made through the admin
-//! client as the identity the case names (impersonation headers: the agent's ServiceAccount
-//! with or without the pod-bound token's node claim in `user.extra`, the kubelet, a user), and
-//! asserts admitted — and what the Node would have become — or refused, by the policy with the
-//! message of the validation that must catch it, or by RBAC. The impersonated identities have
-//! the RBAC they have for real (the agent's ClusterRole from `deploy/base/rbac.yaml`; the
-//! kubelet's `system:node` role), plus, where a case says so, a test group that grants what
-//! RBAC would otherwise refuse first, so that the policy alone is seen to refuse it. Two cases
-//! repeat with a real pod-bound token, so impersonation is seen to be decided alike.
+//! The own-node ValidatingAdmissionPolicy (`fabricgate-own-node` of
+//! `deploy/base/admission-policy.yaml`, as rendered into `daemonset.yaml`) decided by the real
+//! kube-apiserver, case by case: every case is a server-side dry run (`?dryRun=All`) of one Node
+//! change, made through the admin client as the identity the case names (impersonation headers:
+//! the agent's ServiceAccount with or without the pod-bound token's node claim in `user.extra`,
+//! the kubelet, a user), and asserts admitted — and what the Node would have become — or
+//! refused, by the policy with the message of the validation that must refuse it, or by RBAC.
+//! The impersonated identities have the RBAC they have for real (the agent's ClusterRole from
+//! `deploy/base/rbac.yaml`; the kubelet's `system:node` role), plus, where a case says so, a
+//! test group that grants what RBAC would otherwise refuse first, so that the policy alone is
+//! seen to refuse it. Two cases repeat with a real pod-bound token: impersonation is decided
+//! alike.
 //!
 //! Agent writes have the agent's own shapes (`src/node.rs`): labels and conditions by forced
 //! server-side apply (field manager `fabricgate`), the taint by JSON patch with a `test` of the
 //! resourceVersion. The rest are merge or strategic merge patches, whichever says the change.
 //!
-//! Deviations from a Node a kubelet registers, forced by the apiserver's own validation (which
-//! runs before validating admission and would refuse first): the Node has no `providerID`,
-//! because a set one can never change; so the policy's spec rule is shown on setting one.
+//! What the real server imposes: the Node has no `providerID`, because the apiserver's own
+//! validation (before validating admission) refuses changing a set one, as it does a set
+//! `podCIDR`; so the policy's spec rule is shown on setting one. A DELETE whose body carries
+//! options ignores `?dryRun`: the dry run goes in the body too.
 
 use crate::support::controlplane::{ControlPlane, client_from};
 use crate::{AGENT_USER, TAINT, control_plane, wait_until};
@@ -185,8 +187,8 @@ fn maintenance_taint() -> Value {
     json!({ "key": "example.com/maintenance", "value": "soon", "effect": "PreferNoSchedule" })
 }
 
-/// Every case: the 26 of the policy's former offline check, each as the request the apiserver
-/// really gets, and the identities around them.
+/// Every case: the 26 of the policy's former offline simulator, each as the request the
+/// apiserver really gets, and more identities and request shapes around them.
 fn cases() -> Vec<Case> {
     vec![
         // ---- the agent on its own Node: what it does is admitted ----
@@ -790,7 +792,11 @@ fn admission_policy_confines_the_agent_to_its_own_nodes_own_fields() {
     let admin = cp.admin();
     let agent = cp.block_on(client_from(&cp.agent_kubeconfig(OWN, None)));
     let cases = cases();
-    assert!(cases.len() >= 26);
+    assert_eq!(
+        cases.len(),
+        35,
+        "a case was added or removed: update this and the docs"
+    );
     let run = |case: &Case| -> (Value, Answer) {
         let stored = if case.node == OTHER {
             other.clone()
