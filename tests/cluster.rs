@@ -32,6 +32,8 @@ mod placement;
 mod scheduler;
 #[path = "cluster/security.rs"]
 mod security;
+#[path = "cluster/vap.rs"]
+mod vap;
 #[path = "cluster/webhook.rs"]
 mod webhook;
 
