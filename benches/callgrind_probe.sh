@@ -31,12 +31,16 @@ parse_instr() { # N -> total instructions of N parses of the 2,000-line table
 I0=$(instr 0 counters)
 I1=$(instr 1 counters)
 I11=$(instr 11 counters)
+A1=$(instr 1 agent)
+A11=$(instr 11 agent)
 V11=$(instr 11 verdict)
 per=$(( (I11 - I1) / 10 ))
+per_a=$(( (A11 - A1) / 10 ))
 per_v=$(( (V11 - I1) / 10 ))
 printf '%-58s %14s\n' "callgrind over $(basename "$NODE")" "instructions"
 printf '%-58s %14d\n' "first probe + policy (opens every attribute file)" $((I1 - I0))
-printf '%-58s %14d\n' "one probe + policy, counters read (steady state)" "$per"
+printf '%-58s %14d\n' "one probe + policy, every counter file read (check)" "$per"
+printf '%-58s %14d\n' "one probe + policy, the agent's counter files read" "$per_a"
 printf '%-58s %14d\n' "one probe + policy, verdict attributes only" "$per_v"
 M1=$(parse_instr 1)
 M11=$(parse_instr 11)

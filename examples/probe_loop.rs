@@ -18,9 +18,12 @@ fn main() -> anyhow::Result<()> {
             .unwrap_or_else(|| "tests/fixtures/bench-12x2".into()),
     );
     let probes: u32 = args.next().map_or(Ok(1), |n| n.parse())?;
-    // `counters`: read them on every probe (the default for --interval >= 10s); `verdict`:
-    // only the verdict attributes after the first probe (counters on their own cadence).
-    let counters = args.next().is_none_or(|m| m != "verdict");
+    // `counters`: read every counter file on every probe (as `check` does); `agent`: only the
+    // counter files `fabricgate run` reads, on every probe (its default for --interval >= 10s);
+    // `verdict`: only the verdict attributes after the first probe (counters on their own
+    // cadence).
+    let mode = args.next().unwrap_or_else(|| "counters".into());
+    let counters = mode != "verdict";
     let config = Config::parse("rdma:\n  min_active_ports: 24\n  min_rate_gbps: 400\n")?;
     // As the agent does before its first probe: the descriptor budget of kept-open
     // attribute files follows the soft limit.
@@ -30,6 +33,11 @@ fn main() -> anyhow::Result<()> {
         ProbeConfig {
             verbs: VerbsMode::Off,
             counters_interval: (!counters).then(|| std::time::Duration::from_secs(3600)),
+            counter_names: if mode == "agent" {
+                fabricgate::metrics::counters_read()
+            } else {
+                Default::default()
+            },
             ..ProbeConfig::default()
         },
     );

@@ -119,6 +119,17 @@ fn write(path: &Path, text: &str) {
     fs::write(path, text).unwrap();
 }
 
+/// `class/infiniband/rxe0` → `devices/virtual/infiniband/rxe0`, as the kernel links a
+/// Soft-RoCE device.
+fn link_rxe0(sys: &Path) {
+    fs::create_dir_all(sys.join("class/infiniband")).unwrap();
+    std::os::unix::fs::symlink(
+        "../../devices/virtual/infiniband/rxe0",
+        sys.join("class/infiniband/rxe0"),
+    )
+    .unwrap();
+}
+
 /// A virtual device (Soft-RoCE) has no PCI parent; counters without a PMA read `N/A`.
 #[test]
 fn virtual_device_and_unavailable_counters() {
@@ -134,12 +145,7 @@ fn virtual_device_and_unavailable_counters() {
     write(&port.join("counters/port_xmit_data"), "N/A (no PMA)\n");
     write(&port.join("counters/symbol_error"), "oops\n");
     write(&port.join("hw_counters/sent_pkts"), "42\n");
-    fs::create_dir_all(sys.join("class/infiniband")).unwrap();
-    std::os::unix::fs::symlink(
-        "../../devices/virtual/infiniband/rxe0",
-        sys.join("class/infiniband/rxe0"),
-    )
-    .unwrap();
+    link_rxe0(&sys);
     let report = sysfs::probe(&Roots::new(&sys, tmp.path()));
     let d = &report.devices[0];
     assert_eq!(d.pci, None);
@@ -248,12 +254,7 @@ fn a_counter_selection_reads_only_the_named_files() {
     );
     write(&port.join("hw_counters/out_of_sequence"), "3\n");
     write(&port.join("hw_counters/rx_write_requests"), "9\n");
-    fs::create_dir_all(sys.join("class/infiniband")).unwrap();
-    std::os::unix::fs::symlink(
-        "../../devices/virtual/infiniband/rxe0",
-        sys.join("class/infiniband/rxe0"),
-    )
-    .unwrap();
+    link_rxe0(&sys);
     let roots = Roots::new(&sys, tmp.path());
     let names = |list: &[&str]| Some(list.iter().map(|n| n.to_string()).collect::<Vec<_>>());
     let mut reader = sysfs::SysfsReader::with_counter_names(
@@ -301,12 +302,7 @@ fn port_states_re_read_the_state_files_of_the_opened_ports() {
             "5: LinkUp\n",
         );
     }
-    fs::create_dir_all(sys.join("class/infiniband")).unwrap();
-    std::os::unix::fs::symlink(
-        "../../devices/virtual/infiniband/rxe0",
-        sys.join("class/infiniband/rxe0"),
-    )
-    .unwrap();
+    link_rxe0(&sys);
     let mut reader = sysfs::SysfsReader::new(&Roots::new(&sys, tmp.path()));
     assert!(
         reader.port_states().is_empty(),

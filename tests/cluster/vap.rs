@@ -543,20 +543,7 @@ fn create_node(cp: &ControlPlane, name: &str) -> Value {
             "architecture": "amd64", "containerRuntimeVersion": "containerd://2.0",
             "kubeProxyVersion": "" },
     }});
-    let (ok, _, err) = cp.kubectl_as(
-        &cp.admin_kubeconfig,
-        &[
-            "patch",
-            "node",
-            name,
-            "--subresource=status",
-            "--type=merge",
-            "-p",
-            &status.to_string(),
-        ],
-        None,
-    );
-    assert!(ok, "node {name} status: {err}");
+    cp.patch_node_status(name, &status);
     // What the agent owns, written as it writes it.
     let nodes: Api<Node> = Api::all(cp.admin());
     let pp = PatchParams::apply("fabricgate").force();

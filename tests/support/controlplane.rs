@@ -518,6 +518,11 @@ impl ControlPlane {
                 "lastHeartbeatTime": now, "lastTransitionTime": now,
             }],
         }});
+        self.patch_node_status(name, &status);
+    }
+
+    /// Merge `status` (`{"status": {...}}`) into Node `name`'s status subresource, as admin.
+    pub fn patch_node_status(&self, name: &str, status: &Value) {
         let (ok, _, err) = self.kubectl_as(
             &self.admin_kubeconfig,
             &[
