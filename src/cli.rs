@@ -225,7 +225,9 @@ pub struct GuardArgs {
     /// How long an agent pod may be missing or not Ready before its Node is tainted.
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     pub stale_after: std::time::Duration,
-    /// How often the leader lists the pool's Nodes and the agent pods (watch cache reads).
+    /// How often the guard renews or tries to take the Lease, and the leader re-judges its
+    /// watch-fed cache when nothing changed: it only bounds how late a `--stale-after` deadline
+    /// is noticed (changes are judged at once; no API reads).
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
     pub poll_interval: std::time::Duration,
     /// Name of the coordination.k8s.io Lease the replicas elect a leader on.
