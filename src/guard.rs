@@ -272,7 +272,13 @@ async fn reflect<K>(
         *delay = (*delay * 2).min(max_backoff);
         now
     };
+    let mut listed_at: Option<Instant> = None;
     'list: loop {
+        // Listing again within a second of the last list (its version expired at once):
+        // back off, never a tight loop.
+        if listed_at.is_some_and(|t| t.elapsed() < Duration::from_secs(1)) {
+            tokio::time::sleep(backoff(&mut delay)).await;
+        }
         let list = match lists.list(&lp).await {
             Ok(l) => l,
             Err(e) => {
@@ -290,6 +296,7 @@ async fn reflect<K>(
             .resource_version
             .filter(|v| !v.is_empty())
             .unwrap_or_else(|| "0".to_owned());
+        listed_at = Some(Instant::now());
         tracing::info!(objects = list.items.len(), version = %version, "listed {what}");
         if tx.send(wrap(Change::Listed(list.items))).await.is_err() {
             return;
@@ -503,6 +510,30 @@ struct Cache {
     echo: HashMap<String, String>,
 }
 
+/// Drop what no decision reads from a cached Node: its managed fields and its list of container
+/// images (together often most of a GPU Node's bytes). Kept: metadata (labels, annotations,
+/// resourceVersion), `spec.taints`, `status.conditions` and the rest of the status.
+fn slim_node(node: &mut Node) {
+    node.metadata.managed_fields = None;
+    if let Some(status) = node.status.as_mut() {
+        status.images = None;
+    }
+}
+
+/// Keep of a cached agent pod what [`agent_problem`] reads: its metadata (without managed
+/// fields), `spec.nodeName` and `status.conditions`.
+fn slim_pod(pod: &mut Pod) {
+    pod.metadata.managed_fields = None;
+    pod.spec = Some(k8s_openapi::api::core::v1::PodSpec {
+        node_name: pod.spec.as_mut().and_then(|sp| sp.node_name.take()),
+        ..Default::default()
+    });
+    pod.status = Some(k8s_openapi::api::core::v1::PodStatus {
+        conditions: pod.status.as_mut().and_then(|st| st.conditions.take()),
+        ..Default::default()
+    });
+}
+
 fn name_of(meta: &ObjectMeta) -> Option<String> {
     meta.name.clone()
 }
@@ -583,10 +614,11 @@ impl Cache {
         self.put_node(node);
     }
 
-    fn put_node(&mut self, node: Node) {
+    fn put_node(&mut self, mut node: Node) {
         let Some(name) = name_of(&node.metadata) else {
             return;
         };
+        slim_node(&mut node);
         if let Some(&i) = self.node_at.get(&name) {
             self.nodes[i] = node;
         } else {
@@ -605,10 +637,11 @@ impl Cache {
         }
     }
 
-    fn put_pod(&mut self, pod: Pod) {
+    fn put_pod(&mut self, mut pod: Pod) {
         let Some(name) = name_of(&pod.metadata) else {
             return;
         };
+        slim_pod(&mut pod);
         self.remove_pod(&name);
         let node = pod_node_name(&pod);
         self.pod_node.insert(name, node.clone());

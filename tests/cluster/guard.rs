@@ -530,6 +530,17 @@ fn guard_resumes_its_watches_after_the_connections_are_cut_and_still_detects() {
         .filter(|r| r.path.contains("watch=") && r.status == 200)
         .count();
     assert!(rewatches >= 4, "the watches were re-established: {seen:?}");
+    // Every watch asks for bookmarks and starts from a resourceVersion the guard saw (a
+    // list's, an event's or a bookmark's), never from "0" or nothing.
+    for r in seen.iter().filter(|r| r.path.contains("watch=")) {
+        assert!(r.path.contains("allowWatchBookmarks=true"), "{}", r.path);
+        let version = r
+            .path
+            .split(['?', '&'])
+            .find_map(|kv| kv.strip_prefix("resourceVersion="))
+            .unwrap_or("");
+        assert!(!version.is_empty() && version != "0", "{}", r.path);
+    }
     // Continuity held: the watches resumed from the last resourceVersion, nothing was
     // listed again.
     assert_eq!(lists(&proxy), 2, "lists after the cut: {seen:?}");
