@@ -424,14 +424,15 @@ fn guard_taints_nodes_whose_agent_is_gone_only_the_leader_acts_and_failover_work
 /// The leader's watch connections are cut (a proxy in front of the apiserver closes every open
 /// connection), then the apiserver is unreachable for a while: the guard re-watches from the
 /// last resourceVersion it saw (no new list), sees what changed meanwhile, and still taints.
+/// After an outage longer than its Lease it lists again, once, and still taints.
 #[test]
 fn guard_resumes_its_watches_after_the_connections_are_cut_and_still_detects() {
     let Some(cp) = control_plane() else { return };
     cp.install_agent_rbac();
     const FAULT_APP: &str = "fg-agent-fault";
     const FAULT_LEASE: &str = "fabricgate-guard-fault";
-    // Four nodes: two tainted stay within the breaker's default max_unvalidated_fraction 0.5.
-    let names: Vec<String> = (0..4).map(|i| format!("guard-fault-{i}")).collect();
+    // Six nodes: three tainted stay within the breaker's default max_unvalidated_fraction 0.5.
+    let names: Vec<String> = (0..6).map(|i| format!("guard-fault-{i}")).collect();
     for name in &names {
         node_with_agent(cp, name, "guard-fault", FAULT_APP);
     }
@@ -517,7 +518,7 @@ fn guard_resumes_its_watches_after_the_connections_are_cut_and_still_detects() {
     );
     assert!(guard.alive(), "the guard survived: {}", guard.log());
     assert!(
-        !node(2).has_our_taint() && !node(3).has_our_taint(),
+        (2..6).all(|i| !node(i).has_our_taint()),
         "the healthy nodes stay untainted"
     );
     let seen = proxy.seen();
@@ -544,6 +545,36 @@ fn guard_resumes_its_watches_after_the_connections_are_cut_and_still_detects() {
     // Continuity held: the watches resumed from the last resourceVersion, nothing was
     // listed again.
     assert_eq!(lists(&proxy), 2, "lists after the cut: {seen:?}");
+
+    // 3. An outage longer than the Lease (4 s > --lease-duration 3s): the guard cannot know it
+    // still leads, drops its watches and cache, and once back takes the Lease again, lists
+    // once more and detects an agent that failed meanwhile.
+    proxy.set_fault(Fault::Reset);
+    std::thread::sleep(Duration::from_millis(300));
+    set_ready(cp, &names[2], false);
+    std::thread::sleep(Duration::from_millis(3700));
+    proxy.clear_fault();
+    let t0 = Instant::now();
+    guard.wait(
+        "a taint after the long outage",
+        Duration::from_secs(3 + 8),
+        || node(2).has_our_taint(),
+    );
+    eprintln!(
+        "4 s outage ends -> taint of a node whose agent failed during it: {:?}",
+        t0.elapsed()
+    );
+    assert!(guard.alive(), "the guard survived: {}", guard.log());
+    assert!(
+        guard.log().contains("watches stopped"),
+        "the watches were dropped: {}",
+        guard.log()
+    );
+    assert_eq!(lists(&proxy), 4, "one list of each after the long outage");
+    assert!(
+        (3..6).all(|i| !node(i).has_our_taint()),
+        "the healthy nodes stay untainted"
+    );
     signal(&guard.child, "TERM");
     let _ = guard.child.wait();
 }
