@@ -226,8 +226,9 @@ pub struct GuardArgs {
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     pub stale_after: std::time::Duration,
     /// How often the guard renews or tries to take the Lease, and the leader re-judges its
-    /// watch-fed cache when nothing changed: it only bounds how late a `--stale-after` deadline
-    /// is noticed (changes are judged at once; no API reads).
+    /// watch-fed cache even when nothing changed (no API reads): at most this late is a
+    /// `--stale-after` deadline noticed (the leader also wakes for each one, and judges
+    /// changes at once).
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
     pub poll_interval: std::time::Duration,
     /// Name of the coordination.k8s.io Lease the replicas elect a leader on.

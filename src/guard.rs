@@ -91,6 +91,9 @@ pub async fn run(
     // (a burst of watch events costs one sweep).
     let mut changed = false;
     let mut last_sweep = tokio::time::Instant::now();
+    // The next `--stale-after` deadline of a Node whose agent is not running: judged when due,
+    // not only on the next tick.
+    let mut due: Option<tokio::time::Instant> = None;
     tokio::pin!(shutdown);
     tracing::info!(identity = %s.identity, lease = %s.lease_name, "fabricgate guard started");
     loop {
@@ -126,7 +129,12 @@ pub async fn run(
                     w.sweep(&nodes, &s, &mut unhealthy_since).await;
                     changed = false;
                     last_sweep = tokio::time::Instant::now();
+                    due = next_deadline(&unhealthy_since, s.stale_after);
                 }
+            }
+            () = tokio::time::sleep_until(due.unwrap_or(last_sweep)), if due.is_some() && leading => {
+                due = None;
+                changed = true;
             }
             () = tokio::time::sleep_until(last_sweep + MIN_SWEEP_GAP), if changed && leading => {
                 if let Some(w) = &mut watched {
@@ -134,6 +142,7 @@ pub async fn run(
                 }
                 changed = false;
                 last_sweep = tokio::time::Instant::now();
+                due = next_deadline(&unhealthy_since, s.stale_after);
             }
             Some(update) = next_update(&mut watched) => {
                 let Some(w) = &mut watched else { continue };
@@ -152,6 +161,21 @@ pub async fn run(
     }
     tracing::info!("fabricgate guard stopped");
     Ok(())
+}
+
+/// The earliest `--stale-after` deadline still ahead among the Nodes whose agent is not
+/// running (those past it were judged already).
+fn next_deadline(
+    since: &HashMap<String, Instant>,
+    stale_after: Duration,
+) -> Option<tokio::time::Instant> {
+    let now = Instant::now();
+    since
+        .values()
+        .filter_map(|first| first.checked_add(stale_after))
+        .filter(|d| *d > now)
+        .min()
+        .map(tokio::time::Instant::from_std)
 }
 
 /// The next change from the leader's watches; never, while there are none.
