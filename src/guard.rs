@@ -9,9 +9,9 @@
 //! The leader keeps a local cache of the pool's Nodes and the agent pods: one LIST of each
 //! (from the watch cache) when it takes the Lease, then a WATCH of each from the list's
 //! resourceVersion (with bookmarks), resumed from the last version seen when a watch ends and
-//! listed again only on `410 Gone`. `sweep` judges that cache on every change and every
-//! `--poll-interval` (the `--stale-after` deadline needs a clock), with no API reads. A replica
-//! that does not hold the Lease keeps no watches.
+//! listed again only on `410 Gone`. `sweep` judges that cache on every change, at the next
+//! `--stale-after` deadline and every `--poll-interval`, with no API reads. A replica that does
+//! not hold the Lease keeps no watches.
 
 use crate::config::Config;
 use crate::error::{Error, Result};
