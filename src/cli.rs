@@ -225,7 +225,10 @@ pub struct GuardArgs {
     /// How long an agent pod may be missing or not Ready before its Node is tainted.
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     pub stale_after: std::time::Duration,
-    /// How often the leader lists the pool's Nodes and the agent pods (watch cache reads).
+    /// How often the guard renews or tries to take the Lease, and the leader re-judges its
+    /// watch-fed cache even when nothing changed (no API reads): at most this late is a
+    /// `--stale-after` deadline noticed (the leader also wakes for each one, and judges
+    /// changes at once).
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
     pub poll_interval: std::time::Duration,
     /// Name of the coordination.k8s.io Lease the replicas elect a leader on.

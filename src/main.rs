@@ -266,7 +266,8 @@ fn run_guard(args: GuardArgs) -> anyhow::Result<u8> {
                 tracing::error!("cannot install signal handlers ({e}); stopping");
             }
         };
-        fabricgate::guard::run(clients.requests, settings, shutdown).await
+        let watch = clients.watch.unwrap_or_else(|| clients.requests.clone());
+        fabricgate::guard::run(clients.requests, watch, settings, shutdown).await
     });
     runtime.shutdown_timeout(std::time::Duration::from_millis(200));
     result?;

@@ -745,8 +745,10 @@ fn guard_manifest_is_least_privilege_two_replicas_with_a_pdb_and_its_args_parse(
     let want: BTreeSet<String> = [
         "ClusterRole /nodes list",
         "ClusterRole /nodes patch",
+        "ClusterRole /nodes watch",
         "ClusterRole /nodes/status patch",
         "Role /pods list",
+        "Role /pods watch",
         "Role coordination.k8s.io/leases create",
         "Role coordination.k8s.io/leases get",
         "Role coordination.k8s.io/leases patch",

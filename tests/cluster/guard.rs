@@ -3,6 +3,7 @@
 //! subresource (and deleting a pod as a node drain or crash would).
 
 use crate::support::controlplane::{AuditEvent, Grant, rbac_grants};
+use crate::support::faultproxy::{Fault, FaultProxy};
 use crate::{TestNode, control_plane, signal, wait_until};
 use serde_json::json;
 use std::collections::BTreeSet;
@@ -15,6 +16,7 @@ const NS: &str = "fabricgate";
 const GUARD_USER: &str = "system:serviceaccount:fabricgate:fabricgate-guard";
 const POOL: &str = "fabricgate.io/test-pool";
 const APP: &str = "fg-agent-test";
+const LEASE: &str = "fabricgate-guard";
 
 struct Guard {
     child: Child,
@@ -26,6 +28,31 @@ impl Guard {
     fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
+
+    fn alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// [`wait_until`], with the end of this guard's log in the failure message.
+    fn wait(&self, what: &str, limit: Duration, mut f: impl FnMut() -> bool) -> Duration {
+        let started = Instant::now();
+        loop {
+            if f() {
+                return started.elapsed();
+            }
+            if started.elapsed() >= limit {
+                let log = self.log();
+                let tail: Vec<&str> = log.lines().rev().take(40).collect();
+                let tail: Vec<&str> = tail.into_iter().rev().collect();
+                panic!(
+                    "timed out after {limit:?} waiting for {what}; log of {}:\n{}",
+                    self.identity,
+                    tail.join("\n")
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
 }
 
 impl Drop for Guard {
@@ -36,6 +63,18 @@ impl Drop for Guard {
 }
 
 fn start_guard(identity: &str, config: &Path, kubeconfig: &Path, scratch: &Path) -> Guard {
+    start_guard_for(identity, APP, LEASE, config, kubeconfig, scratch)
+}
+
+/// A guard over the agent pods labelled `app=APP`, electing its leader on Lease `lease`.
+fn start_guard_for(
+    identity: &str,
+    app: &str,
+    lease: &str,
+    config: &Path,
+    kubeconfig: &Path,
+    scratch: &Path,
+) -> Guard {
     let log = scratch.join(format!("{identity}.log"));
     let child = Command::new(env!("CARGO_BIN_EXE_fabricgate"))
         .args(["guard", "--config"])
@@ -44,7 +83,9 @@ fn start_guard(identity: &str, config: &Path, kubeconfig: &Path, scratch: &Path)
             "--namespace",
             NS,
             "--pod-selector",
-            &format!("app={APP}"),
+            &format!("app={app}"),
+            "--lease-name",
+            lease,
             "--stale-after",
             "3s",
             "--poll-interval",
@@ -92,11 +133,85 @@ fn set_ready(cp: &crate::support::controlplane::ControlPlane, node: &str, ready:
 }
 
 fn holder(cp: &crate::support::controlplane::ControlPlane) -> Option<String> {
+    holder_of(cp, LEASE)
+}
+
+fn holder_of(cp: &crate::support::controlplane::ControlPlane, lease: &str) -> Option<String> {
     cp.get_json(&format!(
-        "/apis/coordination.k8s.io/v1/namespaces/{NS}/leases/fabricgate-guard"
+        "/apis/coordination.k8s.io/v1/namespaces/{NS}/leases/{lease}"
     ))?["spec"]["holderIdentity"]
         .as_str()
         .map(str::to_owned)
+}
+
+/// Pool Node `name` (labelled `POOL=pool`) with its agent pod (`app=app`, Ready).
+fn node_with_agent(
+    cp: &crate::support::controlplane::ControlPlane,
+    name: &str,
+    pool: &str,
+    app: &str,
+) {
+    cp.create_node(
+        name,
+        json!({ POOL: pool }),
+        json!([{ "key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule" }]),
+        json!({}),
+    );
+    let pod = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": { "name": pod_name(name), "namespace": NS, "labels": { "app": app } },
+        "spec": {
+            "nodeName": name,
+            "serviceAccountName": "fabricgate",
+            "automountServiceAccountToken": false,
+            "containers": [{ "name": "agent", "image": "fabricgate:test" }],
+        },
+    });
+    let _ = cp.kubectl_as(
+        &cp.admin_kubeconfig,
+        &[
+            "-n",
+            NS,
+            "delete",
+            "pod",
+            &pod_name(name),
+            "--ignore-not-found",
+            "--grace-period=0",
+            "--force",
+        ],
+        None,
+    );
+    let (ok, _, err) = cp.kubectl_as(
+        &cp.admin_kubeconfig,
+        &["create", "-f", "-"],
+        Some(&pod.to_string()),
+    );
+    assert!(ok, "create pod: {err}");
+    set_ready(cp, name, true);
+}
+
+/// The guard's leader has listed the pool's Nodes and the agent pods (its cache is filled).
+fn listed(guard: &Guard) -> bool {
+    let log = guard.log();
+    log.contains("listed the pool's Nodes") && log.contains("listed the agent pods")
+}
+
+/// How many `verb` requests on `resource` these audit events hold.
+fn count(events: &[AuditEvent], resource: &str, verb: &str) -> usize {
+    events
+        .iter()
+        .filter(|e| e.resource == resource && e.subresource.is_empty() && e.verb == verb)
+        .count()
+}
+
+/// Requests per (resource[/subresource], verb), for the report.
+fn breakdown(events: &[AuditEvent]) -> std::collections::BTreeMap<String, usize> {
+    let mut out = std::collections::BTreeMap::new();
+    for e in events {
+        let (_, resource, verb) = e.grant();
+        *out.entry(format!("{resource} {verb}")).or_insert(0) += 1;
+    }
+    out
 }
 
 #[test]
@@ -106,43 +221,7 @@ fn guard_taints_nodes_whose_agent_is_gone_only_the_leader_acts_and_failover_work
     cp.install_agent_rbac();
     let names: Vec<String> = (0..6).map(|i| format!("guard-{i}")).collect();
     for name in &names {
-        cp.create_node(
-            name,
-            json!({ POOL: "guard" }),
-            json!([{ "key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule" }]),
-            json!({}),
-        );
-        let pod = json!({
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": { "name": pod_name(name), "namespace": NS, "labels": { "app": APP } },
-            "spec": {
-                "nodeName": name,
-                "serviceAccountName": "fabricgate",
-                "automountServiceAccountToken": false,
-                "containers": [{ "name": "agent", "image": "fabricgate:test" }],
-            },
-        });
-        let _ = cp.kubectl_as(
-            &cp.admin_kubeconfig,
-            &[
-                "-n",
-                NS,
-                "delete",
-                "pod",
-                &pod_name(name),
-                "--ignore-not-found",
-                "--grace-period=0",
-                "--force",
-            ],
-            None,
-        );
-        let (ok, _, err) = cp.kubectl_as(
-            &cp.admin_kubeconfig,
-            &["create", "-f", "-"],
-            Some(&pod.to_string()),
-        );
-        assert!(ok, "create pod: {err}");
-        set_ready(cp, name, true);
+        node_with_agent(cp, name, "guard", APP);
     }
     let node = |i: usize| TestNode {
         cp,
@@ -168,21 +247,66 @@ fn guard_taints_nodes_whose_agent_is_gone_only_the_leader_acts_and_failover_work
     wait_until("a leader", Duration::from_secs(20), || holder(cp).is_some());
     let leader = holder(cp).unwrap();
     let (leader_guard, follower) = if leader == a.identity { (a, b) } else { (b, a) };
+    wait_until("the leader's lists", Duration::from_secs(10), || {
+        listed(&leader_guard)
+    });
 
-    // Healthy agents: nothing happens for well over stale_after, and the guard writes nothing
-    // but its Lease renewals.
+    // Healthy agents: nothing happens for well over stale_after, and the guard sends nothing
+    // but its Lease renewals: no writes, and no reads of Nodes or pods (its watches, open
+    // since its start, are logged only when they end).
     let quiet = cp.audit_mark();
     std::thread::sleep(Duration::from_secs(4));
     assert!(
         (0..6).all(|i| !node(i).has_our_taint()),
         "no agent problem, no taint"
     );
-    let writes: Vec<_> = cp
+    let steady: Vec<AuditEvent> = cp
         .audit_since(quiet)
         .into_iter()
-        .filter(|e| e.user == GUARD_USER && e.is_write() && e.resource != "leases")
+        .filter(|e| e.user == GUARD_USER)
         .collect();
-    assert!(writes.is_empty(), "steady-state writes: {writes:#?}");
+    let not_lease: Vec<_> = steady.iter().filter(|e| e.resource != "leases").collect();
+    assert!(
+        not_lease.is_empty(),
+        "steady state: requests other than Lease renewals: {not_lease:#?}"
+    );
+    eprintln!(
+        "steady state, 4 s, --poll-interval 300ms, 2 replicas: {:?}",
+        breakdown(&steady)
+    );
+    assert!(!follower.log().contains("listed"), "the follower listed");
+
+    // A Node joins the pool after the guard started, and no agent pod comes up on it: the
+    // Node watch brings it into the cache, and it is tainted.
+    let late = TestNode {
+        cp,
+        name: "guard-late".into(),
+    };
+    cp.create_node(
+        &late.name,
+        json!({ POOL: "guard" }),
+        json!([{ "key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule" }]),
+        json!({}),
+    );
+    let t0 = Instant::now();
+    wait_until("the late Node's taint", Duration::from_secs(3 + 5), || {
+        late.has_our_taint()
+    });
+    eprintln!(
+        "Node added to the pool without an agent -> guard taint: {:?} (stale_after 3s)",
+        t0.elapsed()
+    );
+    wait_until(
+        "AgentNotRunning on the late Node",
+        Duration::from_secs(5),
+        || {
+            late.condition("FabricReady")
+                .is_some_and(|c| c["reason"] == "AgentNotRunning")
+        },
+    );
+    // It leaves the pool again (the Node watch's delete): 3 of 6 may still be tainted under
+    // the breaker's default max_unvalidated_fraction 0.5.
+    cp.kubectl(&["delete", "node", &late.name]);
 
     // The agent pod on guard-1 is deleted; the one on guard-2 turns NotReady.
     cp.kubectl(&[
@@ -233,7 +357,7 @@ fn guard_taints_nodes_whose_agent_is_gone_only_the_leader_acts_and_failover_work
     let _ = dead.child.wait();
     set_ready(cp, &names[3], false);
     let t0 = Instant::now();
-    wait_until(
+    follower.wait(
         "the new leader's taint",
         Duration::from_secs(3 + 3 + 5),
         || node(3).has_our_taint(),
@@ -250,6 +374,11 @@ fn guard_taints_nodes_whose_agent_is_gone_only_the_leader_acts_and_failover_work
             .filter(|&i| i != 1 && i != 2 && i != 3)
             .all(|i| !node(i).has_our_taint())
     );
+    assert!(
+        listed(&follower),
+        "the new leader filled its cache: {}",
+        follower.log()
+    );
     // A clean stop releases the Lease.
     signal(&follower.child, "TERM");
     wait_until("the Lease released", Duration::from_secs(10), || {
@@ -257,13 +386,31 @@ fn guard_taints_nodes_whose_agent_is_gone_only_the_leader_acts_and_failover_work
     });
     drop(follower);
 
+    // A watch is logged when it ends: the dead leader's and the stopped follower's.
+    let guard_requests = || -> Vec<AuditEvent> {
+        cp.audit_since(mark)
+            .into_iter()
+            .filter(|e| e.user == GUARD_USER)
+            .collect()
+    };
+    wait_until(
+        "both leaders' watches in the audit log",
+        Duration::from_secs(10),
+        || {
+            let r = guard_requests();
+            count(&r, "nodes", "watch") >= 2 && count(&r, "pods", "watch") >= 2
+        },
+    );
+    let requests = guard_requests();
+    eprintln!("whole run (2 leaderships): {:?}", breakdown(&requests));
+    // Each leadership lists the pool's Nodes and the agent pods once, at its start; the
+    // follower lists nothing while it follows.
+    assert_eq!(count(&requests, "nodes", "list"), 2, "node lists");
+    assert_eq!(count(&requests, "pods", "list"), 2, "pod lists");
+    assert_eq!(count(&requests, "nodes", "get"), 0, "node reads");
+
     // Least privilege, from the audit log: the guards used exactly what deploy/guard.yaml
     // grants, and nothing they asked for was refused.
-    let requests: Vec<_> = cp
-        .audit_since(mark)
-        .into_iter()
-        .filter(|e| e.user == GUARD_USER)
-        .collect();
     let refused: Vec<_> = requests.iter().filter(|e| e.code == 403).collect();
     assert!(refused.is_empty(), "refused: {refused:#?}");
     let used: BTreeSet<Grant> = requests.iter().map(AuditEvent::grant).collect();
@@ -272,4 +419,162 @@ fn guard_taints_nodes_whose_agent_is_gone_only_the_leader_acts_and_failover_work
         d["kind"] == "ClusterRole" || d["kind"] == "Role"
     });
     assert_eq!(used, granted, "audit log vs deploy/guard.yaml");
+}
+
+/// The leader's watch connections are cut (a proxy in front of the apiserver closes every open
+/// connection), then the apiserver is unreachable for a while: the guard re-watches from the
+/// last resourceVersion it saw (no new list), sees what changed meanwhile, and still taints.
+/// After an outage longer than its Lease it lists again, once, and still taints.
+#[test]
+fn guard_resumes_its_watches_after_the_connections_are_cut_and_still_detects() {
+    let Some(cp) = control_plane() else { return };
+    cp.install_agent_rbac();
+    const FAULT_APP: &str = "fg-agent-fault";
+    const FAULT_LEASE: &str = "fabricgate-guard-fault";
+    // Six nodes: three tainted stay within the breaker's default max_unvalidated_fraction 0.5.
+    let names: Vec<String> = (0..6).map(|i| format!("guard-fault-{i}")).collect();
+    for name in &names {
+        node_with_agent(cp, name, "guard-fault", FAULT_APP);
+    }
+    let node = |i: usize| TestNode {
+        cp,
+        name: names[i].clone(),
+    };
+    let proxy = FaultProxy::start(&cp.url, &cp.ca_file);
+    let scratch = tempfile::tempdir().unwrap();
+    // The admin's token: this guard's requests stay out of the audit counts of the
+    // fabricgate-guard ServiceAccount (the other test); the proxy counts them instead.
+    let kubeconfig = scratch.path().join("guard.kubeconfig");
+    cp.write_kubeconfig(&kubeconfig, &proxy.url(), &cp.admin_token);
+    let config = scratch.path().join("requirements.yaml");
+    std::fs::write(
+        &config,
+        format!("node:\n  pool_selector: \"{POOL}=guard-fault\"\n"),
+    )
+    .unwrap();
+    let mut guard = start_guard_for(
+        "guard-fault",
+        FAULT_APP,
+        FAULT_LEASE,
+        &config,
+        &kubeconfig,
+        scratch.path(),
+    );
+    wait_until("the fault guard leads", Duration::from_secs(20), || {
+        holder_of(cp, FAULT_LEASE).as_deref() == Some("guard-fault")
+    });
+    wait_until("the guard's lists", Duration::from_secs(10), || {
+        listed(&guard)
+    });
+    let lists = |proxy: &FaultProxy| {
+        proxy
+            .seen()
+            .iter()
+            .filter(|r| {
+                r.method == "GET"
+                    && !r.path.contains("watch=")
+                    && (r.path.starts_with("/api/v1/nodes")
+                        || r.path.starts_with(&format!("/api/v1/namespaces/{NS}/pods")))
+            })
+            .count()
+    };
+    assert_eq!(lists(&proxy), 2, "one list of Nodes, one of pods");
+
+    // 1. Every open connection is cut (the watches die mid-stream); then an agent turns
+    // NotReady.
+    proxy.cut_connections();
+    std::thread::sleep(Duration::from_millis(500));
+    set_ready(cp, &names[0], false);
+    let t0 = Instant::now();
+    guard.wait("a taint after the cut", Duration::from_secs(3 + 5), || {
+        node(0).has_our_taint()
+    });
+    eprintln!(
+        "watch cut, then agent NotReady -> taint: {:?}",
+        t0.elapsed()
+    );
+    guard.wait("AgentNotRunning", Duration::from_secs(5), || {
+        node(0)
+            .condition("FabricReady")
+            .is_some_and(|c| c["reason"] == "AgentNotRunning")
+    });
+
+    // 2. The apiserver is unreachable for 2 s (every request reset, open connections cut);
+    // meanwhile an agent turns NotReady (written past the proxy). The guard sees it once back.
+    proxy.set_fault(Fault::Reset);
+    std::thread::sleep(Duration::from_millis(300));
+    set_ready(cp, &names[1], false);
+    std::thread::sleep(Duration::from_millis(1700));
+    proxy.clear_fault();
+    let t0 = Instant::now();
+    guard.wait(
+        "a taint after the outage",
+        Duration::from_secs(3 + 8),
+        || node(1).has_our_taint(),
+    );
+    eprintln!(
+        "2 s outage ends -> taint of a node whose agent failed during it: {:?}",
+        t0.elapsed()
+    );
+    assert!(guard.alive(), "the guard survived: {}", guard.log());
+    assert!(
+        (2..6).all(|i| !node(i).has_our_taint()),
+        "the healthy nodes stay untainted"
+    );
+    let seen = proxy.seen();
+    assert!(
+        seen.iter().any(|r| r.status == 0),
+        "the outage reset requests: {seen:?}"
+    );
+    let rewatches = seen
+        .iter()
+        .filter(|r| r.path.contains("watch=") && r.status == 200)
+        .count();
+    assert!(rewatches >= 4, "the watches were re-established: {seen:?}");
+    // Every watch asks for bookmarks and starts from a resourceVersion the guard saw (a
+    // list's, an event's or a bookmark's), never from "0" or nothing.
+    for r in seen.iter().filter(|r| r.path.contains("watch=")) {
+        assert!(r.path.contains("allowWatchBookmarks=true"), "{}", r.path);
+        let version = r
+            .path
+            .split(['?', '&'])
+            .find_map(|kv| kv.strip_prefix("resourceVersion="))
+            .unwrap_or("");
+        assert!(!version.is_empty() && version != "0", "{}", r.path);
+    }
+    // Continuity held: the watches resumed from the last resourceVersion, nothing was
+    // listed again.
+    assert_eq!(lists(&proxy), 2, "lists after the cut: {seen:?}");
+
+    // 3. An outage longer than the Lease (4 s > --lease-duration 3s): the guard cannot know it
+    // still leads, drops its watches and cache, and once back takes the Lease again, lists
+    // once more and detects an agent that failed meanwhile.
+    proxy.set_fault(Fault::Reset);
+    std::thread::sleep(Duration::from_millis(300));
+    set_ready(cp, &names[2], false);
+    std::thread::sleep(Duration::from_millis(3700));
+    proxy.clear_fault();
+    let t0 = Instant::now();
+    guard.wait(
+        "a taint after the long outage",
+        Duration::from_secs(3 + 8),
+        || node(2).has_our_taint(),
+    );
+    eprintln!(
+        "4 s outage ends -> taint of a node whose agent failed during it: {:?}",
+        t0.elapsed()
+    );
+    assert!(guard.alive(), "the guard survived: {}", guard.log());
+    assert!(
+        guard.log().contains("watches stopped"),
+        "the watches were dropped: {}",
+        guard.log()
+    );
+    assert_eq!(lists(&proxy), 4, "one list of each after the long outage");
+    assert!(
+        (3..6).all(|i| !node(i).has_our_taint()),
+        "the healthy nodes stay untainted"
+    );
+    signal(&guard.child, "TERM");
+    let _ = guard.child.wait();
 }
