@@ -16,11 +16,17 @@
 
 #![allow(dead_code)] // every test binary uses a different subset
 
+pub mod cli;
 pub mod fixture;
 pub mod metrics;
+pub mod wait;
 
 #[allow(unused_imports)]
+pub use cli::*;
+#[allow(unused_imports)]
 pub use metrics::*;
+#[allow(unused_imports)]
+pub use wait::*;
 
 use std::path::{Path, PathBuf};
 
