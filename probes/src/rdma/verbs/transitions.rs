@@ -15,7 +15,7 @@ pub(crate) enum Route {
 }
 
 /// An attribute struct with only `qp_state` set.
-fn attr(state: sys::ibv_qp_state::Type) -> sys::ibv_qp_attr {
+fn only_state(state: sys::ibv_qp_state::Type) -> sys::ibv_qp_attr {
     // SAFETY: an all-zero ibv_qp_attr is valid (integers, and unions of integers).
     let mut a: sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
     a.qp_state = state;
@@ -24,10 +24,12 @@ fn attr(state: sys::ibv_qp_state::Type) -> sys::ibv_qp_attr {
 
 /// RESET → INIT on local `port`, allowing `access` (local and remote access flags).
 pub(crate) fn init(port: u8, access: sys::ibv_access_flags) -> (sys::ibv_qp_attr, m) {
-    let mut a = attr(sys::ibv_qp_state::IBV_QPS_INIT);
-    a.pkey_index = 0;
-    a.port_num = port;
-    a.qp_access_flags = access.0;
+    let a = sys::ibv_qp_attr {
+        pkey_index: 0,
+        port_num: port,
+        qp_access_flags: access.0,
+        ..only_state(sys::ibv_qp_state::IBV_QPS_INIT)
+    };
     (
         a,
         m::IBV_QP_STATE | m::IBV_QP_PKEY_INDEX | m::IBV_QP_PORT | m::IBV_QP_ACCESS_FLAGS,
@@ -44,12 +46,14 @@ pub(crate) fn rtr(
     rq_psn: u32,
     route: Route,
 ) -> (sys::ibv_qp_attr, m) {
-    let mut a = attr(sys::ibv_qp_state::IBV_QPS_RTR);
-    a.path_mtu = path_mtu;
-    a.dest_qp_num = dest_qpn;
-    a.rq_psn = rq_psn;
-    a.max_dest_rd_atomic = 1;
-    a.min_rnr_timer = 12;
+    let mut a = sys::ibv_qp_attr {
+        path_mtu,
+        dest_qp_num: dest_qpn,
+        rq_psn,
+        max_dest_rd_atomic: 1,
+        min_rnr_timer: 12,
+        ..only_state(sys::ibv_qp_state::IBV_QPS_RTR)
+    };
     a.ah_attr.port_num = port;
     a.ah_attr.sl = 0;
     match route {
@@ -79,12 +83,14 @@ pub(crate) fn rtr(
 /// RTR → RTS: send from PSN `sq_psn`, with a transport timeout of 4.096 µs × 2^`timeout` and
 /// `retry_cnt` retries; 3 RNR retries, one RDMA READ/atomic in flight.
 pub(crate) fn rts(sq_psn: u32, timeout: u8, retry_cnt: u8) -> (sys::ibv_qp_attr, m) {
-    let mut a = attr(sys::ibv_qp_state::IBV_QPS_RTS);
-    a.sq_psn = sq_psn;
-    a.timeout = timeout;
-    a.retry_cnt = retry_cnt;
-    a.rnr_retry = 3;
-    a.max_rd_atomic = 1;
+    let a = sys::ibv_qp_attr {
+        sq_psn,
+        timeout,
+        retry_cnt,
+        rnr_retry: 3,
+        max_rd_atomic: 1,
+        ..only_state(sys::ibv_qp_state::IBV_QPS_RTS)
+    };
     (
         a,
         m::IBV_QP_STATE
