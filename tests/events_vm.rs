@@ -9,6 +9,7 @@
 mod common;
 
 use std::collections::BTreeMap;
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -29,7 +30,10 @@ fn boot() -> &'static Result<PathBuf, String> {
             300,
             "events-vm",
             "events-scenarios.sh",
-            &[("FG_REQ", req.as_os_str()), ("FG_FLIPS", flips.as_ref())],
+            &[
+                ("FG_REQ", req.as_os_str()),
+                ("FG_FLIPS", OsStr::new(&flips)),
+            ],
             "console.log, stderr and daemon.log",
         )
     })
