@@ -528,54 +528,62 @@ const RTT_STATS: [&str; 3] = ["min", "median", "max"];
 impl PeerMetrics {
     pub fn register(r: &mut Registry) -> Self {
         let m = Self::default();
-        r.register_with_unit(
+        macro_rules! family {
+            ($name:literal, $help:literal, $metric:ident) => {
+                r.register($name, $help, m.$metric.clone())
+            };
+            ($name:literal, $help:literal, $metric:ident, $unit:expr) => {
+                r.register_with_unit($name, $help, $unit, m.$metric.clone())
+            };
+        }
+        family!(
             "fabricgate_peer_rtt",
             "Round trip of small RDMA WRITEs to a peer over the last burst (stat: min, median, max)",
-            Unit::Seconds,
-            m.rtt.clone(),
+            rtt,
+            Unit::Seconds
         );
-        r.register(
+        family!(
             "fabricgate_peer_bandwidth_bytes_per_second",
             "RDMA WRITE bandwidth to a peer over the last burst (when peers.bandwidth.enabled)",
-            m.bandwidth.clone(),
+            bandwidth
         );
-        r.register(
+        family!(
             "fabricgate_peer_errors",
             "Failed peer measurements by kind: connect (side channel), timeout (no answer), verification (bytes wrong)",
-            m.errors.clone(),
+            errors
         );
-        r.register(
+        family!(
             "fabricgate_peer_rounds",
             "Peer measurement rounds completed",
-            m.rounds.clone(),
+            rounds
         );
-        r.register_with_unit(
+        family!(
             "fabricgate_peer_round_cpu",
             "CPU time of the last peer round (the measuring thread)",
-            Unit::Seconds,
-            m.round_cpu.clone(),
+            round_cpu,
+            Unit::Seconds
         );
-        r.register_with_unit(
+        family!(
             "fabricgate_peer_round_duration",
             "Wall time of the last peer round",
-            Unit::Seconds,
-            m.round_duration.clone(),
+            round_duration,
+            Unit::Seconds
         );
-        r.register(
+        family!(
             "fabricgate_peer_required_met",
             "1 when peers.required holds (N of the last M rounds reached a peer), else 0; absent when off",
-            m.required_met.clone(),
+            required_met
         );
-        r.register(
+        family!(
             "fabricgate_peer_responder_sessions",
             "Sessions the responder handled, by result (served, refused, failed)",
-            m.responder_sessions.clone(),
+            responder_sessions
         );
-        r.register_with_unit(
+        family!(
             "fabricgate_peer_responder_cpu",
             "CPU time the responder's sessions used",
-            Unit::Seconds,
-            m.responder_cpu.clone(),
+            responder_cpu,
+            Unit::Seconds
         );
         for result in ["served", "refused", "failed"] {
             m.responder_sessions

@@ -5,20 +5,10 @@
 mod common;
 mod support;
 
+use common::wait_until;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use support::sysfs::FakeHca;
-
-fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
-    let started = Instant::now();
-    while !f() {
-        assert!(
-            started.elapsed() < limit,
-            "timed out after {limit:?} waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
 
 fn run(hca: &FakeHca, log: &std::path::Path, extra: &[&str]) -> std::process::Child {
     Command::new(env!("CARGO_BIN_EXE_fabricgate"))

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::fixture;
+use common::{fixture, report_port};
 use serde_json::Value;
 use std::path::Path;
 use std::process::{Command, Output};
@@ -28,18 +28,21 @@ fn check(fixture_name: &str, config: Option<&str>, extra: &[&str]) -> Output {
 
 fn check_json(fixture_name: &str, config: Option<&str>) -> (i32, Value) {
     let out = check(fixture_name, config, &["--format", "json"]);
-    let json: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "not JSON ({e}): stdout={} stderr={}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
-    (out.status.code().unwrap(), json)
+    (out.status.code().unwrap(), common::stdout_json(&out))
 }
 
 const NDR: &str = "rdma:\n  devices: \"mlx5_*\"\n  min_active_ports: 8\n  min_rate_gbps: 400\n  link_layer: InfiniBand\n";
 const ALL_TEN: &str = "rdma:\n  min_active_ports: 10\n";
+
+/// The Node condition of type `type_` in a `check --format json` report.
+fn condition<'a>(json: &'a Value, type_: &str) -> &'a Value {
+    json["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == type_)
+        .unwrap_or_else(|| panic!("no {type_} condition: {json:#}"))
+}
 
 fn reasons(json: &Value) -> Vec<String> {
     json["reasons"]
@@ -50,20 +53,6 @@ fn reasons(json: &Value) -> Vec<String> {
         .collect()
 }
 
-fn port<'a>(json: &'a Value, device: &str, port: u64) -> &'a Value {
-    json["rdma"]["devices"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|d| d["name"] == device)
-        .unwrap_or_else(|| panic!("no device {device}"))["ports"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["port"] == port)
-        .unwrap()
-}
-
 #[test]
 fn healthy_ndr_node_is_validated_with_labels_and_no_taint() {
     let (code, json) = check_json("ndr-8x400-healthy", Some(NDR));
@@ -72,7 +61,7 @@ fn healthy_ndr_node_is_validated_with_labels_and_no_taint() {
     assert_eq!(json["rdma"]["ready"], true);
     assert!(reasons(&json).is_empty());
     assert_eq!(json["rdma"]["devices"].as_array().unwrap().len(), 10);
-    let p = port(&json, "mlx5_0", 1);
+    let p = report_port(&json, "mlx5_0", 1);
     assert_eq!(p["state"], "ACTIVE");
     assert_eq!(p["phys_state"], "LinkUp");
     assert_eq!(p["rate_gbps"], 400.0);
@@ -94,7 +83,7 @@ fn healthy_ndr_node_is_validated_with_labels_and_no_taint() {
 fn roce_storage_ports_count_with_their_netdev_and_gid() {
     let (code, json) = check_json("ndr-8x400-healthy", Some(ALL_TEN));
     assert_eq!(code, 0, "{json:#}");
-    let p = port(&json, "mlx5_8", 1);
+    let p = report_port(&json, "mlx5_8", 1);
     assert_eq!(p["link_layer"], "Ethernet");
     assert_eq!(p["rate_gbps"], 200.0);
     assert_eq!(p["netdevs"][0], "ens10f0np0");
@@ -178,12 +167,7 @@ fn every_failure_scenario_gives_its_reason() {
 #[test]
 fn port_in_init_sets_a_condition_reason_for_the_subnet_manager() {
     let (_, json) = check_json("ndr-port-init", Some(NDR));
-    let rdma = json["conditions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["type"] == "RDMAReady")
-        .unwrap();
+    let rdma = condition(&json, "RDMAReady");
     assert_eq!(rdma["status"], "False");
     assert_eq!(rdma["reason"], "PortNotActivatedBySM");
     assert!(rdma["message"].as_str().unwrap().contains("mlx5_5 port 1"));
@@ -248,12 +232,7 @@ fn an_unresolvable_pci_function_fails_the_pcie_rule_with_a_reason() {
     // Alone, mlx5_5 gives the condition its own reason.
     let (code, json) = check_json("ndr-pci-unresolved", Some("rdma:\n  devices: mlx5_5\n"));
     assert_eq!(code, 1, "{json:#}");
-    let rdma = json["conditions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["type"] == "RDMAReady")
-        .unwrap();
+    let rdma = condition(&json, "RDMAReady");
     assert_eq!(rdma["reason"], "PCIeLinkUnknown", "{rdma:#}");
 
     // With the rule off both devices count, and the unknown link is still a warning.

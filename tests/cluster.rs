@@ -37,6 +37,7 @@ mod vap;
 #[path = "cluster/webhook.rs"]
 mod webhook;
 
+use common::{last_lines, poll_until};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -76,23 +77,10 @@ impl Agent {
     }
 
     /// [`wait_until`], with the end of this agent's log in the failure message.
-    pub fn wait(&self, what: &str, limit: Duration, mut f: impl FnMut() -> bool) -> Duration {
-        let started = Instant::now();
-        loop {
-            if f() {
-                return started.elapsed();
-            }
-            if started.elapsed() >= limit {
-                let log = self.log();
-                let tail: Vec<&str> = log.lines().rev().take(30).collect();
-                let tail: Vec<&str> = tail.into_iter().rev().collect();
-                panic!(
-                    "timed out after {limit:?} waiting for {what}; agent log:\n{}",
-                    tail.join("\n")
-                );
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
+    pub fn wait(&self, what: &str, limit: Duration, f: impl FnMut() -> bool) -> Duration {
+        poll_until(what, limit, Duration::from_millis(10), f, || {
+            format!("; agent log:\n{}", last_lines(&self.log(), 30))
+        })
     }
 }
 
@@ -175,19 +163,7 @@ pub fn start_agent(node: &str, hca: &FakeHca, kubeconfig: Option<&Path>, extra: 
     )
 }
 
-pub fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) -> Duration {
-    let started = Instant::now();
-    loop {
-        if f() {
-            return started.elapsed();
-        }
-        assert!(
-            started.elapsed() < limit,
-            "timed out after {limit:?} waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
+pub use common::wait_until;
 
 /// One Node of a test on the shared control plane.
 pub struct TestNode {
@@ -265,6 +241,18 @@ impl TestNode {
         let kubeconfig = self.agent_kubeconfig(server);
         let agent = start_agent(&self.name, &hca, Some(&kubeconfig), extra);
         (hca, agent)
+    }
+
+    /// An agent for this Node over `hca`, with its pod-bound token, talking to the apiserver
+    /// itself.
+    pub fn start_agent(&self, hca: &FakeHca, extra: &[&str]) -> Agent {
+        let kubeconfig = self.agent_kubeconfig(None);
+        start_agent(&self.name, hca, Some(&kubeconfig), extra)
+    }
+
+    /// Whether this Node has condition `type_` with reason `reason`.
+    pub fn has_reason(&self, type_: &str, reason: &str) -> bool {
+        self.condition(type_).is_some_and(|c| c["reason"] == reason)
     }
 
     /// A kubeconfig of this Node's agent (pod-bound token), to the apiserver or `server`.

@@ -9,6 +9,7 @@
 mod common;
 
 use std::collections::BTreeMap;
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -22,43 +23,24 @@ fn manifest_dir() -> &'static Path {
 fn boot() -> &'static Result<PathBuf, String> {
     static BOOT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     BOOT.get_or_init(|| {
-        let vm = manifest_dir().join("tests/vm");
-        let missing = common::vm_prerequisites_missing();
-        if let Some(why) = missing {
-            return Err(why);
-        }
-        let (mut cmd, out) = common::vm_command("run.sh", 300, "events-vm", "events-scenarios.sh");
-        let status = cmd
-            .env("FG_REQ", vm.join("rxe-requirements.yaml"))
-            .env("FG_FLIPS", FLIPS.to_string())
-            .status()
-            .expect("run tests/vm/run.sh");
-        assert!(
-            status.success(),
-            "the VM run failed ({status}); see {}/console.log, stderr and daemon.log",
-            out.display()
-        );
-        Ok(out)
+        let req = manifest_dir().join("tests/vm/rxe-requirements.yaml");
+        let flips = FLIPS.to_string();
+        common::run_vm_once(
+            "run.sh",
+            300,
+            "events-vm",
+            "events-scenarios.sh",
+            &[
+                ("FG_REQ", req.as_os_str()),
+                ("FG_FLIPS", OsStr::new(&flips)),
+            ],
+            "console.log, stderr and daemon.log",
+        )
     })
 }
 
 fn results() -> Option<&'static Path> {
-    match boot() {
-        Ok(dir) => Some(dir),
-        Err(why) => {
-            common::require(false, why, "run .ci/vm.sh");
-            None
-        }
-    }
-}
-
-fn timings(dir: &Path) -> BTreeMap<String, u64> {
-    std::fs::read_to_string(dir.join("timings.env"))
-        .unwrap()
-        .lines()
-        .filter_map(|l| l.split_once('='))
-        .map(|(k, v)| (k.to_owned(), v.trim().parse().unwrap()))
-        .collect()
+    common::vm_results(boot())
 }
 
 /// The `{name}_{i}` values for i in 1..=FLIPS that are present.
@@ -90,7 +72,7 @@ fn sample(metrics: &str, series: &str) -> f64 {
 #[test]
 fn eth0_down_reaches_the_taint_within_a_second_with_a_30s_interval() {
     let Some(dir) = results() else { return };
-    let t = timings(dir);
+    let t = common::vm_timings(dir);
     let down = series(&t, "down_to_taint_us");
     assert_eq!(down.len(), FLIPS, "{t:?}\n{}", log(dir));
     let (median, max) = median_max(&down);
@@ -211,7 +193,7 @@ fn the_probes_were_triggered_by_events_not_the_interval() {
 fn rxe_delivers_port_err_and_port_active_verbs_events() {
     let Some(dir) = results() else { return };
     let log = log(dir);
-    let t = timings(dir);
+    let t = common::vm_timings(dir);
     let err = series(&t, "down_to_port_err_us");
     let active = series(&t, "up_to_port_active_us");
     assert!(log.contains("rxe0 port 1 IBV_EVENT_PORT_ERR"), "{log}");
@@ -231,7 +213,7 @@ fn rxe_delivers_port_err_and_port_active_verbs_events() {
 #[test]
 fn the_held_verbs_context_does_not_hold_up_rdma_link_delete() {
     let Some(dir) = results() else { return };
-    let t = timings(dir);
+    let t = common::vm_timings(dir);
     let rc = std::fs::read_to_string(dir.join("delete.rc")).unwrap();
     assert_eq!(rc.trim(), "0", "rdma link delete failed or timed out");
     assert!(t["delete_ms"] < 5_000, "{t:?}");

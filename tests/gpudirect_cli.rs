@@ -2,15 +2,12 @@
 //! (8 GPUs, 8 RoCE HCAs behind 4 PCIe switch complexes on two sockets): the JSON `gpudirect`
 //! key, the labels, and the verdict and reason of every scenario.
 
-use serde_json::Value;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+mod common;
 
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(name)
-}
+use common::fixture;
+use serde_json::Value;
+use std::path::Path;
+use std::process::Command;
 
 fn requirements_dgx() -> String {
     std::fs::read_to_string(fixture("requirements-dgx.yaml")).unwrap()
@@ -21,29 +18,10 @@ fn check_at(sys: &Path, proc: &Path, config: &str) -> (i32, Value) {
     let tmp = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(tmp.path(), config).unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_fabricgate"))
-        .args([
-            "check",
-            "--verbs",
-            "off",
-            "--format",
-            "json",
-            "--sysfs-root",
-        ])
-        .arg(sys)
-        .arg("--proc-root")
-        .arg(proc)
-        .arg("--config")
-        .arg(tmp.path())
+        .args(common::check_json_args(sys, proc, tmp.path()))
         .output()
         .unwrap();
-    let json: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "not JSON ({e}): stdout={} stderr={}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
-    (out.status.code().unwrap(), json)
+    (out.status.code().unwrap(), common::stdout_json(&out))
 }
 
 fn check(name: &str, config: &str) -> (i32, Value) {

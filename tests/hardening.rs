@@ -48,6 +48,13 @@ impl Agent {
     fn get(&self, path: &str) -> Option<(u16, String)> {
         http_get(self.addr, path)
     }
+
+    /// Waits (20 s at most) until the first probe is done: `/readyz` answers 200.
+    fn wait_first_probe(&self) {
+        wait_until("first probe", Duration::from_secs(20), || {
+            self.get("/readyz").is_some_and(|(s, _)| s == 200)
+        });
+    }
 }
 
 impl Drop for Agent {
@@ -152,18 +159,9 @@ fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
     Some((status, body.to_owned()))
 }
 
-fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) -> Duration {
-    let started = Instant::now();
-    loop {
-        if f() {
-            return started.elapsed();
-        }
-        assert!(
-            started.elapsed() < limit,
-            "timed out after {limit:?} waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+/// [`common::wait_until`], polling every 20 ms.
+fn wait_until(what: &str, limit: Duration, f: impl FnMut() -> bool) -> Duration {
+    common::poll_until(what, limit, Duration::from_millis(20), f, String::new)
 }
 
 /// The value of the first sample of `metric` (exact series text before the value).
@@ -218,6 +216,34 @@ fn write_config(hca: &FakeHca, name: &str, text: &str) -> PathBuf {
     path
 }
 
+/// Node `node` (seeded with our taint) and an agent for it over a healthy HCA whose probes
+/// stall after the first one (`FABRICGATE_FAILPOINT=probe-stall`): a probe every 200 ms with a
+/// 1 s deadline, `extra` flags, and `config_yaml` as its config file. Returned once that first
+/// probe validated the Node (our taint gone); `None` (after `SKIP:`) without a control plane.
+fn start_validated_then_stalling(
+    node: &str,
+    config_yaml: &str,
+    extra: &[&str],
+) -> Option<(ApiServer, FakeHca, Agent)> {
+    let hca = FakeHca::new(true);
+    let api = seeded_api(node)?;
+    let config = write_config(&hca, "req.yaml", config_yaml);
+    let mut args = vec!["--interval", "200ms", "--probe-deadline", "1s"];
+    args.extend(extra);
+    args.extend(["--config", config.to_str().unwrap()]);
+    let agent = start(
+        &hca,
+        Some(&api),
+        None,
+        &args,
+        &[("FABRICGATE_FAILPOINT", "probe-stall")],
+    );
+    wait_until("validated", Duration::from_secs(20), || {
+        !has_our_taint(&api)
+    });
+    Some((api, hca, agent))
+}
+
 // ---------------------------------------------------------------------------------------------
 // 1. The HTTP server cannot be starved.
 
@@ -231,9 +257,7 @@ fn connection_flood_against_a_low_descriptor_limit_leaves_probes_and_healthz_wor
         &["--interval", "100ms", "--dry-run"],
         &[],
     );
-    wait_until("first probe", Duration::from_secs(20), || {
-        agent.get("/readyz").is_some_and(|(s, _)| s == 200)
-    });
+    agent.wait_first_probe();
 
     // 400 idle connections (never a byte sent), held open: three times the agent's limit.
     let mut flood = Vec::new();
@@ -347,30 +371,13 @@ fn a_panic_in_the_probe_thread_ends_the_process_non_zero() {
 /// the grace; the node says AgentError (one Event) and, by default, carries the taint.
 #[test]
 fn a_stalled_probe_is_an_agent_error_readyz_fails_then_healthz() {
-    let hca = FakeHca::new(true);
-    let Some(api) = seeded_api("hardening-stalled-probe") else {
+    let Some((api, _hca, agent)) = start_validated_then_stalling(
+        "hardening-stalled-probe",
+        "node:\n  recover_after: 1\n",
+        &["--liveness-grace", "3s"],
+    ) else {
         return;
     };
-    let config = write_config(&hca, "req.yaml", "node:\n  recover_after: 1\n");
-    let agent = start(
-        &hca,
-        Some(&api),
-        None,
-        &[
-            "--interval",
-            "200ms",
-            "--probe-deadline",
-            "1s",
-            "--liveness-grace",
-            "3s",
-            "--config",
-            config.to_str().unwrap(),
-        ],
-        &[("FABRICGATE_FAILPOINT", "probe-stall")],
-    );
-    wait_until("validated", Duration::from_secs(20), || {
-        !has_our_taint(&api)
-    });
     assert_eq!(agent.get("/readyz").map(|r| r.0), Some(200));
     // The second probe stalls: not ready within the deadline (plus one interval).
     let took = wait_until("/readyz fails", Duration::from_secs(5), || {
@@ -427,32 +434,13 @@ fn a_stalled_probe_is_an_agent_error_readyz_fails_then_healthz() {
 
 #[test]
 fn on_agent_error_keep_leaves_the_taint_as_it_is() {
-    let hca = FakeHca::new(true);
-    let Some(api) = seeded_api("hardening-keep") else {
+    let Some((api, _hca, agent)) = start_validated_then_stalling(
+        "hardening-keep",
+        "node:\n  recover_after: 1\n  on_agent_error: keep\n",
+        &[],
+    ) else {
         return;
     };
-    let config = write_config(
-        &hca,
-        "req.yaml",
-        "node:\n  recover_after: 1\n  on_agent_error: keep\n",
-    );
-    let agent = start(
-        &hca,
-        Some(&api),
-        None,
-        &[
-            "--interval",
-            "200ms",
-            "--probe-deadline",
-            "1s",
-            "--config",
-            config.to_str().unwrap(),
-        ],
-        &[("FABRICGATE_FAILPOINT", "probe-stall")],
-    );
-    wait_until("validated", Duration::from_secs(20), || {
-        !has_our_taint(&api)
-    });
     wait_until("the AgentError condition", Duration::from_secs(5), || {
         condition(&api, "FabricReady").is_some_and(|c| c["reason"] == "AgentError")
     });
@@ -591,6 +579,28 @@ fn missing_mounts_of_the_agent_itself_are_agent_errors() {
 // ---------------------------------------------------------------------------------------------
 // 3. Values are checked where they enter.
 
+/// All that `child` wrote to its piped stderr, read to the end.
+fn piped_stderr(child: &mut Child) -> String {
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    stderr
+}
+
+/// `--sysfs-root` and `--proc-root` of `hca`'s tree.
+fn root_flags(hca: &FakeHca) -> [String; 4] {
+    [
+        "--sysfs-root".to_owned(),
+        hca.sysfs_root().to_str().unwrap().to_owned(),
+        "--proc-root".to_owned(),
+        hca.proc_root().to_str().unwrap().to_owned(),
+    ]
+}
+
 /// Run the binary with `args`, expecting exit 2 within 5 s and `needle` on stderr.
 fn expect_usage_error(args: &[&str], needle: &str) -> Duration {
     let started = Instant::now();
@@ -616,13 +626,7 @@ fn expect_usage_error(args: &[&str], needle: &str) -> Duration {
         std::thread::sleep(Duration::from_millis(10));
     };
     let took = started.elapsed();
-    let mut stderr = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut stderr)
-        .unwrap();
+    let stderr = piped_stderr(&mut child);
     assert_eq!(status.code(), Some(2), "{args:?}: {stderr}");
     assert!(stderr.contains(needle), "{args:?}: {stderr}");
     assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
@@ -632,19 +636,7 @@ fn expect_usage_error(args: &[&str], needle: &str) -> Duration {
 #[test]
 fn bad_flag_values_are_exit_2_at_once() {
     let hca = FakeHca::new(true);
-    let sys = hca.sysfs_root();
-    let proc = hca.proc_root();
-    let roots = [
-        "--sysfs-root",
-        sys.to_str().unwrap(),
-        "--proc-root",
-        proc.to_str().unwrap(),
-        "--verbs",
-        "off",
-        "--dry-run",
-        "--metrics-addr",
-        "127.0.0.1:0",
-    ];
+    let roots = root_flags(&hca);
     for (flag, value) in [
         ("--interval", "1ns"),
         ("--interval", "300000000000y"),
@@ -655,7 +647,14 @@ fn bad_flag_values_are_exit_2_at_once() {
         ("--metrics-max-connections", "0"),
     ] {
         let mut args = vec!["run", flag, value];
-        args.extend(roots);
+        args.extend(roots.iter().map(String::as_str));
+        args.extend([
+            "--verbs",
+            "off",
+            "--dry-run",
+            "--metrics-addr",
+            "127.0.0.1:0",
+        ]);
         expect_usage_error(&args, flag);
     }
     expect_usage_error(&["selftest", "--timeout", "300000000000y"], "--timeout");
@@ -664,8 +663,7 @@ fn bad_flag_values_are_exit_2_at_once() {
 #[test]
 fn bad_config_values_are_exit_2_fast_and_name_the_key() {
     let hca = FakeHca::new(true);
-    let sys = hca.sysfs_root();
-    let proc = hca.proc_root();
+    let roots = root_flags(&hca);
     let glob = "a".repeat(400 * 1024);
     let glob_100k = "a".repeat(100 * 1024);
     let deep = format!("rdma: {}{}\n", "[".repeat(100_000), "]".repeat(100_000));
@@ -699,18 +697,9 @@ fn bad_config_values_are_exit_2_fast_and_name_the_key() {
     ] {
         let path = write_config(&hca, name, &text);
         for cmd in ["check", "selftest"] {
-            let took = expect_usage_error(
-                &[
-                    cmd,
-                    "--config",
-                    path.to_str().unwrap(),
-                    "--sysfs-root",
-                    sys.to_str().unwrap(),
-                    "--proc-root",
-                    proc.to_str().unwrap(),
-                ],
-                needle,
-            );
+            let mut args = vec![cmd, "--config", path.to_str().unwrap()];
+            args.extend(roots.iter().map(String::as_str));
+            let took = expect_usage_error(&args, needle);
             assert!(took < Duration::from_secs(5), "{name}: {took:?}");
         }
     }
@@ -753,9 +742,7 @@ fn an_absurd_port_rate_makes_no_invalid_label_and_stays_in_the_metrics() {
         .join("devices/pci0000:00/0000:00:02.0/infiniband/mlx5_0/ports/1/rate");
     std::fs::write(&rate, "1e308 Gb/sec (4X NDR)\n").unwrap();
     let agent = start(&hca, None, None, &["--interval", "100ms", "--dry-run"], &[]);
-    wait_until("first probe", Duration::from_secs(20), || {
-        agent.get("/readyz").is_some_and(|(s, _)| s == 200)
-    });
+    agent.wait_first_probe();
     let metrics = agent.get("/metrics").unwrap().1;
     let raw = sample(
         &metrics,
@@ -804,9 +791,7 @@ fn series_of_vanished_devices_are_dropped_after_the_grace() {
         ],
         &[],
     );
-    wait_until("first probe", Duration::from_secs(20), || {
-        agent.get("/readyz").is_some_and(|(s, _)| s == 200)
-    });
+    agent.wait_first_probe();
     let first = agent.get("/metrics").unwrap().1;
     assert!(first.contains("device=\"mlx5_0\""));
     // 30 renames, each seen by a probe: the old names' series go once past the grace.
@@ -854,25 +839,18 @@ fn series_of_vanished_devices_are_dropped_after_the_grace() {
 #[test]
 fn a_closed_stdout_ends_check_and_selftest_quietly_with_their_exit_codes() {
     let hca = FakeHca::new(true);
-    let sys = hca.sysfs_root();
-    let proc = hca.proc_root();
-    let args = [
-        "--sysfs-root",
-        sys.to_str().unwrap(),
-        "--proc-root",
-        proc.to_str().unwrap(),
-    ];
+    let args = root_flags(&hca);
     for (cmd, extra) in [("check", &["--verbs", "off"][..]), ("selftest", &[][..])] {
         let normal = Command::new(BIN)
             .arg(cmd)
-            .args(args)
+            .args(&args)
             .args(extra)
             .output()
             .unwrap();
         assert!(!normal.stdout.is_empty(), "{cmd} prints something");
         let mut child = Command::new(BIN)
             .arg(cmd)
-            .args(args)
+            .args(&args)
             .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -880,13 +858,7 @@ fn a_closed_stdout_ends_check_and_selftest_quietly_with_their_exit_codes() {
             .unwrap();
         // The reader goes away before a byte is written (`| head -c0`).
         drop(child.stdout.take());
-        let mut stderr = String::new();
-        child
-            .stderr
-            .take()
-            .unwrap()
-            .read_to_string(&mut stderr)
-            .unwrap();
+        let stderr = piped_stderr(&mut child);
         let status = child.wait().unwrap();
         assert_eq!(status.code(), normal.status.code(), "{cmd}: {stderr}");
         assert_ne!(status.code(), Some(101), "{cmd}: {stderr}");

@@ -1,38 +1,18 @@
 //! `fabricgate ping` and the agent's peer wiring where no RDMA device is needed (the
 //! measurements themselves run between two real rxe devices in tests/peers_vm.rs).
 
+mod common;
+
+use common::fabricgate;
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn fabricgate(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_fabricgate"))
-        .args(args)
-        .env_remove("NODE_NAME")
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap(),
-        String::from_utf8(out.stdout).unwrap(),
-        String::from_utf8(out.stderr).unwrap(),
-    )
-}
-
 #[test]
 fn ping_without_a_local_rdma_port_is_exit_3_and_says_why() {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().to_str().unwrap();
-    let (code, stdout, _) = fabricgate(&[
-        "ping",
-        "127.0.0.1:9",
-        "--sysfs-root",
-        root,
-        "--proc-root",
-        root,
-        "--format",
-        "json",
-    ]);
+    let (code, stdout) = common::json_over_an_empty_node(&["ping", "127.0.0.1:9"]);
     assert_eq!(code, 3, "{stdout}");
     let doc: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(doc["ok"], false);
@@ -44,6 +24,8 @@ fn ping_without_a_local_rdma_port_is_exit_3_and_says_why() {
             .contains("no usable local RDMA port"),
         "{doc}"
     );
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_str().unwrap();
     let (code, stdout, _) = fabricgate(&["ping", "127.0.0.1", "--sysfs-root", root]);
     assert_eq!(code, 3);
     assert!(
@@ -71,12 +53,52 @@ fn ping_usage_errors_are_exit_2_naming_the_value() {
     assert!(stderr.contains("peers.per_round"), "{stderr}");
 }
 
-struct Agent(Child);
+/// A running `fabricgate run`, killed when dropped.
+struct Agent {
+    child: Child,
+    /// Its stderr, at info level.
+    log: PathBuf,
+    /// The address of its /metrics.
+    metrics: String,
+}
 
 impl Drop for Agent {
     fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `fabricgate run --dry-run` for Node node-a over the empty tree `dir` (no RDMA, no cluster):
+/// a probe every second without verbs, /metrics on a free port, its log in `dir/agent.log`,
+/// then `extra` flags.
+fn start_dry_run_agent(dir: &Path, extra: &[&str]) -> Agent {
+    let log = dir.join("agent.log");
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let child = Command::new(env!("CARGO_BIN_EXE_fabricgate"))
+        .args([
+            "run",
+            "--dry-run",
+            "--node-name",
+            "node-a",
+            "--interval",
+            "1s",
+        ])
+        .args(["--verbs", "off", "--metrics-addr", &metrics])
+        .args(["--sysfs-root", dir.to_str().unwrap()])
+        .args(extra)
+        .env_remove("KUBECONFIG")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env("HOME", dir)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    Agent {
+        child,
+        log,
+        metrics,
     }
 }
 
@@ -123,31 +145,12 @@ fn agent_with_peers_enabled_runs_the_responder_and_exports_peer_metrics() {
         "peers:\n  enabled: true\n  listen: \"127.0.0.1:0\"\n  interval: 1s\n",
     )
     .unwrap();
-    let log = dir.path().join("agent.log");
-    let metrics = format!("127.0.0.1:{}", free_port());
-    let child = Command::new(env!("CARGO_BIN_EXE_fabricgate"))
-        .args([
-            "run",
-            "--dry-run",
-            "--node-name",
-            "node-a",
-            "--interval",
-            "1s",
-        ])
-        .args(["--verbs", "off", "--metrics-addr", &metrics])
-        .args(["--sysfs-root", dir.path().to_str().unwrap()])
-        .args(["--config", cfg.to_str().unwrap(), "--peers", "127.0.0.1:9"])
-        .env_remove("KUBECONFIG")
-        .env_remove("KUBERNETES_SERVICE_HOST")
-        .env("HOME", dir.path())
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let _agent = Agent(child);
+    let agent = start_dry_run_agent(
+        dir.path(),
+        &["--config", cfg.to_str().unwrap(), "--peers", "127.0.0.1:9"],
+    );
     let responder = wait_for("the responder's address in the log", || {
-        let text = std::fs::read_to_string(&log).ok()?;
+        let text = std::fs::read_to_string(&agent.log).ok()?;
         let line = text
             .lines()
             .find(|l| l.contains("peer responder listening"))?;
@@ -179,7 +182,7 @@ fn agent_with_peers_enabled_runs_the_responder_and_exports_peer_metrics() {
     );
 
     let body = wait_for("rounds and the refused session in /metrics", || {
-        let body = get(&metrics, "/metrics")?;
+        let body = get(&agent.metrics, "/metrics")?;
         let refused = body
             .lines()
             .any(|l| l == "fabricgate_peer_responder_sessions_total{result=\"refused\"} 1");
@@ -206,35 +209,13 @@ fn agent_with_peers_enabled_runs_the_responder_and_exports_peer_metrics() {
 #[test]
 fn peers_flag_without_peers_enabled_is_ignored_with_a_warning() {
     let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("agent.log");
-    let metrics = format!("127.0.0.1:{}", free_port());
-    let child = Command::new(env!("CARGO_BIN_EXE_fabricgate"))
-        .args([
-            "run",
-            "--dry-run",
-            "--node-name",
-            "node-a",
-            "--interval",
-            "1s",
-        ])
-        .args(["--verbs", "off", "--metrics-addr", &metrics])
-        .args(["--sysfs-root", dir.path().to_str().unwrap()])
-        .args(["--peers", "10.0.0.2,10.0.0.3:7000"])
-        .env_remove("KUBECONFIG")
-        .env_remove("KUBERNETES_SERVICE_HOST")
-        .env("HOME", dir.path())
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let _agent = Agent(child);
+    let agent = start_dry_run_agent(dir.path(), &["--peers", "10.0.0.2,10.0.0.3:7000"]);
     let body = wait_for("/metrics after the first probe", || {
-        let body = get(&metrics, "/metrics")?;
+        let body = get(&agent.metrics, "/metrics")?;
         body.contains("fabricgate_last_probe_timestamp_seconds ")
             .then_some(body)
     });
     assert!(!body.contains("fabricgate_peer_"), "{body}");
-    let text = std::fs::read_to_string(&log).unwrap();
+    let text = std::fs::read_to_string(&agent.log).unwrap();
     assert!(text.contains("--peers is ignored"), "{text}");
 }

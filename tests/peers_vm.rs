@@ -33,33 +33,19 @@ fn in_ci() -> bool {
 fn boot() -> &'static Result<PathBuf, String> {
     static BOOT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     BOOT.get_or_init(|| {
-        let missing = common::vm_prerequisites_missing();
-        if let Some(why) = missing {
-            common::require(false, &why, "run .ci/vm.sh");
-            return Err(why);
-        }
-        let (mut cmd, out) =
-            common::vm_command("run-pair.sh", 1500, "peers-vm", "peers-scenarios.sh");
-        let status = cmd
-            .status()
-            .expect("run tests/vm/run-pair.sh");
-        assert!(
-            status.success(),
-            "the VM pair failed ({status}); see {}/{{a,b}}/{{steps.log,stderr,console.log,agent.log}}",
-            out.display()
-        );
-        Ok(out)
+        common::run_vm_once(
+            "run-pair.sh",
+            1500,
+            "peers-vm",
+            "peers-scenarios.sh",
+            &[],
+            "{a,b}/{steps.log,stderr,console.log,agent.log}",
+        )
     })
 }
 
 fn results() -> Option<&'static Path> {
-    match boot() {
-        Ok(dir) => Some(dir),
-        Err(why) => {
-            eprintln!("SKIP: {why}");
-            None
-        }
-    }
+    common::vm_results(boot())
 }
 
 fn read(path: &Path) -> String {
@@ -428,11 +414,7 @@ fn eth0_down_turns_into_errors_and_the_unreachable_alert_fires_within_two_rounds
         .output()
     {
         Ok(out) => {
-            let text = format!(
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
+            let text = common::stdout_and_stderr(&out);
             assert!(
                 out.status.success(),
                 "promtool on {}:\n{text}",

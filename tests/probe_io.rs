@@ -3,18 +3,15 @@
 //! seconds, with the attribute named; a mount table with non-UTF-8 mount points and one with
 //! 10,000 Lustre entries are read, never rejected as a whole.
 
+mod common;
+
+use common::{check_json_args, fixture, report_port};
 use serde_json::Value;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(name)
-}
 
 /// Copy a fixture tree, keeping its symlinks as symlinks.
 fn copy_tree(from: &Path, to: &Path) {
@@ -57,13 +54,7 @@ fn check(sys: &Path, proc: &Path, config_yaml: &str, deadline: Duration) -> Run 
         .arg("ulimit -v 2097152 && exec \"$@\"")
         .arg("fabricgate")
         .arg(env!("CARGO_BIN_EXE_fabricgate"))
-        .args(["check", "--verbs", "off", "--format", "json"])
-        .arg("--sysfs-root")
-        .arg(sys)
-        .arg("--proc-root")
-        .arg(proc)
-        .arg("--config")
-        .arg(&config)
+        .args(check_json_args(sys, proc, &config))
         .stdout(Stdio::from(std::fs::File::create(&stdout_path).unwrap()))
         .stderr(Stdio::from(std::fs::File::create(&stderr_path).unwrap()))
         .spawn()
@@ -88,20 +79,6 @@ fn check(sys: &Path, proc: &Path, config_yaml: &str, deadline: Duration) -> Run 
         stderr: String::from_utf8_lossy(&stderr).into_owned(),
         took,
     }
-}
-
-fn port<'a>(json: &'a Value, device: &str, port: u64) -> &'a Value {
-    json["rdma"]["devices"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|d| d["name"] == device)
-        .unwrap_or_else(|| panic!("no device {device}: {json:#}"))["ports"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["port"] == port)
-        .unwrap()
 }
 
 const NDR: &str = "rdma:\n  devices: \"mlx5_*\"\n  min_active_ports: 7\n  min_rate_gbps: 400\n  link_layer: InfiniBand\nlustre: {all_lustre: false}\n";
@@ -132,7 +109,7 @@ fn a_fifo_where_rate_should_be_is_reported_not_waited_on() {
         "one port lost of 8, 7 required: {}",
         r.stderr
     );
-    let p = port(&r.json, "mlx5_0", 1);
+    let p = report_port(&r.json, "mlx5_0", 1);
     assert!(p["rate"].is_null(), "{p:#}");
     let errors = p["errors"].to_string();
     assert!(
@@ -140,7 +117,7 @@ fn a_fifo_where_rate_should_be_is_reported_not_waited_on() {
         "the FIFO is named: {errors}"
     );
     // The other ports are read as usual.
-    assert_eq!(port(&r.json, "mlx5_1", 1)["rate_gbps"], 400.0);
+    assert_eq!(report_port(&r.json, "mlx5_1", 1)["rate_gbps"], 400.0);
 }
 
 #[test]
@@ -158,7 +135,7 @@ fn an_attribute_linked_to_dev_zero_is_reported_without_growing() {
     let r = check(&sys, &tmp.path().join("proc"), NDR, Duration::from_secs(20));
     assert!(r.took < Duration::from_secs(10), "took {:?}", r.took);
     assert_eq!(r.code, Some(0), "{}", r.stderr);
-    let p = port(&r.json, "mlx5_2", 1);
+    let p = report_port(&r.json, "mlx5_2", 1);
     assert!(p["state"].is_null(), "{p:#}");
     assert!(p["counters"].get("port_xmit_data").is_none(), "{p:#}");
     let errors = p["errors"].to_string();
@@ -310,11 +287,7 @@ fn a_real_non_utf8_mount_point_in_a_private_namespace() {
         .arg(&odd)
         .arg(&data)
         .arg(env!("CARGO_BIN_EXE_fabricgate"))
-        .args(["check", "--verbs", "off", "--format", "json"])
-        .arg("--sysfs-root")
-        .arg(&sys)
-        .args(["--proc-root", "/proc", "--config"])
-        .arg(&config)
+        .args(check_json_args(&sys, Path::new("/proc"), &config))
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);

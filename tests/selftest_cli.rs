@@ -1,33 +1,13 @@
 //! `fabricgate selftest` exit codes and output that do not need an RDMA device (the data path
 //! itself is exercised against a real rxe device in tests/softroce_vm.rs).
 
-use std::process::Command;
+mod common;
 
-fn fabricgate(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_fabricgate"))
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap(),
-        String::from_utf8(out.stdout).unwrap(),
-        String::from_utf8(out.stderr).unwrap(),
-    )
-}
+use common::fabricgate;
 
 #[test]
 fn nothing_to_test_is_exit_3_with_the_reason_in_json() {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().to_str().unwrap();
-    let (code, stdout, _) = fabricgate(&[
-        "selftest",
-        "--sysfs-root",
-        root,
-        "--proc-root",
-        root,
-        "--format",
-        "json",
-    ]);
+    let (code, stdout) = common::json_over_an_empty_node(&["selftest"]);
     assert_eq!(code, 3, "{stdout}");
     let doc: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(doc["ok"], false);

@@ -9,7 +9,6 @@ mod common;
 mod support;
 
 use serde_json::Value;
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Child;
 use std::sync::OnceLock;
@@ -264,15 +263,6 @@ fn rc(dir: &Path, name: &str) -> i32 {
         .unwrap()
 }
 
-fn timings(dir: &Path) -> BTreeMap<String, u64> {
-    std::fs::read_to_string(dir.join("timings.env"))
-        .unwrap()
-        .lines()
-        .filter_map(|l| l.split_once('='))
-        .map(|(k, v)| (k.to_owned(), v.trim().parse().unwrap()))
-        .collect()
-}
-
 fn reasons(doc: &Value) -> Vec<String> {
     doc["reasons"]
         .as_array()
@@ -393,7 +383,7 @@ fn eth0_down_flips_the_verdict_naming_the_port_and_up_restores_it() {
     );
     assert_eq!(down["conditions"][1]["reason"], "PortDown");
     assert_eq!(down["taints"][0]["key"], "fabricgate.io/unvalidated");
-    let t = timings(dir);
+    let t = common::vm_timings(dir);
     // The very first probe after `ip link set eth0 down` already sees it.
     assert_eq!(t["down_checks"], 1, "{t:?}");
 
@@ -546,7 +536,7 @@ fn text(dir: &Path, name: &str) -> String {
 
 /// Preflight's wall time in the VM, exec to exit (printed for docs/preflight.md).
 fn preflight_ms(dir: &Path, name: &str) -> u64 {
-    timings(dir)[&format!("{name}_ms")]
+    common::vm_timings(dir)[&format!("{name}_ms")]
 }
 
 #[test]

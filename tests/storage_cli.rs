@@ -21,13 +21,7 @@ fn check(sys: &Path, proc: &Path, config_yaml: &str) -> Run {
     let config = dir.path().join("fabricgate.yaml");
     std::fs::write(&config, config_yaml).unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_fabricgate"))
-        .args(["check", "--verbs", "off", "--format", "json"])
-        .arg("--sysfs-root")
-        .arg(sys)
-        .arg("--proc-root")
-        .arg(proc)
-        .arg("--config")
-        .arg(&config)
+        .args(common::check_json_args(sys, proc, &config))
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);

@@ -183,13 +183,7 @@ fn restarting_the_agent_on_a_validated_node_writes_nothing() {
     let (status, _) = agent.stop();
     assert!(status.success());
     let mark = cp.audit_mark();
-    let kubeconfig = node.agent_kubeconfig(None);
-    let agent = start_agent(
-        &node.name,
-        &hca,
-        Some(&kubeconfig),
-        &["--interval", "100ms"],
-    );
+    let agent = node.start_agent(&hca, &["--interval", "100ms"]);
     let until = Instant::now() + Duration::from_millis(2000);
     while Instant::now() < until {
         assert!(!node.has_our_taint(), "a restart re-tainted a healthy node");
@@ -560,14 +554,8 @@ fn a_node_that_starts_bad_is_described_but_gets_no_event_until_it_changes() {
     let Some(cp) = control_plane() else { return };
     let node = TestNode::seeded(cp, "agent-starts-bad");
     let hca = FakeHca::new(false);
-    let kubeconfig = node.agent_kubeconfig(None);
     let mark = cp.audit_mark();
-    let _agent = start_agent(
-        &node.name,
-        &hca,
-        Some(&kubeconfig),
-        &["--interval", "100ms"],
-    );
+    let _agent = node.start_agent(&hca, &["--interval", "100ms"]);
     wait_until("a condition", Duration::from_secs(30), || {
         node.condition("FabricReady").is_some()
     });
@@ -589,14 +577,8 @@ fn dry_run_with_a_cluster_reads_and_logs_the_difference_without_writing() {
     let Some(cp) = control_plane() else { return };
     let node = TestNode::seeded(cp, "agent-dry-run");
     let hca = FakeHca::new(false);
-    let kubeconfig = node.agent_kubeconfig(None);
     let mark = cp.audit_mark();
-    let agent = start_agent(
-        &node.name,
-        &hca,
-        Some(&kubeconfig),
-        &["--interval", "100ms", "--dry-run"],
-    );
+    let agent = node.start_agent(&hca, &["--interval", "100ms", "--dry-run"]);
     wait_until("dry-run diff", Duration::from_secs(20), || {
         agent
             .log()
@@ -678,8 +660,7 @@ fn committed_fixtures_drive_the_node() {
             );
         } else {
             wait_until(fixture, Duration::from_secs(30), || {
-                node.condition("FabricReady")
-                    .is_some_and(|c| c["reason"] == "PortDown")
+                node.has_reason("FabricReady", "PortDown")
             });
             assert!(node.has_our_taint());
             assert_eq!(node.label("fabricgate.io/ready").as_deref(), Some("false"));

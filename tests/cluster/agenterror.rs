@@ -23,8 +23,7 @@ fn requirements_for_other_hardware_are_an_agent_error_and_fail_closed() {
         &["--interval", "300ms", "--config", config.to_str().unwrap()],
     );
     agent.wait("the AgentError condition", Duration::from_secs(30), || {
-        node.condition("RDMAReady")
-            .is_some_and(|c| c["reason"] == "AgentError")
+        node.has_reason("RDMAReady", "AgentError")
     });
     wait_until("the taint (fail closed)", Duration::from_secs(10), || {
         node.has_our_taint()

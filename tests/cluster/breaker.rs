@@ -3,7 +3,7 @@
 //! sixth failing node does not taint it and says why, and taints once the pool recovers.
 
 use crate::support::sysfs::FakeHca;
-use crate::{TAINT, TestNode, control_plane, start_agent, wait_until};
+use crate::{TAINT, TestNode, control_plane, wait_until};
 use serde_json::json;
 use std::time::Duration;
 
@@ -43,11 +43,8 @@ fn ten_nodes_at_one_half_the_sixth_failing_node_is_not_tainted_and_recovery_unta
         format!("node:\n  pool_selector: \"{POOL}=breaker\"\n"),
     )
     .unwrap();
-    let kubeconfig = node.agent_kubeconfig(None);
-    let agent = start_agent(
-        &node.name,
+    let agent = node.start_agent(
         &hca,
-        Some(&kubeconfig),
         &[
             "--interval",
             "300ms",
@@ -65,8 +62,7 @@ fn ten_nodes_at_one_half_the_sixth_failing_node_is_not_tainted_and_recovery_unta
     let events_before = node.events().len();
     hca.set_port(false);
     agent.wait("BreakerOpen", Duration::from_secs(10), || {
-        node.condition("FabricReady")
-            .is_some_and(|c| c["reason"] == "BreakerOpen")
+        node.has_reason("FabricReady", "BreakerOpen")
     });
     let fabric = node.condition("FabricReady").unwrap();
     assert_eq!(fabric["status"], "False");
@@ -102,8 +98,7 @@ fn ten_nodes_at_one_half_the_sixth_failing_node_is_not_tainted_and_recovery_unta
         node.has_our_taint()
     });
     wait_until("reason PortDown", Duration::from_secs(5), || {
-        node.condition("FabricReady")
-            .is_some_and(|c| c["reason"] == "PortDown")
+        node.has_reason("FabricReady", "PortDown")
     });
 
     // Recovery untaints normally, whatever the pool looks like.
@@ -221,11 +216,8 @@ fn a_burst_of_eight_failures_taints_exactly_max_new_per_window() {
                 ),
             )
             .unwrap();
-            let kubeconfig = node.agent_kubeconfig(None);
-            start_agent(
-                &node.name,
+            node.start_agent(
                 hca,
-                Some(&kubeconfig),
                 &["--interval", "300ms", "--config", config.to_str().unwrap()],
             )
         })
@@ -236,11 +228,7 @@ fn a_burst_of_eight_failures_taints_exactly_max_new_per_window() {
     for hca in &hcas {
         hca.set_port(false);
     }
-    let decided = |n: &TestNode| {
-        n.has_our_taint()
-            || n.condition("FabricReady")
-                .is_some_and(|c| c["reason"] == "BreakerOpen")
-    };
+    let decided = |n: &TestNode| n.has_our_taint() || n.has_reason("FabricReady", "BreakerOpen");
     wait_until(
         "every failing node decided",
         Duration::from_secs(30),

@@ -3,7 +3,7 @@
 //! and nothing of anyone else's.
 
 use crate::support::sysfs::FakeHca;
-use crate::{TAINT, TestNode, control_plane, start_agent};
+use crate::{TAINT, TestNode, control_plane};
 use std::process::Command;
 
 use std::time::Duration;
@@ -18,13 +18,7 @@ fn cleanup_script_removes_only_what_fabricgate_owns() {
     let clean = TestNode::seeded(cp, "cleanup-b");
     cp.kubectl(&["taint", "node", &clean.name, &format!("{TAINT}-")]);
     let hca = FakeHca::new(false);
-    let kubeconfig = node.agent_kubeconfig(None);
-    let agent = start_agent(
-        &node.name,
-        &hca,
-        Some(&kubeconfig),
-        &["--interval", "100ms"],
-    );
+    let agent = node.start_agent(&hca, &["--interval", "100ms"]);
     agent.wait("the agent's marks", Duration::from_secs(30), || {
         node.condition("LustreReady").is_some() && node.label("fabricgate.io/ready").is_some()
     });

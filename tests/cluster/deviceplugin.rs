@@ -4,7 +4,7 @@
 
 use crate::support::controlplane::ControlPlane;
 use crate::support::sysfs::FakeHca;
-use crate::{TAINT, TestNode, control_plane, start_agent, wait_until};
+use crate::{TAINT, TestNode, control_plane, wait_until};
 use serde_json::json;
 use std::time::{Duration, Instant};
 
@@ -53,12 +53,9 @@ fn plugin_resource_gone_from_allocatable_fails_the_node_within_one_interval_and_
         format!("kubernetes:\n  rdma_resources: [\"{RESOURCE}\"]\n"),
     )
     .unwrap();
-    let kubeconfig = node.agent_kubeconfig(None);
     let interval = Duration::from_millis(500);
-    let agent = start_agent(
-        &node.name,
+    let agent = node.start_agent(
         &hca,
-        Some(&kubeconfig),
         &["--interval", "500ms", "--config", config.to_str().unwrap()],
     );
     agent.wait("validation", Duration::from_secs(30), || node.ready());

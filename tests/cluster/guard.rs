@@ -2,6 +2,7 @@
 //! Lease; the test plays the kubelet, setting the agent pods' Ready condition on the status
 //! subresource (and deleting a pod as a node drain or crash would).
 
+use crate::common::{last_lines, poll_until};
 use crate::support::controlplane::{AuditEvent, Grant, rbac_grants};
 use crate::support::faultproxy::{Fault, FaultProxy};
 use crate::{TestNode, control_plane, signal, wait_until};
@@ -34,24 +35,11 @@ impl Guard {
     }
 
     /// [`wait_until`], with the end of this guard's log in the failure message.
-    fn wait(&self, what: &str, limit: Duration, mut f: impl FnMut() -> bool) -> Duration {
-        let started = Instant::now();
-        loop {
-            if f() {
-                return started.elapsed();
-            }
-            if started.elapsed() >= limit {
-                let log = self.log();
-                let tail: Vec<&str> = log.lines().rev().take(40).collect();
-                let tail: Vec<&str> = tail.into_iter().rev().collect();
-                panic!(
-                    "timed out after {limit:?} waiting for {what}; log of {}:\n{}",
-                    self.identity,
-                    tail.join("\n")
-                );
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
+    fn wait(&self, what: &str, limit: Duration, f: impl FnMut() -> bool) -> Duration {
+        poll_until(what, limit, Duration::from_millis(10), f, || {
+            let tail = last_lines(&self.log(), 40);
+            format!("; log of {}:\n{tail}", self.identity)
+        })
     }
 }
 
@@ -299,10 +287,7 @@ fn guard_taints_nodes_whose_agent_is_gone_only_the_leader_acts_and_failover_work
     wait_until(
         "AgentNotRunning on the late Node",
         Duration::from_secs(5),
-        || {
-            late.condition("FabricReady")
-                .is_some_and(|c| c["reason"] == "AgentNotRunning")
-        },
+        || late.has_reason("FabricReady", "AgentNotRunning"),
     );
     // It leaves the pool again (the Node watch's delete): 3 of 6 may still be tainted under
     // the breaker's default max_unvalidated_fraction 0.5.
@@ -365,9 +350,7 @@ fn guard_taints_nodes_whose_agent_is_gone_only_the_leader_acts_and_failover_work
     eprintln!("failover + stale_after -> taint: {:?}", t0.elapsed());
     assert_eq!(holder(cp).as_deref(), Some(follower.identity.as_str()));
     wait_until("AgentNotRunning", Duration::from_secs(5), || {
-        node(3)
-            .condition("FabricReady")
-            .is_some_and(|c| c["reason"] == "AgentNotRunning")
+        node(3).has_reason("FabricReady", "AgentNotRunning")
     });
     assert!(
         (0..6)
@@ -494,9 +477,7 @@ fn guard_resumes_its_watches_after_the_connections_are_cut_and_still_detects() {
         t0.elapsed()
     );
     guard.wait("AgentNotRunning", Duration::from_secs(5), || {
-        node(0)
-            .condition("FabricReady")
-            .is_some_and(|c| c["reason"] == "AgentNotRunning")
+        node(0).has_reason("FabricReady", "AgentNotRunning")
     });
 
     // 2. The apiserver is unreachable for 2 s (every request reset, open connections cut);

@@ -3,7 +3,7 @@
 //! the label is there (the watch of its Node shows the change).
 
 use crate::support::sysfs::FakeHca;
-use crate::{TestNode, control_plane, start_agent};
+use crate::{TestNode, control_plane};
 use serde_json::json;
 use std::time::Duration;
 
@@ -32,16 +32,12 @@ fn a_missing_topology_label_keeps_the_node_tainted_until_it_is_set() {
         ),
     )
     .unwrap();
-    let kubeconfig = node.agent_kubeconfig(None);
-    let agent = start_agent(
-        &node.name,
+    let agent = node.start_agent(
         &hca,
-        Some(&kubeconfig),
         &["--interval", "50ms", "--config", config.to_str().unwrap()],
     );
     agent.wait("the placement finding", Duration::from_secs(30), || {
-        node.condition("FabricReady")
-            .is_some_and(|c| c["reason"] == "PlacementLabelsMissing")
+        node.has_reason("FabricReady", "PlacementLabelsMissing")
     });
     let cond = node.condition("FabricReady").unwrap();
     assert_eq!(cond["status"], "False");

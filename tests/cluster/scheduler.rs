@@ -74,9 +74,7 @@ fn the_scheduler_keeps_the_job_off_the_broken_node_until_it_is_repaired() {
         nodes[0].ready() && nodes[2].ready()
     });
     wait_until("gpu-b described", Duration::from_secs(30), || {
-        nodes[1]
-            .condition("FabricReady")
-            .is_some_and(|c| c["reason"] == "PortDown")
+        nodes[1].has_reason("FabricReady", "PortDown")
     });
     assert!(nodes[1].has_our_taint());
 

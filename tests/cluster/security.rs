@@ -261,13 +261,7 @@ fn the_cluster_role_grants_exactly_what_a_full_agent_run_uses() {
     let (status, _) = agent.stop();
     assert!(status.success());
     // The restart (a new pod-bound token, as a new agent pod gets).
-    let kubeconfig = node.agent_kubeconfig(None);
-    let agent = start_agent(
-        &node.name,
-        &hca,
-        Some(&kubeconfig),
-        &["--interval", "200ms"],
-    );
+    let agent = node.start_agent(&hca, &["--interval", "200ms"]);
     std::thread::sleep(Duration::from_secs(2));
     drop(agent);
 

@@ -16,11 +16,17 @@
 
 #![allow(dead_code)] // every test binary uses a different subset
 
+pub mod cli;
 pub mod fixture;
 pub mod metrics;
+pub mod wait;
 
 #[allow(unused_imports)]
+pub use cli::*;
+#[allow(unused_imports)]
 pub use metrics::*;
+#[allow(unused_imports)]
+pub use wait::*;
 
 use std::path::{Path, PathBuf};
 
@@ -121,6 +127,15 @@ pub fn have_tool(name: &str) -> bool {
     .is_some()
 }
 
+/// What a finished command printed: its stdout, then its stderr (invalid UTF-8 replaced).
+pub fn stdout_and_stderr(out: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
 /// The Kubernetes versions the manifests must validate against: the oldest supported (the
 /// admission policy and the node-name token claim need 1.30) and the newest schema published.
 pub const KUBERNETES_SCHEMAS: [&str; 2] = ["1.30.0", "1.37.0"];
@@ -134,11 +149,7 @@ pub fn assert_valid_for_both_schemas(kv: &Path, manifest: &Path, objects: usize)
             .arg(manifest)
             .output()
             .expect("run kubernetes-validate");
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let text = stdout_and_stderr(&out);
         assert!(
             out.status.success(),
             "kubernetes-validate {version} {}:\n{text}",
@@ -193,4 +204,54 @@ pub fn vm_command(
         .current_dir(repo_root())
         .env("FG_BIN", env!("CARGO_BIN_EXE_fabricgate"));
     (cmd, out)
+}
+
+/// One run of `scenarios` in the VM(s) of `runner` ([`vm_command`]), with the caller's `FG_*`
+/// variables `env`, to its end: the output folder, or why the VM cannot run here
+/// ([`vm_prerequisites_missing`]). A failed run fails the test, naming the files to `inspect`
+/// under the output folder.
+pub fn run_vm_once(
+    runner: &str,
+    timeout_s: u32,
+    name: &str,
+    scenarios: &str,
+    env: &[(&str, &std::ffi::OsStr)],
+    inspect: &str,
+) -> Result<PathBuf, String> {
+    if let Some(why) = vm_prerequisites_missing() {
+        return Err(why);
+    }
+    let (mut cmd, out) = vm_command(runner, timeout_s, name, scenarios);
+    let status = cmd
+        .envs(env.iter().copied())
+        .status()
+        .unwrap_or_else(|e| panic!("run tests/vm/{runner}: {e}"));
+    assert!(
+        status.success(),
+        "tests/vm/{runner} failed ({status}); see {}/{inspect}",
+        out.display()
+    );
+    Ok(out)
+}
+
+/// The output folder of a [`run_vm_once`], or `None` after [`require`] said why the VM could
+/// not run (a failure under CI).
+pub fn vm_results(run: &Result<PathBuf, String>) -> Option<&Path> {
+    match run {
+        Ok(dir) => Some(dir),
+        Err(why) => {
+            require(false, why, "run .ci/vm.sh");
+            None
+        }
+    }
+}
+
+/// The `NAME=MICROSECONDS` lines a VM scenario wrote to `<dir>/timings.env`.
+pub fn vm_timings(dir: &Path) -> std::collections::BTreeMap<String, u64> {
+    std::fs::read_to_string(dir.join("timings.env"))
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.trim().parse().unwrap()))
+        .collect()
 }

@@ -18,23 +18,10 @@
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-timeout_s=600
-out=""
-while getopts "t:o:" opt; do
-    case "$opt" in
-        t) timeout_s="$OPTARG" ;;
-        o) out="$OPTARG" ;;
-        *) echo "usage: $0 [-t SECONDS] -o OUTDIR SCRIPT" >&2; exit 2 ;;
-    esac
-done
-shift $((OPTIND - 1))
-[ $# -eq 1 ] && [ -n "$out" ] || { echo "usage: $0 [-t SECONDS] -o OUTDIR SCRIPT" >&2; exit 2; }
-script="$1"
-[ -f "$script" ] || { echo "run-pair.sh: no such script: $script" >&2; exit 2; }
-
-envfile="$("$here/setup.sh")"
-# shellcheck disable=SC1090
-. "$envfile"
+# shellcheck source=tests/vm/host-lib.sh
+. "$here/host-lib.sh"
+vm_args 600 "[-t SECONDS] -o OUTDIR SCRIPT" 1 "$@"
+vm_kernel
 
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
@@ -54,32 +41,15 @@ prepare() {
     d="$out/$role"
     rm -f "$d"/{stdout,stderr,rc,console.log}
     cp "$script" "$d/guest.sh"
-    {
-        printf 'export FG_CWD=%q FG_KROOT=%q FG_KVER=%q FG_VM_DIR=%q FG_OUT=/tmp/fg-out FG_ROLE=%q\n' \
-            "$PWD" "$KROOT" "$KVER" "$here" "$role"
-        while IFS='=' read -r name _; do
-            case "$name" in
-                FG_CWD | FG_KROOT | FG_KVER | FG_VM_DIR | FG_OUT | FG_ROLE) ;;
-                FG_*) printf 'export %s=%q\n' "$name" "${!name}" ;;
-            esac
-        done < <(env)
-    } >"$d/env.sh"
+    vm_guest_env "$d/env.sh" "FG_ROLE=$role"
 }
 
 boot() {
     role="$1" mode="$2" mac0="$3" mac1="$4"
-    timeout -k 5 "$timeout_s" qemu-system-x86_64 \
-        -accel tcg -cpu max -m 1024 -smp 1 \
-        -nographic -no-reboot -monitor none -serial stdio \
-        -kernel "$KERNEL" -initrd "$INITRD" \
-        -append "console=ttyS0 quiet loglevel=3 panic=-1" \
-        -virtfs "local,path=/,mount_tag=hostroot,security_model=passthrough,readonly=on,multidevs=remap" \
-        -virtfs "local,path=$out/$role,mount_tag=fgout,security_model=none" \
+    vm_boot "$timeout_s" 1 "$out/$role" "$out/$role/console.log" \
         -virtfs "local,path=$out/sync,mount_tag=fgsync,security_model=none" \
-        -virtfs "local,path=$PWD,mount_tag=fgcwd,security_model=passthrough,readonly=on,multidevs=remap" \
         -netdev "socket,id=n0,$mode=127.0.0.1:$p0" -device "virtio-net-pci,netdev=n0,mac=$mac0" \
-        -netdev "socket,id=n1,$mode=127.0.0.1:$p1" -device "virtio-net-pci,netdev=n1,mac=$mac1" \
-        </dev/null >"$out/$role/console.log" 2>&1
+        -netdev "socket,id=n1,$mode=127.0.0.1:$p1" -device "virtio-net-pci,netdev=n1,mac=$mac1"
 }
 
 prepare a

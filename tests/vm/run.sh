@@ -19,23 +19,10 @@
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-timeout_s=240
-out=""
-while getopts "t:o:" opt; do
-    case "$opt" in
-        t) timeout_s="$OPTARG" ;;
-        o) out="$OPTARG" ;;
-        *) echo "usage: $0 [-t SECONDS] [-o OUTDIR] SCRIPT" >&2; exit 2 ;;
-    esac
-done
-shift $((OPTIND - 1))
-[ $# -eq 1 ] || { echo "usage: $0 [-t SECONDS] [-o OUTDIR] SCRIPT" >&2; exit 2; }
-script="$1"
-[ -f "$script" ] || { echo "run.sh: no such script: $script" >&2; exit 2; }
-
-envfile="$("$here/setup.sh")"
-# shellcheck disable=SC1090
-. "$envfile"
+# shellcheck source=tests/vm/host-lib.sh
+. "$here/host-lib.sh"
+vm_args 240 "[-t SECONDS] [-o OUTDIR] SCRIPT" 0 "$@"
+vm_kernel
 
 if [ -z "$out" ]; then
     out="$(mktemp -d "${TMPDIR:-/tmp}/fabricgate-vm.XXXXXX")"
@@ -44,30 +31,13 @@ mkdir -p "$out"
 out="$(cd "$out" && pwd)"
 rm -f "$out"/{stdout,stderr,rc,console.log}
 cp "$script" "$out/guest.sh"
-{
-    printf 'export FG_CWD=%q FG_KROOT=%q FG_KVER=%q FG_VM_DIR=%q FG_OUT=/tmp/fg-out\n' \
-        "$PWD" "$KROOT" "$KVER" "$here"
-    while IFS='=' read -r name _; do
-        case "$name" in
-            FG_CWD | FG_KROOT | FG_KVER | FG_VM_DIR | FG_OUT) ;;
-            FG_*) printf 'export %s=%q\n' "$name" "${!name}" ;;
-        esac
-    done < <(env)
-} >"$out/env.sh"
+vm_guest_env "$out/env.sh"
 
-# KVM hangs under nested virtualization on these machines: pure emulation (TCG) it is.
 rc=0
-timeout -k 5 "$timeout_s" qemu-system-x86_64 \
-    -accel tcg -cpu max -m 1024 -smp 2 \
-    -nographic -no-reboot -monitor none -serial stdio \
-    -kernel "$KERNEL" -initrd "$INITRD" \
-    -append "console=ttyS0 quiet loglevel=3 panic=-1" \
-    -virtfs "local,path=/,mount_tag=hostroot,security_model=passthrough,readonly=on,multidevs=remap" \
-    -virtfs "local,path=$out,mount_tag=fgout,security_model=none" \
-    -virtfs "local,path=$PWD,mount_tag=fgcwd,security_model=passthrough,readonly=on,multidevs=remap" \
+vm_boot "$timeout_s" 2 "$out" "$out/console.log" \
     -netdev user,id=n0 -device virtio-net-pci,netdev=n0 \
     -netdev user,id=n1,net=10.0.3.0/24 -device virtio-net-pci,netdev=n1 \
-    </dev/null >"$out/console.log" 2>&1 || rc=$?
+    || rc=$?
 
 [ -f "$out/stdout" ] && cat "$out/stdout"
 [ -f "$out/stderr" ] && cat "$out/stderr" >&2

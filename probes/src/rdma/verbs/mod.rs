@@ -7,6 +7,7 @@ pub mod events;
 pub mod objects;
 pub mod rc;
 pub mod selftest;
+mod transitions;
 
 use super::{LinkLayer, PhysState, PortState, RdmaReport, VerbsDevice, VerbsPort, VerbsStatus};
 use rdma_sys as sys;

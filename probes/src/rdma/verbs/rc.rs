@@ -10,6 +10,7 @@
 //! depend on, so they are freed in reverse order on every path, including errors and panics.
 
 use super::objects::last_errno;
+use super::transitions::{self, Route};
 use super::{Context, DeviceList, mtu_enum, wc_status_str};
 use rdma_sys as sys;
 use std::io;
@@ -270,21 +271,8 @@ pub fn with_endpoint<R>(
     // SAFETY: a live QP; qp_num is set by ibv_create_qp.
     let qpn = unsafe { (*qp.ptr).qp_num };
 
-    {
-        use sys::ibv_qp_attr_mask as m;
-        // SAFETY: an all-zero ibv_qp_attr is valid.
-        let mut a: sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
-        a.qp_state = sys::ibv_qp_state::IBV_QPS_INIT;
-        a.pkey_index = 0;
-        a.port_num = spec.port;
-        a.qp_access_flags = access.0;
-        modify(
-            &qp,
-            "modify_qp INIT",
-            &mut a,
-            m::IBV_QP_STATE | m::IBV_QP_PKEY_INDEX | m::IBV_QP_PORT | m::IBV_QP_ACCESS_FLAGS,
-        )?;
-    }
+    let (mut a, mask) = transitions::init(spec.port, access);
+    modify(&qp, "modify_qp INIT", &mut a, mask)?;
 
     let local = EndpointInfo {
         gid,
@@ -359,60 +347,21 @@ impl Endpoint<'_> {
     /// `modify_qp RTR`/`modify_qp RTS` with the provider's errno (e.g. a GID the port cannot
     /// route to).
     pub fn connect(&mut self, remote: &EndpointInfo) -> Result<(), RcError> {
-        use sys::ibv_qp_attr_mask as m;
-        // SAFETY: an all-zero ibv_qp_attr is valid.
-        let mut a: sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
-        a.qp_state = sys::ibv_qp_state::IBV_QPS_RTR;
-        a.path_mtu = mtu_enum(self.local.mtu.min(remote.mtu).min(4096));
-        a.dest_qp_num = remote.qpn;
-        a.rq_psn = remote.psn;
-        a.max_dest_rd_atomic = 1;
-        a.min_rnr_timer = 12;
-        a.ah_attr.port_num = self.port;
-        a.ah_attr.sl = 0;
-        if let Some(idx) = self.gid_index {
-            a.ah_attr.is_global = 1;
-            a.ah_attr.grh.dgid = sys::ibv_gid { raw: remote.gid };
-            a.ah_attr.grh.sgid_index = idx;
-            a.ah_attr.grh.hop_limit = 64;
-        } else {
-            a.ah_attr.is_global = 0;
-            a.ah_attr.dlid = remote.lid;
-        }
-        modify(
-            self.qp,
-            "modify_qp RTR",
-            &mut a,
-            m::IBV_QP_STATE
-                | m::IBV_QP_AV
-                | m::IBV_QP_PATH_MTU
-                | m::IBV_QP_DEST_QPN
-                | m::IBV_QP_RQ_PSN
-                | m::IBV_QP_MAX_DEST_RD_ATOMIC
-                | m::IBV_QP_MIN_RNR_TIMER,
-        )?;
-        // SAFETY: an all-zero ibv_qp_attr is valid.
-        let mut a: sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
-        a.qp_state = sys::ibv_qp_state::IBV_QPS_RTS;
-        a.sq_psn = self.local.psn;
+        let route = match self.gid_index {
+            Some(sgid_index) => Route::Global {
+                dgid: sys::ibv_gid { raw: remote.gid },
+                sgid_index,
+            },
+            None => Route::Lid(remote.lid),
+        };
+        let path_mtu = mtu_enum(self.local.mtu.min(remote.mtu).min(4096));
+        let (mut a, mask) = transitions::rtr(self.port, path_mtu, remote.qpn, remote.psn, route);
+        modify(self.qp, "modify_qp RTR", &mut a, mask)?;
         // ~268 ms transport timeout (4.096 µs × 2^16), 7 retries (perftest and NCCL use 7):
         // a lost packet is retried rather than failing the session, and a dead path still
         // fails in about two seconds, inside the default `peers.timeout`.
-        a.timeout = 16;
-        a.retry_cnt = 7;
-        a.rnr_retry = 3;
-        a.max_rd_atomic = 1;
-        modify(
-            self.qp,
-            "modify_qp RTS",
-            &mut a,
-            m::IBV_QP_STATE
-                | m::IBV_QP_TIMEOUT
-                | m::IBV_QP_RETRY_CNT
-                | m::IBV_QP_RNR_RETRY
-                | m::IBV_QP_SQ_PSN
-                | m::IBV_QP_MAX_QP_RD_ATOMIC,
-        )
+        let (mut a, mask) = transitions::rts(self.local.psn, 16, 7);
+        modify(self.qp, "modify_qp RTS", &mut a, mask)
     }
 
     /// Copy `data` into the local buffer at `offset` (clipped to the buffer).

@@ -8,6 +8,7 @@
 //! buffer, and everything on every path.
 
 use super::objects::{Cq, Mr, Pd, Qp, query_gid};
+use super::transitions::{self, Route};
 use super::{Context, DeviceList, mtu_enum, wc_status_str};
 use crate::rdma::{DeviceReport, GidType, LinkLayer, PortReport, RdmaReport, SelftestResult};
 use rdma_sys as sys;
@@ -350,74 +351,30 @@ fn connect(
     addr: Address,
     ctx: &Context<'_>,
 ) -> Result<(), StepError> {
-    use sys::ibv_qp_attr_mask as m;
-    // SAFETY: an all-zero ibv_qp_attr is valid.
-    let mut a: sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
-    a.qp_state = sys::ibv_qp_state::IBV_QPS_INIT;
-    a.pkey_index = 0;
-    a.port_num = port;
-    a.qp_access_flags = (sys::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE
+    let access = sys::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE
         | sys::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE
-        | sys::ibv_access_flags::IBV_ACCESS_REMOTE_READ)
-        .0;
-    qp.modify(
-        &mut a,
-        m::IBV_QP_STATE | m::IBV_QP_PKEY_INDEX | m::IBV_QP_PORT | m::IBV_QP_ACCESS_FLAGS,
-    )
-    .map_err(|e| StepError::os("modify_qp INIT", &e))?;
+        | sys::ibv_access_flags::IBV_ACCESS_REMOTE_READ;
+    let (mut a, mask) = transitions::init(port, access);
+    qp.modify(&mut a, mask)
+        .map_err(|e| StepError::os("modify_qp INIT", &e))?;
 
-    // SAFETY: as above.
-    let mut a: sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
-    a.qp_state = sys::ibv_qp_state::IBV_QPS_RTR;
+    let route = match addr.gid_index {
+        Some(sgid_index) => Route::Global {
+            dgid: query_gid(ctx, port, sgid_index).map_err(|e| StepError::os("query_gid", &e))?,
+            sgid_index,
+        },
+        None => Route::Lid(addr.lid),
+    };
     // 1024 is safe on every port (rxe's active MTU follows the netdev's).
-    a.path_mtu = sys::ibv_mtu::IBV_MTU_1024.min(mtu_enum(attr.active_mtu));
-    a.dest_qp_num = peer;
-    a.rq_psn = 0;
-    a.max_dest_rd_atomic = 1;
-    a.min_rnr_timer = 12;
-    a.ah_attr.port_num = port;
-    a.ah_attr.sl = 0;
-    if let Some(idx) = addr.gid_index {
-        let gid = query_gid(ctx, port, idx).map_err(|e| StepError::os("query_gid", &e))?;
-        a.ah_attr.is_global = 1;
-        a.ah_attr.grh.dgid = gid;
-        a.ah_attr.grh.sgid_index = idx;
-        a.ah_attr.grh.hop_limit = 64;
-    } else {
-        a.ah_attr.is_global = 0;
-        a.ah_attr.dlid = addr.lid;
-    }
-    qp.modify(
-        &mut a,
-        m::IBV_QP_STATE
-            | m::IBV_QP_AV
-            | m::IBV_QP_PATH_MTU
-            | m::IBV_QP_DEST_QPN
-            | m::IBV_QP_RQ_PSN
-            | m::IBV_QP_MAX_DEST_RD_ATOMIC
-            | m::IBV_QP_MIN_RNR_TIMER,
-    )
-    .map_err(|e| StepError::os("modify_qp RTR", &e))?;
+    let path_mtu = sys::ibv_mtu::IBV_MTU_1024.min(mtu_enum(attr.active_mtu));
+    let (mut a, mask) = transitions::rtr(port, path_mtu, peer, 0, route);
+    qp.modify(&mut a, mask)
+        .map_err(|e| StepError::os("modify_qp RTR", &e))?;
 
-    // SAFETY: as above.
-    let mut a: sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
-    a.qp_state = sys::ibv_qp_state::IBV_QPS_RTS;
-    a.sq_psn = 0;
     // ~67 ms transport timeout, 3 retries: a dead path fails inside the 2 s default bound.
-    a.timeout = 14;
-    a.retry_cnt = 3;
-    a.rnr_retry = 3;
-    a.max_rd_atomic = 1;
-    qp.modify(
-        &mut a,
-        m::IBV_QP_STATE
-            | m::IBV_QP_TIMEOUT
-            | m::IBV_QP_RETRY_CNT
-            | m::IBV_QP_RNR_RETRY
-            | m::IBV_QP_SQ_PSN
-            | m::IBV_QP_MAX_QP_RD_ATOMIC,
-    )
-    .map_err(|e| StepError::os("modify_qp RTS", &e))
+    let (mut a, mask) = transitions::rts(0, 14, 3);
+    qp.modify(&mut a, mask)
+        .map_err(|e| StepError::os("modify_qp RTS", &e))
 }
 
 /// Poll the CQ until every completion in `want` (wr_id, name) has arrived, in any order.
