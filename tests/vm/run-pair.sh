@@ -5,8 +5,8 @@
 #
 #   tests/vm/run-pair.sh [-t SECONDS] -o OUTDIR SCRIPT
 #
-# Networking never leaves this machine: each link is a qemu socket netdev over 127.0.0.1 (VM a
-# listens, VM b connects), so the guests' frames travel inside the two qemu processes.
+# Networking never leaves this machine: each link is a qemu UDP-tunnel netdev over 127.0.0.1,
+# so the guests' frames travel between the two qemu processes only.
 #   eth0  169.254.77.1/24 (a) / .2 (b): carries rxe0; the link scenarios take down
 #   eth1  169.254.78.1/24 (a) / .2 (b): management (the peers' TCP side channel), stays up
 # (two /24s, not one /16: with both NICs in one subnet, RoCE packets of rxe0 and the side
@@ -27,10 +27,14 @@ mkdir -p "$out"
 out="$(cd "$out" && pwd)"
 mkdir -p "$out/a" "$out/b" "$out/sync"
 
-# Two free loopback ports for the socket links (the kernel picks them; qemu binds them next).
-read -r p0 p1 < <(python3 -c '
+# Four free loopback UDP ports: each link is a UDP tunnel (qemu `-netdev socket,udp=`), one
+# port per end. Not a TCP stream: when one guest sets its NIC down, its qemu stops reading the
+# link, and a stream's sender then blocks in send() with the whole VM frozen (seen: a's qemu
+# stuck in tcp_sendmsg after b's `ip link set eth0 down`); a datagram is dropped instead, as
+# on a wire.
+read -r a0 a1 b0 b1 < <(python3 -c '
 import socket
-s = [socket.socket() for _ in range(2)]
+s = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(4)]
 for x in s:
     x.bind(("127.0.0.1", 0))
 print(*[x.getsockname()[1] for x in s])
@@ -44,26 +48,25 @@ prepare() {
     vm_guest_env "$d/env.sh" "FG_ROLE=$role"
 }
 
+# boot ROLE LOCAL0 REMOTE0 LOCAL1 REMOTE1 MAC0 MAC1: the VM's two links are UDP tunnels from
+# its LOCAL ports to the other VM's.
 boot() {
-    role="$1" mode="$2" mac0="$3" mac1="$4"
+    role="$1" l0="$2" r0="$3" l1="$4" r1="$5" mac0="$6" mac1="$7"
     vm_boot "$timeout_s" 1 "$out/$role" "$out/$role/console.log" \
         -virtfs "local,path=$out/sync,mount_tag=fgsync,security_model=none" \
-        -netdev "socket,id=n0,$mode=127.0.0.1:$p0" -device "virtio-net-pci,netdev=n0,mac=$mac0" \
-        -netdev "socket,id=n1,$mode=127.0.0.1:$p1" -device "virtio-net-pci,netdev=n1,mac=$mac1"
+        -netdev "socket,id=n0,udp=127.0.0.1:$r0,localaddr=127.0.0.1:$l0" \
+        -device "virtio-net-pci,netdev=n0,mac=$mac0" \
+        -netdev "socket,id=n1,udp=127.0.0.1:$r1,localaddr=127.0.0.1:$l1" \
+        -device "virtio-net-pci,netdev=n1,mac=$mac1"
 }
 
 prepare a
 prepare b
 rc_a=0
 rc_b=0
-boot a listen 52:54:00:fa:b0:01 52:54:00:fa:b1:01 &
+boot a "$a0" "$b0" "$a1" "$b1" 52:54:00:fa:b0:01 52:54:00:fa:b1:01 &
 pid_a=$!
-# b connects: give a's qemu a moment to listen (connect fails outright otherwise).
-for _ in $(seq 50); do
-    ss -ltn 2>/dev/null | grep -q "127.0.0.1:$p1 " && break
-    sleep 0.1
-done
-boot b connect 52:54:00:fa:b0:02 52:54:00:fa:b1:02 &
+boot b "$b0" "$a0" "$b1" "$a1" 52:54:00:fa:b0:02 52:54:00:fa:b1:02 &
 pid_b=$!
 wait "$pid_a" || rc_a=$?
 wait "$pid_b" || rc_b=$?
