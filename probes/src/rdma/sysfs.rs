@@ -361,6 +361,7 @@ struct PortHandles {
     gids_dir: PathBuf,
     gids: Vec<GidHandles>,
     gids_error: Option<String>,
+    counter_names: Arc<CounterNames>,
     counters: CounterGroup,
     hw_counters: CounterGroup,
     /// When the counter groups were last read (seconds since the Unix epoch).
@@ -376,12 +377,6 @@ struct GidHandles {
 
 /// `counters/` or `hw_counters/`: its files and the values of their last read.
 struct CounterGroup {
-    dir: PathBuf,
-    /// The reader's selection, and which of its two lists is this group's.
-    names: Arc<CounterNames>,
-    pick: fn(&CounterNames) -> &Option<Vec<String>>,
-    /// Listed (the files opened) since the device was last opened.
-    opened: bool,
     files: Vec<(String, Attr)>,
     list_error: Option<String>,
     values: Arc<BTreeMap<String, u64>>,
@@ -651,8 +646,9 @@ impl PortHandles {
             sm_lid: Attr::open(dir.join("sm_lid")),
             gids: Vec::new(),
             gids_error: None,
-            counters: CounterGroup::new(dir.join("counters"), names, |n| &n.counters),
-            hw_counters: CounterGroup::new(dir.join("hw_counters"), names, |n| &n.hw_counters),
+            counters: CounterGroup::open(dir.join("counters"), names.counters.as_deref()),
+            hw_counters: CounterGroup::open(dir.join("hw_counters"), names.hw_counters.as_deref()),
+            counter_names: Arc::clone(names),
             counters_timestamp: None,
             gids_dir,
             dir,
@@ -695,7 +691,7 @@ impl PortHandles {
 
     fn read(&mut self, buf: &mut AttrBuf, counters: bool, now: f64, gone: &mut bool) -> PortReport {
         if DirStamp::of(&self.dir) != self.stamp {
-            let names = Arc::clone(&self.counters.names);
+            let names = Arc::clone(&self.counter_names);
             *self = Self::open(std::mem::take(&mut self.dir), self.port, &names);
         }
         let mut p = PortReport {
@@ -773,53 +769,37 @@ impl GidHandles {
 }
 
 impl CounterGroup {
-    fn new(
-        dir: PathBuf,
-        names: &Arc<CounterNames>,
-        pick: fn(&CounterNames) -> &Option<Vec<String>>,
-    ) -> Self {
-        Self {
-            dir,
-            names: Arc::clone(names),
-            pick,
-            opened: false,
-            files: Vec::new(),
-            list_error: None,
-            values: Arc::new(BTreeMap::new()),
-            errors: Vec::new(),
-        }
-    }
-
-    fn open(&mut self) {
-        self.opened = true;
-        self.list_error = None;
-        let wanted = (self.pick)(&self.names);
-        self.files = match list_dir(&self.dir) {
+    /// List `dir` and open its files (only those in `wanted`, when given): once per port open,
+    /// since the kernel creates the group with its port.
+    fn open(dir: PathBuf, wanted: Option<&[String]>) -> Self {
+        let mut list_error = None;
+        let files = match list_dir(&dir) {
             Ok(Some(listing)) => listing
                 .names
                 .into_iter()
-                .filter(|name| wanted.as_ref().is_none_or(|w| w.contains(name)))
+                .filter(|name| wanted.is_none_or(|w| w.contains(name)))
                 .map(|name| {
-                    let attr = Attr::open(self.dir.join(&name));
+                    let attr = Attr::open(dir.join(&name));
                     (name, attr)
                 })
                 .collect(),
             Ok(None) => Vec::new(),
             Err(e) => {
-                self.list_error = Some(e.to_string());
+                list_error = Some(e.to_string());
                 Vec::new()
             }
         };
-        let names: Vec<&String> = self.files.iter().map(|(n, _)| n).collect();
-        Arc::make_mut(&mut self.values).retain(|k, _| names.contains(&k));
+        Self {
+            files,
+            list_error,
+            values: Arc::new(BTreeMap::new()),
+            errors: Vec::new(),
+        }
     }
 
     /// Re-read every counter, updating the values in place (no allocation once the names
     /// are known and the previous report has been dropped).
     fn read(&mut self, buf: &mut AttrBuf, gone: &mut bool) {
-        if !self.opened {
-            self.open();
-        }
         self.errors.clear();
         if let Some(e) = &self.list_error {
             self.errors.push(e.clone());
