@@ -567,8 +567,8 @@ async fn probe_loop(
                 true
             }
         };
-        let probed = match (&last_probed, fresh) {
-            (Some(probed), false) => probed.clone(),
+        let probed: &Probed = match (&last_probed, fresh) {
+            (Some(probed), false) => probed,
             _ => {
                 let started = Instant::now();
                 // Never later than the interval: "within one interval" holds with jitter.
@@ -599,8 +599,7 @@ async fn probe_loop(
                         }
                     }
                 };
-                last_probed = Some(probed.clone());
-                probed
+                last_probed.insert(probed)
             }
         };
         let report = &probed.report;

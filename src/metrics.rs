@@ -251,6 +251,9 @@ struct Readers {
     port_hw: HashMap<PortCounterLabels, Monotonic>,
     netdev_rx: HashMap<DeviceLabels, Monotonic>,
     netdev_tx: HashMap<DeviceLabels, Monotonic>,
+    /// Each port's `counters_timestamp` when its counters were last added: between two reads
+    /// (`rdma.counters_interval`) a report carries the same values, which add nothing.
+    port_counters_added: HashMap<PortLabels, f64>,
     /// When each RDMA device / netdev was last in a report (stale-series pruning).
     rdma_seen: HashMap<String, std::time::Instant>,
     netdev_seen: HashMap<String, std::time::Instant>,
@@ -640,6 +643,7 @@ impl Metrics {
                 port_hw: HashMap::new(),
                 netdev_rx: HashMap::new(),
                 netdev_tx: HashMap::new(),
+                port_counters_added: HashMap::new(),
                 rdma_seen: HashMap::new(),
                 netdev_seen: HashMap::new(),
                 series_grace: DEFAULT_STALE_SERIES_GRACE,
@@ -731,6 +735,7 @@ impl Metrics {
             drop_series(&f.port_rx_bytes, &mut st.port_rx, port_gone);
             drop_series(&f.port_errors, &mut st.port_errors, counter_gone);
             drop_series(&f.port_hw, &mut st.port_hw, counter_gone);
+            st.port_counters_added.retain(|l, _| !port_gone(l));
         }
         let gone = expire(
             &mut st.netdev_seen,
@@ -864,6 +869,15 @@ impl Metrics {
                 netdev: port.netdevs().join(","),
             })
             .set(1);
+        if let Some(read_at) = port.counters_timestamp {
+            match st.port_counters_added.get_mut(&labels) {
+                Some(added) if *added == read_at => return,
+                Some(added) => *added = read_at,
+                None => {
+                    st.port_counters_added.insert(labels.clone(), read_at);
+                }
+            }
+        }
         if let Some(b) = port.transmit_bytes() {
             accumulate(&f.port_tx_bytes, &mut st.port_tx, labels.clone(), b);
         }

@@ -35,8 +35,11 @@ pub struct ProbeConfig {
     pub selftest: SelftestConfig,
     /// GPU ↔ HCA topology, ACS, peer memory and transport settings.
     pub gpudirect: gpudirect::GpudirectConfig,
-    /// How often `counters/` and `hw_counters/` are read (`rdma.counters_interval`); `None`:
-    /// on every probe. The verdict's attributes are read on every probe regardless.
+    /// How often the slow attributes are read (`rdma.counters_interval`): `counters/` and
+    /// `hw_counters/`, each RDMA device's identity, firmware and PCIe capabilities, InfiniBand
+    /// ports' GID tables, and a scan of the PCI bus for GPUs whose function list has not
+    /// changed; `None`: on every probe. The verdict's attributes are read on every probe
+    /// regardless.
     pub counters_interval: Option<Duration>,
     /// Which counter files are read (default: all of them).
     pub counter_names: rdma::sysfs::CounterNames,
@@ -120,7 +123,10 @@ pub struct Prober {
     storage: storage::StorageProber,
     /// The RDMA attribute files, kept open between probes.
     sysfs: rdma::sysfs::SysfsReader,
-    /// When the RDMA counters were last read (drives `counters_interval`).
+    gpudirect: gpudirect::GpudirectReader,
+    netdev: netdev::NetdevReader,
+    /// When the RDMA counters (and the other slow attributes) were last read (drives
+    /// `counters_interval`).
     counters_read: Option<Instant>,
     /// Probes completed so far (drives `every N probes`).
     probes: u64,
@@ -134,6 +140,8 @@ impl Prober {
             rdma::sysfs::SysfsReader::with_counter_names(&roots, config.counter_names.clone());
         Self {
             sysfs,
+            gpudirect: gpudirect::GpudirectReader::new(&roots, config.gpudirect.clone()),
+            netdev: netdev::NetdevReader::new(&roots, config.netdev.clone()),
             counters_read: None,
             roots,
             config,
@@ -161,11 +169,11 @@ impl Prober {
         let mut timings = ProbeTimings::default();
 
         let started = Instant::now();
-        let counters = self.counters_due(started);
-        if counters {
+        let slow = self.counters_due(started);
+        if slow {
             self.counters_read = Some(started);
         }
-        let mut rdma = self.sysfs.probe(counters);
+        let mut rdma = self.sysfs.probe(slow);
         timings.rdma_sysfs_seconds = started.elapsed().as_secs_f64();
 
         if self.config.verbs == rdma::VerbsMode::Required {
@@ -177,7 +185,7 @@ impl Prober {
         self.probes += 1;
 
         let started = Instant::now();
-        let gpudirect = gpudirect::probe(&self.roots, &self.config.gpudirect, &rdma);
+        let gpudirect = self.gpudirect.probe(&rdma, slow);
         timings.gpudirect_seconds = started.elapsed().as_secs_f64();
 
         let started = Instant::now();
@@ -185,7 +193,7 @@ impl Prober {
         timings.storage_seconds = started.elapsed().as_secs_f64();
 
         let started = Instant::now();
-        let netdevs = netdev::probe(&self.roots, &self.config.netdev);
+        let netdevs = self.netdev.probe();
         timings.netdev_seconds = started.elapsed().as_secs_f64();
 
         ProbeReport {

@@ -6,10 +6,10 @@
 //! counters hold the TCP/IP path only, even on the netdev of a RoCE port.
 
 use crate::Roots;
-use crate::error::ProbeError;
-use crate::sysfs_io::{AttrReader, list_dir};
+use crate::sysfs_io::{AttrBuf, KeptAttr, list_dir};
 use serde::Serialize;
-use std::path::Path;
+use std::fs;
+use std::path::{Path, PathBuf};
 
 /// Which interfaces to read.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -35,66 +35,132 @@ pub struct NetdevReport {
     pub errors: Vec<String>,
 }
 
-/// Read the configured interfaces, or every physical one when none is configured.
+/// Read the configured interfaces, or every physical one when none is configured, once.
 pub fn probe(roots: &Roots, config: &NetdevConfig) -> Vec<NetdevReport> {
-    let class = roots.sys("class/net");
-    let names = if config.interfaces.is_empty() {
-        match physical_interfaces(&class) {
-            Ok(names) => names,
-            Err(e) => {
-                return vec![NetdevReport {
-                    name: String::new(),
-                    errors: vec![e.to_string()],
-                    ..NetdevReport::default()
-                }];
-            }
-        }
-    } else {
-        config.interfaces.clone()
-    };
-    names
-        .into_iter()
-        .map(|name| read_interface(&class, name, !config.interfaces.is_empty()))
-        .collect()
+    NetdevReader::new(roots, config.clone()).probe()
 }
 
-fn physical_interfaces(class: &Path) -> Result<Vec<String>, ProbeError> {
-    let entries = list_dir(class)?.map(|l| l.names).unwrap_or_default();
-    let mut all: Vec<(String, bool)> = entries
-        .into_iter()
-        .filter(|name| name != "lo")
-        .map(|name| {
-            let virtual_ = is_virtual(&class.join(&name));
-            (name, virtual_)
-        })
-        .collect();
-    all.sort();
-    let physical: Vec<String> = all
+/// Reads the interfaces' counters probe after probe with their files kept open: a probe lists
+/// `class/net` and `readlink`s each entry (a new target is a new interface, judged physical or
+/// virtual again), then one `pread` per counter. Resolving every link and opening every
+/// counter file on each probe was most of the netdev probe's cost at `--interval 1s`.
+pub struct NetdevReader {
+    roots: Roots,
+    config: NetdevConfig,
+    class: PathBuf,
+    /// The sysfs root with its links resolved, once (it is fixed for the agent's life).
+    sys_root: Option<PathBuf>,
+    /// By name, sorted.
+    interfaces: Vec<Interface>,
+    buf: AttrBuf,
+}
+
+struct Interface {
+    name: String,
+    /// The `class/net/<if>` link's target as last read.
+    target: Option<PathBuf>,
+    is_virtual: bool,
+    rx_bytes: KeptAttr,
+    tx_bytes: KeptAttr,
+}
+
+impl NetdevReader {
+    pub fn new(roots: &Roots, config: NetdevConfig) -> Self {
+        Self {
+            class: roots.sys("class/net"),
+            roots: roots.clone(),
+            config,
+            sys_root: None,
+            interfaces: Vec::new(),
+            buf: AttrBuf::new(),
+        }
+    }
+
+    pub fn probe(&mut self) -> Vec<NetdevReport> {
+        let configured = !self.config.interfaces.is_empty();
+        let names = if configured {
+            self.config.interfaces.clone()
+        } else {
+            match list_dir(&self.class) {
+                Ok(listing) => {
+                    let mut names = listing.map(|l| l.names).unwrap_or_default();
+                    names.retain(|n| n != "lo");
+                    names
+                }
+                Err(e) => {
+                    self.interfaces.clear();
+                    return vec![NetdevReport {
+                        name: String::new(),
+                        errors: vec![e.to_string()],
+                        ..NetdevReport::default()
+                    }];
+                }
+            }
+        };
+        self.refresh(&names);
+        let chosen: Vec<usize> = if configured {
+            (0..self.interfaces.len()).collect()
+        } else {
+            physical_first(&self.interfaces)
+        };
+        chosen
+            .into_iter()
+            .map(|i| {
+                let iface = &mut self.interfaces[i];
+                read_interface(iface, &self.class, configured, &mut self.buf)
+            })
+            .collect()
+    }
+
+    /// Keep the interfaces still listed under the same link target; (re)open the others.
+    fn refresh(&mut self, names: &[String]) {
+        if self.sys_root.is_none() {
+            self.sys_root = crate::sysfs_io::canonical_cached(&self.roots.sys("")).ok();
+        }
+        let mut old = std::mem::take(&mut self.interfaces);
+        for name in names {
+            let link = self.class.join(name);
+            let target = fs::read_link(&link).ok();
+            let kept = old
+                .iter()
+                .position(|i| i.name == *name && i.target == target)
+                .map(|at| old.swap_remove(at));
+            let iface = kept.unwrap_or_else(|| {
+                let stats = link.join("statistics");
+                Interface {
+                    is_virtual: is_virtual(&link, self.sys_root.as_deref()),
+                    name: name.clone(),
+                    target,
+                    rx_bytes: KeptAttr::open(stats.join("rx_bytes")),
+                    tx_bytes: KeptAttr::open(stats.join("tx_bytes")),
+                }
+            });
+            self.interfaces.push(iface);
+        }
+    }
+}
+
+/// Automatic mode: the physical interfaces (at most [`MAX_AUTO_INTERFACES`]), or every listed
+/// one where none is physical (a pod's network namespace).
+fn physical_first(interfaces: &[Interface]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..interfaces.len()).collect();
+    order.sort_by(|&a, &b| interfaces[a].name.cmp(&interfaces[b].name));
+    let physical: Vec<usize> = order
         .iter()
-        .filter(|(_, v)| !v)
-        .map(|(n, _)| n.clone())
+        .copied()
+        .filter(|&i| !interfaces[i].is_virtual)
         .collect();
-    let mut names = if physical.is_empty() {
-        all.into_iter().map(|(n, _)| n).collect()
-    } else {
-        physical
-    };
-    names.truncate(MAX_AUTO_INTERFACES);
-    Ok(names)
+    let mut chosen = if physical.is_empty() { order } else { physical };
+    chosen.truncate(MAX_AUTO_INTERFACES);
+    chosen
 }
 
 /// `class/net/<if>` links into `devices/virtual/net/<if>` for software interfaces and into
 /// the bus device (`devices/pci.../net/<if>`) for hardware ones.
-fn is_virtual(link: &Path) -> bool {
-    let target = crate::sysfs_io::canonical_cached(link).unwrap_or_else(|_| link.to_owned());
-    // Judge only the part below the sysfs root (`<root>/class/net/<if>`), whatever the root.
-    let root = link
-        .parent()
-        .and_then(Path::parent)
-        .and_then(Path::parent)
-        .and_then(|r| crate::sysfs_io::canonical_cached(r).ok());
-    let below = root
-        .as_deref()
+fn is_virtual(link: &Path, sys_root: Option<&Path>) -> bool {
+    let target = fs::canonicalize(link).unwrap_or_else(|_| link.to_owned());
+    // Judge only the part below the sysfs root, whatever the root.
+    let below = sys_root
         .and_then(|r| target.strip_prefix(r).ok())
         .unwrap_or(&target);
     let mut parts = below.components().map(|c| c.as_os_str());
@@ -106,34 +172,27 @@ fn is_virtual(link: &Path) -> bool {
     false
 }
 
-fn read_interface(class: &Path, name: String, configured: bool) -> NetdevReport {
-    let dir = class.join(&name);
+fn read_interface(
+    iface: &mut Interface,
+    class: &Path,
+    configured: bool,
+    buf: &mut AttrBuf,
+) -> NetdevReport {
     let mut report = NetdevReport {
-        name,
+        name: iface.name.clone(),
         ..NetdevReport::default()
     };
-    if configured && !dir.exists() {
+    if configured && iface.target.is_none() && !class.join(&iface.name).exists() {
         report.errors.push(format!(
             "{}: no such interface; fix fallback.netdevs in the config (see `ip link`)",
-            dir.display()
+            class.join(&iface.name).display()
         ));
         return report;
     }
-    let stats = dir.join("statistics");
-    let mut reader = AttrReader::new();
     let errors = &mut report.errors;
-    report.rx_bytes = reader.parsed(
-        &stats.join("rx_bytes"),
-        "a decimal byte counter",
-        errors,
-        parse_counter,
-    );
-    report.tx_bytes = reader.parsed(
-        &stats.join("tx_bytes"),
-        "a decimal byte counter",
-        errors,
-        parse_counter,
-    );
+    let counter = "a decimal byte counter";
+    report.rx_bytes = iface.rx_bytes.parsed(buf, counter, errors, parse_counter);
+    report.tx_bytes = iface.tx_bytes.parsed(buf, counter, errors, parse_counter);
     report
 }
 
@@ -206,6 +265,38 @@ mod tests {
         assert_eq!(got[1].rx_bytes, None);
         assert!(got[1].errors[0].contains("eth9"), "{:?}", got[1].errors);
         assert!(got[1].errors[0].contains("fallback.netdevs"));
+    }
+
+    /// One reader probe after probe: counters rewritten in place are seen through the kept
+    /// files, a new interface is picked up, a removed one dropped, and a name whose link now
+    /// points elsewhere (re-created as a virtual interface) is judged and opened afresh.
+    #[test]
+    fn a_kept_reader_follows_counters_and_interfaces_coming_and_going() {
+        let tmp = tempfile::tempdir().unwrap();
+        iface(tmp.path(), "eth0", true, "1\n", "2\n");
+        let roots = Roots::new(tmp.path(), tmp.path());
+        let mut reader = NetdevReader::new(&roots, NetdevConfig::default());
+        let names = |got: &[NetdevReport]| got.iter().map(|n| n.name.clone()).collect::<Vec<_>>();
+        assert_eq!(reader.probe()[0].rx_bytes, Some(1));
+
+        let stats = tmp.path().join("class/net/eth0/statistics");
+        fs::write(stats.join("rx_bytes"), "1000\n").unwrap();
+        iface(tmp.path(), "eth1", true, "7\n", "8\n");
+        let got = reader.probe();
+        assert_eq!(names(&got), ["eth0", "eth1"]);
+        assert_eq!((got[0].rx_bytes, got[1].tx_bytes), (Some(1000), Some(8)));
+
+        // eth1 goes; eth0 is re-created as a virtual interface (a new link target), so the
+        // physical-only selection now holds nothing and falls back to every interface.
+        fs::remove_file(tmp.path().join("class/net/eth1")).unwrap();
+        fs::remove_file(tmp.path().join("class/net/eth0")).unwrap();
+        iface(tmp.path(), "eth0", false, "5\n", "6\n");
+        let got = reader.probe();
+        assert_eq!(names(&got), ["eth0"]);
+        assert_eq!((got[0].rx_bytes, got[0].tx_bytes), (Some(5), Some(6)));
+        assert!(got[0].errors.is_empty(), "{:?}", got[0].errors);
+        iface(tmp.path(), "eth2", true, "9\n", "9\n");
+        assert_eq!(names(&reader.probe()), ["eth2"], "physical again");
     }
 
     #[test]

@@ -30,6 +30,12 @@ pub(crate) struct AttrBuf {
     len: usize,
 }
 
+impl Default for AttrBuf {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl AttrBuf {
     pub(crate) fn new() -> Self {
         Self {
@@ -274,15 +280,103 @@ impl Attr {
     /// One `pread` at offset 0 (more only for content over 8 KiB). `Ok(None)` when the file
     /// did not exist when it was opened.
     pub(crate) fn read<'b>(&self, buf: &'b mut AttrBuf) -> Result<Option<&'b str>, AttrError<'_>> {
+        if let Slot::Failed(msg) = &self.slot {
+            return Err(AttrError::Message(msg));
+        }
+        if self.fill(buf).map_err(AttrError::Probe)? {
+            buf.text(&self.path).map(Some).map_err(AttrError::Probe)
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// Read the content into `buf`; `false` when the file is missing (or failed to open: the
+    /// callers report that from the slot).
+    fn fill(&self, buf: &mut AttrBuf) -> Result<bool, ProbeError> {
         match &self.slot {
-            Slot::Missing => Ok(None),
-            Slot::Reopen => read_once(&self.path, buf).map_err(AttrError::Probe),
-            Slot::Failed(msg) => Err(AttrError::Message(msg)),
-            Slot::Open(file) => {
-                buf.fill(file, &self.path).map_err(AttrError::Probe)?;
-                buf.text(&self.path).map(Some).map_err(AttrError::Probe)
+            Slot::Missing | Slot::Failed(_) => Ok(false),
+            Slot::Reopen => match open_regular(&self.path)? {
+                Some(file) => buf.fill(&file, &self.path).map(|()| true),
+                None => Ok(false),
+            },
+            Slot::Open(file) => buf.fill(file, &self.path).map(|()| true),
+        }
+    }
+}
+
+/// A file read on every probe that may come and go (a netdev's counters, a module's
+/// `initstate`, `/proc/modules`): kept open while it exists, looked up again on each read
+/// while it does not (or could not be opened), and re-opened at once when a read says it is
+/// gone (its device was re-created under the same name).
+#[derive(Debug)]
+pub(crate) struct KeptAttr(Attr);
+
+impl KeptAttr {
+    pub(crate) fn open(path: PathBuf) -> Self {
+        Self(Attr::open(path))
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        self.0.path()
+    }
+
+    fn reopen(&mut self) {
+        self.0 = Attr::open(std::mem::take(&mut self.0.path));
+    }
+
+    /// [`Attr::read`], after looking the file up again if it was absent or unopenable.
+    pub(crate) fn read<'b>(
+        &mut self,
+        buf: &'b mut AttrBuf,
+    ) -> Result<Option<&'b str>, AttrError<'_>> {
+        if matches!(self.0.slot, Slot::Missing | Slot::Failed(_)) {
+            self.reopen();
+        }
+        let present = match self.0.fill(buf) {
+            Err(e) if is_gone(&e) => {
+                self.reopen();
+                self.0.fill(buf)
+            }
+            other => other,
+        };
+        if let Slot::Failed(msg) = &self.0.slot {
+            return Err(AttrError::Message(msg));
+        }
+        if present.map_err(AttrError::Probe)? {
+            buf.text(self.0.path()).map(Some).map_err(AttrError::Probe)
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// Read and parse: absence is `None`, failures go to `errors` (naming the path).
+    pub(crate) fn parsed<T>(
+        &mut self,
+        buf: &mut AttrBuf,
+        expected: &'static str,
+        errors: &mut Vec<String>,
+        parse: impl FnOnce(&str) -> Option<T>,
+    ) -> Option<T> {
+        match self.read(buf) {
+            Ok(None) => None,
+            Ok(Some(text)) => {
+                let value = parse(text);
+                if value.is_none() {
+                    errors.push(ProbeError::parse(self.path(), text, expected).to_string());
+                }
+                value
+            }
+            Err(e) => {
+                errors.push(e.to_string());
+                None
             }
         }
+    }
+
+    /// An empty attribute is absent, not an error.
+    pub(crate) fn string(&mut self, buf: &mut AttrBuf, errors: &mut Vec<String>) -> Option<String> {
+        self.parsed(buf, "text", errors, |s| Some(s.trim().to_owned()))
+            .filter(|s| !s.is_empty())
     }
 }
 
@@ -305,12 +399,20 @@ impl AttrError<'_> {
     /// The file (or its device) is gone: re-open the device's files on the next probe.
     pub(crate) fn is_gone(&self) -> bool {
         match self {
-            Self::Probe(ProbeError::Read { source, .. }) => matches!(
-                source.raw_os_error(),
-                Some(libc::ENODEV | libc::ENOENT | libc::ESTALE | libc::ENXIO)
-            ),
-            _ => false,
+            Self::Probe(e) => is_gone(e),
+            Self::Message(_) => false,
         }
+    }
+}
+
+/// A read failed because the file (or its device) is gone.
+fn is_gone(e: &ProbeError) -> bool {
+    match e {
+        ProbeError::Read { source, .. } => matches!(
+            source.raw_os_error(),
+            Some(libc::ENODEV | libc::ENOENT | libc::ESTALE | libc::ENXIO)
+        ),
+        _ => false,
     }
 }
 
@@ -388,6 +490,7 @@ impl AttrReader {
     }
 
     /// An empty attribute is absent, not an error.
+    #[cfg(test)]
     pub(crate) fn string(&mut self, path: &Path, errors: &mut Vec<String>) -> Option<String> {
         let result = read_once(path, &mut self.buf).map_err(AttrError::Probe);
         string(result, path, errors)
@@ -403,27 +506,36 @@ pub(crate) struct Listing {
 }
 
 /// Entries of a directory, sorted; `Ok(None)` when it does not exist.
+///
+/// `getdents64` into a buffer on the stack: `std::fs::read_dir` allocates 32 KiB per listing
+/// (glibc's `opendir`) and a name per entry, and that large allocation made the allocator
+/// consolidate the probe's freed small blocks on every listing.
 pub(crate) fn list_dir(path: &Path) -> Result<Option<Listing>, ProbeError> {
-    let entries = match fs::read_dir(path) {
-        Ok(e) => e,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(source) => {
-            return Err(ProbeError::ReadDir {
-                path: path.to_owned(),
-                source,
-            });
-        }
+    use rustix::fs::{Mode, OFlags, RawDir};
+    use std::os::unix::ffi::OsStrExt;
+    let failed = |e: rustix::io::Errno| ProbeError::ReadDir {
+        path: path.to_owned(),
+        source: e.into(),
     };
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
+    let fd = match rustix::fs::open(path, flags, Mode::empty()) {
+        Ok(fd) => fd,
+        Err(rustix::io::Errno::NOENT) => return Ok(None),
+        Err(e) => return Err(failed(e)),
+    };
+    let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 8192];
+    let mut entries = RawDir::new(fd, &mut buf);
     let mut names = Vec::new();
     let mut undecodable = Vec::new();
-    for entry in entries {
-        let entry = entry.map_err(|source| ProbeError::ReadDir {
-            path: path.to_owned(),
-            source,
-        })?;
-        match entry.file_name().into_string() {
-            Ok(name) => names.push(name),
-            Err(raw) => undecodable.push(raw),
+    while let Some(entry) = entries.next() {
+        let entry = entry.map_err(failed)?;
+        let name = entry.file_name().to_bytes();
+        if name == b"." || name == b".." {
+            continue;
+        }
+        match std::str::from_utf8(name) {
+            Ok(name) => names.push(name.to_owned()),
+            Err(_) => undecodable.push(std::ffi::OsStr::from_bytes(name).to_owned()),
         }
     }
     names.sort();

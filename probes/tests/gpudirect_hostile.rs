@@ -110,3 +110,64 @@ fn spoiled_tree_degrades_per_device_without_panicking() {
             .any(|e| e.contains("roce_np/enable/3"))
     );
 }
+
+/// One reader probe after probe (the agent's way): the GPUs of the last PCI scan are kept
+/// while the bus lists the same functions, a function leaving the bus (or the slow cadence)
+/// brings a new scan, and the peer-memory and MTU files, kept open, show a change at once.
+#[test]
+fn a_kept_reader_rescans_the_bus_on_change_and_rereads_kept_files() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/dgx-healthy");
+    let node = tmp.path().join("node");
+    assert!(
+        Command::new("cp")
+            .arg("-a")
+            .arg(&src)
+            .arg(&node)
+            .status()
+            .is_ok_and(|s| s.success())
+    );
+    let sys = node.join("sys");
+    let roots = Roots::new(&sys, node.join("proc"));
+    let rdma = rdma::sysfs::probe(&roots);
+    let mut reader = gpudirect::GpudirectReader::new(&roots, GpudirectConfig::default());
+    let first = reader.probe(&rdma, true);
+    assert_eq!(first.gpus.len(), 8, "{:?}", first.errors);
+    assert_eq!(first.pairs.len(), 8);
+    assert_eq!(first.peermem.method.as_deref(), Some("nvidia_peermem"));
+    let mtu = |r: &gpudirect::GpudirectReport| {
+        r.transport
+            .iter()
+            .find(|t| t.netdev.as_deref() == Some("enp22s0np0"))
+            .and_then(|t| t.netdev_mtu)
+    };
+    assert_eq!(mtu(&first), Some(9000));
+
+    // A GPU's class now reads as a NIC: the bus lists the same functions, so the last scan
+    // stands until the slow cadence.
+    let devices = sys.join("bus/pci/devices");
+    fs::write(devices.join("0000:35:00.0/class"), "0x020000\n").unwrap();
+    // Kept-open files rewritten in place.
+    fs::write(sys.join("class/net/enp22s0np0/mtu"), "1500\n").unwrap();
+    let modules = fs::read_to_string(node.join("proc/modules")).unwrap();
+    let without: String = modules
+        .lines()
+        .filter(|l| !l.starts_with("nvidia_peermem "))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    fs::write(node.join("proc/modules"), without).unwrap();
+    let kept = reader.probe(&rdma, false);
+    assert_eq!(kept.gpus.len(), 8);
+    assert_eq!(mtu(&kept), Some(1500));
+    assert_ne!(kept.peermem.method.as_deref(), Some("nvidia_peermem"));
+    let slow = reader.probe(&rdma, true);
+    assert_eq!(slow.gpus.len(), 7);
+
+    // A function leaves the bus: scanned again at once.
+    fs::remove_file(devices.join("0000:39:00.0")).unwrap();
+    let gone = reader.probe(&rdma, false);
+    let gpus: Vec<&str> = gone.gpus.iter().map(|g| g.address.as_str()).collect();
+    assert_eq!(gpus.len(), 6, "{gpus:?}");
+    assert!(!gpus.contains(&"0000:39:00.0") && !gpus.contains(&"0000:35:00.0"));
+    assert_eq!(gone.pairs.len(), 6);
+}

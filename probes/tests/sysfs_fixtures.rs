@@ -335,3 +335,70 @@ fn port_states_re_read_the_state_files_of_the_opened_ports() {
     assert_eq!(states.len(), 1, "{states:?}");
     assert_eq!(states[0].port, 1);
 }
+
+/// The slow attributes (identity, firmware, PCIe capabilities, InfiniBand GID tables) follow
+/// the counters' cadence and carry their last values in between; what the verdict reads
+/// (states, rate, link layer, the current PCIe link, an Ethernet port's GIDs) is read on
+/// every probe.
+#[test]
+fn slow_attributes_follow_the_counters_cadence_and_verdict_attributes_do_not() {
+    let tmp = tempfile::tempdir().unwrap();
+    let copied = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/ndr-8x400-healthy/sys"))
+        .arg(tmp.path())
+        .status();
+    assert!(copied.is_ok_and(|s| s.success()));
+    let sys = tmp.path().join("sys");
+    let mut reader = sysfs::SysfsReader::new(&Roots::new(&sys, tmp.path()));
+    let device = |r: &fabricgate_probes::rdma::RdmaReport, name: &str| {
+        r.devices.iter().find(|d| d.name == name).cloned().unwrap()
+    };
+    let first = reader.probe(true);
+    let (ib, roce) = (device(&first, "mlx5_0"), device(&first, "mlx5_8"));
+    assert_eq!(ib.fw_ver.as_deref(), Some("28.39.1002"));
+    assert_eq!(ib.ports[0].link_layer, Some(LinkLayer::InfiniBand));
+    assert_eq!(roce.ports[0].link_layer, Some(LinkLayer::Ethernet));
+    let ib_gids = ib.ports[0].gids.len();
+    let roce_gids = roce.ports[0].gids.len();
+    assert!(ib_gids > 0 && roce_gids > 1);
+
+    let dev = sys.join("class/infiniband/mlx5_0");
+    write(&dev.join("fw_ver"), "28.40.1000\n");
+    write(&dev.join("device/max_link_width"), "32\n");
+    write(&dev.join("device/current_link_width"), "8\n");
+    write(&dev.join("ports/1/rate"), "200 Gb/sec (4X HDR)\n");
+    let zero = "0000:0000:0000:0000:0000:0000:0000:0000\n";
+    write(&dev.join("ports/1/gids/0"), zero);
+    write(&sys.join("class/infiniband/mlx5_8/ports/1/gids/3"), zero);
+
+    let between = reader.probe(false);
+    let (ib, roce) = (device(&between, "mlx5_0"), device(&between, "mlx5_8"));
+    assert_eq!(ib.fw_ver.as_deref(), Some("28.39.1002"), "carried");
+    assert_eq!(ib.node_guid, device(&first, "mlx5_0").node_guid, "carried");
+    let pci = ib.pci.clone().unwrap();
+    assert_eq!((pci.current_width, pci.max_width), (Some(8), Some(16)));
+    assert_eq!(
+        pci.numa_node,
+        device(&first, "mlx5_0").pci.unwrap().numa_node
+    );
+    assert!(pci.is_degraded(), "the current link is read on every probe");
+    assert_eq!(ib.ports[0].rate.as_ref().map(|r| r.gbps), Some(200.0));
+    assert_eq!(
+        ib.ports[0].gids.len(),
+        ib_gids,
+        "an IB port's GIDs are carried"
+    );
+    assert_eq!(
+        roce.ports[0].gids.len(),
+        roce_gids - 1,
+        "RoCE GIDs are read"
+    );
+    assert!(ib.errors.is_empty() && roce.errors.is_empty(), "{ib:?}");
+
+    let slow = reader.probe(true);
+    let ib = device(&slow, "mlx5_0");
+    assert_eq!(ib.fw_ver.as_deref(), Some("28.40.1000"));
+    assert_eq!(ib.pci.unwrap().max_width, Some(32));
+    assert_eq!(ib.ports[0].gids.len(), ib_gids - 1);
+}

@@ -12,7 +12,7 @@ pub mod transport;
 
 use crate::Roots;
 use crate::rdma::RdmaReport;
-use crate::sysfs_io::{AttrReader, list_dir};
+use crate::sysfs_io::{AttrBuf, AttrReader, KeptAttr, list_dir};
 use pci::{AcsState, PciPath, Relation};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -148,66 +148,158 @@ impl PeerMemory {
     }
 }
 
-/// Read everything; never fails as a whole (problems land in `errors`).
+/// Read everything once; never fails as a whole (problems land in `errors`).
 pub fn probe(roots: &Roots, config: &GpudirectConfig, rdma: &RdmaReport) -> GpudirectReport {
-    let mut report = GpudirectReport::default();
-    let matcher = config.matcher();
-    let in_scope = |name: &str| matcher.as_ref().is_some_and(|m| m.is_match(name));
-    let mut reader = AttrReader::new();
-    let sys_root =
-        crate::sysfs_io::canonical_cached(&roots.sys("")).unwrap_or_else(|_| roots.sys(""));
+    GpudirectReader::new(roots, config.clone()).probe(rdma, true)
+}
 
-    let gpus = find_gpus(roots, &sys_root, &mut reader, &mut report.errors);
-    let mut hcas = Vec::new();
-    for dev in rdma.devices.iter().filter(|d| in_scope(&d.name)) {
-        let Some(pci) = &dev.pci else { continue };
-        let link = roots.sys("class/infiniband").join(&dev.name).join("device");
-        if let Some((rel, path)) = resolve(&sys_root, &link) {
-            hcas.push((
-                Hca {
-                    name: dev.name.clone(),
-                    address: pci.address.clone(),
-                    numa_node: pci.numa_node,
-                    path: rel,
-                },
-                path,
-            ));
+/// The GPUDirect probe, probe after probe: the sysfs root resolved once, the HCAs placed in
+/// the PCIe tree where the RDMA probe resolved them, the GPUs found on the PCI bus kept
+/// until the bus's function list changes (or the slow cadence comes), and the peer-memory
+/// and transport files kept open. Resolving every HCA's links and re-opening ~10 files on
+/// every probe was a tenth of the agent's CPU at `--interval 1s` on a GPU-less node.
+pub struct GpudirectReader {
+    roots: Roots,
+    config: GpudirectConfig,
+    sys_root: Option<PathBuf>,
+    gpus: Option<GpuScan>,
+    peer: PeerFiles,
+    transport: transport::TransportFiles,
+    reader: AttrReader,
+}
+
+/// The GPUs of one scan of `bus/pci/devices`.
+struct GpuScan {
+    /// The functions listed when scanned.
+    functions: Vec<String>,
+    gpus: Vec<(Gpu, PciPath)>,
+    errors: Vec<String>,
+}
+
+impl GpudirectReader {
+    pub fn new(roots: &Roots, config: GpudirectConfig) -> Self {
+        Self {
+            peer: PeerFiles::new(roots),
+            roots: roots.clone(),
+            config,
+            sys_root: None,
+            gpus: None,
+            transport: transport::TransportFiles::default(),
+            reader: AttrReader::new(),
         }
     }
-    report.pairs = pair_up(&gpus, &hcas);
-    let mut acs_cache: BTreeMap<String, AcsState> = BTreeMap::new();
-    for pair in &mut report.pairs {
-        let gpu_path = gpus
-            .iter()
-            .find(|(g, _)| g.address == pair.gpu)
-            .map(|(_, p)| p);
-        let hca_path = hcas
-            .iter()
-            .find(|(h, _)| h.name == pair.hca)
-            .map(|(_, p)| p);
-        for bridge in &mut pair.bridges {
-            if let Some(acs) = acs_cache.get(&bridge.address) {
-                bridge.acs = *acs;
+
+    /// `slow`: also scan the PCI bus for GPUs again though its function list is unchanged (a
+    /// function re-created at the same address within one probe interval).
+    pub fn probe(&mut self, rdma: &RdmaReport, slow: bool) -> GpudirectReport {
+        let mut report = GpudirectReport::default();
+        let matcher = self.config.matcher();
+        let in_scope = |name: &str| matcher.as_ref().is_some_and(|m| m.is_match(name));
+        if self.sys_root.is_none() {
+            self.sys_root = crate::sysfs_io::canonical_cached(&self.roots.sys("")).ok();
+        }
+        let sys_root = self.sys_root.clone().unwrap_or_else(|| self.roots.sys(""));
+
+        let gpus = self.scan_gpus(&sys_root, slow, &mut report.errors);
+        let roots = &self.roots;
+        let mut hcas = Vec::new();
+        for dev in rdma.devices.iter().filter(|d| in_scope(&d.name)) {
+            // Where the RDMA probe found the PCI function when it opened the device.
+            let Some(pci) = &dev.pci else { continue };
+            let Some(rel) = pci.sysfs_dir.as_deref() else {
                 continue;
-            }
-            let dir = [gpu_path, hca_path]
-                .into_iter()
-                .flatten()
-                .find_map(|p| dir_of(p, &bridge.address));
-            let acs = match dir {
-                Some(dir) => read_acs(&roots.sys(dir).join("config"), &mut report.errors),
-                None => AcsState::Unknown { bytes_read: 0 },
             };
-            acs_cache.insert(bridge.address.clone(), acs);
-            bridge.acs = acs;
+            if let Some(path) = PciPath::parse(rel) {
+                hcas.push((
+                    Hca {
+                        name: dev.name.clone(),
+                        address: pci.address.clone(),
+                        numa_node: pci.numa_node,
+                        path: rel.to_owned(),
+                    },
+                    path,
+                ));
+            }
         }
+        report.pairs = pair_up(&gpus, &hcas);
+        let mut acs_cache: BTreeMap<String, AcsState> = BTreeMap::new();
+        for pair in &mut report.pairs {
+            let gpu_path = gpus
+                .iter()
+                .find(|(g, _)| g.address == pair.gpu)
+                .map(|(_, p)| p);
+            let hca_path = hcas
+                .iter()
+                .find(|(h, _)| h.name == pair.hca)
+                .map(|(_, p)| p);
+            for bridge in &mut pair.bridges {
+                if let Some(acs) = acs_cache.get(&bridge.address) {
+                    bridge.acs = *acs;
+                    continue;
+                }
+                let dir = [gpu_path, hca_path]
+                    .into_iter()
+                    .flatten()
+                    .find_map(|p| dir_of(p, &bridge.address));
+                let acs = match dir {
+                    Some(dir) => read_acs(&roots.sys(dir).join("config"), &mut report.errors),
+                    None => AcsState::Unknown { bytes_read: 0 },
+                };
+                acs_cache.insert(bridge.address.clone(), acs);
+                bridge.acs = acs;
+            }
+        }
+        report.worst_relation = report.pairs.iter().map(|p| p.relation).max();
+        report.gpus = gpus.into_iter().map(|(g, _)| g).collect();
+        report.hcas = hcas.into_iter().map(|(h, _)| h).collect();
+        report.peermem = self.peer.read(roots);
+        report.transport = self.transport.probe(roots, rdma, &in_scope);
+        report
     }
-    report.worst_relation = report.pairs.iter().map(|p| p.relation).max();
-    report.gpus = gpus.into_iter().map(|(g, _)| g).collect();
-    report.hcas = hcas.into_iter().map(|(h, _)| h).collect();
-    report.peermem = peer_memory(roots, &mut reader);
-    report.transport = transport::probe(roots, rdma, &in_scope);
-    report
+
+    /// The GPUs on the PCI bus: the last scan's while the bus lists the same functions and
+    /// `slow` is false, else a new scan.
+    fn scan_gpus(
+        &mut self,
+        sys_root: &Path,
+        slow: bool,
+        errors: &mut Vec<String>,
+    ) -> Vec<(Gpu, PciPath)> {
+        let dir = self.roots.sys("bus/pci/devices");
+        let functions = match list_dir(&dir) {
+            Ok(Some(listing)) => listing.names,
+            Ok(None) => Vec::new(),
+            Err(e) => {
+                self.gpus = None;
+                errors.push(e.to_string());
+                return Vec::new();
+            }
+        };
+        let unchanged = self
+            .gpus
+            .as_ref()
+            .is_some_and(|scan| !slow && scan.functions == functions);
+        if !unchanged {
+            let mut scan_errors = Vec::new();
+            let gpus = find_gpus(
+                &dir,
+                &functions,
+                sys_root,
+                &mut self.reader,
+                &mut scan_errors,
+            );
+            self.gpus = Some(GpuScan {
+                functions,
+                gpus,
+                errors: scan_errors,
+            });
+        }
+        let Some(scan) = &self.gpus else {
+            return Vec::new();
+        };
+        errors.extend(scan.errors.iter().cloned());
+        scan.gpus.clone()
+    }
 }
 
 /// `(path below the sysfs root, parsed)` of a device link, resolved like the kernel resolves
@@ -228,22 +320,14 @@ fn dir_of(path: &PciPath, address: &str) -> Option<PathBuf> {
 }
 
 fn find_gpus(
-    roots: &Roots,
+    dir: &Path,
+    functions: &[String],
     sys_root: &Path,
     reader: &mut AttrReader,
     errors: &mut Vec<String>,
 ) -> Vec<(Gpu, PciPath)> {
-    let dir = roots.sys("bus/pci/devices");
-    let names = match list_dir(&dir) {
-        Ok(Some(n)) => n,
-        Ok(None) => return Vec::new(),
-        Err(e) => {
-            errors.push(e.to_string());
-            return Vec::new();
-        }
-    };
     let mut out = Vec::new();
-    for name in names.names.iter().filter(|n| pci::is_pci_address(n)) {
+    for name in functions.iter().filter(|n| pci::is_pci_address(n)) {
         let dev = dir.join(name);
         // Class first: most functions are not display controllers, one read rules them out.
         let Some(class) =
@@ -358,53 +442,81 @@ fn read_config(path: &Path) -> io::Result<Vec<u8>> {
     Ok(buf)
 }
 
-/// How GPUDirect RDMA is enabled, from (in order): `/proc/modules` (else `/sys/module/<m>/
-/// initstate`) for `nvidia_peermem` / `nv_peer_mem`; `/sys/kernel/mm/memory_peers/nv_mem*`;
-/// `/proc/driver/nvidia/version` and `/proc/sys/kernel/osrelease` for DMA-BUF.
-fn peer_memory(roots: &Roots, reader: &mut AttrReader) -> PeerMemory {
-    let mut pm = PeerMemory::default();
-    let mut ignored = Vec::new();
-    const MODULES: [&str; 2] = ["nvidia_peermem", "nv_peer_mem"];
-    match reader.read(&roots.proc("modules")) {
-        Ok(Some(text)) => {
-            let lines = modules::parse_proc_modules(text);
-            if let Some(m) = MODULES
-                .iter()
-                .find_map(|want| lines.iter().find(|l| l.name == *want))
-            {
-                pm.module = Some(m.name.clone());
-                pm.module_state = Some(m.state.clone());
-                pm.module_source = Some("proc/modules".into());
-            }
+/// The files that say how GPUDirect RDMA is enabled, kept open between probes.
+struct PeerFiles {
+    modules: KeptAttr,
+    initstate: [(&'static str, KeptAttr); 2],
+    nvidia_version: KeptAttr,
+    osrelease: KeptAttr,
+    buf: AttrBuf,
+}
+
+/// The peer-memory modules, preferred first.
+const PEER_MODULES: [&str; 2] = ["nvidia_peermem", "nv_peer_mem"];
+
+impl PeerFiles {
+    fn new(roots: &Roots) -> Self {
+        let initstate = |m: &str| KeptAttr::open(roots.sys("module").join(m).join("initstate"));
+        Self {
+            modules: KeptAttr::open(roots.proc("modules")),
+            initstate: PEER_MODULES.map(|m| (m, initstate(m))),
+            nvidia_version: KeptAttr::open(roots.proc("driver/nvidia/version")),
+            osrelease: KeptAttr::open(roots.proc("sys/kernel/osrelease")),
+            buf: AttrBuf::new(),
         }
-        _ => {
-            for m in MODULES {
-                let state =
-                    reader.string(&roots.sys("module").join(m).join("initstate"), &mut ignored);
-                if let Some(state) = state {
-                    pm.module = Some(m.to_owned());
-                    pm.module_state = Some(if state == "live" {
-                        "Live".to_owned()
-                    } else {
-                        state
-                    });
-                    pm.module_source = Some("sys/module".into());
-                    break;
+    }
+
+    /// How GPUDirect RDMA is enabled, from (in order): `/proc/modules` (else `/sys/module/<m>/
+    /// initstate`) for `nvidia_peermem` / `nv_peer_mem`; `/sys/kernel/mm/memory_peers/nv_mem*`;
+    /// `/proc/driver/nvidia/version` and `/proc/sys/kernel/osrelease` for DMA-BUF.
+    fn read(&mut self, roots: &Roots) -> PeerMemory {
+        let mut pm = PeerMemory::default();
+        let mut ignored = Vec::new();
+        let buf = &mut self.buf;
+        match self.modules.read(buf) {
+            Ok(Some(text)) => {
+                let lines = modules::parse_proc_modules(text);
+                if let Some(m) = PEER_MODULES
+                    .iter()
+                    .find_map(|want| lines.iter().find(|l| l.name == *want))
+                {
+                    pm.module = Some(m.name.clone());
+                    pm.module_state = Some(m.state.clone());
+                    pm.module_source = Some("proc/modules".into());
+                }
+            }
+            _ => {
+                for (m, initstate) in &mut self.initstate {
+                    if let Some(state) = initstate.string(buf, &mut ignored) {
+                        pm.module = Some((*m).to_owned());
+                        pm.module_state = Some(if state == "live" {
+                            "Live".to_owned()
+                        } else {
+                            state
+                        });
+                        pm.module_source = Some("sys/module".into());
+                        break;
+                    }
                 }
             }
         }
+        if let Ok(Some(peers)) = list_dir(&roots.sys("kernel/mm/memory_peers")) {
+            pm.registered = Some(peers.names.iter().any(|p| p.starts_with("nv_mem")));
+        }
+        if let Ok(Some(text)) = self.nvidia_version.read(buf)
+            && let Some(d) = modules::parse_nvidia_version(text)
+        {
+            pm.open_kernel_modules = Some(d.open);
+            pm.dmabuf = d.open && d.major().is_some_and(|m| m >= modules::DMABUF_MIN_DRIVER);
+            pm.driver_version = Some(d.version);
+        }
+        pm.kernel_release = self.osrelease.string(buf, &mut ignored);
+        peer_method(pm)
     }
-    if let Ok(Some(peers)) = list_dir(&roots.sys("kernel/mm/memory_peers")) {
-        pm.registered = Some(peers.names.iter().any(|p| p.starts_with("nv_mem")));
-    }
-    if let Ok(Some(text)) = reader.read(&roots.proc("driver/nvidia/version"))
-        && let Some(d) = modules::parse_nvidia_version(text)
-    {
-        pm.open_kernel_modules = Some(d.open);
-        pm.dmabuf = d.open && d.major().is_some_and(|m| m >= modules::DMABUF_MIN_DRIVER);
-        pm.driver_version = Some(d.version);
-    }
-    pm.kernel_release = reader.string(&roots.proc("sys/kernel/osrelease"), &mut ignored);
+}
+
+/// Which path GPU memory registration takes, from what [`PeerFiles::read`] found.
+fn peer_method(mut pm: PeerMemory) -> PeerMemory {
     let kernel_ok = pm
         .kernel_release
         .as_deref()

@@ -4,9 +4,11 @@
 
 use crate::Roots;
 use crate::rdma::{LinkLayer, RdmaReport};
-use crate::sysfs_io::{AttrReader, list_dir};
+use crate::sysfs_io::{AttrBuf, KeptAttr};
 use serde::Serialize;
 use std::collections::BTreeMap;
+use std::fs;
+use std::path::PathBuf;
 
 /// Bytes of RoCE v2 headers the kernel subtracts from the netdev MTU to get the largest RDMA
 /// MTU (`iboe_get_mtu` in `include/rdma/ib_addr.h`): GRH 40 + UDP 8 + BTH 12 + XRC 4 +
@@ -62,72 +64,114 @@ pub struct PortTransport {
     pub errors: Vec<String>,
 }
 
-/// Read the transport settings of every port of the devices `in_scope` accepts.
-pub fn probe(
-    roots: &Roots,
-    rdma: &RdmaReport,
-    in_scope: &dyn Fn(&str) -> bool,
-) -> Vec<PortTransport> {
-    let mut reader = AttrReader::new();
-    let mut out = Vec::new();
-    for dev in rdma.devices.iter().filter(|d| in_scope(&d.name)) {
-        for port in &dev.ports {
-            let mut t = PortTransport {
-                device: dev.name.clone(),
-                port: port.port,
-                link_layer: port.link_layer.as_ref().map(|l| l.name().to_owned()),
-                netdev: port.netdevs().first().map(|s| (*s).to_owned()),
-                netdev_mtu: None,
-                active_mtu: None,
-                active_mtu_source: None,
-                ecn: None,
-                errors: Vec::new(),
-            };
-            if let Some(nd) = t.netdev.clone() {
-                let dir = roots.sys("class/net").join(&nd);
-                t.netdev_mtu = reader.parsed(&dir.join("mtu"), "an MTU", &mut t.errors, |s| {
-                    s.trim().parse().ok()
-                });
-                t.ecn = read_ecn(&mut reader, &dir.join("ecn"), &mut t.errors);
-            }
-            if let Some(mtu) = port.verbs.as_ref().map(|v| v.active_mtu).filter(|m| *m > 0) {
-                t.active_mtu = Some(mtu);
-                t.active_mtu_source = Some(MtuSource::Verbs);
-            } else if port.link_layer == Some(LinkLayer::Ethernet)
-                && let Some(mtu) = t.netdev_mtu.and_then(roce_mtu_for_netdev)
-            {
-                t.active_mtu = Some(mtu);
-                t.active_mtu_source = Some(MtuSource::Netdev);
-            }
-            out.push(t);
-        }
-    }
-    out
+/// The files of each RoCE netdev the transport probe reads, kept open between probes: its MTU
+/// and the ECN switches (16 on mlx5), for the netdevs the last probe saw.
+#[derive(Default)]
+pub(crate) struct TransportFiles {
+    netdevs: BTreeMap<String, NetdevFiles>,
+    buf: AttrBuf,
 }
 
-fn read_ecn(
-    reader: &mut AttrReader,
-    dir: &std::path::Path,
-    errors: &mut Vec<String>,
-) -> Option<Ecn> {
-    match list_dir(dir) {
-        Ok(Some(_)) => {}
-        Ok(None) => return None,
-        Err(e) => {
-            errors.push(e.to_string());
-            return None;
+struct NetdevFiles {
+    mtu: KeptAttr,
+    ecn: PathBuf,
+    /// `(notification point?, priority, enable file)`, opened when `ecn/` is first seen.
+    switches: Vec<(bool, u8, KeptAttr)>,
+}
+
+impl NetdevFiles {
+    fn open(roots: &Roots, netdev: &str) -> Self {
+        let dir = roots.sys("class/net").join(netdev);
+        Self {
+            mtu: KeptAttr::open(dir.join("mtu")),
+            ecn: dir.join("ecn"),
+            switches: Vec::new(),
         }
     }
-    let mut ecn = Ecn::default();
-    for (proto, map) in [("roce_np", &mut ecn.np), ("roce_rp", &mut ecn.rp)] {
-        for prio in 0u8..8 {
-            let path = dir.join(proto).join("enable").join(prio.to_string());
-            if let Some(on) = reader.parsed(&path, "0 or 1", errors, parse_switch) {
-                map.insert(prio, on);
+
+    /// `None` where the driver exposes no `ecn` folder.
+    fn read_ecn(&mut self, buf: &mut AttrBuf, errors: &mut Vec<String>) -> Option<Ecn> {
+        match fs::metadata(&self.ecn) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => {
+                errors.push(format!("{}: not a directory", self.ecn.display()));
+                return None;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+            Err(e) => {
+                errors.push(format!("cannot read {}: {e}", self.ecn.display()));
+                return None;
             }
         }
+        if self.switches.is_empty() {
+            for (np, proto) in [(true, "roce_np"), (false, "roce_rp")] {
+                for prio in 0u8..8 {
+                    let path = self.ecn.join(proto).join("enable").join(prio.to_string());
+                    self.switches.push((np, prio, KeptAttr::open(path)));
+                }
+            }
+        }
+        let mut ecn = Ecn::default();
+        for (np, prio, file) in &mut self.switches {
+            if let Some(on) = file.parsed(buf, "0 or 1", errors, parse_switch) {
+                if *np { &mut ecn.np } else { &mut ecn.rp }.insert(*prio, on);
+            }
+        }
+        Some(ecn)
     }
-    Some(ecn)
+}
+
+impl TransportFiles {
+    /// Read the transport settings of every port of the devices `in_scope` accepts.
+    pub(crate) fn probe(
+        &mut self,
+        roots: &Roots,
+        rdma: &RdmaReport,
+        in_scope: &dyn Fn(&str) -> bool,
+    ) -> Vec<PortTransport> {
+        let mut out = Vec::new();
+        let mut seen = Vec::new();
+        for dev in rdma.devices.iter().filter(|d| in_scope(&d.name)) {
+            for port in &dev.ports {
+                let mut t = PortTransport {
+                    device: dev.name.clone(),
+                    port: port.port,
+                    link_layer: port.link_layer.as_ref().map(|l| l.name().to_owned()),
+                    netdev: port.netdevs().first().map(|s| (*s).to_owned()),
+                    netdev_mtu: None,
+                    active_mtu: None,
+                    active_mtu_source: None,
+                    ecn: None,
+                    errors: Vec::new(),
+                };
+                if let Some(nd) = &t.netdev {
+                    let files = self
+                        .netdevs
+                        .entry(nd.clone())
+                        .or_insert_with(|| NetdevFiles::open(roots, nd));
+                    t.netdev_mtu = files
+                        .mtu
+                        .parsed(&mut self.buf, "an MTU", &mut t.errors, |s| {
+                            s.trim().parse().ok()
+                        });
+                    t.ecn = files.read_ecn(&mut self.buf, &mut t.errors);
+                    seen.push(nd.clone());
+                }
+                if let Some(mtu) = port.verbs.as_ref().map(|v| v.active_mtu).filter(|m| *m > 0) {
+                    t.active_mtu = Some(mtu);
+                    t.active_mtu_source = Some(MtuSource::Verbs);
+                } else if port.link_layer == Some(LinkLayer::Ethernet)
+                    && let Some(mtu) = t.netdev_mtu.and_then(roce_mtu_for_netdev)
+                {
+                    t.active_mtu = Some(mtu);
+                    t.active_mtu_source = Some(MtuSource::Netdev);
+                }
+                out.push(t);
+            }
+        }
+        self.netdevs.retain(|name, _| seen.contains(name));
+        out
+    }
 }
 
 /// `1` / `0`.

@@ -61,6 +61,11 @@ pub struct DeviceReport {
 pub struct PciLink {
     /// `0000:3b:00.0`
     pub address: String,
+    /// The function's folder below the sysfs root, resolved when the device was opened
+    /// (`devices/pci0000:3a/0000:3a:00.0/0000:3b:00.0`): where the GPUDirect probe places the
+    /// HCA in the PCIe tree without resolving its links again. Not part of the JSON report.
+    #[serde(skip)]
+    pub sysfs_dir: Option<String>,
     /// `None` when the platform reports no affinity (`-1`) or the file is absent.
     pub numa_node: Option<u32>,
     pub current_speed_gts: Option<f64>,

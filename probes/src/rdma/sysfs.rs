@@ -152,10 +152,12 @@ impl SysfsReader {
         }
     }
 
-    /// Read every device. `counters`: also re-read `counters/` and `hw_counters/` (otherwise
-    /// each port reports the values and `counters_timestamp` of their last read; a port seen
-    /// for the first time is always read in full).
-    pub fn probe(&mut self, counters: bool) -> RdmaReport {
+    /// Read every device. `slow`: also re-read what changes seldom or is not in the verdict:
+    /// `counters/` and `hw_counters/`, each device's identity, firmware and PCIe capabilities,
+    /// and the GID tables of InfiniBand ports. Otherwise these carry the values of their last
+    /// read (counters with their `counters_timestamp`); a device or port seen for the first
+    /// time, or re-created, is always read in full.
+    pub fn probe(&mut self, slow: bool) -> RdmaReport {
         let mut report = RdmaReport::default();
         let listing = match list_dir(&self.class) {
             Ok(Some(listing)) => listing,
@@ -192,7 +194,7 @@ impl SysfsReader {
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0.0, |d| d.as_secs_f64());
-        report.devices = read_devices(&mut self.devices, &mut self.bufs, counters, now);
+        report.devices = read_devices(&mut self.devices, &mut self.bufs, slow, now);
 
         // A name that is not UTF-8 cannot be a label or a metric value; say so rather than
         // dropping the device silently.
@@ -272,7 +274,7 @@ const DEVICES_PER_READ_THREAD: usize = 16;
 fn read_devices(
     devices: &mut [DevHandles],
     bufs: &mut Vec<AttrBuf>,
-    counters: bool,
+    slow: bool,
     now: f64,
 ) -> Vec<DeviceReport> {
     // Asked once: `available_parallelism` reads the cgroup's CPU quota files each time.
@@ -290,7 +292,7 @@ fn read_devices(
     let read_share = |share: &mut [DevHandles], buf: &mut AttrBuf| {
         share
             .iter_mut()
-            .map(|h| h.read(buf, counters, now))
+            .map(|h| h.read(buf, slow, now))
             .collect::<Vec<_>>()
     };
     if threads == 1 {
@@ -329,6 +331,8 @@ struct DevHandles {
     fw_ver: Attr,
     hca_type: Attr,
     board_id: Attr,
+    /// The slow attributes as last read (`None`: read them on the next probe).
+    fixed: Option<Fixed>,
     pci: Option<PciHandles>,
     /// Why the PCI function behind the `device` link cannot be named (its PCIe check fails).
     pci_error: Option<String>,
@@ -339,8 +343,30 @@ struct DevHandles {
     ports_error: Option<String>,
 }
 
+/// A device's attributes read on the slow cadence with the counters: fixed for the device's
+/// life, or changed only by a firmware activation (`fw_ver`) or a reset that re-creates it.
+/// Re-reading them every second was a third of an InfiniBand node's `pread`s.
+#[derive(Default)]
+struct Fixed {
+    node_type: Option<NodeType>,
+    node_guid: Option<String>,
+    sys_image_guid: Option<String>,
+    fw_ver: Option<String>,
+    hca_type: Option<String>,
+    board_id: Option<String>,
+    /// The PCI function's NUMA node and link capabilities (the current link is read on every
+    /// probe: it can retrain).
+    numa_node: Option<u32>,
+    max_speed_gts: Option<f64>,
+    max_width: Option<u32>,
+    /// Problems of the last read, reported with its values until the next one.
+    errors: Vec<String>,
+}
+
 struct PciHandles {
     address: String,
+    /// [`PciLink::sysfs_dir`].
+    below_root: Option<String>,
     numa_node: Attr,
     current_link_speed: Attr,
     max_link_speed: Attr,
@@ -360,6 +386,10 @@ struct PortHandles {
     sm_lid: Attr,
     gids_dir: PathBuf,
     gids: Vec<GidHandles>,
+    /// The GIDs in use as last read; an InfiniBand port's table is re-read on the slow
+    /// cadence only (the verdict reads GIDs of Ethernet ports alone, and an mlx5 IB port
+    /// lists 128 entries), any other port's on every probe.
+    gids_read: Option<Vec<Gid>>,
     gids_error: Option<String>,
     counter_names: Arc<CounterNames>,
     counters: CounterGroup,
@@ -404,6 +434,7 @@ impl DevHandles {
             fw_ver: placeholder(),
             hca_type: placeholder(),
             board_id: placeholder(),
+            fixed: None,
             pci: None,
             ports: Vec::new(),
             ports_error: None,
@@ -420,8 +451,9 @@ impl DevHandles {
         self.fw_ver = Attr::open(dir.join("fw_ver"));
         self.hca_type = Attr::open(dir.join("hca_type"));
         self.board_id = Attr::open(dir.join("board_id"));
+        self.fixed = None;
         (self.pci, self.pci_error) = match resolve_pci_function(&self.roots, &dir.join("device")) {
-            Ok(Some(function)) => (Some(PciHandles::open(&function)), None),
+            Ok(Some((function, below))) => (Some(PciHandles::open(&function, below)), None),
             Ok(None) => (None, None),
             Err(why) => (None, Some(why)),
         };
@@ -463,31 +495,31 @@ impl DevHandles {
         };
     }
 
-    fn read(&mut self, buf: &mut AttrBuf, counters: bool, now: f64) -> DeviceReport {
+    /// `slow`: also re-read the counters and the slow attributes ([`Fixed`], the GID tables of
+    /// InfiniBand ports); otherwise they carry their last values (read at once when new).
+    fn read(&mut self, buf: &mut AttrBuf, slow: bool, now: f64) -> DeviceReport {
         let stamp = DirStamp::of(&self.dir);
         if self.stale || self.stamp != Some(stamp) {
             self.open(stamp);
         }
+        if slow || self.fixed.is_none() {
+            self.fixed = Some(self.read_fixed(buf));
+        }
+        let fixed = self.fixed.as_ref();
         let mut dev = DeviceReport {
             name: self.name.clone(),
+            node_type: fixed.and_then(|f| f.node_type.clone()),
+            node_guid: fixed.and_then(|f| f.node_guid.clone()),
+            sys_image_guid: fixed.and_then(|f| f.sys_image_guid.clone()),
+            fw_ver: fixed.and_then(|f| f.fw_ver.clone()),
+            hca_type: fixed.and_then(|f| f.hca_type.clone()),
+            board_id: fixed.and_then(|f| f.board_id.clone()),
+            errors: fixed.map(|f| f.errors.clone()).unwrap_or_default(),
             ..DeviceReport::default()
         };
         let errors = &mut dev.errors;
         let gone = &mut self.stale;
-        dev.node_type = get(
-            &self.node_type,
-            buf,
-            "\"N: NAME\"",
-            errors,
-            gone,
-            parse_node_type,
-        );
-        dev.node_guid = text(&self.node_guid, buf, errors, gone);
-        dev.sys_image_guid = text(&self.sys_image_guid, buf, errors, gone);
-        dev.fw_ver = text(&self.fw_ver, buf, errors, gone);
-        dev.hca_type = text(&self.hca_type, buf, errors, gone);
-        dev.board_id = text(&self.board_id, buf, errors, gone);
-        dev.pci = self.pci.as_ref().map(|p| p.read(buf, errors, gone));
+        dev.pci = self.pci.as_ref().map(|p| p.read(buf, fixed));
         if let Some(why) = &self.pci_error {
             errors.push(why.clone());
             dev.pci_error = Some(why.clone());
@@ -498,9 +530,38 @@ impl DevHandles {
         dev.ports = self
             .ports
             .iter_mut()
-            .map(|p| p.read(buf, counters, now, gone))
+            .map(|p| p.read(buf, slow, now, gone))
             .collect();
         dev
+    }
+
+    fn read_fixed(&mut self, buf: &mut AttrBuf) -> Fixed {
+        let mut f = Fixed::default();
+        let errors = &mut f.errors;
+        let gone = &mut self.stale;
+        f.node_type = get(
+            &self.node_type,
+            buf,
+            "\"N: NAME\"",
+            errors,
+            gone,
+            parse_node_type,
+        );
+        f.node_guid = text(&self.node_guid, buf, errors, gone);
+        f.sys_image_guid = text(&self.sys_image_guid, buf, errors, gone);
+        f.fw_ver = text(&self.fw_ver, buf, errors, gone);
+        f.hca_type = text(&self.hca_type, buf, errors, gone);
+        f.board_id = text(&self.board_id, buf, errors, gone);
+        if let Some(pci) = &self.pci {
+            f.numa_node = get(&pci.numa_node, buf, "an integer", errors, gone, |s| {
+                s.trim().parse::<i64>().ok()
+            })
+            .and_then(|n| u32::try_from(n).ok());
+            // `Unknown` speed (a virtual function) is absent, not an error.
+            f.max_speed_gts = quiet(&pci.max_link_speed, buf, parse_pcie_speed);
+            f.max_width = quiet(&pci.max_link_width, buf, |s| s.trim().parse().ok());
+        }
+        f
     }
 }
 
@@ -566,7 +627,11 @@ pub fn is_pci_address(name: &str) -> bool {
 /// (an mlx5 sub-function) resolves to its physical function. `Ok(None)` when there is no
 /// `device` link at all (software devices such as rxe have none); `Err` with what went wrong
 /// and what it means when the link exists but names no PCI function.
-fn resolve_pci_function(roots: &Roots, link: &Path) -> Result<Option<PathBuf>, String> {
+/// Also gives the function's folder below the sysfs root (`devices/pci…/<address>`).
+fn resolve_pci_function(
+    roots: &Roots,
+    link: &Path,
+) -> Result<Option<(PathBuf, Option<String>)>, String> {
     if fs::symlink_metadata(link).is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound) {
         return Ok(None);
     }
@@ -591,7 +656,14 @@ fn resolve_pci_function(roots: &Roots, link: &Path) -> Result<Option<PathBuf>, S
                 .is_some_and(is_pci_address)
         });
     match function {
-        Some(f) => Ok(Some(f.to_owned())),
+        Some(f) => {
+            let below = f
+                .strip_prefix(&root)
+                .ok()
+                .and_then(Path::to_str)
+                .map(str::to_owned);
+            Ok(Some((f.to_owned(), below)))
+        }
         None => Err(cannot(format!(
             "resolves to {}, which is not inside a PCI function",
             target.strip_prefix(&root).unwrap_or(&target).display()
@@ -601,8 +673,9 @@ fn resolve_pci_function(roots: &Roots, link: &Path) -> Result<Option<PathBuf>, S
 
 impl PciHandles {
     /// The PCIe link attributes of the PCI function in `function` (a canonical sysfs folder).
-    fn open(function: &Path) -> Self {
+    fn open(function: &Path, below_root: Option<String>) -> Self {
         Self {
+            below_root,
             address: function
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
@@ -615,19 +688,18 @@ impl PciHandles {
         }
     }
 
-    fn read(&self, buf: &mut AttrBuf, errors: &mut Vec<String>, gone: &mut bool) -> PciLink {
+    /// The current link (it can retrain at any time) beside the capabilities in `fixed`.
+    fn read(&self, buf: &mut AttrBuf, fixed: Option<&Fixed>) -> PciLink {
         let width = |s: &str| s.trim().parse().ok();
         PciLink {
             address: self.address.clone(),
-            numa_node: get(&self.numa_node, buf, "an integer", errors, gone, |s| {
-                s.trim().parse::<i64>().ok()
-            })
-            .and_then(|n| u32::try_from(n).ok()),
+            sysfs_dir: self.below_root.clone(),
+            numa_node: fixed.and_then(|f| f.numa_node),
             // `Unknown` speed (link down, or a virtual function) is absent, not an error.
             current_speed_gts: quiet(&self.current_link_speed, buf, parse_pcie_speed),
-            max_speed_gts: quiet(&self.max_link_speed, buf, parse_pcie_speed),
+            max_speed_gts: fixed.and_then(|f| f.max_speed_gts),
             current_width: quiet(&self.current_link_width, buf, width),
-            max_width: quiet(&self.max_link_width, buf, width),
+            max_width: fixed.and_then(|f| f.max_width),
         }
     }
 }
@@ -645,6 +717,7 @@ impl PortHandles {
             lid: Attr::open(dir.join("lid")),
             sm_lid: Attr::open(dir.join("sm_lid")),
             gids: Vec::new(),
+            gids_read: None,
             gids_error: None,
             counters: CounterGroup::open(dir.join("counters"), names.counters.as_deref()),
             hw_counters: CounterGroup::open(dir.join("hw_counters"), names.hw_counters.as_deref()),
@@ -689,7 +762,7 @@ impl PortHandles {
             .collect();
     }
 
-    fn read(&mut self, buf: &mut AttrBuf, counters: bool, now: f64, gone: &mut bool) -> PortReport {
+    fn read(&mut self, buf: &mut AttrBuf, slow: bool, now: f64, gone: &mut bool) -> PortReport {
         if DirStamp::of(&self.dir) != self.stamp {
             let names = Arc::clone(&self.counter_names);
             *self = Self::open(std::mem::take(&mut self.dir), self.port, &names);
@@ -731,9 +804,17 @@ impl PortHandles {
         if let Some(e) = &self.gids_error {
             errors.push(e.clone());
         }
-        p.gids = self.gids.iter().filter_map(|g| g.read(buf)).collect();
+        let gids = match &self.gids_read {
+            Some(gids) if !slow && p.link_layer == Some(LinkLayer::InfiniBand) => gids.clone(),
+            _ => {
+                let gids: Vec<Gid> = self.gids.iter().filter_map(|g| g.read(buf)).collect();
+                self.gids_read = Some(gids.clone());
+                gids
+            }
+        };
+        p.gids = gids;
 
-        if counters || self.counters_timestamp.is_none() {
+        if slow || self.counters_timestamp.is_none() {
             self.counters.read(buf, gone);
             self.hw_counters.read(buf, gone);
             self.counters_timestamp = Some(now);
@@ -977,10 +1058,14 @@ mod tests {
             "../../../mlx5_core.sf.4",
             "devices/pci0000:00/0000:00:01.0/0000:3b:00.0/mlx5_core.sf.4/infiniband/mlx5_4",
         );
-        let function = resolve_pci_function(&roots, &sf).unwrap().unwrap();
+        let (function, below) = resolve_pci_function(&roots, &sf).unwrap().unwrap();
         assert!(
             function.ends_with("0000:00:01.0/0000:3b:00.0"),
             "{function:?}"
+        );
+        assert_eq!(
+            below.as_deref(),
+            Some("devices/pci0000:00/0000:00:01.0/0000:3b:00.0")
         );
 
         let platform = link("../..", "devices/platform/HISI00D1:00/infiniband/hns_0");
