@@ -85,9 +85,10 @@ pub struct RdmaRequirements {
     /// this; on RoCE also the netdev MTU must carry it. `None`: not checked.
     pub min_mtu: Option<u32>,
     pub roce: RoceRequirements,
-    /// How often `counters/` and `hw_counters/` are read (humantime, 0s to 24h; `0s` or
-    /// anything up to `--interval`: every probe). Unset: every probe when `--interval` is at
-    /// least 10 s, else every 10 s.
+    /// How often the slow attributes are read: `counters/` and `hw_counters/`, each device's
+    /// identity, firmware and PCIe capabilities, InfiniBand ports' GID tables, the GPU scan of
+    /// an unchanged PCI bus (humantime, 0s to 24h; `0s` or anything up to `--interval`: every
+    /// probe). Unset: every probe when `--interval` is at least 10 s, else every 10 s.
     #[serde(with = "counters_interval", skip_serializing_if = "Option::is_none")]
     pub counters_interval: Option<Duration>,
 }

@@ -3,7 +3,7 @@
 //! vanished files. It must not panic, must record what it could not read, and must keep
 //! pairing the GPUs it can still see.
 
-use fabricgate_probes::gpudirect::pci::{AcsState, Relation};
+use fabricgate_probes::gpudirect::pci::{self, AcsState, Relation};
 use fabricgate_probes::gpudirect::{self, GpudirectConfig};
 use fabricgate_probes::{Roots, rdma};
 use std::fs;
@@ -11,20 +11,19 @@ use std::os::unix::fs::symlink;
 use std::path::Path;
 use std::process::Command;
 
+/// A copy of the DGX-like fixture (symlinks kept) under `dir`, to spoil or change.
+fn copy_dgx_healthy(dir: &Path) -> std::path::PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/dgx-healthy");
+    let node = dir.join("node");
+    let copied = Command::new("cp").arg("-a").arg(&src).arg(&node).status();
+    assert!(copied.is_ok_and(|s| s.success()), "cp -a {}", src.display());
+    node
+}
+
 #[test]
 fn spoiled_tree_degrades_per_device_without_panicking() {
     let tmp = tempfile::tempdir().unwrap();
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/dgx-healthy");
-    let node = tmp.path().join("node");
-    assert!(
-        Command::new("cp")
-            .arg("-a")
-            .arg(&src)
-            .arg(&node)
-            .status()
-            .unwrap()
-            .success()
-    );
+    let node = copy_dgx_healthy(tmp.path());
     let sys = node.join("sys");
     let devices = sys.join("bus/pci/devices");
     // GPU 0: non-UTF-8 class; GPU 1: garbage vendor.
@@ -113,20 +112,12 @@ fn spoiled_tree_degrades_per_device_without_panicking() {
 
 /// One reader probe after probe (the agent's way): the GPUs of the last PCI scan are kept
 /// while the bus lists the same functions, a function leaving the bus (or the slow cadence)
-/// brings a new scan, and the peer-memory and MTU files, kept open, show a change at once.
+/// brings a new scan, and the peer-memory, MTU and bridge `config` files, kept open, show a
+/// change at once.
 #[test]
 fn a_kept_reader_rescans_the_bus_on_change_and_rereads_kept_files() {
     let tmp = tempfile::tempdir().unwrap();
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/dgx-healthy");
-    let node = tmp.path().join("node");
-    assert!(
-        Command::new("cp")
-            .arg("-a")
-            .arg(&src)
-            .arg(&node)
-            .status()
-            .is_ok_and(|s| s.success())
-    );
+    let node = copy_dgx_healthy(tmp.path());
     let sys = node.join("sys");
     let roots = Roots::new(&sys, node.join("proc"));
     let rdma = rdma::sysfs::probe(&roots);
@@ -162,6 +153,65 @@ fn a_kept_reader_rescans_the_bus_on_change_and_rereads_kept_files() {
     assert_ne!(kept.peermem.method.as_deref(), Some("nvidia_peermem"));
     let slow = reader.probe(&rdma, true);
     assert_eq!(slow.gpus.len(), 7);
+
+    // ACS control set in place on a switch port of a rail (as `setpci` does): the next probe
+    // reads it where the first one found the capability.
+    let pair = |r: &gpudirect::GpudirectReport, gpu: &str| {
+        r.pairs.iter().find(|p| p.gpu == gpu).cloned().unwrap()
+    };
+    let rail = pair(&slow, "0000:99:00.0");
+    let bridge = rail
+        .bridges
+        .iter()
+        .find(|b| matches!(b.acs, AcsState::Present { control: 0, .. }))
+        .map(|b| b.address.clone())
+        .unwrap();
+    let config = fs::canonicalize(devices.join(&bridge))
+        .unwrap()
+        .join("config");
+    let redirect = (pci::acs::RR | pci::acs::CR).to_le_bytes();
+    std::os::unix::fs::FileExt::write_all_at(
+        &fs::OpenOptions::new().write(true).open(&config).unwrap(),
+        &redirect,
+        0x148 + 6,
+    )
+    .unwrap();
+    let acs = |r: &gpudirect::GpudirectReport| {
+        pair(r, "0000:99:00.0")
+            .bridges
+            .into_iter()
+            .find(|b| b.address == bridge)
+            .map(|b| b.acs)
+    };
+    let now = reader.probe(&rdma, false);
+    assert!(acs(&now).is_some_and(|a| a.redirects()), "{:?}", acs(&now));
+    // Only the capability's 8 bytes are read now: with the head of the capability list
+    // zeroed, a full walk would find no ACS at all.
+    std::os::unix::fs::FileExt::write_all_at(
+        &fs::OpenOptions::new().write(true).open(&config).unwrap(),
+        &[0; 4],
+        0x100,
+    )
+    .unwrap();
+    assert!(acs(&reader.probe(&rdma, false)).is_some_and(|a| a.redirects()));
+    assert_eq!(
+        acs(&gpudirect::probe(
+            &roots,
+            &GpudirectConfig::default(),
+            &rdma
+        )),
+        Some(AcsState::Absent),
+        "a fresh reader walks the list"
+    );
+    // Cut to what an unprivileged read sees: the capability is no longer where it was, so
+    // the probe reads the whole file again.
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&config)
+        .and_then(|f| f.set_len(64))
+        .unwrap();
+    let cut = reader.probe(&rdma, false);
+    assert_eq!(acs(&cut), Some(AcsState::Unknown { bytes_read: 64 }));
 
     // A function leaves the bus: scanned again at once.
     fs::remove_file(devices.join("0000:39:00.0")).unwrap();

@@ -17,7 +17,8 @@ use pci::{AcsState, PciPath, Relation};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::io::{self, Read};
+use std::io;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 pub use transport::{Ecn, MtuSource, PortTransport};
@@ -165,6 +166,8 @@ pub struct GpudirectReader {
     gpus: Option<GpuScan>,
     peer: PeerFiles,
     transport: transport::TransportFiles,
+    /// The `config` of each bridge on a GPU–HCA path, by path.
+    acs: BTreeMap<PathBuf, AcsFile>,
     reader: AttrReader,
 }
 
@@ -185,6 +188,7 @@ impl GpudirectReader {
             sys_root: None,
             gpus: None,
             transport: transport::TransportFiles::default(),
+            acs: BTreeMap::new(),
             reader: AttrReader::new(),
         }
     }
@@ -223,6 +227,7 @@ impl GpudirectReader {
         }
         report.pairs = pair_up(&gpus, &hcas);
         let mut acs_cache: BTreeMap<String, AcsState> = BTreeMap::new();
+        let mut acs_used = Vec::new();
         for pair in &mut report.pairs {
             let gpu_path = gpus
                 .iter()
@@ -242,13 +247,22 @@ impl GpudirectReader {
                     .flatten()
                     .find_map(|p| dir_of(p, &bridge.address));
                 let acs = match dir {
-                    Some(dir) => read_acs(&roots.sys(dir).join("config"), &mut report.errors),
+                    Some(dir) => {
+                        let path = roots.sys(dir).join("config");
+                        let file = self
+                            .acs
+                            .entry(path.clone())
+                            .or_insert_with(|| AcsFile::new(path.clone()));
+                        acs_used.push(path);
+                        file.read(&mut report.errors)
+                    }
                     None => AcsState::Unknown { bytes_read: 0 },
                 };
                 acs_cache.insert(bridge.address.clone(), acs);
                 bridge.acs = acs;
             }
         }
+        self.acs.retain(|path, _| acs_used.contains(path));
         report.worst_relation = report.pairs.iter().map(|p| p.relation).max();
         report.gpus = gpus.into_iter().map(|(g, _)| g).collect();
         report.hcas = hcas.into_iter().map(|(h, _)| h).collect();
@@ -423,22 +437,88 @@ fn pair_up(gpus: &[(Gpu, PciPath)], hcas: &[(Hca, PciPath)]) -> Vec<Pair> {
     chosen.into_iter().flatten().collect()
 }
 
-/// Read at most 4096 bytes of a binary `config` file. An unprivileged read returns 64.
-fn read_acs(path: &Path, errors: &mut Vec<String>) -> AcsState {
-    match read_config(path) {
-        Ok(bytes) => pci::parse_acs(&bytes),
-        Err(e) => {
-            errors.push(format!("cannot read {}: {e}", path.display()));
-            AcsState::Unknown { bytes_read: 0 }
+/// A bridge's `config` kept open, with where its ACS capability sits. The list of extended
+/// capabilities is fixed for the function's life, so once a full read found ACS a probe reads
+/// the 8 bytes of its header and registers: a full read is up to 4 KiB of config space, as root
+/// 1,024 configuration cycles on the bus per bridge, for a dozen bridges on a GPU node's
+/// rails. An unprivileged read returns only 64 bytes and is done in full each time.
+struct AcsFile {
+    path: PathBuf,
+    file: Option<File>,
+    /// Offset of the ACS capability the last full read found.
+    at: Option<usize>,
+}
+
+impl AcsFile {
+    fn new(path: PathBuf) -> Self {
+        Self {
+            path,
+            file: None,
+            at: None,
+        }
+    }
+
+    fn read(&mut self, errors: &mut Vec<String>) -> AcsState {
+        let unknown = AcsState::Unknown { bytes_read: 0 };
+        if self.file.is_none() {
+            match crate::sysfs_io::open_regular(&self.path) {
+                Ok(Some(file)) => self.file = Some(file),
+                Ok(None) => {
+                    let e = io::Error::from_raw_os_error(libc::ENOENT);
+                    errors.push(format!("cannot read {}: {e}", self.path.display()));
+                    return unknown;
+                }
+                Err(e) => {
+                    errors.push(e.to_string());
+                    return unknown;
+                }
+            }
+        }
+        let Some(file) = &self.file else {
+            return unknown;
+        };
+        if let Some(at) = self.at {
+            let mut regs = [0u8; 8];
+            if let Ok(8) = file.read_at(&mut regs, at as u64)
+                && u16::from_le_bytes([regs[0], regs[1]]) == pci::EXT_CAP_ID_ACS
+            {
+                return AcsState::Present {
+                    capability: u16::from_le_bytes([regs[4], regs[5]]),
+                    control: u16::from_le_bytes([regs[6], regs[7]]),
+                };
+            }
+        }
+        match read_config(file) {
+            Ok(config) => {
+                self.at = pci::find_ext_capability(&config, pci::EXT_CAP_ID_ACS)
+                    .ok()
+                    .flatten();
+                pci::parse_acs(&config)
+            }
+            Err(e) => {
+                errors.push(format!("cannot read {}: {e}", self.path.display()));
+                // Opened again next probe (the function may have been re-created).
+                self.file = None;
+                self.at = None;
+                unknown
+            }
         }
     }
 }
 
-fn read_config(path: &Path) -> io::Result<Vec<u8>> {
-    let mut buf = Vec::with_capacity(pci::EXT_CFG_SPACE_SIZE);
-    File::open(path)?
-        .take(pci::EXT_CFG_SPACE_SIZE as u64)
-        .read_to_end(&mut buf)?;
+/// Read at most 4096 bytes of a binary `config` file from its start.
+fn read_config(file: &File) -> io::Result<Vec<u8>> {
+    let mut buf = vec![0; pci::EXT_CFG_SPACE_SIZE];
+    let mut len = 0;
+    while len < buf.len() {
+        match file.read_at(&mut buf[len..], len as u64) {
+            Ok(0) => break,
+            Ok(n) => len += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    buf.truncate(len);
     Ok(buf)
 }
 
