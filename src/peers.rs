@@ -594,7 +594,10 @@ impl PeerMetrics {
     }
 
     /// Record one round's results; series of peers outside the last `keep` rounds go away.
-    pub fn record_round(&self, round: &Round, keep: usize) {
+    /// Record one round. `usable_now`: the local ports usable when the round ended; a port
+    /// that went down while the round waited out its timeout gets no current values.
+    pub fn record_round(&self, round: &Round, keep: usize, usable_now: &[LocalPort]) {
+        let usable = usable_set(usable_now);
         let mut keys = BTreeSet::new();
         for r in &round.results {
             let key = PeerLabels {
@@ -610,6 +613,9 @@ impl PeerMetrics {
                     .inc_by(0);
             }
             match &r.outcome {
+                Outcome::Measured(_) if !usable.contains(&(key.device.clone(), key.port)) => {
+                    self.remove_values(&key);
+                }
                 Outcome::Measured(m) => {
                     let v = [m.rtt_min(), m.rtt_median(), m.rtt_max()];
                     for (stat, d) in RTT_STATS.into_iter().zip(v) {
@@ -645,19 +651,8 @@ impl PeerMetrics {
             keys.insert(key);
         }
         // Ports that are no longer usable have no current values either.
-        let usable: BTreeSet<(String, u32)> = round
-            .local_ports
-            .iter()
-            .map(|p| (p.device.clone(), u32::from(p.port)))
-            .collect();
         let mut window = self.window.lock().unwrap_or_else(|p| p.into_inner());
-        for keys_of_round in window.iter() {
-            for key in keys_of_round {
-                if !usable.contains(&(key.device.clone(), key.port)) {
-                    self.remove_values(key);
-                }
-            }
-        }
+        self.remove_values_outside(&window, &usable);
         window.push_back(keys);
         while window.len() > keep.max(1) {
             let Some(old) = window.pop_front() else {
@@ -677,6 +672,26 @@ impl PeerMetrics {
             self.round_cpu.set(cpu.as_secs_f64());
         }
         self.round_duration.set(round.elapsed.as_secs_f64());
+    }
+
+    /// Drop the current values (RTT, bandwidth) of every local port not in `usable` at once,
+    /// when a probe finds it gone: a round in flight may wait out `peers.timeout` before it
+    /// records anything.
+    pub fn forget_unusable(&self, usable: &[LocalPort]) {
+        let window = self.window.lock().unwrap_or_else(|p| p.into_inner());
+        self.remove_values_outside(&window, &usable_set(usable));
+    }
+
+    fn remove_values_outside(
+        &self,
+        window: &VecDeque<BTreeSet<PeerLabels>>,
+        usable: &BTreeSet<(String, u32)>,
+    ) {
+        for key in window.iter().flatten() {
+            if !usable.contains(&(key.device.clone(), key.port)) {
+                self.remove_values(key);
+            }
+        }
     }
 
     fn remove_values(&self, key: &PeerLabels) {
@@ -996,6 +1011,7 @@ impl PeerAgent {
     /// After each probe: the validated ports are the ones served and measured from.
     pub fn update_ports(&self, report: &RdmaReport) {
         let ports = LocalPort::usable(report, &|d| self.devices.is_match(d));
+        self.metrics.forget_unusable(&ports);
         self.responder.set_ports(ports.clone());
         *self.ports.lock().unwrap_or_else(|p| p.into_inner()) = ports;
         self.metrics.record_responder(self.responder.stats());
@@ -1041,7 +1057,8 @@ impl PeerAgent {
                     let local = ports.lock().unwrap_or_else(|p| p.into_inner()).clone();
                     let round = rounds.run(&local);
                     log_round(&round);
-                    metrics.record_round(&round, keep);
+                    let usable_now = ports.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                    metrics.record_round(&round, keep, &usable_now);
                     metrics.set_required(rounds.required_met());
                     *required.lock().unwrap_or_else(|p| p.into_inner()) = rounds.required_finding();
                 }
@@ -1051,6 +1068,14 @@ impl PeerAgent {
             })?;
         Ok(())
     }
+}
+
+/// `(device, port)` of each port, as the metric labels hold them.
+fn usable_set(ports: &[LocalPort]) -> BTreeSet<(String, u32)> {
+    ports
+        .iter()
+        .map(|p| (p.device.clone(), u32::from(p.port)))
+        .collect()
 }
 
 fn log_round(round: &Round) {
@@ -1524,6 +1549,41 @@ mod tests {
         }
     }
 
+    /// A round recorded with its own ports still usable when it ends.
+    fn record(m: &PeerMetrics, round: &Round, keep: usize) {
+        m.record_round(round, keep, &round.local_ports);
+    }
+
+    /// The local port goes down while a round is in flight (it may wait out `peers.timeout`):
+    /// the next probe drops the port's values at once, and the round, when it ends, does not
+    /// bring them back.
+    #[test]
+    fn a_port_gone_mid_round_loses_its_values_at_the_probe_not_the_round() {
+        let mut r = Registry::default();
+        let m = PeerMetrics::register(&mut r);
+        let rtt = |r: &Registry| {
+            let mut s = String::new();
+            prometheus_client::encoding::text::encode(&mut s, r).unwrap();
+            s.lines()
+                .filter(|l| l.starts_with("fabricgate_peer_rtt_seconds{"))
+                .count()
+        };
+        let measured_round = Round {
+            local_ports: vec![result(1, measured(10)).local],
+            results: vec![result(1, measured(10))],
+            ..Round::default()
+        };
+        record(&m, &measured_round, 2);
+        assert_eq!(rtt(&r), 3);
+        m.forget_unusable(&[]);
+        assert_eq!(rtt(&r), 0, "dropped when the probe finds the port gone");
+        // The round that started before the port went down measured it.
+        m.record_round(&measured_round, 2, &[]);
+        assert_eq!(rtt(&r), 0, "a late measurement of a gone port is not shown");
+        m.record_round(&measured_round, 2, &measured_round.local_ports);
+        assert_eq!(rtt(&r), 3, "back once the port is usable again");
+    }
+
     #[test]
     fn metrics_follow_rounds_and_forget_peers_outside_the_window() {
         let mut r = Registry::default();
@@ -1539,7 +1599,8 @@ mod tests {
             local_ports: ports.clone(),
             ..Round::default()
         };
-        m.record_round(
+        record(
+            &m,
             &round(vec![result(1, measured(10)), result(2, measured(20))]),
             2,
         );
@@ -1552,7 +1613,8 @@ mod tests {
         assert!(t.contains(r#"fabricgate_peer_errors_total{device="rxe0",port="1",peer="10.0.0.1",kind="timeout"} 0"#), "{t}");
 
         // Peer 2 times out: its RTT goes away, its timeout counter counts.
-        m.record_round(
+        record(
+            &m,
             &round(vec![result(
                 2,
                 Outcome::Failed {
@@ -1572,7 +1634,7 @@ mod tests {
 
         // Two more rounds with peer 3 only: peers 1 and 2 fall out of the 2-round window.
         for _ in 0..2 {
-            m.record_round(&round(vec![result(3, measured(30))]), 2);
+            record(&m, &round(vec![result(3, measured(30))]), 2);
         }
         let t = text(&r);
         assert!(!t.contains(r#"peer="10.0.0.1""#), "{t}");
@@ -1581,7 +1643,8 @@ mod tests {
         assert!(t.contains("fabricgate_peer_rounds_total 4"), "{t}");
 
         // The local port goes down: no current values for it, errors stay.
-        m.record_round(
+        record(
+            &m,
             &Round {
                 results: vec![],
                 local_ports: vec![],
@@ -1599,7 +1662,8 @@ mod tests {
         let m = PeerMetrics::register(&mut r);
         for i in 0..200u8 {
             let res = vec![result(i.max(1), measured(10))];
-            m.record_round(
+            record(
+                &m,
                 &Round {
                     local_ports: vec![res[0].local.clone()],
                     results: res,
