@@ -129,6 +129,30 @@ pub(crate) fn open_regular(path: &Path) -> Result<Option<File>, ProbeError> {
     })
 }
 
+/// The first `limit` bytes of `file` (fewer if it is shorter), read from offset 0 with
+/// `pread`s into a buffer that starts at `initial` bytes and doubles (binary files: a PCI
+/// `config`, the mount table).
+pub(crate) fn read_prefix(file: &File, initial: usize, limit: usize) -> io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; initial.clamp(1, limit.max(1))];
+    let mut len = 0usize;
+    loop {
+        if len == buf.len() {
+            if len >= limit {
+                break;
+            }
+            buf.resize((len * 2).min(limit), 0);
+        }
+        match file.read_at(&mut buf[len..], len as u64) {
+            Ok(0) => break,
+            Ok(n) => len += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    buf.truncate(len);
+    Ok(buf)
+}
+
 /// Read a whole small file once (open, bounded read, close).
 pub(crate) fn read_once<'b>(
     path: &Path,

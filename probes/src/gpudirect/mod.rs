@@ -488,7 +488,8 @@ impl AcsFile {
                 };
             }
         }
-        match read_config(file) {
+        let size = pci::EXT_CFG_SPACE_SIZE;
+        match crate::sysfs_io::read_prefix(file, size, size) {
             Ok(config) => {
                 self.at = pci::find_ext_capability(&config, pci::EXT_CAP_ID_ACS)
                     .ok()
@@ -504,22 +505,6 @@ impl AcsFile {
             }
         }
     }
-}
-
-/// Read at most 4096 bytes of a binary `config` file from its start.
-fn read_config(file: &File) -> io::Result<Vec<u8>> {
-    let mut buf = vec![0; pci::EXT_CFG_SPACE_SIZE];
-    let mut len = 0;
-    while len < buf.len() {
-        match file.read_at(&mut buf[len..], len as u64) {
-            Ok(0) => break,
-            Ok(n) => len += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    buf.truncate(len);
-    Ok(buf)
 }
 
 /// The files that say how GPUDirect RDMA is enabled, kept open between probes.

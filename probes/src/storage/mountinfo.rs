@@ -610,25 +610,7 @@ fn changed(file: &File) -> bool {
 
 /// The whole file from offset 0, at most [`MAX_TABLE_BYTES`] (+1, to see the cut).
 fn read_all(file: &File) -> io::Result<Vec<u8>> {
-    use std::os::unix::fs::FileExt;
-    let mut buf = vec![0u8; 64 * 1024];
-    let mut len = 0usize;
-    loop {
-        if len == buf.len() {
-            if len > MAX_TABLE_BYTES {
-                break;
-            }
-            buf.resize((len * 2).min(MAX_TABLE_BYTES + 1), 0);
-        }
-        match file.read_at(&mut buf[len..], len as u64) {
-            Ok(0) => break,
-            Ok(n) => len += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    buf.truncate(len);
-    Ok(buf)
+    crate::sysfs_io::read_prefix(file, 64 * 1024, MAX_TABLE_BYTES + 1)
 }
 
 #[cfg(test)]
