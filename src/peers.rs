@@ -594,8 +594,8 @@ impl PeerMetrics {
     }
 
     /// Record one round's results; series of peers outside the last `keep` rounds go away.
-    /// Record one round. `usable_now`: the local ports usable when the round ended; a port
-    /// that went down while the round waited out its timeout gets no current values.
+    /// `usable_now`: the local ports usable when the round ended; a port that went down while
+    /// the round waited out its timeout gets no current values.
     pub fn record_round(&self, round: &Round, keep: usize, usable_now: &[LocalPort]) {
         let usable = usable_set(usable_now);
         let mut keys = BTreeSet::new();
@@ -771,8 +771,6 @@ pub struct PeerResult {
 #[derive(Debug, Clone, Default)]
 pub struct Round {
     pub results: Vec<PeerResult>,
-    /// The usable local ports at the time.
-    pub local_ports: Vec<LocalPort>,
     pub errors: Vec<String>,
     pub elapsed: Duration,
     /// CPU time of the measuring thread, when `/proc/thread-self/schedstat` is readable.
@@ -839,7 +837,6 @@ impl Rounds {
         let (targets, errors) = self.discovery.resolve();
         self.selector.retain(&targets);
         let mut round = Round {
-            local_ports: ports.to_vec(),
             errors,
             ..Round::default()
         };
@@ -1549,11 +1546,6 @@ mod tests {
         }
     }
 
-    /// A round recorded with its own ports still usable when it ends.
-    fn record(m: &PeerMetrics, round: &Round, keep: usize) {
-        m.record_round(round, keep, &round.local_ports);
-    }
-
     /// The local port goes down while a round is in flight (it may wait out `peers.timeout`):
     /// the next probe drops the port's values at once, and the round, when it ends, does not
     /// bring them back.
@@ -1568,19 +1560,19 @@ mod tests {
                 .filter(|l| l.starts_with("fabricgate_peer_rtt_seconds{"))
                 .count()
         };
+        let ports = [result(1, measured(10)).local];
         let measured_round = Round {
-            local_ports: vec![result(1, measured(10)).local],
             results: vec![result(1, measured(10))],
             ..Round::default()
         };
-        record(&m, &measured_round, 2);
+        m.record_round(&measured_round, 2, &ports);
         assert_eq!(rtt(&r), 3);
         m.forget_unusable(&[]);
         assert_eq!(rtt(&r), 0, "dropped when the probe finds the port gone");
         // The round that started before the port went down measured it.
         m.record_round(&measured_round, 2, &[]);
         assert_eq!(rtt(&r), 0, "a late measurement of a gone port is not shown");
-        m.record_round(&measured_round, 2, &measured_round.local_ports);
+        m.record_round(&measured_round, 2, &ports);
         assert_eq!(rtt(&r), 3, "back once the port is usable again");
     }
 
@@ -1596,13 +1588,12 @@ mod tests {
         let ports = vec![result(1, measured(10)).local];
         let round = |results| Round {
             results,
-            local_ports: ports.clone(),
             ..Round::default()
         };
-        record(
-            &m,
+        m.record_round(
             &round(vec![result(1, measured(10)), result(2, measured(20))]),
             2,
+            &ports,
         );
         let t = text(&r);
         assert!(
@@ -1613,8 +1604,7 @@ mod tests {
         assert!(t.contains(r#"fabricgate_peer_errors_total{device="rxe0",port="1",peer="10.0.0.1",kind="timeout"} 0"#), "{t}");
 
         // Peer 2 times out: its RTT goes away, its timeout counter counts.
-        record(
-            &m,
+        m.record_round(
             &round(vec![result(
                 2,
                 Outcome::Failed {
@@ -1623,6 +1613,7 @@ mod tests {
                 },
             )]),
             2,
+            &ports,
         );
         let t = text(&r);
         assert!(!t.contains(r#"peer="10.0.0.2",stat="median""#), "{t}");
@@ -1634,7 +1625,7 @@ mod tests {
 
         // Two more rounds with peer 3 only: peers 1 and 2 fall out of the 2-round window.
         for _ in 0..2 {
-            record(&m, &round(vec![result(3, measured(30))]), 2);
+            m.record_round(&round(vec![result(3, measured(30))]), 2, &ports);
         }
         let t = text(&r);
         assert!(!t.contains(r#"peer="10.0.0.1""#), "{t}");
@@ -1643,15 +1634,7 @@ mod tests {
         assert!(t.contains("fabricgate_peer_rounds_total 4"), "{t}");
 
         // The local port goes down: no current values for it, errors stay.
-        record(
-            &m,
-            &Round {
-                results: vec![],
-                local_ports: vec![],
-                ..Round::default()
-            },
-            2,
-        );
+        m.record_round(&round(vec![]), 2, &[]);
         let t = text(&r);
         assert!(!t.contains("fabricgate_peer_rtt_seconds{"), "{t}");
     }
@@ -1662,15 +1645,12 @@ mod tests {
         let m = PeerMetrics::register(&mut r);
         for i in 0..200u8 {
             let res = vec![result(i.max(1), measured(10))];
-            record(
-                &m,
-                &Round {
-                    local_ports: vec![res[0].local.clone()],
-                    results: res,
-                    ..Round::default()
-                },
-                3,
-            );
+            let ports = [res[0].local.clone()];
+            let round = Round {
+                results: res,
+                ..Round::default()
+            };
+            m.record_round(&round, 3, &ports);
         }
         let mut s = String::new();
         prometheus_client::encoding::text::encode(&mut s, &r).unwrap();
