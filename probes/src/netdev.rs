@@ -115,7 +115,7 @@ impl NetdevReader {
     /// Keep the interfaces still listed under the same link target; (re)open the others.
     fn refresh(&mut self, names: &[String]) {
         if self.sys_root.is_none() {
-            self.sys_root = crate::sysfs_io::canonical_cached(&self.roots.sys("")).ok();
+            self.sys_root = self.roots.canonical_sysfs_root().ok();
         }
         let mut old = std::mem::take(&mut self.interfaces);
         for name in names {
@@ -182,12 +182,15 @@ fn read_interface(
         name: iface.name.clone(),
         ..NetdevReport::default()
     };
-    if configured && iface.target.is_none() && !class.join(&iface.name).exists() {
-        report.errors.push(format!(
-            "{}: no such interface; fix fallback.netdevs in the config (see `ip link`)",
-            class.join(&iface.name).display()
-        ));
-        return report;
+    if configured && iface.target.is_none() {
+        let dir = class.join(&iface.name);
+        if !dir.exists() {
+            report.errors.push(format!(
+                "{}: no such interface; fix fallback.netdevs in the config (see `ip link`)",
+                dir.display()
+            ));
+            return report;
+        }
     }
     let errors = &mut report.errors;
     let counter = "a decimal byte counter";

@@ -188,10 +188,10 @@ pub(crate) fn read_to_string(path: &Path) -> io::Result<String> {
 
 /// `fs::canonicalize(path)`, remembered per path while `path`'s own link target (one
 /// `readlink`; none for a directory) is unchanged and the result still exists (one `stat`).
-/// Canonicalizing walks every component with a `readlink` each: the GPUDirect and netdev
-/// probes resolved the same device links on every probe, about 240 `readlink`s a probe on a
-/// 12-HCA node (issue 17: agent CPU). A re-created device's link points elsewhere, so it is
-/// resolved again.
+/// Canonicalizing walks every component with a `readlink` each, and the GPUDirect probe's
+/// scan of the PCI bus resolves every GPU's link again (on every probe at the default
+/// `rdma.counters_interval`; issue 17: agent CPU). A re-created device's link points
+/// elsewhere, so it is resolved again.
 pub(crate) fn canonical_cached(path: &Path) -> io::Result<PathBuf> {
     use std::collections::HashMap;
     type Resolved = (Option<PathBuf>, PathBuf);
@@ -340,10 +340,6 @@ impl KeptAttr {
         Self(Attr::open(path))
     }
 
-    pub(crate) fn path(&self) -> &Path {
-        self.0.path()
-    }
-
     fn reopen(&mut self) {
         self.0 = Attr::open(std::mem::take(&mut self.0.path));
     }
@@ -353,6 +349,14 @@ impl KeptAttr {
         &mut self,
         buf: &'b mut AttrBuf,
     ) -> Result<Option<&'b str>, AttrError<'_>> {
+        self.read_naming(buf).0
+    }
+
+    /// [`KeptAttr::read`], with the path for a message about what was read.
+    fn read_naming<'b>(
+        &mut self,
+        buf: &'b mut AttrBuf,
+    ) -> (Result<Option<&'b str>, AttrError<'_>>, &Path) {
         if matches!(self.0.slot, Slot::Missing | Slot::Failed(_)) {
             self.reopen();
         }
@@ -363,14 +367,14 @@ impl KeptAttr {
             }
             other => other,
         };
-        if let Slot::Failed(msg) = &self.0.slot {
-            return Err(AttrError::Message(msg));
-        }
-        if present.map_err(AttrError::Probe)? {
-            buf.text(self.0.path()).map(Some).map_err(AttrError::Probe)
-        } else {
-            Ok(None)
-        }
+        let attr = &self.0;
+        let result = match (&attr.slot, present) {
+            (Slot::Failed(msg), _) => Err(AttrError::Message(msg)),
+            (_, Err(e)) => Err(AttrError::Probe(e)),
+            (_, Ok(false)) => Ok(None),
+            (_, Ok(true)) => buf.text(&attr.path).map(Some).map_err(AttrError::Probe),
+        };
+        (result, &attr.path)
     }
 
     /// Read and parse: absence is `None`, failures go to `errors` (naming the path).
@@ -381,26 +385,14 @@ impl KeptAttr {
         errors: &mut Vec<String>,
         parse: impl FnOnce(&str) -> Option<T>,
     ) -> Option<T> {
-        match self.read(buf) {
-            Ok(None) => None,
-            Ok(Some(text)) => {
-                let value = parse(text);
-                if value.is_none() {
-                    errors.push(ProbeError::parse(self.path(), text, expected).to_string());
-                }
-                value
-            }
-            Err(e) => {
-                errors.push(e.to_string());
-                None
-            }
-        }
+        let (result, path) = self.read_naming(buf);
+        parsed(result, path, expected, errors, parse)
     }
 
     /// An empty attribute is absent, not an error.
     pub(crate) fn string(&mut self, buf: &mut AttrBuf, errors: &mut Vec<String>) -> Option<String> {
-        self.parsed(buf, "text", errors, |s| Some(s.trim().to_owned()))
-            .filter(|s| !s.is_empty())
+        let (result, path) = self.read_naming(buf);
+        string(result, path, errors)
     }
 }
 

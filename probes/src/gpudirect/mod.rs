@@ -200,7 +200,7 @@ impl GpudirectReader {
         let matcher = self.config.matcher();
         let in_scope = |name: &str| matcher.as_ref().is_some_and(|m| m.is_match(name));
         if self.sys_root.is_none() {
-            self.sys_root = crate::sysfs_io::canonical_cached(&self.roots.sys("")).ok();
+            self.sys_root = self.roots.canonical_sysfs_root().ok();
         }
         let sys_root = self.sys_root.clone().unwrap_or_else(|| self.roots.sys(""));
 
@@ -480,12 +480,9 @@ impl AcsFile {
         if let Some(at) = self.at {
             let mut regs = [0u8; 8];
             if let Ok(8) = file.read_at(&mut regs, at as u64)
-                && u16::from_le_bytes([regs[0], regs[1]]) == pci::EXT_CAP_ID_ACS
+                && let Some(acs) = pci::acs_at(&regs, 0)
             {
-                return AcsState::Present {
-                    capability: u16::from_le_bytes([regs[4], regs[5]]),
-                    control: u16::from_le_bytes([regs[6], regs[7]]),
-                };
+                return acs;
             }
         }
         let size = pci::EXT_CFG_SPACE_SIZE;

@@ -147,16 +147,22 @@ pub fn parse_acs(config: &[u8]) -> AcsState {
     match find_ext_capability(config, EXT_CAP_ID_ACS) {
         Err(bytes_read) => AcsState::Unknown { bytes_read },
         Ok(None) => AcsState::Absent,
-        Ok(Some(pos)) => match (u16_at(config, pos + 4), u16_at(config, pos + 6)) {
-            (Some(capability), Some(control)) => AcsState::Present {
-                capability,
-                control,
-            },
-            _ => AcsState::Unknown {
-                bytes_read: config.len(),
-            },
-        },
+        Ok(Some(pos)) => acs_at(config, pos).unwrap_or(AcsState::Unknown {
+            bytes_read: config.len(),
+        }),
     }
+}
+
+/// The ACS capability whose header starts at `pos` of `bytes` (header, then the capability
+/// and control registers); `None` unless the header there is ACS's and the registers follow.
+pub fn acs_at(bytes: &[u8], pos: usize) -> Option<AcsState> {
+    if u16_at(bytes, pos)? != EXT_CAP_ID_ACS {
+        return None;
+    }
+    Some(AcsState::Present {
+        capability: u16_at(bytes, pos + 4)?,
+        control: u16_at(bytes, pos + 6)?,
+    })
 }
 
 /// The PCIe relation between a GPU and an HCA, best first (NCCL's and `nvidia-smi topo -m`'s
