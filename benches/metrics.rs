@@ -1,12 +1,12 @@
 //! Encoding `/metrics` for a 12-device/24-port node (tests/fixtures/bench-12x2; target: under
 //! 1 ms median), recording one probe into the registry, and what a scrape between two probes
-//! costs now that the exposition is encoded once per probe (src/exposition.rs).
+//! costs now that the exposition is encoded once per probe (src/observe/exposition.rs).
 //!
 //! `cargo bench --bench metrics`
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use fabricgate::config::Config;
-use fabricgate::metrics::Metrics;
+use fabricgate::observe::metrics::Metrics;
 use fabricgate::policy;
 use fabricgate_probes::rdma::VerbsMode;
 use fabricgate_probes::{ProbeConfig, Prober, Roots};

@@ -14,7 +14,7 @@ fn bench(c: &mut Criterion) {
     let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/bench-12x2");
     let roots = Roots::new(base.join("sys"), base.join("proc"));
     // As the agent does before its first probe (the kept-open budget follows the limit).
-    fabricgate::server::raise_nofile();
+    fabricgate::observe::server::raise_nofile();
     let config = Config::parse("rdma:\n  min_active_ports: 24\n  min_rate_gbps: 400\n")
         .expect("bench config parses");
 
@@ -50,7 +50,7 @@ fn bench(c: &mut Criterion) {
     bench_probe(
         "sysfs probe + policy, 12 devices / 24 ports, the agent's counter files",
         ProbeConfig {
-            counter_names: fabricgate::metrics::counters_read(),
+            counter_names: fabricgate::observe::metrics::counters_read(),
             ..ProbeConfig::default()
         },
     );

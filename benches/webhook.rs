@@ -7,7 +7,7 @@
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use fabricgate::config::Config;
-use fabricgate::webhook::{self, MutationConfig};
+use fabricgate::pod::webhook::{self, MutationConfig};
 use std::hint::black_box;
 
 fn bench(c: &mut Criterion) {

@@ -7,7 +7,7 @@
 //! ```
 
 use fabricgate::config::Config;
-use fabricgate::metrics::{self, Metrics};
+use fabricgate::observe::metrics::{self, Metrics};
 use fabricgate::policy;
 use fabricgate_probes::rdma::VerbsMode;
 use fabricgate_probes::{ProbeConfig, Prober, Roots};

@@ -27,14 +27,14 @@ fn main() -> anyhow::Result<()> {
     let config = Config::parse("rdma:\n  min_active_ports: 24\n  min_rate_gbps: 400\n")?;
     // As the agent does before its first probe: the descriptor budget of kept-open
     // attribute files follows the soft limit.
-    fabricgate::server::raise_nofile();
+    fabricgate::observe::server::raise_nofile();
     let mut prober = Prober::new(
         Roots::new(node.join("sys"), node.join("proc")),
         ProbeConfig {
             verbs: VerbsMode::Off,
             counters_interval: (!counters).then(|| std::time::Duration::from_secs(3600)),
             counter_names: if mode == "agent" {
-                fabricgate::metrics::counters_read()
+                fabricgate::observe::metrics::counters_read()
             } else {
                 Default::default()
             },

@@ -104,8 +104,8 @@ pub struct PreflightArgs {
     #[arg(long, value_name = "N")]
     pub min_active_ports: Option<u32>,
     /// Loopback RC self-test on each port: `auto` follows `rdma.selftest`.
-    #[arg(long, value_enum, default_value_t = crate::preflight::SelftestChoice::Auto)]
-    pub selftest: crate::preflight::SelftestChoice,
+    #[arg(long, value_enum, default_value_t = crate::pod::preflight::SelftestChoice::Auto)]
+    pub selftest: crate::pod::preflight::SelftestChoice,
     /// `NCCL_NET` written to the NCCL files (`IB`; a net plugin's name where one is used).
     #[arg(long, default_value = "IB", value_name = "NAME")]
     pub nccl_net: String,
@@ -182,7 +182,7 @@ impl WebhookArgs {
     ///
     /// # Errors
     /// The requirements file's errors; [`Error::Usage`] for a relative --nccl-dir.
-    pub fn mutation_config(&self) -> Result<crate::webhook::MutationConfig> {
+    pub fn mutation_config(&self) -> Result<crate::pod::webhook::MutationConfig> {
         let (config, yaml) = match &self.config {
             Some(path) => {
                 let config = Config::load(path)?;
@@ -200,7 +200,7 @@ impl WebhookArgs {
                 message: format!("{:?} is not an absolute path", self.nccl_dir),
             });
         }
-        let mut m = crate::webhook::MutationConfig::new(&config, &yaml, &self.preflight_image);
+        let mut m = crate::pod::webhook::MutationConfig::new(&config, &yaml, &self.preflight_image);
         if !self.rdma_resource_prefixes.is_empty() {
             m.rdma_resource_prefixes = self.rdma_resource_prefixes.clone();
         }
@@ -290,11 +290,11 @@ pub struct RunArgs {
     pub resync_interval: std::time::Duration,
     /// Address of the /metrics, /healthz and /readyz server. In a DaemonSet, the node's own
     /// address: `$(HOST_IP):9464` with HOST_IP from the downward API `status.hostIP`.
-    #[arg(long, default_value = "0.0.0.0:9464", value_name = "ADDR", value_parser = crate::server::parse_listen_addr)]
+    #[arg(long, default_value = "0.0.0.0:9464", value_name = "ADDR", value_parser = crate::observe::server::parse_listen_addr)]
     pub metrics_addr: std::net::SocketAddr,
     /// Most connections the metrics server keeps open at once (lowered further so they never
     /// take more than half of the descriptors left after a reserve for the probe).
-    #[arg(long, default_value_t = crate::server::DEFAULT_MAX_CONNECTIONS, value_parser = parse_max_connections, value_name = "N")]
+    #[arg(long, default_value_t = crate::observe::server::DEFAULT_MAX_CONNECTIONS, value_parser = parse_max_connections, value_name = "N")]
     pub metrics_max_connections: usize,
     /// A probe that has not finished after this long is an agent error: /readyz fails at once
     /// and the condition says AgentError. 1s to 1h.
@@ -468,7 +468,7 @@ duration_flag!(
 );
 
 fn parse_max_connections(text: &str) -> std::result::Result<usize, String> {
-    let max = crate::server::MAX_MAX_CONNECTIONS;
+    let max = crate::observe::server::MAX_MAX_CONNECTIONS;
     match text.trim().parse::<usize>() {
         Ok(n) if (2..=max).contains(&n) => Ok(n),
         _ => Err(format!("{text:?} is not a number from 2 to {max}")),

@@ -3,27 +3,16 @@
 
 #![forbid(unsafe_code)]
 
-pub mod agent_error;
-pub mod check;
+pub mod agent;
 pub mod cli;
+pub mod cluster;
 pub mod config;
-pub mod counters;
-pub mod daemon;
 pub mod error;
-pub mod exposition;
-pub mod failclosed;
-pub mod fallback;
-pub mod guard;
-pub mod health;
-pub mod metrics;
 pub mod node;
+pub mod observe;
 pub mod peers;
+pub mod pod;
 pub mod policy;
-pub mod preflight;
-pub mod selftest;
-pub mod server;
-pub mod wakeup;
-pub mod webhook;
 
 pub use error::{Error, Result};
 

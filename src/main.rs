@@ -3,11 +3,12 @@
 #![forbid(unsafe_code)]
 
 use clap::Parser;
+use fabricgate::agent::{check, daemon};
 use fabricgate::cli::{
     CheckArgs, Cli, Command, Format, GuardArgs, PingArgs, PreflightArgs, RunArgs, SelftestArgs,
     WebhookArgs,
 };
-use fabricgate::{EXIT_USAGE, EXIT_VALIDATED, check, daemon, policy};
+use fabricgate::{EXIT_USAGE, EXIT_VALIDATED, policy};
 use fabricgate_probes::Prober;
 use std::process::ExitCode;
 
@@ -65,7 +66,7 @@ fn run_selftest(args: &SelftestArgs) -> anyhow::Result<u8> {
     let timeout = args
         .timeout
         .unwrap_or_else(|| config.rdma.selftest_timeout());
-    let outcome = fabricgate::selftest::run(&roots, &config, timeout);
+    let outcome = fabricgate::agent::selftest::run(&roots, &config, timeout);
     let text = match args.format {
         Format::Json => serde_json::to_string_pretty(&outcome.to_json())? + "\n",
         Format::Table => outcome.to_table(),
@@ -145,7 +146,7 @@ fn run_agent(args: &RunArgs) -> anyhow::Result<u8> {
 }
 
 fn run_preflight(args: &PreflightArgs) -> anyhow::Result<u8> {
-    use fabricgate::preflight;
+    use fabricgate::pod::preflight;
     // A usage error must reach `kubectl describe pod` too.
     let fail = |e: fabricgate::Error| -> anyhow::Result<u8> {
         let _ = preflight::write_termination_log(&args.termination_log, &e.to_string());
@@ -215,7 +216,7 @@ fn run_preflight(args: &PreflightArgs) -> anyhow::Result<u8> {
 
 fn run_webhook(args: &WebhookArgs) -> anyhow::Result<u8> {
     daemon::init_logging(args.log_format);
-    let config = fabricgate::webhook::ServerConfig {
+    let config = fabricgate::pod::webhook::ServerConfig {
         mutation: args.mutation_config()?,
         cert_file: args.tls_cert_file.clone(),
         key_file: args.tls_key_file.clone(),
@@ -235,7 +236,7 @@ fn run_webhook(args: &WebhookArgs) -> anyhow::Result<u8> {
                 tracing::error!("cannot install signal handlers ({e}); stopping");
             }
         };
-        fabricgate::webhook::serve(config, listener, shutdown).await?;
+        fabricgate::pod::webhook::serve(config, listener, shutdown).await?;
         anyhow::Ok(())
     })?;
     Ok(EXIT_VALIDATED)
@@ -254,7 +255,7 @@ fn run_guard(args: GuardArgs) -> anyhow::Result<u8> {
         .build()?;
     let result = runtime.block_on(async {
         let clients = fabricgate::node::client(fabricgate::node::RetryAfter::default()).await?;
-        let settings = fabricgate::guard::GuardSettings {
+        let settings = fabricgate::cluster::guard::GuardSettings {
             config,
             namespace: args.namespace,
             pod_selector: args.pod_selector,
@@ -270,7 +271,7 @@ fn run_guard(args: GuardArgs) -> anyhow::Result<u8> {
             }
         };
         let watch = clients.watch.unwrap_or_else(|| clients.requests.clone());
-        fabricgate::guard::run(clients.requests, watch, settings, shutdown).await
+        fabricgate::cluster::guard::run(clients.requests, watch, settings, shutdown).await
     });
     runtime.shutdown_timeout(std::time::Duration::from_millis(200));
     result?;

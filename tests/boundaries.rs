@@ -79,9 +79,9 @@ fn probes_allow_unsafe_on_the_verbs_module_only() {
 
 #[test]
 fn fallback_does_not_import_metrics() {
-    let fallback = read("src/fallback.rs");
+    let fallback = read("src/observe/fallback.rs");
     assert!(
-        !fallback.contains("crate::metrics"),
-        "src/fallback.rs imports metrics again (metrics imports fallback)"
+        !fallback.contains("crate::observe::metrics"),
+        "src/observe/fallback.rs imports metrics again (metrics imports fallback)"
     );
 }

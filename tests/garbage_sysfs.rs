@@ -3,7 +3,7 @@
 //! (garbage bytes, non-UTF-8, empty, huge or negative numbers, NUL padding, enormous files) and
 //! removed, round after round; every round is probed, judged and rendered.
 
-use fabricgate::check;
+use fabricgate::agent::check;
 use fabricgate::config::Config;
 use fabricgate::policy;
 use fabricgate_probes::rdma::VerbsMode;

@@ -5,7 +5,7 @@ mod common;
 
 use common::{committed_fixture, record_fixture};
 use fabricgate::config::Config;
-use fabricgate::metrics::Metrics;
+use fabricgate::observe::metrics::Metrics;
 
 fn requirements() -> Config {
     Config::load(&committed_fixture("requirements-dgx.yaml")).unwrap()

@@ -478,9 +478,9 @@ fn no_access_to_the_device_nodes_is_an_agent_error_not_a_hardware_reason() {
             .iter()
             .any(|r| r.contains("verbs cannot open"))
     );
-    let fault = fabricgate::agent_error::classify(&report, &[]).expect("an agent error");
-    let v = fabricgate::agent_error::verdict(instant, &fault, &config);
-    let v = fabricgate::agent_error::gate(v, Some(&fault), &config);
+    let fault = fabricgate::policy::agent_fault::classify(&report, &[]).expect("an agent error");
+    let v = fabricgate::policy::agent_fault::verdict(instant, &fault, &config);
+    let v = fabricgate::policy::agent_fault::gate(v, Some(&fault), &config);
     for c in &v.conditions {
         if c.type_ == "FabricReady" || c.type_ == "RDMAReady" {
             assert_eq!(c.reason, "AgentError", "{c:?}");
@@ -505,7 +505,7 @@ fn no_access_to_the_device_nodes_is_an_agent_error_not_a_hardware_reason() {
 
     let mut keep = Config::default();
     keep.node.on_agent_error = fabricgate::config::OnAgentError::Keep;
-    let v = fabricgate::agent_error::gate(v, Some(&fault), &keep);
+    let v = fabricgate::policy::agent_fault::gate(v, Some(&fault), &keep);
     assert!(v.keep_taint);
 
     // Descriptor exhaustion in any probe is the agent's too.
@@ -514,10 +514,10 @@ fn no_access_to_the_device_nodes_is_an_agent_error_not_a_hardware_reason() {
         .storage
         .errors
         .push("cannot read the mount table /proc/self/mountinfo: Too many open files (os error 24); check --proc-root".into());
-    let fault = fabricgate::agent_error::classify(&report, &[]).unwrap();
+    let fault = fabricgate::policy::agent_fault::classify(&report, &[]).unwrap();
     assert_eq!(
         fault.cause,
-        fabricgate::agent_error::Cause::OutOfDescriptors
+        fabricgate::policy::agent_fault::Cause::OutOfDescriptors
     );
 }
 

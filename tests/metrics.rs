@@ -9,7 +9,7 @@ use common::{
     record_fixture, sample, unhealthy_metrics,
 };
 use fabricgate::config::Config;
-use fabricgate::metrics::{self, Metrics};
+use fabricgate::observe::metrics::{self, Metrics};
 use fabricgate::policy;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -81,12 +81,12 @@ fn golden_prometheus_text_and_openmetrics() {
     assert_eq!(served(true).unwrap(), om);
 }
 
-/// The cached exposition (src/exposition.rs) is encoded once per change and per format, and
+/// The cached exposition (src/observe/exposition.rs) is encoded once per change and per format, and
 /// is at every moment what a fresh encoding gives: after a probe, a node write, an agent
 /// error, and a change of the families set without the state lock (HTTP connections).
 #[test]
 fn served_exposition_is_encoded_once_per_change_and_always_fresh() {
-    use fabricgate::server::{Admission, ServerObserver};
+    use fabricgate::observe::server::{Admission, ServerObserver};
     let tmp = tempfile::tempdir().unwrap();
     write_node(tmp.path(), Shape::SMALL, 1);
     let metrics = Metrics::new();

@@ -289,7 +289,7 @@ fn dashboard_exprs(dashboard: &Value) -> Vec<String> {
 }
 
 /// The agent's own metrics server (`metrics::serve`) in-process, serving `metrics`.
-fn serve_in_process(metrics: fabricgate::metrics::Metrics) -> String {
+fn serve_in_process(metrics: fabricgate::observe::metrics::Metrics) -> String {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     listener.set_nonblocking(true).unwrap();
     let addr = listener.local_addr().unwrap().to_string();
@@ -301,7 +301,8 @@ fn serve_in_process(metrics: fabricgate::metrics::Metrics) -> String {
             .unwrap();
         rt.block_on(async move {
             let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-            let _ = fabricgate::metrics::serve(listener, metrics, std::future::pending()).await;
+            let _ = fabricgate::observe::metrics::serve(listener, metrics, std::future::pending())
+                .await;
         });
     });
     addr

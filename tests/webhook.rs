@@ -7,7 +7,7 @@ mod common;
 mod support;
 
 use fabricgate::config::Config;
-use fabricgate::webhook::{self, Endpoint, MutationConfig, ServerConfig};
+use fabricgate::pod::webhook::{self, Endpoint, MutationConfig, ServerConfig};
 use serde_json::{Value, json};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

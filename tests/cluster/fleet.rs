@@ -10,10 +10,10 @@
 use crate::support::controlplane::ControlPlane;
 use crate::support::sysfs::FakeHca;
 use crate::{TAINT, control_plane, taint_keys, wait_until};
+use fabricgate::agent::daemon::{self, Agent};
 use fabricgate::config::Config;
-use fabricgate::daemon::{self, Agent};
-use fabricgate::metrics::Metrics;
 use fabricgate::node::{RetryAfter, clients_from};
+use fabricgate::observe::metrics::Metrics;
 use fabricgate_probes::rdma::VerbsMode;
 use fabricgate_probes::{ProbeConfig, Prober, Roots};
 use k8s_openapi::api::core::v1::Node;
@@ -123,7 +123,7 @@ impl Fleet {
                     listener: tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
                     client: Some(clients),
                     retry_after,
-                    limits: fabricgate::server::Limits::default(),
+                    limits: fabricgate::observe::server::Limits::default(),
                     probe_deadline: Duration::from_secs(60),
                     liveness_grace: Duration::from_secs(60),
                     stale_series_grace: Duration::from_secs(600),

@@ -11,7 +11,7 @@
 //! seen to refuse it. Two cases repeat with a real pod-bound token: impersonation is decided
 //! alike.
 //!
-//! Agent writes have the agent's own shapes (`src/node.rs`): labels and conditions by forced
+//! Agent writes have the agent's own shapes (`src/node/mod.rs`): labels and conditions by forced
 //! server-side apply (field manager `fabricgate`), the taint by JSON patch with a `test` of the
 //! resourceVersion. The rest are merge or strategic merge patches, whichever says the change.
 //!

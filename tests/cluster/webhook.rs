@@ -8,7 +8,7 @@
 use crate::control_plane;
 use crate::support::tls::TestPki;
 use fabricgate::config::Config;
-use fabricgate::webhook::{self, Endpoint, MutationConfig, ServerConfig};
+use fabricgate::pod::webhook::{self, Endpoint, MutationConfig, ServerConfig};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
 use serde_json::json;

@@ -2,7 +2,7 @@
 //! plain HTTP, reading samples out of an exposition.
 
 use fabricgate::config::Config;
-use fabricgate::metrics::Metrics;
+use fabricgate::observe::metrics::Metrics;
 use fabricgate::policy;
 use fabricgate_probes::netdev::NetdevConfig;
 use fabricgate_probes::rdma::VerbsMode;
@@ -28,7 +28,7 @@ pub fn probe_fixture(node: &Path, timestamp: f64) -> ProbeReport {
     let config = ProbeConfig {
         verbs: VerbsMode::Off,
         netdev: NetdevConfig::default(),
-        counter_names: fabricgate::metrics::counters_read(),
+        counter_names: fabricgate::observe::metrics::counters_read(),
         ..ProbeConfig::default()
     };
     let mut prober = Prober::new(Roots::new(node.join("sys"), node.join("proc")), config);

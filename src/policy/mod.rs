@@ -1,5 +1,8 @@
 //! The pure decision: a probe report and the requirements in, a verdict out. No I/O, no clock.
 
+pub mod agent_fault;
+pub mod failclosed;
+
 use crate::config::{Config, LinkLayerRequirement};
 use fabricgate_probes::ProbeReport;
 use fabricgate_probes::gpudirect::pci::{AcsState, Relation, acs_control_names};
@@ -125,7 +128,7 @@ pub struct Verdict {
     pub taints: Vec<Taint>,
     pub conditions: Vec<Condition>,
     /// Leave our taint on the Node as it is (an agent error under `node.on_agent_error: keep`);
-    /// `taints` is then not applied. Set only by [`crate::agent_error::gate`].
+    /// `taints` is then not applied. Set only by [`crate::policy::agent_fault::gate`].
     #[serde(skip)]
     pub keep_taint: bool,
 }
@@ -176,7 +179,7 @@ pub fn evaluate(report: &ProbeReport, config: &Config) -> Verdict {
 pub const DEVICE_PLUGIN_UNAVAILABLE: &str = "DevicePluginUnavailable";
 
 /// [`evaluate`], plus what the agent's own Node object shows (device-plugin resources,
-/// [`crate::failclosed::device_plugin_findings`]): those findings make the RDMA part not ready after
+/// [`crate::policy::failclosed::device_plugin_findings`]): those findings make the RDMA part not ready after
 /// the hardware's own findings, so a healthy fabric with a dead plugin is not ready and the
 /// condition names the resource.
 pub fn evaluate_with(report: &ProbeReport, config: &Config, node_findings: &[Finding]) -> Verdict {

@@ -9,11 +9,11 @@
 //! `rate()` is never negative and no increase is lost across the reset.
 
 use crate::config::Config;
-pub use crate::counters::Monotonic;
-use crate::fallback::{FallbackDetector, FallbackStatus};
-use crate::health::Health;
+pub use crate::observe::counters::Monotonic;
+use crate::observe::fallback::{FallbackDetector, FallbackStatus};
+use crate::observe::health::Health;
+use crate::observe::server::Limits;
 use crate::policy::{Scope, Verdict};
-use crate::server::Limits;
 use axum::Router;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
@@ -341,12 +341,12 @@ pub struct Metrics {
     /// The `fabricgate_peer_*` families, registered when `peers.enabled`.
     pub peers: Option<crate::peers::PeerMetrics>,
     /// What triggered each probe and which event sources listen (docs/events.md).
-    pub events: crate::wakeup::EventMetrics,
+    pub events: crate::agent::wakeup::EventMetrics,
     /// Families that change without the state lock (HTTP connections, peers): encoded at
     /// every scrape and written after `registry`'s cached exposition.
     live: Registry,
     /// `/metrics` encoded once per change (src/exposition.rs).
-    exposition: crate::exposition::Cache,
+    exposition: crate::observe::exposition::Cache,
 }
 
 impl Default for Metrics {
@@ -631,7 +631,7 @@ impl Metrics {
             .enabled
             .then(|| crate::peers::PeerMetrics::register(&mut live));
         // Counted by the event thread and the probe loop without the state lock.
-        let events = crate::wakeup::EventMetrics::register(&mut live);
+        let events = crate::agent::wakeup::EventMetrics::register(&mut live);
         Self {
             registry: r,
             families: f,
@@ -657,7 +657,7 @@ impl Metrics {
             peers,
             events,
             live,
-            exposition: crate::exposition::Cache::default(),
+            exposition: crate::observe::exposition::Cache::default(),
         }
     }
 
@@ -1051,7 +1051,7 @@ impl Metrics {
         self.exposition.get(openmetrics, &self.live, || {
             let _guard = self.lock_for_reading();
             let generation = self.exposition.generation();
-            let text = crate::exposition::encode_registry(&self.registry, openmetrics);
+            let text = crate::observe::exposition::encode_registry(&self.registry, openmetrics);
             (generation, text)
         })
     }
@@ -1065,10 +1065,13 @@ impl Metrics {
     /// 0.0.4.
     pub fn encode(&self, openmetrics: bool) -> String {
         let _guard = self.lock_for_reading();
-        let mut out = crate::exposition::encode_registry(&self.registry, openmetrics);
-        out.push_str(&crate::exposition::encode_registry(&self.live, openmetrics));
+        let mut out = crate::observe::exposition::encode_registry(&self.registry, openmetrics);
+        out.push_str(&crate::observe::exposition::encode_registry(
+            &self.live,
+            openmetrics,
+        ));
         if openmetrics {
-            out.push_str(crate::exposition::EOF);
+            out.push_str(crate::observe::exposition::EOF);
         }
         out
     }
@@ -1252,15 +1255,15 @@ async fn healthz_handler(State(metrics): State<Arc<Metrics>>) -> Response {
     }
 }
 
-impl crate::server::ServerObserver for Metrics {
-    fn connection(&self, admission: crate::server::Admission, open: usize) {
+impl crate::observe::server::ServerObserver for Metrics {
+    fn connection(&self, admission: crate::observe::server::Admission, open: usize) {
         let f = &self.families;
         f.http_connections
             .set(i64::try_from(open).unwrap_or(i64::MAX));
         let why = match admission {
-            crate::server::Admission::Admitted => return,
-            crate::server::Admission::Evicted => "evicted",
-            crate::server::Admission::Rejected => "rejected",
+            crate::observe::server::Admission::Admitted => return,
+            crate::observe::server::Admission::Evicted => "evicted",
+            crate::observe::server::Admission::Rejected => "rejected",
         };
         f.http_dropped.get_or_create(&WhyLabels { why }).inc();
     }
@@ -1308,8 +1311,8 @@ pub async fn serve_with_limits(
     limits: Limits,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let observer: Arc<dyn crate::server::ServerObserver> = Arc::clone(&metrics) as _;
-    crate::server::serve(listener, router(metrics), limits, observer, shutdown).await
+    let observer: Arc<dyn crate::observe::server::ServerObserver> = Arc::clone(&metrics) as _;
+    crate::observe::server::serve(listener, router(metrics), limits, observer, shutdown).await
 }
 
 #[cfg(test)]
@@ -1322,7 +1325,8 @@ mod tests {
         let text = |m: &Metrics| String::from_utf8_lossy(&m.exposition(false)).into_owned();
         assert!(text(&m).contains("fabricgate_probe_trigger_total{trigger=\"interval\"} 0"));
         // Counted by the probe loop, outside the state lock: the next scrape shows it.
-        m.events.probe_triggered(&crate::wakeup::Trigger::Interval);
+        m.events
+            .probe_triggered(&crate::agent::wakeup::Trigger::Interval);
         assert!(text(&m).contains("fabricgate_probe_trigger_total{trigger=\"interval\"} 1"));
         m.set_breaker_open(true);
         assert!(text(&m).contains("fabricgate_breaker_open 1"));

@@ -3,17 +3,17 @@
 //!
 //! Shutdown is a future passed in (as in mini-redis), so tests drive it without signals.
 
-use crate::agent_error::{self, AgentFault};
 use crate::cli::{LogFormat, RunArgs};
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::failclosed;
-use crate::health::HealthTiming;
-use crate::metrics::{self, Metrics};
 use crate::node::{self, Reconciler, RetryAfter};
+use crate::observe::health::HealthTiming;
+use crate::observe::metrics::{self, Metrics};
+use crate::observe::server::Limits;
 use crate::peers::{self, PeerAgent, PeerSpec, Rounds};
+use crate::policy::agent_fault::{self, AgentFault};
+use crate::policy::failclosed;
 use crate::policy::{self, Finding, Hysteresis, Verdict};
-use crate::server::Limits;
 use fabricgate_probes::rdma::peer::Identity;
 use fabricgate_probes::{ProbeReport, Prober};
 use std::future::Future;
@@ -104,10 +104,10 @@ impl Agent {
         let roots = args.probe.roots()?;
         let mut probe_config = args.probe.probe_config(&config);
         probe_config.counters_interval = config.rdma.counters_interval(args.interval);
-        probe_config.counter_names = crate::metrics::counters_read();
+        probe_config.counter_names = crate::observe::metrics::counters_read();
         let prober = Prober::new(roots.clone(), probe_config);
         // Descriptors: all the container allows, and HTTP connections kept far below that.
-        let nofile = crate::server::raise_nofile();
+        let nofile = crate::observe::server::raise_nofile();
         let limits = Limits::for_nofile(args.metrics_max_connections, nofile.soft);
         tracing::info!(
             nofile_before = ?nofile.before,
@@ -363,7 +363,7 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
     );
     let stopping = stop_rx.clone();
     // Kernel events wake the probe loop before the interval (docs/events.md).
-    let wakeup = crate::wakeup::Wakeup::start(
+    let wakeup = crate::agent::wakeup::Wakeup::start(
         &config.events,
         fabricgate_probes::events::EventOptions {
             verbs: prober.config().verbs == fabricgate_probes::rdma::VerbsMode::Required,
@@ -508,7 +508,7 @@ async fn probe_loop(
     metrics: &Metrics,
     channels: Channels<'_>,
     peers: Option<&PeerAgent>,
-    mut wakeup: crate::wakeup::Wakeup,
+    mut wakeup: crate::agent::wakeup::Wakeup,
 ) -> Result<()> {
     let Channels {
         desired,
@@ -545,16 +545,16 @@ async fn probe_loop(
                 metrics.events.probe_triggered(&trigger);
                 // On kernel events, first re-read only the ports' states: a port down now
                 // fails the node before the full probe has finished.
-                if let (crate::wakeup::Trigger::Event { .. }, Some(last)) =
+                if let (crate::agent::wakeup::Trigger::Event { .. }, Some(last)) =
                     (&trigger, &mut last_probed)
                     && last_fault.is_none()
                     && last_verdict.as_ref().is_some_and(|v| v.ready)
                     && let Ok(Some(states)) =
                         timeout(timing.deadline, probes.port_states()).await
                     && let Some(instant) =
-                        crate::wakeup::fail_fast(&mut last.report, &states, config)
+                        crate::agent::wakeup::fail_fast(&mut last.report, &states, config)
                 {
-                    let verdict = agent_error::gate(hysteresis.apply(instant), None, config);
+                    let verdict = agent_fault::gate(hysteresis.apply(instant), None, config);
                     tracing::warn!(
                         reasons = %verdict.reasons().join("; "),
                         "node not ready (port state read on a kernel event; the full probe \
@@ -592,10 +592,10 @@ async fn probe_loop(
                             let base = last_verdict.clone().unwrap_or_else(|| {
                                 policy::evaluate(&empty_report(), config)
                             });
-                            let verdict = agent_error::verdict(base, &fault, config);
+                            let verdict = agent_fault::verdict(base, &fault, config);
                             metrics.set_agent_error(Some(&fault.message));
                             log_agent_error(&mut last_fault, Some(&fault));
-                            publish(desired, agent_error::gate(verdict, Some(&fault), config));
+                            publish(desired, agent_fault::gate(verdict, Some(&fault), config));
                         }
                     }
                 };
@@ -615,25 +615,25 @@ async fn probe_loop(
             }
         }
         let instant_ready = instant.ready;
-        let fault = agent_error::classify(report, &probed.own_mounts)
+        let fault = agent_fault::classify(report, &probed.own_mounts)
             .filter(|f| {
                 // Devices missing from an incomplete plugin set are the plugin's fault.
-                !(f.cause == agent_error::Cause::NoDeviceAccess
+                !(f.cause == agent_fault::Cause::NoDeviceAccess
                     && probed.plugin.incomplete_device_set)
             })
-            .or_else(|| agent_error::config_mismatch(report, config));
+            .or_else(|| agent_fault::config_mismatch(report, config));
         // An agent error says nothing about the node: hysteresis does not see that probe, so
         // the node continues where it was once the agent can judge again.
         let verdict = match &fault {
             None => hysteresis.apply(instant),
-            Some(f) => agent_error::verdict(instant, f, config),
+            Some(f) => agent_fault::verdict(instant, f, config),
         };
         metrics.set_agent_error(fault.as_ref().map(|f| f.message.as_str()));
         log_agent_error(&mut last_fault, fault.as_ref());
         if fresh {
             metrics.record_probe(report, &verdict);
         }
-        let verdict = agent_error::gate(verdict, fault.as_ref(), config);
+        let verdict = agent_fault::gate(verdict, fault.as_ref(), config);
         last_verdict = Some(verdict.clone());
         tracing::debug!(
             instant_ready,
@@ -677,7 +677,7 @@ pub(crate) fn empty_report() -> ProbeReport {
 #[derive(Clone)]
 struct Probed {
     report: ProbeReport,
-    /// [`agent_error::own_mount_problems`], and a device-plugins directory the agent lacks.
+    /// [`agent_fault::own_mount_problems`], and a device-plugins directory the agent lacks.
     own_mounts: Vec<String>,
     /// [`failclosed::PluginHostChecks`] on this probe.
     plugin: failclosed::PluginHostFindings,
@@ -728,7 +728,7 @@ impl ProbeThread {
                         _ => {}
                     }
                     let report = prober.probe();
-                    let mut own_mounts = agent_error::own_mount_problems(&report, live_procfs);
+                    let mut own_mounts = agent_fault::own_mount_problems(&report, live_procfs);
                     let plugin = plugin_checks.run(prober.roots(), &report.rdma);
                     own_mounts.extend(plugin.own_problems.iter().cloned());
                     done += 1;

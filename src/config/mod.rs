@@ -25,7 +25,7 @@ pub struct Config {
     /// Inter-node RDMA measurements (docs/peers.md); off by default.
     pub peers: crate::peers::PeersSettings,
     /// Probe at once on kernel events (docs/events.md); on by default.
-    pub events: crate::wakeup::EventsSettings,
+    pub events: crate::agent::wakeup::EventsSettings,
     /// What the agent requires of its own Node object (device-plugin liveness).
     pub kubernetes: KubernetesRequirements,
 }

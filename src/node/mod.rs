@@ -11,8 +11,8 @@
 
 use crate::config::NodeSettings;
 use crate::error::{Error, Result};
-use crate::failclosed;
-use crate::metrics::Metrics;
+use crate::observe::metrics::Metrics;
+use crate::policy::failclosed;
 use crate::policy::{self, Verdict};
 use k8s_openapi::api::core::v1::{ConfigMap, Node, NodeCondition, ObjectReference, Taint};
 use k8s_openapi::api::events::v1::Event;
@@ -196,9 +196,9 @@ pub fn plan(node: &Node, verdict: &Verdict, taint_key: &str, now: &Timestamp) ->
         let before = find("FabricReady").map(|c| c.status.as_str());
         let first_wait = before.is_none() && fabric.reason == policy::AWAITING_VALIDATION;
         // Entering an agent error is worth one Event even when FabricReady was already False.
-        let agent_error = fabric.reason == crate::agent_error::REASON
+        let agent_error = fabric.reason == crate::policy::agent_fault::REASON
             && find("FabricReady").and_then(|c| c.reason.as_deref())
-                != Some(crate::agent_error::REASON);
+                != Some(crate::policy::agent_fault::REASON);
         if (before != Some(fabric.status.as_str()) || agent_error) && !first_wait {
             plan.transition = Some(Transition {
                 ready: fabric.status == "True",
@@ -1044,9 +1044,9 @@ impl Reconciler {
             reason: Some(
                 if t.ready {
                     "FabricReady"
-                } else if t.reason == crate::agent_error::REASON {
+                } else if t.reason == crate::policy::agent_fault::REASON {
                     // The agent's own trouble, told apart from a fabric fault at a glance.
-                    crate::agent_error::REASON
+                    crate::policy::agent_fault::REASON
                 } else {
                     "FabricNotReady"
                 }
@@ -1200,12 +1200,12 @@ mod tests {
         let n = node(&[], vec![taint(KEY)], applied(&before, &now));
         let mut v = verdict(false);
         for c in &mut v.conditions {
-            c.reason = crate::agent_error::REASON.into();
+            c.reason = crate::policy::agent_fault::REASON.into();
         }
         let p = plan(&n, &v, KEY, &now);
         assert_eq!(
             p.transition.map(|t| t.reason),
-            Some(crate::agent_error::REASON.to_owned())
+            Some(crate::policy::agent_fault::REASON.to_owned())
         );
         let n = node(&[], vec![taint(KEY)], applied(&v, &now));
         assert_eq!(plan(&n, &v, KEY, &now).transition, None, "only on entering");

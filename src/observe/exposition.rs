@@ -1,7 +1,7 @@
 //! `/metrics` bytes encoded once per change, not once per scrape (issue 17, item 4).
 //!
 //! Almost every series changes only when a probe is recorded (or a node write, or the agent
-//! error), all under [`crate::metrics::Metrics`]'s state lock, and taking that lock bumps a
+//! error), all under [`crate::observe::metrics::Metrics`]'s state lock, and taking that lock bumps a
 //! generation. That registry is encoded at most once per generation and per format, lazily,
 //! on the first scrape that asks for the format, and kept. The few families that change
 //! without the lock (open HTTP connections and connections dropped, set by the server at
@@ -11,7 +11,7 @@
 //! usual case), the scrape is served the previous response's buffer as it is: no encoding,
 //! no copy, one write.
 //!
-//! The served bytes are exactly what [`crate::metrics::Metrics::encode`] gives at the same
+//! The served bytes are exactly what [`crate::observe::metrics::Metrics::encode`] gives at the same
 //! moment (`tests/metrics.rs`: the golden files through the cache, and after every kind of
 //! change).
 
@@ -23,7 +23,7 @@ use std::sync::{Mutex, MutexGuard};
 /// The OpenMetrics terminator, written once at the very end.
 pub const EOF: &str = "# EOF\n";
 
-/// Encode `registry` in one format with its series sorted ([`crate::metrics::sort_series`]),
+/// Encode `registry` in one format with its series sorted ([`crate::observe::metrics::sort_series`]),
 /// without the OpenMetrics `# EOF` line. Empty on an encoder error (a bug in a label value:
 /// half an exposition is worse than none).
 pub fn encode_registry(registry: &Registry, openmetrics: bool) -> String {
@@ -36,7 +36,7 @@ pub fn encode_registry(registry: &Registry, openmetrics: bool) -> String {
     if result.is_err() {
         out.clear();
     }
-    crate::metrics::sort_series(&out)
+    crate::observe::metrics::sort_series(&out)
 }
 
 /// One format's cached exposition.
@@ -50,7 +50,7 @@ struct Entry {
     served: Option<(String, Bytes)>,
 }
 
-/// The cache behind [`crate::metrics::Metrics::exposition`].
+/// The cache behind [`crate::observe::metrics::Metrics::exposition`].
 #[derive(Debug, Default)]
 pub struct Cache {
     /// Bumped by every change made under the metrics state lock.

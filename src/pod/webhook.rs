@@ -108,7 +108,7 @@ impl MutationConfig {
         format!(
             "{}/{}",
             self.nccl_dir.trim_end_matches('/'),
-            crate::preflight::NCCL_CONF
+            crate::pod::preflight::NCCL_CONF
         )
     }
 

@@ -13,7 +13,7 @@
 //! here): a fallback onto IPoIB keeps the ports busy and is not what this detector catches.
 
 use crate::config::{Config, FallbackSettings};
-use crate::counters::Monotonic;
+use crate::observe::counters::Monotonic;
 use fabricgate_probes::ProbeReport;
 use std::collections::{HashMap, VecDeque};
 

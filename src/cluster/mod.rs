@@ -1,0 +1,3 @@
+//! Cluster-level safety: the guard (a Deployment that taints nodes whose agent is gone).
+
+pub mod guard;
