@@ -13,7 +13,8 @@ use crate::observe::server::Limits;
 use crate::peers::{self, PeerAgent, PeerSpec, Rounds};
 use crate::policy::agent_fault::{self, AgentFault};
 use crate::policy::failclosed;
-use crate::policy::{self, Finding, Hysteresis, Verdict};
+use crate::policy::judge::{Facts, Judge};
+use crate::policy::{Finding, Verdict};
 use fabricgate_probes::rdma::peer::Identity;
 use fabricgate_probes::{ProbeReport, Prober};
 use std::future::Future;
@@ -305,7 +306,7 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
     let (desired_tx, desired_rx) = watch::channel::<Option<Verdict>>(None);
     // What the watched Node says about the device plugins (`kubernetes.rdma_resources`).
     let (node_findings_tx, node_findings_rx) = watch::channel::<Vec<Finding>>(Vec::new());
-    let mut hysteresis = Hysteresis::new(&config);
+    let mut judge = Judge::new(&config);
     // The agent's own Node, watched: drift is undone at once and steady state reads nothing.
     let (node_tx, node_rx) = tokio::sync::mpsc::channel(16);
     let watch_task = client.as_ref().and_then(|c| c.watch.clone()).map(|watch| {
@@ -335,7 +336,7 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
             node = %node_name,
             "the Node shows fabricgate's validation from an earlier run; resuming it"
         );
-        hysteresis.resume_validated();
+        judge.resume_validated();
     }
     let mut loop_task = tokio::spawn(reconcile_loop(
         reconciler,
@@ -378,7 +379,7 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
             failpoint,
         )?,
         &config,
-        hysteresis,
+        judge,
         ProbeTiming {
             interval,
             deadline: probe_deadline,
@@ -503,7 +504,7 @@ fn log_agent_error(last: &mut Option<AgentFault>, now: Option<&AgentFault>) {
 async fn probe_loop(
     probes: ProbeThread,
     config: &Config,
-    mut hysteresis: Hysteresis,
+    mut judge: Judge,
     timing: ProbeTiming,
     metrics: &Metrics,
     channels: Channels<'_>,
@@ -551,10 +552,9 @@ async fn probe_loop(
                     && last_verdict.as_ref().is_some_and(|v| v.ready)
                     && let Ok(Some(states)) =
                         timeout(timing.deadline, probes.port_states()).await
-                    && let Some(instant) =
-                        crate::agent::wakeup::fail_fast(&mut last.report, &states, config)
+                    && crate::agent::wakeup::patch_port_states(&mut last.report, &states)
+                    && let Some(verdict) = judge.port_event(&last.report)
                 {
-                    let verdict = agent_fault::gate(hysteresis.apply(instant), None, config);
                     tracing::warn!(
                         reasons = %verdict.reasons().join("; "),
                         "node not ready (port state read on a kernel event; the full probe \
@@ -588,14 +588,10 @@ async fn probe_loop(
                             // as an agent error until it returns, and /healthz fails after
                             // the grace.
                             stalled = true;
-                            let fault = AgentFault::stalled(timing.deadline);
-                            let base = last_verdict.clone().unwrap_or_else(|| {
-                                policy::evaluate(&empty_report(), config)
-                            });
-                            let verdict = agent_fault::verdict(base, &fault, config);
-                            metrics.set_agent_error(Some(&fault.message));
-                            log_agent_error(&mut last_fault, Some(&fault));
-                            publish(desired, agent_fault::gate(verdict, Some(&fault), config));
+                            let judged = judge.stalled(last_verdict.as_ref(), timing.deadline);
+                            metrics.set_agent_error(judged.fault.as_ref().map(|f| f.message.as_str()));
+                            log_agent_error(&mut last_fault, judged.fault.as_ref());
+                            publish(desired, judged.verdict);
                         }
                     }
                 };
@@ -605,46 +601,37 @@ async fn probe_loop(
         let report = &probed.report;
         let mut found = node_findings.borrow_and_update().clone();
         found.extend(probed.plugin.findings.iter().cloned());
-        let mut instant = policy::evaluate_with(report, config, &found);
-        if let Some(p) = peers {
+        let peer_finding = peers.and_then(|p| {
             if fresh {
                 p.update_ports(&report.rdma);
             }
-            if let Some(finding) = p.required_finding() {
-                instant = crate::peers::apply_finding(instant, finding, config);
-            }
-        }
-        let instant_ready = instant.ready;
-        let fault = agent_fault::classify(report, &probed.own_mounts)
-            .filter(|f| {
-                // Devices missing from an incomplete plugin set are the plugin's fault.
-                !(f.cause == agent_fault::Cause::NoDeviceAccess
-                    && probed.plugin.incomplete_device_set)
-            })
-            .or_else(|| agent_fault::config_mismatch(report, config));
-        // An agent error says nothing about the node: hysteresis does not see that probe, so
-        // the node continues where it was once the agent can judge again.
-        let verdict = match &fault {
-            None => hysteresis.apply(instant),
-            Some(f) => agent_fault::verdict(instant, f, config),
-        };
-        metrics.set_agent_error(fault.as_ref().map(|f| f.message.as_str()));
-        log_agent_error(&mut last_fault, fault.as_ref());
+            p.required_finding()
+        });
+        let judged = judge.probe(Facts {
+            report,
+            own_mounts: &probed.own_mounts,
+            plugin_findings: &found,
+            incomplete_device_set: probed.plugin.incomplete_device_set,
+            peer_finding,
+        });
+        let instant_ready = judged.instant_ready;
+        metrics.set_agent_error(judged.fault.as_ref().map(|f| f.message.as_str()));
+        log_agent_error(&mut last_fault, judged.fault.as_ref());
         if fresh {
-            metrics.record_probe(report, &verdict);
+            metrics.record_probe(report, &judged.recorded);
         }
-        let verdict = agent_fault::gate(verdict, fault.as_ref(), config);
+        let verdict = judged.verdict;
         last_verdict = Some(verdict.clone());
         tracing::debug!(
             instant_ready,
             ready = verdict.ready,
-            good_streak = hysteresis.good_streak(),
+            good_streak = judge.good_streak(),
             "probe done"
         );
         if last_ready != Some(verdict.ready) {
             if verdict.ready {
                 tracing::info!(
-                    good_probes = hysteresis.good_streak(),
+                    good_probes = judge.good_streak(),
                     "node validated: fabric ready"
                 );
             } else if verdict.reasons().is_empty() {
@@ -658,18 +645,6 @@ async fn probe_loop(
             last_ready = Some(verdict.ready);
         }
         publish(desired, verdict);
-    }
-}
-
-/// What a probe of nothing gives (the base verdict of a stall before any probe completed).
-pub(crate) fn empty_report() -> ProbeReport {
-    ProbeReport {
-        timestamp: 0.0,
-        rdma: fabricgate_probes::rdma::RdmaReport::default(),
-        storage: fabricgate_probes::storage::StorageReport::default(),
-        netdevs: Vec::new(),
-        gpudirect: fabricgate_probes::gpudirect::GpudirectReport::default(),
-        timings: fabricgate_probes::ProbeTimings::default(),
     }
 }
 

@@ -373,18 +373,15 @@ impl Wakeup {
     }
 }
 
-/// Fail fast on an event: the last full probe's report with the ports' fresh `state` and
-/// `phys_state` ([`fabricgate_probes::Prober::port_states`], two reads per port) patched in,
-/// judged by the same policy. A port that is down now needs nothing else to be judged, so
-/// when that verdict is not ready it goes to the Node writer before the full probe (which
-/// under emulation takes a second) has finished; the full probe follows at once and
-/// supersedes it. `None` when no port's state changed, or when the patched report is still
-/// ready: only the full probe may say a node is good. Patches `last` in place.
-pub fn fail_fast(
+/// Fail fast on an event: patch the ports' fresh `state` and `phys_state`
+/// ([`fabricgate_probes::Prober::port_states`], two reads per port) into the last full probe's
+/// report, for [`crate::policy::judge::Judge::port_event`]. A port that is down now needs
+/// nothing else to be judged, so that verdict can go to the Node writer before the full probe
+/// (which under emulation takes a second) has finished. `false` when no port's state changed.
+pub fn patch_port_states(
     last: &mut fabricgate_probes::ProbeReport,
     states: &[fabricgate_probes::rdma::sysfs::PortStateRead],
-    config: &crate::config::Config,
-) -> Option<crate::policy::Verdict> {
+) -> bool {
     let mut changed = false;
     for s in states {
         let Some(port) = last
@@ -405,11 +402,7 @@ pub fn fail_fast(
             changed = true;
         }
     }
-    if !changed {
-        return None;
-    }
-    let verdict = crate::policy::evaluate(last, config);
-    (!verdict.ready).then_some(verdict)
+    changed
 }
 
 /// The event thread: open the sources, then hand over what they read until the [`Wakeup`]
@@ -648,17 +641,31 @@ mod tests {
     use fabricgate_probes::rdma::sysfs::PortStateRead;
     use fabricgate_probes::rdma::{PhysState, PortState};
 
+    /// The event fast path as the probe loop runs it.
+    fn fail_fast(
+        report: &mut fabricgate_probes::ProbeReport,
+        states: &[PortStateRead],
+        judge: &mut crate::policy::judge::Judge,
+    ) -> Option<crate::policy::Verdict> {
+        if patch_port_states(report, states) {
+            judge.port_event(report)
+        } else {
+            None
+        }
+    }
+
     #[test]
     fn a_port_read_down_fails_the_node_at_once_with_the_full_probes_reason() {
         let (mut report, config) = ndr_node();
+        let judge = &mut crate::policy::judge::Judge::new(&config);
         assert!(crate::policy::evaluate(&report, &config).ready);
         let mut all = report.clone();
         // Nothing changed: nothing to say.
         let same = read("mlx5_0", PortState::Active, Some(PhysState::LinkUp));
-        assert_eq!(fail_fast(&mut report, &[same], &config), None);
+        assert_eq!(fail_fast(&mut report, &[same], judge), None);
         // One of eight compute ports down: the fixture's requirements want all eight.
         let down = read("mlx5_0", PortState::Down, Some(PhysState::Disabled));
-        let v = fail_fast(&mut report, std::slice::from_ref(&down), &config).unwrap();
+        let v = fail_fast(&mut report, std::slice::from_ref(&down), judge).unwrap();
         assert!(!v.ready);
         assert!(
             v.reasons()
@@ -674,10 +681,10 @@ mod tests {
         assert_eq!(v, crate::policy::evaluate(&all, &config));
         // A port coming back up is never judged good from a quick read.
         let up = read("mlx5_0", PortState::Active, Some(PhysState::LinkUp));
-        assert_eq!(fail_fast(&mut report, &[up], &config), None);
+        assert_eq!(fail_fast(&mut report, &[up], judge), None);
         // Unknown devices are ignored.
         let other = read("mlx5_99", PortState::Down, None);
-        assert_eq!(fail_fast(&mut report, &[other], &config), None);
+        assert_eq!(fail_fast(&mut report, &[other], judge), None);
     }
 
     #[test]

@@ -391,7 +391,7 @@ mod tests {
     #[test]
     fn requirements_for_other_hardware_are_an_agent_error_a_missing_driver_is_not() {
         use fabricgate_probes::rdma::DeviceReport;
-        let mut report = crate::agent::daemon::empty_report();
+        let mut report = crate::policy::judge::empty_report();
         report.rdma.subsystem_present = true;
         report.rdma.devices = ["bnxt_re0", "bnxt_re1"]
             .iter()

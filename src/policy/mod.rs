@@ -2,6 +2,7 @@
 
 pub mod agent_fault;
 pub mod failclosed;
+pub mod judge;
 
 use crate::config::{Config, LinkLayerRequirement};
 use fabricgate_probes::ProbeReport;

@@ -1,0 +1,194 @@
+//! The one place a node's verdict is decided. The probe loop, the stall path and the event fast
+//! path all hand their facts to a [`Judge`] and publish what it returns; none of them combines
+//! findings, hysteresis or agent faults on its own.
+//!
+//! Order of a full judgment (each step's reason in its comment below):
+//! 1. the hardware: [`evaluate_with`] over the report and the Node's device-plugin findings;
+//! 2. the peer mesh's required finding, if `peers` are required;
+//! 3. the agent's own faults ([`agent_fault::classify`], [`agent_fault::config_mismatch`]):
+//!    a probe the agent could not judge bypasses the hysteresis;
+//! 4. the hysteresis (fail fast, recover after `node.recover_after` good probes);
+//! 5. the taint gate ([`agent_fault::gate`], `node.on_agent_error`).
+//!
+//! Pure: no I/O, no clock. The blast-radius breaker is the one mark decided later, by the Node
+//! writer, because it needs the pool's state at the moment of the write
+//! ([`crate::policy::failclosed::taint_decision`]).
+
+use super::agent_fault::{self, AgentFault};
+use super::{Finding, Hysteresis, Verdict, evaluate, evaluate_with};
+use crate::config::Config;
+use fabricgate_probes::ProbeReport;
+use std::time::Duration;
+
+/// What the agent knows when it judges a full probe.
+#[derive(Debug, Clone)]
+pub struct Facts<'a> {
+    pub report: &'a ProbeReport,
+    /// The agent's own blind spots found beside the probe
+    /// ([`agent_fault::own_mount_problems`], the device-plugin host checks).
+    pub own_mounts: &'a [String],
+    /// Findings about the device plugins: the watched Node's resources and the host's plugin
+    /// sockets and device nodes.
+    pub plugin_findings: &'a [Finding],
+    /// The plugin handed the container an incomplete device set: devices missing from it are
+    /// the plugin's fault, not the agent's.
+    pub incomplete_device_set: bool,
+    /// The peer mesh's finding when `peers` are required and a round failed.
+    pub peer_finding: Option<Finding>,
+}
+
+/// What one judgment gives: the verdict for the Node writer, the one metrics record, and the
+/// agent fault (if any) for logs, `/readyz` and `fabricgate_agent_error`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Judgment {
+    /// The verdict to publish, taint gate applied.
+    pub verdict: Verdict,
+    /// What the probe metrics record: the verdict before the taint gate (the node's state as
+    /// judged, whatever `on_agent_error` does with the taint).
+    pub recorded: Verdict,
+    /// The probe alone, before hysteresis, was ready.
+    pub instant_ready: bool,
+    pub fault: Option<AgentFault>,
+}
+
+/// Decides verdicts; owns the only state a verdict depends on (the hysteresis).
+#[derive(Debug, Clone)]
+pub struct Judge {
+    config: Config,
+    hysteresis: Hysteresis,
+}
+
+impl Judge {
+    pub fn new(config: &Config) -> Self {
+        Self {
+            config: config.clone(),
+            hysteresis: Hysteresis::new(config),
+        }
+    }
+
+    /// Continue a validation an earlier agent run recorded on the Node.
+    pub fn resume_validated(&mut self) {
+        self.hysteresis.resume_validated();
+    }
+
+    /// Consecutive good probes so far.
+    pub fn good_streak(&self) -> u32 {
+        self.hysteresis.good_streak()
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Judge a full probe (or, with the same report, a change of the Node's facts).
+    pub fn probe(&mut self, facts: Facts<'_>) -> Judgment {
+        let config = &self.config;
+        let mut instant = evaluate_with(facts.report, config, facts.plugin_findings);
+        if let Some(finding) = facts.peer_finding {
+            instant = apply_required_finding(instant, finding, config);
+        }
+        let instant_ready = instant.ready;
+        let fault = agent_fault::classify(facts.report, facts.own_mounts)
+            .filter(|f| {
+                !(f.cause == agent_fault::Cause::NoDeviceAccess && facts.incomplete_device_set)
+            })
+            .or_else(|| agent_fault::config_mismatch(facts.report, config));
+        // An agent error says nothing about the node: the hysteresis does not see that probe,
+        // so the node continues where it was once the agent can judge again.
+        let recorded = match &fault {
+            None => self.hysteresis.apply(instant),
+            Some(f) => agent_fault::verdict(instant, f, config),
+        };
+        let verdict = agent_fault::gate(recorded.clone(), fault.as_ref(), config);
+        Judgment {
+            verdict,
+            recorded,
+            instant_ready,
+            fault,
+        }
+    }
+
+    /// A probe running past its deadline: an agent error on top of the last verdict (or of an
+    /// empty node when no probe has completed yet). The hysteresis does not move.
+    pub fn stalled(&self, last: Option<&Verdict>, deadline: Duration) -> Judgment {
+        let fault = AgentFault::stalled(deadline);
+        let base = last
+            .cloned()
+            .unwrap_or_else(|| evaluate(&empty_report(), &self.config));
+        let recorded = agent_fault::verdict(base, &fault, &self.config);
+        let verdict = agent_fault::gate(recorded.clone(), Some(&fault), &self.config);
+        Judgment {
+            verdict,
+            recorded,
+            instant_ready: false,
+            fault: Some(fault),
+        }
+    }
+
+    /// A kernel event re-read the ports' states into the last full probe's report: a verdict
+    /// when that alone makes the node not ready (published before the full probe finishes),
+    /// `None` when it is still ready, since only a full probe may say a node is good.
+    pub fn port_event(&mut self, patched: &ProbeReport) -> Option<Verdict> {
+        let instant = evaluate(patched, &self.config);
+        if instant.ready {
+            return None;
+        }
+        Some(agent_fault::gate(
+            self.hysteresis.apply(instant),
+            None,
+            &self.config,
+        ))
+    }
+}
+
+/// A required check outside the probe (the peer mesh) failed: the RDMA part is not ready, the
+/// node tainted, and `FabricReady`/`RDMAReady` name the first finding of their scope.
+pub fn apply_required_finding(mut v: Verdict, finding: Finding, config: &Config) -> Verdict {
+    use super::{Scope, Taint};
+    let prefix = &config.node.label_prefix;
+    v.rdma.part.ready = false;
+    v.rdma.part.findings.push(finding);
+    v.ready = false;
+    v.labels.insert(format!("{prefix}ready"), "false".into());
+    v.labels
+        .insert(format!("{prefix}rdma.ready"), "false".into());
+    v.taints = vec![Taint {
+        key: config.node.taint_key(),
+        value: None,
+        effect: config.node.taint_effect.as_str().to_owned(),
+    }];
+    let findings: Vec<&Finding> = v
+        .rdma
+        .part
+        .findings
+        .iter()
+        .chain(&v.lustre.findings)
+        .collect();
+    for c in &mut v.conditions {
+        let mine: Vec<&&Finding> = match c.type_.as_str() {
+            "FabricReady" => findings.iter().collect(),
+            "RDMAReady" => findings.iter().filter(|f| f.scope == Scope::Rdma).collect(),
+            _ => continue,
+        };
+        c.status = "False".into();
+        c.reason = mine.first().map_or("NotValidated", |f| f.code).to_owned();
+        c.message = mine
+            .iter()
+            .map(|f| f.message.as_str())
+            .collect::<Vec<_>>()
+            .join("; ");
+    }
+    v
+}
+
+/// What a probe of nothing gives (the base verdict of a stall before any probe completed).
+pub fn empty_report() -> ProbeReport {
+    ProbeReport {
+        timestamp: 0.0,
+        rdma: fabricgate_probes::rdma::RdmaReport::default(),
+        storage: fabricgate_probes::storage::StorageReport::default(),
+        netdevs: Vec::new(),
+        gpudirect: fabricgate_probes::gpudirect::GpudirectReport::default(),
+        timings: fabricgate_probes::ProbeTimings::default(),
+    }
+}
