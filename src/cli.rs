@@ -421,6 +421,8 @@ impl ProbeArgs {
             // --interval and reads only the files it exports.
             counters_interval: None,
             counter_names: Default::default(),
+            // The device-plugin and own-mount checks are the agent's (`run`), about its pod.
+            host: Default::default(),
         }
     }
 }

@@ -253,7 +253,7 @@ fn rbac_grants_exactly_what_the_agent_uses() {
     );
     assert!(
         documents().iter().any(|d| d["kind"] == "ConfigMap"
-            && d["metadata"]["name"] == fabricgate::policy::failclosed::LEDGER
+            && d["metadata"]["name"] == fabricgate::policy::breaker::LEDGER
             && d["metadata"]["namespace"] == NAMESPACE),
         "the ledger ConfigMap ships with the manifest (the agent may not create it)"
     );

@@ -10,6 +10,7 @@
 pub mod error;
 pub mod events;
 pub mod gpudirect;
+pub mod host;
 pub mod netdev;
 pub mod pod;
 pub mod rdma;
@@ -43,6 +44,8 @@ pub struct ProbeConfig {
     pub counters_interval: Option<Duration>,
     /// Which counter files are read (default: all of them).
     pub counter_names: rdma::sysfs::CounterNames,
+    /// The device plugins' sockets and device nodes, and the container's own mounts.
+    pub host: host::HostConfig,
 }
 
 /// The default of `rdma.counters_interval` for a probe interval: every probe when probes are
@@ -103,6 +106,10 @@ pub struct ProbeReport {
     /// GPUs, their nearest HCAs, ACS on the paths, peer memory, port MTUs and ECN.
     pub gpudirect: gpudirect::GpudirectReport,
     pub timings: ProbeTimings,
+    /// What the host shows beside the hardware (not in `check`'s JSON: the policy turns it
+    /// into findings and agent errors).
+    #[serde(skip)]
+    pub host: host::HostReport,
 }
 
 /// Wall time of each probe kind, for `fabricgate_probe_duration_seconds{probe=...}`.
@@ -196,6 +203,7 @@ impl Prober {
         let netdevs = self.netdev.probe();
         timings.netdev_seconds = started.elapsed().as_secs_f64();
 
+        let host = host::check(&self.config.host, &self.roots, &rdma, &storage);
         ProbeReport {
             timestamp,
             rdma,
@@ -203,6 +211,7 @@ impl Prober {
             netdevs,
             gpudirect,
             timings,
+            host,
         }
     }
 

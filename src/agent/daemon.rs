@@ -11,8 +11,8 @@ use crate::observe::health::HealthTiming;
 use crate::observe::metrics::{self, Metrics};
 use crate::observe::server::Limits;
 use crate::peers::{self, PeerAgent, PeerSpec, Rounds};
-use crate::policy::agent_fault::{self, AgentFault};
-use crate::policy::failclosed;
+use crate::policy::agent_fault::AgentFault;
+use crate::policy::device_plugin;
 use crate::policy::judge::{Facts, Judge};
 use crate::policy::{Finding, Verdict};
 use fabricgate_probes::rdma::peer::Identity;
@@ -106,6 +106,7 @@ impl Agent {
         let mut probe_config = args.probe.probe_config(&config);
         probe_config.counters_interval = config.rdma.counters_interval(args.interval);
         probe_config.counter_names = crate::observe::metrics::counters_read();
+        probe_config.host = host_checks(&config.kubernetes);
         let prober = Prober::new(roots.clone(), probe_config);
         // Descriptors: all the container allows, and HTTP connections kept far below that.
         let nofile = crate::observe::server::raise_nofile();
@@ -373,11 +374,7 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
         metrics.events.clone(),
     );
     let probing = probe_loop(
-        ProbeThread::spawn(
-            prober,
-            failclosed::PluginHostChecks::from_config(&config.kubernetes),
-            failpoint,
-        )?,
+        ProbeThread::spawn(prober, failpoint)?,
         &config,
         judge,
         ProbeTiming {
@@ -522,7 +519,7 @@ async fn probe_loop(
     let mut last_ready: Option<bool> = None;
     let mut last_fault: Option<AgentFault> = None;
     let mut last_verdict: Option<Verdict> = None;
-    let mut last_probed: Option<Probed> = None;
+    let mut last_probed: Option<ProbeReport> = None;
     let mut findings_open = true;
     loop {
         // A device plugin that went away (seen on the watched Node) fails the node at once,
@@ -552,8 +549,8 @@ async fn probe_loop(
                     && last_verdict.as_ref().is_some_and(|v| v.ready)
                     && let Ok(Some(states)) =
                         timeout(timing.deadline, probes.port_states()).await
-                    && crate::agent::wakeup::patch_port_states(&mut last.report, &states)
-                    && let Some(verdict) = judge.port_event(&last.report)
+                    && crate::agent::wakeup::patch_port_states(last, &states)
+                    && let Some(verdict) = judge.port_event(last)
                 {
                     tracing::warn!(
                         reasons = %verdict.reasons().join("; "),
@@ -567,7 +564,7 @@ async fn probe_loop(
                 true
             }
         };
-        let probed: &Probed = match (&last_probed, fresh) {
+        let probed: &ProbeReport = match (&last_probed, fresh) {
             (Some(probed), false) => probed,
             _ => {
                 let started = Instant::now();
@@ -598,9 +595,8 @@ async fn probe_loop(
                 last_probed.insert(probed)
             }
         };
-        let report = &probed.report;
-        let mut found = node_findings.borrow_and_update().clone();
-        found.extend(probed.plugin.findings.iter().cloned());
+        let report = probed;
+        let found = node_findings.borrow_and_update().clone();
         let peer_finding = peers.and_then(|p| {
             if fresh {
                 p.update_ports(&report.rdma);
@@ -609,9 +605,7 @@ async fn probe_loop(
         });
         let judged = judge.probe(Facts {
             report,
-            own_mounts: &probed.own_mounts,
-            plugin_findings: &found,
-            incomplete_device_set: probed.plugin.incomplete_device_set,
+            node_findings: &found,
             peer_finding,
         });
         let instant_ready = judged.instant_ready;
@@ -648,14 +642,15 @@ async fn probe_loop(
     }
 }
 
-/// One probe's report and the agent's own blind spots found beside it.
-#[derive(Clone)]
-struct Probed {
-    report: ProbeReport,
-    /// [`agent_fault::own_mount_problems`], and a device-plugins directory the agent lacks.
-    own_mounts: Vec<String>,
-    /// [`failclosed::PluginHostChecks`] on this probe.
-    plugin: failclosed::PluginHostFindings,
+/// The host checks `run` makes beside each probe: the device plugins' sockets and device nodes
+/// (`kubernetes.*`), and the agent's own mounts.
+fn host_checks(k: &crate::config::KubernetesRequirements) -> fabricgate_probes::host::HostConfig {
+    fabricgate_probes::host::HostConfig {
+        device_plugin_dir: std::path::PathBuf::from(&k.device_plugin_dir),
+        device_plugin_sockets: k.device_plugin_sockets.clone(),
+        device_nodes: !k.rdma_resources.is_empty(),
+        own_mounts: true,
+    }
 }
 
 /// The prober lives on its own thread for the agent's life: a probe may block (hung mounts,
@@ -668,19 +663,14 @@ struct ProbeThread {
 /// What the probe thread is asked for.
 enum ProbeRequest {
     /// A full probe.
-    Full(oneshot::Sender<Probed>),
+    Full(oneshot::Sender<ProbeReport>),
     /// Only the ports' states (the fail-fast read of an event-triggered probe).
     PortStates(oneshot::Sender<Vec<fabricgate_probes::rdma::sysfs::PortStateRead>>),
 }
 
 impl ProbeThread {
-    fn spawn(
-        mut prober: Prober,
-        plugin_checks: failclosed::PluginHostChecks,
-        failpoint: Failpoint,
-    ) -> Result<Self> {
+    fn spawn(mut prober: Prober, failpoint: Failpoint) -> Result<Self> {
         let (tx, rx) = std::sync::mpsc::channel::<ProbeRequest>();
-        let live_procfs = prober.roots().procfs_root() == std::path::Path::new("/proc");
         std::thread::Builder::new()
             .name("fabricgate-probe".into())
             .spawn(move || {
@@ -703,15 +693,8 @@ impl ProbeThread {
                         _ => {}
                     }
                     let report = prober.probe();
-                    let mut own_mounts = agent_fault::own_mount_problems(&report, live_procfs);
-                    let plugin = plugin_checks.run(prober.roots(), &report.rdma);
-                    own_mounts.extend(plugin.own_problems.iter().cloned());
                     done += 1;
-                    let _ = reply.send(Probed {
-                        report,
-                        own_mounts,
-                        plugin,
-                    });
+                    let _ = reply.send(report);
                 }
             })
             .map_err(|e| Error::Internal {
@@ -720,7 +703,7 @@ impl ProbeThread {
         Ok(Self { requests: tx })
     }
 
-    async fn probe(&self) -> Result<Probed> {
+    async fn probe(&self) -> Result<ProbeReport> {
         let (tx, rx) = oneshot::channel();
         let dead = || Error::Internal {
             message: "the probe thread died".into(),
@@ -747,7 +730,7 @@ struct NodeChecks {
 
 impl NodeChecks {
     fn observe(&self, node: &k8s_openapi::api::core::v1::Node) {
-        let found = failclosed::device_plugin_findings(node, &self.rdma_resources);
+        let found = device_plugin::device_plugin_findings(node, &self.rdma_resources);
         self.findings.send_if_modified(|have| {
             if *have == found {
                 false

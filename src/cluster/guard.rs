@@ -15,7 +15,7 @@
 
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::policy::failclosed::{self, TaintDecision};
+use crate::policy::breaker::{self as failclosed, TaintDecision};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};

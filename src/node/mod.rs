@@ -12,7 +12,7 @@
 use crate::config::NodeSettings;
 use crate::error::{Error, Result};
 use crate::observe::metrics::Metrics;
-use crate::policy::failclosed;
+use crate::policy::breaker as failclosed;
 use crate::policy::{self, Verdict};
 use k8s_openapi::api::core::v1::{ConfigMap, Node, NodeCondition, ObjectReference, Taint};
 use k8s_openapi::api::events::v1::Event;

@@ -240,6 +240,7 @@ mod tests {
             }],
             gpudirect: Default::default(),
             timings: ProbeTimings::default(),
+            host: Default::default(),
         }
     }
 

@@ -1703,6 +1703,7 @@ mod tests {
             netdevs: Vec::new(),
             gpudirect: Default::default(),
             timings: Default::default(),
+            host: Default::default(),
         };
         let v = crate::policy::evaluate(&report, &config);
         let v = apply_finding(

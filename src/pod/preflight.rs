@@ -278,6 +278,7 @@ fn storage_only(roots: &Roots, probe: ProbeConfig) -> fabricgate_probes::ProbeRe
             storage_seconds: started.elapsed().as_secs_f64(),
             ..Default::default()
         },
+        host: Default::default(),
     }
 }
 

@@ -10,8 +10,8 @@
 use crate::config::{Config, OnAgentError};
 use crate::policy::{Finding, Scope, Verdict};
 use fabricgate_probes::ProbeReport;
+use fabricgate_probes::host::HostReport;
 use fabricgate_probes::storage::MountStatus;
-use std::path::{Component, Path};
 use std::time::Duration;
 
 /// Condition reason (and `fabricgate_findings` reason) of an agent error.
@@ -239,42 +239,19 @@ pub fn config_mismatch(report: &ProbeReport, config: &Config) -> Option<AgentFau
 }
 
 /// Required mounts reported missing whose top-level directory does not exist in the agent's
-/// own file system: the container was not given the host directory, so "missing" is the
-/// agent's blindness, not the node's. Only meaningful with the live procfs (the mount table
-/// then describes this very file system); may block on a hung mount, so call it on the
-/// probe thread.
-pub fn own_mount_problems(report: &ProbeReport, live_procfs: bool) -> Vec<String> {
-    if !live_procfs {
-        return Vec::new();
-    }
-    report
-        .storage
-        .mounts
+/// own file system (the probe's host report): the container was not given the host directory,
+/// so "missing" is the agent's blindness, not the node's.
+pub fn own_mount_problems(host: &HostReport) -> Vec<String> {
+    host.own_mounts_missing
         .iter()
-        .filter(|m| m.required && m.status == MountStatus::Missing)
-        .filter_map(|m| {
-            let top = top_level(Path::new(&m.path))?;
-            match std::fs::symlink_metadata(&top) {
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some(format!(
-                    "{} is required but {} does not exist inside the agent's container",
-                    m.path,
-                    top.display()
-                )),
-                _ => None,
-            }
+        .map(|m| {
+            format!(
+                "{} is required but {} does not exist inside the agent's container",
+                m.path,
+                m.top.display()
+            )
         })
         .collect()
-}
-
-/// `/lustre` of `/lustre/scratch`; `None` for `/` itself.
-fn top_level(path: &Path) -> Option<std::path::PathBuf> {
-    let mut comps = path.components();
-    match (comps.next(), comps.next()) {
-        (Some(Component::RootDir), Some(Component::Normal(first))) => {
-            Some(Path::new("/").join(first))
-        }
-        _ => None,
-    }
 }
 
 /// The verdict of a probe the agent could not judge: the affected parts say `AgentError`
@@ -377,15 +354,6 @@ mod tests {
         assert!(is_out_of_memory(
             "read_dir: Cannot allocate memory (os error 12)"
         ));
-    }
-
-    #[test]
-    fn top_level_directory_of_a_mount() {
-        assert_eq!(
-            top_level(Path::new("/lustre/scratch")),
-            Some("/lustre".into())
-        );
-        assert_eq!(top_level(Path::new("/")), None);
     }
 
     #[test]

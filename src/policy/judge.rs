@@ -3,7 +3,8 @@
 //! findings, hysteresis or agent faults on its own.
 //!
 //! Order of a full judgment (each step's reason in its comment below):
-//! 1. the hardware: [`evaluate_with`] over the report and the Node's device-plugin findings;
+//! 1. the hardware: [`evaluate_with`] over the report and the device plugins' findings (the
+//!    watched Node's resources, the probe's host report);
 //! 2. the peer mesh's required finding, if `peers` are required;
 //! 3. the agent's own faults ([`agent_fault::classify`], [`agent_fault::config_mismatch`]):
 //!    a probe the agent could not judge bypasses the hysteresis;
@@ -15,6 +16,7 @@
 //! ([`crate::policy::failclosed::taint_decision`]).
 
 use super::agent_fault::{self, AgentFault};
+use super::device_plugin;
 use super::{Finding, Hysteresis, Verdict, evaluate, evaluate_with};
 use crate::config::Config;
 use fabricgate_probes::ProbeReport;
@@ -23,16 +25,12 @@ use std::time::Duration;
 /// What the agent knows when it judges a full probe.
 #[derive(Debug, Clone)]
 pub struct Facts<'a> {
+    /// The probe, with what it saw on the host beside the hardware (device-plugin sockets and
+    /// device nodes, the agent's own mounts).
     pub report: &'a ProbeReport,
-    /// The agent's own blind spots found beside the probe
-    /// ([`agent_fault::own_mount_problems`], the device-plugin host checks).
-    pub own_mounts: &'a [String],
-    /// Findings about the device plugins: the watched Node's resources and the host's plugin
-    /// sockets and device nodes.
-    pub plugin_findings: &'a [Finding],
-    /// The plugin handed the container an incomplete device set: devices missing from it are
-    /// the plugin's fault, not the agent's.
-    pub incomplete_device_set: bool,
+    /// What the watched Node says about the device plugins
+    /// ([`device_plugin::device_plugin_findings`]).
+    pub node_findings: &'a [Finding],
     /// The peer mesh's finding when `peers` are required and a round failed.
     pub peer_finding: Option<Finding>,
 }
@@ -83,14 +81,20 @@ impl Judge {
     /// Judge a full probe (or, with the same report, a change of the Node's facts).
     pub fn probe(&mut self, facts: Facts<'_>) -> Judgment {
         let config = &self.config;
-        let mut instant = evaluate_with(facts.report, config, facts.plugin_findings);
+        let host = device_plugin::host_findings(&facts.report.host, &config.kubernetes);
+        let mut plugin_findings = facts.node_findings.to_vec();
+        plugin_findings.extend(host.findings);
+        let mut own_mounts = agent_fault::own_mount_problems(&facts.report.host);
+        own_mounts.extend(host.own_problems);
+        let mut instant = evaluate_with(facts.report, config, &plugin_findings);
         if let Some(finding) = facts.peer_finding {
             instant = apply_required_finding(instant, finding, config);
         }
         let instant_ready = instant.ready;
-        let fault = agent_fault::classify(facts.report, facts.own_mounts)
+        let fault = agent_fault::classify(facts.report, &own_mounts)
+            // Devices missing from an incomplete plugin set are the plugin's fault.
             .filter(|f| {
-                !(f.cause == agent_fault::Cause::NoDeviceAccess && facts.incomplete_device_set)
+                !(f.cause == agent_fault::Cause::NoDeviceAccess && host.incomplete_device_set)
             })
             .or_else(|| agent_fault::config_mismatch(facts.report, config));
         // An agent error says nothing about the node: the hysteresis does not see that probe,
@@ -190,5 +194,9 @@ pub fn empty_report() -> ProbeReport {
         netdevs: Vec::new(),
         gpudirect: fabricgate_probes::gpudirect::GpudirectReport::default(),
         timings: fabricgate_probes::ProbeTimings::default(),
+        host: Default::default(),
     }
 }
+
+#[cfg(test)]
+mod tests;

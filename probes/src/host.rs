@@ -1,0 +1,259 @@
+//! What the host shows beside the hardware, read on the probe thread after each probe: the
+//! kubelet's device-plugin sockets, the RDMA device nodes a device plugin put into this
+//! container, and required mounts whose top-level directory this container lacks (then a
+//! "missing" mount is the container's blindness, not the node's). Facts only; what they mean
+//! for the node is the agent's policy.
+
+use crate::Roots;
+use crate::pod::{self, DeviceNode};
+use crate::rdma::RdmaReport;
+use crate::storage::{MountStatus, StorageReport};
+use std::os::unix::fs::FileTypeExt;
+use std::path::{Component, Path, PathBuf};
+
+/// Which host checks run.
+#[derive(Debug, Clone, Default)]
+pub struct HostConfig {
+    /// The kubelet's device-plugins directory, as mounted into this container.
+    pub device_plugin_dir: PathBuf,
+    /// Sockets that must be registered in `device_plugin_dir`.
+    pub device_plugin_sockets: Vec<String>,
+    /// Compare the selected RDMA devices with their `uverbsN` nodes in this container (set when
+    /// the agent gets its devices from a device plugin, as training pods do).
+    pub device_nodes: bool,
+    /// Look for required mounts whose top-level directory this container lacks. Only
+    /// meaningful against the live `/proc` (the mount table then describes this very file
+    /// system), so it runs only when the procfs root is `/proc`.
+    pub own_mounts: bool,
+}
+
+/// What [`check`] saw.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HostReport {
+    /// `device_plugin_dir` is not a directory in this container (it was not mounted).
+    pub plugin_dir_missing: bool,
+    /// Sockets that are not registered, with what is there instead.
+    pub socket_problems: Vec<SocketProblem>,
+    /// Some selected devices' nodes are missing while others are present: the device nodes
+    /// missing, as `path (device)`. Empty when all or none are present.
+    pub missing_device_nodes: Vec<String>,
+    /// Required mounts reported missing whose top-level directory does not exist here.
+    pub own_mounts_missing: Vec<OwnMountMissing>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SocketProblem {
+    pub name: String,
+    /// `<path> does not exist`, `<path> is not a socket`, `cannot inspect <path>: <error>`.
+    pub problem: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwnMountMissing {
+    /// The required mount point.
+    pub path: String,
+    /// Its top-level directory, absent in this container.
+    pub top: PathBuf,
+}
+
+/// Run the configured checks. May block on a hung mount (it stats a mount's parent), so it
+/// runs on the probe thread.
+pub fn check(
+    config: &HostConfig,
+    roots: &Roots,
+    rdma: &RdmaReport,
+    storage: &StorageReport,
+) -> HostReport {
+    let mut out = HostReport::default();
+    if !config.device_plugin_sockets.is_empty() {
+        check_sockets(config, &mut out);
+    }
+    if config.device_nodes {
+        out.missing_device_nodes = missing_device_nodes(roots, rdma);
+    }
+    if config.own_mounts && roots.procfs_root() == Path::new("/proc") {
+        out.own_mounts_missing = own_mounts_missing(storage);
+    }
+    out
+}
+
+fn check_sockets(config: &HostConfig, out: &mut HostReport) {
+    let dir = &config.device_plugin_dir;
+    if !dir.is_dir() {
+        out.plugin_dir_missing = true;
+        return;
+    }
+    for name in &config.device_plugin_sockets {
+        let path = dir.join(name);
+        let problem = match std::fs::symlink_metadata(&path) {
+            Ok(m) if m.file_type().is_socket() => continue,
+            Ok(_) => format!("{} is not a socket", path.display()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                format!("{} does not exist", path.display())
+            }
+            Err(e) => format!("cannot inspect {}: {e}", path.display()),
+        };
+        out.socket_problems.push(SocketProblem {
+            name: name.clone(),
+            problem,
+        });
+    }
+}
+
+/// A plugin that started before the driver hands out an incomplete set: some selected devices'
+/// nodes are in the container, others not. None at all is how the agent was deployed, not the
+/// plugin, and is left to the verbs probe.
+fn missing_device_nodes(roots: &Roots, rdma: &RdmaReport) -> Vec<String> {
+    let Ok(nodes) = pod::device_nodes(roots) else {
+        return Vec::new(); // unreadable class/infiniband_verbs: the RDMA probe reports it
+    };
+    let selected: Vec<&DeviceNode> = nodes
+        .iter()
+        .filter(|n| rdma.devices.iter().any(|d| d.name == n.device))
+        .collect();
+    let missing: Vec<String> = selected
+        .iter()
+        .filter(|n| !n.present)
+        .map(|n| format!("{} ({})", n.path.display(), n.device))
+        .collect();
+    if missing.len() == selected.len() {
+        return Vec::new();
+    }
+    missing
+}
+
+fn own_mounts_missing(storage: &StorageReport) -> Vec<OwnMountMissing> {
+    storage
+        .mounts
+        .iter()
+        .filter(|m| m.required && m.status == MountStatus::Missing)
+        .filter_map(|m| {
+            let top = top_level(Path::new(&m.path))?;
+            match std::fs::symlink_metadata(&top) {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some(OwnMountMissing {
+                    path: m.path.clone(),
+                    top,
+                }),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+/// `/lustre` of `/lustre/scratch`; `None` for `/` itself.
+fn top_level(path: &Path) -> Option<PathBuf> {
+    let mut comps = path.components();
+    match (comps.next(), comps.next()) {
+        (Some(Component::RootDir), Some(Component::Normal(first))) => {
+            Some(Path::new("/").join(first))
+        }
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rdma::DeviceReport;
+
+    fn rdma_of(names: &[&str]) -> RdmaReport {
+        RdmaReport {
+            devices: names
+                .iter()
+                .map(|n| DeviceReport {
+                    name: (*n).to_owned(),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    fn sockets(dir: &Path, names: &[&str]) -> HostConfig {
+        HostConfig {
+            device_plugin_dir: dir.to_path_buf(),
+            device_plugin_sockets: names.iter().map(|s| (*s).to_owned()).collect(),
+            ..HostConfig::default()
+        }
+    }
+
+    #[test]
+    fn a_plugin_socket_must_be_a_registered_socket() {
+        let dir = tempfile::tempdir().unwrap();
+        let roots = Roots::new(dir.path(), dir.path());
+        let config = sockets(dir.path(), &["rdma.sock"]);
+        let none = StorageReport::default();
+        let sock = dir.path().join("rdma.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+        assert_eq!(
+            check(&config, &roots, &rdma_of(&[]), &none),
+            HostReport::default()
+        );
+        drop(listener);
+        std::fs::remove_file(&sock).unwrap();
+        let found = check(&config, &roots, &rdma_of(&[]), &none);
+        assert_eq!(
+            found.socket_problems,
+            vec![SocketProblem {
+                name: "rdma.sock".into(),
+                problem: format!("{} does not exist", sock.display()),
+            }]
+        );
+        std::fs::write(&sock, "").unwrap();
+        let found = check(&config, &roots, &rdma_of(&[]), &none);
+        assert!(
+            found.socket_problems[0]
+                .problem
+                .ends_with("is not a socket")
+        );
+        let absent = sockets(&dir.path().join("absent"), &["rdma.sock"]);
+        let found = check(&absent, &roots, &rdma_of(&[]), &none);
+        assert!(found.plugin_dir_missing && found.socket_problems.is_empty());
+    }
+
+    #[test]
+    fn only_an_incomplete_set_of_selected_device_nodes_is_reported() {
+        let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/pod-4of8");
+        let roots = Roots::new(fixture.join("sys"), fixture.join("proc"));
+        let config = HostConfig {
+            device_nodes: true,
+            ..HostConfig::default()
+        };
+        let none = StorageReport::default();
+        let with_dev = roots.clone().with_devfs(fixture.join("dev"));
+        // uverbs0-3 are in the fixture's /dev, uverbs4-9 are not.
+        let found = check(
+            &config,
+            &with_dev,
+            &rdma_of(&["mlx5_0", "mlx5_1", "mlx5_4"]),
+            &none,
+        );
+        assert_eq!(found.missing_device_nodes.len(), 1);
+        assert!(
+            found.missing_device_nodes[0].ends_with("infiniband/uverbs4 (mlx5_4)"),
+            "{found:?}"
+        );
+        let all_there = check(&config, &with_dev, &rdma_of(&["mlx5_0", "mlx5_3"]), &none);
+        assert_eq!(all_there, HostReport::default());
+        let no_dev = roots.clone().with_devfs(fixture.join("no-dev"));
+        let nothing = check(&config, &no_dev, &rdma_of(&["mlx5_0", "mlx5_4"]), &none);
+        assert_eq!(nothing, HostReport::default());
+        let off = check(
+            &HostConfig::default(),
+            &with_dev,
+            &rdma_of(&["mlx5_0", "mlx5_4"]),
+            &none,
+        );
+        assert_eq!(off, HostReport::default());
+    }
+
+    #[test]
+    fn top_level_directory_of_a_mount() {
+        assert_eq!(
+            top_level(Path::new("/lustre/scratch")),
+            Some(PathBuf::from("/lustre"))
+        );
+        assert_eq!(top_level(Path::new("/")), None);
+        assert_eq!(top_level(Path::new("relative/x")), None);
+    }
+}
