@@ -171,6 +171,19 @@ impl<'p> Owned<'p, sys::ibv_mr> {
         // SAFETY: inside the borrowed buffer, which is initialised (it is a `&mut [u8]`).
         Some(unsafe { std::slice::from_raw_parts(src, len) }.to_vec())
     }
+
+    /// Copy `len` bytes out of the region at `offset` while a remote peer may be writing into
+    /// it: volatile reads, so the compiler assumes nothing about the bytes. `None` when out of
+    /// bounds.
+    pub fn read_volatile(&self, offset: usize, len: usize) -> Option<Vec<u8>> {
+        let src = self.span(offset, len)?;
+        let bytes = (0..len)
+            // SAFETY: `src + i` lies inside the region (`span` checked it), in the buffer this
+            // MR borrows; a volatile read of a `u8` is valid whatever the HCA wrote there.
+            .map(|i| unsafe { ptr::read_volatile(src.add(i)) })
+            .collect();
+        Some(bytes)
+    }
 }
 
 impl<'p> Owned<'p, sys::ibv_qp> {
@@ -180,13 +193,27 @@ impl<'p> Owned<'p, sys::ibv_qp> {
     /// # Errors
     /// The errno libibverbs leaves.
     pub fn create_rc(pd: &'p Pd<'_>, cq: &'p Cq<'_>) -> io::Result<Self> {
+        Self::create_rc_with(pd, cq, 4, 4)
+    }
+
+    /// An RC queue pair like [`Self::create_rc`] with room for `send_wr` sends and `recv_wr`
+    /// receives (one SGE each); only signalled sends complete (`sq_sig_all` 0).
+    ///
+    /// # Errors
+    /// The errno libibverbs leaves (`EINVAL` for more work requests than the device allows).
+    pub fn create_rc_with(
+        pd: &'p Pd<'_>,
+        cq: &'p Cq<'_>,
+        send_wr: u32,
+        recv_wr: u32,
+    ) -> io::Result<Self> {
         // SAFETY: an all-zero ibv_qp_init_attr is valid (null pointers, zero caps).
         let mut init: sys::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
         init.send_cq = cq.as_ptr();
         init.recv_cq = cq.as_ptr();
         init.qp_type = sys::ibv_qp_type::IBV_QPT_RC;
-        init.cap.max_send_wr = 4;
-        init.cap.max_recv_wr = 4;
+        init.cap.max_send_wr = send_wr;
+        init.cap.max_recv_wr = recv_wr;
         init.cap.max_send_sge = 1;
         init.cap.max_recv_sge = 1;
         // SAFETY: live PD and CQ, both borrowed for `'p`; `init` fully initialised; freed by

@@ -6,17 +6,16 @@
 //! and an RC WRITE completes only after the responder's HCA acknowledged it, so post to
 //! completion is one fabric round trip that the responder's CPU takes no part in.
 //!
-//! All verbs objects live inside [`with_endpoint`] as RAII guards declared after what they
-//! depend on, so they are freed in reverse order on every path, including errors and panics.
+//! All verbs objects live inside [`with_endpoint`] as the [`Owned`](super::objects::Owned)
+//! guards of `objects`, which borrow what they depend on: the borrow checker keeps the
+//! reverse order of freeing on every path, including errors and panics.
 
-use super::objects::last_errno;
+use super::objects::{Cq, Mr, Pd, Qp, query_gid};
 use super::transitions::{self, Route};
-use super::{Context, DeviceList, mtu_enum, wc_status_str};
+use super::{DeviceList, mtu_enum, wc_status_str};
 use rdma_sys as sys;
 use std::io;
-use std::marker::PhantomData;
 use std::os::raw::c_int;
-use std::ptr;
 use std::time::{Duration, Instant};
 
 /// What the other side needs to reach this endpoint (exchanged over the side channel).
@@ -83,64 +82,15 @@ impl RcError {
     }
 }
 
-struct Pd<'c> {
-    ptr: *mut sys::ibv_pd,
-    _ctx: PhantomData<&'c Context<'c>>,
-}
-
-impl Drop for Pd<'_> {
-    fn drop(&mut self) {
-        // SAFETY: allocated by ibv_alloc_pd, freed once, after everything using it (declared
-        // later, dropped first). A failure cannot be handled in Drop.
-        let _ = unsafe { sys::ibv_dealloc_pd(self.ptr) };
-    }
-}
-
-struct Cq<'c> {
-    ptr: *mut sys::ibv_cq,
-    _ctx: PhantomData<&'c Context<'c>>,
-}
-
-impl Drop for Cq<'_> {
-    fn drop(&mut self) {
-        // SAFETY: created by ibv_create_cq, destroyed once, after the QP using it.
-        let _ = unsafe { sys::ibv_destroy_cq(self.ptr) };
-    }
-}
-
-struct Qp<'p> {
-    ptr: *mut sys::ibv_qp,
-    _pd: PhantomData<&'p Pd<'p>>,
-}
-
-impl Drop for Qp<'_> {
-    fn drop(&mut self) {
-        // SAFETY: created by ibv_create_qp, destroyed once; the provider flushes outstanding
-        // work requests, after which nothing touches the buffer any more.
-        let _ = unsafe { sys::ibv_destroy_qp(self.ptr) };
-    }
-}
-
-struct Mr<'p> {
-    ptr: *mut sys::ibv_mr,
-    _pd: PhantomData<&'p Pd<'p>>,
-}
-
-impl Drop for Mr<'_> {
-    fn drop(&mut self) {
-        // SAFETY: registered by ibv_reg_mr, deregistered once, after the QP (declared later)
-        // and while the buffer (declared earlier) is alive.
-        let _ = unsafe { sys::ibv_dereg_mr(self.ptr) };
-    }
-}
-
 /// A connected (or connectable) RC endpoint; only exists inside [`with_endpoint`].
 pub struct Endpoint<'a> {
     cq: &'a Cq<'a>,
-    qp: &'a Qp<'a>,
-    base: *mut u8,
+    /// Declared before `mr`, so it is dropped first: destroying the QP flushes its work
+    /// requests before the region they target is deregistered.
+    qp: Qp<'a>,
+    mr: Mr<'a>,
+    /// Bytes of the registered buffer.
     len: usize,
-    lkey: u32,
     port: u8,
     gid_index: Option<u8>,
     local: EndpointInfo,
@@ -197,79 +147,28 @@ pub fn with_endpoint<R>(
     }
     let mut gid = [0u8; 16];
     if let Some(idx) = spec.gid_index {
-        // SAFETY: an all-zero ibv_gid is valid.
-        let mut raw: sys::ibv_gid = unsafe { std::mem::zeroed() };
-        // SAFETY: open context, valid out-pointer.
-        let rc = unsafe { sys::ibv_query_gid(ctx.ptr, spec.port, c_int::from(idx), &mut raw) };
-        if rc != 0 {
-            return Err(RcError::os("query_gid", &last_errno()));
-        }
+        let raw = query_gid(&ctx, spec.port, idx).map_err(|e| RcError::os("query_gid", &e))?;
         // SAFETY: `raw` is plain 16 bytes; reading the byte view of the union is valid.
         gid = unsafe { raw.raw };
     }
 
     let len = spec.buf_len.max(64);
     let mut buf = vec![0u8; len];
-    let base = buf.as_mut_ptr();
+    // What the remote side's WRITEs target (ibv_reg_mr registers the buffer at this address).
+    let addr = buf.as_ptr() as u64;
 
-    // SAFETY: open context; a non-null PD is owned by the guard.
-    let pd_ptr = unsafe { sys::ibv_alloc_pd(ctx.ptr) };
-    if pd_ptr.is_null() {
-        return Err(RcError::os("alloc_pd", &last_errno()));
-    }
-    let pd = Pd {
-        ptr: pd_ptr,
-        _ctx: PhantomData,
-    };
+    let pd = Pd::alloc(&ctx).map_err(|e| RcError::os("alloc_pd", &e))?;
     let depth = spec.max_outstanding.clamp(1, 64);
     let cq_len = c_int::try_from(depth * 2 + 8).unwrap_or(136);
-    // SAFETY: open context; no completion channel; the CQ is owned by the guard.
-    let cq_ptr =
-        unsafe { sys::ibv_create_cq(ctx.ptr, cq_len, ptr::null_mut(), ptr::null_mut(), 0) };
-    if cq_ptr.is_null() {
-        return Err(RcError::os("create_cq", &last_errno()));
-    }
-    let cq = Cq {
-        ptr: cq_ptr,
-        _ctx: PhantomData,
-    };
+    let cq = Cq::create(&ctx, cq_len).map_err(|e| RcError::os("create_cq", &e))?;
     let access = sys::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE
         | sys::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE;
     let access_int = c_int::try_from(access.0).unwrap_or(0);
-    // SAFETY: `base` points to `len` bytes that stay alive and unmoved (the Vec is never
-    // resized) until the MR guard, declared after `buf`, deregisters them.
-    let mr_ptr = unsafe { sys::ibv_reg_mr(pd.ptr, base.cast(), len, access_int) };
-    if mr_ptr.is_null() {
-        return Err(RcError::os("reg_mr", &last_errno()));
-    }
-    let mr = Mr {
-        ptr: mr_ptr,
-        _pd: PhantomData,
-    };
-    // SAFETY: live MR; lkey/rkey are plain fields set at registration.
-    let (lkey, rkey) = unsafe { ((*mr.ptr).lkey, (*mr.ptr).rkey) };
-
-    // SAFETY: an all-zero ibv_qp_init_attr is valid (null pointers, zero caps).
-    let mut init: sys::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
-    init.send_cq = cq.ptr;
-    init.recv_cq = cq.ptr;
-    init.qp_type = sys::ibv_qp_type::IBV_QPT_RC;
-    init.cap.max_send_wr = depth + 2;
-    init.cap.max_recv_wr = 1;
-    init.cap.max_send_sge = 1;
-    init.cap.max_recv_sge = 1;
-    init.sq_sig_all = 0;
-    // SAFETY: live PD and CQ; `init` fully initialised; the QP is owned by the guard.
-    let qp_ptr = unsafe { sys::ibv_create_qp(pd.ptr, &mut init) };
-    if qp_ptr.is_null() {
-        return Err(RcError::os("create_qp", &last_errno()));
-    }
-    let qp = Qp {
-        ptr: qp_ptr,
-        _pd: PhantomData,
-    };
-    // SAFETY: a live QP; qp_num is set by ibv_create_qp.
-    let qpn = unsafe { (*qp.ptr).qp_num };
+    let mr = Mr::register(&pd, &mut buf, access_int).map_err(|e| RcError::os("reg_mr", &e))?;
+    let (_, rkey) = mr.keys();
+    let qp =
+        Qp::create_rc_with(&pd, &cq, depth + 2, 1).map_err(|e| RcError::os("create_qp", &e))?;
+    let qpn = qp.num();
 
     let (mut a, mask) = transitions::init(spec.port, access);
     modify(&qp, "modify_qp INIT", &mut a, mask)?;
@@ -280,16 +179,15 @@ pub fn with_endpoint<R>(
         psn: initial_psn(qpn),
         lid: attr.lid,
         mtu: attr.active_mtu,
-        addr: base as u64,
+        addr,
         rkey,
         len: u32::try_from(len).unwrap_or(u32::MAX),
     };
     let mut ep = Endpoint {
         cq: &cq,
-        qp: &qp,
-        base,
+        qp,
+        mr,
         len,
-        lkey,
         port: spec.port,
         gid_index: spec.gid_index,
         local,
@@ -297,9 +195,9 @@ pub fn with_endpoint<R>(
         max_outstanding: depth,
     };
     let out = f(&mut ep);
-    drop((qp, mr, cq, pd));
-    drop(buf);
-    drop(ctx);
+    // The QP and MR first (`ep`'s fields, in that order); the CQ, PD, buffer and context
+    // follow in reverse order of declaration.
+    drop(ep);
     Ok(out)
 }
 
@@ -318,13 +216,7 @@ fn modify(
     attr: &mut sys::ibv_qp_attr,
     mask: sys::ibv_qp_attr_mask,
 ) -> Result<(), RcError> {
-    let mask = c_int::try_from(mask.0).unwrap_or(c_int::MAX);
-    // SAFETY: live QP, `attr` a valid, fully initialised attribute struct.
-    let rc = unsafe { sys::ibv_modify_qp(qp.ptr, attr, mask) };
-    if rc != 0 {
-        return Err(RcError::os(step, &io::Error::from_raw_os_error(rc)));
-    }
-    Ok(())
+    qp.modify(attr, mask).map_err(|e| RcError::os(step, &e))
 }
 
 impl Endpoint<'_> {
@@ -356,12 +248,12 @@ impl Endpoint<'_> {
         };
         let path_mtu = mtu_enum(self.local.mtu.min(remote.mtu).min(4096));
         let (mut a, mask) = transitions::rtr(self.port, path_mtu, remote.qpn, remote.psn, route);
-        modify(self.qp, "modify_qp RTR", &mut a, mask)?;
+        modify(&self.qp, "modify_qp RTR", &mut a, mask)?;
         // ~268 ms transport timeout (4.096 µs × 2^16), 7 retries (perftest and NCCL use 7):
         // a lost packet is retried rather than failing the session, and a dead path still
         // fails in about two seconds, inside the default `peers.timeout`.
         let (mut a, mask) = transitions::rts(self.local.psn, 16, 7);
-        modify(self.qp, "modify_qp RTS", &mut a, mask)
+        modify(&self.qp, "modify_qp RTS", &mut a, mask)
     }
 
     /// Copy `data` into the local buffer at `offset` (clipped to the buffer).
@@ -370,9 +262,9 @@ impl Endpoint<'_> {
             return;
         };
         let n = data.len().min(room);
-        // SAFETY: `offset + n <= len`; the buffer is ours and no WRITE that reads it is in
-        // flight when the caller fills it (every post is waited for, or the QP is gone).
-        unsafe { ptr::copy_nonoverlapping(data.as_ptr(), self.base.add(offset), n) };
+        // Clipped to the region, so the MR cannot refuse it. No WRITE that reads these bytes
+        // is in flight when the caller fills them (every post is waited for).
+        self.mr.write(offset, &data[..n]);
     }
 
     /// A copy of `len` bytes of the local buffer at `offset` (clipped to the buffer). The
@@ -383,11 +275,8 @@ impl Endpoint<'_> {
             return Vec::new();
         };
         let n = len.min(room);
-        (0..n)
-            // SAFETY: `offset + i < len`, inside the live buffer; volatile reads of `u8`
-            // are valid whatever the HCA wrote.
-            .map(|i| unsafe { ptr::read_volatile(self.base.add(offset + i)) })
-            .collect()
+        // Clipped to the region, so never `None`.
+        self.mr.read_volatile(offset, n).unwrap_or_default()
     }
 
     fn post_write(
@@ -412,48 +301,20 @@ impl Endpoint<'_> {
                 ),
             ));
         }
-        let mut sge = sys::ibv_sge {
-            addr: self.base as u64 + local_off as u64,
-            length: u32::try_from(len).unwrap_or(u32::MAX),
-            lkey: self.lkey,
-        };
-        // SAFETY: an all-zero ibv_send_wr is valid (null next, no flags).
-        let mut wr: sys::ibv_send_wr = unsafe { std::mem::zeroed() };
-        wr.wr_id = wr_id;
-        wr.sg_list = &mut sge;
-        wr.num_sge = 1;
-        wr.opcode = sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE;
-        wr.send_flags = sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
-        wr.wr.rdma = sys::rdma_t {
-            remote_addr: remote.addr.wrapping_add(remote_off),
-            rkey: remote.rkey,
-        };
-        let mut bad: *mut sys::ibv_send_wr = ptr::null_mut();
-        // SAFETY: live QP; `wr` and its SGE outlive the call; the SGE lies inside the
-        // registered buffer (checked above).
-        let rc = unsafe { sys::ibv_post_send(self.qp.ptr, &mut wr, &mut bad) };
-        if rc != 0 {
-            return Err(RcError::os(
-                "post_send RDMA WRITE",
-                &io::Error::from_raw_os_error(rc),
-            ));
-        }
+        let length = u32::try_from(len).unwrap_or(u32::MAX);
+        let target = (remote.addr.wrapping_add(remote_off), remote.rkey);
+        self.qp
+            .post_send(wr_id, &self.mr, local_off, length, Some(target))
+            .map_err(|e| RcError::os("post_send RDMA WRITE", &e))?;
         self.outstanding += 1;
         Ok(())
     }
 
     /// Poll one completion; `Ok(None)` when the CQ is empty.
     fn poll_one(&mut self) -> Result<Option<u64>, RcError> {
-        // SAFETY: an all-zero ibv_wc is valid as an out-parameter.
-        let mut wc: sys::ibv_wc = unsafe { std::mem::zeroed() };
-        // SAFETY: live CQ; room for exactly one completion.
-        let n = unsafe { sys::ibv_poll_cq(self.cq.ptr, 1, &mut wc) };
-        if n < 0 {
-            return Err(RcError::os("poll_cq", &io::Error::from_raw_os_error(-n)));
-        }
-        if n == 0 {
+        let Some(wc) = self.cq.poll_one().map_err(|e| RcError::os("poll_cq", &e))? else {
             return Ok(None);
-        }
+        };
         self.outstanding = self.outstanding.saturating_sub(1);
         if wc.status != sys::ibv_wc_status::IBV_WC_SUCCESS {
             return Err(RcError {

@@ -1,0 +1,290 @@
+//! Inter-node RDMA measurements: the responder every agent runs, and the client that measures
+//! one peer (`fabricgate ping`, the agent's peer rounds).
+//!
+//! # Transport
+//! RC (reliable connected), one queue pair per session, created when a session starts and
+//! destroyed when it ends ([`crate::rdma::verbs::rc`]). An RC RDMA WRITE completes once the
+//! responder's HCA acknowledged it, so post-to-completion is one fabric round trip without
+//! the responder's CPU, and the bandwidth burst needs RDMA WRITE, which UD does not have.
+//!
+//! # Side channel
+//! A tiny TCP protocol (as perftest exchanges QPNs and GIDs), versioned, made of fixed-size
+//! frames of [`FRAME_LEN`] bytes: `magic "FGPR" | version u16 | type u8 | status u8 | payload`,
+//! big-endian, zero padded.
+//!
+//! ```text
+//! client                                   responder
+//!   HELLO   node, group, device/port, plan ──►
+//!          ◄── WELCOME node, group, device/port, status (OK, BUSY, SELF, OTHER_GROUP, ...)
+//!   ENDPOINT gid, qpn, psn, lid, mtu, addr, rkey, len ──►   (responder creates its QP now)
+//!          ◄── ENDPOINT (or status VERBS)
+//!   ... RDMA WRITEs: RTT burst into slots, then the bandwidth burst ...
+//!   DONE    digest of the bytes written ──►
+//!          ◄── VERDICT status OK or MISMATCH (the responder hashed its buffer)
+//! ```
+//!
+//! # Limits (what a stranger can make the responder do)
+//! At most [`MAX_SESSIONS`] sessions at once (more are answered BUSY by the accept thread
+//! without reading anything), each closed after [`SESSION_LIMIT`]; every frame must arrive
+//! within [`FRAME_TIMEOUT`]; frames have one fixed size; plans outside [`Plan::validate`] are
+//! refused before anything is allocated, so one session pins at most
+//! [`MAX_BUFFER`] bytes and the responder at most `MAX_SESSIONS × MAX_BUFFER`.
+//!
+//! # Layout
+//! This module holds the limits, the plan and the local ports; `wire` the frames, `responder`
+//! and `client` the two sides of a session.
+
+mod client;
+mod responder;
+#[cfg(test)]
+mod tests;
+mod wire;
+
+pub use client::{ErrorKind, Measurement, Outcome, Skip, measure, percentile};
+pub use responder::{Responder, ResponderStats};
+
+use crate::Roots;
+use crate::rdma::{DeviceReport, GidType, LinkLayer, PortReport, RdmaReport};
+use std::time::Duration;
+
+/// The side channel's protocol version.
+pub const PROTOCOL_VERSION: u16 = 1;
+/// Every frame is exactly this long.
+pub const FRAME_LEN: usize = 256;
+/// Sessions served at once; more are answered BUSY.
+pub const MAX_SESSIONS: usize = 4;
+/// Default bound on one session, accept to close (the agent passes `peers.timeout` + 5 s).
+pub const SESSION_LIMIT: Duration = Duration::from_secs(10);
+/// One frame must arrive within this.
+pub const FRAME_TIMEOUT: Duration = Duration::from_secs(3);
+pub const MIN_RTT_SIZE: u32 = 8;
+pub const MAX_RTT_SIZE: u32 = 4096;
+pub const MAX_RTT_COUNT: u32 = 64;
+pub const MIN_BW_SIZE: u32 = 4096;
+pub const MAX_BW_SIZE: u32 = 1 << 20;
+pub const MAX_BW_DURATION: Duration = Duration::from_secs(2);
+/// Largest buffer one session registers: every RTT slot plus the bandwidth region.
+pub const MAX_BUFFER: usize = (MAX_RTT_SIZE * MAX_RTT_COUNT + MAX_BW_SIZE) as usize;
+/// RDMA WRITEs in flight during the bandwidth burst.
+pub const BW_DEPTH: u32 = 16;
+/// Node names and groups are cut to this many bytes on the wire.
+pub const NAME_LEN: usize = 64;
+
+/// Status byte of WELCOME, ENDPOINT and VERDICT frames.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Status {
+    Ok,
+    /// The responder already serves [`MAX_SESSIONS`] sessions.
+    Busy,
+    /// The client is the responder's own node.
+    SelfNode,
+    /// The nodes are in different peer groups (`peers.match_label`).
+    OtherGroup,
+    /// The responder has no usable port (down, or none validated).
+    NoPort,
+    /// The plan exceeds the responder's limits.
+    Limits,
+    /// Unsupported protocol version.
+    Version,
+    /// The responder could not create its queue pair.
+    Verbs,
+    /// The bytes in the responder's buffer differ from what the client wrote.
+    Mismatch,
+    /// The responder's agent has not finished its first probe: it does not know its ports
+    /// yet. Not an error; the peer is measured in a later round.
+    Starting,
+    Unknown(u8),
+}
+
+impl Status {
+    fn code(self) -> u8 {
+        match self {
+            Self::Ok => 0,
+            Self::Busy => 1,
+            Self::SelfNode => 2,
+            Self::OtherGroup => 3,
+            Self::NoPort => 4,
+            Self::Limits => 5,
+            Self::Version => 6,
+            Self::Verbs => 7,
+            Self::Mismatch => 8,
+            Self::Starting => 9,
+            Self::Unknown(c) => c,
+        }
+    }
+
+    fn from_code(c: u8) -> Self {
+        match c {
+            0 => Self::Ok,
+            1 => Self::Busy,
+            2 => Self::SelfNode,
+            3 => Self::OtherGroup,
+            4 => Self::NoPort,
+            5 => Self::Limits,
+            6 => Self::Version,
+            7 => Self::Verbs,
+            8 => Self::Mismatch,
+            9 => Self::Starting,
+            c => Self::Unknown(c),
+        }
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::Busy => "the responder is busy with other sessions",
+            Self::SelfNode => "that is this node",
+            Self::OtherGroup => "the peer is in another group (peers.match_label)",
+            Self::NoPort => "the responder has no usable RDMA port",
+            Self::Limits => "the responder refused the plan (sizes or duration over its limits)",
+            Self::Version => "the responder speaks another protocol version",
+            Self::Verbs => "the responder could not create its queue pair",
+            Self::Mismatch => "the responder's buffer holds different bytes than were written",
+            Self::Starting => "the responder's agent is starting (no probe yet)",
+            Self::Unknown(_) => "unknown status",
+        }
+    }
+}
+
+/// What one measurement does: an RTT burst of small WRITEs, and optionally a bandwidth
+/// burst of large ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Plan {
+    /// Bytes per RTT message.
+    pub rtt_size: u32,
+    /// Messages in the RTT burst (each waited for before the next).
+    pub rtt_count: u32,
+    /// Bytes per WRITE of the bandwidth burst; 0: no bandwidth burst.
+    pub bw_size: u32,
+    pub bw_duration: Duration,
+}
+
+impl Default for Plan {
+    fn default() -> Self {
+        Self {
+            rtt_size: 64,
+            rtt_count: 16,
+            bw_size: 0,
+            bw_duration: Duration::from_millis(100),
+        }
+    }
+}
+
+impl Plan {
+    /// # Errors
+    /// A message naming the value out of range and the limit.
+    pub fn validate(&self) -> Result<(), String> {
+        if !(MIN_RTT_SIZE..=MAX_RTT_SIZE).contains(&self.rtt_size) {
+            return Err(format!(
+                "RTT message size {} is outside {MIN_RTT_SIZE}..={MAX_RTT_SIZE} bytes",
+                self.rtt_size
+            ));
+        }
+        if !(1..=MAX_RTT_COUNT).contains(&self.rtt_count) {
+            return Err(format!(
+                "RTT burst of {} messages is outside 1..={MAX_RTT_COUNT}",
+                self.rtt_count
+            ));
+        }
+        if self.bw_size != 0 {
+            if !(MIN_BW_SIZE..=MAX_BW_SIZE).contains(&self.bw_size) {
+                return Err(format!(
+                    "bandwidth message size {} is outside {MIN_BW_SIZE}..={MAX_BW_SIZE} bytes",
+                    self.bw_size
+                ));
+            }
+            if self.bw_duration.is_zero() || self.bw_duration > MAX_BW_DURATION {
+                return Err(format!(
+                    "bandwidth burst of {:?} is outside (0, {:?}]",
+                    self.bw_duration, MAX_BW_DURATION
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn rtt_region(&self) -> usize {
+        self.rtt_size as usize * self.rtt_count as usize
+    }
+
+    /// Bytes of the buffer each side registers.
+    pub fn buffer_len(&self) -> usize {
+        self.rtt_region() + self.bw_size as usize
+    }
+}
+
+/// Who this agent is, as told to peers.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Identity {
+    /// The Node name; a responder refuses a client with its own name (SELF). Empty: never.
+    pub node_name: String,
+    /// Peer group (value of `peers.match_label` on this Node); only peers of the same group
+    /// are measured. Empty: no restriction.
+    pub group: String,
+}
+
+/// A local port that can serve or start sessions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalPort {
+    pub device: String,
+    pub port: u8,
+    /// `None` on InfiniBand (addressed by LID).
+    pub gid_index: Option<u8>,
+}
+
+impl LocalPort {
+    /// Ports of `report` that are up, opened by verbs, on a device `matches` accepts, and
+    /// (on RoCE) have a GID; the IPv4-mapped RoCE v2 GID is preferred, as NCCL does.
+    pub fn usable(report: &RdmaReport, matches: &dyn Fn(&str) -> bool) -> Vec<LocalPort> {
+        let mut out = Vec::new();
+        for dev in &report.devices {
+            if !matches(&dev.name) || !opened(dev) {
+                continue;
+            }
+            for port in &dev.ports {
+                if !port.is_up() || port.selftest.as_ref().is_some_and(|s| !s.ok) {
+                    continue;
+                }
+                let Ok(num) = u8::try_from(port.port) else {
+                    continue;
+                };
+                let gid_index = if port.link_layer == Some(LinkLayer::Ethernet) {
+                    match pick_gid(port).and_then(|g| u8::try_from(g).ok()) {
+                        Some(g) => Some(g),
+                        None => continue,
+                    }
+                } else {
+                    None
+                };
+                out.push(LocalPort {
+                    device: dev.name.clone(),
+                    port: num,
+                    gid_index,
+                });
+            }
+        }
+        out
+    }
+}
+
+fn opened(dev: &DeviceReport) -> bool {
+    dev.verbs.as_ref().is_none_or(|v| v.opened)
+}
+
+/// The GID to source RoCE traffic from: IPv4-mapped RoCE v2 first, then any RoCE v2.
+fn pick_gid(port: &PortReport) -> Option<u32> {
+    let v2 = |g: &&crate::rdma::Gid| g.gid_type == Some(GidType::RoceV2);
+    port.gids
+        .iter()
+        .filter(v2)
+        .find(|g| g.gid.starts_with("0000:0000:0000:0000:0000:ffff:"))
+        .or_else(|| port.gids.iter().find(v2))
+        .map(|g| g.index)
+}
+
+/// CPU time (ns) the calling thread has used, from `<proc>/thread-self/schedstat`.
+pub fn thread_cpu_ns(roots: &Roots) -> Option<u64> {
+    let text = std::fs::read_to_string(roots.proc("thread-self/schedstat")).ok()?;
+    text.split_whitespace().next()?.parse().ok()
+}

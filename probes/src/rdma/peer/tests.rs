@@ -1,0 +1,379 @@
+use super::wire::*;
+use super::*;
+use crate::rdma::verbs::rc::EndpointInfo;
+use crate::rdma::{Gid, PhysState, PortState, VerbsDevice};
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+#[test]
+fn frames_round_trip_and_garbage_is_rejected() {
+    let hello = Hello {
+        identity: Identity {
+            node_name: "gpu-a".into(),
+            group: "rail-3".into(),
+        },
+        device: "mlx5_3".into(),
+        port: 1,
+        plan: Plan {
+            rtt_size: 64,
+            rtt_count: 16,
+            bw_size: 65536,
+            bw_duration: Duration::from_millis(100),
+        },
+    };
+    let f = decode(&hello.encode()).unwrap();
+    assert_eq!(f.version, PROTOCOL_VERSION);
+    assert_eq!(f.kind, T_HELLO);
+    assert_eq!(Hello::decode(&f.payload), hello);
+    let e = EndpointInfo {
+        gid: [7; 16],
+        qpn: 0x12_3456,
+        psn: 0xab_cdef,
+        lid: 9,
+        mtu: 1024,
+        addr: 0xdead_beef_0000,
+        rkey: 0x4242,
+        len: 2048,
+    };
+    let f = decode(&encode_endpoint(&e, Status::Ok)).unwrap();
+    assert_eq!(decode_endpoint(&f.payload), e);
+    let mut junk = [0xffu8; FRAME_LEN];
+    assert_eq!(decode(&junk), None);
+    junk[..4].copy_from_slice(b"FGPR");
+    let f = decode(&junk).unwrap();
+    assert_eq!(f.status, Status::Unknown(255));
+    // Non-ASCII names on the wire are dropped, not passed on.
+    let h = Hello::decode(&f.payload);
+    assert_eq!(h.identity.node_name, "");
+}
+
+#[test]
+fn plans_outside_the_limits_are_refused() {
+    assert!(Plan::default().validate().is_ok());
+    let big = Plan {
+        rtt_size: MAX_RTT_SIZE,
+        rtt_count: MAX_RTT_COUNT,
+        bw_size: MAX_BW_SIZE,
+        bw_duration: MAX_BW_DURATION,
+    };
+    assert!(big.validate().is_ok());
+    assert_eq!(big.buffer_len(), MAX_BUFFER);
+    for bad in [
+        Plan {
+            rtt_size: MAX_RTT_SIZE + 1,
+            ..Plan::default()
+        },
+        Plan {
+            rtt_size: 1,
+            ..Plan::default()
+        },
+        Plan {
+            rtt_count: 0,
+            ..Plan::default()
+        },
+        Plan {
+            rtt_count: MAX_RTT_COUNT + 1,
+            ..Plan::default()
+        },
+        Plan {
+            bw_size: MAX_BW_SIZE + 1,
+            ..Plan::default()
+        },
+        Plan {
+            bw_size: 65536,
+            bw_duration: Duration::from_secs(3),
+            ..Plan::default()
+        },
+    ] {
+        assert!(bad.validate().is_err(), "{bad:?}");
+    }
+}
+
+#[test]
+fn percentiles_use_nearest_rank() {
+    let d: Vec<Duration> = (1..=10).map(Duration::from_micros).collect();
+    assert_eq!(percentile(&d, 0.0), Duration::from_micros(1));
+    assert_eq!(percentile(&d, 0.5), Duration::from_micros(5));
+    assert_eq!(percentile(&d, 0.99), Duration::from_micros(10));
+    assert_eq!(percentile(&d, 1.0), Duration::from_micros(10));
+    assert_eq!(percentile(&[], 0.5), Duration::ZERO);
+}
+
+#[test]
+fn patterns_differ_between_sessions_and_digests_see_it() {
+    let a = pattern(1, 1000);
+    let b = pattern(2, 1000);
+    assert_eq!(a.len(), 1000);
+    assert_ne!(a, b);
+    assert_ne!(digest(&a), digest(&b));
+    assert_eq!(digest(&a), digest(&pattern(1, 1000)));
+}
+
+fn port(n: u32, up: bool, ll: LinkLayer, gids: Vec<Gid>) -> PortReport {
+    PortReport {
+        port: n,
+        state: Some(if up {
+            PortState::Active
+        } else {
+            PortState::Down
+        }),
+        phys_state: Some(if up {
+            PhysState::LinkUp
+        } else {
+            PhysState::Disabled
+        }),
+        link_layer: Some(ll),
+        gids,
+        ..PortReport::default()
+    }
+}
+
+#[test]
+fn usable_ports_are_up_opened_matching_and_addressable() {
+    let v2 = |i, g: &str| Gid {
+        index: i,
+        gid: g.into(),
+        gid_type: Some(GidType::RoceV2),
+        netdev: Some("eth0".into()),
+    };
+    let report = RdmaReport {
+        devices: vec![
+            DeviceReport {
+                name: "rxe0".into(),
+                ports: vec![port(
+                    1,
+                    true,
+                    LinkLayer::Ethernet,
+                    vec![
+                        v2(0, "fe80:0000:0000:0000:5054:00ff:fe12:3456"),
+                        v2(1, "0000:0000:0000:0000:0000:ffff:a9fe:4d01"),
+                    ],
+                )],
+                verbs: Some(VerbsDevice {
+                    opened: true,
+                    ..VerbsDevice::default()
+                }),
+                ..DeviceReport::default()
+            },
+            DeviceReport {
+                name: "mlx5_0".into(),
+                ports: vec![
+                    port(1, true, LinkLayer::InfiniBand, vec![]),
+                    port(2, false, LinkLayer::InfiniBand, vec![]),
+                ],
+                ..DeviceReport::default()
+            },
+            DeviceReport {
+                name: "mlx5_1".into(),
+                ports: vec![port(1, true, LinkLayer::Ethernet, vec![])],
+                ..DeviceReport::default()
+            },
+            DeviceReport {
+                name: "mlx5_2".into(),
+                ports: vec![port(1, true, LinkLayer::InfiniBand, vec![])],
+                verbs: Some(VerbsDevice::default()),
+                ..DeviceReport::default()
+            },
+        ],
+        ..RdmaReport::default()
+    };
+    let all = LocalPort::usable(&report, &|_| true);
+    assert_eq!(
+        all,
+        vec![
+            LocalPort {
+                device: "rxe0".into(),
+                port: 1,
+                gid_index: Some(1)
+            },
+            LocalPort {
+                device: "mlx5_0".into(),
+                port: 1,
+                gid_index: None
+            },
+        ]
+    );
+    let rxe = LocalPort::usable(&report, &|d| d.starts_with("rxe"));
+    assert_eq!(rxe.len(), 1);
+}
+
+fn responder(identity: Identity) -> Responder {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let r = Responder::start(l, identity, Roots::default(), SESSION_LIMIT).unwrap();
+    r.set_ports(Vec::new());
+    r
+}
+
+fn local() -> LocalPort {
+    LocalPort {
+        device: "rxe0".into(),
+        port: 1,
+        gid_index: Some(1),
+    }
+}
+
+#[test]
+fn responder_refuses_self_other_groups_and_portless_sessions() {
+    let r = responder(Identity {
+        node_name: "gpu-a".into(),
+        group: "pool-1".into(),
+    });
+    let me = |name: &str, group: &str| Identity {
+        node_name: name.into(),
+        group: group.into(),
+    };
+    let t = Duration::from_secs(5);
+    let plan = Plan::default();
+    let addr = r.local_addr();
+    assert_eq!(
+        measure(addr, &local(), &me("gpu-a", "pool-1"), &plan, t),
+        Outcome::Skipped(Skip::SelfNode)
+    );
+    assert_eq!(
+        measure(addr, &local(), &me("gpu-b", "pool-2"), &plan, t),
+        Outcome::Skipped(Skip::OtherGroup)
+    );
+    // No validated port on the responder: a connect-kind failure that says so.
+    match measure(addr, &local(), &me("gpu-b", "pool-1"), &plan, t) {
+        Outcome::Failed {
+            kind: Some(ErrorKind::Connect),
+            message,
+        } => assert!(message.contains("no usable RDMA port"), "{message}"),
+        other => panic!("{other:?}"),
+    }
+    // Counted when the session thread ends, which may be just after our reply.
+    assert!(wait_until(|| r.stats().refused.load(Ordering::Relaxed) == 3));
+}
+
+fn wait_until(cond: impl Fn() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(10) {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    false
+}
+
+#[test]
+fn unreachable_and_silent_peers_fail_with_their_kind_in_time() {
+    // Nothing listens: connect.
+    let dead = {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let t = Duration::from_secs(2);
+    let started = Instant::now();
+    match measure(dead, &local(), &Identity::default(), &Plan::default(), t) {
+        Outcome::Failed { kind, .. } => assert_eq!(kind, Some(ErrorKind::Connect)),
+        other => panic!("{other:?}"),
+    }
+    // A listener that accepts and never answers: timeout, within the bound.
+    let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = silent.local_addr().unwrap();
+    let hold = std::thread::spawn(move || silent.accept().map(|(s, _)| s));
+    let t = Duration::from_millis(700);
+    let started2 = Instant::now();
+    match measure(addr, &local(), &Identity::default(), &Plan::default(), t) {
+        Outcome::Failed { kind, .. } => assert_eq!(kind, Some(ErrorKind::Timeout)),
+        other => panic!("{other:?}"),
+    }
+    assert!(started2.elapsed() < Duration::from_secs(3));
+    assert!(started.elapsed() < Duration::from_secs(10));
+    drop(hold.join());
+}
+
+/// A stranger: garbage, a frame that never completes, a flood of connections. The
+/// responder stays bounded and keeps serving well-formed clients.
+#[test]
+fn responder_survives_garbage_and_bounds_concurrent_sessions() {
+    let r = responder(Identity {
+        node_name: "gpu-a".into(),
+        group: String::new(),
+    });
+    let addr = r.local_addr();
+    let mut junk = TcpStream::connect(addr).unwrap();
+    junk.write_all(&[0x42; FRAME_LEN]).unwrap();
+    let mut buf = [0u8; 16];
+    junk.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    assert_eq!(junk.read(&mut buf).unwrap_or(0), 0, "garbage is dropped");
+    assert!(wait_until(|| r.active_sessions() == 0));
+
+    // Hold MAX_SESSIONS half-open sessions: the next one is told BUSY at once.
+    let holders: Vec<TcpStream> = (0..MAX_SESSIONS)
+        .map(|_| {
+            let mut s = TcpStream::connect(addr).unwrap();
+            s.write_all(&[b'F'; 10]).unwrap();
+            s
+        })
+        .collect();
+    assert!(wait_until(|| r.active_sessions() == MAX_SESSIONS));
+    let mut extra = TcpStream::connect(addr).unwrap();
+    extra
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut f = [0u8; FRAME_LEN];
+    extra.read_exact(&mut f).unwrap();
+    let frame = decode(&f).unwrap();
+    assert_eq!(frame.kind, T_WELCOME);
+    assert_eq!(frame.status, Status::Busy);
+    // The half-open sessions are cut after FRAME_TIMEOUT; then a client is served
+    // again (here: refused as SELF, which needs a free slot).
+    drop(holders);
+    assert!(wait_until(|| r.active_sessions() == 0));
+    let me = Identity {
+        node_name: "gpu-a".into(),
+        group: String::new(),
+    };
+    assert_eq!(
+        measure(addr, &local(), &me, &Plan::default(), FRAME_TIMEOUT),
+        Outcome::Skipped(Skip::SelfNode)
+    );
+}
+
+#[test]
+fn a_responder_before_its_first_probe_says_starting() {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let r = Responder::start(l, Identity::default(), Roots::default(), SESSION_LIMIT).unwrap();
+    let me = Identity {
+        node_name: "gpu-b".into(),
+        group: String::new(),
+    };
+    let t = Duration::from_secs(5);
+    assert_eq!(
+        measure(r.local_addr(), &local(), &me, &Plan::default(), t),
+        Outcome::Skipped(Skip::Starting)
+    );
+    r.set_ports(Vec::new());
+    assert!(matches!(
+        measure(r.local_addr(), &local(), &me, &Plan::default(), t),
+        Outcome::Failed {
+            kind: Some(ErrorKind::Connect),
+            ..
+        }
+    ));
+}
+
+#[test]
+fn version_mismatch_is_refused_with_the_responders_version() {
+    let r = responder(Identity::default());
+    let mut s = TcpStream::connect(r.local_addr()).unwrap();
+    let mut hello = Hello {
+        identity: Identity::default(),
+        device: "rxe0".into(),
+        port: 1,
+        plan: Plan::default(),
+    }
+    .encode();
+    hello[4..6].copy_from_slice(&99u16.to_be_bytes());
+    s.write_all(&hello).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut f = [0u8; FRAME_LEN];
+    s.read_exact(&mut f).unwrap();
+    let frame = decode(&f).unwrap();
+    assert_eq!(frame.status, Status::Version);
+    assert_eq!(frame.version, PROTOCOL_VERSION);
+}
