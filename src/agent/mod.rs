@@ -4,5 +4,7 @@
 
 pub mod check;
 pub mod daemon;
+mod probe_loop;
+mod reconcile_loop;
 pub mod selftest;
 pub mod wakeup;
