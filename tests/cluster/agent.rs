@@ -2,9 +2,9 @@
 //! agent's own pod-bound ServiceAccount token (so RBAC and the admission policy of
 //! `daemonset.yaml` are in force), over a fixture sysfs tree whose port the tests flip.
 
-use crate::support::faultproxy::{Fault, FaultProxy};
-use crate::support::sysfs::FakeHca;
-use crate::{
+use crate::common::faultproxy::{Fault, FaultProxy};
+use crate::common::sysfs::FakeHca;
+use crate::common::{
     AGENT_USER, TAINT, TestNode, committed_fixture, control_plane, signal, start_agent,
     start_agent_at, taint_keys, wait_exit, wait_until,
 };
