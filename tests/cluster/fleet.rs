@@ -1,6 +1,6 @@
 //! A fleet of agents on the real apiserver (`common::fleet`): the small fleet runs in the
-//! suite; `FABRICGATE_FLEET=500 cargo test --test cluster -- --ignored --nocapture
-//! fleet_measure` gives the figures of docs/scale.md.
+//! suite; `FABRICGATE_FLEET=500 cargo bench --profile dev --bench apiserver -- fleet` gives
+//! the figures of docs/scale.md.
 
 use crate::common::control_plane;
 use crate::common::fleet::{report, run_fleet};
@@ -23,36 +23,4 @@ fn twenty_agents_in_one_process_validate_stay_quiet_and_taint_a_failed_tenth() {
         "{:?}",
         f.failure_to_all_tainted
     );
-}
-
-/// The figures of docs/scale.md. `FABRICGATE_FLEET` agents (default 500), watch vs GETs.
-#[test]
-#[ignore = "measurement: several minutes"]
-fn fleet_measure() {
-    let Some(cp) = control_plane() else { return };
-    let n: usize = std::env::var("FABRICGATE_FLEET")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(500);
-    let quiet = Duration::from_secs(120);
-    // FABRICGATE_FLEET_MODES: a comma-separated subset of watch,gets,breaker (default all).
-    let modes =
-        std::env::var("FABRICGATE_FLEET_MODES").unwrap_or_else(|_| "watch,gets,breaker".to_owned());
-    for mode in modes.split(',') {
-        let (label, watch, breaker) = match mode.trim() {
-            "watch" => ("watch per Node", true, false),
-            "gets" => ("periodic GETs (resync 60s)", false, false),
-            "breaker" => ("watch per Node + breaker", true, true),
-            other => panic!("FABRICGATE_FLEET_MODES: unknown mode {other:?}"),
-        };
-        let f = run_fleet(
-            cp,
-            &format!("fleet-{}", mode.trim()),
-            n,
-            watch,
-            breaker,
-            quiet,
-        );
-        println!("{}", report(label, &f));
-    }
 }
