@@ -146,6 +146,26 @@ pub fn require_root(why: &str) -> bool {
     )
 }
 
+/// Whether this process may make a private mount namespace (`unshare -m`: root and
+/// util-linux).
+pub fn can_unshare_mounts() -> bool {
+    std::process::Command::new("unshare")
+        .args(["-m", "--propagation", "private", "true"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// [`can_unshare_mounts`], as a prerequisite.
+pub fn require_unshare_mounts() -> bool {
+    require(
+        can_unshare_mounts(),
+        "`unshare -m` is not permitted here",
+        "run as root with util-linux installed, as CI does",
+    )
+}
+
 /// Whether to rewrite golden files instead of comparing with them (`UPDATE_GOLDEN=1`). Under
 /// CI this is refused: the test fails, so CI can only compare.
 pub fn update_golden() -> bool {

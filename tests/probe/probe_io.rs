@@ -247,16 +247,7 @@ fn ten_thousand_lustre_mounts_are_checked_in_seconds() {
 /// check still reads the table and finds the required mount next to it.
 #[test]
 fn a_real_non_utf8_mount_point_in_a_private_namespace() {
-    let unshare_ok = Command::new("unshare")
-        .args(["-m", "--propagation", "private", "true"])
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !common::require(
-        unshare_ok,
-        "`unshare -m` is not permitted here",
-        "run as root with util-linux installed, as CI does",
-    ) {
+    if !common::require_unshare_mounts() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();

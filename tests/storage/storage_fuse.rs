@@ -42,7 +42,7 @@ fn hung_fuse_mount_is_hung_within_the_timeout_and_leaks_no_threads() {
     if std::env::var_os(INNER).is_none() {
         let exe = std::env::current_exe().unwrap();
         let test = common::test_path(module_path!(), TEST_NAME);
-        let mut cmd = if unshare_works() {
+        let mut cmd = if common::can_unshare_mounts() {
             let mut c = Command::new("unshare");
             c.args(["--mount", "--propagation", "private", "--"])
                 .arg(exe);
@@ -68,15 +68,6 @@ fn hung_fuse_mount_is_hung_within_the_timeout_and_leaks_no_threads() {
         return;
     }
     run();
-}
-
-fn unshare_works() -> bool {
-    Command::new("unshare")
-        .args(["--mount", "--", "true"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
 }
 
 /// Build hangfs; `None` (skip outside CI) when no C compiler or libfuse3 headers.
