@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the test control plane (tests/controlplane/: Kubernetes' own etcd, kube-apiserver,
 # kube-scheduler and kubectl as one multi-call binary) from the Go module proxy, for the tests
-# that talk to a real API server (tests/cluster.rs, tests/softroce_vm.rs). Test
+# that talk to a real API server (tests/cluster.rs, tests/vm/softroce_vm.rs). Test
 # infrastructure only: the product is Rust.
 #
 # Cached: the binary is rebuilt only when tests/controlplane/{go.mod,go.sum,main.go} change

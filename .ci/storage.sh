@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Prerequisites of the storage tests (tests/storage_*.rs):
-# - fuse3 + libfuse3-dev + pkg-config + gcc: tests/storage_fuse.rs builds tests/fuse/hangfs.c,
+# - fuse3 + libfuse3-dev + pkg-config + gcc: tests/storage/storage_fuse.rs builds tests/fuse/hangfs.c,
 #   a FUSE server whose statfs never answers, to create a real hung mount;
 # - util-linux (mount, umount, unshare): tmpfs mounts, and the FUSE test's private mount
 #   namespace.

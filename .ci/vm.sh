@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CI needs of the Soft-RoCE VM suites (tests/softroce_vm.rs, tests/peers_vm.rs): qemu, a static
+# CI needs of the Soft-RoCE VM suites (tests/vm/softroce_vm.rs, tests/vm/peers_vm.rs): qemu, a static
 # busybox for the initramfs, kmod for depmod/modprobe -d, iproute2 for `rdma link`, the verbs
 # userland, perftest (ib_write_lat/ib_write_bw next to fabricgate's figures), curl and time
 # (used inside the guests), and the Debian kernel package (downloaded once into

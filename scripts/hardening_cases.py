@@ -5,7 +5,7 @@ table: exit code (or state), wall time, peak RSS and the observation.
     python3 scripts/hardening_cases.py target/debug/fabricgate [--new]
 
 `--new` passes the flags only the hardened binary knows (--stale-series-grace). Each case
-runs in a fresh temporary directory with a one-HCA fake sysfs tree (as tests/support/sysfs.rs)
+runs in a fresh temporary directory with a one-HCA fake sysfs tree (as tests/common/sysfs.rs)
 and binds 127.0.0.1 only.
 """
 

@@ -3,33 +3,11 @@
 //! against the real kube-apiserver.
 
 mod common;
-mod support;
 
-use common::wait_until;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
-use support::sysfs::FakeHca;
-
-fn run(hca: &FakeHca, log: &std::path::Path, extra: &[&str]) -> std::process::Child {
-    Command::new(env!("CARGO_BIN_EXE_fabricgate"))
-        .arg("run")
-        .arg("--sysfs-root")
-        .arg(hca.sysfs_root())
-        .arg("--proc-root")
-        .arg(hca.proc_root())
-        .args(["--verbs", "off", "--metrics-addr", "127.0.0.1:0"])
-        .args(extra)
-        .env("KUBECONFIG", hca.scratch().join("no-such-kubeconfig"))
-        .env("HOME", hca.scratch())
-        .env("NODE_NAME", "gpu-node-1")
-        .env_remove("KUBERNETES_SERVICE_HOST")
-        .env_remove("KUBERNETES_SERVICE_PORT")
-        .env_remove("RUST_LOG")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(log).unwrap())
-        .spawn()
-        .unwrap()
-}
+use common::start_agent;
+use common::sysfs::FakeHca;
+use std::process::Command;
+use std::time::Duration;
 
 #[test]
 fn missing_node_name_is_a_usage_error() {
@@ -49,39 +27,28 @@ fn missing_node_name_is_a_usage_error() {
 #[test]
 fn without_a_cluster_run_fails_clearly_unless_dry_run() {
     let hca = FakeHca::new(true);
-    let log = hca.scratch().join("agent-0.log");
-    let mut child = run(&hca, &log, &["--interval", "100ms"]);
-    let started = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(started.elapsed() < Duration::from_secs(10), "did not exit");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let mut agent = start_agent("gpu-node-1", &hca, None, &["--interval", "100ms"]);
+    let status = agent.wait_exit(Duration::from_secs(10));
     assert_eq!(status.code(), Some(2));
-    let text = std::fs::read_to_string(&log).unwrap();
-    assert!(text.contains("--dry-run"), "{text}");
+    assert!(agent.log().contains("--dry-run"), "{}", agent.log());
 
-    let log = hca.scratch().join("agent-1.log");
-    let mut child = run(&hca, &log, &["--interval", "100ms", "--dry-run"]);
-    let read = || std::fs::read_to_string(&log).unwrap_or_default();
-    wait_until("dry-run log", Duration::from_secs(10), || {
-        read().contains("would set taint none")
+    let agent = start_agent(
+        "gpu-node-1",
+        &hca,
+        None,
+        &["--interval", "100ms", "--dry-run"],
+    );
+    agent.wait("dry-run log", Duration::from_secs(10), || {
+        agent.log().contains("would set taint none")
     });
     hca.set_port(false);
-    wait_until("dry-run log of the change", Duration::from_secs(10), || {
-        let l = read();
+    agent.wait("dry-run log of the change", Duration::from_secs(10), || {
+        let l = agent.log();
         l.contains("would set taint fabricgate.io/unvalidated:NoSchedule") && l.contains("PortDown")
     });
     // Logged at each change, not each tick.
-    assert!(read().matches("would set taint").count() <= 3, "{}", read());
-    let ok = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok);
-    let status = child.wait().unwrap();
+    let log = agent.log();
+    assert!(log.matches("would set taint").count() <= 3, "{log}");
+    let (status, _) = agent.stop();
     assert!(status.success(), "{status:?}");
 }

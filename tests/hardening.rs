@@ -4,159 +4,41 @@
 //! renamed devices.
 
 mod common;
-mod support;
 
-use serde_json::{Value, json};
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use common::sysfs::FakeHca;
+use common::{Agent, Launch, TestNode, control_plane, sample};
+use std::io::Read;
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-use support::controlplane::ControlPlane;
-use support::sysfs::FakeHca;
 
 const NODE: &str = "gpu-node-1";
-const TAINT: &str = "fabricgate.io/unvalidated";
 const BIN: &str = env!("CARGO_BIN_EXE_fabricgate");
 
-struct Agent {
-    child: Child,
-    log: PathBuf,
-    addr: SocketAddr,
-}
-
-impl Agent {
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn wait_exit(&mut self, limit: Duration) -> ExitStatus {
-        let deadline = Instant::now() + limit;
-        loop {
-            if let Some(s) = self.child.try_wait().unwrap() {
-                return s;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the agent did not exit within {limit:?}:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn get(&self, path: &str) -> Option<(u16, String)> {
-        http_get(self.addr, path)
-    }
-
-    /// Waits (20 s at most) until the first probe is done: `/readyz` answers 200.
-    fn wait_first_probe(&self) {
-        wait_until("first probe", Duration::from_secs(20), || {
-            self.get("/readyz").is_some_and(|(s, _)| s == 200)
-        });
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// A port nobody listens on right now (bound and released).
-fn free_port() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-}
-
-/// A Node on the real kube-apiserver (tests/support/controlplane.rs) for one test.
-struct ApiServer {
-    cp: &'static ControlPlane,
-    node: String,
-}
-
-impl ApiServer {
-    fn node(&self) -> Option<Value> {
-        self.cp.node(&self.node)
-    }
-
-    fn events(&self) -> Vec<Value> {
-        self.cp.node_events(&self.node)
-    }
-}
-
-/// `fabricgate run` over `hca`, with `nofile` as its descriptor limit (soft and hard) when
-/// given, extra flags and environment.
+/// `fabricgate run` over `hca` at a known address, for Node `node`'s pod-bound token when
+/// given (else without a cluster, as Node [`NODE`]), with `nofile` as its descriptor limit
+/// (soft and hard) when given, extra flags and environment.
 fn start(
     hca: &FakeHca,
-    api: Option<&ApiServer>,
+    node: Option<&TestNode>,
     nofile: Option<u32>,
     extra: &[&str],
     env: &[(&str, &str)],
 ) -> Agent {
-    static STARTS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let n = STARTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let log = hca.scratch().join(format!("agent-{n}.log"));
-    let kubeconfig = match api {
-        Some(api) => api.cp.agent_kubeconfig(&api.node, None),
-        None => hca.scratch().join("no-such-kubeconfig"),
-    };
-    let addr = free_port();
-    // `ulimit -n` in the shell that execs the agent sets both limits: the agent cannot raise
-    // its soft limit past it.
-    let mut cmd = Command::new("sh");
-    cmd.arg("-c")
-        .arg(match nofile {
-            Some(n) => format!("ulimit -n {n} && exec \"$0\" \"$@\""),
-            None => "exec \"$0\" \"$@\"".to_owned(),
-        })
-        .arg(BIN)
-        .arg("run")
-        .arg("--sysfs-root")
-        .arg(hca.sysfs_root())
-        .args(["--verbs", "off", "--metrics-addr", &addr.to_string()])
-        .args(extra)
-        .env("KUBECONFIG", &kubeconfig)
-        .env("HOME", hca.scratch())
-        .env("NODE_NAME", api.map_or(NODE, |a| a.node.as_str()))
-        .env_remove("KUBERNETES_SERVICE_HOST")
-        .env_remove("KUBERNETES_SERVICE_PORT")
-        .env_remove("RUST_LOG")
-        .env_remove("FABRICGATE_FAILPOINT")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap());
-    if !extra.contains(&"--proc-root") {
-        cmd.arg("--proc-root").arg(hca.proc_root());
-    }
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    Agent {
-        child: cmd.spawn().unwrap(),
-        log,
-        addr,
-    }
-}
-
-/// One HTTP/1.1 GET with a 3 s budget; `None` when the server did not answer.
-fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(3)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(3))).ok()?;
-    s.set_write_timeout(Some(Duration::from_secs(3))).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    let kubeconfig = node.map(|n| n.agent_kubeconfig(None));
+    Launch::at(
+        node.map_or(NODE, |n| n.name.as_str()),
+        &hca.sysfs_root(),
+        &hca.proc_root(),
+        hca.scratch(),
     )
-    .ok()?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).ok()?;
-    let raw = String::from_utf8_lossy(&raw).into_owned();
-    let (head, body) = raw.split_once("\r\n\r\n")?;
-    let status = head.split(' ').nth(1)?.parse().ok()?;
-    Some((status, body.to_owned()))
+    .kubeconfig(kubeconfig.as_deref())
+    .args(extra)
+    .env(env)
+    .nofile(nofile)
+    .known_addr()
+    .start()
 }
 
 /// [`common::wait_until`], polling every 20 ms.
@@ -164,43 +46,9 @@ fn wait_until(what: &str, limit: Duration, f: impl FnMut() -> bool) -> Duration 
     common::poll_until(what, limit, Duration::from_millis(20), f, String::new)
 }
 
-/// The value of the first sample of `metric` (exact series text before the value).
-fn sample(metrics: &str, series: &str) -> Option<f64> {
-    metrics.lines().find_map(|l| {
-        l.strip_prefix(series)
-            .and_then(|rest| rest.strip_prefix(' '))
-            .and_then(|v| v.split(' ').next())
-            .and_then(|v| v.parse().ok())
-    })
-}
-
 /// Node `name` registered with our taint, or `None` (after `SKIP:`) without a control plane.
-fn seeded_api(name: &str) -> Option<ApiServer> {
-    let cp = ControlPlane::shared()?;
-    cp.create_node(
-        name,
-        json!({}),
-        json!([{ "key": TAINT, "effect": "NoSchedule" }]),
-        json!({}),
-    );
-    Some(ApiServer {
-        cp,
-        node: name.to_owned(),
-    })
-}
-
-fn has_our_taint(api: &ApiServer) -> bool {
-    api.node().unwrap()["spec"]["taints"]
-        .as_array()
-        .is_some_and(|ts| ts.iter().any(|t| t["key"] == TAINT))
-}
-
-fn condition(api: &ApiServer, type_: &str) -> Option<Value> {
-    api.node().unwrap()["status"]["conditions"]
-        .as_array()?
-        .iter()
-        .find(|c| c["type"] == json!(type_))
-        .cloned()
+fn seeded_node(name: &str) -> Option<TestNode> {
+    Some(TestNode::seeded(control_plane()?, name))
 }
 
 fn sysfs_only() -> fabricgate_probes::ProbeConfig {
@@ -224,9 +72,9 @@ fn start_validated_then_stalling(
     node: &str,
     config_yaml: &str,
     extra: &[&str],
-) -> Option<(ApiServer, FakeHca, Agent)> {
+) -> Option<(TestNode, FakeHca, Agent)> {
     let hca = FakeHca::new(true);
-    let api = seeded_api(node)?;
+    let api = seeded_node(node)?;
     let config = write_config(&hca, "req.yaml", config_yaml);
     let mut args = vec!["--interval", "200ms", "--probe-deadline", "1s"];
     args.extend(extra);
@@ -239,7 +87,7 @@ fn start_validated_then_stalling(
         &[("FABRICGATE_FAILPOINT", "probe-stall")],
     );
     wait_until("validated", Duration::from_secs(20), || {
-        !has_our_taint(&api)
+        !api.has_our_taint()
     });
     Some((api, hca, agent))
 }
@@ -262,7 +110,7 @@ fn connection_flood_against_a_low_descriptor_limit_leaves_probes_and_healthz_wor
     // 400 idle connections (never a byte sent), held open: three times the agent's limit.
     let mut flood = Vec::new();
     for _ in 0..400 {
-        if let Ok(s) = TcpStream::connect_timeout(&agent.addr, Duration::from_secs(1)) {
+        if let Ok(s) = TcpStream::connect_timeout(&agent.addr.unwrap(), Duration::from_secs(1)) {
             flood.push(s);
         }
     }
@@ -338,7 +186,7 @@ fn connection_flood_against_a_low_descriptor_limit_leaves_probes_and_healthz_wor
 #[test]
 fn a_panic_in_the_reconcile_task_ends_the_process_non_zero() {
     let hca = FakeHca::new(true);
-    let Some(api) = seeded_api("hardening-reconcile-panic") else {
+    let Some(api) = seeded_node("hardening-reconcile-panic") else {
         return;
     };
     let mut agent = start(
@@ -395,9 +243,10 @@ fn a_stalled_probe_is_an_agent_error_readyz_fails_then_healthz() {
         "within the grace"
     );
     wait_until("the AgentError condition", Duration::from_secs(5), || {
-        condition(&api, "FabricReady").is_some_and(|c| c["reason"] == "AgentError")
+        api.condition("FabricReady")
+            .is_some_and(|c| c["reason"] == "AgentError")
     });
-    let fabric = condition(&api, "FabricReady").unwrap();
+    let fabric = api.condition("FabricReady").unwrap();
     assert_eq!(fabric["status"], "False");
     assert!(
         fabric["message"]
@@ -409,7 +258,7 @@ fn a_stalled_probe_is_an_agent_error_readyz_fails_then_healthz() {
     wait_until(
         "the taint (on_agent_error: taint)",
         Duration::from_secs(5),
-        || has_our_taint(&api),
+        || api.has_our_taint(),
     );
     let metrics = agent.get("/metrics").unwrap().1;
     assert_eq!(sample(&metrics, "fabricgate_agent_error"), Some(1.0));
@@ -442,11 +291,12 @@ fn on_agent_error_keep_leaves_the_taint_as_it_is() {
         return;
     };
     wait_until("the AgentError condition", Duration::from_secs(5), || {
-        condition(&api, "FabricReady").is_some_and(|c| c["reason"] == "AgentError")
+        api.condition("FabricReady")
+            .is_some_and(|c| c["reason"] == "AgentError")
     });
     std::thread::sleep(Duration::from_millis(600));
     assert!(
-        !has_our_taint(&api),
+        !api.has_our_taint(),
         "keep: no taint for the agent's own trouble"
     );
     assert_eq!(agent.get("/readyz").map(|r| r.0), Some(503));

@@ -4,15 +4,14 @@
 //! CA, and the certificate reloaded when its files change.
 
 mod common;
-mod support;
 
+use common::tls::TestPki;
 use fabricgate::config::Config;
 use fabricgate::pod::webhook::{self, Endpoint, MutationConfig, ServerConfig};
 use serde_json::{Value, json};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-use support::tls::TestPki;
 
 const REQUIREMENTS: &str = "rdma:\n  devices: \"mlx5_*\"\n  min_active_ports: 8\n  \
                             min_rate_gbps: 400\n  link_layer: InfiniBand\n\

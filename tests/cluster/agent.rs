@@ -2,9 +2,9 @@
 //! agent's own pod-bound ServiceAccount token (so RBAC and the admission policy of
 //! `daemonset.yaml` are in force), over a fixture sysfs tree whose port the tests flip.
 
-use crate::support::faultproxy::{Fault, FaultProxy};
-use crate::support::sysfs::FakeHca;
-use crate::{
+use crate::common::faultproxy::{Fault, FaultProxy};
+use crate::common::sysfs::FakeHca;
+use crate::common::{
     AGENT_USER, TAINT, TestNode, committed_fixture, control_plane, signal, start_agent,
     start_agent_at, taint_keys, wait_exit, wait_until,
 };
@@ -698,34 +698,4 @@ fn a_quiet_minute_costs_no_writes_in_the_audit_log() {
     // The watch is live: no periodic reads (at most one re-watch if the server ended it).
     assert!(requests.iter().all(|e| e.verb == "watch"), "{requests:#?}");
     assert!(reads <= 1, "{requests:#?}");
-}
-
-/// The closing-note numbers on the real server. Run with
-/// `cargo test --test cluster -- --ignored --nocapture measure`.
-#[test]
-#[ignore = "measurement: ~1 minute"]
-fn measure_port_down_to_taint_on_the_real_apiserver() {
-    let Some(cp) = control_plane() else { return };
-    let node = TestNode::seeded(cp, "agent-measure");
-    let (hca, agent) = node.run_agent(true, None, &["--interval", "1s"]);
-    agent.wait("validation", Duration::from_secs(30), || node.ready());
-    let mut took = Vec::new();
-    for _ in 0..10 {
-        hca.set_port(false);
-        took.push(wait_until("taint", Duration::from_secs(5), || {
-            node.has_our_taint()
-        }));
-        hca.set_port(true);
-        wait_until("untaint", Duration::from_secs(15), || node.ready());
-        std::thread::sleep(Duration::from_millis(137));
-    }
-    took.sort();
-    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
-    println!(
-        "port down -> taint on kube-apiserver at --interval 1s over {} flips: min {:.0} ms, median {:.0} ms, max {:.0} ms",
-        took.len(),
-        ms(took[0]),
-        ms(took[took.len() / 2]),
-        ms(took[took.len() - 1])
-    );
 }

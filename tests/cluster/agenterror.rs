@@ -3,8 +3,8 @@
 //! with the default `node.on_agent_error: taint` the node fails closed; fixing the requirements
 //! recovers it normally.
 
-use crate::support::sysfs::FakeHca;
-use crate::{TestNode, control_plane, start_agent, wait_until};
+use crate::common::sysfs::FakeHca;
+use crate::common::{TestNode, control_plane, start_agent, wait_until};
 use std::time::Duration;
 
 #[test]

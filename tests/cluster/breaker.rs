@@ -2,8 +2,8 @@
 //! selector, as the DaemonSet's nodeSelector), half of them already tainted; the agent of a
 //! sixth failing node does not taint it and says why, and taints once the pool recovers.
 
-use crate::support::sysfs::FakeHca;
-use crate::{TAINT, TestNode, control_plane, wait_until};
+use crate::common::sysfs::FakeHca;
+use crate::common::{TAINT, TestNode, control_plane, wait_until};
 use serde_json::json;
 use std::time::Duration;
 

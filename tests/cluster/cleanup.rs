@@ -2,8 +2,8 @@
 //! agent marked a Node, the script removes exactly fabricgate's labels, taint and conditions,
 //! and nothing of anyone else's.
 
-use crate::support::sysfs::FakeHca;
-use crate::{TAINT, TestNode, control_plane};
+use crate::common::sysfs::FakeHca;
+use crate::common::{TAINT, TestNode, control_plane};
 use std::process::Command;
 
 use std::time::Duration;
@@ -36,7 +36,7 @@ fn cleanup_script_removes_only_what_fabricgate_owns() {
         format!(
             "#!/bin/sh\nexec {} kubectl --kubeconfig={} \"$@\"\n",
             std::env::var("FABRICGATE_CONTROLPLANE")
-                .unwrap_or_else(|_| crate::support::controlplane::DEFAULT_BINARY.to_owned()),
+                .unwrap_or_else(|_| crate::common::controlplane::DEFAULT_BINARY.to_owned()),
             cp.admin_kubeconfig.display()
         ),
     )

@@ -2,9 +2,9 @@
 //! test drops and restores the resource's allocatable on the Node's status subresource, as the
 //! kubelet does when a device plugin's endpoint goes away and comes back.
 
-use crate::support::controlplane::ControlPlane;
-use crate::support::sysfs::FakeHca;
-use crate::{TAINT, TestNode, control_plane, wait_until};
+use crate::common::controlplane::ControlPlane;
+use crate::common::sysfs::FakeHca;
+use crate::common::{TAINT, TestNode, control_plane, wait_until};
 use serde_json::json;
 use std::time::{Duration, Instant};
 
@@ -173,7 +173,7 @@ fn plugin_socket_gone_or_an_incomplete_device_set_fails_the_node_and_recovers() 
     )
     .unwrap();
     let kubeconfig = node.agent_kubeconfig(None);
-    let agent = crate::start_agent_at(
+    let agent = crate::common::start_agent_at(
         name,
         &dir.path().join("sys"),
         &dir.path().join("proc"),

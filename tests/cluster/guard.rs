@@ -2,10 +2,10 @@
 //! Lease; the test plays the kubelet, setting the agent pods' Ready condition on the status
 //! subresource (and deleting a pod as a node drain or crash would).
 
+use crate::common::controlplane::{AuditEvent, Grant, rbac_grants};
+use crate::common::faultproxy::{Fault, FaultProxy};
+use crate::common::{TestNode, control_plane, signal, wait_until};
 use crate::common::{last_lines, poll_until};
-use crate::support::controlplane::{AuditEvent, Grant, rbac_grants};
-use crate::support::faultproxy::{Fault, FaultProxy};
-use crate::{TestNode, control_plane, signal, wait_until};
 use serde_json::json;
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -102,7 +102,7 @@ fn pod_name(node: &str) -> String {
     format!("agent-{node}")
 }
 
-fn set_ready(cp: &crate::support::controlplane::ControlPlane, node: &str, ready: bool) {
+fn set_ready(cp: &crate::common::controlplane::ControlPlane, node: &str, ready: bool) {
     let patch = json!({ "status": { "phase": "Running", "conditions": [
         { "type": "Ready", "status": if ready { "True" } else { "False" } },
     ]}})
@@ -120,11 +120,11 @@ fn set_ready(cp: &crate::support::controlplane::ControlPlane, node: &str, ready:
     ]);
 }
 
-fn holder(cp: &crate::support::controlplane::ControlPlane) -> Option<String> {
+fn holder(cp: &crate::common::controlplane::ControlPlane) -> Option<String> {
     holder_of(cp, LEASE)
 }
 
-fn holder_of(cp: &crate::support::controlplane::ControlPlane, lease: &str) -> Option<String> {
+fn holder_of(cp: &crate::common::controlplane::ControlPlane, lease: &str) -> Option<String> {
     cp.get_json(&format!(
         "/apis/coordination.k8s.io/v1/namespaces/{NS}/leases/{lease}"
     ))?["spec"]["holderIdentity"]
@@ -134,7 +134,7 @@ fn holder_of(cp: &crate::support::controlplane::ControlPlane, lease: &str) -> Op
 
 /// Pool Node `name` (labelled `POOL=pool`) with its agent pod (`app=app`, Ready).
 fn node_with_agent(
-    cp: &crate::support::controlplane::ControlPlane,
+    cp: &crate::common::controlplane::ControlPlane,
     name: &str,
     pool: &str,
     app: &str,

@@ -4,9 +4,9 @@
 //! server-side dry run, and the privileged overlay's admission policy confines privilege to the
 //! agent's DaemonSet.
 
+use crate::common::control_plane;
+use crate::common::controlplane::ControlPlane;
 use crate::common::{repo_root, require_tool};
-use crate::control_plane;
-use crate::support::controlplane::ControlPlane;
 use serde::Deserialize;
 use serde_json::Value;
 use std::time::{Duration, Instant};

@@ -2,8 +2,8 @@
 //! operator-provided topology label tainted and says which label, and validates it as soon as
 //! the label is there (the watch of its Node shows the change).
 
-use crate::support::sysfs::FakeHca;
-use crate::{TestNode, control_plane};
+use crate::common::sysfs::FakeHca;
+use crate::common::{TestNode, control_plane};
 use serde_json::json;
 use std::time::Duration;
 
@@ -19,7 +19,7 @@ fn a_missing_topology_label_keeps_the_node_tainted_until_it_is_set() {
     cp.create_node(
         &node.name,
         json!({ "topology.kubernetes.io/zone": "z1" }),
-        json!([{ "key": crate::TAINT, "effect": "NoSchedule" }]),
+        json!([{ "key": crate::common::TAINT, "effect": "NoSchedule" }]),
         json!({}),
     );
     let hca = FakeHca::new(true);

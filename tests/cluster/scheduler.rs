@@ -4,8 +4,8 @@
 //! stays Pending, the scheduler naming the taint. Repair `gpu-b`: after the hysteresis the agent
 //! untaints and the pod is bound there.
 
-use crate::support::sysfs::FakeHca;
-use crate::{TAINT, TestNode, control_plane, start_agent, wait_until};
+use crate::common::sysfs::FakeHca;
+use crate::common::{TAINT, TestNode, control_plane, start_agent, wait_until};
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
 
@@ -35,7 +35,7 @@ fn pod(name: &str) -> Value {
     })
 }
 
-fn bound_to(cp: &crate::support::controlplane::ControlPlane, pod: &str) -> Option<String> {
+fn bound_to(cp: &crate::common::controlplane::ControlPlane, pod: &str) -> Option<String> {
     cp.get_json(&format!("/api/v1/namespaces/training/pods/{pod}"))?["spec"]["nodeName"]
         .as_str()
         .map(str::to_owned)

@@ -5,8 +5,9 @@
 //! denied, by the policy (with its message) or by RBAC. And the ClusterRole grants exactly
 //! what a full agent run uses according to the audit log.
 
-use crate::support::controlplane::{AuditEvent, ControlPlane, Grant, client_from, rbac_grants};
-use crate::{AGENT_USER, FakeHca, TAINT, TestNode, control_plane, start_agent, wait_until};
+use crate::common::controlplane::{AuditEvent, ControlPlane, Grant, client_from, rbac_grants};
+use crate::common::sysfs::FakeHca;
+use crate::common::{AGENT_USER, TAINT, TestNode, control_plane, start_agent, wait_until};
 use k8s_openapi::api::core::v1::{Node, Secret};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, Patch, PatchParams, PostParams};

@@ -20,8 +20,8 @@
 //! `podCIDR`; so the policy's spec rule is shown on setting one. A DELETE whose body carries
 //! options ignores `?dryRun`: the dry run goes in the body too.
 
-use crate::support::controlplane::{ControlPlane, client_from};
-use crate::{AGENT_USER, TAINT, control_plane, wait_until};
+use crate::common::controlplane::{ControlPlane, client_from};
+use crate::common::{AGENT_USER, TAINT, control_plane, node_condition, wait_until};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
@@ -170,13 +170,6 @@ fn taints_of(node: &Value) -> Vec<Value> {
 
 fn label<'a>(node: &'a Value, key: &str) -> Option<&'a str> {
     node["metadata"]["labels"][key].as_str()
-}
-
-fn condition<'a>(node: &'a Value, type_: &str) -> Option<&'a Value> {
-    node["status"]["conditions"]
-        .as_array()?
-        .iter()
-        .find(|c| c["type"] == type_)
 }
 
 fn gpu_taint() -> Value {
@@ -328,7 +321,7 @@ fn cases() -> Vec<Case> {
                     "reason": "Validated", "message": "ok" }]))
             },
             Expect::Admitted(|_, n| {
-                condition(n, "FabricReady").is_some_and(|c| c["status"] == "True")
+                node_condition(n, "FabricReady").is_some_and(|c| c["status"] == "True")
             }),
         ),
         status(
@@ -341,7 +334,8 @@ fn cases() -> Vec<Case> {
                 ]))
             },
             Expect::Admitted(|_, n| {
-                condition(n, "RDMAReady").is_some() && condition(n, "LustreReady").is_some()
+                node_condition(n, "RDMAReady").is_some()
+                    && node_condition(n, "LustreReady").is_some()
             }),
         ),
         status(
@@ -452,7 +446,7 @@ fn cases() -> Vec<Case> {
                     )
                 },
                 Expect::Admitted(|_, n| {
-                    condition(n, "Ready").is_some_and(|c| c["status"] == "False")
+                    node_condition(n, "Ready").is_some_and(|c| c["status"] == "False")
                 }),
             )
         },

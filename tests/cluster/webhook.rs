@@ -5,8 +5,8 @@
 //! refuses opted-in pods with a clear message while other pods are unaffected. Admission
 //! latency through the real API server is measured (p50/p99) with and without the webhook.
 
-use crate::control_plane;
-use crate::support::tls::TestPki;
+use crate::common::control_plane;
+use crate::common::tls::TestPki;
 use fabricgate::config::Config;
 use fabricgate::pod::webhook::{self, Endpoint, MutationConfig, ServerConfig};
 use k8s_openapi::api::core::v1::Pod;
@@ -93,7 +93,7 @@ fn opted_in_pods_are_mutated_through_the_real_apiserver_and_refused_when_the_web
     // The configuration takes effect once the apiserver has loaded it.
     let mut first = None;
     let mut n = 0;
-    crate::wait_until("the webhook to be called", Duration::from_secs(60), || {
+    crate::common::wait_until("the webhook to be called", Duration::from_secs(60), || {
         n += 1;
         let created = cp
             .block_on(opted.create(&PostParams::default(), &worker(&format!("probe-{n}"))))

@@ -1,5 +1,5 @@
-//! Helpers shared by the metrics integration tests: probing fixture nodes with a fixed clock,
-//! plain HTTP, reading samples out of an exposition.
+//! For the metrics tests (and any test reading an HTTP endpoint): probing fixture nodes with a
+//! fixed clock, plain HTTP, reading samples out of an exposition.
 
 use fabricgate::config::Config;
 use fabricgate::observe::metrics::Metrics;
@@ -8,8 +8,9 @@ use fabricgate_probes::netdev::NetdevConfig;
 use fabricgate_probes::rdma::VerbsMode;
 use fabricgate_probes::{ProbeConfig, ProbeReport, ProbeTimings, Prober, Roots};
 use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::net::{TcpStream, ToSocketAddrs};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 /// A committed fixture node (`tests/fixtures/<name>`, with `sys/` and `proc/`).
 pub fn committed_fixture(name: &str) -> PathBuf {
@@ -129,26 +130,43 @@ pub fn record_fixture(metrics: &Metrics, node: &Path, config: &Config, timestamp
     metrics.record_probe(&report, &verdict);
 }
 
-/// A plain HTTP/1.1 GET; returns (status, headers lower-cased, body).
+/// A plain HTTP/1.1 GET; returns (status, headers lower-cased, body). The test fails when the
+/// server does not answer within 30 s.
 pub fn http_get(addr: &str, path: &str, accept: Option<&str>) -> (u16, String, String) {
-    let mut s = TcpStream::connect(addr).unwrap();
+    try_http_get(addr, path, accept, Duration::from_secs(30))
+        .unwrap_or_else(|| panic!("GET http://{addr}{path}: no answer"))
+}
+
+/// [`http_get`], `None` when the server refuses the connection or does not answer a connect,
+/// a write or a read within `budget` (an agent that is not up yet, or a starved one).
+pub fn try_http_get(
+    addr: &str,
+    path: &str,
+    accept: Option<&str>,
+    budget: Duration,
+) -> Option<(u16, String, String)> {
+    let sock = addr.to_socket_addrs().ok()?.next()?;
+    let mut s = TcpStream::connect_timeout(&sock, budget).ok()?;
+    s.set_read_timeout(Some(budget)).ok()?;
+    s.set_write_timeout(Some(budget)).ok()?;
     let accept = accept.map_or(String::new(), |a| format!("Accept: {a}\r\n"));
     write!(
         s,
         "GET {path} HTTP/1.1\r\nHost: {addr}\r\n{accept}Connection: close\r\n\r\n"
     )
-    .unwrap();
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).unwrap();
-    let (head, body) = raw.split_once("\r\n\r\n").unwrap();
-    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    .ok()?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).ok()?;
+    let raw = String::from_utf8_lossy(&raw);
+    let (head, body) = raw.split_once("\r\n\r\n")?;
+    let status = head.split(' ').nth(1)?.parse().ok()?;
     let head = head.to_ascii_lowercase();
     let body = if head.contains("transfer-encoding: chunked") {
         dechunk(body)
     } else {
         body.to_owned()
     };
-    (status, head, body)
+    Some((status, head, body))
 }
 
 /// The payload of a `Transfer-Encoding: chunked` body (Prometheus answers large queries so).

@@ -1,6 +1,9 @@
-//! The one test-support module for what every integration test asks about its environment:
-//! "in CI?", "root?", where the fixtures are, and where a tool is. Include it with
-//! `mod common;`.
+//! The one test-support module of every integration test binary (`mod common;`). Here: what a
+//! test asks about its environment ("in CI?", "root?", where the fixtures are, where a tool
+//! is) and the Soft-RoCE VM runner. In submodules: running the binary (`cli`), fixture trees
+//! (`fixture`, `sysfs`), metrics and HTTP (`metrics`), waits with a deadline (`wait`),
+//! `fabricgate run` as a child process (`agent`), the real control plane and its Nodes
+//! (`controlplane`, `faultproxy`, `tls`, `node`) and storage scratch mounts (`storage`).
 //!
 //! The rule it enforces: a test that lacks a tool or a privilege it needs FAILS under CI
 //! (`CI=true`, or `CI=1`), and elsewhere prints one `SKIP: <test>: <what is missing> (<how to
@@ -16,15 +19,27 @@
 
 #![allow(dead_code)] // every test binary uses a different subset
 
+pub mod agent;
 pub mod cli;
+pub mod controlplane;
+pub mod faultproxy;
 pub mod fixture;
+pub mod fleet;
 pub mod metrics;
+pub mod node;
+pub mod storage;
+pub mod sysfs;
+pub mod tls;
 pub mod wait;
 
+#[allow(unused_imports)]
+pub use agent::*;
 #[allow(unused_imports)]
 pub use cli::*;
 #[allow(unused_imports)]
 pub use metrics::*;
+#[allow(unused_imports)]
+pub use node::*;
 #[allow(unused_imports)]
 pub use wait::*;
 
@@ -77,6 +92,30 @@ fn test_name() -> String {
         .to_owned()
 }
 
+/// The name libtest knows test `name` of module `module` (its `module_path!()`) by: the path
+/// without the crate, as `--exact` wants it to run that one test again in a child process.
+pub fn test_path(module: &str, name: &str) -> String {
+    match module.split_once("::") {
+        Some((_, path)) => format!("{path}::{name}"),
+        None => name.to_owned(),
+    }
+}
+
+/// Every `.rs` file under `dir`, sorted.
+pub fn rust_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap().filter_map(Result::ok) {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(rust_files(&p));
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+    out.sort();
+    out
+}
+
 /// A prerequisite the test cannot run without. `Ok` (`true`): go on. Missing: under CI the
 /// test fails with `what` and `how`; elsewhere a `SKIP:` line is printed and `false` returned.
 pub fn require(ok: bool, what: &str, how: &str) -> bool {
@@ -104,6 +143,26 @@ pub fn require_root(why: &str) -> bool {
         is_root(),
         &format!("not running as root ({why})"),
         "run the tests as root, as CI does",
+    )
+}
+
+/// Whether this process may make a private mount namespace (`unshare -m`: root and
+/// util-linux).
+pub fn can_unshare_mounts() -> bool {
+    std::process::Command::new("unshare")
+        .args(["-m", "--propagation", "private", "true"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// [`can_unshare_mounts`], as a prerequisite.
+pub fn require_unshare_mounts() -> bool {
+    require(
+        can_unshare_mounts(),
+        "`unshare -m` is not permitted here",
+        "run as root with util-linux installed, as CI does",
     )
 }
 
@@ -183,6 +242,15 @@ pub fn vm_prerequisites_missing() -> Option<String> {
     }
 }
 
+/// Held while a VM runs: one emulated machine at a time in this process, whichever suite
+/// boots it (the VM suites share one test binary; their timings assume unshared CPUs).
+pub fn vm_slot() -> std::sync::MutexGuard<'static, ()> {
+    static SLOT: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    // A suite whose run panicked leaves nothing behind that the next one needs.
+    SLOT.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// `bash tests/vm/<runner> -t <timeout_s> -o <out> tests/vm/<scenarios>` from the repository
 /// root with `FG_BIN` set, and `out`: `<target tmp>/<name>`, emptied now and kept after the run
 /// so that a failure can be inspected. The caller adds its own `FG_*` variables.
@@ -221,6 +289,7 @@ pub fn run_vm_once(
     if let Some(why) = vm_prerequisites_missing() {
         return Err(why);
     }
+    let _slot = vm_slot();
     let (mut cmd, out) = vm_command(runner, timeout_s, name, scenarios);
     let status = cmd
         .envs(env.iter().copied())

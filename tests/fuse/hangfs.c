@@ -2,7 +2,7 @@
  * hangfs: a FUSE file system whose statfs never answers, which is exactly what a Lustre or
  * NFS mount with unreachable servers looks like to statfs(2): the caller sleeps in the kernel
  * (state D) and no signal ends it. Killing this server aborts the connection and frees it.
- * Built and run by tests/storage_fuse.rs:  hangfs MOUNTPOINT -f -o fsname=fabricgate-hang,subtype=hangfs
+ * Built and run by tests/storage/storage_fuse.rs:  hangfs MOUNTPOINT -f -o fsname=fabricgate-hang,subtype=hangfs
  */
 #define FUSE_USE_VERSION 31
 #include <fuse.h>

@@ -1,4 +1,4 @@
-# Event-driven detection in the Soft-RoCE VM, run inside it by tests/events_vm.rs (through
+# Event-driven detection in the Soft-RoCE VM, run inside it by tests/vm/events_vm.rs (through
 # run.sh): the agent runs with --interval 30s and --dry-run, and every time eth0 (rxe0's
 # netdev) is set down (linkflip.py: the ioctl `ip link set eth0 down` makes, timed) the
 # dry-run log of the taint must follow long before the next interval.

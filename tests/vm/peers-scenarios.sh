@@ -1,5 +1,5 @@
 # The inter-node peer scenarios, run in both VMs of tests/vm/run-pair.sh (FG_ROLE=a or b) by
-# tests/peers_vm.rs. One boot of the pair runs them all; the guests order their steps with
+# tests/vm/peers_vm.rs. One boot of the pair runs them all; the guests order their steps with
 # marker files in the shared folder /tmp/fg-sync (ROLE.NAME).
 #   1. rxe0 over eth0 in both; an agent in each (`fabricgate run --dry-run`, peers enabled,
 #      --peers = the other VM); a scrape of /metrics every second into $FG_OUT/scrapes/;

@@ -1,4 +1,4 @@
-# The Soft-RoCE scenarios, run inside the VM by tests/softroce_vm.rs (through run.sh).
+# The Soft-RoCE scenarios, run inside the VM by tests/vm/softroce_vm.rs (through run.sh).
 # Each step leaves NAME.json (the command's stdout) and NAME.rc in $FG_OUT, and timings in
 # $FG_OUT/timings.env; the Rust test asserts on them. One boot runs them all.
 # Needs FG_BIN (the fabricgate binary) and FG_REQ (tests/vm/rxe-requirements.yaml).

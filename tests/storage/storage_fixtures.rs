@@ -1,15 +1,14 @@
 //! The storage probe and policy over fixture trees shaped like real Lustre clients
 //! (tests/fixtures/lustre-*, made by make-lustre-fixtures.py). Needs no root.
 
-mod common;
-mod storage_support;
+use crate::common;
 
 use common::fixture;
+use common::storage::{ProcRoot, mountinfo_line};
 use fabricgate::config::Config;
 use fabricgate::policy::{self, Scope};
 use fabricgate_probes::storage::{self, LustreHealth, MountStatus, StorageProber};
 use fabricgate_probes::{ProbeConfig, ProbeReport, Prober, Roots};
-use storage_support::{ProcRoot, mountinfo_line};
 
 fn roots(name: &str) -> Roots {
     Roots::new(fixture(name).join("sys"), fixture(name).join("proc"))

@@ -6,7 +6,7 @@
 //! Outside CI the tests skip, saying why, when qemu or the kernel package is unavailable;
 //! with CI=true a missing prerequisite is a failure.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
@@ -61,12 +61,9 @@ fn log(dir: &Path) -> String {
     std::fs::read_to_string(dir.join("daemon.log")).unwrap_or_default()
 }
 
-/// The value of an exposition line `name{labels} value`.
-fn sample(metrics: &str, series: &str) -> f64 {
-    metrics
-        .lines()
-        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {series} in:\n{metrics}"))
+/// [`common::sample`]; a missing series fails the test.
+fn value_of(metrics: &str, series: &str) -> f64 {
+    common::sample(metrics, series).unwrap_or_else(|| panic!("no {series} in:\n{metrics}"))
 }
 
 #[test]
@@ -148,7 +145,7 @@ fn the_probes_were_triggered_by_events_not_the_interval() {
     let Some(dir) = results() else { return };
     let metrics = std::fs::read_to_string(dir.join("metrics.txt")).unwrap();
     let by = |trigger: &str| {
-        sample(
+        value_of(
             &metrics,
             &format!("fabricgate_probe_trigger_total{{trigger=\"{trigger}\"}}"),
         )
@@ -163,7 +160,7 @@ fn the_probes_were_triggered_by_events_not_the_interval() {
     assert!(by("interval") < events, "{metrics}");
     for source in ["netlink", "uevent", "verbs_async"] {
         assert!(
-            sample(
+            value_of(
                 &metrics,
                 &format!("fabricgate_events_total{{source=\"{source}\"}}")
             ) > 0.0,
@@ -172,7 +169,7 @@ fn the_probes_were_triggered_by_events_not_the_interval() {
     }
     for source in ["netlink", "uevent"] {
         assert_eq!(
-            sample(
+            value_of(
                 &metrics,
                 &format!("fabricgate_event_source_active{{source=\"{source}\"}}")
             ),

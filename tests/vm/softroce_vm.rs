@@ -5,15 +5,15 @@
 //! Outside CI the tests skip, saying why, when qemu or the kernel package is unavailable;
 //! with CI=true a missing prerequisite is a failure.
 
-mod common;
-mod support;
+use crate::common;
 
+use common::controlplane::ControlPlane;
+use common::has_taint;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Child;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
-use support::controlplane::ControlPlane;
 
 /// The results of the one boot: the output folder and what the host saw of the daemon, or
 /// why the suite is skipped.
@@ -23,7 +23,6 @@ enum Boot {
 }
 
 const NODE: &str = "fabricgate-vm";
-const TAINT: &str = "fabricgate.io/unvalidated";
 
 /// What the host saw on the real apiserver's Node while the daemon ran in the guest.
 #[derive(Debug, Default)]
@@ -47,17 +46,9 @@ struct DaemonRun {
     error: Option<String>,
 }
 
-fn has_taint(node: &Value) -> bool {
-    node["spec"]["taints"]
-        .as_array()
-        .is_some_and(|t| t.iter().any(|t| t["key"] == TAINT))
-}
-
+/// The Node's condition `type_`, `null` when it has none (so that comparisons just fail).
 fn condition<'a>(node: &'a Value, type_: &str) -> &'a Value {
-    node["status"]["conditions"]
-        .as_array()
-        .and_then(|c| c.iter().find(|c| c["type"] == type_))
-        .unwrap_or(&Value::Null)
+    common::node_condition(node, type_).unwrap_or(&Value::Null)
 }
 
 fn is_validated(node: &Value) -> bool {
@@ -187,6 +178,7 @@ fn boot() -> &'static Boot {
             common::require(false, &why, "run .ci/vm.sh");
             return Boot::Skipped(why);
         }
+        let _slot = common::vm_slot();
         // console.log, every command's JSON and stderr stay in `out` for inspection.
         let (mut cmd, out) = common::vm_command("run.sh", 290, "softroce-vm", "scenarios.sh");
 

@@ -2,7 +2,7 @@
 //! example GPU node fixture) in both formats, and the HTTP query API returns the series with
 //! the values the fixture holds.
 
-mod common;
+use crate::common;
 
 use common::{committed_fixture, have_tool, http_get};
 use serde_json::Value;

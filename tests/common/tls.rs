@@ -2,7 +2,7 @@
 //! certificate for `127.0.0.1` (and `localhost`), written as PEM files into a folder.
 //!
 //! ```ignore
-//! let pki = support::tls::TestPki::generate(dir.path());
+//! let pki = common::tls::TestPki::generate(dir.path());
 //! // serve with pki.cert_file / pki.key_file; give the API server pki.ca_pem as caBundle
 //! ```
 

@@ -1,16 +1,15 @@
 //! statfs on real tmpfs mounts the test creates (needs root for mount(2); skipped with a
 //! reason outside CI, required in CI).
 
-mod common;
-mod storage_support;
+use crate::common;
 
+use common::storage::{ProcRoot, TmpfsMount, mountinfo_line};
 use common::{fixture, require_root};
 use fabricgate::config::Config;
 use fabricgate::policy;
 use fabricgate_probes::storage::{MountSpec, MountStatus, StorageConfig, StorageProber};
 use fabricgate_probes::{ProbeConfig, Prober, Roots};
 use std::io::Write;
-use storage_support::{ProcRoot, TmpfsMount, mountinfo_line};
 
 fn spec(m: &TmpfsMount, min_free_percent: f64) -> MountSpec {
     MountSpec {

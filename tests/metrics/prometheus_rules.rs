@@ -1,7 +1,7 @@
 //! The alert rules with the real Prometheus tools: `promtool check rules`, `promtool test
 //! rules` (tests/prometheus/*.yaml), and the PrometheusRule variant carrying the same groups.
 
-mod common;
+use crate::common;
 
 use common::have_tool;
 use serde_json::Value;

@@ -2,7 +2,7 @@
 //! into a temporary folder and every tree it writes is compared with the committed one, entry
 //! by entry (file bytes, symlink targets, folders), with nothing missing or extra.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -3,7 +3,7 @@
 //! seconds, with the attribute named; a mount table with non-UTF-8 mount points and one with
 //! 10,000 Lustre entries are read, never rejected as a whole.
 
-mod common;
+use crate::common;
 
 use common::{check_json_args, fixture, report_port};
 use serde_json::Value;
@@ -247,18 +247,7 @@ fn ten_thousand_lustre_mounts_are_checked_in_seconds() {
 /// check still reads the table and finds the required mount next to it.
 #[test]
 fn a_real_non_utf8_mount_point_in_a_private_namespace() {
-    let ci = std::env::var("CI").is_ok_and(|v| v == "true");
-    let unshare_ok = Command::new("unshare")
-        .args(["-m", "--propagation", "private", "true"])
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !unshare_ok {
-        assert!(
-            !ci,
-            "CI=true: `unshare -m` must work here (root and util-linux needed)"
-        );
-        println!("SKIP: `unshare -m` is not permitted here (needs root and util-linux)");
+    if !common::require_unshare_mounts() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();

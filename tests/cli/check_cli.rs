@@ -1,7 +1,7 @@
 //! `fabricgate check` through the real binary over the fixture trees: exit codes, JSON keys,
 //! and the verdict and reason for every scenario.
 
-mod common;
+use crate::common;
 
 use common::{fixture, report_port};
 use serde_json::Value;
@@ -36,11 +36,7 @@ const ALL_TEN: &str = "rdma:\n  min_active_ports: 10\n";
 
 /// The Node condition of type `type_` in a `check --format json` report.
 fn condition<'a>(json: &'a Value, type_: &str) -> &'a Value {
-    json["conditions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["type"] == type_)
+    common::condition_in(&json["conditions"], type_)
         .unwrap_or_else(|| panic!("no {type_} condition: {json:#}"))
 }
 

@@ -1,14 +1,13 @@
 //! `fabricgate check` through the real binary over storage fixtures: the `lustre` JSON
 //! object, labels, reasons and exit codes.
 
-mod common;
-mod storage_support;
+use crate::common;
 
 use common::fixture;
+use common::storage::{ProcRoot, mountinfo_line};
 use serde_json::Value;
 use std::path::Path;
 use std::process::Command;
-use storage_support::{ProcRoot, mountinfo_line};
 
 struct Run {
     code: i32,

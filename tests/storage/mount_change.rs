@@ -8,7 +8,7 @@
 //! ignored inner test selected: nothing else mounts in that namespace, so the counts are
 //! exact.
 
-mod common;
+use crate::common;
 
 use fabricgate_probes::Roots;
 use fabricgate_probes::storage::{MountSpec, MountStatus, StorageConfig, StorageProber};
@@ -20,15 +20,7 @@ const INNER: &str = "FABRICGATE_MOUNT_CHANGE_DIR";
 
 #[test]
 fn a_real_mount_change_is_parsed_once_and_an_unchanged_table_never() {
-    let unshare = Command::new("unshare")
-        .args(["-m", "--propagation", "private", "true"])
-        .status()
-        .is_ok_and(|s| s.success());
-    if !common::require(
-        unshare,
-        "`unshare -m` is not permitted here",
-        "run as root with util-linux installed, as CI does",
-    ) {
+    if !common::require_unshare_mounts() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
@@ -37,7 +29,7 @@ fn a_real_mount_change_is_parsed_once_and_an_unchanged_table_never() {
         .arg(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "in_a_private_namespace",
+            &common::test_path(module_path!(), "in_a_private_namespace"),
             "--ignored",
             "--nocapture",
             "--test-threads",

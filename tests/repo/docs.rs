@@ -87,7 +87,7 @@ fn link_extraction_finds_relative_targets_only() {
 fn code_refers_to_design_documents_inside_docs() {
     let mut offenders = Vec::new();
     for dir in ["src", "probes/src"] {
-        for entry in walk(&root().join(dir)) {
+        for entry in crate::common::rust_files(&root().join(dir)) {
             let text = std::fs::read_to_string(&entry).unwrap_or_default();
             if text.contains("DESIGN.md") {
                 offenders.push(entry.display().to_string());
@@ -98,17 +98,4 @@ fn code_refers_to_design_documents_inside_docs() {
         offenders.is_empty(),
         "DESIGN.md referenced in {offenders:?}"
     );
-}
-
-fn walk(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(dir).unwrap().filter_map(Result::ok) {
-        let p = e.path();
-        if p.is_dir() {
-            out.extend(walk(&p));
-        } else if p.extension().is_some_and(|x| x == "rs") {
-            out.push(p);
-        }
-    }
-    out
 }

@@ -1,7 +1,7 @@
 //! `fabricgate ping` and the agent's peer wiring where no RDMA device is needed (the
-//! measurements themselves run between two real rxe devices in tests/peers_vm.rs).
+//! measurements themselves run between two real rxe devices in tests/vm/peers_vm.rs).
 
-mod common;
+use crate::common;
 
 use common::fabricgate;
 use std::io::{Read, Write};

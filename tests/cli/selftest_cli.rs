@@ -1,7 +1,7 @@
 //! `fabricgate selftest` exit codes and output that do not need an RDMA device (the data path
-//! itself is exercised against a real rxe device in tests/softroce_vm.rs).
+//! itself is exercised against a real rxe device in tests/vm/softroce_vm.rs).
 
-mod common;
+use crate::common;
 
 use common::fabricgate;
 

@@ -5,7 +5,7 @@
 //! the test says why it skipped. The admission policy is decided by the real apiserver in
 //! `tests/cluster/vap.rs`.
 
-mod common;
+use crate::common;
 
 use clap::Parser;
 use fabricgate::cli::{Cli, Command, RunArgs};

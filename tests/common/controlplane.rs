@@ -156,7 +156,7 @@ impl ControlPlane {
                 let binary = std::env::var_os("FABRICGATE_CONTROLPLANE")
                     .map(PathBuf::from)
                     .unwrap_or_else(|| PathBuf::from(DEFAULT_BINARY));
-                if !crate::common::require(
+                if !super::require(
                     binary.is_file(),
                     &format!("no control plane binary at {}", binary.display()),
                     "build it with .ci/controlplane.sh",

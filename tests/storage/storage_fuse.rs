@@ -4,12 +4,13 @@
 //! start a second statfs on it while the first is stuck, and keep the thread count bounded.
 //!
 //! Needs root, /dev/fuse, cc, pkg-config and libfuse3-dev (.ci/storage.sh installs them).
-//! The test re-runs itself under `unshare --mount` so its mounts are invisible to the rest of
-//! the machine (a `df` elsewhere must not hang on them) and vanish with the process.
+//! The test re-runs itself alone in a child process, under `unshare --mount` so its mounts
+//! are invisible to the rest of the machine (a `df` elsewhere must not hang on them) and
+//! vanish with the process.
 
-mod common;
-mod storage_support;
+use crate::common;
 
+use common::storage::{TmpfsMount, thread_count, threads_named};
 use common::{in_ci, require, require_root};
 use fabricgate_probes::Roots;
 use fabricgate_probes::storage::statfs::WORKER_THREAD_NAME;
@@ -17,7 +18,6 @@ use fabricgate_probes::storage::{MountSpec, MountStatus, StorageConfig, StorageP
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-use storage_support::{TmpfsMount, thread_count, threads_named};
 
 const TEST_NAME: &str = "hung_fuse_mount_is_hung_within_the_timeout_and_leaks_no_threads";
 const INNER: &str = "FABRICGATE_FUSE_TEST_INNER";
@@ -37,12 +37,25 @@ fn hung_fuse_mount_is_hung_within_the_timeout_and_leaks_no_threads() {
     ) {
         return;
     }
-    if std::env::var_os(INNER).is_none() && unshare_works() {
+    // Always in a child process of its own: the thread counts below are this process's, and
+    // other tests of the binary run beside this one.
+    if std::env::var_os(INNER).is_none() {
         let exe = std::env::current_exe().unwrap();
-        let out = Command::new("unshare")
-            .args(["--mount", "--propagation", "private", "--"])
-            .arg(exe)
-            .args(["--exact", TEST_NAME, "--nocapture", "--test-threads=1"])
+        let test = common::test_path(module_path!(), TEST_NAME);
+        let mut cmd = if common::can_unshare_mounts() {
+            let mut c = Command::new("unshare");
+            c.args(["--mount", "--propagation", "private", "--"])
+                .arg(exe);
+            c
+        } else {
+            assert!(!in_ci(), "CI=true but `unshare --mount` does not work");
+            eprintln!(
+                "note: unshare unavailable; the FUSE mounts are visible machine-wide while the test runs"
+            );
+            Command::new(exe)
+        };
+        let out = cmd
+            .args(["--exact", &test, "--nocapture", "--test-threads=1"])
             .env(INNER, "1")
             .output()
             .unwrap();
@@ -50,29 +63,11 @@ fn hung_fuse_mount_is_hung_within_the_timeout_and_leaks_no_threads() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         println!("{stdout}");
         eprintln!("{stderr}");
-        assert!(
-            out.status.success(),
-            "the test failed in its mount namespace"
-        );
+        assert!(out.status.success(), "the test failed in its own process");
         assert!(stdout.contains("1 passed"), "the inner test did not run");
         return;
     }
-    if std::env::var_os(INNER).is_none() {
-        assert!(!in_ci(), "CI=true but `unshare --mount` does not work");
-        eprintln!(
-            "note: unshare unavailable; the FUSE mounts are visible machine-wide while the test runs"
-        );
-    }
     run();
-}
-
-fn unshare_works() -> bool {
-    Command::new("unshare")
-        .args(["--mount", "--", "true"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
 }
 
 /// Build hangfs; `None` (skip outside CI) when no C compiler or libfuse3 headers.

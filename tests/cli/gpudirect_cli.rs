@@ -2,7 +2,7 @@
 //! (8 GPUs, 8 RoCE HCAs behind 4 PCIe switch complexes on two sockets): the JSON `gpudirect`
 //! key, the labels, and the verdict and reason of every scenario.
 
-mod common;
+use crate::common;
 
 use common::fixture;
 use serde_json::Value;

@@ -3,23 +3,7 @@
 //! of the metrics module. (The compiler enforces the lint attributes; this test keeps anyone
 //! from quietly deleting them.)
 
-mod common;
-
-use std::path::{Path, PathBuf};
-
-fn rust_files(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(dir).unwrap().filter_map(Result::ok) {
-        let p = e.path();
-        if p.is_dir() {
-            out.extend(rust_files(&p));
-        } else if p.extension().is_some_and(|x| x == "rs") {
-            out.push(p);
-        }
-    }
-    out.sort();
-    out
-}
+use crate::common;
 
 fn read(rel: &str) -> String {
     std::fs::read_to_string(common::repo_root().join(rel)).unwrap()
@@ -51,7 +35,7 @@ fn probes_allow_unsafe_on_the_verbs_module_only() {
     }
     let root = common::repo_root().join("probes/src");
     let mut allows = Vec::new();
-    for file in rust_files(&root) {
+    for file in common::rust_files(&root) {
         let text = std::fs::read_to_string(&file).unwrap();
         let lines: Vec<&str> = text.lines().collect();
         for (i, line) in lines.iter().enumerate() {

@@ -1,20 +1,14 @@
 //! GPUDirect metrics over the DGX-like fixtures: pair relations, the worst relation, ACS,
 //! peer memory, port MTUs and ECN arrive under their documented names.
 
-mod common;
+use crate::common;
 
-use common::{committed_fixture, record_fixture};
+use common::{committed_fixture, record_fixture, sample};
 use fabricgate::config::Config;
 use fabricgate::observe::metrics::Metrics;
 
 fn requirements() -> Config {
     Config::load(&committed_fixture("requirements-dgx.yaml")).unwrap()
-}
-
-/// The value of the one sample whose name-and-labels text is `series`.
-fn sample(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
 }
 
 fn metrics_of(fixture: &str) -> String {

@@ -1,7 +1,5 @@
-//! Helpers shared by the storage integration tests: a scratch procfs root with a hand-written
-//! mountinfo, root-only tmpfs mounts that clean up after themselves, thread counts. What a
-//! test needs from its environment (root, tools, CI, fixtures) is in `tests/common`.
-#![allow(dead_code)] // each test file uses a different subset
+//! For the storage tests: a scratch procfs root with a hand-written mountinfo, root-only
+//! tmpfs mounts that clean up after themselves, thread counts.
 
 use std::path::Path;
 use std::process::Command;

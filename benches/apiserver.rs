@@ -1,0 +1,103 @@
+//! Figures measured on the real kube-apiserver (the control plane of the cluster tests,
+//! `.ci/controlplane.sh`), printed, not asserted; what must hold is asserted by
+//! `cargo test --test cluster`. Not criterion: each figure is one long run (a minute to
+//! several), not a loop of short iterations.
+//!
+//! `cargo bench --profile dev --bench apiserver -- NAME...` (the documented figures are of the
+//! debug build), where NAME is
+//! - `port_down`: port down → taint at `--interval 1s` over 10 flips (docs/performance.md);
+//! - `fleet`: `FABRICGATE_FLEET` agents (default 500) in this process, watch per Node vs
+//!   periodic GETs vs watch + breaker (`FABRICGATE_FLEET_MODES`, a comma-separated subset of
+//!   `watch,gets,breaker`) (docs/scale.md).
+//!
+//! Without a NAME it lists them and measures nothing: `cargo bench` alone must not start a
+//! 500-agent fleet.
+
+// The integration tests' support module (control plane, Nodes, agents, the fleet).
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use common::fleet::{report, run_fleet};
+use common::{TestNode, control_plane, wait_until};
+use std::time::Duration;
+
+const FIGURES: [(&str, fn()); 2] = [("port_down", port_down), ("fleet", fleet)];
+
+fn main() {
+    // `cargo bench` passes `--bench`; the rest are names.
+    let names: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    if names.is_empty() {
+        let all: Vec<&str> = FIGURES.iter().map(|(n, _)| *n).collect();
+        println!(
+            "apiserver: nothing measured; name one or more of {all:?} \
+             (cargo bench --profile dev --bench apiserver -- port_down)"
+        );
+        return;
+    }
+    for name in &names {
+        let Some((_, run)) = FIGURES.iter().find(|(n, _)| n == name) else {
+            panic!("unknown figure {name:?}");
+        };
+        run();
+    }
+}
+
+/// Port down → our taint on the real apiserver's Node at `--interval 1s`, over 10 flips.
+fn port_down() {
+    let Some(cp) = control_plane() else { return };
+    let node = TestNode::seeded(cp, "agent-measure");
+    let (hca, agent) = node.run_agent(true, None, &["--interval", "1s"]);
+    agent.wait("validation", Duration::from_secs(30), || node.ready());
+    let mut took = Vec::new();
+    for _ in 0..10 {
+        hca.set_port(false);
+        took.push(wait_until("taint", Duration::from_secs(5), || {
+            node.has_our_taint()
+        }));
+        hca.set_port(true);
+        wait_until("untaint", Duration::from_secs(15), || node.ready());
+        // Off the interval's beat, so the flips sample different phases of it.
+        std::thread::sleep(Duration::from_millis(137));
+    }
+    took.sort();
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    println!(
+        "port down -> taint on kube-apiserver at --interval 1s over {} flips: min {:.0} ms, median {:.0} ms, max {:.0} ms",
+        took.len(),
+        ms(took[0]),
+        ms(took[took.len() / 2]),
+        ms(took[took.len() - 1])
+    );
+}
+
+/// The fleet figures of docs/scale.md.
+fn fleet() {
+    let Some(cp) = control_plane() else { return };
+    let n: usize = std::env::var("FABRICGATE_FLEET")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(500);
+    let quiet = Duration::from_secs(120);
+    let modes =
+        std::env::var("FABRICGATE_FLEET_MODES").unwrap_or_else(|_| "watch,gets,breaker".to_owned());
+    for mode in modes.split(',') {
+        let (label, watch, breaker) = match mode.trim() {
+            "watch" => ("watch per Node", true, false),
+            "gets" => ("periodic GETs (resync 60s)", false, false),
+            "breaker" => ("watch per Node + breaker", true, true),
+            other => panic!("FABRICGATE_FLEET_MODES: unknown mode {other:?}"),
+        };
+        let f = run_fleet(
+            cp,
+            &format!("fleet-{}", mode.trim()),
+            n,
+            watch,
+            breaker,
+            quiet,
+        );
+        println!("{}", report(label, &f));
+    }
+}

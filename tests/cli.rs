@@ -1,0 +1,18 @@
+//! The binary's subcommands run as a user runs them, each module one subcommand's
+//! output and exit codes: `check`, `gpudirect`, `peers`, `preflight`, `selftest` and the
+//! storage side of `check`.
+
+mod common;
+
+#[path = "cli/check_cli.rs"]
+mod check_cli;
+#[path = "cli/gpudirect_cli.rs"]
+mod gpudirect_cli;
+#[path = "cli/peers_cli.rs"]
+mod peers_cli;
+#[path = "cli/preflight_cli.rs"]
+mod preflight_cli;
+#[path = "cli/selftest_cli.rs"]
+mod selftest_cli;
+#[path = "cli/storage_cli.rs"]
+mod storage_cli;

@@ -1,0 +1,15 @@
+//! Real RDMA under qemu (tests/vm/): Soft-RoCE end to end (`softroce_vm`), event-driven
+//! detection (`events_vm`) and two VMs measuring each other (`peers_vm`). Each module boots
+//! its VM(s) once for all its tests.
+
+mod common;
+
+// One VM boot at a time (`common::vm_slot`): the three suites were three processes that
+// cargo ran one after another, and their timing assertions assume the CPUs are not shared
+// with another emulated machine.
+#[path = "vm/events_vm.rs"]
+mod events_vm;
+#[path = "vm/peers_vm.rs"]
+mod peers_vm;
+#[path = "vm/softroce_vm.rs"]
+mod softroce_vm;
