@@ -1,7 +1,8 @@
-//! The boundaries the compiler holds stay declared: no `unsafe` in the agent crate, `unsafe`
-//! in the probes crate only inside the verbs wrapper, and the fallback detector independent
-//! of the metrics module. (The compiler enforces the lint attributes; this test keeps anyone
-//! from quietly deleting them.)
+//! The boundaries stay declared: no `unsafe` in the agent crate, `unsafe` in the probes crate
+//! only inside the verbs wrapper, the floors of `src/` (each folder uses only the floors below
+//! it, checked on parsed `use` trees and `crate::` paths, not substrings), a probes crate
+//! without Kubernetes or tokio, and no source file over 900 lines. (The compiler enforces the
+//! lint attributes; these tests keep anyone from quietly deleting them.)
 
 use crate::common;
 
@@ -67,5 +68,311 @@ fn fallback_does_not_import_metrics() {
     assert!(
         !fallback.contains("crate::observe::metrics"),
         "src/observe/fallback.rs imports metrics again (metrics imports fallback)"
+    );
+}
+
+/// The floors of `src/`, lowest first, and what each may use besides the probes crate. A folder
+/// uses the core and the floors below it, never a sibling's internals; the agent wires the
+/// others together (docs/design.md, "Floors").
+const FLOORS: &[(&str, &[&str])] = &[
+    ("error", &[]),
+    ("config", &["error"]),
+    ("policy", &["config", "error"]),
+    ("peers", &["config", "error", "policy"]),
+    ("observe", &["config", "error", "policy", "peers"]),
+    ("node", &["config", "error", "policy", "observe"]),
+    ("cluster", &["config", "error", "policy", "node"]),
+    ("pod", &["config", "error", "policy"]),
+    ("cli", &["config", "error", "policy", "observe", "pod"]),
+    (
+        "agent",
+        &[
+            "cli", "config", "error", "policy", "peers", "observe", "node",
+        ],
+    ),
+];
+
+/// Rust source with comments, string and character literals blanked out (same length), so
+/// that a path in a doc comment or a message is not an import.
+fn code_only(text: &str) -> String {
+    let b = text.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    let blank = |out: &mut Vec<u8>, c: u8| out.push(if c == b'\n' { b'\n' } else { b' ' });
+    while i < b.len() {
+        if b[i..].starts_with(b"//") {
+            while i < b.len() && b[i] != b'\n' {
+                out.push(b' ');
+                i += 1;
+            }
+        } else if b[i..].starts_with(b"/*") {
+            let mut depth = 0;
+            while i < b.len() {
+                if b[i..].starts_with(b"/*") {
+                    depth += 1;
+                    out.extend_from_slice(b"  ");
+                    i += 2;
+                } else if b[i..].starts_with(b"*/") {
+                    depth -= 1;
+                    out.extend_from_slice(b"  ");
+                    i += 2;
+                    if depth == 0 {
+                        break;
+                    }
+                } else {
+                    blank(&mut out, b[i]);
+                    i += 1;
+                }
+            }
+        } else if b[i] == b'r'
+            && (b[i + 1..].starts_with(b"\"") || b[i + 1..].starts_with(b"#"))
+            && (i == 0 || !(b[i - 1].is_ascii_alphanumeric() || b[i - 1] == b'_'))
+        {
+            // raw string r#"..."#
+            let mut j = i + 1;
+            let mut hashes = 0;
+            while j < b.len() && b[j] == b'#' {
+                hashes += 1;
+                j += 1;
+            }
+            if j < b.len() && b[j] == b'"' {
+                let close: Vec<u8> = std::iter::once(b'"')
+                    .chain(std::iter::repeat_n(b'#', hashes))
+                    .collect();
+                let end = b[j + 1..]
+                    .windows(close.len())
+                    .position(|w| w == close.as_slice())
+                    .map_or(b.len(), |p| j + 1 + p + close.len());
+                for &c in &b[i..end] {
+                    blank(&mut out, c);
+                }
+                i = end;
+            } else {
+                out.push(b[i]);
+                i += 1;
+            }
+        } else if b[i] == b'"' {
+            blank(&mut out, b[i]);
+            i += 1;
+            while i < b.len() && b[i] != b'"' {
+                if b[i] == b'\\' && i + 1 < b.len() {
+                    blank(&mut out, b[i]);
+                    i += 1;
+                }
+                blank(&mut out, b[i]);
+                i += 1;
+            }
+            if i < b.len() {
+                out.push(b' ');
+                i += 1;
+            }
+        } else if b[i] == b'\'' && (b[i + 1..].starts_with(b"\\") || b.get(i + 2) == Some(&b'\'')) {
+            // a char literal ('x', '\n', '\''), not a lifetime
+            let end = if b[i + 1] == b'\\' {
+                b[i + 2..]
+                    .iter()
+                    .position(|&c| c == b'\'')
+                    .map_or(b.len(), |p| i + 3 + p)
+            } else {
+                i + 3
+            };
+            for &c in &b[i..end.min(b.len())] {
+                blank(&mut out, c);
+            }
+            i = end;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The crate modules a file's code names: every `use` tree rooted at `crate` (groups and
+/// nesting expanded) and every inline `crate::x` path.
+fn crate_modules_used(text: &str) -> std::collections::BTreeSet<String> {
+    let code = code_only(text);
+    // Tokens: identifiers, `::`, and single punctuation.
+    let mut tokens: Vec<String> = Vec::new();
+    let cs: Vec<char> = code.chars().collect();
+    let mut i = 0;
+    while i < cs.len() {
+        let c = cs[i];
+        if c.is_alphanumeric() || c == '_' {
+            let start = i;
+            while i < cs.len() && (cs[i].is_alphanumeric() || cs[i] == '_') {
+                i += 1;
+            }
+            tokens.push(cs[start..i].iter().collect());
+        } else if c == ':' && cs.get(i + 1) == Some(&':') {
+            tokens.push("::".into());
+            i += 2;
+        } else if c.is_whitespace() {
+            i += 1;
+        } else {
+            tokens.push(c.to_string());
+            i += 1;
+        }
+    }
+    let mut used = std::collections::BTreeSet::new();
+    let mut t = 0;
+    while t < tokens.len() {
+        if tokens[t] == "use" {
+            // Collect the tree up to `;` and expand the first segment after `crate::`.
+            let end = tokens[t..]
+                .iter()
+                .position(|x| x == ";")
+                .map_or(tokens.len(), |p| t + p);
+            expand_use(&tokens[t + 1..end], &mut used, false);
+            t = end;
+        } else if tokens[t] == "crate"
+            && tokens.get(t + 1).is_some_and(|x| x == "::")
+            && let Some(m) = tokens.get(t + 2)
+            && m != "{"
+        {
+            used.insert(m.clone());
+            t += 3;
+        } else {
+            t += 1;
+        }
+    }
+    used
+}
+
+/// Walk a `use` tree: `crate::a::b`, `crate::{a, b::c}`, `{crate::a, std::x}`.
+fn expand_use(tree: &[String], used: &mut std::collections::BTreeSet<String>, in_crate: bool) {
+    let mut depth = 0usize;
+    let mut start = 0;
+    let mut items: Vec<&[String]> = Vec::new();
+    // Split a group body at top-level commas.
+    let body: &[String] =
+        if tree.first().is_some_and(|x| x == "{") && tree.last().is_some_and(|x| x == "}") {
+            &tree[1..tree.len() - 1]
+        } else {
+            tree
+        };
+    for (k, tok) in body.iter().enumerate() {
+        match tok.as_str() {
+            "{" => depth += 1,
+            "}" => depth = depth.saturating_sub(1),
+            "," if depth == 0 => {
+                items.push(&body[start..k]);
+                start = k + 1;
+            }
+            _ => {}
+        }
+    }
+    items.push(&body[start..]);
+    for item in items {
+        if item.is_empty() {
+            continue;
+        }
+        if item[0] == "{" {
+            expand_use(item, used, in_crate);
+        } else if in_crate {
+            used.insert(item[0].clone());
+        } else if item[0] == "crate" && item.get(1).is_some_and(|x| x == "::") {
+            match item.get(2).map(String::as_str) {
+                Some("{") => expand_use(&item[2..], used, true),
+                Some(m) => {
+                    used.insert(m.to_owned());
+                }
+                None => {}
+            }
+        }
+    }
+}
+
+/// The floor a file of `src/` belongs to: its folder, or its own name at the top.
+fn floor_of(rel: &std::path::Path) -> Option<String> {
+    let mut comps = rel.components();
+    let first = comps.next()?.as_os_str().to_str()?.to_owned();
+    Some(match comps.next() {
+        Some(_) => first,
+        None => first.trim_end_matches(".rs").to_owned(),
+    })
+}
+
+#[test]
+fn use_paths_parse_groups_nesting_and_ignore_comments_and_strings() {
+    let text = r#"
+        use crate::config::{Config, NodeSettings};
+        use crate::{error::Error, policy::{self, Verdict}};
+        use {crate::peers, std::io};
+        // use crate::agent;
+        /// [`crate::cluster::guard`]
+        const S: &str = "crate::node";
+        fn f() { let _ = crate::observe::metrics::x(); let c = '"'; let l: &'static str = "a"; }
+    "#;
+    let got: Vec<String> = crate_modules_used(text).into_iter().collect();
+    assert_eq!(got, ["config", "error", "observe", "peers", "policy"]);
+}
+
+#[test]
+fn every_floor_uses_only_the_floors_below_it() {
+    let root = common::repo_root().join("src");
+    let allowed: std::collections::BTreeMap<&str, &[&str]> = FLOORS.iter().copied().collect();
+    let mut wrong = Vec::new();
+    let mut seen = std::collections::BTreeSet::new();
+    for file in common::rust_files(&root) {
+        let rel = file.strip_prefix(&root).unwrap();
+        let floor = floor_of(rel).unwrap();
+        if floor == "lib" || floor == "main" {
+            continue; // the crate root and the CLI dispatch see everything
+        }
+        let Some(may) = allowed.get(floor.as_str()) else {
+            wrong.push(format!("{}: floor {floor} is not in FLOORS", rel.display()));
+            continue;
+        };
+        seen.insert(floor.clone());
+        let text = std::fs::read_to_string(&file).unwrap();
+        for m in crate_modules_used(&text) {
+            let top_level_item =
+                m.chars().next().is_some_and(char::is_uppercase) || m.starts_with("EXIT_");
+            if m == floor || top_level_item || may.contains(&m.as_str()) {
+                continue;
+            }
+            wrong.push(format!("{} ({floor}) uses crate::{m}", rel.display()));
+        }
+    }
+    assert!(wrong.is_empty(), "floors crossed:\n{}", wrong.join("\n"));
+    // The table has no stale floors.
+    for (floor, _) in FLOORS {
+        assert!(
+            seen.contains(*floor),
+            "FLOORS names {floor}, which src/ no longer has"
+        );
+    }
+}
+
+#[test]
+fn the_probes_crate_has_no_kubernetes_and_no_async_runtime() {
+    let manifest = read("probes/Cargo.toml");
+    for dep in ["kube", "k8s-openapi", "tokio"] {
+        assert!(
+            !manifest
+                .lines()
+                .any(|l| l.trim_start().starts_with(&format!("{dep} "))
+                    || l.trim_start().starts_with(&format!("{dep}="))),
+            "probes/Cargo.toml depends on {dep}"
+        );
+    }
+}
+
+#[test]
+fn no_source_file_is_over_900_lines() {
+    let mut long = Vec::new();
+    for dir in ["src", "probes/src"] {
+        for file in common::rust_files(&common::repo_root().join(dir)) {
+            let n = std::fs::read_to_string(&file).unwrap().lines().count();
+            if n > 900 {
+                long.push(format!("{}: {n} lines", file.display()));
+            }
+        }
+    }
+    assert!(
+        long.is_empty(),
+        "split these by responsibility:\n{}",
+        long.join("\n")
     );
 }
