@@ -5,12 +5,13 @@
 
 use crate::cli::{LogFormat, RunArgs};
 use crate::config::Config;
+use crate::config::peers::PeerSpec;
 use crate::error::{Error, Result};
 use crate::node::{self, Reconciler, RetryAfter};
 use crate::observe::health::HealthTiming;
 use crate::observe::metrics::{self, Metrics};
 use crate::observe::server::Limits;
-use crate::peers::{self, PeerAgent, PeerSpec, Rounds};
+use crate::peers::{self, PeerAgent, Rounds};
 use crate::policy::agent_fault::{self, AgentFault};
 use crate::policy::failclosed;
 use crate::policy::{self, Finding, Hysteresis, Verdict};

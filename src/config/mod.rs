@@ -8,6 +8,9 @@ use serde::{Deserialize, Serialize};
 use std::path::Path;
 use std::time::Duration;
 
+pub mod events;
+pub mod peers;
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 #[derive(Default)]
@@ -23,9 +26,9 @@ pub struct Config {
     /// Labels the operator (or another controller) must have put on the Node.
     pub placement: PlacementRequirements,
     /// Inter-node RDMA measurements (docs/peers.md); off by default.
-    pub peers: crate::peers::PeersSettings,
+    pub peers: peers::PeersSettings,
     /// Probe at once on kernel events (docs/events.md); on by default.
-    pub events: crate::agent::wakeup::EventsSettings,
+    pub events: events::EventsSettings,
     /// What the agent requires of its own Node object (device-plugin liveness).
     pub kubernetes: KubernetesRequirements,
 }

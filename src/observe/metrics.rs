@@ -341,7 +341,7 @@ pub struct Metrics {
     /// The `fabricgate_peer_*` families, registered when `peers.enabled`.
     pub peers: Option<crate::peers::PeerMetrics>,
     /// What triggered each probe and which event sources listen (docs/events.md).
-    pub events: crate::agent::wakeup::EventMetrics,
+    pub events: crate::observe::events::EventMetrics,
     /// Families that change without the state lock (HTTP connections, peers): encoded at
     /// every scrape and written after `registry`'s cached exposition.
     live: Registry,
@@ -631,7 +631,7 @@ impl Metrics {
             .enabled
             .then(|| crate::peers::PeerMetrics::register(&mut live));
         // Counted by the event thread and the probe loop without the state lock.
-        let events = crate::agent::wakeup::EventMetrics::register(&mut live);
+        let events = crate::observe::events::EventMetrics::register(&mut live);
         Self {
             registry: r,
             families: f,
@@ -1326,7 +1326,7 @@ mod tests {
         assert!(text(&m).contains("fabricgate_probe_trigger_total{trigger=\"interval\"} 0"));
         // Counted by the probe loop, outside the state lock: the next scrape shows it.
         m.events
-            .probe_triggered(&crate::agent::wakeup::Trigger::Interval);
+            .probe_triggered(&crate::observe::events::Trigger::Interval);
         assert!(text(&m).contains("fabricgate_probe_trigger_total{trigger=\"interval\"} 1"));
         m.set_breaker_open(true);
         assert!(text(&m).contains("fabricgate_breaker_open 1"));
