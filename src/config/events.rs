@@ -1,7 +1,7 @@
 //! The `events:` section (docs/events.md): whether and how fast kernel events trigger probes.
 //! Here, not in `agent::wakeup`, so the config floor needs no crate module above it.
 
-use super::{bounded_duration, parse_bounded_duration};
+use super::duration::{bounded_duration, parse_bounded_duration};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
