@@ -7,12 +7,13 @@ use super::probe_loop::{Channels, NodeChecks, ProbeThread, ProbeTiming, host_che
 use super::reconcile_loop::{LoopTiming, reconcile_loop};
 use crate::cli::{LogFormat, RunArgs};
 use crate::config::Config;
+use crate::config::peers::PeerSpec;
 use crate::error::{Error, Result};
 use crate::node::{self, Reconciler, RetryAfter};
 use crate::observe::health::HealthTiming;
 use crate::observe::metrics::{self, Metrics};
 use crate::observe::server::Limits;
-use crate::peers::{self, PeerAgent, PeerSpec, Rounds};
+use crate::peers::{self, PeerAgent, Rounds};
 use crate::policy::judge::Judge;
 use crate::policy::{Finding, Verdict};
 use fabricgate_probes::Prober;

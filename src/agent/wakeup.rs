@@ -9,14 +9,10 @@
 //! `min_interval`. The interval stays the safety net: a source that cannot be opened is
 //! logged once and shown by `fabricgate_event_source_active`, never an agent failure.
 
-use crate::config::parse_bounded_duration;
+use crate::config::events::EventsSettings;
+use crate::observe::events::EventMetrics;
+pub use crate::observe::events::Trigger;
 use fabricgate_probes::events::{Event, EventOptions, EventSources, Source, SourceStatus, Waker};
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::registry::Registry;
-use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -31,166 +27,6 @@ const THREAD_POLL: Duration = Duration::from_secs(1);
 const THREAD_IDLE_WAIT: Duration = Duration::from_secs(30);
 /// Event descriptions kept per probe (for the debug log); the count is exact regardless.
 const KEEP_DETAILS: usize = 8;
-
-/// `events:` in the config file.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct EventsSettings {
-    /// Listen to rtnetlink, uevents and verbs asynchronous events and probe at once on any
-    /// of them. `false`: probe on the interval only.
-    pub enabled: bool,
-    /// After the first event, collect the others for this long, then probe once
-    /// (humantime, 0ms to 1s).
-    #[serde(with = "debounce")]
-    pub debounce: Duration,
-    /// Event-triggered probes are at least this far apart (humantime, 10ms to 60s).
-    #[serde(with = "min_interval")]
-    pub min_interval: Duration,
-}
-
-pub const DEFAULT_DEBOUNCE: Duration = Duration::from_millis(30);
-pub const DEFAULT_MIN_INTERVAL: Duration = Duration::from_millis(100);
-
-impl Default for EventsSettings {
-    fn default() -> Self {
-        Self {
-            enabled: true,
-            debounce: DEFAULT_DEBOUNCE,
-            min_interval: DEFAULT_MIN_INTERVAL,
-        }
-    }
-}
-
-crate::config::bounded_duration!(
-    debounce,
-    "events.debounce",
-    Duration::ZERO,
-    Duration::from_secs(1)
-);
-crate::config::bounded_duration!(
-    min_interval,
-    "events.min_interval",
-    Duration::from_millis(10),
-    Duration::from_secs(60)
-);
-
-/// What started a probe.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Trigger {
-    /// The interval elapsed (or the first probe).
-    Interval,
-    /// Events arrived: the source of the first, how many were collected, and the first few.
-    Event {
-        first: Source,
-        count: usize,
-        details: Vec<String>,
-    },
-}
-
-impl Trigger {
-    /// The `trigger` label of `fabricgate_probe_trigger_total`.
-    pub fn label(&self) -> &'static str {
-        match self {
-            Self::Interval => "interval",
-            Self::Event { first, .. } => first.name(),
-        }
-    }
-}
-
-/// The `trigger` label values of `fabricgate_probe_trigger_total`.
-pub const TRIGGERS: [&str; 4] = ["interval", "netlink", "uevent", "verbs_async"];
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct TriggerLabels {
-    trigger: &'static str,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct SourceLabels {
-    source: &'static str,
-}
-
-/// `fabricgate_probe_trigger_total{trigger}`, `fabricgate_events_total{source}` and
-/// `fabricgate_event_source_active{source}`.
-#[derive(Debug, Clone, Default)]
-pub struct EventMetrics {
-    triggers: Family<TriggerLabels, Counter>,
-    events: Family<SourceLabels, Counter>,
-    active: Family<SourceLabels, Gauge>,
-}
-
-impl EventMetrics {
-    /// Register the three families, every series present from the start (0).
-    pub fn register(r: &mut Registry) -> Self {
-        let m = Self::default();
-        r.register(
-            "fabricgate_probe_trigger",
-            "Probes by what started them: the interval, or the first kernel event (netlink link \
-             change, uevent, verbs asynchronous event) of a debounced burst",
-            m.triggers.clone(),
-        );
-        r.register(
-            "fabricgate_events",
-            "Kernel events received, by source (netlink, uevent, verbs_async); lost ones count once",
-            m.events.clone(),
-        );
-        r.register(
-            "fabricgate_event_source_active",
-            "1 while the event source listens, 0 when it is off or could not be opened (then only \
-             the interval probes; see the agent log)",
-            m.active.clone(),
-        );
-        for trigger in TRIGGERS {
-            m.triggers
-                .get_or_create(&TriggerLabels { trigger })
-                .inc_by(0);
-        }
-        for s in Source::ALL {
-            let l = SourceLabels { source: s.name() };
-            m.events.get_or_create(&l).inc_by(0);
-            m.active.get_or_create(&l).set(0);
-        }
-        m
-    }
-
-    /// Count one probe under what triggered it (and log an event trigger at debug level).
-    pub fn probe_triggered(&self, trigger: &Trigger) {
-        if let Trigger::Event {
-            first,
-            count,
-            details,
-        } = trigger
-        {
-            tracing::debug!(
-                source = first.name(),
-                events = count,
-                first_events = ?details,
-                "probe triggered by kernel events"
-            );
-        }
-        self.triggers
-            .get_or_create(&TriggerLabels {
-                trigger: trigger.label(),
-            })
-            .inc();
-    }
-
-    fn received(&self, source: Source) {
-        self.events
-            .get_or_create(&SourceLabels {
-                source: source.name(),
-            })
-            .inc();
-    }
-
-    fn set_active(&self, source: Source, active: bool) {
-        self.active
-            .get_or_create(&SourceLabels {
-                source: source.name(),
-            })
-            .set(i64::from(active));
-    }
-}
 
 /// When an event-triggered probe may run: `debounce` after the first event of a burst, and
 /// at least `min_interval` after the previous event-triggered probe. Pure (times are passed
@@ -685,54 +521,5 @@ mod tests {
         // Unknown devices are ignored.
         let other = read("mlx5_99", PortState::Down, None);
         assert_eq!(fail_fast(&mut report, &[other], judge), None);
-    }
-
-    #[test]
-    fn settings_are_bounded_and_named_in_errors() {
-        let ok: EventsSettings =
-            serde_norway::from_str("enabled: false\ndebounce: 0ms\nmin_interval: 1s\n").unwrap();
-        assert!(!ok.enabled);
-        assert_eq!(ok.debounce, Duration::ZERO);
-        assert_eq!(ok.min_interval, Duration::from_secs(1));
-        let e = serde_norway::from_str::<EventsSettings>("debounce: 2s\n")
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains("events.debounce") && e.contains("out of range"),
-            "{e}"
-        );
-        let e = serde_norway::from_str::<EventsSettings>("min_interval: 1ms\n")
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("events.min_interval"), "{e}");
-        let e = serde_norway::from_str::<EventsSettings>("debounce: soon\n")
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("events.debounce"), "{e}");
-        assert!(serde_norway::from_str::<EventsSettings>("typo: 1\n").is_err());
-        assert_eq!(
-            serde_norway::from_str::<EventsSettings>("{}").unwrap(),
-            EventsSettings::default()
-        );
-    }
-
-    #[test]
-    fn metrics_start_at_zero_for_every_trigger_and_source() {
-        let mut r = Registry::default();
-        let m = EventMetrics::register(&mut r);
-        m.probe_triggered(&Trigger::Interval);
-        m.received(Source::Uevent);
-        m.set_active(Source::Netlink, true);
-        let mut text = String::new();
-        prometheus_client::encoding::text::encode(&mut text, &r).unwrap();
-        for line in [
-            "fabricgate_probe_trigger_total{trigger=\"interval\"} 1",
-            "fabricgate_probe_trigger_total{trigger=\"verbs_async\"} 0",
-            "fabricgate_events_total{source=\"uevent\"} 1",
-            "fabricgate_event_source_active{source=\"netlink\"} 1",
-            "fabricgate_event_source_active{source=\"verbs_async\"} 0",
-        ] {
-            assert!(text.lines().any(|l| l == line), "{line} not in:\n{text}");
-        }
     }
 }

@@ -17,13 +17,14 @@
 
 use axum::body::Bytes;
 use prometheus_client::registry::Registry;
+use std::borrow::Cow;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 /// The OpenMetrics terminator, written once at the very end.
 pub const EOF: &str = "# EOF\n";
 
-/// Encode `registry` in one format with its series sorted ([`crate::observe::metrics::sort_series`]),
+/// Encode `registry` in one format with its series sorted ([`sort_series`]),
 /// without the OpenMetrics `# EOF` line. Empty on an encoder error (a bug in a label value:
 /// half an exposition is worse than none).
 pub fn encode_registry(registry: &Registry, openmetrics: bool) -> String {
@@ -36,7 +37,7 @@ pub fn encode_registry(registry: &Registry, openmetrics: bool) -> String {
     if result.is_err() {
         out.clear();
     }
-    crate::observe::metrics::sort_series(&out)
+    sort_series(&out)
 }
 
 /// One format's cached exposition.
@@ -122,5 +123,94 @@ impl Cache {
         let bytes = Bytes::from(out);
         entry.served = Some((live_text, bytes.clone()));
         bytes
+    }
+}
+
+/// Order the series of every family by their labels. prometheus-client keeps a family's
+/// series in a hash map, so its order changes from scrape to scrape; a stable order keeps the
+/// golden file exact and diffs of two scrapes readable. The lines of one series (a
+/// histogram's buckets, sum and count) stay together and in their order.
+fn sort_series(text: &str) -> String {
+    /// The series' labels without `le` (a histogram's bucket lines differ only in `le`,
+    /// which the classic encoder writes last and the OpenMetrics encoder first).
+    fn series_key(line: &str) -> Cow<'_, str> {
+        let labels = line.find('{').map_or("", |open| {
+            let close = line.rfind('}').unwrap_or(line.len());
+            &line[open + 1..close]
+        });
+        let le = if labels.starts_with("le=\"") {
+            Some(0)
+        } else {
+            labels.find(",le=\"").map(|i| i + 1)
+        };
+        let Some(start) = le else {
+            return Cow::Borrowed(labels);
+        };
+        let value_start = start + 4;
+        let end = labels[value_start..]
+            .find('"')
+            .map_or(labels.len(), |i| value_start + i + 1);
+        let (before, after) = (
+            labels[..start].trim_end_matches(','),
+            labels[end..].trim_start_matches(','),
+        );
+        match (before.is_empty(), after.is_empty()) {
+            (_, true) => Cow::Borrowed(before),
+            (true, false) => Cow::Borrowed(after),
+            (false, false) => Cow::Owned(format!("{before},{after}")),
+        }
+    }
+    fn flush(out: &mut String, groups: &mut Vec<(Cow<'_, str>, Vec<&str>)>) {
+        groups.sort_by(|a, b| a.0.cmp(&b.0));
+        for (_, lines) in groups.drain(..) {
+            for l in lines {
+                out.push_str(l);
+                out.push('\n');
+            }
+        }
+    }
+    let mut out = String::with_capacity(text.len());
+    let mut groups: Vec<(Cow<'_, str>, Vec<&str>)> = Vec::new();
+    for line in text.lines() {
+        if line.starts_with('#') {
+            flush(&mut out, &mut groups);
+            out.push_str(line);
+            out.push('\n');
+            continue;
+        }
+        let key = series_key(line);
+        match groups.last_mut() {
+            Some((k, lines)) if *k == key => lines.push(line),
+            _ => groups.push((key, vec![line])),
+        }
+    }
+    flush(&mut out, &mut groups);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn series_are_sorted_by_labels_and_histogram_lines_stay_together() {
+        let text = "# TYPE a gauge\na{d=\"b\"} 2\na{d=\"a\"} 1\n# TYPE h histogram\n\
+                    h_bucket{p=\"z\",le=\"1\"} 1\nh_bucket{p=\"z\",le=\"+Inf\"} 1\n\
+                    h_sum{p=\"z\"} 1\nh_count{p=\"z\"} 1\nh_bucket{p=\"a\",le=\"1\"} 0\n\
+                    h_bucket{p=\"a\",le=\"+Inf\"} 0\nh_sum{p=\"a\"} 0\nh_count{p=\"a\"} 0\n\
+                    # TYPE u histogram\nu_bucket{le=\"5\"} 1\nu_bucket{le=\"10\"} 1\nu_sum 1\nu_count 1\n";
+        let want = "# TYPE a gauge\na{d=\"a\"} 1\na{d=\"b\"} 2\n# TYPE h histogram\n\
+                    h_bucket{p=\"a\",le=\"1\"} 0\nh_bucket{p=\"a\",le=\"+Inf\"} 0\n\
+                    h_sum{p=\"a\"} 0\nh_count{p=\"a\"} 0\nh_bucket{p=\"z\",le=\"1\"} 1\n\
+                    h_bucket{p=\"z\",le=\"+Inf\"} 1\nh_sum{p=\"z\"} 1\nh_count{p=\"z\"} 1\n\
+                    # TYPE u histogram\nu_bucket{le=\"5\"} 1\nu_bucket{le=\"10\"} 1\nu_sum 1\nu_count 1\n";
+        assert_eq!(sort_series(text), want);
+        let om = "# TYPE h histogram\nh_bucket{le=\"1\",p=\"z\"} 1\nh_bucket{le=\"+Inf\",p=\"z\"} 1\n\
+                  h_count{p=\"z\"} 1\nh_bucket{le=\"1\",p=\"a\"} 0\nh_bucket{le=\"+Inf\",p=\"a\"} 0\n\
+                  h_count{p=\"a\"} 0\n# EOF\n";
+        let want = "# TYPE h histogram\nh_bucket{le=\"1\",p=\"a\"} 0\nh_bucket{le=\"+Inf\",p=\"a\"} 0\n\
+                    h_count{p=\"a\"} 0\nh_bucket{le=\"1\",p=\"z\"} 1\nh_bucket{le=\"+Inf\",p=\"z\"} 1\n\
+                    h_count{p=\"z\"} 1\n# EOF\n";
+        assert_eq!(sort_series(om), want);
     }
 }

@@ -2,6 +2,7 @@
 //! fallback detector, the health endpoints and the hardened HTTP server that serves them.
 
 pub mod counters;
+pub mod events;
 pub mod exposition;
 pub mod fallback;
 pub mod health;

@@ -337,3 +337,37 @@ fn a_port_event_fails_fast_but_never_validates() {
     assert_eq!(j.good_streak(), 0);
     assert!(!j.probe(facts(&node(&[]))).verdict.ready);
 }
+
+#[test]
+fn a_required_finding_taints_and_names_itself_in_the_conditions() {
+    let config = Config::default();
+    let report = fabricgate_probes::ProbeReport {
+        timestamp: 0.0,
+        rdma: Default::default(),
+        storage: Default::default(),
+        netdevs: Vec::new(),
+        gpudirect: Default::default(),
+        timings: Default::default(),
+        host: Default::default(),
+    };
+    let v = crate::policy::evaluate(&report, &config);
+    let v = apply_required_finding(
+        v,
+        Finding {
+            scope: Scope::Rdma,
+            code: "PeersUnreachable",
+            message: "peers.required: ...".into(),
+        },
+        &config,
+    );
+    assert!(!v.ready);
+    assert_eq!(v.taints[0].key, "fabricgate.io/unvalidated");
+    let rdma = v
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "RDMAReady")
+        .unwrap();
+    assert_eq!(rdma.status, "False");
+    assert!(rdma.message.contains("peers.required"), "{}", rdma.message);
+    assert_eq!(v.labels["fabricgate.io/rdma.ready"], "false");
+}

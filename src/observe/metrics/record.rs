@@ -1,0 +1,444 @@
+//! Recording a probe: the verdict, port, netdev, mount and GPUDirect series, and the kernel
+//! counters behind their reset-proof accumulators.
+
+use super::{
+    DeviceLabels, ERROR_COUNTERS, EcnLabels, FindingLabels, GpuPairLabels, HW_COUNTERS, Metrics,
+    MountLabels, PortCounterLabels, PortInfoLabels, PortLabels, ProbeLabels, Readers, set_optional,
+};
+use crate::observe::counters::Monotonic;
+use crate::policy::{Scope, Verdict};
+use fabricgate_probes::ProbeReport;
+use fabricgate_probes::rdma::PortReport;
+use fabricgate_probes::storage::{MountStatus, StorageReport};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use std::collections::HashMap;
+use std::hash::Hash;
+
+/// Remember who was seen now and return the names unseen for longer than `grace`.
+fn expire(
+    seen: &mut HashMap<String, std::time::Instant>,
+    present: impl Iterator<Item = String>,
+    now: std::time::Instant,
+    grace: std::time::Duration,
+) -> Vec<String> {
+    for name in present {
+        seen.insert(name, now);
+    }
+    let gone: Vec<String> = seen
+        .iter()
+        .filter(|(_, t)| now.saturating_duration_since(**t) > grace)
+        .map(|(n, _)| n.clone())
+        .collect();
+    for n in &gone {
+        seen.remove(n);
+    }
+    gone
+}
+
+/// Drop the series (and their accumulators) whose labels `is_gone`.
+fn drop_series<L: Clone + Hash + Eq + EncodeLabelSet + std::fmt::Debug>(
+    family: &Family<L, Counter>,
+    readers: &mut HashMap<L, Monotonic>,
+    is_gone: impl Fn(&L) -> bool,
+) {
+    readers.retain(|labels, _| {
+        if is_gone(labels) {
+            family.remove(labels);
+            false
+        } else {
+            true
+        }
+    });
+}
+
+/// Add the increase of one kernel counter read to its exported counter.
+fn accumulate<L: Clone + Hash + Eq + EncodeLabelSet + std::fmt::Debug>(
+    family: &Family<L, Counter>,
+    readers: &mut HashMap<L, Monotonic>,
+    labels: L,
+    raw: u64,
+) {
+    let delta = match readers.get_mut(&labels) {
+        Some(m) => m.observe(raw),
+        None => {
+            readers.insert(labels.clone(), Monotonic::starting_at(raw));
+            raw
+        }
+    };
+    family.get_or_create(&labels).inc_by(delta);
+}
+
+impl Metrics {
+    /// Record one completed probe and its verdict; the first call makes `/readyz` answer 200.
+    ///
+    /// The fallback detector runs first, under its own lock; the metrics lock (which a scrape
+    /// also takes) is held only while the registry is updated, so a scrape never sees half a
+    /// probe and never waits for the detector.
+    pub fn record_probe(&self, report: &ProbeReport, verdict: &Verdict) {
+        let fallback = {
+            let mut fb = self.fallback.lock().unwrap_or_else(|p| p.into_inner());
+            fb.last = fb.detector.observe(report);
+            fb.last
+        };
+        let mut st = self.lock();
+        self.record_verdict(verdict);
+        let (errors_sysfs, errors_verbs) = self.record_rdma(report, &mut st);
+        let errors_netdev = self.record_netdevs(report, &mut st);
+        let errors_storage = self.record_mounts(&report.storage);
+        let t = &report.timings;
+        let verbs_ran = report.rdma.verbs.is_some();
+        for (probe, seconds, ran, errors) in [
+            ("rdma_sysfs", t.rdma_sysfs_seconds, true, errors_sysfs),
+            ("rdma_verbs", t.rdma_verbs_seconds, verbs_ran, errors_verbs),
+            ("storage", t.storage_seconds, true, errors_storage),
+            ("netdev", t.netdev_seconds, true, errors_netdev),
+            (
+                "gpudirect",
+                t.gpudirect_seconds,
+                true,
+                report.gpudirect.errors.len(),
+            ),
+        ] {
+            let l = ProbeLabels { probe };
+            if ran {
+                self.probe_duration.get_or_create(&l).observe(seconds);
+            }
+            self.families
+                .probe_errors
+                .get_or_create(&l)
+                .inc_by(u64::try_from(errors).unwrap_or(u64::MAX));
+        }
+        let f = &self.families;
+        f.last_probe_timestamp.set(report.timestamp);
+        self.record_gpudirect(report, verdict);
+
+        // Counters of a device gone for longer than the grace (renamed, removed) are dropped,
+        // so /metrics does not grow with every device name ever seen.
+        let now = std::time::Instant::now();
+        let grace = st.series_grace;
+        let gone = expire(
+            &mut st.rdma_seen,
+            report.rdma.devices.iter().map(|d| d.name.clone()),
+            now,
+            grace,
+        );
+        if !gone.is_empty() {
+            let port_gone = |l: &PortLabels| gone.contains(&l.device);
+            let counter_gone = |l: &PortCounterLabels| gone.contains(&l.device);
+            drop_series(&f.port_tx_bytes, &mut st.port_tx, port_gone);
+            drop_series(&f.port_rx_bytes, &mut st.port_rx, port_gone);
+            drop_series(&f.port_errors, &mut st.port_errors, counter_gone);
+            drop_series(&f.port_hw, &mut st.port_hw, counter_gone);
+            st.port_counters_added.retain(|l, _| !port_gone(l));
+        }
+        let gone = expire(
+            &mut st.netdev_seen,
+            report.netdevs.iter().map(|n| n.name.clone()),
+            now,
+            grace,
+        );
+        if !gone.is_empty() {
+            let dev_gone = |l: &DeviceLabels| gone.contains(&l.device);
+            drop_series(&f.netdev_rx_bytes, &mut st.netdev_rx, dev_gone);
+            drop_series(&f.netdev_tx_bytes, &mut st.netdev_tx, dev_gone);
+        }
+
+        f.fallback_suspected.set(i64::from(fallback.suspected));
+        set_optional(&f.fallback_tcp_rate, fallback.tcp_bytes_per_second);
+        set_optional(&f.fallback_rdma_rate, fallback.rdma_bytes_per_second);
+        drop(st);
+        self.health.probe_completed();
+    }
+
+    fn record_verdict(&self, verdict: &Verdict) {
+        let f = &self.families;
+        f.node_ready.set(i64::from(verdict.ready));
+        f.rdma_ready.set(i64::from(verdict.rdma.part.ready));
+        f.lustre_ready.set(i64::from(verdict.lustre.ready));
+        f.findings.clear();
+        let findings = verdict.rdma.part.findings.iter();
+        for finding in findings
+            .chain(&verdict.lustre.findings)
+            .chain(&verdict.gpudirect.part.findings)
+            .chain(&verdict.placement.findings)
+        {
+            let scope = match finding.scope {
+                Scope::Rdma => "rdma",
+                Scope::Lustre => "lustre",
+                Scope::Gpudirect => "gpudirect",
+                Scope::Placement => "placement",
+            };
+            let reason = finding.code;
+            f.findings
+                .get_or_create(&FindingLabels { scope, reason })
+                .inc();
+        }
+    }
+
+    /// Port gauges and counters; returns the errors the sysfs and verbs probes reported.
+    fn record_rdma(&self, report: &ProbeReport, st: &mut Readers) -> (usize, usize) {
+        let f = &self.families;
+        // Gauges describe the present: a port that vanished must vanish from /metrics too.
+        // Counters stay (with their accumulators) so a port that comes back continues upward.
+        for fam in [
+            &f.port_state,
+            &f.port_phys_state,
+            &f.port_up,
+            &f.selftest_ok,
+        ] {
+            fam.clear();
+        }
+        f.port_rate_gbps.clear();
+        f.port_info.clear();
+        f.selftest_latency.clear();
+        let verbs_error = |e: &Option<String>| usize::from(e.is_some());
+        let mut errors_sysfs = report.rdma.errors.len();
+        let mut errors_verbs = report
+            .rdma
+            .verbs
+            .as_ref()
+            .map_or(0, |v| verbs_error(&v.error));
+        for dev in &report.rdma.devices {
+            errors_sysfs += dev.errors.len();
+            errors_verbs += dev.verbs.as_ref().map_or(0, |v| verbs_error(&v.error));
+            for port in &dev.ports {
+                errors_sysfs += port.errors.len();
+                self.record_port(&dev.name, port, st);
+            }
+        }
+        (errors_sysfs, errors_verbs)
+    }
+
+    fn record_port(&self, device: &str, port: &PortReport, st: &mut Readers) {
+        let f = &self.families;
+        let labels = PortLabels {
+            device: device.to_owned(),
+            port: port.port,
+        };
+        if let Some(s) = port.state {
+            f.port_state.get_or_create(&labels).set(i64::from(s.code()));
+        }
+        if let Some(s) = port.phys_state {
+            f.port_phys_state
+                .get_or_create(&labels)
+                .set(i64::from(s.code()));
+        }
+        if let Some(rate) = &port.rate {
+            f.port_rate_gbps.get_or_create(&labels).set(rate.gbps);
+        }
+        f.port_up
+            .get_or_create(&labels)
+            .set(i64::from(port.is_up()));
+        if let Some(sel) = &port.selftest {
+            f.selftest_ok.get_or_create(&labels).set(i64::from(sel.ok));
+            if let Some(us) = sel.latency_us.filter(|_| sel.ok) {
+                f.selftest_latency.get_or_create(&labels).set(us / 1e6);
+            }
+        }
+        f.port_info
+            .get_or_create(&PortInfoLabels {
+                device: device.to_owned(),
+                port: port.port,
+                link_layer: port
+                    .link_layer
+                    .as_ref()
+                    .map_or_else(String::new, |l| l.name().to_owned()),
+                netdev: port.netdevs().join(","),
+            })
+            .set(1);
+        if let Some(read_at) = port.counters_timestamp {
+            match st.port_counters_added.get_mut(&labels) {
+                Some(added) if *added == read_at => return,
+                Some(added) => *added = read_at,
+                None => {
+                    st.port_counters_added.insert(labels.clone(), read_at);
+                }
+            }
+        }
+        if let Some(b) = port.transmit_bytes() {
+            accumulate(&f.port_tx_bytes, &mut st.port_tx, labels.clone(), b);
+        }
+        if let Some(b) = port.receive_bytes() {
+            accumulate(&f.port_rx_bytes, &mut st.port_rx, labels, b);
+        }
+        // The port error counters and the driver's hw_counters: one loop, two tables.
+        for (names, values, family, readers) in [
+            (
+                ERROR_COUNTERS,
+                &port.counters,
+                &f.port_errors,
+                &mut st.port_errors,
+            ),
+            (HW_COUNTERS, &port.hw_counters, &f.port_hw, &mut st.port_hw),
+        ] {
+            for &counter in names {
+                if let Some(&v) = values.get(counter) {
+                    let l = PortCounterLabels {
+                        device: device.to_owned(),
+                        port: port.port,
+                        counter,
+                    };
+                    accumulate(family, readers, l, v);
+                }
+            }
+        }
+    }
+
+    /// Netdev byte counters; returns the errors the netdev probe reported.
+    fn record_netdevs(&self, report: &ProbeReport, st: &mut Readers) -> usize {
+        let f = &self.families;
+        let mut errors = 0;
+        for nd in &report.netdevs {
+            errors += nd.errors.len();
+            let l = DeviceLabels {
+                device: nd.name.clone(),
+            };
+            if let Some(b) = nd.rx_bytes {
+                accumulate(&f.netdev_rx_bytes, &mut st.netdev_rx, l.clone(), b);
+            }
+            if let Some(b) = nd.tx_bytes {
+                accumulate(&f.netdev_tx_bytes, &mut st.netdev_tx, l, b);
+            }
+        }
+        errors
+    }
+
+    /// Mount gauges (cleared first: an unmounted path disappears); returns the storage errors.
+    fn record_mounts(&self, storage: &StorageReport) -> usize {
+        let f = &self.families;
+        for fam in [
+            &f.mount_up,
+            &f.mount_hung,
+            &f.mount_free_bytes,
+            &f.mount_available_bytes,
+            &f.mount_free_inodes,
+        ] {
+            fam.clear();
+        }
+        f.mount_statfs_seconds.clear();
+        let (mounts, errors) = mount_samples(storage);
+        let as_gauge = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        for m in mounts {
+            let l = MountLabels { mount: m.mount };
+            f.mount_up.get_or_create(&l).set(i64::from(m.up));
+            f.mount_hung.get_or_create(&l).set(i64::from(m.hung));
+            if let Some(s) = m.statfs_seconds {
+                f.mount_statfs_seconds.get_or_create(&l).set(s);
+            }
+            for (family, value) in [
+                (&f.mount_free_bytes, m.free_bytes),
+                (&f.mount_available_bytes, m.available_bytes),
+                (&f.mount_free_inodes, m.free_inodes),
+            ] {
+                if let Some(v) = value {
+                    family.get_or_create(&l).set(as_gauge(v));
+                }
+            }
+        }
+        errors
+    }
+
+    fn record_gpudirect(&self, report: &ProbeReport, verdict: &Verdict) {
+        let f = &self.families;
+        let gd = &report.gpudirect;
+        f.gpudirect_ready
+            .set(i64::from(verdict.gpudirect.part.ready));
+        f.gpudirect_gpus
+            .set(i64::try_from(gd.gpus.len()).unwrap_or(i64::MAX));
+        f.gpudirect_pair_relation.clear();
+        for p in &gd.pairs {
+            f.gpudirect_pair_relation
+                .get_or_create(&GpuPairLabels {
+                    gpu: p.gpu.clone(),
+                    hca: p.hca.clone(),
+                    relation: p.relation.name(),
+                    numa: p.numa.map_or(String::new(), |n| n.to_string()),
+                })
+                .set(i64::from(p.relation.rank()));
+        }
+        set_optional(
+            &f.gpudirect_worst_relation,
+            gd.worst_relation.map(|r| f64::from(r.rank())),
+        );
+        let redirecting: std::collections::BTreeSet<&str> = gd
+            .pairs
+            .iter()
+            .flat_map(|p| p.redirecting_bridges())
+            .map(|b| b.address.as_str())
+            .collect();
+        f.gpudirect_acs_redirect_bridges
+            .set(i64::try_from(redirecting.len()).unwrap_or(i64::MAX));
+        f.gpudirect_peer_memory.set(i64::from(gd.peermem.usable()));
+        f.port_active_mtu.clear();
+        f.port_ecn_enabled.clear();
+        for t in &gd.transport {
+            if let Some(mtu) = t.active_mtu {
+                f.port_active_mtu
+                    .get_or_create(&PortLabels {
+                        device: t.device.clone(),
+                        port: t.port,
+                    })
+                    .set(i64::from(mtu));
+            }
+            let Some(ecn) = &t.ecn else { continue };
+            for (point, map) in [("np", &ecn.np), ("rp", &ecn.rp)] {
+                if let Some(on) = map.get(&self.ecn_priority) {
+                    f.port_ecn_enabled
+                        .get_or_create(&EcnLabels {
+                            device: t.device.clone(),
+                            port: t.port,
+                            point,
+                        })
+                        .set(i64::from(*on));
+                }
+            }
+        }
+    }
+}
+
+/// What the metrics need of one checked mount.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MountSample {
+    pub mount: String,
+    pub up: bool,
+    pub hung: bool,
+    pub statfs_seconds: Option<f64>,
+    pub free_bytes: Option<u64>,
+    pub available_bytes: Option<u64>,
+    pub free_inodes: Option<u64>,
+}
+
+/// The per-mount figures of a storage report, and the number of storage errors (problems
+/// not tied to one mount, Lustre client errors, and mounts whose statfs failed).
+pub fn mount_samples(report: &StorageReport) -> (Vec<MountSample>, usize) {
+    let samples = report
+        .mounts
+        .iter()
+        .map(|m| {
+            let capacity = m.capacity.as_ref();
+            MountSample {
+                mount: m.path.clone(),
+                up: !matches!(
+                    m.status,
+                    MountStatus::Missing | MountStatus::Hung | MountStatus::Error
+                ),
+                hung: m.status == MountStatus::Hung,
+                statfs_seconds: m.statfs_seconds,
+                free_bytes: capacity.map(|c| c.free_bytes),
+                available_bytes: capacity.map(|c| c.available_bytes),
+                free_inodes: capacity.and_then(|c| c.free_inodes),
+            }
+        })
+        .collect();
+    let failed = report
+        .mounts
+        .iter()
+        .filter(|m| m.status == MountStatus::Error)
+        .count();
+    (
+        samples,
+        report.errors.len() + report.client.errors.len() + failed,
+    )
+}
