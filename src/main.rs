@@ -46,7 +46,7 @@ fn run_check(args: &CheckArgs) -> anyhow::Result<u8> {
         Format::Table => check::to_table(&report, &verdict),
     };
     write_stdout(&text)?;
-    Ok(check::exit_code(&report, &verdict))
+    Ok(policy::exit_code(&report, &verdict))
 }
 
 /// Write the whole output; a reader that went away (`| head -c1`) is not an error: the exit

@@ -291,14 +291,3 @@ fn device_rows(devices: &[DeviceReport]) -> Vec<Vec<String>> {
     }
     rows
 }
-
-/// Exit code for a completed check: 3 when nothing could be probed at all.
-pub fn exit_code(report: &ProbeReport, verdict: &Verdict) -> u8 {
-    if verdict.ready {
-        crate::EXIT_VALIDATED
-    } else if report.rdma.devices.is_empty() && !report.rdma.errors.is_empty() {
-        crate::EXIT_CANNOT_PROBE
-    } else {
-        crate::EXIT_NOT_VALIDATED
-    }
-}

@@ -243,7 +243,7 @@ pub fn run(roots: &Roots, probe: ProbeConfig, config: &Config, opts: &Options) -
 
     let exit_code = if problems.is_empty() {
         crate::EXIT_VALIDATED
-    } else if crate::agent::check::exit_code(&report, &verdict) == crate::EXIT_CANNOT_PROBE
+    } else if crate::policy::exit_code(&report, &verdict) == crate::EXIT_CANNOT_PROBE
         && !all_missing
     {
         crate::EXIT_CANNOT_PROBE

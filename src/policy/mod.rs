@@ -367,3 +367,14 @@ fn condition(type_: &str, ready: bool, ok_reason: &str, parts: &[&PartVerdict]) 
         message,
     }
 }
+
+/// Exit code of a completed `check` (and of preflight's verdict): 3 when nothing could be probed at all.
+pub fn exit_code(report: &ProbeReport, verdict: &Verdict) -> u8 {
+    if verdict.ready {
+        crate::EXIT_VALIDATED
+    } else if report.rdma.devices.is_empty() && !report.rdma.errors.is_empty() {
+        crate::EXIT_CANNOT_PROBE
+    } else {
+        crate::EXIT_NOT_VALIDATED
+    }
+}
