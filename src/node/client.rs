@@ -32,7 +32,9 @@ pub(super) const WATCH_TIMEOUT_SECS: u32 = 290;
 /// long-lived watch of its own Node.
 pub struct Clients {
     pub requests: kube::Client,
-    /// `None`: no watch; the Node is re-read every resync interval instead.
+    /// For `kube::runtime::watcher`: its watch requests go to a connection whose read timeout
+    /// is above [`WATCH_TIMEOUT_SECS`], its lists through `requests`. `None`: no watch; the
+    /// Node is re-read every resync interval instead.
     pub watch: Option<kube::Client>,
 }
 
@@ -80,8 +82,47 @@ pub fn clients_from(mut config: kube::Config, retry_after: RetryAfter) -> Result
             message: format!("cannot build the Kubernetes client: {e}"),
         })
     };
+    let requests = build(config)?.with_layer(&layer).build();
+    let watch = watch_or_list(build(watch_config)?.build(), requests.clone());
     Ok(Clients {
-        requests: build(config)?.with_layer(&layer).build(),
-        watch: Some(build(watch_config)?.build()),
+        requests,
+        watch: Some(watch),
     })
+}
+
+/// One client for a watcher that sends its watch requests through `watches` and everything
+/// else (its lists) through `lists`: a list keeps the short timeouts of ordinary requests.
+fn watch_or_list(watches: kube::Client, lists: kube::Client) -> kube::Client {
+    let namespace = watches.default_namespace().to_owned();
+    let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
+        let client = if is_watch(req.uri()) {
+            watches.clone()
+        } else {
+            lists.clone()
+        };
+        async move { client.send(req).await }
+    });
+    kube::Client::new(service, namespace)
+}
+
+/// A watch request (`?watch=true`), not a list.
+pub(crate) fn is_watch(uri: &http::Uri) -> bool {
+    uri.query()
+        .is_some_and(|q| q.split('&').any(|kv| kv == "watch=true" || kv == "watch=1"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_watch;
+
+    #[test]
+    fn watch_requests_are_told_from_lists_by_their_query() {
+        let uri = |s: &str| s.parse::<http::Uri>().unwrap();
+        assert!(is_watch(&uri(
+            "/api/v1/nodes?&watch=true&timeoutSeconds=290&allowWatchBookmarks=true"
+        )));
+        assert!(!is_watch(&uri("/api/v1/nodes?&resourceVersion=0")));
+        assert!(!is_watch(&uri("/api/v1/nodes")));
+        assert!(!is_watch(&uri("/api/v1/nodes?labelSelector=watch%3Dtrue")));
+    }
 }
