@@ -17,10 +17,12 @@ mod plan;
 mod reconciler;
 mod watch;
 
+pub(crate) use client::is_watch;
 pub use client::{Clients, RetryAfter, client, clients_from};
 pub use plan::{Plan, Transition, owned_labels, plan};
 pub(crate) use reconciler::patch_taints;
 pub use reconciler::{Outcome, Reconciler};
+pub(crate) use watch::WatchBackoff;
 pub use watch::watch_node;
 
 /// Field manager of every write, and the owner name `kubectl get node -o yaml

@@ -6,12 +6,13 @@
 //! reads only what the kubelet already reports (pod readiness), writes only when it taints,
 //! and it is subject to the same blast-radius breaker as the agent.
 //!
-//! The leader keeps a local cache of the pool's Nodes and the agent pods: one LIST of each
-//! (from the watch cache) when it takes the Lease, then a WATCH of each from the list's
-//! resourceVersion (with bookmarks), resumed from the last version seen when a watch ends and
-//! listed again only on `410 Gone`. `sweep` judges that cache on every change, at the next
-//! `--stale-after` deadline and every `--poll-interval`, with no API reads. A replica that does
-//! not hold the Lease keeps no watches.
+//! The leader keeps a local cache of the pool's Nodes and the agent pods (two
+//! `kube::runtime` reflector stores, fed by `watcher` streams): one LIST of each (from the
+//! watch cache) when it takes the Lease, then a WATCH of each from the list's resourceVersion
+//! (with bookmarks), resumed from the last version seen when a watch ends and listed again
+//! only on `410 Gone`. `sweep` judges that cache on every change, at the next `--stale-after`
+//! deadline and every `--poll-interval`, with no API reads. A replica that does not hold the
+//! Lease keeps no watches.
 
 mod cache;
 mod lease;
@@ -20,6 +21,7 @@ mod watch;
 
 use crate::config::Config;
 use crate::error::{Error, Result};
+use futures::FutureExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
@@ -53,8 +55,6 @@ pub struct GuardSettings {
 const WATCH_TIMEOUT_SECS: u32 = 290;
 /// Least time between two sweeps triggered by cache changes.
 const MIN_SWEEP_GAP: Duration = Duration::from_millis(100);
-/// First wait after a failed list or watch; doubled per failure up to [`max_backoff`].
-const FIRST_BACKOFF: Duration = Duration::from_millis(200);
 
 /// Longest wait between retries of a failed list or watch: `--poll-interval`, within 1–30 s.
 fn max_backoff(s: &GuardSettings) -> Duration {
@@ -62,9 +62,9 @@ fn max_backoff(s: &GuardSettings) -> Duration {
         .clamp(Duration::from_secs(1), Duration::from_secs(30))
 }
 
-/// Run the guard until `shutdown` completes. `requests` serves the Lease, the lists and the
-/// writes; `watch` (a client with a read timeout above [`WATCH_TIMEOUT_SECS`]) the leader's
-/// two watches.
+/// Run the guard until `shutdown` completes. `requests` serves the Lease and the writes;
+/// `watch` (`node::Clients::watch`: watch requests with a read timeout above
+/// [`WATCH_TIMEOUT_SECS`], lists with the short ones) the leader's two watchers.
 ///
 /// # Errors
 /// [`Error::Usage`] when `node.pool_selector` is empty (the guard must know the pool).
@@ -125,7 +125,7 @@ pub async fn run(
                 let keep = leading
                     || last_renewed.is_some_and(|t| t.elapsed() < s.lease_duration);
                 if keep && watched.is_none() {
-                    watched = Some(Watched::start(&requests, &watch, &s));
+                    watched = Some(Watched::start(&watch, &s));
                 } else if !keep && watched.take().is_some() {
                     tracing::info!("not leading: watches stopped, cache dropped");
                 }
@@ -151,7 +151,8 @@ pub async fn run(
             Some(update) = next_update(&mut watched) => {
                 let Some(w) = &mut watched else { continue };
                 w.cache.apply(update);
-                while let Ok(more) = w.rx.try_recv() {
+                // What is ready already joins this burst (a list's objects, events queued).
+                while let Some(more) = w.next().now_or_never() {
                     w.cache.apply(more);
                 }
                 changed = true;

@@ -12,9 +12,9 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 /// Why a Node's agent counts as not running, or `None` when its pod is Ready.
-pub fn agent_problem(node: &str, pods: &[Pod]) -> Option<String> {
+pub fn agent_problem<'a>(node: &str, pods: impl IntoIterator<Item = &'a Pod>) -> Option<String> {
     let on_node: Vec<&Pod> = pods
-        .iter()
+        .into_iter()
         .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
         .filter(|p| p.metadata.deletion_timestamp.is_none())
         .collect();
@@ -47,15 +47,19 @@ pub(super) async fn sweep(
     since: &mut HashMap<String, Instant>,
     wrote: &mut Vec<Node>,
 ) -> Result<()> {
-    let pool = &cache.nodes;
+    let pool = cache.nodes();
+    let pods = cache.pods_by_node();
     let key = s.config.node.taint_key();
     let now = Instant::now();
-    since.retain(|n, _| cache.node_at.contains_key(n));
-    for node in pool {
+    since.retain(|n, _| cache.has_node(n));
+    // The pool as `count_pool` takes it, copied out of the store only when a taint is due.
+    let mut counted_pool: Option<Vec<Node>> = None;
+    for node in &pool {
         let Some(name) = node.metadata.name.clone() else {
             continue;
         };
-        let Some(problem) = agent_problem(&name, cache.pods_on(&name)) else {
+        let on_node = pods.get(&name).into_iter().flatten().map(AsRef::as_ref);
+        let Some(problem) = agent_problem(&name, on_node) else {
             since.remove(&name);
             continue;
         };
@@ -73,8 +77,10 @@ pub(super) async fn sweep(
         }
         let (annotation, overridden) =
             failclosed::breaker_override(node, &s.config.node.label_prefix);
+        let pool_now =
+            counted_pool.get_or_insert_with(|| pool.iter().map(|n| Node::clone(n)).collect());
         let counted = failclosed::count_pool(
-            pool,
+            pool_now,
             &name,
             &key,
             s.config.node.breaker.window,

@@ -1,11 +1,14 @@
 //! Unit tests of the cache and of what counts as a missing agent.
 
-use super::cache::Cache;
+use super::cache::{Cache, slim_node, slim_pod};
 use super::sweep::agent_problem;
-use super::watch::{Change, Update};
-use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::api::core::v1::{PodCondition, PodSpec, PodStatus};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use super::watch::Update;
+use k8s_openapi::api::core::v1::{
+    ContainerImage, Node, NodeSpec, NodeStatus, Pod, PodCondition, PodSpec, PodStatus, Taint,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, ObjectMeta};
+use kube::runtime::watcher::{Error, Event};
+use std::sync::Arc;
 
 fn pod(node: &str, ready: bool) -> Pod {
     Pod {
@@ -35,9 +38,9 @@ fn node(name: &str, rv: &str, tainted: bool) -> Node {
             resource_version: Some(rv.into()),
             ..ObjectMeta::default()
         },
-        spec: Some(k8s_openapi::api::core::v1::NodeSpec {
+        spec: Some(NodeSpec {
             taints: tainted.then(|| {
-                vec![k8s_openapi::api::core::v1::Taint {
+                vec![Taint {
                     key: "fabricgate.io/unvalidated".into(),
                     effect: "NoSchedule".into(),
                     ..Default::default()
@@ -49,56 +52,121 @@ fn node(name: &str, rv: &str, tainted: bool) -> Node {
     }
 }
 
+/// A completed list of `nodes`, as the watcher reports it.
+fn list_nodes(c: &mut Cache, nodes: Vec<Node>) {
+    c.apply(Update::Node(Ok(Event::Init)));
+    for n in nodes {
+        c.apply(Update::Node(Ok(Event::InitApply(n))));
+    }
+    c.apply(Update::Node(Ok(Event::InitDone)));
+}
+
+fn list_pods(c: &mut Cache, pods: Vec<Pod>) {
+    c.apply(Update::Pod(Ok(Event::Init)));
+    for p in pods {
+        c.apply(Update::Pod(Ok(Event::InitApply(p))));
+    }
+    c.apply(Update::Pod(Ok(Event::InitDone)));
+}
+
+fn applied(c: &mut Cache, n: Node) {
+    c.apply(Update::Node(Ok(Event::Apply(n))));
+}
+
+/// A watch that broke (the connection dropped mid-stream).
+fn broke() -> Error {
+    Error::WatchFailed(kube::Error::LinesCodecMaxLineLengthExceeded)
+}
+
 fn names(cache: &Cache) -> Vec<String> {
-    let mut v: Vec<String> = cache
-        .nodes
+    cache
+        .nodes()
         .iter()
         .filter_map(|n| n.metadata.name.clone())
-        .collect();
-    v.sort();
-    v
+        .collect()
 }
 
 fn rv_of(cache: &Cache, name: &str) -> Option<String> {
-    let i = *cache.node_at.get(name)?;
-    cache.nodes[i].metadata.resource_version.clone()
+    cache
+        .nodes()
+        .iter()
+        .find(|n| n.metadata.name.as_deref() == Some(name))
+        .and_then(|n| n.metadata.resource_version.clone())
+}
+
+fn problem(c: &Cache, node: &str) -> Option<String> {
+    let pods = c.pods_by_node();
+    agent_problem(node, pods.get(node).into_iter().flatten().map(Arc::as_ref))
 }
 
 #[test]
 fn the_cache_follows_lists_and_watch_events_and_is_ready_only_while_both_watches_are_up() {
     let mut c = Cache::default();
     assert!(!c.ready());
-    c.apply(Update::Node(Change::Listed(vec![
-        node("a", "1", false),
-        node("b", "1", false),
-        node("c", "1", false),
-    ])));
+    list_nodes(
+        &mut c,
+        vec![
+            node("c", "1", false),
+            node("a", "1", false),
+            node("b", "1", false),
+        ],
+    );
     assert!(!c.ready(), "the pods are not listed yet");
-    c.apply(Update::Pod(Change::Listed(vec![pod("a", true)])));
+    list_pods(&mut c, vec![pod("a", true)]);
     assert!(c.ready());
-    // A delete in the middle keeps every other Node findable (swap_remove).
-    c.apply(Update::Node(Change::Deleted(Box::new(node(
-        "a", "2", false,
-    )))));
+    assert_eq!(
+        names(&c),
+        ["a", "b", "c"],
+        "in the order the apiserver lists"
+    );
+    c.apply(Update::Node(Ok(Event::Delete(node("a", "2", false)))));
     assert_eq!(names(&c), ["b", "c"]);
-    for n in ["b", "c"] {
-        assert_eq!(c.nodes[c.node_at[n]].metadata.name.as_deref(), Some(n));
-    }
-    c.apply(Update::Node(Change::Applied(Box::new(node(
-        "d", "3", false,
-    )))));
-    c.apply(Update::Node(Change::Applied(Box::new(node(
-        "b", "4", true,
-    )))));
+    assert!(!c.has_node("a") && c.has_node("b"));
+    applied(&mut c, node("d", "3", false));
+    applied(&mut c, node("b", "4", true));
     assert_eq!(names(&c), ["b", "c", "d"]);
     assert_eq!(rv_of(&c, "b").as_deref(), Some("4"));
-    c.apply(Update::Pod(Change::Down));
+
+    // A broken watch: no sweeps on what may be stale, until the watch is accepted again
+    // (quietly: nothing changed meanwhile) or shows an event.
+    c.apply(Update::Pod(Err(broke())));
     assert!(!c.ready(), "a broken watch: no sweeps on what may be stale");
-    c.apply(Update::Pod(Change::Up));
+    c.apply(Update::PodsWatching);
     assert!(c.ready());
-    // A relist replaces everything.
-    c.apply(Update::Node(Change::Listed(vec![node("z", "9", false)])));
+    c.apply(Update::Node(Err(broke())));
+    assert!(!c.ready());
+    applied(&mut c, node("c", "5", false));
+    assert!(c.ready(), "an event shows the watch is live");
+
+    // A relist: the old state serves until the list is complete, then it is replaced.
+    c.apply(Update::Node(Ok(Event::Init)));
+    c.apply(Update::Node(Ok(Event::InitApply(node("z", "9", false)))));
+    assert_eq!(names(&c), ["b", "c", "d"]);
+    c.apply(Update::Node(Ok(Event::InitDone)));
     assert_eq!(names(&c), ["z"]);
+    assert!(c.ready());
+}
+
+#[test]
+fn an_expired_version_relists_without_stopping_the_sweeps_and_a_failed_list_stops_them() {
+    let mut c = Cache::default();
+    list_nodes(&mut c, vec![node("a", "1", false)]);
+    list_pods(&mut c, vec![pod("a", true)]);
+    let gone = kube::core::Status::failure("too old resource version", "Expired").with_code(410);
+    c.apply(Update::Node(Err(Error::WatchError(Box::new(gone)))));
+    assert!(
+        c.ready(),
+        "410: the cache serves while the watcher lists again"
+    );
+    c.apply(Update::Node(Ok(Event::Init)));
+    let refused = kube::Error::LinesCodecMaxLineLengthExceeded;
+    c.apply(Update::Node(Err(Error::InitialListFailed(refused))));
+    assert!(!c.ready());
+    // Accepting a watch does not count while the list is still due.
+    c.apply(Update::NodesWatching);
+    assert!(!c.ready());
+    list_nodes(&mut c, vec![node("a", "2", false)]);
+    assert!(c.ready());
 }
 
 #[test]
@@ -106,53 +174,74 @@ fn pods_are_found_by_the_node_they_are_bound_to() {
     let mut c = Cache::default();
     let mut unbound = pod("x", false);
     unbound.spec = Some(PodSpec::default());
-    c.apply(Update::Pod(Change::Listed(vec![unbound, pod("b", true)])));
-    assert!(c.pods_on("x").is_empty());
-    assert_eq!(agent_problem("b", c.pods_on("b")), None);
+    list_pods(&mut c, vec![unbound, pod("b", true)]);
+    assert!(c.pods_by_node().get("x").is_none());
+    assert_eq!(problem(&c, "b"), None);
     // Bound to x now, then not Ready, then gone.
-    c.apply(Update::Pod(Change::Applied(Box::new(pod("x", true)))));
-    assert_eq!(agent_problem("x", c.pods_on("x")), None);
-    assert_eq!(c.pods.get("").map(Vec::len), None, "moved, not copied");
-    c.apply(Update::Pod(Change::Applied(Box::new(pod("x", false)))));
-    assert!(
-        agent_problem("x", c.pods_on("x"))
-            .unwrap()
-            .contains("not Ready")
+    c.apply(Update::Pod(Ok(Event::Apply(pod("x", true)))));
+    assert_eq!(problem(&c, "x"), None);
+    assert_eq!(
+        c.pods_by_node().get("").map(Vec::len),
+        None,
+        "moved, not copied"
     );
-    c.apply(Update::Pod(Change::Deleted(Box::new(pod("x", false)))));
+    c.apply(Update::Pod(Ok(Event::Apply(pod("x", false)))));
+    assert!(problem(&c, "x").unwrap().contains("not Ready"));
+    c.apply(Update::Pod(Ok(Event::Delete(pod("x", false)))));
     assert!(
-        agent_problem("x", c.pods_on("x"))
+        problem(&c, "x")
             .unwrap()
             .contains("no fabricgate agent pod")
     );
-    assert_eq!(c.pods_on("b").len(), 1);
+    assert_eq!(c.pods_by_node().get("b").map(Vec::len), Some(1));
 }
 
 #[test]
 fn after_its_own_write_the_cache_ignores_older_versions_until_the_watch_echoes_it() {
     let mut c = Cache::default();
-    c.apply(Update::Node(Change::Listed(vec![node("a", "5", false)])));
+    list_nodes(&mut c, vec![node("a", "5", false)]);
     c.wrote(node("a", "8", true));
     // The watch is still delivering versions older than the write: ignored.
-    c.apply(Update::Node(Change::Applied(Box::new(node(
-        "a", "6", false,
-    )))));
+    applied(&mut c, node("a", "6", false));
     assert_eq!(rv_of(&c, "a").as_deref(), Some("8"));
     // The echo of the write, then anyone's later change, are taken.
-    c.apply(Update::Node(Change::Applied(Box::new(node(
-        "a", "8", true,
-    )))));
-    c.apply(Update::Node(Change::Applied(Box::new(node(
-        "a", "9", false,
-    )))));
+    applied(&mut c, node("a", "8", true));
+    applied(&mut c, node("a", "9", false));
     assert_eq!(rv_of(&c, "a").as_deref(), Some("9"));
     // A relist forgets what was awaited.
     c.wrote(node("a", "12", true));
-    c.apply(Update::Node(Change::Listed(vec![node("a", "11", false)])));
-    c.apply(Update::Node(Change::Applied(Box::new(node(
-        "a", "13", false,
-    )))));
+    list_nodes(&mut c, vec![node("a", "11", false)]);
+    applied(&mut c, node("a", "13", false));
     assert_eq!(rv_of(&c, "a").as_deref(), Some("13"));
+}
+
+#[test]
+fn cached_objects_keep_only_what_the_guard_reads() {
+    let mut n = node("a", "1", true);
+    n.metadata.managed_fields = Some(vec![ManagedFieldsEntry::default()]);
+    n.status = Some(NodeStatus {
+        images: Some(vec![ContainerImage::default()]),
+        ..NodeStatus::default()
+    });
+    slim_node(&mut n);
+    assert_eq!(n.metadata.managed_fields, None);
+    assert_eq!(n.status.and_then(|s| s.images), None);
+    assert!(n.spec.and_then(|s| s.taints).is_some(), "taints kept");
+
+    let mut p = pod("a", true);
+    p.metadata.managed_fields = Some(vec![ManagedFieldsEntry::default()]);
+    if let Some(spec) = p.spec.as_mut() {
+        spec.service_account_name = Some("sa".into());
+    }
+    slim_pod(&mut p);
+    assert_eq!(p.metadata.managed_fields, None);
+    let spec = p.spec.unwrap_or_default();
+    assert_eq!(spec.node_name.as_deref(), Some("a"));
+    assert_eq!(spec.service_account_name, None);
+    assert!(
+        p.status.and_then(|s| s.conditions).is_some(),
+        "conditions kept"
+    );
 }
 
 #[test]

@@ -1,78 +1,87 @@
-//! The leader's two watches (the pool's Nodes, the agent pods) and what they report.
+//! The leader's two watches (the pool's Nodes, the agent pods): `kube::runtime::watcher`
+//! streams, polled by the guard's loop, that feed the [`Cache`].
 
-use super::cache::Cache;
+use super::cache::{Cache, slim_node, slim_pod};
 use super::sweep::sweep;
-use super::{FIRST_BACKOFF, GuardSettings, WATCH_TIMEOUT_SECS, max_backoff};
+use super::{GuardSettings, WATCH_TIMEOUT_SECS, max_backoff};
+use crate::node::{WatchBackoff, is_watch};
+use futures::StreamExt;
+use futures::stream::BoxStream;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Api, ListParams, WatchEvent, WatchParams};
+use kube::api::Api;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event, watcher};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
-use tokio::sync::mpsc;
+use tokio::sync::watch as signal;
+
+/// One watch's events, slimmed and with the backoff applied.
+type Events<K> = BoxStream<'static, watcher::Result<Event<K>>>;
 
 /// The next change from the leader's watches; never, while there are none.
 pub(super) async fn next_update(watched: &mut Option<Watched>) -> Option<Update> {
     match watched {
-        Some(w) => w.rx.recv().await,
+        Some(w) => Some(w.next().await),
         None => std::future::pending().await,
     }
 }
 
-/// What one of the leader's watches reports.
-#[derive(Debug)]
-pub(super) enum Change<K> {
-    /// A fresh LIST: everything there is (replaces the cache).
-    Listed(Vec<K>),
-    Applied(Box<K>),
-    Deleted(Box<K>),
-    /// The watch is established (again): the cache follows the server.
-    Up,
-    /// The watch broke or cannot be established: the cache may be behind.
-    Down,
-}
-
+/// What the leader's watches report.
 #[derive(Debug)]
 pub(super) enum Update {
-    Node(Change<Node>),
-    Pod(Change<Pod>),
+    Node(watcher::Result<Event<Node>>),
+    Pod(watcher::Result<Event<Pod>>),
+    /// The server accepted a watch request (again): after an error, the cache follows it
+    /// again even while nothing changes (a watch that resumes quietly yields no event).
+    NodesWatching,
+    PodsWatching,
 }
 
 /// The leader's two watches and the cache they feed. Dropping it stops the watches.
 pub(super) struct Watched {
-    pub(super) rx: mpsc::Receiver<Update>,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
+    nodes: Events<Node>,
+    pods: Events<Pod>,
+    nodes_watching: signal::Receiver<u64>,
+    pods_watching: signal::Receiver<u64>,
     pub(super) cache: Cache,
 }
 
 impl Watched {
-    pub(super) fn start(
-        requests: &kube::Client,
-        watch: &kube::Client,
-        s: &GuardSettings,
-    ) -> Watched {
-        let (tx, rx) = mpsc::channel(1024);
+    /// Start both watches on `watch` (its lists with short timeouts, its watches with a read
+    /// timeout above [`WATCH_TIMEOUT_SECS`]: `node::clients_from` builds it so).
+    pub(super) fn start(watch: &kube::Client, s: &GuardSettings) -> Watched {
         let backoff = max_backoff(s);
-        let nodes = tokio::spawn(reflect(
-            Api::<Node>::all(requests.clone()),
-            Api::<Node>::all(watch.clone()),
-            s.config.node.pool_selector.clone(),
-            "the pool's Nodes",
-            tx.clone(),
-            Update::Node,
-            backoff,
-        ));
-        let pods = tokio::spawn(reflect(
-            Api::<Pod>::namespaced(requests.clone(), &s.namespace),
-            Api::<Pod>::namespaced(watch.clone(), &s.namespace),
-            s.pod_selector.clone(),
-            "the agent pods",
-            tx,
-            Update::Pod,
-            backoff,
-        ));
+        let (nodes_client, nodes_watching) = signalling(watch);
+        let (pods_client, pods_watching) = signalling(watch);
         Watched {
-            rx,
-            tasks: vec![nodes, pods],
+            nodes: events(
+                Api::all(nodes_client),
+                &s.config.node.pool_selector,
+                backoff,
+                slim_node,
+            ),
+            pods: events(
+                Api::namespaced(pods_client, &s.namespace),
+                &s.pod_selector,
+                backoff,
+                slim_pod,
+            ),
+            nodes_watching,
+            pods_watching,
             cache: Cache::default(),
+        }
+    }
+
+    /// The next event of either watch. Cancel-safe: the watchers keep their state (and any
+    /// request in flight) in their streams, not in this future.
+    pub(super) async fn next(&mut self) -> Update {
+        tokio::select! {
+            Some(e) = self.nodes.next() => Update::Node(e),
+            Some(e) = self.pods.next() => Update::Pod(e),
+            Ok(()) = self.nodes_watching.changed() => Update::NodesWatching,
+            Ok(()) = self.pods_watching.changed() => Update::PodsWatching,
+            // A watcher's stream does not end; should both, there is nothing left to wait for.
+            else => std::future::pending().await,
         }
     }
 
@@ -97,137 +106,46 @@ impl Watched {
     }
 }
 
-impl Drop for Watched {
-    fn drop(&mut self) {
-        for t in &self.tasks {
-            t.abort();
-        }
-    }
-}
-
-/// LIST `selector` once (from the watch cache), then WATCH from the list's resourceVersion
-/// with bookmarks, resuming from the last version seen when a watch ends or breaks, and
-/// listing again only on `410 Gone`. Failures back off from [`FIRST_BACKOFF`], doubling up to
-/// `max_backoff`. Ends when `tx` is closed.
-async fn reflect<K>(
-    lists: Api<K>,
-    watches: Api<K>,
-    selector: String,
-    what: &'static str,
-    tx: mpsc::Sender<Update>,
-    wrap: fn(Change<K>) -> Update,
-    max_backoff: Duration,
-) where
+/// LIST `selector` once (from the watch cache, unpaged), then WATCH from the list's
+/// resourceVersion with bookmarks, resuming from the last version seen when a watch ends or
+/// breaks, and listing again only on `410 Gone`; failures back off ([`WatchBackoff`], up to
+/// `max_backoff`). Each object is slimmed before it reaches the cache.
+fn events<K>(api: Api<K>, selector: &str, max_backoff: Duration, slim: fn(&mut K)) -> Events<K>
+where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
-    use futures::StreamExt;
-    let lp = ListParams::default().labels(&selector).match_any();
-    let wp = WatchParams::default()
-        .labels(&selector)
-        .timeout(WATCH_TIMEOUT_SECS);
-    let mut delay = FIRST_BACKOFF;
-    let backoff = |delay: &mut Duration| {
-        let now = *delay;
-        *delay = (*delay * 2).min(max_backoff);
-        now
-    };
-    let mut listed_at: Option<Instant> = None;
-    'list: loop {
-        // Listing again within a second of the last list (its version expired at once):
-        // back off, never a tight loop.
-        if listed_at.is_some_and(|t| t.elapsed() < Duration::from_secs(1)) {
-            tokio::time::sleep(backoff(&mut delay)).await;
-        }
-        let list = match lists.list(&lp).await {
-            Ok(l) => l,
-            Err(e) => {
-                let wait = backoff(&mut delay);
-                tracing::warn!(error = %e, retry_in = ?wait, "cannot list {what}");
-                if tx.send(wrap(Change::Down)).await.is_err() {
-                    return;
-                }
-                tokio::time::sleep(wait).await;
-                continue;
-            }
-        };
-        let mut version = list
-            .metadata
-            .resource_version
-            .filter(|v| !v.is_empty())
-            .unwrap_or_else(|| "0".to_owned());
-        listed_at = Some(Instant::now());
-        tracing::info!(objects = list.items.len(), version = %version, "listed {what}");
-        if tx.send(wrap(Change::Listed(list.items))).await.is_err() {
-            return;
-        }
-        loop {
-            let broke = match watches.watch(&wp, &version).await {
-                Ok(stream) => {
-                    if tx.send(wrap(Change::Up)).await.is_err() {
-                        return;
-                    }
-                    let mut stream = stream.boxed();
-                    let opened = Instant::now();
-                    let mut broke = false;
-                    while let Some(event) = stream.next().await {
-                        let change = match event {
-                            Ok(WatchEvent::Added(o) | WatchEvent::Modified(o)) => {
-                                Change::Applied(Box::new(o))
-                            }
-                            Ok(WatchEvent::Deleted(o)) => Change::Deleted(Box::new(o)),
-                            Ok(WatchEvent::Bookmark(b)) => {
-                                version = b.metadata.resource_version;
-                                continue;
-                            }
-                            Ok(WatchEvent::Error(e)) if e.code == 410 => {
-                                tracing::info!(error = %e.message, "watch of {what} expired; listing again");
-                                continue 'list;
-                            }
-                            Ok(WatchEvent::Error(e)) => {
-                                tracing::warn!(error = %e.message, "watch of {what} failed");
-                                broke = true;
-                                break;
-                            }
-                            Err(e) => {
-                                tracing::warn!(error = %e, "watch of {what} broke");
-                                broke = true;
-                                break;
-                            }
-                        };
-                        if let Some(v) = resource_version(&change) {
-                            version = v;
-                        }
-                        delay = FIRST_BACKOFF;
-                        if tx.send(wrap(change)).await.is_err() {
-                            return;
-                        }
-                    }
-                    // The server ends a watch after WATCH_TIMEOUT_SECS: re-watch at once. One
-                    // that ends within a second is treated as broken (no tight loop).
-                    broke || opened.elapsed() < Duration::from_secs(1)
-                }
-                Err(kube::Error::Api(e)) if e.code == 410 => {
-                    tracing::info!(error = %e.message, "watch of {what} expired; listing again");
-                    continue 'list;
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot watch {what}");
-                    true
-                }
-            };
-            if broke {
-                if tx.send(wrap(Change::Down)).await.is_err() {
-                    return;
-                }
-                tokio::time::sleep(backoff(&mut delay)).await;
-            }
-        }
-    }
+    let mut config = watcher::Config::default()
+        .labels(selector)
+        .timeout(WATCH_TIMEOUT_SECS)
+        .any_semantic();
+    // One request for the whole list, as the cache is replaced only once it is complete.
+    config.page_size = None;
+    watcher(api, config)
+        .modify(slim)
+        .backoff(WatchBackoff::new(max_backoff))
+        .boxed()
 }
 
-fn resource_version<K: kube::Resource>(change: &Change<K>) -> Option<String> {
-    match change {
-        Change::Applied(o) | Change::Deleted(o) => o.meta().resource_version.clone(),
-        _ => None,
-    }
+/// `client`, and a counter of the watch requests the server accepted through it. The
+/// watcher hides a watch that resumes after an error until something changes; this tells the
+/// cache it is live again at once, as the guard's own watch loop did.
+fn signalling(client: &kube::Client) -> (kube::Client, signal::Receiver<u64>) {
+    let (accepted, rx) = signal::channel(0u64);
+    let inner = client.clone();
+    let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
+        let inner = inner.clone();
+        let accepted = accepted.clone();
+        let watching = is_watch(req.uri());
+        async move {
+            let res = inner.send(req).await?;
+            if watching && res.status().is_success() {
+                accepted.send_modify(|n| *n = n.wrapping_add(1));
+            }
+            Ok::<_, kube::Error>(res)
+        }
+    });
+    (
+        kube::Client::new(service, client.default_namespace().to_owned()),
+        rx,
+    )
 }
