@@ -1,96 +1,10 @@
-//! Unit tests of the plan (pure).
+//! The plan: pure, from the Node as read and the verdict.
 
-use super::{FIELD_MANAGER, owned_labels, plan};
-use crate::config::Config;
-use crate::policy::{self, Condition, PartVerdict, RdmaVerdict, Verdict};
-use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeSpec, NodeStatus, Taint};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
-    FieldsV1, ManagedFieldsEntry, ObjectMeta, Time,
-};
+use super::{KEY, applied, node, taint, verdict};
+use crate::node::{FIELD_MANAGER, owned_labels, plan};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry, Time};
 use k8s_openapi::jiff::Timestamp;
 use serde_json::json;
-
-const KEY: &str = "fabricgate.io/unvalidated";
-
-fn verdict(ready: bool) -> Verdict {
-    let config = Config::default();
-    let part = PartVerdict {
-        ready,
-        findings: Vec::new(),
-        warnings: Vec::new(),
-    };
-    let cond = |t: &str, ok: &str| Condition {
-        type_: t.into(),
-        status: if ready { "True" } else { "False" }.into(),
-        reason: if ready { ok.into() } else { "PortDown".into() },
-        message: if ready {
-            "ok".into()
-        } else {
-            "mlx5_0 port 1 down".into()
-        },
-    };
-    Verdict {
-        ready,
-        rdma: RdmaVerdict {
-            part: part.clone(),
-            usable_ports: u32::from(ready),
-            required_ports: 1,
-            min_rate_gbps: None,
-            link_layer: None,
-        },
-        lustre: part.clone(),
-        gpudirect: policy::GpudirectVerdict::default(),
-        placement: part,
-        labels: [("fabricgate.io/ready".to_owned(), ready.to_string())].into(),
-        taints: if ready {
-            vec![]
-        } else {
-            vec![policy::unvalidated_taint(&config)]
-        },
-        conditions: vec![
-            cond("FabricReady", "FabricValidated"),
-            cond("RDMAReady", "RDMAPortsActive"),
-        ],
-        keep_taint: false,
-    }
-}
-
-fn taint(key: &str) -> Taint {
-    Taint {
-        key: key.into(),
-        effect: "NoSchedule".into(),
-        ..Taint::default()
-    }
-}
-
-fn node(labels: &[(&str, &str)], taints: Vec<Taint>, conds: Vec<NodeCondition>) -> Node {
-    Node {
-        metadata: ObjectMeta {
-            name: Some("n".into()),
-            labels: Some(
-                labels
-                    .iter()
-                    .map(|(k, v)| ((*k).into(), (*v).into()))
-                    .collect(),
-            ),
-            ..ObjectMeta::default()
-        },
-        spec: Some(NodeSpec {
-            taints: Some(taints),
-            ..NodeSpec::default()
-        }),
-        status: Some(NodeStatus {
-            conditions: Some(conds),
-            ..NodeStatus::default()
-        }),
-    }
-}
-
-fn applied(v: &Verdict, now: &Timestamp) -> Vec<NodeCondition> {
-    plan(&node(&[], vec![], vec![]), v, KEY, now)
-        .conditions
-        .unwrap()
-}
 
 #[test]
 fn keep_taint_leaves_our_taint_either_way_and_agent_error_is_one_transition() {
