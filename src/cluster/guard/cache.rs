@@ -114,7 +114,7 @@ impl Cache {
     pub(super) fn apply(&mut self, update: Update) {
         match update {
             Update::Node(event) => {
-                if let Ok(e) = &event
+                if let Ok(e) = &*event
                     && self.takes(e)
                 {
                     self.nodes.apply_watcher_event(e);
@@ -123,7 +123,7 @@ impl Cache {
                 self.nodes_watch.event(&event, "the pool's Nodes", objects);
             }
             Update::Pod(event) => {
-                if let Ok(e) = &event {
+                if let Ok(e) = &*event {
                     self.pods.apply_watcher_event(e);
                 }
                 let objects = self.pods.as_reader().len();

@@ -54,23 +54,23 @@ fn node(name: &str, rv: &str, tainted: bool) -> Node {
 
 /// A completed list of `nodes`, as the watcher reports it.
 fn list_nodes(c: &mut Cache, nodes: Vec<Node>) {
-    c.apply(Update::Node(Ok(Event::Init)));
+    c.apply(Update::Node(Box::new(Ok(Event::Init))));
     for n in nodes {
-        c.apply(Update::Node(Ok(Event::InitApply(n))));
+        c.apply(Update::Node(Box::new(Ok(Event::InitApply(n)))));
     }
-    c.apply(Update::Node(Ok(Event::InitDone)));
+    c.apply(Update::Node(Box::new(Ok(Event::InitDone))));
 }
 
 fn list_pods(c: &mut Cache, pods: Vec<Pod>) {
-    c.apply(Update::Pod(Ok(Event::Init)));
+    c.apply(Update::Pod(Box::new(Ok(Event::Init))));
     for p in pods {
-        c.apply(Update::Pod(Ok(Event::InitApply(p))));
+        c.apply(Update::Pod(Box::new(Ok(Event::InitApply(p)))));
     }
-    c.apply(Update::Pod(Ok(Event::InitDone)));
+    c.apply(Update::Pod(Box::new(Ok(Event::InitDone))));
 }
 
 fn applied(c: &mut Cache, n: Node) {
-    c.apply(Update::Node(Ok(Event::Apply(n))));
+    c.apply(Update::Node(Box::new(Ok(Event::Apply(n)))));
 }
 
 /// A watch that broke (the connection dropped mid-stream).
@@ -119,7 +119,9 @@ fn the_cache_follows_lists_and_watch_events_and_is_ready_only_while_both_watches
         ["a", "b", "c"],
         "in the order the apiserver lists"
     );
-    c.apply(Update::Node(Ok(Event::Delete(node("a", "2", false)))));
+    c.apply(Update::Node(Box::new(Ok(Event::Delete(node(
+        "a", "2", false,
+    ))))));
     assert_eq!(names(&c), ["b", "c"]);
     assert!(!c.has_node("a") && c.has_node("b"));
     applied(&mut c, node("d", "3", false));
@@ -129,20 +131,22 @@ fn the_cache_follows_lists_and_watch_events_and_is_ready_only_while_both_watches
 
     // A broken watch: no sweeps on what may be stale, until the watch is accepted again
     // (quietly: nothing changed meanwhile) or shows an event.
-    c.apply(Update::Pod(Err(broke())));
+    c.apply(Update::Pod(Box::new(Err(broke()))));
     assert!(!c.ready(), "a broken watch: no sweeps on what may be stale");
     c.apply(Update::PodsWatching);
     assert!(c.ready());
-    c.apply(Update::Node(Err(broke())));
+    c.apply(Update::Node(Box::new(Err(broke()))));
     assert!(!c.ready());
     applied(&mut c, node("c", "5", false));
     assert!(c.ready(), "an event shows the watch is live");
 
     // A relist: the old state serves until the list is complete, then it is replaced.
-    c.apply(Update::Node(Ok(Event::Init)));
-    c.apply(Update::Node(Ok(Event::InitApply(node("z", "9", false)))));
+    c.apply(Update::Node(Box::new(Ok(Event::Init))));
+    c.apply(Update::Node(Box::new(Ok(Event::InitApply(node(
+        "z", "9", false,
+    ))))));
     assert_eq!(names(&c), ["b", "c", "d"]);
-    c.apply(Update::Node(Ok(Event::InitDone)));
+    c.apply(Update::Node(Box::new(Ok(Event::InitDone))));
     assert_eq!(names(&c), ["z"]);
     assert!(c.ready());
 }
@@ -153,14 +157,18 @@ fn an_expired_version_relists_without_stopping_the_sweeps_and_a_failed_list_stop
     list_nodes(&mut c, vec![node("a", "1", false)]);
     list_pods(&mut c, vec![pod("a", true)]);
     let gone = kube::core::Status::failure("too old resource version", "Expired").with_code(410);
-    c.apply(Update::Node(Err(Error::WatchError(Box::new(gone)))));
+    c.apply(Update::Node(Box::new(Err(Error::WatchError(Box::new(
+        gone,
+    ))))));
     assert!(
         c.ready(),
         "410: the cache serves while the watcher lists again"
     );
-    c.apply(Update::Node(Ok(Event::Init)));
+    c.apply(Update::Node(Box::new(Ok(Event::Init))));
     let refused = kube::Error::LinesCodecMaxLineLengthExceeded;
-    c.apply(Update::Node(Err(Error::InitialListFailed(refused))));
+    c.apply(Update::Node(Box::new(Err(Error::InitialListFailed(
+        refused,
+    )))));
     assert!(!c.ready());
     // Accepting a watch does not count while the list is still due.
     c.apply(Update::NodesWatching);
@@ -175,19 +183,19 @@ fn pods_are_found_by_the_node_they_are_bound_to() {
     let mut unbound = pod("x", false);
     unbound.spec = Some(PodSpec::default());
     list_pods(&mut c, vec![unbound, pod("b", true)]);
-    assert!(c.pods_by_node().get("x").is_none());
+    assert!(!c.pods_by_node().contains_key("x"));
     assert_eq!(problem(&c, "b"), None);
     // Bound to x now, then not Ready, then gone.
-    c.apply(Update::Pod(Ok(Event::Apply(pod("x", true)))));
+    c.apply(Update::Pod(Box::new(Ok(Event::Apply(pod("x", true))))));
     assert_eq!(problem(&c, "x"), None);
     assert_eq!(
         c.pods_by_node().get("").map(Vec::len),
         None,
         "moved, not copied"
     );
-    c.apply(Update::Pod(Ok(Event::Apply(pod("x", false)))));
+    c.apply(Update::Pod(Box::new(Ok(Event::Apply(pod("x", false))))));
     assert!(problem(&c, "x").unwrap().contains("not Ready"));
-    c.apply(Update::Pod(Ok(Event::Delete(pod("x", false)))));
+    c.apply(Update::Pod(Box::new(Ok(Event::Delete(pod("x", false))))));
     assert!(
         problem(&c, "x")
             .unwrap()

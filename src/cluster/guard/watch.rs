@@ -29,8 +29,9 @@ pub(super) async fn next_update(watched: &mut Option<Watched>) -> Option<Update>
 /// What the leader's watches report.
 #[derive(Debug)]
 pub(super) enum Update {
-    Node(watcher::Result<Event<Node>>),
-    Pod(watcher::Result<Event<Pod>>),
+    /// Boxed: a Node or pod is kilobytes, the markers are nothing.
+    Node(Box<watcher::Result<Event<Node>>>),
+    Pod(Box<watcher::Result<Event<Pod>>>),
     /// The server accepted a watch request (again): after an error, the cache follows it
     /// again even while nothing changes (a watch that resumes quietly yields no event).
     NodesWatching,
@@ -76,8 +77,8 @@ impl Watched {
     /// request in flight) in their streams, not in this future.
     pub(super) async fn next(&mut self) -> Update {
         tokio::select! {
-            Some(e) = self.nodes.next() => Update::Node(e),
-            Some(e) = self.pods.next() => Update::Pod(e),
+            Some(e) = self.nodes.next() => Update::Node(Box::new(e)),
+            Some(e) = self.pods.next() => Update::Pod(Box::new(e)),
             Ok(()) = self.nodes_watching.changed() => Update::NodesWatching,
             Ok(()) = self.pods_watching.changed() => Update::PodsWatching,
             // A watcher's stream does not end; should both, there is nothing left to wait for.
