@@ -13,7 +13,7 @@
 //!
 //! Pure: no I/O, no clock. The blast-radius breaker is the one mark decided later, by the Node
 //! writer, because it needs the pool's state at the moment of the write
-//! ([`crate::policy::failclosed::taint_decision`]).
+//! ([`crate::policy::breaker::taint_decision`]).
 
 use super::agent_fault::{self, AgentFault};
 use super::device_plugin;

@@ -1,0 +1,92 @@
+//! Leader election on a `coordination.k8s.io` Lease.
+
+use super::{GuardSettings, kube_err};
+use crate::error::Result;
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use serde_json::json;
+use std::time::Duration;
+
+/// Acquire or renew the Lease; `true` while this replica holds it. Optimistic concurrency
+/// (`resourceVersion`) decides between replicas racing for an expired Lease.
+pub(super) async fn try_lead(leases: &Api<Lease>, s: &GuardSettings) -> Result<bool> {
+    let now = Timestamp::now();
+    let secs = i32::try_from(s.lease_duration.as_secs())
+        .unwrap_or(i32::MAX)
+        .max(1);
+    let current = leases
+        .get_opt(&s.lease_name)
+        .await
+        .map_err(|e| kube_err("read", &s.lease_name, e))?;
+    let Some(mut lease) = current else {
+        let lease = Lease {
+            metadata: ObjectMeta {
+                name: Some(s.lease_name.clone()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: Some(s.identity.clone()),
+                lease_duration_seconds: Some(secs),
+                acquire_time: Some(MicroTime(now)),
+                renew_time: Some(MicroTime(now)),
+                lease_transitions: Some(0),
+                ..LeaseSpec::default()
+            }),
+        };
+        return match leases.create(&PostParams::default(), &lease).await {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+            Err(e) => Err(kube_err("create", &s.lease_name, e)),
+        };
+    };
+    let spec = lease.spec.clone().unwrap_or_default();
+    let mine = spec.holder_identity.as_deref() == Some(s.identity.as_str());
+    let duration = Duration::from_secs(
+        u64::try_from(spec.lease_duration_seconds.unwrap_or(secs)).unwrap_or(0),
+    );
+    let expired = spec.renew_time.as_ref().is_none_or(|t| {
+        now.duration_since(t.0)
+            .try_into()
+            .is_ok_and(|age: Duration| age > duration)
+    }) || spec.holder_identity.as_deref().is_none_or(str::is_empty);
+    if !mine && !expired {
+        return Ok(false);
+    }
+    let mut new_spec = spec.clone();
+    new_spec.holder_identity = Some(s.identity.clone());
+    new_spec.lease_duration_seconds = Some(secs);
+    new_spec.renew_time = Some(MicroTime(now));
+    if !mine {
+        new_spec.acquire_time = Some(MicroTime(now));
+        new_spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
+    }
+    lease.spec = Some(new_spec);
+    match leases
+        .replace(&s.lease_name, &PostParams::default(), &lease)
+        .await
+    {
+        Ok(_) => {
+            if !mine {
+                tracing::info!(identity = %s.identity, "acquired the lease");
+            }
+            Ok(true)
+        }
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+        Err(e) => Err(kube_err("renew", &s.lease_name, e)),
+    }
+}
+
+pub(super) async fn release(leases: &Api<Lease>, s: &GuardSettings) -> Result<()> {
+    let patch = json!({ "spec": { "holderIdentity": null, "renewTime": null } });
+    leases
+        .patch(
+            &s.lease_name,
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+        .map_err(|e| kube_err("release", &s.lease_name, e))?;
+    Ok(())
+}

@@ -1,0 +1,195 @@
+//! `fabricgate guard`: the cluster-level half of failing closed. A dead or wedged agent
+//! leaves its Node with its last verdict (the gate fails open); the guard, a Deployment of two
+//! replicas of which only the holder of a `coordination.k8s.io` Lease acts, taints a pool Node
+//! whose agent pod is missing or not Ready for `--stale-after`, with `FabricReady=False`
+//! reason `AgentNotRunning`. It never untaints (the agent decides again when it is back), it
+//! reads only what the kubelet already reports (pod readiness), writes only when it taints,
+//! and it is subject to the same blast-radius breaker as the agent.
+//!
+//! The leader keeps a local cache of the pool's Nodes and the agent pods (two
+//! `kube::runtime` reflector stores, fed by `watcher` streams): one LIST of each (from the
+//! watch cache) when it takes the Lease, then a WATCH of each from the list's resourceVersion
+//! (with bookmarks), resumed from the last version seen when a watch ends and listed again
+//! only on `410 Gone`. `sweep` judges that cache on every change, at the next `--stale-after`
+//! deadline and every `--poll-interval`, with no API reads. A replica that does not hold the
+//! Lease keeps no watches.
+
+mod cache;
+mod lease;
+mod sweep;
+mod watch;
+
+use crate::config::Config;
+use crate::error::{Error, Result};
+use futures::FutureExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::Api;
+use lease::{release, try_lead};
+use std::collections::HashMap;
+use std::future::Future;
+use std::time::{Duration, Instant};
+use watch::{Watched, next_update};
+
+pub use sweep::agent_problem;
+
+/// Reason of `FabricReady` the guard sets.
+pub const AGENT_NOT_RUNNING: &str = "AgentNotRunning";
+/// Field manager of the guard's condition writes (the agent takes the condition back).
+pub const GUARD_FIELD_MANAGER: &str = "fabricgate-guard";
+
+/// Everything `fabricgate guard` needs.
+pub struct GuardSettings {
+    pub config: Config,
+    pub namespace: String,
+    pub pod_selector: String,
+    pub stale_after: Duration,
+    pub poll_interval: Duration,
+    pub lease_name: String,
+    pub lease_duration: Duration,
+    pub identity: String,
+}
+
+/// The server ends each watch after this long; the leader then re-watches from the last
+/// resourceVersion (as the agent's watch of its own Node does).
+const WATCH_TIMEOUT_SECS: u32 = 290;
+/// Least time between two sweeps triggered by cache changes.
+const MIN_SWEEP_GAP: Duration = Duration::from_millis(100);
+
+/// Longest wait between retries of a failed list or watch: `--poll-interval`, within 1–30 s.
+fn max_backoff(s: &GuardSettings) -> Duration {
+    s.poll_interval
+        .clamp(Duration::from_secs(1), Duration::from_secs(30))
+}
+
+/// Run the guard until `shutdown` completes. `requests` serves the Lease and the writes;
+/// `watch` (`node::Clients::watch`: watch requests with a read timeout above
+/// [`WATCH_TIMEOUT_SECS`], lists with the short ones) the leader's two watchers.
+///
+/// # Errors
+/// [`Error::Usage`] when `node.pool_selector` is empty (the guard must know the pool).
+pub async fn run(
+    requests: kube::Client,
+    watch: kube::Client,
+    s: GuardSettings,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<()> {
+    if s.config.node.pool_selector.is_empty() {
+        return Err(Error::Usage {
+            flag: "--config".into(),
+            message: "node.pool_selector is empty: set it to the agent DaemonSet's nodeSelector \
+                      (e.g. \"nvidia.com/gpu.present=true\")"
+                .into(),
+        });
+    }
+    let leases: Api<Lease> = Api::namespaced(requests.clone(), &s.namespace);
+    let nodes: Api<Node> = Api::all(requests.clone());
+    let mut unhealthy_since: HashMap<String, Instant> = HashMap::new();
+    let mut leading = false;
+    // The leader's watches and cache; `None` on a replica that does not hold the Lease.
+    let mut watched: Option<Watched> = None;
+    let mut last_renewed: Option<Instant> = None;
+    let mut tick = tokio::time::interval(s.poll_interval.max(Duration::from_millis(10)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // A change seen since the last sweep; sweeps on changes are at least MIN_SWEEP_GAP apart
+    // (a burst of watch events costs one sweep).
+    let mut changed = false;
+    let mut last_sweep = tokio::time::Instant::now();
+    // The next `--stale-after` deadline of a Node whose agent is not running: judged when due,
+    // not only on the next tick.
+    let mut due: Option<tokio::time::Instant> = None;
+    tokio::pin!(shutdown);
+    tracing::info!(identity = %s.identity, lease = %s.lease_name, "fabricgate guard started");
+    loop {
+        tokio::select! {
+            () = &mut shutdown => break,
+            _ = tick.tick() => {
+                let lead = match try_lead(&leases, &s).await {
+                    Ok(l) => {
+                        last_renewed = l.then(Instant::now);
+                        l
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "lease: cannot read or renew; not acting");
+                        false
+                    }
+                };
+                if lead != leading {
+                    tracing::info!(identity = %s.identity, leader = lead, "leadership changed");
+                    unhealthy_since.clear();
+                    leading = lead;
+                }
+                // The watches live while this replica leads, and through a failed renewal as
+                // long as its Lease cannot have passed to another replica yet (a short API
+                // outage costs no new list).
+                let keep = leading
+                    || last_renewed.is_some_and(|t| t.elapsed() < s.lease_duration);
+                if keep && watched.is_none() {
+                    watched = Some(Watched::start(&watch, &s));
+                } else if !keep && watched.take().is_some() {
+                    tracing::info!("not leading: watches stopped, cache dropped");
+                }
+                if leading && let Some(w) = &mut watched {
+                    w.sweep(&nodes, &s, &mut unhealthy_since).await;
+                    changed = false;
+                    last_sweep = tokio::time::Instant::now();
+                    due = next_deadline(&unhealthy_since, s.stale_after);
+                }
+            }
+            () = tokio::time::sleep_until(due.unwrap_or(last_sweep)), if due.is_some() && leading => {
+                due = None;
+                changed = true;
+            }
+            () = tokio::time::sleep_until(last_sweep + MIN_SWEEP_GAP), if changed && leading => {
+                if let Some(w) = &mut watched {
+                    w.sweep(&nodes, &s, &mut unhealthy_since).await;
+                }
+                changed = false;
+                last_sweep = tokio::time::Instant::now();
+                due = next_deadline(&unhealthy_since, s.stale_after);
+            }
+            Some(update) = next_update(&mut watched) => {
+                let Some(w) = &mut watched else { continue };
+                w.cache.apply(update);
+                // What is ready already joins this burst (a list's objects, events queued).
+                while let Some(more) = w.next().now_or_never() {
+                    w.cache.apply(more);
+                }
+                changed = true;
+            }
+        }
+    }
+    drop(watched);
+    if leading {
+        // Hand over at once: an expired lease lets the other replica take it.
+        let _ = release(&leases, &s).await;
+    }
+    tracing::info!("fabricgate guard stopped");
+    Ok(())
+}
+
+/// The earliest `--stale-after` deadline still ahead among the Nodes whose agent is not
+/// running (those past it were judged already).
+fn next_deadline(
+    since: &HashMap<String, Instant>,
+    stale_after: Duration,
+) -> Option<tokio::time::Instant> {
+    let now = Instant::now();
+    since
+        .values()
+        .filter_map(|first| first.checked_add(stale_after))
+        .filter(|d| *d > now)
+        .min()
+        .map(tokio::time::Instant::from_std)
+}
+
+fn kube_err(action: &'static str, what: &str, source: kube::Error) -> Error {
+    Error::Kube {
+        action,
+        node: what.to_owned(),
+        source: Box::new(source),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,166 @@
+//! Judging the cache: which pool Nodes to taint because their agent is not running.
+
+use super::cache::Cache;
+use super::{AGENT_NOT_RUNNING, GUARD_FIELD_MANAGER, GuardSettings, kube_err};
+use crate::error::Result;
+use crate::policy::breaker::{self, TaintDecision};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::json;
+use std::collections::HashMap;
+use std::time::Instant;
+
+/// Why a Node's agent counts as not running, or `None` when its pod is Ready.
+pub fn agent_problem<'a>(node: &str, pods: impl IntoIterator<Item = &'a Pod>) -> Option<String> {
+    let on_node: Vec<&Pod> = pods
+        .into_iter()
+        .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .collect();
+    if on_node.is_empty() {
+        return Some(format!("no fabricgate agent pod runs on {node}"));
+    }
+    let ready = on_node.iter().any(|p| {
+        p.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+    });
+    if ready {
+        None
+    } else {
+        let name = on_node[0].metadata.name.as_deref().unwrap_or("?");
+        Some(format!(
+            "the fabricgate agent pod {name} on {node} is not Ready (probe loop stalled, \
+             crashing or not started)"
+        ))
+    }
+}
+
+/// Judge every pool Node of the cache: taint one whose agent has been missing or not Ready
+/// for `stale_after` (no API reads; the Nodes written go to `wrote`).
+pub(super) async fn sweep(
+    nodes: &Api<Node>,
+    cache: &Cache,
+    s: &GuardSettings,
+    since: &mut HashMap<String, Instant>,
+    wrote: &mut Vec<Node>,
+) -> Result<()> {
+    let pool = cache.nodes();
+    let pods = cache.pods_by_node();
+    let key = s.config.node.taint_key();
+    let now = Instant::now();
+    since.retain(|n, _| cache.has_node(n));
+    // The pool as `count_pool` takes it, copied out of the store only when a taint is due.
+    let mut counted_pool: Option<Vec<Node>> = None;
+    for node in &pool {
+        let Some(name) = node.metadata.name.clone() else {
+            continue;
+        };
+        let on_node = pods.get(&name).into_iter().flatten().map(AsRef::as_ref);
+        let Some(problem) = agent_problem(&name, on_node) else {
+            since.remove(&name);
+            continue;
+        };
+        let first = *since.entry(name.clone()).or_insert(now);
+        if now.duration_since(first) < s.stale_after {
+            continue;
+        }
+        let tainted = node
+            .spec
+            .as_ref()
+            .and_then(|sp| sp.taints.as_ref())
+            .is_some_and(|ts| ts.iter().any(|t| t.key == key));
+        if tainted {
+            continue;
+        }
+        let (annotation, overridden) = breaker::breaker_override(node, &s.config.node.label_prefix);
+        let pool_now =
+            counted_pool.get_or_insert_with(|| pool.iter().map(|n| Node::clone(n)).collect());
+        let counted = breaker::count_pool(
+            pool_now,
+            &name,
+            &key,
+            s.config.node.breaker.window,
+            &Timestamp::now(),
+        );
+        let message = format!(
+            "{problem} for over {}; tainted by fabricgate guard until the agent validates \
+             the node again",
+            humantime::format_duration(s.stale_after)
+        );
+        match breaker::taint_decision(
+            &s.config.node.breaker,
+            Some(&counted),
+            overridden,
+            &annotation,
+        ) {
+            TaintDecision::Taint => {
+                wrote.push(taint(nodes, node, &key, s).await?);
+                wrote.push(set_condition(nodes, &name, AGENT_NOT_RUNNING, &message).await?);
+                tracing::warn!(node = %name, "{message}");
+            }
+            TaintDecision::BreakerOpen { message: why } => {
+                let reason_now = fabric_reason(node);
+                if reason_now.as_deref() != Some(breaker::BREAKER_OPEN) {
+                    let text = format!("{why}; would taint for {AGENT_NOT_RUNNING}: {message}");
+                    wrote.push(set_condition(nodes, &name, breaker::BREAKER_OPEN, &text).await?);
+                    tracing::error!(node = %name, "BLAST-RADIUS BREAKER OPEN (guard): {why}");
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn fabric_reason(node: &Node) -> Option<String> {
+    node.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "FabricReady")?
+        .reason
+        .clone()
+}
+
+/// Add our taint, guarded by the resourceVersion it was computed from (a conflict is retried
+/// on the next sweep).
+async fn taint(nodes: &Api<Node>, node: &Node, key: &str, s: &GuardSettings) -> Result<Node> {
+    let name = node.metadata.name.clone().unwrap_or_default();
+    let mut taints = node
+        .spec
+        .as_ref()
+        .and_then(|sp| sp.taints.clone())
+        .unwrap_or_default();
+    taints.push(k8s_openapi::api::core::v1::Taint {
+        key: key.to_owned(),
+        effect: s.config.node.taint_effect.as_str().to_owned(),
+        ..Default::default()
+    });
+    crate::node::patch_taints(nodes, node, &taints, GUARD_FIELD_MANAGER)
+        .await
+        .map_err(|e| kube_err("taint", &name, e))
+}
+
+async fn set_condition(nodes: &Api<Node>, name: &str, reason: &str, message: &str) -> Result<Node> {
+    let now = Timestamp::now();
+    let body = json!({
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": { "name": name },
+        "status": { "conditions": [{
+            "type": "FabricReady", "status": "False", "reason": reason, "message": message,
+            "lastTransitionTime": now.to_string(), "lastHeartbeatTime": now.to_string(),
+        }]},
+    });
+    nodes
+        .patch_status(
+            name,
+            &PatchParams::apply(GUARD_FIELD_MANAGER).force(),
+            &Patch::Apply(&body),
+        )
+        .await
+        .map_err(|e| kube_err("set FabricReady on", name, e))
+}

@@ -1,0 +1,152 @@
+//! The leader's two watches (the pool's Nodes, the agent pods): `kube::runtime::watcher`
+//! streams, polled by the guard's loop, that feed the [`Cache`].
+
+use super::cache::{Cache, slim_node, slim_pod};
+use super::sweep::sweep;
+use super::{GuardSettings, WATCH_TIMEOUT_SECS, max_backoff};
+use crate::node::{WatchBackoff, is_watch};
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::Api;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event, watcher};
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+use tokio::sync::watch as signal;
+
+/// One watch's events, slimmed and with the backoff applied.
+type Events<K> = BoxStream<'static, watcher::Result<Event<K>>>;
+
+/// The next change from the leader's watches; never, while there are none.
+pub(super) async fn next_update(watched: &mut Option<Watched>) -> Option<Update> {
+    match watched {
+        Some(w) => Some(w.next().await),
+        None => std::future::pending().await,
+    }
+}
+
+/// What the leader's watches report.
+#[derive(Debug)]
+pub(super) enum Update {
+    /// Boxed: a Node or pod is kilobytes, the markers are nothing.
+    Node(Box<watcher::Result<Event<Node>>>),
+    Pod(Box<watcher::Result<Event<Pod>>>),
+    /// The server accepted a watch request (again): after an error, the cache follows it
+    /// again even while nothing changes (a watch that resumes quietly yields no event).
+    NodesWatching,
+    PodsWatching,
+}
+
+/// The leader's two watches and the cache they feed. Dropping it stops the watches.
+pub(super) struct Watched {
+    nodes: Events<Node>,
+    pods: Events<Pod>,
+    nodes_watching: signal::Receiver<u64>,
+    pods_watching: signal::Receiver<u64>,
+    pub(super) cache: Cache,
+}
+
+impl Watched {
+    /// Start both watches on `watch` (its lists with short timeouts, its watches with a read
+    /// timeout above [`WATCH_TIMEOUT_SECS`]: `node::clients_from` builds it so).
+    pub(super) fn start(watch: &kube::Client, s: &GuardSettings) -> Watched {
+        let backoff = max_backoff(s);
+        let (nodes_client, nodes_watching) = signalling(watch);
+        let (pods_client, pods_watching) = signalling(watch);
+        Watched {
+            nodes: events(
+                Api::all(nodes_client),
+                &s.config.node.pool_selector,
+                backoff,
+                slim_node,
+            ),
+            pods: events(
+                Api::namespaced(pods_client, &s.namespace),
+                &s.pod_selector,
+                backoff,
+                slim_pod,
+            ),
+            nodes_watching,
+            pods_watching,
+            cache: Cache::default(),
+        }
+    }
+
+    /// The next event of either watch. Cancel-safe: the watchers keep their state (and any
+    /// request in flight) in their streams, not in this future.
+    pub(super) async fn next(&mut self) -> Update {
+        tokio::select! {
+            Some(e) = self.nodes.next() => Update::Node(Box::new(e)),
+            Some(e) = self.pods.next() => Update::Pod(Box::new(e)),
+            Ok(()) = self.nodes_watching.changed() => Update::NodesWatching,
+            Ok(()) = self.pods_watching.changed() => Update::PodsWatching,
+            // A watcher's stream does not end; should both, there is nothing left to wait for.
+            else => std::future::pending().await,
+        }
+    }
+
+    /// [`sweep`] over the cache, once both watches have listed and are up; the Nodes the
+    /// guard wrote go back into the cache.
+    pub(super) async fn sweep(
+        &mut self,
+        nodes: &Api<Node>,
+        s: &GuardSettings,
+        since: &mut HashMap<String, Instant>,
+    ) {
+        if !self.cache.ready() {
+            return;
+        }
+        let mut wrote = Vec::new();
+        if let Err(e) = sweep(nodes, &self.cache, s, since, &mut wrote).await {
+            tracing::warn!(error = %e, "guard sweep failed; retrying");
+        }
+        for node in wrote {
+            self.cache.wrote(node);
+        }
+    }
+}
+
+/// LIST `selector` once (from the watch cache, unpaged), then WATCH from the list's
+/// resourceVersion with bookmarks, resuming from the last version seen when a watch ends or
+/// breaks, and listing again only on `410 Gone`; failures back off ([`WatchBackoff`], up to
+/// `max_backoff`). Each object is slimmed before it reaches the cache.
+fn events<K>(api: Api<K>, selector: &str, max_backoff: Duration, slim: fn(&mut K)) -> Events<K>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    let mut config = watcher::Config::default()
+        .labels(selector)
+        .timeout(WATCH_TIMEOUT_SECS)
+        .any_semantic();
+    // One request for the whole list, as the cache is replaced only once it is complete.
+    config.page_size = None;
+    watcher(api, config)
+        .modify(slim)
+        .backoff(WatchBackoff::new(max_backoff))
+        .boxed()
+}
+
+/// `client`, and a counter of the watch requests the server accepted through it. The
+/// watcher hides a watch that resumes after an error until something changes; this tells the
+/// cache it is live again at once, as the guard's own watch loop did.
+fn signalling(client: &kube::Client) -> (kube::Client, signal::Receiver<u64>) {
+    let (accepted, rx) = signal::channel(0u64);
+    let inner = client.clone();
+    let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
+        let inner = inner.clone();
+        let accepted = accepted.clone();
+        let watching = is_watch(req.uri());
+        async move {
+            let res = inner.send(req).await?;
+            if watching && res.status().is_success() {
+                accepted.send_modify(|n| *n = n.wrapping_add(1));
+            }
+            Ok::<_, kube::Error>(res)
+        }
+    });
+    (
+        kube::Client::new(service, client.default_namespace().to_owned()),
+        rx,
+    )
+}
