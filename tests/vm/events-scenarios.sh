@@ -3,7 +3,7 @@
 # netdev) is set down (linkflip.py: the ioctl `ip link set eth0 down` makes, timed) the
 # dry-run log of the taint must follow long before the next interval.
 #
-# Leaves in $FG_OUT: daemon.log (RUST_LOG=info,fabricgate::wakeup=debug), metrics.txt (the
+# Leaves in $FG_OUT: daemon.log (RUST_LOG=info,fabricgate::agent::wakeup=debug,fabricgate::observe::events=debug), metrics.txt (the
 # agent's /metrics at the end), timings.env (microseconds unless named _ms) and daemon.rc.
 # FG_FLIPS (default 10) sets how many down/up flips are timed.
 # shellcheck shell=sh
@@ -31,7 +31,7 @@ cfg="$O/events.yaml"
 # recover_after 1: a flip back up is one good probe, so each flip is short.
 { cat "$FG_REQ"; printf 'node:\n  recover_after: 1\n'; } >"$cfg"
 
-RUST_LOG=info,fabricgate::wakeup=debug "$FG_BIN" run --dry-run --config "$cfg" \
+RUST_LOG=info,fabricgate::agent::wakeup=debug,fabricgate::observe::events=debug "$FG_BIN" run --dry-run --config "$cfg" \
     --node-name fabricgate-vm --interval 30s --metrics-addr 127.0.0.1:9464 >"$LOG" 2>&1 &
 daemon=$!
 
