@@ -95,7 +95,7 @@ struct PortMemory {
 }
 
 /// One probe of the node.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct ProbeReport {
     /// Seconds since the Unix epoch when the probe started.
     pub timestamp: f64,

@@ -316,11 +316,7 @@ pub fn gate(mut v: Verdict, fault: Option<&AgentFault>, config: &Config) -> Verd
     match config.node.on_agent_error {
         OnAgentError::Taint => {
             v.keep_taint = false;
-            v.taints = vec![crate::policy::Taint {
-                key: config.node.taint_key(),
-                value: None,
-                effect: config.node.taint_effect.as_str().to_owned(),
-            }];
+            v.taints = vec![crate::policy::unvalidated_taint(config)];
         }
         OnAgentError::Keep => {
             v.keep_taint = true;
@@ -359,7 +355,7 @@ mod tests {
     #[test]
     fn requirements_for_other_hardware_are_an_agent_error_a_missing_driver_is_not() {
         use fabricgate_probes::rdma::DeviceReport;
-        let mut report = crate::policy::judge::empty_report();
+        let mut report = ProbeReport::default();
         report.rdma.subsystem_present = true;
         report.rdma.devices = ["bnxt_re0", "bnxt_re1"]
             .iter()

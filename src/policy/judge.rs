@@ -17,7 +17,7 @@
 
 use super::agent_fault::{self, AgentFault};
 use super::device_plugin;
-use super::{Finding, Hysteresis, Verdict, evaluate, evaluate_with};
+use super::{Finding, Hysteresis, Scope, Verdict, evaluate, evaluate_with, unvalidated_taint};
 use crate::config::Config;
 use fabricgate_probes::ProbeReport;
 use std::time::Duration;
@@ -74,10 +74,6 @@ impl Judge {
         self.hysteresis.good_streak()
     }
 
-    pub fn config(&self) -> &Config {
-        &self.config
-    }
-
     /// Judge a full probe (or, with the same report, a change of the Node's facts).
     pub fn probe(&mut self, facts: Facts<'_>) -> Judgment {
         let config = &self.config;
@@ -118,7 +114,7 @@ impl Judge {
         let fault = AgentFault::stalled(deadline);
         let base = last
             .cloned()
-            .unwrap_or_else(|| evaluate(&empty_report(), &self.config));
+            .unwrap_or_else(|| evaluate(&ProbeReport::default(), &self.config));
         let recorded = agent_fault::verdict(base, &fault, &self.config);
         let verdict = agent_fault::gate(recorded.clone(), Some(&fault), &self.config);
         Judgment {
@@ -148,7 +144,6 @@ impl Judge {
 /// A required check outside the probe (the peer mesh) failed: the RDMA part is not ready, the
 /// node tainted, and `FabricReady`/`RDMAReady` name the first finding of their scope.
 pub fn apply_required_finding(mut v: Verdict, finding: Finding, config: &Config) -> Verdict {
-    use super::{Scope, Taint};
     let prefix = &config.node.label_prefix;
     v.rdma.part.ready = false;
     v.rdma.part.findings.push(finding);
@@ -156,11 +151,7 @@ pub fn apply_required_finding(mut v: Verdict, finding: Finding, config: &Config)
     v.labels.insert(format!("{prefix}ready"), "false".into());
     v.labels
         .insert(format!("{prefix}rdma.ready"), "false".into());
-    v.taints = vec![Taint {
-        key: config.node.taint_key(),
-        value: None,
-        effect: config.node.taint_effect.as_str().to_owned(),
-    }];
+    v.taints = vec![unvalidated_taint(config)];
     let findings: Vec<&Finding> = v
         .rdma
         .part
@@ -183,19 +174,6 @@ pub fn apply_required_finding(mut v: Verdict, finding: Finding, config: &Config)
             .join("; ");
     }
     v
-}
-
-/// What a probe of nothing gives (the base verdict of a stall before any probe completed).
-pub fn empty_report() -> ProbeReport {
-    ProbeReport {
-        timestamp: 0.0,
-        rdma: fabricgate_probes::rdma::RdmaReport::default(),
-        storage: fabricgate_probes::storage::StorageReport::default(),
-        netdevs: Vec::new(),
-        gpudirect: fabricgate_probes::gpudirect::GpudirectReport::default(),
-        timings: fabricgate_probes::ProbeTimings::default(),
-        host: Default::default(),
-    }
 }
 
 #[cfg(test)]

@@ -32,7 +32,7 @@ fn port(state: PortState) -> PortReport {
 
 /// Two 400G InfiniBand HCAs; `down` names the ones whose port is down.
 fn node(down: &[&str]) -> ProbeReport {
-    let mut r = empty_report();
+    let mut r = ProbeReport::default();
     r.rdma.subsystem_present = true;
     r.rdma.devices = ["mlx5_0", "mlx5_1"]
         .iter()
