@@ -750,3 +750,101 @@ fn valid_label_value(s: &str) -> bool {
                 && b.iter()
                     .all(|c| alnum(c) || matches!(c, b'-' | b'_' | b'.'))))
 }
+
+// ---------------------------------------------------------------------------------------------
+// 3. A small descriptor limit (issue 24): the kept-open budget leaves room for everything else.
+
+/// Requirements that only a fully probed bench-12x2 tree meets: all 24 ports.
+const ALL_24_PORTS: &str = "rdma:\n  min_active_ports: 24\n";
+
+/// `check` over the 12-HCA, 24-port fixture at `ulimit -n 256`, with `taken` descriptors
+/// already open when it starts (inherited from the shell, as a runtime or a wrapper may leave
+/// them): exit code and output.
+fn check_at_256(config: &Path, taken: u32) -> (Option<i32>, String) {
+    let tree = common::fixture("bench-12x2");
+    let out = Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "ulimit -n 256 && for i in $(seq 1 {taken}); do exec {{fd}}</dev/null; done && \
+             exec \"$0\" \"$@\""
+        ))
+        .arg(BIN)
+        .args(["check", "--verbs", "off", "--sysfs-root"])
+        .arg(tree.join("sys"))
+        .arg("--proc-root")
+        .arg(tree.join("proc"))
+        .arg("--config")
+        .arg(config)
+        .env("KUBECONFIG", "/nonexistent/kubeconfig")
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.code(), text)
+}
+
+#[test]
+fn redteam_a_healthy_twelve_hca_node_validates_at_ulimit_256() {
+    let scratch = tempfile::tempdir().unwrap();
+    let config = scratch.path().join("req.yaml");
+    std::fs::write(&config, ALL_24_PORTS).unwrap();
+    // 0 taken: the budget alone must fit; 200 and 240 taken: only shedding kept files and
+    // reading by reopening gets every attribute read.
+    for taken in [0, 200, 240] {
+        let (code, text) = check_at_256(&config, taken);
+        assert_eq!(code, Some(0), "{taken} descriptors taken: {text}");
+        assert!(
+            !text.contains("Too many open files") && !text.contains("out_of_descriptors"),
+            "{taken} descriptors taken: {text}"
+        );
+    }
+}
+
+#[test]
+fn redteam_run_validates_a_twelve_hca_node_at_ulimit_256_through_a_connection_flood() {
+    let tree = common::fixture("bench-12x2");
+    let scratch = tempfile::tempdir().unwrap();
+    let config = scratch.path().join("req.yaml");
+    std::fs::write(&config, ALL_24_PORTS).unwrap();
+    let config = config.to_str().unwrap().to_owned();
+    let mut agent = Launch::at(NODE, &tree.join("sys"), &tree.join("proc"), scratch.path())
+        .args(&["--interval", "100ms", "--dry-run", "--config", &config])
+        .nofile(Some(256))
+        .known_addr()
+        .start();
+    agent.wait_first_probe();
+    // As many idle connections as the server will ever hold, and more.
+    let flood: Vec<TcpStream> = (0..300)
+        .filter_map(|_| {
+            TcpStream::connect_timeout(&agent.addr.unwrap(), Duration::from_secs(1)).ok()
+        })
+        .collect();
+    assert!(flood.len() >= 200, "opened {}", flood.len());
+    let ts = |m: &str| sample(m, "fabricgate_last_probe_timestamp_seconds").unwrap_or(0.0);
+    let before = ts(&agent.get("/metrics").expect("/metrics answers").1);
+    std::thread::sleep(Duration::from_millis(600));
+    let metrics = agent.get("/metrics").expect("/metrics answers").1;
+    assert!(ts(&metrics) > before, "probes go on during the flood");
+    assert_eq!(
+        sample(&metrics, "fabricgate_node_ready"),
+        Some(1.0),
+        "{metrics}"
+    );
+    assert_eq!(
+        sample(&metrics, "fabricgate_agent_error"),
+        Some(0.0),
+        "{metrics}"
+    );
+    let ports_up = metrics
+        .lines()
+        .filter(|l| l.starts_with("fabricgate_rdma_port_up{") && l.ends_with(" 1"))
+        .count();
+    assert_eq!(ports_up, 24, "every port probed: {metrics}");
+    drop(flood);
+    assert!(
+        !agent.log().contains("Too many open files"),
+        "{}",
+        agent.log()
+    );
+    assert!(agent.child.try_wait().unwrap().is_none(), "still running");
+}

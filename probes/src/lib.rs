@@ -11,6 +11,7 @@ pub mod error;
 pub mod events;
 pub mod gpudirect;
 pub mod host;
+mod kept_files;
 pub mod netdev;
 pub mod pod;
 pub mod rdma;

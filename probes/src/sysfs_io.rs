@@ -10,6 +10,7 @@
 //! offset 0 (kernfs regenerates the value on every read from offset 0).
 
 use crate::error::ProbeError;
+use crate::kept_files::{self, Kept};
 use std::ffi::OsString;
 use std::fs::{self, File, OpenOptions};
 use std::io;
@@ -96,11 +97,21 @@ impl AttrBuf {
 /// this way never waits for a writer), then `fstat`: anything but a regular file is refused.
 /// `Ok(None)` when it does not exist.
 pub(crate) fn open_regular(path: &Path) -> Result<Option<File>, ProbeError> {
-    let file = match OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
-        .open(path)
-    {
+    let open = || {
+        OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open(path)
+    };
+    // Out of descriptors is the agent's trouble, not the attribute's: close some kept
+    // attribute files and try once more before it is an error.
+    let file = match open().or_else(|e| {
+        if out_of_descriptors(&e) && kept_files::shed() {
+            open()
+        } else {
+            Err(e)
+        }
+    }) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(ProbeError::read(path, e)),
@@ -223,40 +234,12 @@ pub(crate) fn canonical_cached(path: &Path) -> io::Result<PathBuf> {
     Ok(canonical)
 }
 
-/// Attribute files kept open at once, process-wide, under a default `ulimit -n` of 1024 (and
-/// the least under any limit). A node's GID tables alone can hold thousands of files (rxe:
-/// 1024 entries x 3 attributes per port): past the budget an attribute is opened, read and
-/// closed on each read instead, so the probe never runs the process out of descriptors
-/// (EMFILE would fail every other read, verbs included).
-pub(crate) const MAX_KEPT_OPEN: usize = 512;
-/// The most attribute files kept open under any limit.
-pub(crate) const KEPT_OPEN_CEILING: usize = 65_536;
-/// Descriptors left out of the budget's share (the process's other files and sockets).
-const KEPT_OPEN_RESERVE: u64 = 256;
-static KEPT_OPEN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-
-/// The kept-open budget for a soft `RLIMIT_NOFILE` (`None`: unlimited): a quarter of what
-/// the limit leaves after a reserve (the metrics server may take half), between
-/// [`MAX_KEPT_OPEN`] and [`KEPT_OPEN_CEILING`]. A node agent runs with its soft limit raised
-/// to the hard one (1,048,576 in most container runtimes), so every attribute of a large
-/// node stays open; a bench-12x2 probe is then ~1,900 `pread`s and no `open`.
-pub(crate) fn kept_open_budget_for(soft: Option<u64>) -> usize {
-    soft.map_or(KEPT_OPEN_CEILING, |s| {
-        usize::try_from(s.saturating_sub(KEPT_OPEN_RESERVE) / 4).unwrap_or(KEPT_OPEN_CEILING)
-    })
-    .clamp(MAX_KEPT_OPEN, KEPT_OPEN_CEILING)
+/// The open failed because this process (EMFILE) or the system (ENFILE) is out of descriptors.
+fn out_of_descriptors(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE))
 }
 
-/// [`kept_open_budget_for`] the process's soft limit, read once, at the first attribute
-/// opened (the agent raises its limit before its first probe).
-fn kept_open_budget() -> usize {
-    static BUDGET: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *BUDGET.get_or_init(|| {
-        kept_open_budget_for(rustix::process::getrlimit(rustix::process::Resource::Nofile).current)
-    })
-}
-
-/// One attribute file kept open between probes (within [`MAX_KEPT_OPEN`]).
+/// One attribute file, kept open between probes within [`kept_files::budget`].
 #[derive(Debug)]
 pub(crate) struct Attr {
     path: PathBuf,
@@ -265,7 +248,8 @@ pub(crate) struct Attr {
 
 #[derive(Debug)]
 enum Slot {
-    Open(File),
+    /// Kept open in [`kept_files`] (read by opening again if it was shed since).
+    Open(Kept),
     /// Over the budget: opened, read and closed on every read.
     Reopen,
     Missing,
@@ -276,22 +260,17 @@ enum Slot {
 
 impl Attr {
     pub(crate) fn open(path: PathBuf) -> Self {
-        Self::open_within(path, kept_open_budget())
+        Self::open_within(path, kept_files::budget())
     }
 
     /// [`Attr::open`] with an explicit budget of kept-open files.
     fn open_within(path: PathBuf, budget: usize) -> Self {
-        use std::sync::atomic::Ordering;
         let slot = match open_regular(&path) {
-            Ok(Some(f)) => {
-                if KEPT_OPEN.fetch_add(1, Ordering::Relaxed) < budget {
-                    Slot::Open(f)
-                } else {
-                    KEPT_OPEN.fetch_sub(1, Ordering::Relaxed);
-                    Slot::Reopen
-                }
-            }
+            Ok(Some(f)) => kept_files::keep(f, budget).map_or(Slot::Reopen, Slot::Open),
             Ok(None) => Slot::Missing,
+            // Still out of descriptors after shedding: try again at each read, which needs
+            // one descriptor for a moment, rather than remember a failure of the agent's.
+            Err(ProbeError::Read { source, .. }) if out_of_descriptors(&source) => Slot::Reopen,
             Err(e) => Slot::Failed(e.to_string()),
         };
         Self { path, slot }
@@ -319,11 +298,20 @@ impl Attr {
     fn fill(&self, buf: &mut AttrBuf) -> Result<bool, ProbeError> {
         match &self.slot {
             Slot::Missing | Slot::Failed(_) => Ok(false),
-            Slot::Reopen => match open_regular(&self.path)? {
+            Slot::Open(kept) => match kept.file() {
                 Some(file) => buf.fill(&file, &self.path).map(|()| true),
-                None => Ok(false),
+                None => self.fill_reopened(buf),
             },
-            Slot::Open(file) => buf.fill(file, &self.path).map(|()| true),
+            Slot::Reopen => self.fill_reopened(buf),
+        }
+    }
+}
+
+impl Attr {
+    fn fill_reopened(&self, buf: &mut AttrBuf) -> Result<bool, ProbeError> {
+        match open_regular(&self.path)? {
+            Some(file) => buf.fill(&file, &self.path).map(|()| true),
+            None => Ok(false),
         }
     }
 }
@@ -393,14 +381,6 @@ impl KeptAttr {
     pub(crate) fn string(&mut self, buf: &mut AttrBuf, errors: &mut Vec<String>) -> Option<String> {
         let (result, path) = self.read_naming(buf);
         string(result, path, errors)
-    }
-}
-
-impl Drop for Attr {
-    fn drop(&mut self) {
-        if matches!(self.slot, Slot::Open(_)) {
-            KEPT_OPEN.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-        }
     }
 }
 
@@ -534,7 +514,14 @@ pub(crate) fn list_dir(path: &Path) -> Result<Option<Listing>, ProbeError> {
         source: e.into(),
     };
     let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
-    let fd = match rustix::fs::open(path, flags, Mode::empty()) {
+    let open = || rustix::fs::open(path, flags, Mode::empty());
+    let fd = match open().or_else(|e| {
+        if matches!(e, rustix::io::Errno::MFILE | rustix::io::Errno::NFILE) && kept_files::shed() {
+            open()
+        } else {
+            Err(e)
+        }
+    }) {
         Ok(fd) => fd,
         Err(rustix::io::Errno::NOENT) => return Ok(None),
         Err(e) => return Err(failed(e)),
@@ -590,7 +577,7 @@ mod tests {
     #[test]
     fn attributes_past_the_kept_open_budget_are_read_by_reopening() {
         let dir = tempfile::tempdir().unwrap();
-        let budget = MAX_KEPT_OPEN;
+        let budget = 64;
         let attrs: Vec<Attr> = (0..budget + 20)
             .map(|i| {
                 let path = dir.path().join(format!("a{i}"));
@@ -598,7 +585,11 @@ mod tests {
                 Attr::open_within(path, budget)
             })
             .collect();
-        assert!(KEPT_OPEN.load(std::sync::atomic::Ordering::Relaxed) <= budget);
+        let kept = attrs
+            .iter()
+            .filter(|a| matches!(a.slot, Slot::Open(_)))
+            .count();
+        assert!(kept <= budget, "{kept} kept open, budget {budget}");
         assert!(attrs.iter().any(|a| matches!(a.slot, Slot::Reopen)));
         let mut buf = AttrBuf::new();
         for (i, a) in attrs.iter().enumerate() {
@@ -627,17 +618,6 @@ mod tests {
         std::fs::remove_dir(&b).unwrap();
         assert!(canonical_cached(&link).is_err(), "a dangling link resolves");
         assert_eq!(canonical_cached(dir.path()).unwrap(), real(dir.path()));
-    }
-
-    /// The budget follows the descriptor limit: the old fixed 512 under a default 1024, every
-    /// attribute of a large node under a container's raised limit.
-    #[test]
-    fn the_kept_open_budget_follows_the_descriptor_limit() {
-        assert_eq!(kept_open_budget_for(Some(1024)), MAX_KEPT_OPEN);
-        assert_eq!(kept_open_budget_for(Some(0)), MAX_KEPT_OPEN);
-        assert_eq!(kept_open_budget_for(Some(20_000)), (20_000 - 256) / 4);
-        assert_eq!(kept_open_budget_for(Some(1_048_576)), KEPT_OPEN_CEILING);
-        assert_eq!(kept_open_budget_for(None), KEPT_OPEN_CEILING);
     }
 
     #[test]
