@@ -4,8 +4,8 @@
 
 use crate::error::{Error, Result};
 use fabricgate_probes::rdma::peer::{
-    KeyRing, MAX_BW_DURATION, MAX_BW_SIZE, MAX_RTT_COUNT, MAX_RTT_SIZE, MIN_BW_SIZE,
-    MIN_RTT_SIZE, Plan,
+    KeyRing, MAX_BW_DURATION, MAX_BW_SIZE, MAX_RTT_COUNT, MAX_RTT_SIZE, MIN_BW_SIZE, MIN_RTT_SIZE,
+    Plan,
 };
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
@@ -15,7 +15,7 @@ use std::time::Duration;
 /// Default TCP port of the responder (the metrics port + 1).
 pub const DEFAULT_PORT: u16 = 9465;
 /// Where the DaemonSet mounts the `fabricgate-peers` Secret's `key`.
-pub const DEFAULT_KEY_FILE: &str = "/etc/fabricgate/peers/key";
+pub const DEFAULT_KEY_FILE: &str = "/etc/fabricgate-peers/key";
 /// How the operator creates the pool's key (in every message about a missing one).
 pub const CREATE_KEY: &str = "kubectl -n fabricgate create secret generic fabricgate-peers \
      --from-literal=key=\"$(openssl rand -hex 32)\"";
@@ -466,7 +466,11 @@ mod tests {
         let e = s.load_keys().unwrap_err();
         assert_eq!(e.exit_code(), crate::EXIT_USAGE);
         let e = e.to_string();
-        for want in ["peers.key_file", &s.key_file, "create secret generic fabricgate-peers"] {
+        for want in [
+            "peers.key_file",
+            &s.key_file,
+            "create secret generic fabricgate-peers",
+        ] {
             assert!(e.contains(want), "{want}: {e}");
         }
         std::fs::write(&s.key_file, "00112233445566778899aabbccddeeff\n").unwrap();

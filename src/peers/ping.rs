@@ -3,9 +3,7 @@
 use crate::config::Config;
 use crate::config::peers::PeerSpec;
 use fabricgate_probes::rdma::RdmaReport;
-use fabricgate_probes::rdma::peer::{
-    self, ErrorKind, Identity, LocalPort, Outcome, Plan, Skip,
-};
+use fabricgate_probes::rdma::peer::{self, ErrorKind, Identity, LocalPort, Outcome, Plan, Skip};
 use serde_json::{Value, json};
 use std::fmt::Write as _;
 use std::net::{SocketAddr, ToSocketAddrs};

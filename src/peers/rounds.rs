@@ -218,16 +218,12 @@ impl PeerAgent {
         })?;
         // A session may take as long as a client's bound, plus setup.
         let limit = config.peers.timeout + Duration::from_secs(5);
-        let responder = Responder::start(
-            listener,
-            identity,
-            Arc::clone(&keys),
-            roots.clone(),
-            limit,
-        )
-        .map_err(|e| Error::Internal {
-            message: format!("cannot start the peer responder: {e}"),
-        })?;
+        let responder =
+            Responder::start(listener, identity, Arc::clone(&keys), roots.clone(), limit).map_err(
+                |e| Error::Internal {
+                    message: format!("cannot start the peer responder: {e}"),
+                },
+            )?;
         tracing::info!(
             addr = %responder.local_addr(),
             key_file = %config.peers.key_file,
@@ -399,8 +395,18 @@ mod tests {
             required: "2 of the last 3 rounds".into(),
             ..PeersSettings::default()
         };
-        let keys = || Arc::new(KeyRing::fixed(fabricgate_probes::rdma::peer::Keys::from_secrets(&[])));
-        let mut rounds = Rounds::new(&settings, &[], Identity::default(), keys(), Roots::default());
+        let keys = || {
+            Arc::new(KeyRing::fixed(
+                fabricgate_probes::rdma::peer::Keys::from_secrets(&[]),
+            ))
+        };
+        let mut rounds = Rounds::new(
+            &settings,
+            &[],
+            Identity::default(),
+            keys(),
+            Roots::default(),
+        );
         assert_eq!(rounds.required_met(), Some(false), "no rounds yet");
         for good in [true, false, true] {
             rounds.history.push_back(good);

@@ -310,9 +310,14 @@ fn a_busy_peer_keeps_its_values_and_counts_no_error() {
     }
     let mut t = String::new();
     prometheus_client::encoding::text::encode(&mut t, &r).unwrap();
-    assert!(t.contains(r#"peer="10.0.0.1",stat="median"} 0.000011"#), "{t}");
+    assert!(
+        t.contains(r#"peer="10.0.0.1",stat="median"} 0.000011"#),
+        "{t}"
+    );
     for kind in ["connect", "timeout", "verification"] {
-        let line = format!(r#"fabricgate_peer_errors_total{{device="rxe0",port="1",peer="10.0.0.1",kind="{kind}"}} 0"#);
+        let line = format!(
+            r#"fabricgate_peer_errors_total{{device="rxe0",port="1",peer="10.0.0.1",kind="{kind}"}} 0"#
+        );
         assert!(t.contains(&line), "{line}\n{t}");
     }
 }

@@ -76,7 +76,10 @@ impl Keys {
                 continue;
             }
             let bytes = unhex(line).ok_or_else(|| {
-                format!("line {}: not a key (hex digits, e.g. from `openssl rand -hex 32`)", n + 1)
+                format!(
+                    "line {}: not a key (hex digits, e.g. from `openssl rand -hex 32`)",
+                    n + 1
+                )
             })?;
             if bytes.len() < MIN_KEY_BYTES {
                 return Err(format!(
@@ -115,7 +118,10 @@ impl Keys {
     }
 
     pub(super) fn by_id(&self, id: &KeyId) -> Option<hmac::Key> {
-        self.keys.iter().find(|k| &k.id == id).map(|k| k.mac.clone())
+        self.keys
+            .iter()
+            .find(|k| &k.id == id)
+            .map(|k| k.mac.clone())
     }
 
     pub fn len(&self) -> usize {
@@ -136,7 +142,7 @@ fn key(secret: &[u8]) -> Key {
 }
 
 fn unhex(s: &str) -> Option<Vec<u8>> {
-    if s.len() % 2 != 0 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+    if !s.len().is_multiple_of(2) || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
         return None;
     }
     (0..s.len())
@@ -286,14 +292,14 @@ pub(super) fn random<const N: usize>() -> Option<[u8; N]> {
 
 /// Which side sent a frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Side {
+pub enum Side {
     Client,
     Responder,
 }
 
 /// One session's MAC state: the key both sides agreed on, both nonces, and the next sequence
 /// number in each direction.
-pub(super) struct Transcript {
+pub struct Transcript {
     key: hmac::Key,
     client_nonce: [u8; NONCE_LEN],
     responder_nonce: [u8; NONCE_LEN],
@@ -303,7 +309,7 @@ pub(super) struct Transcript {
 }
 
 impl Transcript {
-    pub(super) fn new(
+    fn new_with(
         key: hmac::Key,
         client_nonce: [u8; NONCE_LEN],
         responder_nonce: [u8; NONCE_LEN],
@@ -317,6 +323,26 @@ impl Transcript {
             sent: 0,
             received: 0,
         }
+    }
+
+    pub(super) fn new(
+        key: hmac::Key,
+        client_nonce: [u8; NONCE_LEN],
+        responder_nonce: [u8; NONCE_LEN],
+        me: Side,
+    ) -> Self {
+        Self::new_with(key, client_nonce, responder_nonce, me)
+    }
+
+    /// A transcript under the current key of `keys` (benches: the MAC work of a session).
+    pub fn for_bench(
+        keys: &Keys,
+        client_nonce: [u8; NONCE_LEN],
+        responder_nonce: [u8; NONCE_LEN],
+        me: Side,
+    ) -> Option<Self> {
+        let key = keys.keys.first()?.mac.clone();
+        Some(Self::new_with(key, client_nonce, responder_nonce, me))
     }
 
     fn input(&self, from: Side, seq: u8, frame: &[u8; FRAME_LEN]) -> Vec<u8> {
@@ -334,7 +360,7 @@ impl Transcript {
     }
 
     /// Put our next MAC into `frame`'s last 32 bytes.
-    pub(super) fn seal(&mut self, mut frame: [u8; FRAME_LEN]) -> [u8; FRAME_LEN] {
+    pub fn seal(&mut self, mut frame: [u8; FRAME_LEN]) -> [u8; FRAME_LEN] {
         let tag = hmac::sign(&self.key, &self.input(self.me, self.sent, &frame));
         frame[MAC_AT..].copy_from_slice(tag.as_ref());
         self.sent = self.sent.wrapping_add(1);
@@ -342,7 +368,7 @@ impl Transcript {
     }
 
     /// Whether `frame` carries the other side's next MAC (constant-time comparison).
-    pub(super) fn verify(&mut self, frame: &[u8; FRAME_LEN]) -> bool {
+    pub fn verify(&mut self, frame: &[u8; FRAME_LEN]) -> bool {
         let from = match self.me {
             Side::Client => Side::Responder,
             Side::Responder => Side::Client,

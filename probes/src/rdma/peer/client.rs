@@ -3,9 +3,8 @@
 
 use super::auth::{Keys, Side, Transcript, random};
 use super::wire::{
-    Frame, Hello, T_CHALLENGE, T_DONE, T_ENDPOINT, T_VERDICT, T_WELCOME, Welcome,
-    decode_challenge, decode_endpoint, digest, encode, encode_endpoint, encode_open, pattern,
-    read_frame_within,
+    Frame, Hello, T_CHALLENGE, T_DONE, T_ENDPOINT, T_VERDICT, T_WELCOME, Welcome, decode_challenge,
+    decode_endpoint, digest, encode, encode_endpoint, encode_open, pattern, read_frame_within,
 };
 use super::{BW_DEPTH, FRAME_TIMEOUT, Identity, LocalPort, PROTOCOL_VERSION, Plan, Status};
 use crate::rdma::verbs::rc::{self, EndpointSpec, RcError};
@@ -257,7 +256,10 @@ pub fn measure(
     }
     if !t.verify(&frame.raw) {
         if frame.status == Status::Auth {
-            return failed(ErrorKind::Connect, format!("{peer}: {}", Status::Auth.describe()));
+            return failed(
+                ErrorKind::Connect,
+                format!("{peer}: {}", Status::Auth.describe()),
+            );
         }
         return unauthenticated(peer, "WELCOME");
     }

@@ -51,8 +51,8 @@ mod responder;
 mod tests;
 mod wire;
 
-pub use client::{ErrorKind, Measurement, Outcome, Skip, measure, percentile};
 pub use auth::{KeyRing, Keys};
+pub use client::{ErrorKind, Measurement, Outcome, Skip, measure, percentile};
 pub use responder::{Responder, ResponderStats};
 
 use crate::Roots;

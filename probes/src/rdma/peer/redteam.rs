@@ -53,7 +53,8 @@ fn drain(s: &mut TcpStream, limit: Duration) -> (Vec<u8>, Option<Instant>) {
     let mut out = Vec::new();
     let mut buf = [0u8; 512];
     while Instant::now() < end {
-        s.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
         match s.read(&mut buf) {
             Ok(0) => return (out, Some(Instant::now())),
             Ok(n) => out.extend_from_slice(&buf[..n]),
@@ -126,7 +127,9 @@ fn redteam_connect_and_hold_cannot_take_the_responder() {
         .collect();
     assert!(wait_until(|| r.active_sessions() == MAX_PER_SOURCE));
     assert!(reaches_rdma(&measure_member(addr)));
-    assert!(wait_until(|| r.stats().refused.load(Ordering::Relaxed) >= 48));
+    assert!(wait_until(
+        || r.stats().refused.load(Ordering::Relaxed) >= 48
+    ));
     drop(held);
     assert!(wait_until(|| r.active_sessions() == 0));
 
@@ -142,8 +145,11 @@ fn redteam_connect_and_hold_cannot_take_the_responder() {
     drop(held);
 }
 
+/// What went to the responder, and what came back.
+type Tape = Arc<Mutex<(Vec<u8>, Vec<u8>)>>;
+
 /// A relay that records both directions of one session.
-fn recording_relay(to: SocketAddr) -> (SocketAddr, Arc<Mutex<(Vec<u8>, Vec<u8>)>>) {
+fn recording_relay(to: SocketAddr) -> (SocketAddr, Tape) {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let at = l.local_addr().unwrap();
     let tape = Arc::new(Mutex::new((Vec::new(), Vec::new())));
@@ -200,15 +206,21 @@ fn redteam_a_recorded_session_cannot_be_replayed() {
     let mut s = TcpStream::connect(r.local_addr()).unwrap();
     s.write_all(&to_responder).unwrap();
     let (answer, _) = drain(&mut s, Duration::from_secs(5));
-    assert_eq!(answer.len(), 2 * FRAME_LEN, "a fresh CHALLENGE, then the refusal");
+    assert_eq!(
+        answer.len(),
+        2 * FRAME_LEN,
+        "a fresh CHALLENGE, then the refusal"
+    );
     let mut last = [0u8; FRAME_LEN];
     last.copy_from_slice(&answer[FRAME_LEN..]);
     let refusal = decode(&last).unwrap();
     assert_eq!((refusal.kind, refusal.status), (T_WELCOME, Status::Auth));
     assert!(!names_the_node(&answer), "{answer:?}");
-    assert!(wait_until(
-        || r.stats().unauthenticated.load(Ordering::Relaxed) == 1
-    ));
+    assert!(wait_until(|| r
+        .stats()
+        .unauthenticated
+        .load(Ordering::Relaxed)
+        == 1));
 
     // Replayed to a client by a fake responder: an OK WELCOME that is not believed.
     let fake = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -273,9 +285,11 @@ fn redteam_wrong_key_learns_nothing_and_is_refused() {
     last.copy_from_slice(&answer[answer.len() - FRAME_LEN..]);
     assert_eq!(decode(&last).unwrap().status, Status::Auth);
     assert!(!names_the_node(&raw), "{raw:?}");
-    assert!(wait_until(
-        || r.stats().unauthenticated.load(Ordering::Relaxed) == 2
-    ));
+    assert!(wait_until(|| r
+        .stats()
+        .unauthenticated
+        .load(Ordering::Relaxed)
+        == 2));
     assert!(reaches_rdma(&measure_member(addr)));
 }
 

@@ -4,13 +4,13 @@
 
 use super::auth::{KeyRing, Side, Transcript, random};
 use super::wire::{
-    Cursor, Frame, Hello, T_CHALLENGE, T_DONE, T_ENDPOINT, T_HELLO, T_OPEN, T_VERDICT,
-    T_WELCOME, Welcome, decode_endpoint, decode_open, digest, encode, encode_challenge,
-    encode_endpoint, expect_kind, read_frame, read_frame_within,
+    Cursor, Frame, Hello, T_CHALLENGE, T_DONE, T_ENDPOINT, T_HELLO, T_OPEN, T_VERDICT, T_WELCOME,
+    Welcome, decode_endpoint, decode_open, digest, encode, encode_challenge, encode_endpoint,
+    expect_kind, read_frame, read_frame_within,
 };
 use super::{
-    FRAME_LEN, FRAME_TIMEOUT, Identity, LocalPort, MAX_PER_SOURCE, MAX_SESSIONS,
-    PROTOCOL_VERSION, Status, thread_cpu_ns,
+    FRAME_LEN, FRAME_TIMEOUT, Identity, LocalPort, MAX_PER_SOURCE, MAX_SESSIONS, PROTOCOL_VERSION,
+    Status, thread_cpu_ns,
 };
 use crate::Roots;
 use crate::rdma::verbs::rc::{self, EndpointInfo, EndpointSpec};

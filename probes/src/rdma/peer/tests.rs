@@ -273,7 +273,14 @@ fn unreachable_and_silent_peers_fail_with_their_kind_in_time() {
     };
     let t = Duration::from_secs(2);
     let started = Instant::now();
-    match measure(dead, &local(), &Identity::default(), &keys(), &Plan::default(), t) {
+    match measure(
+        dead,
+        &local(),
+        &Identity::default(),
+        &keys(),
+        &Plan::default(),
+        t,
+    ) {
         Outcome::Failed { kind, .. } => assert_eq!(kind, Some(ErrorKind::Connect)),
         other => panic!("{other:?}"),
     }
@@ -283,7 +290,14 @@ fn unreachable_and_silent_peers_fail_with_their_kind_in_time() {
     let hold = std::thread::spawn(move || silent.accept().map(|(s, _)| s));
     let t = Duration::from_millis(700);
     let started2 = Instant::now();
-    match measure(addr, &local(), &Identity::default(), &keys(), &Plan::default(), t) {
+    match measure(
+        addr,
+        &local(),
+        &Identity::default(),
+        &keys(),
+        &Plan::default(),
+        t,
+    ) {
         Outcome::Failed { kind, .. } => assert_eq!(kind, Some(ErrorKind::Timeout)),
         other => panic!("{other:?}"),
     }
@@ -336,7 +350,14 @@ fn responder_survives_garbage_and_bounds_concurrent_sessions() {
         group: String::new(),
     };
     assert_eq!(
-        measure(addr, &local(), &me, &keys(), &Plan::default(), FRAME_TIMEOUT),
+        measure(
+            addr,
+            &local(),
+            &me,
+            &keys(),
+            &Plan::default(),
+            FRAME_TIMEOUT
+        ),
         Outcome::Skipped(Skip::SelfNode)
     );
 }
@@ -345,8 +366,14 @@ fn responder_survives_garbage_and_bounds_concurrent_sessions() {
 fn a_responder_before_its_first_probe_says_starting() {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let ring = std::sync::Arc::new(KeyRing::fixed(keys()));
-    let r = Responder::start(l, Identity::default(), ring, Roots::default(), SESSION_LIMIT)
-        .unwrap();
+    let r = Responder::start(
+        l,
+        Identity::default(),
+        ring,
+        Roots::default(),
+        SESSION_LIMIT,
+    )
+    .unwrap();
     let me = Identity {
         node_name: "gpu-b".into(),
         group: String::new(),
@@ -390,7 +417,10 @@ fn version_mismatch_is_refused_with_the_responders_version_only() {
     let frame = decode(&f).unwrap();
     assert_eq!(frame.status, Status::Version);
     assert_eq!(frame.version, PROTOCOL_VERSION);
-    assert!(f[8..].iter().all(|&b| b == 0), "nothing but the version: {f:?}");
+    assert!(
+        f[8..].iter().all(|&b| b == 0),
+        "nothing but the version: {f:?}"
+    );
 }
 
 /// A TCP connection from the local address `src` (any of 127/8 on Linux's loopback).
@@ -414,10 +444,7 @@ fn key_files_parse_hex_keys_and_never_quote_them() {
         ("# only a comment\n", "no key"),
         ("0011", "too short"),
         ("zz112233445566778899aabbccddeeff", "not a key"),
-        (
-            &"00112233445566778899aabbccddeeff\n".repeat(5),
-            "at most 4",
-        ),
+        (&"00112233445566778899aabbccddeeff\n".repeat(5), "at most 4"),
     ] {
         let e = Keys::parse(bad).unwrap_err();
         assert!(e.contains(says), "{bad:?}: {e}");
@@ -425,7 +452,9 @@ fn key_files_parse_hex_keys_and_never_quote_them() {
     }
     assert!(!format!("{k:?}").contains("2233"));
     let dir = tempfile::tempdir().unwrap();
-    let e = KeyRing::load(&dir.path().join("key")).unwrap_err().to_string();
+    let e = KeyRing::load(&dir.path().join("key"))
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("key") && e.contains("cannot open"), "{e}");
 }
 
@@ -465,7 +494,14 @@ fn key_rotation_through_a_secret_volume_swap_needs_no_restart() {
             node_name: "gpu-b".into(),
             group: String::new(),
         };
-        match measure(r.local_addr(), &local(), &me, &k, &Plan::default(), FRAME_TIMEOUT) {
+        match measure(
+            r.local_addr(),
+            &local(),
+            &me,
+            &k,
+            &Plan::default(),
+            FRAME_TIMEOUT,
+        ) {
             // Authenticated: refused only for having no port.
             Outcome::Failed { message, .. } if message.contains("no usable RDMA port") => true,
             Outcome::Failed { message, .. } if message.contains("authentication") => false,
@@ -487,5 +523,8 @@ fn key_rotation_through_a_secret_volume_swap_needs_no_restart() {
     std::fs::remove_file(d.join("..v3/key")).unwrap();
     std::thread::sleep(auth::KEY_RELOAD + Duration::from_millis(100));
     assert!(with(new));
-    assert!(ring.take_reload_error().is_some_and(|e| e.contains("still using")));
+    assert!(
+        ring.take_reload_error()
+            .is_some_and(|e| e.contains("still using"))
+    );
 }

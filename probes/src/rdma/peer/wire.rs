@@ -3,9 +3,7 @@
 //! digest both sides use to verify the WRITEs.
 
 use super::auth::{KEY_ID_LEN, KeyId, NONCE_LEN};
-use super::{
-    FRAME_LEN, FRAME_TIMEOUT, Identity, MAC_AT, NAME_LEN, PROTOCOL_VERSION, Plan, Status,
-};
+use super::{FRAME_LEN, FRAME_TIMEOUT, Identity, MAC_AT, NAME_LEN, PROTOCOL_VERSION, Plan, Status};
 use crate::rdma::verbs::rc::EndpointInfo;
 use std::io::{self, Read};
 use std::net::TcpStream;
