@@ -15,8 +15,9 @@ use std::time::{Duration, Instant};
 /// The `kind` of `fabricgate_peer_errors_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ErrorKind {
-    /// The side channel failed: no TCP connection, refused, garbage, or a responder that
-    /// cannot take part (BUSY, NO_PORT, VERBS, ...).
+    /// The side channel failed: no TCP connection, refused, garbage, an answer that fails
+    /// authentication (or AUTH: no key in common), or a responder that cannot take part
+    /// (NO_PORT, VERBS, ...). BUSY is a [`Skip`], not this.
     Connect,
     /// The responder or its HCA did not answer in time (TCP read timeout, RDMA retries
     /// exhausted, no completion before the deadline).
