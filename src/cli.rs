@@ -318,6 +318,10 @@ pub struct RunArgs {
     /// in addition to `peers.static` and `peers.service`; needs `peers.enabled`.
     #[arg(long, value_delimiter = ',', value_name = "PEERS")]
     pub peers: Vec<String>,
+    /// Address of the peer responder, replacing `peers.listen` (the DaemonSet passes the
+    /// node's own address, `$(HOST_IP):9465`); ignored without `peers.enabled`.
+    #[arg(long, value_name = "ADDR")]
+    pub peers_listen: Option<std::net::SocketAddr>,
 }
 
 /// Flags shared by every subcommand that probes.

@@ -108,7 +108,7 @@ fn run_ping(args: &PingArgs) -> anyhow::Result<u8> {
         &identity,
         &plan,
         args.timeout.unwrap_or(p.timeout),
-    );
+    )?;
     let text = match args.format {
         Format::Json => serde_json::to_string_pretty(&outcome.to_json())? + "\n",
         Format::Table => outcome.to_table(),

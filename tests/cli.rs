@@ -10,6 +10,8 @@ mod check_cli;
 mod gpudirect_cli;
 #[path = "cli/peers_cli.rs"]
 mod peers_cli;
+#[path = "cli/peers_redteam.rs"]
+mod peers_redteam;
 #[path = "cli/preflight_cli.rs"]
 mod preflight_cli;
 #[path = "cli/selftest_cli.rs"]

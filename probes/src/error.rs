@@ -44,6 +44,10 @@ pub enum ProbeError {
     #[error("{device}: {message}")]
     Verbs { device: String, message: String },
 
+    /// The peer channel's key file (its content is never quoted: it holds secrets).
+    #[error("peers key file {path}: {message}")]
+    PeerKey { path: PathBuf, message: String },
+
     #[error("{0}")]
     Other(String),
 }
@@ -73,7 +77,7 @@ impl ProbeError {
             | Self::TooLarge { .. } => "read",
             Self::Parse { .. } => "parse",
             Self::Verbs { .. } => "verbs",
-            Self::Other(_) => "other",
+            Self::PeerKey { .. } | Self::Other(_) => "other",
         }
     }
 }

@@ -102,7 +102,12 @@ impl Agent {
                 message: "must be greater than 0 (e.g. 10s)".into(),
             });
         }
-        let config = args.probe.load_config()?;
+        let mut config = args.probe.load_config()?;
+        if let Some(listen) = args.peers_listen
+            && config.peers.enabled
+        {
+            config.peers.listen = listen.to_string();
+        }
         let roots = args.probe.roots()?;
         let mut probe_config = args.probe.probe_config(&config);
         probe_config.counters_interval = config.rdma.counters_interval(args.interval);
@@ -164,7 +169,7 @@ impl Agent {
                 &roots,
                 metrics.peers.clone().unwrap_or_default(),
             )?;
-            let rounds = Rounds::new(&config.peers, &extra, identity, roots);
+            let rounds = Rounds::new(&config.peers, &extra, identity, agent.keys(), roots);
             Some((agent, rounds))
         } else {
             if !args.peers.is_empty() {

@@ -4,7 +4,8 @@
 
 use crate::error::{Error, Result};
 use fabricgate_probes::rdma::peer::{
-    MAX_BW_DURATION, MAX_BW_SIZE, MAX_RTT_COUNT, MAX_RTT_SIZE, MIN_BW_SIZE, MIN_RTT_SIZE, Plan,
+    KeyRing, MAX_BW_DURATION, MAX_BW_SIZE, MAX_RTT_COUNT, MAX_RTT_SIZE, MIN_BW_SIZE, MIN_RTT_SIZE,
+    Plan,
 };
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
@@ -13,6 +14,11 @@ use std::time::Duration;
 
 /// Default TCP port of the responder (the metrics port + 1).
 pub const DEFAULT_PORT: u16 = 9465;
+/// Where the DaemonSet mounts the `fabricgate-peers` Secret's `key`.
+pub const DEFAULT_KEY_FILE: &str = "/etc/fabricgate-peers/key";
+/// How the operator creates the pool's key (in every message about a missing one).
+pub const CREATE_KEY: &str = "kubectl -n fabricgate create secret generic fabricgate-peers \
+     --from-literal=key=\"$(openssl rand -hex 32)\"";
 
 /// The `peers:` section of the requirements file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -20,8 +26,11 @@ pub const DEFAULT_PORT: u16 = 9465;
 pub struct PeersSettings {
     /// Run the responder and the measurement rounds.
     pub enabled: bool,
-    /// Address of the responder's TCP side channel.
+    /// Address of the responder's TCP side channel (`--peers-listen` replaces it).
     pub listen: String,
+    /// The pool's shared key(s) that authenticate the side channel: hex, one per line, the
+    /// current one first (docs/peers.md). Re-read when it changes.
+    pub key_file: String,
     /// Headless Service over the agent DaemonSet (`fabricgate-peers.fabricgate.svc`): its A
     /// records, resolved with the system resolver before every round, are the peers.
     pub service: String,
@@ -53,6 +62,7 @@ impl Default for PeersSettings {
         Self {
             enabled: false,
             listen: format!("0.0.0.0:{DEFAULT_PORT}"),
+            key_file: DEFAULT_KEY_FILE.into(),
             service: String::new(),
             static_peers: Vec::new(),
             per_round: 3,
@@ -162,6 +172,22 @@ impl PeersSettings {
             .map_or(DEFAULT_PORT, |a| a.port())
     }
 
+    /// The side channel's keys from `key_file`, re-read by path when it changes.
+    ///
+    /// # Errors
+    /// [`Error::ConfigValue`] for `peers.key_file`, naming the file and how to create the
+    /// Secret: peers are never run unauthenticated.
+    pub fn load_keys(&self) -> Result<KeyRing> {
+        KeyRing::load(std::path::Path::new(&self.key_file)).map_err(|e| Error::ConfigValue {
+            key: "peers.key_file".into(),
+            message: format!(
+                "{e}. peers.enabled needs the pool's shared key: create it once with \
+                 `{CREATE_KEY}` (the DaemonSet mounts it at {DEFAULT_KEY_FILE}), or point \
+                 peers.key_file at a file holding one or two hex keys"
+            ),
+        })
+    }
+
     /// Round interval: `peers.interval`, or `fallback` (the agent's `--interval`).
     pub fn interval(&self, fallback: Duration) -> Duration {
         humantime::parse_duration(self.interval.trim()).unwrap_or(fallback)
@@ -183,6 +209,12 @@ impl PeersSettings {
                     "{:?} is not an address; write e.g. \"0.0.0.0:9465\"",
                     self.listen
                 ),
+            );
+        }
+        if self.key_file.trim().is_empty() {
+            return bad(
+                "key_file",
+                format!("is empty; the side channel needs a key (default {DEFAULT_KEY_FILE})"),
             );
         }
         if self.per_round == 0 || self.per_round > 64 {
@@ -402,6 +434,7 @@ mod tests {
             ("peers:\n  timeout: 1ms\n", "peers.timeout"),
             ("peers:\n  service: \"http://x\"\n", "peers.service"),
             ("peers:\n  keep_rounds: 0\n", "peers.keep_rounds"),
+            ("peers:\n  key_file: \"\"\n", "peers.key_file"),
         ] {
             let e = Config::parse(yaml).unwrap_err().to_string();
             assert!(e.contains(key), "{yaml:?}: {e}");
@@ -420,6 +453,28 @@ mod tests {
         assert_eq!(c.peers.required(), Some(Required { n: 2, m: 4 }));
         assert_eq!(c.peers.plan().bw_size, 65536);
         assert_eq!(c.peers.plan().bw_duration, Duration::from_millis(50));
+    }
+
+    #[test]
+    fn a_missing_key_file_names_it_and_how_to_create_the_secret() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = PeersSettings {
+            enabled: true,
+            key_file: dir.path().join("key").display().to_string(),
+            ..PeersSettings::default()
+        };
+        let e = s.load_keys().unwrap_err();
+        assert_eq!(e.exit_code(), crate::EXIT_USAGE);
+        let e = e.to_string();
+        for want in [
+            "peers.key_file",
+            &s.key_file,
+            "create secret generic fabricgate-peers",
+        ] {
+            assert!(e.contains(want), "{want}: {e}");
+        }
+        std::fs::write(&s.key_file, "00112233445566778899aabbccddeeff\n").unwrap();
+        assert_eq!(s.load_keys().unwrap().keys().len(), 1);
     }
 
     #[test]

@@ -3,6 +3,10 @@
 
 use crate::config::peers::PeerSpec;
 use std::collections::{BTreeMap, BTreeSet};
+
+/// Rounds an address that answered SELF or OTHER_GROUP (authenticated) is left out of; then
+/// it is asked again (a node's group label may change, its address be reused).
+pub const EXCLUSION_ROUNDS: u64 = 10;
 use std::net::{SocketAddr, ToSocketAddrs};
 
 /// A resolved peer.
@@ -67,11 +71,14 @@ impl Discovery {
 
 /// Round-robin over a changing peer list: each round continues after the last peer measured,
 /// so over `len / per_round` rounds every peer is measured once. Addresses that turned out to
-/// be this node or another group are left out until they leave the list.
+/// be this node or another group are left out for [`EXCLUSION_ROUNDS`] rounds, or until they
+/// leave the list.
 #[derive(Debug, Default)]
 pub struct Selector {
     last: Option<SocketAddr>,
-    excluded: BTreeSet<SocketAddr>,
+    /// Excluded addresses and the round they were excluded in.
+    excluded: BTreeMap<SocketAddr, u64>,
+    round: u64,
 }
 
 impl Selector {
@@ -80,7 +87,7 @@ impl Selector {
     pub fn order(&self, targets: &[Target]) -> Vec<Target> {
         let eligible: Vec<&Target> = targets
             .iter()
-            .filter(|t| !self.excluded.contains(&t.addr))
+            .filter(|t| !self.excluded.contains_key(&t.addr))
             .collect();
         let start = self
             .last
@@ -97,14 +104,18 @@ impl Selector {
     }
 
     pub fn exclude(&mut self, addr: SocketAddr) {
-        self.excluded.insert(addr);
+        self.excluded.insert(addr, self.round);
         self.last = Some(addr);
     }
 
-    /// Forget exclusions of addresses no longer listed (a node replaced at the same address
-    /// is tried again once it has left and come back).
+    /// Start a round over `targets`: forget exclusions of addresses no longer listed (a node
+    /// replaced at the same address is tried again once it has left and come back) and
+    /// exclusions older than [`EXCLUSION_ROUNDS`].
     pub fn retain(&mut self, targets: &[Target]) {
+        self.round += 1;
         let listed: BTreeSet<SocketAddr> = targets.iter().map(|t| t.addr).collect();
-        self.excluded.retain(|a| listed.contains(a));
+        let now = self.round;
+        self.excluded
+            .retain(|a, at| listed.contains(a) && now - *at <= EXCLUSION_ROUNDS);
     }
 }

@@ -56,10 +56,11 @@ pub struct PeerMetrics {
     responder_cpu: Counter<f64, AtomicU64>,
     /// Peer series of each of the last `keep_rounds` rounds, newest last.
     window: Arc<Mutex<VecDeque<BTreeSet<PeerLabels>>>>,
-    responder_seen: Arc<Mutex<[u64; 3]>>,
+    responder_seen: Arc<Mutex<[u64; 4]>>,
 }
 
 const RTT_STATS: [&str; 3] = ["min", "median", "max"];
+const RESPONDER_RESULTS: [&str; 4] = ["served", "refused", "unauthenticated", "failed"];
 
 impl PeerMetrics {
     pub fn register(r: &mut Registry) -> Self {
@@ -112,7 +113,7 @@ impl PeerMetrics {
         );
         family!(
             "fabricgate_peer_responder_sessions",
-            "Sessions the responder handled, by result (served, refused, failed)",
+            "Sessions the responder handled, by result (served, refused, unauthenticated, failed)",
             responder_sessions
         );
         family!(
@@ -121,7 +122,7 @@ impl PeerMetrics {
             responder_cpu,
             Unit::Seconds
         );
-        for result in ["served", "refused", "failed"] {
+        for result in RESPONDER_RESULTS {
             m.responder_sessions
                 .get_or_create(&ResultLabels { result })
                 .inc_by(0);
@@ -176,6 +177,9 @@ impl PeerMetrics {
                     }
                 }
                 Outcome::Skipped(Skip::Starting) => self.remove_values(&key),
+                // Busy (possibly someone holding its sessions): neither an error nor a reason
+                // to drop the last values measured.
+                Outcome::Skipped(Skip::Busy) => {}
                 Outcome::Skipped(_) => {
                     self.remove_values(&key);
                     for kind in ErrorKind::ALL {
@@ -253,13 +257,14 @@ impl PeerMetrics {
         let now = [
             stats.served.load(Ordering::Relaxed),
             stats.refused.load(Ordering::Relaxed),
+            stats.unauthenticated.load(Ordering::Relaxed),
             stats.failed.load(Ordering::Relaxed),
         ];
         let mut seen = self
             .responder_seen
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        for (i, result) in ["served", "refused", "failed"].into_iter().enumerate() {
+        for (i, result) in RESPONDER_RESULTS.into_iter().enumerate() {
             let delta = now[i].saturating_sub(seen[i]);
             self.responder_sessions
                 .get_or_create(&ResultLabels { result })

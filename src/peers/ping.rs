@@ -82,6 +82,7 @@ impl PingReport {
                             Skip::SelfNode => "the peer is this node",
                             Skip::OtherGroup => "the peer is in another group (peers.match_label)",
                             Skip::Starting => "the peer's agent is starting; try again",
+                            Skip::Busy => "the peer is busy with other sessions; try again",
                         });
                     }
                     Outcome::Failed { kind, message } => {
@@ -179,7 +180,11 @@ impl PingReport {
     }
 }
 
-/// Resolve `peer` and measure it from every usable local port (or only `device`).
+/// Resolve `peer` and measure it from every usable local port (or only `device`), with the
+/// pool's keys from `config.peers.key_file` (read only when there is something to measure).
+///
+/// # Errors
+/// [`crate::Error::ConfigValue`] for `peers.key_file` when the key cannot be loaded.
 pub fn ping(
     peer_text: &str,
     report: &RdmaReport,
@@ -188,7 +193,7 @@ pub fn ping(
     identity: &Identity,
     plan: &Plan,
     timeout: Duration,
-) -> PingReport {
+) -> crate::Result<PingReport> {
     let mut out = PingReport {
         peer: peer_text.to_owned(),
         addr: None,
@@ -199,7 +204,7 @@ pub fn ping(
         Ok(s) => s,
         Err(e) => {
             out.errors.push(e);
-            return out;
+            return Ok(out);
         }
     };
     match (spec.host.as_str(), spec.port)
@@ -226,11 +231,15 @@ pub fn ping(
         out.errors.push(why);
     }
     let Some(addr) = out.addr else {
-        return out;
+        return Ok(out);
     };
+    if ports.is_empty() {
+        return Ok(out);
+    }
+    let keys = config.peers.load_keys()?.keys();
     for local in ports {
-        let o = peer::measure(addr, &local, identity, plan, timeout);
+        let o = peer::measure(addr, &local, identity, &keys, plan, timeout);
         out.results.push((local, o));
     }
-    out
+    Ok(out)
 }

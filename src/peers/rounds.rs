@@ -10,7 +10,7 @@ use crate::policy::{Finding, Scope};
 use fabricgate_probes::Roots;
 use fabricgate_probes::rdma::RdmaReport;
 use fabricgate_probes::rdma::peer::{
-    self, ErrorKind, Identity, LocalPort, Outcome, Plan, Responder, Skip,
+    self, ErrorKind, Identity, KeyRing, LocalPort, Outcome, Plan, Responder, Skip,
 };
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -48,6 +48,8 @@ impl Round {
 pub struct Rounds {
     pub discovery: Discovery,
     pub identity: Identity,
+    /// The pool's keys (re-read from `peers.key_file` when it changes).
+    pub keys: Arc<KeyRing>,
     pub plan: Plan,
     pub per_round: usize,
     pub timeout: Duration,
@@ -62,6 +64,7 @@ impl Rounds {
         settings: &PeersSettings,
         extra: &[PeerSpec],
         identity: Identity,
+        keys: Arc<KeyRing>,
         roots: Roots,
     ) -> Self {
         let port = settings.port();
@@ -78,6 +81,7 @@ impl Rounds {
                 port,
             },
             identity,
+            keys,
             plan: settings.plan(),
             per_round: settings.per_round as usize,
             timeout: settings.timeout,
@@ -99,6 +103,7 @@ impl Rounds {
             ..Round::default()
         };
         if !ports.is_empty() {
+            let keys = self.keys.keys();
             let mut measured = 0;
             for target in self.selector.order(&targets) {
                 if measured >= self.per_round {
@@ -106,8 +111,14 @@ impl Rounds {
                 }
                 let mut skipped = None;
                 for local in ports {
-                    let outcome =
-                        peer::measure(target.addr, local, &self.identity, &self.plan, self.timeout);
+                    let outcome = peer::measure(
+                        target.addr,
+                        local,
+                        &self.identity,
+                        &keys,
+                        &self.plan,
+                        self.timeout,
+                    );
                     if let Outcome::Skipped(why) = outcome {
                         skipped = Some(why);
                     }
@@ -121,9 +132,10 @@ impl Rounds {
                     }
                 }
                 match skipped {
-                    // Never worth asking again while the address stays listed.
+                    // Authenticated answers (the client believes no other): not worth asking
+                    // again for a while (EXCLUSION_ROUNDS).
                     Some(Skip::SelfNode | Skip::OtherGroup) => self.selector.exclude(target.addr),
-                    // Its agent is starting: next time round.
+                    // Its agent is starting, or busy: next time round.
                     Some(_) => self.selector.measured(target.addr),
                     None => {
                         self.selector.measured(target.addr);
@@ -178,6 +190,7 @@ impl Rounds {
 /// The agent's peer machinery: responder, measuring thread, shared state.
 pub struct PeerAgent {
     responder: Responder,
+    keys: Arc<KeyRing>,
     ports: Arc<Mutex<Vec<LocalPort>>>,
     required: Arc<Mutex<Option<Finding>>>,
     required_on: bool,
@@ -186,16 +199,18 @@ pub struct PeerAgent {
 }
 
 impl PeerAgent {
-    /// Bind the responder on `peers.listen` and start serving.
+    /// Load the pool's keys, bind the responder on `peers.listen` and start serving.
     ///
     /// # Errors
-    /// [`Error::Usage`] when the address cannot be bound.
+    /// [`Error::ConfigValue`] without a usable `peers.key_file`; [`Error::Usage`] when the
+    /// address cannot be bound.
     pub fn start(
         config: &Config,
         identity: Identity,
         roots: &Roots,
         metrics: PeerMetrics,
     ) -> Result<Self> {
+        let keys = Arc::new(config.peers.load_keys()?);
         let listen = &config.peers.listen;
         let listener = std::net::TcpListener::bind(listen).map_err(|e| Error::Usage {
             flag: "peers.listen".into(),
@@ -204,14 +219,20 @@ impl PeerAgent {
         // A session may take as long as a client's bound, plus setup.
         let limit = config.peers.timeout + Duration::from_secs(5);
         let responder =
-            Responder::start(listener, identity, roots.clone(), limit).map_err(|e| {
-                Error::Internal {
+            Responder::start(listener, identity, Arc::clone(&keys), roots.clone(), limit).map_err(
+                |e| Error::Internal {
                     message: format!("cannot start the peer responder: {e}"),
-                }
-            })?;
-        tracing::info!(addr = %responder.local_addr(), "peer responder listening");
+                },
+            )?;
+        tracing::info!(
+            addr = %responder.local_addr(),
+            key_file = %config.peers.key_file,
+            keys = keys.keys().len(),
+            "peer responder listening"
+        );
         Ok(Self {
             responder,
+            keys,
             ports: Arc::new(Mutex::new(Vec::new())),
             required: Arc::new(Mutex::new(None)),
             required_on: config.peers.required().is_some(),
@@ -222,6 +243,11 @@ impl PeerAgent {
 
     pub fn local_addr(&self) -> SocketAddr {
         self.responder.local_addr()
+    }
+
+    /// The keys the responder uses; the rounds use the same ones.
+    pub fn keys(&self) -> Arc<KeyRing> {
+        Arc::clone(&self.keys)
     }
 
     /// After each probe: the validated ports are the ones served and measured from.
@@ -271,7 +297,9 @@ impl PeerAgent {
                         _ => return,
                     }
                     let local = ports.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                    let generation = rounds.keys.generation();
                     let round = rounds.run(&local);
+                    log_keys(&rounds.keys, generation);
                     log_round(&round);
                     let usable_now = ports.lock().unwrap_or_else(|p| p.into_inner()).clone();
                     metrics.record_round(&round, keep, &usable_now);
@@ -283,6 +311,18 @@ impl PeerAgent {
                 message: format!("cannot start the peer thread: {e}"),
             })?;
         Ok(())
+    }
+}
+
+fn log_keys(keys: &KeyRing, before: u64) {
+    if let Some(e) = keys.take_reload_error() {
+        tracing::warn!(error = %e, "peers key file");
+    }
+    if keys.generation() != before {
+        tracing::info!(
+            keys = keys.keys().len(),
+            "peers key file changed; using the new keys"
+        );
     }
 }
 
@@ -299,9 +339,13 @@ fn log_round(round: &Round) {
                 bandwidth = ?m.bandwidth,
                 "peer measured"
             ),
-            Outcome::Skipped(s) => {
-                tracing::info!(peer = %peer, reason = ?s, "peer skipped from now on")
+            Outcome::Skipped(s @ (Skip::Busy | Skip::Starting)) => {
+                tracing::info!(peer = %peer, reason = ?s, "peer skipped this round")
             }
+            Outcome::Skipped(s) => tracing::info!(
+                peer = %peer, reason = ?s, rounds = super::discovery::EXCLUSION_ROUNDS,
+                "peer skipped for the next rounds"
+            ),
             Outcome::Failed { kind, message } => tracing::warn!(
                 device = %device, port, peer = %peer,
                 kind = kind.map_or("local", ErrorKind::as_str),
@@ -351,7 +395,18 @@ mod tests {
             required: "2 of the last 3 rounds".into(),
             ..PeersSettings::default()
         };
-        let mut rounds = Rounds::new(&settings, &[], Identity::default(), Roots::default());
+        let keys = || {
+            Arc::new(KeyRing::fixed(
+                fabricgate_probes::rdma::peer::Keys::from_secrets(&[]),
+            ))
+        };
+        let mut rounds = Rounds::new(
+            &settings,
+            &[],
+            Identity::default(),
+            keys(),
+            Roots::default(),
+        );
         assert_eq!(rounds.required_met(), Some(false), "no rounds yet");
         for good in [true, false, true] {
             rounds.history.push_back(good);
@@ -371,6 +426,7 @@ mod tests {
             &PeersSettings::default(),
             &[],
             Identity::default(),
+            keys(),
             Roots::default(),
         );
         assert_eq!(off.required_met(), None);

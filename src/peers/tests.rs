@@ -44,6 +44,14 @@ fn round_robin_covers_every_peer_and_survives_list_changes() {
     assert!(!sel.order(&t).iter().any(|x| x.addr == t[0].addr));
     sel.retain(&t[1..]);
     assert!(sel.order(&t).iter().any(|x| x.addr == t[0].addr));
+    // Exclusions expire: after EXCLUSION_ROUNDS more rounds the address is asked again.
+    sel.exclude(t[0].addr);
+    for _ in 0..discovery::EXCLUSION_ROUNDS {
+        sel.retain(&t);
+        assert!(!sel.order(&t).iter().any(|x| x.addr == t[0].addr));
+    }
+    sel.retain(&t);
+    assert!(sel.order(&t).iter().any(|x| x.addr == t[0].addr));
     // The last peer measured vanished: continue after where it was.
     let mut sel = Selector::default();
     sel.measured(t[2].addr);
@@ -229,7 +237,8 @@ fn ping_without_local_ports_or_peer_says_why() {
         &Identity::default(),
         &Plan::default(),
         Duration::from_secs(1),
-    );
+    )
+    .unwrap();
     assert_eq!(r.exit_code(), crate::EXIT_CANNOT_PROBE);
     assert!(
         r.errors[0].contains("no usable local RDMA port"),
@@ -246,7 +255,8 @@ fn ping_without_local_ports_or_peer_says_why() {
         &Identity::default(),
         &Plan::default(),
         Duration::from_secs(1),
-    );
+    )
+    .unwrap();
     assert_eq!(bad.exit_code(), crate::EXIT_NOT_VALIDATED);
     assert_eq!(bad.to_json()["ok"], false);
 }
@@ -280,4 +290,34 @@ fn ping_report_formats_measurements_and_failures() {
     let t = r.to_table();
     assert!(t.contains("10.0 µs") && t.contains("8.00 Gb/s"), "{t}");
     assert!(t.contains("FAILED (timeout)"), "{t}");
+}
+
+/// A BUSY answer (someone may be holding the peer's sessions) is no error and keeps the last
+/// values measured: the peer's RTT stays, its error counters stay at 0.
+#[test]
+fn a_busy_peer_keeps_its_values_and_counts_no_error() {
+    use fabricgate_probes::rdma::peer::Skip;
+    let mut r = Registry::default();
+    let m = PeerMetrics::register(&mut r);
+    let ports = [result(1, measured(10)).local];
+    let round = |o| Round {
+        results: vec![result(1, o)],
+        ..Round::default()
+    };
+    m.record_round(&round(measured(10)), 3, &ports);
+    for _ in 0..2 {
+        m.record_round(&round(Outcome::Skipped(Skip::Busy)), 3, &ports);
+    }
+    let mut t = String::new();
+    prometheus_client::encoding::text::encode(&mut t, &r).unwrap();
+    assert!(
+        t.contains(r#"peer="10.0.0.1",stat="median"} 0.000011"#),
+        "{t}"
+    );
+    for kind in ["connect", "timeout", "verification"] {
+        let line = format!(
+            r#"fabricgate_peer_errors_total{{device="rxe0",port="1",peer="10.0.0.1",kind="{kind}"}} 0"#
+        );
+        assert!(t.contains(&line), "{line}\n{t}");
+    }
 }

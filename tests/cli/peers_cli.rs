@@ -54,12 +54,12 @@ fn ping_usage_errors_are_exit_2_naming_the_value() {
 }
 
 /// A running `fabricgate run`, killed when dropped.
-struct Agent {
-    child: Child,
+pub(super) struct Agent {
+    pub(super) child: Child,
     /// Its stderr, at info level.
-    log: PathBuf,
+    pub(super) log: PathBuf,
     /// The address of its /metrics.
-    metrics: String,
+    pub(super) metrics: String,
 }
 
 impl Drop for Agent {
@@ -102,7 +102,7 @@ fn start_dry_run_agent(dir: &Path, extra: &[&str]) -> Agent {
     }
 }
 
-fn free_port() -> u16 {
+pub(super) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -110,7 +110,7 @@ fn free_port() -> u16 {
         .port()
 }
 
-fn get(addr: &str, path: &str) -> Option<String> {
+pub(super) fn get(addr: &str, path: &str) -> Option<String> {
     let mut s = TcpStream::connect(addr).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
     write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").ok()?;
@@ -119,7 +119,7 @@ fn get(addr: &str, path: &str) -> Option<String> {
     Some(body)
 }
 
-fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+pub(super) fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
     let start = Instant::now();
     loop {
         if let Some(v) = f() {
@@ -133,16 +133,26 @@ fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
     }
 }
 
+/// The pool's key file in these tests.
+pub(super) const KEY: &str = "6b1f0c3e9a2d4f5b8c7e6d5a4b3c2d1e0f9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c\n";
+
 /// An agent with `peers.enabled` and no RDMA: the responder listens and answers a stranger's
-/// out-of-limits HELLO with a LIMITS frame; the peer families are in /metrics and count the
-/// refused session; rounds run (measuring nothing without a usable local port).
+/// version-1 HELLO (before: a LIMITS frame naming the node) with its version and nothing
+/// else; the peer families are in /metrics and count the refused session; rounds run
+/// (measuring nothing without a usable local port).
 #[test]
 fn agent_with_peers_enabled_runs_the_responder_and_exports_peer_metrics() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("fabricgate.yaml");
+    let key = dir.path().join("key");
+    std::fs::write(&key, KEY).unwrap();
     std::fs::write(
         &cfg,
-        "peers:\n  enabled: true\n  listen: \"127.0.0.1:0\"\n  interval: 1s\n",
+        format!(
+            "peers:\n  enabled: true\n  listen: \"127.0.0.1:0\"\n  interval: 1s\n  \
+             key_file: {}\n",
+            key.display()
+        ),
     )
     .unwrap();
     let agent = start_dry_run_agent(
@@ -163,7 +173,7 @@ fn agent_with_peers_enabled_runs_the_responder_and_exports_peer_metrics() {
         )
     });
 
-    // A HELLO of protocol version 1 with an empty plan: refused as over the limits.
+    // A HELLO of protocol version 1 with an empty plan: VERSION, with nothing identifying.
     let mut s = TcpStream::connect(&responder).unwrap();
     let mut hello = [0u8; 256];
     hello[..4].copy_from_slice(b"FGPR");
@@ -174,12 +184,10 @@ fn agent_with_peers_enabled_runs_the_responder_and_exports_peer_metrics() {
     let mut frame = [0u8; 256];
     s.read_exact(&mut frame).unwrap();
     assert_eq!(&frame[..4], b"FGPR");
-    assert_eq!(frame[6], 2, "WELCOME");
-    assert_eq!(frame[7], 5, "LIMITS");
-    assert!(
-        frame[8..].starts_with(b"node-a\0"),
-        "the responder names its node"
-    );
+    assert_eq!(&frame[4..6], &2u16.to_be_bytes(), "its version");
+    assert_eq!(frame[6], 7, "CHALLENGE");
+    assert_eq!(frame[7], 6, "VERSION");
+    assert!(frame[8..].iter().all(|&b| b == 0), "and nothing else");
 
     let body = wait_for("rounds and the refused session in /metrics", || {
         let body = get(&agent.metrics, "/metrics")?;
@@ -204,6 +212,47 @@ fn agent_with_peers_enabled_runs_the_responder_and_exports_peer_metrics() {
     // their first series) and no errors blamed on a peer.
     assert!(!body.contains("peer=\""), "{body}");
     assert!(!body.contains("fabricgate_peer_rtt_seconds"), "{body}");
+}
+
+/// Peers on without a usable key is a configuration error naming the file and the Secret to
+/// create, never an unauthenticated responder.
+#[test]
+fn peers_enabled_without_a_key_is_exit_2_saying_how_to_create_the_secret() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("fabricgate.yaml");
+    let key = dir.path().join("no-such-key");
+    std::fs::write(
+        &cfg,
+        format!(
+            "peers:\n  enabled: true\n  listen: \"127.0.0.1:0\"\n  key_file: {}\n",
+            key.display()
+        ),
+    )
+    .unwrap();
+    let mut agent = start_dry_run_agent(dir.path(), &["--config", cfg.to_str().unwrap()]);
+    let status = wait_for("the agent to exit", || {
+        agent.child.try_wait().ok().flatten()
+    });
+    assert_eq!(status.code(), Some(2));
+    let text = std::fs::read_to_string(&agent.log).unwrap();
+    for want in [
+        "peers.key_file",
+        key.to_str().unwrap(),
+        "create secret generic fabricgate-peers",
+        "openssl rand -hex 32",
+    ] {
+        assert!(text.contains(want), "{want}: {text}");
+    }
+    // A file without a key is no better.
+    std::fs::write(&key, "# rotate me\n").unwrap();
+    let mut agent = start_dry_run_agent(dir.path(), &["--config", cfg.to_str().unwrap()]);
+    let status = wait_for("the agent to exit", || {
+        agent.child.try_wait().ok().flatten()
+    });
+    assert_eq!(status.code(), Some(2));
+    let text = std::fs::read_to_string(&agent.log).unwrap();
+    assert!(text.contains("holds no key"), "{text}");
+    assert!(!text.contains("peer responder listening"), "{text}");
 }
 
 #[test]

@@ -418,6 +418,36 @@ fn metrics_port_listens_on_the_nodes_address_only() {
     }
 }
 
+/// The peer side channel, when enabled, listens on the node's own address (not 0.0.0.0) and
+/// reads the pool's key where the `fabricgate-peers` Secret is mounted (issue 24).
+#[test]
+fn peers_listen_on_the_nodes_address_with_the_secrets_key() {
+    let raw = strings(&container()["args"]);
+    assert!(
+        raw.iter().any(|a| a == "--peers-listen=$(HOST_IP):9465"),
+        "{raw:?}"
+    );
+    let listen = run_args().peers_listen.expect("--peers-listen is given");
+    assert_eq!(listen.ip().to_string(), SAMPLE_HOST_IP);
+    assert_eq!(
+        listen.port(),
+        fabricgate::config::peers::DEFAULT_PORT,
+        "the port of the peers Service"
+    );
+    let key_file = Path::new(fabricgate::config::peers::DEFAULT_KEY_FILE);
+    let mount = volume_mount(key_file.parent().unwrap().to_str().unwrap());
+    assert_eq!(mount["readOnly"], true);
+    let v = volume(mount["name"].as_str().unwrap());
+    assert_eq!(v["secret"]["secretName"], "fabricgate-peers");
+    // Peers are off by default: a cluster without the Secret still runs the agent.
+    assert_eq!(v["secret"]["optional"], true);
+    assert_eq!(
+        key_file.file_name().unwrap(),
+        "key",
+        "the Secret's data key is the file name"
+    );
+}
+
 #[test]
 fn probe_and_scrape_ports_match_the_metrics_address() {
     let port = run_args().metrics_addr.port();

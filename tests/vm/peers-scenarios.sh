@@ -17,6 +17,8 @@ ROLE="$FG_ROLE"
 if [ "$ROLE" = a ]; then ME=1 OTHER=2 PEER_ROLE=b; else ME=2 OTHER=1 PEER_ROLE=a; fi
 PEER_IP="169.254.78.$OTHER"
 CFG=/tmp/peers.yaml
+# The pool's side-channel key (the DaemonSet's fabricgate-peers Secret): the same in both VMs.
+KEY=/tmp/peers.key
 : >"$O/timings.env"
 
 timing() { echo "$1=$2" >>"$O/timings.env"; }
@@ -79,6 +81,7 @@ log "rxe0 ACTIVE, GID index $GIDX"
 mark up
 wait_for "$PEER_ROLE" up 240
 
+echo "5f2a9c7e1b3d4f6a8c0e2b4d6f8a1c3e5b7d9f0a2c4e6b8d0f1a3c5e7b9d2f4a" >"$KEY"
 cat >"$CFG" <<EOF
 rdma:
   devices: "rxe*"
@@ -90,6 +93,7 @@ rdma:
 peers:
   enabled: true
   listen: "0.0.0.0:9465"
+  key_file: $KEY
   per_round: 3
   interval: 3s
   timeout: 20s
@@ -105,7 +109,7 @@ EOF
 # --- 1. agents measure each other ------------------------------------------------------
 RUST_LOG=info,fabricgate::peers=debug "$FG_BIN" run --dry-run --config "$CFG" \
     --node-name "vm-$ROLE" --interval 2s --metrics-addr 127.0.0.1:9464 \
-    --peers "$PEER_IP" >"$O/agent.log" 2>&1 &
+    --peers "$PEER_IP" --peers-listen "169.254.78.$ME:9465" >"$O/agent.log" 2>&1 &
 agent=$!
 mkdir -p "$O/scrapes"
 (

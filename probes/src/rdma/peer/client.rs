@@ -1,9 +1,10 @@
 //! The client that measures one peer: the side-channel exchange, the RTT and bandwidth
 //! bursts, and the responder's verdict, folded into an [`Outcome`].
 
+use super::auth::{Keys, Side, Transcript, random};
 use super::wire::{
-    Hello, T_DONE, T_ENDPOINT, T_VERDICT, T_WELCOME, Welcome, decode_endpoint, digest, encode,
-    encode_endpoint, pattern, read_frame_within,
+    Frame, Hello, T_CHALLENGE, T_DONE, T_ENDPOINT, T_VERDICT, T_WELCOME, Welcome, decode_challenge,
+    decode_endpoint, digest, encode, encode_endpoint, encode_open, pattern, read_frame_within,
 };
 use super::{BW_DEPTH, FRAME_TIMEOUT, Identity, LocalPort, PROTOCOL_VERSION, Plan, Status};
 use crate::rdma::verbs::rc::{self, EndpointSpec, RcError};
@@ -14,8 +15,9 @@ use std::time::{Duration, Instant};
 /// The `kind` of `fabricgate_peer_errors_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ErrorKind {
-    /// The side channel failed: no TCP connection, refused, garbage, or a responder that
-    /// cannot take part (BUSY, NO_PORT, VERBS, ...).
+    /// The side channel failed: no TCP connection, refused, garbage, an answer that fails
+    /// authentication (or AUTH: no key in common), or a responder that cannot take part
+    /// (NO_PORT, VERBS, ...). BUSY is a [`Skip`], not this.
     Connect,
     /// The responder or its HCA did not answer in time (TCP read timeout, RDMA retries
     /// exhausted, no completion before the deadline).
@@ -45,6 +47,9 @@ pub enum Skip {
     OtherGroup,
     /// The peer's agent has not finished its first probe; try again in a later round.
     Starting,
+    /// The responder was serving as many sessions as it takes (in total or from our
+    /// address); try again in a later round. Not authenticated, so never a finding.
+    Busy,
 }
 
 /// A completed measurement.
@@ -117,6 +122,34 @@ fn io_failure(what: &str, e: &io::Error) -> Outcome {
     failed(kind, format!("{what}: {e}"))
 }
 
+fn unauthenticated(peer: SocketAddr, what: &str) -> Outcome {
+    failed(
+        ErrorKind::Connect,
+        format!(
+            "{peer}: the {what} frame failed authentication (not an agent holding our peers \
+             key); its answer is ignored"
+        ),
+    )
+}
+
+/// Read the responder's next frame and check its MAC.
+fn read_sealed(
+    stream: &mut TcpStream,
+    deadline: Instant,
+    per_frame: Duration,
+    t: &mut Transcript,
+    peer: SocketAddr,
+    what: &str,
+) -> Result<Frame, Outcome> {
+    let frame = read_frame_within(stream, deadline, per_frame)
+        .map_err(|e| io_failure(&format!("read {what}"), &e))?;
+    if t.verify(&frame.raw) {
+        Ok(frame)
+    } else {
+        Err(unauthenticated(peer, what))
+    }
+}
+
 fn rc_failure(e: &RcError) -> Outcome {
     let kind = if e.is_timeout() {
         ErrorKind::Timeout
@@ -126,13 +159,15 @@ fn rc_failure(e: &RcError) -> Outcome {
     failed(kind, e.message.clone())
 }
 
-/// Measure `peer` from `local`: the side-channel exchange, an RTT burst and, when the plan
-/// has one, a bandwidth burst, then the responder's verification. Bounded by `timeout`
-/// (TCP connect included). Never panics.
+/// Measure `peer` from `local`: the authenticated side-channel exchange, an RTT burst and,
+/// when the plan has one, a bandwidth burst, then the responder's verification. Bounded by
+/// `timeout` (TCP connect included). Never panics. Only answers MACed with one of `keys`
+/// are believed: an unauthenticated SELF or OTHER_GROUP is a `connect` failure, never a skip.
 pub fn measure(
     peer: SocketAddr,
     local: &LocalPort,
     identity: &Identity,
+    keys: &Keys,
     plan: &Plan,
     timeout: Duration,
 ) -> Outcome {
@@ -142,6 +177,12 @@ pub fn measure(
             message: format!("plan: {e}"),
         };
     }
+    let (Some(client_nonce), Some(seed)) = (random(), random::<8>()) else {
+        return Outcome::Failed {
+            kind: None,
+            message: "no random numbers from the system (getrandom failed)".into(),
+        };
+    };
     let start = Instant::now();
     let deadline = start + timeout;
     let mut stream = match TcpStream::connect_timeout(&peer, timeout.min(FRAME_TIMEOUT)) {
@@ -151,13 +192,57 @@ pub fn measure(
     };
     let _ = stream.set_nodelay(true);
     let _ = stream.set_write_timeout(Some(FRAME_TIMEOUT));
+    let ids: Vec<_> = keys.ids().collect();
+    if let Err(e) = stream.write_all(&encode_open(&client_nonce, &ids)) {
+        return io_failure("send OPEN", &e);
+    }
+    let frame = match read_frame_within(&mut stream, deadline, timeout) {
+        Ok(f) => f,
+        Err(e) => return io_failure("read CHALLENGE", &e),
+    };
+    if frame.kind != T_CHALLENGE {
+        return failed(
+            ErrorKind::Connect,
+            format!(
+                "{peer}: expected CHALLENGE, got frame type {} (an agent of protocol version {}?)",
+                frame.kind, frame.version
+            ),
+        );
+    }
+    match frame.status {
+        Status::Ok => {}
+        Status::Busy => return Outcome::Skipped(Skip::Busy),
+        Status::Version => {
+            return failed(
+                ErrorKind::Connect,
+                format!(
+                    "{peer}: {} (ours {PROTOCOL_VERSION}, theirs {})",
+                    Status::Version.describe(),
+                    frame.version
+                ),
+            );
+        }
+        // Anything else before authentication is not believed.
+        s => return failed(ErrorKind::Connect, format!("{peer}: {}", s.describe())),
+    }
+    let (responder_nonce, key_id) = decode_challenge(&frame.payload);
+    let Some(key) = keys.by_id(&key_id) else {
+        return failed(
+            ErrorKind::Connect,
+            format!("{peer}: the responder chose a key we do not have"),
+        );
+    };
+    let mut t = Transcript::new(key, client_nonce, responder_nonce, Side::Client);
+    if !t.verify(&frame.raw) {
+        return unauthenticated(peer, "CHALLENGE");
+    }
     let hello = Hello {
         identity: identity.clone(),
         device: local.device.clone(),
         port: local.port,
         plan: *plan,
     };
-    if let Err(e) = stream.write_all(&hello.encode()) {
+    if let Err(e) = stream.write_all(&t.seal(hello.encode())) {
         return io_failure("send HELLO", &e);
     }
     let frame = match read_frame_within(&mut stream, deadline, timeout) {
@@ -170,30 +255,26 @@ pub fn measure(
             format!("expected WELCOME, got frame type {}", frame.kind),
         );
     }
+    if !t.verify(&frame.raw) {
+        if frame.status == Status::Auth {
+            return failed(
+                ErrorKind::Connect,
+                format!("{peer}: {}", Status::Auth.describe()),
+            );
+        }
+        return unauthenticated(peer, "WELCOME");
+    }
     let welcome = Welcome::decode(&frame.payload);
     match frame.status {
         Status::Ok => {}
         Status::SelfNode => return Outcome::Skipped(Skip::SelfNode),
         Status::OtherGroup => return Outcome::Skipped(Skip::OtherGroup),
         Status::Starting => return Outcome::Skipped(Skip::Starting),
-        Status::Version => {
-            return failed(
-                ErrorKind::Connect,
-                format!(
-                    "{peer}: {} (ours {PROTOCOL_VERSION}, theirs {})",
-                    Status::Version.describe(),
-                    frame.version
-                ),
-            );
-        }
+        Status::Busy => return Outcome::Skipped(Skip::Busy),
         s => return failed(ErrorKind::Connect, format!("{peer}: {}", s.describe())),
     }
 
-    let nonce = u64::from(peer.port())
-        ^ start.elapsed().as_nanos() as u64
-        ^ std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
+    let nonce = u64::from_be_bytes(seed);
     let spec = EndpointSpec {
         device: &local.device,
         port: local.port,
@@ -204,12 +285,12 @@ pub fn measure(
     let result = rc::with_endpoint(&spec, |ep| -> Outcome {
         let bytes = pattern(nonce, plan.buffer_len());
         ep.fill(0, &bytes);
-        if let Err(e) = stream.write_all(&encode_endpoint(&ep.local(), Status::Ok)) {
+        if let Err(e) = stream.write_all(&t.seal(encode_endpoint(&ep.local(), Status::Ok))) {
             return io_failure("send ENDPOINT", &e);
         }
-        let frame = match read_frame_within(&mut stream, deadline, timeout) {
+        let frame = match read_sealed(&mut stream, deadline, timeout, &mut t, peer, "ENDPOINT") {
             Ok(f) => f,
-            Err(e) => return io_failure("read ENDPOINT", &e),
+            Err(o) => return o,
         };
         if frame.kind != T_ENDPOINT || frame.status != Status::Ok {
             return failed(
@@ -262,12 +343,12 @@ pub fn measure(
             }
         }
         let done = encode(T_DONE, Status::Ok, &digest(&bytes).to_be_bytes());
-        if let Err(e) = stream.write_all(&done) {
+        if let Err(e) = stream.write_all(&t.seal(done)) {
             return io_failure("send DONE", &e);
         }
-        let verdict = match read_frame_within(&mut stream, deadline, timeout) {
+        let verdict = match read_sealed(&mut stream, deadline, timeout, &mut t, peer, "VERDICT") {
             Ok(f) => f,
-            Err(e) => return io_failure("read VERDICT", &e),
+            Err(o) => return o,
         };
         if verdict.kind != T_VERDICT {
             return failed(

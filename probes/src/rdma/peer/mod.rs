@@ -9,37 +9,49 @@
 //!
 //! # Side channel
 //! A tiny TCP protocol (as perftest exchanges QPNs and GIDs), versioned, made of fixed-size
-//! frames of [`FRAME_LEN`] bytes: `magic "FGPR" | version u16 | type u8 | status u8 | payload`,
-//! big-endian, zero padded.
+//! frames of [`FRAME_LEN`] bytes: `magic "FGPR" | version u16 | type u8 | status u8 | payload
+//! | HMAC-SHA256`, big-endian, zero padded. Every frame after OPEN carries the MAC of the
+//! session transcript ([`auth`]): both sides prove they hold a key of the pool before either
+//! says who it is, and a recorded session cannot be replayed.
 //!
 //! ```text
 //! client                                   responder
-//!   HELLO   node, group, device/port, plan ──►
-//!          ◄── WELCOME node, group, device/port, status (OK, BUSY, SELF, OTHER_GROUP, ...)
-//!   ENDPOINT gid, qpn, psn, lid, mtu, addr, rkey, len ──►   (responder creates its QP now)
-//!          ◄── ENDPOINT (or status VERBS)
+//!   OPEN    client nonce, ids of its keys ──►        (unauthenticated; names nothing)
+//!          ◄── CHALLENGE responder nonce, key id, MAC (or bare BUSY, VERSION, AUTH)
+//!   HELLO   node, group, device/port, plan, MAC ──►
+//!          ◄── WELCOME node, group, device/port, status (OK, SELF, OTHER_GROUP, ...), MAC
+//!              (or a bare AUTH: the HELLO's MAC was wrong)
+//!   ENDPOINT gid, qpn, psn, lid, mtu, addr, rkey, len, MAC ──►   (responder creates its QP)
+//!          ◄── ENDPOINT (or status VERBS), MAC
 //!   ... RDMA WRITEs: RTT burst into slots, then the bandwidth burst ...
-//!   DONE    digest of the bytes written ──►
-//!          ◄── VERDICT status OK or MISMATCH (the responder hashed its buffer)
+//!   DONE    digest of the bytes written, MAC ──►
+//!          ◄── VERDICT status OK or MISMATCH (the responder hashed its buffer), MAC
 //! ```
 //!
 //! # Limits (what a stranger can make the responder do)
-//! At most [`MAX_SESSIONS`] sessions at once (more are answered BUSY by the accept thread
-//! without reading anything), each closed after [`SESSION_LIMIT`]; every frame must arrive
-//! within [`FRAME_TIMEOUT`]; frames have one fixed size; plans outside [`Plan::validate`] are
-//! refused before anything is allocated, so one session pins at most
-//! [`MAX_BUFFER`] bytes and the responder at most `MAX_SESSIONS × MAX_BUFFER`.
+//! At most [`MAX_SESSIONS`] sessions at once and [`MAX_PER_SOURCE`] from one source address
+//! (more are answered BUSY by the accept thread without reading anything), each closed after
+//! its session limit (default [`SESSION_LIMIT`]); every frame must arrive whole within
+//! [`FRAME_TIMEOUT`], and a client that has not authenticated within two frames is cut; frames
+//! have one fixed size; plans outside [`Plan::validate`] are refused before anything is
+//! allocated, so one session pins at most [`MAX_BUFFER`] bytes and the responder at most
+//! `MAX_SESSIONS × MAX_BUFFER`. Before authentication the responder says nothing but BUSY,
+//! VERSION or AUTH.
 //!
 //! # Layout
-//! This module holds the limits, the plan and the local ports; `wire` the frames, `responder`
-//! and `client` the two sides of a session.
+//! This module holds the limits, the plan and the local ports; `wire` the frames, `auth` the
+//! keys and the MACs, `responder` and `client` the two sides of a session.
 
+pub mod auth;
 mod client;
+#[cfg(test)]
+mod redteam;
 mod responder;
 #[cfg(test)]
 mod tests;
 mod wire;
 
+pub use auth::{KeyRing, Keys};
 pub use client::{ErrorKind, Measurement, Outcome, Skip, measure, percentile};
 pub use responder::{Responder, ResponderStats};
 
@@ -47,12 +59,16 @@ use crate::Roots;
 use crate::rdma::{DeviceReport, GidType, LinkLayer, PortReport, RdmaReport};
 use std::time::Duration;
 
-/// The side channel's protocol version.
-pub const PROTOCOL_VERSION: u16 = 1;
+/// The side channel's protocol version (2: authenticated frames).
+pub const PROTOCOL_VERSION: u16 = 2;
 /// Every frame is exactly this long.
 pub const FRAME_LEN: usize = 256;
+/// Where a frame's HMAC-SHA256 starts (its last 32 bytes).
+pub const MAC_AT: usize = FRAME_LEN - 32;
 /// Sessions served at once; more are answered BUSY.
 pub const MAX_SESSIONS: usize = 4;
+/// Sessions served at once for one source address; more are answered BUSY.
+pub const MAX_PER_SOURCE: usize = 2;
 /// Default bound on one session, accept to close (the agent passes `peers.timeout` + 5 s).
 pub const SESSION_LIMIT: Duration = Duration::from_secs(10);
 /// One frame must arrive within this.
@@ -75,7 +91,8 @@ pub const NAME_LEN: usize = 64;
 #[non_exhaustive]
 pub enum Status {
     Ok,
-    /// The responder already serves [`MAX_SESSIONS`] sessions.
+    /// The responder already serves [`MAX_SESSIONS`] sessions, or [`MAX_PER_SOURCE`] for
+    /// the client's address.
     Busy,
     /// The client is the responder's own node.
     SelfNode,
@@ -94,6 +111,8 @@ pub enum Status {
     /// The responder's agent has not finished its first probe: it does not know its ports
     /// yet. Not an error; the peer is measured in a later round.
     Starting,
+    /// The responder shares no key with the client, or the client's MAC was wrong.
+    Auth,
     Unknown(u8),
 }
 
@@ -110,6 +129,7 @@ impl Status {
             Self::Verbs => 7,
             Self::Mismatch => 8,
             Self::Starting => 9,
+            Self::Auth => 10,
             Self::Unknown(c) => c,
         }
     }
@@ -126,6 +146,7 @@ impl Status {
             7 => Self::Verbs,
             8 => Self::Mismatch,
             9 => Self::Starting,
+            10 => Self::Auth,
             c => Self::Unknown(c),
         }
     }
@@ -142,6 +163,10 @@ impl Status {
             Self::Verbs => "the responder could not create its queue pair",
             Self::Mismatch => "the responder's buffer holds different bytes than were written",
             Self::Starting => "the responder's agent is starting (no probe yet)",
+            Self::Auth => {
+                "the responder refused our authentication (no peers key in common, or a \
+                 wrong MAC): check that both nodes mount the same fabricgate-peers Secret"
+            }
             Self::Unknown(_) => "unknown status",
         }
     }

@@ -1,17 +1,22 @@
-//! The responder every agent runs: a TCP listener whose sessions each create an RC endpoint
-//! for one client, let it WRITE into the buffer, and verify what arrived.
+//! The responder every agent runs: a TCP listener whose sessions each authenticate one
+//! client, create an RC endpoint for it, let it WRITE into the buffer, and verify what
+//! arrived.
 
+use super::auth::{KeyRing, Side, Transcript, random};
 use super::wire::{
-    Cursor, Hello, T_DONE, T_ENDPOINT, T_HELLO, T_VERDICT, T_WELCOME, Welcome, decode_endpoint,
-    digest, encode, encode_endpoint, expect_kind, read_frame, read_frame_within,
+    Cursor, Frame, Hello, T_CHALLENGE, T_DONE, T_ENDPOINT, T_HELLO, T_OPEN, T_VERDICT, T_WELCOME,
+    Welcome, decode_endpoint, decode_open, digest, encode, encode_challenge, encode_endpoint,
+    expect_kind, read_frame, read_frame_within,
 };
 use super::{
-    FRAME_TIMEOUT, Identity, LocalPort, MAX_SESSIONS, PROTOCOL_VERSION, Status, thread_cpu_ns,
+    FRAME_LEN, FRAME_TIMEOUT, Identity, LocalPort, MAX_PER_SOURCE, MAX_SESSIONS, PROTOCOL_VERSION,
+    Status, thread_cpu_ns,
 };
 use crate::Roots;
 use crate::rdma::verbs::rc::{self, EndpointInfo, EndpointSpec};
+use std::collections::HashMap;
 use std::io::{self, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -23,6 +28,9 @@ pub struct ResponderStats {
     pub served: AtomicU64,
     /// Sessions refused (BUSY, SELF, OTHER_GROUP, NO_PORT, LIMITS, VERSION).
     pub refused: AtomicU64,
+    /// Sessions refused because the client did not authenticate (no key in common, a wrong
+    /// MAC, a replayed frame); included in neither `refused` nor `failed`.
+    pub unauthenticated: AtomicU64,
     /// Sessions that broke off (garbage, timeouts, verbs or verification failures).
     pub failed: AtomicU64,
     /// CPU time of the session threads.
@@ -40,6 +48,9 @@ pub struct Responder {
 
 struct Shared {
     identity: Identity,
+    keys: Arc<KeyRing>,
+    /// Sessions being served per source address.
+    sources: Mutex<HashMap<IpAddr, usize>>,
     /// `None` until the agent's first probe told us the usable ports.
     ports: Arc<Mutex<Option<Vec<LocalPort>>>>,
     stats: Arc<ResponderStats>,
@@ -49,14 +60,16 @@ struct Shared {
 }
 
 impl Responder {
-    /// Serve sessions on `listener` (bound by the caller) from a background thread; each
-    /// session is closed after `session_limit` (capped at one minute).
+    /// Serve sessions on `listener` (bound by the caller) from a background thread, to
+    /// clients that hold a key of `keys`; each session is closed after `session_limit`
+    /// (capped at one minute).
     ///
     /// # Errors
     /// The listener's address cannot be read, or the thread cannot be started.
     pub fn start(
         listener: TcpListener,
         identity: Identity,
+        keys: Arc<KeyRing>,
         roots: Roots,
         session_limit: Duration,
     ) -> io::Result<Self> {
@@ -67,6 +80,8 @@ impl Responder {
         let active = Arc::new(AtomicUsize::new(0));
         let shared = Arc::new(Shared {
             identity,
+            keys,
+            sources: Mutex::new(HashMap::new()),
             ports: Arc::clone(&ports),
             stats: Arc::clone(&stats),
             active: Arc::clone(&active),
@@ -121,11 +136,32 @@ impl Drop for Responder {
     }
 }
 
-/// Decrements the active-session count however the session ends.
-struct SessionSlot(Arc<Shared>);
+/// Gives back the session's place (in total and for its source) however the session ends.
+struct SessionSlot(Arc<Shared>, IpAddr);
+
+impl SessionSlot {
+    /// A place for a session from `source`, if neither cap is reached.
+    fn take(shared: &Arc<Shared>, source: IpAddr) -> Option<Self> {
+        let mut sources = shared.sources.lock().unwrap_or_else(|p| p.into_inner());
+        let mine = sources.get(&source).copied().unwrap_or(0);
+        if mine >= MAX_PER_SOURCE || shared.active.load(Ordering::Acquire) >= MAX_SESSIONS {
+            return None;
+        }
+        sources.insert(source, mine + 1);
+        shared.active.fetch_add(1, Ordering::AcqRel);
+        Some(Self(Arc::clone(shared), source))
+    }
+}
 
 impl Drop for SessionSlot {
     fn drop(&mut self) {
+        let mut sources = self.0.sources.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = sources.get_mut(&self.1) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                sources.remove(&self.1);
+            }
+        }
         self.0.active.fetch_sub(1, Ordering::AcqRel);
     }
 }
@@ -140,15 +176,19 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>, stop: &AtomicBool) 
             std::thread::sleep(Duration::from_millis(50));
             continue;
         };
-        if shared.active.fetch_add(1, Ordering::AcqRel) >= MAX_SESSIONS {
-            shared.active.fetch_sub(1, Ordering::AcqRel);
+        let Some(slot) = stream
+            .peer_addr()
+            .ok()
+            .and_then(|a| SessionSlot::take(shared, a.ip()))
+        else {
+            // BUSY says nothing about the node, and is not authenticated: a client takes it
+            // as "try again next round", never as a finding.
             shared.stats.refused.fetch_add(1, Ordering::Relaxed);
             let _ = stream.set_write_timeout(Some(Duration::from_millis(100)));
-            let _ = stream.write_all(&encode(T_WELCOME, Status::Busy, &[]));
+            let _ = stream.write_all(&encode(T_CHALLENGE, Status::Busy, &[]));
             let _ = stream.shutdown(Shutdown::Both);
             continue;
-        }
-        let slot = SessionSlot(Arc::clone(shared));
+        };
         let spawned = std::thread::Builder::new()
             .name("fabricgate-peer-session".into())
             .spawn(move || {
@@ -159,6 +199,7 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>, stop: &AtomicBool) 
                 let counter = match outcome {
                     Served::Measured => &shared.stats.served,
                     Served::Refused => &shared.stats.refused,
+                    Served::Unauthenticated => &shared.stats.unauthenticated,
                     Served::Failed => &shared.stats.failed,
                 };
                 counter.fetch_add(1, Ordering::Relaxed);
@@ -180,48 +221,90 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>, stop: &AtomicBool) 
 enum Served {
     Measured,
     Refused,
+    Unauthenticated,
     Failed,
+}
+
+/// Read one frame and check its MAC; `None` for anything else (timeout, garbage, bad MAC).
+fn read_sealed(
+    stream: &mut TcpStream,
+    deadline: Instant,
+    per_frame: Duration,
+    t: &mut Transcript,
+) -> Option<Frame> {
+    let frame = read_frame_within(stream, deadline, per_frame).ok()?;
+    t.verify(&frame.raw).then_some(frame)
+}
+
+fn send(stream: &mut TcpStream, t: &mut Transcript, frame: [u8; FRAME_LEN]) -> io::Result<()> {
+    stream.write_all(&t.seal(frame))
 }
 
 fn serve(stream: &mut TcpStream, shared: &Shared) -> Served {
     let limit = shared.session_limit;
-    let deadline = Instant::now() + limit;
+    let start = Instant::now();
+    let deadline = start + limit;
+    // OPEN and HELLO, the unauthenticated part, must both arrive within this.
+    let auth_deadline = deadline.min(start + 2 * FRAME_TIMEOUT);
     let _ = stream.set_write_timeout(Some(FRAME_TIMEOUT));
     let _ = stream.set_nodelay(true);
-    let Ok(frame) = read_frame(stream, deadline) else {
+    let Ok(frame) = read_frame(stream, auth_deadline) else {
         return Served::Failed;
     };
+    if frame.version != PROTOCOL_VERSION {
+        // Our version is in the header; nothing else is said.
+        let _ = stream.write_all(&encode(T_CHALLENGE, Status::Version, &[]));
+        return Served::Refused;
+    }
+    if frame.kind != T_OPEN {
+        return Served::Failed;
+    }
+    let (client_nonce, offered) = decode_open(&frame.payload);
+    let keys = shared.keys.keys();
+    let Some((id, key)) = keys.pick(&offered) else {
+        let _ = stream.write_all(&encode(T_CHALLENGE, Status::Auth, &[]));
+        return Served::Unauthenticated;
+    };
+    let Some(nonce) = random() else {
+        return Served::Failed;
+    };
+    let mut t = Transcript::new(key, client_nonce, nonce, Side::Responder);
+    if send(stream, &mut t, encode_challenge(&nonce, &id)).is_err() {
+        return Served::Failed;
+    }
+    let hello = match read_frame(stream, auth_deadline) {
+        Ok(f) if f.kind == T_HELLO && t.verify(&f.raw) => Hello::decode(&f.payload),
+        Ok(_) => {
+            let _ = stream.write_all(&encode(T_WELCOME, Status::Auth, &[]));
+            return Served::Unauthenticated;
+        }
+        Err(_) => return Served::Failed,
+    };
+    // The client holds a key of the pool: from here on it may learn who we are.
     let me = &shared.identity;
-    let refuse = |stream: &mut TcpStream, status: Status| {
+    let refuse = |stream: &mut TcpStream, t: &mut Transcript, status: Status| {
         let w = Welcome {
             identity: me.clone(),
             device: String::new(),
             port: 0,
         };
-        let _ = stream.write_all(&w.encode(status));
+        let _ = send(stream, t, w.encode(status));
         Served::Refused
     };
-    if frame.version != PROTOCOL_VERSION {
-        return refuse(stream, Status::Version);
-    }
-    if frame.kind != T_HELLO {
-        return Served::Failed;
-    }
-    let hello = Hello::decode(&frame.payload);
     if !me.node_name.is_empty() && hello.identity.node_name == me.node_name {
-        return refuse(stream, Status::SelfNode);
+        return refuse(stream, &mut t, Status::SelfNode);
     }
     if me.group != hello.identity.group {
-        return refuse(stream, Status::OtherGroup);
+        return refuse(stream, &mut t, Status::OtherGroup);
     }
     if hello.plan.validate().is_err() {
-        return refuse(stream, Status::Limits);
+        return refuse(stream, &mut t, Status::Limits);
     }
     let port = {
         let ports = shared.ports.lock().unwrap_or_else(|p| p.into_inner());
         let Some(ports) = ports.as_ref() else {
             drop(ports);
-            return refuse(stream, Status::Starting);
+            return refuse(stream, &mut t, Status::Starting);
         };
         ports
             .iter()
@@ -230,14 +313,14 @@ fn serve(stream: &mut TcpStream, shared: &Shared) -> Served {
             .cloned()
     };
     let Some(port) = port else {
-        return refuse(stream, Status::NoPort);
+        return refuse(stream, &mut t, Status::NoPort);
     };
     let welcome = Welcome {
         identity: me.clone(),
         device: port.device.clone(),
         port: port.port,
     };
-    if stream.write_all(&welcome.encode(Status::Ok)).is_err() {
+    if send(stream, &mut t, welcome.encode(Status::Ok)).is_err() {
         return Served::Failed;
     }
     let plan = hello.plan;
@@ -249,18 +332,16 @@ fn serve(stream: &mut TcpStream, shared: &Shared) -> Served {
         max_outstanding: 1,
     };
     let session = rc::with_endpoint(&spec, |ep| -> Result<bool, ()> {
-        let frame = read_frame(stream, deadline).map_err(|_| ())?;
+        let frame = read_sealed(stream, deadline, FRAME_TIMEOUT, &mut t).ok_or(())?;
         let frame = expect_kind(frame, T_ENDPOINT, "ENDPOINT").map_err(|_| ())?;
         let remote = decode_endpoint(&frame.payload);
         if ep.connect(&remote).is_err() {
-            let _ = stream.write_all(&encode_endpoint(&ep.local(), Status::Verbs));
+            let _ = send(stream, &mut t, encode_endpoint(&ep.local(), Status::Verbs));
             return Err(());
         }
-        stream
-            .write_all(&encode_endpoint(&ep.local(), Status::Ok))
-            .map_err(|_| ())?;
+        send(stream, &mut t, encode_endpoint(&ep.local(), Status::Ok)).map_err(|_| ())?;
         // The client's bursts run now: DONE may take the rest of the session.
-        let frame = read_frame_within(stream, deadline, limit).map_err(|_| ())?;
+        let frame = read_sealed(stream, deadline, limit, &mut t).ok_or(())?;
         let frame = expect_kind(frame, T_DONE, "DONE").map_err(|_| ())?;
         let want = Cursor::new(&frame.payload).u64();
         let got = digest(&ep.snapshot(0, plan.buffer_len()));
@@ -269,7 +350,7 @@ fn serve(stream: &mut TcpStream, shared: &Shared) -> Served {
         } else {
             Status::Mismatch
         };
-        let _ = stream.write_all(&encode(T_VERDICT, status, &[]));
+        let _ = send(stream, &mut t, encode(T_VERDICT, status, &[]));
         Ok(status == Status::Ok)
     });
     match session {
@@ -277,8 +358,13 @@ fn serve(stream: &mut TcpStream, shared: &Shared) -> Served {
         Ok(_) => Served::Failed,
         Err(_) => {
             // Our side could not create the QP: say so instead of leaving the client waiting.
-            let _ = read_frame(stream, deadline);
-            let _ = stream.write_all(&encode_endpoint(&EndpointInfo::default(), Status::Verbs));
+            if read_sealed(stream, deadline, FRAME_TIMEOUT, &mut t).is_some() {
+                let _ = send(
+                    stream,
+                    &mut t,
+                    encode_endpoint(&EndpointInfo::default(), Status::Verbs),
+                );
+            }
             Served::Failed
         }
     }

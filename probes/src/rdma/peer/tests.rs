@@ -199,14 +199,20 @@ fn usable_ports_are_up_opened_matching_and_addressable() {
     assert_eq!(rxe.len(), 1);
 }
 
-fn responder(identity: Identity) -> Responder {
+/// The pool's key in these tests.
+pub(super) fn keys() -> Keys {
+    Keys::from_secrets(&[b"0123456789abcdef0123456789abcdef"])
+}
+
+pub(super) fn responder(identity: Identity) -> Responder {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let r = Responder::start(l, identity, Roots::default(), SESSION_LIMIT).unwrap();
+    let ring = std::sync::Arc::new(KeyRing::fixed(keys()));
+    let r = Responder::start(l, identity, ring, Roots::default(), SESSION_LIMIT).unwrap();
     r.set_ports(Vec::new());
     r
 }
 
-fn local() -> LocalPort {
+pub(super) fn local() -> LocalPort {
     LocalPort {
         device: "rxe0".into(),
         port: 1,
@@ -228,15 +234,15 @@ fn responder_refuses_self_other_groups_and_portless_sessions() {
     let plan = Plan::default();
     let addr = r.local_addr();
     assert_eq!(
-        measure(addr, &local(), &me("gpu-a", "pool-1"), &plan, t),
+        measure(addr, &local(), &me("gpu-a", "pool-1"), &keys(), &plan, t),
         Outcome::Skipped(Skip::SelfNode)
     );
     assert_eq!(
-        measure(addr, &local(), &me("gpu-b", "pool-2"), &plan, t),
+        measure(addr, &local(), &me("gpu-b", "pool-2"), &keys(), &plan, t),
         Outcome::Skipped(Skip::OtherGroup)
     );
     // No validated port on the responder: a connect-kind failure that says so.
-    match measure(addr, &local(), &me("gpu-b", "pool-1"), &plan, t) {
+    match measure(addr, &local(), &me("gpu-b", "pool-1"), &keys(), &plan, t) {
         Outcome::Failed {
             kind: Some(ErrorKind::Connect),
             message,
@@ -247,7 +253,7 @@ fn responder_refuses_self_other_groups_and_portless_sessions() {
     assert!(wait_until(|| r.stats().refused.load(Ordering::Relaxed) == 3));
 }
 
-fn wait_until(cond: impl Fn() -> bool) -> bool {
+pub(super) fn wait_until(cond: impl Fn() -> bool) -> bool {
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(10) {
         if cond() {
@@ -267,7 +273,14 @@ fn unreachable_and_silent_peers_fail_with_their_kind_in_time() {
     };
     let t = Duration::from_secs(2);
     let started = Instant::now();
-    match measure(dead, &local(), &Identity::default(), &Plan::default(), t) {
+    match measure(
+        dead,
+        &local(),
+        &Identity::default(),
+        &keys(),
+        &Plan::default(),
+        t,
+    ) {
         Outcome::Failed { kind, .. } => assert_eq!(kind, Some(ErrorKind::Connect)),
         other => panic!("{other:?}"),
     }
@@ -277,7 +290,14 @@ fn unreachable_and_silent_peers_fail_with_their_kind_in_time() {
     let hold = std::thread::spawn(move || silent.accept().map(|(s, _)| s));
     let t = Duration::from_millis(700);
     let started2 = Instant::now();
-    match measure(addr, &local(), &Identity::default(), &Plan::default(), t) {
+    match measure(
+        addr,
+        &local(),
+        &Identity::default(),
+        &keys(),
+        &Plan::default(),
+        t,
+    ) {
         Outcome::Failed { kind, .. } => assert_eq!(kind, Some(ErrorKind::Timeout)),
         other => panic!("{other:?}"),
     }
@@ -302,10 +322,11 @@ fn responder_survives_garbage_and_bounds_concurrent_sessions() {
     assert_eq!(junk.read(&mut buf).unwrap_or(0), 0, "garbage is dropped");
     assert!(wait_until(|| r.active_sessions() == 0));
 
-    // Hold MAX_SESSIONS half-open sessions: the next one is told BUSY at once.
+    // Hold MAX_SESSIONS half-open sessions, each from its own address: the next one is
+    // told BUSY at once.
     let holders: Vec<TcpStream> = (0..MAX_SESSIONS)
-        .map(|_| {
-            let mut s = TcpStream::connect(addr).unwrap();
+        .map(|i| {
+            let mut s = connect_from([127, 0, 0, 10 + i as u8], addr);
             s.write_all(&[b'F'; 10]).unwrap();
             s
         })
@@ -318,7 +339,7 @@ fn responder_survives_garbage_and_bounds_concurrent_sessions() {
     let mut f = [0u8; FRAME_LEN];
     extra.read_exact(&mut f).unwrap();
     let frame = decode(&f).unwrap();
-    assert_eq!(frame.kind, T_WELCOME);
+    assert_eq!(frame.kind, T_CHALLENGE);
     assert_eq!(frame.status, Status::Busy);
     // The half-open sessions are cut after FRAME_TIMEOUT; then a client is served
     // again (here: refused as SELF, which needs a free slot).
@@ -329,7 +350,14 @@ fn responder_survives_garbage_and_bounds_concurrent_sessions() {
         group: String::new(),
     };
     assert_eq!(
-        measure(addr, &local(), &me, &Plan::default(), FRAME_TIMEOUT),
+        measure(
+            addr,
+            &local(),
+            &me,
+            &keys(),
+            &Plan::default(),
+            FRAME_TIMEOUT
+        ),
         Outcome::Skipped(Skip::SelfNode)
     );
 }
@@ -337,19 +365,27 @@ fn responder_survives_garbage_and_bounds_concurrent_sessions() {
 #[test]
 fn a_responder_before_its_first_probe_says_starting() {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let r = Responder::start(l, Identity::default(), Roots::default(), SESSION_LIMIT).unwrap();
+    let ring = std::sync::Arc::new(KeyRing::fixed(keys()));
+    let r = Responder::start(
+        l,
+        Identity::default(),
+        ring,
+        Roots::default(),
+        SESSION_LIMIT,
+    )
+    .unwrap();
     let me = Identity {
         node_name: "gpu-b".into(),
         group: String::new(),
     };
     let t = Duration::from_secs(5);
     assert_eq!(
-        measure(r.local_addr(), &local(), &me, &Plan::default(), t),
+        measure(r.local_addr(), &local(), &me, &keys(), &Plan::default(), t),
         Outcome::Skipped(Skip::Starting)
     );
     r.set_ports(Vec::new());
     assert!(matches!(
-        measure(r.local_addr(), &local(), &me, &Plan::default(), t),
+        measure(r.local_addr(), &local(), &me, &keys(), &Plan::default(), t),
         Outcome::Failed {
             kind: Some(ErrorKind::Connect),
             ..
@@ -357,9 +393,14 @@ fn a_responder_before_its_first_probe_says_starting() {
     ));
 }
 
+/// A client of another version (here: a version-1 HELLO) learns the responder's version and
+/// nothing else: no node name, no group.
 #[test]
-fn version_mismatch_is_refused_with_the_responders_version() {
-    let r = responder(Identity::default());
+fn version_mismatch_is_refused_with_the_responders_version_only() {
+    let r = responder(Identity {
+        node_name: "gpu-a".into(),
+        group: "pool-1".into(),
+    });
     let mut s = TcpStream::connect(r.local_addr()).unwrap();
     let mut hello = Hello {
         identity: Identity::default(),
@@ -368,7 +409,7 @@ fn version_mismatch_is_refused_with_the_responders_version() {
         plan: Plan::default(),
     }
     .encode();
-    hello[4..6].copy_from_slice(&99u16.to_be_bytes());
+    hello[4..6].copy_from_slice(&1u16.to_be_bytes());
     s.write_all(&hello).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let mut f = [0u8; FRAME_LEN];
@@ -376,4 +417,114 @@ fn version_mismatch_is_refused_with_the_responders_version() {
     let frame = decode(&f).unwrap();
     assert_eq!(frame.status, Status::Version);
     assert_eq!(frame.version, PROTOCOL_VERSION);
+    assert!(
+        f[8..].iter().all(|&b| b == 0),
+        "nothing but the version: {f:?}"
+    );
+}
+
+/// A TCP connection from the local address `src` (any of 127/8 on Linux's loopback).
+pub(super) fn connect_from(src: [u8; 4], dst: std::net::SocketAddr) -> TcpStream {
+    use rustix::net::{AddressFamily, SocketType, bind, connect, socket};
+    let fd = socket(AddressFamily::INET, SocketType::STREAM, None).unwrap();
+    bind(&fd, &std::net::SocketAddrV4::new(src.into(), 0)).unwrap();
+    let std::net::SocketAddr::V4(dst) = dst else {
+        panic!("IPv4 only")
+    };
+    connect(&fd, &dst).unwrap();
+    TcpStream::from(fd)
+}
+
+#[test]
+fn key_files_parse_hex_keys_and_never_quote_them() {
+    let k = Keys::parse("# pool key\n00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n\n00112233445566778899aabbccddeeff\n").unwrap();
+    assert_eq!(k.len(), 2);
+    for (bad, says) in [
+        ("", "no key"),
+        ("# only a comment\n", "no key"),
+        ("0011", "too short"),
+        ("zz112233445566778899aabbccddeeff", "not a key"),
+        (&"00112233445566778899aabbccddeeff\n".repeat(5), "at most 4"),
+    ] {
+        let e = Keys::parse(bad).unwrap_err();
+        assert!(e.contains(says), "{bad:?}: {e}");
+        assert!(!e.contains("2233"), "the error quotes the key: {e}");
+    }
+    assert!(!format!("{k:?}").contains("2233"));
+    let dir = tempfile::tempdir().unwrap();
+    let e = KeyRing::load(&dir.path().join("key"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("key") && e.contains("cannot open"), "{e}");
+}
+
+/// A Secret volume updates by swapping the `..data` symlink: the responder re-reads the key
+/// file by path, accepts both keys while the file holds both, and drops the old one when it
+/// leaves the file, without a restart.
+#[test]
+fn key_rotation_through_a_secret_volume_swap_needs_no_restart() {
+    use std::os::unix::fs::symlink;
+    let old = "11111111111111111111111111111111";
+    let new = "22222222222222222222222222222222";
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let version = |name: &str, text: &str| {
+        std::fs::create_dir(d.join(name)).unwrap();
+        std::fs::write(d.join(name).join("key"), text).unwrap();
+        let tmp = d.join("..data_tmp");
+        symlink(name, &tmp).unwrap();
+        std::fs::rename(&tmp, d.join("..data")).unwrap();
+    };
+    version("..v1", old);
+    symlink("..data/key", d.join("key")).unwrap();
+    let ring = std::sync::Arc::new(KeyRing::load(&d.join("key")).unwrap());
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let r = Responder::start(
+        l,
+        Identity::default(),
+        std::sync::Arc::clone(&ring),
+        Roots::default(),
+        SESSION_LIMIT,
+    )
+    .unwrap();
+    r.set_ports(Vec::new());
+    let with = |key: &str| {
+        let k = Keys::parse(key).unwrap();
+        let me = Identity {
+            node_name: "gpu-b".into(),
+            group: String::new(),
+        };
+        match measure(
+            r.local_addr(),
+            &local(),
+            &me,
+            &k,
+            &Plan::default(),
+            FRAME_TIMEOUT,
+        ) {
+            // Authenticated: refused only for having no port.
+            Outcome::Failed { message, .. } if message.contains("no usable RDMA port") => true,
+            Outcome::Failed { message, .. } if message.contains("authentication") => false,
+            other => panic!("{other:?}"),
+        }
+    };
+    assert!(with(old));
+    assert!(!with(new));
+    version("..v2", &format!("{new}\n{old}\n"));
+    std::thread::sleep(auth::KEY_RELOAD + Duration::from_millis(100));
+    assert!(with(new), "the new key is accepted after the swap");
+    assert!(with(old), "the old key still is, during the rotation");
+    assert_eq!(ring.generation(), 1);
+    version("..v3", new);
+    std::thread::sleep(auth::KEY_RELOAD + Duration::from_millis(100));
+    assert!(!with(old), "the old key is refused once it left the file");
+    assert!(with(new));
+    // A broken file keeps the keys in use, and says so once.
+    std::fs::remove_file(d.join("..v3/key")).unwrap();
+    std::thread::sleep(auth::KEY_RELOAD + Duration::from_millis(100));
+    assert!(with(new));
+    assert!(
+        ring.take_reload_error()
+            .is_some_and(|e| e.contains("still using"))
+    );
 }

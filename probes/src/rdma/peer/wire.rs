@@ -1,8 +1,9 @@
 //! The side channel's frames (see the parent module): encoding and decoding of each frame
-//! type, reading one frame within the session's deadline, and the pattern and digest both
-//! sides use to verify the WRITEs.
+//! type, reading one frame within its own deadline and the session's, and the pattern and
+//! digest both sides use to verify the WRITEs.
 
-use super::{FRAME_LEN, FRAME_TIMEOUT, Identity, NAME_LEN, PROTOCOL_VERSION, Plan, Status};
+use super::auth::{KEY_ID_LEN, KeyId, NONCE_LEN};
+use super::{FRAME_LEN, FRAME_TIMEOUT, Identity, MAC_AT, NAME_LEN, PROTOCOL_VERSION, Plan, Status};
 use crate::rdma::verbs::rc::EndpointInfo;
 use std::io::{self, Read};
 use std::net::TcpStream;
@@ -16,6 +17,11 @@ pub(super) const T_WELCOME: u8 = 2;
 pub(super) const T_ENDPOINT: u8 = 3;
 pub(super) const T_DONE: u8 = 4;
 pub(super) const T_VERDICT: u8 = 5;
+/// Client's first frame: its nonce and the ids of the keys it has. Unauthenticated.
+pub(super) const T_OPEN: u8 = 6;
+/// Responder's answer to OPEN: its nonce and the key chosen, MACed (or a bare BUSY, VERSION
+/// or AUTH status, which says nothing about the node).
+pub(super) const T_CHALLENGE: u8 = 7;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Frame {
@@ -23,15 +29,18 @@ pub(super) struct Frame {
     pub(super) kind: u8,
     pub(super) status: Status,
     pub(super) payload: Vec<u8>,
+    /// The frame as received (its MAC is checked over these bytes).
+    pub(super) raw: [u8; FRAME_LEN],
 }
 
+/// A frame with `payload` (cut to the bytes before the MAC) and a zero MAC.
 pub(super) fn encode(kind: u8, status: Status, payload: &[u8]) -> [u8; FRAME_LEN] {
     let mut f = [0u8; FRAME_LEN];
     f[..4].copy_from_slice(&MAGIC);
     f[4..6].copy_from_slice(&PROTOCOL_VERSION.to_be_bytes());
     f[6] = kind;
     f[7] = status.code();
-    let n = payload.len().min(FRAME_LEN - 8);
+    let n = payload.len().min(MAC_AT - 8);
     f[8..8 + n].copy_from_slice(&payload[..n]);
     f
 }
@@ -45,7 +54,8 @@ pub(super) fn decode(f: &[u8; FRAME_LEN]) -> Option<Frame> {
         version: u16::from_be_bytes([f[4], f[5]]),
         kind: f[6],
         status: Status::from_code(f[7]),
-        payload: f[8..].to_vec(),
+        payload: f[8..MAC_AT].to_vec(),
+        raw: *f,
     })
 }
 
@@ -211,27 +221,77 @@ pub(super) fn decode_endpoint(payload: &[u8]) -> EndpointInfo {
     }
 }
 
+/// OPEN: the client's nonce and the ids of its keys (current first).
+pub(super) fn encode_open(nonce: &[u8; NONCE_LEN], ids: &[KeyId]) -> [u8; FRAME_LEN] {
+    let mut p = Vec::with_capacity(NONCE_LEN + 1 + ids.len() * KEY_ID_LEN);
+    p.extend_from_slice(nonce);
+    let n = ids.len().min(super::auth::MAX_KEYS);
+    p.push(n as u8);
+    for id in &ids[..n] {
+        p.extend_from_slice(id);
+    }
+    encode(T_OPEN, Status::Ok, &p)
+}
+
+pub(super) fn decode_open(payload: &[u8]) -> ([u8; NONCE_LEN], Vec<KeyId>) {
+    let mut c = Cursor::new(payload);
+    let nonce = c.bytes::<NONCE_LEN>();
+    let n = usize::from(c.u8()).min(super::auth::MAX_KEYS);
+    let ids = (0..n).map(|_| c.bytes::<KEY_ID_LEN>()).collect();
+    (nonce, ids)
+}
+
+/// CHALLENGE: the responder's nonce and the id of the key the session uses.
+pub(super) fn encode_challenge(nonce: &[u8; NONCE_LEN], id: &KeyId) -> [u8; FRAME_LEN] {
+    let mut p = Vec::with_capacity(NONCE_LEN + KEY_ID_LEN);
+    p.extend_from_slice(nonce);
+    p.extend_from_slice(id);
+    encode(T_CHALLENGE, Status::Ok, &p)
+}
+
+pub(super) fn decode_challenge(payload: &[u8]) -> ([u8; NONCE_LEN], KeyId) {
+    let mut c = Cursor::new(payload);
+    (c.bytes::<NONCE_LEN>(), c.bytes::<KEY_ID_LEN>())
+}
+
 pub(super) fn read_frame(stream: &mut TcpStream, deadline: Instant) -> io::Result<Frame> {
     read_frame_within(stream, deadline, FRAME_TIMEOUT)
 }
 
-/// Read one frame, waiting at most `per_frame` and never past `deadline`.
+/// Read one frame: the whole frame within `per_frame` of the first attempt and never past
+/// `deadline`, however the bytes trickle in (each read waits only for what is left, so a
+/// byte every 2 s does not keep a 3 s frame open).
 pub(super) fn read_frame_within(
     stream: &mut TcpStream,
     deadline: Instant,
     per_frame: Duration,
 ) -> io::Result<Frame> {
-    let now = Instant::now();
-    let left = deadline.saturating_duration_since(now);
-    if left.is_zero() {
-        return Err(io::Error::new(
-            io::ErrorKind::TimedOut,
-            "session time limit reached",
-        ));
-    }
-    stream.set_read_timeout(Some(left.min(per_frame)))?;
+    let frame_deadline = deadline.min(Instant::now() + per_frame);
     let mut f = [0u8; FRAME_LEN];
-    stream.read_exact(&mut f)?;
+    let mut got = 0;
+    while got < FRAME_LEN {
+        let left = frame_deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            let what = if frame_deadline < deadline {
+                "the frame did not arrive in time"
+            } else {
+                "session time limit reached"
+            };
+            return Err(io::Error::new(io::ErrorKind::TimedOut, what));
+        }
+        stream.set_read_timeout(Some(left))?;
+        match stream.read(&mut f[got..]) {
+            Ok(0) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "connection closed mid-frame",
+                ));
+            }
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
     decode(&f).ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "not a fabricgate frame"))
 }
 

@@ -1,0 +1,335 @@
+//! The attacks of issue 24 on the side channel, replayed over loopback against a real
+//! responder: a dribbling client, connect-and-hold, a replayed session (both ways), a client
+//! with the wrong key, and a squatter's unauthenticated OTHER_GROUP. After each, a client of
+//! the pool still reaches the RDMA stage (`Failed { kind: None }`: the side channel let it
+//! through and only this machine's missing RDMA device stopped it), or is told BUSY, which
+//! is a skip and never an error.
+
+use super::tests::{connect_from, keys, local, responder, wait_until};
+use super::wire::*;
+use super::*;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+fn member() -> Identity {
+    Identity {
+        node_name: "gpu-b".into(),
+        group: "pool-1".into(),
+    }
+}
+
+fn victim() -> Responder {
+    let r = responder(Identity {
+        node_name: "gpu-a".into(),
+        group: "pool-1".into(),
+    });
+    r.set_ports(vec![local()]);
+    r
+}
+
+/// The side channel let the client through to its RDMA endpoint (which this machine cannot
+/// create): no error blamed on the peer.
+fn reaches_rdma(o: &Outcome) -> bool {
+    matches!(o, Outcome::Failed { kind: None, .. })
+}
+
+fn measure_member(addr: SocketAddr) -> Outcome {
+    measure(
+        addr,
+        &local(),
+        &member(),
+        &keys(),
+        &Plan::default(),
+        Duration::from_secs(5),
+    )
+}
+
+/// Everything `s` sends until it closes (or `limit`), and when it closed.
+fn drain(s: &mut TcpStream, limit: Duration) -> (Vec<u8>, Option<Instant>) {
+    let end = Instant::now() + limit;
+    let mut out = Vec::new();
+    let mut buf = [0u8; 512];
+    while Instant::now() < end {
+        s.set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        match s.read(&mut buf) {
+            Ok(0) => return (out, Some(Instant::now())),
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
+            Err(_) => return (out, Some(Instant::now())),
+        }
+    }
+    (out, None)
+}
+
+fn names_the_node(bytes: &[u8]) -> bool {
+    [&b"gpu-a"[..], b"pool-1"]
+        .iter()
+        .any(|n| bytes.windows(n.len()).any(|w| w == *n))
+}
+
+/// Before: one byte every 2 s kept a session open past the 10 s session limit (each read
+/// waited 3 s afresh). Now a frame must arrive whole within 3 s: four dribblers (two let in
+/// from their address, two told BUSY) are all gone within 3 s, and the pool's client is
+/// served meanwhile.
+#[test]
+fn redteam_dribble_is_cut_at_the_frame_deadline() {
+    let r = victim();
+    let addr = r.local_addr();
+    let started = Instant::now();
+    let dribblers: Vec<_> = (0..4)
+        .map(|_| {
+            let mut s = connect_from([127, 0, 0, 9], addr);
+            std::thread::spawn(move || {
+                let t0 = Instant::now();
+                // One byte of a frame every 2 s, until the responder hangs up.
+                for b in b"FGPR\0\x02\x06" {
+                    if s.write_all(&[*b]).is_err() {
+                        break;
+                    }
+                    let (_, closed) = drain(&mut s, Duration::from_secs(2));
+                    if closed.is_some() {
+                        break;
+                    }
+                }
+                t0.elapsed()
+            })
+        })
+        .collect();
+    assert!(wait_until(|| r.active_sessions() == MAX_PER_SOURCE));
+    assert!(reaches_rdma(&measure_member(addr)));
+    for d in dribblers {
+        let held = d.join().unwrap();
+        assert!(
+            held < FRAME_TIMEOUT + Duration::from_secs(2),
+            "a dribbler held its session {held:?}"
+        );
+    }
+    assert!(started.elapsed() < SESSION_LIMIT);
+    assert!(wait_until(|| r.active_sessions() == 0));
+}
+
+/// Before: 4 idle connections took every session. Now one address gets
+/// [`MAX_PER_SOURCE`] of them (the rest are told BUSY at once, without a name), each cut
+/// after [`FRAME_TIMEOUT`]; the pool's client from another address is served throughout.
+/// When every slot is taken from many addresses, the client is told BUSY: a skip, not an
+/// error.
+#[test]
+fn redteam_connect_and_hold_cannot_take_the_responder() {
+    let r = victim();
+    let addr = r.local_addr();
+    let held: Vec<TcpStream> = (0..50)
+        .map(|_| connect_from([127, 0, 0, 9], addr))
+        .collect();
+    assert!(wait_until(|| r.active_sessions() == MAX_PER_SOURCE));
+    assert!(reaches_rdma(&measure_member(addr)));
+    assert!(wait_until(
+        || r.stats().refused.load(Ordering::Relaxed) >= 48
+    ));
+    drop(held);
+    assert!(wait_until(|| r.active_sessions() == 0));
+
+    // Every slot held, from four addresses: BUSY, recorded as a skip.
+    let held: Vec<TcpStream> = (0..MAX_SESSIONS)
+        .map(|i| connect_from([127, 0, 0, 20 + i as u8], addr))
+        .collect();
+    assert!(wait_until(|| r.active_sessions() == MAX_SESSIONS));
+    assert_eq!(measure_member(addr), Outcome::Skipped(Skip::Busy));
+    // Cut after FRAME_TIMEOUT; then served again.
+    assert!(wait_until(|| r.active_sessions() == 0));
+    assert!(reaches_rdma(&measure_member(addr)));
+    drop(held);
+}
+
+/// What went to the responder, and what came back.
+type Tape = Arc<Mutex<(Vec<u8>, Vec<u8>)>>;
+
+/// A relay that records both directions of one session.
+fn recording_relay(to: SocketAddr) -> (SocketAddr, Tape) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let at = l.local_addr().unwrap();
+    let tape = Arc::new(Mutex::new((Vec::new(), Vec::new())));
+    let rec = Arc::clone(&tape);
+    std::thread::spawn(move || {
+        let (mut client, _) = l.accept().unwrap();
+        let mut server = TcpStream::connect(to).unwrap();
+        let (mut c2, mut s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+        let rec2 = Arc::clone(&rec);
+        let up = std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = c2.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                rec2.lock().unwrap().0.extend_from_slice(&buf[..n]);
+                if s2.write_all(&buf[..n]).is_err() {
+                    break;
+                }
+            }
+            let _ = s2.shutdown(std::net::Shutdown::Write);
+        });
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = server.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            rec.lock().unwrap().1.extend_from_slice(&buf[..n]);
+            if client.write_all(&buf[..n]).is_err() {
+                break;
+            }
+        }
+        let _ = client.shutdown(std::net::Shutdown::Both);
+        let _ = up.join();
+    });
+    (at, tape)
+}
+
+/// A recorded session of the pool, replayed: to the responder (its HELLO's MAC covers the
+/// old responder nonce, so it is refused as unauthenticated, with nothing identifying), and
+/// by a fake responder to a client (the recorded CHALLENGE's MAC covers the old client
+/// nonce, so the client believes none of it).
+#[test]
+fn redteam_a_recorded_session_cannot_be_replayed() {
+    let r = victim();
+    let (relay, tape) = recording_relay(r.local_addr());
+    assert!(reaches_rdma(&measure_member(relay)));
+    assert!(wait_until(|| r.active_sessions() == 0));
+    let (to_responder, to_client) = tape.lock().unwrap().clone();
+    assert_eq!(to_responder.len(), 2 * FRAME_LEN, "OPEN and HELLO");
+    assert!(to_client.len() >= 2 * FRAME_LEN, "CHALLENGE and WELCOME");
+
+    // Replayed to the responder.
+    let mut s = TcpStream::connect(r.local_addr()).unwrap();
+    s.write_all(&to_responder).unwrap();
+    let (answer, _) = drain(&mut s, Duration::from_secs(5));
+    assert_eq!(
+        answer.len(),
+        2 * FRAME_LEN,
+        "a fresh CHALLENGE, then the refusal"
+    );
+    let mut last = [0u8; FRAME_LEN];
+    last.copy_from_slice(&answer[FRAME_LEN..]);
+    let refusal = decode(&last).unwrap();
+    assert_eq!((refusal.kind, refusal.status), (T_WELCOME, Status::Auth));
+    assert!(!names_the_node(&answer), "{answer:?}");
+    assert!(wait_until(|| r
+        .stats()
+        .unauthenticated
+        .load(Ordering::Relaxed)
+        == 1));
+
+    // Replayed to a client by a fake responder: an OK WELCOME that is not believed.
+    let fake = TcpListener::bind("127.0.0.1:0").unwrap();
+    let fake_addr = fake.local_addr().unwrap();
+    let replay = to_client.clone();
+    let h = std::thread::spawn(move || {
+        let (mut s, _) = fake.accept().unwrap();
+        let _ = s.write_all(&replay);
+        drain(&mut s, Duration::from_secs(3))
+    });
+    match measure_member(fake_addr) {
+        Outcome::Failed {
+            kind: Some(ErrorKind::Connect),
+            message,
+        } => assert!(message.contains("failed authentication"), "{message}"),
+        other => panic!("{other:?}"),
+    }
+    let (sent, _) = h.join().unwrap();
+    // Our client sent OPEN only: its name went nowhere.
+    assert_eq!(sent.len(), FRAME_LEN);
+    assert!(!sent.windows(5).any(|w| w == b"gpu-b"));
+}
+
+/// A client with another key is refused at CHALLENGE; one that offers the pool's key id
+/// (seen on the wire) but cannot MAC is refused at HELLO. Neither learns the node's name or
+/// group; the pool's client is served after both.
+#[test]
+fn redteam_wrong_key_learns_nothing_and_is_refused() {
+    let r = victim();
+    let addr = r.local_addr();
+    let stranger = Keys::from_secrets(&[b"not the pool's key, 32 bytes...."]);
+    let mut raw = Vec::new();
+    match measure(
+        addr,
+        &local(),
+        &member(),
+        &stranger,
+        &Plan::default(),
+        Duration::from_secs(5),
+    ) {
+        Outcome::Failed {
+            kind: Some(ErrorKind::Connect),
+            message,
+        } => assert!(message.contains("refused our authentication"), "{message}"),
+        other => panic!("{other:?}"),
+    }
+    // By hand: the pool's key id, a HELLO with a forged MAC.
+    let ids: Vec<_> = keys().ids().collect();
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.write_all(&encode_open(&[7; 16], &ids)).unwrap();
+    let hello = Hello {
+        identity: member(),
+        device: "rxe0".into(),
+        port: 1,
+        plan: Plan::default(),
+    }
+    .encode();
+    s.write_all(&hello).unwrap();
+    let (answer, _) = drain(&mut s, Duration::from_secs(5));
+    raw.extend_from_slice(&answer);
+    let mut last = [0u8; FRAME_LEN];
+    last.copy_from_slice(&answer[answer.len() - FRAME_LEN..]);
+    assert_eq!(decode(&last).unwrap().status, Status::Auth);
+    assert!(!names_the_node(&raw), "{raw:?}");
+    assert!(wait_until(|| r
+        .stats()
+        .unauthenticated
+        .load(Ordering::Relaxed)
+        == 2));
+    assert!(reaches_rdma(&measure_member(addr)));
+}
+
+/// Before: a version-1 OTHER_GROUP from whoever held the address made the client skip the
+/// peer (and the agent exclude it until restart). Now no unauthenticated answer is a skip:
+/// OTHER_GROUP or SELF as a bare status, or in a WELCOME with a forged MAC, are `connect`
+/// failures, and the peer is asked again next round.
+#[test]
+fn redteam_a_squatters_other_group_is_not_believed() {
+    let squat = |frames: Vec<[u8; FRAME_LEN]>| {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let at = l.local_addr().unwrap();
+        std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut open = [0u8; FRAME_LEN];
+            let _ = s.read_exact(&mut open);
+            for f in frames {
+                let _ = s.write_all(&f);
+                let mut hello = [0u8; FRAME_LEN];
+                let _ = s.read_exact(&mut hello);
+            }
+        });
+        measure_member(at)
+    };
+    let mut v1 = encode(T_WELCOME, Status::OtherGroup, &[]);
+    v1[4..6].copy_from_slice(&1u16.to_be_bytes());
+    let challenge = encode_challenge(&[1; 16], &keys().ids().next().unwrap());
+    for frames in [
+        vec![v1],
+        vec![encode(T_CHALLENGE, Status::OtherGroup, &[])],
+        vec![encode(T_CHALLENGE, Status::SelfNode, &[])],
+        // A CHALLENGE naming the pool's key, without its MAC.
+        vec![challenge],
+    ] {
+        match squat(frames) {
+            Outcome::Failed {
+                kind: Some(ErrorKind::Connect),
+                ..
+            } => {}
+            other => panic!("{other:?}"),
+        }
+    }
+}
