@@ -422,6 +422,11 @@ fn redteam_150_kib_of_requirements_do_not_bloat_the_init_containers_env() {
     let value = env(init(&pod), webhook::REQUIREMENTS_ENV)
         .and_then(Value::as_str)
         .unwrap();
+    eprintln!(
+        "requirements: {} bytes as written, {} bytes handed to preflight",
+        yaml.len(),
+        value.len()
+    );
     assert!(
         value.len() <= webhook::MAX_REQUIREMENTS_BYTES,
         "{} bytes",
