@@ -500,9 +500,27 @@ fn the_shipped_webhook_manifest_fails_closed_and_admits_only_the_api_server() {
             "{cidr}"
         );
     }
+    // Its arguments are the binary's, and the port the policy opens is the one it serves.
+    use clap::Parser;
     let deploy = one("Deployment");
-    let args = deploy["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
-    assert!(args.contains("--listen=0.0.0.0:8443"), "{args}");
+    let container = &deploy["spec"]["template"]["spec"]["containers"][0];
+    let mut argv = vec!["fabricgate".to_owned()];
+    argv.extend(
+        container["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap().to_owned()),
+    );
+    argv.push("--preflight-image=img".into());
+    let fabricgate::cli::Command::Webhook(args) =
+        fabricgate::cli::Cli::try_parse_from(&argv).unwrap().command
+    else {
+        panic!("not the webhook subcommand: {argv:?}");
+    };
+    assert_eq!(args.listen.port(), 8443);
+    assert_eq!(args.max_connections, 256);
+    assert_eq!(container["ports"][0]["containerPort"], 8443);
 }
 
 #[test]
