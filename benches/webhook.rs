@@ -12,8 +12,13 @@ use std::hint::black_box;
 
 fn bench(c: &mut Criterion) {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/admission");
-    let yaml = "rdma:\n  min_active_ports: 8\nlustre:\n  mounts: [/lustre/scratch]\n";
-    let cfg = MutationConfig::new(&Config::parse(yaml).unwrap(), yaml, "fabricgate:bench");
+    // The configuration tests/webhook.rs mutated the stored fixture with: reinvocation
+    // recognises the init container by its content.
+    let yaml = "rdma:\n  devices: \"mlx5_*\"\n  min_active_ports: 8\n  min_rate_gbps: 400\n  \
+                link_layer: InfiniBand\nlustre:\n  mounts: [/lustre/scratch]\nmounts:\n  - \
+                path: /datasets\n    writable: false\n";
+    let image = "registry.example.com/fabricgate:0.1.0";
+    let cfg = MutationConfig::new(&Config::parse(yaml).unwrap(), yaml, image);
     let fresh = std::fs::read(dir.join("pytorchjob-worker.json")).unwrap();
     let mutated = std::fs::read(dir.join("already-mutated.json")).unwrap();
     assert!(webhook::review(&fresh, &cfg).unwrap()["response"]["patch"].is_string());

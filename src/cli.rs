@@ -172,6 +172,11 @@ pub struct WebhookArgs {
     /// `--preflight-arg=--min-memlock=1GiB`.
     #[arg(long = "preflight-arg", value_name = "ARG", allow_hyphen_values = true)]
     pub preflight_args: Vec<String>,
+    /// Most connections open at once (lowered to what the open-file limit leaves); a new one
+    /// that finds them all open closes the oldest idle one.
+    #[arg(long, default_value_t = crate::pod::webhook::DEFAULT_MAX_CONNECTIONS,
+          value_parser = parse_max_connections, value_name = "N")]
+    pub max_connections: usize,
     /// Log line format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -206,6 +211,7 @@ impl WebhookArgs {
         }
         m.nccl_dir = self.nccl_dir.clone();
         m.preflight_args = self.preflight_args.clone();
+        m.check()?;
         Ok(m)
     }
 }

@@ -167,7 +167,6 @@ fn run_preflight(args: &PreflightArgs) -> anyhow::Result<u8> {
         nccl_net: args.nccl_net.clone(),
     };
     let outcome = preflight::run(&roots, args.probe.probe_config(&config), &config, &opts);
-    let mut code = outcome.exit_code;
     if outcome.ok() {
         match preflight::write_nccl_files(&args.nccl_dir, &outcome.ports, &opts.nccl_net) {
             Ok((conf, env)) => println!(
@@ -200,27 +199,31 @@ fn run_preflight(args: &PreflightArgs) -> anyhow::Result<u8> {
         "timings: rdma sysfs {:.3}s, verbs and self-test {:.3}s, storage {:.3}s, total {:.3}s",
         t.rdma_sysfs_seconds, t.rdma_verbs_seconds, t.storage_seconds, outcome.elapsed_seconds
     );
+    // The termination log is for `kubectl describe pod` only: a missing or unwritable one is
+    // said on stderr and never changes the verdict's exit code.
     if let Err(e) =
         preflight::write_termination_log(&args.termination_log, &outcome.termination_message())
     {
         eprintln!(
-            "fabricgate preflight: cannot write {}: {e}",
+            "fabricgate preflight: cannot write {}: {e} (the verdict stands)",
             args.termination_log.display()
         );
-        if outcome.ok() {
-            code = fabricgate::EXIT_USAGE;
-        }
     }
-    Ok(code)
+    Ok(outcome.exit_code)
 }
 
 fn run_webhook(args: &WebhookArgs) -> anyhow::Result<u8> {
     daemon::init_logging(args.log_format);
+    let nofile = fabricgate::observe::server::raise_nofile();
     let config = fabricgate::pod::webhook::ServerConfig {
         mutation: args.mutation_config()?,
         cert_file: args.tls_cert_file.clone(),
         key_file: args.tls_key_file.clone(),
         reload_interval: args.cert_reload_interval,
+        limits: fabricgate::pod::webhook::ServerConfig::default_limits(
+            args.max_connections,
+            nofile.soft,
+        ),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

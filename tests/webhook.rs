@@ -1,9 +1,14 @@
 //! The admission webhook: AdmissionReview in, JSON patch out, on recorded pod specs
 //! (tests/fixtures/admission/: a PyTorchJob worker, a JobSet pod, a pod with blanket
 //! tolerations, one already mutated); then the server over real TLS on 127.0.0.1 with a test
-//! CA, and the certificate reloaded when its files change.
+//! CA, and the certificate reloaded when its files change. `redteam` replays issue 24's
+//! attacks on the pod path (pods that argue with the webhook, a server held open).
 
 mod common;
+#[path = "webhook/redteam.rs"]
+mod redteam;
+#[path = "webhook/slow_clients.rs"]
+mod slow_clients;
 
 use common::tls::TestPki;
 use fabricgate::config::Config;
@@ -13,30 +18,30 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-const REQUIREMENTS: &str = "rdma:\n  devices: \"mlx5_*\"\n  min_active_ports: 8\n  \
+pub const REQUIREMENTS: &str = "rdma:\n  devices: \"mlx5_*\"\n  min_active_ports: 8\n  \
                             min_rate_gbps: 400\n  link_layer: InfiniBand\n\
                             lustre:\n  mounts: [/lustre/scratch]\n\
                             mounts:\n  - path: /datasets\n    writable: false\n";
-const IMAGE: &str = "registry.example.com/fabricgate:0.1.0";
+pub const IMAGE: &str = "registry.example.com/fabricgate:0.1.0";
 
-fn cfg() -> MutationConfig {
+pub fn cfg() -> MutationConfig {
     let config = Config::parse(REQUIREMENTS).unwrap();
     MutationConfig::new(&config, REQUIREMENTS, IMAGE)
 }
 
-fn fixture_path(name: &str) -> PathBuf {
+pub fn fixture_path(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/admission")
         .join(format!("{name}.json"))
 }
 
-fn fixture(name: &str) -> Value {
+pub fn fixture(name: &str) -> Value {
     serde_json::from_str(&std::fs::read_to_string(fixture_path(name)).unwrap()).unwrap()
 }
 
 /// The review's response, and the pod with the patch applied (the pod as sent when there is
 /// no patch).
-fn admit(review: &Value) -> (Value, Value) {
+pub fn admit(review: &Value) -> (Value, Value) {
     let out = webhook::review(&serde_json::to_vec(review).unwrap(), &cfg()).unwrap();
     let response = out["response"].clone();
     assert_eq!(out["kind"], "AdmissionReview");
@@ -54,11 +59,11 @@ fn admit(review: &Value) -> (Value, Value) {
     (response, pod)
 }
 
-fn init(pod: &Value) -> &Value {
+pub fn init(pod: &Value) -> &Value {
     &pod["spec"]["initContainers"][0]
 }
 
-fn env<'a>(c: &'a Value, name: &str) -> Option<&'a Value> {
+pub fn env<'a>(c: &'a Value, name: &str) -> Option<&'a Value> {
     c["env"]
         .as_array()?
         .iter()
@@ -66,7 +71,7 @@ fn env<'a>(c: &'a Value, name: &str) -> Option<&'a Value> {
         .map(|e| &e["value"])
 }
 
-fn mount_paths(c: &Value) -> Vec<String> {
+pub fn mount_paths(c: &Value) -> Vec<String> {
     c["volumeMounts"]
         .as_array()
         .unwrap()
@@ -75,7 +80,7 @@ fn mount_paths(c: &Value) -> Vec<String> {
         .collect()
 }
 
-fn ready_term_count(pod: &Value) -> usize {
+pub fn ready_term_count(pod: &Value) -> usize {
     pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
         ["nodeSelectorTerms"]
         .as_array()
@@ -92,7 +97,7 @@ fn ready_term_count(pod: &Value) -> usize {
 }
 
 /// Everything every mutated pod must have.
-fn assert_wired(pod: &Value) {
+pub fn assert_wired(pod: &Value) {
     let spec = &pod["spec"];
     let terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
         ["nodeSelectorTerms"]
@@ -127,6 +132,15 @@ fn assert_wired(pod: &Value) {
     // Requests equal limits: the pod's QoS class is unchanged.
     assert_eq!(init["resources"]["requests"], init["resources"]["limits"]);
     for c in spec["containers"].as_array().unwrap() {
+        let rdma = ["requests", "limits"].iter().any(|s| {
+            c["resources"][*s].as_object().is_some_and(|m| {
+                m.keys()
+                    .any(|k| k.starts_with("rdma/") || k.starts_with("nvidia.com/hostdev"))
+            })
+        });
+        if rdma {
+            assert_eq!(env(c, "NCCL_NET"), Some(&json!("IB")), "{}", c["name"]);
+        }
         assert_eq!(
             env(c, "NCCL_CONF_FILE"),
             Some(&json!("/fabricgate/nccl.conf")),
@@ -180,8 +194,10 @@ fn pytorchjob_worker_gets_affinity_preflight_and_nccl_conf() {
             .as_array()
             .unwrap()
             .len()
-            + 1
+            + 2,
+        "NCCL_CONF_FILE and NCCL_NET"
     );
+    assert_eq!(env(worker, "NCCL_NET"), Some(&json!("IB")));
 }
 
 #[test]
@@ -254,7 +270,7 @@ fn blanket_tolerations_cannot_escape_the_required_affinity() {
     );
 }
 
-fn mutated_review() -> Value {
+pub fn mutated_review() -> Value {
     let mut review = fixture("pytorchjob-worker");
     let (_, pod) = admit(&review);
     review["request"]["object"] = pod;
@@ -307,22 +323,32 @@ fn reinvocation_wires_only_a_container_another_webhook_added() {
 }
 
 #[test]
-fn a_pod_that_chose_sockets_is_left_alone_with_a_warning() {
+fn a_pod_that_chose_sockets_is_refused_saying_what_to_remove() {
     let mut review = fixture("pytorchjob-worker");
     review["request"]["object"]["spec"]["containers"][0]["env"]
         .as_array_mut()
         .unwrap()
         .push(json!({"name": "NCCL_NET", "value": "Socket"}));
-    let (response, pod) = admit(&review);
+    let response = answer(&review);
+    assert_eq!(response["allowed"], false, "{response}");
     assert!(response.get("patch").is_none(), "{response}");
-    assert_eq!(pod, review["request"]["object"]);
-    let warnings = response["warnings"].as_array().unwrap();
-    assert_eq!(warnings.len(), 1);
-    let w = warnings[0].as_str().unwrap();
+    let why = response["status"]["message"].as_str().unwrap();
     assert!(
-        w.contains("llama-70b-pretrain-worker-3") && w.contains("NCCL_NET=Socket"),
-        "{w}"
+        why.contains("llama-70b-pretrain-worker-3")
+            && why.contains("NCCL_NET=\"Socket\"")
+            && why.contains("remove it"),
+        "{why}"
     );
+}
+
+/// The review's response, allowed or not.
+pub fn answer(review: &Value) -> Value {
+    let out = webhook::review(&serde_json::to_vec(review).unwrap(), &cfg()).unwrap();
+    assert_eq!(
+        out["response"]["uid"], review["request"]["uid"],
+        "uid echoed"
+    );
+    out["response"].clone()
 }
 
 #[test]
@@ -377,13 +403,13 @@ fn webhook_configuration_for_a_test_url() {
         hooks[0]["clientConfig"]["url"],
         "https://127.0.0.1:8443/mutate"
     );
-    // Opted-in namespaces fail closed; labelled pods elsewhere fail open.
+    // Opted-in namespaces and labelled pods elsewhere both fail closed.
     assert_eq!(hooks[0]["failurePolicy"], "Fail");
     assert_eq!(
         hooks[0]["namespaceSelector"]["matchExpressions"][0],
         json!({"key": "fabricgate.io/preflight", "operator": "In", "values": ["true"]})
     );
-    assert_eq!(hooks[1]["failurePolicy"], "Ignore");
+    assert_eq!(hooks[1]["failurePolicy"], "Fail");
     assert_eq!(
         hooks[1]["objectSelector"]["matchLabels"]["fabricgate.io/preflight"],
         "true"
@@ -398,22 +424,24 @@ fn webhook_configuration_for_a_test_url() {
 
 // ---- over real TLS -------------------------------------------------------------------------
 
-struct Server {
-    addr: SocketAddr,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<fabricgate::Result<()>>,
+pub struct Server {
+    pub addr: SocketAddr,
+    pub stop: Option<tokio::sync::oneshot::Sender<()>>,
+    pub task: tokio::task::JoinHandle<fabricgate::Result<()>>,
 }
 
-async fn start(pki: &TestPki, reload: Duration) -> Server {
+pub async fn start(pki: &TestPki, reload: Duration) -> Server {
+    start_with(ServerConfig {
+        reload_interval: reload,
+        ..ServerConfig::new(cfg(), pki.cert_file.clone(), pki.key_file.clone())
+    })
+    .await
+}
+
+pub async fn start_with(config: ServerConfig) -> Server {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let config = ServerConfig {
-        mutation: cfg(),
-        cert_file: pki.cert_file.clone(),
-        key_file: pki.key_file.clone(),
-        reload_interval: reload,
-    };
     let task = tokio::spawn(webhook::serve(config, listener, async {
         let _ = rx.await;
     }));
@@ -426,7 +454,7 @@ async fn start(pki: &TestPki, reload: Duration) -> Server {
 
 /// One HTTPS request (HTTP/1.1, `Connection: close`): the server certificate (DER) and
 /// the status and body of the answer.
-async fn https(
+pub async fn https(
     pki: &TestPki,
     addr: SocketAddr,
     method: &str,
@@ -543,12 +571,7 @@ async fn an_unusable_certificate_fails_at_start_naming_the_file() {
         err.contains("tls.key") && err.contains("does not match"),
         "{err}"
     );
-    let missing = ServerConfig {
-        mutation: cfg(),
-        cert_file: dir.path().join("absent.crt"),
-        key_file: pki.key_file.clone(),
-        reload_interval: Duration::from_secs(1),
-    };
+    let missing = ServerConfig::new(cfg(), dir.path().join("absent.crt"), pki.key_file.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let err = webhook::serve(missing, listener, std::future::pending())
         .await

@@ -17,6 +17,7 @@ mod requirements;
 mod settings;
 #[cfg(test)]
 mod tests;
+pub mod webhook;
 
 pub use duration::parse_bounded_duration;
 use file::read_config_file;
@@ -53,6 +54,8 @@ pub struct Config {
     pub events: events::EventsSettings,
     /// What the agent requires of its own Node object (device-plugin liveness).
     pub kubernetes: KubernetesRequirements,
+    /// What the admission webhook lets opted-in pods set for NCCL (docs/preflight.md).
+    pub webhook: webhook::WebhookSettings,
 }
 
 impl Config {
@@ -265,6 +268,7 @@ impl Config {
             }
         }
         self.peers.validate()?;
+        self.webhook.validate()?;
         validate_label_prefix(&self.node.label_prefix)
     }
 

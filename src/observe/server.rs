@@ -44,6 +44,10 @@ pub struct Limits {
     pub max_connections: usize,
     pub header_read_timeout: Duration,
     pub max_connection_age: Duration,
+    /// Bound on one request, its body included, and its answer; a request still running
+    /// then gets `503` and its connection is closed. `None`: only the connection's age
+    /// bounds it (the agent's handlers never wait on a client).
+    pub request_timeout: Option<Duration>,
 }
 
 impl Default for Limits {
@@ -52,6 +56,7 @@ impl Default for Limits {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             header_read_timeout: HEADER_READ_TIMEOUT,
             max_connection_age: MAX_CONNECTION_AGE,
+            request_timeout: None,
         }
     }
 }
@@ -202,6 +207,30 @@ pub async fn serve(
     observer: Arc<dyn ServerObserver>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    let plain = |tcp: tokio::net::TcpStream| async move { Some(tcp) };
+    serve_with(listener, router, limits, observer, shutdown, plain).await
+}
+
+/// [`serve`], each accepted connection first handed to `handshake` (a TLS accept, say):
+/// `None` closes it. The handshake runs inside the connection's bounds (it counts against
+/// the cap, is evictable, and must be over, request head included, within
+/// [`Limits::header_read_timeout`]), so a client that stalls it holds nothing for long.
+///
+/// # Errors
+/// As [`serve`].
+pub async fn serve_with<H, F, S>(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    limits: Limits,
+    observer: Arc<dyn ServerObserver>,
+    shutdown: impl Future<Output = ()> + Send,
+    handshake: H,
+) -> std::io::Result<()>
+where
+    H: Fn(tokio::net::TcpStream) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Option<S>> + Send + 'static,
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let table = Arc::new(Mutex::new(Table::default()));
     let mut builder = http1::Builder::new();
     builder
@@ -228,7 +257,7 @@ pub async fn serve(
                 if last_accept_error != Some(e.kind()) {
                     tracing::warn!(
                         error = %e,
-                        "cannot accept a metrics connection; pausing the listener briefly"
+                        "cannot accept a connection; pausing the listener briefly"
                     );
                 }
                 last_accept_error = Some(e.kind());
@@ -250,8 +279,10 @@ pub async fn serve(
         let table = Arc::clone(&table);
         let observer = Arc::clone(&observer);
         let builder = builder.clone();
+        let handshake = handshake.clone();
         let age = limits.max_connection_age;
         let header_timeout = limits.header_read_timeout;
+        let request_timeout = limits.request_timeout;
         tokio::spawn(async move {
             let busy = Arc::clone(&slot);
             let service = hyper::service::service_fn(move |req| {
@@ -260,14 +291,28 @@ pub async fn serve(
                 async move {
                     busy.served.store(true, Ordering::Release);
                     busy.busy.store(true, Ordering::Release);
-                    let response = router.oneshot(req).await;
+                    let response = match request_timeout {
+                        None => router.oneshot(req).await,
+                        Some(limit) => match tokio::time::timeout(limit, router.oneshot(req)).await
+                        {
+                            Ok(r) => r,
+                            Err(_) => Ok(timed_out()),
+                        },
+                    };
                     busy.busy.store(false, Ordering::Release);
                     response
                 }
             });
-            let conn = builder.serve_connection(TokioIo::new(stream), service);
-            // A connection that never sends a request is closed after the header timeout
-            // whatever hyper's timer does before the first byte.
+            let conn = async move {
+                if let Some(stream) = handshake(stream).await {
+                    let _ = builder
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                }
+            };
+            // A connection that never sends a request (or never finishes its handshake) is
+            // closed after the header timeout whatever hyper's timer does before the first
+            // byte.
             let silent = async {
                 tokio::time::sleep(header_timeout).await;
                 if slot.served.load(Ordering::Acquire) {
@@ -275,7 +320,7 @@ pub async fn serve(
                 }
             };
             tokio::select! {
-                _ = conn => {}
+                () = conn => {}
                 () = slot.evict.notified() => {}
                 () = silent => {}
                 () = tokio::time::sleep(age) => {}
@@ -292,6 +337,17 @@ pub async fn serve(
             tokio::task::yield_now().await;
         }
     }
+}
+
+/// The answer to a request that ran past [`Limits::request_timeout`]; the connection closes.
+fn timed_out() -> axum::response::Response {
+    use axum::response::IntoResponse;
+    (
+        http::StatusCode::SERVICE_UNAVAILABLE,
+        [(http::header::CONNECTION, "close")],
+        "request timed out\n",
+    )
+        .into_response()
 }
 
 /// Parse `--metrics-addr`: `IP:PORT`, `[IPv6]:PORT`, or an IPv6 address without brackets

@@ -316,8 +316,12 @@ fn truncate(text: &str, max: usize) -> String {
     format!("{} ...", &text[..end])
 }
 
-/// Write `nccl.conf` and `nccl.env` into `dir` (each through a temporary file and a rename, so
-/// a reader never sees half a file).
+/// Write `nccl.conf` and `nccl.env` into `dir` without following any link a container
+/// planted there: both are written into a fresh directory that this call creates inside `dir`
+/// (mode 0700, a name nobody could have taken: `mkdir` fails on anything already there, a
+/// symlink included), each file created new (`O_EXCL`), then renamed into `dir`. `rename`
+/// replaces whatever has the name, a symlink included, without following it, so a reader
+/// sees the old file or the whole new one.
 ///
 /// # Errors
 /// The I/O error, with the path, when `dir` is not writable.
@@ -328,9 +332,65 @@ pub fn write_nccl_files(
 ) -> crate::Result<(PathBuf, PathBuf)> {
     let conf = dir.join(NCCL_CONF);
     let env = dir.join(NCCL_ENV);
-    write_atomic(&conf, &nccl_conf(ports, net))?;
-    write_atomic(&env, &nccl_env(ports, net))?;
-    Ok((conf, env))
+    let staging = staging_dir(dir)?;
+    let written = write_new(&staging.join(NCCL_CONF), &nccl_conf(ports, net))
+        .and_then(|()| write_new(&staging.join(NCCL_ENV), &nccl_env(ports, net)))
+        .and_then(|()| rename(&staging.join(NCCL_CONF), &conf))
+        .and_then(|()| rename(&staging.join(NCCL_ENV), &env));
+    for name in [NCCL_CONF, NCCL_ENV] {
+        let _ = std::fs::remove_file(staging.join(name));
+    }
+    let _ = std::fs::remove_dir(&staging);
+    written.map(|()| (conf, env))
+}
+
+fn nccl_dir_error(path: &Path, what: &str, e: &io::Error) -> crate::Error {
+    crate::Error::Usage {
+        flag: "--nccl-dir".into(),
+        message: format!(
+            "cannot {what} {}: {e}; mount the shared emptyDir there",
+            path.display()
+        ),
+    }
+}
+
+/// A new directory in `dir` that this process made (never one that was there before).
+fn staging_dir(dir: &Path) -> crate::Result<PathBuf> {
+    use std::os::unix::fs::DirBuilderExt;
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let mut last = None;
+    for attempt in 0..16u32 {
+        let path = dir.join(format!(
+            ".fabricgate-{}-{nanos:x}-{attempt}",
+            std::process::id()
+        ));
+        match std::fs::DirBuilder::new().mode(0o700).create(&path) {
+            Ok(()) => return Ok(path),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => last = Some((path, e)),
+            Err(e) => return Err(nccl_dir_error(&path, "create", &e)),
+        }
+    }
+    let (path, e) = last.unwrap_or_else(|| (dir.to_owned(), io::ErrorKind::AlreadyExists.into()));
+    Err(nccl_dir_error(&path, "create", &e))
+}
+
+fn write_new(path: &Path, text: &str) -> crate::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .and_then(|mut f| f.write_all(text.as_bytes()))
+        .map_err(|e| nccl_dir_error(path, "write", &e))
+}
+
+fn rename(from: &Path, to: &Path) -> crate::Result<()> {
+    std::fs::rename(from, to).map_err(|e| nccl_dir_error(to, "write", &e))
 }
 
 /// Remove files a previous successful run left in `dir` (an init container rerun after a
@@ -354,25 +414,23 @@ pub fn remove_nccl_files(dir: &Path) -> crate::Result<()> {
     Ok(())
 }
 
-fn write_atomic(path: &Path, text: &str) -> crate::Result<()> {
-    let tmp = path.with_extension("tmp");
-    let err = |e: io::Error| crate::Error::Usage {
-        flag: "--nccl-dir".into(),
-        message: format!(
-            "cannot write {}: {e}; mount the shared emptyDir there",
-            path.display()
-        ),
-    };
-    std::fs::write(&tmp, text).map_err(err)?;
-    std::fs::rename(&tmp, path).map_err(err)
-}
-
 /// Write the termination message (`/dev/termination-log`), so `kubectl describe pod` shows it.
 ///
+/// A symlink at `path` is not followed. The log is for humans only: the caller reports an
+/// error on stderr and exits with the verdict's code all the same.
+///
 /// # Errors
-/// The I/O error; the caller still prints the problems and exits with the right code.
+/// The I/O error (a missing `/dev/termination-log` outside Kubernetes, a read-only /dev).
 pub fn write_termination_log(path: &Path, message: &str) -> io::Result<()> {
-    std::fs::write(path, message)
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)?
+        .write_all(message.as_bytes())
 }
 
 #[cfg(test)]
@@ -449,6 +507,48 @@ mod tests {
         assert!(!conf.exists() && !env.exists());
         remove_nccl_files(dir.path()).unwrap();
         let e = write_nccl_files(&dir.path().join("absent"), &ports(), "IB").unwrap_err();
-        assert!(e.to_string().contains("absent/nccl.conf"), "{e}");
+        assert!(e.to_string().contains("absent/.fabricgate-"), "{e}");
+    }
+
+    /// Issue 24: a container that can write the NCCL directory plants `nccl.tmp` (the old
+    /// temporary name) and the final names as symlinks to a file elsewhere; preflight must
+    /// write neither through them.
+    #[test]
+    fn redteam_planted_symlinks_in_the_nccl_dir_are_never_followed() {
+        use std::os::unix::fs::symlink;
+        let dir = tempfile::tempdir().unwrap();
+        let nccl = dir.path().join("nccl");
+        std::fs::create_dir(&nccl).unwrap();
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, "precious\n").unwrap();
+        for name in ["nccl.tmp", "nccl.conf", "nccl.env"] {
+            symlink(&victim, nccl.join(name)).unwrap();
+        }
+        let (conf, env) = write_nccl_files(&nccl, &ports(), "IB").unwrap();
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
+        for f in [&conf, &env] {
+            let meta = std::fs::symlink_metadata(f).unwrap();
+            assert!(
+                meta.file_type().is_file(),
+                "{} replaced by a file",
+                f.display()
+            );
+        }
+        assert!(
+            std::fs::read_to_string(&conf)
+                .unwrap()
+                .contains("NCCL_IB_HCA==")
+        );
+        let left: Vec<_> = std::fs::read_dir(&nccl)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| n.starts_with(".fabricgate-"))
+            .collect();
+        assert!(left.is_empty(), "staging directory removed: {left:?}");
+        // The termination log is not written through a link either.
+        let log = dir.path().join("termination-log");
+        symlink(&victim, &log).unwrap();
+        assert!(write_termination_log(&log, "x").is_err());
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
     }
 }

@@ -214,3 +214,97 @@ fn bad_requirements_are_a_usage_error_in_the_termination_log() {
     let r = preflight(FOUR_NDR, None, None, &["--config", "/dev/null"], |_| {});
     assert_eq!(r.code(), 2, "{}", r.stderr());
 }
+
+/// Preflight over the fixture with the requirements in `FABRICGATE_REQUIREMENTS` and the
+/// termination log at `log`; `Err` when the binary could not even be started.
+fn preflight_env(requirements: &str, log: &Path, nccl: &Path) -> std::io::Result<Output> {
+    let fx = fixture();
+    Command::new(env!("CARGO_BIN_EXE_fabricgate"))
+        .arg("preflight")
+        .args(["--verbs", "off"])
+        .arg("--sysfs-root")
+        .arg(fx.join("sys"))
+        .arg("--proc-root")
+        .arg(fx.join("proc"))
+        .arg("--dev-root")
+        .arg(fx.join("dev"))
+        .arg("--nccl-dir")
+        .arg(nccl)
+        .arg("--termination-log")
+        .arg(log)
+        .env("FABRICGATE_REQUIREMENTS", requirements)
+        .output()
+}
+
+/// Issue 24: preflight exited 2 on a validated run when `/dev/termination-log` was absent.
+#[test]
+fn redteam_a_missing_termination_log_never_changes_the_verdict() {
+    let dir = tempfile::tempdir().unwrap();
+    let nccl = dir.path().join("nccl");
+    std::fs::create_dir(&nccl).unwrap();
+    let absent = dir.path().join("no-such-dir/termination-log");
+    let out = preflight_env(FOUR_NDR, &absent, &nccl).unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "validated stays 0: {err}");
+    assert!(
+        err.contains("cannot write") && err.contains("termination-log"),
+        "{err}"
+    );
+    assert!(nccl.join("nccl.conf").exists());
+    // And a failing run still says 1, not 2.
+    let eight = FOUR_NDR.replace("min_active_ports: 4", "min_active_ports: 8");
+    let out = preflight_env(&eight, &absent, &nccl).unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Issue 24: a 150 KiB requirements file made the init container's environment too large
+/// to exec. What the webhook hands preflight now starts, and means the same requirements.
+#[test]
+fn redteam_150_kib_of_requirements_still_exec_preflight() {
+    use fabricgate::config::Config;
+    use fabricgate::pod::webhook::{self, MutationConfig};
+    let long = format!(
+        "{FOUR_NDR}{}",
+        "# Site notes kept with the requirements: which pools, who to call, why.\n"
+            .repeat(150 * 1024 / 72 + 1)
+    );
+    assert!(long.len() >= 150 * 1024);
+    let dir = tempfile::tempdir().unwrap();
+    let nccl = dir.path().join("nccl");
+    std::fs::create_dir(&nccl).unwrap();
+    let log = dir.path().join("termination-log");
+    // The file as it was handed over before: one environment string over the kernel's
+    // 128 KiB MAX_ARG_STRLEN, so the container could not even start.
+    let e = preflight_env(&long, &log, &nccl).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::E2BIG), "{e}");
+
+    let m = MutationConfig::new(&Config::parse(&long).unwrap(), &long, "fabricgate:test");
+    let pod = serde_json::json!({
+        "metadata": {"name": "w", "labels": {"fabricgate.io/preflight": "true"}},
+        "spec": {"containers": [{"name": "w", "image": "x",
+            "resources": {"limits": {"rdma/ib": "1"}}}]},
+    });
+    let patch = webhook::mutate(&pod, &m).json_patch().unwrap();
+    let mut mutated = pod.clone();
+    json_patch::patch(&mut mutated, &patch).unwrap();
+    let init = &mutated["spec"]["initContainers"][0];
+    let value = init["env"][0]["value"].as_str().unwrap();
+    assert_eq!(init["env"][0]["name"], webhook::REQUIREMENTS_ENV);
+    let out = preflight_env(value, &log, &nccl).expect("preflight starts");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        std::fs::read_to_string(nccl.join("nccl.conf"))
+            .unwrap()
+            .contains("NCCL_IB_HCA==mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1")
+    );
+}

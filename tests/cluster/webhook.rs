@@ -4,6 +4,12 @@
 //! container, the emptyDir and `NCCL_CONF_FILE`; with the webhook down, `failurePolicy: Fail`
 //! refuses opted-in pods with a clear message while other pods are unaffected. Admission
 //! latency through the real API server is measured (p50/p99) with and without the webhook.
+//!
+//! The `redteam_` tests replay issue 24 on the real apiserver and scheduler: a pod whose own
+//! affinity names the readiness key is still kept off a tainted `ready=false` node, and with
+//! the webhook process stopped a labelled pod outside the opted-in namespaces is refused.
+//! Each registers its own configuration under its own label prefix, so the tests' webhooks
+//! never see each other's pods.
 
 use crate::common::control_plane;
 use crate::common::tls::TestPki;
@@ -60,12 +66,7 @@ fn opted_in_pods_are_mutated_through_the_real_apiserver_and_refused_when_the_web
     let mutation = MutationConfig::new(&config, "{}\n", "fabricgate:test");
     let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = runtime.spawn(webhook::serve(
-        ServerConfig {
-            mutation,
-            cert_file: pki.cert_file.clone(),
-            key_file: pki.key_file.clone(),
-            reload_interval: Duration::from_secs(10),
-        },
+        ServerConfig::new(mutation, pki.cert_file.clone(), pki.key_file.clone()),
         listener,
         async {
             let _ = stop_rx.await;
@@ -214,4 +215,273 @@ fn opted_in_pods_are_mutated_through_the_real_apiserver_and_refused_when_the_web
         ],
         None,
     );
+}
+
+/// A webhook served from this process on its own runtime and registered with the API server
+/// under `prefix` (`<prefix>preflight` opts in, `<prefix>ready` is the affinity).
+struct Webhook {
+    runtime: tokio::runtime::Runtime,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    server: Option<tokio::task::JoinHandle<fabricgate::Result<()>>>,
+    _pki: (tempfile::TempDir, TestPki),
+}
+
+impl Webhook {
+    fn start(cp: &crate::common::controlplane::ControlPlane, name: &str, prefix: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let pki = TestPki::generate(dir.path());
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let listener = runtime
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let yaml = format!("node:\n  label_prefix: {prefix}\n");
+        let config = Config::parse(&yaml).unwrap();
+        let mutation = MutationConfig::new(&config, &yaml, "fabricgate:test");
+        let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let server = runtime.spawn(webhook::serve(
+            ServerConfig::new(mutation, pki.cert_file.clone(), pki.key_file.clone()),
+            listener,
+            async {
+                let _ = stop_rx.await;
+            },
+        ));
+        let configuration = webhook::webhook_configuration(
+            name,
+            &Endpoint::Url(format!("https://127.0.0.1:{port}")),
+            pki.ca_pem.as_bytes(),
+            prefix,
+            &["kube-system", "fabricgate"],
+        );
+        cp.apply(&configuration.to_string());
+        Self {
+            runtime,
+            stop: Some(stop),
+            server: Some(server),
+            _pki: (dir, pki),
+        }
+    }
+
+    /// Stop the server and end the connections the API server keeps open to it.
+    fn kill(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(server) = self.server.take() {
+            let _ = self.runtime.block_on(server);
+        }
+        self.runtime.shutdown_timeout(Duration::from_secs(1));
+    }
+}
+
+fn namespace(cp: &crate::common::controlplane::ControlPlane, name: &str, labels: &str) {
+    cp.apply(&format!(
+        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {name}\n  labels: {{{labels}}}\n\
+         ---\napiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: default\n  \
+         namespace: {name}\n"
+    ));
+}
+
+fn mutated(pod: &Pod) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.init_containers.as_ref())
+        .is_some_and(|c| {
+            c.iter()
+                .any(|c| c.image.as_deref() == Some("fabricgate:test"))
+        })
+}
+
+/// Create pods made by `make(n)` until one comes back mutated (the API server has loaded
+/// the configuration); returns it.
+fn first_mutated(
+    cp: &crate::common::controlplane::ControlPlane,
+    api: &Api<Pod>,
+    make: impl Fn(usize) -> Pod,
+) -> Pod {
+    let mut n = 0;
+    let mut found = None;
+    crate::common::poll_until(
+        "the webhook to be called",
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || {
+            n += 1;
+            let created = cp
+                .block_on(api.create(&PostParams::default(), &make(n)))
+                .expect("create a pod");
+            let done = mutated(&created);
+            if done {
+                found = Some(created);
+            }
+            done
+        },
+        String::new,
+    );
+    found.unwrap()
+}
+
+#[test]
+fn redteam_a_down_webhook_refuses_labelled_pods_outside_opted_in_namespaces() {
+    let Some(cp) = control_plane() else { return };
+    const PREFIX: &str = "redteam-down.fabricgate.io/";
+    const NS: &str = "webhook-rt-down";
+    namespace(cp, NS, "");
+    let hook = Webhook::start(cp, "fabricgate-preflight-redteam-down", PREFIX);
+    let pods: Api<Pod> = Api::namespaced(cp.admin(), NS);
+    let labelled = |name: String| {
+        let mut p = worker(&name);
+        p.metadata
+            .labels
+            .get_or_insert_default()
+            .insert(format!("{PREFIX}preflight"), "true".into());
+        p
+    };
+    let first = first_mutated(cp, &pods, |n| labelled(format!("labelled-{n}")));
+    assert!(mutated(&first));
+
+    hook.kill();
+    // At 35f8061 (failurePolicy: Ignore) this pod was created after the 5 s timeout with no
+    // preflight and no affinity.
+    match cp.block_on(pods.create(&PostParams::default(), &labelled("while-down".into()))) {
+        Err(kube::Error::Api(s)) => assert!(
+            s.message.contains("failed calling webhook")
+                && s.message
+                    .contains("pods.preflight.redteam-down.fabricgate.io"),
+            "{}",
+            s.message
+        ),
+        Ok(p) => panic!(
+            "a labelled pod was admitted while the webhook is down, mutated: {}",
+            mutated(&p)
+        ),
+        Err(e) => panic!("{e}"),
+    }
+    cp.block_on(pods.create(&PostParams::default(), &worker("unlabelled-while-down")))
+        .expect("pods that did not opt in never wait on the webhook");
+    let _ = cp.kubectl_as(
+        &cp.admin_kubeconfig,
+        &[
+            "delete",
+            "mutatingwebhookconfiguration",
+            "fabricgate-preflight-redteam-down",
+        ],
+        None,
+    );
+}
+
+#[test]
+fn redteam_a_pod_naming_the_ready_key_itself_stays_off_a_tainted_unready_node() {
+    let Some(cp) = control_plane() else { return };
+    const PREFIX: &str = "redteam-sched.fabricgate.io/";
+    const NS: &str = "webhook-rt-sched";
+    const RESOURCE: &str = "rdma/redteam_sched";
+    cp.start_scheduler();
+    cp.create_node(
+        "rt-sched-unready",
+        json!({ format!("{PREFIX}ready"): "false" }),
+        json!([{ "key": format!("{PREFIX}unvalidated"), "effect": "NoSchedule" }]),
+        json!({ RESOURCE: "1" }),
+    );
+    namespace(cp, NS, &format!("{PREFIX}preflight: \"true\""));
+    let hook = Webhook::start(cp, "fabricgate-preflight-redteam-sched", PREFIX);
+    let pods: Api<Pod> = Api::namespaced(cp.admin(), NS);
+    // Tolerates every taint, and names the readiness key in its own affinity: at 35f8061 the
+    // webhook then added no requirement and the scheduler bound it to the unready node.
+    let arguing = |name: &str, scheduler: &str| -> Pod {
+        serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": { "name": name },
+            "spec": {
+                "automountServiceAccountToken": false,
+                "schedulerName": scheduler,
+                "tolerations": [{ "operator": "Exists" }],
+                "affinity": { "nodeAffinity": { "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [{ "matchExpressions": [
+                        { "key": format!("{PREFIX}ready"), "operator": "NotIn", "values": ["x"] },
+                    ]}],
+                }}},
+                "containers": [{
+                    "name": "worker", "image": "pytorch:test",
+                    "resources": { "requests": { RESOURCE: "1" }, "limits": { RESOURCE: "1" } },
+                }],
+            },
+        }))
+        .unwrap()
+    };
+    // Until the configuration is loaded, probe with pods no scheduler picks up.
+    first_mutated(cp, &pods, |n| arguing(&format!("probe-{n}"), "nobody"));
+    let created = cp
+        .block_on(pods.create(
+            &PostParams::default(),
+            &arguing("arguing", "default-scheduler"),
+        ))
+        .unwrap();
+    assert!(mutated(&created));
+    let path = format!("/api/v1/namespaces/{NS}/pods/arguing");
+    let mut why = String::new();
+    crate::common::wait_until(
+        "the scheduler to refuse the pod",
+        Duration::from_secs(60),
+        || {
+            let p = cp.get_json(&path).unwrap();
+            assert!(
+                p["spec"]["nodeName"].is_null(),
+                "bound to {} (ready=false, tainted)",
+                p["spec"]["nodeName"]
+            );
+            let cond = p["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|c| c["type"] == "PodScheduled" && c["reason"] == "Unschedulable")
+                .cloned();
+            if let Some(c) = cond {
+                why = c["message"].as_str().unwrap_or_default().to_owned();
+            }
+            !why.is_empty()
+        },
+    );
+    assert!(
+        why.contains("affinity"),
+        "the scheduler names the node affinity: {why}"
+    );
+
+    // A validated node: the same pod is bound there, so nothing else kept it Pending.
+    cp.create_node(
+        "rt-sched-ready",
+        json!({ format!("{PREFIX}ready"): "true" }),
+        json!([]),
+        json!({ RESOURCE: "1" }),
+    );
+    crate::common::wait_until("the pod bound", Duration::from_secs(60), || {
+        cp.get_json(&path).unwrap()["spec"]["nodeName"]
+            .as_str()
+            .is_some()
+    });
+    assert_eq!(
+        cp.get_json(&path).unwrap()["spec"]["nodeName"],
+        "rt-sched-ready"
+    );
+    hook.kill();
+    let _ = cp.kubectl_as(
+        &cp.admin_kubeconfig,
+        &[
+            "delete",
+            "mutatingwebhookconfiguration",
+            "fabricgate-preflight-redteam-sched",
+        ],
+        None,
+    );
+    for node in ["rt-sched-unready", "rt-sched-ready"] {
+        let _ = cp.kubectl_as(
+            &cp.admin_kubeconfig,
+            &["delete", "node", node, "--wait=false"],
+            None,
+        );
+    }
 }

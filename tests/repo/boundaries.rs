@@ -82,7 +82,7 @@ const FLOORS: &[(&str, &[&str])] = &[
     ("observe", &["config", "error", "policy", "peers"]),
     ("node", &["config", "error", "policy", "observe"]),
     ("cluster", &["config", "error", "policy", "node"]),
-    ("pod", &["config", "error", "policy"]),
+    ("pod", &["config", "error", "policy", "observe"]),
     ("cli", &["config", "error", "policy", "observe", "pod"]),
     (
         "agent",
