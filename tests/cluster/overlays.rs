@@ -383,5 +383,72 @@ fn redteam_privileged_overlay_admits_host_access_only_for_the_daemonsets_own_pod
     if ok {
         wrong.push("the DaemonSet's pod template created by a user was admitted".to_owned());
     }
+    // `kubectl debug --profile=sysadmin` into a pod there: a privileged ephemeral container is
+    // refused, a plain one is not (a real pod, never scheduled; the patches are dry runs).
+    let target = "rt-ephemeral-target";
+    let _ = cp.kubectl_as(
+        &cp.admin_kubeconfig,
+        &[
+            "-n",
+            "fabricgate",
+            "delete",
+            "pod",
+            target,
+            "--ignore-not-found",
+            "--grace-period=0",
+            "--force",
+        ],
+        None,
+    );
+    let mut pod = single(|_| {});
+    pod["metadata"] = serde_json::json!({ "name": target, "namespace": "fabricgate" });
+    let (ok, _, err) = cp.kubectl_as(
+        &cp.admin_kubeconfig,
+        &["create", "-f", "-"],
+        Some(&pod.to_string()),
+    );
+    assert!(ok, "create {target}: {err}");
+    let debug = |privileged: bool| {
+        let patch = serde_json::json!({ "spec": { "ephemeralContainers": [{
+            "name": if privileged { "debug-root" } else { "debug" }, "image": "busybox",
+            "securityContext": { "privileged": privileged } }] } });
+        cp.kubectl_as(
+            &cp.admin_kubeconfig,
+            &[
+                "-n",
+                "fabricgate",
+                "patch",
+                "pod",
+                target,
+                "--subresource=ephemeralcontainers",
+                "--type=strategic",
+                "--dry-run=server",
+                &format!("--as={admin}"),
+                "--as-group=system:masters",
+                "-p",
+                &patch.to_string(),
+            ],
+            None,
+        )
+    };
+    let (ok, _, err) = debug(true);
+    if ok || !err.contains("no privileged or capability-adding ephemeral container") {
+        wrong.push(format!(
+            "a privileged ephemeral container: admitted or refused otherwise: {err}"
+        ));
+    }
+    let (ok, _, err) = debug(false);
+    if !ok {
+        wrong.push(format!("a plain ephemeral container was refused: {err}"));
+    }
+    cp.kubectl(&[
+        "-n",
+        "fabricgate",
+        "delete",
+        "pod",
+        target,
+        "--grace-period=0",
+        "--force",
+    ]);
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
