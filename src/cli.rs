@@ -225,8 +225,12 @@ pub struct GuardArgs {
     /// Namespace of the agent pods and of the Lease.
     #[arg(long, env = "POD_NAMESPACE", default_value = "fabricgate")]
     pub namespace: String,
-    /// Label selector of the agent DaemonSet's pods.
-    #[arg(long, default_value = "app.kubernetes.io/name=fabricgate")]
+    /// Label selector of the agent DaemonSet's pods (its template's `component: agent` label:
+    /// the webhook's pods share the name label, and a Ready webhook pod is no live agent).
+    #[arg(
+        long,
+        default_value = "app.kubernetes.io/name=fabricgate,app.kubernetes.io/component=agent"
+    )]
     pub pod_selector: String,
     /// How long an agent pod may be missing or not Ready before its Node is tainted.
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]

@@ -14,7 +14,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -394,12 +394,8 @@ impl Reconciler {
         if decision != breaker::TaintDecision::Taint || settings.max_new_per_window == 0 {
             return decision;
         }
-        let names: BTreeSet<&str> = list
-            .items
-            .iter()
-            .filter_map(|n| n.metadata.name.as_deref())
-            .collect();
-        match self.reserve(&names, outcome).await {
+        let members = breaker::ledger_pool(&list.items, &self.settings.taint_key());
+        match self.reserve(&members, outcome).await {
             Ok(None) => breaker::TaintDecision::Taint,
             Ok(Some(reserved_by_others)) => {
                 let pool = breaker::PoolCount {
@@ -423,10 +419,11 @@ impl Reconciler {
     }
 
     /// Reserve this node's new taint in the ledger by compare-and-swap: `Ok(None)` reserved;
-    /// `Ok(Some(n))`: the cap is reached, `n` others of the pool reserved within the window.
+    /// `Ok(Some(n))`: the cap is reached, `n` others of the pool reserved within the window
+    /// whose Nodes show the failure (or reserved a moment ago: [`breaker::ledger_recent`]).
     async fn reserve(
         &self,
-        pool: &BTreeSet<&str>,
+        pool: &BTreeMap<&str, bool>,
         outcome: &mut Outcome,
     ) -> std::result::Result<Option<u32>, kube::Error> {
         let Some(ledger) = &self.ledger else {

@@ -95,27 +95,83 @@ pub fn breaker_override(node: &Node, label_prefix: &str) -> (String, bool) {
 /// see each other's taints in a list (a burst overshoots the cap by everyone deciding within
 /// one list latency); a reservation is a compare-and-swap on this one object, so the cap holds
 /// exactly. `data`: node name → RFC 3339 time of its new taint.
+///
+/// No single agent can forge it: the admission policy `fabricgate-breaker-ledger` lets an
+/// agent add or change only the entry of its own token's node claim (the others' may only stay
+/// as they are or be dropped), and [`ledger_recent`] counts an entry only while the Node it
+/// names itself shows the failure ([`shows_failure`]), or for [`RESERVATION_IN_FLIGHT`] after
+/// it was made (the reserving agent writes its taint right after its compare-and-swap).
 pub const LEDGER: &str = "fabricgate-breaker";
 
-/// Entries of the ledger, other than `self_name`, for Nodes in `pool` and within `window` of
-/// `now`.
+/// How long a fresh reservation counts although the pool list does not show its Node failing
+/// yet: the time between an agent's compare-and-swap and its taint reaching the list (one
+/// write, and the watch cache's lag). Only the node itself can write its entry, so this is
+/// never more than the one slot every node has anyway (its own taint counts the same).
+pub const RESERVATION_IN_FLIGHT: Duration = Duration::from_secs(30);
+
+/// Whether `node` itself shows a failure: our taint, or `FabricReady=False` (from its own
+/// agent or the guard). What a ledger entry needs, past its first moments, to count.
+pub fn shows_failure(node: &Node, taint_key: &str) -> bool {
+    let tainted = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|ts| ts.iter().any(|t| t.key == taint_key));
+    tainted
+        || node
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| {
+                cs.iter()
+                    .any(|c| c.type_ == "FabricReady" && c.status == "False")
+            })
+}
+
+/// The pool as the ledger is judged against: each Node's name and whether it
+/// [`shows_failure`].
+pub fn ledger_pool<'a>(
+    nodes: &'a [Node],
+    taint_key: &str,
+) -> std::collections::BTreeMap<&'a str, bool> {
+    nodes
+        .iter()
+        .filter_map(|n| {
+            n.metadata
+                .name
+                .as_deref()
+                .map(|name| (name, shows_failure(n, taint_key)))
+        })
+        .collect()
+}
+
+/// Entries of the ledger that count against the cap: other than `self_name`, for Nodes in
+/// `pool` ([`ledger_pool`]), within `window` of `now`, and either made within
+/// [`RESERVATION_IN_FLIGHT`] or for a Node that shows the failure now. A forged entry for a
+/// healthy Node, or the entry of a Node that recovered, counts for nothing.
 pub fn ledger_recent(
     data: &std::collections::BTreeMap<String, String>,
     self_name: &str,
-    pool: &std::collections::BTreeSet<&str>,
+    pool: &std::collections::BTreeMap<&str, bool>,
     window: Duration,
     now: &Timestamp,
 ) -> u32 {
+    let in_flight = RESERVATION_IN_FLIGHT.min(window);
     let recent = data
         .iter()
-        .filter(|(node, _)| node.as_str() != self_name && pool.contains(node.as_str()))
-        .filter(|(_, at)| within(at, window, now))
+        .filter(|(node, _)| node.as_str() != self_name)
+        .filter(|(node, at)| match pool.get(node.as_str()) {
+            None => false,
+            Some(true) => within(at, window, now),
+            Some(false) => within(at, in_flight, now),
+        })
         .count();
     u32::try_from(recent).unwrap_or(u32::MAX)
 }
 
 /// The ledger with entries older than `window` (or unreadable) dropped and `self_name`
-/// reserved at `now`.
+/// reserved at `now`. Every other entry is kept as it was: the admission policy admits only
+/// that (another node's entry unchanged or gone).
 pub fn ledger_with(
     data: &std::collections::BTreeMap<String, String>,
     self_name: &str,
@@ -361,8 +417,15 @@ mod tests {
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v))
         .collect();
-        let pool: std::collections::BTreeSet<&str> =
-            ["a", "b", "c", "me", "garbage"].into_iter().collect();
+        let pool: BTreeMap<&str, bool> = [
+            ("a", true),
+            ("b", true),
+            ("c", true),
+            ("me", true),
+            ("garbage", true),
+        ]
+        .into_iter()
+        .collect();
         let w = Duration::from_secs(600);
         // a and c: b is too old, other-pool is not ours, me is me, garbage is unreadable.
         assert_eq!(ledger_recent(&data, "me", &pool, w, &now), 2);
@@ -370,5 +433,66 @@ mod tests {
         assert!(!next.contains_key("b") && !next.contains_key("garbage"));
         assert_eq!(next.get("d"), Some(&now.to_string()));
         assert!(next.contains_key("a") && next.contains_key("other-pool"));
+        // Everyone else's entry is kept byte for byte (the admission policy admits only that).
+        for (k, v) in &next {
+            assert!(k == "d" || data.get(k) == Some(v), "{k} changed");
+        }
+    }
+
+    /// A reservation counts only while the Node it names shows the failure (past its first
+    /// moments in flight): fresh-looking entries forged for healthy Nodes, and the entries of
+    /// Nodes that recovered, count for nothing.
+    #[test]
+    fn an_entry_counts_only_while_its_node_shows_the_failure() {
+        let w = Duration::from_secs(600);
+        let nodes = vec![
+            pool_node("failing", true, Some(60)),
+            pool_node("healthy", false, None),
+            pool_node("recovered", false, None),
+            // Not tainted (held by the breaker, or the guard's condition before its taint),
+            // but FabricReady=False: it shows the failure.
+            pool_node("condition-only", false, Some(60)),
+            pool_node("in-flight", false, None),
+            pool_node("me", true, None),
+        ];
+        let pool = ledger_pool(&nodes, KEY);
+        assert_eq!(
+            pool.iter().filter(|(_, f)| **f).count(),
+            3,
+            "failing, condition-only, me: {pool:?}"
+        );
+        let now = Timestamp::now();
+        let at = |ago: i64| {
+            Timestamp::from_second(now.as_second() - ago)
+                .unwrap()
+                .to_string()
+        };
+        let in_flight = i64::try_from(RESERVATION_IN_FLIGHT.as_secs()).unwrap();
+        let data: BTreeMap<String, String> = [
+            ("failing", at(120)),
+            ("healthy", at(in_flight + 1)),
+            ("recovered", at(300)),
+            ("condition-only", at(120)),
+            ("in-flight", at(1)),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+        // failing, condition-only, and the fresh in-flight reservation.
+        assert_eq!(ledger_recent(&data, "me", &pool, w, &now), 3);
+        // The in-flight entry stops counting once past RESERVATION_IN_FLIGHT with no failure.
+        let later = Timestamp::from_second(now.as_second() + in_flight).unwrap();
+        assert_eq!(ledger_recent(&data, "me", &pool, w, &later), 2);
+        // A forger's fresh entries for every healthy Node: only within the in-flight moment,
+        // and that moment is the node's own to claim (the admission policy).
+        let forged: BTreeMap<String, String> = ["healthy", "recovered", "in-flight"]
+            .into_iter()
+            .map(|k| (k.to_owned(), at(in_flight + 5)))
+            .collect();
+        assert_eq!(ledger_recent(&forged, "me", &pool, w, &now), 0);
+        // A window shorter than the in-flight time bounds it.
+        let short = Duration::from_secs(1);
+        let fresh: BTreeMap<String, String> = [("healthy".to_owned(), at(2))].into_iter().collect();
+        assert_eq!(ledger_recent(&fresh, "me", &pool, short, &now), 0);
     }
 }

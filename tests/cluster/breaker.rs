@@ -250,3 +250,186 @@ fn a_burst_of_eight_failures_taints_exactly_max_new_per_window() {
     );
     drop(agents);
 }
+
+/// Issue 24: one compromised agent disabled the breaker fleet-wide. With node `rt-ledger-0`'s
+/// own pod-bound token it rewrote the shared ledger with fresh entries for the other nodes of
+/// its pool, so another node with a real port down said `BreakerOpen` and stayed untainted.
+/// Replayed here, rewriting it every 200 ms (far more often than every window), while the
+/// victim's port goes down: every forged write is refused by the admission policy
+/// `fabricgate-breaker-ledger`, and even entries for healthy nodes that do get in (written as
+/// admin here, a minute old) count for nothing, because a reservation counts only while its
+/// Node shows the failure. The victim is tainted `PortDown`. What the forger may still do, and
+/// does here: keep its own entry fresh (one slot, as tainting its own Node would) and drop
+/// others' entries (fewer reservations: more taints, fail closed).
+#[test]
+fn redteam_a_compromised_agent_cannot_forge_the_breaker_ledger() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::{Api, Patch, PatchParams, PostParams};
+    use std::collections::BTreeMap;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let Some(cp) = control_plane() else { return };
+    cp.install_agent_rbac();
+    let names: Vec<String> = (0..6).map(|i| format!("rt-ledger-{i}")).collect();
+    let gpu = json!({ "key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule" });
+    for (i, name) in names.iter().enumerate() {
+        // rt-ledger-0: the compromised agent's node; 1..4 healthy; 5: the victim, registered
+        // with the taint as the docs recommend.
+        let taints = if i == 5 {
+            json!([gpu, { "key": TAINT, "effect": "NoSchedule" }])
+        } else {
+            json!([gpu])
+        };
+        cp.create_node(name, json!({ POOL: "rt-ledger" }), taints, json!({}));
+    }
+    let forger = cp.block_on(crate::common::controlplane::client_from(
+        &cp.agent_kubeconfig(&names[0], None),
+    ));
+    let ledger: Api<ConfigMap> = Api::namespaced(forger, "fabricgate");
+    let now = || k8s_openapi::jiff::Timestamp::now().to_string();
+    // One forged rewrite: fresh entries for every other node of the pool (`own`: only its
+    // own entry, which it may). The answer's code, or 200.
+    let forge = |own: bool| -> u16 {
+        let Ok(mut cm) = cp.block_on(ledger.get(fabricgate::policy::breaker::LEDGER)) else {
+            return 0;
+        };
+        let mut data = cm.data.take().unwrap_or_default();
+        if own {
+            data.insert(names[0].clone(), now());
+        } else {
+            for name in &names[1..] {
+                data.insert(name.clone(), now());
+            }
+        }
+        cm.data = Some(data);
+        match cp.block_on(ledger.replace(
+            fabricgate::policy::breaker::LEDGER,
+            &PostParams::default(),
+            &cm,
+        )) {
+            Ok(_) => 200,
+            Err(kube::Error::Api(e)) => {
+                if e.code == 403 {
+                    assert!(
+                        e.message
+                            .contains("ValidatingAdmissionPolicy 'fabricgate-breaker-ledger'")
+                            && e.message
+                                .contains("may reserve only its own entry rt-ledger-0"),
+                        "{}",
+                        e.message
+                    );
+                }
+                e.code
+            }
+            Err(e) => panic!("not an API answer: {e}"),
+        }
+    };
+    wait_until(
+        "the ledger's policy to refuse a forged entry",
+        Duration::from_secs(60),
+        || forge(false) == 403,
+    );
+    // Forged entries that got in anyway (before the policy was loaded, or on a cluster without
+    // it), a minute old: past the moment a reservation is in flight, within the window.
+    let admin: Api<ConfigMap> = Api::namespaced(cp.admin(), "fabricgate");
+    let minute_ago = k8s_openapi::jiff::Timestamp::from_second(
+        k8s_openapi::jiff::Timestamp::now().as_second() - 60,
+    )
+    .unwrap()
+    .to_string();
+    let stale: BTreeMap<String, String> = names[1..5]
+        .iter()
+        .map(|n| (n.clone(), minute_ago.clone()))
+        .collect();
+    cp.block_on(admin.patch(
+        fabricgate::policy::breaker::LEDGER,
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "data": stale })),
+    ))
+    .expect("admin writes the stale forged entries");
+
+    // The forger, every 200 ms for the rest of the test.
+    let stop = AtomicBool::new(false);
+    let refused = AtomicUsize::new(0);
+    let forged = AtomicUsize::new(0);
+    let own_kept = AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                match forge(false) {
+                    403 => refused.fetch_add(1, Ordering::Relaxed),
+                    200 => forged.fetch_add(1, Ordering::Relaxed),
+                    _ => 0,
+                };
+                if forge(true) == 200 {
+                    own_kept.fetch_add(1, Ordering::Relaxed);
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        });
+        let victim = TestNode {
+            cp,
+            name: names[5].clone(),
+        };
+        let hca = FakeHca::new(true);
+        let config = hca.scratch().join("requirements.yaml");
+        std::fs::write(
+            &config,
+            format!(
+                "node:\n  pool_selector: \"{POOL}=rt-ledger\"\n  breaker:\n    \
+                 max_new_per_window: 2\n    window: 10m\n"
+            ),
+        )
+        .unwrap();
+        let agent = victim.start_agent(
+            &hca,
+            &["--interval", "300ms", "--config", config.to_str().unwrap()],
+        );
+        agent.wait("validation", Duration::from_secs(30), || victim.ready());
+        std::thread::sleep(Duration::from_secs(1));
+        hca.set_port(false);
+        agent.wait("the victim's taint", Duration::from_secs(15), || {
+            victim.has_our_taint()
+        });
+        wait_until("reason PortDown", Duration::from_secs(5), || {
+            victim.has_reason("FabricReady", "PortDown")
+        });
+        // Held through more forged rounds and resyncs.
+        std::thread::sleep(Duration::from_secs(2));
+        assert!(victim.has_our_taint(), "{:?}", victim.taints());
+        assert!(
+            !agent.log().contains("BLAST-RADIUS BREAKER OPEN"),
+            "{}",
+            agent.log()
+        );
+        stop.store(true, Ordering::Relaxed);
+        drop(agent);
+    });
+    let (refused, forged, own_kept) = (
+        refused.into_inner(),
+        forged.into_inner(),
+        own_kept.into_inner(),
+    );
+    eprintln!(
+        "forger: {refused} forged rewrites refused, {forged} admitted, {own_kept} of its own \
+         entry kept fresh"
+    );
+    assert_eq!(
+        forged, 0,
+        "a forged rewrite of others' entries was admitted"
+    );
+    assert!(refused >= 10, "the forger kept trying: {refused}");
+    assert!(own_kept >= 1, "its own entry stays its own to write");
+    // Dropping another's entry is admitted (it can only lift a reservation).
+    let mut cm = cp
+        .block_on(ledger.get(fabricgate::policy::breaker::LEDGER))
+        .unwrap();
+    let mut data = cm.data.take().unwrap_or_default();
+    assert!(data.remove(&names[1]).is_some(), "{data:?}");
+    cm.data = Some(data);
+    cp.block_on(ledger.replace(
+        fabricgate::policy::breaker::LEDGER,
+        &PostParams::default(),
+        &cm,
+    ))
+    .expect("dropping another node's entry");
+}

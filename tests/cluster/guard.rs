@@ -4,9 +4,9 @@
 
 use crate::common::controlplane::{AuditEvent, Grant, rbac_grants};
 use crate::common::faultproxy::{Fault, FaultProxy};
-use crate::common::{TestNode, control_plane, signal, wait_until};
+use crate::common::{TAINT, TestNode, control_plane, signal, wait_until};
 use crate::common::{last_lines, poll_until};
-use serde_json::json;
+use serde_json::{Value, json};
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -18,6 +18,8 @@ const GUARD_USER: &str = "system:serviceaccount:fabricgate:fabricgate-guard";
 const POOL: &str = "fabricgate.io/test-pool";
 const APP: &str = "fg-agent-test";
 const LEASE: &str = "fabricgate-guard";
+/// The label of the shipped pool (`node.pool_selector`, the DaemonSet's nodeSelector).
+const GPU_PRESENT: &str = "nvidia.com/gpu.present";
 
 struct Guard {
     child: Child,
@@ -63,15 +65,35 @@ fn start_guard_for(
     kubeconfig: &Path,
     scratch: &Path,
 ) -> Guard {
+    let selector = format!("app={app}");
+    start_guard_selecting(
+        identity,
+        Some(&selector),
+        lease,
+        config,
+        kubeconfig,
+        scratch,
+    )
+}
+
+/// A guard over the agent pods `selector` selects (`None`: its default), electing its leader
+/// on Lease `lease`.
+fn start_guard_selecting(
+    identity: &str,
+    selector: Option<&str>,
+    lease: &str,
+    config: &Path,
+    kubeconfig: &Path,
+    scratch: &Path,
+) -> Guard {
     let log = scratch.join(format!("{identity}.log"));
+    let selector: Vec<&str> = selector.map_or(Vec::new(), |s| vec!["--pod-selector", s]);
     let child = Command::new(env!("CARGO_BIN_EXE_fabricgate"))
         .args(["guard", "--config"])
         .arg(config)
+        .args(["--namespace", NS])
+        .args(&selector)
         .args([
-            "--namespace",
-            NS,
-            "--pod-selector",
-            &format!("app={app}"),
             "--lease-name",
             lease,
             "--stale-after",
@@ -141,7 +163,8 @@ fn node_with_agent(
 ) {
     cp.create_node(
         name,
-        json!({ POOL: pool }),
+        // The shipped pool label (deploy/guard.yaml's admission policy admits only the pool).
+        json!({ POOL: pool, GPU_PRESENT: "true" }),
         json!([{ "key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule" }]),
         json!({}),
     );
@@ -272,7 +295,7 @@ fn guard_taints_nodes_whose_agent_is_gone_only_the_leader_acts_and_failover_work
     };
     cp.create_node(
         &late.name,
-        json!({ POOL: "guard" }),
+        json!({ POOL: "guard", GPU_PRESENT: "true" }),
         json!([{ "key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule" }]),
         json!({}),
     );
@@ -558,4 +581,382 @@ fn guard_resumes_its_watches_after_the_connections_are_cut_and_still_detects() {
     );
     signal(&guard.child, "TERM");
     let _ = guard.child.wait();
+}
+
+/// A pod `name` on Node `node` with `labels`, Ready as its kubelet would report it.
+fn ready_pod(
+    cp: &crate::common::controlplane::ControlPlane,
+    name: &str,
+    node: &str,
+    labels: Value,
+) {
+    let pod = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": { "name": name, "namespace": NS, "labels": labels },
+        "spec": {
+            "nodeName": node,
+            "serviceAccountName": "fabricgate",
+            "automountServiceAccountToken": false,
+            "containers": [{ "name": "c", "image": "fabricgate:test" }],
+        },
+    });
+    let _ = cp.kubectl_as(
+        &cp.admin_kubeconfig,
+        &[
+            "-n",
+            NS,
+            "delete",
+            "pod",
+            name,
+            "--ignore-not-found",
+            "--grace-period=0",
+            "--force",
+        ],
+        None,
+    );
+    let (ok, _, err) = cp.kubectl_as(
+        &cp.admin_kubeconfig,
+        &["create", "-f", "-"],
+        Some(&pod.to_string()),
+    );
+    assert!(ok, "create pod {name}: {err}");
+    let patch = json!({ "status": { "phase": "Running", "conditions": [
+        { "type": "Ready", "status": "True" } ] } })
+    .to_string();
+    cp.kubectl(&[
+        "-n",
+        NS,
+        "patch",
+        "pod",
+        name,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        &patch,
+    ]);
+}
+
+/// Issue 24: the guard's default selector (`app.kubernetes.io/name=fabricgate`) also matched
+/// the webhook's pods, so a node running a Ready webhook pod and no live agent was never
+/// tainted, and the peers Service selected the webhook too. Now both select the agent's own
+/// `app.kubernetes.io/component: agent`: the guard, with its default `--pod-selector` (the
+/// shipped one), taints that node `AgentNotRunning`; the peers Service's selector, asked of the
+/// apiserver, lists the agent pods and not the webhook's.
+#[test]
+fn redteam_a_ready_webhook_pod_is_no_live_agent() {
+    let Some(cp) = control_plane() else { return };
+    cp.install_agent_rbac();
+    let names: Vec<String> = (0..4).map(|i| format!("rt-gsel-{i}")).collect();
+    let agent_labels =
+        json!({ "app.kubernetes.io/name": "fabricgate", "app.kubernetes.io/component": "agent" });
+    let webhook_labels =
+        json!({ "app.kubernetes.io/name": "fabricgate", "app.kubernetes.io/component": "webhook" });
+    for (i, name) in names.iter().enumerate() {
+        cp.create_node(
+            name,
+            json!({ POOL: "rt-gsel", GPU_PRESENT: "true" }),
+            json!([{ "key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule" }]),
+            json!({}),
+        );
+        if i == 0 {
+            // The victim: the webhook's pod, Ready, and no agent.
+            ready_pod(cp, "rt-gsel-webhook", name, webhook_labels.clone());
+        } else {
+            ready_pod(
+                cp,
+                &format!("rt-gsel-agent-{i}"),
+                name,
+                agent_labels.clone(),
+            );
+        }
+    }
+    let victim = TestNode {
+        cp,
+        name: names[0].clone(),
+    };
+    let scratch = tempfile::tempdir().unwrap();
+    let kubeconfig = scratch.path().join("guard.kubeconfig");
+    // The admin's token, as the fault test: this guard stays out of the other test's audit
+    // counts of the guard's ServiceAccount.
+    cp.write_kubeconfig(&kubeconfig, &cp.url, &cp.admin_token);
+    let config = scratch.path().join("requirements.yaml");
+    std::fs::write(
+        &config,
+        format!("node:\n  pool_selector: \"{POOL}=rt-gsel\"\n"),
+    )
+    .unwrap();
+    let guard = start_guard_selecting(
+        "guard-rt-selector",
+        None,
+        "fabricgate-guard-rt-selector",
+        &config,
+        &kubeconfig,
+        scratch.path(),
+    );
+    guard.wait(
+        "the node with only a webhook pod tainted",
+        Duration::from_secs(20),
+        || victim.has_our_taint(),
+    );
+    guard.wait("AgentNotRunning", Duration::from_secs(5), || {
+        victim.has_reason("FabricReady", "AgentNotRunning")
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    for name in &names[1..] {
+        let n = TestNode {
+            cp,
+            name: name.clone(),
+        };
+        assert!(
+            !n.has_our_taint(),
+            "{name} has a live agent: {:?}",
+            n.taints()
+        );
+    }
+    drop(guard);
+
+    // The peers Service's selector, asked of the apiserver: the agents, not the webhook.
+    let service: Value = serde_norway::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/deploy/peers-service.yaml"
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    let selector: Vec<String> = service["spec"]["selector"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| format!("{k}={}", v.as_str().unwrap()))
+        .collect();
+    let selected = cp.kubectl(&[
+        "-n",
+        NS,
+        "get",
+        "pods",
+        "-l",
+        &selector.join(","),
+        "-o",
+        "jsonpath={.items[*].metadata.name}",
+    ]);
+    let selected: Vec<&str> = selected.split_whitespace().collect();
+    assert!(
+        (1..4).all(|i| selected.contains(&format!("rt-gsel-agent-{i}").as_str())),
+        "{selected:?}"
+    );
+    assert!(!selected.contains(&"rt-gsel-webhook"), "{selected:?}");
+}
+
+/// What the apiserver answered a request made as the guard's ServiceAccount: the object, or
+/// the refusal's (code, message).
+fn as_guard(
+    cp: &crate::common::controlplane::ControlPlane,
+    node: &str,
+    status: bool,
+    content_type: &str,
+    query: &str,
+    body: &Value,
+) -> Result<Value, (u16, String)> {
+    // Impersonated through the admin client: RBAC and admission see the guard, and the audit
+    // log's `user` stays the admin (the first test counts the guard's own requests).
+    let sub = if status { "/status" } else { "" };
+    let req = http::Request::builder()
+        .method(http::Method::PATCH)
+        .uri(format!("/api/v1/nodes/{node}{sub}?{query}"))
+        .header(http::header::CONTENT_TYPE, content_type)
+        .header("Impersonate-User", GUARD_USER)
+        .header("Impersonate-Group", "system:serviceaccounts")
+        .header("Impersonate-Group", "system:serviceaccounts:fabricgate")
+        .header("Impersonate-Group", "system:authenticated")
+        .body(serde_json::to_vec(body).unwrap())
+        .unwrap();
+    match cp.block_on(cp.admin().request::<Value>(req)) {
+        Ok(v) => Ok(v),
+        Err(kube::Error::Api(s)) => Err((s.code, s.message)),
+        Err(e) => panic!("not an API answer: {e}"),
+    }
+}
+
+/// Issue 24: the guard's token could set foreign labels, the breaker override annotation,
+/// cordon, clear every taint and zero allocatable on any Node. Now its admission policy
+/// (deploy/guard.yaml) refuses each of those, and any write to a Node outside the pool, and a
+/// `FabricReady` with any other reason; what the guard does (add its taint, set
+/// `FabricReady=False` `AgentNotRunning`) still works.
+#[test]
+fn redteam_the_guards_token_may_only_fail_a_pool_node_closed() {
+    let Some(cp) = control_plane() else { return };
+    cp.install_agent_rbac();
+    cp.kubectl(&[
+        "apply",
+        "-f",
+        concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/guard.yaml"),
+    ]);
+    let pool = "rt-guard-pool";
+    let outside = "rt-guard-outside";
+    let gpu = json!({ "key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule" });
+    cp.create_node(
+        pool,
+        json!({ GPU_PRESENT: "true", "team": "ml" }),
+        json!([gpu]),
+        json!({}),
+    );
+    cp.create_node(outside, json!({ "team": "ml" }), json!([gpu]), json!({}));
+    let merge = "application/merge-patch+json";
+    let json_patch = "application/json-patch+json";
+    let apply = "application/apply-patch+yaml";
+    let ssa = "fieldManager=fabricgate-guard&force=true";
+    let node = |name: &str| cp.node(name).unwrap();
+    let refused_by_policy = |r: &Result<Value, (u16, String)>| matches!(r, Err((403, m)) if m.contains("ValidatingAdmissionPolicy 'fabricgate-guard'"));
+    // The policy is enforced once the apiserver has loaded it.
+    let label = json!({ "metadata": { "labels": { "team": "hacked" } } });
+    wait_until(
+        "the guard's policy enforced",
+        Duration::from_secs(60),
+        || {
+            let r = as_guard(cp, pool, false, merge, "dryRun=All", &label);
+            assert!(
+                !matches!(&r, Err((403, m)) if m.contains(" cannot ")),
+                "the guard's RBAC refused it: {r:?}"
+            );
+            refused_by_policy(&r)
+        },
+    );
+    let our_taint = json!({ "key": TAINT, "effect": "NoSchedule" });
+    let taints = |name: &str, taints: Value| {
+        json!([
+            { "op": "test", "path": "/metadata/resourceVersion",
+              "value": node(name)["metadata"]["resourceVersion"] },
+            { "op": "add", "path": "/spec/taints", "value": taints },
+        ])
+    };
+    let fabric = |reason: &str, status: &str| {
+        json!({ "apiVersion": "v1", "kind": "Node", "metadata": { "name": pool },
+            "status": { "conditions": [{ "type": "FabricReady", "status": status,
+                "reason": reason, "message": "red team" }] } })
+    };
+    type Attempt<'a> = (&'a str, &'a str, bool, &'a str, &'a str, Value);
+    let attempts: Vec<Attempt> = vec![
+        ("a foreign label", pool, false, merge, "", label.clone()),
+        (
+            "the breaker override annotation",
+            pool,
+            false,
+            merge,
+            "",
+            json!({ "metadata": { "annotations": { "fabricgate.io/breaker-override": "true" } } }),
+        ),
+        (
+            "cordon",
+            pool,
+            false,
+            merge,
+            "",
+            json!({ "spec": { "unschedulable": true } }),
+        ),
+        (
+            "remove every taint",
+            pool,
+            false,
+            json_patch,
+            "",
+            taints(pool, json!([])),
+        ),
+        (
+            "replace the GPU taint by its own",
+            pool,
+            false,
+            json_patch,
+            "",
+            taints(pool, json!([our_taint])),
+        ),
+        (
+            "zero allocatable",
+            pool,
+            true,
+            merge,
+            "",
+            json!({ "status": { "allocatable": { "nvidia.com/gpu": "0", "pods": "0" } } }),
+        ),
+        (
+            "its own taint on a Node outside the pool",
+            outside,
+            false,
+            json_patch,
+            "",
+            taints(outside, json!([gpu, our_taint])),
+        ),
+        (
+            "FabricReady=False reason PortDown",
+            pool,
+            true,
+            apply,
+            ssa,
+            fabric("PortDown", "False"),
+        ),
+        (
+            "FabricReady=True",
+            pool,
+            true,
+            apply,
+            ssa,
+            fabric("AgentNotRunning", "True"),
+        ),
+        (
+            "the kubelet's Ready=False",
+            pool,
+            true,
+            apply,
+            ssa,
+            json!({ "apiVersion": "v1", "kind": "Node", "metadata": { "name": pool },
+                "status": { "conditions": [{ "type": "Ready", "status": "False",
+                    "reason": "RedTeam", "message": "red team" }] } }),
+        ),
+    ];
+    let before = (node(pool), node(outside));
+    let mut wrong = Vec::new();
+    for (what, name, status, ct, query, body) in &attempts {
+        let r = as_guard(cp, name, *status, ct, query, body);
+        if !refused_by_policy(&r) {
+            wrong.push(format!("{what}: not refused by the policy: {r:?}"));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    for (stored, name) in [(&before.0, pool), (&before.1, outside)] {
+        assert_eq!(
+            node(name)["metadata"]["resourceVersion"],
+            stored["metadata"]["resourceVersion"],
+            "a refused write changed {name}"
+        );
+    }
+
+    // What the guard does: its taint, then FabricReady=False AgentNotRunning, as it sends them.
+    let r = as_guard(
+        cp,
+        pool,
+        false,
+        json_patch,
+        "",
+        &taints(pool, json!([gpu, our_taint])),
+    );
+    assert!(r.is_ok(), "adding its taint: {r:?}");
+    let r = as_guard(
+        cp,
+        pool,
+        true,
+        apply,
+        ssa,
+        &fabric("AgentNotRunning", "False"),
+    );
+    assert!(r.is_ok(), "FabricReady=False AgentNotRunning: {r:?}");
+    let n = TestNode {
+        cp,
+        name: pool.to_owned(),
+    };
+    assert!(n.has_our_taint());
+    assert!(n.has_reason("FabricReady", "AgentNotRunning"));
+    // Once there, its own taint cannot be taken off by the guard either.
+    let r = as_guard(cp, pool, false, json_patch, "", &taints(pool, json!([gpu])));
+    assert!(refused_by_policy(&r), "removing its own taint: {r:?}");
+    assert_eq!(node(pool)["metadata"]["labels"]["team"], "ml");
 }

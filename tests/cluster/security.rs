@@ -287,3 +287,63 @@ fn the_cluster_role_grants_exactly_what_a_full_agent_run_uses() {
         "the ClusterRole must grant exactly what the agent uses"
     );
 }
+
+/// Issue 24: the agent could create Events in every namespace (a ClusterRole). It writes them
+/// to one: `EVENT_NAMESPACE` (`default`, where Events about Nodes go). With its real pod-bound
+/// token, the apiserver's own answer (`SelfSubjectAccessReview`) and a real create: allowed
+/// there, refused in every other namespace, and never the core/v1 Events it does not use.
+#[test]
+fn redteam_the_agent_creates_events_only_where_it_writes_them() {
+    use k8s_openapi::api::authorization::v1::SelfSubjectAccessReview;
+    let Some(cp) = control_plane() else { return };
+    let node = TestNode::seeded(cp, "rt-events");
+    let client = cp.block_on(client_from(&node.agent_kubeconfig(None)));
+    let allowed = |group: &str, namespace: &str| -> bool {
+        let review: SelfSubjectAccessReview = serde_json::from_value(json!({
+            "spec": { "resourceAttributes": { "group": group, "resource": "events",
+                "verb": "create", "namespace": namespace } },
+        }))
+        .unwrap();
+        let api: Api<SelfSubjectAccessReview> = Api::all(client.clone());
+        let answer = cp
+            .block_on(api.create(&PostParams::default(), &review))
+            .expect("SelfSubjectAccessReview");
+        answer.status.is_some_and(|s| s.allowed)
+    };
+    let home = fabricgate::node::EVENT_NAMESPACE;
+    wait_until("the agent's RBAC in force", Duration::from_secs(30), || {
+        allowed("events.k8s.io", home)
+    });
+    let elsewhere = ["kube-system", "fabricgate", "kube-public", "team-a"];
+    for ns in elsewhere {
+        assert!(
+            !allowed("events.k8s.io", ns),
+            "Events may be created in {ns}"
+        );
+    }
+    for ns in [home, "kube-system"] {
+        assert!(!allowed("", ns), "core/v1 Events may be created in {ns}");
+    }
+    let event = |ns: &str| -> Event {
+        serde_json::from_value(json!({
+            "metadata": { "generateName": "rt-events-", "namespace": ns },
+            "eventTime": "2026-11-30T00:00:00.000000Z",
+            "action": "Invalidated", "reason": "FabricNotReady", "type": "Warning",
+            "note": "red team",
+            "regarding": { "apiVersion": "v1", "kind": "Node", "name": node.name },
+            "reportingController": "fabricgate.io/agent",
+            "reportingInstance": "fabricgate-rt-events",
+        }))
+        .unwrap()
+    };
+    let create = |ns: &str| {
+        let events: Api<Event> = Api::namespaced(client.clone(), ns);
+        denial(cp.block_on(events.create(&PostParams::default(), &event(ns))))
+    };
+    assert_eq!(create(home), None, "an Event where the agent writes them");
+    for ns in ["kube-system", "fabricgate"] {
+        let (code, msg) = create(ns).unwrap_or_else(|| panic!("an Event in {ns} was created"));
+        assert_eq!(code, 403, "{msg}");
+        assert!(msg.contains("cannot create resource \"events\""), "{msg}");
+    }
+}

@@ -87,9 +87,29 @@ impl Fleet {
             tasks.push(runtime.spawn(async move {
                 let kube_config = {
                     let kc = kube::config::Kubeconfig::read_from(&kc).unwrap();
-                    kube::Config::from_custom_kubeconfig(kc, &Default::default())
+                    let mut config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
                         .await
-                        .unwrap()
+                        .unwrap();
+                    if breaker && std::env::var_os("FABRICGATE_FLEET_ADMIN").is_none() {
+                        // As the agent of this Node (its ServiceAccount and the node claim of
+                        // its pod-bound token): the agent's RBAC and admission policies (the
+                        // own-node one, the ledger's) decide, as in a real pool. The audit
+                        // log still names the fleet's user.
+                        config.auth_info.impersonate = Some(super::AGENT_USER.to_owned());
+                        config.auth_info.impersonate_groups = Some(vec![
+                            "system:serviceaccounts".to_owned(),
+                            "system:serviceaccounts:fabricgate".to_owned(),
+                            "system:authenticated".to_owned(),
+                        ]);
+                        config.auth_info.impersonate_user_extra = Some(
+                            [(
+                                "authentication.kubernetes.io/node-name".to_owned(),
+                                vec![name.clone()],
+                            )]
+                            .into(),
+                        );
+                    }
+                    config
                 };
                 let retry_after = RetryAfter::default();
                 let mut clients = clients_from(kube_config, retry_after.clone()).unwrap();

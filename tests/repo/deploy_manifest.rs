@@ -10,6 +10,7 @@ use crate::common;
 use clap::Parser;
 use fabricgate::cli::{Cli, Command, RunArgs};
 use fabricgate::config::{Config, DEFAULT_LABEL_PREFIX, NodeSettings};
+use fabricgate::node::EVENT_NAMESPACE;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
@@ -52,6 +53,24 @@ fn object(kind: &str) -> Value {
         "daemonset.yaml has more than one {kind}"
     );
     first
+}
+
+/// The one object of `kind` in `namespace`.
+fn object_in(kind: &str, namespace: &str) -> Value {
+    let found: Vec<Value> = documents()
+        .into_iter()
+        .filter(|d| d["kind"] == kind && d["metadata"]["namespace"] == namespace)
+        .collect();
+    assert_eq!(found.len(), 1, "one {kind} in namespace {namespace}");
+    found[0].clone()
+}
+
+/// The object of `kind` named `name`.
+fn named(kind: &str, name: &str) -> Value {
+    documents()
+        .into_iter()
+        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("daemonset.yaml has no {kind} {name}"))
 }
 
 /// The requirements ConfigMap (the other one is the breaker's ledger).
@@ -152,12 +171,16 @@ fn manifest_holds_each_object_once_in_the_agent_namespace() {
             "Namespace",
             "ServiceAccount",
             "Role",
+            "Role",
             "ClusterRole",
+            "RoleBinding",
             "RoleBinding",
             "ClusterRoleBinding",
             "ConfigMap",
             "ConfigMap",
             "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
             "ValidatingAdmissionPolicyBinding",
             "DaemonSet",
         ],
@@ -165,8 +188,22 @@ fn manifest_holds_each_object_once_in_the_agent_namespace() {
          in it, the own-node policy before the agent"
     );
     assert_eq!(object("Namespace")["metadata"]["name"], NAMESPACE);
-    for kind in ["ServiceAccount", "Role", "RoleBinding", "DaemonSet"] {
+    for kind in ["ServiceAccount", "DaemonSet"] {
         assert_eq!(object(kind)["metadata"]["namespace"], NAMESPACE, "{kind}");
+    }
+    // A Role and its binding in the agent's namespace (the ledger), and one in `default`
+    // (where the agent's Node Events go), nowhere else.
+    for kind in ["Role", "RoleBinding"] {
+        let namespaces: BTreeSet<String> = documents()
+            .iter()
+            .filter(|d| d["kind"] == kind)
+            .map(|d| d["metadata"]["namespace"].as_str().unwrap().to_owned())
+            .collect();
+        assert_eq!(
+            namespaces,
+            [NAMESPACE.to_owned(), EVENT_NAMESPACE.to_owned()].into(),
+            "{kind}"
+        );
     }
     assert_eq!(requirements_cm()["metadata"]["namespace"], NAMESPACE);
 }
@@ -225,9 +262,7 @@ fn rbac_grants_exactly_what_the_agent_uses() {
     // audit log of a full agent run (tests/cluster.rs,
     // the_cluster_role_grants_exactly_what_a_full_agent_run_uses); here only their shape.
     assert!(
-        grants
-            .iter()
-            .all(|g| g.starts_with("core nodes") || g.starts_with("events.k8s.io events")),
+        grants.iter().all(|g| g.starts_with("core nodes")),
         "{grants:?}"
     );
 
@@ -245,7 +280,7 @@ fn rbac_grants_exactly_what_the_agent_uses() {
         sa["metadata"]["name"]
     );
     // In its namespace only the breaker's ledger, by name: read it and update it.
-    let ledger = object("Role");
+    let ledger = object_in("Role", NAMESPACE);
     assert_eq!(
         ledger["rules"],
         json!([{"apiGroups": [""], "resources": ["configmaps"],
@@ -257,9 +292,22 @@ fn rbac_grants_exactly_what_the_agent_uses() {
             && d["metadata"]["namespace"] == NAMESPACE),
         "the ledger ConfigMap ships with the manifest (the agent may not create it)"
     );
-    let role_binding = object("RoleBinding");
+    let role_binding = object_in("RoleBinding", NAMESPACE);
     assert_eq!(role_binding["roleRef"]["name"], ledger["metadata"]["name"]);
     assert_eq!(role_binding["subjects"], binding["subjects"]);
+    // Events: created only in the namespace the agent writes them to.
+    let events = object_in("Role", EVENT_NAMESPACE);
+    assert_eq!(
+        events["rules"],
+        json!([{"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create"]}])
+    );
+    let events_binding = object_in("RoleBinding", EVENT_NAMESPACE);
+    assert_eq!(events_binding["roleRef"]["kind"], "Role");
+    assert_eq!(
+        events_binding["roleRef"]["name"],
+        events["metadata"]["name"]
+    );
+    assert_eq!(events_binding["subjects"], binding["subjects"]);
 }
 
 #[test]
@@ -547,7 +595,7 @@ fn pod_runs_with_least_privilege() {
 
 #[test]
 fn admission_policy_uses_the_binarys_names_and_is_bound() {
-    let vap = object("ValidatingAdmissionPolicy");
+    let vap = named("ValidatingAdmissionPolicy", "fabricgate-own-node");
     let spec = &vap["spec"];
     let var = |name: &str| -> String {
         spec["variables"]
@@ -585,8 +633,30 @@ fn admission_policy_uses_the_binarys_names_and_is_bound() {
             .contains(&format!("'{user}'")),
         "the policy applies to the agent's service account"
     );
-    let binding = object("ValidatingAdmissionPolicyBinding");
+    let binding = named("ValidatingAdmissionPolicyBinding", "fabricgate-own-node");
     assert_eq!(binding["spec"]["policyName"], vap["metadata"]["name"]);
+    assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]));
+
+    // The breaker's ledger: the one ConfigMap, for the same user, bound the same way.
+    let ledger = named("ValidatingAdmissionPolicy", "fabricgate-breaker-ledger");
+    let rules = &ledger["spec"]["matchConstraints"]["resourceRules"];
+    assert_eq!(
+        rules[0]["resourceNames"],
+        json!([fabricgate::policy::breaker::LEDGER])
+    );
+    assert_eq!(rules[0]["resources"], json!(["configmaps"]));
+    assert_eq!(ledger["spec"]["failurePolicy"], "Fail");
+    assert!(
+        ledger["spec"]["matchConditions"][0]["expression"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("'{user}'"))
+    );
+    let binding = named(
+        "ValidatingAdmissionPolicyBinding",
+        "fabricgate-breaker-ledger",
+    );
+    assert_eq!(binding["spec"]["policyName"], ledger["metadata"]["name"]);
     assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]));
 }
 
@@ -739,7 +809,12 @@ fn binary_needs_only_libraries_the_runtime_image_has() {
 // tests/cluster/cleanup.rs.
 /// Every document of `deploy/guard.yaml`.
 fn guard_documents() -> Vec<Value> {
-    let text = std::fs::read_to_string(root().join("deploy/guard.yaml")).unwrap();
+    documents_of("deploy/guard.yaml")
+}
+
+/// Every YAML document of the manifest at `path` (from the repository root).
+fn documents_of(path: &str) -> Vec<Value> {
+    let text = std::fs::read_to_string(root().join(path)).unwrap();
     serde_norway::Deserializer::from_str(&text)
         .map(|doc| Value::deserialize(doc).unwrap())
         .filter(|v| !v.is_null())
@@ -755,7 +830,13 @@ fn guard_manifest_is_least_privilege_two_replicas_with_a_pdb_and_its_args_parse(
         found[0].clone()
     };
     for d in &docs {
-        if d["kind"] != "ClusterRole" && d["kind"] != "ClusterRoleBinding" {
+        let cluster_scoped = [
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
+        ];
+        if !cluster_scoped.iter().any(|k| d["kind"] == *k) {
             assert_eq!(d["metadata"]["namespace"], NAMESPACE, "{d}");
         }
     }
@@ -831,12 +912,83 @@ fn guard_manifest_is_least_privilege_two_replicas_with_a_pdb_and_its_args_parse(
         vol["configMap"]["name"],
         requirements_cm()["metadata"]["name"]
     );
-    // The pod selector selects the agent DaemonSet's pods.
+    // The pod selector selects the agent DaemonSet's pods, and only them: not the webhook's
+    // (same name label, same namespace); so does the peers Service. It is also the default.
     let ds_labels = &object("DaemonSet")["spec"]["template"]["metadata"]["labels"];
-    for term in args.pod_selector.split(',') {
-        let (k, v) = term.split_once('=').unwrap();
-        assert_eq!(ds_labels[k], v, "{term}");
+    let selects = |selector: &[(String, String)], labels: &Value| {
+        selector.iter().all(|(k, v)| labels[k] == v.as_str())
+    };
+    let terms: Vec<(String, String)> = args
+        .pod_selector
+        .split(',')
+        .map(|t| {
+            let (k, v) = t.split_once('=').unwrap();
+            (k.to_owned(), v.to_owned())
+        })
+        .collect();
+    assert!(selects(&terms, ds_labels), "{terms:?} vs {ds_labels}");
+    assert_eq!(ds_labels["app.kubernetes.io/component"], "agent");
+    let webhook_pods: Vec<Value> = documents_of("deploy/webhook.yaml")
+        .into_iter()
+        .filter(|d| d["kind"] == "Deployment")
+        .map(|d| d["spec"]["template"]["metadata"]["labels"].clone())
+        .collect();
+    assert!(!webhook_pods.is_empty());
+    let peers = documents_of("deploy/peers-service.yaml");
+    let peers: Vec<(String, String)> = peers[0]["spec"]["selector"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_owned()))
+        .collect();
+    assert!(
+        selects(&peers, ds_labels),
+        "the peers Service selects the agents"
+    );
+    for labels in &webhook_pods {
+        assert!(!selects(&terms, labels), "the guard selects {labels}");
+        assert!(
+            !selects(&peers, labels),
+            "the peers Service selects {labels}"
+        );
     }
+    let Command::Guard(defaults) = Cli::try_parse_from(["fabricgate", "guard", "--config", "/x"])
+        .unwrap()
+        .command
+    else {
+        panic!("not the guard subcommand");
+    };
+    assert_eq!(
+        defaults.pod_selector, args.pod_selector,
+        "the shipped one is the default"
+    );
+    // Its admission policy: for its own ServiceAccount, over the pool the DaemonSet selects.
+    let vap = one("ValidatingAdmissionPolicy");
+    assert_eq!(vap["spec"]["failurePolicy"], "Fail");
+    assert!(
+        vap["spec"]["matchConditions"][0]["expression"]
+            .as_str()
+            .unwrap()
+            .contains(&format!(
+                "'system:serviceaccount:{NAMESPACE}:{}'",
+                sa["metadata"]["name"].as_str().unwrap()
+            ))
+    );
+    let pool = vap["spec"]["variables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "pool")
+        .unwrap()["expression"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let node_selector = &object("DaemonSet")["spec"]["template"]["spec"]["nodeSelector"];
+    let (k, v) = node_selector.as_object().unwrap().iter().next().unwrap();
+    assert_eq!(pool, format!("{{'{k}': '{}'}}", v.as_str().unwrap()));
+    let binding = one("ValidatingAdmissionPolicyBinding");
+    assert_eq!(binding["spec"]["policyName"], vap["metadata"]["name"]);
+    assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]));
     assert_eq!(args.stale_after, std::time::Duration::from_secs(60));
 }
 
