@@ -7,7 +7,8 @@
 //!
 //! The `redteam_` tests replay issue 24 on the real apiserver and scheduler: a pod whose own
 //! affinity names the readiness key is still kept off a tainted `ready=false` node, and with
-//! the webhook process stopped a labelled pod outside the opted-in namespaces is refused.
+//! the webhook stopped, or its real process frozen (`SIGSTOP`: connections accepted, never
+//! answered), a labelled pod outside the opted-in namespaces is refused.
 //! Each registers its own configuration under its own label prefix, so the tests' webhooks
 //! never see each other's pods.
 
@@ -484,4 +485,96 @@ fn redteam_a_pod_naming_the_ready_key_itself_stays_off_a_tainted_unready_node() 
             None,
         );
     }
+}
+
+/// The real `fabricgate webhook` binary, registered like [`Webhook`], frozen with `SIGSTOP`:
+/// the kernel still accepts connections, nothing answers (a hung webhook, not a gone one).
+#[test]
+fn redteam_a_hung_webhook_refuses_labelled_pods_outside_opted_in_namespaces() {
+    let Some(cp) = control_plane() else { return };
+    const PREFIX: &str = "redteam-hung.fabricgate.io/";
+    const NS: &str = "webhook-rt-hung";
+    namespace(cp, NS, "");
+    let dir = tempfile::tempdir().unwrap();
+    let pki = TestPki::generate(dir.path());
+    let config = dir.path().join("requirements.yaml");
+    std::fs::write(&config, format!("node:\n  label_prefix: {PREFIX}\n")).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_fabricgate"))
+        .arg("webhook")
+        .arg("--config")
+        .arg(&config)
+        .arg("--listen")
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("--tls-cert-file")
+        .arg(&pki.cert_file)
+        .arg("--tls-key-file")
+        .arg(&pki.key_file)
+        .args(["--preflight-image", "fabricgate:test"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(dir.path().join("webhook.log")).unwrap())
+        .spawn()
+        .expect("start fabricgate webhook");
+    let signal = |sig: &str, pid: u32| {
+        std::process::Command::new("kill")
+            .args([sig, &pid.to_string()])
+            .status()
+            .expect("kill")
+    };
+    let configuration = webhook::webhook_configuration(
+        "fabricgate-preflight-redteam-hung",
+        &Endpoint::Url(format!("https://127.0.0.1:{port}")),
+        pki.ca_pem.as_bytes(),
+        PREFIX,
+        &["kube-system", "fabricgate"],
+    );
+    cp.apply(&configuration.to_string());
+    let pods: Api<Pod> = Api::namespaced(cp.admin(), NS);
+    let labelled = |name: String| {
+        let mut p = worker(&name);
+        p.metadata
+            .labels
+            .get_or_insert_default()
+            .insert(format!("{PREFIX}preflight"), "true".into());
+        p
+    };
+    let first = first_mutated(cp, &pods, |n| labelled(format!("labelled-{n}")));
+    assert!(mutated(&first));
+
+    assert!(signal("-STOP", child.id()).success());
+    let started = Instant::now();
+    let outcome = cp.block_on(pods.create(&PostParams::default(), &labelled("while-hung".into())));
+    let waited = started.elapsed();
+    let _ = signal("-CONT", child.id());
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = cp.kubectl_as(
+        &cp.admin_kubeconfig,
+        &[
+            "delete",
+            "mutatingwebhookconfiguration",
+            "fabricgate-preflight-redteam-hung",
+        ],
+        None,
+    );
+    match outcome {
+        Err(kube::Error::Api(s)) => assert!(
+            s.message.contains("failed calling webhook")
+                && s.message
+                    .contains("pods.preflight.redteam-hung.fabricgate.io"),
+            "{}",
+            s.message
+        ),
+        Ok(p) => panic!(
+            "a labelled pod was admitted after {waited:?} while the webhook hung, mutated: {}",
+            mutated(&p)
+        ),
+        Err(e) => panic!("{e}"),
+    }
+    // The API server gave up after the configuration's timeoutSeconds (5 s), not sooner.
+    assert!(waited >= Duration::from_secs(4), "refused after {waited:?}");
 }
