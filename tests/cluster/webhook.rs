@@ -326,6 +326,44 @@ fn first_mutated(
     found.unwrap()
 }
 
+/// [`worker`] opted in by the pod label of `prefix`.
+fn labelled(prefix: &str, name: &str) -> Pod {
+    let mut p = worker(name);
+    p.metadata
+        .labels
+        .get_or_insert_default()
+        .insert(format!("{prefix}preflight"), "true".into());
+    p
+}
+
+/// `outcome` of creating a labelled pod while the webhook of label prefix `prefix` cannot
+/// answer: refused by the API server for the failed call (`failurePolicy: Fail`). At 35f8061
+/// (`failurePolicy: Ignore`) the pod was created after the 5 s timeout with no preflight and
+/// no affinity.
+fn assert_refused_for_the_webhook(outcome: kube::Result<Pod>, prefix: &str, why: &str) {
+    let hook = format!("pods.preflight.{}", prefix.trim_end_matches('/'));
+    match outcome {
+        Err(kube::Error::Api(s)) => assert!(
+            s.message.contains("failed calling webhook") && s.message.contains(&hook),
+            "{}",
+            s.message
+        ),
+        Ok(p) => panic!(
+            "a labelled pod was admitted while {why}, mutated: {}",
+            mutated(&p)
+        ),
+        Err(e) => panic!("{e}"),
+    }
+}
+
+fn delete_webhook_configuration(cp: &crate::common::controlplane::ControlPlane, name: &str) {
+    let _ = cp.kubectl_as(
+        &cp.admin_kubeconfig,
+        &["delete", "mutatingwebhookconfiguration", name],
+        None,
+    );
+}
+
 #[test]
 fn redteam_a_down_webhook_refuses_labelled_pods_outside_opted_in_namespaces() {
     let Some(cp) = control_plane() else { return };
@@ -334,45 +372,15 @@ fn redteam_a_down_webhook_refuses_labelled_pods_outside_opted_in_namespaces() {
     namespace(cp, NS, "");
     let hook = Webhook::start(cp, "fabricgate-preflight-redteam-down", PREFIX);
     let pods: Api<Pod> = Api::namespaced(cp.admin(), NS);
-    let labelled = |name: String| {
-        let mut p = worker(&name);
-        p.metadata
-            .labels
-            .get_or_insert_default()
-            .insert(format!("{PREFIX}preflight"), "true".into());
-        p
-    };
-    let first = first_mutated(cp, &pods, |n| labelled(format!("labelled-{n}")));
+    let first = first_mutated(cp, &pods, |n| labelled(PREFIX, &format!("labelled-{n}")));
     assert!(mutated(&first));
 
     hook.kill();
-    // At 35f8061 (failurePolicy: Ignore) this pod was created after the 5 s timeout with no
-    // preflight and no affinity.
-    match cp.block_on(pods.create(&PostParams::default(), &labelled("while-down".into()))) {
-        Err(kube::Error::Api(s)) => assert!(
-            s.message.contains("failed calling webhook")
-                && s.message
-                    .contains("pods.preflight.redteam-down.fabricgate.io"),
-            "{}",
-            s.message
-        ),
-        Ok(p) => panic!(
-            "a labelled pod was admitted while the webhook is down, mutated: {}",
-            mutated(&p)
-        ),
-        Err(e) => panic!("{e}"),
-    }
+    let outcome = cp.block_on(pods.create(&PostParams::default(), &labelled(PREFIX, "while-down")));
+    assert_refused_for_the_webhook(outcome, PREFIX, "the webhook is down");
     cp.block_on(pods.create(&PostParams::default(), &worker("unlabelled-while-down")))
         .expect("pods that did not opt in never wait on the webhook");
-    let _ = cp.kubectl_as(
-        &cp.admin_kubeconfig,
-        &[
-            "delete",
-            "mutatingwebhookconfiguration",
-            "fabricgate-preflight-redteam-down",
-        ],
-        None,
-    );
+    delete_webhook_configuration(cp, "fabricgate-preflight-redteam-down");
 }
 
 #[test]
@@ -534,47 +542,18 @@ fn redteam_a_hung_webhook_refuses_labelled_pods_outside_opted_in_namespaces() {
     );
     cp.apply(&configuration.to_string());
     let pods: Api<Pod> = Api::namespaced(cp.admin(), NS);
-    let labelled = |name: String| {
-        let mut p = worker(&name);
-        p.metadata
-            .labels
-            .get_or_insert_default()
-            .insert(format!("{PREFIX}preflight"), "true".into());
-        p
-    };
-    let first = first_mutated(cp, &pods, |n| labelled(format!("labelled-{n}")));
+    let first = first_mutated(cp, &pods, |n| labelled(PREFIX, &format!("labelled-{n}")));
     assert!(mutated(&first));
 
     assert!(signal("-STOP", child.id()).success());
     let started = Instant::now();
-    let outcome = cp.block_on(pods.create(&PostParams::default(), &labelled("while-hung".into())));
+    let outcome = cp.block_on(pods.create(&PostParams::default(), &labelled(PREFIX, "while-hung")));
     let waited = started.elapsed();
     let _ = signal("-CONT", child.id());
     let _ = child.kill();
     let _ = child.wait();
-    let _ = cp.kubectl_as(
-        &cp.admin_kubeconfig,
-        &[
-            "delete",
-            "mutatingwebhookconfiguration",
-            "fabricgate-preflight-redteam-hung",
-        ],
-        None,
-    );
-    match outcome {
-        Err(kube::Error::Api(s)) => assert!(
-            s.message.contains("failed calling webhook")
-                && s.message
-                    .contains("pods.preflight.redteam-hung.fabricgate.io"),
-            "{}",
-            s.message
-        ),
-        Ok(p) => panic!(
-            "a labelled pod was admitted after {waited:?} while the webhook hung, mutated: {}",
-            mutated(&p)
-        ),
-        Err(e) => panic!("{e}"),
-    }
+    delete_webhook_configuration(cp, "fabricgate-preflight-redteam-hung");
+    assert_refused_for_the_webhook(outcome, PREFIX, "the webhook hung");
     // The API server gave up after the configuration's timeoutSeconds (5 s), not sooner.
     assert!(waited >= Duration::from_secs(4), "refused after {waited:?}");
 }
