@@ -73,23 +73,29 @@ impl Drop for Agent {
 /// a probe every second without verbs, /metrics on a free port, its log in `dir/agent.log`,
 /// then `extra` flags.
 fn start_dry_run_agent(dir: &Path, extra: &[&str]) -> Agent {
-    let log = dir.join("agent.log");
+    spawn_dry_run_agent(dir, "node-a", dir, dir.join("agent.log"), extra)
+}
+
+/// `fabricgate run --dry-run` for Node `node` over the sysfs tree `sysfs`, with `home` as its
+/// HOME (no cluster): a probe every second without verbs, /metrics on a free port, its log at
+/// `log` (info level), then `extra` flags.
+pub(super) fn spawn_dry_run_agent(
+    home: &Path,
+    node: &str,
+    sysfs: &Path,
+    log: PathBuf,
+    extra: &[&str],
+) -> Agent {
     let metrics = format!("127.0.0.1:{}", free_port());
     let child = Command::new(env!("CARGO_BIN_EXE_fabricgate"))
-        .args([
-            "run",
-            "--dry-run",
-            "--node-name",
-            "node-a",
-            "--interval",
-            "1s",
-        ])
+        .args(["run", "--dry-run", "--node-name", node, "--interval", "1s"])
         .args(["--verbs", "off", "--metrics-addr", &metrics])
-        .args(["--sysfs-root", dir.to_str().unwrap()])
+        .arg("--sysfs-root")
+        .arg(sysfs)
         .args(extra)
         .env_remove("KUBECONFIG")
         .env_remove("KUBERNETES_SERVICE_HOST")
-        .env("HOME", dir)
+        .env("HOME", home)
         .env("RUST_LOG", "info")
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap())

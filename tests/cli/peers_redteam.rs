@@ -5,12 +5,11 @@
 //! needs RDMA and is covered by tests/vm/peers_vm.rs). The attackers use source addresses of
 //! their own (127.0.0.9, .11, .12), as strangers on the network would.
 
-use super::peers_cli::{Agent, KEY, free_port, get, wait_for};
+use super::peers_cli::{Agent, KEY, free_port, get, spawn_dry_run_agent, wait_for};
 use crate::common;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -32,28 +31,13 @@ fn start_agent(dir: &Path, name: &str, port: u16, peers: &str) -> Agent {
         ),
     )
     .unwrap();
-    let log = dir.join(format!("{name}.log"));
-    let metrics = format!("127.0.0.1:{}", free_port());
-    let child = Command::new(env!("CARGO_BIN_EXE_fabricgate"))
-        .args(["run", "--dry-run", "--node-name", name, "--interval", "1s"])
-        .args(["--verbs", "off", "--metrics-addr", &metrics])
-        .args(["--config", cfg.to_str().unwrap()])
-        .arg("--sysfs-root")
-        .arg(common::fixture("ndr-8x400-healthy").join("sys"))
-        .args(["--peers", peers])
-        .env_remove("KUBECONFIG")
-        .env_remove("KUBERNETES_SERVICE_HOST")
-        .env("HOME", dir)
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    Agent {
-        child,
-        log,
-        metrics,
-    }
+    spawn_dry_run_agent(
+        dir,
+        name,
+        &common::fixture("ndr-8x400-healthy").join("sys"),
+        dir.join(format!("{name}.log")),
+        &["--config", cfg.to_str().unwrap(), "--peers", peers],
+    )
 }
 
 /// Sessions of `agent` that got through `peer`'s side channel (and stopped at the local

@@ -125,6 +125,11 @@ fn pod_name(node: &str) -> String {
 }
 
 fn set_ready(cp: &crate::common::controlplane::ControlPlane, node: &str, ready: bool) {
+    set_pod_ready(cp, &pod_name(node), ready);
+}
+
+/// Pod `name`'s status as its kubelet would report it: Running, Ready or not.
+fn set_pod_ready(cp: &crate::common::controlplane::ControlPlane, name: &str, ready: bool) {
     let patch = json!({ "status": { "phase": "Running", "conditions": [
         { "type": "Ready", "status": if ready { "True" } else { "False" } },
     ]}})
@@ -134,7 +139,7 @@ fn set_ready(cp: &crate::common::controlplane::ControlPlane, node: &str, ready: 
         NS,
         "patch",
         "pod",
-        &pod_name(node),
+        name,
         "--subresource=status",
         "--type=merge",
         "-p",
@@ -168,37 +173,7 @@ fn node_with_agent(
         json!([{ "key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule" }]),
         json!({}),
     );
-    let pod = json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": { "name": pod_name(name), "namespace": NS, "labels": { "app": app } },
-        "spec": {
-            "nodeName": name,
-            "serviceAccountName": "fabricgate",
-            "automountServiceAccountToken": false,
-            "containers": [{ "name": "agent", "image": "fabricgate:test" }],
-        },
-    });
-    let _ = cp.kubectl_as(
-        &cp.admin_kubeconfig,
-        &[
-            "-n",
-            NS,
-            "delete",
-            "pod",
-            &pod_name(name),
-            "--ignore-not-found",
-            "--grace-period=0",
-            "--force",
-        ],
-        None,
-    );
-    let (ok, _, err) = cp.kubectl_as(
-        &cp.admin_kubeconfig,
-        &["create", "-f", "-"],
-        Some(&pod.to_string()),
-    );
-    assert!(ok, "create pod: {err}");
-    set_ready(cp, name, true);
+    ready_pod(cp, &pod_name(name), name, json!({ "app": app }));
 }
 
 /// The guard's leader has listed the pool's Nodes and the agent pods (its cache is filled).
@@ -597,7 +572,7 @@ fn ready_pod(
             "nodeName": node,
             "serviceAccountName": "fabricgate",
             "automountServiceAccountToken": false,
-            "containers": [{ "name": "c", "image": "fabricgate:test" }],
+            "containers": [{ "name": "agent", "image": "fabricgate:test" }],
         },
     });
     let _ = cp.kubectl_as(
@@ -620,20 +595,7 @@ fn ready_pod(
         Some(&pod.to_string()),
     );
     assert!(ok, "create pod {name}: {err}");
-    let patch = json!({ "status": { "phase": "Running", "conditions": [
-        { "type": "Ready", "status": "True" } ] } })
-    .to_string();
-    cp.kubectl(&[
-        "-n",
-        NS,
-        "patch",
-        "pod",
-        name,
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        &patch,
-    ]);
+    set_pod_ready(cp, name, true);
 }
 
 /// Issue 24: the guard's default selector (`app.kubernetes.io/name=fabricgate`) also matched
