@@ -50,38 +50,8 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 #[test]
 fn opted_in_pods_are_mutated_through_the_real_apiserver_and_refused_when_the_webhook_is_down() {
     let Some(cp) = control_plane() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let pki = TestPki::generate(dir.path());
-
     // The webhook on its own runtime, as the binary runs it.
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let listener = runtime
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let config = Config::default();
-    let mutation = MutationConfig::new(&config, "{}\n", "fabricgate:test");
-    let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = runtime.spawn(webhook::serve(
-        ServerConfig::new(mutation, pki.cert_file.clone(), pki.key_file.clone()),
-        listener,
-        async {
-            let _ = stop_rx.await;
-        },
-    ));
-
-    let configuration = webhook::webhook_configuration(
-        "fabricgate-preflight-test",
-        &Endpoint::Url(format!("https://127.0.0.1:{port}")),
-        pki.ca_pem.as_bytes(),
-        "fabricgate.io/",
-        &["kube-system", "fabricgate"],
-    );
-    cp.apply(&configuration.to_string());
+    let hook = Webhook::start(cp, "fabricgate-preflight-test", "fabricgate.io/");
     cp.apply(&format!(
         "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {OPTED_IN}\n  labels:\n    \
          fabricgate.io/preflight: \"true\"\n---\napiVersion: v1\nkind: ServiceAccount\n\
@@ -93,27 +63,11 @@ fn opted_in_pods_are_mutated_through_the_real_apiserver_and_refused_when_the_web
     let plain: Api<Pod> = Api::namespaced(cp.admin(), PLAIN);
 
     // The configuration takes effect once the apiserver has loaded it.
-    let mut first = None;
-    let mut n = 0;
-    crate::common::wait_until("the webhook to be called", Duration::from_secs(60), || {
-        n += 1;
-        let created = cp
-            .block_on(opted.create(&PostParams::default(), &worker(&format!("probe-{n}"))))
-            .expect("create a pod");
-        let mutated = created
-            .spec
-            .as_ref()
-            .and_then(|s| s.init_containers.as_ref())
-            .is_some_and(|c| c.iter().any(|c| c.name == "fabricgate-preflight"));
-        if mutated {
-            first = Some(created);
-        }
-        mutated
-    });
+    let first = first_mutated(cp, &opted, |n| worker(&format!("probe-{n}")));
     let stored = cp
         .get_json(&format!(
             "/api/v1/namespaces/{OPTED_IN}/pods/{}",
-            first.unwrap().metadata.name.unwrap()
+            first.metadata.name.unwrap()
         ))
         .unwrap();
     let spec = &stored["spec"];
@@ -189,10 +143,7 @@ fn opted_in_pods_are_mutated_through_the_real_apiserver_and_refused_when_the_web
     assert!(percentile(&with, 0.99) < Duration::from_secs(5), "{with:?}");
 
     // The webhook goes down: failurePolicy Fail refuses opted-in pods, others go through.
-    let _ = stop.send(());
-    let _ = runtime.block_on(server);
-    // The API server keeps connections to webhooks alive: end the ones still open too.
-    runtime.shutdown_timeout(Duration::from_secs(1));
+    hook.kill();
     let refused = cp.block_on(opted.create(&PostParams::default(), &worker("while-down")));
     match refused {
         Err(kube::Error::Api(s)) => {
@@ -207,15 +158,7 @@ fn opted_in_pods_are_mutated_through_the_real_apiserver_and_refused_when_the_web
     }
     cp.block_on(plain.create(&PostParams::default(), &worker("while-down")))
         .expect("pods of other namespaces are unaffected");
-    let _ = cp.kubectl_as(
-        &cp.admin_kubeconfig,
-        &[
-            "delete",
-            "mutatingwebhookconfiguration",
-            "fabricgate-preflight-test",
-        ],
-        None,
-    );
+    delete_webhook_configuration(cp, "fabricgate-preflight-test");
 }
 
 /// A webhook served from this process on its own runtime and registered with the API server
