@@ -4,6 +4,8 @@
 #   1. rxe0 over eth0 in both; an agent in each (`fabricgate run --dry-run`, peers enabled,
 #      --peers = the other VM); a scrape of /metrics every second into $FG_OUT/scrapes/;
 #      wait until each reports RTT and bandwidth for the other; `fabricgate ping` each way.
+#   1b. a stranger in a (its own eth1 address, no key) dribbles bytes to a's responder and
+#      holds idle connections for 20 s while b measures a (tests/vm/peer_attack.py).
 #   2. b takes eth0 down; a keeps scraping for three more rounds; `fabricgate ping` again
 #      both ways (a: the peer is unreachable, b: no usable local port).
 #   3. agents stopped, eth0 up again, perftest's ib_write_lat and ib_write_bw between the two.
@@ -159,6 +161,36 @@ timing ping_ms $(($(fg_now_ms) - t))
     --node-name "vm-$ROLE" --format json >/dev/null 2>&1 || true
 mark pinged
 wait_for "$PEER_ROLE" pinged 300
+
+# --- 1b. a stranger attacks a's side channel while b measures a (issue 24) -------------
+# From a's own eth1 address (another source than b's), without the pool's key: 4 dribblers
+# (a byte every 2 s) and 64 idle connections held, for 20 s (tests/vm/peer_attack.py). b's
+# rounds must go on, a's RTT series in b must stay, b's error counters for a must not move.
+ATTACK_S=20
+if [ "$ROLE" = a ]; then
+    wait_for b ready_for_attack 120
+    curl -s --max-time 60 -o "$O/attack_start.prom" http://127.0.0.1:9464/metrics ||
+        log "no scrape at the attack's start"
+    date +%s%3N >"$S/attack_start_ms"
+    mark attack_start
+    python3 "$FG_VM_DIR/peer_attack.py" "169.254.78.$ME" 9465 "$ATTACK_S" \
+        >"$O/attack.json" 2>"$O/attack.stderr"
+    echo $? >"$O/attack.rc"
+    date +%s%3N >"$S/attack_end_ms"
+    curl -s --max-time 60 -o "$O/attack_end.prom" http://127.0.0.1:9464/metrics ||
+        log "no scrape at the attack's end"
+    mark attack_done
+    wait_for b attack_observed 120
+else
+    mark ready_for_attack
+    wait_for a attack_start 120
+    curl -s --max-time 60 -o "$O/attack_start.prom" http://127.0.0.1:9464/metrics ||
+        log "no scrape at the attack's start"
+    wait_for a attack_done 120
+    curl -s --max-time 60 -o "$O/attack_end.prom" http://127.0.0.1:9464/metrics ||
+        log "no scrape at the attack's end"
+    mark attack_observed
+fi
 
 # --- 2. b cuts its RDMA link ---------------------------------------------------------
 rounds_now() {

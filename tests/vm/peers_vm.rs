@@ -5,6 +5,8 @@
 //! - `ip link set eth0 down` in one VM turns into peer errors in the other within two rounds,
 //!   and the FabricgatePeerUnreachable expression (from deploy/prometheus-rules.yaml),
 //!   evaluated by promtool over the scraped series, fires for it,
+//! - a stranger's dribble and held connections to one agent's side channel (issue 24) leave
+//!   its RTT in the other's metrics and the other's error counters for it flat,
 //! - `fabricgate ping` works in both directions (and fails as documented after the cut),
 //! - perftest's ib_write_lat / ib_write_bw run on the same pair, for comparison.
 //!
@@ -240,6 +242,100 @@ fn both_agents_report_rtt_and_bandwidth_for_each_other() {
 /// Write a promtool test that evaluates `count by (peer) (EXPR)` over the scraped
 /// `fabricgate_peer_*` series of both VMs (1 s slots on the guests' wall clock), with
 /// staleness markers where a series disappeared from a scrape, as Prometheus would.
+fn sync_ms(dir: &Path, name: &str) -> u64 {
+    read(&dir.join("sync").join(name)).trim().parse().unwrap()
+}
+
+/// The sum of `name`'s samples matching `want` (0 when there are none).
+fn total(samples: &[Sample], name: &str, want: &[(&str, &str)]) -> f64 {
+    find(samples, name, want).iter().map(|s| s.value).sum()
+}
+
+/// Issue 24, on real RDMA: a stranger in VM a (its own address, no key) dribbles a byte every
+/// 2 s to a's responder from 4 connections and holds 64 idle ones for 20 s, while b measures
+/// a. The responder cuts every dribbler at the frame deadline and answers the held ones BUSY;
+/// b's rounds go on and are served, a's RTT stays in every scrape of b, and b's error
+/// counters for a do not move.
+#[test]
+fn redteam_a_strangers_dribble_and_hold_leave_the_victims_rtt_and_errors_alone() {
+    let Some(dir) = results() else { return };
+    assert_eq!(
+        rc(&dir.join("a/attack.rc")),
+        0,
+        "{}",
+        read(&dir.join("a/attack.stderr"))
+    );
+    let attack = json(&dir.join("a/attack.json"));
+    assert!(attack["dribble_sessions"].as_u64() >= Some(4), "{attack}");
+    assert!(
+        attack["dribble_longest_s"]
+            .as_f64()
+            .is_some_and(|s| s < 8.0),
+        "a dribbler kept a session past the deadlines (3 s a frame, 6 s unauthenticated): {attack}"
+    );
+    assert!(attack["hold_opened"].as_u64() >= Some(16), "{attack}");
+
+    let start = parse_exposition(&read(&dir.join("b/attack_start.prom")));
+    let end = parse_exposition(&read(&dir.join("b/attack_end.prom")));
+    let errors = |s: &[Sample]| total(s, "fabricgate_peer_errors_total", &[("peer", PEER_OF_B)]);
+    assert_eq!(
+        errors(&end),
+        errors(&start),
+        "b recorded errors against the attacked a: {:?}",
+        find(&end, "fabricgate_peer_errors_total", &[("peer", PEER_OF_B)])
+    );
+    let rounds = |s: &[Sample]| value(s, "fabricgate_peer_rounds_total", &[]).unwrap_or(0.0);
+    assert!(
+        rounds(&end) >= rounds(&start) + 3.0,
+        "b's rounds stalled during the attack: {} -> {}",
+        rounds(&start),
+        rounds(&end)
+    );
+    let (from, to) = (
+        sync_ms(dir, "attack_start_ms"),
+        sync_ms(dir, "attack_end_ms"),
+    );
+    let during: Vec<_> = scrapes(dir, "b")
+        .into_iter()
+        .filter(|(t, _)| (from..=to).contains(t))
+        .collect();
+    assert!(
+        during.len() >= 5,
+        "{} scrapes of b during the attack",
+        during.len()
+    );
+    for (t, s) in &during {
+        assert!(
+            value(
+                s,
+                "fabricgate_peer_rtt_seconds",
+                &[("peer", PEER_OF_B), ("stat", "median")]
+            )
+            .is_some(),
+            "b's scrape at {t} has no RTT for the attacked a"
+        );
+    }
+
+    let a_start = parse_exposition(&read(&dir.join("a/attack_start.prom")));
+    let a_end = parse_exposition(&read(&dir.join("a/attack_end.prom")));
+    let sessions = |s: &[Sample], result| {
+        value(
+            s,
+            "fabricgate_peer_responder_sessions_total",
+            &[("result", result)],
+        )
+        .unwrap_or(0.0)
+    };
+    assert!(
+        sessions(&a_end, "served") >= sessions(&a_start, "served") + 2.0,
+        "a's responder served b during the attack"
+    );
+    assert!(
+        sessions(&a_end, "refused") > sessions(&a_start, "refused"),
+        "the stranger's connections were refused (BUSY)"
+    );
+}
+
 fn promtool_case(dir: &Path, expr: &str, evals: &[(u64, Vec<String>)]) -> String {
     let mut all: Vec<(String, u64, Vec<Sample>)> = Vec::new();
     for role in ["a", "b"] {
