@@ -23,6 +23,8 @@ mod cleanup;
 mod deviceplugin;
 #[path = "cluster/fleet.rs"]
 mod fleet;
+#[path = "cluster/gang.rs"]
+mod gang;
 #[path = "cluster/guard.rs"]
 mod guard;
 #[path = "cluster/overlays.rs"]

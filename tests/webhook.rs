@@ -200,6 +200,34 @@ fn pytorchjob_worker_gets_affinity_preflight_and_nccl_conf() {
     assert_eq!(env(worker, "NCCL_NET"), Some(&json!("IB")));
 }
 
+/// Issue 25: a native gang's pod (`spec.schedulingGroup`, Kubernetes 1.37) is wired like any
+/// opted-in pod, keeps its group, and gets none of the removed `v1alpha2` fields
+/// (`spec.workloadRef`).
+#[test]
+fn a_gang_pod_is_wired_like_any_other_and_keeps_its_scheduling_group() {
+    let mut review = fixture("pytorchjob-worker");
+    review["request"]["object"]["spec"]["schedulingGroup"] = json!({ "podGroupName": "llm" });
+    let (response, pod) = admit(&review);
+    assert!(response.get("warnings").is_none(), "{response}");
+    assert_wired(&pod);
+    assert_eq!(
+        pod["spec"]["schedulingGroup"],
+        json!({ "podGroupName": "llm" })
+    );
+    assert!(pod["spec"].get("workloadRef").is_none(), "{}", pod["spec"]);
+    let ops: Vec<Value> = response.get("patch").map_or_else(Vec::new, |b64| {
+        let bytes: k8s_openapi::ByteString = serde_json::from_value(b64.clone()).unwrap();
+        serde_json::from_slice(&bytes.0).unwrap()
+    });
+    assert!(
+        ops.iter().all(|op| {
+            let path = op["path"].as_str().unwrap_or_default();
+            !path.starts_with("/spec/schedulingGroup") && !path.starts_with("/spec/workloadRef")
+        }),
+        "the patch touches the gang fields: {ops:?}"
+    );
+}
+
 #[test]
 fn jobset_pod_opted_in_by_namespace_keeps_its_affinity_terms_and_init_order() {
     let review = fixture("jobset-pod");

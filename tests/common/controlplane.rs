@@ -19,6 +19,9 @@ use std::time::{Duration, Instant};
 
 /// Where `.ci/controlplane.sh` installs the binary.
 pub const DEFAULT_BINARY: &str = "/opt/fabricgate-controlplane/bin/controlplane";
+/// Kubernetes 1.37's native gang scheduling: PodGroups (apiserver and scheduler) and their
+/// topology constraints (scheduler).
+pub const GANG_FEATURE_GATES: &str = "GenericWorkload=true,TopologyAwareWorkloadScheduling=true";
 
 pub struct ControlPlane {
     dir: PathBuf,
@@ -269,6 +272,10 @@ impl ControlPlane {
                     "--endpoint-reconciler-type=none".into(),
                     "--allow-privileged=true".into(),
                     "--profiling=false".into(),
+                    // Native gang scheduling (`scheduling.k8s.io/v1beta1` PodGroup), as the
+                    // gang tests' scheduler runs it.
+                    format!("--feature-gates={GANG_FEATURE_GATES}"),
+                    "--runtime-config=scheduling.k8s.io/v1beta1=true".into(),
                 ],
             );
             let cp = ControlPlane {
@@ -697,6 +704,7 @@ impl ControlPlane {
                 format!("--kubeconfig={}", self.admin_kubeconfig.display()),
                 "--leader-elect=false".into(),
                 "--secure-port=0".into(),
+                format!("--feature-gates={GANG_FEATURE_GATES}"),
                 "-v=2".into(),
             ],
         );

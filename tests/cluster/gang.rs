@@ -1,0 +1,180 @@
+//! Native gangs (issue 25, item 1) on Kubernetes 1.37's own scheduler: a `PodGroup`
+//! (`scheduling.k8s.io/v1beta1`, feature gates `GenericWorkload` and
+//! `TopologyAwareWorkloadScheduling`) of 3 workers, all in one value of the operator's leaf
+//! label, each requiring `fabricgate.io/ready In ["true"]` as docs/deploy.md tells users
+//! without the webhook. Six Nodes in two leaves, each with a real agent over a fixture tree
+//! writing the marks: the gang stays pending whole while no leaf has 3 validated nodes, a node
+//! that fails while it waits is not chosen, it is bound whole to the first leaf that has 3,
+//! and a node that fails after binding is tainted with its condition saying why.
+
+use crate::common::sysfs::FakeHca;
+use crate::common::{TAINT, TestNode, control_plane, start_agent, wait_until};
+use serde_json::{Value, json};
+use std::time::{Duration, Instant};
+
+const NS: &str = "gang";
+const LEAF: &str = "network.topology.nvidia.com/leaf";
+const RDMA_RESOURCE: &str = "rdma/hca_shared_devices_a";
+const WORKERS: usize = 3;
+
+fn worker(i: usize) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": { "name": format!("worker-{i}"), "namespace": NS,
+                      "labels": { "job": "llm-gang" } },
+        "spec": {
+            "automountServiceAccountToken": false,
+            "terminationGracePeriodSeconds": 0,
+            "schedulingGroup": { "podGroupName": "llm" },
+            "affinity": { "nodeAffinity": { "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{ "matchExpressions": [
+                    { "key": "fabricgate.io/ready", "operator": "In", "values": ["true"] },
+                ]}],
+            }}},
+            "containers": [{
+                "name": "worker", "image": "pytorch:test",
+                "resources": {
+                    "requests": { "cpu": "1", RDMA_RESOURCE: "1" },
+                    "limits": { RDMA_RESOURCE: "1" },
+                },
+            }],
+        },
+    })
+}
+
+fn bound(cp: &crate::common::controlplane::ControlPlane) -> Vec<Option<String>> {
+    (0..WORKERS)
+        .map(|i| {
+            cp.get_json(&format!("/api/v1/namespaces/{NS}/pods/worker-{i}"))
+                .and_then(|p| p["spec"]["nodeName"].as_str().map(str::to_owned))
+        })
+        .collect()
+}
+
+#[test]
+fn a_native_gang_waits_whole_for_a_leaf_of_validated_nodes_and_binds_there() {
+    let Some(cp) = control_plane() else { return };
+    // leaf-1: g1-0, g1-1 healthy, g1-2 port down; leaf-2 the same. Four validated nodes,
+    // but no leaf with three: a gang of three fits nowhere.
+    let layout = [
+        ("g1-0", "leaf-1", true),
+        ("g1-1", "leaf-1", true),
+        ("g1-2", "leaf-1", false),
+        ("g2-0", "leaf-2", true),
+        ("g2-1", "leaf-2", true),
+        ("g2-2", "leaf-2", false),
+    ];
+    let mut nodes = Vec::new();
+    let mut hcas = Vec::new();
+    let mut agents = Vec::new();
+    for (name, leaf, up) in layout {
+        cp.create_node(
+            name,
+            json!({ LEAF: leaf }),
+            json!([{ "key": TAINT, "effect": "NoSchedule" }]),
+            json!({ RDMA_RESOURCE: "1" }),
+        );
+        let node = TestNode {
+            cp,
+            name: name.to_owned(),
+        };
+        let hca = FakeHca::new(up);
+        let kubeconfig = node.agent_kubeconfig(None);
+        agents.push(start_agent(
+            name,
+            &hca,
+            Some(&kubeconfig),
+            &["--interval", "500ms"],
+        ));
+        nodes.push(node);
+        hcas.push(hca);
+    }
+    let by_name = |n: &str| layout.iter().position(|(name, _, _)| *name == n).unwrap();
+    wait_until(
+        "the healthy nodes validated",
+        Duration::from_secs(60),
+        || {
+            layout.iter().zip(&nodes).all(|((_, _, up), n)| {
+                if *up {
+                    n.ready()
+                } else {
+                    n.has_reason("FabricReady", "PortDown")
+                }
+            })
+        },
+    );
+
+    cp.apply(&format!(
+        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {NS}\n---\napiVersion: v1\n\
+         kind: ServiceAccount\nmetadata:\n  name: default\n  namespace: {NS}\n---\n\
+         apiVersion: scheduling.k8s.io/v1beta1\nkind: PodGroup\nmetadata:\n  name: llm\n  \
+         namespace: {NS}\nspec:\n  schedulingPolicy:\n    gang:\n      minCount: {WORKERS}\n  \
+         schedulingConstraints:\n    topology:\n      - key: {LEAF}\n"
+    ));
+    cp.start_scheduler();
+    for i in 0..WORKERS {
+        let (ok, _, err) = cp.kubectl_as(
+            &cp.admin_kubeconfig,
+            &["create", "-f", "-"],
+            Some(&worker(i).to_string()),
+        );
+        assert!(ok, "create worker-{i}: {err}");
+    }
+
+    // Whole or nothing: for 10 s not one worker is bound, though four nodes are validated.
+    let waiting = Instant::now();
+    while waiting.elapsed() < Duration::from_secs(10) {
+        let b = bound(cp);
+        assert!(
+            b.iter().all(Option::is_none),
+            "part of the gang was bound: {b:?}"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+
+    // While it waits, g1-1 fails; g1-2 and g2-2 are repaired. leaf-1 then has two validated
+    // nodes (g1-0, g1-2), leaf-2 three: the gang goes to leaf-2, never to the failed g1-1.
+    hcas[by_name("g1-1")].set_port(false);
+    wait_until("g1-1 tainted", Duration::from_secs(30), || {
+        nodes[by_name("g1-1")].has_our_taint()
+    });
+    let repaired = Instant::now();
+    hcas[by_name("g1-2")].set_port(true);
+    hcas[by_name("g2-2")].set_port(true);
+    wait_until("the gang bound", Duration::from_secs(90), || {
+        bound(cp).iter().all(Option::is_some)
+    });
+    let bound_after = repaired.elapsed();
+    let mut on: Vec<String> = bound(cp).into_iter().flatten().collect();
+    on.sort();
+    assert_eq!(on, ["g2-0", "g2-1", "g2-2"], "bound whole, to leaf-2");
+    eprintln!("gang: repair -> all {WORKERS} workers bound to leaf-2 in {bound_after:?}");
+
+    // A node that fails after binding: tainted, its condition says why; the workers stay
+    // (NoSchedule), and the operator finds them on the failed node.
+    hcas[by_name("g2-1")].set_port(false);
+    let failed = &nodes[by_name("g2-1")];
+    wait_until("g2-1 tainted PortDown", Duration::from_secs(30), || {
+        failed.has_our_taint() && failed.has_reason("FabricReady", "PortDown")
+    });
+    assert_eq!(
+        failed.label("fabricgate.io/ready").as_deref(),
+        Some("false")
+    );
+    let on_failed = cp.kubectl(&[
+        "-n",
+        NS,
+        "get",
+        "pods",
+        "--field-selector=spec.nodeName=g2-1",
+        "-o",
+        "name",
+    ]);
+    assert_eq!(on_failed.lines().count(), 1, "{on_failed}");
+    drop(agents);
+    let _ = cp.kubectl_as(
+        &cp.admin_kubeconfig,
+        &["delete", "namespace", NS, "--wait=false"],
+        None,
+    );
+}
