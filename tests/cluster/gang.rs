@@ -14,7 +14,9 @@ use std::time::{Duration, Instant};
 
 const NS: &str = "gang";
 const LEAF: &str = "network.topology.nvidia.com/leaf";
-const RDMA_RESOURCE: &str = "rdma/hca_shared_devices_a";
+/// A resource only this test's Nodes have, so the other tests' pods (which the same scheduler
+/// places) never land on them, nor the gang on theirs.
+const RDMA_RESOURCE: &str = "rdma/gang_test";
 const WORKERS: usize = 3;
 
 fn worker(i: usize) -> Value {
