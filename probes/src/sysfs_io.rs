@@ -97,20 +97,11 @@ impl AttrBuf {
 /// this way never waits for a writer), then `fstat`: anything but a regular file is refused.
 /// `Ok(None)` when it does not exist.
 pub(crate) fn open_regular(path: &Path) -> Result<Option<File>, ProbeError> {
-    let open = || {
+    let file = match open_shedding(|| {
         OpenOptions::new()
             .read(true)
             .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
             .open(path)
-    };
-    // Out of descriptors is the agent's trouble, not the attribute's: close some kept
-    // attribute files and try once more before it is an error.
-    let file = match open().or_else(|e| {
-        if out_of_descriptors(&e) && kept_files::shed() {
-            open()
-        } else {
-            Err(e)
-        }
     }) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
@@ -237,6 +228,18 @@ pub(crate) fn canonical_cached(path: &Path) -> io::Result<PathBuf> {
 /// The open failed because this process (EMFILE) or the system (ENFILE) is out of descriptors.
 fn out_of_descriptors(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE))
+}
+
+/// `open()`, and once more after closing some kept attribute files when it found the
+/// descriptor table full: that is the agent's trouble, not the file's.
+fn open_shedding<T>(open: impl Fn() -> io::Result<T>) -> io::Result<T> {
+    open().or_else(|e| {
+        if out_of_descriptors(&e) && kept_files::shed() {
+            open()
+        } else {
+            Err(e)
+        }
+    })
 }
 
 /// One attribute file, kept open between probes within [`kept_files::budget`].
@@ -514,17 +517,17 @@ pub(crate) fn list_dir(path: &Path) -> Result<Option<Listing>, ProbeError> {
         source: e.into(),
     };
     let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
-    let open = || rustix::fs::open(path, flags, Mode::empty());
-    let fd = match open().or_else(|e| {
-        if matches!(e, rustix::io::Errno::MFILE | rustix::io::Errno::NFILE) && kept_files::shed() {
-            open()
-        } else {
-            Err(e)
-        }
+    let fd = match open_shedding(|| {
+        rustix::fs::open(path, flags, Mode::empty()).map_err(io::Error::from)
     }) {
         Ok(fd) => fd,
-        Err(rustix::io::Errno::NOENT) => return Ok(None),
-        Err(e) => return Err(failed(e)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => {
+            return Err(ProbeError::ReadDir {
+                path: path.to_owned(),
+                source,
+            });
+        }
     };
     let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 8192];
     let mut entries = RawDir::new(fd, &mut buf);

@@ -123,9 +123,7 @@ pub(super) struct Hello {
 impl Hello {
     pub(super) fn encode(&self) -> [u8; FRAME_LEN] {
         let mut p = Vec::with_capacity(200);
-        put_text(&mut p, &self.identity.node_name, NAME_LEN);
-        put_text(&mut p, &self.identity.group, NAME_LEN);
-        put_text(&mut p, &self.device, DEVICE_LEN);
+        put_who(&mut p, &self.identity, &self.device);
         p.extend_from_slice(&[self.port, 0, 0, 0]);
         p.extend_from_slice(&self.plan.rtt_size.to_be_bytes());
         p.extend_from_slice(&self.plan.rtt_count.to_be_bytes());
@@ -137,9 +135,7 @@ impl Hello {
 
     pub(super) fn decode(payload: &[u8]) -> Self {
         let mut c = Cursor::new(payload);
-        let node_name = c.text(NAME_LEN);
-        let group = c.text(NAME_LEN);
-        let device = c.text(DEVICE_LEN);
+        let (identity, device) = read_who(&mut c);
         let port = c.u8();
         c.take(3);
         let plan = Plan {
@@ -149,12 +145,25 @@ impl Hello {
             bw_duration: Duration::from_millis(u64::from(c.u32())),
         };
         Self {
-            identity: Identity { node_name, group },
+            identity,
             device,
             port,
             plan,
         }
     }
+}
+
+/// HELLO and WELCOME both start with who is speaking and from which device.
+fn put_who(p: &mut Vec<u8>, identity: &Identity, device: &str) {
+    put_text(p, &identity.node_name, NAME_LEN);
+    put_text(p, &identity.group, NAME_LEN);
+    put_text(p, device, DEVICE_LEN);
+}
+
+fn read_who(c: &mut Cursor<'_>) -> (Identity, String) {
+    let node_name = c.text(NAME_LEN);
+    let group = c.text(NAME_LEN);
+    (Identity { node_name, group }, c.text(DEVICE_LEN))
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -167,21 +176,17 @@ pub(super) struct Welcome {
 impl Welcome {
     pub(super) fn encode(&self, status: Status) -> [u8; FRAME_LEN] {
         let mut p = Vec::with_capacity(200);
-        put_text(&mut p, &self.identity.node_name, NAME_LEN);
-        put_text(&mut p, &self.identity.group, NAME_LEN);
-        put_text(&mut p, &self.device, DEVICE_LEN);
+        put_who(&mut p, &self.identity, &self.device);
         p.push(self.port);
         encode(T_WELCOME, status, &p)
     }
 
     pub(super) fn decode(payload: &[u8]) -> Self {
         let mut c = Cursor::new(payload);
-        let node_name = c.text(NAME_LEN);
-        let group = c.text(NAME_LEN);
-        let device = c.text(DEVICE_LEN);
+        let (identity, device) = read_who(&mut c);
         let port = c.u8();
         Self {
-            identity: Identity { node_name, group },
+            identity,
             device,
             port,
         }
