@@ -229,16 +229,19 @@ fn series_stay_bounded_however_many_peers_come_and_go() {
 #[test]
 fn ping_without_local_ports_or_peer_says_why() {
     let config = Config::default();
-    let r = ping(
-        "127.0.0.1:1",
-        &RdmaReport::default(),
-        &config,
-        None,
-        &Identity::default(),
-        &Plan::default(),
-        Duration::from_secs(1),
-    )
-    .unwrap();
+    let ping_to = |addr| {
+        ping(
+            addr,
+            &RdmaReport::default(),
+            &config,
+            None,
+            &Identity::default(),
+            &Plan::default(),
+            Duration::from_secs(1),
+        )
+        .unwrap()
+    };
+    let r = ping_to("127.0.0.1:1");
     assert_eq!(r.exit_code(), crate::EXIT_CANNOT_PROBE);
     assert!(
         r.errors[0].contains("no usable local RDMA port"),
@@ -247,16 +250,7 @@ fn ping_without_local_ports_or_peer_says_why() {
     );
     let t = r.to_table();
     assert!(t.contains("UNREACHABLE"), "{t}");
-    let bad = ping(
-        "no-such-host.invalid",
-        &RdmaReport::default(),
-        &config,
-        None,
-        &Identity::default(),
-        &Plan::default(),
-        Duration::from_secs(1),
-    )
-    .unwrap();
+    let bad = ping_to("no-such-host.invalid");
     assert_eq!(bad.exit_code(), crate::EXIT_NOT_VALIDATED);
     assert_eq!(bad.to_json()["ok"], false);
 }

@@ -8,6 +8,7 @@ use crate::config::NodeSettings;
 use crate::error::Error;
 use crate::node::{Outcome, Reconciler};
 use crate::observe::metrics::Metrics;
+use crate::policy::Verdict;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use k8s_openapi::api::core::v1::Node;
@@ -94,6 +95,23 @@ fn reconciler() -> (Reconciler, Server) {
         Arc::new(Metrics::new()),
     );
     (rec, Server(handle))
+}
+
+/// `rec.reconcile(verdict)` while `api` plays the server's side of it: the outcome, and the
+/// server back for what follows.
+async fn reconcile_against(
+    rec: &mut Reconciler,
+    verdict: &Verdict,
+    api: tokio::task::JoinHandle<Server>,
+) -> (Outcome, Server) {
+    let outcome = rec.reconcile(verdict).await.expect("reconcile");
+    (outcome, api.await.expect("the scripted server"))
+}
+
+/// The Reconciler is done: the server saw no request beyond its script.
+async fn finish(rec: Reconciler, server: Server) {
+    drop(rec);
+    server.expect_no_more().await;
 }
 
 /// The Node as the server shows it at resourceVersion `rv`.
@@ -245,8 +263,7 @@ async fn a_first_publish_reads_the_node_then_taints_first_applies_and_records_an
         );
         server
     });
-    let outcome = rec.reconcile(&bad).await.expect("reconcile");
-    let server = api.await.expect("the scripted server");
+    let (outcome, server) = reconcile_against(&mut rec, &bad, api).await;
     assert_eq!(
         outcome,
         Outcome {
@@ -258,8 +275,7 @@ async fn a_first_publish_reads_the_node_then_taints_first_applies_and_records_an
     // The same verdict again: confirmed already, nothing is sent (not even a read).
     let again = rec.reconcile(&bad).await.expect("reconcile");
     assert_eq!(again, Outcome::default());
-    drop(rec);
-    server.expect_no_more().await;
+    finish(rec, server).await;
 }
 
 #[tokio::test]
@@ -282,8 +298,7 @@ async fn a_taint_change_alone_is_one_json_patch_that_keeps_other_owners_taints()
         assert_taint_patch(&seen, "7", kept);
         server
     });
-    let outcome = rec.reconcile(&good).await.expect("reconcile");
-    let server = api.await.expect("the scripted server");
+    let (outcome, server) = reconcile_against(&mut rec, &good, api).await;
     assert_eq!(
         outcome,
         Outcome {
@@ -291,8 +306,7 @@ async fn a_taint_change_alone_is_one_json_patch_that_keeps_other_owners_taints()
             writes: 1
         }
     );
-    drop(rec);
-    server.expect_no_more().await;
+    finish(rec, server).await;
 }
 
 #[tokio::test]
@@ -318,8 +332,7 @@ async fn a_conflicting_taint_write_rereads_and_retries_on_the_new_version() {
         assert_taint_patch(&seen, "12", json!([our_taint()]));
         server
     });
-    let outcome = rec.reconcile(&bad).await.expect("reconcile");
-    let server = api.await.expect("the scripted server");
+    let (outcome, server) = reconcile_against(&mut rec, &bad, api).await;
     assert_eq!(
         outcome,
         Outcome {
@@ -327,8 +340,7 @@ async fn a_conflicting_taint_write_rereads_and_retries_on_the_new_version() {
             writes: 1
         }
     );
-    drop(rec);
-    server.expect_no_more().await;
+    finish(rec, server).await;
 }
 
 #[tokio::test]
@@ -358,8 +370,7 @@ async fn five_conflicts_in_a_row_give_up_until_the_next_reconcile() {
         assert_get(&server.answer(200, tainted).await);
         server
     });
-    let outcome = rec.reconcile(&bad).await.expect("reconcile");
-    let server = api.await.expect("the scripted server");
+    let (outcome, server) = reconcile_against(&mut rec, &bad, api).await;
     assert_eq!(
         outcome,
         Outcome {
@@ -367,8 +378,7 @@ async fn five_conflicts_in_a_row_give_up_until_the_next_reconcile() {
             writes: 0
         }
     );
-    drop(rec);
-    server.expect_no_more().await;
+    finish(rec, server).await;
 }
 
 #[tokio::test]
@@ -405,8 +415,7 @@ async fn a_server_error_fails_the_reconcile_and_the_next_one_reads_and_writes_ag
         assert_eq!(seen.body["metadata"]["labels"], labels(true));
         server
     });
-    let outcome = rec.reconcile(&good).await.expect("reconcile");
-    let server = api.await.expect("the scripted server");
+    let (outcome, server) = reconcile_against(&mut rec, &good, api).await;
     assert_eq!(
         outcome,
         Outcome {
@@ -414,8 +423,7 @@ async fn a_server_error_fails_the_reconcile_and_the_next_one_reads_and_writes_ag
             writes: 1
         }
     );
-    drop(rec);
-    server.expect_no_more().await;
+    finish(rec, server).await;
 }
 
 #[tokio::test]
@@ -438,8 +446,7 @@ async fn with_the_watch_live_the_reconciler_plans_on_what_it_showed_and_ignores_
         assert_taint_patch(&seen, "50", json!([]));
         server
     });
-    let outcome = rec.reconcile(&good).await.expect("reconcile");
-    let server = api.await.expect("the scripted server");
+    let (outcome, server) = reconcile_against(&mut rec, &good, api).await;
     assert_eq!(
         outcome,
         Outcome {
@@ -455,6 +462,5 @@ async fn with_the_watch_live_the_reconciler_plans_on_what_it_showed_and_ignores_
         rec.reconcile(&good).await.expect("reconcile"),
         Outcome::default()
     );
-    drop(rec);
-    server.expect_no_more().await;
+    finish(rec, server).await;
 }
