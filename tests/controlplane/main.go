@@ -1,11 +1,13 @@
 // Command controlplane is test infrastructure only: one multi-call binary that runs Kubernetes'
-// own etcd, kube-apiserver, kube-scheduler and kubectl, picked by its first argument, so the
+// own etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kubelet and kubectl, picked
+// by its first argument, so the
 // Rust test suite can talk to a real control plane. Building them as one binary compiles the
 // shared dependencies once and keeps their global flags and metrics registries apart (only the
 // chosen command ever runs in a process).
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"time"
@@ -14,10 +16,12 @@ import (
 	"k8s.io/component-base/cli"
 	kubectl "k8s.io/kubectl/pkg/cmd"
 	apiserver "k8s.io/kubernetes/cmd/kube-apiserver/app"
+	controllermanager "k8s.io/kubernetes/cmd/kube-controller-manager/app"
 	scheduler "k8s.io/kubernetes/cmd/kube-scheduler/app"
+	kubelet "k8s.io/kubernetes/cmd/kubelet/app"
 )
 
-const usage = "usage: controlplane etcd|apiserver|scheduler|kubectl [flags...]"
+const usage = "usage: controlplane etcd|apiserver|scheduler|controller-manager|kubelet|kubectl [flags...]"
 
 func main() {
 	if len(os.Args) < 2 {
@@ -38,6 +42,14 @@ func main() {
 		os.Exit(cli.Run(cmd))
 	case "scheduler":
 		cmd := scheduler.NewSchedulerCommand()
+		cmd.SetArgs(rest)
+		os.Exit(cli.Run(cmd))
+	case "controller-manager":
+		cmd := controllermanager.NewControllerManagerCommand()
+		cmd.SetArgs(rest)
+		os.Exit(cli.Run(cmd))
+	case "kubelet":
+		cmd := kubelet.NewKubeletCommand(context.Background())
 		cmd.SetArgs(rest)
 		os.Exit(cli.Run(cmd))
 	case "kubectl":
