@@ -67,6 +67,10 @@ pub struct AdmissionCheckArgs {
     /// This replica's identity in the Lease (downward API metadata.name).
     #[arg(long, env = "POD_NAME")]
     pub identity: Option<String>,
+    /// Serve only the Workloads of this namespace (default: every namespace). With it, the
+    /// controller's FabricChecks of other namespaces' Workloads are left alone too.
+    #[arg(long, value_name = "NAMESPACE")]
+    pub workload_namespace: Option<String>,
     /// Address of `/metrics`, `/healthz` and `/readyz`.
     #[arg(long, default_value = "0.0.0.0:9467", value_name = "ADDR", value_parser = crate::observe::server::parse_listen_addr)]
     pub metrics_listen: std::net::SocketAddr,

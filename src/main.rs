@@ -327,6 +327,7 @@ fn run_admission_check(args: AdmissionCheckArgs) -> anyhow::Result<u8> {
             lease_duration: args.lease_duration,
             identity,
             poll_interval: args.poll_interval,
+            workload_namespace: args.workload_namespace,
         };
         let shutdown = async {
             if let Err(e) = daemon::shutdown_signal().await {

@@ -11,6 +11,8 @@ mod common;
 
 // Each module's tests share the control plane of this process; the Agent and Node harness
 // (`TestNode`, `start_agent`, ...) is in `common`.
+#[path = "cluster/admission_check.rs"]
+mod admission_check;
 #[path = "cluster/agent.rs"]
 mod agent;
 #[path = "cluster/agenterror.rs"]

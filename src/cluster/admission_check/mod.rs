@@ -58,6 +58,8 @@ pub struct CheckSettings {
     pub identity: String,
     /// Lease renewal and full re-judge interval.
     pub poll_interval: Duration,
+    /// Only this namespace's Workloads (and the FabricChecks made for them); `None`: all.
+    pub workload_namespace: Option<String>,
 }
 
 impl CheckSettings {

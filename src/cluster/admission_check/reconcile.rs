@@ -636,9 +636,14 @@ async fn cleanup(
         if state.deleted.contains(&fc.uid().unwrap_or_default()) {
             continue;
         }
-        let uid = fc.data["spec"]["workload"]["uid"]
-            .as_str()
-            .unwrap_or_default();
+        let of = &fc.data["spec"]["workload"];
+        if s.workload_namespace
+            .as_deref()
+            .is_some_and(|ns| of["namespace"].as_str() != Some(ns))
+        {
+            continue;
+        }
+        let uid = of["uid"].as_str().unwrap_or_default();
         let old = fc
             .metadata
             .creation_timestamp

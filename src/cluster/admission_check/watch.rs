@@ -69,7 +69,11 @@ impl Watched {
             store
         };
         let wl = model::workloads();
-        let workloads = spawn_dynamic(Api::all_with(client.clone(), &wl), wl, "", "Workloads");
+        let workloads_api = match &s.workload_namespace {
+            Some(ns) => Api::namespaced_with(client.clone(), ns, &wl),
+            None => Api::all_with(client.clone(), &wl),
+        };
+        let workloads = spawn_dynamic(workloads_api, wl, "", "Workloads");
         let fc = model::fabric_checks();
         let checks = spawn_dynamic(
             Api::namespaced_with(client.clone(), &s.config.gang.namespace, &fc),
