@@ -52,6 +52,8 @@ pub struct Agent {
     pub failpoint: Failpoint,
     /// The peer responder and rounds, when `peers.enabled` (docs/peers.md).
     pub peers: Option<(PeerAgent, Rounds)>,
+    /// Who this agent is to its peers (node name, `peers.match_label` group).
+    pub identity: Identity,
 }
 
 /// Faults the integration tests inject into the real binary through the environment variable
@@ -144,6 +146,10 @@ impl Agent {
         };
         // The fallback detector follows `fallback:` and `rdma.devices` of the config.
         let metrics = Arc::new(Metrics::with_config(&config));
+        let mut identity = Identity {
+            node_name: node_name.clone(),
+            group: String::new(),
+        };
         let peers = if config.peers.enabled {
             let mut extra = Vec::new();
             for p in &args.peers {
@@ -154,22 +160,20 @@ impl Agent {
                     }
                 })?);
             }
-            let identity = Identity {
-                node_name: node_name.clone(),
-                group: peers::group_of(
-                    client.as_ref().map(|c| &c.requests),
-                    &node_name,
-                    &config.peers.match_label,
-                )
-                .await,
-            };
+            identity.group = peers::group_of(
+                client.as_ref().map(|c| &c.requests),
+                &node_name,
+                &config.peers.match_label,
+            )
+            .await;
             let agent = PeerAgent::start(
                 &config,
                 identity.clone(),
                 &roots,
                 metrics.peers.clone().unwrap_or_default(),
             )?;
-            let rounds = Rounds::new(&config.peers, &extra, identity, agent.keys(), roots);
+            let rounds =
+                Rounds::new(&config.peers, &extra, identity.clone(), agent.keys(), roots);
             Some((agent, rounds))
         } else {
             if !args.peers.is_empty() {
@@ -195,6 +199,7 @@ impl Agent {
             failpoint: Failpoint::from_env(),
             peers,
             namespace: args.namespace.clone(),
+            identity,
         })
     }
 }
@@ -276,6 +281,7 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
         failpoint,
         peers,
         namespace,
+        identity,
     } = agent;
     metrics.health().set_timing(HealthTiming {
         interval,
@@ -324,6 +330,40 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
             interval,
         ))
     });
+    // The gang pre-flight (docs/gangs.md): with peers on and a cluster, answer FabricChecks;
+    // the Node advertises the responder's address for the controller to put in them.
+    let mut annotations = std::collections::BTreeMap::new();
+    if let (Some(pa), Some(c)) = (peer_agent.as_ref(), client.as_ref()) {
+        match advertised(pa.local_addr()) {
+            Some(endpoint) => {
+                annotations.insert(crate::agent::ring::ENDPOINT_ANNOTATION.to_owned(), endpoint);
+            }
+            None => tracing::warn!(
+                listen = %pa.local_addr(),
+                "peers.listen is a wildcard address: the Node gets no \
+                 fabricgate.io/peers-endpoint annotation and gang pre-flights cannot name this \
+                 node; pass --peers-listen=$(HOST_IP):9465 as the DaemonSet does"
+            ),
+        }
+        let ring = crate::agent::ring::Ring {
+            node: node_name.clone(),
+            namespace: namespace.clone(),
+            identity: identity.clone(),
+            ports: pa.shared_ports(),
+            rdma: prober.config().verbs == fabricgate_probes::rdma::VerbsMode::Required,
+            keys: pa.keys(),
+            plan: config.peers.plan(),
+            bandwidth: (
+                config.peers.bandwidth.message_size,
+                config.peers.bandwidth.duration,
+            ),
+            session: config.peers.timeout,
+            requests: c.requests.clone(),
+            watch: c.watch.clone(),
+            max_backoff: interval,
+        };
+        tokio::spawn(crate::agent::ring::run(ring, stop_rx.clone()));
+    }
     let reconciler = Reconciler::new(
         node_name.clone(),
         config.node.clone(),
@@ -332,7 +372,8 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
         Arc::clone(&metrics),
     )
     .with_required_labels(config.placement.required_labels.clone())
-    .with_breaker_ledger(&namespace);
+    .with_breaker_ledger(&namespace)
+    .with_annotations(annotations);
     let mut early_stop = stop_rx.clone();
     let resumed = tokio::select! {
         v = reconciler.validated_on_node() => v,
@@ -437,6 +478,11 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
     }
     tracing::info!(node = %node_name, "fabricgate agent stopped");
     result
+}
+
+/// The responder's address as peers reach it, `ip:port`; `None` for a wildcard address.
+fn advertised(addr: std::net::SocketAddr) -> Option<String> {
+    (!addr.ip().is_unspecified()).then(|| addr.to_string())
 }
 
 /// Which of the agent's concurrent parts ended first.
