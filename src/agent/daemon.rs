@@ -52,8 +52,6 @@ pub struct Agent {
     pub failpoint: Failpoint,
     /// The peer responder and rounds, when `peers.enabled` (docs/peers.md).
     pub peers: Option<(PeerAgent, Rounds)>,
-    /// Who this agent is to its peers (node name, `peers.match_label` group).
-    pub identity: Identity,
 }
 
 /// Faults the integration tests inject into the real binary through the environment variable
@@ -146,10 +144,6 @@ impl Agent {
         };
         // The fallback detector follows `fallback:` and `rdma.devices` of the config.
         let metrics = Arc::new(Metrics::with_config(&config));
-        let mut identity = Identity {
-            node_name: node_name.clone(),
-            group: String::new(),
-        };
         let peers = if config.peers.enabled {
             let mut extra = Vec::new();
             for p in &args.peers {
@@ -160,20 +154,22 @@ impl Agent {
                     }
                 })?);
             }
-            identity.group = peers::group_of(
-                client.as_ref().map(|c| &c.requests),
-                &node_name,
-                &config.peers.match_label,
-            )
-            .await;
+            let identity = Identity {
+                node_name: node_name.clone(),
+                group: peers::group_of(
+                    client.as_ref().map(|c| &c.requests),
+                    &node_name,
+                    &config.peers.match_label,
+                )
+                .await,
+            };
             let agent = PeerAgent::start(
                 &config,
                 identity.clone(),
                 &roots,
                 metrics.peers.clone().unwrap_or_default(),
             )?;
-            let rounds =
-                Rounds::new(&config.peers, &extra, identity.clone(), agent.keys(), roots);
+            let rounds = Rounds::new(&config.peers, &extra, identity.clone(), agent.keys(), roots);
             Some((agent, rounds))
         } else {
             if !args.peers.is_empty() {
@@ -199,7 +195,6 @@ impl Agent {
             failpoint: Failpoint::from_env(),
             peers,
             namespace: args.namespace.clone(),
-            identity,
         })
     }
 }
@@ -281,7 +276,6 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
         failpoint,
         peers,
         namespace,
-        identity,
     } = agent;
     metrics.health().set_timing(HealthTiming {
         interval,
@@ -291,8 +285,10 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
     metrics.set_stale_series_grace(stale_series_grace);
     // Dropping the sender (when `run` returns) stops the peer thread.
     let (_peers_stop, peers_stop_rx) = std::sync::mpsc::channel::<()>();
+    let mut identity = None;
     let peer_agent = match peers {
         Some((agent, rounds)) => {
+            identity = Some(rounds.identity.clone());
             agent.spawn_rounds(
                 rounds,
                 config.peers.interval(interval),
@@ -333,7 +329,7 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
     // The gang pre-flight (docs/gangs.md): with peers on and a cluster, answer FabricChecks;
     // the Node advertises the responder's address for the controller to put in them.
     let mut annotations = std::collections::BTreeMap::new();
-    if let (Some(pa), Some(c)) = (peer_agent.as_ref(), client.as_ref()) {
+    if let (Some(pa), Some(c), Some(identity)) = (peer_agent.as_ref(), client.as_ref(), identity) {
         match advertised(pa.local_addr()) {
             Some(endpoint) => {
                 annotations.insert(crate::agent::ring::ENDPOINT_ANNOTATION.to_owned(), endpoint);
@@ -348,7 +344,7 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
         let ring = crate::agent::ring::Ring {
             node: node_name.clone(),
             namespace: namespace.clone(),
-            identity: identity.clone(),
+            identity,
             ports: pa.shared_ports(),
             rdma: prober.config().verbs == fabricgate_probes::rdma::VerbsMode::Required,
             keys: pa.keys(),

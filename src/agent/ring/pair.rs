@@ -126,9 +126,10 @@ pub fn measure_pair(job: &PairJob<'_>) -> PairResult {
                                  {min} Gb/s asked"
                             ),
                         ),
-                        (Some(min), None) => {
-                            fail(r, format!("bandwidth: {who} {from}: no burst ran ({min} Gb/s asked)"))
-                        }
+                        (Some(min), None) => fail(
+                            r,
+                            format!("bandwidth: {who} {from}: no burst ran ({min} Gb/s asked)"),
+                        ),
                         _ => PairResult { ok: true, ..r },
                     }
                 }

@@ -24,7 +24,11 @@ fn check(members: &[(&str, &str)], deadline: &str, answered: &[&str]) -> FabricC
 fn each_member_measures_the_next_once_before_the_deadline() {
     let now: Timestamp = "2026-12-02T03:00:00Z".parse().unwrap();
     let soon = "2026-12-02T03:00:20Z";
-    let c = check(&[("a", "1.1.1.1:1"), ("b", "2.2.2.2:2"), ("c", "3:3")], soon, &[]);
+    let c = check(
+        &[("a", "1.1.1.1:1"), ("b", "2.2.2.2:2"), ("c", "3:3")],
+        soon,
+        &[],
+    );
     let next = |n: &str| match decide(&c, n, now) {
         Decision::Measure(m) => m.node,
         Decision::Skip(why) => format!("skip: {why}"),

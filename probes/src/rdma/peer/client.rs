@@ -203,7 +203,12 @@ fn open(
     let mut stream = match TcpStream::connect_timeout(&peer, timeout.min(FRAME_TIMEOUT)) {
         Ok(s) => s,
         // A connect that times out is still a connect failure: nothing answered.
-        Err(e) => return Err(failed(ErrorKind::Connect, format!("connect to {peer}: {e}"))),
+        Err(e) => {
+            return Err(failed(
+                ErrorKind::Connect,
+                format!("connect to {peer}: {e}"),
+            ));
+        }
     };
     let _ = stream.set_nodelay(true);
     let _ = stream.set_write_timeout(Some(FRAME_TIMEOUT));
@@ -238,7 +243,12 @@ fn open(
             ));
         }
         // Anything else before authentication is not believed.
-        s => return Err(failed(ErrorKind::Connect, format!("{peer}: {}", s.describe()))),
+        s => {
+            return Err(failed(
+                ErrorKind::Connect,
+                format!("{peer}: {}", s.describe()),
+            ));
+        }
     }
     let (responder_nonce, key_id) = decode_challenge(&frame.payload);
     let Some(key) = keys.by_id(&key_id) else {
@@ -292,7 +302,10 @@ fn open(
         Status::OtherGroup => Err(Outcome::Skipped(Skip::OtherGroup)),
         Status::Starting => Err(Outcome::Skipped(Skip::Starting)),
         Status::Busy => Err(Outcome::Skipped(Skip::Busy)),
-        s => Err(failed(ErrorKind::Connect, format!("{peer}: {}", s.describe()))),
+        s => Err(failed(
+            ErrorKind::Connect,
+            format!("{peer}: {}", s.describe()),
+        )),
     }
 }
 
