@@ -24,69 +24,8 @@ const NS: &str = "fabricgate";
 const KEY: &str = "6b1f0c3e9a2d4f5b8c7e6d5a4b3c2d1e0f9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c\n";
 const ENDPOINT: &str = "fabricgate.io/peers-endpoint";
 
-/// `fabricchecks.fabricgate.io`, as docs/gangs.md describes it.
-const CRD: &str = r#"
-apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata:
-  name: fabricchecks.fabricgate.io
-spec:
-  group: fabricgate.io
-  scope: Namespaced
-  names: {plural: fabricchecks, singular: fabriccheck, kind: FabricCheck, shortNames: [fc]}
-  versions:
-    - name: v1alpha1
-      served: true
-      storage: true
-      subresources: {status: {}}
-      schema:
-        openAPIV3Schema:
-          type: object
-          properties:
-            spec:
-              type: object
-              required: [members, deadline]
-              properties:
-                workload:
-                  type: object
-                  properties:
-                    namespace: {type: string}
-                    name: {type: string}
-                    uid: {type: string}
-                members:
-                  type: array
-                  maxItems: 256
-                  items:
-                    type: object
-                    required: [node]
-                    properties:
-                      node: {type: string, maxLength: 253}
-                      endpoint: {type: string, maxLength: 64}
-                minBandwidthGbps: {type: number}
-                deadline: {type: string, format: date-time}
-            status:
-              type: object
-              properties:
-                results:
-                  type: array
-                  maxItems: 256
-                  x-kubernetes-list-type: map
-                  x-kubernetes-list-map-keys: [node]
-                  items:
-                    type: object
-                    required: [node]
-                    properties:
-                      node: {type: string, maxLength: 253}
-                      peer: {type: string, maxLength: 253}
-                      ok: {type: boolean}
-                      rdma: {type: string, enum: [measured, unmeasured]}
-                      device: {type: string, maxLength: 64}
-                      port: {type: integer}
-                      rttMicros: {type: number}
-                      bandwidthGbps: {type: number}
-                      error: {type: string, maxLength: 1024}
-                      finishedAt: {type: string, format: date-time}
-"#;
+/// `fabricchecks.fabricgate.io`, as docs/gangs.md describes it (also used by tests/vm/gang_vm.rs).
+pub(crate) const CRD: &str = include_str!("fabriccheck-crd.yaml");
 
 fn resource() -> ApiResource {
     ApiResource::from_gvk_with_plural(
