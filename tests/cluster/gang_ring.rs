@@ -21,7 +21,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 const NS: &str = "fabricgate";
-const KEY: &str = "6b1f0c3e9a2d4f5b8c7e6d5a4b3c2d1e0f9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c\n";
+pub(crate) const KEY: &str = "6b1f0c3e9a2d4f5b8c7e6d5a4b3c2d1e0f9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c\n";
 const ENDPOINT: &str = "fabricgate.io/peers-endpoint";
 
 /// `fabricchecks.fabricgate.io`, as docs/gangs.md describes it (also used by tests/vm/gang_vm.rs).
@@ -35,7 +35,7 @@ fn resource() -> ApiResource {
 }
 
 /// The CRD and the agents' RBAC and policies, once; waits until the CRD is served.
-fn install(cp: &ControlPlane) {
+pub(crate) fn install(cp: &ControlPlane) {
     static DONE: OnceLock<()> = OnceLock::new();
     DONE.get_or_init(|| {
         cp.install_agent_rbac();
@@ -56,7 +56,7 @@ fn install(cp: &ControlPlane) {
 }
 
 /// A FabricCheck of `members` (node, endpoint), created by admin, deadline `secs` from now.
-fn create_check(cp: &ControlPlane, name: &str, members: &[(String, String)], secs: i64) {
+pub(crate) fn create_check(cp: &ControlPlane, name: &str, members: &[(String, String)], secs: i64) {
     let deadline = k8s_openapi::jiff::Timestamp::from_second(
         k8s_openapi::jiff::Timestamp::now().as_second() + secs,
     )
@@ -94,7 +94,7 @@ fn create_check(cp: &ControlPlane, name: &str, members: &[(String, String)], sec
     assert!(ok, "create FabricCheck {name}: {err}");
 }
 
-fn results(cp: &ControlPlane, name: &str) -> Vec<Value> {
+pub(crate) fn results(cp: &ControlPlane, name: &str) -> Vec<Value> {
     cp.get_json(&format!(
         "/apis/fabricgate.io/v1alpha1/namespaces/{NS}/fabricchecks/{name}"
     ))
