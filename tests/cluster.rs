@@ -27,6 +27,8 @@ mod deviceplugin;
 mod fleet;
 #[path = "cluster/gang.rs"]
 mod gang;
+#[path = "cluster/gang_ring.rs"]
+mod gang_ring;
 #[path = "cluster/guard.rs"]
 mod guard;
 #[path = "cluster/overlays.rs"]

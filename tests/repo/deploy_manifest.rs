@@ -180,6 +180,8 @@ fn manifest_holds_each_object_once_in_the_agent_namespace() {
             "ConfigMap",
             "ValidatingAdmissionPolicy",
             "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
             "ValidatingAdmissionPolicyBinding",
             "ValidatingAdmissionPolicyBinding",
             "DaemonSet",
@@ -279,12 +281,18 @@ fn rbac_grants_exactly_what_the_agent_uses() {
         ds["spec"]["template"]["spec"]["serviceAccountName"],
         sa["metadata"]["name"]
     );
-    // In its namespace only the breaker's ledger, by name: read it and update it.
+    // In its namespace only the breaker's ledger, by name: read it and update it; and the
+    // gang pre-flight's FabricChecks: list and watch them, patch their status (the policy
+    // fabricgate-fabriccheck-results keeps each agent to its own entry).
     let ledger = object_in("Role", NAMESPACE);
     assert_eq!(
         ledger["rules"],
         json!([{"apiGroups": [""], "resources": ["configmaps"],
-                "resourceNames": ["fabricgate-breaker"], "verbs": ["get", "update"]}])
+                "resourceNames": ["fabricgate-breaker"], "verbs": ["get", "update"]},
+               {"apiGroups": ["fabricgate.io"], "resources": ["fabricchecks"],
+                "verbs": ["list", "watch"]},
+               {"apiGroups": ["fabricgate.io"], "resources": ["fabricchecks/status"],
+                "verbs": ["patch"]}])
     );
     assert!(
         documents().iter().any(|d| d["kind"] == "ConfigMap"
