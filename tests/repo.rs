@@ -11,3 +11,5 @@ mod deploy_manifest;
 mod docs;
 #[path = "repo/fixtures_reproducible.rs"]
 mod fixtures_reproducible;
+#[path = "repo/image.rs"]
+mod image;

@@ -1,5 +1,6 @@
-//! The README stays a landing page with the two commands CI relies on, and no link in it or
-//! in `docs/` points at a file that does not exist.
+//! The README stays a landing page with the two commands CI relies on (the run command's
+//! setup lean, the test command's the one CI runs), and no link in it or in `docs/` points at
+//! a file that does not exist.
 
 use std::path::{Path, PathBuf};
 
@@ -21,19 +22,48 @@ fn readme_is_a_landing_page_with_the_two_commands() {
     );
     for command in [
         "./scripts/setup.sh && cargo run --release -- check",
-        "./scripts/setup.sh && cargo test --workspace",
+        "./scripts/setup-tests.sh && cargo test --workspace",
     ] {
         assert!(
             readme.lines().any(|l| l.trim() == command),
             "README.md lost the command line {command:?}"
         );
     }
-    // CI runs the README's test command (after setup.sh), not a variant of it.
+    // CI runs the README's test command: its test setup, then `cargo test --workspace`, in
+    // that order (fmt and clippy may sit between them).
     let ci = read(".ci/run");
-    assert!(ci.contains("./scripts/setup.sh"), "{ci}");
+    let setup = ci.lines().position(|l| l.trim() == "./scripts/setup-tests.sh");
+    let test = ci.lines().position(|l| l.trim() == "cargo test --workspace");
     assert!(
-        ci.lines().any(|l| l.trim() == "cargo test --workspace"),
-        "{ci}"
+        matches!((setup, test), (Some(s), Some(t)) if s < t),
+        ".ci/run must run ./scripts/setup-tests.sh, then cargo test --workspace:\n{ci}"
+    );
+}
+
+/// The run command installs only what building and running need: its setup script runs no
+/// test setup, and the test setup script runs it and then every `.ci/*.sh`.
+#[test]
+fn run_setup_is_lean_and_test_setup_runs_it_and_every_ci_script() {
+    let run = read("scripts/setup.sh");
+    for test_only in [".ci/", "setup-tests", "qemu", "prometheus", "golang", "containerd"] {
+        assert!(
+            !run.lines()
+                .filter(|l| !l.trim_start().starts_with('#'))
+                .any(|l| l.contains(test_only)),
+            "scripts/setup.sh (the run command's setup) mentions {test_only:?}: test setup \
+             belongs in scripts/setup-tests.sh or .ci/"
+        );
+    }
+    let tests = read("scripts/setup-tests.sh");
+    let code: Vec<&str> = tests
+        .lines()
+        .filter(|l| !l.trim_start().starts_with('#'))
+        .collect();
+    let calls_setup = code.iter().position(|l| l.contains("scripts/setup.sh"));
+    let runs_ci = code.iter().position(|l| l.contains(".ci/*.sh"));
+    assert!(
+        matches!((calls_setup, runs_ci), (Some(s), Some(c)) if s < c),
+        "scripts/setup-tests.sh must run scripts/setup.sh, then every .ci/*.sh:\n{tests}"
     );
 }
 
