@@ -9,8 +9,8 @@
 //!   requirements);
 //! - the `lustre` hostPath in the run directory, a shared mount (HostToContainer propagation
 //!   needs one), and `lustre.mounts: []` (no Lustre here);
-//! - deploy/guard.yaml: the image, and no node affinity (a one-node cluster: the shipped guard
-//!   keeps off the GPU nodes it guards).
+//! - deploy/guard.yaml: the image, `KUBERNETES_SERVICE_HOST`/`_PORT` as above, and no node
+//!   affinity (a one-node cluster: the shipped guard keeps off the GPU nodes it guards).
 
 use super::harness::{NODE_IP, RealNode};
 use std::path::Path;
@@ -78,6 +78,15 @@ pub fn guard(image: &str) -> Result<String, String> {
         &format!("          image: {SHIPPED_IMAGE}\n"),
         &format!("          image: {image}\n          imagePullPolicy: Never\n"),
         "guard image",
+    )?;
+    t = replace_once(
+        &t,
+        "          env:\n            - name: POD_NAME\n",
+        &format!(
+            "          env:\n            - name: KUBERNETES_SERVICE_HOST\n              value: \"{NODE_IP}\"\n            \
+             - name: KUBERNETES_SERVICE_PORT\n              value: \"6443\"\n            - name: POD_NAME\n"
+        ),
+        "guard apiserver address",
     )?;
     let start = t
         .find("      affinity:\n")

@@ -24,6 +24,7 @@ pub const ALL: &[(&str, Scenario)] = &[
     ("device_plugin_killed_is_unavailable_within_sync_plus_interval_and_recovers", plugin_killed),
     ("devices_unhealthy_are_unavailable_and_recover", devices_unhealthy),
     ("kubelet_restart_while_plugins_reregister", kubelet_restart),
+    ("kubelet_restart_without_the_plugin_fails_after_plugin_grace", kubelet_restart_plugin_frozen),
     ("guard_taints_agent_not_running_for_a_broken_image", guard_taints_a_broken_agent),
     ("preflight_init_container_stops_a_pod_without_rdma", preflight_stops_a_pod_without_rdma),
     ("rolling_upgrade_between_two_tags_does_not_flap", rolling_upgrade_does_not_flap),
@@ -176,6 +177,38 @@ fn kubelet_restart(node: &RealNode) -> Result<(), String> {
     Ok(())
 }
 
+/// The shipped `kubernetes.plugin_grace` (the default).
+const PLUGIN_GRACE: Duration = Duration::from_secs(30);
+
+/// A kubelet restart the plugin does not come back from (it is frozen with SIGSTOP, so it
+/// cannot register again): the node fails once `kubernetes.plugin_grace` has passed, not
+/// before; thawed, the plugin registers again and the node validates.
+fn kubelet_restart_plugin_frozen(node: &RealNode) -> Result<(), String> {
+    node.signal("deviceplugin", "STOP")?;
+    let t0 = Instant::now();
+    node.signal("kubelet", "TERM")?;
+    std::thread::sleep(Duration::from_secs(2));
+    node.restart("kubelet")?;
+    let zero = wait_for("capacity and allocatable 0", STATUS_SYNC + SLACK, || node.allocatable() == Some(0))?;
+    let result = wait_for("DevicePluginUnavailable after the grace", PLUGIN_GRACE + STATUS_SYNC + SLACK * 2, || {
+        node.node().is_some_and(|n| has_taint(&n, TAINT) && fabric_reason(&n) == "False/DevicePluginUnavailable")
+    });
+    let tainted_at = t0.elapsed();
+    node.signal("deviceplugin", "CONT")?;
+    result?;
+    println!(
+        "figure: kubelet restart, plugin frozen -> resources 0/0 on the Node at {:?}, taint at {tainted_at:?} (plugin_grace {PLUGIN_GRACE:?})",
+        Duration::from_secs(2) + zero
+    );
+    if tainted_at < PLUGIN_GRACE {
+        return Err(format!("tainted {tainted_at:?} after the kubelet restart: inside plugin_grace {PLUGIN_GRACE:?}"));
+    }
+    let back = Instant::now();
+    wait_validated(node, STATUS_SYNC + INTERVAL * (RECOVER_AFTER + 1) + SLACK * 2)?;
+    println!("figure: plugin thawed -> validated {:?}", back.elapsed());
+    Ok(())
+}
+
 /// A JSON patch of the DaemonSet's agent image.
 fn set_agent_image(node: &RealNode, image: &str) -> Result<(), String> {
     let patch = format!(r#"[{{"op":"replace","path":"/spec/template/spec/containers/0/image","value":"{image}"}}]"#);
@@ -269,7 +302,12 @@ fn guard_taints_a_broken_agent(node: &RealNode) -> Result<(), String> {
     let took = wait_for("guard taint AgentNotRunning", STALE_AFTER + Duration::from_secs(60), || {
         node.node().is_some_and(|n| has_taint(&n, TAINT) && fabric_reason(&n) == "False/AgentNotRunning")
     })
-    .map_err(|e| format!("{e}: FabricReady {:?}", node.node().map(|n| fabric_reason(&n))))?;
+    .map_err(|e| {
+        let guards = node
+            .kubectl(&["logs", "-n", "fabricgate", "-l", "app.kubernetes.io/name=fabricgate-guard", "--tail=20"])
+            .unwrap_or_else(|e| e);
+        format!("{e}: FabricReady {:?}\nguard logs:\n{guards}", node.node().map(|n| fabric_reason(&n)))
+    })?;
     if took < STALE_AFTER - Duration::from_secs(5) {
         return Err(format!("guard tainted after {took:?}: before --stale-after {STALE_AFTER:?}"));
     }
@@ -479,6 +517,10 @@ fn cleanup_nodes_leaves_no_mark(node: &RealNode) -> Result<(), String> {
     let mut n = node.node().ok_or("no Node")?;
     if let Some(m) = n.get_mut("metadata").and_then(Value::as_object_mut) {
         m.remove("managedFields");
+    }
+    // The images the node holds are not marks of ours on the Node.
+    if let Some(s) = n.get_mut("status").and_then(Value::as_object_mut) {
+        s.remove("images");
     }
     let text = n.to_string();
     let marks: Vec<&str> = ["fabricgate", "FabricReady", "RDMAReady", "LustreReady", "GPUDirectReady"]
