@@ -5,12 +5,12 @@
 # address there; umoci + gcc build the local pause and Debian stand-in images (no registry is
 # reachable), mmdebstrap makes the Debian root file system. buildah, skopeo, uidmap and
 # fuse-overlayfs build the project's image from the unchanged Dockerfile (.ci/image.sh uses the
-# same packages). iproute2/util-linux: veth pair, unshare/nsenter, mount.
+# same packages). iproute2/util-linux: veth pair, unshare/nsenter, mount. jq: deploy/cleanup-nodes.sh.
 # Under CI=true every node test fails (not skips) when any of this is missing.
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 need=()
-for cmd in containerd ctr runc buildah mmdebstrap umoci skopeo unshare nsenter ip gcc; do
+for cmd in containerd ctr runc buildah mmdebstrap umoci skopeo unshare nsenter ip gcc jq; do
   command -v "$cmd" >/dev/null 2>&1 || need+=("$cmd")
 done
 [ -x /usr/lib/cni/bridge ] || need+=(cni)
@@ -19,7 +19,7 @@ if [ "${#need[@]}" -gt 0 ]; then
   apt-get install -y --no-install-recommends \
     containerd runc buildah mmdebstrap umoci skopeo containernetworking-plugins uidmap \
     fuse-overlayfs golang-github-containers-common iptables iproute2 util-linux \
-    gcc libc6-dev ca-certificates
+    gcc libc6-dev ca-certificates jq
 fi
 # Debian's containerd package starts a service where an init system runs; the tests start
 # their own containerd inside the node namespace, with their own config and root.

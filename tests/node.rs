@@ -63,7 +63,10 @@ fn main() {
             std::process::exit(1);
         }
     };
-    println!("node: Ready with the device plugin in {:?}", started.elapsed());
+    println!(
+        "node: Ready with the device plugin in {:?}",
+        started.elapsed()
+    );
     let mut failures = Vec::new();
     let setup = match scenarios::deploy_agent(&node) {
         Ok(image) => Some(image),

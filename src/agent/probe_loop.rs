@@ -376,7 +376,13 @@ mod tests {
     const R: &str = "rdma/hca_shared_devices_a";
 
     fn node(capacity: &str, allocatable: &str) -> Node {
-        let map = |v: &str| Some([(R.to_owned(), Quantity(v.to_owned()))].into_iter().collect());
+        let map = |v: &str| {
+            Some(
+                [(R.to_owned(), Quantity(v.to_owned()))]
+                    .into_iter()
+                    .collect(),
+            )
+        };
         Node {
             status: Some(NodeStatus {
                 capacity: map(capacity),
@@ -427,7 +433,10 @@ mod tests {
         tokio::time::advance(Duration::from_secs(2)).await;
         settle().await;
         assert_eq!(rx.borrow().len(), 1);
-        assert_eq!(rx.borrow()[0].code, crate::policy::DEVICE_PLUGIN_UNAVAILABLE);
+        assert_eq!(
+            rx.borrow()[0].code,
+            crate::policy::DEVICE_PLUGIN_UNAVAILABLE
+        );
 
         // A plugin that dies under a running kubelet: at once.
         let (c, rx) = checks(grace);
@@ -455,7 +464,10 @@ mod tests {
         settle().await;
         tokio::time::advance(Duration::from_secs(15)).await; // the first timer fires here
         settle().await;
-        assert!(rx.borrow().is_empty(), "the first hold's timer published the second");
+        assert!(
+            rx.borrow().is_empty(),
+            "the first hold's timer published the second"
+        );
         tokio::time::advance(Duration::from_secs(16)).await;
         settle().await;
         assert_eq!(rx.borrow().len(), 1);

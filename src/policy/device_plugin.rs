@@ -211,14 +211,23 @@ mod tests {
     fn only_zero_capacity_and_allocatable_of_every_resource_reads_as_a_kubelet_restart() {
         let r = [R.to_owned()];
         // What the kubelet shows between its restart and the plugin registering again.
-        assert!(kubelet_restart_signature(&node(&[(R, "0")], &[(R, "0")]), &r));
+        assert!(kubelet_restart_signature(
+            &node(&[(R, "0")], &[(R, "0")]),
+            &r
+        ));
         // A plugin that died under a running kubelet: capacity kept.
-        assert!(!kubelet_restart_signature(&node(&[(R, "4")], &[(R, "0")]), &r));
+        assert!(!kubelet_restart_signature(
+            &node(&[(R, "4")], &[(R, "0")]),
+            &r
+        ));
         // Never registered.
         assert!(!kubelet_restart_signature(&node(&[], &[]), &r));
         assert!(!kubelet_restart_signature(&node(&[(R, "0")], &[]), &r));
         // Healthy.
-        assert!(!kubelet_restart_signature(&node(&[(R, "4")], &[(R, "4")]), &r));
+        assert!(!kubelet_restart_signature(
+            &node(&[(R, "4")], &[(R, "4")]),
+            &r
+        ));
         // One resource back already: not a restart any more.
         let two = [R.to_owned(), "nvidia.com/hostdev".to_owned()];
         let n = node(
@@ -226,7 +235,10 @@ mod tests {
             &[(R, "0"), ("nvidia.com/hostdev", "8")],
         );
         assert!(!kubelet_restart_signature(&n, &two));
-        assert!(!kubelet_restart_signature(&node(&[(R, "0")], &[(R, "0")]), &[]));
+        assert!(!kubelet_restart_signature(
+            &node(&[(R, "0")], &[(R, "0")]),
+            &[]
+        ));
     }
 
     #[test]

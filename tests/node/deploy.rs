@@ -18,7 +18,9 @@ use std::path::Path;
 fn replace_once(text: &str, from: &str, to: &str, what: &str) -> Result<String, String> {
     match text.matches(from).count() {
         1 => Ok(text.replacen(from, to, 1)),
-        n => Err(format!("{what}: `{from}` occurs {n} times (want exactly 1)")),
+        n => Err(format!(
+            "{what}: `{from}` occurs {n} times (want exactly 1)"
+        )),
     }
 }
 
@@ -48,7 +50,12 @@ pub fn daemonset(node: &RealNode, image: &str) -> Result<String, String> {
         ),
         "apiserver address",
     )?;
-    t = replace_once(&t, "        - --verbs=required\n", "        - --verbs=off\n", "verbs")?;
+    t = replace_once(
+        &t,
+        "        - --verbs=required\n",
+        "        - --verbs=off\n",
+        "verbs",
+    )?;
     t = replace_once(
         &t,
         "      - hostPath:\n          path: /sys\n",
@@ -101,7 +108,9 @@ pub fn guard(image: &str) -> Result<String, String> {
 /// The fixture sysfs tree under the run directory (`fixture/sys`), copied so a test may
 /// change it.
 pub fn install_fixture(node: &RealNode, name: &str) -> Result<(), String> {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name);
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name);
     let dest = node.dir.join("fixture");
     let _ = std::fs::remove_dir_all(&dest);
     std::fs::create_dir_all(&dest).map_err(|e| e.to_string())?;
@@ -141,7 +150,10 @@ pub fn webhook(image: &str, ca_pem: &str) -> Result<String, String> {
         return Err(format!("webhook.yaml: {n} clientConfig blocks (want 2)"));
     }
     let b64 = base64(ca_pem.as_bytes());
-    t = t.replace(from, &format!("    clientConfig:\n      caBundle: {b64}\n      service:\n"));
+    t = t.replace(
+        from,
+        &format!("    clientConfig:\n      caBundle: {b64}\n      service:\n"),
+    );
     Ok(t)
 }
 
@@ -149,7 +161,11 @@ pub fn base64(data: &[u8]) -> String {
     const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = String::new();
     for chunk in data.chunks(3) {
-        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
         let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
         for i in 0..4 {
             if i <= chunk.len() {

@@ -98,7 +98,11 @@ pub fn tail(path: &Path, n: usize) -> String {
 }
 
 /// Polls `f` every 100 ms until it is true; the time it took, or an error naming `what`.
-pub fn wait_for(what: &str, limit: Duration, mut f: impl FnMut() -> bool) -> Result<Duration, String> {
+pub fn wait_for(
+    what: &str,
+    limit: Duration,
+    mut f: impl FnMut() -> bool,
+) -> Result<Duration, String> {
     let start = Instant::now();
     loop {
         if f() {
@@ -121,7 +125,9 @@ fn ns_inode(pid: u32, ns: &str) -> String {
 fn check_prerequisites() -> Result<(), StartError> {
     let bin = binary();
     if !Path::new(&bin).exists() {
-        return Err(missing(&format!("{bin} (build it with .ci/controlplane.sh)")));
+        return Err(missing(&format!(
+            "{bin} (build it with .ci/controlplane.sh)"
+        )));
     }
     let probe = Command::new(&bin)
         .args(["deviceplugin", "-h"])
@@ -150,6 +156,7 @@ fn check_prerequisites() -> Result<(), StartError> {
         "ip",
         "openssl",
         "mount",
+        "jq",
     ] {
         if !have(cmd) {
             return Err(missing(&format!("`{cmd}` (install with .ci/node.sh)")));
@@ -202,10 +209,21 @@ impl RealNode {
             std::fs::create_dir_all(dir.join(sub)).map_err(|e| failed(format!("mkdir: {e}")))?;
         }
         let logs = dir.join("logs");
-        let ns_log = std::fs::File::create(logs.join("ns.log")).map_err(|e| failed(e.to_string()))?;
+        let ns_log =
+            std::fs::File::create(logs.join("ns.log")).map_err(|e| failed(e.to_string()))?;
         let ns_err = ns_log.try_clone().map_err(|e| failed(e.to_string()))?;
         let ns = Command::new("unshare")
-            .args(["--mount", "--net", "--propagation", "private", "--", "sh", "-c", NS_SETUP, "ns-setup"])
+            .args([
+                "--mount",
+                "--net",
+                "--propagation",
+                "private",
+                "--",
+                "sh",
+                "-c",
+                NS_SETUP,
+                "ns-setup",
+            ])
             .arg(&dir)
             .stdin(Stdio::null())
             .stdout(ns_log)
@@ -226,7 +244,9 @@ impl RealNode {
             admin_token: random_hex(16),
         };
         let ready = dir.join("ns.ready");
-        if let Err(e) = wait_for("the node namespace", Duration::from_secs(20), || ready.exists()) {
+        if let Err(e) = wait_for("the node namespace", Duration::from_secs(20), || {
+            ready.exists()
+        }) {
             let _ = node.teardown();
             return Err(failed(format!("{e}: {}", tail(&logs.join("ns.log"), 20))));
         }
@@ -289,7 +309,8 @@ impl RealNode {
         ];
         self.spawn("apiserver", &binary(), &prepend("apiserver", apiserver))?;
         wait_for("kube-apiserver /readyz", Duration::from_secs(120), || {
-            self.kubectl(&["get", "--raw", "/readyz"]).is_ok_and(|o| o.trim() == "ok")
+            self.kubectl(&["get", "--raw", "/readyz"])
+                .is_ok_and(|o| o.trim() == "ok")
         })
         .map_err(|e| format!("{e}\n{}", tail(&self.logs.join("apiserver.log"), 30)))?;
         let kcm = vec![
@@ -302,7 +323,11 @@ impl RealNode {
             format!("--cluster-signing-cert-file={p}/ca.crt"),
             format!("--cluster-signing-key-file={p}/ca.key"),
         ];
-        self.spawn("controller-manager", &binary(), &prepend("controller-manager", kcm))?;
+        self.spawn(
+            "controller-manager",
+            &binary(),
+            &prepend("controller-manager", kcm),
+        )?;
         // DaemonSet pods are bound by the default scheduler too.
         let scheduler = vec![
             format!("--kubeconfig={d}/admin.kubeconfig"),
@@ -322,13 +347,16 @@ impl RealNode {
         self.make_cgroups()?;
         self.start_kubelet()?;
         wait_for("the Node Ready", Duration::from_secs(90), || {
-            self.node().is_some_and(|n| condition(&n, "Ready").is_some_and(|c| c["status"] == "True"))
+            self.node()
+                .is_some_and(|n| condition(&n, "Ready").is_some_and(|c| c["status"] == "True"))
         })
         .map_err(|e| format!("{e}\n{}", tail(&self.logs.join("kubelet.log"), 40)))?;
         self.start_plugin()?;
-        wait_for("the plugin's resource allocatable", Duration::from_secs(60), || {
-            self.allocatable() == Some(4)
-        })
+        wait_for(
+            "the plugin's resource allocatable",
+            Duration::from_secs(60),
+            || self.allocatable() == Some(4),
+        )
         .map_err(|e| format!("{e}\n{}", tail(&self.logs.join("deviceplugin.log"), 20)))?;
         Ok(())
     }
@@ -359,7 +387,10 @@ impl RealNode {
             )
         };
         w("admin.kubeconfig", kubeconfig(&self.admin_token))?;
-        w("kubelet.kubeconfig", kubeconfig(&format!("{}-kubelet", self.admin_token)))?;
+        w(
+            "kubelet.kubeconfig",
+            kubeconfig(&format!("{}-kubelet", self.admin_token)),
+        )?;
         w(
             "containerd.toml",
             format!(
@@ -453,17 +484,26 @@ imageGCLowThresholdPercent: 98
             "/O=system:masters/CN=kube-apiserver-kubelet-client",
             "extendedKeyUsage=clientAuth\n",
         )?;
-        run("openssl ecparam -name prime256v1 -genkey -noout -out sa.key && openssl ec -in sa.key -pubout -out sa.pub")?;
+        run(
+            "openssl ecparam -name prime256v1 -genkey -noout -out sa.key && openssl ec -in sa.key -pubout -out sa.pub",
+        )?;
         Ok(())
     }
 
     /// A cert for `dns` signed by the node's CA: (cert PEM, key PEM, CA PEM).
-    pub fn serving_cert(&self, name: &str, dns: &[&str]) -> Result<(String, String, String), String> {
+    pub fn serving_cert(
+        &self,
+        name: &str,
+        dns: &[&str],
+    ) -> Result<(String, String, String), String> {
         let p = self.dir.join("pki");
         let sans: Vec<String> = dns.iter().map(|d| format!("DNS:{d}")).collect();
         std::fs::write(
             p.join(format!("{name}.ext")),
-            format!("subjectAltName={}\nextendedKeyUsage=serverAuth\n", sans.join(",")),
+            format!(
+                "subjectAltName={}\nextendedKeyUsage=serverAuth\n",
+                sans.join(",")
+            ),
         )
         .map_err(|e| e.to_string())?;
         sh(&format!(
@@ -475,7 +515,11 @@ imageGCLowThresholdPercent: 98
             dns[0]
         ))?;
         let r = |f: &str| std::fs::read_to_string(p.join(f)).map_err(|e| e.to_string());
-        Ok((r(&format!("{name}.crt"))?, r(&format!("{name}.key"))?, r("ca.crt")?))
+        Ok((
+            r(&format!("{name}.crt"))?,
+            r(&format!("{name}.key"))?,
+            r("ca.crt")?,
+        ))
     }
 
     fn cgroup_dirs(&self) -> Vec<PathBuf> {
@@ -604,7 +648,11 @@ imageGCLowThresholdPercent: 98
             .arg("kubectl")
             .arg(&kubeconfig)
             .args(args)
-            .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+            .stdin(if stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -625,14 +673,19 @@ imageGCLowThresholdPercent: 98
     }
 
     pub fn apply(&self, manifest: &str) -> Result<String, String> {
-        self.kubectl_stdin(&["apply", "--server-side", "--force-conflicts", "-f", "-"], Some(manifest))
+        self.kubectl_stdin(
+            &["apply", "--server-side", "--force-conflicts", "-f", "-"],
+            Some(manifest),
+        )
     }
 
     pub fn get_json(&self, args: &[&str]) -> Option<Value> {
         let mut a = vec!["get"];
         a.extend_from_slice(args);
         a.extend_from_slice(&["-o", "json"]);
-        self.kubectl(&a).ok().and_then(|s| serde_json::from_str(&s).ok())
+        self.kubectl(&a)
+            .ok()
+            .and_then(|s| serde_json::from_str(&s).ok())
     }
 
     pub fn node(&self) -> Option<Value> {
@@ -642,7 +695,10 @@ imageGCLowThresholdPercent: 98
     /// The plugin resource's allocatable on the Node (None: not in the map).
     pub fn allocatable(&self) -> Option<i64> {
         self.node()?
-            .pointer(&format!("/status/allocatable/{}", RESOURCE.replace('/', "~1")))?
+            .pointer(&format!(
+                "/status/allocatable/{}",
+                RESOURCE.replace('/', "~1")
+            ))?
             .as_str()?
             .parse()
             .ok()
@@ -658,19 +714,34 @@ imageGCLowThresholdPercent: 98
         if out.status.success() {
             Ok(String::from_utf8_lossy(&out.stdout).into_owned())
         } else {
-            Err(format!("ctr {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr)))
+            Err(format!(
+                "ctr {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr)
+            ))
         }
     }
 
     /// Imports an OCI archive and names its image `name`.
     pub fn import_image(&self, archive: &Path, name: &str) -> Result<(), String> {
-        let archive = archive.canonicalize().map_err(|e| format!("{}: {e}", archive.display()))?;
-        let out = self.ctr(&["images", "import", "--base-name", "localhost/fgimport", &archive.display().to_string()])?;
+        let archive = archive
+            .canonicalize()
+            .map_err(|e| format!("{}: {e}", archive.display()))?;
+        let out = self.ctr(&[
+            "images",
+            "import",
+            "--base-name",
+            "localhost/fgimport",
+            &archive.display().to_string(),
+        ])?;
         // "unpacking localhost/fgimport:TAG (sha256:...)...done"
         let imported = out
             .split_whitespace()
             .find(|w| w.starts_with("localhost/fgimport"))
-            .ok_or(format!("ctr import of {} named nothing: {out}", archive.display()))?
+            .ok_or(format!(
+                "ctr import of {} named nothing: {out}",
+                archive.display()
+            ))?
             .to_owned();
         let _ = self.ctr(&["images", "rm", name]);
         self.ctr(&["images", "tag", &imported, name])?;
@@ -693,7 +764,10 @@ imageGCLowThresholdPercent: 98
             let in_ns = (!self.ns_mnt.is_empty() && mnt == self.ns_mnt)
                 || (!self.ns_net.is_empty() && net == self.ns_net);
             let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
-            let in_cg = cg.lines().any(|l| l.contains(&format!(":/{}/", self.cgroup)) || l.ends_with(&format!(":/{}", self.cgroup)));
+            let in_cg = cg.lines().any(|l| {
+                l.contains(&format!(":/{}/", self.cgroup))
+                    || l.ends_with(&format!(":/{}", self.cgroup))
+            });
             if in_ns || in_cg {
                 pids.insert(pid);
             }
@@ -746,7 +820,9 @@ imageGCLowThresholdPercent: 98
         let _ = self.ns.kill();
         let _ = self.ns.wait();
         for pid in self.node_pids() {
-            left.push(format!("process {pid} still in the node's namespaces or cgroups"));
+            left.push(format!(
+                "process {pid} still in the node's namespaces or cgroups"
+            ));
         }
         // Deepest cgroups first.
         for root in self.cgroup_dirs() {

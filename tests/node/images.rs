@@ -62,11 +62,17 @@ pub fn prepare(node: &RealNode) -> Result<String, StartError> {
         )));
     }
     let f = StartError::Failed;
-    node.import_image(&out.join("pause.tar"), "localhost/pause:3.10").map_err(f)?;
-    node.import_image(&out.join("bookworm.tar"), "localhost/debian:bookworm").map_err(f)?;
-    node.import_image(&out.join("bookworm.tar"), BROKEN).map_err(f)?;
+    node.import_image(&out.join("pause.tar"), "localhost/pause:3.10")
+        .map_err(f)?;
+    node.import_image(&out.join("bookworm.tar"), "localhost/debian:bookworm")
+        .map_err(f)?;
+    node.import_image(&out.join("bookworm.tar"), BROKEN)
+        .map_err(f)?;
     let (archive, what) = match &real {
-        Some(p) => (p.clone(), format!("image built from the Dockerfile, {}", p.display())),
+        Some(p) => (
+            p.clone(),
+            format!("image built from the Dockerfile, {}", p.display()),
+        ),
         None => (
             out.join("standin.tar"),
             "stand-in image: Debian base + this build's fabricgate".to_owned(),
