@@ -395,6 +395,8 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
         NodeChecks {
             rdma_resources: config.kubernetes.rdma_resources.clone(),
             findings: node_findings_tx,
+            plugin_grace: config.kubernetes.plugin_grace,
+            held: std::sync::Arc::default(),
         },
         failpoint,
     ));
