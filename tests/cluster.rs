@@ -27,6 +27,8 @@ mod fleet;
 mod gang;
 #[path = "cluster/guard.rs"]
 mod guard;
+#[path = "cluster/kueue.rs"]
+mod kueue;
 #[path = "cluster/overlays.rs"]
 mod overlays;
 #[path = "cluster/placement.rs"]

@@ -25,6 +25,7 @@ pub mod controlplane;
 pub mod faultproxy;
 pub mod fixture;
 pub mod fleet;
+pub mod kueue;
 pub mod metrics;
 pub mod node;
 pub mod storage;
