@@ -56,16 +56,38 @@ struct Fleet {
     nodes: Vec<TestNode>,
     hcas: Vec<FakeHca>,
     agents: Vec<Agent>,
+    /// The agents' requirements file (peers on, over loopback) and the pool's key.
+    _config: tempfile::TempDir,
 }
+
+/// The pool's peers key in these tests.
+const PEERS_KEY: &str = "0d6a1c5e3b7f9a2d4c6e8f0a1b3c5d7e9f1a2b4c6d8e0f1a3b5c7d9e1f2a4b6c\n";
 
 impl Fleet {
     fn up(kueue: &'static Kueue, prefix: &str) -> Fleet {
         let cp = kueue.cp;
+        // Peers on, so each agent answers the FabricChecks that name its node, its responder
+        // on a loopback port it advertises on its Node; no rounds of its own (no peers).
+        let config_dir = tempfile::tempdir().expect("tempdir");
+        let key = config_dir.path().join("peers.key");
+        std::fs::write(&key, PEERS_KEY).expect("write peers key");
+        let config = config_dir.path().join("fabricgate.yaml");
+        std::fs::write(
+            &config,
+            format!(
+                "peers:\n  enabled: true\n  listen: \"127.0.0.1:0\"\n  interval: 10m\n  \
+                 timeout: 2s\n  key_file: {}\n",
+                key.display()
+            ),
+        )
+        .expect("write agent config");
+        let config_arg = config.display().to_string();
         let mut fleet = Fleet {
             kueue,
             nodes: Vec::new(),
             hcas: Vec::new(),
             agents: Vec::new(),
+            _config: config_dir,
         };
         for leaf in ["a", "b"] {
             for i in 0..WORKERS {
@@ -83,7 +105,7 @@ impl Fleet {
                     &node.name,
                     &hca,
                     Some(&kubeconfig),
-                    &["--interval", "500ms"],
+                    &["--interval", "500ms", "--config", &config_arg],
                 ));
                 fleet.nodes.push(node);
                 fleet.hcas.push(hca);
@@ -117,7 +139,13 @@ impl Drop for Fleet {
         for node in &self.nodes {
             let _ = cp.kubectl_as(
                 &cp.admin_kubeconfig,
-                &["delete", "node", &node.name, "--ignore-not-found", "--wait=false"],
+                &[
+                    "delete",
+                    "node",
+                    &node.name,
+                    "--ignore-not-found",
+                    "--wait=false",
+                ],
                 None,
             );
         }
@@ -129,9 +157,33 @@ fn delete_job(cp: &crate::common::controlplane::ControlPlane) {
     let k = |args: &[&str]| {
         let _ = cp.kubectl_as(&cp.admin_kubeconfig, args, None);
     };
-    k(&["-n", NS, "delete", "job", JOB, "--ignore-not-found", "--wait=false"]);
-    k(&["-n", NS, "delete", "pods", "--all", "--grace-period=0", "--force"]);
-    k(&["-n", NS, "delete", "workloads.kueue.x-k8s.io", "--all", "--wait=true", "--timeout=60s"]);
+    k(&[
+        "-n",
+        NS,
+        "delete",
+        "job",
+        JOB,
+        "--ignore-not-found",
+        "--wait=false",
+    ]);
+    k(&[
+        "-n",
+        NS,
+        "delete",
+        "pods",
+        "--all",
+        "--grace-period=0",
+        "--force",
+    ]);
+    k(&[
+        "-n",
+        NS,
+        "delete",
+        "workloads.kueue.x-k8s.io",
+        "--all",
+        "--wait=true",
+        "--timeout=60s",
+    ]);
 }
 
 /// The Queues of docs/gangs.md and the AdmissionCheck (as deploy/admission-check.yaml has it).
@@ -156,18 +208,22 @@ fn workload(cp: &crate::common::controlplane::ControlPlane) -> Option<Value> {
     let list = cp.get_json(&format!(
         "/apis/kueue.x-k8s.io/v1beta2/namespaces/{NS}/workloads"
     ))?;
-    list["items"].as_array()?.iter().find(|w| {
-        w["metadata"]["ownerReferences"]
-            .as_array()
-            .is_some_and(|o| o.iter().any(|r| r["kind"] == "Job" && r["name"] == JOB))
-    })
-    .cloned()
+    list["items"]
+        .as_array()?
+        .iter()
+        .find(|w| {
+            w["metadata"]["ownerReferences"]
+                .as_array()
+                .is_some_and(|o| o.iter().any(|r| r["kind"] == "Job" && r["name"] == JOB))
+        })
+        .cloned()
 }
 
 fn condition_true(wl: &Value, type_: &str) -> bool {
-    wl["status"]["conditions"]
-        .as_array()
-        .is_some_and(|c| c.iter().any(|c| c["type"] == type_ && c["status"] == "True"))
+    wl["status"]["conditions"].as_array().is_some_and(|c| {
+        c.iter()
+            .any(|c| c["type"] == type_ && c["status"] == "True")
+    })
 }
 
 /// fabricgate's entry in the Workload's `status.admissionChecks`.
@@ -260,6 +316,9 @@ impl Controller {
             .arg("admission-check")
             .arg("--config")
             .arg(&config)
+            .args(["--metrics-listen", "127.0.0.1:0"])
+            // One identity for every start: a restarted controller holds the Lease at once.
+            .args(["--identity", "kueue-tests", "--lease-duration", "4s"])
             .env("KUBECONFIG", &cp.admin_kubeconfig)
             .env("HOME", &dir)
             .env_remove("KUBERNETES_SERVICE_HOST")
@@ -301,7 +360,13 @@ fn wait_queue_active(kueue: &Kueue, controller: &Controller) {
                 .get_json("/apis/kueue.x-k8s.io/v1beta2/clusterqueues/training")
                 .is_some_and(|q| condition_true(&q, "Active"))
         },
-        || format!("\ncontroller:\n{}\nkueue:\n{}", controller.log(), kueue.log(20)),
+        || {
+            format!(
+                "\ncontroller:\n{}\nkueue:\n{}",
+                controller.log(),
+                kueue.log(20)
+            )
+        },
     );
 }
 
@@ -326,7 +391,13 @@ fn wait_reserved(kueue: &Kueue, why: &str) -> Value {
                 condition_true(w, "QuotaReserved") && assigned_nodes(w).len() == WORKERS
             })
         },
-        || format!("\nworkload: {:#?}\nkueue:\n{}", last.borrow(), kueue.log(20)),
+        || {
+            format!(
+                "\nworkload: {:#?}\nkueue:\n{}",
+                last.borrow(),
+                kueue.log(20)
+            )
+        },
     );
     last.into_inner().expect("workload")
 }
@@ -344,7 +415,13 @@ fn wait_admitted_and_bound(kueue: &Kueue, controller: &Controller) -> Vec<String
                 .as_ref()
                 .is_some_and(|w| condition_true(w, "Admitted"))
         },
-        || format!("\nworkload: {:#?}\ncontroller:\n{}", wl.borrow(), controller.log()),
+        || {
+            format!(
+                "\nworkload: {:#?}\ncontroller:\n{}",
+                wl.borrow(),
+                controller.log()
+            )
+        },
     );
     let wl = wl.into_inner().expect("workload");
     assert_eq!(check_state(&wl).map(|s| s.0).as_deref(), Some("Ready"));
@@ -360,7 +437,11 @@ fn wait_admitted_and_bound(kueue: &Kueue, controller: &Controller) -> Vec<String
         || format!("\npods: {:?}\nkueue:\n{}", bound_pods(cp), kueue.log(20)),
     );
     assert!(!job_suspended(cp), "an admitted Job runs");
-    assert_eq!(bound_pods(cp).1, assigned, "each pod on a node TAS assigned");
+    assert_eq!(
+        bound_pods(cp).1,
+        assigned,
+        "each pod on a node TAS assigned"
+    );
     assigned
 }
 
@@ -453,7 +534,10 @@ fn kueue_keeps_a_gang_pending_while_the_check_controller_is_down() {
     let held = Instant::now();
     while held.elapsed() < Duration::from_secs(15) {
         let wl = workload(cp).expect("the Workload stays");
-        assert!(!condition_true(&wl, "Admitted"), "admitted without a check: {wl:#}");
+        assert!(
+            !condition_true(&wl, "Admitted"),
+            "admitted without a check: {wl:#}"
+        );
         assert_eq!(check_state(&wl).map(|s| s.0).as_deref(), Some("Pending"));
         assert!(job_suspended(cp), "the Job stays suspended");
         assert_eq!(bound_pods(cp).0, 0, "no pod exists");
@@ -481,7 +565,15 @@ impl WorkloadWatch {
         let child = Command::new(cp.binary())
             .arg("kubectl")
             .arg(format!("--kubeconfig={}", cp.admin_kubeconfig.display()))
-            .args(["-n", NS, "get", "workloads.kueue.x-k8s.io", "--watch", "-o", "json"])
+            .args([
+                "-n",
+                NS,
+                "get",
+                "workloads.kueue.x-k8s.io",
+                "--watch",
+                "-o",
+                "json",
+            ])
             .env("HOME", cp.run_dir())
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(&out).expect("watch output"))
@@ -519,17 +611,22 @@ fn capture_output(kueue: &Kueue) {
     let cp = kueue.cp;
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("kueue-output");
     std::fs::create_dir_all(&dir).expect("mkdir kueue-output");
-    let get = cp.kubectl(&["-n", NS, "get", "workloads"]);
+    let get = cp.kubectl(&["-n", NS, "get", "kueueworkloads"]);
     let name = workload(cp).expect("workload")["metadata"]["name"]
         .as_str()
         .expect("name")
         .to_owned();
-    let describe = cp.kubectl(&["-n", NS, "describe", "workload", &name]);
+    let describe = cp.kubectl(&["-n", NS, "describe", "kueueworkload", &name]);
     std::fs::write(dir.join("get-workloads.txt"), &get).expect("write");
     std::fs::write(dir.join("describe-workload.txt"), &describe).expect("write");
     let doc = std::fs::read_to_string(crate::common::repo_root().join("docs/gangs.md"))
         .expect("read docs/gangs.md");
-    let header = get.lines().next().unwrap_or("").split_whitespace().collect::<Vec<_>>();
+    let header = get
+        .lines()
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect::<Vec<_>>();
     assert!(
         doc.lines()
             .any(|l| l.split_whitespace().collect::<Vec<_>>() == header),

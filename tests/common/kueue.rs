@@ -320,8 +320,8 @@ fn install_crds(cp: &ControlPlane) {
 /// named as Kueue's release names them (`kueue-...`).
 pub fn webhook_configurations(port: u16, ca_pem: &str) -> String {
     let path = Path::new(KUEUE_FILES).join("webhook/manifests.yaml");
-    let text = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    let text =
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
     let ca_bundle =
         serde_json::to_value(k8s_openapi::ByteString(ca_pem.as_bytes().to_vec())).expect("CA");
     let mut out = Vec::new();
@@ -354,7 +354,12 @@ pub fn webhook_configurations(port: u16, ca_pem: &str) -> String {
         v["webhooks"] = Value::Array(hooks);
         out.push(v.to_string());
     }
-    assert_eq!(out.len(), 2, "{}: a mutating and a validating configuration", path.display());
+    assert_eq!(
+        out.len(),
+        2,
+        "{}: a mutating and a validating configuration",
+        path.display()
+    );
     out.join("\n---\n")
 }
 
@@ -363,8 +368,9 @@ fn served(hook: &Value) -> bool {
     hook["rules"].as_array().is_some_and(|rules| {
         rules.iter().all(|r| {
             r["apiGroups"].as_array().is_some_and(|g| {
-                g.iter()
-                    .all(|g| g == "kueue.x-k8s.io" || (g == "batch" && r["resources"] == json!(["jobs"])))
+                g.iter().all(|g| {
+                    g == "kueue.x-k8s.io" || (g == "batch" && r["resources"] == json!(["jobs"]))
+                })
             })
         })
     })
