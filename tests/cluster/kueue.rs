@@ -472,7 +472,7 @@ fn kueue_admits_a_gang_whose_nodes_pass_and_binds_it_to_them() {
     let on = wait_admitted_and_bound(kueue, &controller);
     let leaves: BTreeSet<String> = on.iter().map(|n| fleet.leaf_of(n)).collect();
     assert_eq!(leaves.len(), 1, "the gang sits in one leaf: {on:?}");
-    capture_output(kueue);
+    capture_output(kueue, "admitted");
     controller.kill();
 }
 
@@ -513,6 +513,7 @@ fn kueue_retries_a_gang_whose_assigned_node_fails_and_admits_it_elsewhere() {
         retries.iter().any(|m| m.contains(&failed)),
         "a Retry naming {failed}: {retries:?}"
     );
+    capture_output(kueue, "retried");
     controller.kill();
 }
 
@@ -605,9 +606,10 @@ impl Drop for WorkloadWatch {
     }
 }
 
-/// `kubectl get workloads` and `kubectl describe workload` of the admitted gang, written to
-/// `<target tmp>/kueue-output/` for docs/gangs.md, whose copy must have the same columns.
-fn capture_output(kueue: &Kueue) {
+/// `kubectl get kueueworkloads` and `kubectl describe kueueworkload` of the gang, written to
+/// `<target tmp>/kueue-output/{what}-*.txt` for docs/gangs.md, whose copy must have the same
+/// columns.
+fn capture_output(kueue: &Kueue, what: &str) {
     let cp = kueue.cp;
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("kueue-output");
     std::fs::create_dir_all(&dir).expect("mkdir kueue-output");
@@ -617,8 +619,8 @@ fn capture_output(kueue: &Kueue) {
         .expect("name")
         .to_owned();
     let describe = cp.kubectl(&["-n", NS, "describe", "kueueworkload", &name]);
-    std::fs::write(dir.join("get-workloads.txt"), &get).expect("write");
-    std::fs::write(dir.join("describe-workload.txt"), &describe).expect("write");
+    std::fs::write(dir.join(format!("{what}-get.txt")), &get).expect("write");
+    std::fs::write(dir.join(format!("{what}-describe.txt")), &describe).expect("write");
     let doc = std::fs::read_to_string(crate::common::repo_root().join("docs/gangs.md"))
         .expect("read docs/gangs.md");
     let header = get
