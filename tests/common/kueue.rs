@@ -93,6 +93,7 @@ impl Kueue {
     }
 
     fn start(cp: &'static ControlPlane, binary: &Path) -> Kueue {
+        let started = std::time::Instant::now();
         let dir = cp.run_dir().join("kueue");
         std::fs::create_dir_all(&dir).expect("mkdir kueue run dir");
         cp.start_scheduler();
@@ -133,6 +134,11 @@ impl Kueue {
         kueue.wait_ready(Duration::from_secs(180));
         cp.apply(&webhook_configurations(webhook_port, &pki.ca_pem));
         kueue.wait_webhooks(Duration::from_secs(60));
+        eprintln!(
+            "kueue: kube-controller-manager, Kueue's CRDs and manager ready, webhooks answering \
+             in {:.1} s",
+            started.elapsed().as_secs_f64()
+        );
         kueue
     }
 
