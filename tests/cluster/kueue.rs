@@ -445,9 +445,9 @@ fn wait_admitted_and_bound(kueue: &Kueue, controller: &Controller) -> Vec<String
     assigned
 }
 
-fn start() -> Option<(std::sync::MutexGuard<'static, ()>, &'static Kueue)> {
+fn start() -> Option<(std::sync::RwLockWriteGuard<'static, ()>, &'static Kueue)> {
     let kueue = Kueue::shared()?;
-    let serial = Kueue::serial();
+    let serial = kueue.serial();
     delete_job(kueue.cp);
     Some((serial, kueue))
 }

@@ -3,8 +3,11 @@
 //! ServiceAccount) and Kueue's own manager (`cmd/kueue` of `sigs.k8s.io/kueue`, built by
 //! `.ci/kueue.sh`), with Kueue's own CRDs and webhook configurations from the module.
 //!
-//! Started once per test binary, on the first [`Kueue::shared`], and shared by the `kueue`
-//! tests, which take [`Kueue::serial`] (they share Kueue's queues and the check controller).
+//! Made once per test binary, on the first [`Kueue::shared`], and shared by the `kueue`
+//! tests, which take [`Kueue::serial`] (they share Kueue's queues and the check controller):
+//! the manager is started by the first and kept for the next. Tests that play Kueue's part
+//! themselves (they write Workloads' status by hand) take [`Kueue::without`] instead, which
+//! stops the manager, its webhooks removed first, while they run.
 //! Kueue runs with a Configuration of this harness: Job integration only, no leader election,
 //! no internal certificate management (its webhook server gets a per-run certificate for
 //! 127.0.0.1, and its webhook configurations point at `https://127.0.0.1:PORT/...` with that
@@ -24,7 +27,7 @@ use serde_json::{Value, json};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::{Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 
 /// Where `.ci/kueue.sh` installs Kueue's manager.
@@ -40,12 +43,37 @@ pub const KUEUE_NAMESPACE: &str = "kueue-system";
 pub struct Kueue {
     pub cp: &'static ControlPlane,
     dir: PathBuf,
+    binary: PathBuf,
+    config: PathBuf,
+    /// Kueue's webhook configurations, pointed at its server (applied while it runs).
+    webhooks: String,
     /// `127.0.0.1:PORT` of Kueue's health probes (`/readyz`).
     pub health: String,
-    children: Mutex<Vec<Child>>,
+    /// kube-controller-manager, for the binary's life.
+    _controller_manager: Mutex<ChildGroup>,
+    /// Kueue's manager, while a `kueue` test needs it (see [`Kueue::without`]).
+    manager: Mutex<Option<ChildGroup>>,
+}
+
+/// A child in its own process group, ended (the group, SIGTERM) on drop.
+struct ChildGroup(Child);
+
+impl Drop for ChildGroup {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(format!("-{}", self.0.id()))
+            .status();
+        let _ = self.0.wait();
+    }
 }
 
 static SHARED: OnceLock<Option<Kueue>> = OnceLock::new();
+
+/// Kueue's lane: the `kueue` tests hold it alone (with Kueue running), the tests that play
+/// Kueue's part themselves (`admission_check`) hold it together (with Kueue stopped: it would
+/// reconcile their hand-written Workloads).
+static LANE: RwLock<()> = RwLock::new(());
 
 fn free_port() -> u16 {
     let l = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
@@ -53,9 +81,9 @@ fn free_port() -> u16 {
 }
 
 impl Kueue {
-    /// Kueue and kube-controller-manager on the shared control plane, started on first use.
-    /// `None` (after a printed `SKIP:`) when something is not built and this is not CI; under
-    /// `CI=true` that is a failure.
+    /// kube-controller-manager, Kueue's CRDs and the manager's configuration on the shared
+    /// control plane, made on first use. `None` (after a printed `SKIP:`) when something is
+    /// not built and this is not CI; under `CI=true` that is a failure.
     pub fn shared() -> Option<&'static Kueue> {
         SHARED
             .get_or_init(|| {
@@ -78,31 +106,56 @@ impl Kueue {
                 ) {
                     return None;
                 }
-                Some(Kueue::start(cp, &binary))
+                Some(Kueue::prepare(cp, binary))
             })
             .as_ref()
     }
 
-    /// Held by each `kueue` test for its whole run: they share Kueue's ClusterQueue and the
-    /// one admission-check controller, which some of them kill.
-    pub fn serial() -> MutexGuard<'static, ()> {
-        static SERIAL: Mutex<()> = Mutex::new(());
-        SERIAL
+    /// Held by each `kueue` test for its whole run, with Kueue's manager running (started on
+    /// the first, kept for the next): they share Kueue's ClusterQueue and kill the check
+    /// controller, and no test that writes Workloads by hand runs meanwhile.
+    pub fn serial(&self) -> RwLockWriteGuard<'static, ()> {
+        let lane = LANE
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut manager = self
+            .manager
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if manager.is_none() {
+            *manager = Some(self.start_manager());
+        }
+        lane
     }
 
-    fn start(cp: &'static ControlPlane, binary: &Path) -> Kueue {
-        let started = std::time::Instant::now();
+    /// Held by a test that plays Kueue's part itself (it writes Workloads' status by hand):
+    /// Kueue's manager is not running meanwhile (stopped, its webhooks removed first, if a
+    /// `kueue` test started it), so nothing reconciles those Workloads but the test.
+    pub fn without() -> RwLockReadGuard<'static, ()> {
+        let lane = LANE
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(Some(kueue)) = SHARED.get() {
+            let mut manager = kueue
+                .manager
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Some(running) = manager.take() {
+                kueue.stop_manager(running);
+            }
+        }
+        lane
+    }
+
+    fn prepare(cp: &'static ControlPlane, binary: PathBuf) -> Kueue {
         let dir = cp.run_dir().join("kueue");
         std::fs::create_dir_all(&dir).expect("mkdir kueue run dir");
         cp.start_scheduler();
-        let mut children = vec![start_controller_manager(cp)];
+        let controller_manager = ChildGroup(start_controller_manager(cp));
         install_crds(cp);
         cp.apply(&format!(
             "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {KUEUE_NAMESPACE}\n"
         ));
-
         let pki = TestPki::generate(&dir);
         let webhook_port = free_port();
         let health = format!("127.0.0.1:{}", free_port());
@@ -124,22 +177,52 @@ impl Kueue {
             ),
         )
         .expect("write Kueue configuration");
-        children.push(spawn_kueue(cp, binary, &dir, &config));
-        let kueue = Kueue {
+        Kueue {
             cp,
             dir,
+            binary,
+            config,
+            webhooks: webhook_configurations(webhook_port, &pki.ca_pem),
             health,
-            children: Mutex::new(children),
-        };
-        kueue.wait_ready(Duration::from_secs(180));
-        cp.apply(&webhook_configurations(webhook_port, &pki.ca_pem));
-        kueue.wait_webhooks(Duration::from_secs(60));
+            _controller_manager: Mutex::new(controller_manager),
+            manager: Mutex::new(None),
+        }
+    }
+
+    /// Kueue's manager, ready, with its webhooks registered and answering.
+    fn start_manager(&self) -> ChildGroup {
+        let started = std::time::Instant::now();
+        let mut running = ChildGroup(spawn_kueue(self.cp, &self.binary, &self.dir, &self.config));
+        self.wait_ready(&mut running.0, Duration::from_secs(180));
+        self.cp.apply(&self.webhooks);
+        self.wait_webhooks(true, Duration::from_secs(60));
         eprintln!(
-            "kueue: kube-controller-manager, Kueue's CRDs and manager ready, webhooks answering \
-             in {:.1} s",
+            "kueue: Kueue's manager ready and its webhooks answering in {:.1} s",
             started.elapsed().as_secs_f64()
         );
-        kueue
+        running
+    }
+
+    /// Its webhooks removed (and no longer called), then the manager ended.
+    fn stop_manager(&self, running: ChildGroup) {
+        for (kind, name) in [
+            (
+                "mutatingwebhookconfiguration",
+                "kueue-mutating-webhook-configuration",
+            ),
+            (
+                "validatingwebhookconfiguration",
+                "kueue-validating-webhook-configuration",
+            ),
+        ] {
+            let _ = self.cp.kubectl_as(
+                &self.cp.admin_kubeconfig,
+                &["delete", kind, name, "--ignore-not-found"],
+                None,
+            );
+        }
+        self.wait_webhooks(false, Duration::from_secs(60));
+        drop(running);
     }
 
     /// Kueue's log so far (its last `n` lines), for failure messages.
@@ -147,7 +230,7 @@ impl Kueue {
         tail(&self.dir.join("kueue.log"), n)
     }
 
-    fn wait_ready(&self, limit: Duration) {
+    fn wait_ready(&self, child: &mut Child, limit: Duration) {
         let started = std::time::Instant::now();
         loop {
             if try_http_get(&self.health, "/readyz", None, Duration::from_secs(2))
@@ -155,12 +238,7 @@ impl Kueue {
             {
                 return;
             }
-            let exited = self
-                .children
-                .lock()
-                .expect("children")
-                .iter_mut()
-                .any(|c| !matches!(c.try_wait(), Ok(None)));
+            let exited = !matches!(child.try_wait(), Ok(None));
             assert!(
                 !exited && started.elapsed() < limit,
                 "Kueue did not become ready within {limit:?} (exited: {exited}):\n{}\n\
@@ -172,9 +250,10 @@ impl Kueue {
         }
     }
 
-    /// Until the apiserver calls Kueue's webhooks: a server-side dry run of a queued Job comes
-    /// back suspended (Kueue's mutating webhook suspends every Job with a queue name).
-    fn wait_webhooks(&self, limit: Duration) {
+    /// Until the apiserver calls Kueue's webhooks (`on`), or no longer does: a server-side
+    /// dry run of a queued Job comes back suspended exactly when Kueue's mutating webhook
+    /// ran (it suspends every Job with a queue name).
+    fn wait_webhooks(&self, on: bool, limit: Duration) {
         let job = json!({
             "apiVersion": "batch/v1", "kind": "Job",
             "metadata": { "name": "kueue-webhook-probe", "namespace": "default",
@@ -191,36 +270,22 @@ impl Kueue {
                 &["create", "--dry-run=server", "-o", "json", "-f", "-"],
                 Some(&job.to_string()),
             );
-            if ok
-                && serde_json::from_str::<Value>(&out)
-                    .is_ok_and(|v| v["spec"]["suspend"] == Value::Bool(true))
-            {
+            let suspended = serde_json::from_str::<Value>(&out)
+                .is_ok_and(|v| v["spec"]["suspend"] == Value::Bool(true));
+            if ok && suspended == on {
                 return;
             }
-            let last = format!("{err}{out}");
             assert!(
                 started.elapsed() < limit,
-                "Kueue's Job webhook did not answer within {limit:?}: {last}\n{}",
+                "Kueue's Job webhook {} within {limit:?}: {err}{out}\n{}",
+                if on {
+                    "did not answer"
+                } else {
+                    "was still called"
+                },
                 self.log(30)
             );
             std::thread::sleep(Duration::from_millis(250));
-        }
-    }
-}
-
-impl Drop for Kueue {
-    fn drop(&mut self) {
-        let children: Vec<Child> = self
-            .children
-            .lock()
-            .map(|mut c| c.drain(..).collect())
-            .unwrap_or_default();
-        for mut child in children {
-            let _ = Command::new("kill")
-                .arg("-TERM")
-                .arg(format!("-{}", child.id()))
-                .status();
-            let _ = child.wait();
         }
     }
 }
