@@ -31,6 +31,8 @@ mod gang;
 mod gang_ring;
 #[path = "cluster/guard.rs"]
 mod guard;
+#[path = "cluster/kueue.rs"]
+mod kueue;
 #[path = "cluster/overlays.rs"]
 mod overlays;
 #[path = "cluster/placement.rs"]
