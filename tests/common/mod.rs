@@ -27,7 +27,6 @@ pub mod faultproxy;
 pub mod fixture;
 pub mod fleet;
 pub mod kueue_crds;
-
 pub mod kueue;
 pub mod metrics;
 pub mod node;
