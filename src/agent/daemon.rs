@@ -356,7 +356,9 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
             session: config.peers.timeout,
             requests: c.requests.clone(),
             watch: c.watch.clone(),
-            max_backoff: interval,
+            // Without the CRD (no admission check installed) every agent's list fails: retry
+            // at most every 5 minutes, not every interval, so a fleet does not load the apiserver.
+            max_backoff: interval.max(crate::agent::ring::MAX_BACKOFF),
         };
         tokio::spawn(crate::agent::ring::run(ring, stop_rx.clone()));
     }

@@ -16,7 +16,7 @@ use crate::common::{Agent, TestNode, control_plane, start_agent, wait_until};
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{Value, json};
-use std::path::PathBuf;
+use std::path::Path;
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -115,7 +115,7 @@ fn free_port() -> u16 {
 }
 
 /// An agent for `node` with peers on, its responder on 127.0.0.1:`port`.
-fn peer_agent(node: &TestNode, hca: &FakeHca, key: &PathBuf, port: u16) -> Agent {
+fn peer_agent(node: &TestNode, hca: &FakeHca, key: &Path, port: u16) -> Agent {
     let cfg = hca.scratch().join("fabricgate.yaml");
     std::fs::write(
         &cfg,
@@ -175,6 +175,14 @@ fn agents_answer_a_fabriccheck_in_ring_order_and_name_a_dead_peer() {
     wait_until("the endpoint rewritten", Duration::from_secs(30), || {
         nodes[0].json()["metadata"]["annotations"][ENDPOINT] == format!("127.0.0.1:{}", ports[0])
     });
+    // Written only on change: with the annotations in place, no Node writes at all.
+    std::thread::sleep(Duration::from_secs(1));
+    let mark = cp.audit_mark();
+    std::thread::sleep(Duration::from_secs(2));
+    for node in &nodes {
+        let writes = node.agent_writes(mark);
+        assert!(writes.is_empty(), "{}: {writes:?}", node.name);
+    }
     let members: Vec<(String, String)> = nodes
         .iter()
         .map(|n| {

@@ -34,6 +34,9 @@ use tokio::sync::{Semaphore, watch};
 /// Pairs measured at once (a gang's node is in at most a few checks at a time; the peer's
 /// responder serves 4 sessions).
 pub const CONCURRENCY: usize = 4;
+/// Longest wait between failed lists of the checks (no CRD, no RBAC): a pre-flight installed
+/// later is answered within this.
+pub const MAX_BACKOFF: Duration = Duration::from_secs(300);
 /// Attempts of the status write (spread until the deadline).
 const WRITE_ATTEMPTS: u32 = 5;
 
