@@ -343,7 +343,7 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
         }
         let ring = crate::agent::ring::Ring {
             node: node_name.clone(),
-            namespace: namespace.clone(),
+            namespace: config.gang.namespace.clone(),
             identity,
             ports: pa.shared_ports(),
             rdma: prober.config().verbs == fabricgate_probes::rdma::VerbsMode::Required,

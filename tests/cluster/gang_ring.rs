@@ -7,8 +7,7 @@
 //! shows the admission policy `fabricgate-fabriccheck-results` keeps every agent to its own
 //! entry and off the spec.
 //!
-//! The CRD is applied here (the schema of docs/gangs.md) until the admission-check controller's
-//! `deploy/admission-check.yaml` carries it.
+//! The CRD is the one `deploy/admission-check.yaml` ships (`common::fabriccheck_crd`).
 
 use crate::common::controlplane::{ControlPlane, client_from};
 use crate::common::sysfs::FakeHca;
@@ -24,9 +23,6 @@ const NS: &str = "fabricgate";
 pub(crate) const KEY: &str = "6b1f0c3e9a2d4f5b8c7e6d5a4b3c2d1e0f9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c\n";
 const ENDPOINT: &str = "fabricgate.io/peers-endpoint";
 
-/// `fabricchecks.fabricgate.io`, as docs/gangs.md describes it (also used by tests/vm/gang_vm.rs).
-pub(crate) const CRD: &str = include_str!("fabriccheck-crd.yaml");
-
 fn resource() -> ApiResource {
     ApiResource::from_gvk_with_plural(
         &GroupVersionKind::gvk("fabricgate.io", "v1alpha1", "FabricCheck"),
@@ -39,7 +35,7 @@ pub(crate) fn install(cp: &ControlPlane) {
     static DONE: OnceLock<()> = OnceLock::new();
     DONE.get_or_init(|| {
         cp.install_agent_rbac();
-        cp.apply(CRD);
+        cp.apply(&crate::common::fabriccheck_crd());
         wait_until(
             "the FabricCheck CRD served",
             Duration::from_secs(60),

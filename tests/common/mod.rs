@@ -65,6 +65,20 @@ pub fn is_root() -> bool {
         .unwrap_or(false)
 }
 
+/// The FabricCheck CRD exactly as `deploy/admission-check.yaml` ships it (its one
+/// `CustomResourceDefinition` document), so every test serves the shipped schema.
+pub fn fabriccheck_crd() -> String {
+    let path = repo_root().join("deploy/admission-check.yaml");
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    let docs: Vec<&str> = text
+        .split("\n---")
+        .filter(|doc| doc.contains("\nkind: CustomResourceDefinition"))
+        .collect();
+    assert_eq!(docs.len(), 1, "one CRD in {}", path.display());
+    docs[0].trim_start_matches('\n').to_owned()
+}
+
 /// The repository root (`CARGO_MANIFEST_DIR` of the agent crate).
 pub fn repo_root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))

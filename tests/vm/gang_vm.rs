@@ -22,7 +22,6 @@ const NS: &str = "fabricgate";
 const NODE_A: &str = "gang-vm-a";
 const NODE_B: &str = "gang-vm-b";
 const ENDPOINT: &str = "fabricgate.io/peers-endpoint";
-const CRD: &str = include_str!("../cluster/fabriccheck-crd.yaml");
 
 fn check_path(name: &str) -> String {
     format!("/apis/fabricgate.io/v1alpha1/namespaces/{NS}/fabricchecks/{name}")
@@ -119,7 +118,7 @@ fn a_two_vm_gang_passes_the_rdma_preflight_and_a_cut_link_fails_the_pair() {
         return;
     };
     cp.install_agent_rbac();
-    cp.apply(CRD);
+    cp.apply(&common::fabriccheck_crd());
     for node in [NODE_A, NODE_B] {
         cp.create_node(
             node,
