@@ -171,7 +171,15 @@ fn agents_answer_a_fabriccheck_in_ring_order_and_name_a_dead_peer() {
     wait_until("the endpoint rewritten", Duration::from_secs(30), || {
         nodes[0].json()["metadata"]["annotations"][ENDPOINT] == format!("127.0.0.1:{}", ports[0])
     });
-    // Written only on change: with the annotations in place, no Node writes at all.
+    // Written only on change: once every Node is validated and advertised, no Node writes
+    // at all (waiting for validation first: a busy machine may still be publishing it).
+    for node in &nodes {
+        wait_until(
+            &format!("{} validated", node.name),
+            Duration::from_secs(60),
+            || node.ready(),
+        );
+    }
     std::thread::sleep(Duration::from_secs(1));
     let mark = cp.audit_mark();
     std::thread::sleep(Duration::from_secs(2));
