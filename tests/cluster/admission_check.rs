@@ -759,3 +759,84 @@ fn admission_check_leader_fails_over_keeps_the_check_active_and_uses_only_its_gr
         assert!(!can(denied), "can {denied:?}");
     }
 }
+
+/// Kueue without Topology Aware Scheduling: no nodes are assigned, so only node validation
+/// can be checked: at least `count` Nodes of the flavor's `nodeLabels` validated, and the
+/// message says the RDMA pre-flight did not run.
+#[test]
+fn admission_check_without_topology_checks_the_flavors_nodes_only() {
+    let Some(env) = setup() else { return };
+    let cp = env.cp;
+    let ns = "ac-notas";
+    let pool = "fabricgate.io/test-flavor";
+    for (i, name) in ["ac-notas-0", "ac-notas-1", "ac-notas-2"]
+        .iter()
+        .enumerate()
+    {
+        gpu_node(cp, name, "leaf-n", i != 2);
+        cp.kubectl(&[
+            "label",
+            "node",
+            name,
+            "--overwrite",
+            &format!("{pool}=notas"),
+        ]);
+    }
+    cp.apply(
+        &json!({
+            "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
+            "metadata": { "name": "ac-notas" },
+            "spec": { "nodeLabels": { pool: "notas" } },
+        })
+        .to_string(),
+    );
+    let config = config(&env, "notas", "5s");
+    let c = start(&env, "ac-notas-a", "ac-test-notas", ns, &config);
+    let reserve_flavor = |name: &str, pods: usize, when: &str| {
+        let body = json!({
+            "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
+            "metadata": { "name": name, "namespace": ns },
+            "status": {
+                "conditions": [{ "type": "QuotaReserved", "status": "True",
+                    "reason": "QuotaReserved", "message": "Quota reserved in ClusterQueue gpu",
+                    "lastTransitionTime": when }],
+                "admission": { "clusterQueue": "gpu", "podSetAssignments": [{
+                    "name": "main", "flavors": { "cpu": "ac-notas" }, "count": pods,
+                    "resourceUsage": { "cpu": pods.to_string() } }] },
+                "admissionChecks": [{ "name": CHECK, "state": "Pending", "message": "",
+                    "lastTransitionTime": when }],
+            },
+        });
+        cp.block_on(workloads(cp, ns).patch_status(
+            name,
+            &PatchParams::apply("kueue-admission").force(),
+            &Patch::Apply(&body),
+        ))
+        .expect("reserve quota");
+    };
+    // Two of the flavor's three nodes are validated: enough for two pods ...
+    create_workload(cp, ns, "two", 2);
+    reserve_flavor("two", 2, "2026-12-02T03:30:00Z");
+    c.wait("Ready", Duration::from_secs(10), || {
+        check_state(cp, ns, "two").0 == "Ready"
+    });
+    let (_, message) = check_state(cp, ns, "two");
+    assert!(
+        message.contains("no topology assignment")
+            && message.contains("2 of 3 nodes of flavor ac-notas validated")
+            && message.contains("did not run"),
+        "{message}"
+    );
+    // ... not for three: Retry, naming the unvalidated one.
+    create_workload(cp, ns, "three", 3);
+    reserve_flavor("three", 3, "2026-12-02T03:30:10Z");
+    c.wait("Retry", Duration::from_secs(10), || {
+        check_state(cp, ns, "three").0 == "Retry"
+    });
+    let (_, message) = check_state(cp, ns, "three");
+    assert!(
+        message.contains("2 of the 3 nodes of flavor ac-notas are validated")
+            && message.contains("ac-notas-2: FabricReady=False (RdmaPortDown"),
+        "{message}"
+    );
+}

@@ -330,3 +330,30 @@ pub fn report(label: &str, f: &Figures) -> String {
         f.failure_to_all_tainted.as_secs_f64()
     )
 }
+
+/// `n` agents of Nodes `prefix-i` in this process (probing every 2 s), all validated; `f`
+/// runs with their Node names, then the fleet stops and its Nodes are deleted. For figures
+/// measured on top of a validated fleet (`benches/gang.rs`).
+pub fn with_validated_fleet<T>(
+    cp: &'static ControlPlane,
+    prefix: &str,
+    n: usize,
+    f: impl FnOnce(&[String]) -> T,
+) -> T {
+    let fleet = Fleet::start(cp, prefix, n, Duration::from_secs(2), true, false);
+    wait_until(
+        "the whole fleet validated",
+        Duration::from_secs(600),
+        || census(cp, prefix) == (0, n),
+    );
+    let out = f(&fleet.names);
+    let names = fleet.names.clone();
+    fleet.stop();
+    let nodes: Api<Node> = Api::all(cp.admin());
+    cp.block_on(async {
+        for name in names {
+            let _ = nodes.delete(&name, &Default::default()).await;
+        }
+    });
+    out
+}
