@@ -27,10 +27,21 @@ fn in_ci() -> bool {
 }
 
 fn main() {
-    let filters: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with('-'))
-        .collect();
+    // libtest's arguments: filters, `--skip NAME`; other flags (and the values of those that
+    // take one) are accepted and ignored.
+    let mut filters = Vec::new();
+    let mut skips = Vec::new();
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--skip" => skips.extend(args.next()),
+            "--test-threads" | "--format" | "--color" | "--logfile" | "-Z" => {
+                args.next();
+            }
+            _ if a.starts_with('-') => {}
+            _ => filters.push(a),
+        }
+    }
     // `cargo test` passes libtest flags (--nocapture, --list ...): ignore them, but answer
     // --list with the scenario names.
     if std::env::args().any(|a| a == "--list") {
@@ -41,7 +52,10 @@ fn main() {
     }
     let chosen: Vec<_> = scenarios::ALL
         .iter()
-        .filter(|(name, _)| filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str())))
+        .filter(|(name, _)| {
+            (filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str())))
+                && !skips.iter().any(|s| name.contains(s.as_str()))
+        })
         .collect();
     if chosen.is_empty() {
         println!("no node scenario matches {filters:?}");

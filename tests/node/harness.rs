@@ -722,29 +722,44 @@ imageGCLowThresholdPercent: 98
         }
     }
 
-    /// Imports an OCI archive and names its image `name`.
+    /// Imports an OCI archive and names its image `name`. An archive whose
+    /// `org.opencontainers.image.ref.name` is a full name (`.ci/image.sh`'s) is imported under
+    /// it; one with a bare tag (`tests/node/images.sh`'s) under `localhost/fgimport:TAG`.
     pub fn import_image(&self, archive: &Path, name: &str) -> Result<(), String> {
         let archive = archive
             .canonicalize()
             .map_err(|e| format!("{}: {e}", archive.display()))?;
-        let out = self.ctr(&[
-            "images",
-            "import",
-            "--base-name",
-            "localhost/fgimport",
-            &archive.display().to_string(),
-        ])?;
-        // "unpacking localhost/fgimport:TAG (sha256:...)...done"
-        let imported = out
-            .split_whitespace()
-            .find(|w| w.starts_with("localhost/fgimport"))
-            .ok_or(format!(
-                "ctr import of {} named nothing: {out}",
-                archive.display()
-            ))?
+        let index = Command::new("tar")
+            .arg("-xOf")
+            .arg(&archive)
+            .arg("index.json")
+            .output()
+            .map_err(|e| format!("tar {}: {e}", archive.display()))?;
+        let index: Value = serde_json::from_slice(&index.stdout)
+            .map_err(|e| format!("index.json of {}: {e}", archive.display()))?;
+        let ref_name = index
+            .pointer("/manifests/0/annotations/org.opencontainers.image.ref.name")
+            .and_then(Value::as_str)
+            .unwrap_or("")
             .to_owned();
-        let _ = self.ctr(&["images", "rm", name]);
-        self.ctr(&["images", "tag", &imported, name])?;
+        let path = archive.display().to_string();
+        let imported = if ref_name.contains('/') {
+            self.ctr(&["images", "import", &path])?;
+            ref_name
+        } else {
+            self.ctr(&[
+                "images",
+                "import",
+                "--base-name",
+                "localhost/fgimport",
+                &path,
+            ])?;
+            format!("localhost/fgimport:{ref_name}")
+        };
+        if imported != name {
+            let _ = self.ctr(&["images", "rm", name]);
+            self.ctr(&["images", "tag", &imported, name])?;
+        }
         Ok(())
     }
 
