@@ -21,7 +21,8 @@
 # certificates of this machine (/usr/local/share/ca-certificates), without which cargo in the
 # container cannot reach the crate registry through an intercepting egress proxy.
 #
-# Cached by hashes of the inputs (FABRICGATE_IMAGE_REBUILD=1 forces a rebuild):
+# Cached by hashes of the inputs (FABRICGATE_IMAGE_REBUILD=1 rebuilds the three images from
+# buildah's caches, FABRICGATE_IMAGE_REBUILD_BASE=1 also makes the base images again):
 #   base images   <- this script's base section, the Debian suite, the host toolchain version
 #                    and the CA certificates;
 #   fabricgate    <- Dockerfile, .dockerignore, Cargo.toml/Cargo.lock and every file of the
@@ -258,7 +259,7 @@ build_rust() {
 
 started=$(date +%s)
 bstamp="$(base_stamp)"
-if [ "$(cat "$state/base.stamp" 2>/dev/null)" = "$bstamp" ] && [ -z "${FABRICGATE_IMAGE_REBUILD:-}" ] \
+if [ "$(cat "$state/base.stamp" 2>/dev/null)" = "$bstamp" ] && [ -z "${FABRICGATE_IMAGE_REBUILD_BASE:-}" ] \
     && bah inspect --type image "$build_ref" >/dev/null 2>&1 \
     && bah inspect --type image "$runtime_ref" >/dev/null 2>&1; then
     log "base images up to date"
@@ -266,6 +267,7 @@ else
     command -v rustc >/dev/null 2>&1 || die "no rustc on PATH: the stand-in rust:1-bookworm takes the host's toolchain"
     timed base-debian build_debian
     timed base-rust build_rust
+    rm -f "$state/rootfs/"*.tar   # in buildah's storage now
     echo "$bstamp" >"$state/base.stamp"
 fi
 
@@ -309,9 +311,17 @@ else
     # the local images above; --pull=never keeps buildah from looking for them on Docker Hub).
     timed fabricgate bah bud --pull=never --layers --network=host \
         -t "$fabricgate_ref" -f "$here/Dockerfile" "$here"
-    rm -f "$out/fabricgate.oci.tar"
-    timed push-fabricgate bah push "$fabricgate_ref" "oci-archive:$out/fabricgate.oci.tar.new:$fabricgate_ref"
-    mv "$out/fabricgate.oci.tar.new" "$out/fabricgate.oci.tar"
+    # An input that does not change the image (a test file, a comment outside the build) gives
+    # the same image ID from the layer cache: the archive already holds it.
+    id="$(bah inspect --type image --format '{{.FromImageID}}' "$fabricgate_ref")"
+    if [ -s "$out/fabricgate.oci.tar" ] && [ "$(cat "$out/fabricgate.oci.tar.id" 2>/dev/null)" = "$id" ]; then
+        log "fabricgate: same image $id as the archive"
+    else
+        rm -f "$out/fabricgate.oci.tar"
+        timed push-fabricgate bah push "$fabricgate_ref" "oci-archive:$out/fabricgate.oci.tar.new:$fabricgate_ref"
+        mv "$out/fabricgate.oci.tar.new" "$out/fabricgate.oci.tar"
+        echo "$id" >"$out/fabricgate.oci.tar.id"
+    fi
     echo "$fstamp" >"$out/fabricgate.oci.tar.stamp"
 fi
 log "ready in $(( $(date +%s) - started )) s: $out/{fabricgate,pause,debian}.oci.tar"
