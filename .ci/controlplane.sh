@@ -4,7 +4,7 @@
 # that talk to a real API server (tests/cluster.rs, tests/vm/softroce_vm.rs). Test
 # infrastructure only: the product is Rust.
 #
-# Cached: the binary is rebuilt only when tests/controlplane/{go.mod,go.sum,main.go} change
+# Cached: the binary is rebuilt only when tests/controlplane/{go.mod,go.sum,*.go} change
 # (their hash is stored beside it), so a warm CI run does not recompile Kubernetes. Go's module
 # and build caches stay at their defaults (the same machine runs CI).
 set -euo pipefail
@@ -24,7 +24,7 @@ if ! command -v go >/dev/null; then
     exit 1
 fi
 
-stamp="$(cat "$src/go.mod" "$src/go.sum" "$src/main.go" | sha256sum | cut -d' ' -f1)"
+stamp="$(cat "$src/go.mod" "$src/go.sum" "$src"/*.go | sha256sum | cut -d' ' -f1)"
 if [ -x "$dest/bin/controlplane" ] && [ "$(cat "$dest/stamp" 2>/dev/null)" = "$stamp" ]; then
     echo "controlplane: up to date ($dest/bin/controlplane)"
     exit 0

@@ -39,6 +39,44 @@ pub enum Command {
     /// Cluster-level guard (Deployment, 2 replicas, leader election on a Lease): taint pool
     /// Nodes whose agent pod is missing or not Ready for --stale-after (`AgentNotRunning`).
     Guard(GuardArgs),
+    /// Kueue admission-check controller (`fabricgate.io/fabric-preflight`; Deployment, 2
+    /// replicas, leader election on a Lease): hold a Workload until its assigned nodes are
+    /// validated and pass a gang-wide RDMA pre-flight (docs/gangs.md).
+    AdmissionCheck(AdmissionCheckArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct AdmissionCheckArgs {
+    /// Requirements file: the `gang:` section, and `node.label_prefix` / `node.pool_selector`
+    /// (which Nodes are watched; empty: all).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Namespace of the Lease (the controller's own).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "fabricgate")]
+    pub namespace: String,
+    /// Name of the coordination.k8s.io Lease the replicas elect a leader on.
+    #[arg(long, default_value = "fabricgate-admission-check")]
+    pub lease_name: String,
+    /// Lease duration: a leader that has not renewed for this long is replaced.
+    #[arg(long, default_value = "15s", value_parser = humantime::parse_duration)]
+    pub lease_duration: std::time::Duration,
+    /// How often the Lease is renewed (or tried) and the leader re-judges everything even
+    /// when nothing changed (changes are judged at once).
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    pub poll_interval: std::time::Duration,
+    /// This replica's identity in the Lease (downward API metadata.name).
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+    /// Serve only the Workloads of this namespace (default: every namespace). With it, the
+    /// controller's FabricChecks of other namespaces' Workloads are left alone too.
+    #[arg(long, value_name = "NAMESPACE")]
+    pub workload_namespace: Option<String>,
+    /// Address of `/metrics`, `/healthz` and `/readyz`.
+    #[arg(long, default_value = "0.0.0.0:9467", value_name = "ADDR", value_parser = crate::observe::server::parse_listen_addr)]
+    pub metrics_listen: std::net::SocketAddr,
+    /// Log line format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
 }
 
 #[derive(Debug, Args)]

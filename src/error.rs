@@ -35,6 +35,15 @@ pub enum Error {
         source: Box<kube::Error>,
     },
 
+    #[error("cannot {action} {object}: {}{}", describe(.source), object_hint(.source))]
+    KubeObject {
+        action: &'static str,
+        /// Kind and name (`Workload team-a/train`, `Lease fabricgate/fabricgate-guard`).
+        object: String,
+        #[source]
+        source: Box<kube::Error>,
+    },
+
     #[error(
         "Node {node}: the taint write conflicted {attempts} times in a row with other writers; \
          will retry"
@@ -62,6 +71,18 @@ fn forbidden_hint(e: &kube::Error) -> &'static str {
     }
 }
 
+fn object_hint(e: &kube::Error) -> &'static str {
+    match e {
+        kube::Error::Api(s) if s.code == 403 => {
+            " (RBAC: compare the ServiceAccount's Role and ClusterRole with the shipped manifest)"
+        }
+        kube::Error::Api(s) if s.code == 404 => {
+            " (not found: is the CRD installed, and the object still there?)"
+        }
+        _ => "",
+    }
+}
+
 impl Error {
     /// Bounded, stable label for metrics and logs.
     pub fn metric_label(&self) -> &'static str {
@@ -72,7 +93,7 @@ impl Error {
             Self::Usage { .. } => "usage",
             Self::KubeConfig { .. } => "kubeconfig",
             Self::NodeNotFound { .. } => "node_not_found",
-            Self::Kube { source, .. } => match source.as_ref() {
+            Self::Kube { source, .. } | Self::KubeObject { source, .. } => match source.as_ref() {
                 kube::Error::Api(s) if s.code == 429 => "api_throttled",
                 kube::Error::Api(s) if s.code == 409 || s.code == 422 => "api_conflict",
                 kube::Error::Api(s) if s.code >= 500 => "api_server_error",
@@ -115,9 +136,10 @@ impl Error {
             | Self::Usage { .. }
             | Self::KubeConfig { .. }
             | Self::NodeNotFound { .. } => crate::EXIT_USAGE,
-            Self::Kube { .. } | Self::Conflict { .. } | Self::Internal { .. } => {
-                crate::EXIT_CANNOT_PROBE
-            }
+            Self::Kube { .. }
+            | Self::KubeObject { .. }
+            | Self::Conflict { .. }
+            | Self::Internal { .. } => crate::EXIT_CANNOT_PROBE,
         }
     }
 }

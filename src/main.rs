@@ -5,8 +5,8 @@
 use clap::Parser;
 use fabricgate::agent::{check, daemon};
 use fabricgate::cli::{
-    CheckArgs, Cli, Command, Format, GuardArgs, PingArgs, PreflightArgs, RunArgs, SelftestArgs,
-    WebhookArgs,
+    AdmissionCheckArgs, CheckArgs, Cli, Command, Format, GuardArgs, PingArgs, PreflightArgs,
+    RunArgs, SelftestArgs, WebhookArgs,
 };
 use fabricgate::{EXIT_USAGE, EXIT_VALIDATED, policy};
 use fabricgate_probes::Prober;
@@ -19,6 +19,7 @@ fn main() -> ExitCode {
         Command::Run(args) => run_agent(&args),
         Command::Selftest(args) => run_selftest(&args),
         Command::Guard(args) => run_guard(args),
+        Command::AdmissionCheck(args) => run_admission_check(args),
         Command::Ping(args) => run_ping(&args),
         Command::Preflight(args) => run_preflight(&args),
         Command::Webhook(args) => run_webhook(&args),
@@ -275,6 +276,76 @@ fn run_guard(args: GuardArgs) -> anyhow::Result<u8> {
         };
         let watch = clients.watch.unwrap_or_else(|| clients.requests.clone());
         fabricgate::cluster::guard::run(clients.requests, watch, settings, shutdown).await
+    });
+    runtime.shutdown_timeout(std::time::Duration::from_millis(200));
+    result?;
+    Ok(EXIT_VALIDATED)
+}
+
+fn run_admission_check(args: AdmissionCheckArgs) -> anyhow::Result<u8> {
+    daemon::init_logging(args.log_format);
+    let config = match &args.config {
+        Some(path) => fabricgate::config::Config::load(path)?,
+        None => fabricgate::config::Config::default(),
+    };
+    let identity = args
+        .identity
+        .filter(|i| !i.trim().is_empty())
+        .unwrap_or_else(|| format!("fabricgate-admission-check-{}", std::process::id()));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let result = runtime.block_on(async {
+        let listener = tokio::net::TcpListener::bind(args.metrics_listen)
+            .await
+            .map_err(|e| fabricgate::Error::Usage {
+                flag: "--metrics-listen".into(),
+                message: format!("cannot listen on {}: {e}", args.metrics_listen),
+            })?;
+        let clients = fabricgate::node::client(fabricgate::node::RetryAfter::default()).await?;
+        let metrics =
+            std::sync::Arc::new(fabricgate::cluster::admission_check::CheckMetrics::new());
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let server = {
+            let router = std::sync::Arc::clone(&metrics).router();
+            let mut rx = stop_rx.clone();
+            tokio::spawn(fabricgate::observe::server::serve(
+                listener,
+                router,
+                fabricgate::observe::server::Limits::default(),
+                std::sync::Arc::new(()),
+                async move {
+                    let _ = rx.wait_for(|s| *s).await;
+                },
+            ))
+        };
+        let settings = fabricgate::cluster::admission_check::CheckSettings {
+            config,
+            namespace: args.namespace,
+            lease_name: args.lease_name,
+            lease_duration: args.lease_duration,
+            identity,
+            poll_interval: args.poll_interval,
+            workload_namespace: args.workload_namespace,
+        };
+        let shutdown = async {
+            if let Err(e) = daemon::shutdown_signal().await {
+                tracing::error!("cannot install signal handlers ({e}); stopping");
+            }
+        };
+        let watch = clients.watch.unwrap_or_else(|| clients.requests.clone());
+        let r = fabricgate::cluster::admission_check::run(
+            clients.requests,
+            watch,
+            settings,
+            metrics,
+            shutdown,
+        )
+        .await;
+        let _ = stop_tx.send(true);
+        let _ = server.await;
+        r
     });
     runtime.shutdown_timeout(std::time::Duration::from_millis(200));
     result?;

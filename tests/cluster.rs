@@ -11,6 +11,8 @@ mod common;
 
 // Each module's tests share the control plane of this process; the Agent and Node harness
 // (`TestNode`, `start_agent`, ...) is in `common`.
+#[path = "cluster/admission_check.rs"]
+mod admission_check;
 #[path = "cluster/agent.rs"]
 mod agent;
 #[path = "cluster/agenterror.rs"]
@@ -25,8 +27,12 @@ mod deviceplugin;
 mod fleet;
 #[path = "cluster/gang.rs"]
 mod gang;
+#[path = "cluster/gang_ring.rs"]
+mod gang_ring;
 #[path = "cluster/guard.rs"]
 mod guard;
+#[path = "cluster/kueue.rs"]
+mod kueue;
 #[path = "cluster/overlays.rs"]
 mod overlays;
 #[path = "cluster/placement.rs"]

@@ -1,5 +1,6 @@
 //! Real RDMA under qemu (tests/vm/): Soft-RoCE end to end (`softroce_vm`), event-driven
-//! detection (`events_vm`) and two VMs measuring each other (`peers_vm`). Each module boots
+//! detection (`events_vm`), two VMs measuring each other (`peers_vm`) and
+//! the gang pre-flight between two VMs on the real apiserver (`gang_vm`). Each module boots
 //! its VM(s) once for all its tests.
 
 mod common;
@@ -9,6 +10,8 @@ mod common;
 // with another emulated machine.
 #[path = "vm/events_vm.rs"]
 mod events_vm;
+#[path = "vm/gang_vm.rs"]
+mod gang_vm;
 #[path = "vm/peers_vm.rs"]
 mod peers_vm;
 #[path = "vm/softroce_vm.rs"]

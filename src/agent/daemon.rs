@@ -169,7 +169,7 @@ impl Agent {
                 &roots,
                 metrics.peers.clone().unwrap_or_default(),
             )?;
-            let rounds = Rounds::new(&config.peers, &extra, identity, agent.keys(), roots);
+            let rounds = Rounds::new(&config.peers, &extra, identity.clone(), agent.keys(), roots);
             Some((agent, rounds))
         } else {
             if !args.peers.is_empty() {
@@ -285,8 +285,10 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
     metrics.set_stale_series_grace(stale_series_grace);
     // Dropping the sender (when `run` returns) stops the peer thread.
     let (_peers_stop, peers_stop_rx) = std::sync::mpsc::channel::<()>();
+    let mut identity = None;
     let peer_agent = match peers {
         Some((agent, rounds)) => {
+            identity = Some(rounds.identity.clone());
             agent.spawn_rounds(
                 rounds,
                 config.peers.interval(interval),
@@ -324,6 +326,40 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
             interval,
         ))
     });
+    // The gang pre-flight (docs/gangs.md): with peers on and a cluster, answer FabricChecks;
+    // the Node advertises the responder's address for the controller to put in them.
+    let mut annotations = std::collections::BTreeMap::new();
+    if let (Some(pa), Some(c), Some(identity)) = (peer_agent.as_ref(), client.as_ref(), identity) {
+        match advertised(pa.local_addr()) {
+            Some(endpoint) => {
+                annotations.insert(crate::agent::ring::ENDPOINT_ANNOTATION.to_owned(), endpoint);
+            }
+            None => tracing::warn!(
+                listen = %pa.local_addr(),
+                "peers.listen is a wildcard address: the Node gets no \
+                 fabricgate.io/peers-endpoint annotation and gang pre-flights cannot name this \
+                 node; pass --peers-listen=$(HOST_IP):9465 as the DaemonSet does"
+            ),
+        }
+        let ring = crate::agent::ring::Ring {
+            node: node_name.clone(),
+            namespace: namespace.clone(),
+            identity,
+            ports: pa.shared_ports(),
+            rdma: prober.config().verbs == fabricgate_probes::rdma::VerbsMode::Required,
+            keys: pa.keys(),
+            plan: config.peers.plan(),
+            bandwidth: (
+                config.peers.bandwidth.message_size,
+                config.peers.bandwidth.duration,
+            ),
+            session: config.peers.timeout,
+            requests: c.requests.clone(),
+            watch: c.watch.clone(),
+            max_backoff: interval,
+        };
+        tokio::spawn(crate::agent::ring::run(ring, stop_rx.clone()));
+    }
     let reconciler = Reconciler::new(
         node_name.clone(),
         config.node.clone(),
@@ -332,7 +368,8 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
         Arc::clone(&metrics),
     )
     .with_required_labels(config.placement.required_labels.clone())
-    .with_breaker_ledger(&namespace);
+    .with_breaker_ledger(&namespace)
+    .with_annotations(annotations);
     let mut early_stop = stop_rx.clone();
     let resumed = tokio::select! {
         v = reconciler.validated_on_node() => v,
@@ -358,6 +395,8 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
         NodeChecks {
             rdma_resources: config.kubernetes.rdma_resources.clone(),
             findings: node_findings_tx,
+            plugin_grace: config.kubernetes.plugin_grace,
+            held: std::sync::Arc::default(),
         },
         failpoint,
     ));
@@ -437,6 +476,11 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
     }
     tracing::info!(node = %node_name, "fabricgate agent stopped");
     result
+}
+
+/// The responder's address as peers reach it, `ip:port`; `None` for a wildcard address.
+fn advertised(addr: std::net::SocketAddr) -> Option<String> {
+    (!addr.ip().is_unspecified()).then(|| addr.to_string())
 }
 
 /// Which of the agent's concurrent parts ended first.

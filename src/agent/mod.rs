@@ -6,5 +6,6 @@ pub mod check;
 pub mod daemon;
 mod probe_loop;
 mod reconcile_loop;
+pub mod ring;
 pub mod selftest;
 pub mod wakeup;

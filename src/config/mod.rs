@@ -9,6 +9,7 @@ use std::path::Path;
 mod duration;
 pub mod events;
 mod file;
+pub mod gang;
 #[cfg(test)]
 mod hardening_tests;
 mod labels;
@@ -56,6 +57,8 @@ pub struct Config {
     pub kubernetes: KubernetesRequirements,
     /// What the admission webhook lets opted-in pods set for NCCL (docs/preflight.md).
     pub webhook: webhook::WebhookSettings,
+    /// What `fabricgate admission-check` asks of a gang's nodes (docs/gangs.md).
+    pub gang: gang::GangSettings,
 }
 
 impl Config {
@@ -269,6 +272,7 @@ impl Config {
         }
         self.peers.validate()?;
         self.webhook.validate()?;
+        self.gang.validate()?;
         validate_label_prefix(&self.node.label_prefix)
     }
 

@@ -23,7 +23,18 @@ pub struct KubernetesRequirements {
     /// Socket file names in `device_plugin_dir` that must exist (the plugins' registered
     /// endpoints). Empty (the default): not checked.
     pub device_plugin_sockets: Vec<String>,
+    /// How long a Node whose `rdma_resources` all read 0 in both capacity and allocatable -
+    /// what a kubelet restart shows until the plugins register again - is held back from
+    /// failing (humantime, 0s to 10m; `0s`: off). A plugin that dies under a running kubelet
+    /// (capacity kept, allocatable 0) fails the node at once either way.
+    #[serde(with = "plugin_grace")]
+    pub plugin_grace: Duration,
 }
+
+/// `kubernetes.plugin_grace`: three kubelet status syncs (10 s each) for the plugins to
+/// register again after a kubelet restart (measured: back on the Node 9.8 s after the kubelet
+/// started, docs/testing.md "The real node").
+pub const DEFAULT_PLUGIN_GRACE: Duration = Duration::from_secs(30);
 
 /// Where the kubelet keeps device-plugin sockets.
 pub const DEFAULT_DEVICE_PLUGIN_DIR: &str = "/var/lib/kubelet/device-plugins";
@@ -34,6 +45,7 @@ impl Default for KubernetesRequirements {
             rdma_resources: Vec::new(),
             device_plugin_dir: DEFAULT_DEVICE_PLUGIN_DIR.into(),
             device_plugin_sockets: Vec::new(),
+            plugin_grace: DEFAULT_PLUGIN_GRACE,
         }
     }
 }
@@ -277,6 +289,12 @@ bounded_duration!(
     "rdma.selftest_timeout",
     Duration::from_millis(1),
     Duration::from_secs(60)
+);
+bounded_duration!(
+    plugin_grace,
+    "kubernetes.plugin_grace",
+    Duration::ZERO,
+    Duration::from_secs(600)
 );
 bounded_duration!(
     statfs_timeout,

@@ -111,6 +111,9 @@ pub struct Reconciler {
     required_labels: Vec<String>,
     /// The breaker's ledger ([`breaker::LEDGER`]) in the agent's namespace.
     ledger: Option<Api<ConfigMap>>,
+    /// Annotations the agent keeps on its Node (`fabricgate.io/peers-endpoint`), applied with
+    /// the labels (one field manager, one request) and only when the Node differs.
+    annotations: BTreeMap<String, String>,
 }
 
 impl Reconciler {
@@ -137,7 +140,23 @@ impl Reconciler {
             own_versions: std::collections::VecDeque::new(),
             required_labels: Vec::new(),
             ledger: None,
+            annotations: BTreeMap::new(),
         }
+    }
+
+    /// Keep `annotations` on the Node (written with the labels, only when they differ).
+    #[must_use]
+    pub fn with_annotations(mut self, annotations: BTreeMap<String, String>) -> Self {
+        self.annotations = annotations;
+        self
+    }
+
+    /// Whether the Node lacks one of our annotations, or shows another value.
+    fn annotations_differ(&self, node: &Node) -> bool {
+        let have = node.metadata.annotations.as_ref();
+        self.annotations
+            .iter()
+            .any(|(k, v)| have.and_then(|a| a.get(k)) != Some(v))
     }
 
     /// Reserve new taints in the breaker's ledger in `namespace` (the agent's own).
@@ -291,7 +310,11 @@ impl Reconciler {
             verdict
         };
         let now = Timestamp::now();
-        let plan = plan(&node, verdict, &taint_key, &now);
+        let mut plan = plan(&node, verdict, &taint_key, &now);
+        if plan.labels.is_none() && self.annotations_differ(&node) {
+            // The labels apply carries the annotations: the same labels, once more.
+            plan.labels = Some(verdict.labels.clone());
+        }
         if let Some(t) = &plan.transition {
             self.pending_event = Some(t.clone());
         }
@@ -533,11 +556,14 @@ impl Reconciler {
         let pp = PatchParams::apply(FIELD_MANAGER).force();
         let (kind, res) = match what {
             Apply::Labels(labels) => {
-                let body = json!({
+                let mut body = json!({
                     "apiVersion": "v1",
                     "kind": "Node",
                     "metadata": { "name": name, "labels": labels },
                 });
+                if !self.annotations.is_empty() {
+                    body["metadata"]["annotations"] = json!(self.annotations);
+                }
                 let res = nodes.patch(name, &pp, &Patch::Apply(&body)).await;
                 ("labels", res)
             }

@@ -245,6 +245,12 @@ impl PeerAgent {
         self.responder.local_addr()
     }
 
+    /// The ports the responder serves (kept fresh by [`Self::update_ports`]), shared: the
+    /// gang pre-flight measures from them.
+    pub fn shared_ports(&self) -> Arc<Mutex<Vec<LocalPort>>> {
+        Arc::clone(&self.ports)
+    }
+
     /// The keys the responder uses; the rounds use the same ones.
     pub fn keys(&self) -> Arc<KeyRing> {
         Arc::clone(&self.keys)

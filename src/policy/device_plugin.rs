@@ -48,6 +48,23 @@ pub fn device_plugin_findings(node: &Node, resources: &[String]) -> Vec<Finding>
     out
 }
 
+/// Whether `node` shows what a kubelet restart shows until the device plugins register again:
+/// every resource of `resources` in the Node's capacity and allocatable, with 0 in both (the
+/// kubelet zeroes its plugin resources when it starts; a plugin that dies under a running
+/// kubelet keeps its capacity for 5 minutes, allocatable 0). Measured on a real kubelet
+/// v1.37 (docs/testing.md, "The real node"). Empty `resources`: false.
+pub fn kubelet_restart_signature(node: &Node, resources: &[String]) -> bool {
+    let status = node.status.as_ref();
+    let capacity = status.and_then(|s| s.capacity.as_ref());
+    let allocatable = status.and_then(|s| s.allocatable.as_ref());
+    !resources.is_empty()
+        && resources.iter().all(|r| {
+            let cap = capacity.and_then(|c| c.get(r)).map(|q| q.0.as_str());
+            let alloc = allocatable.and_then(|a| a.get(r)).map(|q| q.0.as_str());
+            matches!((cap, alloc), (Some(c), Some(a)) if !positive(c) && !positive(a))
+        })
+}
+
 /// What [`host_findings`] makes of the probe's host report.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PluginHostFindings {
@@ -191,11 +208,46 @@ mod tests {
     }
 
     #[test]
+    fn only_zero_capacity_and_allocatable_of_every_resource_reads_as_a_kubelet_restart() {
+        let r = [R.to_owned()];
+        // What the kubelet shows between its restart and the plugin registering again.
+        assert!(kubelet_restart_signature(
+            &node(&[(R, "0")], &[(R, "0")]),
+            &r
+        ));
+        // A plugin that died under a running kubelet: capacity kept.
+        assert!(!kubelet_restart_signature(
+            &node(&[(R, "4")], &[(R, "0")]),
+            &r
+        ));
+        // Never registered.
+        assert!(!kubelet_restart_signature(&node(&[], &[]), &r));
+        assert!(!kubelet_restart_signature(&node(&[(R, "0")], &[]), &r));
+        // Healthy.
+        assert!(!kubelet_restart_signature(
+            &node(&[(R, "4")], &[(R, "4")]),
+            &r
+        ));
+        // One resource back already: not a restart any more.
+        let two = [R.to_owned(), "nvidia.com/hostdev".to_owned()];
+        let n = node(
+            &[(R, "0"), ("nvidia.com/hostdev", "8")],
+            &[(R, "0"), ("nvidia.com/hostdev", "8")],
+        );
+        assert!(!kubelet_restart_signature(&n, &two));
+        assert!(!kubelet_restart_signature(
+            &node(&[(R, "0")], &[(R, "0")]),
+            &[]
+        ));
+    }
+
+    #[test]
     fn the_hosts_plugin_facts_become_findings_and_agent_errors() {
         let k = KubernetesRequirements {
             rdma_resources: vec![R.into()],
             device_plugin_dir: "/var/lib/kubelet/device-plugins".into(),
             device_plugin_sockets: vec!["rdma.sock".into()],
+            ..KubernetesRequirements::default()
         };
         assert_eq!(
             host_findings(&HostReport::default(), &k),

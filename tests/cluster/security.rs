@@ -227,11 +227,20 @@ fn the_cluster_role_grants_exactly_what_a_full_agent_run_uses() {
     let node = TestNode::seeded(cp, "sec-full-run");
     let hca = FakeHca::new(true);
     let kubeconfig = node.agent_kubeconfig(None);
-    // With a pool, as daemonset.yaml configures it: the breaker lists the pool's Nodes.
+    // With a pool, as daemonset.yaml configures it: the breaker lists the pool's Nodes. With
+    // peers, so that it answers a gang pre-flight too (the FabricChecks it lists and watches,
+    // the status entry it writes).
+    crate::gang_ring::install(cp);
     let config = hca.scratch().join("requirements.yaml");
+    let key = hca.scratch().join("peers.key");
+    std::fs::write(&key, crate::gang_ring::KEY).unwrap();
     std::fs::write(
         &config,
-        "node:\n  pool_selector: \"kubernetes.io/hostname=sec-full-run\"\n",
+        format!(
+            "node:\n  pool_selector: \"kubernetes.io/hostname=sec-full-run\"\npeers:\n  \
+             enabled: true\n  listen: \"127.0.0.1:0\"\n  interval: 60s\n  key_file: {}\n",
+            key.display()
+        ),
     )
     .unwrap();
     let mark = cp.audit_mark();
@@ -249,6 +258,19 @@ fn the_cluster_role_grants_exactly_what_a_full_agent_run_uses() {
         ],
     );
     agent.wait("validation", Duration::from_secs(30), || node.ready());
+    let check = "team.sec-full-run.00000004";
+    crate::gang_ring::create_check(
+        cp,
+        check,
+        &[
+            (node.name.clone(), "127.0.0.1:1".to_owned()),
+            ("sec-full-run-peer".to_owned(), "127.0.0.1:9".to_owned()),
+        ],
+        30,
+    );
+    wait_until("its FabricCheck result", Duration::from_secs(30), || {
+        !crate::gang_ring::results(cp, check).is_empty()
+    });
     hca.set_port(false);
     wait_until("the taint", Duration::from_secs(10), || {
         node.has_our_taint()

@@ -41,7 +41,8 @@ const ONLY_UPDATE: &str = "fabricgate may only update Nodes, never create or del
 const NO_CLAIM: &str = "the token has no authentication.kubernetes.io/node-name claim; \
                         fabricgate needs a pod-bound token on Kubernetes 1.30+";
 const LABELS: &str = "fabricgate may change only labels under fabricgate.io/";
-const METADATA: &str = "fabricgate may not change annotations, finalizers or owner references";
+const METADATA: &str = "fabricgate may not change annotations (but its own \
+                        fabricgate.io/peers-endpoint), finalizers or owner references";
 const TAINTS: &str = "fabricgate may add or remove only its own taint fabricgate.io/unvalidated; \
                       other taints must stay as they are, in order";
 const SPEC: &str = "fabricgate may not change the Node spec beyond its own taint";
@@ -306,6 +307,26 @@ fn cases() -> Vec<Case> {
         patch(
             "annotation added",
             |_| Change::Merge(json!({ "metadata": { "annotations": { "a": "b" } } })),
+            Expect::Policy(METADATA),
+        ),
+        patch(
+            "own peers-endpoint annotation applied",
+            |_| {
+                Change::Apply(json!({ "apiVersion": "v1", "kind": "Node",
+                    "metadata": { "name": OWN, "labels": { "fabricgate.io/ready": "true" },
+                        "annotations": { "fabricgate.io/peers-endpoint": "10.0.9.1:9465" } } }))
+            },
+            Expect::Admitted(|_, n| {
+                n["metadata"]["annotations"]["fabricgate.io/peers-endpoint"] == "10.0.9.1:9465"
+            }),
+        ),
+        patch(
+            "another fabricgate.io annotation added",
+            |_| {
+                Change::Merge(
+                    json!({ "metadata": { "annotations": { "fabricgate.io/other": "x" } } }),
+                )
+            },
             Expect::Policy(METADATA),
         ),
         patch(
@@ -775,7 +796,7 @@ fn admission_policy_confines_the_agent_to_its_own_nodes_own_fields() {
     let cases = cases();
     assert_eq!(
         cases.len(),
-        35,
+        37,
         "a case was added or removed: update this and the docs"
     );
     let run = |case: &Case| -> (Value, Answer) {

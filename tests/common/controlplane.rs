@@ -690,6 +690,16 @@ impl ControlPlane {
             .collect()
     }
 
+    /// The `controlplane` multi-call binary this control plane runs.
+    pub fn binary(&self) -> &Path {
+        &self.binary
+    }
+
+    /// This run's directory: PKI (`ca.crt`, `ca.key`, `sa.key`), kubeconfigs, component logs.
+    pub fn run_dir(&self) -> &Path {
+        &self.dir
+    }
+
     /// Start kube-scheduler (once), with the admin kubeconfig.
     pub fn start_scheduler(&self) {
         let mut slot = self.scheduler.lock().expect("scheduler lock");
@@ -758,7 +768,7 @@ pub async fn client_from(kubeconfig: &Path) -> kube::Client {
 }
 
 /// Start `binary COMPONENT args...` in its own process group, logging to `dir/COMPONENT.log`.
-fn spawn(binary: &Path, dir: &Path, component: &str, args: &[String]) -> Child {
+pub fn spawn(binary: &Path, dir: &Path, component: &str, args: &[String]) -> Child {
     use std::os::unix::process::CommandExt;
     let log = std::fs::OpenOptions::new()
         .create(true)

@@ -3,7 +3,8 @@
 //! is) and the Soft-RoCE VM runner. In submodules: running the binary (`cli`), fixture trees
 //! (`fixture`, `sysfs`), metrics and HTTP (`metrics`), waits with a deadline (`wait`),
 //! `fabricgate run` as a child process (`agent`), the real control plane and its Nodes
-//! (`controlplane`, `faultproxy`, `tls`, `node`) and storage scratch mounts (`storage`).
+//! (`controlplane`, `faultproxy`, `tls`, `node`), Kueue and kube-controller-manager beside it
+//! (`kueue`) and storage scratch mounts (`storage`).
 //!
 //! The rule it enforces: a test that lacks a tool or a privilege it needs FAILS under CI
 //! (`CI=true`, or `CI=1`), and elsewhere prints one `SKIP: <test>: <what is missing> (<how to
@@ -25,6 +26,8 @@ pub mod controlplane;
 pub mod faultproxy;
 pub mod fixture;
 pub mod fleet;
+pub mod kueue_crds;
+pub mod kueue;
 pub mod metrics;
 pub mod node;
 pub mod storage;

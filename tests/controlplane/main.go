@@ -1,5 +1,5 @@
 // Command controlplane is test infrastructure only: one multi-call binary that runs Kubernetes'
-// own etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kubelet and kubectl, picked
+// own etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kubelet and kubectl (plus a test device plugin), picked
 // by its first argument, so the
 // Rust test suite can talk to a real control plane. Building them as one binary compiles the
 // shared dependencies once and keeps their global flags and metrics registries apart (only the
@@ -21,7 +21,7 @@ import (
 	kubelet "k8s.io/kubernetes/cmd/kubelet/app"
 )
 
-const usage = "usage: controlplane etcd|apiserver|scheduler|controller-manager|kubelet|kubectl [flags...]"
+const usage = "usage: controlplane etcd|apiserver|scheduler|controller-manager|kubelet|kubectl|deviceplugin [flags...]"
 
 func main() {
 	if len(os.Args) < 2 {
@@ -52,6 +52,9 @@ func main() {
 		cmd := kubelet.NewKubeletCommand(context.Background())
 		cmd.SetArgs(rest)
 		os.Exit(cli.Run(cmd))
+	case "deviceplugin":
+		// A test device plugin (deviceplugin.go), not a Kubernetes component.
+		os.Exit(runDevicePlugin(rest))
 	case "kubectl":
 		cmd := kubectl.NewDefaultKubectlCommand()
 		cmd.SetArgs(rest)

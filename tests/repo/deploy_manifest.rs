@@ -180,6 +180,8 @@ fn manifest_holds_each_object_once_in_the_agent_namespace() {
             "ConfigMap",
             "ValidatingAdmissionPolicy",
             "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
             "ValidatingAdmissionPolicyBinding",
             "ValidatingAdmissionPolicyBinding",
             "DaemonSet",
@@ -279,12 +281,18 @@ fn rbac_grants_exactly_what_the_agent_uses() {
         ds["spec"]["template"]["spec"]["serviceAccountName"],
         sa["metadata"]["name"]
     );
-    // In its namespace only the breaker's ledger, by name: read it and update it.
+    // In its namespace only the breaker's ledger, by name: read it and update it; and the
+    // gang pre-flight's FabricChecks: list and watch them, patch their status (the policy
+    // fabricgate-fabriccheck-results keeps each agent to its own entry).
     let ledger = object_in("Role", NAMESPACE);
     assert_eq!(
         ledger["rules"],
         json!([{"apiGroups": [""], "resources": ["configmaps"],
-                "resourceNames": ["fabricgate-breaker"], "verbs": ["get", "update"]}])
+                "resourceNames": ["fabricgate-breaker"], "verbs": ["get", "update"]},
+               {"apiGroups": ["fabricgate.io"], "resources": ["fabricchecks"],
+                "verbs": ["list", "watch"]},
+               {"apiGroups": ["fabricgate.io"], "resources": ["fabricchecks/status"],
+                "verbs": ["patch"]}])
     );
     assert!(
         documents().iter().any(|d| d["kind"] == "ConfigMap"
@@ -1006,4 +1014,178 @@ fn guard_manifest_passes_yamllint_and_both_kubernetes_schemas() {
         return;
     };
     common::assert_valid_for_both_schemas(&kv, &manifest, guard_documents().len());
+}
+
+/// Every document of `deploy/admission-check.yaml`.
+fn admission_check_documents() -> Vec<Value> {
+    documents_of("deploy/admission-check.yaml")
+}
+
+#[test]
+fn admission_check_manifest_is_least_privilege_two_replicas_and_its_args_parse() {
+    let docs = admission_check_documents();
+    let one = |kind: &str| -> Value {
+        let found: Vec<&Value> = docs.iter().filter(|d| d["kind"] == kind).collect();
+        assert_eq!(found.len(), 1, "one {kind} in deploy/admission-check.yaml");
+        found[0].clone()
+    };
+    let cluster_scoped = [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "CustomResourceDefinition",
+        "AdmissionCheck",
+    ];
+    for d in &docs {
+        if !cluster_scoped.iter().any(|k| d["kind"] == *k) {
+            assert_eq!(d["metadata"]["namespace"], NAMESPACE, "{d}");
+        }
+    }
+    let mut grants = BTreeSet::new();
+    for kind in ["ClusterRole", "Role"] {
+        for rule in one(kind)["rules"].as_array().unwrap() {
+            assert!(rule.get("resourceNames").is_none());
+            for group in strings(&rule["apiGroups"]) {
+                for resource in strings(&rule["resources"]) {
+                    for verb in strings(&rule["verbs"]) {
+                        grants.insert(format!("{kind} {group}/{resource} {verb}"));
+                    }
+                }
+            }
+        }
+    }
+    let want: BTreeSet<String> = [
+        "ClusterRole /nodes get",
+        "ClusterRole /nodes list",
+        "ClusterRole /nodes watch",
+        "ClusterRole events.k8s.io/events create",
+        "ClusterRole kueue.x-k8s.io/admissionchecks get",
+        "ClusterRole kueue.x-k8s.io/admissionchecks list",
+        "ClusterRole kueue.x-k8s.io/admissionchecks watch",
+        "ClusterRole kueue.x-k8s.io/admissionchecks/status patch",
+        "ClusterRole kueue.x-k8s.io/resourceflavors get",
+        "ClusterRole kueue.x-k8s.io/resourceflavors list",
+        "ClusterRole kueue.x-k8s.io/resourceflavors watch",
+        "ClusterRole kueue.x-k8s.io/workloads get",
+        "ClusterRole kueue.x-k8s.io/workloads list",
+        "ClusterRole kueue.x-k8s.io/workloads watch",
+        "ClusterRole kueue.x-k8s.io/workloads/status patch",
+        "Role coordination.k8s.io/leases create",
+        "Role coordination.k8s.io/leases get",
+        "Role coordination.k8s.io/leases patch",
+        "Role coordination.k8s.io/leases update",
+        "Role fabricgate.io/fabricchecks create",
+        "Role fabricgate.io/fabricchecks delete",
+        "Role fabricgate.io/fabricchecks get",
+        "Role fabricgate.io/fabricchecks list",
+        "Role fabricgate.io/fabricchecks watch",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect();
+    assert_eq!(grants, want);
+    let sa = one("ServiceAccount");
+    for binding in ["ClusterRoleBinding", "RoleBinding"] {
+        let b = one(binding);
+        assert_eq!(b["subjects"][0]["name"], sa["metadata"]["name"]);
+        assert_eq!(b["subjects"][0]["namespace"], NAMESPACE);
+    }
+    let ac = one("AdmissionCheck");
+    assert_eq!(
+        ac["spec"]["controllerName"],
+        fabricgate::cluster::admission_check::CONTROLLER_NAME
+    );
+    let crd = one("CustomResourceDefinition");
+    assert_eq!(crd["metadata"]["name"], "fabricchecks.fabricgate.io");
+    assert_eq!(crd["spec"]["scope"], "Namespaced");
+    assert_eq!(crd["spec"]["names"]["shortNames"], json!(["fc"]));
+    let version = &crd["spec"]["versions"][0];
+    assert_eq!(version["name"], "v1alpha1");
+    assert!(version["subresources"]["status"].is_object());
+    let schema = &version["schema"]["openAPIV3Schema"]["properties"];
+    let members = &schema["spec"]["properties"]["members"];
+    let results = &schema["status"]["properties"]["results"];
+    // Bounded in size: the largest gang.max_nodes.
+    let max = fabricgate::config::gang::MAX_MAX_NODES;
+    assert_eq!(members["maxItems"], json!(max));
+    assert_eq!(results["maxItems"], json!(max));
+    assert_eq!(results["x-kubernetes-list-type"], "map");
+    assert_eq!(results["x-kubernetes-list-map-keys"], json!(["node"]));
+
+    let deploy = one("Deployment");
+    assert_eq!(deploy["spec"]["replicas"], 2);
+    let pod = &deploy["spec"]["template"]["spec"];
+    assert_eq!(pod["serviceAccountName"], sa["metadata"]["name"]);
+    let labels = &deploy["spec"]["template"]["metadata"]["labels"];
+    let pdb = one("PodDisruptionBudget");
+    assert_eq!(pdb["spec"]["minAvailable"], 1);
+    for (k, v) in pdb["spec"]["selector"]["matchLabels"].as_object().unwrap() {
+        assert_eq!(&labels[k], v, "the PDB selects the controller's pods");
+    }
+    let c = &pod["containers"][0];
+    assert_eq!(c["securityContext"]["allowPrivilegeEscalation"], false);
+    assert_eq!(c["securityContext"]["readOnlyRootFilesystem"], true);
+    let mut argv = vec!["fabricgate".to_owned()];
+    argv.extend(strings(&c["args"]));
+    let Command::AdmissionCheck(args) = Cli::try_parse_from(&argv).unwrap().command else {
+        panic!("not the admission-check subcommand: {argv:?}");
+    };
+    let config = args.config.expect("--config");
+    let dir = config.parent().unwrap().to_str().unwrap().to_owned();
+    let mount = c["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["mountPath"] == dir.as_str())
+        .expect("the config directory is mounted");
+    let vol = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == mount["name"])
+        .unwrap();
+    assert_eq!(
+        vol["configMap"]["name"],
+        requirements_cm()["metadata"]["name"]
+    );
+    assert_eq!(
+        c["ports"][0]["containerPort"],
+        json!(args.metrics_listen.port())
+    );
+    // The Role's namespace is the shipped gang.namespace (the agents' and FabricChecks').
+    let shipped: Config = Config::parse(
+        requirements_cm()["data"]["requirements.yaml"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(one("Role")["metadata"]["namespace"], shipped.gang.namespace);
+}
+
+#[test]
+fn admission_check_manifest_passes_yamllint_and_both_kubernetes_schemas() {
+    let manifest = root().join("deploy/admission-check.yaml");
+    if let Some(yl) = tool("yamllint", "pip install yamllint") {
+        let (ok, out) = run(Proc::new(&yl)
+            .args(["--strict", "-c"])
+            .arg(root().join("deploy/yamllint.yaml"))
+            .arg(&manifest));
+        assert!(ok, "yamllint:\n{out}");
+    }
+    let Some(kv) = tool("kubernetes-validate", "pip install kubernetes-validate") else {
+        return;
+    };
+    // Kubernetes' own kinds only: the AdmissionCheck is Kueue's (the real apiserver, with
+    // Kueue's CRDs, takes it in tests/cluster/admission_check.rs).
+    let builtin: Vec<Value> = admission_check_documents()
+        .into_iter()
+        .filter(|d| d["kind"] != "AdmissionCheck")
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("admission-check-builtin.yaml");
+    let mut f = std::fs::File::create(&path).unwrap();
+    for d in &builtin {
+        writeln!(f, "---\n{}", serde_norway::to_string(d).unwrap()).unwrap();
+    }
+    drop(f);
+    common::assert_valid_for_both_schemas(&kv, &path, builtin.len());
 }

@@ -9,6 +9,8 @@
 # so the guests' frames travel between the two qemu processes only.
 #   eth0  169.254.77.1/24 (a) / .2 (b): carries rxe0; the link scenarios take down
 #   eth1  169.254.78.1/24 (a) / .2 (b): management (the peers' TCP side channel), stays up
+#   eth2  only with FG_HOST_NET=1: each VM's own qemu user network (10.0.3.0/24), whose
+#         10.0.3.2:PORT is this host's 127.0.0.1:PORT (the test kube-apiserver)
 # (two /24s, not one /16: with both NICs in one subnet, RoCE packets of rxe0 and the side
 # channel took either NIC and sessions failed intermittently)
 # OUTDIR/a and OUTDIR/b are each guest's output share (/tmp/fg-out: stdout, stderr, rc,
@@ -57,8 +59,14 @@ boot() {
         -netdev "socket,id=n0,udp=127.0.0.1:$r0,localaddr=127.0.0.1:$l0" \
         -device "virtio-net-pci,netdev=n0,mac=$mac0" \
         -netdev "socket,id=n1,udp=127.0.0.1:$r1,localaddr=127.0.0.1:$l1" \
-        -device "virtio-net-pci,netdev=n1,mac=$mac1"
+        -device "virtio-net-pci,netdev=n1,mac=$mac1" \
+        "${host_net[@]}"
 }
+
+host_net=()
+if [ "${FG_HOST_NET:-}" = 1 ]; then
+    host_net=(-netdev "user,id=n2,net=10.0.3.0/24" -device virtio-net-pci,netdev=n2)
+fi
 
 prepare a
 prepare b

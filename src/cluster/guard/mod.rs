@@ -15,17 +15,16 @@
 //! Lease keeps no watches.
 
 mod cache;
-mod lease;
 mod sweep;
 mod watch;
 
+use crate::cluster::lease::{Election, release, try_lead};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use futures::FutureExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
-use lease::{release, try_lead};
 use std::collections::HashMap;
 use std::future::Future;
 use std::time::{Duration, Instant};
@@ -55,6 +54,16 @@ pub struct GuardSettings {
 const WATCH_TIMEOUT_SECS: u32 = 290;
 /// Least time between two sweeps triggered by cache changes.
 const MIN_SWEEP_GAP: Duration = Duration::from_millis(100);
+
+impl GuardSettings {
+    fn election(&self) -> Election<'_> {
+        Election {
+            lease_name: &self.lease_name,
+            identity: &self.identity,
+            lease_duration: self.lease_duration,
+        }
+    }
+}
 
 /// Longest wait between retries of a failed list or watch: `--poll-interval`, within 1–30 s.
 fn max_backoff(s: &GuardSettings) -> Duration {
@@ -104,7 +113,7 @@ pub async fn run(
         tokio::select! {
             () = &mut shutdown => break,
             _ = tick.tick() => {
-                let lead = match try_lead(&leases, &s).await {
+                let lead = match try_lead(&leases, &s.election()).await {
                     Ok(l) => {
                         last_renewed = l.then(Instant::now);
                         l
@@ -162,7 +171,7 @@ pub async fn run(
     drop(watched);
     if leading {
         // Hand over at once: an expired lease lets the other replica take it.
-        let _ = release(&leases, &s).await;
+        let _ = release(&leases, &s.election()).await;
     }
     tracing::info!("fabricgate guard stopped");
     Ok(())

@@ -159,6 +159,181 @@ fn rc_failure(e: &RcError) -> Outcome {
     failed(kind, e.message.clone())
 }
 
+/// The authenticated side channel up to the responder's WELCOME OK: what a session has before
+/// any RDMA.
+struct Opened {
+    stream: TcpStream,
+    t: Transcript,
+    welcome: Welcome,
+    start: Instant,
+    deadline: Instant,
+}
+
+/// What [`greet`] learned from a responder that welcomed us: the side channel works and both
+/// sides hold a key of the pool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Greeting {
+    /// The node name the responder gave (may be empty).
+    pub peer_node: String,
+    /// The responder's device and port it would serve the session from.
+    pub peer_device: String,
+    pub peer_port: u8,
+    /// Connect to WELCOME.
+    pub elapsed: Duration,
+}
+
+/// OPEN, CHALLENGE, HELLO and WELCOME, bounded by `timeout` from now. `Err` is the outcome
+/// when the responder did not welcome us (a failure or a skip).
+fn open(
+    peer: SocketAddr,
+    local: &LocalPort,
+    identity: &Identity,
+    keys: &Keys,
+    plan: &Plan,
+    timeout: Duration,
+) -> Result<Opened, Outcome> {
+    let Some(client_nonce) = random() else {
+        return Err(Outcome::Failed {
+            kind: None,
+            message: "no random numbers from the system (getrandom failed)".into(),
+        });
+    };
+    let start = Instant::now();
+    let deadline = start + timeout;
+    let mut stream = match TcpStream::connect_timeout(&peer, timeout.min(FRAME_TIMEOUT)) {
+        Ok(s) => s,
+        // A connect that times out is still a connect failure: nothing answered.
+        Err(e) => {
+            return Err(failed(
+                ErrorKind::Connect,
+                format!("connect to {peer}: {e}"),
+            ));
+        }
+    };
+    let _ = stream.set_nodelay(true);
+    let _ = stream.set_write_timeout(Some(FRAME_TIMEOUT));
+    let ids: Vec<_> = keys.ids().collect();
+    if let Err(e) = stream.write_all(&encode_open(&client_nonce, &ids)) {
+        return Err(io_failure("send OPEN", &e));
+    }
+    let frame = match read_frame_within(&mut stream, deadline, timeout) {
+        Ok(f) => f,
+        Err(e) => return Err(io_failure("read CHALLENGE", &e)),
+    };
+    if frame.kind != T_CHALLENGE {
+        return Err(failed(
+            ErrorKind::Connect,
+            format!(
+                "{peer}: expected CHALLENGE, got frame type {} (an agent of protocol version {}?)",
+                frame.kind, frame.version
+            ),
+        ));
+    }
+    match frame.status {
+        Status::Ok => {}
+        Status::Busy => return Err(Outcome::Skipped(Skip::Busy)),
+        Status::Version => {
+            return Err(failed(
+                ErrorKind::Connect,
+                format!(
+                    "{peer}: {} (ours {PROTOCOL_VERSION}, theirs {})",
+                    Status::Version.describe(),
+                    frame.version
+                ),
+            ));
+        }
+        // Anything else before authentication is not believed.
+        s => {
+            return Err(failed(
+                ErrorKind::Connect,
+                format!("{peer}: {}", s.describe()),
+            ));
+        }
+    }
+    let (responder_nonce, key_id) = decode_challenge(&frame.payload);
+    let Some(key) = keys.by_id(&key_id) else {
+        return Err(failed(
+            ErrorKind::Connect,
+            format!("{peer}: the responder chose a key we do not have"),
+        ));
+    };
+    let mut t = Transcript::new(key, client_nonce, responder_nonce, Side::Client);
+    if !t.verify(&frame.raw) {
+        return Err(unauthenticated(peer, "CHALLENGE"));
+    }
+    let hello = Hello {
+        identity: identity.clone(),
+        device: local.device.clone(),
+        port: local.port,
+        plan: *plan,
+    };
+    if let Err(e) = stream.write_all(&t.seal(hello.encode())) {
+        return Err(io_failure("send HELLO", &e));
+    }
+    let frame = match read_frame_within(&mut stream, deadline, timeout) {
+        Ok(f) => f,
+        Err(e) => return Err(io_failure("read WELCOME", &e)),
+    };
+    if frame.kind != T_WELCOME {
+        return Err(failed(
+            ErrorKind::Connect,
+            format!("expected WELCOME, got frame type {}", frame.kind),
+        ));
+    }
+    if !t.verify(&frame.raw) {
+        if frame.status == Status::Auth {
+            return Err(failed(
+                ErrorKind::Connect,
+                format!("{peer}: {}", Status::Auth.describe()),
+            ));
+        }
+        return Err(unauthenticated(peer, "WELCOME"));
+    }
+    let welcome = Welcome::decode(&frame.payload);
+    match frame.status {
+        Status::Ok => Ok(Opened {
+            stream,
+            t,
+            welcome,
+            start,
+            deadline,
+        }),
+        Status::SelfNode => Err(Outcome::Skipped(Skip::SelfNode)),
+        Status::OtherGroup => Err(Outcome::Skipped(Skip::OtherGroup)),
+        Status::Starting => Err(Outcome::Skipped(Skip::Starting)),
+        Status::Busy => Err(Outcome::Skipped(Skip::Busy)),
+        s => Err(failed(
+            ErrorKind::Connect,
+            format!("{peer}: {}", s.describe()),
+        )),
+    }
+}
+
+/// Only the side-channel half of a session: the authenticated OPEN/CHALLENGE/HELLO/WELCOME
+/// with `peer`'s responder, then the connection is closed (the responder counts the session
+/// as broken off). For nodes that cannot measure over RDMA (no usable local port, verbs off):
+/// it proves the responder is up, answers for the node it names, and holds the pool's key.
+/// `local` is the port asked for (any name when there is none). Bounded by `timeout`.
+///
+/// # Errors
+/// The [`Outcome`] (a failure or a skip) when the responder did not welcome us.
+pub fn greet(
+    peer: SocketAddr,
+    local: &LocalPort,
+    identity: &Identity,
+    keys: &Keys,
+    timeout: Duration,
+) -> Result<Greeting, Outcome> {
+    let opened = open(peer, local, identity, keys, &Plan::default(), timeout)?;
+    let _ = opened.stream.shutdown(Shutdown::Both);
+    Ok(Greeting {
+        peer_node: opened.welcome.identity.node_name,
+        peer_device: opened.welcome.device,
+        peer_port: opened.welcome.port,
+        elapsed: opened.start.elapsed(),
+    })
+}
+
 /// Measure `peer` from `local`: the authenticated side-channel exchange, an RTT burst and,
 /// when the plan has one, a bandwidth burst, then the responder's verification. Bounded by
 /// `timeout` (TCP connect included). Never panics. Only answers MACed with one of `keys`
@@ -177,102 +352,22 @@ pub fn measure(
             message: format!("plan: {e}"),
         };
     }
-    let (Some(client_nonce), Some(seed)) = (random(), random::<8>()) else {
+    let Some(seed) = random::<8>() else {
         return Outcome::Failed {
             kind: None,
             message: "no random numbers from the system (getrandom failed)".into(),
         };
     };
-    let start = Instant::now();
-    let deadline = start + timeout;
-    let mut stream = match TcpStream::connect_timeout(&peer, timeout.min(FRAME_TIMEOUT)) {
-        Ok(s) => s,
-        // A connect that times out is still a connect failure: nothing answered.
-        Err(e) => return failed(ErrorKind::Connect, format!("connect to {peer}: {e}")),
+    let Opened {
+        mut stream,
+        mut t,
+        welcome,
+        start,
+        deadline,
+    } = match open(peer, local, identity, keys, plan, timeout) {
+        Ok(o) => o,
+        Err(outcome) => return outcome,
     };
-    let _ = stream.set_nodelay(true);
-    let _ = stream.set_write_timeout(Some(FRAME_TIMEOUT));
-    let ids: Vec<_> = keys.ids().collect();
-    if let Err(e) = stream.write_all(&encode_open(&client_nonce, &ids)) {
-        return io_failure("send OPEN", &e);
-    }
-    let frame = match read_frame_within(&mut stream, deadline, timeout) {
-        Ok(f) => f,
-        Err(e) => return io_failure("read CHALLENGE", &e),
-    };
-    if frame.kind != T_CHALLENGE {
-        return failed(
-            ErrorKind::Connect,
-            format!(
-                "{peer}: expected CHALLENGE, got frame type {} (an agent of protocol version {}?)",
-                frame.kind, frame.version
-            ),
-        );
-    }
-    match frame.status {
-        Status::Ok => {}
-        Status::Busy => return Outcome::Skipped(Skip::Busy),
-        Status::Version => {
-            return failed(
-                ErrorKind::Connect,
-                format!(
-                    "{peer}: {} (ours {PROTOCOL_VERSION}, theirs {})",
-                    Status::Version.describe(),
-                    frame.version
-                ),
-            );
-        }
-        // Anything else before authentication is not believed.
-        s => return failed(ErrorKind::Connect, format!("{peer}: {}", s.describe())),
-    }
-    let (responder_nonce, key_id) = decode_challenge(&frame.payload);
-    let Some(key) = keys.by_id(&key_id) else {
-        return failed(
-            ErrorKind::Connect,
-            format!("{peer}: the responder chose a key we do not have"),
-        );
-    };
-    let mut t = Transcript::new(key, client_nonce, responder_nonce, Side::Client);
-    if !t.verify(&frame.raw) {
-        return unauthenticated(peer, "CHALLENGE");
-    }
-    let hello = Hello {
-        identity: identity.clone(),
-        device: local.device.clone(),
-        port: local.port,
-        plan: *plan,
-    };
-    if let Err(e) = stream.write_all(&t.seal(hello.encode())) {
-        return io_failure("send HELLO", &e);
-    }
-    let frame = match read_frame_within(&mut stream, deadline, timeout) {
-        Ok(f) => f,
-        Err(e) => return io_failure("read WELCOME", &e),
-    };
-    if frame.kind != T_WELCOME {
-        return failed(
-            ErrorKind::Connect,
-            format!("expected WELCOME, got frame type {}", frame.kind),
-        );
-    }
-    if !t.verify(&frame.raw) {
-        if frame.status == Status::Auth {
-            return failed(
-                ErrorKind::Connect,
-                format!("{peer}: {}", Status::Auth.describe()),
-            );
-        }
-        return unauthenticated(peer, "WELCOME");
-    }
-    let welcome = Welcome::decode(&frame.payload);
-    match frame.status {
-        Status::Ok => {}
-        Status::SelfNode => return Outcome::Skipped(Skip::SelfNode),
-        Status::OtherGroup => return Outcome::Skipped(Skip::OtherGroup),
-        Status::Starting => return Outcome::Skipped(Skip::Starting),
-        Status::Busy => return Outcome::Skipped(Skip::Busy),
-        s => return failed(ErrorKind::Connect, format!("{peer}: {}", s.describe())),
-    }
 
     let nonce = u64::from_be_bytes(seed);
     let spec = EndpointSpec {

@@ -52,7 +52,7 @@ mod tests;
 mod wire;
 
 pub use auth::{KeyRing, Keys};
-pub use client::{ErrorKind, Measurement, Outcome, Skip, measure, percentile};
+pub use client::{ErrorKind, Greeting, Measurement, Outcome, Skip, greet, measure, percentile};
 pub use responder::{Responder, ResponderStats};
 
 use crate::Roots;

@@ -528,3 +528,61 @@ fn key_rotation_through_a_secret_volume_swap_needs_no_restart() {
             .is_some_and(|e| e.contains("still using"))
     );
 }
+
+/// `greet`: the side-channel half alone. A responder with a port welcomes a client of the
+/// pool (naming itself and the port it would serve), refuses the wrong key, and answers
+/// NO_PORT, SELF and nothing at all as `measure` does.
+#[test]
+fn greet_proves_the_side_channel_without_rdma() {
+    let r = responder(Identity {
+        node_name: "gpu-a".into(),
+        group: String::new(),
+    });
+    let me = Identity {
+        node_name: "gpu-b".into(),
+        group: String::new(),
+    };
+    let t = Duration::from_secs(5);
+    let addr = r.local_addr();
+    match greet(addr, &local(), &me, &keys(), t) {
+        Err(Outcome::Failed {
+            kind: Some(ErrorKind::Connect),
+            message,
+        }) => assert!(message.contains("no usable RDMA port"), "{message}"),
+        other => panic!("{other:?}"),
+    }
+    r.set_ports(vec![local()]);
+    let g = greet(addr, &local(), &me, &keys(), t).expect("welcomed");
+    assert_eq!(
+        (g.peer_node.as_str(), g.peer_device.as_str(), g.peer_port),
+        ("gpu-a", "rxe0", 1)
+    );
+    assert!(g.elapsed < t);
+    let stranger = Keys::from_secrets(&[b"ffffffffffffffffffffffffffffffff"]);
+    match greet(addr, &local(), &me, &stranger, t) {
+        Err(Outcome::Failed {
+            kind: Some(ErrorKind::Connect),
+            message,
+        }) => assert!(message.contains("no peers key in common"), "{message}"),
+        other => panic!("{other:?}"),
+    }
+    let self_node = Identity {
+        node_name: "gpu-a".into(),
+        group: String::new(),
+    };
+    assert_eq!(
+        greet(addr, &local(), &self_node, &keys(), t),
+        Err(Outcome::Skipped(Skip::SelfNode))
+    );
+    drop(r);
+    assert!(
+        matches!(
+            greet(addr, &local(), &me, &keys(), t),
+            Err(Outcome::Failed {
+                kind: Some(ErrorKind::Connect),
+                ..
+            })
+        ),
+        "a responder that is gone"
+    );
+}

@@ -1,7 +1,6 @@
-//! Leader election on a `coordination.k8s.io` Lease.
+//! Leader election on a `coordination.k8s.io` Lease (the guard's and the admission check's).
 
-use super::{GuardSettings, kube_err};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
@@ -11,23 +10,38 @@ use std::time::Duration;
 
 /// Acquire or renew the Lease; `true` while this replica holds it. Optimistic concurrency
 /// (`resourceVersion`) decides between replicas racing for an expired Lease.
-pub(super) async fn try_lead(leases: &Api<Lease>, s: &GuardSettings) -> Result<bool> {
+/// Who competes for which Lease.
+pub struct Election<'a> {
+    pub lease_name: &'a str,
+    pub identity: &'a str,
+    pub lease_duration: Duration,
+}
+
+fn kube_err(action: &'static str, lease: &str, source: kube::Error) -> Error {
+    Error::KubeObject {
+        action,
+        object: format!("Lease {lease}"),
+        source: Box::new(source),
+    }
+}
+
+pub async fn try_lead(leases: &Api<Lease>, s: &Election<'_>) -> Result<bool> {
     let now = Timestamp::now();
     let secs = i32::try_from(s.lease_duration.as_secs())
         .unwrap_or(i32::MAX)
         .max(1);
     let current = leases
-        .get_opt(&s.lease_name)
+        .get_opt(s.lease_name)
         .await
-        .map_err(|e| kube_err("read", &s.lease_name, e))?;
+        .map_err(|e| kube_err("read", s.lease_name, e))?;
     let Some(mut lease) = current else {
         let lease = Lease {
             metadata: ObjectMeta {
-                name: Some(s.lease_name.clone()),
+                name: Some(s.lease_name.to_owned()),
                 ..ObjectMeta::default()
             },
             spec: Some(LeaseSpec {
-                holder_identity: Some(s.identity.clone()),
+                holder_identity: Some(s.identity.to_owned()),
                 lease_duration_seconds: Some(secs),
                 acquire_time: Some(MicroTime(now)),
                 renew_time: Some(MicroTime(now)),
@@ -38,11 +52,11 @@ pub(super) async fn try_lead(leases: &Api<Lease>, s: &GuardSettings) -> Result<b
         return match leases.create(&PostParams::default(), &lease).await {
             Ok(_) => Ok(true),
             Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
-            Err(e) => Err(kube_err("create", &s.lease_name, e)),
+            Err(e) => Err(kube_err("create", s.lease_name, e)),
         };
     };
     let spec = lease.spec.clone().unwrap_or_default();
-    let mine = spec.holder_identity.as_deref() == Some(s.identity.as_str());
+    let mine = spec.holder_identity.as_deref() == Some(s.identity);
     let duration = Duration::from_secs(
         u64::try_from(spec.lease_duration_seconds.unwrap_or(secs)).unwrap_or(0),
     );
@@ -55,7 +69,7 @@ pub(super) async fn try_lead(leases: &Api<Lease>, s: &GuardSettings) -> Result<b
         return Ok(false);
     }
     let mut new_spec = spec.clone();
-    new_spec.holder_identity = Some(s.identity.clone());
+    new_spec.holder_identity = Some(s.identity.to_owned());
     new_spec.lease_duration_seconds = Some(secs);
     new_spec.renew_time = Some(MicroTime(now));
     if !mine {
@@ -64,7 +78,7 @@ pub(super) async fn try_lead(leases: &Api<Lease>, s: &GuardSettings) -> Result<b
     }
     lease.spec = Some(new_spec);
     match leases
-        .replace(&s.lease_name, &PostParams::default(), &lease)
+        .replace(s.lease_name, &PostParams::default(), &lease)
         .await
     {
         Ok(_) => {
@@ -74,19 +88,16 @@ pub(super) async fn try_lead(leases: &Api<Lease>, s: &GuardSettings) -> Result<b
             Ok(true)
         }
         Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
-        Err(e) => Err(kube_err("renew", &s.lease_name, e)),
+        Err(e) => Err(kube_err("renew", s.lease_name, e)),
     }
 }
 
-pub(super) async fn release(leases: &Api<Lease>, s: &GuardSettings) -> Result<()> {
+/// Give the Lease up (on shutdown): the other replica takes it at once.
+pub async fn release(leases: &Api<Lease>, s: &Election<'_>) -> Result<()> {
     let patch = json!({ "spec": { "holderIdentity": null, "renewTime": null } });
     leases
-        .patch(
-            &s.lease_name,
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
+        .patch(s.lease_name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
-        .map_err(|e| kube_err("release", &s.lease_name, e))?;
+        .map_err(|e| kube_err("release", s.lease_name, e))?;
     Ok(())
 }

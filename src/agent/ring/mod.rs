@@ -1,0 +1,274 @@
+//! The agent's half of the gang pre-flight (docs/gangs.md): watch the `FabricCheck`s of
+//! `gang.namespace`, and for each that names this node as a member and whose deadline has not
+//! passed, measure the next member of the ring once and write this node's own entry of
+//! `status.results` (server-side apply on the status subresource, field manager
+//! `fabricgate-gang/<node>`).
+//!
+//! It runs beside the probe loop and the Node writer and shares nothing with them but the
+//! usable ports and the peers key: measurements run on blocking threads, at most
+//! [`CONCURRENCY`] at once, so a dead peer never delays a probe or a Node write. Its own
+//! trouble (no key, a refused write, an unreadable check) is logged, or written as `ok: false`
+//! with an error that starts with `local:`; it never touches the Node's verdict.
+
+pub mod crd;
+mod pair;
+#[cfg(test)]
+mod tests;
+
+pub use crd::{ENDPOINT_ANNOTATION, FabricCheck, Member, PairResult, Rdma};
+pub use pair::{PairJob, measure_pair};
+
+use crate::node::WatchBackoff;
+use fabricgate_probes::rdma::peer::{Identity, KeyRing, LocalPort, Plan};
+use futures::StreamExt;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event, watcher};
+use serde_json::json;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{Semaphore, watch};
+
+/// Pairs measured at once (a gang's node is in at most a few checks at a time; the peer's
+/// responder serves 4 sessions).
+pub const CONCURRENCY: usize = 4;
+/// Attempts of the status write (spread until the deadline).
+const WRITE_ATTEMPTS: u32 = 5;
+
+/// What the ring task needs from the rest of the agent.
+pub struct Ring {
+    pub node: String,
+    /// `gang.namespace`: where the controller creates the checks.
+    pub namespace: String,
+    pub identity: Identity,
+    /// The ports the peer responder serves, kept fresh by the probe loop.
+    pub ports: Arc<Mutex<Vec<LocalPort>>>,
+    /// Whether RDMA can be measured at all here (`--verbs required`); off: only the side
+    /// channel is tested (`rdma: unmeasured`).
+    pub rdma: bool,
+    pub keys: Arc<KeyRing>,
+    /// The RTT plan of `peers:`; its bandwidth burst (`peers.bandwidth` sizes) is used when a
+    /// check asks for a minimum.
+    pub plan: Plan,
+    pub bandwidth: (u32, Duration),
+    /// `peers.timeout`: bound on one session.
+    pub session: Duration,
+    /// For lists and status writes.
+    pub requests: kube::Client,
+    /// For the watch (a longer read timeout); `None`: `requests`.
+    pub watch: Option<kube::Client>,
+    pub max_backoff: Duration,
+}
+
+/// Checks already taken up (by uid), with their deadline, so that each is measured once.
+#[derive(Default)]
+struct Taken(HashMap<String, Timestamp>);
+
+impl Taken {
+    /// `true` the first time for `uid`; forgets checks whose deadline is a minute past.
+    fn take(&mut self, uid: &str, deadline: Timestamp, now: Timestamp) -> bool {
+        self.0
+            .retain(|_, d| d.as_second().saturating_add(60) > now.as_second());
+        if self.0.contains_key(uid) {
+            return false;
+        }
+        self.0.insert(uid.to_owned(), deadline);
+        true
+    }
+}
+
+/// What to do with one version of a check.
+#[derive(Debug, PartialEq)]
+pub(crate) enum Decision {
+    /// Measure this member.
+    Measure(Member),
+    /// Not for us (not a member, answered, past its deadline, unreadable).
+    Skip(&'static str),
+}
+
+/// Pure: whether `check` asks this node for a measurement now.
+pub(crate) fn decide(check: &FabricCheck, node: &str, now: Timestamp) -> Decision {
+    if check.answered.iter().any(|n| n == node) {
+        return Decision::Skip("already answered");
+    }
+    let Some(next) = check.next_after(node) else {
+        return Decision::Skip("not a member");
+    };
+    match check.deadline() {
+        None => Decision::Skip("no readable deadline"),
+        Some(d) if d <= now => Decision::Skip("past its deadline"),
+        Some(_) => Decision::Measure(next.clone()),
+    }
+}
+
+/// Watch the checks until `stop` turns true.
+pub async fn run(ring: Ring, mut stop: watch::Receiver<bool>) {
+    let ring = Arc::new(ring);
+    let ar = crd::api_resource();
+    let checks: Api<DynamicObject> = Api::namespaced_with(
+        ring.watch.clone().unwrap_or_else(|| ring.requests.clone()),
+        &ring.namespace,
+        &ar,
+    );
+    let mut events = watcher(checks, watcher::Config::default().any_semantic())
+        .backoff(WatchBackoff::new(ring.max_backoff))
+        .boxed();
+    let slots = Arc::new(Semaphore::new(CONCURRENCY));
+    let mut taken = Taken::default();
+    let mut warned = false;
+    tracing::info!(
+        node = %ring.node,
+        namespace = %ring.namespace,
+        rdma = ring.rdma,
+        "watching FabricChecks for the gang pre-flight"
+    );
+    loop {
+        let event = tokio::select! {
+            r = stop.wait_for(|s| *s) => { let _ = r; return; }
+            e = events.next() => e,
+        };
+        let obj = match event {
+            Some(Ok(Event::Apply(o) | Event::InitApply(o))) => o,
+            Some(Ok(_)) => continue,
+            Some(Err(e)) => {
+                // No CRD (the admission check is not installed), no RBAC: nothing to answer.
+                if !warned {
+                    tracing::warn!(
+                        namespace = %ring.namespace,
+                        error = %e,
+                        "cannot watch FabricChecks; gang pre-flights are not answered until \
+                         this works (is deploy/admission-check.yaml applied?)"
+                    );
+                    warned = true;
+                }
+                continue;
+            }
+            None => return,
+        };
+        warned = false;
+        let Some(check) = FabricCheck::from_dynamic(&obj) else {
+            tracing::debug!(name = ?obj.metadata.name, "a FabricCheck the agent cannot read");
+            continue;
+        };
+        let now = Timestamp::now();
+        let peer = match decide(&check, &ring.node, now) {
+            Decision::Measure(m) => m,
+            Decision::Skip(_) => continue,
+        };
+        let Some(deadline) = check.deadline() else {
+            continue;
+        };
+        if !taken.take(&check.uid, deadline, now) {
+            continue;
+        }
+        let ring = Arc::clone(&ring);
+        let slots = Arc::clone(&slots);
+        tokio::spawn(async move {
+            let Ok(_slot) = slots.acquire_owned().await else {
+                return;
+            };
+            answer(&ring, &check, peer, deadline).await;
+        });
+    }
+}
+
+/// Measure `peer` for `check` and write the result.
+async fn answer(ring: &Ring, check: &FabricCheck, peer: Member, deadline: Timestamp) {
+    let left = deadline.duration_since(Timestamp::now());
+    let left = Duration::try_from(left).unwrap_or_default();
+    if left.is_zero() {
+        return;
+    }
+    let until = std::time::Instant::now() + left;
+    let ports = if ring.rdma {
+        ring.ports.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    } else {
+        Vec::new()
+    };
+    let keys = ring.keys.keys();
+    let mut plan = ring.plan;
+    if check.spec.min_bandwidth_gbps.is_some() {
+        (plan.bw_size, plan.bw_duration) = ring.bandwidth;
+    } else {
+        plan.bw_size = 0;
+    }
+    let me = ring.identity.clone();
+    let min = check.spec.min_bandwidth_gbps;
+    let session = ring.session;
+    let measured = tokio::task::spawn_blocking(move || {
+        measure_pair(&PairJob {
+            me: &me,
+            peer: &peer,
+            ports: &ports,
+            keys: &keys,
+            plan,
+            min_bandwidth_gbps: min,
+            until,
+            session,
+        })
+    })
+    .await;
+    let result = match measured {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::error!(check = %check.name, error = %e, "the gang measurement thread failed");
+            return;
+        }
+    };
+    tracing::info!(
+        check = %check.name,
+        peer = %result.peer,
+        ok = result.ok,
+        rdma = ?result.rdma,
+        rtt_us = ?result.rtt_micros,
+        bandwidth_gbps = ?result.bandwidth_gbps,
+        error = result.error.as_deref().unwrap_or(""),
+        "gang pre-flight pair measured"
+    );
+    write_result(ring, check, &result, until).await;
+}
+
+/// Server-side apply of our entry on the status subresource, retried (spaced) until `until`.
+async fn write_result(
+    ring: &Ring,
+    check: &FabricCheck,
+    result: &PairResult,
+    until: std::time::Instant,
+) {
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(ring.requests.clone(), &ring.namespace, &crd::api_resource());
+    let body = json!({
+        "apiVersion": format!("{}/{}", crd::GROUP, crd::VERSION),
+        "kind": crd::KIND,
+        "metadata": { "name": check.name },
+        "status": { "results": [result] },
+    });
+    let manager = format!("{}{}", crd::FIELD_MANAGER_PREFIX, ring.node);
+    let pp = PatchParams::apply(&manager).force();
+    let mut pause = Duration::from_millis(200);
+    for attempt in 1..=WRITE_ATTEMPTS {
+        match api
+            .patch_status(&check.name, &pp, &Patch::Apply(&body))
+            .await
+        {
+            Ok(_) => return,
+            // Gone: the controller decided (or cleaned up) already.
+            Err(kube::Error::Api(e)) if e.code == 404 => return,
+            Err(e) => {
+                tracing::warn!(
+                    check = %check.name,
+                    attempt,
+                    error = %e,
+                    "cannot write this node's FabricCheck result"
+                );
+                if std::time::Instant::now() + pause >= until {
+                    return;
+                }
+                tokio::time::sleep(pause).await;
+                pause *= 2;
+            }
+        }
+    }
+}

@@ -1,0 +1,201 @@
+//! One pair of the ring, measured once (synchronous: it runs on a blocking thread): RTT over
+//! RDMA from the first usable local port that works (with a bandwidth burst when the check
+//! asks for a minimum), or, without a usable local port, the authenticated side-channel
+//! exchange alone. Whatever happens is a [`PairResult`]: our own trouble is `ok: false` with
+//! an error that says it is ours, never a verdict on the Node.
+
+use super::crd::{Member, PairResult, Rdma};
+use fabricgate_probes::rdma::peer::{self, Identity, Keys, LocalPort, Outcome, Plan, Skip};
+use k8s_openapi::jiff::Timestamp;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+/// Wait between tries while the peer says BUSY or STARTING.
+const BUSY_RETRY: Duration = Duration::from_millis(200);
+
+/// What one pair needs.
+pub struct PairJob<'a> {
+    pub me: &'a Identity,
+    pub peer: &'a Member,
+    /// Usable local ports; empty: only the side channel is tested (`rdma: unmeasured`).
+    pub ports: &'a [LocalPort],
+    pub keys: &'a Keys,
+    /// The RTT plan, with the bandwidth burst already set when a minimum is asked.
+    pub plan: Plan,
+    pub min_bandwidth_gbps: Option<f64>,
+    /// When to give up (the check's deadline, or sooner).
+    pub until: Instant,
+    /// Bound on one session.
+    pub session: Duration,
+}
+
+fn finish(job: &PairJob<'_>, rdma: Rdma) -> PairResult {
+    PairResult {
+        node: job.me.node_name.clone(),
+        peer: job.peer.node.clone(),
+        ok: false,
+        rdma,
+        device: None,
+        port: None,
+        rtt_micros: None,
+        bandwidth_gbps: None,
+        error: None,
+        finished_at: Timestamp::now().to_string(),
+    }
+}
+
+fn fail(mut r: PairResult, error: String) -> PairResult {
+    r.ok = false;
+    r.error = Some(error);
+    r
+}
+
+/// Measure the pair once. Never panics; bounded by `job.until`.
+pub fn measure_pair(job: &PairJob<'_>) -> PairResult {
+    let rdma = if job.ports.is_empty() {
+        Rdma::Unmeasured
+    } else {
+        Rdma::Measured
+    };
+    let result = finish(job, rdma);
+    let who = format!("peer {} ({})", job.peer.node, job.peer.endpoint);
+    if job.keys.is_empty() {
+        return fail(
+            result,
+            format!(
+                "local: this agent has no peers key (peers.key_file), so it cannot talk to \
+                 {who}; mount the fabricgate-peers Secret"
+            ),
+        );
+    }
+    let addr: SocketAddr = match job.peer.endpoint.to_socket_addrs().map(|mut a| a.next()) {
+        Ok(Some(a)) => a,
+        Ok(None) | Err(_) => {
+            return fail(
+                result,
+                format!(
+                    "connect: {who}: the endpoint is not host:port (its Node's \
+                     fabricgate.io/peers-endpoint annotation)"
+                ),
+            );
+        }
+    };
+    if job.ports.is_empty() {
+        return greet_only(job, result, addr, &who);
+    }
+    let mut first_failure = None;
+    for local in job.ports {
+        let mut r = result.clone();
+        r.device = Some(local.device.clone());
+        r.port = Some(local.port);
+        let outcome = loop {
+            let left = job.until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break None;
+            }
+            let o = peer::measure(
+                addr,
+                local,
+                job.me,
+                job.keys,
+                &job.plan,
+                job.session.min(left),
+            );
+            match o {
+                Outcome::Skipped(Skip::Busy | Skip::Starting) => std::thread::sleep(BUSY_RETRY),
+                o => break Some(o),
+            }
+        };
+        let from = format!("from {}/{}", local.device, local.port);
+        let r = match outcome {
+            None => fail(
+                r,
+                format!("timeout: {who} {from}: busy or starting until the check's deadline"),
+            ),
+            Some(Outcome::Measured(m)) => {
+                if !m.peer_node.is_empty() && m.peer_node != job.peer.node {
+                    fail(r, wrong_node(&who, &m.peer_node))
+                } else {
+                    r.rtt_micros = Some((m.rtt_median().as_secs_f64() * 1e7).round() / 10.0);
+                    r.bandwidth_gbps = m.bandwidth.map(|b| (b * 8.0 / 1e9 * 100.0).round() / 100.0);
+                    match (job.min_bandwidth_gbps, r.bandwidth_gbps) {
+                        (Some(min), Some(got)) if got < min => fail(
+                            r,
+                            format!(
+                                "bandwidth: {who} {from}: {got} Gb/s, below the \
+                                 {min} Gb/s asked"
+                            ),
+                        ),
+                        (Some(min), None) => fail(
+                            r,
+                            format!("bandwidth: {who} {from}: no burst ran ({min} Gb/s asked)"),
+                        ),
+                        _ => PairResult { ok: true, ..r },
+                    }
+                }
+            }
+            Some(Outcome::Skipped(s)) => fail(r, refused(&who, s)),
+            Some(Outcome::Failed { kind, message }) => {
+                let kind = kind.map_or("local", peer::ErrorKind::as_str);
+                fail(r, format!("{kind}: {who} {from}: {message}"))
+            }
+        };
+        if r.ok {
+            return r;
+        }
+        first_failure.get_or_insert(r);
+    }
+    first_failure.unwrap_or_else(|| fail(result, format!("local: no local port to measure {who}")))
+}
+
+/// No usable local port: the authenticated HELLO/WELCOME with the peer's responder decides.
+fn greet_only(job: &PairJob<'_>, result: PairResult, addr: SocketAddr, who: &str) -> PairResult {
+    // The port asked for does not matter: the responder answers for one of its own.
+    let any = LocalPort {
+        device: String::new(),
+        port: 0,
+        gid_index: None,
+    };
+    loop {
+        let left = job.until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return fail(
+                result,
+                format!("timeout: {who}: busy or starting until the check's deadline"),
+            );
+        }
+        match peer::greet(addr, &any, job.me, job.keys, job.session.min(left)) {
+            Ok(g) if !g.peer_node.is_empty() && g.peer_node != job.peer.node => {
+                return fail(result, wrong_node(who, &g.peer_node));
+            }
+            Ok(_) => return PairResult { ok: true, ..result },
+            Err(Outcome::Skipped(Skip::Busy | Skip::Starting)) => std::thread::sleep(BUSY_RETRY),
+            Err(Outcome::Skipped(s)) => return fail(result, refused(who, s)),
+            Err(Outcome::Failed { kind, message }) => {
+                let kind = kind.map_or("local", peer::ErrorKind::as_str);
+                return fail(result, format!("{kind}: {who}: {message}"));
+            }
+            Err(Outcome::Measured(_)) => return PairResult { ok: true, ..result },
+        }
+    }
+}
+
+fn wrong_node(who: &str, answered: &str) -> String {
+    format!(
+        "verification: {who}: the responder there answered as node {answered}: a stale \
+         fabricgate.io/peers-endpoint annotation?"
+    )
+}
+
+fn refused(who: &str, s: Skip) -> String {
+    match s {
+        Skip::SelfNode => format!(
+            "refused: {who}: the responder there is this node's own (a wrong \
+             fabricgate.io/peers-endpoint annotation?)"
+        ),
+        Skip::OtherGroup => {
+            format!("refused: {who}: the peer is in another group (peers.match_label)")
+        }
+        Skip::Busy | Skip::Starting => format!("timeout: {who}: busy or starting"),
+    }
+}

@@ -1,0 +1,184 @@
+use super::*;
+use fabricgate_probes::Roots;
+use fabricgate_probes::rdma::peer::{Keys, Responder};
+use std::time::Instant;
+
+fn check(members: &[(&str, &str)], deadline: &str, answered: &[&str]) -> FabricCheck {
+    let obj: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "fabricgate.io/v1alpha1", "kind": "FabricCheck",
+        "metadata": { "name": "ns.job.0123abcd", "namespace": "fabricgate", "uid": "u-1" },
+        "spec": {
+            "workload": { "namespace": "ns", "name": "job", "uid": "0123abcd-x" },
+            "members": members.iter().map(|(n, e)| json!({ "node": n, "endpoint": e }))
+                .collect::<Vec<_>>(),
+            "deadline": deadline,
+        },
+        "status": { "results": answered.iter().map(|n| json!({ "node": n, "ok": true }))
+            .collect::<Vec<_>>() },
+    }))
+    .unwrap();
+    FabricCheck::from_dynamic(&obj).unwrap()
+}
+
+#[test]
+fn each_member_measures_the_next_once_before_the_deadline() {
+    let now: Timestamp = "2026-12-02T03:00:00Z".parse().unwrap();
+    let soon = "2026-12-02T03:00:20Z";
+    let c = check(
+        &[("a", "1.1.1.1:1"), ("b", "2.2.2.2:2"), ("c", "3:3")],
+        soon,
+        &[],
+    );
+    let next = |n: &str| match decide(&c, n, now) {
+        Decision::Measure(m) => m.node,
+        Decision::Skip(why) => format!("skip: {why}"),
+    };
+    assert_eq!(next("a"), "b");
+    assert_eq!(next("b"), "c");
+    assert_eq!(next("c"), "a", "the ring closes");
+    assert_eq!(next("d"), "skip: not a member");
+    let answered = check(&[("a", "x"), ("b", "y")], soon, &["a"]);
+    assert_eq!(
+        decide(&answered, "a", now),
+        Decision::Skip("already answered")
+    );
+    let late = check(&[("a", "x"), ("b", "y")], "2026-12-02T02:59:59Z", &[]);
+    assert_eq!(decide(&late, "a", now), Decision::Skip("past its deadline"));
+    let garbled = check(&[("a", "x"), ("b", "y")], "soon", &[]);
+    assert_eq!(
+        decide(&garbled, "a", now),
+        Decision::Skip("no readable deadline")
+    );
+    let alone = check(&[("a", "x")], soon, &[]);
+    assert_eq!(decide(&alone, "a", now), Decision::Skip("not a member"));
+    let no_spec: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "fabricgate.io/v1alpha1", "kind": "FabricCheck",
+        "metadata": { "name": "x" },
+    }))
+    .unwrap();
+    assert!(FabricCheck::from_dynamic(&no_spec).is_none());
+
+    let mut taken = Taken::default();
+    let d: Timestamp = soon.parse().unwrap();
+    assert!(taken.take("u-1", d, now));
+    assert!(!taken.take("u-1", d, now), "one exchange per check");
+    let much_later = Timestamp::from_second(d.as_second() + 61).unwrap();
+    assert!(taken.take("u-2", d, much_later));
+    assert_eq!(taken.0.len(), 1, "old checks are forgotten: {:?}", taken.0);
+}
+
+fn key() -> Keys {
+    Keys::from_secrets(&[b"0123456789abcdef0123456789abcdef"])
+}
+
+fn responder(node: &str, ports: Vec<LocalPort>) -> Responder {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let r = Responder::start(
+        l,
+        Identity {
+            node_name: node.into(),
+            group: String::new(),
+        },
+        Arc::new(KeyRing::fixed(key())),
+        Roots::default(),
+        Duration::from_secs(10),
+    )
+    .unwrap();
+    r.set_ports(ports);
+    r
+}
+
+fn ib() -> LocalPort {
+    LocalPort {
+        device: "mlx5_0".into(),
+        port: 1,
+        gid_index: None,
+    }
+}
+
+fn pair(me: &str, peer: &str, endpoint: String, keys: &Keys) -> PairResult {
+    let me = Identity {
+        node_name: me.into(),
+        group: String::new(),
+    };
+    let peer = Member {
+        node: peer.into(),
+        endpoint,
+    };
+    measure_pair(&PairJob {
+        me: &me,
+        peer: &peer,
+        ports: &[],
+        keys,
+        plan: Plan::default(),
+        min_bandwidth_gbps: None,
+        until: Instant::now() + Duration::from_secs(5),
+        session: Duration::from_secs(5),
+    })
+}
+
+/// Without a usable local port the side channel decides: a welcoming responder of the right
+/// node is ok (`unmeasured`); the wrong node, no port there, a stranger's key, nothing
+/// listening and our own missing key are `ok: false` with an error naming the peer.
+#[test]
+fn without_rdma_the_side_channel_decides_and_failures_name_the_peer() {
+    let b = responder("b", vec![ib()]);
+    let at = b.local_addr().to_string();
+    let r = pair("a", "b", at.clone(), &key());
+    assert!(r.ok, "{r:?}");
+    assert_eq!(
+        (r.node.as_str(), r.peer.as_str(), r.rdma),
+        ("a", "b", Rdma::Unmeasured)
+    );
+    assert!(r.error.is_none() && r.rtt_micros.is_none());
+    let err = |r: PairResult| {
+        assert!(!r.ok, "{r:?}");
+        r.error.unwrap()
+    };
+    let e = err(pair("a", "c", at.clone(), &key()));
+    assert!(
+        e.starts_with("verification: peer c (") && e.contains("answered as node b"),
+        "{e}"
+    );
+    let e = err(pair("b", "b2", at.clone(), &key()));
+    assert!(e.starts_with("refused: peer b2"), "{e}");
+    let stranger = Keys::from_secrets(&[b"ffffffffffffffffffffffffffffffff"]);
+    let e = err(pair("a", "b", at.clone(), &stranger));
+    assert!(
+        e.starts_with(&format!("connect: peer b ({at})")) && e.contains("no peers key"),
+        "{e}"
+    );
+    let e = err(pair("a", "b", at.clone(), &Keys::from_secrets(&[])));
+    assert!(e.starts_with("local: this agent has no peers key"), "{e}");
+    let e = err(pair("a", "b", "not an address".into(), &key()));
+    assert!(e.starts_with("connect: peer b (not an address)"), "{e}");
+    let portless = responder("p", Vec::new());
+    let e = err(pair("a", "p", portless.local_addr().to_string(), &key()));
+    assert!(e.contains("no usable RDMA port"), "{e}");
+    drop(b);
+    std::thread::sleep(Duration::from_millis(100));
+    let e = err(pair("a", "b", at.clone(), &key()));
+    assert!(e.starts_with(&format!("connect: peer b ({at})")), "{e}");
+}
+
+/// The entry as written: camelCase, absent values left out, `rdma` in lower case.
+#[test]
+fn results_serialize_as_the_interface_says() {
+    let r = PairResult {
+        node: "a".into(),
+        peer: "b".into(),
+        ok: true,
+        rdma: Rdma::Measured,
+        device: Some("mlx5_0".into()),
+        port: Some(1),
+        rtt_micros: Some(14.2),
+        bandwidth_gbps: None,
+        error: None,
+        finished_at: "2026-12-02T03:00:07Z".into(),
+    };
+    assert_eq!(
+        serde_json::to_value(&r).unwrap(),
+        json!({ "node": "a", "peer": "b", "ok": true, "rdma": "measured", "device": "mlx5_0",
+                "port": 1, "rttMicros": 14.2, "finishedAt": "2026-12-02T03:00:07Z" })
+    );
+}

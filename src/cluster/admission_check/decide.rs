@@ -1,0 +1,472 @@
+//! The check's judgements, without API calls: which Nodes a Workload was given, whether each
+//! is validated now, and what a FabricCheck's results say.
+
+use super::model::{
+    FabricCheckSpec, FabricCheckStatus, HOSTNAME_LABEL, PairResult, PodSetAssignment,
+    WorkloadStatus,
+};
+use k8s_openapi::api::core::v1::Node;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+
+/// At most this many names are listed in one message; the rest are counted.
+const MAX_LISTED: usize = 16;
+
+/// `names`, comma-separated, the first [`MAX_LISTED`] only.
+pub fn list<S: AsRef<str>>(names: &[S]) -> String {
+    let mut out = names
+        .iter()
+        .take(MAX_LISTED)
+        .map(AsRef::as_ref)
+        .collect::<Vec<_>>()
+        .join(", ");
+    if names.len() > MAX_LISTED {
+        let _ = write!(out, " and {} more", names.len() - MAX_LISTED);
+    }
+    out
+}
+
+/// Why `node` is not validated now, or `None` when it is: the agent's label
+/// `<prefix>ready=true`, `FabricReady=True`, and no `<prefix>unvalidated` taint (the agent's,
+/// or the guard's when the agent is gone).
+pub fn node_problem(node: &Node, prefix: &str, taint_key: &str) -> Option<String> {
+    let name = node.metadata.name.as_deref().unwrap_or("?");
+    let fabric = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "FabricReady"));
+    let mut why = Vec::new();
+    match fabric {
+        None => why.push("no FabricReady condition (no fabricgate agent has judged it)".to_owned()),
+        Some(c) if c.status != "True" => why.push(format!(
+            "FabricReady={} ({}: {})",
+            c.status,
+            c.reason.as_deref().unwrap_or("no reason"),
+            c.message.as_deref().unwrap_or("")
+        )),
+        Some(_) => {}
+    }
+    let label = format!("{prefix}ready");
+    let labelled = node
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(&label))
+        .is_some_and(|v| v == "true");
+    if !labelled {
+        why.push(format!("label {label} is not \"true\""));
+    }
+    let tainted = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|ts| ts.iter().any(|t| t.key == taint_key));
+    if tainted {
+        why.push(format!("tainted {taint_key}"));
+    }
+    (!why.is_empty()).then(|| format!("{name}: {}", why.join("; ")))
+}
+
+/// The Nodes a Workload's admission names.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Assigned {
+    /// From topology assignments: the gang's members, sorted (the ring's stable order).
+    pub nodes: Vec<String>,
+    /// Pod sets without a topology assignment (no TAS): their name, flavors and pod count.
+    pub untopological: Vec<(String, BTreeSet<String>, i64)>,
+}
+
+/// The Nodes of each pod set's topology assignment; a domain is matched on all its levels'
+/// labels (the hostname level also on the Node's name, as the kubelet names it so).
+///
+/// # Errors
+/// A message for the check: the Workload has no admission, an assignment is malformed, or a
+/// domain matches no Node.
+pub fn assigned_nodes<'a>(
+    status: &WorkloadStatus,
+    nodes: impl Iterator<Item = &'a Node> + Clone,
+) -> Result<Assigned, String> {
+    let admission = status
+        .admission
+        .as_ref()
+        .ok_or("the Workload has quota reserved but no status.admission")?;
+    let mut members = BTreeSet::new();
+    let mut out = Assigned::default();
+    for psa in &admission.pod_set_assignments {
+        let Some(topology) = &psa.topology_assignment else {
+            out.untopological.push(untopological(psa));
+            continue;
+        };
+        let domains = topology
+            .domains()
+            .map_err(|e| format!("pod set {}: topology assignment: {e}", psa.name))?;
+        for domain in domains {
+            let mut matched = false;
+            for node in nodes.clone() {
+                if domain_matches(node, &domain) {
+                    matched = true;
+                    if let Some(n) = &node.metadata.name {
+                        members.insert(n.clone());
+                    }
+                }
+            }
+            if !matched {
+                let text: Vec<String> = domain.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                return Err(format!(
+                    "pod set {}: the assigned domain {} matches no Node",
+                    psa.name,
+                    text.join(",")
+                ));
+            }
+        }
+    }
+    out.nodes = members.into_iter().collect();
+    Ok(out)
+}
+
+fn untopological(psa: &PodSetAssignment) -> (String, BTreeSet<String>, i64) {
+    (
+        psa.name.clone(),
+        psa.flavors.values().cloned().collect(),
+        psa.count.unwrap_or(1),
+    )
+}
+
+fn domain_matches(node: &Node, domain: &BTreeMap<String, String>) -> bool {
+    let labels = node.metadata.labels.as_ref();
+    domain.iter().all(|(k, v)| {
+        let label = labels.and_then(|l| l.get(k));
+        match label {
+            Some(l) => l == v,
+            None => k == HOSTNAME_LABEL && node.metadata.name.as_deref() == Some(v.as_str()),
+        }
+    })
+}
+
+/// Whether `node` carries every one of `labels` (a ResourceFlavor's `nodeLabels`).
+pub fn has_labels(node: &Node, labels: &BTreeMap<String, String>) -> bool {
+    let have = node.metadata.labels.as_ref();
+    labels
+        .iter()
+        .all(|(k, v)| have.and_then(|l| l.get(k)) == Some(v))
+}
+
+/// What the results of a FabricCheck say.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Verdict {
+    /// Members have not all answered and the deadline has not passed.
+    Waiting,
+    Ready(String),
+    /// A pair failed, or a member did not answer in time.
+    Retry {
+        message: String,
+        failed_pairs: usize,
+    },
+}
+
+/// Judge a FabricCheck: `Waiting` until every member answered or `past_deadline`; then every
+/// pair good -> `Ready`, else `Retry` naming the failed pairs (with port and error) and the
+/// members that did not answer. A pair is good when `ok` and measured over RDMA (or only
+/// `ok`, with `require_rdma` off), at the bandwidth asked for.
+pub fn judge(
+    spec: &FabricCheckSpec,
+    status: &FabricCheckStatus,
+    past_deadline: bool,
+    require_rdma: bool,
+    timeout: std::time::Duration,
+) -> Verdict {
+    let n = spec.members.len();
+    let mut failed = Vec::new();
+    let mut missing = Vec::new();
+    let mut unmeasured = 0usize;
+    let mut worst_rtt: Option<f64> = None;
+    for (i, m) in spec.members.iter().enumerate() {
+        let peer = &spec.members[(i + 1) % n.max(1)].node;
+        let Some(r) = status.results.iter().find(|r| r.node == m.node) else {
+            missing.push(m.node.clone());
+            continue;
+        };
+        match pair_problem(r, peer, spec.min_bandwidth_gbps, require_rdma) {
+            Some(p) => failed.push(p),
+            None => {
+                if r.rdma != "measured" {
+                    unmeasured += 1;
+                }
+                if let Some(rtt) = r.rtt_micros {
+                    worst_rtt = Some(worst_rtt.map_or(rtt, |w: f64| w.max(rtt)));
+                }
+            }
+        }
+    }
+    if !missing.is_empty() && !past_deadline {
+        return Verdict::Waiting;
+    }
+    if !failed.is_empty() {
+        let mut message = format!(
+            "gang RDMA pre-flight failed on {} of {n} pairs: {}",
+            failed.len(),
+            list(&failed)
+        );
+        if !missing.is_empty() {
+            let _ = write!(message, "; no result from {}", list(&missing));
+        }
+        return Verdict::Retry {
+            message,
+            failed_pairs: failed.len(),
+        };
+    }
+    if !missing.is_empty() {
+        return Verdict::Retry {
+            message: format!(
+                "gang RDMA pre-flight timed out after {}: no result from {} of {n} members: {} \
+                 (their agents are not running, have gang checks or peers off, or cannot \
+                 write the FabricCheck)",
+                humantime::format_duration(timeout),
+                missing.len(),
+                list(&missing)
+            ),
+            failed_pairs: 0,
+        };
+    }
+    let mut message = format!("gang RDMA pre-flight passed: {n} pairs in a ring over {n} nodes");
+    if let Some(w) = worst_rtt {
+        let _ = write!(message, ", slowest median RTT {w:.1} µs");
+    }
+    if let Some(min) = spec.min_bandwidth_gbps {
+        let _ = write!(message, ", every pair at least {min} Gbit/s");
+    }
+    if unmeasured > 0 {
+        let _ = write!(
+            message,
+            "; gang.require_rdma is false: {unmeasured} pairs answered over the side channel \
+             only, without an RDMA measurement"
+        );
+    }
+    Verdict::Ready(message)
+}
+
+/// Why one member's result is not good, naming the pair, the port and the error.
+fn pair_problem(
+    r: &PairResult,
+    peer: &str,
+    min_bandwidth: Option<f64>,
+    require_rdma: bool,
+) -> Option<String> {
+    let port = match (&r.device, r.port) {
+        (Some(d), Some(p)) => format!(" ({d} port {p})"),
+        (Some(d), None) => format!(" ({d})"),
+        _ => String::new(),
+    };
+    let pair = format!("{} -> {peer}{port}", r.node);
+    if r.peer != peer {
+        return Some(format!(
+            "{pair}: measured {} instead of its ring neighbour",
+            r.peer
+        ));
+    }
+    if !r.ok {
+        let error = r.error.as_deref().unwrap_or("failed (no error given)");
+        return Some(format!("{pair}: {error}"));
+    }
+    if require_rdma && r.rdma != "measured" {
+        return Some(format!(
+            "{pair}: RDMA was not measured ({}; gang.require_rdma is true)",
+            if r.rdma.is_empty() {
+                "unmeasured"
+            } else {
+                &r.rdma
+            }
+        ));
+    }
+    if let Some(min) = min_bandwidth {
+        match r.bandwidth_gbps {
+            Some(b) if b >= min => {}
+            Some(b) => return Some(format!("{pair}: bandwidth {b:.1} Gbit/s below {min}")),
+            None => return Some(format!("{pair}: no bandwidth measured (asked for {min})")),
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::model::Member;
+    use super::*;
+    use serde_json::json;
+    use std::time::Duration;
+
+    fn node(v: serde_json::Value) -> Node {
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn good_node(name: &str) -> Node {
+        node(json!({
+            "metadata": { "name": name, "labels": { "fabricgate.io/ready": "true" } },
+            "status": { "conditions": [{ "type": "FabricReady", "status": "True" }] },
+        }))
+    }
+
+    #[test]
+    fn a_node_is_validated_only_with_label_condition_and_no_taint() {
+        let key = "fabricgate.io/unvalidated";
+        assert_eq!(node_problem(&good_node("a"), "fabricgate.io/", key), None);
+        let bad = node(json!({
+            "metadata": { "name": "b", "labels": { "fabricgate.io/ready": "false" } },
+            "spec": { "taints": [{ "key": key, "effect": "NoSchedule" }] },
+            "status": { "conditions": [{ "type": "FabricReady", "status": "False",
+                "reason": "RdmaPortDown", "message": "mlx5_0 port 1 is DOWN" }] },
+        }));
+        let p = node_problem(&bad, "fabricgate.io/", key).unwrap();
+        assert!(p.starts_with("b: FabricReady=False (RdmaPortDown: mlx5_0 port 1 is DOWN)"));
+        assert!(
+            p.contains("label fabricgate.io/ready") && p.contains("tainted"),
+            "{p}"
+        );
+        let bare = node(json!({ "metadata": { "name": "c" } }));
+        assert!(
+            node_problem(&bare, "fabricgate.io/", key)
+                .unwrap()
+                .contains("no FabricReady")
+        );
+    }
+
+    #[test]
+    fn assigned_nodes_match_domains_and_sort() {
+        let nodes = [good_node("n-2"), good_node("n-1"), good_node("other")];
+        let status: WorkloadStatus = serde_json::from_value(json!({
+            "admission": { "podSetAssignments": [
+                { "name": "workers", "count": 2, "topologyAssignment": {
+                    "levels": [HOSTNAME_LABEL],
+                    "slices": [{ "domainCount": 2, "valuesPerLevel": [
+                        { "individual": { "prefix": "n-", "roots": ["2", "1"] } }] }] } },
+                { "name": "launcher", "count": 1, "flavors": { "cpu": "default" } },
+            ]},
+        }))
+        .unwrap();
+        let a = assigned_nodes(&status, nodes.iter()).unwrap();
+        assert_eq!(a.nodes, ["n-1", "n-2"]);
+        assert_eq!(a.untopological.len(), 1);
+        assert_eq!(a.untopological[0].2, 1);
+        let gone: WorkloadStatus = serde_json::from_value(json!({
+            "admission": { "podSetAssignments": [{ "name": "w", "topologyAssignment": {
+                "levels": [HOSTNAME_LABEL],
+                "slices": [{ "domainCount": 1, "valuesPerLevel": [{ "universal": "x" }] }] } }]},
+        }))
+        .unwrap();
+        let e = assigned_nodes(&gone, nodes.iter()).unwrap_err();
+        assert!(
+            e.contains("kubernetes.io/hostname=x matches no Node"),
+            "{e}"
+        );
+    }
+
+    fn spec(n: usize) -> FabricCheckSpec {
+        FabricCheckSpec {
+            members: (0..n)
+                .map(|i| Member {
+                    node: format!("n{i}"),
+                    endpoint: format!("10.0.0.{i}:9465"),
+                })
+                .collect(),
+            ..FabricCheckSpec::default()
+        }
+    }
+
+    fn result(i: usize, n: usize, ok: bool) -> PairResult {
+        PairResult {
+            node: format!("n{i}"),
+            peer: format!("n{}", (i + 1) % n),
+            ok,
+            rdma: "measured".into(),
+            device: Some("mlx5_0".into()),
+            port: Some(1),
+            rtt_micros: Some(10.0 + i as f64),
+            error: (!ok).then(|| "timeout: no completion from n2 mlx5_0 port 1".into()),
+            ..PairResult::default()
+        }
+    }
+
+    #[test]
+    fn judge_waits_then_decides_never_ready_on_timeout() {
+        let t = Duration::from_secs(20);
+        let s = spec(3);
+        let mut st = FabricCheckStatus {
+            results: vec![result(0, 3, true), result(1, 3, true)],
+        };
+        assert_eq!(judge(&s, &st, false, true, t), Verdict::Waiting);
+        match judge(&s, &st, true, true, t) {
+            Verdict::Retry {
+                message,
+                failed_pairs: 0,
+            } => assert!(
+                message.contains("timed out") && message.contains("n2"),
+                "{message}"
+            ),
+            v => panic!("{v:?}"),
+        }
+        st.results.push(result(2, 3, true));
+        match judge(&s, &st, false, true, t) {
+            Verdict::Ready(m) => assert!(m.contains("3 pairs") && m.contains("12.0 µs"), "{m}"),
+            v => panic!("{v:?}"),
+        }
+        st.results[1] = result(1, 3, false);
+        match judge(&s, &st, false, true, t) {
+            Verdict::Retry {
+                message,
+                failed_pairs: 1,
+            } => assert!(
+                message.contains("n1 -> n2 (mlx5_0 port 1): timeout"),
+                "{message}"
+            ),
+            v => panic!("{v:?}"),
+        }
+    }
+
+    #[test]
+    fn unmeasured_rdma_counts_only_without_require_rdma() {
+        let t = Duration::from_secs(20);
+        let s = spec(2);
+        let mut st = FabricCheckStatus {
+            results: vec![result(0, 2, true), result(1, 2, true)],
+        };
+        st.results[0].rdma = "unmeasured".into();
+        assert!(matches!(
+            judge(&s, &st, false, true, t),
+            Verdict::Retry {
+                failed_pairs: 1,
+                ..
+            }
+        ));
+        match judge(&s, &st, false, false, t) {
+            Verdict::Ready(m) => assert!(m.contains("require_rdma is false"), "{m}"),
+            v => panic!("{v:?}"),
+        }
+        // The wrong neighbour, or too little bandwidth, is a failed pair.
+        st.results[0].rdma = "measured".into();
+        st.results[1].peer = "n1".into();
+        assert!(matches!(
+            judge(&s, &st, false, true, t),
+            Verdict::Retry {
+                failed_pairs: 1,
+                ..
+            }
+        ));
+        let mut bw = spec(2);
+        bw.min_bandwidth_gbps = Some(25.0);
+        st.results[1].peer = "n0".into();
+        st.results[0].bandwidth_gbps = Some(90.0);
+        st.results[1].bandwidth_gbps = Some(9.5);
+        match judge(&bw, &st, false, true, t) {
+            Verdict::Retry { message, .. } => assert!(message.contains("9.5 Gbit/s below 25")),
+            v => panic!("{v:?}"),
+        }
+    }
+
+    #[test]
+    fn lists_are_bounded() {
+        let names: Vec<String> = (0..40).map(|i| format!("n{i}")).collect();
+        let l = list(&names);
+        assert!(l.ends_with("and 24 more") && l.contains("n15") && !l.contains("n16,"));
+    }
+}

@@ -1,0 +1,158 @@
+//! `fabricgate admission-check`: a Kueue admission-check controller (`controllerName:
+//! fabricgate.io/fabric-preflight`, docs/gangs.md). Kueue holds a Workload whose ClusterQueue
+//! names our `AdmissionCheck` until this controller sets the check's state. Once quota is
+//! reserved (with Topology Aware Scheduling, the nodes are then known), it
+//!
+//! 1. takes the Nodes of `status.admission.podSetAssignments[].topologyAssignment`;
+//! 2. requires each to be validated now (the agent's label and `FabricReady=True`, no
+//!    `unvalidated` taint: the agent's or the guard's), else `Retry` naming them;
+//! 3. asks their agents for a ring of RDMA measurements through a `FabricCheck` object in
+//!    `gang.namespace` (member i measures member i+1), waits for every member's result or
+//!    the deadline, and sets `Ready` (every pair good) or `Retry` (a failed pair, or no answer
+//!    in time; never `Ready` on a timeout), then deletes the FabricCheck.
+//!
+//! Two replicas elect a leader on a Lease (as `fabricgate guard` does); only the leader
+//! watches and writes. The FabricCheck is the state of a check in flight, so a new leader
+//! carries on where the old one stopped. Each check state is written with server-side
+//! apply on the Workload's status subresource, under its own field manager, touching only
+//! its own `admissionChecks[]` entry (the list is a map keyed on `name`), guarded by the
+//! Workload's resourceVersion.
+
+mod decide;
+mod metrics;
+pub mod model;
+mod reconcile;
+mod watch;
+
+pub use decide::{Verdict, judge, node_problem};
+pub use metrics::CheckMetrics;
+
+use crate::cluster::lease::{Election, release, try_lead};
+use crate::config::Config;
+use crate::error::Result;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::Api;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// `spec.controllerName` of the AdmissionCheck objects this controller serves.
+pub const CONTROLLER_NAME: &str = "fabricgate.io/fabric-preflight";
+/// Field manager of every write (the Workload's check state, the AdmissionCheck's Active).
+pub const FIELD_MANAGER: &str = "fabricgate-admission-check";
+/// Labels of every FabricCheck the controller creates.
+pub const CHECK_LABEL: (&str, &str) = ("fabricgate.io/check", "gang");
+/// Annotation of a FabricCheck: the quota reservation it tests (the `QuotaReserved`
+/// condition's transition time), so a check left from an earlier reservation is not reused.
+pub const RESERVATION_ANNOTATION: &str = "fabricgate.io/reservation";
+/// The Node annotation each agent with peers enabled writes: its responder's `host:port`.
+pub const PEERS_ENDPOINT_ANNOTATION: &str = "fabricgate.io/peers-endpoint";
+
+/// Everything `fabricgate admission-check` needs.
+pub struct CheckSettings {
+    pub config: Config,
+    /// Namespace of the Lease (the controller's own).
+    pub namespace: String,
+    pub lease_name: String,
+    pub lease_duration: Duration,
+    pub identity: String,
+    /// Lease renewal and full re-judge interval.
+    pub poll_interval: Duration,
+    /// Only this namespace's Workloads (and the FabricChecks made for them); `None`: all.
+    pub workload_namespace: Option<String>,
+}
+
+impl CheckSettings {
+    fn election(&self) -> Election<'_> {
+        Election {
+            lease_name: &self.lease_name,
+            identity: &self.identity,
+            lease_duration: self.lease_duration,
+        }
+    }
+
+    /// After the deadline, this long for the members' last writes to arrive.
+    fn grace(&self) -> Duration {
+        (self.config.gang.timeout / 4).min(Duration::from_secs(2))
+    }
+}
+
+/// Least time between two passes triggered by watch events.
+const MIN_PASS_GAP: Duration = Duration::from_millis(20);
+/// The server ends each watch after this long; the watcher resumes from the last version.
+const WATCH_TIMEOUT_SECS: u32 = 290;
+
+/// Run the controller until `shutdown` completes. `requests` serves the Lease and the writes,
+/// `watch` the leader's watches (a client with a read timeout above [`WATCH_TIMEOUT_SECS`]).
+///
+/// # Errors
+/// None today once started: API trouble is logged and retried.
+pub async fn run(
+    requests: kube::Client,
+    watch: kube::Client,
+    s: CheckSettings,
+    metrics: Arc<CheckMetrics>,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<()> {
+    let leases: Api<Lease> = Api::namespaced(requests.clone(), &s.namespace);
+    let mut leading = false;
+    let mut last_renewed: Option<Instant> = None;
+    let mut watched: Option<watch::Watched> = None;
+    let mut state = reconcile::State::default();
+    let mut tick = tokio::time::interval(s.poll_interval.max(Duration::from_millis(10)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut changed = false;
+    let mut last_pass = tokio::time::Instant::now();
+    let mut due: Option<tokio::time::Instant> = None;
+    tokio::pin!(shutdown);
+    tracing::info!(identity = %s.identity, lease = %s.lease_name, "fabricgate admission-check started");
+    loop {
+        tokio::select! {
+            () = &mut shutdown => break,
+            _ = tick.tick() => {
+                let lead = match try_lead(&leases, &s.election()).await {
+                    Ok(l) => {
+                        last_renewed = l.then(Instant::now);
+                        l
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "lease: cannot read or renew; not acting");
+                        false
+                    }
+                };
+                if lead != leading {
+                    tracing::info!(identity = %s.identity, leader = lead, "leadership changed");
+                    leading = lead;
+                    metrics.set_leader(lead);
+                    state = reconcile::State::default();
+                }
+                let keep = leading
+                    || last_renewed.is_some_and(|t| t.elapsed() < s.lease_duration);
+                if keep && watched.is_none() {
+                    watched = Some(watch::Watched::start(&watch, &s));
+                } else if !keep && watched.take().is_some() {
+                    tracing::info!("not leading: watches stopped, cache dropped");
+                }
+                changed = true;
+            }
+            () = tokio::time::sleep_until(due.unwrap_or(last_pass)), if due.is_some() => {
+                due = None;
+                changed = true;
+            }
+            () = tokio::time::sleep_until(last_pass + MIN_PASS_GAP), if changed && leading => {
+                changed = false;
+                last_pass = tokio::time::Instant::now();
+                if let Some(w) = &watched && w.ready() {
+                    due = reconcile::pass(&requests, w, &s, &metrics, &mut state).await;
+                }
+            }
+            () = watch::next_change(&mut watched) => changed = true,
+        }
+    }
+    drop(watched);
+    if leading {
+        let _ = release(&leases, &s.election()).await;
+    }
+    tracing::info!("fabricgate admission-check stopped");
+    Ok(())
+}

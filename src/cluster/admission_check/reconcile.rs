@@ -1,0 +1,667 @@
+//! One pass of the leader over its stores: AdmissionChecks kept `Active`, every Workload whose
+//! check of ours is `Pending` after quota reservation moved on (nodes judged, FabricCheck
+//! created, results collected, state written), stale FabricChecks deleted.
+
+use super::decide::{self, Assigned, Verdict, judge, list, node_problem};
+use super::model::{self, FabricCheckSpec, FabricCheckStatus, Member, WorkloadRef, WorkloadStatus};
+use super::watch::Watched;
+use super::{
+    CHECK_LABEL, CONTROLLER_NAME, CheckMetrics, CheckSettings, FIELD_MANAGER,
+    PEERS_ENDPOINT_ANNOTATION, RESERVATION_ANNOTATION,
+};
+use crate::error::{Error, Result};
+use k8s_openapi::api::core::v1::{Node, ObjectReference};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use kube::runtime::reflector::ObjectRef;
+use serde_json::{Value, json};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// What the leader remembers between passes (dropped when leadership changes: everything
+/// durable is in the API objects).
+#[derive(Default)]
+pub(super) struct State {
+    /// Workload uid -> the resourceVersion a state was written over: skipped while the
+    /// store still shows that version (the write's echo has not arrived).
+    decided: HashMap<String, String>,
+    /// FabricChecks deleted (by uid), treated as gone while the store still shows them.
+    deleted: HashSet<String>,
+    /// (Workload uid, reservation) -> when a pass first saw its check Pending.
+    first_seen: HashMap<(String, String), Instant>,
+}
+
+/// A state for our entries of one Workload.
+struct Decision {
+    state: &'static str,
+    message: String,
+    failed_pairs: usize,
+}
+
+impl Decision {
+    fn retry(message: String) -> Self {
+        Self {
+            state: "Retry",
+            message,
+            failed_pairs: 0,
+        }
+    }
+    fn ready(message: String) -> Self {
+        Self {
+            state: "Ready",
+            message,
+            failed_pairs: 0,
+        }
+    }
+}
+
+/// One pass; returns when the next one is due at the latest (a deadline of a check in flight).
+pub(super) async fn pass(
+    client: &kube::Client,
+    w: &Watched,
+    s: &CheckSettings,
+    metrics: &CheckMetrics,
+    state: &mut State,
+) -> Option<tokio::time::Instant> {
+    let ours = our_checks(client, w, s).await;
+    let mut due: Option<tokio::time::Instant> = None;
+    let mut in_flight = 0usize;
+    let mut pending_uids = HashSet::new();
+    let nodes = w.nodes.state();
+    for wl in w.workloads.state() {
+        match workload(client, w, s, metrics, state, &ours, &wl, &nodes).await {
+            Ok(Step::Idle) => {}
+            Ok(Step::Waiting(at)) => {
+                in_flight += 1;
+                pending_uids.insert(wl.uid().unwrap_or_default());
+                due = Some(due.map_or(at, |d| d.min(at)));
+            }
+            Ok(Step::Pending) => {
+                pending_uids.insert(wl.uid().unwrap_or_default());
+            }
+            Err(e) => {
+                pending_uids.insert(wl.uid().unwrap_or_default());
+                tracing::warn!(error = %e, workload = %key(&wl), "admission check step failed; retrying");
+                let retry = tokio::time::Instant::now() + s.poll_interval;
+                due = Some(due.map_or(retry, |d| d.min(retry)));
+            }
+        }
+    }
+    metrics.set_in_flight(in_flight);
+    state
+        .first_seen
+        .retain(|(uid, _), _| pending_uids.contains(uid));
+    cleanup(client, w, s, state, &pending_uids).await;
+    due
+}
+
+enum Step {
+    /// Nothing of ours to do on this Workload.
+    Idle,
+    /// Our check is Pending and handled (a FabricCheck created, a state written).
+    Pending,
+    /// A FabricCheck in flight; judge again at this instant at the latest.
+    Waiting(tokio::time::Instant),
+}
+
+fn key(o: &DynamicObject) -> String {
+    format!("{}/{}", o.namespace().unwrap_or_default(), o.name_any())
+}
+
+/// The names of the AdmissionChecks served by this controller; each one not yet `Active`
+/// for its generation is made so.
+async fn our_checks(client: &kube::Client, w: &Watched, s: &CheckSettings) -> BTreeSet<String> {
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &model::admission_checks());
+    let mut ours = BTreeSet::new();
+    for ac in w.admission_checks.state() {
+        if ac.data["spec"]["controllerName"].as_str() != Some(CONTROLLER_NAME) {
+            continue;
+        }
+        let name = ac.name_any();
+        ours.insert(name.clone());
+        let generation = ac.metadata.generation.unwrap_or(0);
+        let active = ac.data["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| {
+                c["type"] == "Active"
+                    && c["status"] == "True"
+                    && c["observedGeneration"].as_i64() == Some(generation)
+            });
+        if active {
+            continue;
+        }
+        let body = json!({
+            "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "AdmissionCheck",
+            "metadata": { "name": name },
+            "status": { "conditions": [{
+                "type": "Active", "status": "True", "reason": "Active",
+                "message": format!("fabricgate admission-check ({}) serves {CONTROLLER_NAME}", s.identity),
+                "observedGeneration": generation,
+                "lastTransitionTime": Timestamp::now().round(k8s_openapi::jiff::Unit::Second)
+                    .map_or_else(|_| Timestamp::now().to_string(), |t| t.to_string()),
+            }]},
+        });
+        match api
+            .patch_status(
+                &name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&body),
+            )
+            .await
+        {
+            Ok(_) => tracing::info!(check = %name, "AdmissionCheck set Active"),
+            Err(e) => {
+                tracing::warn!(check = %name, error = %e, "cannot set the AdmissionCheck Active")
+            }
+        }
+    }
+    ours
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn workload(
+    client: &kube::Client,
+    w: &Watched,
+    s: &CheckSettings,
+    metrics: &CheckMetrics,
+    state: &mut State,
+    ours: &BTreeSet<String>,
+    wl: &DynamicObject,
+    nodes: &[Arc<Node>],
+) -> Result<Step> {
+    let status: WorkloadStatus =
+        serde_json::from_value(wl.data.get("status").cloned().unwrap_or(Value::Null))
+            .unwrap_or_default();
+    let entries: Vec<String> = status
+        .admission_checks
+        .iter()
+        .filter(|c| c.state == "Pending" && ours.contains(&c.name))
+        .map(|c| c.name.clone())
+        .collect();
+    if entries.is_empty() {
+        return Ok(Step::Idle);
+    }
+    let Some(reservation) = status.reservation().map(str::to_owned) else {
+        return Ok(Step::Idle);
+    };
+    let uid = wl.uid().unwrap_or_default();
+    let rv = wl.resource_version().unwrap_or_default();
+    if state.decided.get(&uid) == Some(&rv) {
+        return Ok(Step::Pending);
+    }
+    let first = *state
+        .first_seen
+        .entry((uid.clone(), reservation.clone()))
+        .or_insert_with(Instant::now);
+    let ns = wl.namespace().unwrap_or_default();
+    let name = wl.name_any();
+    let gang_ns = &s.config.gang.namespace;
+    let fc_name = model::fabric_check_name(&ns, &name, &uid);
+    let checks: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), gang_ns, &model::fabric_checks());
+    let existing = w
+        .checks
+        .get(&ObjectRef::new_with(&fc_name, model::fabric_checks()).within(gang_ns))
+        .filter(|fc| !state.deleted.contains(&fc.uid().unwrap_or_default()));
+    if let Some(fc) = existing {
+        let spec: FabricCheckSpec =
+            serde_json::from_value(fc.data["spec"].clone()).unwrap_or_default();
+        let same = spec.workload.uid == uid
+            && fc.annotations().get(RESERVATION_ANNOTATION) == Some(&reservation);
+        if same {
+            let results: FabricCheckStatus =
+                serde_json::from_value(fc.data.get("status").cloned().unwrap_or(Value::Null))
+                    .unwrap_or_default();
+            let deadline: Option<Timestamp> = spec.deadline.parse().ok();
+            let grace = SignedDuration::try_from(s.grace()).unwrap_or_default();
+            let judge_at = deadline.and_then(|d| d.checked_add(grace).ok());
+            let past = judge_at.is_none_or(|t| Timestamp::now() >= t);
+            let verdict = judge(
+                &spec,
+                &results,
+                past,
+                s.config.gang.require_rdma,
+                s.config.gang.timeout,
+            );
+            let decision = match verdict {
+                Verdict::Waiting => {
+                    let wait = judge_at
+                        .and_then(|t| Duration::try_from(t.duration_since(Timestamp::now())).ok())
+                        .unwrap_or(Duration::ZERO);
+                    return Ok(Step::Waiting(tokio::time::Instant::now() + wait));
+                }
+                Verdict::Ready(m) => Decision::ready(m),
+                Verdict::Retry {
+                    message,
+                    failed_pairs,
+                } => Decision {
+                    state: "Retry",
+                    message,
+                    failed_pairs,
+                },
+            };
+            write_state(client, wl, &entries, &decision, s).await?;
+            record(metrics, state, &decision, &uid, &rv, first, wl, client, s).await;
+            delete_check(&checks, &fc, state).await;
+            return Ok(Step::Pending);
+        }
+        // Left from an earlier reservation or an earlier Workload of that name.
+        delete_check(&checks, &fc, state).await;
+    }
+    let decision = match prepare(w, s, wl, &status, &reservation, nodes) {
+        Ok(Prepared::Decided(d)) => d,
+        Ok(Prepared::Ring(spec)) => {
+            create_check(&checks, &fc_name, &reservation, &spec).await?;
+            tracing::info!(workload = %key(wl), members = spec.members.len(), check = %fc_name,
+                "gang pre-flight started");
+            return Ok(Step::Waiting(
+                tokio::time::Instant::now() + s.config.gang.timeout + s.grace(),
+            ));
+        }
+        Err(d) => d,
+    };
+    write_state(client, wl, &entries, &decision, s).await?;
+    record(metrics, state, &decision, &uid, &rv, first, wl, client, s).await;
+    Ok(Step::Pending)
+}
+
+enum Prepared {
+    Decided(Decision),
+    Ring(FabricCheckSpec),
+}
+
+/// Before any measurement: the Nodes given, each validated now, each with a peers endpoint.
+fn prepare(
+    w: &Watched,
+    s: &CheckSettings,
+    wl: &DynamicObject,
+    status: &WorkloadStatus,
+    reservation: &str,
+    nodes: &[Arc<Node>],
+) -> std::result::Result<Prepared, Decision> {
+    let _ = reservation;
+    let prefix = &s.config.node.label_prefix;
+    let taint = s.config.node.taint_key();
+    let assigned: Assigned =
+        decide::assigned_nodes(status, nodes.iter().map(AsRef::as_ref)).map_err(Decision::retry)?;
+    let by_name: BTreeMap<&str, &Node> = nodes
+        .iter()
+        .filter_map(|n| Some((n.metadata.name.as_deref()?, n.as_ref())))
+        .collect();
+    let mut notes = Vec::new();
+    for (podset, flavors, count) in &assigned.untopological {
+        notes.push(flavor_nodes(w, s, podset, flavors, *count, nodes)?);
+    }
+    let gang = &assigned.nodes;
+    if gang.len() > s.config.gang.max_nodes {
+        return Err(Decision {
+            state: "Rejected",
+            message: format!(
+                "the gang has {} nodes, more than gang.max_nodes ({}): the pre-flight cannot \
+                 run on it; raise gang.max_nodes or split the job",
+                gang.len(),
+                s.config.gang.max_nodes
+            ),
+            failed_pairs: 0,
+        });
+    }
+    let problems: Vec<String> = gang
+        .iter()
+        .filter_map(|n| {
+            by_name
+                .get(n.as_str())
+                .and_then(|node| node_problem(node, prefix, &taint))
+        })
+        .collect();
+    if !problems.is_empty() {
+        return Err(Decision::retry(format!(
+            "{} of {} assigned nodes are not validated now: {}",
+            problems.len(),
+            gang.len(),
+            list(&problems)
+        )));
+    }
+    if gang.len() < 2 {
+        let mut message = match gang.first() {
+            Some(n) => format!("the one assigned node {n} is validated; no pair to test"),
+            None => "no topology assignment (Kueue Topology Aware Scheduling is not used for \
+                     this Workload): only node validation can be checked, the gang RDMA \
+                     pre-flight did not run"
+                .to_owned(),
+        };
+        for n in notes {
+            message.push_str("; ");
+            message.push_str(&n);
+        }
+        return Ok(Prepared::Decided(Decision::ready(message)));
+    }
+    let mut members = Vec::with_capacity(gang.len());
+    let mut no_endpoint = Vec::new();
+    for n in gang {
+        let endpoint = by_name
+            .get(n.as_str())
+            .and_then(|node| node.metadata.annotations.as_ref())
+            .and_then(|a| a.get(PEERS_ENDPOINT_ANNOTATION))
+            .filter(|e| !e.trim().is_empty());
+        match endpoint {
+            Some(e) => members.push(Member {
+                node: n.clone(),
+                endpoint: e.clone(),
+            }),
+            None => no_endpoint.push(n.clone()),
+        }
+    }
+    if !no_endpoint.is_empty() {
+        return Err(Decision::retry(format!(
+            "{} assigned nodes publish no peers endpoint (Node annotation \
+             {PEERS_ENDPOINT_ANNOTATION}, written by the agent with peers enabled): {}",
+            no_endpoint.len(),
+            list(&no_endpoint)
+        )));
+    }
+    let deadline = deadline_after(s.config.gang.timeout);
+    Ok(Prepared::Ring(FabricCheckSpec {
+        workload: WorkloadRef {
+            namespace: wl.namespace().unwrap_or_default(),
+            name: wl.name_any(),
+            uid: wl.uid().unwrap_or_default(),
+        },
+        members,
+        min_bandwidth_gbps: s.config.gang.min_bandwidth_gbps,
+        deadline,
+    }))
+}
+
+/// Without a topology assignment: at least `count` Nodes of the pod set's flavors (all their
+/// `nodeLabels`) are validated (its pods can land only on validated ones, the readiness
+/// affinity keeps them off the others). A note for the message, or a `Retry`.
+fn flavor_nodes(
+    w: &Watched,
+    s: &CheckSettings,
+    podset: &str,
+    flavors: &BTreeSet<String>,
+    count: i64,
+    nodes: &[Arc<Node>],
+) -> std::result::Result<String, Decision> {
+    let mut labels = BTreeMap::new();
+    for f in flavors {
+        let flavor = w
+            .flavors
+            .get(&ObjectRef::new_with(f, model::resource_flavors()))
+            .ok_or_else(|| {
+                Decision::retry(format!("pod set {podset}: ResourceFlavor {f} not found"))
+            })?;
+        if let Some(m) = flavor.data["spec"]["nodeLabels"].as_object() {
+            for (k, v) in m {
+                labels.insert(k.clone(), v.as_str().unwrap_or_default().to_owned());
+            }
+        }
+    }
+    let prefix = &s.config.node.label_prefix;
+    let taint = s.config.node.taint_key();
+    let of_flavor: Vec<&Node> = nodes
+        .iter()
+        .map(AsRef::as_ref)
+        .filter(|n| decide::has_labels(n, &labels))
+        .collect();
+    let problems: Vec<String> = of_flavor
+        .iter()
+        .filter_map(|n| node_problem(n, prefix, &taint))
+        .collect();
+    let good = of_flavor.len() - problems.len();
+    let flavor_names: Vec<&String> = flavors.iter().collect();
+    if i64::try_from(good).unwrap_or(i64::MAX) < count {
+        let mut message = format!(
+            "no topology assignment for pod set {podset}: only node validation can be \
+             checked; {good} of the {} nodes of flavor {} are validated, {count} pods need \
+             them",
+            of_flavor.len(),
+            list(&flavor_names)
+        );
+        if !problems.is_empty() {
+            message.push_str(": ");
+            message.push_str(&list(&problems));
+        }
+        return Err(Decision::retry(message));
+    }
+    Ok(format!(
+        "pod set {podset}: no topology assignment, only node validation checked ({good} of \
+         {} nodes of flavor {} validated for {count} pods; the gang RDMA pre-flight did not run)",
+        of_flavor.len(),
+        list(&flavor_names)
+    ))
+}
+
+/// `timeout` from now, rounded up to a whole second (RFC 3339).
+fn deadline_after(timeout: Duration) -> String {
+    let now = Timestamp::now();
+    let secs = now
+        .as_second()
+        .saturating_add(i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX / 2))
+        .saturating_add(i64::from(
+            timeout.subsec_nanos() > 0 || now.subsec_nanosecond() > 0,
+        ));
+    Timestamp::from_second(secs).map_or_else(|_| now.to_string(), |t| t.to_string())
+}
+
+async fn create_check(
+    checks: &Api<DynamicObject>,
+    name: &str,
+    reservation: &str,
+    spec: &FabricCheckSpec,
+) -> Result<()> {
+    let mut obj = DynamicObject::new(name, &model::fabric_checks());
+    obj.metadata = ObjectMeta {
+        name: Some(name.to_owned()),
+        labels: Some(
+            [
+                ("app.kubernetes.io/name".to_owned(), "fabricgate".to_owned()),
+                (CHECK_LABEL.0.to_owned(), CHECK_LABEL.1.to_owned()),
+            ]
+            .into(),
+        ),
+        annotations: Some([(RESERVATION_ANNOTATION.to_owned(), reservation.to_owned())].into()),
+        ..ObjectMeta::default()
+    };
+    obj.data = json!({ "spec": spec });
+    let pp = PostParams {
+        field_manager: Some(FIELD_MANAGER.to_owned()),
+        ..PostParams::default()
+    };
+    match checks.create(&pp, &obj).await {
+        Ok(_) => Ok(()),
+        // Created by an earlier pass whose object the store has not shown yet.
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+        Err(e) => Err(Error::KubeObject {
+            action: "create",
+            object: format!("FabricCheck {name}"),
+            source: Box::new(e),
+        }),
+    }
+}
+
+async fn delete_check(checks: &Api<DynamicObject>, fc: &DynamicObject, state: &mut State) {
+    let name = fc.name_any();
+    let mut dp = DeleteParams::default();
+    if let Some(uid) = fc.uid() {
+        dp = DeleteParams {
+            preconditions: Some(kube::api::Preconditions {
+                uid: Some(uid),
+                resource_version: None,
+            }),
+            ..dp
+        };
+    }
+    match checks.delete(&name, &dp).await {
+        Ok(_) => {
+            tracing::debug!(check = %name, "FabricCheck deleted");
+            state.deleted.insert(fc.uid().unwrap_or_default());
+        }
+        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {
+            state.deleted.insert(fc.uid().unwrap_or_default());
+        }
+        Err(e) => tracing::warn!(check = %name, error = %e, "cannot delete the FabricCheck"),
+    }
+}
+
+/// Server-side apply of our entries' state on the Workload's status, guarded by the
+/// resourceVersion the decision was made on (a conflict is judged again on the next pass).
+async fn write_state(
+    client: &kube::Client,
+    wl: &DynamicObject,
+    entries: &[String],
+    d: &Decision,
+    _s: &CheckSettings,
+) -> Result<()> {
+    let api: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        &wl.namespace().unwrap_or_default(),
+        &model::workloads(),
+    );
+    let now = Timestamp::now();
+    let now = now
+        .round(k8s_openapi::jiff::Unit::Second)
+        .unwrap_or(now)
+        .to_string();
+    let message = truncate(&d.message, 32_000);
+    let checks: Vec<Value> = entries
+        .iter()
+        .map(|name| {
+            json!({ "name": name, "state": d.state, "message": message,
+                    "lastTransitionTime": now })
+        })
+        .collect();
+    let body = json!({
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
+        "metadata": { "name": wl.name_any(), "namespace": wl.namespace(),
+                      "resourceVersion": wl.resource_version() },
+        "status": { "admissionChecks": checks },
+    });
+    api.patch_status(
+        &wl.name_any(),
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&body),
+    )
+    .await
+    .map_err(|e| Error::KubeObject {
+        action: "write the admission check state of",
+        object: format!("Workload {}", key(wl)),
+        source: Box::new(e),
+    })?;
+    tracing::info!(workload = %key(wl), state = d.state, message = %d.message, "admission check decided");
+    Ok(())
+}
+
+/// After a state was written: metrics, the Event (Retry, Rejected), the Workload's version.
+#[allow(clippy::too_many_arguments)]
+async fn record(
+    metrics: &CheckMetrics,
+    state: &mut State,
+    d: &Decision,
+    uid: &str,
+    rv: &str,
+    first: Instant,
+    wl: &DynamicObject,
+    client: &kube::Client,
+    s: &CheckSettings,
+) {
+    state.decided.insert(uid.to_owned(), rv.to_owned());
+    metrics.decided(
+        &d.state.to_ascii_lowercase(),
+        Some(first.elapsed().as_secs_f64()),
+    );
+    metrics.pair_failures(d.failed_pairs);
+    if d.state == "Ready" {
+        return;
+    }
+    let ns = wl.namespace().unwrap_or_default();
+    let events: Api<Event> = Api::namespaced(client.clone(), &ns);
+    let event = Event {
+        metadata: ObjectMeta {
+            generate_name: Some(format!("{}-", truncate(&wl.name_any(), 200))),
+            namespace: Some(ns.clone()),
+            ..ObjectMeta::default()
+        },
+        event_time: Some(MicroTime(Timestamp::now())),
+        action: Some("AdmissionCheck".to_owned()),
+        reason: Some(format!("FabricPreflight{}", d.state)),
+        note: Some(truncate(&d.message, 1024)),
+        type_: Some("Warning".to_owned()),
+        regarding: Some(ObjectReference {
+            api_version: Some("kueue.x-k8s.io/v1beta2".to_owned()),
+            kind: Some("Workload".to_owned()),
+            name: Some(wl.name_any()),
+            namespace: Some(ns),
+            uid: wl.uid(),
+            ..ObjectReference::default()
+        }),
+        reporting_controller: Some(CONTROLLER_NAME.to_owned()),
+        reporting_instance: Some(truncate(&s.identity, 128)),
+        ..Event::default()
+    };
+    let pp = PostParams {
+        field_manager: Some(FIELD_MANAGER.to_owned()),
+        ..PostParams::default()
+    };
+    if let Err(e) = events.create(&pp, &event).await {
+        tracing::warn!(workload = %key(wl), error = %e, "cannot record the Event");
+    }
+}
+
+/// Delete the FabricChecks that no Pending check of ours needs: their Workload is gone (or
+/// another with its name), or the check was decided, or they are older than twice
+/// `gang.timeout`.
+async fn cleanup(
+    client: &kube::Client,
+    w: &Watched,
+    s: &CheckSettings,
+    state: &mut State,
+    pending: &HashSet<String>,
+) {
+    let checks: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        &s.config.gang.namespace,
+        &model::fabric_checks(),
+    );
+    let live: HashSet<String> = w.checks.state().iter().filter_map(|fc| fc.uid()).collect();
+    state.deleted.retain(|uid| live.contains(uid));
+    let max_age = SignedDuration::try_from(s.config.gang.timeout * 2).unwrap_or_default();
+    for fc in w.checks.state() {
+        if state.deleted.contains(&fc.uid().unwrap_or_default()) {
+            continue;
+        }
+        let of = &fc.data["spec"]["workload"];
+        if s.workload_namespace
+            .as_deref()
+            .is_some_and(|ns| of["namespace"].as_str() != Some(ns))
+        {
+            continue;
+        }
+        let uid = of["uid"].as_str().unwrap_or_default();
+        let old = fc
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .is_some_and(|t| Timestamp::now().duration_since(t.0) > max_age);
+        if !pending.contains(uid) || old {
+            delete_check(&checks, &fc, state).await;
+        }
+    }
+}
+
+fn truncate(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_owned();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_owned()
+}

@@ -1,0 +1,637 @@
+//! Kueue for real (issue 25, item 3): Kueue v0.19's own manager, kube-controller-manager and
+//! kube-scheduler on the shared control plane (`tests/common/kueue.rs`), the `fabricgate
+//! admission-check` controller as a separate process, and a real agent on each of six fixture
+//! Nodes in two leaves. The Topology, ResourceFlavor, ClusterQueue, LocalQueue, AdmissionCheck
+//! and Job are read from docs/gangs.md, as users copy them.
+//!
+//! - all nodes good: the Job (suspended by Kueue's webhook) is admitted and its 3 pods are
+//!   bound to exactly the nodes TAS assigned, all in one leaf;
+//! - an assigned node fails before the check decides: `Retry` naming it, then, once Kueue
+//!   reserves quota again, admitted on the other leaf;
+//! - the check controller down (killed): the Workload keeps its quota and stays pending, the
+//!   Job suspended and without pods (fail closed), until a controller decides.
+//!
+//! The tests share Kueue's queues and take [`Kueue::serial`]; each has its own Nodes (and leaf
+//! values), deleted at its end with its Job, pods and Workloads.
+
+use crate::common::kueue::Kueue;
+use crate::common::sysfs::FakeHca;
+use crate::common::{Agent, TAINT, TestNode, start_agent, wait_until};
+use serde_json::{Value, json};
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const NS: &str = "ml";
+const JOB: &str = "llm-pretrain";
+const LEAF: &str = "network.topology.nvidia.com/leaf";
+const POOL: (&str, &str) = ("node.example.com/pool", "gpu-rdma");
+const CHECK: &str = "fabricgate-preflight";
+const WORKERS: usize = 3;
+
+/// The YAML block of docs/gangs.md after `<!-- kueue-test: {name} -->`.
+pub fn doc_yaml(name: &str) -> String {
+    let path = crate::common::repo_root().join("docs/gangs.md");
+    let text = std::fs::read_to_string(&path).expect("read docs/gangs.md");
+    let marker = format!("<!-- kueue-test: {name} -->");
+    let after = text
+        .split_once(&marker)
+        .unwrap_or_else(|| panic!("docs/gangs.md has no {marker}"))
+        .1;
+    let body = after
+        .trim_start()
+        .strip_prefix("```yaml\n")
+        .unwrap_or_else(|| panic!("{marker} is not followed by a ```yaml block"));
+    body.split_once("\n```")
+        .unwrap_or_else(|| panic!("the block after {marker} does not end"))
+        .0
+        .to_owned()
+}
+
+/// Six Nodes in two leaves (`{prefix}-a-*`, `{prefix}-b-*`), each with 8 GPUs, the flavor's
+/// pool label and a real agent; deleted (with the Job, its pods and Workloads) on drop.
+struct Fleet {
+    kueue: &'static Kueue,
+    nodes: Vec<TestNode>,
+    hcas: Vec<FakeHca>,
+    agents: Vec<Agent>,
+    /// The agents' requirements file (peers on, over loopback) and the pool's key.
+    _config: tempfile::TempDir,
+}
+
+/// The pool's peers key in these tests.
+const PEERS_KEY: &str = "0d6a1c5e3b7f9a2d4c6e8f0a1b3c5d7e9f1a2b4c6d8e0f1a3b5c7d9e1f2a4b6c\n";
+
+impl Fleet {
+    fn up(kueue: &'static Kueue, prefix: &str) -> Fleet {
+        let cp = kueue.cp;
+        // Peers on, so each agent answers the FabricChecks that name its node, its responder
+        // on a loopback port it advertises on its Node; no rounds of its own (no peers).
+        let config_dir = tempfile::tempdir().expect("tempdir");
+        let key = config_dir.path().join("peers.key");
+        std::fs::write(&key, PEERS_KEY).expect("write peers key");
+        let config = config_dir.path().join("fabricgate.yaml");
+        std::fs::write(
+            &config,
+            format!(
+                "peers:\n  enabled: true\n  listen: \"127.0.0.1:0\"\n  interval: 10m\n  \
+                 timeout: 2s\n  key_file: {}\n",
+                key.display()
+            ),
+        )
+        .expect("write agent config");
+        let config_arg = config.display().to_string();
+        let mut fleet = Fleet {
+            kueue,
+            nodes: Vec::new(),
+            hcas: Vec::new(),
+            agents: Vec::new(),
+            _config: config_dir,
+        };
+        for leaf in ["a", "b"] {
+            for i in 0..WORKERS {
+                let name = format!("{prefix}-{leaf}-{i}");
+                cp.create_node(
+                    &name,
+                    json!({ LEAF: format!("{prefix}-leaf-{leaf}"), POOL.0: POOL.1 }),
+                    json!([{ "key": TAINT, "effect": "NoSchedule" }]),
+                    json!({ "nvidia.com/gpu": "8" }),
+                );
+                let node = TestNode { cp, name };
+                let hca = FakeHca::new(true);
+                let kubeconfig = node.agent_kubeconfig(None);
+                fleet.agents.push(start_agent(
+                    &node.name,
+                    &hca,
+                    Some(&kubeconfig),
+                    &["--interval", "500ms", "--config", &config_arg],
+                ));
+                fleet.nodes.push(node);
+                fleet.hcas.push(hca);
+            }
+        }
+        wait_until("all six nodes validated", Duration::from_secs(90), || {
+            fleet.nodes.iter().all(TestNode::ready)
+        });
+        fleet
+    }
+
+    fn by_name(&self, name: &str) -> usize {
+        self.nodes
+            .iter()
+            .position(|n| n.name == name)
+            .unwrap_or_else(|| panic!("{name} is not a node of this test"))
+    }
+
+    fn leaf_of(&self, name: &str) -> String {
+        self.nodes[self.by_name(name)]
+            .label(LEAF)
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        let cp = self.kueue.cp;
+        delete_job(cp);
+        self.agents.clear();
+        for node in &self.nodes {
+            let _ = cp.kubectl_as(
+                &cp.admin_kubeconfig,
+                &[
+                    "delete",
+                    "node",
+                    &node.name,
+                    "--ignore-not-found",
+                    "--wait=false",
+                ],
+                None,
+            );
+        }
+    }
+}
+
+/// The Job, its pods (forced: no kubelet confirms their end) and its Workloads, gone.
+fn delete_job(cp: &crate::common::controlplane::ControlPlane) {
+    let k = |args: &[&str]| {
+        let _ = cp.kubectl_as(&cp.admin_kubeconfig, args, None);
+    };
+    k(&[
+        "-n",
+        NS,
+        "delete",
+        "job",
+        JOB,
+        "--ignore-not-found",
+        "--wait=false",
+    ]);
+    k(&[
+        "-n",
+        NS,
+        "delete",
+        "pods",
+        "--all",
+        "--grace-period=0",
+        "--force",
+    ]);
+    k(&[
+        "-n",
+        NS,
+        "delete",
+        "workloads.kueue.x-k8s.io",
+        "--all",
+        "--wait=true",
+        "--timeout=60s",
+    ]);
+}
+
+/// The Queues of docs/gangs.md and the AdmissionCheck (as deploy/admission-check.yaml has it).
+fn apply_queues(cp: &crate::common::controlplane::ControlPlane) {
+    cp.apply(&doc_yaml("admission-check"));
+    cp.apply(&doc_yaml("queues"));
+}
+
+/// The Job of docs/gangs.md, created as written.
+fn create_job(cp: &crate::common::controlplane::ControlPlane) -> Value {
+    let (ok, out, err) = cp.kubectl_as(
+        &cp.admin_kubeconfig,
+        &["create", "-o", "json", "-f", "-"],
+        Some(&doc_yaml("job")),
+    );
+    assert!(ok, "create the Job: {err}");
+    serde_json::from_str(&out).expect("created Job JSON")
+}
+
+/// The Workload Kueue made for the Job.
+fn workload(cp: &crate::common::controlplane::ControlPlane) -> Option<Value> {
+    let list = cp.get_json(&format!(
+        "/apis/kueue.x-k8s.io/v1beta2/namespaces/{NS}/workloads"
+    ))?;
+    list["items"]
+        .as_array()?
+        .iter()
+        .find(|w| {
+            w["metadata"]["ownerReferences"]
+                .as_array()
+                .is_some_and(|o| o.iter().any(|r| r["kind"] == "Job" && r["name"] == JOB))
+        })
+        .cloned()
+}
+
+fn condition_true(wl: &Value, type_: &str) -> bool {
+    wl["status"]["conditions"].as_array().is_some_and(|c| {
+        c.iter()
+            .any(|c| c["type"] == type_ && c["status"] == "True")
+    })
+}
+
+/// fabricgate's entry in the Workload's `status.admissionChecks`.
+fn check_state(wl: &Value) -> Option<(String, String)> {
+    wl["status"]["admissionChecks"]
+        .as_array()?
+        .iter()
+        .find(|c| c["name"] == CHECK)
+        .map(|c| {
+            (
+                c["state"].as_str().unwrap_or("").to_owned(),
+                c["message"].as_str().unwrap_or("").to_owned(),
+            )
+        })
+}
+
+/// The nodes TAS assigned to the Workload's pod sets (the hostname level of
+/// `status.admission.podSetAssignments[].topologyAssignment`, v1beta2's compact form).
+fn assigned_nodes(wl: &Value) -> Vec<String> {
+    let mut out = Vec::new();
+    for psa in wl["status"]["admission"]["podSetAssignments"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        let ta = &psa["topologyAssignment"];
+        let Some(level) = ta["levels"]
+            .as_array()
+            .and_then(|l| l.iter().position(|l| l == "kubernetes.io/hostname"))
+        else {
+            continue;
+        };
+        for slice in ta["slices"].as_array().into_iter().flatten() {
+            let values = &slice["valuesPerLevel"][level];
+            if let Some(u) = values["universal"].as_str() {
+                out.push(u.to_owned());
+            }
+            let ind = &values["individual"];
+            let prefix = ind["prefix"].as_str().unwrap_or("");
+            let suffix = ind["suffix"].as_str().unwrap_or("");
+            for root in ind["roots"].as_array().into_iter().flatten() {
+                out.push(format!("{prefix}{}{suffix}", root.as_str().unwrap_or("")));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// The nodes the Job's pods are bound to (sorted), and how many pods there are.
+fn bound_pods(cp: &crate::common::controlplane::ControlPlane) -> (usize, Vec<String>) {
+    let list = cp
+        .get_json(&format!(
+            "/api/v1/namespaces/{NS}/pods?labelSelector=job-name%3D{JOB}"
+        ))
+        .unwrap_or_default();
+    let pods = list["items"].as_array().cloned().unwrap_or_default();
+    let mut on: Vec<String> = pods
+        .iter()
+        .filter_map(|p| p["spec"]["nodeName"].as_str().map(str::to_owned))
+        .collect();
+    on.sort();
+    (pods.len(), on)
+}
+
+fn job_suspended(cp: &crate::common::controlplane::ControlPlane) -> bool {
+    cp.get_json(&format!("/apis/batch/v1/namespaces/{NS}/jobs/{JOB}"))
+        .is_some_and(|j| j["spec"]["suspend"] == Value::Bool(true))
+}
+
+/// `fabricgate admission-check` as its own process, killed on drop.
+struct Controller {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Controller {
+    fn start(kueue: &Kueue) -> Controller {
+        let cp = kueue.cp;
+        let dir = cp.run_dir().join("admission-check");
+        std::fs::create_dir_all(&dir).expect("mkdir admission-check");
+        let n = std::fs::read_dir(&dir).map_or(0, Iterator::count);
+        let log = dir.join(format!("controller-{n}.log"));
+        let config = dir.join("config.yaml");
+        // The fixture agents have no verbs (see docs/gangs.md): the pair exchange runs over
+        // the side channel only.
+        std::fs::write(&config, "gang:\n  require_rdma: false\n  timeout: 10s\n")
+            .expect("controller config");
+        let child = Command::new(env!("CARGO_BIN_EXE_fabricgate"))
+            .arg("admission-check")
+            .arg("--config")
+            .arg(&config)
+            .args(["--metrics-listen", "127.0.0.1:0"])
+            // One identity for every start: a restarted controller holds the Lease at once.
+            .args(["--identity", "kueue-tests", "--lease-duration", "4s"])
+            .env("KUBECONFIG", &cp.admin_kubeconfig)
+            .env("HOME", &dir)
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .env_remove("KUBERNETES_SERVICE_PORT")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("controller log"))
+            .spawn()
+            .expect("start fabricgate admission-check");
+        Controller { child, log }
+    }
+
+    fn log(&self) -> String {
+        crate::common::controlplane::tail(&self.log, 30)
+    }
+
+    /// SIGKILL, as a crashed or evicted controller: nothing is written on the way out.
+    fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The ClusterQueue is active: its AdmissionCheck is `Active` (its controller has run).
+fn wait_queue_active(kueue: &Kueue, controller: &Controller) {
+    wait_until_ctx(
+        "ClusterQueue training Active",
+        Duration::from_secs(60),
+        || {
+            kueue
+                .cp
+                .get_json("/apis/kueue.x-k8s.io/v1beta2/clusterqueues/training")
+                .is_some_and(|q| condition_true(&q, "Active"))
+        },
+        || {
+            format!(
+                "\ncontroller:\n{}\nkueue:\n{}",
+                controller.log(),
+                kueue.log(20)
+            )
+        },
+    );
+}
+
+fn wait_until_ctx(
+    what: &str,
+    limit: Duration,
+    done: impl FnMut() -> bool,
+    context: impl FnOnce() -> String,
+) -> Duration {
+    crate::common::poll_until(what, limit, Duration::from_millis(50), done, context)
+}
+
+/// The Workload, once Kueue has reserved quota for it and TAS assigned `WORKERS` nodes.
+fn wait_reserved(kueue: &Kueue, why: &str) -> Value {
+    let last = std::cell::RefCell::new(None);
+    wait_until_ctx(
+        why,
+        Duration::from_secs(60),
+        || {
+            *last.borrow_mut() = workload(kueue.cp);
+            last.borrow().as_ref().is_some_and(|w| {
+                condition_true(w, "QuotaReserved") && assigned_nodes(w).len() == WORKERS
+            })
+        },
+        || {
+            format!(
+                "\nworkload: {:#?}\nkueue:\n{}",
+                last.borrow(),
+                kueue.log(20)
+            )
+        },
+    );
+    last.into_inner().expect("workload")
+}
+
+/// Admitted, the Job running, its pods bound to exactly the assigned nodes: those nodes.
+fn wait_admitted_and_bound(kueue: &Kueue, controller: &Controller) -> Vec<String> {
+    let cp = kueue.cp;
+    let wl = std::cell::RefCell::new(None);
+    wait_until_ctx(
+        "the Workload Admitted",
+        Duration::from_secs(90),
+        || {
+            *wl.borrow_mut() = workload(cp);
+            wl.borrow()
+                .as_ref()
+                .is_some_and(|w| condition_true(w, "Admitted"))
+        },
+        || {
+            format!(
+                "\nworkload: {:#?}\ncontroller:\n{}",
+                wl.borrow(),
+                controller.log()
+            )
+        },
+    );
+    let wl = wl.into_inner().expect("workload");
+    assert_eq!(check_state(&wl).map(|s| s.0).as_deref(), Some("Ready"));
+    let assigned = assigned_nodes(&wl);
+    assert_eq!(assigned.len(), WORKERS, "{wl:#}");
+    wait_until_ctx(
+        "the Job's pods bound",
+        Duration::from_secs(60),
+        || {
+            let (n, on) = bound_pods(cp);
+            n == WORKERS && on.len() == WORKERS
+        },
+        || format!("\npods: {:?}\nkueue:\n{}", bound_pods(cp), kueue.log(20)),
+    );
+    assert!(!job_suspended(cp), "an admitted Job runs");
+    assert_eq!(
+        bound_pods(cp).1,
+        assigned,
+        "each pod on a node TAS assigned"
+    );
+    assigned
+}
+
+fn start() -> Option<(std::sync::RwLockWriteGuard<'static, ()>, &'static Kueue)> {
+    let kueue = Kueue::shared()?;
+    let serial = kueue.serial();
+    delete_job(kueue.cp);
+    Some((serial, kueue))
+}
+
+#[test]
+fn kueue_admits_a_gang_whose_nodes_pass_and_binds_it_to_them() {
+    let Some((_serial, kueue)) = start() else {
+        return;
+    };
+    let cp = kueue.cp;
+    let fleet = Fleet::up(kueue, "kqa");
+    let controller = Controller::start(kueue);
+    apply_queues(cp);
+    wait_queue_active(kueue, &controller);
+
+    let job = create_job(cp);
+    assert_eq!(
+        job["spec"]["suspend"],
+        Value::Bool(true),
+        "Kueue's webhook suspends the Job"
+    );
+    let on = wait_admitted_and_bound(kueue, &controller);
+    let leaves: BTreeSet<String> = on.iter().map(|n| fleet.leaf_of(n)).collect();
+    assert_eq!(leaves.len(), 1, "the gang sits in one leaf: {on:?}");
+    capture_output(kueue, "admitted");
+    controller.kill();
+}
+
+#[test]
+fn kueue_retries_a_gang_whose_assigned_node_fails_and_admits_it_elsewhere() {
+    let Some((_serial, kueue)) = start() else {
+        return;
+    };
+    let cp = kueue.cp;
+    let fleet = Fleet::up(kueue, "kqr");
+    // Run once so the AdmissionCheck is Active, then down while Kueue reserves quota: the
+    // check stays Pending with the nodes assigned, and one of them fails meanwhile.
+    let controller = Controller::start(kueue);
+    apply_queues(cp);
+    wait_queue_active(kueue, &controller);
+    controller.kill();
+
+    create_job(cp);
+    let wl = wait_reserved(kueue, "quota reserved while the check controller is down");
+    let first = assigned_nodes(&wl);
+    let failed = first[0].clone();
+    let failed_leaf = fleet.leaf_of(&failed);
+    let i = fleet.by_name(&failed);
+    fleet.hcas[i].set_port(false);
+    wait_until("the assigned node tainted", Duration::from_secs(30), || {
+        fleet.nodes[i].has_our_taint()
+    });
+
+    let watch = WorkloadWatch::start(cp);
+    let controller = Controller::start(kueue);
+    let on = wait_admitted_and_bound(kueue, &controller);
+    assert!(
+        on.iter().all(|n| fleet.leaf_of(n) != failed_leaf),
+        "admitted on the other leaf (first {first:?}, {failed} failed): {on:?}"
+    );
+    let retries = watch.retries();
+    assert!(
+        retries.iter().any(|m| m.contains(&failed)),
+        "a Retry naming {failed}: {retries:?}"
+    );
+    capture_output(kueue, "retried");
+    controller.kill();
+}
+
+#[test]
+fn kueue_keeps_a_gang_pending_while_the_check_controller_is_down() {
+    let Some((_serial, kueue)) = start() else {
+        return;
+    };
+    let cp = kueue.cp;
+    let _fleet = Fleet::up(kueue, "kqc");
+    let controller = Controller::start(kueue);
+    apply_queues(cp);
+    wait_queue_active(kueue, &controller);
+    controller.kill();
+
+    create_job(cp);
+    wait_reserved(kueue, "quota reserved while the check controller is down");
+    // Fail closed: for 15 s the gang holds its quota and nothing of it runs.
+    let held = Instant::now();
+    while held.elapsed() < Duration::from_secs(15) {
+        let wl = workload(cp).expect("the Workload stays");
+        assert!(
+            !condition_true(&wl, "Admitted"),
+            "admitted without a check: {wl:#}"
+        );
+        assert_eq!(check_state(&wl).map(|s| s.0).as_deref(), Some("Pending"));
+        assert!(job_suspended(cp), "the Job stays suspended");
+        assert_eq!(bound_pods(cp).0, 0, "no pod exists");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    // A controller back: the same Workload is decided and admitted.
+    let controller = Controller::start(kueue);
+    wait_admitted_and_bound(kueue, &controller);
+    controller.kill();
+}
+
+/// `kubectl get workloads --watch -o json` on the Job's namespace in the background: every
+/// version of the Workloads, so a `Retry` that Kueue turns back into `Pending` within
+/// milliseconds is still seen.
+struct WorkloadWatch {
+    child: Child,
+    out: PathBuf,
+}
+
+impl WorkloadWatch {
+    fn start(cp: &crate::common::controlplane::ControlPlane) -> WorkloadWatch {
+        let out = cp
+            .run_dir()
+            .join(format!("workload-watch-{}.json", std::process::id()));
+        let child = Command::new(cp.binary())
+            .arg("kubectl")
+            .arg(format!("--kubeconfig={}", cp.admin_kubeconfig.display()))
+            .args([
+                "-n",
+                NS,
+                "get",
+                "workloads.kueue.x-k8s.io",
+                "--watch",
+                "-o",
+                "json",
+            ])
+            .env("HOME", cp.run_dir())
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&out).expect("watch output"))
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("kubectl get --watch");
+        // The watch is open before anything it must see can happen.
+        std::thread::sleep(Duration::from_millis(500));
+        WorkloadWatch { child, out }
+    }
+
+    /// The messages of every `Retry` state fabricgate's check had.
+    fn retries(&self) -> Vec<String> {
+        let text = std::fs::read_to_string(&self.out).unwrap_or_default();
+        serde_json::Deserializer::from_str(&text)
+            .into_iter::<Value>()
+            .map_while(Result::ok)
+            .filter_map(|wl| check_state(&wl))
+            .filter(|(state, _)| state == "Retry")
+            .map(|(_, message)| message)
+            .collect()
+    }
+}
+
+impl Drop for WorkloadWatch {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `kubectl get kueueworkloads` and `kubectl describe kueueworkload` of the gang, written to
+/// `<target tmp>/kueue-output/{what}-*.txt` for docs/gangs.md, whose copy must have the same
+/// columns.
+fn capture_output(kueue: &Kueue, what: &str) {
+    let cp = kueue.cp;
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("kueue-output");
+    std::fs::create_dir_all(&dir).expect("mkdir kueue-output");
+    let get = cp.kubectl(&["-n", NS, "get", "kueueworkloads"]);
+    let name = workload(cp).expect("workload")["metadata"]["name"]
+        .as_str()
+        .expect("name")
+        .to_owned();
+    let describe = cp.kubectl(&["-n", NS, "describe", "kueueworkload", &name]);
+    std::fs::write(dir.join(format!("{what}-get.txt")), &get).expect("write");
+    std::fs::write(dir.join(format!("{what}-describe.txt")), &describe).expect("write");
+    let doc = std::fs::read_to_string(crate::common::repo_root().join("docs/gangs.md"))
+        .expect("read docs/gangs.md");
+    let header = get
+        .lines()
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect::<Vec<_>>();
+    assert!(
+        doc.lines()
+            .any(|l| l.split_whitespace().collect::<Vec<_>>() == header),
+        "docs/gangs.md shows `kubectl get workloads` with the real columns {header:?}"
+    );
+}

@@ -1,0 +1,128 @@
+//! Kueue's own CRDs (`sigs.k8s.io/kueue`'s `config/components/crd/bases/`, from the Go module
+//! cache) installed into the shared test apiserver, once per test binary. Used by the
+//! admission-check tests (which play Kueue's part by writing Workload status) and by the
+//! tests that run Kueue itself.
+//!
+//! ```ignore
+//! let Some(cp) = control_plane() else { return };
+//! let Some(kueue) = kueue_crds::install(cp) else { return };
+//! ```
+
+use super::controlplane::ControlPlane;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+/// The Kueue release whose CRDs (and binaries, where built) the tests use.
+pub const KUEUE_MODULE: &str = "sigs.k8s.io/kueue";
+pub const KUEUE_VERSION: &str = "v0.19.2";
+
+/// The module's source directory: `$FABRICGATE_KUEUE_DIR`, else `go mod download -json`
+/// (from the module cache, or the proxy when it is not there yet).
+pub fn module_dir() -> Result<PathBuf, String> {
+    if let Some(dir) = std::env::var_os("FABRICGATE_KUEUE_DIR") {
+        return Ok(PathBuf::from(dir));
+    }
+    let out = Command::new("go")
+        .args(["mod", "download", "-json"])
+        .arg(format!("{KUEUE_MODULE}@{KUEUE_VERSION}"))
+        // Outside any module: the download does not touch a go.mod.
+        .current_dir(std::env::temp_dir())
+        .output()
+        .map_err(|e| format!("cannot run go ({e})"))?;
+    let info: serde_json::Value = serde_json::from_slice(&out.stdout).map_err(|e| {
+        format!(
+            "go mod download {KUEUE_MODULE}@{KUEUE_VERSION}: {e}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })?;
+    match info["Dir"].as_str() {
+        Some(dir) if Path::new(dir).is_dir() => Ok(PathBuf::from(dir)),
+        _ => Err(format!(
+            "go mod download {KUEUE_MODULE}@{KUEUE_VERSION} gave no directory: {}",
+            info["Error"].as_str().unwrap_or_default()
+        )),
+    }
+}
+
+/// The CRD files of the module (`config/components/crd/bases/*.yaml`), sorted.
+pub fn crd_files(dir: &Path) -> Vec<PathBuf> {
+    let bases = dir.join("config/components/crd/bases");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&bases)
+        .map(|r| {
+            r.filter_map(Result::ok)
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+                .collect()
+        })
+        .unwrap_or_default();
+    files.sort();
+    files
+}
+
+/// Install Kueue's CRDs (server-side apply: the Workload CRD is too large for the
+/// last-applied annotation) and wait until they are established. `None` (a `SKIP:`, or a
+/// failure under CI) when the module is not available. Returns the module's directory.
+pub fn install(cp: &ControlPlane) -> Option<&'static Path> {
+    static DONE: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    let result = DONE.get_or_init(|| {
+        let dir = module_dir()?;
+        let files = crd_files(&dir);
+        if files.is_empty() {
+            return Err(format!("no CRDs under {}", dir.display()));
+        }
+        for f in &files {
+            let path = f.to_string_lossy();
+            cp.kubectl(&[
+                "apply",
+                "--server-side",
+                "--force-conflicts",
+                "--field-manager=test-kueue-crds",
+                "-f",
+                &path,
+            ]);
+        }
+        for crd in [
+            "workloads",
+            "admissionchecks",
+            "clusterqueues",
+            "localqueues",
+            "resourceflavors",
+            "topologies",
+        ] {
+            wait_established(cp, &format!("{crd}.kueue.x-k8s.io"));
+        }
+        Ok(dir)
+    });
+    match result {
+        Ok(dir) => Some(dir.as_path()),
+        Err(e) => {
+            super::require(
+                false,
+                &format!("Kueue's CRDs ({KUEUE_MODULE}@{KUEUE_VERSION}): {e}"),
+                "the Go toolchain with the module in its cache (go mod download \
+                 sigs.k8s.io/kueue@v0.19.2), or FABRICGATE_KUEUE_DIR",
+            );
+            None
+        }
+    }
+}
+
+/// Wait until CRD `name` is `Established` (polled: `kubectl wait` fails on a CRD whose status
+/// has no conditions yet).
+pub fn wait_established(cp: &ControlPlane, name: &str) {
+    let path = format!("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}");
+    super::wait_until(
+        &format!("CRD {name} established"),
+        std::time::Duration::from_secs(60),
+        || {
+            cp.get_json(&path).is_some_and(|crd| {
+                crd["status"]["conditions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|c| c["type"] == "Established" && c["status"] == "True")
+            })
+        },
+    );
+}
