@@ -32,8 +32,12 @@ fn readme_is_a_landing_page_with_the_two_commands() {
     // CI runs the README's test command: its test setup, then `cargo test --workspace`, in
     // that order (fmt and clippy may sit between them).
     let ci = read(".ci/run");
-    let setup = ci.lines().position(|l| l.trim() == "./scripts/setup-tests.sh");
-    let test = ci.lines().position(|l| l.trim() == "cargo test --workspace");
+    let setup = ci
+        .lines()
+        .position(|l| l.trim() == "./scripts/setup-tests.sh");
+    let test = ci
+        .lines()
+        .position(|l| l.trim() == "cargo test --workspace");
     assert!(
         matches!((setup, test), (Some(s), Some(t)) if s < t),
         ".ci/run must run ./scripts/setup-tests.sh, then cargo test --workspace:\n{ci}"
@@ -45,7 +49,14 @@ fn readme_is_a_landing_page_with_the_two_commands() {
 #[test]
 fn run_setup_is_lean_and_test_setup_runs_it_and_every_ci_script() {
     let run = read("scripts/setup.sh");
-    for test_only in [".ci/", "setup-tests", "qemu", "prometheus", "golang", "containerd"] {
+    for test_only in [
+        ".ci/",
+        "setup-tests",
+        "qemu",
+        "prometheus",
+        "golang",
+        "containerd",
+    ] {
         assert!(
             !run.lines()
                 .filter(|l| !l.trim_start().starts_with('#'))

@@ -93,7 +93,11 @@ fn image_archives_match_the_dockerfile_and_sources_and_name_their_images() {
     assert_eq!(agent["User"], "65532:65532", "{agent}");
 
     let pause = image_config(&dir.join("pause.oci.tar"), "localhost/pause:3.10");
-    assert_eq!(pause["Entrypoint"], serde_json::json!(["/pause"]), "{pause}");
+    assert_eq!(
+        pause["Entrypoint"],
+        serde_json::json!(["/pause"]),
+        "{pause}"
+    );
     assert_eq!(pause["User"], "65535:65535", "{pause}");
 
     let debian = image_config(&dir.join("debian.oci.tar"), "localhost/debian:bookworm");
