@@ -21,7 +21,8 @@
 # certificates of this machine (/usr/local/share/ca-certificates), without which cargo in the
 # container cannot reach the crate registry through an intercepting egress proxy.
 #
-# Cached by hashes of the inputs (FABRICGATE_IMAGE_REBUILD=1 forces a rebuild):
+# Cached by hashes of the inputs (FABRICGATE_IMAGE_REBUILD=1 rebuilds the three images from
+# buildah's caches, FABRICGATE_IMAGE_REBUILD_BASE=1 also makes the base images again):
 #   base images   <- this script's base section, the Debian suite, the host toolchain version
 #                    and the CA certificates;
 #   fabricgate    <- Dockerfile, .dockerignore, Cargo.toml/Cargo.lock and every file of the
@@ -112,8 +113,10 @@ fabricgate_stamp() {
 }
 pause_c() {
     local dir
-    dir="$(cd "$here/tests/controlplane" && go mod download -json "k8s.io/kubernetes@$k8s_version" 2>/dev/null \
-        | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])' 2>/dev/null)" || return 1
+    dir="$(go env GOMODCACHE)/k8s.io/kubernetes@$k8s_version"
+    [ -f "$dir/build/pause/linux/pause.c" ] \
+        || (cd "$here/tests/controlplane" && go mod download "k8s.io/kubernetes@$k8s_version") >/dev/null 2>&1 \
+        || return 1
     [ -f "$dir/build/pause/linux/pause.c" ] || return 1
     echo "$dir/build/pause/linux/pause.c"
 }
@@ -147,27 +150,25 @@ fi
 
 # ---------------------------------------------------------------- build
 [ "$(id -u)" -eq 0 ] || die "must run as root (buildah stores images under $state)"
-# The packages (--deps: only these).
-install_deps() {
-    local need=() tool
-    for tool in buildah:buildah mmdebstrap:mmdebstrap runc:runc newuidmap:uidmap gcc:gcc python3:python3; do
-        command -v "${tool%%:*}" >/dev/null 2>&1 || need+=("${tool#*:}")
-    done
-    [ -e /usr/lib/x86_64-linux-gnu/libc.a ] || need+=(libc6-dev)
-    [ -e /usr/share/containers/seccomp.json ] || need+=(golang-github-containers-common)
-    [ "${#need[@]}" -gt 0 ] || return 0
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update
-    # golang-github-containers-common: /usr/share/containers (policy.json, seccomp profile).
-    apt-get install -y --no-install-recommends "${need[@]}" ca-certificates
-}
+# The packages (--deps: only these) are .ci/node.sh's: buildah, mmdebstrap, runc, uidmap,
+# containers-common, gcc + libc6-dev (a static pause), ca-certificates. It runs after this
+# script in scripts/setup-tests.sh's order, so run it here (it is idempotent).
+install_deps() { bash "$here/.ci/node.sh"; }
 if [ "$mode" = deps ]; then
     install_deps
     exit 0
 fi
-install_deps || die "apt-get install of buildah, mmdebstrap, runc, ... failed"
+install_deps || die ".ci/node.sh (buildah, mmdebstrap, runc, ...) failed"
 
 mkdir -p "$out" "$state/logs" "$state/tmp" "$state/rootfs"
+# One build at a time: two builds (two worktrees on one machine) share buildah's storage, the
+# cache mounts' target/ (cargo would wait on its lock, then each rebuild what the other just
+# built) and the archives.
+exec 9>"$state/lock"
+if ! flock -n 9; then
+    log "waiting for the other .ci/image.sh run to finish (lock $state/lock)"
+    flock 9
+fi
 # buildah's own configuration, all under $state: storage (layers, images), the cache mounts'
 # home (buildah keeps them under TMPDIR), runc, host network for RUN, and limits this machine
 # can set (no CAP_SYS_RESOURCE here: the defaults nofile=1048576 fail with EPERM).
@@ -258,7 +259,7 @@ build_rust() {
 
 started=$(date +%s)
 bstamp="$(base_stamp)"
-if [ "$(cat "$state/base.stamp" 2>/dev/null)" = "$bstamp" ] && [ -z "${FABRICGATE_IMAGE_REBUILD:-}" ] \
+if [ "$(cat "$state/base.stamp" 2>/dev/null)" = "$bstamp" ] && [ -z "${FABRICGATE_IMAGE_REBUILD_BASE:-}" ] \
     && bah inspect --type image "$build_ref" >/dev/null 2>&1 \
     && bah inspect --type image "$runtime_ref" >/dev/null 2>&1; then
     log "base images up to date"
@@ -266,6 +267,7 @@ else
     command -v rustc >/dev/null 2>&1 || die "no rustc on PATH: the stand-in rust:1-bookworm takes the host's toolchain"
     timed base-debian build_debian
     timed base-rust build_rust
+    rm -f "$state/rootfs/"*.tar   # in buildah's storage now
     echo "$bstamp" >"$state/base.stamp"
 fi
 
@@ -309,9 +311,17 @@ else
     # the local images above; --pull=never keeps buildah from looking for them on Docker Hub).
     timed fabricgate bah bud --pull=never --layers --network=host \
         -t "$fabricgate_ref" -f "$here/Dockerfile" "$here"
-    rm -f "$out/fabricgate.oci.tar"
-    timed push-fabricgate bah push "$fabricgate_ref" "oci-archive:$out/fabricgate.oci.tar.new:$fabricgate_ref"
-    mv "$out/fabricgate.oci.tar.new" "$out/fabricgate.oci.tar"
+    # An input that does not change the image (a test file, a comment outside the build) gives
+    # the same image ID from the layer cache: the archive already holds it.
+    id="$(bah inspect --type image --format '{{.FromImageID}}' "$fabricgate_ref")"
+    if [ -s "$out/fabricgate.oci.tar" ] && [ "$(cat "$out/fabricgate.oci.tar.id" 2>/dev/null)" = "$id" ]; then
+        log "fabricgate: same image $id as the archive"
+    else
+        rm -f "$out/fabricgate.oci.tar"
+        timed push-fabricgate bah push "$fabricgate_ref" "oci-archive:$out/fabricgate.oci.tar.new:$fabricgate_ref"
+        mv "$out/fabricgate.oci.tar.new" "$out/fabricgate.oci.tar"
+        echo "$id" >"$out/fabricgate.oci.tar.id"
+    fi
     echo "$fstamp" >"$out/fabricgate.oci.tar.stamp"
 fi
 log "ready in $(( $(date +%s) - started )) s: $out/{fabricgate,pause,debian}.oci.tar"
