@@ -321,7 +321,7 @@ fn one_gang(cp: &ControlPlane, name: &str, members: &[String], sequential: bool)
     let t2 = Instant::now();
     while state() != "Ready" {
         assert!(
-            t0.elapsed() < Duration::from_secs(60),
+            t0.elapsed() < Duration::from_secs(600),
             "{name} not Ready: {}",
             state()
         );
