@@ -25,6 +25,9 @@ const LEAF: &str = "network.topology.nvidia.com/leaf";
 const MANIFEST: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/admission-check.yaml");
 
 struct Env {
+    /// Kueue's manager is not running meanwhile: it would reconcile the Workloads these
+    /// tests write by hand (`tests/common/kueue.rs`).
+    _without_kueue: std::sync::RwLockReadGuard<'static, ()>,
     cp: &'static ControlPlane,
     kubeconfig: PathBuf,
     scratch: tempfile::TempDir,
@@ -34,6 +37,7 @@ struct Env {
 /// kubelet runs it here) and a kubeconfig with the controller's ServiceAccount token.
 fn setup() -> Option<Env> {
     let cp = control_plane()?;
+    let without_kueue = crate::common::kueue::Kueue::without();
     kueue_crds::install(cp)?;
     cp.install_agent_rbac();
     cp.kubectl(&[
@@ -50,6 +54,7 @@ fn setup() -> Option<Env> {
     let kubeconfig = scratch.path().join("admission-check.kubeconfig");
     cp.write_kubeconfig(&kubeconfig, &cp.url, token.trim());
     Some(Env {
+        _without_kueue: without_kueue,
         cp,
         kubeconfig,
         scratch,

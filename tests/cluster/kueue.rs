@@ -186,9 +186,28 @@ fn delete_job(cp: &crate::common::controlplane::ControlPlane) {
     ]);
 }
 
-/// The Queues of docs/gangs.md and the AdmissionCheck (as deploy/admission-check.yaml has it).
+/// deploy/admission-check.yaml: the FabricCheck CRD, the AdmissionCheck, the controller's
+/// ServiceAccount and RBAC (its Deployment stays inert: no kubelet runs it here).
+const MANIFEST: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/admission-check.yaml");
+
+/// The shipped manifest, then the Queues of docs/gangs.md; the AdmissionCheck docs/gangs.md
+/// shows is the manifest's.
 fn apply_queues(cp: &crate::common::controlplane::ControlPlane) {
-    cp.apply(&doc_yaml("admission-check"));
+    use serde::Deserialize;
+    let manifest = std::fs::read_to_string(MANIFEST).expect("read deploy/admission-check.yaml");
+    let shipped = serde_norway::Deserializer::from_str(&manifest)
+        .map(|d| Value::deserialize(d).expect("manifest YAML"))
+        .find(|v| v["kind"] == "AdmissionCheck")
+        .expect("deploy/admission-check.yaml has an AdmissionCheck");
+    let documented: Value =
+        serde_norway::from_str(&doc_yaml("admission-check")).expect("docs/gangs.md YAML");
+    assert_eq!(
+        documented, shipped,
+        "docs/gangs.md shows the shipped AdmissionCheck"
+    );
+    cp.install_agent_rbac();
+    cp.apply(&manifest);
+    crate::common::kueue_crds::wait_established(cp, "fabricchecks.fabricgate.io");
     cp.apply(&doc_yaml("queues"));
 }
 
@@ -301,10 +320,21 @@ struct Controller {
 }
 
 impl Controller {
+    /// With the shipped ServiceAccount's token (its RBAC from deploy/admission-check.yaml),
+    /// serving only the Job's namespace, on a Lease of its own.
     fn start(kueue: &Kueue) -> Controller {
         let cp = kueue.cp;
         let dir = cp.run_dir().join("admission-check");
         std::fs::create_dir_all(&dir).expect("mkdir admission-check");
+        let token = cp.kubectl(&[
+            "-n",
+            "fabricgate",
+            "create",
+            "token",
+            "fabricgate-admission-check",
+        ]);
+        let kubeconfig = dir.join("admission-check.kubeconfig");
+        cp.write_kubeconfig(&kubeconfig, &cp.url, token.trim());
         let n = std::fs::read_dir(&dir).map_or(0, Iterator::count);
         let log = dir.join(format!("controller-{n}.log"));
         let config = dir.join("config.yaml");
@@ -316,10 +346,21 @@ impl Controller {
             .arg("admission-check")
             .arg("--config")
             .arg(&config)
-            .args(["--metrics-listen", "127.0.0.1:0"])
+            .args([
+                "--metrics-listen",
+                "127.0.0.1:0",
+                "--workload-namespace",
+                NS,
+            ])
             // One identity for every start: a restarted controller holds the Lease at once.
-            .args(["--identity", "kueue-tests", "--lease-duration", "4s"])
-            .env("KUBECONFIG", &cp.admin_kubeconfig)
+            .args([
+                "--identity",
+                "kueue-tests",
+                "--lease-name",
+                "fabricgate-kueue-tests",
+            ])
+            .args(["--lease-duration", "4s", "--poll-interval", "500ms"])
+            .env("KUBECONFIG", &kubeconfig)
             .env("HOME", &dir)
             .env_remove("KUBERNETES_SERVICE_HOST")
             .env_remove("KUBERNETES_SERVICE_PORT")
@@ -459,8 +500,8 @@ fn kueue_admits_a_gang_whose_nodes_pass_and_binds_it_to_them() {
     };
     let cp = kueue.cp;
     let fleet = Fleet::up(kueue, "kqa");
-    let controller = Controller::start(kueue);
     apply_queues(cp);
+    let controller = Controller::start(kueue);
     wait_queue_active(kueue, &controller);
 
     let job = create_job(cp);
@@ -485,8 +526,8 @@ fn kueue_retries_a_gang_whose_assigned_node_fails_and_admits_it_elsewhere() {
     let fleet = Fleet::up(kueue, "kqr");
     // Run once so the AdmissionCheck is Active, then down while Kueue reserves quota: the
     // check stays Pending with the nodes assigned, and one of them fails meanwhile.
-    let controller = Controller::start(kueue);
     apply_queues(cp);
+    let controller = Controller::start(kueue);
     wait_queue_active(kueue, &controller);
     controller.kill();
 
@@ -524,8 +565,8 @@ fn kueue_keeps_a_gang_pending_while_the_check_controller_is_down() {
     };
     let cp = kueue.cp;
     let _fleet = Fleet::up(kueue, "kqc");
-    let controller = Controller::start(kueue);
     apply_queues(cp);
+    let controller = Controller::start(kueue);
     wait_queue_active(kueue, &controller);
     controller.kill();
 

@@ -1,7 +1,8 @@
 //! Kueue for real, beside the shared control plane: kube-controller-manager (the Job controller
 //! creates a Job's pods, the ServiceAccount controller gives each namespace its `default`
 //! ServiceAccount) and Kueue's own manager (`cmd/kueue` of `sigs.k8s.io/kueue`, built by
-//! `.ci/kueue.sh`), with Kueue's own CRDs and webhook configurations from the module.
+//! `.ci/kueue.sh`), with Kueue's own CRDs (`kueue_crds`) and webhook configurations from the
+//! module (`config/components/webhook/manifests.yaml`).
 //!
 //! Made once per test binary, on the first [`Kueue::shared`], and shared by the `kueue`
 //! tests, which take [`Kueue::serial`] (they share Kueue's queues and the check controller):
@@ -32,9 +33,6 @@ use std::time::Duration;
 
 /// Where `.ci/kueue.sh` installs Kueue's manager.
 pub const KUEUE_BINARY: &str = "/opt/fabricgate-controlplane/bin/kueue";
-/// Where `.ci/kueue.sh` puts Kueue's CRDs (`crd/*.yaml`) and webhook configurations
-/// (`webhook/manifests.yaml`), copied from the module.
-pub const KUEUE_FILES: &str = "/opt/fabricgate-controlplane/kueue";
 /// The metrics certificate Kueue reads at start (see `.ci/kueue.sh`).
 pub const KUEUE_METRICS_CERT: &str = "/etc/kueue/metrics/certs/tls.crt";
 /// Kueue's own namespace (its Configuration's `namespace`).
@@ -89,24 +87,18 @@ impl Kueue {
             .get_or_init(|| {
                 let cp = ControlPlane::shared()?;
                 let binary = kueue_binary();
-                let built = binary.is_file()
-                    && Path::new(KUEUE_FILES).join("crd").is_dir()
-                    && Path::new(KUEUE_FILES)
-                        .join("webhook/manifests.yaml")
-                        .is_file()
-                    && Path::new(KUEUE_METRICS_CERT).is_file();
+                let built = binary.is_file() && Path::new(KUEUE_METRICS_CERT).is_file();
                 if !require(
                     built,
                     &format!(
-                        "Kueue is not built ({} with {KUEUE_FILES}/crd, \
-                         {KUEUE_FILES}/webhook and {KUEUE_METRICS_CERT})",
+                        "Kueue is not built ({} and {KUEUE_METRICS_CERT})",
                         binary.display()
                     ),
                     "build it with .ci/kueue.sh",
                 ) {
                     return None;
                 }
-                Some(Kueue::prepare(cp, binary))
+                Kueue::prepare(cp, binary)
             })
             .as_ref()
     }
@@ -147,12 +139,12 @@ impl Kueue {
         lane
     }
 
-    fn prepare(cp: &'static ControlPlane, binary: PathBuf) -> Kueue {
+    fn prepare(cp: &'static ControlPlane, binary: PathBuf) -> Option<Kueue> {
         let dir = cp.run_dir().join("kueue");
         std::fs::create_dir_all(&dir).expect("mkdir kueue run dir");
         cp.start_scheduler();
         let controller_manager = ChildGroup(start_controller_manager(cp));
-        install_crds(cp);
+        let module = super::kueue_crds::install(cp)?;
         cp.apply(&format!(
             "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {KUEUE_NAMESPACE}\n"
         ));
@@ -177,16 +169,16 @@ impl Kueue {
             ),
         )
         .expect("write Kueue configuration");
-        Kueue {
+        Some(Kueue {
             cp,
             dir,
             binary,
             config,
-            webhooks: webhook_configurations(webhook_port, &pki.ca_pem),
+            webhooks: webhook_configurations(module, webhook_port, &pki.ca_pem),
             health,
             _controller_manager: Mutex::new(controller_manager),
             manager: Mutex::new(None),
-        }
+        })
     }
 
     /// Kueue's manager, ready, with its webhooks registered and answering.
@@ -342,55 +334,13 @@ fn spawn_kueue(cp: &ControlPlane, binary: &Path, dir: &Path, config: &Path) -> C
         .unwrap_or_else(|e| panic!("start {}: {e}", binary.display()))
 }
 
-/// Kueue's own CRDs from the module, server-side applied (they are too large for the
-/// client-side annotation), then waited for until Established.
-fn install_crds(cp: &ControlPlane) {
-    let crd_dir = Path::new(KUEUE_FILES).join("crd");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&crd_dir)
-        .unwrap_or_else(|e| panic!("read {}: {e}", crd_dir.display()))
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
-        .collect();
-    files.sort();
-    assert!(!files.is_empty(), "no CRDs in {}", crd_dir.display());
-    let mut args = vec![
-        "apply".to_owned(),
-        "--server-side".into(),
-        "--force-conflicts".into(),
-        "--field-manager=test-admin".into(),
-    ];
-    for f in &files {
-        args.push("-f".into());
-        args.push(f.display().to_string());
-    }
-    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-    let (ok, out, err) = cp.kubectl_as(&cp.admin_kubeconfig, &refs, None);
-    assert!(ok, "install Kueue's CRDs: {err}\n{out}");
-    // kueue.x-k8s.io_workloads.yaml holds workloads.kueue.x-k8s.io.
-    let mut wait = vec![
-        "wait".to_owned(),
-        "--for=condition=Established".into(),
-        "--timeout=60s".into(),
-    ];
-    for f in &files {
-        let stem = f.file_stem().and_then(|s| s.to_str()).unwrap_or("");
-        if let Some((group, plural)) = stem.split_once('_') {
-            wait.push(format!("crd/{plural}.{group}"));
-        }
-    }
-    let refs: Vec<&str> = wait.iter().map(String::as_str).collect();
-    let (ok, out, err) = cp.kubectl_as(&cp.admin_kubeconfig, &refs, None);
-    assert!(ok, "Kueue's CRDs Established: {err}\n{out}");
-}
-
 /// Kueue's webhook configurations from the module (`config/components/webhook/
 /// manifests.yaml`), with the webhooks of what this Kueue serves (batch/v1 Jobs and Kueue's own
 /// kinds; the other integrations are off, and a webhook nobody serves would refuse those
 /// objects), each pointing at `https://127.0.0.1:{port}{path}` with the per-run CA `ca_pem`,
 /// named as Kueue's release names them (`kueue-...`).
-pub fn webhook_configurations(port: u16, ca_pem: &str) -> String {
-    let path = Path::new(KUEUE_FILES).join("webhook/manifests.yaml");
+pub fn webhook_configurations(module: &Path, port: u16, ca_pem: &str) -> String {
+    let path = module.join("config/components/webhook/manifests.yaml");
     let text =
         std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
     let ca_bundle =

@@ -65,8 +65,18 @@ impl WorkloadStatus {
     }
 
     /// When the current quota reservation was made (its condition's transition time), or
-    /// `None` without one. A new reservation (after a `Retry`, say) is a new check.
+    /// `None` without one. A new reservation (after a `Retry`, say) is a new check. A
+    /// Workload being evicted (`Evicted=True`: Kueue reset its checks to `Pending` and is
+    /// about to release the quota) has none: judging it then would write a state over the
+    /// reset, and Kueue never reserves again for a Workload left with a `Retry` check (seen
+    /// with Kueue v0.19.2; `Evicted` turns `False` at the next reservation).
     pub fn reservation(&self) -> Option<&str> {
+        if self
+            .condition("Evicted")
+            .is_some_and(|c| c.status == "True")
+        {
+            return None;
+        }
         self.condition("QuotaReserved")
             .filter(|c| c.status == "True")
             .map(|c| c.last_transition_time.as_str())
@@ -335,6 +345,14 @@ mod tests {
         .unwrap();
         assert_eq!(s.reservation(), Some("2026-12-02T03:00:00Z"));
         assert_eq!(s.admission_checks[0].state, "Pending");
+        // Being evicted (checks reset, quota not yet released): not a reservation to judge.
+        let mut evicted = s.clone();
+        evicted.conditions.push(Condition {
+            type_: "Evicted".into(),
+            status: "True".into(),
+            ..Default::default()
+        });
+        assert_eq!(evicted.reservation(), None);
         assert_eq!(
             s.admission.unwrap().pod_set_assignments[0].flavors["nvidia.com/gpu"],
             "gpu"
