@@ -81,7 +81,7 @@ const FLOORS: &[(&str, &[&str])] = &[
     ("peers", &["config", "error", "policy"]),
     ("observe", &["config", "error", "policy", "peers"]),
     ("node", &["config", "error", "policy", "observe"]),
-    ("cluster", &["config", "error", "policy", "node"]),
+    ("cluster", &["config", "error", "policy", "observe", "node"]),
     ("pod", &["config", "error", "policy", "observe"]),
     ("cli", &["config", "error", "policy", "observe", "pod"]),
     (
