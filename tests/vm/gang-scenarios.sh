@@ -76,13 +76,14 @@ peers:
     duration: 200ms
 EOF
 sed -i 's/selftest_timeout: 2s/selftest_timeout: 10s/' "$CFG"
-# b judges its node once, at start: no event-driven probes and no further interval, so that
+# b judges its node once, at start (node.recover_after 1: one good probe validates it): no
+# event-driven probes and no further interval, so that
 # the cut below falls between its own checks (the window the gang pre-flight exists for: a
 # node still validated whose path is broken) and the controller sees it validated.
 INTERVAL=2s
 if [ "$ROLE" = b ]; then
     INTERVAL=1h
-    printf 'events:\n  enabled: false\n' >>"$CFG"
+    printf 'events:\n  enabled: false\nnode:\n  recover_after: 1\n' >>"$CFG"
 fi
 
 KUBECONFIG="$KCFG" RUST_LOG=info "$FG_BIN" run --config "$CFG" --node-name "$NODE" \
