@@ -2,12 +2,14 @@
 # (FG_ROLE=a or b, FG_HOST_NET=1: a third NIC, eth2, on a qemu user network whose 10.0.3.2
 # is this host) by tests/vm/gang_vm.rs. Each VM runs one agent (`fabricgate run`, peers
 # enabled, --peers-listen on its eth1 address) against the host's real kube-apiserver with its
-# Node's pod-bound token (FG_KUBECONFIG_A / _B); the host creates the FabricChecks and
-# acknowledges steps with marker files host.NAME in the shared folder /tmp/fg-sync:
-#   1. both agents validate their Nodes and advertise fabricgate.io/peers-endpoint; the host
-#      asks a check of the ring a -> b -> a (link up: both pairs measured over rxe0);
-#   2. on host.cut, b takes eth0 (rxe0's netdev) down and marks b.cut; the host asks a
-#      second check at once (a -> b fails);
+# Node's pod-bound token (FG_KUBECONFIG_A / _B); the host runs `fabricgate admission-check`,
+# reserves quota for Workloads on the two Nodes as Kueue does, and acknowledges steps with
+# marker files host.NAME in the shared folder /tmp/fg-sync:
+#   1. both agents validate their Nodes and advertise fabricgate.io/peers-endpoint; the
+#      controller asks a FabricCheck of the ring a -> b -> a (link up: both pairs measured
+#      over rxe0, the check Ready);
+#   2. on host.cut, b takes eth0 (rxe0's netdev) down and marks b.cut; the host reserves a
+#      second Workload at once (a -> b fails: Retry naming the pair);
 #   3. on host.done both agents stop.
 # Needs FG_BIN.
 # shellcheck shell=sh
@@ -74,9 +76,18 @@ peers:
     duration: 200ms
 EOF
 sed -i 's/selftest_timeout: 2s/selftest_timeout: 10s/' "$CFG"
+# b judges its node once, at start (node.recover_after 1: one good probe validates it): no
+# event-driven probes and no further interval, so that
+# the cut below falls between its own checks (the window the gang pre-flight exists for: a
+# node still validated whose path is broken) and the controller sees it validated.
+INTERVAL=2s
+if [ "$ROLE" = b ]; then
+    INTERVAL=1h
+    printf 'events:\n  enabled: false\nnode:\n  recover_after: 1\n' >>"$CFG"
+fi
 
 KUBECONFIG="$KCFG" RUST_LOG=info "$FG_BIN" run --config "$CFG" --node-name "$NODE" \
-    --interval 2s --metrics-addr 127.0.0.1:9464 \
+    --interval "$INTERVAL" --metrics-addr 127.0.0.1:9464 \
     --peers-listen "169.254.78.$ME:9465" >"$O/agent.log" 2>&1 &
 agent=$!
 mark started

@@ -1,12 +1,16 @@
-//! The gang pre-flight's RDMA half on real kernels (issue 25, item 3): a 2-node gang, one
-//! Soft-RoCE VM per node (tests/vm/run-pair.sh with FG_HOST_NET=1, tests/vm/gang-scenarios.sh),
-//! each VM's agent on the host's real kube-apiserver with its Node's pod-bound token. The host
-//! asks `FabricCheck`s of the ring a -> b -> a as the admission-check controller does (its
-//! controller is not in this tree yet: the test creates the checks itself, with the spec the
-//! controller writes, and reads the results the controller would judge):
-//! - link up: both pairs `ok`, `rdma: measured` over rxe0, with RTT and a WRITE burst;
-//! - b's eth0 (rxe0's netdev) down after both validated, before the check: a's result is
-//!   `ok: false` naming b and its endpoint (the controller's `Retry` naming the pair).
+//! The gang pre-flight on real kernels through the real controller (issue 25, item 3): a
+//! 2-node gang, one Soft-RoCE VM per node (tests/vm/run-pair.sh with FG_HOST_NET=1,
+//! tests/vm/gang-scenarios.sh), each VM's agent on the host's real kube-apiserver with its
+//! Node's pod-bound token, and `fabricgate admission-check` on the host as its own process
+//! with the shipped ServiceAccount and RBAC (deploy/admission-check.yaml). Kueue's part is
+//! played as in tests/cluster/admission_check.rs: the test creates each Workload (Kueue's own
+//! CRDs) and writes its quota reservation, TAS topology assignment (leaf, hostname: one pod on
+//! each VM's Node) and the check `Pending`, as Kueue's scheduler writes them:
+//! - link up: the check `Ready` on the Workload's status.admissionChecks entry, the FabricCheck
+//!   deleted afterwards; quota reserved -> Ready is printed (docs/gangs.md);
+//! - b's eth0 (rxe0's netdev) down after both validated, before the check: `Retry` whose
+//!   message names the pair (a -> b), the port (rxe0 port 1) and a's error, and a Warning
+//!   Event on the Workload.
 //!
 //! Run: `cargo test --test vm gang_vm`. Outside CI the test skips, saying why, when qemu or
 //! the kernel package is unavailable; with CI=true a missing prerequisite is a failure.
@@ -14,62 +18,221 @@
 use crate::common;
 use crate::common::controlplane::ControlPlane;
 
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
+use kube::core::GroupVersionKind;
 use serde_json::{Value, json};
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 const NS: &str = "fabricgate";
 const NODE_A: &str = "gang-vm-a";
 const NODE_B: &str = "gang-vm-b";
 const ENDPOINT: &str = "fabricgate.io/peers-endpoint";
+const LEAF: &str = "network.topology.nvidia.com/leaf";
+/// The Workloads' namespace (the controller serves only it).
+const WL_NS: &str = "gang-vm";
+/// deploy/admission-check.yaml's AdmissionCheck.
+const CHECK: &str = "fabricgate-preflight";
+const MANIFEST: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/admission-check.yaml");
 
 fn check_path(name: &str) -> String {
     format!("/apis/fabricgate.io/v1alpha1/namespaces/{NS}/fabricchecks/{name}")
 }
 
-fn create_check(cp: &ControlPlane, name: &str, members: &[(&str, String)], secs: i64) {
-    let now = k8s_openapi::jiff::Timestamp::now().as_second();
-    let deadline = k8s_openapi::jiff::Timestamp::from_second(now + secs)
-        .unwrap()
-        .to_string();
-    let body = json!({
-        "apiVersion": "fabricgate.io/v1alpha1", "kind": "FabricCheck",
-        "metadata": { "name": name, "namespace": NS,
-                      "labels": { "app.kubernetes.io/name": "fabricgate",
-                                  "fabricgate.io/check": "gang" } },
-        "spec": {
-            "workload": { "namespace": "team", "name": name, "uid": "0000" },
-            "members": members.iter().map(|(n, e)| json!({ "node": n, "endpoint": e }))
-                .collect::<Vec<_>>(),
-            // rxe under emulation moves a few MB/s: the floor only shows the burst is judged.
-            "minBandwidthGbps": 0.0001,
-            "deadline": deadline,
-        },
-    });
-    let _ = cp.kubectl_as(
-        &cp.admin_kubeconfig,
-        &[
-            "-n",
-            NS,
-            "delete",
-            "fabriccheck",
-            name,
-            "--ignore-not-found",
-        ],
-        None,
-    );
-    let (ok, _, err) = cp.kubectl_as(
-        &cp.admin_kubeconfig,
-        &["create", "-f", "-"],
-        Some(&body.to_string()),
-    );
-    assert!(ok, "create FabricCheck {name}: {err}");
+fn workload_path(name: &str) -> String {
+    format!("/apis/kueue.x-k8s.io/v1beta2/namespaces/{WL_NS}/workloads/{name}")
 }
 
-fn results(cp: &ControlPlane, name: &str) -> Vec<Value> {
+/// `fabricgate admission-check` on the host, with the shipped ServiceAccount's token.
+struct Controller {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Controller {
+    fn start(cp: &ControlPlane, dir: &Path) -> Controller {
+        cp.kubectl(&[
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "--field-manager=test-admin",
+            "-f",
+            MANIFEST,
+        ]);
+        let token = cp.kubectl(&["-n", NS, "create", "token", "fabricgate-admission-check"]);
+        let kubeconfig = dir.join("admission-check.kubeconfig");
+        cp.write_kubeconfig(&kubeconfig, &cp.url, token.trim());
+        // rxe under emulation moves a few MB/s: the floor only shows the burst is judged.
+        let config = dir.join("admission-check.yaml");
+        std::fs::write(
+            &config,
+            format!(
+                "gang:\n  namespace: {NS}\n  timeout: 60s\n  require_rdma: true\n  \
+                 min_bandwidth_gbps: 0.0001\n"
+            ),
+        )
+        .unwrap();
+        let log = dir.join("admission-check.log");
+        let child = Command::new(env!("CARGO_BIN_EXE_fabricgate"))
+            .args(["admission-check", "--config"])
+            .arg(&config)
+            .args(["--namespace", NS, "--lease-name", "gang-vm-check"])
+            .args(["--lease-duration", "3s", "--poll-interval", "300ms"])
+            .args(["--identity", "gang-vm-host", "--workload-namespace", WL_NS])
+            .args(["--metrics-listen", "127.0.0.1:0"])
+            .env("KUBECONFIG", &kubeconfig)
+            .env("HOME", dir)
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("start fabricgate admission-check");
+        Controller { child, log }
+    }
+
+    fn log(&self) -> String {
+        common::last_lines(&std::fs::read_to_string(&self.log).unwrap_or_default(), 40)
+    }
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn workloads(cp: &ControlPlane) -> Api<DynamicObject> {
+    let gvk = GroupVersionKind::gvk("kueue.x-k8s.io", "v1beta2", "Workload");
+    let ar = ApiResource::from_gvk_with_plural(&gvk, "workloads");
+    Api::namespaced_with(cp.admin(), WL_NS, &ar)
+}
+
+/// A Workload of one pod set of two pods, as Kueue's Job integration makes it; its uid.
+fn create_workload(cp: &ControlPlane, name: &str) -> String {
+    let wl = json!({
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
+        "metadata": { "name": name, "namespace": WL_NS },
+        "spec": {
+            "queueName": "gpu",
+            "podSets": [{ "name": "main", "count": 2, "template": { "spec": {
+                "restartPolicy": "Never",
+                "containers": [{ "name": "worker", "image": "registry.example.com/train:1",
+                    "resources": { "requests": { "cpu": "1" } } }] } } }],
+        },
+    });
+    cp.apply(&wl.to_string());
+    cp.get_json(&workload_path(name)).expect("the Workload")["metadata"]["uid"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+/// Kueue's scheduler reserving quota with a TAS assignment (levels: the leaf label, the
+/// hostname; one pod on each VM's Node) and the check `Pending`, written as Kueue writes it
+/// (server-side apply on the status subresource under its own field manager).
+fn reserve(cp: &ControlPlane, name: &str) {
+    let when =
+        k8s_openapi::jiff::Timestamp::from_second(k8s_openapi::jiff::Timestamp::now().as_second())
+            .unwrap()
+            .to_string();
+    let body = json!({
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
+        "metadata": { "name": name, "namespace": WL_NS },
+        "status": {
+            "conditions": [{ "type": "QuotaReserved", "status": "True", "reason": "QuotaReserved",
+                "message": "Quota reserved in ClusterQueue gpu", "lastTransitionTime": when }],
+            "admission": { "clusterQueue": "gpu", "podSetAssignments": [{
+                "name": "main", "flavors": { "cpu": "gpu" }, "count": 2,
+                "resourceUsage": { "cpu": "2" },
+                "topologyAssignment": { "levels": [LEAF, "kubernetes.io/hostname"],
+                    "slices": [{ "domainCount": 2, "valuesPerLevel": [
+                        { "universal": "leaf-vm" },
+                        { "individual": { "roots": [NODE_B, NODE_A] } }],
+                        "podCounts": { "universal": 1 } }] } }] },
+            "admissionChecks": [{ "name": CHECK, "state": "Pending", "message": "",
+                "lastTransitionTime": when }],
+        },
+    });
+    cp.block_on(workloads(cp).patch_status(
+        name,
+        &PatchParams::apply("kueue-admission").force(),
+        &Patch::Apply(&body),
+    ))
+    .expect("reserve quota");
+}
+
+/// Our check's (state, message) on the Workload.
+fn check_state(cp: &ControlPlane, name: &str) -> (String, String) {
+    let wl = cp.get_json(&workload_path(name)).unwrap_or(Value::Null);
+    let entry = wl["status"]["admissionChecks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["name"] == CHECK)
+        .cloned()
+        .unwrap_or(Value::Null);
+    (
+        entry["state"].as_str().unwrap_or_default().to_owned(),
+        entry["message"].as_str().unwrap_or_default().to_owned(),
+    )
+}
+
+/// The Events recorded on Workload `name`.
+fn workload_events(cp: &ControlPlane, name: &str) -> Vec<Value> {
+    cp.get_json(&format!("/apis/events.k8s.io/v1/namespaces/{WL_NS}/events"))
+        .map(|l| l["items"].as_array().cloned().unwrap_or_default())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| e["regarding"]["kind"] == "Workload" && e["regarding"]["name"] == name)
+        .collect()
+}
+
+fn fc_name(name: &str, uid: &str) -> String {
+    format!("{WL_NS}.{name}.{}", &uid[..8])
+}
+
+/// Poll `check`'s FabricCheck until the Workload's check leaves `Pending`, keeping the last
+/// results seen (the controller deletes the FabricCheck once it decides).
+fn decide(
+    cp: &ControlPlane,
+    sync: &Path,
+    c: &Controller,
+    name: &str,
+    fc: &str,
+    limit: Duration,
+) -> (String, String, Vec<Value>) {
+    let mut last = Vec::new();
+    let start = Instant::now();
+    loop {
+        if let Some(r) = results(cp, fc) {
+            last = r;
+        }
+        let (state, message) = check_state(cp, name);
+        if state == "Ready" || state == "Retry" || state == "Rejected" {
+            return (state, message, last);
+        }
+        for role in ["a", "b"] {
+            assert!(
+                !sync.join(format!("{role}.abort")).exists(),
+                "VM {role} aborted while {name}'s check was pending"
+            );
+        }
+        assert!(
+            start.elapsed() < limit,
+            "{name}: no decision within {limit:?}; FabricCheck {fc}: {last:?}; controller \
+             log:\n{}",
+            c.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn results(cp: &ControlPlane, name: &str) -> Option<Vec<Value>> {
     cp.get_json(&check_path(name))
         .and_then(|c| c["status"]["results"].as_array().cloned())
-        .unwrap_or_default()
 }
 
 fn result_of(results: &[Value], node: &str) -> Option<Value> {
@@ -117,18 +280,26 @@ fn a_two_vm_gang_passes_the_rdma_preflight_and_a_cut_link_fails_the_pair() {
         common::require(false, "no control plane binary", "run .ci/controlplane.sh");
         return;
     };
+    if common::kueue_crds::install(cp).is_none() {
+        return;
+    }
     cp.install_agent_rbac();
     cp.apply(&common::fabriccheck_crd());
+    cp.apply(
+        &json!({ "apiVersion": "v1", "kind": "Namespace", "metadata": { "name": WL_NS } })
+            .to_string(),
+    );
     for node in [NODE_A, NODE_B] {
         cp.create_node(
             node,
-            json!({}),
+            json!({ LEAF: "leaf-vm" }),
             json!([{ "key": common::TAINT, "effect": "NoSchedule" }]),
             json!({}),
         );
     }
     let _slot = common::vm_slot();
     let (mut cmd, out) = common::vm_command("run-pair.sh", 1200, "gang-vm", "gang-scenarios.sh");
+    let controller = Controller::start(cp, &out);
     // The guests reach the apiserver at 10.0.3.2 (their user network's host address, which
     // the serving certificate names), each with its own Node's pod-bound token.
     for (node, var) in [(NODE_A, "FG_KUBECONFIG_A"), (NODE_B, "FG_KUBECONFIG_B")] {
@@ -162,64 +333,94 @@ fn a_two_vm_gang_passes_the_rdma_preflight_and_a_cut_link_fails_the_pair() {
             ("169.254.78.1:9465", "169.254.78.2:9465"),
             "each advertises its --peers-listen"
         );
-        let members = [(NODE_A, ep_a), (NODE_B, ep_b)];
 
-        // 1. Link up: both pairs measured over rxe0.
+        // 1. Link up: quota reserved -> the controller's FabricCheck -> both pairs measured
+        //    over rxe0 -> Ready, and the FabricCheck deleted.
+        let uid = create_workload(cp, "up");
+        let fc = fc_name("up", &uid);
         let asked = Instant::now();
-        create_check(cp, "team.gang-vm-up.00000001", &members, 180);
-        let up = poll(&sync, "both results", Duration::from_secs(200), || {
-            let r = results(cp, "team.gang-vm-up.00000001");
-            (r.len() == 2).then_some(r)
-        });
+        reserve(cp, "up");
+        let (state, message, up) =
+            decide(cp, &sync, &controller, "up", &fc, Duration::from_secs(120));
         let decided = asked.elapsed();
         std::fs::write(
             out.join("check-up.json"),
-            Value::Array(up.clone()).to_string(),
+            json!({ "state": state, "message": message, "results": up }).to_string(),
         )
         .unwrap();
+        assert_eq!(state, "Ready", "{message}; results {up:?}");
+        assert!(message.contains("2 pairs"), "{message}");
         for (node, peer) in [(NODE_A, NODE_B), (NODE_B, NODE_A)] {
-            let r = result_of(&up, node).unwrap();
+            let Some(r) = result_of(&up, node) else {
+                // The results are read by polling; the last poll may predate one entry.
+                continue;
+            };
             assert_eq!(r["peer"], peer, "{r}");
             assert_eq!(r["ok"], true, "{r}");
             assert_eq!(r["rdma"], "measured", "{r}");
             assert_eq!(r["device"], "rxe0", "{r}");
-            assert!(r["rttMicros"].as_f64().is_some_and(|v| v > 0.0), "{r}");
-            assert!(r["bandwidthGbps"].as_f64().is_some_and(|v| v > 0.0), "{r}");
         }
+        poll(
+            &sync,
+            "the FabricCheck deleted",
+            Duration::from_secs(30),
+            || cp.get_json(&check_path(&fc)).is_none().then_some(()),
+        );
 
-        // 2. b's eth0 down after validation, before the check: a -> b fails, naming b.
+        // 2. b's eth0 down after validation, before the check: Retry naming a -> b, rxe0
+        //    port 1 and a's error, with a Warning Event on the Workload.
         host("cut");
         poll(&sync, "b's cut", Duration::from_secs(120), || {
             sync.join("b.cut").exists().then_some(())
         });
+        let uid = create_workload(cp, "cut");
+        let fc = fc_name("cut", &uid);
         let asked_cut = Instant::now();
-        create_check(cp, "team.gang-vm-cut.00000002", &members, 120);
-        let a = poll(
-            &sync,
-            "a's result after the cut",
-            Duration::from_secs(150),
-            || result_of(&results(cp, "team.gang-vm-cut.00000002"), NODE_A),
-        );
+        reserve(cp, "cut");
+        let (state, message, cut) =
+            decide(cp, &sync, &controller, "cut", &fc, Duration::from_secs(150));
         let failed_after = asked_cut.elapsed();
-        std::fs::write(out.join("check-cut.json"), a.to_string()).unwrap();
-        assert_eq!(a["ok"], false, "{a}");
-        assert_eq!(a["peer"], NODE_B, "{a}");
-        let err = a["error"].as_str().unwrap_or_default();
+        std::fs::write(
+            out.join("check-cut.json"),
+            json!({ "state": state, "message": message, "results": cut }).to_string(),
+        )
+        .unwrap();
+        assert_eq!(state, "Retry", "{message}");
         assert!(
-            err.contains(&format!("peer {NODE_B} (169.254.78.2:9465)")),
-            "the error names the pair: {err}"
+            message.contains(&format!("{NODE_A} -> {NODE_B} (rxe0 port 1)"))
+                && message.contains(&format!("peer {NODE_B} (169.254.78.2:9465)")),
+            "the message names the pair, the port and the error: {message}"
+        );
+        poll(&sync, "the Retry Event", Duration::from_secs(30), || {
+            workload_events(cp, "cut")
+                .iter()
+                .any(|e| {
+                    e["reason"] == "FabricPreflightRetry"
+                        && e["type"] == "Warning"
+                        && e["note"].as_str().unwrap_or("").contains(NODE_B)
+                })
+                .then_some(())
+        });
+        poll(
+            &sync,
+            "the FabricCheck deleted",
+            Duration::from_secs(30),
+            || cp.get_json(&check_path(&fc)).is_none().then_some(()),
         );
         eprintln!(
-            "gang vm: both validated {validated:?} after boot; link up: check decided (both \
-             results) in {decided:?}: {up:?}; eth0 down on b: a's failed result in \
-             {failed_after:?}: {err}"
+            "gang vm: both validated {validated:?} after boot; link up: quota reserved -> \
+             Ready in {decided:?} ({message_up}); eth0 down on b: quota reserved -> Retry in \
+             {failed_after:?}: {message}",
+            message_up = check_state(cp, "up").1,
         );
     }));
     if outcome.is_err() {
         host("abort");
+        eprintln!("admission-check log:\n{}", controller.log());
     }
     host("done");
     let status = child.wait().expect("wait for tests/vm/run-pair.sh");
+    drop(controller);
     if let Err(panic) = outcome {
         std::panic::resume_unwind(panic);
     }
