@@ -235,17 +235,12 @@ fn one_gang(cp: &ControlPlane, name: &str, members: &[String], sequential: bool)
         },
     });
     let state = || -> String {
-        cp.get_json(&format!(
-            "/apis/kueue.x-k8s.io/v1beta2/namespaces/{WL_NS}/workloads/{name}"
-        ))
-        .and_then(|w| {
-            w["status"]["admissionChecks"]
-                .as_array()?
-                .iter()
-                .find(|c| c["name"] == CHECK)
-                .and_then(|c| c["state"].as_str().map(str::to_owned))
-        })
-        .unwrap_or_default()
+        let wl = cp
+            .get_json(&format!(
+                "/apis/kueue.x-k8s.io/v1beta2/namespaces/{WL_NS}/workloads/{name}"
+            ))
+            .unwrap_or_default();
+        kueue_crds::check_entry(&wl, CHECK).0
     };
     let t0 = Instant::now();
     cp.block_on(workloads.patch_status(

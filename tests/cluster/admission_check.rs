@@ -317,17 +317,7 @@ fn check_state(cp: &ControlPlane, ns: &str, name: &str) -> (String, String) {
             "/apis/kueue.x-k8s.io/v1beta2/namespaces/{ns}/workloads/{name}"
         ))
         .expect("the Workload");
-    let entry = wl["status"]["admissionChecks"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|c| c["name"] == CHECK)
-        .cloned()
-        .unwrap_or(Value::Null);
-    (
-        entry["state"].as_str().unwrap_or_default().to_owned(),
-        entry["message"].as_str().unwrap_or_default().to_owned(),
-    )
+    crate::common::kueue_crds::check_entry(&wl, CHECK)
 }
 
 fn fc_name(ns: &str, name: &str, uid: &str) -> String {

@@ -126,3 +126,20 @@ pub fn wait_established(cp: &ControlPlane, name: &str) {
         },
     );
 }
+
+/// The `(state, message)` of the admission check `check` in a Workload's
+/// `status.admissionChecks` (empty strings while it has no entry).
+pub fn check_entry(workload: &serde_json::Value, check: &str) -> (String, String) {
+    let entry = workload["status"]["admissionChecks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["name"] == check);
+    let field = |key: &str| {
+        entry
+            .and_then(|c| c[key].as_str())
+            .unwrap_or_default()
+            .to_owned()
+    };
+    (field("state"), field("message"))
+}

@@ -167,17 +167,7 @@ fn reserve(cp: &ControlPlane, name: &str) {
 /// Our check's (state, message) on the Workload.
 fn check_state(cp: &ControlPlane, name: &str) -> (String, String) {
     let wl = cp.get_json(&workload_path(name)).unwrap_or(Value::Null);
-    let entry = wl["status"]["admissionChecks"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|c| c["name"] == CHECK)
-        .cloned()
-        .unwrap_or(Value::Null);
-    (
-        entry["state"].as_str().unwrap_or_default().to_owned(),
-        entry["message"].as_str().unwrap_or_default().to_owned(),
-    )
+    common::kueue_crds::check_entry(&wl, CHECK)
 }
 
 /// The Events recorded on Workload `name`.
