@@ -5,9 +5,9 @@
 //! `cargo bench --profile dev --bench gang -- decide` (without a name it measures nothing).
 //!
 //! The harness plays Kueue (it reserves quota with a TAS assignment, as Kueue's scheduler
-//! writes it) and the members' agents: as soon as the FabricCheck appears it writes every
-//! member's result: all at once (`concurrent`: one server-side apply per member and field
-//! manager, as the agents do, each on its own warm connection) or one after the other
+//! writes it) and the members' agents: as soon as the FabricCheck appears it creates every
+//! member's answer: all at once (`concurrent`: one FabricCheckResult per member under its
+//! field manager, as the agents do, each on its own warm connection) or one after the other
 //! (`sequential`; `FABRICGATE_GANG_WRITES` picks, default both), so the figure is the
 //! controller's and the apiserver's part, with no RDMA exchange in it. `FABRICGATE_GANG_SIZES`
 //! overrides the gang sizes (default 8,32,64). `fabricgate admission-check` runs as its own process with the shipped
@@ -19,7 +19,7 @@ mod common;
 use common::controlplane::ControlPlane;
 use common::fleet::with_validated_fleet;
 use common::{control_plane, kueue_crds, wait_until};
-use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::GroupVersionKind;
 use serde_json::json;
 use std::process::{Command, Stdio};
@@ -72,7 +72,9 @@ fn decide() {
         "-f",
         manifest,
     ]);
-    kueue_crds::wait_established(cp, "fabricchecks.fabricgate.io");
+    for crd in common::FABRICCHECK_CRDS {
+        kueue_crds::wait_established(cp, crd);
+    }
     cp.apply(
         &json!({ "apiVersion": "v1", "kind": "Namespace", "metadata": { "name": WL_NS } })
             .to_string(),
@@ -195,6 +197,12 @@ fn one_gang(cp: &ControlPlane, name: &str, members: &[String], sequential: bool)
         "fabricchecks",
         NS,
     );
+    let results = api(
+        cp,
+        ("fabricgate.io", "v1alpha1", "FabricCheckResult"),
+        "fabriccheckresults",
+        NS,
+    );
     let g = members.len();
     cp.apply(
         &json!({
@@ -249,11 +257,17 @@ fn one_gang(cp: &ControlPlane, name: &str, members: &[String], sequential: bool)
         &Patch::Apply(&status),
     ))
     .expect("reserve");
-    let spec = loop {
+    let (spec, check_uid) = loop {
         if let Some(obj) = cp.get_json(&format!(
             "/apis/fabricgate.io/v1alpha1/namespaces/{NS}/fabricchecks/{fc}"
         )) {
-            break obj["spec"].clone();
+            break (
+                obj["spec"].clone(),
+                obj["metadata"]["uid"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+            );
         }
         assert!(
             t0.elapsed() < Duration::from_secs(30),
@@ -284,24 +298,18 @@ fn one_gang(cp: &ControlPlane, name: &str, members: &[String], sequential: bool)
     cp.block_on(async {
         let writes = ring.iter().enumerate().map(|(i, node)| {
             let peer = &ring[(i + 1) % ring.len()];
-            let body = json!({
-                "apiVersion": "fabricgate.io/v1alpha1", "kind": "FabricCheck",
-                "metadata": { "name": fc, "namespace": NS },
-                "status": { "results": [{ "node": node, "peer": peer, "ok": true,
-                    "rdma": "measured", "device": "mlx5_0", "port": 1, "rttMicros": 3.1 }] },
-            });
-            let checks = checks.clone();
-            let fc = fc.clone();
-            let manager = format!("fabricgate-gang/{node}");
+            let result = json!({ "node": node, "peer": peer, "ok": true, "rdma": "measured",
+                "device": "mlx5_0", "port": 1, "rttMicros": 3.1 });
+            let obj: DynamicObject =
+                serde_json::from_value(common::fabriccheck_answer(&fc, &check_uid, &result))
+                    .expect("an answer");
+            let results = results.clone();
+            let pp = PostParams {
+                field_manager: Some(format!("fabricgate-gang/{node}")),
+                ..PostParams::default()
+            };
             async move {
-                checks
-                    .patch_status(
-                        &fc,
-                        &PatchParams::apply(&manager).force(),
-                        &Patch::Apply(&body),
-                    )
-                    .await
-                    .expect("a member's result");
+                results.create(&pp, &obj).await.expect("a member's answer");
             }
         });
         if sequential {

@@ -10,9 +10,11 @@
 //! - an `events.k8s.io/v1` Event at each `FabricReady` transition.
 //!
 //! `plan` decides what to write (pure), `reconciler` writes it, `watch` follows the Node and
-//! `client` builds the two API clients the agent uses.
+//! `client` builds the two API clients the agent uses. `fabriccheck` holds the gang
+//! pre-flight's resources, shared by the agents and `fabricgate admission-check`.
 
 mod client;
+pub mod fabriccheck;
 mod plan;
 mod reconciler;
 mod watch;

@@ -1,14 +1,14 @@
 //! `fabricgate admission-check` against the real kube-apiserver with Kueue's own CRDs
 //! (`tests/common/kueue_crds.rs`). The test plays Kueue's scheduler (it writes a Workload's
 //! quota reservation, its topology assignment and the check's `Pending` state, as Kueue
-//! does) and each member node's agent (it writes that node's FabricCheck result with
-//! server-side apply under the agent's field manager). The controller runs as its own
+//! does) and each member node's agent (it creates that node's FabricCheckResult as the agent
+//! does). The controller runs as its own
 //! process with the shipped ServiceAccount and RBAC (deploy/admission-check.yaml). The
 //! end-to-end tests with Kueue itself running are the `kueue` tests.
 
 use crate::common::controlplane::{AuditEvent, ControlPlane, Grant, rbac_grants};
 use crate::common::{control_plane, http_get, kueue_crds, last_lines, poll_until, sample};
-use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::GroupVersionKind;
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
@@ -48,7 +48,9 @@ fn setup() -> Option<Env> {
         "-f",
         MANIFEST,
     ]);
-    kueue_crds::wait_established(cp, "fabricchecks.fabricgate.io");
+    for crd in crate::common::FABRICCHECK_CRDS {
+        kueue_crds::wait_established(cp, crd);
+    }
     let token = cp.kubectl(&["-n", NS, "create", "token", "fabricgate-admission-check"]);
     let scratch = tempfile::tempdir().unwrap();
     let kubeconfig = scratch.path().join("admission-check.kubeconfig");
@@ -238,13 +240,13 @@ fn workloads(cp: &ControlPlane, ns: &str) -> Api<DynamicObject> {
     api(cp, "kueue.x-k8s.io", "v1beta2", "Workload", "workloads", ns)
 }
 
-fn fabric_checks(cp: &ControlPlane) -> Api<DynamicObject> {
+fn fabric_check_results(cp: &ControlPlane) -> Api<DynamicObject> {
     api(
         cp,
         "fabricgate.io",
         "v1alpha1",
-        "FabricCheck",
-        "fabricchecks",
+        "FabricCheckResult",
+        "fabriccheckresults",
         NS,
     )
 }
@@ -330,20 +332,26 @@ fn fabric_check(cp: &ControlPlane, name: &str) -> Option<Value> {
     ))
 }
 
-/// Member `node`'s result, as its agent writes it (its own entry, its own field manager).
+/// Member `node`'s answer, created as its agent creates it (its own FabricCheckResult).
 fn answer(cp: &ControlPlane, fc: &str, result: Value) {
-    let node = result["node"].as_str().unwrap().to_owned();
-    let body = json!({
-        "apiVersion": "fabricgate.io/v1alpha1", "kind": "FabricCheck",
-        "metadata": { "name": fc, "namespace": NS },
-        "status": { "results": [result] },
-    });
-    cp.block_on(fabric_checks(cp).patch_status(
-        fc,
-        &PatchParams::apply(&format!("fabricgate-gang/{node}")).force(),
-        &Patch::Apply(&body),
+    let uid = fabric_check(cp, fc).expect("the FabricCheck")["metadata"]["uid"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let obj: DynamicObject =
+        serde_json::from_value(crate::common::fabriccheck_answer(fc, &uid, &result)).unwrap();
+    cp.block_on(fabric_check_results(cp).create(&PostParams::default(), &obj))
+        .expect("create a member's answer");
+}
+
+/// The FabricCheckResults labelled with check uid `uid`.
+fn answers_to(cp: &ControlPlane, uid: &str) -> Vec<Value> {
+    cp.get_json(&format!(
+        "/apis/fabricgate.io/v1alpha1/namespaces/{NS}/fabriccheckresults\
+         ?labelSelector=fabricgate.io%2Ffabriccheck-uid%3D{uid}"
     ))
-    .expect("write a member's result");
+    .and_then(|l| l["items"].as_array().cloned())
+    .unwrap_or_default()
 }
 
 fn good(node: &str, peer: &str) -> Value {
@@ -461,9 +469,12 @@ fn admission_check_retries_an_unvalidated_node_then_a_good_ring_is_ready() {
         "deadline {deadline}: created + gang.timeout"
     );
 
-    // Two of three answered: still Pending.
+    // Two of three answered: still Pending, also with a good answer from a node that is not
+    // a member (the policy lets any agent create its own answer; the controller counts only
+    // the members').
     answer(cp, &fc, good("ac-ring-0", "ac-ring-1"));
     answer(cp, &fc, good("ac-ring-1", "ac-ring-2"));
+    answer(cp, &fc, good("ac-outsider", "ac-ring-0"));
     std::thread::sleep(Duration::from_millis(700));
     assert_eq!(check_state(cp, ns, "train").0, "Pending", "{}", c.log());
     let t1 = Instant::now();
@@ -474,9 +485,15 @@ fn admission_check_retries_an_unvalidated_node_then_a_good_ring_is_ready() {
     eprintln!("last result -> Ready: {:?}", t1.elapsed());
     let (_, message) = check_state(cp, ns, "train");
     assert!(message.contains("3 pairs"), "{message}");
+    let check_uid = obj["metadata"]["uid"].as_str().unwrap().to_owned();
     c.wait("the FabricCheck deleted", Duration::from_secs(5), || {
         fabric_check(cp, &fc).is_none()
     });
+    c.wait(
+        "its answers deleted with it",
+        Duration::from_secs(5),
+        || answers_to(cp, &check_uid).is_empty(),
+    );
     // The entry is ours, by server-side apply; Kueue's fields are untouched.
     let wl = cp
         .get_json(&format!(
@@ -722,6 +739,13 @@ fn admission_check_leader_fails_over_keeps_the_check_active_and_uses_only_its_gr
         ][..],
         &["create", "fabricchecks.fabricgate.io", "-n", NS],
         &["delete", "fabricchecks.fabricgate.io", "-n", NS],
+        &[
+            "deletecollection",
+            "fabriccheckresults.fabricgate.io",
+            "-n",
+            NS,
+        ],
+        &["watch", "fabriccheckresults.fabricgate.io", "-n", NS],
         &["watch", "nodes"],
     ] {
         assert!(can(allowed), "cannot {allowed:?}");
@@ -744,6 +768,8 @@ fn admission_check_leader_fails_over_keeps_the_check_active_and_uses_only_its_gr
             NS,
         ],
         &["update", "fabricchecks.fabricgate.io", "-n", NS],
+        &["create", "fabriccheckresults.fabricgate.io", "-n", NS],
+        &["patch", "fabriccheckresults.fabricgate.io", "-n", NS],
         &["create", "fabricchecks.fabricgate.io", "-n", "default"],
         &["patch", "nodes"],
         &["create", "pods", "-n", ns],

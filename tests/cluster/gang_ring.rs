@@ -2,17 +2,17 @@
 //! apiserver: real agents with `peers.enabled` (responders on loopback, distinct ports, one
 //! pool key, `--verbs off`, so `rdma: unmeasured` and the authenticated side channel decides)
 //! advertise `fabricgate.io/peers-endpoint` on their Nodes and answer a `FabricCheck` in ring
-//! order, each writing only its own `status.results` entry through its pod-bound token; a
-//! member whose peer's responder is down writes `ok: false` naming the peer. The red-team test
-//! shows the admission policy `fabricgate-fabriccheck-results` keeps every agent to its own
-//! entry and off the spec.
+//! order, each creating only its own `FabricCheckResult` through its pod-bound token; a member
+//! whose peer's responder is down answers `ok: false` naming the peer. The red-team test shows
+//! the admission policy `fabricgate-fabriccheck-results` and RBAC keep every agent to its own
+//! answer, once, and off the FabricCheck.
 //!
-//! The CRD is the one `deploy/admission-check.yaml` ships (`common::fabriccheck_crd`).
+//! The CRDs are the ones `deploy/admission-check.yaml` ships (`common::fabriccheck_crds`).
 
 use crate::common::controlplane::{ControlPlane, client_from};
 use crate::common::sysfs::FakeHca;
 use crate::common::{Agent, TestNode, control_plane, start_agent, wait_until};
-use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{Value, json};
 use std::path::Path;
@@ -30,24 +30,29 @@ fn resource() -> ApiResource {
     )
 }
 
+fn result_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("fabricgate.io", "v1alpha1", "FabricCheckResult"),
+        "fabriccheckresults",
+    )
+}
+
 /// The CRD and the agents' RBAC and policies, once; waits until the CRD is served.
 pub(crate) fn install(cp: &ControlPlane) {
     static DONE: OnceLock<()> = OnceLock::new();
     DONE.get_or_init(|| {
         cp.install_agent_rbac();
-        cp.apply(&crate::common::fabriccheck_crd());
-        wait_until(
-            "the FabricCheck CRD served",
-            Duration::from_secs(60),
-            || {
-                cp.kubectl_as(
-                    &cp.admin_kubeconfig,
-                    &["get", "fabricchecks", "-n", NS],
-                    None,
-                )
-                .0
-            },
-        );
+        cp.apply(&crate::common::fabriccheck_crds());
+        for plural in ["fabricchecks", "fabriccheckresults"] {
+            wait_until(
+                &format!("the {plural} CRD served"),
+                Duration::from_secs(60),
+                || {
+                    cp.kubectl_as(&cp.admin_kubeconfig, &["get", plural, "-n", NS], None)
+                        .0
+                },
+            );
+        }
     });
 }
 
@@ -90,12 +95,33 @@ pub(crate) fn create_check(cp: &ControlPlane, name: &str, members: &[(String, St
     assert!(ok, "create FabricCheck {name}: {err}");
 }
 
-pub(crate) fn results(cp: &ControlPlane, name: &str) -> Vec<Value> {
+/// The uid of FabricCheck `name`, `None` while it does not exist.
+pub(crate) fn check_uid(cp: &ControlPlane, name: &str) -> Option<String> {
     cp.get_json(&format!(
         "/apis/fabricgate.io/v1alpha1/namespaces/{NS}/fabricchecks/{name}"
     ))
-    .and_then(|c| c["status"]["results"].as_array().cloned())
+    .and_then(|c| c["metadata"]["uid"].as_str().map(str::to_owned))
+}
+
+/// The FabricCheckResult objects answering check `name` (by its uid label), whole.
+pub(crate) fn result_objects(cp: &ControlPlane, name: &str) -> Vec<Value> {
+    let Some(uid) = check_uid(cp, name) else {
+        return Vec::new();
+    };
+    cp.get_json(&format!(
+        "/apis/fabricgate.io/v1alpha1/namespaces/{NS}/fabriccheckresults\
+         ?labelSelector=fabricgate.io%2Ffabriccheck-uid%3D{uid}"
+    ))
+    .and_then(|l| l["items"].as_array().cloned())
     .unwrap_or_default()
+}
+
+/// The answers to check `name`: each result object's spec.
+pub(crate) fn results(cp: &ControlPlane, name: &str) -> Vec<Value> {
+    result_objects(cp, name)
+        .into_iter()
+        .map(|o| o["spec"].clone())
+        .collect()
 }
 
 fn result_of<'a>(results: &'a [Value], node: &str) -> Option<&'a Value> {
@@ -210,23 +236,17 @@ fn agents_answer_a_fabriccheck_in_ring_order_and_name_a_dead_peer() {
         assert_eq!(r["rdma"], "unmeasured", "--verbs off: {r}");
         assert!(r["finishedAt"].is_string(), "{r}");
     }
-    // Each entry is its own agent's: the field manager fabricgate-gang/<node>.
-    let obj = cp
-        .get_json(&format!(
-            "/apis/fabricgate.io/v1alpha1/namespaces/{NS}/fabricchecks/team.ring-good.00000001"
-        ))
-        .unwrap();
-    let managers: Vec<&str> = obj["metadata"]["managedFields"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|m| m["subresource"] == "status")
-        .filter_map(|m| m["manager"].as_str())
-        .collect();
-    for name in names {
-        assert!(
-            managers.contains(&format!("fabricgate-gang/{name}").as_str()),
-            "{managers:?}"
+    // Each answer is its own agent's object: named <check uid>.<node>, created under the field
+    // manager fabricgate-gang/<node>, owned by the check.
+    let uid = check_uid(cp, "team.ring-good.00000001").unwrap();
+    for obj in result_objects(cp, "team.ring-good.00000001") {
+        let node = obj["spec"]["node"].as_str().unwrap().to_owned();
+        assert_eq!(obj["metadata"]["name"], format!("{uid}.{node}"), "{obj}");
+        assert_eq!(obj["metadata"]["ownerReferences"][0]["uid"], uid.as_str());
+        assert_eq!(
+            obj["metadata"]["managedFields"][0]["manager"],
+            format!("fabricgate-gang/{node}"),
+            "{obj}"
         );
     }
 
@@ -252,16 +272,15 @@ fn agents_answer_a_fabriccheck_in_ring_order_and_name_a_dead_peer() {
     );
     assert_eq!(result_of(&got, "ring-0").unwrap()["ok"], true, "{got:?}");
     // One exchange per check: nothing is written again.
-    let rv = |n: &str| {
-        cp.get_json(&format!(
-            "/apis/fabricgate.io/v1alpha1/namespaces/{NS}/fabricchecks/{n}"
-        ))
-        .unwrap()["metadata"]["resourceVersion"]
-            .clone()
+    let versions = || -> Vec<Value> {
+        result_objects(cp, "team.ring-dead.00000002")
+            .iter()
+            .map(|o| o["metadata"]["resourceVersion"].clone())
+            .collect()
     };
-    let before = rv("team.ring-dead.00000002");
+    let before = versions();
     std::thread::sleep(Duration::from_secs(2));
-    assert_eq!(rv("team.ring-dead.00000002"), before, "no repeats");
+    assert_eq!(versions(), before, "no repeats");
     // The agents' Nodes are not judged by any of it.
     for node in &nodes[..2] {
         assert!(node.ready(), "{}", node.name);
@@ -269,93 +288,126 @@ fn agents_answer_a_fabriccheck_in_ring_order_and_name_a_dead_peer() {
     drop(agents);
 }
 
-/// With its own pod-bound token, a member's agent may write its own entry, but not another
-/// node's, nor its own when its node is not a member, nor the spec (through the status
-/// subresource or the object).
+/// With its own pod-bound token, an agent may create its own answer to a check once, named
+/// and owned as the controller reads it, and nothing else: not another node's answer, not its
+/// own under another name or without the check's label and owner, not a change or a delete of
+/// an answer, not a write to the FabricCheck.
 #[test]
-fn redteam_an_agent_writes_only_its_own_fabriccheck_result() {
+fn redteam_an_agent_creates_only_its_own_fabriccheck_result() {
     let Some(cp) = control_plane() else { return };
     install(cp);
-    let names = ["rt-ring-0", "rt-ring-1", "rt-ring-out"];
+    let names = ["rt-ring-0", "rt-ring-1"];
     for name in names {
         TestNode::seeded(cp, name);
     }
     let check = "team.rt-ring.00000003";
-    let members: Vec<(String, String)> = names[..2]
+    let members: Vec<(String, String)> = names
         .iter()
         .map(|n| ((*n).to_owned(), "127.0.0.1:9".to_owned()))
         .collect();
     create_check(cp, check, &members, 600);
-    let client = |n: &str| cp.block_on(client_from(&cp.agent_kubeconfig(n, None)));
-    let member: Api<DynamicObject> = Api::namespaced_with(client(names[0]), NS, &resource());
-    let outsider: Api<DynamicObject> = Api::namespaced_with(client(names[2]), NS, &resource());
-    let entry = |node: &str, ok: bool| {
-        json!({
-            "apiVersion": "fabricgate.io/v1alpha1", "kind": "FabricCheck",
-            "metadata": { "name": check },
-            "status": { "results": [{ "node": node, "peer": "x", "ok": ok,
-                "rdma": "measured", "finishedAt": "2026-12-02T03:00:07Z" }] },
-        })
+    let uid = check_uid(cp, check).unwrap();
+    let client = cp.block_on(client_from(&cp.agent_kubeconfig(names[0], None)));
+    let checks: Api<DynamicObject> = Api::namespaced_with(client.clone(), NS, &resource());
+    let answers: Api<DynamicObject> = Api::namespaced_with(client, NS, &result_resource());
+    // An answer as the agent writes it, for `node`, under `name`.
+    let answer = |node: &str, name: &str, ok: bool| -> DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "fabricgate.io/v1alpha1", "kind": "FabricCheckResult",
+            "metadata": { "name": name, "namespace": NS,
+                "labels": { "fabricgate.io/fabriccheck-uid": uid },
+                "ownerReferences": [{ "apiVersion": "fabricgate.io/v1alpha1",
+                    "kind": "FabricCheck", "name": check, "uid": uid }] },
+            "spec": { "check": check, "checkUID": uid, "node": node, "peer": "x", "ok": ok,
+                "rdma": "measured", "finishedAt": "2026-12-02T03:00:07Z" },
+        }))
+        .unwrap()
     };
-    let write = |api: &Api<DynamicObject>, as_node: &str, body: &Value| -> (u16, String) {
-        let pp = PatchParams::apply(&format!("fabricgate-gang/{as_node}")).force();
-        match cp.block_on(api.patch_status(check, &pp, &Patch::Apply(body))) {
-            Ok(_) => (200, String::new()),
+    let create = |obj: &DynamicObject| -> (u16, String) {
+        match cp.block_on(answers.create(&PostParams::default(), obj)) {
+            Ok(_) => (201, String::new()),
             Err(kube::Error::Api(e)) => (e.code, e.message),
             Err(e) => panic!("not an API answer: {e}"),
         }
     };
-    // Another member's entry (forged as ok): refused by the policy once it is loaded.
+    let own_name = format!("{uid}.{}", names[0]);
+    let other_name = format!("{uid}.{}", names[1]);
+    // Another member's answer (forged as ok): refused by the policy once it is loaded.
     wait_until(
-        "the policy refuses another node's entry",
+        "the policy refuses another node's answer",
         Duration::from_secs(60),
-        || write(&member, names[0], &entry(names[1], true)).0 == 403,
+        || create(&answer(names[1], &other_name, true)).0 == 403,
     );
-    let (code, msg) = write(&member, names[0], &entry(names[1], true));
+    let (code, msg) = create(&answer(names[1], &other_name, true));
     assert_eq!(code, 403);
     assert!(
         msg.contains("ValidatingAdmissionPolicy 'fabricgate-fabriccheck-results'")
-            && msg.contains("may write only its own result rt-ring-0"),
+            && msg.contains("may create only its own answer"),
         "{msg}"
     );
-    // Its own: admitted.
-    assert_eq!(
-        write(&member, names[0], &entry(names[0], false)),
-        (200, String::new())
-    );
-    // A node that is not a member: refused, even for its own entry.
-    let (code, msg) = write(&outsider, names[2], &entry(names[2], true));
+    // Its own node, under another member's name: refused.
+    let (code, msg) = create(&answer(names[0], &other_name, true));
     assert_eq!(code, 403, "{msg}");
-    assert!(msg.contains("is not a member of FabricCheck"), "{msg}");
-    // The spec through the status subresource: never changed (the policy refuses, or the
-    // apiserver drops it).
-    let mut forged = entry(names[0], false);
-    forged["spec"] = json!({ "members": [{ "node": names[0] }, { "node": names[2] }],
-                             "deadline": "2030-01-01T00:00:00Z" });
-    let _ = write(&member, names[0], &forged);
-    // The object itself: RBAC refuses.
-    let spec_patch = json!({ "spec": { "members": [{ "node": names[0] }, { "node": names[2] }] } });
-    let err = cp
-        .block_on(member.patch(check, &PatchParams::default(), &Patch::Merge(&spec_patch)))
-        .expect_err("the agent may not patch a FabricCheck");
-    assert!(
-        matches!(err, kube::Error::Api(ref e) if e.code == 403),
-        "{err}"
+    // Its own, without the check's label, or owned by something else: refused.
+    let mut unlabelled = answer(names[0], &own_name, true);
+    unlabelled.metadata.labels = None;
+    let (code, msg) = create(&unlabelled);
+    assert_eq!(code, 403, "{msg}");
+    assert!(msg.contains("fabricgate.io/fabriccheck-uid"), "{msg}");
+    let mut foreign = answer(names[0], &own_name, true);
+    if let Some(o) = foreign.metadata.owner_references.as_mut() {
+        o[0].kind = "ConfigMap".into();
+        o[0].api_version = "v1".into();
+    }
+    assert_eq!(create(&foreign).0, 403);
+    // Its own: admitted, once.
+    assert_eq!(
+        create(&answer(names[0], &own_name, false)),
+        (201, String::new())
     );
+    let (code, _) = create(&answer(names[0], &own_name, true));
+    assert_eq!(code, 409, "one answer per node and check");
+    // Never changed nor deleted by the agent (RBAC: create only), never the FabricCheck.
+    let flip = json!({ "spec": { "ok": true } });
+    for err in [
+        cp.block_on(answers.patch(&own_name, &PatchParams::default(), &Patch::Merge(&flip)))
+            .map(|_| ())
+            .expect_err("the agent may not change its answer"),
+        cp.block_on(answers.delete(&own_name, &DeleteParams::default()))
+            .map(|_| ())
+            .expect_err("the agent may not delete an answer"),
+        cp.block_on(checks.patch(
+            check,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "spec": { "members": [{ "node": names[0] }] } })),
+        ))
+        .map(|_| ())
+        .expect_err("the agent may not patch a FabricCheck"),
+        cp.block_on(checks.patch_status(
+            check,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "status": { "results": [] } })),
+        ))
+        .map(|_| ())
+        .expect_err("the agent may not write a FabricCheck's status"),
+    ] {
+        assert!(
+            matches!(err, kube::Error::Api(ref e) if e.code == 403 || e.code == 404),
+            "{err}"
+        );
+    }
+    let got = results(cp, check);
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0]["node"], names[0]);
+    assert_eq!(got[0]["ok"], false, "its own, as it wrote it");
     let obj = cp
         .get_json(&format!(
             "/apis/fabricgate.io/v1alpha1/namespaces/{NS}/fabricchecks/{check}"
         ))
         .unwrap();
-    let nodes: Vec<&str> = obj["spec"]["members"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|m| m["node"].as_str())
-        .collect();
-    assert_eq!(nodes, names[..2], "the spec stayed");
-    let results = obj["status"]["results"].as_array().unwrap();
-    assert_eq!(results.len(), 1, "{results:?}");
-    assert_eq!(results[0]["node"], names[0]);
-    assert_eq!(results[0]["ok"], false, "its own, as it wrote it");
+    assert_eq!(
+        obj["spec"]["members"].as_array().unwrap().len(),
+        2,
+        "the spec stayed"
+    );
 }

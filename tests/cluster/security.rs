@@ -229,7 +229,7 @@ fn the_cluster_role_grants_exactly_what_a_full_agent_run_uses() {
     let kubeconfig = node.agent_kubeconfig(None);
     // With a pool, as daemonset.yaml configures it: the breaker lists the pool's Nodes. With
     // peers, so that it answers a gang pre-flight too (the FabricChecks it lists and watches,
-    // the status entry it writes).
+    // the FabricCheckResult it creates).
     crate::gang_ring::install(cp);
     let config = hca.scratch().join("requirements.yaml");
     let key = hca.scratch().join("peers.key");
@@ -268,7 +268,7 @@ fn the_cluster_role_grants_exactly_what_a_full_agent_run_uses() {
         ],
         30,
     );
-    wait_until("its FabricCheck result", Duration::from_secs(30), || {
+    wait_until("its FabricCheckResult", Duration::from_secs(30), || {
         !crate::gang_ring::results(cp, check).is_empty()
     });
     hca.set_port(false);

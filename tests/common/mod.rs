@@ -65,18 +65,46 @@ pub fn is_root() -> bool {
         .unwrap_or(false)
 }
 
-/// The FabricCheck CRD exactly as `deploy/admission-check.yaml` ships it (its one
-/// `CustomResourceDefinition` document), so every test serves the shipped schema.
-pub fn fabriccheck_crd() -> String {
+/// The gang pre-flight's two CRDs (FabricCheck, FabricCheckResult) exactly as
+/// `deploy/admission-check.yaml` ships them (its `CustomResourceDefinition` documents, as one
+/// multi-document YAML), so every test serves the shipped schemas.
+pub fn fabriccheck_crds() -> String {
     let path = repo_root().join("deploy/admission-check.yaml");
     let text = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
     let docs: Vec<&str> = text
         .split("\n---")
         .filter(|doc| doc.contains("\nkind: CustomResourceDefinition"))
+        .map(|doc| doc.trim_start_matches('\n'))
         .collect();
-    assert_eq!(docs.len(), 1, "one CRD in {}", path.display());
-    docs[0].trim_start_matches('\n').to_owned()
+    assert_eq!(docs.len(), 2, "two CRDs in {}", path.display());
+    docs.join("\n---\n")
+}
+
+/// The names of [`fabriccheck_crds`], to wait for them to be established.
+pub const FABRICCHECK_CRDS: [&str; 2] = [
+    "fabricchecks.fabricgate.io",
+    "fabriccheckresults.fabricgate.io",
+];
+
+/// A FabricCheckResult as a member's agent creates it (docs/gangs.md): `result` (the
+/// measurement, camelCase, with its `node`) answering FabricCheck `check` of uid `uid`.
+pub fn fabriccheck_answer(check: &str, uid: &str, result: &serde_json::Value) -> serde_json::Value {
+    let node = result["node"].as_str().unwrap_or_default();
+    let mut spec = result.clone();
+    spec["check"] = check.into();
+    spec["checkUID"] = uid.into();
+    if spec.get("finishedAt").is_none() {
+        spec["finishedAt"] = "2026-12-02T03:00:07Z".into();
+    }
+    serde_json::json!({
+        "apiVersion": "fabricgate.io/v1alpha1", "kind": "FabricCheckResult",
+        "metadata": { "name": format!("{uid}.{node}"), "namespace": "fabricgate",
+            "labels": { "fabricgate.io/fabriccheck-uid": uid },
+            "ownerReferences": [{ "apiVersion": "fabricgate.io/v1alpha1", "kind": "FabricCheck",
+                "name": check, "uid": uid }] },
+        "spec": spec,
+    })
 }
 
 /// The repository root (`CARGO_MANIFEST_DIR` of the agent crate).

@@ -282,8 +282,8 @@ fn rbac_grants_exactly_what_the_agent_uses() {
         sa["metadata"]["name"]
     );
     // In its namespace only the breaker's ledger, by name: read it and update it; and the
-    // gang pre-flight's FabricChecks: list and watch them, patch their status (the policy
-    // fabricgate-fabriccheck-results keeps each agent to its own entry).
+    // gang pre-flight: list and watch the FabricChecks, create FabricCheckResults (the policy
+    // fabricgate-fabriccheck-results keeps each agent to its own answer).
     let ledger = object_in("Role", NAMESPACE);
     assert_eq!(
         ledger["rules"],
@@ -291,8 +291,8 @@ fn rbac_grants_exactly_what_the_agent_uses() {
                 "resourceNames": ["fabricgate-breaker"], "verbs": ["get", "update"]},
                {"apiGroups": ["fabricgate.io"], "resources": ["fabricchecks"],
                 "verbs": ["list", "watch"]},
-               {"apiGroups": ["fabricgate.io"], "resources": ["fabricchecks/status"],
-                "verbs": ["patch"]}])
+               {"apiGroups": ["fabricgate.io"], "resources": ["fabriccheckresults"],
+                "verbs": ["create"]}])
     );
     assert!(
         documents().iter().any(|d| d["kind"] == "ConfigMap"
@@ -1073,6 +1073,9 @@ fn admission_check_manifest_is_least_privilege_two_replicas_and_its_args_parse()
         "Role coordination.k8s.io/leases get",
         "Role coordination.k8s.io/leases patch",
         "Role coordination.k8s.io/leases update",
+        "Role fabricgate.io/fabriccheckresults deletecollection",
+        "Role fabricgate.io/fabriccheckresults list",
+        "Role fabricgate.io/fabriccheckresults watch",
         "Role fabricgate.io/fabricchecks create",
         "Role fabricgate.io/fabricchecks delete",
         "Role fabricgate.io/fabricchecks get",
@@ -1094,22 +1097,47 @@ fn admission_check_manifest_is_least_privilege_two_replicas_and_its_args_parse()
         ac["spec"]["controllerName"],
         fabricgate::cluster::admission_check::CONTROLLER_NAME
     );
-    let crd = one("CustomResourceDefinition");
-    assert_eq!(crd["metadata"]["name"], "fabricchecks.fabricgate.io");
-    assert_eq!(crd["spec"]["scope"], "Namespaced");
-    assert_eq!(crd["spec"]["names"]["shortNames"], json!(["fc"]));
-    let version = &crd["spec"]["versions"][0];
+    let crd = |name: &str| -> Value {
+        docs.iter()
+            .find(|d| d["kind"] == "CustomResourceDefinition" && d["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("the CRD {name} in deploy/admission-check.yaml"))
+            .clone()
+    };
+    let crds = docs
+        .iter()
+        .filter(|d| d["kind"] == "CustomResourceDefinition")
+        .count();
+    assert_eq!(crds, 2, "FabricCheck and FabricCheckResult");
+    let check = crd("fabricchecks.fabricgate.io");
+    assert_eq!(check["spec"]["scope"], "Namespaced");
+    assert_eq!(check["spec"]["names"]["shortNames"], json!(["fc"]));
+    let version = &check["spec"]["versions"][0];
     assert_eq!(version["name"], "v1alpha1");
-    assert!(version["subresources"]["status"].is_object());
     let schema = &version["schema"]["openAPIV3Schema"]["properties"];
     let members = &schema["spec"]["properties"]["members"];
-    let results = &schema["status"]["properties"]["results"];
     // Bounded in size: the largest gang.max_nodes.
     let max = fabricgate::config::gang::MAX_MAX_NODES;
     assert_eq!(members["maxItems"], json!(max));
-    assert_eq!(results["maxItems"], json!(max));
-    assert_eq!(results["x-kubernetes-list-type"], "map");
-    assert_eq!(results["x-kubernetes-list-map-keys"], json!(["node"]));
+    assert_eq!(members["x-kubernetes-list-type"], "map");
+    assert_eq!(members["x-kubernetes-list-map-keys"], json!(["node"]));
+    // The answers: one small immutable object each, every field bounded.
+    let answer = crd("fabriccheckresults.fabricgate.io");
+    assert_eq!(answer["spec"]["scope"], "Namespaced");
+    assert_eq!(answer["spec"]["names"]["shortNames"], json!(["fcr"]));
+    let spec = &answer["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
+    assert_eq!(
+        spec["x-kubernetes-validations"][0]["rule"],
+        "self == oldSelf"
+    );
+    for (field, s) in spec["properties"].as_object().unwrap() {
+        let bounded = s.get("maxLength").is_some()
+            || s.get("maximum").is_some()
+            || s.get("enum").is_some()
+            || s.get("format").is_some()
+            || s["type"] == "boolean"
+            || s["type"] == "number";
+        assert!(bounded, "spec.{field} is unbounded: {s}");
+    }
 
     let deploy = one("Deployment");
     assert_eq!(deploy["spec"]["replicas"], 2);

@@ -220,9 +220,22 @@ fn decide(
     }
 }
 
+/// The answers to FabricCheck `name` (its agents' FabricCheckResults, by the check's uid
+/// label), `None` while the check does not exist or none answered yet.
 fn results(cp: &ControlPlane, name: &str) -> Option<Vec<Value>> {
-    cp.get_json(&check_path(name))
-        .and_then(|c| c["status"]["results"].as_array().cloned())
+    let uid = cp.get_json(&check_path(name))?["metadata"]["uid"]
+        .as_str()?
+        .to_owned();
+    let list = cp.get_json(&format!(
+        "/apis/fabricgate.io/v1alpha1/namespaces/{NS}/fabriccheckresults\
+         ?labelSelector=fabricgate.io%2Ffabriccheck-uid%3D{uid}"
+    ))?;
+    let answers: Vec<Value> = list["items"]
+        .as_array()?
+        .iter()
+        .map(|o| o["spec"].clone())
+        .collect();
+    (!answers.is_empty()).then_some(answers)
 }
 
 fn result_of(results: &[Value], node: &str) -> Option<Value> {
@@ -274,7 +287,7 @@ fn a_two_vm_gang_passes_the_rdma_preflight_and_a_cut_link_fails_the_pair() {
         return;
     }
     cp.install_agent_rbac();
-    cp.apply(&common::fabriccheck_crd());
+    cp.apply(&common::fabriccheck_crds());
     cp.apply(
         &json!({ "apiVersion": "v1", "kind": "Namespace", "metadata": { "name": WL_NS } })
             .to_string(),

@@ -1,8 +1,7 @@
 //! The agent's half of the gang pre-flight (docs/gangs.md): watch the `FabricCheck`s of
 //! `gang.namespace`, and for each that names this node as a member and whose deadline has not
-//! passed, measure the next member of the ring once and write this node's own entry of
-//! `status.results` (server-side apply on the status subresource, field manager
-//! `fabricgate-gang/<node>`).
+//! passed, measure the next member of the ring once and create this node's own answer, a
+//! `FabricCheckResult` named `<check uid>.<node>` (`crate::node::fabriccheck`).
 //!
 //! It runs beside the probe loop and the Node writer and shares nothing with them but the
 //! usable ports and the peers key: measurements run on blocking threads, at most
@@ -10,22 +9,21 @@
 //! trouble (no key, a refused write, an unreadable check) is logged, or written as `ok: false`
 //! with an error that starts with `local:`; it never touches the Node's verdict.
 
-pub mod crd;
 mod pair;
 #[cfg(test)]
 mod tests;
 
-pub use crd::{ENDPOINT_ANNOTATION, FabricCheck, Member, PairResult, Rdma};
+pub use crate::node::fabriccheck::{ENDPOINT_ANNOTATION, FabricCheck, Member, PairResult, Rdma};
 pub use pair::{PairJob, measure_pair};
 
 use crate::node::WatchBackoff;
+use crate::node::fabriccheck;
 use fabricgate_probes::rdma::peer::{Identity, KeyRing, LocalPort, Plan};
 use futures::StreamExt;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::api::{Api, DynamicObject, PostParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event, watcher};
-use serde_json::json;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -37,7 +35,7 @@ pub const CONCURRENCY: usize = 4;
 /// Longest wait between failed lists of the checks (no CRD, no RBAC): a pre-flight installed
 /// later is answered within this.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(300);
-/// Attempts of the status write (spread until the deadline).
+/// Attempts of the result's create (spread until the deadline).
 const WRITE_ATTEMPTS: u32 = 5;
 
 /// What the ring task needs from the rest of the agent.
@@ -58,7 +56,7 @@ pub struct Ring {
     pub bandwidth: (u32, Duration),
     /// `peers.timeout`: bound on one session.
     pub session: Duration,
-    /// For lists and status writes.
+    /// For lists and the results' creates.
     pub requests: kube::Client,
     /// For the watch (a longer read timeout); `None`: `requests`.
     pub watch: Option<kube::Client>,
@@ -87,19 +85,16 @@ impl Taken {
 pub(crate) enum Decision {
     /// Measure this member.
     Measure(Member),
-    /// Not for us (not a member, answered, past its deadline, unreadable).
+    /// Not for us (not a member, past its deadline, unreadable).
     Skip(&'static str),
 }
 
 /// Pure: whether `check` asks this node for a measurement now.
 pub(crate) fn decide(check: &FabricCheck, node: &str, now: Timestamp) -> Decision {
-    if check.answered.iter().any(|n| n == node) {
-        return Decision::Skip("already answered");
-    }
-    let Some(next) = check.next_after(node) else {
+    let Some(next) = check.spec.next_after(node) else {
         return Decision::Skip("not a member");
     };
-    match check.deadline() {
+    match check.spec.deadline() {
         None => Decision::Skip("no readable deadline"),
         Some(d) if d <= now => Decision::Skip("past its deadline"),
         Some(_) => Decision::Measure(next.clone()),
@@ -109,7 +104,7 @@ pub(crate) fn decide(check: &FabricCheck, node: &str, now: Timestamp) -> Decisio
 /// Watch the checks until `stop` turns true.
 pub async fn run(ring: Ring, mut stop: watch::Receiver<bool>) {
     let ring = Arc::new(ring);
-    let ar = crd::api_resource();
+    let ar = fabriccheck::checks();
     let checks: Api<DynamicObject> = Api::namespaced_with(
         ring.watch.clone().unwrap_or_else(|| ring.requests.clone()),
         &ring.namespace,
@@ -160,7 +155,7 @@ pub async fn run(ring: Ring, mut stop: watch::Receiver<bool>) {
             Decision::Measure(m) => m,
             Decision::Skip(_) => continue,
         };
-        let Some(deadline) = check.deadline() else {
+        let Some(deadline) = check.spec.deadline() else {
             continue;
         };
         if !taken.take(&check.uid, deadline, now) {
@@ -233,38 +228,43 @@ async fn answer(ring: &Ring, check: &FabricCheck, peer: Member, deadline: Timest
     write_result(ring, check, &result, until).await;
 }
 
-/// Server-side apply of our entry on the status subresource, retried (spaced) until `until`.
+/// Create our answer, retried (spaced) until `until`. It exists already (409): an earlier
+/// attempt of ours went through, or this agent answered before it restarted; either way the
+/// answer is there.
 async fn write_result(
     ring: &Ring,
     check: &FabricCheck,
     result: &PairResult,
     until: std::time::Instant,
 ) {
-    let api: Api<DynamicObject> =
-        Api::namespaced_with(ring.requests.clone(), &ring.namespace, &crd::api_resource());
-    let body = json!({
-        "apiVersion": format!("{}/{}", crd::GROUP, crd::VERSION),
-        "kind": crd::KIND,
-        "metadata": { "name": check.name },
-        "status": { "results": [result] },
-    });
-    let manager = format!("{}{}", crd::FIELD_MANAGER_PREFIX, ring.node);
-    let pp = PatchParams::apply(&manager).force();
+    let api: Api<DynamicObject> = Api::namespaced_with(
+        ring.requests.clone(),
+        &ring.namespace,
+        &fabriccheck::results(),
+    );
+    let obj: DynamicObject = match serde_json::from_value(fabriccheck::result_object(check, result))
+    {
+        Ok(o) => o,
+        Err(e) => {
+            tracing::error!(check = %check.name, error = %e, "cannot build this node's FabricCheckResult");
+            return;
+        }
+    };
+    let pp = PostParams {
+        field_manager: Some(format!("fabricgate-gang/{}", ring.node)),
+        ..PostParams::default()
+    };
     let mut pause = Duration::from_millis(200);
     for attempt in 1..=WRITE_ATTEMPTS {
-        match api
-            .patch_status(&check.name, &pp, &Patch::Apply(&body))
-            .await
-        {
+        match api.create(&pp, &obj).await {
             Ok(_) => return,
-            // Gone: the controller decided (or cleaned up) already.
-            Err(kube::Error::Api(e)) if e.code == 404 => return,
+            Err(kube::Error::Api(e)) if e.code == 409 => return,
             Err(e) => {
                 tracing::warn!(
                     check = %check.name,
                     attempt,
                     error = %e,
-                    "cannot write this node's FabricCheck result"
+                    "cannot create this node's FabricCheckResult"
                 );
                 if std::time::Instant::now() + pause >= until {
                     return;

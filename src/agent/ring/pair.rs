@@ -4,7 +4,7 @@
 //! exchange alone. Whatever happens is a [`PairResult`]: our own trouble is `ok: false` with
 //! an error that says it is ours, never a verdict on the Node.
 
-use super::crd::{Member, PairResult, Rdma};
+use crate::node::fabriccheck::{Member, PairResult, Rdma};
 use fabricgate_probes::rdma::peer::{self, Identity, Keys, LocalPort, Outcome, Plan, Skip};
 use k8s_openapi::jiff::Timestamp;
 use std::net::{SocketAddr, ToSocketAddrs};

@@ -1,10 +1,8 @@
 //! The check's judgements, without API calls: which Nodes a Workload was given, whether each
-//! is validated now, and what a FabricCheck's results say.
+//! is validated now, and what the answers to a FabricCheck say.
 
-use super::model::{
-    FabricCheckSpec, FabricCheckStatus, HOSTNAME_LABEL, PairResult, PodSetAssignment,
-    WorkloadStatus,
-};
+use super::model::{HOSTNAME_LABEL, PodSetAssignment, WorkloadStatus};
+use crate::node::fabriccheck::{CheckSpec, PairResult, Rdma};
 use k8s_openapi::api::core::v1::Node;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -170,8 +168,8 @@ pub enum Verdict {
 /// members that did not answer. A pair is good when `ok` and measured over RDMA (or only
 /// `ok`, with `require_rdma` off), at the bandwidth asked for.
 pub fn judge(
-    spec: &FabricCheckSpec,
-    status: &FabricCheckStatus,
+    spec: &CheckSpec,
+    results: &[PairResult],
     past_deadline: bool,
     require_rdma: bool,
     timeout: std::time::Duration,
@@ -183,14 +181,14 @@ pub fn judge(
     let mut worst_rtt: Option<f64> = None;
     for (i, m) in spec.members.iter().enumerate() {
         let peer = &spec.members[(i + 1) % n.max(1)].node;
-        let Some(r) = status.results.iter().find(|r| r.node == m.node) else {
+        let Some(r) = results.iter().find(|r| r.node == m.node) else {
             missing.push(m.node.clone());
             continue;
         };
         match pair_problem(r, peer, spec.min_bandwidth_gbps, require_rdma) {
             Some(p) => failed.push(p),
             None => {
-                if r.rdma != "measured" {
+                if r.rdma != Rdma::Measured {
                     unmeasured += 1;
                 }
                 if let Some(rtt) = r.rtt_micros {
@@ -221,7 +219,7 @@ pub fn judge(
             message: format!(
                 "gang RDMA pre-flight timed out after {}: no result from {} of {n} members: {} \
                  (their agents are not running, have gang checks or peers off, or cannot \
-                 write the FabricCheck)",
+                 create their FabricCheckResult)",
                 humantime::format_duration(timeout),
                 missing.len(),
                 list(&missing)
@@ -269,14 +267,9 @@ fn pair_problem(
         let error = r.error.as_deref().unwrap_or("failed (no error given)");
         return Some(format!("{pair}: {error}"));
     }
-    if require_rdma && r.rdma != "measured" {
+    if require_rdma && r.rdma != Rdma::Measured {
         return Some(format!(
-            "{pair}: RDMA was not measured ({}; gang.require_rdma is true)",
-            if r.rdma.is_empty() {
-                "unmeasured"
-            } else {
-                &r.rdma
-            }
+            "{pair}: RDMA was not measured (unmeasured; gang.require_rdma is true)"
         ));
     }
     if let Some(min) = min_bandwidth {
@@ -291,8 +284,8 @@ fn pair_problem(
 
 #[cfg(test)]
 mod tests {
-    use super::super::model::Member;
     use super::*;
+    use crate::node::fabriccheck::Member;
     use serde_json::json;
     use std::time::Duration;
 
@@ -361,15 +354,19 @@ mod tests {
         );
     }
 
-    fn spec(n: usize) -> FabricCheckSpec {
-        FabricCheckSpec {
+    struct St {
+        results: Vec<PairResult>,
+    }
+
+    fn spec(n: usize) -> CheckSpec {
+        CheckSpec {
             members: (0..n)
                 .map(|i| Member {
                     node: format!("n{i}"),
                     endpoint: format!("10.0.0.{i}:9465"),
                 })
                 .collect(),
-            ..FabricCheckSpec::default()
+            ..CheckSpec::default()
         }
     }
 
@@ -378,7 +375,7 @@ mod tests {
             node: format!("n{i}"),
             peer: format!("n{}", (i + 1) % n),
             ok,
-            rdma: "measured".into(),
+            rdma: Rdma::Measured,
             device: Some("mlx5_0".into()),
             port: Some(1),
             rtt_micros: Some(10.0 + i as f64),
@@ -391,11 +388,11 @@ mod tests {
     fn judge_waits_then_decides_never_ready_on_timeout() {
         let t = Duration::from_secs(20);
         let s = spec(3);
-        let mut st = FabricCheckStatus {
+        let mut st = St {
             results: vec![result(0, 3, true), result(1, 3, true)],
         };
-        assert_eq!(judge(&s, &st, false, true, t), Verdict::Waiting);
-        match judge(&s, &st, true, true, t) {
+        assert_eq!(judge(&s, &st.results, false, true, t), Verdict::Waiting);
+        match judge(&s, &st.results, true, true, t) {
             Verdict::Retry {
                 message,
                 failed_pairs: 0,
@@ -406,12 +403,12 @@ mod tests {
             v => panic!("{v:?}"),
         }
         st.results.push(result(2, 3, true));
-        match judge(&s, &st, false, true, t) {
+        match judge(&s, &st.results, false, true, t) {
             Verdict::Ready(m) => assert!(m.contains("3 pairs") && m.contains("12.0 µs"), "{m}"),
             v => panic!("{v:?}"),
         }
         st.results[1] = result(1, 3, false);
-        match judge(&s, &st, false, true, t) {
+        match judge(&s, &st.results, false, true, t) {
             Verdict::Retry {
                 message,
                 failed_pairs: 1,
@@ -427,26 +424,26 @@ mod tests {
     fn unmeasured_rdma_counts_only_without_require_rdma() {
         let t = Duration::from_secs(20);
         let s = spec(2);
-        let mut st = FabricCheckStatus {
+        let mut st = St {
             results: vec![result(0, 2, true), result(1, 2, true)],
         };
-        st.results[0].rdma = "unmeasured".into();
+        st.results[0].rdma = Rdma::Unmeasured;
         assert!(matches!(
-            judge(&s, &st, false, true, t),
+            judge(&s, &st.results, false, true, t),
             Verdict::Retry {
                 failed_pairs: 1,
                 ..
             }
         ));
-        match judge(&s, &st, false, false, t) {
+        match judge(&s, &st.results, false, false, t) {
             Verdict::Ready(m) => assert!(m.contains("require_rdma is false"), "{m}"),
             v => panic!("{v:?}"),
         }
         // The wrong neighbour, or too little bandwidth, is a failed pair.
-        st.results[0].rdma = "measured".into();
+        st.results[0].rdma = Rdma::Measured;
         st.results[1].peer = "n1".into();
         assert!(matches!(
-            judge(&s, &st, false, true, t),
+            judge(&s, &st.results, false, true, t),
             Verdict::Retry {
                 failed_pairs: 1,
                 ..
@@ -457,7 +454,7 @@ mod tests {
         st.results[1].peer = "n0".into();
         st.results[0].bandwidth_gbps = Some(90.0);
         st.results[1].bandwidth_gbps = Some(9.5);
-        match judge(&bw, &st, false, true, t) {
+        match judge(&bw, &st.results, false, true, t) {
             Verdict::Retry { message, .. } => assert!(message.contains("9.5 Gbit/s below 25")),
             v => panic!("{v:?}"),
         }

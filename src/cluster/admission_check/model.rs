@@ -1,11 +1,11 @@
 //! The objects the admission check reads and writes, as small serde views: Kueue's
 //! `Workload` (v1beta2: the admission checks' states, the quota reservation, the topology
-//! assignment) and fabricgate's `FabricCheck` (docs/gangs.md). Only the fields used are
-//! modelled; everything else is ignored on read.
+//! assignment). Only the fields used are modelled; everything else is ignored on read. The
+//! gang pre-flight's own resources are in `crate::node::fabriccheck`, shared with the agents.
 
 use kube::api::ApiResource;
 use kube::core::GroupVersionKind;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use std::collections::BTreeMap;
 
 /// The label a node's hostname is under, the lowest level of a TAS topology.
@@ -29,13 +29,6 @@ pub fn resource_flavors() -> ApiResource {
     ApiResource::from_gvk_with_plural(
         &GroupVersionKind::gvk("kueue.x-k8s.io", "v1beta2", "ResourceFlavor"),
         "resourceflavors",
-    )
-}
-
-pub fn fabric_checks() -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("fabricgate.io", "v1alpha1", "FabricCheck"),
-        "fabricchecks",
     )
 }
 
@@ -191,62 +184,6 @@ impl TopologyAssignment {
         }
         Ok(out)
     }
-}
-
-/// `FabricCheck.spec`.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", default)]
-pub struct FabricCheckSpec {
-    pub workload: WorkloadRef,
-    pub members: Vec<Member>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub min_bandwidth_gbps: Option<f64>,
-    pub deadline: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", default)]
-pub struct WorkloadRef {
-    pub namespace: String,
-    pub name: String,
-    pub uid: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", default)]
-pub struct Member {
-    pub node: String,
-    pub endpoint: String,
-}
-
-/// `FabricCheck.status`.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", default)]
-pub struct FabricCheckStatus {
-    pub results: Vec<PairResult>,
-}
-
-/// One member's measurement of its ring neighbour, written by that member's agent.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", default)]
-pub struct PairResult {
-    pub node: String,
-    pub peer: String,
-    pub ok: bool,
-    /// `measured` | `unmeasured`.
-    pub rdma: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub device: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub port: Option<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub rtt_micros: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub bandwidth_gbps: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub finished_at: Option<String>,
 }
 
 /// The FabricCheck's name for a Workload: `<namespace>.<name>.<first 8 of uid>`, within the

@@ -1,21 +1,22 @@
 //! One pass of the leader over its stores: AdmissionChecks kept `Active`, every Workload whose
 //! check of ours is `Pending` after quota reservation moved on (nodes judged, FabricCheck
-//! created, results collected, state written), stale FabricChecks deleted.
+//! created, its answers collected, state written), stale FabricChecks and answers deleted.
 
 use super::decide::{self, Assigned, Verdict, judge, list, node_problem};
-use super::model::{self, FabricCheckSpec, FabricCheckStatus, Member, WorkloadRef, WorkloadStatus};
+use super::model::{self, WorkloadStatus};
 use super::watch::Watched;
 use super::{
     CHECK_LABEL, CONTROLLER_NAME, CheckMetrics, CheckSettings, FIELD_MANAGER,
     PEERS_ENDPOINT_ANNOTATION, RESERVATION_ANNOTATION,
 };
 use crate::error::{Error, Result};
+use crate::node::fabriccheck::{self, CheckSpec, Member, PairResult, WorkloadRef};
 use k8s_openapi::api::core::v1::{Node, ObjectReference};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::reflector::ObjectRef;
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
@@ -204,20 +205,17 @@ async fn workload(
     let gang_ns = &s.config.gang.namespace;
     let fc_name = model::fabric_check_name(&ns, &name, &uid);
     let checks: Api<DynamicObject> =
-        Api::namespaced_with(client.clone(), gang_ns, &model::fabric_checks());
+        Api::namespaced_with(client.clone(), gang_ns, &fabriccheck::checks());
     let existing = w
         .checks
-        .get(&ObjectRef::new_with(&fc_name, model::fabric_checks()).within(gang_ns))
+        .get(&ObjectRef::new_with(&fc_name, fabriccheck::checks()).within(gang_ns))
         .filter(|fc| !state.deleted.contains(&fc.uid().unwrap_or_default()));
     if let Some(fc) = existing {
-        let spec: FabricCheckSpec =
-            serde_json::from_value(fc.data["spec"].clone()).unwrap_or_default();
+        let spec: CheckSpec = serde_json::from_value(fc.data["spec"].clone()).unwrap_or_default();
         let same = spec.workload.uid == uid
             && fc.annotations().get(RESERVATION_ANNOTATION) == Some(&reservation);
         if same {
-            let results: FabricCheckStatus =
-                serde_json::from_value(fc.data.get("status").cloned().unwrap_or(Value::Null))
-                    .unwrap_or_default();
+            let results = answers(w, &fc, &spec);
             let deadline: Option<Timestamp> = spec.deadline.parse().ok();
             let grace = SignedDuration::try_from(s.grace()).unwrap_or_default();
             let judge_at = deadline.and_then(|d| d.checked_add(grace).ok());
@@ -273,7 +271,7 @@ async fn workload(
 
 enum Prepared {
     Decided(Decision),
-    Ring(FabricCheckSpec),
+    Ring(CheckSpec),
 }
 
 /// Before any measurement: the Nodes given, each validated now, each with a peers endpoint.
@@ -366,7 +364,7 @@ fn prepare(
         )));
     }
     let deadline = deadline_after(s.config.gang.timeout);
-    Ok(Prepared::Ring(FabricCheckSpec {
+    Ok(Prepared::Ring(CheckSpec {
         workload: WorkloadRef {
             namespace: wl.namespace().unwrap_or_default(),
             name: wl.name_any(),
@@ -450,13 +448,39 @@ fn deadline_after(timeout: Duration) -> String {
     Timestamp::from_second(secs).map_or_else(|_| now.to_string(), |t| t.to_string())
 }
 
+/// The answers to `fc` in the results store: one per member at most, each from the member
+/// it names (the admission policy ties a result's node and name to its author's node claim),
+/// for this check's uid. Anything else is ignored.
+fn answers(w: &Watched, fc: &DynamicObject, spec: &CheckSpec) -> Vec<PairResult> {
+    let uid = fc.uid().unwrap_or_default();
+    let members: HashSet<&str> = spec.members.iter().map(|m| m.node.as_str()).collect();
+    let mut by_node: BTreeMap<String, PairResult> = BTreeMap::new();
+    for obj in w.results.state() {
+        if obj.labels().get(fabriccheck::CHECK_UID_LABEL) != Some(&uid) {
+            continue;
+        }
+        let Some(answer) = fabriccheck::result_from_dynamic(&obj) else {
+            continue;
+        };
+        let node = &answer.result.node;
+        if answer.check_uid != uid
+            || !members.contains(node.as_str())
+            || obj.name_any() != fabriccheck::result_name(&uid, node)
+        {
+            continue;
+        }
+        by_node.insert(node.clone(), answer.result);
+    }
+    by_node.into_values().collect()
+}
+
 async fn create_check(
     checks: &Api<DynamicObject>,
     name: &str,
     reservation: &str,
-    spec: &FabricCheckSpec,
+    spec: &CheckSpec,
 ) -> Result<()> {
-    let mut obj = DynamicObject::new(name, &model::fabric_checks());
+    let mut obj = DynamicObject::new(name, &fabriccheck::checks());
     obj.metadata = ObjectMeta {
         name: Some(name.to_owned()),
         labels: Some(
@@ -507,6 +531,26 @@ async fn delete_check(checks: &Api<DynamicObject>, fc: &DynamicObject, state: &m
             state.deleted.insert(fc.uid().unwrap_or_default());
         }
         Err(e) => tracing::warn!(check = %name, error = %e, "cannot delete the FabricCheck"),
+    }
+    if let Some(uid) = fc.uid() {
+        delete_answers(checks, &uid).await;
+    }
+}
+
+/// Delete every answer to the check `uid`, one request (the garbage collector would too,
+/// through their owner reference, but only where kube-controller-manager runs it promptly).
+async fn delete_answers(checks: &Api<DynamicObject>, uid: &str) {
+    let results: Api<DynamicObject> = Api::namespaced_with(
+        checks.clone().into_client(),
+        checks.namespace().unwrap_or_default(),
+        &fabriccheck::results(),
+    );
+    let lp = ListParams::default().labels(&format!("{}={uid}", fabriccheck::CHECK_UID_LABEL));
+    if let Err(e) = results
+        .delete_collection(&DeleteParams::default(), &lp)
+        .await
+    {
+        tracing::warn!(check_uid = %uid, error = %e, "cannot delete the FabricCheckResults");
     }
 }
 
@@ -627,7 +671,7 @@ async fn cleanup(
     let checks: Api<DynamicObject> = Api::namespaced_with(
         client.clone(),
         &s.config.gang.namespace,
-        &model::fabric_checks(),
+        &fabriccheck::checks(),
     );
     let live: HashSet<String> = w.checks.state().iter().filter_map(|fc| fc.uid()).collect();
     state.deleted.retain(|uid| live.contains(uid));
@@ -652,6 +696,29 @@ async fn cleanup(
         if !pending.contains(uid) || old {
             delete_check(&checks, &fc, state).await;
         }
+    }
+    // Answers that outlived their check (created after it was deleted), once they are old
+    // enough that the store cannot merely lag behind a new check.
+    let mut orphaned = BTreeSet::new();
+    for r in w.results.state() {
+        let Some(uid) = r.labels().get(fabriccheck::CHECK_UID_LABEL) else {
+            continue;
+        };
+        let ours = s.workload_namespace.as_deref().is_none_or(|ns| {
+            fabriccheck::result_from_dynamic(&r)
+                .is_some_and(|a| a.check.starts_with(&format!("{ns}.")))
+        });
+        let old = r
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .is_some_and(|t| Timestamp::now().duration_since(t.0) > max_age);
+        if ours && old && !live.contains(uid) {
+            orphaned.insert(uid.clone());
+        }
+    }
+    for uid in orphaned {
+        delete_answers(&checks, &uid).await;
     }
 }
 

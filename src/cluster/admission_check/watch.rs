@@ -1,11 +1,12 @@
-//! The leader's watches: Workloads (all namespaces), Nodes (the pool), FabricChecks (in
-//! `gang.namespace`), AdmissionChecks and ResourceFlavors, each a `kube::runtime::watcher`
+//! The leader's watches: Workloads (all namespaces), Nodes (the pool), FabricChecks and
+//! FabricCheckResults (in `gang.namespace`), AdmissionChecks and ResourceFlavors, each a `kube::runtime::watcher`
 //! (one LIST, then WATCH from its resourceVersion, resumed after errors) feeding a reflector
 //! store. Every event wakes the controller's loop; passes read only the stores.
 
 use super::model;
 use super::{CHECK_LABEL, CheckSettings, WATCH_TIMEOUT_SECS};
 use crate::node::WatchBackoff;
+use crate::node::fabriccheck;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ApiResource, DynamicObject};
@@ -23,6 +24,7 @@ pub(super) struct Watched {
     pub workloads: Store<DynamicObject>,
     pub nodes: Store<Node>,
     pub checks: Store<DynamicObject>,
+    pub results: Store<DynamicObject>,
     pub admission_checks: Store<DynamicObject>,
     pub flavors: Store<DynamicObject>,
     listed: Vec<Arc<AtomicBool>>,
@@ -74,12 +76,20 @@ impl Watched {
             None => Api::all_with(client.clone(), &wl),
         };
         let workloads = spawn_dynamic(workloads_api, wl, "", "Workloads");
-        let fc = model::fabric_checks();
+        let gang_ns = &s.config.gang.namespace;
+        let fc = fabriccheck::checks();
         let checks = spawn_dynamic(
-            Api::namespaced_with(client.clone(), &s.config.gang.namespace, &fc),
+            Api::namespaced_with(client.clone(), gang_ns, &fc),
             fc,
             &format!("{}={}", CHECK_LABEL.0, CHECK_LABEL.1),
             "FabricChecks",
+        );
+        let fcr = fabriccheck::results();
+        let results = spawn_dynamic(
+            Api::namespaced_with(client.clone(), gang_ns, &fcr),
+            fcr,
+            fabriccheck::CHECK_UID_LABEL,
+            "FabricCheckResults",
         );
         let ac = model::admission_checks();
         let admission_checks = spawn_dynamic(
@@ -112,6 +122,7 @@ impl Watched {
             workloads,
             nodes,
             checks,
+            results,
             admission_checks,
             flavors,
             listed,

@@ -1,0 +1,259 @@
+//! The gang pre-flight's two resources (docs/gangs.md), as the controller and the agents both
+//! read and write them:
+//!
+//! - `FabricCheck` (`fabricchecks.fabricgate.io`): the controller's question, the ring's members
+//!   and a deadline; member `i` measures member `(i + 1) % n`;
+//! - `FabricCheckResult` (`fabriccheckresults.fabricgate.io`): one member's answer, created by
+//!   that member's agent under the name `<check uid>.<node>`, labelled with the check's uid and
+//!   owned by the check (garbage-collected with it).
+//!
+//! One object per answer, not entries in a shared status: N members writing one object
+//! serialise on it (each write conflicts, is retried and re-applies N managers' fields), which
+//! took 80 s for 64 members; N small creates do not contend.
+//!
+//! Plain serde types over `DynamicObject`s: neither side needs a generated client, and fields
+//! added later are ignored on read.
+
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{ApiResource, DynamicObject};
+use kube::core::GroupVersionKind;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+pub const GROUP: &str = "fabricgate.io";
+pub const VERSION: &str = "v1alpha1";
+pub const CHECK_KIND: &str = "FabricCheck";
+pub const CHECK_PLURAL: &str = "fabricchecks";
+pub const RESULT_KIND: &str = "FabricCheckResult";
+pub const RESULT_PLURAL: &str = "fabriccheckresults";
+/// Label of every result: the uid of the check it answers (a name may be too long for a label).
+pub const CHECK_UID_LABEL: &str = "fabricgate.io/fabriccheck-uid";
+/// The Node annotation each agent with `peers.enabled` writes: its responder's `host:port`.
+pub const ENDPOINT_ANNOTATION: &str = "fabricgate.io/peers-endpoint";
+
+/// `fabricchecks.fabricgate.io/v1alpha1`.
+pub fn checks() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(GROUP, VERSION, CHECK_KIND),
+        CHECK_PLURAL,
+    )
+}
+
+/// `fabriccheckresults.fabricgate.io/v1alpha1`.
+pub fn results() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(GROUP, VERSION, RESULT_KIND),
+        RESULT_PLURAL,
+    )
+}
+
+/// The Workload a check was made for.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct WorkloadRef {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+}
+
+/// One member of the ring.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct Member {
+    pub node: String,
+    /// `host:port` of its agent's responder (its Node's [`ENDPOINT_ANNOTATION`]).
+    pub endpoint: String,
+}
+
+/// `FabricCheck.spec` (immutable).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct CheckSpec {
+    pub workload: WorkloadRef,
+    /// Ring order.
+    pub members: Vec<Member>,
+    /// With it, a WRITE bandwidth burst too, compared against it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub min_bandwidth_gbps: Option<f64>,
+    /// RFC 3339; agents give up at it.
+    pub deadline: String,
+}
+
+impl CheckSpec {
+    /// The member `node` measures: `(i + 1) % n` for its index `i`. `None` when it is not a
+    /// member, or the ring has fewer than two.
+    pub fn next_after(&self, node: &str) -> Option<&Member> {
+        let n = self.members.len();
+        if n < 2 {
+            return None;
+        }
+        let i = self.members.iter().position(|m| m.node == node)?;
+        self.members.get((i + 1) % n)
+    }
+
+    /// The deadline, `None` when it cannot be read.
+    pub fn deadline(&self) -> Option<Timestamp> {
+        self.deadline.parse().ok()
+    }
+}
+
+/// A FabricCheck: its name, uid and spec.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FabricCheck {
+    pub name: String,
+    pub uid: String,
+    pub spec: CheckSpec,
+}
+
+impl FabricCheck {
+    /// `None` for an object without a name, a uid or a readable spec (never a panic).
+    pub fn from_dynamic(obj: &DynamicObject) -> Option<Self> {
+        Some(Self {
+            name: obj.metadata.name.clone()?,
+            uid: obj.metadata.uid.clone()?,
+            spec: serde_json::from_value(obj.data.get("spec")?.clone()).ok()?,
+        })
+    }
+}
+
+/// `rdma` of a result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Rdma {
+    /// An RDMA exchange was made (or tried) from a local port.
+    Measured,
+    /// No usable local port (verbs off, fixture runs): only the side channel was tested.
+    #[default]
+    Unmeasured,
+}
+
+/// One member's measurement of its ring neighbour.
+#[derive(Debug, Clone, PartialEq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct PairResult {
+    pub node: String,
+    pub peer: String,
+    pub ok: bool,
+    pub rdma: Rdma,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub port: Option<u8>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rtt_micros: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bandwidth_gbps: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    pub finished_at: String,
+}
+
+/// `FabricCheckResult.spec` (immutable): which check it answers, and the measurement.
+#[derive(Debug, Clone, PartialEq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct ResultSpec {
+    pub check: String,
+    #[serde(rename = "checkUID")]
+    pub check_uid: String,
+    #[serde(flatten)]
+    pub result: PairResult,
+}
+
+/// The name of `node`'s answer to the check `check_uid` (the admission policy requires exactly
+/// this name, so each node has at most one answer per check).
+pub fn result_name(check_uid: &str, node: &str) -> String {
+    format!("{check_uid}.{node}")
+}
+
+/// The `FabricCheckResult` object carrying `result` as `check`'s answer.
+pub fn result_object(check: &FabricCheck, result: &PairResult) -> Value {
+    json!({
+        "apiVersion": format!("{GROUP}/{VERSION}"),
+        "kind": RESULT_KIND,
+        "metadata": {
+            "name": result_name(&check.uid, &result.node),
+            "labels": {
+                "app.kubernetes.io/name": "fabricgate",
+                CHECK_UID_LABEL: check.uid,
+            },
+            "ownerReferences": [{
+                "apiVersion": format!("{GROUP}/{VERSION}"),
+                "kind": CHECK_KIND,
+                "name": check.name,
+                "uid": check.uid,
+            }],
+        },
+        "spec": ResultSpec {
+            check: check.name.clone(),
+            check_uid: check.uid.clone(),
+            result: result.clone(),
+        },
+    })
+}
+
+/// The answer a result object carries; `None` when its spec cannot be read.
+pub fn result_from_dynamic(obj: &DynamicObject) -> Option<ResultSpec> {
+    serde_json::from_value(obj.data.get("spec")?.clone()).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_result_object_round_trips_and_names_its_check() {
+        let check = FabricCheck {
+            name: "team.job.01234567".into(),
+            uid: "0f1e2d3c-aaaa-bbbb-cccc-000000000001".into(),
+            spec: CheckSpec::default(),
+        };
+        let r = PairResult {
+            node: "gpu-a".into(),
+            peer: "gpu-b".into(),
+            ok: false,
+            rdma: Rdma::Measured,
+            device: Some("mlx5_0".into()),
+            port: Some(1),
+            error: Some("connect: timed out".into()),
+            finished_at: "2026-12-02T03:00:01Z".into(),
+            ..PairResult::default()
+        };
+        let v = result_object(&check, &r);
+        assert_eq!(
+            v["metadata"]["name"],
+            "0f1e2d3c-aaaa-bbbb-cccc-000000000001.gpu-a"
+        );
+        assert_eq!(v["metadata"]["labels"][CHECK_UID_LABEL], check.uid);
+        assert_eq!(v["metadata"]["ownerReferences"][0]["uid"], check.uid);
+        assert_eq!(v["spec"]["checkUID"], check.uid);
+        assert_eq!(v["spec"]["rdma"], "measured");
+        assert!(v["spec"].get("rttMicros").is_none(), "absent, not 0");
+        let obj: DynamicObject = serde_json::from_value(v).unwrap();
+        let back = result_from_dynamic(&obj).unwrap();
+        assert_eq!(back.result, r);
+        assert_eq!(back.check, check.name);
+    }
+
+    #[test]
+    fn the_ring_closes_and_strangers_have_no_neighbour() {
+        let spec = CheckSpec {
+            members: ["a", "b", "c"]
+                .iter()
+                .map(|n| Member {
+                    node: (*n).into(),
+                    endpoint: String::new(),
+                })
+                .collect(),
+            ..CheckSpec::default()
+        };
+        let next = |n| spec.next_after(n).map(|m| m.node.as_str());
+        assert_eq!(next("a"), Some("b"));
+        assert_eq!(next("c"), Some("a"));
+        assert_eq!(next("d"), None);
+        let alone = CheckSpec {
+            members: spec.members[..1].to_vec(),
+            ..CheckSpec::default()
+        };
+        assert_eq!(alone.next_after("a"), None);
+    }
+}
