@@ -344,16 +344,6 @@ fn answer(cp: &ControlPlane, fc: &str, result: Value) {
         .expect("create a member's answer");
 }
 
-/// The FabricCheckResults labelled with check uid `uid`.
-fn answers_to(cp: &ControlPlane, uid: &str) -> Vec<Value> {
-    cp.get_json(&format!(
-        "/apis/fabricgate.io/v1alpha1/namespaces/{NS}/fabriccheckresults\
-         ?labelSelector=fabricgate.io%2Ffabriccheck-uid%3D{uid}"
-    ))
-    .and_then(|l| l["items"].as_array().cloned())
-    .unwrap_or_default()
-}
-
 fn good(node: &str, peer: &str) -> Value {
     json!({ "node": node, "peer": peer, "ok": true, "rdma": "measured", "device": "mlx5_0",
             "port": 1, "rttMicros": 14.2, "finishedAt": "2026-12-02T03:00:07Z" })
@@ -492,7 +482,7 @@ fn admission_check_retries_an_unvalidated_node_then_a_good_ring_is_ready() {
     c.wait(
         "its answers deleted with it",
         Duration::from_secs(5),
-        || answers_to(cp, &check_uid).is_empty(),
+        || crate::common::fabriccheck_answers(cp, &check_uid).is_empty(),
     );
     // The entry is ours, by server-side apply; Kueue's fields are untouched.
     let wl = cp

@@ -105,15 +105,7 @@ pub(crate) fn check_uid(cp: &ControlPlane, name: &str) -> Option<String> {
 
 /// The FabricCheckResult objects answering check `name` (by its uid label), whole.
 pub(crate) fn result_objects(cp: &ControlPlane, name: &str) -> Vec<Value> {
-    let Some(uid) = check_uid(cp, name) else {
-        return Vec::new();
-    };
-    cp.get_json(&format!(
-        "/apis/fabricgate.io/v1alpha1/namespaces/{NS}/fabriccheckresults\
-         ?labelSelector=fabricgate.io%2Ffabriccheck-uid%3D{uid}"
-    ))
-    .and_then(|l| l["items"].as_array().cloned())
-    .unwrap_or_default()
+    check_uid(cp, name).map_or_else(Vec::new, |uid| crate::common::fabriccheck_answers(cp, &uid))
 }
 
 /// The answers to check `name`: each result object's spec.

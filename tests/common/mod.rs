@@ -107,6 +107,16 @@ pub fn fabriccheck_answer(check: &str, uid: &str, result: &serde_json::Value) ->
     })
 }
 
+/// The FabricCheckResults (whole objects) labelled with check uid `uid`, in `fabricgate`.
+pub fn fabriccheck_answers(cp: &controlplane::ControlPlane, uid: &str) -> Vec<serde_json::Value> {
+    cp.get_json(&format!(
+        "/apis/fabricgate.io/v1alpha1/namespaces/fabricgate/fabriccheckresults\
+         ?labelSelector=fabricgate.io%2Ffabriccheck-uid%3D{uid}"
+    ))
+    .and_then(|l| l["items"].as_array().cloned())
+    .unwrap_or_default()
+}
+
 /// The repository root (`CARGO_MANIFEST_DIR` of the agent crate).
 pub fn repo_root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -226,12 +226,7 @@ fn results(cp: &ControlPlane, name: &str) -> Option<Vec<Value>> {
     let uid = cp.get_json(&check_path(name))?["metadata"]["uid"]
         .as_str()?
         .to_owned();
-    let list = cp.get_json(&format!(
-        "/apis/fabricgate.io/v1alpha1/namespaces/{NS}/fabriccheckresults\
-         ?labelSelector=fabricgate.io%2Ffabriccheck-uid%3D{uid}"
-    ))?;
-    let answers: Vec<Value> = list["items"]
-        .as_array()?
+    let answers: Vec<Value> = common::fabriccheck_answers(cp, &uid)
         .iter()
         .map(|o| o["spec"].clone())
         .collect();
