@@ -8,8 +8,13 @@
 //! writes it) and the members' agents: as soon as the FabricCheck appears it creates every
 //! member's answer: all at once (`concurrent`: one FabricCheckResult per member under its
 //! field manager, as the agents do, each on its own warm connection) or one after the other
-//! (`sequential`; `FABRICGATE_GANG_WRITES` picks, default both), so the figure is the
-//! controller's and the apiserver's part, with no RDMA exchange in it. `FABRICGATE_GANG_SIZES`
+//! (`sequential`), so the figure is the controller's and the apiserver's part; or the members'
+//! real agent half answers (`agents`): each member runs the agent's own `ring::run` (its watch
+//! of the FabricChecks, the exchange, its FabricCheckResult) as that Node's agent (its
+//! ServiceAccount and node claim, impersonated, so the agents' RBAC and the results policy
+//! decide), against a real peer responder on loopback, `--verbs off` (no RDMA here: the
+//! authenticated side channel is the exchange). `FABRICGATE_GANG_WRITES` picks the modes,
+//! default all three. `FABRICGATE_GANG_SIZES`
 //! overrides the gang sizes (default 8,32,64). `fabricgate admission-check` runs as its own process with the shipped
 //! ServiceAccount and RBAC.
 
@@ -84,8 +89,9 @@ fn decide() {
     let kubeconfig = scratch.path().join("ac.kubeconfig");
     cp.write_kubeconfig(&kubeconfig, &cp.url, token.trim());
     let config = scratch.path().join("requirements.yaml");
-    // The longest timeout: a slow write under contention must not turn into a Retry here.
-    std::fs::write(&config, "gang:\n  timeout: 10m\n").unwrap();
+    // The longest timeout: a slow write under contention must not turn into a Retry here. The
+    // `agents` mode answers over the side channel only (`rdma: unmeasured`).
+    std::fs::write(&config, "gang:\n  timeout: 10m\n  require_rdma: false\n").unwrap();
     let n: usize = std::env::var("FABRICGATE_FLEET")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -129,22 +135,30 @@ fn decide() {
         });
         let mut offset = 0;
         let modes = std::env::var("FABRICGATE_GANG_WRITES")
-            .unwrap_or_else(|_| "concurrent,sequential".to_owned());
+            .unwrap_or_else(|_| "concurrent,sequential,agents".to_owned());
         for mode in modes.split(',').map(str::trim) {
-            let sequential = mode == "sequential";
+            let answers = match mode {
+                "concurrent" => Answers::Concurrent,
+                "sequential" => Answers::Sequential,
+                "agents" => Answers::Agents,
+                other => panic!("FABRICGATE_GANG_WRITES: unknown mode {other}"),
+            };
             for g in sizes() {
                 let mut runs = Vec::new();
                 for rep in 0..REPEATS {
-                    let members: Vec<String> = (0..g)
-                        .map(|i| nodes[(offset + i) % nodes.len()].clone())
-                        .collect();
+                    let picked: Vec<usize> = (0..g).map(|i| (offset + i) % nodes.len()).collect();
+                    let members: Vec<String> = picked.iter().map(|&i| nodes[i].clone()).collect();
                     offset += g;
+                    let agents = (answers == Answers::Agents).then(|| {
+                        RingAgents::start(cp, picked.iter().map(|&i| (nodes[i].as_str(), i)))
+                    });
                     runs.push(one_gang(
                         cp,
                         &format!("{mode}-g{g}-{rep}"),
                         &members,
-                        sequential,
+                        answers,
                     ));
+                    drop(agents);
                 }
                 let median = |f: fn(&Run) -> Duration| {
                     let mut v: Vec<Duration> = runs.iter().map(f).collect();
@@ -167,6 +181,136 @@ fn decide() {
     });
 }
 
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Answers {
+    /// The harness creates every answer at once.
+    Concurrent,
+    /// The harness creates them one after the other.
+    Sequential,
+    /// Each member's real agent half answers (`RingAgents`).
+    Agents,
+}
+
+/// The port of fleet Node `i`'s responder (its `fabricgate.io/peers-endpoint`).
+fn responder_port(i: usize) -> u16 {
+    20000 + u16::try_from(i).expect("a fleet below 45000 nodes")
+}
+
+/// The pool's peers key.
+fn keys() -> fabricgate_probes::rdma::peer::Keys {
+    fabricgate_probes::rdma::peer::Keys::from_secrets(&[b"0123456789abcdef0123456789abcdef"])
+}
+
+/// For each member: a peer responder on its endpoint and the agent's own `ring::run`, with
+/// that Node's agent identity, until dropped.
+struct RingAgents {
+    stop: tokio::sync::watch::Sender<bool>,
+    _responders: Vec<fabricgate_probes::rdma::peer::Responder>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl RingAgents {
+    fn start<'a>(cp: &ControlPlane, members: impl Iterator<Item = (&'a str, usize)>) -> Self {
+        use fabricgate_probes::rdma::peer::{Identity, KeyRing, LocalPort, Plan, Responder};
+        use std::sync::{Arc, Mutex};
+        let (stop, stop_rx) = tokio::sync::watch::channel(false);
+        let ring_keys = Arc::new(KeyRing::fixed(keys()));
+        let mut responders = Vec::new();
+        let mut tasks = Vec::new();
+        // The control plane's runtime (a multi-threaded one that keeps running).
+        let runtime = cp.block_on(async { tokio::runtime::Handle::current() });
+        for (node, i) in members {
+            let identity = Identity {
+                node_name: node.to_owned(),
+                group: String::new(),
+            };
+            let listener = std::net::TcpListener::bind(("127.0.0.1", responder_port(i)))
+                .expect("a responder port");
+            let r = Responder::start(
+                listener,
+                identity.clone(),
+                Arc::clone(&ring_keys),
+                fabricgate_probes::Roots::default(),
+                Duration::from_secs(10),
+            )
+            .expect("a responder");
+            r.set_ports(vec![LocalPort {
+                device: "mlx5_0".into(),
+                port: 1,
+                gid_index: None,
+            }]);
+            responders.push(r);
+            let clients = cp.block_on(agent_clients(cp, node));
+            let ring = fabricgate::agent::ring::Ring {
+                node: node.to_owned(),
+                namespace: NS.to_owned(),
+                identity,
+                ports: Arc::new(Mutex::new(Vec::new())),
+                rdma: false,
+                keys: Arc::clone(&ring_keys),
+                plan: Plan::default(),
+                bandwidth: (0, Duration::ZERO),
+                session: Duration::from_secs(5),
+                requests: clients.requests,
+                watch: clients.watch,
+                max_backoff: Duration::from_secs(5),
+            };
+            let rx = stop_rx.clone();
+            tasks.push(runtime.spawn(fabricgate::agent::ring::run(ring, rx)));
+        }
+        // Each watch has listed (and waits on its WATCH) before the clock starts.
+        std::thread::sleep(Duration::from_secs(2));
+        RingAgents {
+            stop,
+            _responders: responders,
+            tasks,
+        }
+    }
+}
+
+impl Drop for RingAgents {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+/// The agent's clients as Node `node`'s agent: its ServiceAccount and the node claim of its
+/// pod-bound token, impersonated by the admin.
+async fn agent_clients(cp: &ControlPlane, node: &str) -> fabricgate::node::Clients {
+    let kc = kube::config::Kubeconfig::read_from(&cp.admin_kubeconfig).expect("admin kubeconfig");
+    let mut config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .expect("admin config");
+    config.auth_info.impersonate = Some(common::node::AGENT_USER.to_owned());
+    config.auth_info.impersonate_groups = Some(vec![
+        "system:serviceaccounts".to_owned(),
+        "system:serviceaccounts:fabricgate".to_owned(),
+        "system:authenticated".to_owned(),
+    ]);
+    config.auth_info.impersonate_user_extra = Some(
+        [(
+            "authentication.kubernetes.io/node-name".to_owned(),
+            vec![node.to_owned()],
+        )]
+        .into(),
+    );
+    fabricgate::node::clients_from(config, fabricgate::node::RetryAfter::default())
+        .expect("the agent's clients")
+}
+
+/// Our check's message on Workload `name`.
+fn check_message(cp: &ControlPlane, name: &str) -> String {
+    let wl = cp
+        .get_json(&format!(
+            "/apis/kueue.x-k8s.io/v1beta2/namespaces/{WL_NS}/workloads/{name}"
+        ))
+        .unwrap_or_default();
+    kueue_crds::check_entry(&wl, CHECK).1
+}
+
 struct Stop(std::process::Child);
 
 impl Drop for Stop {
@@ -183,8 +327,8 @@ struct Run {
     decided: Duration,
 }
 
-/// One Workload of `members.len()` pods reserved on `members`; the harness answers for them.
-fn one_gang(cp: &ControlPlane, name: &str, members: &[String], sequential: bool) -> Run {
+/// One Workload of `members.len()` pods reserved on `members`, answered as `answers` says.
+fn one_gang(cp: &ControlPlane, name: &str, members: &[String], answers: Answers) -> Run {
     let workloads = api(
         cp,
         ("kueue.x-k8s.io", "v1beta2", "Workload"),
@@ -282,47 +426,75 @@ fn one_gang(cp: &ControlPlane, name: &str, members: &[String], sequential: bool)
         .iter()
         .map(|m| m["node"].as_str().unwrap().to_owned())
         .collect();
-    // Each agent has its own long-lived connection to the apiserver: open as many (TLS
-    // handshakes of a debug build are slow) before the clock starts.
-    cp.block_on(async {
-        let gets = ring.iter().map(|_| {
-            let checks = checks.clone();
-            let fc = fc.clone();
-            async move {
-                let _ = checks.get(&fc).await;
+    let t1;
+    if answers == Answers::Agents {
+        // The agents saw the check on their own watches; wait for all their answers.
+        t1 = Instant::now();
+        loop {
+            let st = state();
+            assert!(
+                st != "Retry" && st != "Rejected",
+                "{name}: {st}: {}",
+                check_message(cp, name)
+            );
+            if st == "Ready" || common::fabriccheck_answers(cp, &check_uid).len() >= g {
+                break;
             }
-        });
-        futures::future::join_all(gets).await;
-    });
-    let t1 = Instant::now();
-    cp.block_on(async {
-        let writes = ring.iter().enumerate().map(|(i, node)| {
-            let peer = &ring[(i + 1) % ring.len()];
-            let result = json!({ "node": node, "peer": peer, "ok": true, "rdma": "measured",
-                "device": "mlx5_0", "port": 1, "rttMicros": 3.1 });
-            let obj: DynamicObject =
-                serde_json::from_value(common::fabriccheck_answer(&fc, &check_uid, &result))
-                    .expect("an answer");
-            let results = results.clone();
-            let pp = PostParams {
-                field_manager: Some(format!("fabricgate-gang/{node}")),
-                ..PostParams::default()
-            };
-            async move {
-                results.create(&pp, &obj).await.expect("a member's answer");
-            }
-        });
-        if sequential {
-            for w in writes {
-                w.await;
-            }
-        } else {
-            futures::future::join_all(writes).await;
+            assert!(
+                t0.elapsed() < Duration::from_secs(600),
+                "{name}: no answers"
+            );
+            std::thread::sleep(Duration::from_millis(20));
         }
-    });
+    } else {
+        // Each agent has its own long-lived connection to the apiserver: open as many (TLS
+        // handshakes of a debug build are slow) before the clock starts.
+        cp.block_on(async {
+            let gets = ring.iter().map(|_| {
+                let checks = checks.clone();
+                let fc = fc.clone();
+                async move {
+                    let _ = checks.get(&fc).await;
+                }
+            });
+            futures::future::join_all(gets).await;
+        });
+        t1 = Instant::now();
+        cp.block_on(async {
+            let writes = ring.iter().enumerate().map(|(i, node)| {
+                let peer = &ring[(i + 1) % ring.len()];
+                let result = json!({ "node": node, "peer": peer, "ok": true, "rdma": "measured",
+                    "device": "mlx5_0", "port": 1, "rttMicros": 3.1 });
+                let obj: DynamicObject =
+                    serde_json::from_value(common::fabriccheck_answer(&fc, &check_uid, &result))
+                        .expect("an answer");
+                let results = results.clone();
+                let pp = PostParams {
+                    field_manager: Some(format!("fabricgate-gang/{node}")),
+                    ..PostParams::default()
+                };
+                async move {
+                    results.create(&pp, &obj).await.expect("a member's answer");
+                }
+            });
+            if answers == Answers::Sequential {
+                for w in writes {
+                    w.await;
+                }
+            } else {
+                futures::future::join_all(writes).await;
+            }
+        });
+    }
     let answered = t1.elapsed();
     let t2 = Instant::now();
     while state() != "Ready" {
+        let st = state();
+        assert!(
+            st != "Retry" && st != "Rejected",
+            "{name}: {st}: {}",
+            check_message(cp, name)
+        );
         assert!(
             t0.elapsed() < Duration::from_secs(600),
             "{name} not Ready: {}",
