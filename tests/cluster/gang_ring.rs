@@ -242,6 +242,41 @@ fn agents_answer_a_fabriccheck_in_ring_order_and_name_a_dead_peer() {
         );
     }
 
+    // Auditable with kubectl: one line per answer, with the node, peer, ok and rdma columns.
+    let (ok, table, err) = cp.kubectl_as(
+        &cp.admin_kubeconfig,
+        &[
+            "get",
+            "fcr",
+            "-n",
+            NS,
+            "-l",
+            &format!("fabricgate.io/fabriccheck-uid={uid}"),
+        ],
+        None,
+    );
+    assert!(ok, "{err}");
+    eprintln!("kubectl get fcr:\n{table}");
+    let lines: Vec<&str> = table.lines().collect();
+    let header: Vec<&str> = lines[0].split_whitespace().collect();
+    assert_eq!(
+        header[..5],
+        ["NAME", "NODE", "PEER", "OK", "RDMA"],
+        "{table}"
+    );
+    for (i, name) in names.iter().enumerate() {
+        let row: Vec<&str> = lines
+            .iter()
+            .map(|l| l.split_whitespace().collect::<Vec<_>>())
+            .find(|r| r.get(1) == Some(name))
+            .unwrap_or_else(|| panic!("no line for {name}:\n{table}"));
+        assert_eq!(
+            row[2..5],
+            [names[(i + 1) % 3], "true", "unmeasured"],
+            "{table}"
+        );
+    }
+
     // ring-2's agent is gone: ring-1 (which measures ring-2) says so, naming it; ring-0 still
     // reaches ring-1; ring-2 answers nothing.
     if let Some(a) = agents[2].take() {
