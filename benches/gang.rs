@@ -284,19 +284,7 @@ async fn agent_clients(cp: &ControlPlane, node: &str) -> fabricgate::node::Clien
     let mut config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
         .await
         .expect("admin config");
-    config.auth_info.impersonate = Some(common::node::AGENT_USER.to_owned());
-    config.auth_info.impersonate_groups = Some(vec![
-        "system:serviceaccounts".to_owned(),
-        "system:serviceaccounts:fabricgate".to_owned(),
-        "system:authenticated".to_owned(),
-    ]);
-    config.auth_info.impersonate_user_extra = Some(
-        [(
-            "authentication.kubernetes.io/node-name".to_owned(),
-            vec![node.to_owned()],
-        )]
-        .into(),
-    );
+    common::node::impersonate_agent(&mut config, node);
     fabricgate::node::clients_from(config, fabricgate::node::RetryAfter::default())
         .expect("the agent's clients")
 }

@@ -6,7 +6,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Acquire or renew the Lease; `true` while this replica holds it. Optimistic concurrency
 /// (`resourceVersion`) decides between replicas racing for an expired Lease.
@@ -100,4 +100,53 @@ pub async fn release(leases: &Api<Lease>, s: &Election<'_>) -> Result<()> {
         .await
         .map_err(|e| kube_err("release", s.lease_name, e))?;
     Ok(())
+}
+
+/// One replica's leadership between renewals (the guard's and the admission check's loops).
+#[derive(Debug, Default)]
+pub struct Leadership {
+    leading: bool,
+    last_renewed: Option<Instant>,
+}
+
+/// What one renewal found.
+#[derive(Debug, Clone, Copy)]
+pub struct Renewal {
+    /// This replica holds the Lease now.
+    pub leading: bool,
+    /// It did not before this renewal, or no longer does.
+    pub changed: bool,
+    /// Keep the leader's watches: while leading, and through a failed renewal as long as its
+    /// Lease cannot have passed to another replica yet (a short API outage costs no new list).
+    pub keep_watches: bool,
+}
+
+impl Leadership {
+    /// Acquire or renew the Lease; an API error counts as not leading (logged).
+    pub async fn renew(&mut self, leases: &Api<Lease>, e: &Election<'_>) -> Renewal {
+        let lead = match try_lead(leases, e).await {
+            Ok(l) => {
+                self.last_renewed = l.then(Instant::now);
+                l
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "lease: cannot read or renew; not acting");
+                false
+            }
+        };
+        let changed = lead != self.leading;
+        if changed {
+            tracing::info!(identity = %e.identity, leader = lead, "leadership changed");
+            self.leading = lead;
+        }
+        let keep_watches = self.leading
+            || self
+                .last_renewed
+                .is_some_and(|t| t.elapsed() < e.lease_duration);
+        Renewal {
+            leading: self.leading,
+            changed,
+            keep_watches,
+        }
+    }
 }

@@ -95,19 +95,7 @@ impl Fleet {
                         // its pod-bound token): the agent's RBAC and admission policies (the
                         // own-node one, the ledger's) decide, as in a real pool. The audit
                         // log still names the fleet's user.
-                        config.auth_info.impersonate = Some(super::AGENT_USER.to_owned());
-                        config.auth_info.impersonate_groups = Some(vec![
-                            "system:serviceaccounts".to_owned(),
-                            "system:serviceaccounts:fabricgate".to_owned(),
-                            "system:authenticated".to_owned(),
-                        ]);
-                        config.auth_info.impersonate_user_extra = Some(
-                            [(
-                                "authentication.kubernetes.io/node-name".to_owned(),
-                                vec![name.clone()],
-                            )]
-                            .into(),
-                        );
+                        super::node::impersonate_agent(&mut config, &name);
                     }
                     config
                 };

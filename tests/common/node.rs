@@ -12,6 +12,25 @@ pub const TAINT: &str = "fabricgate.io/unvalidated";
 /// The agent's user, as RBAC and the audit log name it.
 pub const AGENT_USER: &str = "system:serviceaccount:fabricgate:fabricgate";
 
+/// Make `config` (the admin's) act as Node `node`'s agent: its ServiceAccount and the node
+/// claim of its pod-bound token, impersonated, so the agent's RBAC and admission policies
+/// decide (the audit log still names the admin as the impersonator).
+pub fn impersonate_agent(config: &mut kube::Config, node: &str) {
+    config.auth_info.impersonate = Some(AGENT_USER.to_owned());
+    config.auth_info.impersonate_groups = Some(vec![
+        "system:serviceaccounts".to_owned(),
+        "system:serviceaccounts:fabricgate".to_owned(),
+        "system:authenticated".to_owned(),
+    ]);
+    config.auth_info.impersonate_user_extra = Some(
+        [(
+            "authentication.kubernetes.io/node-name".to_owned(),
+            vec![node.to_owned()],
+        )]
+        .into(),
+    );
+}
+
 /// The shared control plane, or `None` after a `SKIP:` line (a failure under CI).
 pub fn control_plane() -> Option<&'static ControlPlane> {
     ControlPlane::shared()

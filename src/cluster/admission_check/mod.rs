@@ -27,14 +27,14 @@ mod watch;
 pub use decide::{Verdict, judge, node_problem};
 pub use metrics::CheckMetrics;
 
-use crate::cluster::lease::{Election, release, try_lead};
+use crate::cluster::lease::{Election, Leadership, release};
 use crate::config::Config;
 use crate::error::Result;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
 use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// `spec.controllerName` of the AdmissionCheck objects this controller serves.
 pub const CONTROLLER_NAME: &str = "fabricgate.io/fabric-preflight";
@@ -95,8 +95,8 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<()> {
     let leases: Api<Lease> = Api::namespaced(requests.clone(), &s.namespace);
+    let mut leadership = Leadership::default();
     let mut leading = false;
-    let mut last_renewed: Option<Instant> = None;
     let mut watched: Option<watch::Watched> = None;
     let mut state = reconcile::State::default();
     let mut tick = tokio::time::interval(s.poll_interval.max(Duration::from_millis(10)));
@@ -110,24 +110,13 @@ pub async fn run(
         tokio::select! {
             () = &mut shutdown => break,
             _ = tick.tick() => {
-                let lead = match try_lead(&leases, &s.election()).await {
-                    Ok(l) => {
-                        last_renewed = l.then(Instant::now);
-                        l
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "lease: cannot read or renew; not acting");
-                        false
-                    }
-                };
-                if lead != leading {
-                    tracing::info!(identity = %s.identity, leader = lead, "leadership changed");
-                    leading = lead;
-                    metrics.set_leader(lead);
+                let renewal = leadership.renew(&leases, &s.election()).await;
+                leading = renewal.leading;
+                if renewal.changed {
+                    metrics.set_leader(leading);
                     state = reconcile::State::default();
                 }
-                let keep = leading
-                    || last_renewed.is_some_and(|t| t.elapsed() < s.lease_duration);
+                let keep = renewal.keep_watches;
                 if keep && watched.is_none() {
                     watched = Some(watch::Watched::start(&watch, &s));
                 } else if !keep && watched.take().is_some() {

@@ -18,7 +18,7 @@ mod cache;
 mod sweep;
 mod watch;
 
-use crate::cluster::lease::{Election, release, try_lead};
+use crate::cluster::lease::{Election, Leadership, release};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use futures::FutureExt;
@@ -94,10 +94,10 @@ pub async fn run(
     let leases: Api<Lease> = Api::namespaced(requests.clone(), &s.namespace);
     let nodes: Api<Node> = Api::all(requests.clone());
     let mut unhealthy_since: HashMap<String, Instant> = HashMap::new();
+    let mut leadership = Leadership::default();
     let mut leading = false;
     // The leader's watches and cache; `None` on a replica that does not hold the Lease.
     let mut watched: Option<Watched> = None;
-    let mut last_renewed: Option<Instant> = None;
     let mut tick = tokio::time::interval(s.poll_interval.max(Duration::from_millis(10)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // A change seen since the last sweep; sweeps on changes are at least MIN_SWEEP_GAP apart
@@ -113,26 +113,12 @@ pub async fn run(
         tokio::select! {
             () = &mut shutdown => break,
             _ = tick.tick() => {
-                let lead = match try_lead(&leases, &s.election()).await {
-                    Ok(l) => {
-                        last_renewed = l.then(Instant::now);
-                        l
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "lease: cannot read or renew; not acting");
-                        false
-                    }
-                };
-                if lead != leading {
-                    tracing::info!(identity = %s.identity, leader = lead, "leadership changed");
+                let renewal = leadership.renew(&leases, &s.election()).await;
+                leading = renewal.leading;
+                if renewal.changed {
                     unhealthy_since.clear();
-                    leading = lead;
                 }
-                // The watches live while this replica leads, and through a failed renewal as
-                // long as its Lease cannot have passed to another replica yet (a short API
-                // outage costs no new list).
-                let keep = leading
-                    || last_renewed.is_some_and(|t| t.elapsed() < s.lease_duration);
+                let keep = renewal.keep_watches;
                 if keep && watched.is_none() {
                     watched = Some(Watched::start(&watch, &s));
                 } else if !keep && watched.take().is_some() {
