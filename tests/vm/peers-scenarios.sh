@@ -24,35 +24,10 @@ KEY=/tmp/peers.key
 : >"$O/timings.env"
 
 timing() { echo "$1=$2" >>"$O/timings.env"; }
-log() { echo "[$ROLE $(fg_now_ms)] $*" >>"$O/steps.log"; }
-mark() { : >"$S/$ROLE.$1"; log "mark $1"; }
-fail() {
-    log "FAIL: $*"
-    echo "$ROLE: $*" >&2
-    : >"$S/$ROLE.abort"
-    exit 1
-}
-# wait_for ROLE NAME SECONDS
-wait_for() {
-    i=0
-    while [ "$i" -lt $(($3 * 10)) ]; do
-        [ -e "$S/$1.$2" ] && return 0
-        [ -e "$S/$PEER_ROLE.abort" ] && fail "the other VM aborted while we waited for $1.$2"
-        sleep 0.1
-        i=$((i + 1))
-    done
-    fail "no $1.$2 within $3 s"
-}
+# shellcheck source=tests/vm/pair-lib.sh
+. "$FG_VM_DIR/pair-lib.sh"
 
-mkdir -p "$S"
-mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144 fgsync "$S" || fail "cannot mount fgsync"
-
-# --- bring-up ------------------------------------------------------------------------
-modprobe -d "$FG_KROOT" -S "$FG_KVER" crc32_generic || fail "modprobe crc32_generic"
-modprobe -d "$FG_KROOT" -S "$FG_KVER" rdma_rxe || fail "modprobe rdma_rxe"
-ip link set lo up
-ip link set eth0 up && ip addr add "169.254.77.$ME/24" dev eth0 || fail "eth0"
-ip link set eth1 up && ip addr add "169.254.78.$ME/24" dev eth1 || fail "eth1"
+fg_pair_up
 rdma link add rxe0 type rxe netdev eth0 || fail "rdma link add"
 fg_wait_port ACTIVE 30 || fail "rxe0 not ACTIVE"
 

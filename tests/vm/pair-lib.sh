@@ -1,0 +1,40 @@
+# Sourced by the two-VM scenario scripts run through run-pair.sh (peers-scenarios.sh,
+# gang-scenarios.sh), after guest-lib.sh: the steps both VMs share. Before sourcing, set ROLE
+# (a or b), PEER_ROLE (the other), ME (1 or 2), O (FG_OUT) and S (the shared sync folder).
+# The VMs and the host order their steps with marker files S/WHO.NAME; WHO.abort means WHO
+# gave up.
+# shellcheck shell=sh
+
+log() { echo "[$ROLE $(fg_now_ms)] $*" >>"$O/steps.log"; }
+mark() { : >"$S/$ROLE.$1"; log "mark $1"; }
+fail() {
+    log "FAIL: $*"
+    echo "$ROLE: $*" >&2
+    : >"$S/$ROLE.abort"
+    exit 1
+}
+# wait_for WHO NAME SECONDS: until S/WHO.NAME exists; fails when the other VM or the host
+# aborted, or after SECONDS.
+wait_for() {
+    i=0
+    while [ "$i" -lt $(($3 * 10)) ]; do
+        [ -e "$S/$1.$2" ] && return 0
+        [ -e "$S/$PEER_ROLE.abort" ] && fail "the other VM aborted while we waited for $1.$2"
+        [ -e "$S/host.abort" ] && fail "the host aborted while we waited for $1.$2"
+        sleep 0.1
+        i=$((i + 1))
+    done
+    fail "no $1.$2 within $3 s"
+}
+
+# fg_pair_up: mount the sync folder, load Soft-RoCE, address lo, eth0 (169.254.77.ME, rxe0's
+# netdev) and eth1 (169.254.78.ME, the side channel).
+fg_pair_up() {
+    mkdir -p "$S"
+    mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144 fgsync "$S" || fail "cannot mount fgsync"
+    modprobe -d "$FG_KROOT" -S "$FG_KVER" crc32_generic || fail "modprobe crc32_generic"
+    modprobe -d "$FG_KROOT" -S "$FG_KVER" rdma_rxe || fail "modprobe rdma_rxe"
+    ip link set lo up
+    ip link set eth0 up && ip addr add "169.254.77.$ME/24" dev eth0 || fail "eth0"
+    ip link set eth1 up && ip addr add "169.254.78.$ME/24" dev eth1 || fail "eth1"
+}
