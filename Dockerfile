@@ -25,12 +25,19 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
+# The Cargo profile: `release` (fat LTO, one codegen unit) unless a build passes another. The
+# node tests' image (.ci/image.sh) passes `test-image` (Cargo.toml: release without LTO, many
+# codegen units), which builds in a fraction of the time; the stages, packages, user and
+# entrypoint are the same. Cargo puts profile `dev` in target/debug, every other in
+# target/<profile>.
+ARG CARGO_PROFILE=release
 # --locked: the committed Cargo.lock is what gets built. The caches only speed up rebuilds;
 # the binary is copied out of the cached target directory into the image layer.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked --bin fabricgate \
-    && install -D -m 0755 target/release/fabricgate /out/fabricgate
+    cargo build --profile "$CARGO_PROFILE" --locked --bin fabricgate \
+    && dir="$CARGO_PROFILE" && if [ "$dir" = dev ]; then dir=debug; fi \
+    && install -D -m 0755 "target/$dir/fabricgate" /out/fabricgate
 
 FROM ${RUNTIME_IMAGE}
 # libibverbs1 is the verbs library the binary links; ibverbs-providers holds the user-space

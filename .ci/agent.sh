@@ -4,5 +4,5 @@
 # .ci/controlplane.sh.
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
-apt-get update
-apt-get install -y procps
+. "$(dirname "${BASH_SOURCE[0]}")/apt.bash"
+apt_install procps

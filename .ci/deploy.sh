@@ -8,8 +8,8 @@ set -euo pipefail
 VENV=/opt/fabricgate-deploy
 
 export DEBIAN_FRONTEND=noninteractive
-apt-get update
-apt-get install -y --no-install-recommends python3 python3-venv binutils jq
+. "$(dirname "${BASH_SOURCE[0]}")/apt.bash"
+apt_install python3 python3-venv binutils jq
 
 PY=/usr/bin/python3
 [ -x "$PY" ] || PY=$(command -v python3)

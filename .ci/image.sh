@@ -3,6 +3,7 @@
 #
 #   image                      OCI archive ($FABRICGATE_IMAGE_DIR, default /opt/fabricgate-image)
 #   localhost/fabricgate:dev   fabricgate.oci.tar   the project's Dockerfile, built by buildah
+#                                                   with CARGO_PROFILE=test-image (below)
 #   localhost/pause:3.10       pause.oci.tar        the kubelet's sandbox image (Kubernetes' pause.c)
 #   localhost/debian:bookworm  debian.oci.tar       plain Debian bookworm (minbase) for test pods
 #
@@ -26,12 +27,19 @@
 #   base images   <- this script's base section, the Debian suite, the host toolchain version
 #                    and the CA certificates;
 #   fabricgate    <- Dockerfile, .dockerignore, Cargo.toml/Cargo.lock and every file of the
-#                    build context except tests/ (the release binary does not read tests; their
-#                    names are hashed, since cargo's target discovery sees them), + base stamps;
+#                    build context except tests/ (the binary does not read tests; their names
+#                    are hashed, since cargo's target discovery sees them), the Cargo profile,
+#                    + base stamps;
 #   pause         <- pause.c (from the k8s.io/kubernetes module tests/controlplane pins).
 # Between runs buildah keeps its layers and the Dockerfile's cache mounts (crate registry,
 # target dir) under $FABRICGATE_IMAGE_STATE (default /var/lib/fabricgate-image), so a changed
 # source rebuilds incrementally.
+#
+# The Cargo profile: the Dockerfile builds `release` (fat LTO, one codegen unit: 15-30 min on two
+# cores) unless told otherwise; this image is built with `--build-arg CARGO_PROFILE=test-image`
+# (Cargo.toml: release without LTO, 16 codegen units, incremental, opt-level 1), the same
+# Dockerfile, stages, packages, user and entrypoint, so that a source change does not cost a
+# fat-LTO build before the node tests can run. Users build `release`.
 #
 # Under CI=true any failure (the Dockerfile stops building, say) fails this script and so the
 # test setup; outside CI it warns, exits 0 and the tests that need the images skip, saying so.
@@ -48,6 +56,7 @@ debian_ref=localhost/debian:bookworm
 build_ref=docker.io/library/rust:1-bookworm
 runtime_ref=docker.io/library/debian:bookworm-slim
 k8s_version=v1.37.2
+cargo_profile=test-image
 
 mode=build
 case "${1:-}" in
@@ -105,6 +114,7 @@ fabricgate_stamp() {
     {
         base_stamp
         cd "$here"
+        echo "cargo profile $cargo_profile"
         cat Dockerfile .dockerignore
         grep '^tests/' <<<"$files" | sed 's/^/name /' || true
         grep -v '^tests/' <<<"$files" | while IFS= read -r f; do [ -f "$f" ] && printf '%s\n' "$f"; done \
@@ -184,11 +194,17 @@ runtime = "runc"
 [network]
 network_backend = "cni"
 EOF
+# The run root (locks, mount state) belongs to the graph root: a second state directory (a cold
+# build measured beside the warm one) gets its own.
+runroot=/run/fabricgate-image
+if [ "$state" != /var/lib/fabricgate-image ]; then
+    runroot="/run/fabricgate-image-$(printf '%s' "$state" | sha | cut -c1-12)"
+fi
 cat >"$state/storage.conf" <<EOF
 [storage]
 driver = "overlay"
 graphroot = "$state/storage"
-runroot = "/run/fabricgate-image"
+runroot = "$runroot"
 EOF
 cat >"$state/registries.conf" <<EOF
 unqualified-search-registries = ["docker.io"]
@@ -307,9 +323,11 @@ fstamp="$(fabricgate_stamp)"
 if fresh fabricgate.oci.tar "$fstamp"; then
     log "fabricgate.oci.tar up to date ($fabricgate_ref)"
 else
-    # The Dockerfile unchanged, with its own ARG defaults (rust:1-bookworm, debian:bookworm-slim:
-    # the local images above; --pull=never keeps buildah from looking for them on Docker Hub).
+    # The Dockerfile unchanged, with its own base-image ARG defaults (rust:1-bookworm,
+    # debian:bookworm-slim: the local images above; --pull=never keeps buildah from looking for
+    # them on Docker Hub) and the test image's Cargo profile.
     timed fabricgate bah bud --pull=never --layers --network=host \
+        --build-arg "CARGO_PROFILE=$cargo_profile" \
         -t "$fabricgate_ref" -f "$here/Dockerfile" "$here"
     # An input that does not change the image (a test file, a comment outside the build) gives
     # the same image ID from the layer cache: the archive already holds it.

@@ -5,8 +5,8 @@
 set -euo pipefail
 
 export DEBIAN_FRONTEND=noninteractive
-apt-get update
-apt-get install -y --no-install-recommends prometheus prometheus-node-exporter curl
+. "$(dirname "${BASH_SOURCE[0]}")/apt.bash"
+apt_install prometheus prometheus-node-exporter curl
 
 # Debian's packages start their services on install where an init system runs; the tests
 # start their own instances on random ports, so stop any packaged ones (harmless if absent).

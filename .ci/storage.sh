@@ -8,8 +8,8 @@
 set -euo pipefail
 
 export DEBIAN_FRONTEND=noninteractive
-apt-get update
-apt-get install -y --no-install-recommends fuse3 libfuse3-dev pkg-config gcc libc6-dev util-linux mount
+. "$(dirname "${BASH_SOURCE[0]}")/apt.bash"
+apt_install fuse3 libfuse3-dev pkg-config gcc libc6-dev util-linux mount
 
 # /dev/fuse must exist and be usable; create the node if the kernel has FUSE but udev did not.
 if [ ! -e /dev/fuse ]; then

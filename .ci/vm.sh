@@ -6,8 +6,8 @@
 # tests/vm/cache/ or $FABRICGATE_VM_CACHE).
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
-apt-get update
-apt-get install -y --no-install-recommends \
+. "$(dirname "${BASH_SOURCE[0]}")/apt.bash"
+apt_install \
     qemu-system-x86 busybox-static cpio kmod iproute2 util-linux gzip \
     rdma-core ibverbs-utils ibverbs-providers libibverbs-dev librdmacm-dev \
     perftest curl time \

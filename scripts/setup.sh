@@ -8,7 +8,13 @@ if [ "$(id -u)" -ne 0 ]; then
   exec sudo "$0" "$@"
 fi
 export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
-apt-get install -y -qq --no-install-recommends \
-  ca-certificates gcc libc6-dev pkg-config libclang-dev libibverbs-dev librdmacm-dev \
-  ibverbs-providers rdma-core >/dev/null
+pkgs=(ca-certificates gcc libc6-dev pkg-config libclang-dev libibverbs-dev librdmacm-dev
+  ibverbs-providers rdma-core)
+# Already installed (dpkg status `ii`, every one): nothing to update or install.
+for p in "${pkgs[@]}"; do
+  if ! dpkg-query -W -f='${db:Status-Abbrev}\n' "$p" 2>/dev/null | grep -q '^ii'; then
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null
+    break
+  fi
+done

@@ -754,7 +754,9 @@ fn dockerfile_builds_locked_and_ships_only_the_verbs_runtime() {
     let text = std::fs::read_to_string(root().join("Dockerfile")).unwrap();
     let froms: Vec<&str> = text.lines().filter(|l| l.starts_with("FROM ")).collect();
     assert_eq!(froms.len(), 2, "multi-stage: build and runtime");
-    assert!(text.contains("cargo build --release --locked"));
+    // Users' builds (`docker build .`) get the release profile; .ci/image.sh passes another.
+    assert!(text.contains("ARG CARGO_PROFILE=release\n"));
+    assert!(text.contains("cargo build --profile \"$CARGO_PROFILE\" --locked --bin fabricgate"));
     assert!(
         root().join("Cargo.lock").is_file(),
         "--locked needs the committed Cargo.lock"
