@@ -572,6 +572,10 @@ fn kueue_keeps_a_gang_pending_while_the_check_controller_is_down() {
 
     create_job(cp);
     wait_reserved(kueue, "quota reserved while the check controller is down");
+    // Kueue lists the check in a later update than the reservation.
+    crate::common::wait_until("the check listed Pending", Duration::from_secs(10), || {
+        workload(cp).is_some_and(|w| check_state(&w).map(|s| s.0).as_deref() == Some("Pending"))
+    });
     // Fail closed: for 15 s the gang holds its quota and nothing of it runs.
     let held = Instant::now();
     while held.elapsed() < Duration::from_secs(15) {
