@@ -216,7 +216,8 @@ fn guard_taints_nodes_whose_agent_is_gone_only_the_leader_acts_and_failover_work
     // The shipped manifest, applied: the guards run with its ServiceAccount and RBAC (its
     // Deployment stays inert: no controller manager runs here).
     let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/guard.yaml");
-    cp.kubectl(&["apply", "-f", manifest]);
+    // Server-side, so tests applying it at the same time do not race on its creation.
+    cp.apply(&std::fs::read_to_string(manifest).unwrap());
     let token = cp.kubectl(&["-n", NS, "create", "token", "fabricgate-guard"]);
     let scratch = tempfile::tempdir().unwrap();
     let kubeconfig = scratch.path().join("guard.kubeconfig");
@@ -749,11 +750,10 @@ fn as_guard(
 fn redteam_the_guards_token_may_only_fail_a_pool_node_closed() {
     let Some(cp) = control_plane() else { return };
     cp.install_agent_rbac();
-    cp.kubectl(&[
-        "apply",
-        "-f",
-        concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/guard.yaml"),
-    ]);
+    cp.apply(include_str!(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/deploy/guard.yaml"
+    )));
     let pool = "rt-guard-pool";
     let outside = "rt-guard-outside";
     let gpu = json!({ "key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule" });
