@@ -69,25 +69,14 @@ fn decide() {
         return;
     };
     cp.install_agent_rbac();
-    let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/admission-check.yaml");
-    cp.kubectl(&[
-        "apply",
-        "--server-side",
-        "--force-conflicts",
-        "-f",
-        manifest,
-    ]);
-    for crd in common::FABRICCHECK_CRDS {
-        kueue_crds::wait_established(cp, crd);
-    }
+    kueue_crds::apply_admission_check(cp);
     cp.apply(
         &json!({ "apiVersion": "v1", "kind": "Namespace", "metadata": { "name": WL_NS } })
             .to_string(),
     );
-    let token = cp.kubectl(&["-n", NS, "create", "token", "fabricgate-admission-check"]);
     let scratch = tempfile::tempdir().unwrap();
     let kubeconfig = scratch.path().join("ac.kubeconfig");
-    cp.write_kubeconfig(&kubeconfig, &cp.url, token.trim());
+    kueue_crds::admission_check_kubeconfig(cp, &kubeconfig);
     let config = scratch.path().join("requirements.yaml");
     // The longest timeout: a slow write under contention must not turn into a Retry here. The
     // `agents` mode answers over the side channel only (`rdma: unmeasured`).
@@ -317,12 +306,6 @@ struct Run {
 
 /// One Workload of `members.len()` pods reserved on `members`, answered as `answers` says.
 fn one_gang(cp: &ControlPlane, name: &str, members: &[String], answers: Answers) -> Run {
-    let workloads = api(
-        cp,
-        ("kueue.x-k8s.io", "v1beta2", "Workload"),
-        "workloads",
-        WL_NS,
-    );
     let checks = api(
         cp,
         ("fabricgate.io", "v1alpha1", "FabricCheck"),
@@ -358,22 +341,6 @@ fn one_gang(cp: &ControlPlane, name: &str, members: &[String], answers: Answers)
         .round(k8s_openapi::jiff::Unit::Second)
         .unwrap()
         .to_string();
-    let status = json!({
-        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
-        "metadata": { "name": name, "namespace": WL_NS },
-        "status": {
-            "conditions": [{ "type": "QuotaReserved", "status": "True", "reason": "QuotaReserved",
-                "message": "Quota reserved in ClusterQueue gpu", "lastTransitionTime": now }],
-            "admission": { "clusterQueue": "gpu", "podSetAssignments": [{
-                "name": "main", "count": g,
-                "topologyAssignment": { "levels": ["kubernetes.io/hostname"],
-                    "slices": [{ "domainCount": g, "valuesPerLevel": [
-                        { "individual": { "roots": members } }],
-                        "podCounts": { "universal": 1 } }] } }] },
-            "admissionChecks": [{ "name": CHECK, "state": "Pending", "message": "",
-                "lastTransitionTime": now }],
-        },
-    });
     let state = || -> String {
         let wl = cp
             .get_json(&format!(
@@ -383,12 +350,7 @@ fn one_gang(cp: &ControlPlane, name: &str, members: &[String], answers: Answers)
         kueue_crds::check_entry(&wl, CHECK).0
     };
     let t0 = Instant::now();
-    cp.block_on(workloads.patch_status(
-        name,
-        &PatchParams::apply("kueue-admission").force(),
-        &Patch::Apply(&status),
-    ))
-    .expect("reserve");
+    kueue_crds::reserve(cp, WL_NS, name, CHECK, None, members, &now);
     let (spec, check_uid) = loop {
         if let Some(obj) = cp.get_json(&format!(
             "/apis/fabricgate.io/v1alpha1/namespaces/{NS}/fabricchecks/{fc}"

@@ -21,7 +21,7 @@ const NS: &str = "fabricgate";
 /// deploy/admission-check.yaml's AdmissionCheck.
 const CHECK: &str = "fabricgate-preflight";
 const SA_USER: &str = "system:serviceaccount:fabricgate:fabricgate-admission-check";
-const LEAF: &str = "network.topology.nvidia.com/leaf";
+const LEAF: &str = kueue_crds::LEAF_LABEL;
 const MANIFEST: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/admission-check.yaml");
 
 struct Env {
@@ -40,21 +40,10 @@ fn setup() -> Option<Env> {
     let without_kueue = crate::common::kueue::Kueue::without();
     kueue_crds::install(cp)?;
     cp.install_agent_rbac();
-    cp.kubectl(&[
-        "apply",
-        "--server-side",
-        "--force-conflicts",
-        "--field-manager=test-admin",
-        "-f",
-        MANIFEST,
-    ]);
-    for crd in crate::common::FABRICCHECK_CRDS {
-        kueue_crds::wait_established(cp, crd);
-    }
-    let token = cp.kubectl(&["-n", NS, "create", "token", "fabricgate-admission-check"]);
+    kueue_crds::apply_admission_check(cp);
     let scratch = tempfile::tempdir().unwrap();
     let kubeconfig = scratch.path().join("admission-check.kubeconfig");
-    cp.write_kubeconfig(&kubeconfig, &cp.url, token.trim());
+    kueue_crds::admission_check_kubeconfig(cp, &kubeconfig);
     Some(Env {
         _without_kueue: without_kueue,
         cp,
@@ -282,34 +271,10 @@ fn create_workload(cp: &ControlPlane, ns: &str, name: &str, pods: usize) -> Stri
         .to_owned()
 }
 
-/// Kueue's scheduler reserving quota at `when` with a TAS assignment (levels: the leaf
-/// label, the hostname; one pod per node), the check `Pending`, written as Kueue writes it
-/// (server-side apply on the status subresource under its own field manager).
+/// Kueue's scheduler reserving quota at `when`, all `nodes` in leaf `leaf`, our check
+/// `Pending` (`kueue_crds::reserve`).
 fn reserve(cp: &ControlPlane, ns: &str, name: &str, leaf: &str, nodes: &[&str], when: &str) {
-    let body = json!({
-        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
-        "metadata": { "name": name, "namespace": ns },
-        "status": {
-            "conditions": [{ "type": "QuotaReserved", "status": "True", "reason": "QuotaReserved",
-                "message": "Quota reserved in ClusterQueue gpu", "lastTransitionTime": when }],
-            "admission": { "clusterQueue": "gpu", "podSetAssignments": [{
-                "name": "main", "flavors": { "cpu": "gpu" }, "count": nodes.len(),
-                "resourceUsage": { "cpu": nodes.len().to_string() },
-                "topologyAssignment": { "levels": [LEAF, "kubernetes.io/hostname"],
-                    "slices": [{ "domainCount": nodes.len(), "valuesPerLevel": [
-                        { "universal": leaf }, { "individual": { "roots": nodes } }],
-                        "podCounts": { "universal": 1 } }] } }] },
-            "admissionChecks": [{ "name": CHECK, "state": "Pending", "message": "",
-                "lastTransitionTime": when }],
-        },
-    });
-    let api = workloads(cp, ns);
-    cp.block_on(api.patch_status(
-        name,
-        &PatchParams::apply("kueue-admission").force(),
-        &Patch::Apply(&body),
-    ))
-    .expect("reserve quota");
+    kueue_crds::reserve(cp, ns, name, CHECK, Some(leaf), nodes, when);
 }
 
 /// Our check's (state, message) on the Workload.

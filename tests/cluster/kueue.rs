@@ -206,8 +206,7 @@ fn apply_queues(cp: &crate::common::controlplane::ControlPlane) {
         "docs/gangs.md shows the shipped AdmissionCheck"
     );
     cp.install_agent_rbac();
-    cp.apply(&manifest);
-    crate::common::kueue_crds::wait_established(cp, "fabricchecks.fabricgate.io");
+    crate::common::kueue_crds::apply_admission_check(cp);
     cp.apply(&doc_yaml("queues"));
 }
 
@@ -326,15 +325,8 @@ impl Controller {
         let cp = kueue.cp;
         let dir = cp.run_dir().join("admission-check");
         std::fs::create_dir_all(&dir).expect("mkdir admission-check");
-        let token = cp.kubectl(&[
-            "-n",
-            "fabricgate",
-            "create",
-            "token",
-            "fabricgate-admission-check",
-        ]);
         let kubeconfig = dir.join("admission-check.kubeconfig");
-        cp.write_kubeconfig(&kubeconfig, &cp.url, token.trim());
+        crate::common::kueue_crds::admission_check_kubeconfig(cp, &kubeconfig);
         let n = std::fs::read_dir(&dir).map_or(0, Iterator::count);
         let log = dir.join(format!("controller-{n}.log"));
         let config = dir.join("config.yaml");

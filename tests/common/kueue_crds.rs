@@ -9,6 +9,7 @@
 //! ```
 
 use super::controlplane::ControlPlane;
+use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
@@ -106,6 +107,88 @@ pub fn install(cp: &ControlPlane) -> Option<&'static Path> {
             None
         }
     }
+}
+
+/// deploy/admission-check.yaml applied as admin (server-side, so re-applying is harmless), and
+/// its CRDs (FabricCheck, FabricCheckResult) established. Its Deployment stays inert: no
+/// kubelet runs it on the test control plane.
+pub fn apply_admission_check(cp: &ControlPlane) {
+    let path = super::repo_root().join("deploy/admission-check.yaml");
+    let manifest = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    cp.apply(&manifest);
+    for crd in super::FABRICCHECK_CRDS {
+        wait_established(cp, crd);
+    }
+}
+
+/// A kubeconfig at `path` with a token of the admission check's shipped ServiceAccount (its
+/// RBAC from deploy/admission-check.yaml).
+pub fn admission_check_kubeconfig(cp: &ControlPlane, path: &Path) {
+    let token = cp.kubectl(&[
+        "-n",
+        "fabricgate",
+        "create",
+        "token",
+        "fabricgate-admission-check",
+    ]);
+    cp.write_kubeconfig(path, &cp.url, token.trim());
+}
+
+/// The operator leaf label the tests' TAS `Topology` uses as its first level.
+pub const LEAF_LABEL: &str = "network.topology.nvidia.com/leaf";
+
+/// Kueue's scheduler reserving quota for Workload `ns/name` (one pod set `main`, ClusterQueue
+/// `gpu`) at `when` (RFC 3339), with admission check `check` `Pending` and a TAS assignment of
+/// one pod per node of `nodes`: levels the leaf label and the hostname, all in leaf `leaf`, or
+/// the hostname alone (`None`). Written as Kueue writes it: server-side apply on the status
+/// subresource under its own field manager.
+pub fn reserve<S: AsRef<str>>(
+    cp: &ControlPlane,
+    ns: &str,
+    name: &str,
+    check: &str,
+    leaf: Option<&str>,
+    nodes: &[S],
+    when: &str,
+) {
+    let roots: Vec<&str> = nodes.iter().map(AsRef::as_ref).collect();
+    let hosts = json!({ "individual": { "roots": roots } });
+    let (levels, values) = match leaf {
+        Some(l) => (
+            json!([LEAF_LABEL, "kubernetes.io/hostname"]),
+            json!([{ "universal": l }, hosts]),
+        ),
+        None => (json!(["kubernetes.io/hostname"]), json!([hosts])),
+    };
+    let body = json!({
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
+        "metadata": { "name": name, "namespace": ns },
+        "status": {
+            "conditions": [{ "type": "QuotaReserved", "status": "True", "reason": "QuotaReserved",
+                "message": "Quota reserved in ClusterQueue gpu", "lastTransitionTime": when }],
+            "admission": { "clusterQueue": "gpu", "podSetAssignments": [{
+                "name": "main", "flavors": { "cpu": "gpu" }, "count": roots.len(),
+                "resourceUsage": { "cpu": roots.len().to_string() },
+                "topologyAssignment": { "levels": levels,
+                    "slices": [{ "domainCount": roots.len(), "valuesPerLevel": values,
+                        "podCounts": { "universal": 1 } }] } }] },
+            "admissionChecks": [{ "name": check, "state": "Pending", "message": "",
+                "lastTransitionTime": when }],
+        },
+    });
+    let ar = kube::api::ApiResource::from_gvk_with_plural(
+        &kube::core::GroupVersionKind::gvk("kueue.x-k8s.io", "v1beta2", "Workload"),
+        "workloads",
+    );
+    let workloads: kube::Api<kube::api::DynamicObject> =
+        kube::Api::namespaced_with(cp.admin(), ns, &ar);
+    cp.block_on(workloads.patch_status(
+        name,
+        &kube::api::PatchParams::apply("kueue-admission").force(),
+        &kube::api::Patch::Apply(&body),
+    ))
+    .unwrap_or_else(|e| panic!("reserve quota for {ns}/{name}: {e}"));
 }
 
 /// Wait until CRD `name` is `Established` (polled: `kubectl wait` fails on a CRD whose status

@@ -18,8 +18,6 @@
 use crate::common;
 use crate::common::controlplane::ControlPlane;
 
-use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
-use kube::core::GroupVersionKind;
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -29,12 +27,11 @@ const NS: &str = "fabricgate";
 const NODE_A: &str = "gang-vm-a";
 const NODE_B: &str = "gang-vm-b";
 const ENDPOINT: &str = "fabricgate.io/peers-endpoint";
-const LEAF: &str = "network.topology.nvidia.com/leaf";
+const LEAF: &str = common::kueue_crds::LEAF_LABEL;
 /// The Workloads' namespace (the controller serves only it).
 const WL_NS: &str = "gang-vm";
 /// deploy/admission-check.yaml's AdmissionCheck.
 const CHECK: &str = "fabricgate-preflight";
-const MANIFEST: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/admission-check.yaml");
 
 fn check_path(name: &str) -> String {
     format!("/apis/fabricgate.io/v1alpha1/namespaces/{NS}/fabricchecks/{name}")
@@ -52,17 +49,9 @@ struct Controller {
 
 impl Controller {
     fn start(cp: &ControlPlane, dir: &Path) -> Controller {
-        cp.kubectl(&[
-            "apply",
-            "--server-side",
-            "--force-conflicts",
-            "--field-manager=test-admin",
-            "-f",
-            MANIFEST,
-        ]);
-        let token = cp.kubectl(&["-n", NS, "create", "token", "fabricgate-admission-check"]);
+        common::kueue_crds::apply_admission_check(cp);
         let kubeconfig = dir.join("admission-check.kubeconfig");
-        cp.write_kubeconfig(&kubeconfig, &cp.url, token.trim());
+        common::kueue_crds::admission_check_kubeconfig(cp, &kubeconfig);
         // rxe under emulation moves a few MB/s: the floor only shows the burst is judged.
         let config = dir.join("admission-check.yaml");
         std::fs::write(
@@ -104,12 +93,6 @@ impl Drop for Controller {
     }
 }
 
-fn workloads(cp: &ControlPlane) -> Api<DynamicObject> {
-    let gvk = GroupVersionKind::gvk("kueue.x-k8s.io", "v1beta2", "Workload");
-    let ar = ApiResource::from_gvk_with_plural(&gvk, "workloads");
-    Api::namespaced_with(cp.admin(), WL_NS, &ar)
-}
-
 /// A Workload of one pod set of two pods, as Kueue's Job integration makes it; its uid.
 fn create_workload(cp: &ControlPlane, name: &str) -> String {
     let wl = json!({
@@ -130,38 +113,22 @@ fn create_workload(cp: &ControlPlane, name: &str) -> String {
         .to_owned()
 }
 
-/// Kueue's scheduler reserving quota with a TAS assignment (levels: the leaf label, the
-/// hostname; one pod on each VM's Node) and the check `Pending`, written as Kueue writes it
-/// (server-side apply on the status subresource under its own field manager).
+/// Kueue's scheduler reserving quota now, one pod on each VM's Node in leaf `leaf-vm`, our
+/// check `Pending` (`kueue_crds::reserve`).
 fn reserve(cp: &ControlPlane, name: &str) {
     let when =
         k8s_openapi::jiff::Timestamp::from_second(k8s_openapi::jiff::Timestamp::now().as_second())
             .unwrap()
             .to_string();
-    let body = json!({
-        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
-        "metadata": { "name": name, "namespace": WL_NS },
-        "status": {
-            "conditions": [{ "type": "QuotaReserved", "status": "True", "reason": "QuotaReserved",
-                "message": "Quota reserved in ClusterQueue gpu", "lastTransitionTime": when }],
-            "admission": { "clusterQueue": "gpu", "podSetAssignments": [{
-                "name": "main", "flavors": { "cpu": "gpu" }, "count": 2,
-                "resourceUsage": { "cpu": "2" },
-                "topologyAssignment": { "levels": [LEAF, "kubernetes.io/hostname"],
-                    "slices": [{ "domainCount": 2, "valuesPerLevel": [
-                        { "universal": "leaf-vm" },
-                        { "individual": { "roots": [NODE_B, NODE_A] } }],
-                        "podCounts": { "universal": 1 } }] } }] },
-            "admissionChecks": [{ "name": CHECK, "state": "Pending", "message": "",
-                "lastTransitionTime": when }],
-        },
-    });
-    cp.block_on(workloads(cp).patch_status(
+    common::kueue_crds::reserve(
+        cp,
+        WL_NS,
         name,
-        &PatchParams::apply("kueue-admission").force(),
-        &Patch::Apply(&body),
-    ))
-    .expect("reserve quota");
+        CHECK,
+        Some("leaf-vm"),
+        &[NODE_B, NODE_A],
+        &when,
+    );
 }
 
 /// Our check's (state, message) on the Workload.
