@@ -45,8 +45,6 @@ pub const CHECK_LABEL: (&str, &str) = ("fabricgate.io/check", "gang");
 /// Annotation of a FabricCheck: the quota reservation it tests (the `QuotaReserved`
 /// condition's transition time), so a check left from an earlier reservation is not reused.
 pub const RESERVATION_ANNOTATION: &str = "fabricgate.io/reservation";
-/// The Node annotation each agent with peers enabled writes: its responder's `host:port`.
-pub const PEERS_ENDPOINT_ANNOTATION: &str = "fabricgate.io/peers-endpoint";
 
 /// Everything `fabricgate admission-check` needs.
 pub struct CheckSettings {

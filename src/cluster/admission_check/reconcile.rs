@@ -7,10 +7,12 @@ use super::model::{self, WorkloadStatus};
 use super::watch::Watched;
 use super::{
     CHECK_LABEL, CONTROLLER_NAME, CheckMetrics, CheckSettings, FIELD_MANAGER,
-    PEERS_ENDPOINT_ANNOTATION, RESERVATION_ANNOTATION,
+    RESERVATION_ANNOTATION,
 };
 use crate::error::{Error, Result};
-use crate::node::fabriccheck::{self, CheckSpec, Member, PairResult, WorkloadRef};
+use crate::node::fabriccheck::{
+    self, CheckSpec, ENDPOINT_ANNOTATION, Member, PairResult, WorkloadRef,
+};
 use k8s_openapi::api::core::v1::{Node, ObjectReference};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
@@ -345,7 +347,7 @@ fn prepare(
         let endpoint = by_name
             .get(n.as_str())
             .and_then(|node| node.metadata.annotations.as_ref())
-            .and_then(|a| a.get(PEERS_ENDPOINT_ANNOTATION))
+            .and_then(|a| a.get(ENDPOINT_ANNOTATION))
             .filter(|e| !e.trim().is_empty());
         match endpoint {
             Some(e) => members.push(Member {
@@ -358,7 +360,7 @@ fn prepare(
     if !no_endpoint.is_empty() {
         return Err(Decision::retry(format!(
             "{} assigned nodes publish no peers endpoint (Node annotation \
-             {PEERS_ENDPOINT_ANNOTATION}, written by the agent with peers enabled): {}",
+             {ENDPOINT_ANNOTATION}, written by the agent with peers enabled): {}",
             no_endpoint.len(),
             list(&no_endpoint)
         )));
