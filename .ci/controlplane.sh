@@ -14,10 +14,10 @@ dest=/opt/fabricgate-controlplane
 version=v1.37.2
 
 export DEBIAN_FRONTEND=noninteractive
+. "$here/.ci/apt.bash"
 # openssl makes the per-run CA and keys; curl polls /readyz.
 if ! command -v openssl >/dev/null || ! command -v curl >/dev/null; then
-    apt-get update
-    apt-get install -y --no-install-recommends openssl curl ca-certificates
+    apt_install openssl curl ca-certificates
 fi
 if ! command -v go >/dev/null; then
     echo "controlplane: no 'go' on PATH; Go 1.26 is needed to build the test control plane" >&2
@@ -33,7 +33,7 @@ mkdir -p "$dest/bin"
 started=$(date +%s)
 (
     cd "$src"
-    CGO_ENABLED=0 GOFLAGS=-buildvcs=false go build -trimpath \
+    CGO_ENABLED=0 GOFLAGS=-buildvcs=false go build -trimpath -gcflags=all=-dwarf=false \
         -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$version -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=37" \
         -o "$dest/bin/controlplane.new" .
 )

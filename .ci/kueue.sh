@@ -27,9 +27,9 @@ if ! command -v go >/dev/null; then
 fi
 
 # openssl makes the metrics certificate (and the control plane's PKI).
+. "$here/.ci/apt.bash"
 if ! command -v openssl >/dev/null; then
-    apt-get update
-    apt-get install -y --no-install-recommends openssl
+    apt_install openssl
 fi
 metrics_certs=/etc/kueue/metrics/certs
 if [ ! -s "$metrics_certs/tls.crt" ] || [ ! -s "$metrics_certs/tls.key" ]; then
@@ -60,7 +60,7 @@ chmod -R u+w "$work/src"
 mkdir -p "$dest/bin" "$dest/kueue"
 (
     cd "$work/src"
-    CGO_ENABLED=0 GOFLAGS=-buildvcs=false go build -trimpath \
+    CGO_ENABLED=0 GOFLAGS=-buildvcs=false go build -trimpath -gcflags=all=-dwarf=false \
         -ldflags "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$version" \
         -o "$dest/bin/kueue.new" ./cmd/kueue
 )

@@ -14,9 +14,9 @@ for cmd in containerd ctr runc buildah mmdebstrap umoci skopeo unshare nsenter i
   command -v "$cmd" >/dev/null 2>&1 || need+=("$cmd")
 done
 [ -x /usr/lib/cni/bridge ] || need+=(cni)
+. "$(dirname "${BASH_SOURCE[0]}")/apt.bash"
 if [ "${#need[@]}" -gt 0 ]; then
-  apt-get update
-  apt-get install -y --no-install-recommends \
+  apt_install \
     containerd runc buildah mmdebstrap umoci skopeo containernetworking-plugins uidmap \
     fuse-overlayfs golang-github-containers-common iptables iproute2 util-linux \
     gcc libc6-dev ca-certificates jq

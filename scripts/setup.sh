@@ -13,8 +13,12 @@ pkgs=(ca-certificates gcc libc6-dev pkg-config libclang-dev libibverbs-dev librd
 # Already installed (dpkg status `ii`, every one): nothing to update or install.
 for p in "${pkgs[@]}"; do
   if ! dpkg-query -W -f='${db:Status-Abbrev}\n' "$p" 2>/dev/null | grep -q '^ii'; then
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null
+    # The test setups' apt lock (.ci/apt.bash): their Go lane may run an apt-get beside this one.
+    (
+        flock 8
+        apt-get update -qq
+        apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null
+    ) 8>"${FABRICGATE_APT_LOCK:-/var/lock/fabricgate-apt.lock}"
     break
   fi
 done
