@@ -241,6 +241,10 @@ fn a_two_vm_gang_passes_the_rdma_preflight_and_a_cut_link_fails_the_pair() {
         common::require(false, &why, "run .ci/vm.sh");
         return;
     }
+    // The slot before the control plane and the installs: starting the apiserver and applying
+    // CRDs beside another suite's VMs broke their RDMA timings (a WRITE timeout, perftest's QPs
+    // failing RTR) in a full `cargo test --test vm` on a faster machine.
+    let _slot = common::vm_slot();
     let Some(cp) = ControlPlane::shared() else {
         common::require(false, "no control plane binary", "run .ci/controlplane.sh");
         return;
@@ -262,7 +266,6 @@ fn a_two_vm_gang_passes_the_rdma_preflight_and_a_cut_link_fails_the_pair() {
             json!({}),
         );
     }
-    let _slot = common::vm_slot();
     let (mut cmd, out) = common::vm_command("run-pair.sh", 1200, "gang-vm", "gang-scenarios.sh");
     let controller = Controller::start(cp, &out);
     // The guests reach the apiserver at 10.0.3.2 (their user network's host address, which
