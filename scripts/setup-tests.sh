@@ -7,10 +7,11 @@
 # re-runs itself with sudo). CI (.ci/run) runs exactly this.
 #
 # Two lanes at once (FABRICGATE_SETUP_SERIAL=1: one after the other): the Go builds
-# (.ci/controlplane.sh, then .ci/kueue.sh: 10.5 min of compiling on a new 2-core machine beside
-# the rest, needing only Go) beside every other setup in name order (packages, pip, downloads, the images: mostly
-# waiting on the network and dpkg). Their output is prefixed with the script's name. apt runs one
-# at a time (.ci/apt.bash). A failure in either lane fails the whole setup, after both stopped.
+# (.ci/controlplane.sh, then .ci/kueue.sh: 10.5 min of compiling on a new 2-core machine, needing
+# only Go) beside every other setup in name order (packages, pip, downloads, the images: mostly
+# waiting on the network and dpkg). Their output is prefixed with the script's name. apt runs
+# one at a time (.ci/apt.bash). A failure in either lane fails the whole setup, after both
+# stopped.
 set -euo pipefail
 if [ "$(id -u)" -ne 0 ]; then
   exec sudo "$0" "$@"

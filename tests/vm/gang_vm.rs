@@ -241,9 +241,9 @@ fn a_two_vm_gang_passes_the_rdma_preflight_and_a_cut_link_fails_the_pair() {
         common::require(false, &why, "run .ci/vm.sh");
         return;
     }
-    // The slot before the control plane and the installs: starting the apiserver and applying
-    // CRDs beside another suite's VMs broke their RDMA timings (a WRITE timeout, perftest's QPs
-    // failing RTR) in a full `cargo test --test vm` on a faster machine.
+    // The slot before the control plane and the installs, so that starting the apiserver and
+    // applying CRDs never share the CPUs with another suite's VMs (`vm_slot`: their timings
+    // assume unshared CPUs).
     let _slot = common::vm_slot();
     let Some(cp) = ControlPlane::shared() else {
         common::require(false, "no control plane binary", "run .ci/controlplane.sh");

@@ -220,12 +220,6 @@ fi
 wait_gid
 mark up_again
 wait_for "$PEER_ROLE" up_again 120
-# The peer's address resolved again (ARP over the re-enabled eth0) before perftest's QPs move
-# to RTR, which needs the peer's MAC: without it they fail "Failed to modify QP to RTR".
-for _ in $(seq 1 40); do
-    ping -c 1 -W 1 "169.254.78.$OTHER" >/dev/null 2>&1 && break
-    sleep 0.5
-done
 log "GID index $GIDX for perftest"
 # -F: no CPU-frequency warning failure (a VM has no cpufreq). The client connects over eth1.
 lat_args="-d rxe0 -i 1 -x $GIDX -s 64 -n 200 -F"
