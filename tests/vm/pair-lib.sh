@@ -9,6 +9,7 @@ log() { echo "[$ROLE $(fg_now_ms)] $*" >>"$O/steps.log"; }
 mark() { : >"$S/$ROLE.$1"; log "mark $1"; }
 fail() {
     log "FAIL: $*"
+    dmesg >"$O/dmesg.log" 2>&1
     echo "$ROLE: $*" >&2
     : >"$S/$ROLE.abort"
     exit 1
@@ -37,4 +38,27 @@ fg_pair_up() {
     ip link set lo up
     ip link set eth0 up && ip addr add "169.254.77.$ME/24" dev eth0 || fail "eth0"
     ip link set eth1 up && ip addr add "169.254.78.$ME/24" dev eth1 || fail "eth1"
+}
+
+# fg_net_watch: every 2 s until S/ROLE.done, append to O/net.log what a link failure between
+# the VMs would show: the NICs' packet and drop counters, the ARP table (flags 0x0: not
+# resolved), the kernel's UDP counters (rxe0 speaks UDP) and rxe0's own counters. One awk a
+# round: under emulation every process started costs the guest a noticeable slice of its CPU.
+# A failed run is read from it, and from the host's side in OUTDIR/host-net.log (run-pair.sh).
+fg_net_watch() {
+    (
+        while [ ! -e "$S/$ROLE.done" ] && [ ! -e "$S/$ROLE.abort" ]; do
+            echo "=== $(fg_now_ms) ms" >>"$O/net.log"
+            awk '
+                FILENAME ~ /hw_counters/ {
+                    n = FILENAME; sub(/.*\//, "", n); printf "%s=%s ", n, $0; next
+                }
+                FNR == 1 { print "-- " FILENAME }
+                { print }
+                END { print "" }
+            ' /proc/net/dev /proc/net/arp /proc/net/snmp \
+                /sys/class/infiniband/rxe0/ports/1/hw_counters/* >>"$O/net.log" 2>&1
+            sleep 2
+        done
+    ) &
 }

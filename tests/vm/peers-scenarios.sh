@@ -9,6 +9,9 @@
 #   2. b takes eth0 down; a keeps scraping for three more rounds; `fabricgate ping` again
 #      both ways (a: the peer is unreachable, b: no usable local port).
 #   3. agents stopped, eth0 up again, perftest's ib_write_lat and ib_write_bw between the two.
+# The wire under rxe0 is checked on its own (ICMP over eth0, tests/vm/wire_echo.py) before and
+# after the attack and before perftest ($FG_OUT/wire_*.json), and the kernel's log is kept
+# ($FG_OUT/dmesg.log), so that a failed run tells a dead emulated wire from a failure of RDMA.
 # Needs FG_BIN (the fabricgate binary).
 # shellcheck shell=sh
 set -u
@@ -24,12 +27,18 @@ KEY=/tmp/peers.key
 : >"$O/timings.env"
 
 timing() { echo "$1=$2" >>"$O/timings.env"; }
+# wire NAME SECONDS: ICMP echo over eth0 to the other VM's eth0 address into $O/wire_NAME.json.
+wire() {
+    python3 "$FG_VM_DIR/wire_echo.py" eth0 "169.254.77.$OTHER" "$2" >"$O/wire_$1.json" 2>&1 ||
+        log "wire $1: eth0 did not answer: $(cat "$O/wire_$1.json")"
+}
 # shellcheck source=tests/vm/pair-lib.sh
 . "$FG_VM_DIR/pair-lib.sh"
 
 fg_pair_up
 rdma link add rxe0 type rxe netdev eth0 || fail "rdma link add"
 fg_wait_port ACTIVE 30 || fail "rxe0 not ACTIVE"
+fg_net_watch
 
 # gid_index: the RoCE v2 GID that maps our IPv4 address on eth0.
 gid_index() {
@@ -144,6 +153,7 @@ wait_for "$PEER_ROLE" pinged 300
 ATTACK_S=20
 if [ "$ROLE" = a ]; then
     wait_for b ready_for_attack 120
+    wire before_attack 10
     curl -s --max-time 60 -o "$O/attack_start.prom" http://127.0.0.1:9464/metrics ||
         log "no scrape at the attack's start"
     date +%s%3N >"$S/attack_start_ms"
@@ -155,8 +165,10 @@ if [ "$ROLE" = a ]; then
     curl -s --max-time 60 -o "$O/attack_end.prom" http://127.0.0.1:9464/metrics ||
         log "no scrape at the attack's end"
     mark attack_done
+    wire after_attack 10
     wait_for b attack_observed 120
 else
+    wire before_attack 10
     mark ready_for_attack
     wait_for a attack_start 120
     curl -s --max-time 60 -o "$O/attack_start.prom" http://127.0.0.1:9464/metrics ||
@@ -164,6 +176,7 @@ else
     wait_for a attack_done 120
     curl -s --max-time 60 -o "$O/attack_end.prom" http://127.0.0.1:9464/metrics ||
         log "no scrape at the attack's end"
+    wire after_attack 10
     mark attack_observed
 fi
 
@@ -220,6 +233,9 @@ fi
 wait_gid
 mark up_again
 wait_for "$PEER_ROLE" up_again 120
+# perftest's QPs resolve the peer's MAC in their move to RTR, with 1 s for ARP; b's eth0 was
+# down, its neighbour entries are gone: resolve them first (both ways: a's answers go to b).
+wire before_perftest 30
 log "GID index $GIDX for perftest"
 # -F: no CPU-frequency warning failure (a VM has no cpufreq). The client connects over eth1.
 lat_args="-d rxe0 -i 1 -x $GIDX -s 64 -n 200 -F"
@@ -251,4 +267,5 @@ else
 fi
 mark done
 wait_for "$PEER_ROLE" done 300
+dmesg >"$O/dmesg.log" 2>&1
 exit 0

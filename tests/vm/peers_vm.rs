@@ -59,6 +59,25 @@ fn json(path: &Path) -> Value {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}: {text}", path.display()))
 }
 
+/// The wire checks of both VMs (tests/vm/wire_echo.py: ICMP over eth0 on its own, without
+/// RDMA) at `names`, for failure messages: a dead emulated wire is not a failure of RDMA.
+fn wire_report(dir: &Path, names: &[&str]) -> String {
+    let mut out = String::from("the wire under rxe0 (ICMP over eth0):");
+    for role in ["a", "b"] {
+        for name in names {
+            let file = dir.join(role).join(format!("wire_{name}.json"));
+            let text = std::fs::read_to_string(&file).unwrap_or_else(|e| format!("({e})"));
+            out.push_str(&format!("\n  {role} {name}: {}", text.trim()));
+        }
+    }
+    out.push_str(&format!(
+        "\n  counters every 2 s: {0}/{{a,b}}/net.log, {0}/host-net.log; kernel log: \
+         {0}/{{a,b}}/dmesg.log",
+        dir.display()
+    ));
+    out
+}
+
 /// One sample of the exposition: metric name, labels (sorted), value.
 #[derive(Debug, Clone, PartialEq)]
 struct Sample {
@@ -281,8 +300,9 @@ fn redteam_a_strangers_dribble_and_hold_leave_the_victims_rtt_and_errors_alone()
     assert_eq!(
         errors(&end),
         errors(&start),
-        "b recorded errors against the attacked a: {:?}",
-        find(&end, "fabricgate_peer_errors_total", &[("peer", PEER_OF_B)])
+        "b recorded errors against the attacked a: {:?}\n{}",
+        find(&end, "fabricgate_peer_errors_total", &[("peer", PEER_OF_B)]),
+        wire_report(dir, &["before_attack", "after_attack"])
     );
     let rounds = |s: &[Sample]| value(s, "fabricgate_peer_rounds_total", &[]).unwrap_or(0.0);
     assert!(
@@ -517,8 +537,9 @@ fn eth0_down_turns_into_errors_and_the_unreachable_alert_fires_within_two_rounds
                 let text = common::stdout_and_stderr(&out);
                 assert!(
                     out.status.success(),
-                    "promtool on {}:\n{text}",
-                    file.display()
+                    "promtool on {}:\n{text}\n{}",
+                    file.display(),
+                    wire_report(dir, &["before_attack", "after_attack"])
                 );
             }
             Err(e) => {
@@ -659,6 +680,14 @@ fn perftest_runs_between_the_same_vms_for_comparison() {
     {
         return;
     }
+    // The wire answered before perftest started (the peer's MAC resolved; wire_echo.py).
+    let wire = json(&b.join("wire_before_perftest.json"));
+    assert_eq!(
+        wire["answered"],
+        true,
+        "{}",
+        wire_report(dir, &["after_attack", "before_perftest"])
+    );
     assert_eq!(rc(&b.join("ib_write_lat.rc")), 0, "{lat}");
     assert_eq!(rc(&b.join("ib_write_bw.rc")), 0, "{bw}");
     let l = perftest_row(&lat, "t_typical").unwrap_or_else(|| panic!("{lat}"));

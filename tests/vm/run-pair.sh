@@ -68,8 +68,22 @@ if [ "${FG_HOST_NET:-}" = 1 ]; then
     host_net=(-netdev "user,id=n2,net=10.0.3.0/24" -device virtio-net-pci,netdev=n2)
 fi
 
+# The tunnels' host side, every 2 s while the VMs run: each qemu socket's queue and drop count
+# (ss's skmem d), and the host's UDP counters (RcvbufErrors: datagrams a full socket dropped).
+watch_host_net() {
+    while :; do
+        echo "=== $(date +%s%3N) ms"
+        ss -uamn "( sport = :$a0 or sport = :$a1 or sport = :$b0 or sport = :$b1 )" 2>&1
+        grep '^Udp:' /proc/net/snmp
+        sleep 2
+    done >"$out/host-net.log"
+}
+
 prepare a
 prepare b
+watch_host_net &
+watcher=$!
+trap 'kill "$watcher" 2>/dev/null || true' EXIT
 rc_a=0
 rc_b=0
 boot a "$a0" "$b0" "$a1" "$b1" 52:54:00:fa:b0:01 52:54:00:fa:b1:01 &
