@@ -27,9 +27,10 @@
 #   base images   <- this script's base section, the Debian suite, the host toolchain version
 #                    and the CA certificates;
 #   fabricgate    <- Dockerfile, .dockerignore, Cargo.toml/Cargo.lock and every file of the
-#                    build context except tests/ (the binary does not read tests; their names
-#                    are hashed, since cargo's target discovery sees them), the Cargo profile,
-#                    + base stamps;
+#                    build context except tests/ (the binary does not read tests; only the
+#                    names cargo's target discovery sees, tests/*.rs and tests/*/main.rs,
+#                    are hashed: a test helper or script is no reason to rebuild), the
+#                    Cargo profile, + base stamps;
 #   pause         <- pause.c (from the k8s.io/kubernetes module tests/controlplane pins).
 # Between runs buildah keeps its layers and the Dockerfile's cache mounts (crate registry,
 # target dir) under $FABRICGATE_IMAGE_STATE (default /var/lib/fabricgate-image), so a changed
@@ -116,7 +117,7 @@ fabricgate_stamp() {
         cd "$here"
         echo "cargo profile $cargo_profile"
         cat Dockerfile .dockerignore
-        grep '^tests/' <<<"$files" | sed 's/^/name /' || true
+        grep -E '^tests/([^/]*\.rs|[^/]*/main\.rs)$' <<<"$files" | sed 's/^/name /' || true
         grep -v '^tests/' <<<"$files" | while IFS= read -r f; do [ -f "$f" ] && printf '%s\n' "$f"; done \
             | tr '\n' '\0' | xargs -0 -r sha256sum
     } | sha
