@@ -19,7 +19,6 @@ import struct
 import sys
 import time
 
-SO_BINDTODEVICE = 25
 ECHO_REQUEST, ECHO_REPLY = 8, 0
 
 
@@ -42,7 +41,7 @@ def main():
     ifname, address, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
     ident = os.getpid() & 0xFFFF
     sock = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)
-    sock.setsockopt(socket.SOL_SOCKET, SO_BINDTODEVICE, ifname.encode() + b"\0")
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, ifname.encode() + b"\0")
     started = time.monotonic()
     deadline = started + seconds
     result = {"interface": ifname, "address": address, "answered": False, "requests": 0}
