@@ -8,7 +8,12 @@
 //! - `port_down`: port down → taint at `--interval 1s` over 10 flips (docs/performance.md);
 //! - `fleet`: `FABRICGATE_FLEET` agents (default 500) in this process, watch per Node vs
 //!   periodic GETs vs watch + breaker (`FABRICGATE_FLEET_MODES`, a comma-separated subset of
-//!   `watch,gets,breaker`) (docs/scale.md).
+//!   `watch,gets,breaker`) (docs/scale.md);
+//! - `scale`: a pool of `FABRICGATE_SCALE_POOL` GPU-sized Nodes (default 5000) with
+//!   `FABRICGATE_SCALE_AGENTS` real agents (default 512), `FABRICGATE_SCALE_LEAF` of them
+//!   (default all) failing at once, the breaker on, per `FABRICGATE_SCALE_MODES`
+//!   (`summary`: the guard publishes the pool summary; `list`: no guard, the agents list the
+//!   pool), quiet window `FABRICGATE_SCALE_QUIET_SECS` (default 120) (docs/scale.md).
 //!
 //! Without a NAME it lists them and measures nothing: `cargo bench` alone must not start a
 //! 500-agent fleet.
@@ -18,10 +23,11 @@
 mod common;
 
 use common::fleet::{report, run_fleet};
+use common::scale::{ScaleSpec, run_scale};
 use common::{TestNode, control_plane, wait_until};
 use std::time::Duration;
 
-const FIGURES: [(&str, fn()); 2] = [("port_down", port_down), ("fleet", fleet)];
+const FIGURES: [(&str, fn()); 3] = [("port_down", port_down), ("fleet", fleet), ("scale", scale)];
 
 fn main() {
     // `cargo bench` passes `--bench`; the rest are names.
@@ -99,5 +105,40 @@ fn fleet() {
             quiet,
         );
         println!("{}", report(label, &f));
+    }
+}
+
+/// The 5,000-Node figures of docs/scale.md.
+fn scale() {
+    let Some(cp) = control_plane() else { return };
+    let env = |name: &str, default: usize| -> usize {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    let pool = env("FABRICGATE_SCALE_POOL", 5000);
+    let agents = env("FABRICGATE_SCALE_AGENTS", 512).min(pool);
+    let leaf = env("FABRICGATE_SCALE_LEAF", agents).min(agents);
+    let quiet = Duration::from_secs(env("FABRICGATE_SCALE_QUIET_SECS", 120) as u64);
+    let modes = std::env::var("FABRICGATE_SCALE_MODES").unwrap_or_else(|_| "summary".to_owned());
+    let _lease = common::guard::shipped_lease();
+    for mode in modes.split(',') {
+        let guard = match mode.trim() {
+            "summary" => true,
+            "list" => false,
+            other => panic!("FABRICGATE_SCALE_MODES: unknown mode {other:?}"),
+        };
+        let spec = ScaleSpec {
+            pool,
+            agents,
+            leaf,
+            guard,
+            quiet,
+        };
+        println!(
+            "{}",
+            run_scale(cp, &format!("scale-{}", mode.trim()), &spec)
+        );
     }
 }

@@ -25,7 +25,30 @@ fn kube_err(action: &'static str, lease: &str, source: kube::Error) -> Error {
     }
 }
 
-pub async fn try_lead(leases: &Api<Lease>, s: &Election<'_>) -> Result<bool> {
+/// An annotation the holder keeps on its Lease, written with each renewal: `(key, value)`,
+/// the value `None` to remove it.
+pub type Publish<'a> = Option<(&'a str, Option<&'a str>)>;
+
+/// Set or remove the published annotation on `meta`.
+fn publish_on(meta: &mut ObjectMeta, publish: Publish<'_>) {
+    let Some((key, value)) = publish else {
+        return;
+    };
+    match value {
+        Some(v) => {
+            meta.annotations
+                .get_or_insert_with(Default::default)
+                .insert(key.to_owned(), v.to_owned());
+        }
+        None => {
+            if let Some(a) = meta.annotations.as_mut() {
+                a.remove(key);
+            }
+        }
+    }
+}
+
+pub async fn try_lead(leases: &Api<Lease>, s: &Election<'_>, publish: Publish<'_>) -> Result<bool> {
     let now = Timestamp::now();
     let secs = i32::try_from(s.lease_duration.as_secs())
         .unwrap_or(i32::MAX)
@@ -35,11 +58,13 @@ pub async fn try_lead(leases: &Api<Lease>, s: &Election<'_>) -> Result<bool> {
         .await
         .map_err(|e| kube_err("read", s.lease_name, e))?;
     let Some(mut lease) = current else {
+        let mut metadata = ObjectMeta {
+            name: Some(s.lease_name.to_owned()),
+            ..ObjectMeta::default()
+        };
+        publish_on(&mut metadata, publish);
         let lease = Lease {
-            metadata: ObjectMeta {
-                name: Some(s.lease_name.to_owned()),
-                ..ObjectMeta::default()
-            },
+            metadata,
             spec: Some(LeaseSpec {
                 holder_identity: Some(s.identity.to_owned()),
                 lease_duration_seconds: Some(secs),
@@ -77,6 +102,7 @@ pub async fn try_lead(leases: &Api<Lease>, s: &Election<'_>) -> Result<bool> {
         new_spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
     }
     lease.spec = Some(new_spec);
+    publish_on(&mut lease.metadata, publish);
     match leases
         .replace(s.lease_name, &PostParams::default(), &lease)
         .await
@@ -124,7 +150,17 @@ pub struct Renewal {
 impl Leadership {
     /// Acquire or renew the Lease; an API error counts as not leading (logged).
     pub async fn renew(&mut self, leases: &Api<Lease>, e: &Election<'_>) -> Renewal {
-        let lead = match try_lead(leases, e).await {
+        self.renew_publishing(leases, e, None).await
+    }
+
+    /// [`Leadership::renew`], keeping `publish` on the Lease when this replica writes it.
+    pub async fn renew_publishing(
+        &mut self,
+        leases: &Api<Lease>,
+        e: &Election<'_>,
+        publish: Publish<'_>,
+    ) -> Renewal {
+        let lead = match try_lead(leases, e, publish).await {
             Ok(l) => {
                 self.last_renewed = l.then(Instant::now);
                 l

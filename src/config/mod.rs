@@ -31,8 +31,8 @@ pub use requirements::{
     PlacementRequirements, RdmaRequirements, RoceRequirements,
 };
 pub use settings::{
-    BreakerSettings, DEFAULT_LABEL_PREFIX, DEFAULT_RECOVER_AFTER, FallbackSettings, NodeSettings,
-    OnAgentError, TaintEffect,
+    BreakerSettings, DEFAULT_GUARD_LEASE, DEFAULT_LABEL_PREFIX, DEFAULT_RECOVER_AFTER,
+    FallbackSettings, NodeSettings, OnAgentError, TaintEffect,
 };
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -149,6 +149,22 @@ impl Config {
                     "{:?} has an empty term; give the DaemonSet's nodeSelector as a label \
                      selector (e.g. \"pool=gpu-a,fabric=ib\")",
                     self.node.pool_selector
+                ),
+            );
+        }
+        let lease = &self.node.breaker.guard_lease;
+        let dns_name = lease.len() <= 253
+            && lease
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
+            && lease.starts_with(|c: char| c.is_ascii_alphanumeric())
+            && lease.ends_with(|c: char| c.is_ascii_alphanumeric());
+        if !lease.is_empty() && !dns_name {
+            return bad(
+                "node.breaker.guard_lease",
+                format!(
+                    "{lease:?} is not a Lease name; give the guard's --lease-name (e.g. \
+                     \"fabricgate-guard\"), or \"\" to always list the pool"
                 ),
             );
         }

@@ -65,7 +65,15 @@ pub struct BreakerSettings {
     pub max_new_per_window: u32,
     #[serde(with = "breaker_window")]
     pub window: Duration,
+    /// The guard's Lease (in the agent's namespace) whose `<label_prefix>pool` annotation holds
+    /// the pool as the guard's leader counts it: a newly failing agent reads that one object
+    /// instead of listing the pool. Empty, or no fresh summary there (no guard deployed, its
+    /// leader gone): the agent lists the pool's Nodes as before.
+    pub guard_lease: String,
 }
+
+/// The guard's default `--lease-name`.
+pub const DEFAULT_GUARD_LEASE: &str = "fabricgate-guard";
 
 impl Default for BreakerSettings {
     fn default() -> Self {
@@ -74,6 +82,7 @@ impl Default for BreakerSettings {
             max_unvalidated_fraction: 0.5,
             max_new_per_window: 20,
             window: Duration::from_secs(600),
+            guard_lease: DEFAULT_GUARD_LEASE.to_owned(),
         }
     }
 }

@@ -138,6 +138,12 @@ fn fail_closed_keys_parse_and_bad_values_name_the_key() {
     assert_eq!(c.kubernetes.device_plugin_dir, "/host/device-plugins");
     assert_eq!(c.kubernetes.device_plugin_sockets, ["rdma.sock"]);
     assert_eq!(d.node.breaker.max_unvalidated_fraction, 0.5);
+    assert_eq!(d.node.breaker.guard_lease, "fabricgate-guard");
+    let c = Config::parse("node:\n  breaker:\n    guard_lease: \"\"\n").unwrap();
+    assert!(
+        c.node.breaker.guard_lease.is_empty(),
+        "empty: always list the pool"
+    );
     for (yaml, key) in [
         (
             "kubernetes:\n  rdma_resources: [\"hca\"]\n",
@@ -149,6 +155,10 @@ fn fail_closed_keys_parse_and_bad_values_name_the_key() {
         ),
         ("node:\n  breaker:\n    window: 0s\n", "node.breaker.window"),
         ("node:\n  pool_selector: \"a=b,\"\n", "node.pool_selector"),
+        (
+            "node:\n  breaker:\n    guard_lease: Guard/Lease\n",
+            "node.breaker.guard_lease",
+        ),
         (
             "kubernetes:\n  device_plugin_dir: var/lib/kubelet\n",
             "kubernetes.device_plugin_dir",

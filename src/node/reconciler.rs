@@ -8,6 +8,7 @@ use crate::error::{Error, Result};
 use crate::observe::metrics::Metrics;
 use crate::policy::breaker;
 use crate::policy::{self, Verdict};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, NodeCondition, ObjectReference, Taint};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
@@ -111,6 +112,12 @@ pub struct Reconciler {
     required_labels: Vec<String>,
     /// The breaker's ledger ([`breaker::LEDGER`]) in the agent's namespace.
     ledger: Option<Api<ConfigMap>>,
+    /// Leases in the agent's namespace: the guard's holds the pool summary
+    /// (`node.breaker.guard_lease`).
+    leases: Option<Api<Lease>>,
+    /// Whether the breaker last counted the pool from the guard's summary (`Some(true)`) or a
+    /// list (`Some(false)`): a change is logged once.
+    pool_from_guard: Option<bool>,
     /// Annotations the agent keeps on its Node (`fabricgate.io/peers-endpoint`), applied with
     /// the labels (one field manager, one request) and only when the Node differs.
     annotations: BTreeMap<String, String>,
@@ -140,6 +147,8 @@ impl Reconciler {
             own_versions: std::collections::VecDeque::new(),
             required_labels: Vec::new(),
             ledger: None,
+            leases: None,
+            pool_from_guard: None,
             annotations: BTreeMap::new(),
         }
     }
@@ -165,6 +174,12 @@ impl Reconciler {
             .nodes
             .as_ref()
             .map(|n| Api::namespaced(n.clone().into_client(), namespace));
+        if !self.settings.breaker.guard_lease.is_empty() {
+            self.leases = self
+                .nodes
+                .as_ref()
+                .map(|n| Api::namespaced(n.clone().into_client(), namespace));
+        }
         self
     }
 
@@ -367,73 +382,108 @@ impl Reconciler {
         Ok(outcome)
     }
 
-    /// The breaker's answer for newly tainting this Node: one list of the pool's Nodes, served
-    /// from the API server's watch cache (`resourceVersion=0`), only when a taint is due.
-    /// A failed list taints (fail closed) with a warning.
+    /// The breaker's answer for newly tainting this Node, only asked when a taint is due. The
+    /// pool comes from the guard's Lease (one small object, whatever the pool's size) while
+    /// the guard's leader publishes a fresh summary there, else from one list of the pool's
+    /// Nodes served from the API server's watch cache (`resourceVersion=0`). A failed list
+    /// taints (fail closed) with a warning.
     async fn breaker(
-        &self,
+        &mut self,
         nodes: &Api<Node>,
         node: &Node,
         outcome: &mut Outcome,
     ) -> breaker::TaintDecision {
-        let settings = &self.settings.breaker;
+        let settings = self.settings.breaker.clone();
         let (annotation, overridden) = breaker::breaker_override(node, &self.settings.label_prefix);
         if self.settings.pool_selector.is_empty() || !settings.enabled || overridden {
-            return breaker::taint_decision(settings, None, overridden, &annotation);
+            return breaker::taint_decision(&settings, None, overridden, &annotation);
         }
-        outcome.requests += 1;
-        let params = ListParams::default()
-            .labels(&self.settings.pool_selector)
-            .match_any();
+        let taint_key = self.settings.taint_key();
         let started = std::time::Instant::now();
-        let list = match nodes.list(&params).await {
-            Ok(list) => list,
-            Err(e) => {
-                tracing::warn!(
-                    node = %self.node_name,
-                    selector = %self.settings.pool_selector,
-                    error = %e,
-                    "cannot list the pool's Nodes for the breaker; tainting (fail closed)"
+        let published = self.published_pool(outcome).await;
+        let from_guard = published.is_ok();
+        let (pool, in_pool) = match published {
+            Ok(summary) => {
+                // A summary names only failures: whether this Node is one of the pool it
+                // counted, its own labels tell (a selector it cannot read: it is, as the
+                // DaemonSet's nodeSelector put the agent here).
+                let labels = node.metadata.labels.clone().unwrap_or_default();
+                let in_pool = breaker::selector_matches(&self.settings.pool_selector, &labels)
+                    .unwrap_or(true);
+                (summary, in_pool)
+            }
+            Err(why) => {
+                if self.pool_from_guard != Some(false) {
+                    tracing::info!(
+                        node = %self.node_name,
+                        "breaker: listing the pool's Nodes, no summary from the guard: {why}"
+                    );
+                }
+                outcome.requests += 1;
+                let params = ListParams::default()
+                    .labels(&self.settings.pool_selector)
+                    .match_any();
+                let list = match nodes.list(&params).await {
+                    Ok(list) => list,
+                    Err(e) => {
+                        tracing::warn!(
+                            node = %self.node_name,
+                            selector = %self.settings.pool_selector,
+                            error = %e,
+                            "cannot list the pool's Nodes for the breaker; tainting (fail closed)"
+                        );
+                        return breaker::TaintDecision::Taint;
+                    }
+                };
+                let mut summary = breaker::PoolSummary::of(
+                    &list.items,
+                    &taint_key,
+                    settings.window,
+                    &Timestamp::now(),
                 );
-                return breaker::TaintDecision::Taint;
+                summary.selector.clone_from(&self.settings.pool_selector);
+                let in_pool = summary.has_member(&self.node_name) == Some(true);
+                (summary, in_pool)
             }
         };
-        let pool = breaker::count_pool(
-            &list.items,
-            &self.node_name,
-            &self.settings.taint_key(),
-            settings.window,
-            &Timestamp::now(),
-        );
+        if from_guard && self.pool_from_guard != Some(true) {
+            tracing::info!(
+                node = %self.node_name,
+                lease = %settings.guard_lease,
+                "breaker: counting the pool from the guard's summary"
+            );
+        }
+        self.pool_from_guard = Some(from_guard);
+        let count = pool.count(&self.node_name, in_pool);
         tracing::info!(
             node = %self.node_name,
-            pool_nodes = pool.nodes,
-            tainted_others = pool.tainted_others,
-            new_in_window = pool.new_in_window,
-            list_ms = started.elapsed().as_millis() as u64,
+            pool_nodes = count.nodes,
+            tainted_others = count.tainted_others,
+            new_in_window = count.new_in_window,
+            source = if from_guard { "guard" } else { "list" },
+            read_ms = started.elapsed().as_millis() as u64,
             "breaker: counted the pool before tainting"
         );
-        let decision = breaker::taint_decision(settings, Some(&pool), false, &annotation);
+        let decision = breaker::taint_decision(&settings, Some(&count), false, &annotation);
         if decision != breaker::TaintDecision::Taint || settings.max_new_per_window == 0 {
             return decision;
         }
-        let members = breaker::ledger_pool(&list.items, &self.settings.taint_key());
-        match self.reserve(&members, outcome).await {
+        match self.reserve(&pool, outcome).await {
             Ok(None) => breaker::TaintDecision::Taint,
             Ok(Some(reserved_by_others)) => {
-                let pool = breaker::PoolCount {
-                    new_in_window: pool.new_in_window.max(reserved_by_others),
-                    ..pool
+                let count = breaker::PoolCount {
+                    new_in_window: count.new_in_window.max(reserved_by_others),
+                    ..count
                 };
-                breaker::taint_decision(settings, Some(&pool), false, &annotation)
+                breaker::taint_decision(&settings, Some(&count), false, &annotation)
             }
             Err(e) => {
-                // Without the ledger the list's count stands (a burst may overshoot the cap).
+                // Without the ledger the pool's count stands (a burst may overshoot the cap).
                 tracing::warn!(
                     node = %self.node_name,
                     error = %e,
-                    "cannot use the breaker's ledger ConfigMap {}; deciding from the pool list \
-                     alone",
+                    "cannot use the breaker's ledger ConfigMap {}; deciding from the pool's \
+                     count alone",
                     breaker::LEDGER
                 );
                 decision
@@ -441,12 +491,37 @@ impl Reconciler {
         }
     }
 
+    /// The pool as the guard's leader last published it on its Lease, or why there is none
+    /// to use (no guard Lease configured or found, not renewed, no summary on it).
+    async fn published_pool(
+        &self,
+        outcome: &mut Outcome,
+    ) -> std::result::Result<breaker::PoolSummary, String> {
+        let name = &self.settings.breaker.guard_lease;
+        let Some(leases) = &self.leases else {
+            return Err("node.breaker.guard_lease is empty".to_owned());
+        };
+        outcome.requests += 1;
+        let lease = match leases.get_opt(name).await {
+            Ok(Some(lease)) => lease,
+            Ok(None) => return Err(format!("no Lease {name} (is the guard deployed?)")),
+            Err(e) => return Err(format!("cannot read the guard's Lease {name}: {e}")),
+        };
+        breaker::published_summary(
+            &lease,
+            &self.settings.label_prefix,
+            &self.settings.pool_selector,
+            self.settings.breaker.window,
+            &Timestamp::now(),
+        )
+    }
+
     /// Reserve this node's new taint in the ledger by compare-and-swap: `Ok(None)` reserved;
     /// `Ok(Some(n))`: the cap is reached, `n` others of the pool reserved within the window
     /// whose Nodes show the failure (or reserved a moment ago: [`breaker::ledger_recent`]).
     async fn reserve(
         &self,
-        pool: &BTreeMap<&str, bool>,
+        pool: &breaker::PoolSummary,
         outcome: &mut Outcome,
     ) -> std::result::Result<Option<u32>, kube::Error> {
         let Some(ledger) = &self.ledger else {
@@ -467,6 +542,7 @@ impl Reconciler {
             cm.data = Some(breaker::ledger_with(
                 &data,
                 &self.node_name,
+                &self.settings.pool_selector,
                 settings.window,
                 &now,
             ));

@@ -4,14 +4,17 @@
 
 use crate::config::BreakerSettings;
 use crate::policy::Verdict;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::Timestamp;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 /// `reason` of `FabricReady` when the breaker kept the agent from tainting.
 pub const BREAKER_OPEN: &str = "BreakerOpen";
 
-/// What the pool (`node.pool_selector`) looks like, counted from one list of its Nodes.
+/// What the pool (`node.pool_selector`) looks like to the breaker of one Node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct PoolCount {
     /// Nodes in the pool, this one included.
@@ -22,7 +25,243 @@ pub struct PoolCount {
     pub new_in_window: u32,
 }
 
-/// Count the pool from its Nodes (the state lives on the Nodes, so it survives restarts).
+/// The pool as the breaker reads it: its size, and by name the Nodes that show a failure,
+/// sorted by how the breaker counts them. Its size does not grow with the pool, only with its
+/// failures: the guard's leader, which watches the pool anyway, publishes it on its Lease
+/// ([`PoolSummary::annotation`]) so that a newly failing agent reads one small object instead
+/// of listing thousands of Nodes. Made from a list of the pool's Nodes ([`PoolSummary::of`]),
+/// it also knows every member by name.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PoolSummary {
+    /// The pool's label selector (`node.pool_selector`) it counted.
+    #[serde(default)]
+    pub selector: String,
+    /// Nodes in the pool.
+    pub nodes: u32,
+    /// `node.breaker.window` it was counted with, in seconds.
+    pub window_seconds: u64,
+    /// Tainted, and turned not ready within the window (or tainted while `FabricReady` is
+    /// still `True`: a transition in progress, the taint is written before the conditions).
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub tainted_new: BTreeSet<String>,
+    /// Tainted earlier, or registered with the taint and never validated (no condition).
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub tainted_old: BTreeSet<String>,
+    /// `FabricReady=False` without our taint (held by the breaker, or the guard's condition
+    /// written before its taint).
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub not_ready: BTreeSet<String>,
+    /// Every member's name, when made from a list (not published: it grows with the pool).
+    #[serde(skip)]
+    members: Option<BTreeSet<String>>,
+}
+
+/// Largest summary the guard publishes: annotations of one object may hold 256 KiB in all.
+/// Names only, so this holds the failures of a pool of several thousand Nodes; past it the
+/// guard publishes nothing and the agents list the pool.
+pub const MAX_PUBLISHED_BYTES: usize = 200 * 1024;
+
+impl PoolSummary {
+    /// Count the pool from its Nodes (the state lives on the Nodes, so it survives restarts).
+    pub fn of<'a>(
+        nodes: impl IntoIterator<Item = &'a Node>,
+        taint_key: &str,
+        window: Duration,
+        now: &Timestamp,
+    ) -> Self {
+        let mut s = PoolSummary {
+            window_seconds: window.as_secs(),
+            members: Some(BTreeSet::new()),
+            ..PoolSummary::default()
+        };
+        for n in nodes {
+            s.nodes = s.nodes.saturating_add(1);
+            let Some(name) = n.metadata.name.clone() else {
+                continue;
+            };
+            let tainted = has_taint(n, taint_key);
+            let fabric = n
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .and_then(|cs| cs.iter().find(|c| c.type_ == "FabricReady"));
+            if tainted {
+                let recent = match fabric {
+                    // Turned not ready within the window.
+                    Some(c) if c.status == "False" => {
+                        c.last_transition_time.as_ref().is_some_and(|t| {
+                            now.duration_since(t.0)
+                                .try_into()
+                                .is_ok_and(|age: Duration| age <= window)
+                        })
+                    }
+                    // Tainted while the condition still says ready: a transition in progress
+                    // (the taint is written before the conditions), so it is new. In a
+                    // correlated burst most of the others are caught here, between their two
+                    // writes.
+                    Some(c) if c.status == "True" => true,
+                    // No condition yet: registered with the taint, never validated; not a
+                    // failure.
+                    _ => false,
+                };
+                if recent {
+                    s.tainted_new.insert(name.clone());
+                } else {
+                    s.tainted_old.insert(name.clone());
+                }
+            } else if fabric.is_some_and(|c| c.status == "False") {
+                s.not_ready.insert(name.clone());
+            }
+            if let Some(m) = s.members.as_mut() {
+                m.insert(name);
+            }
+        }
+        s
+    }
+
+    /// What the breaker of `self_name` counts; `self_in_pool`: whether that Node is one of
+    /// [`PoolSummary::nodes`] (one that lacks the pool's labels is counted anyway: it is
+    /// what the breaker would taint).
+    pub fn count(&self, self_name: &str, self_in_pool: bool) -> PoolCount {
+        let others = |set: &BTreeSet<String>| {
+            let n = set.iter().filter(|n| n.as_str() != self_name).count();
+            u32::try_from(n).unwrap_or(u32::MAX)
+        };
+        let new = others(&self.tainted_new);
+        PoolCount {
+            nodes: self.nodes.saturating_add(u32::from(!self_in_pool)),
+            tainted_others: new.saturating_add(others(&self.tainted_old)),
+            new_in_window: new,
+        }
+    }
+
+    /// Whether the Node `name` shows a failure ([`shows_failure`]): `None` when it is not in
+    /// the pool. A published summary names only failures, so to it every other Node is a
+    /// member that does not show one.
+    pub fn shows_failure(&self, name: &str) -> Option<bool> {
+        if self.tainted_new.contains(name)
+            || self.tainted_old.contains(name)
+            || self.not_ready.contains(name)
+        {
+            return Some(true);
+        }
+        match &self.members {
+            Some(members) => members.contains(name).then_some(false),
+            None => Some(false),
+        }
+    }
+
+    /// Whether `name` is one of the Nodes counted (a published summary cannot tell for a
+    /// Node that shows no failure: `None`).
+    pub fn has_member(&self, name: &str) -> Option<bool> {
+        match &self.members {
+            Some(members) => Some(members.contains(name)),
+            None => self.shows_failure(name).filter(|f| *f),
+        }
+    }
+
+    /// The summary as the guard publishes it (JSON), or `None` when it is larger than
+    /// [`MAX_PUBLISHED_BYTES`].
+    pub fn annotation(&self) -> Option<String> {
+        serde_json::to_string(self)
+            .ok()
+            .filter(|s| s.len() <= MAX_PUBLISHED_BYTES)
+    }
+
+    /// Read a published summary.
+    ///
+    /// # Errors
+    /// What is wrong with `text` (not JSON, or not this shape).
+    pub fn parse(text: &str) -> Result<Self, serde_json::Error> {
+        serde_json::from_str(text)
+    }
+}
+
+/// `<label_prefix>pool`: the annotation of the guard's Lease that holds its [`PoolSummary`].
+pub fn pool_annotation(label_prefix: &str) -> String {
+    format!("{label_prefix}pool")
+}
+
+/// The pool summary the guard's leader published on `lease`, if it is one to decide from:
+/// the Lease is held and renewed within its duration (a dead guard's summary goes stale with
+/// it), and the summary was counted over this agent's pool selector and `window`. `Err` says why not (the agent
+/// then lists the pool).
+///
+/// # Errors
+/// Why the Lease holds no summary to use, for the agent's log.
+pub fn published_summary(
+    lease: &Lease,
+    label_prefix: &str,
+    pool_selector: &str,
+    window: Duration,
+    now: &Timestamp,
+) -> Result<PoolSummary, String> {
+    let name = lease.metadata.name.as_deref().unwrap_or("?");
+    let spec = lease.spec.as_ref();
+    if spec
+        .and_then(|s| s.holder_identity.as_deref())
+        .is_none_or(str::is_empty)
+    {
+        return Err(format!("the guard's Lease {name} has no holder"));
+    }
+    let duration = spec
+        .and_then(|s| s.lease_duration_seconds)
+        .and_then(|d| u64::try_from(d).ok())
+        .map_or(Duration::ZERO, Duration::from_secs);
+    let renewed = spec.and_then(|s| s.renew_time.as_ref()).map(|t| t.0);
+    // Either way of the clock: an agent whose clock runs ahead or behind the guard's by more
+    // than the Lease duration lists the pool rather than trust what it cannot date.
+    let fresh = renewed.is_some_and(|t| {
+        let age = now.duration_since(t).unsigned_abs();
+        age <= duration
+    });
+    if !fresh {
+        return Err(format!(
+            "the guard's Lease {name} was not renewed within its duration ({}s)",
+            duration.as_secs()
+        ));
+    }
+    let key = pool_annotation(label_prefix);
+    let Some(text) = lease
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(&key))
+    else {
+        return Err(format!(
+            "the guard's Lease {name} has no {key} annotation (its leader has not counted the \
+             pool yet, or the pool's failures are too many to publish)"
+        ));
+    };
+    let summary = PoolSummary::parse(text)
+        .map_err(|e| format!("the guard's Lease {name}: {key} is not a pool summary: {e}"))?;
+    if summary.selector != pool_selector {
+        return Err(format!(
+            "the guard counted the pool {:?}, this agent's node.pool_selector is {:?}; give \
+             both the same requirements",
+            summary.selector, pool_selector
+        ));
+    }
+    if summary.window_seconds != window.as_secs() {
+        return Err(format!(
+            "the guard counted the pool with node.breaker.window {}s, this agent's is {}s; \
+             give both the same requirements",
+            summary.window_seconds,
+            window.as_secs()
+        ));
+    }
+    Ok(summary)
+}
+
+fn has_taint(node: &Node, taint_key: &str) -> bool {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|ts| ts.iter().any(|t| t.key == taint_key))
+}
+
+/// Count the pool from its Nodes, one of which may be `self_name`.
 pub fn count_pool(
     nodes: &[Node],
     self_name: &str,
@@ -30,51 +269,80 @@ pub fn count_pool(
     window: Duration,
     now: &Timestamp,
 ) -> PoolCount {
-    let mut c = PoolCount::default();
-    let mut seen_self = false;
-    for n in nodes {
-        c.nodes += 1;
-        if n.metadata.name.as_deref() == Some(self_name) {
-            seen_self = true;
+    let s = PoolSummary::of(nodes, taint_key, window, now);
+    let seen_self = s.has_member(self_name) == Some(true);
+    s.count(self_name, seen_self)
+}
+
+/// Whether `labels` match the label selector `selector` (the syntax of `kubectl -l`:
+/// `k=v`, `k==v`, `k!=v`, `k`, `!k`, `k in (a,b)`, `k notin (a,b)`, joined by commas);
+/// `None` when it cannot be read.
+pub fn selector_matches(selector: &str, labels: &BTreeMap<String, String>) -> Option<bool> {
+    let mut requirements = Vec::new();
+    let mut depth = 0u32;
+    let mut start = 0;
+    for (i, ch) in selector.char_indices() {
+        match ch {
+            '(' => depth += 1,
+            ')' => depth = depth.checked_sub(1)?,
+            ',' if depth == 0 => {
+                requirements.push(&selector[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    if depth != 0 {
+        return None;
+    }
+    requirements.push(&selector[start..]);
+    let mut all = true;
+    for r in requirements {
+        let r = r.trim();
+        if r.is_empty() {
             continue;
         }
-        let tainted = n
-            .spec
-            .as_ref()
-            .and_then(|s| s.taints.as_ref())
-            .is_some_and(|ts| ts.iter().any(|t| t.key == taint_key));
-        if !tainted {
-            continue;
+        all &= requirement_matches(r, labels)?;
+    }
+    Some(all)
+}
+
+fn requirement_matches(r: &str, labels: &BTreeMap<String, String>) -> Option<bool> {
+    let valid_key = |k: &str| {
+        !k.is_empty()
+            && k.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/'))
+    };
+    if let Some(key) = r.strip_prefix('!') {
+        let key = key.trim();
+        return valid_key(key).then(|| !labels.contains_key(key));
+    }
+    for (op, negate) in [("!=", true), ("==", false), ("=", false)] {
+        if let Some((k, v)) = r.split_once(op) {
+            let (k, v) = (k.trim(), v.trim());
+            if !valid_key(k) {
+                return None;
+            }
+            let equal = labels.get(k).is_some_and(|have| have == v);
+            return Some(equal != negate);
         }
-        c.tainted_others += 1;
-        let fabric = n
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .and_then(|cs| cs.iter().find(|c| c.type_ == "FabricReady"));
-        let recent = match fabric {
-            // Turned not ready within the window.
-            Some(c) if c.status == "False" => c.last_transition_time.as_ref().is_some_and(|t| {
-                now.duration_since(t.0)
-                    .try_into()
-                    .is_ok_and(|age: Duration| age <= window)
-            }),
-            // Tainted while the condition still says ready: a transition in progress (the
-            // taint is written before the conditions), so it is new. In a correlated burst
-            // most of the others are caught here, between their two writes.
-            Some(c) if c.status == "True" => true,
-            // No condition yet: registered with the taint, never validated; not a failure.
-            _ => false,
+    }
+    if let Some(open) = r.find('(') {
+        let close = r.rfind(')')?;
+        let mut head = r[..open].split_whitespace();
+        let (key, op) = (head.next()?, head.next()?);
+        if head.next().is_some() || !valid_key(key) || !r[close + 1..].trim().is_empty() {
+            return None;
+        }
+        let values: BTreeSet<&str> = r[open + 1..close].split(',').map(str::trim).collect();
+        let have = labels.get(key).map(String::as_str);
+        return match op {
+            "in" => Some(have.is_some_and(|v| values.contains(v))),
+            "notin" => Some(have.is_none_or(|v| !values.contains(v))),
+            _ => None,
         };
-        if recent {
-            c.new_in_window += 1;
-        }
     }
-    if !seen_self {
-        // Our own Node lacks the pool's labels: count it anyway, it is what we would taint.
-        c.nodes += 1;
-    }
-    c
+    valid_key(r).then(|| labels.contains_key(r))
 }
 
 /// `<label_prefix>breaker-override` and whether the Node carries it as `"true"` (the
@@ -94,7 +362,10 @@ pub fn breaker_override(node: &Node, label_prefix: &str) -> (String, bool) {
 /// ledger of `node.breaker.max_new_per_window`. Agents that fail in the same instant cannot
 /// see each other's taints in a list (a burst overshoots the cap by everyone deciding within
 /// one list latency); a reservation is a compare-and-swap on this one object, so the cap holds
-/// exactly. `data`: node name → RFC 3339 time of its new taint.
+/// exactly. `data`: node name → RFC 3339 time of its new taint, a space, and the pool's
+/// selector (`node.pool_selector`): one ledger serves every pool of the namespace, and a
+/// reservation counts only in its own pool (an entry without a selector, from an agent before
+/// it, counts only once its Node shows the failure).
 ///
 /// No single agent can forge it: the admission policy `fabricgate-breaker-ledger` lets an
 /// agent add or change only the entry of its own token's node claim (the others' may only stay
@@ -112,12 +383,7 @@ pub const RESERVATION_IN_FLIGHT: Duration = Duration::from_secs(30);
 /// Whether `node` itself shows a failure: our taint, or `FabricReady=False` (from its own
 /// agent or the guard). What a ledger entry needs, past its first moments, to count.
 pub fn shows_failure(node: &Node, taint_key: &str) -> bool {
-    let tainted = node
-        .spec
-        .as_ref()
-        .and_then(|s| s.taints.as_ref())
-        .is_some_and(|ts| ts.iter().any(|t| t.key == taint_key));
-    tainted
+    has_taint(node, taint_key)
         || node
             .status
             .as_ref()
@@ -128,31 +394,15 @@ pub fn shows_failure(node: &Node, taint_key: &str) -> bool {
             })
 }
 
-/// The pool as the ledger is judged against: each Node's name and whether it
-/// [`shows_failure`].
-pub fn ledger_pool<'a>(
-    nodes: &'a [Node],
-    taint_key: &str,
-) -> std::collections::BTreeMap<&'a str, bool> {
-    nodes
-        .iter()
-        .filter_map(|n| {
-            n.metadata
-                .name
-                .as_deref()
-                .map(|name| (name, shows_failure(n, taint_key)))
-        })
-        .collect()
-}
-
-/// Entries of the ledger that count against the cap: other than `self_name`, for Nodes in
-/// `pool` ([`ledger_pool`]), within `window` of `now`, and either made within
-/// [`RESERVATION_IN_FLIGHT`] or for a Node that shows the failure now. A forged entry for a
-/// healthy Node, or the entry of a Node that recovered, counts for nothing.
+/// Entries of the ledger that count against the cap: other than `self_name`, for Nodes of
+/// `pool`, not made in another pool, within `window` of `now`, and either for a Node that
+/// shows the failure now ([`PoolSummary::shows_failure`]) or made in this pool
+/// (`pool.selector`) within [`RESERVATION_IN_FLIGHT`]. A forged entry for a healthy Node, or
+/// the entry of a Node that recovered, counts for nothing.
 pub fn ledger_recent(
-    data: &std::collections::BTreeMap<String, String>,
+    data: &BTreeMap<String, String>,
     self_name: &str,
-    pool: &std::collections::BTreeMap<&str, bool>,
+    pool: &PoolSummary,
     window: Duration,
     now: &Timestamp,
 ) -> u32 {
@@ -160,34 +410,50 @@ pub fn ledger_recent(
     let recent = data
         .iter()
         .filter(|(node, _)| node.as_str() != self_name)
-        .filter(|(node, at)| match pool.get(node.as_str()) {
-            None => false,
-            Some(true) => within(at, window, now),
-            Some(false) => within(at, in_flight, now),
+        .filter(|(node, entry)| {
+            let ours = match entry_pool(entry) {
+                Some(p) if p != pool.selector => return false,
+                Some(_) => true,
+                None => false,
+            };
+            match pool.shows_failure(node) {
+                None => false,
+                Some(true) => within(entry, window, now),
+                // In flight: only a reservation made in this pool (a summary cannot tell
+                // another pool's healthy Node from its own).
+                Some(false) => ours && within(entry, in_flight, now),
+            }
         })
         .count();
     u32::try_from(recent).unwrap_or(u32::MAX)
 }
 
 /// The ledger with entries older than `window` (or unreadable) dropped and `self_name`
-/// reserved at `now`. Every other entry is kept as it was: the admission policy admits only
-/// that (another node's entry unchanged or gone).
+/// reserved at `now` in the pool `pool_selector`. Every other entry is kept as it was: the
+/// admission policy admits only that (another node's entry unchanged or gone).
 pub fn ledger_with(
-    data: &std::collections::BTreeMap<String, String>,
+    data: &BTreeMap<String, String>,
     self_name: &str,
+    pool_selector: &str,
     window: Duration,
     now: &Timestamp,
-) -> std::collections::BTreeMap<String, String> {
-    let mut out: std::collections::BTreeMap<String, String> = data
+) -> BTreeMap<String, String> {
+    let mut out: BTreeMap<String, String> = data
         .iter()
         .filter(|(_, at)| within(at, window, now))
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
-    out.insert(self_name.to_owned(), now.to_string());
+    out.insert(self_name.to_owned(), format!("{now} {pool_selector}"));
     out
 }
 
-fn within(at: &str, window: Duration, now: &Timestamp) -> bool {
+/// The pool selector a ledger entry was made in (`None`: an entry without one).
+fn entry_pool(entry: &str) -> Option<&str> {
+    entry.split_once(' ').map(|(_, pool)| pool)
+}
+
+fn within(entry: &str, window: Duration, now: &Timestamp) -> bool {
+    let at = entry.split_once(' ').map_or(entry, |(at, _)| at);
     at.parse::<Timestamp>().is_ok_and(|t| {
         now.duration_since(t)
             .try_into()
@@ -417,21 +683,18 @@ mod tests {
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v))
         .collect();
-        let pool: BTreeMap<&str, bool> = [
-            ("a", true),
-            ("b", true),
-            ("c", true),
-            ("me", true),
-            ("garbage", true),
-        ]
-        .into_iter()
-        .collect();
+        // a, b, c, me and garbage are failing Nodes of the pool; other-pool is not in it.
+        let nodes: Vec<Node> = ["a", "b", "c", "me", "garbage"]
+            .into_iter()
+            .map(|n| pool_node(n, true, Some(60)))
+            .collect();
+        let pool = PoolSummary::of(&nodes, KEY, Duration::from_secs(600), &now);
         let w = Duration::from_secs(600);
         // a and c: b is too old, other-pool is not ours, me is me, garbage is unreadable.
         assert_eq!(ledger_recent(&data, "me", &pool, w, &now), 2);
-        let next = ledger_with(&data, "d", w, &now);
+        let next = ledger_with(&data, "d", "pool=a", w, &now);
         assert!(!next.contains_key("b") && !next.contains_key("garbage"));
-        assert_eq!(next.get("d"), Some(&now.to_string()));
+        assert_eq!(next.get("d"), Some(&format!("{now} pool=a")));
         assert!(next.contains_key("a") && next.contains_key("other-pool"));
         // Everyone else's entry is kept byte for byte (the admission policy admits only that).
         for (k, v) in &next {
@@ -455,19 +718,30 @@ mod tests {
             pool_node("in-flight", false, None),
             pool_node("me", true, None),
         ];
-        let pool = ledger_pool(&nodes, KEY);
-        assert_eq!(
-            pool.iter().filter(|(_, f)| **f).count(),
-            3,
-            "failing, condition-only, me: {pool:?}"
-        );
         let now = Timestamp::now();
+        let pool = PoolSummary::of(&nodes, KEY, w, &now);
+        let failing: Vec<&str> = [
+            "failing",
+            "healthy",
+            "recovered",
+            "condition-only",
+            "in-flight",
+            "me",
+        ]
+        .into_iter()
+        .filter(|n| pool.shows_failure(n) == Some(true))
+        .collect();
+        assert_eq!(failing, ["failing", "condition-only", "me"]);
         let at = |ago: i64| {
             Timestamp::from_second(now.as_second() - ago)
                 .unwrap()
                 .to_string()
         };
         let in_flight = i64::try_from(RESERVATION_IN_FLIGHT.as_secs()).unwrap();
+        let mut pool = pool;
+        pool.selector = "pool=a".into();
+        let bare = at;
+        let at = |ago: i64| format!("{} pool=a", bare(ago));
         let data: BTreeMap<String, String> = [
             ("failing", at(120)),
             ("healthy", at(in_flight + 1)),
@@ -494,5 +768,238 @@ mod tests {
         let short = Duration::from_secs(1);
         let fresh: BTreeMap<String, String> = [("healthy".to_owned(), at(2))].into_iter().collect();
         assert_eq!(ledger_recent(&fresh, "me", &pool, short, &now), 0);
+        // A fresh entry without a pool (an agent from before entries named theirs) counts
+        // only once its Node shows the failure.
+        let untagged: BTreeMap<String, String> = [("in-flight", 1), ("failing", 1)]
+            .into_iter()
+            .map(|(k, ago)| (k.to_owned(), bare(ago)))
+            .collect();
+        assert_eq!(ledger_recent(&untagged, "me", &pool, w, &now), 1);
+    }
+
+    /// The summary the guard publishes counts every Node of the pool exactly as a list of the
+    /// pool does, for every Node deciding (in the pool or not), and judges ledger entries of
+    /// the pool the same; only a Node outside the pool, unknown to it, counts as a healthy
+    /// member (its reservation counts while in flight).
+    #[test]
+    fn the_published_summary_counts_as_the_pool_list_does() {
+        let w = Duration::from_secs(600);
+        let now = Timestamp::now();
+        let mut nodes: Vec<Node> = Vec::new();
+        for i in 0..60 {
+            let name = format!("n{i:02}");
+            nodes.push(match i % 6 {
+                0 => pool_node(&name, true, Some(30)),   // tainted, new
+                1 => pool_node(&name, true, Some(3600)), // tainted, old
+                2 => pool_node(&name, true, None),       // registered with the taint
+                3 => pool_node(&name, false, Some(30)),  // held (FabricReady=False, no taint)
+                _ => pool_node(&name, false, None),      // healthy
+            });
+        }
+        // Tainted while FabricReady still says True: new.
+        nodes[4] = pool_node("n04", true, None);
+        nodes[4].status.as_mut().unwrap().conditions =
+            Some(vec![k8s_openapi::api::core::v1::NodeCondition {
+                type_: "FabricReady".into(),
+                status: "True".into(),
+                ..Default::default()
+            }]);
+        let listed = PoolSummary::of(&nodes, KEY, w, &now);
+        let text = listed.annotation().expect("small enough to publish");
+        let published = PoolSummary::parse(&text).unwrap();
+        assert_eq!(published.nodes, 60);
+        assert_eq!(published.window_seconds, 600);
+        assert_eq!(published.tainted_new.len(), 11, "{text}");
+        assert!(!text.contains("n05"), "healthy Nodes are not named: {text}");
+        let data: BTreeMap<String, String> = nodes
+            .iter()
+            .map(|n| (n.metadata.name.clone().unwrap(), now.to_string()))
+            .collect();
+        for me in ["n00", "n01", "n03", "n04", "n05", "outside"] {
+            let in_pool = me != "outside";
+            assert_eq!(
+                count_pool(&nodes, me, KEY, w, &now),
+                published.count(me, in_pool),
+                "{me}"
+            );
+            assert_eq!(
+                ledger_recent(&data, me, &listed, w, &now),
+                ledger_recent(&data, me, &published, w, &now),
+                "{me}"
+            );
+        }
+        // A fresh reservation in this pool by a Node it does not know: the list knows it is no
+        // member, the summary (which names only failing Nodes) counts it while in flight.
+        let stranger: BTreeMap<String, String> = [("elsewhere".to_owned(), format!("{now} "))]
+            .into_iter()
+            .collect();
+        assert_eq!(ledger_recent(&stranger, "n05", &listed, w, &now), 0);
+        assert_eq!(ledger_recent(&stranger, "n05", &published, w, &now), 1);
+        // Unknown keys or a wrong shape are refused, not guessed at.
+        assert!(PoolSummary::parse(r#"{"nodes":3,"windowSeconds":600,"extra":1}"#).is_err());
+        assert!(PoolSummary::parse("nodes=3").is_err());
+    }
+
+    #[test]
+    fn a_summary_too_large_for_an_annotation_is_not_published() {
+        let now = Timestamp::now();
+        let nodes: Vec<Node> = (0..8000)
+            .map(|i| pool_node(&format!("gpu-node-{i:05}.cluster.example"), true, Some(30)))
+            .collect();
+        let s = PoolSummary::of(&nodes, KEY, Duration::from_secs(600), &now);
+        assert!(s.annotation().is_none());
+        let s = PoolSummary::of(&nodes[..2000], KEY, Duration::from_secs(600), &now);
+        assert!(
+            s.annotation()
+                .is_some_and(|a| a.len() <= MAX_PUBLISHED_BYTES)
+        );
+    }
+
+    #[test]
+    fn label_selectors_match_as_kubectl_reads_them() {
+        let labels: BTreeMap<String, String> = [
+            ("nvidia.com/gpu.present", "true"),
+            ("pool", "a"),
+            ("zone", "z1"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        for (selector, want) in [
+            ("nvidia.com/gpu.present=true", Some(true)),
+            ("nvidia.com/gpu.present==true", Some(true)),
+            ("pool=b", Some(false)),
+            ("pool!=b", Some(true)),
+            ("missing!=b", Some(true)),
+            ("pool", Some(true)),
+            ("!pool", Some(false)),
+            ("!missing", Some(true)),
+            ("pool in (a, b),zone", Some(true)),
+            ("pool notin (a,b)", Some(false)),
+            ("missing notin (a)", Some(true)),
+            ("pool=a, zone=z2", Some(false)),
+            ("", Some(true)),
+            ("pool in (a", None),
+            ("pool=a)", None),
+            ("pool within (a)", None),
+            ("bad key=1", None),
+        ] {
+            assert_eq!(selector_matches(selector, &labels), want, "{selector:?}");
+        }
+    }
+
+    /// An agent decides from the guard's summary only while the guard's leader renews its
+    /// Lease, and only when the guard counted the same pool with the same window; every other
+    /// case is an error that says why (the agent lists the pool instead).
+    #[test]
+    fn a_summary_counts_only_while_fresh_and_for_the_same_pool() {
+        use k8s_openapi::api::coordination::v1::LeaseSpec;
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+        let now = Timestamp::from_second(2_000_000).unwrap();
+        let w = Duration::from_secs(600);
+        let nodes = vec![pool_node("a", true, None), pool_node("b", false, None)];
+        let mut summary = PoolSummary::of(&nodes, KEY, w, &now);
+        summary.selector = "pool=a".into();
+        let lease = |holder: Option<&str>, renewed_ago: i64, text: Option<String>| Lease {
+            metadata: ObjectMeta {
+                name: Some("fabricgate-guard".into()),
+                annotations: text.map(|t| [("fabricgate.io/pool".to_owned(), t)].into()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: holder.map(str::to_owned),
+                lease_duration_seconds: Some(15),
+                renew_time: Some(MicroTime(
+                    Timestamp::from_second(2_000_000 - renewed_ago).unwrap(),
+                )),
+                ..LeaseSpec::default()
+            }),
+        };
+        let published = summary.annotation();
+        let judge = |l: &Lease, selector: &str, window: Duration| {
+            published_summary(l, "fabricgate.io/", selector, window, &now)
+        };
+        let good = lease(Some("guard-a"), 3, published.clone());
+        let got = judge(&good, "pool=a", w).unwrap();
+        assert_eq!(got.count("b", true), summary.count("b", true));
+        assert_eq!(got.count("b", true).tainted_others, 1);
+        for (l, selector, window, why) in [
+            (
+                lease(Some("guard-a"), 16, published.clone()),
+                "pool=a",
+                w,
+                "not renewed",
+            ),
+            (
+                lease(Some("guard-a"), -16, published.clone()),
+                "pool=a",
+                w,
+                "not renewed",
+            ),
+            (lease(None, 3, published.clone()), "pool=a", w, "no holder"),
+            (
+                lease(Some(""), 3, published.clone()),
+                "pool=a",
+                w,
+                "no holder",
+            ),
+            (
+                lease(Some("guard-a"), 3, None),
+                "pool=a",
+                w,
+                "no fabricgate.io/pool",
+            ),
+            (
+                lease(Some("guard-a"), 3, Some("{".into())),
+                "pool=a",
+                w,
+                "not a pool summary",
+            ),
+            (
+                lease(Some("guard-a"), 3, published.clone()),
+                "pool=b",
+                w,
+                "node.pool_selector",
+            ),
+            (
+                lease(Some("guard-a"), 3, published.clone()),
+                "pool=a",
+                Duration::from_secs(60),
+                "node.breaker.window",
+            ),
+        ] {
+            let e = judge(&l, selector, window).unwrap_err();
+            assert!(e.contains(why), "{why}: {e}");
+        }
+    }
+
+    /// One ledger serves every pool of the namespace: a fresh reservation counts only in the
+    /// pool it was made in, whether the pool is counted from a list or from the guard's
+    /// summary (which names only failing Nodes, so it cannot tell another pool's healthy Node
+    /// from its own).
+    #[test]
+    fn a_reservation_counts_only_in_its_own_pool() {
+        let now = Timestamp::now();
+        let w = Duration::from_secs(600);
+        let nodes = vec![pool_node("a-0", false, None), pool_node("a-1", false, None)];
+        let mut listed = PoolSummary::of(&nodes, KEY, w, &now);
+        listed.selector = "pool=a".into();
+        let mut published = PoolSummary::parse(&listed.annotation().unwrap()).unwrap();
+        published.selector = "pool=a".into();
+        // a-0 and b-0 reserve a moment apart, each in its own pool; an old agent's entry
+        // carries no pool.
+        let data = ledger_with(&BTreeMap::new(), "a-0", "pool=a", w, &now);
+        let data = ledger_with(&data, "b-0", "pool=b", w, &now);
+        let mut data = ledger_with(&data, "b-0", "pool=b", w, &now);
+        data.insert("a-1".into(), now.to_string());
+        assert!(data["b-0"].ends_with(" pool=b"), "{data:?}");
+        for pool in [&listed, &published] {
+            // a-0's counts in pool a while in flight; b-0's does not, nor a-1's without a
+            // pool while its Node shows no failure.
+            assert_eq!(ledger_recent(&data, "me", pool, w, &now), 1, "{data:?}");
+        }
+        let mut pool_b = published.clone();
+        pool_b.selector = "pool=b".into();
+        assert_eq!(ledger_recent(&data, "me", &pool_b, w, &now), 1);
     }
 }

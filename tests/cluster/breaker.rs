@@ -2,9 +2,11 @@
 //! selector, as the DaemonSet's nodeSelector), half of them already tainted; the agent of a
 //! sixth failing node does not taint it and says why, and taints once the pool recovers.
 
+use crate::common::controlplane::{AuditEvent, ControlPlane};
+use crate::common::guard::{GUARD_NS, Guard, shipped_lease, start_guard};
 use crate::common::sysfs::FakeHca;
 use crate::common::{TAINT, TestNode, control_plane, wait_until};
-use serde_json::json;
+use serde_json::{Value, json};
 use std::time::Duration;
 
 const POOL: &str = "fabricgate.io/test-pool";
@@ -109,6 +111,219 @@ fn ten_nodes_at_one_half_the_sixth_failing_node_is_not_tainted_and_recovery_unta
     drop(agent);
 }
 
+/// The guard's Lease as the agents read it (the shipped name, in the agent's namespace).
+fn guard_lease(cp: &ControlPlane) -> Option<Value> {
+    cp.get_json(&format!(
+        "/apis/coordination.k8s.io/v1/namespaces/{GUARD_NS}/leases/{}",
+        fabricgate::config::DEFAULT_GUARD_LEASE
+    ))
+}
+
+/// The pool summary the guard's leader publishes there (`fabricgate.io/pool`), parsed.
+fn published(cp: &ControlPlane) -> Option<Value> {
+    let lease = guard_lease(cp)?;
+    let text = lease["metadata"]["annotations"]["fabricgate.io/pool"].as_str()?;
+    serde_json::from_str(text).ok()
+}
+
+/// The shipped guard (deploy/guard.yaml, its ServiceAccount's token) over the pool
+/// `selector`, with `breaker` lines under `node.breaker:`, on the shipped Lease; its agent
+/// pods are never there, but it would taint for that only after an hour. Returns once its
+/// leader published the summary of this pool.
+fn pool_guard(
+    cp: &'static ControlPlane,
+    selector: &str,
+    breaker: &str,
+    scratch: &std::path::Path,
+) -> Guard {
+    cp.install_agent_rbac();
+    let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/guard.yaml");
+    cp.apply(&std::fs::read_to_string(manifest).unwrap());
+    let token = cp.kubectl(&["-n", GUARD_NS, "create", "token", "fabricgate-guard"]);
+    let kubeconfig = scratch.join("guard.kubeconfig");
+    cp.write_kubeconfig(&kubeconfig, &cp.url, token.trim());
+    let config = scratch.join("guard-requirements.yaml");
+    let breaker = if breaker.is_empty() {
+        String::new()
+    } else {
+        format!("  breaker:\n{breaker}")
+    };
+    std::fs::write(
+        &config,
+        format!("node:\n  pool_selector: \"{selector}\"\n{breaker}"),
+    )
+    .unwrap();
+    let guard = start_guard(
+        "guard-pool-summary",
+        Some("app=fg-no-agent-pods"),
+        fabricgate::config::DEFAULT_GUARD_LEASE,
+        &config,
+        &kubeconfig,
+        scratch,
+        &[
+            "--stale-after",
+            "1h",
+            "--poll-interval",
+            "300ms",
+            "--lease-duration",
+            "5s",
+        ],
+    );
+    guard.wait(
+        "the pool summary published",
+        Duration::from_secs(30),
+        || published(cp).is_some_and(|p| p["selector"] == selector),
+    );
+    guard
+}
+
+/// Issue 35: a newly failing node decides without listing the pool. The guard's leader (the
+/// shipped deploy/guard.yaml and its ServiceAccount) publishes the pool's summary on its
+/// Lease; the agent reads that one object (and the ledger when it may taint). The breaker
+/// holds as with the list: 5 of 10 tainted, the sixth failing node is held (`BreakerOpen`,
+/// "6 of 10"); one recovers, the guard's next renewal says so, and the node is tainted after
+/// reading 2 small objects and one compare-and-swap, no Node list. With the guard gone (its
+/// Lease no longer renewed), the agent lists the pool again.
+#[test]
+fn the_breaker_counts_the_pool_from_the_guards_summary_without_listing_it() {
+    let Some(cp) = control_plane() else { return };
+    let _lease = shipped_lease();
+    let names: Vec<String> = (0..10).map(|i| format!("summary-{i}")).collect();
+    for (i, name) in names.iter().enumerate() {
+        let gpu = json!({ "key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule" });
+        let taints = if i < 5 || i == 9 {
+            json!([gpu, { "key": TAINT, "effect": "NoSchedule" }])
+        } else {
+            json!([gpu])
+        };
+        cp.create_node(name, json!({ POOL: "summary" }), taints, json!({}));
+    }
+    let node = TestNode {
+        cp,
+        name: names[9].clone(),
+    };
+    let hca = FakeHca::new(true);
+    let guard = pool_guard(cp, &format!("{POOL}=summary"), "", hca.scratch());
+    let config = hca.scratch().join("requirements.yaml");
+    std::fs::write(
+        &config,
+        format!("node:\n  pool_selector: \"{POOL}=summary\"\n"),
+    )
+    .unwrap();
+    let agent = node.start_agent(
+        &hca,
+        &[
+            "--interval",
+            "300ms",
+            "--resync-interval",
+            "1s",
+            "--config",
+            config.to_str().unwrap(),
+        ],
+    );
+    agent.wait("validation", Duration::from_secs(30), || node.ready());
+    guard.wait(
+        "the validated node counted",
+        Duration::from_secs(10),
+        || {
+            published(cp).is_some_and(|p| {
+                p["nodes"] == 10 && p["taintedOld"].as_array().is_some_and(|t| t.len() == 5)
+            })
+        },
+    );
+    let lease_bytes = serde_json::to_vec(&guard_lease(cp).unwrap()).unwrap().len();
+
+    // The port fails: 6 of 10 would be tainted.
+    let mark = cp.audit_mark();
+    hca.set_port(false);
+    agent.wait("BreakerOpen", Duration::from_secs(10), || {
+        node.has_reason("FabricReady", "BreakerOpen")
+    });
+    let message = node.condition("FabricReady").unwrap()["message"].to_string();
+    assert!(message.contains("6 of 10"), "{message}");
+    assert!(!node.has_our_taint());
+    assert!(
+        agent
+            .log()
+            .contains("counting the pool from the guard's summary"),
+        "{}",
+        agent.log()
+    );
+
+    // One of the five recovers: the next renewal publishes it, the next resync taints.
+    let recovered = cp.audit_mark();
+    cp.kubectl(&["taint", "node", &names[0], &format!("{TAINT}:NoSchedule-")]);
+    agent.wait("the taint", Duration::from_secs(10), || {
+        node.has_our_taint()
+    });
+    let used = node.agent_requests(mark);
+    let refused: Vec<&AuditEvent> = used.iter().filter(|e| e.code == 403).collect();
+    assert!(refused.is_empty(), "{refused:#?}");
+    let reads_or_ledger = |events: &[AuditEvent]| -> Vec<String> {
+        events
+            .iter()
+            .filter(|e| e.resource == "leases" || e.resource == "configmaps" || e.verb == "list")
+            .map(|e| format!("{} {}", e.resource, e.verb))
+            .collect()
+    };
+    let all = reads_or_ledger(&used);
+    assert!(
+        all.iter()
+            .all(|r| r == "leases get" || r.starts_with("configmaps ")),
+        "deciding read only the guard's Lease and the ledger, never listed the pool: {all:?}"
+    );
+    let since_recovery = reads_or_ledger(&node.agent_requests(recovered));
+    let ledger: Vec<&String> = since_recovery
+        .iter()
+        .filter(|r| r.starts_with("configmaps "))
+        .collect();
+    assert_eq!(
+        ledger,
+        ["configmaps get", "configmaps update"],
+        "one reservation"
+    );
+    let lease_reads = since_recovery.iter().filter(|r| *r == "leases get").count();
+    assert!(
+        (1..=3).contains(&lease_reads),
+        "one Lease read per resync until the renewal showed the recovery: {since_recovery:?}"
+    );
+    eprintln!(
+        "figure: a newly failing node decided from the guard's summary: {} requests ({}), \
+         the Lease {lease_bytes} bytes as JSON; no Node list",
+        since_recovery.len(),
+        since_recovery.join(", ")
+    );
+    hca.set_port(true);
+    agent.wait("recovery", Duration::from_secs(15), || node.ready());
+
+    // The guard is gone: its Lease is not renewed for longer than its 5 s, and the next
+    // decision lists the pool (it still holds the cap).
+    drop(guard);
+    std::thread::sleep(Duration::from_secs(6));
+    let stale = cp.audit_mark();
+    hca.set_port(false);
+    agent.wait(
+        "the taint, decided from a list",
+        Duration::from_secs(10),
+        || node.has_our_taint(),
+    );
+    let lists = node
+        .agent_requests(stale)
+        .iter()
+        .filter(|e| e.resource == "nodes" && e.verb == "list")
+        .count();
+    assert_eq!(
+        lists, 1,
+        "a stale summary is not used: the agent lists the pool"
+    );
+    assert!(
+        agent.log().contains("was not renewed within its duration"),
+        "{}",
+        agent.log()
+    );
+    drop(agent);
+}
+
 /// The breaker's one read, measured with a pool of 500 Nodes: a label-selected list from the
 /// API server's watch cache (`resourceVersion=0`), as the agent makes it. Prints the figures
 /// (docs/failure-modes.md); asserts the list is the pool and only the pool.
@@ -185,6 +400,8 @@ fn breaker_list_of_a_500_node_pool() {
 #[test]
 fn a_burst_of_eight_failures_taints_exactly_max_new_per_window() {
     let Some(cp) = control_plane() else { return };
+    // The agents count the pool from the guard's summary (no list), the ledger keeps the cap.
+    let _lease = shipped_lease();
     let names: Vec<String> = (0..8).map(|i| format!("burst-{i}")).collect();
     for name in &names {
         let gpu = json!({ "key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule" });
@@ -225,6 +442,19 @@ fn a_burst_of_eight_failures_taints_exactly_max_new_per_window() {
     for (agent, node) in agents.iter().zip(&nodes) {
         agent.wait("validation", Duration::from_secs(60), || node.ready());
     }
+    let scratch = tempfile::tempdir().unwrap();
+    let guard = pool_guard(
+        cp,
+        &format!("{POOL}=burst"),
+        "    max_new_per_window: 3\n    window: 10m\n",
+        scratch.path(),
+    );
+    guard.wait(
+        "the validated pool published",
+        Duration::from_secs(20),
+        || published(cp).is_some_and(|p| p["nodes"] == 8 && p.get("taintedOld").is_none()),
+    );
+    let mark = cp.audit_mark();
     for hca in &hcas {
         hca.set_port(false);
     }
@@ -248,7 +478,17 @@ fn a_burst_of_eight_failures_taints_exactly_max_new_per_window() {
             .all(|m| m.contains("node.breaker.max_new_per_window 3")),
         "{held:#?}"
     );
+    let lists: Vec<AuditEvent> = nodes
+        .iter()
+        .flat_map(|n| n.agent_requests(mark))
+        .filter(|e| e.resource == "nodes" && e.verb == "list")
+        .collect();
+    assert!(
+        lists.is_empty(),
+        "the guard's summary was fresh: no agent lists the pool: {lists:#?}"
+    );
     drop(agents);
+    drop(guard);
 }
 
 /// Issue 24: one compromised agent disabled the breaker fleet-wide. With node `rt-ledger-0`'s

@@ -24,3 +24,34 @@ fn twenty_agents_in_one_process_validate_stay_quiet_and_taint_a_failed_tenth() {
         f.failure_to_all_tainted
     );
 }
+
+/// Issue 35, small: a pool of 200 GPU-sized Nodes, 24 agents, 8 of them failing at once with
+/// the shipped breaker (20 new per window) and the guard publishing the pool summary. Every
+/// failing node is decided from the guard's Lease and the ledger: no pool list, 3 such
+/// requests per failing node (Lease, ledger read, ledger compare-and-swap; a conflict costs
+/// one more round), at most 5 on average, and no write at steady state. `benches/apiserver.rs -- scale` runs the
+/// same at 5,000 Nodes.
+#[test]
+fn a_failing_leaf_is_decided_from_the_guards_summary_without_a_pool_list() {
+    use crate::common::scale::{ScaleSpec, run_scale};
+    let Some(cp) = control_plane() else { return };
+    let _lease = crate::common::guard::shipped_lease();
+    let spec = ScaleSpec {
+        pool: 200,
+        agents: 24,
+        leaf: 8,
+        guard: true,
+        quiet: Duration::from_secs(5),
+    };
+    let run = run_scale(cp, "scale-small", &spec);
+    eprintln!("{}", run.report);
+    assert_eq!((run.tainted, run.held), (8, 0), "{}", run.report);
+    assert_eq!(run.pool_lists, 0, "{}", run.report);
+    assert!(
+        (8..=8 * 5).contains(&run.decide_requests),
+        "{} deciding requests for 8 failing nodes: {}",
+        run.decide_requests,
+        run.report
+    );
+    assert_eq!(run.steady_writes, 0, "{}", run.report);
+}

@@ -4,53 +4,31 @@
 
 use crate::common::controlplane::{AuditEvent, Grant, rbac_grants};
 use crate::common::faultproxy::{Fault, FaultProxy};
+use crate::common::guard::{GUARD_NS, Guard};
 use crate::common::{TAINT, TestNode, control_plane, signal, wait_until};
-use crate::common::{last_lines, poll_until};
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// The namespace of deploy/guard.yaml's Role: the agent pods and the Lease live there.
-const NS: &str = "fabricgate";
+const NS: &str = GUARD_NS;
 const GUARD_USER: &str = "system:serviceaccount:fabricgate:fabricgate-guard";
 const POOL: &str = "fabricgate.io/test-pool";
 const APP: &str = "fg-agent-test";
-const LEASE: &str = "fabricgate-guard";
+/// Not the shipped name: that one is the breaker tests' (`common::guard::shipped_lease`).
+const LEASE: &str = "fabricgate-guard-failover";
 /// The label of the shipped pool (`node.pool_selector`, the DaemonSet's nodeSelector).
 const GPU_PRESENT: &str = "nvidia.com/gpu.present";
 
-struct Guard {
-    child: Child,
-    log: std::path::PathBuf,
-    identity: String,
-}
-
-impl Guard {
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn alive(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(None))
-    }
-
-    /// [`wait_until`], with the end of this guard's log in the failure message.
-    fn wait(&self, what: &str, limit: Duration, f: impl FnMut() -> bool) -> Duration {
-        poll_until(what, limit, Duration::from_millis(10), f, || {
-            let tail = last_lines(&self.log(), 40);
-            format!("; log of {}:\n{tail}", self.identity)
-        })
-    }
-}
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+/// The timing of these tests' guards.
+const TIMING: [&str; 6] = [
+    "--stale-after",
+    "3s",
+    "--poll-interval",
+    "300ms",
+    "--lease-duration",
+    "3s",
+];
 
 fn start_guard(identity: &str, config: &Path, kubeconfig: &Path, scratch: &Path) -> Guard {
     start_guard_for(identity, APP, LEASE, config, kubeconfig, scratch)
@@ -86,38 +64,9 @@ fn start_guard_selecting(
     kubeconfig: &Path,
     scratch: &Path,
 ) -> Guard {
-    let log = scratch.join(format!("{identity}.log"));
-    let selector: Vec<&str> = selector.map_or(Vec::new(), |s| vec!["--pod-selector", s]);
-    let child = Command::new(env!("CARGO_BIN_EXE_fabricgate"))
-        .args(["guard", "--config"])
-        .arg(config)
-        .args(["--namespace", NS])
-        .args(&selector)
-        .args([
-            "--lease-name",
-            lease,
-            "--stale-after",
-            "3s",
-            "--poll-interval",
-            "300ms",
-            "--lease-duration",
-            "3s",
-            "--identity",
-            identity,
-        ])
-        .env("KUBECONFIG", kubeconfig)
-        .env("HOME", scratch)
-        .env_remove("KUBERNETES_SERVICE_HOST")
-        .env_remove("RUST_LOG")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).expect("guard log"))
-        .spawn()
-        .expect("start fabricgate guard");
-    Guard {
-        child,
-        log,
-        identity: identity.to_owned(),
-    }
+    crate::common::guard::start_guard(
+        identity, selector, lease, config, kubeconfig, scratch, &TIMING,
+    )
 }
 
 fn pod_name(node: &str) -> String {
@@ -337,8 +286,8 @@ fn guard_taints_nodes_whose_agent_is_gone_only_the_leader_acts_and_failover_work
 
     // Failover: the leader dies without releasing; the follower takes the Lease and acts.
     let mut dead = leader_guard;
-    signal(&dead.child, "KILL");
-    let _ = dead.child.wait();
+    signal(dead.child(), "KILL");
+    let _ = dead.child_mut().wait();
     set_ready(cp, &names[3], false);
     let t0 = Instant::now();
     follower.wait(
@@ -362,7 +311,7 @@ fn guard_taints_nodes_whose_agent_is_gone_only_the_leader_acts_and_failover_work
         follower.log()
     );
     // A clean stop releases the Lease.
-    signal(&follower.child, "TERM");
+    signal(follower.child(), "TERM");
     wait_until("the Lease released", Duration::from_secs(10), || {
         holder(cp).is_none()
     });
@@ -555,8 +504,8 @@ fn guard_resumes_its_watches_after_the_connections_are_cut_and_still_detects() {
         (3..6).all(|i| !node(i).has_our_taint()),
         "the healthy nodes stay untainted"
     );
-    signal(&guard.child, "TERM");
-    let _ = guard.child.wait();
+    signal(guard.child(), "TERM");
+    let _ = guard.child_mut().wait();
 }
 
 /// A pod `name` on Node `node` with `labels`, Ready as its kubelet would report it.

@@ -368,6 +368,35 @@ impl ControlPlane {
         (ticks(11) + ticks(12)) / 100.0
     }
 
+    /// The kube-apiserver's resident memory now, in bytes.
+    pub fn apiserver_rss_bytes(&self) -> u64 {
+        (self.apiserver_rss_reader())()
+    }
+
+    /// A reader of [`Self::apiserver_rss_bytes`] for another thread.
+    pub fn apiserver_rss_reader(&self) -> impl Fn() -> u64 + Send + 'static {
+        let pid = self
+            .apiserver_pid
+            .load(std::sync::atomic::Ordering::Relaxed);
+        move || {
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+                .map_or(0, |kb| kb * 1024)
+        }
+    }
+
+    /// The kube-apiserver's `/metrics`, as admin.
+    pub fn metrics_text(&self) -> String {
+        let req = http::Request::get("/metrics")
+            .body(Vec::new())
+            .expect("GET request");
+        self.block_on(self.admin().request_text(req))
+            .expect("the apiserver's /metrics")
+    }
+
     pub fn dir(&self) -> &Path {
         &self.dir
     }

@@ -22,7 +22,14 @@ use std::time::{Duration, Instant};
 
 const FLEET_USER: &str = "fabricgate-fleet";
 
-struct Fleet {
+/// One fleet at a time in a process: every fleet's agents are the audit log's one user.
+pub fn exclusive() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+pub struct Fleet {
     runtime: tokio::runtime::Runtime,
     stop: tokio::sync::watch::Sender<bool>,
     hcas: Vec<FakeHca>,
@@ -46,28 +53,25 @@ impl Fleet {
             // The namespace and the breaker's ledger ConfigMap, as daemonset.yaml ships them.
             cp.install_agent_rbac();
         }
-        let admin = cp.admin();
-        let nodes: Api<Node> = Api::all(admin);
-        cp.block_on(async {
-            for name in &names {
-                let node: Node = serde_json::from_value(json!({
-                    "metadata": { "name": name, "labels": { "pool": prefix } },
-                    "spec": { "taints": [{ "key": TAINT, "effect": "NoSchedule" }] },
-                }))
-                .unwrap();
-                nodes
-                    .create(&PostParams::default(), &node)
-                    .await
-                    .expect("create node");
-                let status = json!({ "status": { "conditions": [{
-                    "type": "Ready", "status": "True", "reason": "KubeletReady",
-                    "message": "kubelet is posting ready status" }] } });
-                nodes
-                    .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
-                    .await
-                    .expect("node status");
-            }
-        });
+        register(cp, &names, prefix);
+        Fleet::start_on(cp, names, prefix, interval, watch, breaker)
+    }
+
+    /// One agent per Node of `names` (registered already, labelled `pool=<pool>`) in this
+    /// process.
+    pub fn start_on(
+        cp: &'static ControlPlane,
+        names: Vec<String>,
+        pool: &str,
+        interval: Duration,
+        watch: bool,
+        breaker: bool,
+    ) -> Fleet {
+        let n = names.len();
+        let prefix = pool;
+        if breaker {
+            cp.install_agent_rbac();
+        }
         let kubeconfig = cp.path(&format!("{prefix}.kubeconfig"));
         cp.write_kubeconfig(&kubeconfig, &cp.url, &cp.fleet_token);
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -152,7 +156,26 @@ impl Fleet {
         }
     }
 
-    fn stop(self) {
+    /// The fake HCAs, one per Node, in the order of the names.
+    pub fn hcas(&self) -> &[FakeHca] {
+        &self.hcas
+    }
+
+    /// Run `f` on the fleet's runtime (a task beside the agents, e.g. the guard).
+    pub fn spawn<F>(&self, f: F) -> tokio::task::JoinHandle<F::Output>
+    where
+        F: std::future::Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        self.runtime.spawn(f)
+    }
+
+    /// A receiver that turns `true` when the fleet stops.
+    pub fn stopping(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.stop.subscribe()
+    }
+
+    pub fn stop(self) {
         let _ = self.stop.send(true);
         let tasks = self.tasks;
         self.runtime.block_on(async {
@@ -161,6 +184,32 @@ impl Fleet {
             }
         });
     }
+}
+
+/// Register Nodes `names` labelled `pool=<pool>`, tainted (as the docs recommend), their
+/// kubelet Ready.
+fn register(cp: &ControlPlane, names: &[String], pool: &str) {
+    let nodes: Api<Node> = Api::all(cp.admin());
+    cp.block_on(async {
+        for name in names {
+            let node: Node = serde_json::from_value(json!({
+                "metadata": { "name": name, "labels": { "pool": pool } },
+                "spec": { "taints": [{ "key": TAINT, "effect": "NoSchedule" }] },
+            }))
+            .unwrap();
+            nodes
+                .create(&PostParams::default(), &node)
+                .await
+                .expect("create node");
+            let status = json!({ "status": { "conditions": [{
+                "type": "Ready", "status": "True", "reason": "KubeletReady",
+                "message": "kubelet is posting ready status" }] } });
+            nodes
+                .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+                .await
+                .expect("node status");
+        }
+    });
 }
 
 /// How many Nodes of `prefix` carry our taint, and how many are validated.
@@ -220,6 +269,7 @@ pub fn run_fleet(
     breaker: bool,
     quiet: Duration,
 ) -> Figures {
+    let _one = exclusive();
     let interval = Duration::from_secs(2);
     let started = Instant::now();
     let fleet = Fleet::start(cp, prefix, n, interval, watch, breaker);
@@ -328,6 +378,7 @@ pub fn with_validated_fleet<T>(
     n: usize,
     f: impl FnOnce(&[String]) -> T,
 ) -> T {
+    let _one = exclusive();
     let fleet = Fleet::start(cp, prefix, n, Duration::from_secs(2), true, false);
     wait_until(
         "the whole fleet validated",

@@ -281,14 +281,17 @@ fn rbac_grants_exactly_what_the_agent_uses() {
         ds["spec"]["template"]["spec"]["serviceAccountName"],
         sa["metadata"]["name"]
     );
-    // In its namespace only the breaker's ledger, by name: read it and update it; and the
-    // gang pre-flight: list and watch the FabricChecks, create FabricCheckResults (the policy
-    // fabricgate-fabriccheck-results keeps each agent to its own answer).
+    // In its namespace only the breaker's ledger, by name: read it and update it; the guard's
+    // Lease, by name: read it (the pool summary); and the gang pre-flight: list and watch the
+    // FabricChecks, create FabricCheckResults (the policy fabricgate-fabriccheck-results keeps
+    // each agent to its own answer).
     let ledger = object_in("Role", NAMESPACE);
     assert_eq!(
         ledger["rules"],
         json!([{"apiGroups": [""], "resources": ["configmaps"],
                 "resourceNames": ["fabricgate-breaker"], "verbs": ["get", "update"]},
+               {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                "resourceNames": [fabricgate::config::DEFAULT_GUARD_LEASE], "verbs": ["get"]},
                {"apiGroups": ["fabricgate.io"], "resources": ["fabricchecks"],
                 "verbs": ["list", "watch"]},
                {"apiGroups": ["fabricgate.io"], "resources": ["fabriccheckresults"],

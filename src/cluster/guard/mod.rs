@@ -21,6 +21,7 @@ mod watch;
 use crate::cluster::lease::{Election, Leadership, release};
 use crate::config::Config;
 use crate::error::{Error, Result};
+use crate::policy::breaker;
 use futures::FutureExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
@@ -107,13 +108,24 @@ pub async fn run(
     // The next `--stale-after` deadline of a Node whose agent is not running: judged when due,
     // not only on the next tick.
     let mut due: Option<tokio::time::Instant> = None;
+    let summary_key = breaker::pool_annotation(&s.config.node.label_prefix);
     tokio::pin!(shutdown);
     tracing::info!(identity = %s.identity, lease = %s.lease_name, "fabricgate guard started");
     loop {
         tokio::select! {
             () = &mut shutdown => break,
             _ = tick.tick() => {
-                let renewal = leadership.renew(&leases, &s.election()).await;
+                // The pool summary rides on the renewal: agents read it instead of listing
+                // the pool (policy::breaker::PoolSummary); removed while the cache does not
+                // follow the server.
+                let published = pool_summary(watched.as_ref(), &s);
+                let renewal = leadership
+                    .renew_publishing(
+                        &leases,
+                        &s.election(),
+                        Some((&summary_key, published.as_deref())),
+                    )
+                    .await;
                 leading = renewal.leading;
                 if renewal.changed {
                     unhealthy_since.clear();
@@ -161,6 +173,31 @@ pub async fn run(
     }
     tracing::info!("fabricgate guard stopped");
     Ok(())
+}
+
+/// The pool summary the leader publishes on its Lease for the agents' breakers: counted from a
+/// cache that follows the server, else `None` (removed: the agents list the pool meanwhile).
+fn pool_summary(watched: Option<&Watched>, s: &GuardSettings) -> Option<String> {
+    let w = watched.filter(|w| w.cache.ready())?;
+    let nodes = w.cache.nodes();
+    let mut summary = breaker::PoolSummary::of(
+        nodes.iter().map(AsRef::as_ref),
+        &s.config.node.taint_key(),
+        s.config.node.breaker.window,
+        &k8s_openapi::jiff::Timestamp::now(),
+    );
+    summary.selector.clone_from(&s.config.node.pool_selector);
+    let text = summary.annotation();
+    if text.is_none() {
+        tracing::warn!(
+            pool_nodes = summary.nodes,
+            failing =
+                summary.tainted_new.len() + summary.tainted_old.len() + summary.not_ready.len(),
+            "the pool summary is too large for the Lease; agents list the pool until fewer \
+             Nodes fail"
+        );
+    }
+    text
 }
 
 /// The earliest `--stale-after` deadline still ahead among the Nodes whose agent is not

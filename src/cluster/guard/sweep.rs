@@ -52,8 +52,8 @@ pub(super) async fn sweep(
     let key = s.config.node.taint_key();
     let now = Instant::now();
     since.retain(|n, _| cache.has_node(n));
-    // The pool as `count_pool` takes it, copied out of the store only when a taint is due.
-    let mut counted_pool: Option<Vec<Node>> = None;
+    // The pool as the breaker counts it, counted only when a taint is due.
+    let mut summary: Option<breaker::PoolSummary> = None;
     for node in &pool {
         let Some(name) = node.metadata.name.clone() else {
             continue;
@@ -76,15 +76,16 @@ pub(super) async fn sweep(
             continue;
         }
         let (annotation, overridden) = breaker::breaker_override(node, &s.config.node.label_prefix);
-        let pool_now =
-            counted_pool.get_or_insert_with(|| pool.iter().map(|n| Node::clone(n)).collect());
-        let counted = breaker::count_pool(
-            pool_now,
-            &name,
-            &key,
-            s.config.node.breaker.window,
-            &Timestamp::now(),
-        );
+        let counted = summary
+            .get_or_insert_with(|| {
+                breaker::PoolSummary::of(
+                    pool.iter().map(AsRef::as_ref),
+                    &key,
+                    s.config.node.breaker.window,
+                    &Timestamp::now(),
+                )
+            })
+            .count(&name, true);
         let message = format!(
             "{problem} for over {}; tainted by fabricgate guard until the agent validates \
              the node again",
