@@ -138,7 +138,7 @@ fn scale() {
         };
         println!(
             "{}",
-            run_scale(cp, &format!("scale-{}", mode.trim()), &spec)
+            run_scale(cp, &format!("scale-{}", mode.trim()), &spec).report
         );
     }
 }

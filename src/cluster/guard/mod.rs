@@ -111,6 +111,14 @@ pub async fn run(
     let summary_key = breaker::pool_annotation(&s.config.node.label_prefix);
     tokio::pin!(shutdown);
     tracing::info!(identity = %s.identity, lease = %s.lease_name, "fabricgate guard started");
+    if s.config.node.breaker.guard_lease != s.lease_name {
+        tracing::warn!(
+            lease = %s.lease_name,
+            agents_read = %s.config.node.breaker.guard_lease,
+            "the agents read the pool summary from node.breaker.guard_lease, not this guard's \
+             Lease: their breakers list the pool instead; give both the same name"
+        );
+    }
     loop {
         tokio::select! {
             () = &mut shutdown => break,
