@@ -60,6 +60,18 @@ struct Fleet {
     _config: tempfile::TempDir,
 }
 
+/// The peers port of every agent in these tests (each on its own loopback address), and the
+/// controller's `peers.listen` port: one free port, picked once.
+fn peers_port() -> u16 {
+    static PORT: std::sync::OnceLock<u16> = std::sync::OnceLock::new();
+    *PORT.get_or_init(|| {
+        std::net::TcpListener::bind("127.0.0.11:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port on 127.0.0.11")
+    })
+}
+
 /// The pool's peers key in these tests.
 const PEERS_KEY: &str = "0d6a1c5e3b7f9a2d4c6e8f0a1b3c5d7e9f1a2b4c6d8e0f1a3b5c7d9e1f2a4b6c\n";
 
@@ -89,7 +101,7 @@ impl Fleet {
             agents: Vec::new(),
             _config: config_dir,
         };
-        for leaf in ["a", "b"] {
+        for (l, leaf) in ["a", "b"].into_iter().enumerate() {
             for i in 0..WORKERS {
                 let name = format!("{prefix}-{leaf}-{i}");
                 cp.create_node(
@@ -98,6 +110,16 @@ impl Fleet {
                     json!([{ "key": TAINT, "effect": "NoSchedule" }]),
                     json!({ "nvidia.com/gpu": "8" }),
                 );
+                // Each node its own loopback address (its status.addresses, as the kubelet
+                // reports them) and the one peers port: the controller accepts only such an
+                // endpoint (issue 36, item 10).
+                let ip = format!("127.0.0.{}", 11 + l * WORKERS + i);
+                cp.patch_node_status(
+                    &name,
+                    &json!({ "status": { "addresses": [
+                        { "type": "InternalIP", "address": ip }] } }),
+                );
+                let listen = format!("{ip}:{}", peers_port());
                 let node = TestNode { cp, name };
                 let hca = FakeHca::new(true);
                 let kubeconfig = node.agent_kubeconfig(None);
@@ -105,7 +127,14 @@ impl Fleet {
                     &node.name,
                     &hca,
                     Some(&kubeconfig),
-                    &["--interval", "500ms", "--config", &config_arg],
+                    &[
+                        "--interval",
+                        "500ms",
+                        "--config",
+                        &config_arg,
+                        "--peers-listen",
+                        &listen,
+                    ],
                 ));
                 fleet.nodes.push(node);
                 fleet.hcas.push(hca);
@@ -332,8 +361,15 @@ impl Controller {
         let config = dir.join("config.yaml");
         // The fixture agents have no verbs (see docs/gangs.md): the pair exchange runs over
         // the side channel only.
-        std::fs::write(&config, "gang:\n  require_rdma: false\n  timeout: 10s\n")
-            .expect("controller config");
+        std::fs::write(
+            &config,
+            format!(
+                "gang:\n  require_rdma: false\n  timeout: 10s\npeers:\n  listen: \
+                 \"0.0.0.0:{}\"\n",
+                peers_port()
+            ),
+        )
+        .expect("controller config");
         let child = Command::new(env!("CARGO_BIN_EXE_fabricgate"))
             .arg("admission-check")
             .arg("--config")
