@@ -16,8 +16,9 @@ pub const DEFAULT_MAX_NODES: usize = 256;
 pub const MAX_MAX_NODES: usize = 4096;
 /// Default `gang.retry_backoff`: Kueue requeues after the first `Retry` no sooner than this.
 pub const DEFAULT_RETRY_BACKOFF: Duration = Duration::from_secs(5);
-/// Default `gang.retry_backoff_max`: the doubling delay stops growing here.
-pub const DEFAULT_RETRY_BACKOFF_MAX: Duration = Duration::from_secs(600);
+/// Default `gang.retry_backoff_max`: the doubling delay stops growing here. Kueue v0.19 keeps
+/// the Workload's quota reserved (its nodes idle) until the delay ends, so it stays short.
+pub const DEFAULT_RETRY_BACKOFF_MAX: Duration = Duration::from_secs(120);
 /// Default `gang.max_attempts`: the pre-flight fails this many times, then the Workload is
 /// `Rejected`.
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 10;
@@ -233,7 +234,7 @@ mod tests {
         let d = GangSettings::default();
         assert_eq!(
             (d.retry_backoff, d.retry_backoff_max, d.max_attempts),
-            (Duration::from_secs(5), Duration::from_secs(600), 10)
+            (Duration::from_secs(5), Duration::from_secs(120), 10)
         );
         let delays: Vec<Escalation> = (0..10).map(|n| d.escalate(n)).collect();
         let secs: Vec<u32> = delays
@@ -243,7 +244,7 @@ mod tests {
                 Escalation::Reject { .. } => None,
             })
             .collect();
-        assert_eq!(secs, [5, 10, 20, 40, 80, 160, 320, 600, 600]);
+        assert_eq!(secs, [5, 10, 20, 40, 80, 120, 120, 120, 120]);
         assert_eq!(delays[9], Escalation::Reject { attempt: 10 });
         assert_eq!(
             d.escalate(u32::MAX),
@@ -257,7 +258,7 @@ mod tests {
         assert_eq!(
             forever.escalate(200),
             Escalation::Retry {
-                after_secs: 600,
+                after_secs: 120,
                 attempt: 201
             }
         );

@@ -36,6 +36,10 @@ pub(super) struct State {
     deleted: HashSet<String>,
     /// (Workload uid, reservation) -> when a pass first saw its check Pending.
     first_seen: HashMap<(String, String), Instant>,
+    /// FabricCheck uid -> (the Workload's resourceVersion, whether the check's members are
+    /// its assigned nodes at that version): matching domains to Nodes once per version, not
+    /// on every pass while the check is in flight.
+    same_members: HashMap<String, (String, bool)>,
 }
 
 /// A state for our entries of one Workload.
@@ -263,7 +267,17 @@ async fn workload(
         // otherwise be released on the old nodes' answers (issue 36, item 6).
         let same = spec.workload.uid == uid
             && fc.annotations().get(RESERVATION_ANNOTATION) == Some(&reservation)
-            && same_members(&spec, &status, nodes);
+            && {
+                let fc_uid = fc.uid().unwrap_or_default();
+                match state.same_members.get(&fc_uid) {
+                    Some((at, same)) if *at == rv => *same,
+                    _ => {
+                        let same = same_members(&spec, &status, nodes);
+                        state.same_members.insert(fc_uid, (rv.clone(), same));
+                        same
+                    }
+                }
+            };
         if same {
             let mut results = answers(w.results.state(), &fc, &spec);
             let deadline: Option<Timestamp> = spec.deadline.parse().ok();
@@ -285,7 +299,7 @@ async fn workload(
             // A member that stopped being validated while its agents measured (its agent saw a
             // port go down, the guard found it gone) fails the check whatever the answers say
             // (issue 36, item 7).
-            let verdict = match member_problems(&spec, nodes, s) {
+            let verdict = match member_problems(&spec, w, s) {
                 Some(message) => Verdict::Retry {
                     message,
                     failed_pairs: 0,
@@ -340,18 +354,14 @@ async fn workload(
 }
 
 /// Why members of `spec` are not validated now (a message for `Retry`), or `None`.
-fn member_problems(spec: &CheckSpec, nodes: &[Arc<Node>], s: &CheckSettings) -> Option<String> {
+fn member_problems(spec: &CheckSpec, w: &Watched, s: &CheckSettings) -> Option<String> {
     let prefix = &s.config.node.label_prefix;
     let taint = s.config.node.taint_key();
-    let by_name: BTreeMap<&str, &Node> = nodes
-        .iter()
-        .filter_map(|n| Some((n.metadata.name.as_deref()?, n.as_ref())))
-        .collect();
     let problems: Vec<String> = spec
         .members
         .iter()
-        .filter_map(|m| match by_name.get(m.node.as_str()) {
-            Some(node) => node_problem(node, prefix, &taint),
+        .filter_map(|m| match w.nodes.get(&ObjectRef::new(&m.node)) {
+            Some(node) => node_problem(&node, prefix, &taint),
             None => Some(format!("{}: the Node is gone", m.node)),
         })
         .collect();
@@ -831,6 +841,7 @@ async fn cleanup(
     );
     let live: HashSet<String> = w.checks.state().iter().filter_map(|fc| fc.uid()).collect();
     state.deleted.retain(|uid| live.contains(uid));
+    state.same_members.retain(|uid, _| live.contains(uid));
     let max_age = SignedDuration::try_from(s.config.gang.timeout * 2).unwrap_or_default();
     for fc in w.checks.state() {
         if state.deleted.contains(&fc.uid().unwrap_or_default()) {
