@@ -351,6 +351,11 @@ impl Controller {
     /// With the shipped ServiceAccount's token (its RBAC from deploy/admission-check.yaml),
     /// serving only the Job's namespace, on a Lease of its own.
     fn start(kueue: &Kueue) -> Controller {
+        Self::start_with(kueue, "  require_rdma: false\n")
+    }
+
+    /// With `gang` as the `gang:` section's lines besides `timeout: 10s`.
+    fn start_with(kueue: &Kueue, gang: &str) -> Controller {
         let cp = kueue.cp;
         let dir = cp.run_dir().join("admission-check");
         std::fs::create_dir_all(&dir).expect("mkdir admission-check");
@@ -364,8 +369,7 @@ impl Controller {
         std::fs::write(
             &config,
             format!(
-                "gang:\n  require_rdma: false\n  timeout: 10s\npeers:\n  listen: \
-                 \"0.0.0.0:{}\"\n",
+                "gang:\n{gang}  timeout: 10s\npeers:\n  listen: \"0.0.0.0:{}\"\n",
                 peers_port()
             ),
         )
@@ -623,6 +627,96 @@ fn kueue_keeps_a_gang_pending_while_the_check_controller_is_down() {
     controller.kill();
 }
 
+/// Issue 36, item 2, with Kueue itself: a gang whose pre-flight fails every time (RDMA
+/// required, and the fixture agents have no verbs: every pair is `unmeasured`) is retried
+/// after the check's `requeueAfterSeconds` (Kueue keeps it waiting that long, not re-reserving
+/// at once) and, at `gang.max_attempts`, `Rejected`: Kueue deactivates the Workload and the
+/// Job never runs.
+#[test]
+fn redteam_kueue_backs_off_a_failing_gang_then_deactivates_it() {
+    let Some((_serial, kueue)) = start() else {
+        return;
+    };
+    let cp = kueue.cp;
+    let _fleet = Fleet::up(kueue, "kqb");
+    apply_queues(cp);
+    let watch = WorkloadWatch::start(cp);
+    let controller = Controller::start_with(
+        kueue,
+        "  require_rdma: true\n  retry_backoff: 3s\n  max_attempts: 2\n",
+    );
+    wait_queue_active(kueue, &controller);
+    create_job(cp);
+    let mut first_retry = None;
+    let last = std::cell::RefCell::new(None);
+    wait_until_ctx(
+        "Rejected and deactivated",
+        Duration::from_secs(90),
+        || {
+            let wl = workload(cp);
+            if first_retry.is_none()
+                && wl
+                    .as_ref()
+                    .and_then(check_state)
+                    .is_some_and(|(s, _)| s == "Retry")
+            {
+                first_retry = Some(Instant::now());
+            }
+            *last.borrow_mut() = wl.clone();
+            // Kueue resets the check to Pending as it deactivates the Workload.
+            wl.is_some_and(|w| {
+                w["spec"]["active"] == Value::Bool(false) && condition_true(&w, "Evicted")
+            })
+        },
+        || {
+            format!(
+                "\nworkload: {:#}\ncontroller:\n{}\nkueue:\n{}",
+                last.borrow().clone().unwrap_or_default(),
+                controller.log(),
+                kueue.log(20)
+            )
+        },
+    );
+    let rejected_at = Instant::now();
+    let retries = watch.retries();
+    assert!(
+        retries
+            .iter()
+            .any(|m| m.contains("attempt 1 of gang.max_attempts 2") && m.contains("in 3 s")),
+        "the first failure retried after 3 s: {retries:?}"
+    );
+    if let Some(t) = first_retry {
+        // (lastTransitionTime is in whole seconds: up to half a second earlier than written)
+        let waited = rejected_at.duration_since(t);
+        eprintln!("first Retry -> deactivated after the second attempt: {waited:?}");
+        assert!(
+            waited >= Duration::from_millis(2500),
+            "Kueue re-reserved before requeueAfterSeconds: {waited:?}"
+        );
+    }
+    let rejected = watch.states("Rejected");
+    assert!(
+        rejected.iter().any(|m| m.contains("failed 2 times (gang.max_attempts 2)")
+            && m.contains("unmeasured")),
+        "{rejected:?}"
+    );
+    let wl = workload(cp).expect("the Workload");
+    let evicted = wl["status"]["conditions"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["type"] == "Evicted").cloned())
+        .unwrap_or_default();
+    assert_eq!(
+        evicted["reason"], "DeactivatedDueToAdmissionCheck",
+        "{evicted}"
+    );
+    // Deactivated: the Job stays suspended, nothing of the gang ever ran.
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(job_suspended(cp), "the Job stays suspended");
+    assert_eq!(bound_pods(cp).0, 0, "no pod exists");
+    assert!(!condition_true(&workload(cp).unwrap(), "Admitted"));
+    controller.kill();
+}
+
 /// `kubectl get workloads --watch -o json` on the Job's namespace in the background: every
 /// version of the Workloads, so a `Retry` that Kueue turns back into `Pending` within
 /// milliseconds is still seen.
@@ -661,12 +755,17 @@ impl WorkloadWatch {
 
     /// The messages of every `Retry` state fabricgate's check had.
     fn retries(&self) -> Vec<String> {
+        self.states("Retry")
+    }
+
+    /// The messages of every `state` fabricgate's check had.
+    fn states(&self, state: &str) -> Vec<String> {
         let text = std::fs::read_to_string(&self.out).unwrap_or_default();
         serde_json::Deserializer::from_str(&text)
             .into_iter::<Value>()
             .map_while(Result::ok)
             .filter_map(|wl| check_state(&wl))
-            .filter(|(state, _)| state == "Retry")
+            .filter(|(s, _)| s == state)
             .map(|(_, message)| message)
             .collect()
     }
