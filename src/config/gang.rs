@@ -14,6 +14,16 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(20);
 pub const DEFAULT_MAX_NODES: usize = 256;
 /// Upper bound of `gang.max_nodes` (a FabricCheck's members stay far below the object limit).
 pub const MAX_MAX_NODES: usize = 4096;
+/// Default `gang.retry_backoff`: Kueue requeues after the first `Retry` no sooner than this.
+pub const DEFAULT_RETRY_BACKOFF: Duration = Duration::from_secs(5);
+/// Default `gang.retry_backoff_max`: the doubling delay stops growing here. Kueue v0.19 keeps
+/// the Workload's quota reserved (its nodes idle) until the delay ends, so it stays short.
+pub const DEFAULT_RETRY_BACKOFF_MAX: Duration = Duration::from_secs(120);
+/// Default `gang.max_attempts`: the pre-flight fails this many times, then the Workload is
+/// `Rejected`.
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 10;
+/// Upper bound of `gang.max_attempts`.
+pub const MAX_MAX_ATTEMPTS: u32 = 1000;
 
 /// `gang:` in the config file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -34,6 +44,17 @@ pub struct GangSettings {
     /// tests) without verbs, an answer over the peers' side channel is enough, and the
     /// check's message says so.
     pub require_rdma: bool,
+    /// The delay Kueue waits before it reserves again after the first `Retry`
+    /// (`requeueAfterSeconds` on the check's state), doubled for every earlier retry of the
+    /// Workload (Kueue's `retryCount`), at most `retry_backoff_max`. 1s to 1h.
+    #[serde(with = "retry_backoff")]
+    pub retry_backoff: Duration,
+    /// The longest delay between two attempts (1s to 24h, not below `retry_backoff`).
+    #[serde(with = "retry_backoff_max")]
+    pub retry_backoff_max: Duration,
+    /// A Workload whose pre-flight failed this many times (its check's `retryCount` + 1) is
+    /// `Rejected` instead of retried again (1 to 1000; 1: the first failure rejects).
+    pub max_attempts: u32,
 }
 
 impl Default for GangSettings {
@@ -44,6 +65,9 @@ impl Default for GangSettings {
             min_bandwidth_gbps: None,
             max_nodes: DEFAULT_MAX_NODES,
             require_rdma: true,
+            retry_backoff: DEFAULT_RETRY_BACKOFF,
+            retry_backoff_max: DEFAULT_RETRY_BACKOFF_MAX,
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
         }
     }
 }
@@ -55,7 +79,51 @@ bounded_duration!(
     Duration::from_secs(600)
 );
 
+bounded_duration!(
+    retry_backoff,
+    "gang.retry_backoff",
+    Duration::from_secs(1),
+    Duration::from_secs(3600)
+);
+
+bounded_duration!(
+    retry_backoff_max,
+    "gang.retry_backoff_max",
+    Duration::from_secs(1),
+    Duration::from_secs(86_400)
+);
+
+/// What the check does with a pre-flight that failed: retry after a delay, or give up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Escalation {
+    /// `Retry`, Kueue to reserve again no sooner than this (`requeueAfterSeconds`).
+    Retry { after_secs: u32, attempt: u32 },
+    /// `Rejected`: the Workload failed `gang.max_attempts` times.
+    Reject { attempt: u32 },
+}
+
 impl GangSettings {
+    /// After a failed pre-flight of a Workload whose check was retried `retry_count` times
+    /// before (Kueue's `retryCount`): `retry_backoff` doubled per earlier retry, at most
+    /// `retry_backoff_max`, in whole seconds; or `Reject` once `max_attempts` are used up.
+    pub fn escalate(&self, retry_count: u32) -> Escalation {
+        let attempt = retry_count.saturating_add(1);
+        if attempt >= self.max_attempts {
+            return Escalation::Reject { attempt };
+        }
+        let base = self.retry_backoff.as_secs().max(1);
+        let max = self.retry_backoff_max.as_secs().max(base);
+        let delay = base
+            .checked_shl(retry_count.min(63))
+            .filter(|d| d >> retry_count.min(63) == base)
+            .unwrap_or(u64::MAX)
+            .min(max);
+        Escalation::Retry {
+            after_secs: u32::try_from(delay).unwrap_or(u32::MAX),
+            attempt,
+        }
+    }
+
     pub(super) fn validate(&self) -> Result<()> {
         let bad = |key: &str, message: String| {
             Err(Error::ConfigValue {
@@ -95,6 +163,26 @@ impl GangSettings {
             return bad(
                 "min_bandwidth_gbps",
                 format!("{g} is out of range; give Gbit/s above 0 (e.g. 25), or leave it out"),
+            );
+        }
+        if self.max_attempts == 0 || self.max_attempts > MAX_MAX_ATTEMPTS {
+            return bad(
+                "max_attempts",
+                format!(
+                    "{} is out of range; give 1 to {MAX_MAX_ATTEMPTS} (default \
+                     {DEFAULT_MAX_ATTEMPTS})",
+                    self.max_attempts
+                ),
+            );
+        }
+        if self.retry_backoff_max < self.retry_backoff {
+            return bad(
+                "retry_backoff_max",
+                format!(
+                    "{} is below gang.retry_backoff ({}); give at least that",
+                    humantime::format_duration(self.retry_backoff_max),
+                    humantime::format_duration(self.retry_backoff)
+                ),
             );
         }
         Ok(())
@@ -137,5 +225,76 @@ mod tests {
             assert!(e.contains(key), "{yaml}: {e}");
         }
         assert!(serde_norway::from_str::<GangSettings>("peers_port: 1\n").is_err());
+    }
+
+    /// Issue 36, item 2: a failing gang is retried with a doubling delay from Kueue's
+    /// `retryCount`, bounded, and `Rejected` after `gang.max_attempts` failures.
+    #[test]
+    fn redteam_retry_backs_off_exponentially_and_rejects_after_max_attempts() {
+        let d = GangSettings::default();
+        assert_eq!(
+            (d.retry_backoff, d.retry_backoff_max, d.max_attempts),
+            (Duration::from_secs(5), Duration::from_secs(120), 10)
+        );
+        let delays: Vec<Escalation> = (0..10).map(|n| d.escalate(n)).collect();
+        let secs: Vec<u32> = delays
+            .iter()
+            .filter_map(|e| match e {
+                Escalation::Retry { after_secs, .. } => Some(*after_secs),
+                Escalation::Reject { .. } => None,
+            })
+            .collect();
+        assert_eq!(secs, [5, 10, 20, 40, 80, 120, 120, 120, 120]);
+        assert_eq!(delays[9], Escalation::Reject { attempt: 10 });
+        assert_eq!(
+            d.escalate(u32::MAX),
+            Escalation::Reject { attempt: u32::MAX }
+        );
+        // A huge retryCount (Kueue's is an int32) neither overflows nor wraps.
+        let forever = GangSettings {
+            max_attempts: MAX_MAX_ATTEMPTS,
+            ..GangSettings::default()
+        };
+        assert_eq!(
+            forever.escalate(200),
+            Escalation::Retry {
+                after_secs: 120,
+                attempt: 201
+            }
+        );
+        let once = GangSettings {
+            max_attempts: 1,
+            ..GangSettings::default()
+        };
+        assert_eq!(once.escalate(0), Escalation::Reject { attempt: 1 });
+
+        let ok: GangSettings =
+            serde_norway::from_str("retry_backoff: 2s\nretry_backoff_max: 1m\nmax_attempts: 3\n")
+                .unwrap();
+        ok.validate().unwrap();
+        assert_eq!(
+            ok.escalate(1),
+            Escalation::Retry {
+                after_secs: 4,
+                attempt: 2
+            }
+        );
+        assert_eq!(ok.escalate(2), Escalation::Reject { attempt: 3 });
+        for (yaml, key) in [
+            ("max_attempts: 0\n", "gang.max_attempts"),
+            ("max_attempts: 1001\n", "gang.max_attempts"),
+            (
+                "retry_backoff: 1m\nretry_backoff_max: 10s\n",
+                "gang.retry_backoff_max",
+            ),
+        ] {
+            let s: GangSettings = serde_norway::from_str(yaml).unwrap();
+            let e = s.validate().unwrap_err().to_string();
+            assert!(e.contains(key), "{yaml}: {e}");
+        }
+        let e = serde_norway::from_str::<GangSettings>("retry_backoff: 0s\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("gang.retry_backoff"), "{e}");
     }
 }

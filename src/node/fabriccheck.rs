@@ -159,6 +159,17 @@ pub struct ResultSpec {
     pub result: PairResult,
 }
 
+/// Whether `uid` has the shape of a Kubernetes object uid (a UUID in its lower-case text
+/// form, 36 characters), as a FabricCheck's is: no other `checkUID` is an answer's.
+pub fn is_uid(uid: &str) -> bool {
+    let b = uid.as_bytes();
+    b.len() == 36
+        && b.iter().enumerate().all(|(i, c)| match i {
+            8 | 13 | 18 | 23 => *c == b'-',
+            _ => c.is_ascii_digit() || (b'a'..=b'f').contains(c),
+        })
+}
+
 /// The name of `node`'s answer to the check `check_uid` (the admission policy requires exactly
 /// this name, so each node has at most one answer per check).
 pub fn result_name(check_uid: &str, node: &str) -> String {
@@ -232,6 +243,23 @@ mod tests {
         let back = result_from_dynamic(&obj).unwrap();
         assert_eq!(back.result, r);
         assert_eq!(back.check, check.name);
+    }
+
+    /// Issue 36, item 5: only a uid-shaped `checkUID` names a check (the CRD's pattern too).
+    #[test]
+    fn redteam_only_a_uid_shaped_check_uid_is_an_answer() {
+        assert!(is_uid("0f1e2d3c-aaaa-bbbb-cccc-000000000001"));
+        for bad in [
+            "",
+            "x",
+            "0F1E2D3C-AAAA-BBBB-CCCC-000000000001",
+            "0f1e2d3c-aaaa-bbbb-cccc-0000000000011",
+            "0f1e2d3caaaaabbbbbcccc-000000000001",
+            "0f1e2d3c-aaaa-bbbb-cccc-00000000000g",
+            &"a".repeat(64),
+        ] {
+            assert!(!is_uid(bad), "{bad}");
+        }
     }
 
     #[test]

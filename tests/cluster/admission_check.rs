@@ -161,6 +161,17 @@ fn gpu_node(cp: &ControlPlane, name: &str, leaf: &str, validated: bool) {
         json!({}),
     );
     set_fabric(cp, name, validated);
+    // The address its agent's --peers-listen names, as the kubelet reports it.
+    let ip = endpoint(name)
+        .split(':')
+        .next()
+        .unwrap_or_default()
+        .to_owned();
+    cp.patch_node_status(
+        name,
+        &json!({ "status": { "addresses": [
+            { "type": "InternalIP", "address": ip }, { "type": "Hostname", "address": name }] } }),
+    );
     cp.kubectl(&[
         "annotate",
         "node",
@@ -307,6 +318,18 @@ fn answer(cp: &ControlPlane, fc: &str, result: Value) {
         serde_json::from_value(crate::common::fabriccheck_answer(fc, &uid, &result)).unwrap();
     cp.block_on(fabric_check_results(cp).create(&PostParams::default(), &obj))
         .expect("create a member's answer");
+}
+
+/// [`answer`], when the FabricCheck is still there.
+fn try_answer(cp: &ControlPlane, fc: &str, result: Value) {
+    let Some(uid) =
+        fabric_check(cp, fc).and_then(|f| f["metadata"]["uid"].as_str().map(str::to_owned))
+    else {
+        return;
+    };
+    let obj: DynamicObject =
+        serde_json::from_value(crate::common::fabriccheck_answer(fc, &uid, &result)).unwrap();
+    let _ = cp.block_on(fabric_check_results(cp).create(&PostParams::default(), &obj));
 }
 
 fn good(node: &str, peer: &str) -> Value {
@@ -813,6 +836,499 @@ fn admission_check_without_topology_checks_the_flavors_nodes_only() {
     assert!(
         message.contains("2 of the 3 nodes of flavor ac-notas are validated")
             && message.contains("ac-notas-2: FabricReady=False (RdmaPortDown"),
+        "{message}"
+    );
+}
+
+/// Our check's entry on the Workload, whole (state, message, `requeueAfterSeconds`, ...).
+fn check_entry_json(cp: &ControlPlane, ns: &str, name: &str) -> Value {
+    let wl = cp
+        .get_json(&format!(
+            "/apis/kueue.x-k8s.io/v1beta2/namespaces/{ns}/workloads/{name}"
+        ))
+        .expect("the Workload");
+    wl["status"]["admissionChecks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["name"] == CHECK)
+        .cloned()
+        .unwrap_or(Value::Null)
+}
+
+/// A config with `extra` lines under `gang:` (RDMA required, `timeout`).
+fn config_with(env: &Env, name: &str, timeout: &str, extra: &str) -> PathBuf {
+    let path = env.scratch.path().join(format!("{name}.yaml"));
+    std::fs::write(
+        &path,
+        format!("gang:\n  namespace: {NS}\n  timeout: {timeout}\n  require_rdma: true\n{extra}"),
+    )
+    .unwrap();
+    path
+}
+
+/// Issue 36, item 2: a `Retry` used to carry no `requeueAfterSeconds`, so Kueue reserved again
+/// at once (TAS picking the same nodes, a StrictFIFO queue blocked behind the gang), forever.
+/// Now the delay doubles with Kueue's `retryCount` (the Kueue CRD accepts the field: the
+/// write is validated against Kueue v0.19's own schema) and the Workload is `Rejected` after
+/// `gang.max_attempts` failures.
+#[test]
+fn redteam_a_failing_gang_is_retried_with_backoff_then_rejected() {
+    let Some(env) = setup() else { return };
+    let cp = env.cp;
+    let ns = "ac-backoff";
+    gpu_node(cp, "ac-backoff-0", "leaf-bo", true);
+    gpu_node(cp, "ac-backoff-1", "leaf-bo", true);
+    gpu_node(cp, "ac-backoff-2", "leaf-bo", false);
+    let config = config_with(
+        &env,
+        "backoff",
+        "5s",
+        "  retry_backoff: 3s\n  retry_backoff_max: 20s\n  max_attempts: 4\n",
+    );
+    let c = start(&env, "ac-backoff-a", "ac-test-backoff", ns, &config);
+    let nodes = ["ac-backoff-0", "ac-backoff-1"];
+    let reserve = |name: &str, nodes: &[&str], when: &str, retries: Option<u32>| {
+        kueue_crds::reserve_retried(cp, ns, name, CHECK, Some("leaf-bo"), nodes, when, retries);
+    };
+    let fail_pair = |uid: &str, name: &str| {
+        let fc = fc_name(ns, name, uid);
+        c.wait("the FabricCheck", Duration::from_secs(10), || {
+            fabric_check(cp, &fc).is_some()
+        });
+        answer(cp, &fc, good("ac-backoff-0", "ac-backoff-1"));
+        answer(
+            cp,
+            &fc,
+            json!({ "node": "ac-backoff-1", "peer": "ac-backoff-0", "ok": false,
+                    "rdma": "measured", "device": "mlx5_0", "port": 1,
+                    "error": "timeout: no RDMA WRITE completion within 2s" }),
+        );
+    };
+
+    // First failure (no retryCount yet): Retry, Kueue to wait gang.retry_backoff.
+    let uid = create_workload(cp, ns, "flaky", 2);
+    reserve("flaky", &nodes, "2026-12-02T04:00:00Z", None);
+    fail_pair(&uid, "flaky");
+    c.wait("Retry", Duration::from_secs(10), || {
+        check_state(cp, ns, "flaky").0 == "Retry"
+    });
+    let entry = check_entry_json(cp, ns, "flaky");
+    assert_eq!(entry["requeueAfterSeconds"], 3, "{entry}");
+    let message = entry["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("ac-backoff-1 -> ac-backoff-0") && message.contains("attempt 1 of"),
+        "{message}"
+    );
+
+    // Kueue counted two retries: the third failure waits 3 s × 2² = 12 s. An unvalidated node
+    // (no pre-flight) backs off the same way.
+    reserve(
+        "flaky",
+        &["ac-backoff-0", "ac-backoff-2"],
+        "2026-12-02T04:00:10Z",
+        Some(2),
+    );
+    c.wait(
+        "Retry on the unvalidated node",
+        Duration::from_secs(10),
+        || {
+            let e = check_entry_json(cp, ns, "flaky");
+            e["state"] == "Retry" && e["message"].as_str().unwrap_or("").contains("ac-backoff-2")
+        },
+    );
+    let entry = check_entry_json(cp, ns, "flaky");
+    assert_eq!(entry["requeueAfterSeconds"], 12, "{entry}");
+
+    // The fourth failure (retryCount 3, gang.max_attempts 4): Rejected, no more retries, an
+    // Event, the metric.
+    reserve("flaky", &nodes, "2026-12-02T04:00:20Z", Some(3));
+    fail_pair(&uid, "flaky");
+    c.wait("Rejected", Duration::from_secs(10), || {
+        check_state(cp, ns, "flaky").0 == "Rejected"
+    });
+    let entry = check_entry_json(cp, ns, "flaky");
+    assert!(entry.get("requeueAfterSeconds").is_none(), "{entry}");
+    let message = entry["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("failed 4 times (gang.max_attempts 4)")
+            && message.contains("ac-backoff-1 -> ac-backoff-0"),
+        "{message}"
+    );
+    c.wait("the Rejected Event", Duration::from_secs(5), || {
+        workload_events(cp, ns, "flaky")
+            .iter()
+            .any(|e| e["reason"] == "FabricPreflightRejected" && e["type"] == "Warning")
+    });
+    assert_eq!(
+        c.metric("fabricgate_admission_checks_total{result=\"rejected\"}"),
+        1.0
+    );
+    assert_eq!(
+        c.metric("fabricgate_admission_checks_total{result=\"retry\"}"),
+        2.0
+    );
+}
+
+/// Issue 36, item 6: a FabricCheck was reused when the Workload's uid and the reservation time
+/// (to the second) matched, without comparing its members with the new assignment: a gang
+/// evicted and placed again within the second on other nodes was released on the old nodes'
+/// answers. Now the members are compared, and a check of other nodes is replaced.
+#[test]
+fn redteam_a_stale_check_is_not_reused_for_other_nodes() {
+    let Some(env) = setup() else { return };
+    let cp = env.cp;
+    let ns = "ac-stale";
+    for name in ["ac-stale-0", "ac-stale-1", "ac-stale-2", "ac-stale-3"] {
+        gpu_node(cp, name, "leaf-st", true);
+    }
+    let config = config(&env, "stale", "20s");
+    let c = start(&env, "ac-stale-a", "ac-test-stale", ns, &config);
+    let uid = create_workload(cp, ns, "moved", 2);
+    let when = "2026-12-02T04:10:00Z";
+    reserve(
+        cp,
+        ns,
+        "moved",
+        "leaf-st",
+        &["ac-stale-0", "ac-stale-1"],
+        when,
+    );
+    let fc = fc_name(ns, "moved", &uid);
+    c.wait("the FabricCheck", Duration::from_secs(10), || {
+        fabric_check(cp, &fc).is_some()
+    });
+    let old_uid = fabric_check(cp, &fc).unwrap()["metadata"]["uid"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // Placed again, in the same second, on two other nodes.
+    reserve(
+        cp,
+        ns,
+        "moved",
+        "leaf-st",
+        &["ac-stale-2", "ac-stale-3"],
+        when,
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    // The old members answer the old check (their answers are good).
+    if fabric_check(cp, &fc).is_some_and(|f| f["metadata"]["uid"] == old_uid.as_str()) {
+        try_answer(cp, &fc, good("ac-stale-0", "ac-stale-1"));
+        try_answer(cp, &fc, good("ac-stale-1", "ac-stale-0"));
+    }
+    c.wait(
+        "a FabricCheck of the new nodes",
+        Duration::from_secs(10),
+        || {
+            fabric_check(cp, &fc).is_some_and(|f| {
+                f["metadata"]["uid"] != old_uid.as_str()
+                    && members(&f).iter().map(|m| m.0.as_str()).collect::<Vec<_>>()
+                        == ["ac-stale-2", "ac-stale-3"]
+            })
+        },
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        check_state(cp, ns, "moved").0,
+        "Pending",
+        "released on another gang's answers: {}",
+        c.log()
+    );
+    answer(cp, &fc, good("ac-stale-2", "ac-stale-3"));
+    answer(cp, &fc, good("ac-stale-3", "ac-stale-2"));
+    c.wait("Ready", Duration::from_secs(10), || {
+        check_state(cp, ns, "moved").0 == "Ready"
+    });
+}
+
+/// Issue 36, item 10: the peers endpoint annotation was put into the FabricCheck as written
+/// (any host and port: the members' agents dialled it, and their errors quoting it went into
+/// the tenant's Workload status). Now only one of the Node's own `status.addresses` at the
+/// configured peers port is accepted; another value is a `Retry` naming the node, never the
+/// value.
+#[test]
+fn redteam_a_peers_endpoint_not_of_the_node_is_refused_and_not_echoed() {
+    let Some(env) = setup() else { return };
+    let cp = env.cp;
+    let ns = "ac-endpoint";
+    for name in ["ac-ep-0", "ac-ep-1", "ac-ep-2"] {
+        gpu_node(cp, name, "leaf-ep", true);
+    }
+    let config = config(&env, "endpoint", "20s");
+    let c = start(&env, "ac-ep-a", "ac-test-endpoint", ns, &config);
+    let bad = [
+        ("ac-ep-1", "169.254.169.254:9465".to_owned()),
+        (
+            "ac-ep-2",
+            format!(
+                "{}:22 <b>fabric verified, contact evil.example</b>",
+                endpoint("ac-ep-2").split(':').next().unwrap()
+            ),
+        ),
+    ];
+    for (node, value) in &bad {
+        cp.kubectl(&[
+            "annotate",
+            "node",
+            node,
+            "--overwrite",
+            &format!("fabricgate.io/peers-endpoint={value}"),
+        ]);
+    }
+    let uid = create_workload(cp, ns, "ep", 3);
+    reserve(
+        cp,
+        ns,
+        "ep",
+        "leaf-ep",
+        &["ac-ep-0", "ac-ep-1", "ac-ep-2"],
+        "2026-12-02T04:20:00Z",
+    );
+    c.wait("Retry", Duration::from_secs(10), || {
+        check_state(cp, ns, "ep").0 == "Retry"
+    });
+    let (_, message) = check_state(cp, ns, "ep");
+    assert!(
+        message.contains("2 assigned nodes publish a peers endpoint")
+            && message.contains("ac-ep-1, ac-ep-2")
+            && message.contains("status.addresses"),
+        "{message}"
+    );
+    for needle in ["169.254.169.254", "evil.example", "<b>", ":22"] {
+        assert!(!message.contains(needle), "{needle} echoed: {message}");
+    }
+    assert!(
+        fabric_check(cp, &fc_name(ns, "ep", &uid)).is_none(),
+        "no pre-flight dials a foreign endpoint"
+    );
+    // Each agent writes its own address back: the pre-flight runs.
+    for (node, _) in &bad {
+        cp.kubectl(&[
+            "annotate",
+            "node",
+            node,
+            "--overwrite",
+            &format!("fabricgate.io/peers-endpoint={}", endpoint(node)),
+        ]);
+    }
+    reserve(
+        cp,
+        ns,
+        "ep",
+        "leaf-ep",
+        &["ac-ep-0", "ac-ep-1", "ac-ep-2"],
+        "2026-12-02T04:20:10Z",
+    );
+    c.wait("the FabricCheck", Duration::from_secs(10), || {
+        fabric_check(cp, &fc_name(ns, "ep", &uid)).is_some()
+    });
+}
+
+/// The controller's resident memory, KiB.
+fn rss_kib(c: &Controller) -> u64 {
+    std::fs::read_to_string(format!("/proc/{}/status", c.child.id()))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Issue 36, item 5: any `checkUID`, no limit on their number, and every labelled answer held
+/// in the controller's cache (a 256Mi container) let whoever may create a FabricCheckResult
+/// (every agent) run the controller out of memory. Now the CRD takes only a uid-shaped
+/// `checkUID`, the controller keeps only answers to live checks (a gang is still judged on
+/// its members' answers), and the shipped ResourceQuota bounds their count.
+#[test]
+fn redteam_an_answer_flood_neither_fills_the_controller_nor_is_unbounded() {
+    let Some(env) = setup() else { return };
+    let cp = env.cp;
+    let ns = "ac-flood";
+    gpu_node(cp, "ac-flood-0", "leaf-fl", true);
+    gpu_node(cp, "ac-flood-1", "leaf-fl", true);
+    let config = config(&env, "flood", "20s");
+    let c = start(&env, "ac-flood-a", "ac-test-flood", ns, &config);
+    c.wait("the Lease", Duration::from_secs(10), || {
+        holder(cp, "ac-test-flood").as_deref() == Some("ac-flood-a")
+    });
+    let results = fabric_check_results(cp);
+    let flood_answer = |uid: &str, i: usize, error: &str| -> DynamicObject {
+        let mut v = crate::common::fabriccheck_answer(
+            &format!("{ns}.flood.{i}"),
+            uid,
+            &json!({ "node": format!("flood-{i}"), "peer": "x", "ok": true, "rdma": "measured",
+                     "error": error }),
+        );
+        v["metadata"]["labels"]["fabricgate.io/test-flood"] = json!(ns);
+        serde_json::from_value(v).unwrap()
+    };
+
+    // Not a uid: refused by the CRD's schema.
+    let e = cp
+        .block_on(results.create(&PostParams::default(), &flood_answer("flood-0", 0, "")))
+        .unwrap_err();
+    assert!(
+        matches!(&e, kube::Error::Api(a) if a.code == 422 && a.message.contains("checkUID")),
+        "{e}"
+    );
+
+    // 1500 answers of 4 KiB each to checks that do not exist.
+    std::thread::sleep(Duration::from_secs(1));
+    let before = rss_kib(&c);
+    let error = "e".repeat(4000);
+    let t0 = Instant::now();
+    let created = cp.block_on(async {
+        use futures::StreamExt;
+        futures::stream::iter(0..1500usize)
+            .map(|i| {
+                let obj = flood_answer(&format!("f100d000-0000-4000-8000-{i:012x}"), i, &error);
+                let results = results.clone();
+                async move { results.create(&PostParams::default(), &obj).await.is_ok() }
+            })
+            .buffer_unordered(16)
+            .filter(|ok| futures::future::ready(*ok))
+            .count()
+            .await
+    });
+    eprintln!("flood: {created} answers created in {:?}", t0.elapsed());
+    assert_eq!(created, 1500);
+    std::thread::sleep(Duration::from_secs(3));
+    let after = rss_kib(&c);
+    eprintln!("controller RSS {before} KiB -> {after} KiB after 1500 answers of 4 KiB to no check");
+    assert!(
+        after < before + 6 * 1024,
+        "the controller holds the flood: {before} KiB -> {after} KiB"
+    );
+    // (the other tests' live checks share the namespace: their few answers are kept)
+    let cached = c.metric("fabricgate_gang_answers_cached");
+    assert!(cached < 100.0, "{cached} answers cached");
+
+    // A gang is still judged on its members' answers.
+    let uid = create_workload(cp, ns, "real", 2);
+    reserve(
+        cp,
+        ns,
+        "real",
+        "leaf-fl",
+        &["ac-flood-0", "ac-flood-1"],
+        "2026-12-02T04:30:00Z",
+    );
+    let fc = fc_name(ns, "real", &uid);
+    c.wait("the FabricCheck", Duration::from_secs(10), || {
+        fabric_check(cp, &fc).is_some()
+    });
+    answer(cp, &fc, good("ac-flood-0", "ac-flood-1"));
+    answer(cp, &fc, good("ac-flood-1", "ac-flood-0"));
+    c.wait("Ready", Duration::from_secs(10), || {
+        check_state(cp, ns, "real").0 == "Ready"
+    });
+    let lp = kube::api::ListParams::default().labels(&format!("fabricgate.io/test-flood={ns}"));
+    cp.block_on(results.delete_collection(&kube::api::DeleteParams::default(), &lp))
+        .expect("delete the flood");
+
+    // The shipped ResourceQuota, in a namespace of its own (the shared control plane runs no
+    // quota controller: the test plays it, counting what is there, as it would).
+    let quota_ns = "ac-quota";
+    ensure_namespace(cp, quota_ns);
+    let manifest = std::fs::read_to_string(MANIFEST).unwrap();
+    let quota = manifest
+        .split("\n---")
+        .find(|d| d.contains("\nkind: ResourceQuota"))
+        .expect("deploy/admission-check.yaml ships a ResourceQuota");
+    let mut quota: Value = serde_norway::from_str(quota).unwrap();
+    let key = "count/fabriccheckresults.fabricgate.io";
+    let hard: u64 = quota["spec"]["hard"][key]
+        .as_str()
+        .and_then(|h| h.parse().ok())
+        .expect("a count of FabricCheckResults");
+    assert!((256..=65536).contains(&hard), "{hard}");
+    quota["metadata"]["namespace"] = json!(quota_ns);
+    cp.apply(&quota.to_string());
+    let quota_name = quota["metadata"]["name"].as_str().unwrap().to_owned();
+    // As if `hard - 2` answers were there (creating thousands would only slow the suite).
+    cp.kubectl(&[
+        "-n",
+        quota_ns,
+        "patch",
+        "resourcequota",
+        &quota_name,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        &json!({ "status": { "hard": { key: hard.to_string() },
+                             "used": { key: (hard - 2).to_string() } } })
+        .to_string(),
+    ]);
+    let in_quota: Api<DynamicObject> = api(
+        cp,
+        "fabricgate.io",
+        "v1alpha1",
+        "FabricCheckResult",
+        "fabriccheckresults",
+        quota_ns,
+    );
+    let mut codes = Vec::new();
+    for i in 0..3usize {
+        let mut obj = flood_answer(&format!("f100d000-0000-4000-9000-{i:012x}"), i, "");
+        obj.metadata.namespace = Some(quota_ns.to_owned());
+        codes.push(
+            match cp.block_on(in_quota.create(&PostParams::default(), &obj)) {
+                Ok(_) => 201,
+                Err(kube::Error::Api(e)) => {
+                    assert!(e.message.contains("exceeded quota"), "{}", e.message);
+                    e.code
+                }
+                Err(e) => panic!("{e}"),
+            },
+        );
+    }
+    assert_eq!(
+        codes,
+        [201, 201, 403],
+        "the quota's {hard} answers, no more"
+    );
+}
+
+/// Issue 36, item 7: the members were judged once, before the pre-flight; one whose agent
+/// turned it `FabricReady=False` while the ring was measured was released with the gang on
+/// its (earlier) good answer. Now it gives `Retry`, naming it, as docs/gangs.md says.
+#[test]
+fn redteam_a_member_failing_during_the_check_gives_retry() {
+    let Some(env) = setup() else { return };
+    let cp = env.cp;
+    let ns = "ac-during";
+    gpu_node(cp, "ac-during-0", "leaf-du", true);
+    gpu_node(cp, "ac-during-1", "leaf-du", true);
+    let config = config(&env, "during", "20s");
+    let c = start(&env, "ac-during-a", "ac-test-during", ns, &config);
+    let uid = create_workload(cp, ns, "gang", 2);
+    reserve(
+        cp,
+        ns,
+        "gang",
+        "leaf-du",
+        &["ac-during-0", "ac-during-1"],
+        "2026-12-02T04:40:00Z",
+    );
+    let fc = fc_name(ns, "gang", &uid);
+    c.wait("the FabricCheck", Duration::from_secs(10), || {
+        fabric_check(cp, &fc).is_some()
+    });
+    answer(cp, &fc, good("ac-during-1", "ac-during-0"));
+    // Its agent sees a port go down (the condition first; label and taint follow).
+    set_fabric(cp, "ac-during-1", false);
+    std::thread::sleep(Duration::from_millis(300));
+    // (the check may be decided and gone already)
+    try_answer(cp, &fc, good("ac-during-0", "ac-during-1"));
+    c.wait("decided", Duration::from_secs(10), || {
+        check_state(cp, ns, "gang").0 != "Pending"
+    });
+    let (state, message) = check_state(cp, ns, "gang");
+    assert_eq!(state, "Retry", "{message}");
+    assert!(
+        message.contains("ac-during-1: FabricReady=False (RdmaPortDown")
+            && message.contains("no longer validated"),
         "{message}"
     );
 }

@@ -60,6 +60,18 @@ struct Fleet {
     _config: tempfile::TempDir,
 }
 
+/// The peers port of every agent in these tests (each on its own loopback address), and the
+/// controller's `peers.listen` port: one free port, picked once.
+fn peers_port() -> u16 {
+    static PORT: std::sync::OnceLock<u16> = std::sync::OnceLock::new();
+    *PORT.get_or_init(|| {
+        std::net::TcpListener::bind("127.0.0.11:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port on 127.0.0.11")
+    })
+}
+
 /// The pool's peers key in these tests.
 const PEERS_KEY: &str = "0d6a1c5e3b7f9a2d4c6e8f0a1b3c5d7e9f1a2b4c6d8e0f1a3b5c7d9e1f2a4b6c\n";
 
@@ -89,7 +101,7 @@ impl Fleet {
             agents: Vec::new(),
             _config: config_dir,
         };
-        for leaf in ["a", "b"] {
+        for (l, leaf) in ["a", "b"].into_iter().enumerate() {
             for i in 0..WORKERS {
                 let name = format!("{prefix}-{leaf}-{i}");
                 cp.create_node(
@@ -98,6 +110,16 @@ impl Fleet {
                     json!([{ "key": TAINT, "effect": "NoSchedule" }]),
                     json!({ "nvidia.com/gpu": "8" }),
                 );
+                // Each node its own loopback address (its status.addresses, as the kubelet
+                // reports them) and the one peers port: the controller accepts only such an
+                // endpoint (issue 36, item 10).
+                let ip = format!("127.0.0.{}", 11 + l * WORKERS + i);
+                cp.patch_node_status(
+                    &name,
+                    &json!({ "status": { "addresses": [
+                        { "type": "InternalIP", "address": ip }] } }),
+                );
+                let listen = format!("{ip}:{}", peers_port());
                 let node = TestNode { cp, name };
                 let hca = FakeHca::new(true);
                 let kubeconfig = node.agent_kubeconfig(None);
@@ -105,7 +127,14 @@ impl Fleet {
                     &node.name,
                     &hca,
                     Some(&kubeconfig),
-                    &["--interval", "500ms", "--config", &config_arg],
+                    &[
+                        "--interval",
+                        "500ms",
+                        "--config",
+                        &config_arg,
+                        "--peers-listen",
+                        &listen,
+                    ],
                 ));
                 fleet.nodes.push(node);
                 fleet.hcas.push(hca);
@@ -322,6 +351,11 @@ impl Controller {
     /// With the shipped ServiceAccount's token (its RBAC from deploy/admission-check.yaml),
     /// serving only the Job's namespace, on a Lease of its own.
     fn start(kueue: &Kueue) -> Controller {
+        Self::start_with(kueue, "  require_rdma: false\n")
+    }
+
+    /// With `gang` as the `gang:` section's lines besides `timeout: 10s`.
+    fn start_with(kueue: &Kueue, gang: &str) -> Controller {
         let cp = kueue.cp;
         let dir = cp.run_dir().join("admission-check");
         std::fs::create_dir_all(&dir).expect("mkdir admission-check");
@@ -332,8 +366,14 @@ impl Controller {
         let config = dir.join("config.yaml");
         // The fixture agents have no verbs (see docs/gangs.md): the pair exchange runs over
         // the side channel only.
-        std::fs::write(&config, "gang:\n  require_rdma: false\n  timeout: 10s\n")
-            .expect("controller config");
+        std::fs::write(
+            &config,
+            format!(
+                "gang:\n{gang}  timeout: 10s\npeers:\n  listen: \"0.0.0.0:{}\"\n",
+                peers_port()
+            ),
+        )
+        .expect("controller config");
         let child = Command::new(env!("CARGO_BIN_EXE_fabricgate"))
             .arg("admission-check")
             .arg("--config")
@@ -587,6 +627,96 @@ fn kueue_keeps_a_gang_pending_while_the_check_controller_is_down() {
     controller.kill();
 }
 
+/// Issue 36, item 2, with Kueue itself: a gang whose pre-flight fails every time (RDMA
+/// required, and the fixture agents have no verbs: every pair is `unmeasured`) is retried
+/// after the check's `requeueAfterSeconds` (Kueue keeps it waiting that long, not re-reserving
+/// at once) and, at `gang.max_attempts`, `Rejected`: Kueue deactivates the Workload and the
+/// Job never runs.
+#[test]
+fn redteam_kueue_backs_off_a_failing_gang_then_deactivates_it() {
+    let Some((_serial, kueue)) = start() else {
+        return;
+    };
+    let cp = kueue.cp;
+    let _fleet = Fleet::up(kueue, "kqb");
+    apply_queues(cp);
+    let watch = WorkloadWatch::start(cp);
+    let controller = Controller::start_with(
+        kueue,
+        "  require_rdma: true\n  retry_backoff: 3s\n  max_attempts: 2\n",
+    );
+    wait_queue_active(kueue, &controller);
+    create_job(cp);
+    let mut first_retry = None;
+    let last = std::cell::RefCell::new(None);
+    wait_until_ctx(
+        "Rejected and deactivated",
+        Duration::from_secs(90),
+        || {
+            let wl = workload(cp);
+            if first_retry.is_none()
+                && wl
+                    .as_ref()
+                    .and_then(check_state)
+                    .is_some_and(|(s, _)| s == "Retry")
+            {
+                first_retry = Some(Instant::now());
+            }
+            *last.borrow_mut() = wl.clone();
+            // Kueue resets the check to Pending as it deactivates the Workload.
+            wl.is_some_and(|w| {
+                w["spec"]["active"] == Value::Bool(false) && condition_true(&w, "Evicted")
+            })
+        },
+        || {
+            format!(
+                "\nworkload: {:#}\ncontroller:\n{}\nkueue:\n{}",
+                last.borrow().clone().unwrap_or_default(),
+                controller.log(),
+                kueue.log(20)
+            )
+        },
+    );
+    let rejected_at = Instant::now();
+    let retries = watch.retries();
+    assert!(
+        retries
+            .iter()
+            .any(|m| m.contains("attempt 1 of gang.max_attempts 2") && m.contains("in 3 s")),
+        "the first failure retried after 3 s: {retries:?}"
+    );
+    if let Some(t) = first_retry {
+        // (lastTransitionTime is in whole seconds: up to half a second earlier than written)
+        let waited = rejected_at.duration_since(t);
+        eprintln!("first Retry -> deactivated after the second attempt: {waited:?}");
+        assert!(
+            waited >= Duration::from_millis(2500),
+            "Kueue re-reserved before requeueAfterSeconds: {waited:?}"
+        );
+    }
+    let rejected = watch.states("Rejected");
+    assert!(
+        rejected.iter().any(|m| m.contains("failed 2 times (gang.max_attempts 2)")
+            && m.contains("unmeasured")),
+        "{rejected:?}"
+    );
+    let wl = workload(cp).expect("the Workload");
+    let evicted = wl["status"]["conditions"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["type"] == "Evicted").cloned())
+        .unwrap_or_default();
+    assert_eq!(
+        evicted["reason"], "DeactivatedDueToAdmissionCheck",
+        "{evicted}"
+    );
+    // Deactivated: the Job stays suspended, nothing of the gang ever ran.
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(job_suspended(cp), "the Job stays suspended");
+    assert_eq!(bound_pods(cp).0, 0, "no pod exists");
+    assert!(!condition_true(&workload(cp).unwrap(), "Admitted"));
+    controller.kill();
+}
+
 /// `kubectl get workloads --watch -o json` on the Job's namespace in the background: every
 /// version of the Workloads, so a `Retry` that Kueue turns back into `Pending` within
 /// milliseconds is still seen.
@@ -625,12 +755,17 @@ impl WorkloadWatch {
 
     /// The messages of every `Retry` state fabricgate's check had.
     fn retries(&self) -> Vec<String> {
+        self.states("Retry")
+    }
+
+    /// The messages of every `state` fabricgate's check had.
+    fn states(&self, state: &str) -> Vec<String> {
         let text = std::fs::read_to_string(&self.out).unwrap_or_default();
         serde_json::Deserializer::from_str(&text)
             .into_iter::<Value>()
             .map_while(Result::ok)
             .filter_map(|wl| check_state(&wl))
-            .filter(|(state, _)| state == "Retry")
+            .filter(|(s, _)| s == state)
             .map(|(_, message)| message)
             .collect()
     }

@@ -112,11 +112,20 @@ pub fn install(cp: &ControlPlane) -> Option<&'static Path> {
 /// deploy/admission-check.yaml applied as admin (server-side, so re-applying is harmless), and
 /// its CRDs (FabricCheck, FabricCheckResult) established. Its Deployment stays inert: no
 /// kubelet runs it on the test control plane.
+///
+/// Its ResourceQuota is left out: without kube-controller-manager's quota controller (not run
+/// here) the apiserver refuses every create a quota covers ("status unknown for quota"), which
+/// would fail every test's answers. `tests/cluster/admission_check.rs` applies it to a
+/// namespace of its own, where it plays that controller.
 pub fn apply_admission_check(cp: &ControlPlane) {
     let path = super::repo_root().join("deploy/admission-check.yaml");
     let manifest = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
-    cp.apply(&manifest);
+    let manifest: Vec<&str> = manifest
+        .split("\n---")
+        .filter(|doc| !doc.contains("\nkind: ResourceQuota"))
+        .collect();
+    cp.apply(&manifest.join("\n---"));
     for crd in super::FABRICCHECK_CRDS {
         wait_established(cp, crd);
     }
@@ -152,6 +161,22 @@ pub fn reserve<S: AsRef<str>>(
     nodes: &[S],
     when: &str,
 ) {
+    reserve_retried(cp, ns, name, check, leaf, nodes, when, None);
+}
+
+/// [`reserve`], with the check's `retryCount` as Kueue keeps it: the number of times it moved
+/// the check to `Retry` before (it resets the state to `Pending` and keeps the count).
+#[allow(clippy::too_many_arguments)]
+pub fn reserve_retried<S: AsRef<str>>(
+    cp: &ControlPlane,
+    ns: &str,
+    name: &str,
+    check: &str,
+    leaf: Option<&str>,
+    nodes: &[S],
+    when: &str,
+    retry_count: Option<u32>,
+) {
     let roots: Vec<&str> = nodes.iter().map(AsRef::as_ref).collect();
     let hosts = json!({ "individual": { "roots": roots } });
     let (levels, values) = match leaf {
@@ -177,6 +202,10 @@ pub fn reserve<S: AsRef<str>>(
                 "lastTransitionTime": when }],
         },
     });
+    let mut body = body;
+    if let Some(n) = retry_count {
+        body["status"]["admissionChecks"][0]["retryCount"] = json!(n);
+    }
     let ar = kube::api::ApiResource::from_gvk_with_plural(
         &kube::core::GroupVersionKind::gvk("kueue.x-k8s.io", "v1beta2", "Workload"),
         "workloads",

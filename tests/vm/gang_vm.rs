@@ -258,12 +258,18 @@ fn a_two_vm_gang_passes_the_rdma_preflight_and_a_cut_link_fails_the_pair() {
         &json!({ "apiVersion": "v1", "kind": "Namespace", "metadata": { "name": WL_NS } })
             .to_string(),
     );
-    for node in [NODE_A, NODE_B] {
+    for (node, ip) in [(NODE_A, "169.254.78.1"), (NODE_B, "169.254.78.2")] {
         cp.create_node(
             node,
             json!({ LEAF: "leaf-vm" }),
             json!([{ "key": common::TAINT, "effect": "NoSchedule" }]),
             json!({}),
+        );
+        // The address its agent's --peers-listen names, as a kubelet would report it: the
+        // controller dials only a Node's own address (issue 36, item 10).
+        cp.patch_node_status(
+            node,
+            &json!({ "status": { "addresses": [{ "type": "InternalIP", "address": ip }] } }),
         );
     }
     let (mut cmd, out) = common::vm_command("run-pair.sh", 1200, "gang-vm", "gang-scenarios.sh");

@@ -66,6 +66,41 @@ pub fn node_problem(node: &Node, prefix: &str, taint_key: &str) -> Option<String
     (!why.is_empty()).then(|| format!("{name}: {}", why.join("; ")))
 }
 
+/// `annotation` (a Node's peers endpoint, `host:port`) in canonical form when its host is one
+/// of `node`'s `status.addresses` and its port is `port`; `None` otherwise. The value is
+/// written by whoever may patch the Node, so nothing else is dialled, and it is never quoted
+/// back in a message.
+pub fn own_endpoint(node: &Node, annotation: &str, port: u16) -> Option<String> {
+    let text = annotation.trim();
+    if text.len() > 256 {
+        return None;
+    }
+    let (host, p) = match text.parse::<std::net::SocketAddr>() {
+        Ok(a) => (a.ip().to_string(), a.port()),
+        Err(_) => {
+            let (h, p) = text.rsplit_once(':')?;
+            if h.contains(':') || h.is_empty() {
+                return None;
+            }
+            (h.to_owned(), p.parse::<u16>().ok()?)
+        }
+    };
+    if p != port {
+        return None;
+    }
+    let addresses = node.status.as_ref()?.addresses.as_ref()?;
+    let known = addresses
+        .iter()
+        .any(|a| match a.address.parse::<std::net::IpAddr>() {
+            Ok(ip) => host.parse::<std::net::IpAddr>().is_ok_and(|h| h == ip),
+            Err(_) => a.address.eq_ignore_ascii_case(&host),
+        });
+    known.then(|| match host.parse::<std::net::IpAddr>() {
+        Ok(ip) => std::net::SocketAddr::new(ip, p).to_string(),
+        Err(_) => format!("{host}:{p}"),
+    })
+}
+
 /// The Nodes a Workload's admission names.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Assigned {
@@ -458,6 +493,40 @@ mod tests {
             Verdict::Retry { message, .. } => assert!(message.contains("9.5 Gbit/s below 25")),
             v => panic!("{v:?}"),
         }
+    }
+
+    /// Issue 36, item 10: the peers endpoint annotation is any text anyone who may patch the
+    /// Node writes; only one of the Node's own addresses at the configured port is dialled.
+    #[test]
+    fn redteam_only_an_address_of_the_node_itself_is_a_peers_endpoint() {
+        let n = node(json!({
+            "metadata": { "name": "gpu-1" },
+            "status": { "addresses": [
+                { "type": "InternalIP", "address": "10.0.9.1" },
+                { "type": "InternalIP", "address": "fd00::9" },
+                { "type": "Hostname", "address": "gpu-1" } ] },
+        }));
+        let ok = |e| own_endpoint(&n, e, 9465);
+        assert_eq!(ok("10.0.9.1:9465").as_deref(), Some("10.0.9.1:9465"));
+        assert_eq!(ok(" 10.0.9.1:9465 ").as_deref(), Some("10.0.9.1:9465"));
+        assert_eq!(ok("[fd00::9]:9465").as_deref(), Some("[fd00::9]:9465"));
+        assert_eq!(ok("[fd00:0::9]:9465").as_deref(), Some("[fd00::9]:9465"));
+        assert_eq!(ok("gpu-1:9465").as_deref(), Some("gpu-1:9465"));
+        for bad in [
+            "10.0.9.1:22",                    // another port
+            "169.254.169.254:9465",           // not the Node's: a metadata service
+            "10.0.9.2:9465",                  // another node
+            "10.0.9.1",                       // no port
+            "kubernetes.default.svc:9465",    // a name not among its addresses
+            "10.0.9.1:9465\nerror: all good", // text to be echoed
+            "10.0.9.1:9465:9465",
+            ":9465",
+            "",
+        ] {
+            assert_eq!(ok(bad), None, "{bad:?}");
+        }
+        let bare = node(json!({ "metadata": { "name": "gpu-2" } }));
+        assert_eq!(own_endpoint(&bare, "10.0.9.1:9465", 9465), None);
     }
 
     #[test]

@@ -23,6 +23,7 @@ pub struct CheckMetrics {
     decisions: Family<Labels, Counter>,
     pair_failures: Counter,
     in_flight: Gauge,
+    answers_cached: Gauge,
     leader: Gauge,
     decide_seconds: Histogram,
 }
@@ -54,6 +55,12 @@ impl CheckMetrics {
             "FabricChecks created and not yet decided",
             in_flight.clone(),
         );
+        let answers_cached = Gauge::default();
+        registry.register(
+            "fabricgate_gang_answers_cached",
+            "FabricCheckResults held in the leader's cache (only answers to live FabricChecks)",
+            answers_cached.clone(),
+        );
         let leader = Gauge::default();
         registry.register(
             "fabricgate_admission_check_leader",
@@ -74,6 +81,7 @@ impl CheckMetrics {
             decisions,
             pair_failures,
             in_flight,
+            answers_cached,
             leader,
             decide_seconds,
         }
@@ -95,6 +103,11 @@ impl CheckMetrics {
 
     pub fn set_in_flight(&self, n: usize) {
         self.in_flight.set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    pub fn set_answers_cached(&self, n: usize) {
+        self.answers_cached
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 
     pub fn set_leader(&self, leading: bool) {

@@ -82,6 +82,8 @@ pub struct CheckState {
     pub name: String,
     pub state: String,
     pub message: String,
+    /// How many times Kueue moved this check to `Retry` before (it counts them itself).
+    pub retry_count: Option<i64>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]

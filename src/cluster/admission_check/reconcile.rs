@@ -36,6 +36,10 @@ pub(super) struct State {
     deleted: HashSet<String>,
     /// (Workload uid, reservation) -> when a pass first saw its check Pending.
     first_seen: HashMap<(String, String), Instant>,
+    /// FabricCheck uid -> (the Workload's resourceVersion, whether the check's members are
+    /// its assigned nodes at that version): matching domains to Nodes once per version, not
+    /// on every pass while the check is in flight.
+    same_members: HashMap<String, (String, bool)>,
 }
 
 /// A state for our entries of one Workload.
@@ -43,6 +47,8 @@ struct Decision {
     state: &'static str,
     message: String,
     failed_pairs: usize,
+    /// `requeueAfterSeconds` of a `Retry`.
+    requeue_after: Option<u32>,
 }
 
 impl Decision {
@@ -51,6 +57,7 @@ impl Decision {
             state: "Retry",
             message,
             failed_pairs: 0,
+            requeue_after: None,
         }
     }
     fn ready(message: String) -> Self {
@@ -58,7 +65,40 @@ impl Decision {
             state: "Ready",
             message,
             failed_pairs: 0,
+            requeue_after: None,
         }
+    }
+
+    /// A `Retry` of a Workload whose check was retried `retry_count` times before: with
+    /// `gang.retry_backoff` doubled per earlier retry as `requeueAfterSeconds`, or `Rejected`
+    /// once `gang.max_attempts` failures are reached (issue 36, item 2).
+    fn escalate(mut self, retry_count: u32, gang: &crate::config::gang::GangSettings) -> Self {
+        use crate::config::gang::Escalation;
+        if self.state != "Retry" {
+            return self;
+        }
+        match gang.escalate(retry_count) {
+            Escalation::Retry {
+                after_secs,
+                attempt,
+            } => {
+                self.requeue_after = Some(after_secs);
+                self.message = format!(
+                    "{}; attempt {attempt} of gang.max_attempts {}: Kueue reserves again in \
+                     {after_secs} s at the earliest",
+                    self.message, gang.max_attempts
+                );
+            }
+            Escalation::Reject { attempt } => {
+                self.state = "Rejected";
+                self.message = format!(
+                    "the gang pre-flight failed {attempt} times (gang.max_attempts {}): \
+                     rejected; last failure: {}",
+                    gang.max_attempts, self.message
+                );
+            }
+        }
+        self
     }
 }
 
@@ -95,6 +135,7 @@ pub(super) async fn pass(
         }
     }
     metrics.set_in_flight(in_flight);
+    metrics.set_answers_cached(w.results.state().len());
     state
         .first_seen
         .retain(|(uid, _), _| pending_uids.contains(uid));
@@ -190,6 +231,13 @@ async fn workload(
     if entries.is_empty() {
         return Ok(Step::Idle);
     }
+    let retry_count = status
+        .admission_checks
+        .iter()
+        .filter(|c| entries.contains(&c.name))
+        .filter_map(|c| c.retry_count)
+        .max()
+        .map_or(0, |n| u32::try_from(n).unwrap_or(0));
     let Some(reservation) = status.reservation().map(str::to_owned) else {
         return Ok(Step::Idle);
     };
@@ -214,14 +262,33 @@ async fn workload(
         .filter(|fc| !state.deleted.contains(&fc.uid().unwrap_or_default()));
     if let Some(fc) = existing {
         let spec: CheckSpec = serde_json::from_value(fc.data["spec"].clone()).unwrap_or_default();
+        // The same Workload, the same reservation, and the same nodes: a reservation's
+        // time is only to the second, so a gang placed again within it on other nodes would
+        // otherwise be released on the old nodes' answers (issue 36, item 6).
         let same = spec.workload.uid == uid
-            && fc.annotations().get(RESERVATION_ANNOTATION) == Some(&reservation);
+            && fc.annotations().get(RESERVATION_ANNOTATION) == Some(&reservation)
+            && {
+                let fc_uid = fc.uid().unwrap_or_default();
+                match state.same_members.get(&fc_uid) {
+                    Some((at, same)) if *at == rv => *same,
+                    _ => {
+                        let same = same_members(&spec, &status, nodes);
+                        state.same_members.insert(fc_uid, (rv.clone(), same));
+                        same
+                    }
+                }
+            };
         if same {
-            let results = answers(w, &fc, &spec);
+            let mut results = answers(w.results.state(), &fc, &spec);
             let deadline: Option<Timestamp> = spec.deadline.parse().ok();
             let grace = SignedDuration::try_from(s.grace()).unwrap_or_default();
             let judge_at = deadline.and_then(|d| d.checked_add(grace).ok());
             let past = judge_at.is_none_or(|t| Timestamp::now() >= t);
+            if past && results.len() < spec.members.len() {
+                // The cache keeps only answers to checks it knew of when they arrived; before
+                // a member counts as silent, its answer is looked for once in the API.
+                results = answers(listed_answers(&checks, &fc).await?, &fc, &spec);
+            }
             let verdict = judge(
                 &spec,
                 &results,
@@ -229,6 +296,16 @@ async fn workload(
                 s.config.gang.require_rdma,
                 s.config.gang.timeout,
             );
+            // A member that stopped being validated while its agents measured (its agent saw a
+            // port go down, the guard found it gone) fails the check whatever the answers say
+            // (issue 36, item 7).
+            let verdict = match member_problems(&spec, w, s) {
+                Some(message) => Verdict::Retry {
+                    message,
+                    failed_pairs: 0,
+                },
+                None => verdict,
+            };
             let decision = match verdict {
                 Verdict::Waiting => {
                     let wait = judge_at
@@ -244,8 +321,10 @@ async fn workload(
                     state: "Retry",
                     message,
                     failed_pairs,
+                    requeue_after: None,
                 },
             };
+            let decision = decision.escalate(retry_count, &s.config.gang);
             write_state(client, wl, &entries, &decision, s).await?;
             record(metrics, state, &decision, &uid, &rv, first, wl, client, s).await;
             delete_check(&checks, &fc, state).await;
@@ -257,7 +336,9 @@ async fn workload(
     let decision = match prepare(w, s, wl, &status, &reservation, nodes) {
         Ok(Prepared::Decided(d)) => d,
         Ok(Prepared::Ring(spec)) => {
-            create_check(&checks, &fc_name, &reservation, &spec).await?;
+            if let Some(uid) = create_check(&checks, &fc_name, &reservation, &spec).await? {
+                w.created(uid);
+            }
             tracing::info!(workload = %key(wl), members = spec.members.len(), check = %fc_name,
                 "gang pre-flight started");
             return Ok(Step::Waiting(
@@ -266,9 +347,42 @@ async fn workload(
         }
         Err(d) => d,
     };
+    let decision = decision.escalate(retry_count, &s.config.gang);
     write_state(client, wl, &entries, &decision, s).await?;
     record(metrics, state, &decision, &uid, &rv, first, wl, client, s).await;
     Ok(Step::Pending)
+}
+
+/// Why members of `spec` are not validated now (a message for `Retry`), or `None`.
+fn member_problems(spec: &CheckSpec, w: &Watched, s: &CheckSettings) -> Option<String> {
+    let prefix = &s.config.node.label_prefix;
+    let taint = s.config.node.taint_key();
+    let problems: Vec<String> = spec
+        .members
+        .iter()
+        .filter_map(|m| match w.nodes.get(&ObjectRef::new(&m.node)) {
+            Some(node) => node_problem(&node, prefix, &taint),
+            None => Some(format!("{}: the Node is gone", m.node)),
+        })
+        .collect();
+    (!problems.is_empty()).then(|| {
+        format!(
+            "{} of {} members are no longer validated during the gang pre-flight: {}",
+            problems.len(),
+            spec.members.len(),
+            list(&problems)
+        )
+    })
+}
+
+/// Whether `spec`'s members are exactly the Nodes the Workload is assigned now.
+fn same_members(spec: &CheckSpec, status: &WorkloadStatus, nodes: &[Arc<Node>]) -> bool {
+    let Ok(assigned) = decide::assigned_nodes(status, nodes.iter().map(AsRef::as_ref)) else {
+        return false;
+    };
+    let members: BTreeSet<&str> = spec.members.iter().map(|m| m.node.as_str()).collect();
+    let now: BTreeSet<&str> = assigned.nodes.iter().map(String::as_str).collect();
+    members == now && members.len() == spec.members.len()
 }
 
 enum Prepared {
@@ -309,6 +423,7 @@ fn prepare(
                 s.config.gang.max_nodes
             ),
             failed_pairs: 0,
+            requeue_after: None,
         });
     }
     let problems: Vec<String> = gang
@@ -343,18 +458,23 @@ fn prepare(
     }
     let mut members = Vec::with_capacity(gang.len());
     let mut no_endpoint = Vec::new();
+    let mut foreign = Vec::new();
+    let port = s.config.peers.port();
     for n in gang {
-        let endpoint = by_name
-            .get(n.as_str())
+        let node = by_name.get(n.as_str());
+        let endpoint = node
             .and_then(|node| node.metadata.annotations.as_ref())
             .and_then(|a| a.get(ENDPOINT_ANNOTATION))
             .filter(|e| !e.trim().is_empty());
-        match endpoint {
-            Some(e) => members.push(Member {
-                node: n.clone(),
-                endpoint: e.clone(),
-            }),
-            None => no_endpoint.push(n.clone()),
+        match (endpoint, node) {
+            (Some(e), Some(node)) => match decide::own_endpoint(node, e, port) {
+                Some(endpoint) => members.push(Member {
+                    node: n.clone(),
+                    endpoint,
+                }),
+                None => foreign.push(n.clone()),
+            },
+            _ => no_endpoint.push(n.clone()),
         }
     }
     if !no_endpoint.is_empty() {
@@ -363,6 +483,18 @@ fn prepare(
              {ENDPOINT_ANNOTATION}, written by the agent with peers enabled): {}",
             no_endpoint.len(),
             list(&no_endpoint)
+        )));
+    }
+    // The annotation is written by whoever may patch the Node: the pre-flight dials only an
+    // address of the Node itself at the configured port, and the value is never quoted into
+    // the Workload's status (issue 36, item 10).
+    if !foreign.is_empty() {
+        return Err(Decision::retry(format!(
+            "{} assigned nodes publish a peers endpoint (Node annotation \
+             {ENDPOINT_ANNOTATION}) that is not one of the Node's status.addresses at the \
+             peers port {port}: {}",
+            foreign.len(),
+            list(&foreign)
         )));
     }
     let deadline = deadline_after(s.config.gang.timeout);
@@ -450,14 +582,18 @@ fn deadline_after(timeout: Duration) -> String {
     Timestamp::from_second(secs).map_or_else(|_| now.to_string(), |t| t.to_string())
 }
 
-/// The answers to `fc` in the results store: one per member at most, each from the member
-/// it names (the admission policy ties a result's node and name to its author's node claim),
-/// for this check's uid. Anything else is ignored.
-fn answers(w: &Watched, fc: &DynamicObject, spec: &CheckSpec) -> Vec<PairResult> {
+/// The answers to `fc` among `objects`: one per member at most, each from the member it names
+/// (the admission policy ties a result's node and name to its author's node claim), for this
+/// check's uid. Anything else is ignored.
+fn answers(
+    objects: Vec<Arc<DynamicObject>>,
+    fc: &DynamicObject,
+    spec: &CheckSpec,
+) -> Vec<PairResult> {
     let uid = fc.uid().unwrap_or_default();
     let members: HashSet<&str> = spec.members.iter().map(|m| m.node.as_str()).collect();
     let mut by_node: BTreeMap<String, PairResult> = BTreeMap::new();
-    for obj in w.results.state() {
+    for obj in objects {
         if obj.labels().get(fabriccheck::CHECK_UID_LABEL) != Some(&uid) {
             continue;
         }
@@ -476,12 +612,34 @@ fn answers(w: &Watched, fc: &DynamicObject, spec: &CheckSpec) -> Vec<PairResult>
     by_node.into_values().collect()
 }
 
+/// The answers to `fc` in the API (one LIST by its uid label, at most the members' count
+/// matter).
+async fn listed_answers(
+    checks: &Api<DynamicObject>,
+    fc: &DynamicObject,
+) -> Result<Vec<Arc<DynamicObject>>> {
+    let uid = fc.uid().unwrap_or_default();
+    let results: Api<DynamicObject> = Api::namespaced_with(
+        checks.clone().into_client(),
+        checks.namespace().unwrap_or_default(),
+        &fabriccheck::results(),
+    );
+    let lp = ListParams::default().labels(&format!("{}={uid}", fabriccheck::CHECK_UID_LABEL));
+    let list = results.list(&lp).await.map_err(|e| Error::KubeObject {
+        action: "list the answers to",
+        object: format!("FabricCheck {}", fc.name_any()),
+        source: Box::new(e),
+    })?;
+    Ok(list.items.into_iter().map(Arc::new).collect())
+}
+
+/// Create the FabricCheck; its uid, when the API returned it.
 async fn create_check(
     checks: &Api<DynamicObject>,
     name: &str,
     reservation: &str,
     spec: &CheckSpec,
-) -> Result<()> {
+) -> Result<Option<String>> {
     let mut obj = DynamicObject::new(name, &fabriccheck::checks());
     obj.metadata = ObjectMeta {
         name: Some(name.to_owned()),
@@ -501,9 +659,9 @@ async fn create_check(
         ..PostParams::default()
     };
     match checks.create(&pp, &obj).await {
-        Ok(_) => Ok(()),
+        Ok(created) => Ok(created.uid()),
         // Created by an earlier pass whose object the store has not shown yet.
-        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(None),
         Err(e) => Err(Error::KubeObject {
             action: "create",
             object: format!("FabricCheck {name}"),
@@ -579,8 +737,14 @@ async fn write_state(
     let checks: Vec<Value> = entries
         .iter()
         .map(|name| {
-            json!({ "name": name, "state": d.state, "message": message,
-                    "lastTransitionTime": now })
+            let mut entry = json!({ "name": name, "state": d.state, "message": message,
+                                    "lastTransitionTime": now });
+            // Kueue requeues no sooner than lastTransitionTime + this (KEP 3258); without
+            // it, at once, and TAS would pick the same failing nodes again.
+            if let (Some(after), Some(e)) = (d.requeue_after, entry.as_object_mut()) {
+                e.insert("requeueAfterSeconds".to_owned(), json!(after));
+            }
+            entry
         })
         .collect();
     let body = json!({
@@ -677,6 +841,7 @@ async fn cleanup(
     );
     let live: HashSet<String> = w.checks.state().iter().filter_map(|fc| fc.uid()).collect();
     state.deleted.retain(|uid| live.contains(uid));
+    state.same_members.retain(|uid, _| live.contains(uid));
     let max_age = SignedDuration::try_from(s.config.gang.timeout * 2).unwrap_or_default();
     for fc in w.checks.state() {
         if state.deleted.contains(&fc.uid().unwrap_or_default()) {

@@ -9,12 +9,14 @@ use crate::node::WatchBackoff;
 use crate::node::fabriccheck;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
+use kube::ResourceExt;
 use kube::api::{Api, ApiResource, DynamicObject};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::reflector::store::{Store, Writer};
 use kube::runtime::watcher::{self, Event, watcher};
-use std::sync::Arc;
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
@@ -27,6 +29,9 @@ pub(super) struct Watched {
     pub results: Store<DynamicObject>,
     pub admission_checks: Store<DynamicObject>,
     pub flavors: Store<DynamicObject>,
+    /// Uids of the FabricChecks this leader created (before its watch shows them): with the
+    /// checks in the store, the checks whose answers are cached.
+    created: Arc<Mutex<HashSet<String>>>,
     listed: Vec<Arc<AtomicBool>>,
     tasks: Vec<JoinHandle<()>>,
     notify: Arc<Notify>,
@@ -54,7 +59,11 @@ impl Watched {
         let backoff = Duration::from_secs(5);
         let mut listed = Vec::new();
         let mut tasks = Vec::new();
-        let mut spawn_dynamic = |api: Api<DynamicObject>, ar: ApiResource, labels: &str, what| {
+        let mut spawn_kept = |api: Api<DynamicObject>,
+                              ar: ApiResource,
+                              labels: &str,
+                              keep: Keep<DynamicObject>,
+                              what| {
             let flag = Arc::new(AtomicBool::new(false));
             listed.push(Arc::clone(&flag));
             let writer = Writer::new(ar);
@@ -63,6 +72,7 @@ impl Watched {
                 api,
                 labels.to_owned(),
                 writer,
+                keep,
                 flag,
                 Arc::clone(&notify),
                 backoff,
@@ -70,39 +80,62 @@ impl Watched {
             )));
             store
         };
+        let all = || -> Keep<DynamicObject> { Box::new(|_: &DynamicObject| true) };
         let wl = model::workloads();
         let workloads_api = match &s.workload_namespace {
             Some(ns) => Api::namespaced_with(client.clone(), ns, &wl),
             None => Api::all_with(client.clone(), &wl),
         };
-        let workloads = spawn_dynamic(workloads_api, wl, "", "Workloads");
+        let workloads = spawn_kept(workloads_api, wl, "", all(), "Workloads");
         let gang_ns = &s.config.gang.namespace;
         let fc = fabriccheck::checks();
-        let checks = spawn_dynamic(
+        let checks = spawn_kept(
             Api::namespaced_with(client.clone(), gang_ns, &fc),
             fc,
             &format!("{}={}", CHECK_LABEL.0, CHECK_LABEL.1),
+            all(),
             "FabricChecks",
         );
+        // Only answers to a live check are kept (issue 36, item 5): any account that may
+        // create a FabricCheckResult could otherwise fill the controller's memory with
+        // answers to checks that do not exist. An answer that arrives before its check shows
+        // is read again by one LIST when that check is judged (`reconcile::answers`).
+        let created: Arc<Mutex<HashSet<String>>> = Arc::default();
+        let live_checks = checks.clone();
+        let live_created = Arc::clone(&created);
+        let keep: Keep<DynamicObject> = Box::new(move |answer: &DynamicObject| {
+            let Some(uid) = answer.labels().get(fabriccheck::CHECK_UID_LABEL) else {
+                return false;
+            };
+            fabriccheck::is_uid(uid)
+                && (live_created.lock().is_ok_and(|c| c.contains(uid))
+                    || live_checks
+                        .state()
+                        .iter()
+                        .any(|fc| fc.uid().as_deref() == Some(uid.as_str())))
+        });
         let fcr = fabriccheck::results();
-        let results = spawn_dynamic(
+        let results = spawn_kept(
             Api::namespaced_with(client.clone(), gang_ns, &fcr),
             fcr,
             fabriccheck::CHECK_UID_LABEL,
+            keep,
             "FabricCheckResults",
         );
         let ac = model::admission_checks();
-        let admission_checks = spawn_dynamic(
+        let admission_checks = spawn_kept(
             Api::all_with(client.clone(), &ac),
             ac,
             "",
+            all(),
             "AdmissionChecks",
         );
         let rf = model::resource_flavors();
-        let flavors = spawn_dynamic(
+        let flavors = spawn_kept(
             Api::all_with(client.clone(), &rf),
             rf,
             "",
+            all(),
             "ResourceFlavors",
         );
         let flag = Arc::new(AtomicBool::new(false));
@@ -113,6 +146,7 @@ impl Watched {
             Api::<Node>::all(client.clone()),
             s.config.node.pool_selector.clone(),
             writer,
+            Box::new(|_: &Node| true),
             flag,
             Arc::clone(&notify),
             backoff,
@@ -125,9 +159,22 @@ impl Watched {
             results,
             admission_checks,
             flavors,
+            created,
             listed,
             tasks,
             notify,
+        }
+    }
+
+    /// Note a FabricCheck this leader created, so its answers are kept before the watch of
+    /// FabricChecks shows it.
+    pub(super) fn created(&self, uid: String) {
+        if let Ok(mut c) = self.created.lock() {
+            // Bounded: only checks in flight matter, and they reach the store within moments.
+            if c.len() >= 4096 {
+                c.clear();
+            }
+            c.insert(uid);
         }
     }
 
@@ -137,11 +184,17 @@ impl Watched {
     }
 }
 
-/// Feed `writer` from a watcher of `api` (objects slimmed of managed fields) until aborted.
+/// Which objects of a watch are stored.
+type Keep<K> = Box<dyn Fn(&K) -> bool + Send + Sync>;
+
+/// Feed `writer` from a watcher of `api` (objects slimmed of managed fields) until aborted,
+/// storing only the objects `keep` accepts (one no longer accepted is dropped from the store).
+#[allow(clippy::too_many_arguments)]
 async fn feed<K>(
     api: Api<K>,
     labels: String,
     mut writer: Writer<K>,
+    keep: Keep<K>,
     listed: Arc<AtomicBool>,
     notify: Arc<Notify>,
     max_backoff: Duration,
@@ -165,6 +218,15 @@ async fn feed<K>(
     while let Some(event) = events.next().await {
         match event {
             Ok(e) => {
+                let e = match e {
+                    Event::InitApply(o) if !keep(&o) => continue,
+                    Event::Apply(o) if !keep(&o) => {
+                        // Not stored (nor kept, should it have been): nothing to judge anew.
+                        writer.apply_watcher_event(&Event::Delete(o));
+                        continue;
+                    }
+                    e => e,
+                };
                 writer.apply_watcher_event(&e);
                 if matches!(e, Event::InitDone) {
                     tracing::info!("listed {what}");
