@@ -428,28 +428,40 @@ impl Reconciler {
                     .labels(&self.settings.pool_selector)
                     .match_any();
                 let listed_at = Timestamp::now();
-                let list = match nodes.list(&params).await {
-                    Ok(list) => list,
+                match nodes.list(&params).await {
+                    Ok(list) => {
+                        let mut summary = breaker::PoolSummary::of(
+                            &list.items,
+                            &taint_key,
+                            settings.window,
+                            &Timestamp::now(),
+                        );
+                        summary.selector.clone_from(&self.settings.pool_selector);
+                        summary.observed_at = Some(listed_at);
+                        let in_pool = summary.has_member(&self.node_name) == Some(true);
+                        (summary, in_pool)
+                    }
                     Err(e) => {
+                        // Under a burst at thousands of Nodes such a list can time out (docs/
+                        // scale.md); tainting at once would lift the cap. The ledger still
+                        // counts the pool's reservations in flight; past those, taint.
                         tracing::warn!(
                             node = %self.node_name,
                             selector = %self.settings.pool_selector,
                             error = %e,
-                            "cannot list the pool's Nodes for the breaker; tainting (fail closed)"
+                            "cannot list the pool's Nodes for the breaker; deciding from the \
+                             ledger alone (tainting unless it holds the cap)"
                         );
-                        return breaker::TaintDecision::Taint;
+                        (
+                            breaker::PoolSummary::unseen(
+                                &self.settings.pool_selector,
+                                settings.window,
+                                listed_at,
+                            ),
+                            true,
+                        )
                     }
-                };
-                let mut summary = breaker::PoolSummary::of(
-                    &list.items,
-                    &taint_key,
-                    settings.window,
-                    &Timestamp::now(),
-                );
-                summary.selector.clone_from(&self.settings.pool_selector);
-                summary.observed_at = Some(listed_at);
-                let in_pool = summary.has_member(&self.node_name) == Some(true);
-                (summary, in_pool)
+                }
             }
         };
         if from_guard && self.pool_from_guard != Some(true) {

@@ -124,6 +124,17 @@ impl PoolSummary {
         s
     }
 
+    /// A pool that could not be seen (its list failed): no Node counted, none known to fail;
+    /// only the ledger's reservations in flight (made in `selector`) count against the cap.
+    pub fn unseen(selector: &str, window: Duration, at: Timestamp) -> Self {
+        PoolSummary {
+            selector: selector.to_owned(),
+            window_seconds: window.as_secs(),
+            observed_at: Some(at),
+            ..PoolSummary::default()
+        }
+    }
+
     /// What the breaker of `self_name` counts; `self_in_pool`: whether that Node is one of
     /// [`PoolSummary::nodes`] (one that lacks the pool's labels is counted anyway: it is
     /// what the breaker would taint).
@@ -1051,5 +1062,31 @@ mod tests {
         // A view dated in the future (another clock) counts as seen now.
         pool.observed_at = Some(Timestamp::from_second(3_000_100).unwrap());
         assert_eq!(ledger_recent(&data, "me", &pool, w, &now), 0);
+    }
+
+    /// A pool whose list failed: nothing counted but the ledger's reservations in flight in
+    /// this pool, so a burst stays capped and anything else taints (fail closed).
+    #[test]
+    fn an_unseen_pool_counts_only_the_reservations_in_flight() {
+        let now = Timestamp::from_second(4_000_000).unwrap();
+        let w = Duration::from_secs(600);
+        let pool = PoolSummary::unseen("pool=a", w, now);
+        let count = pool.count("me", true);
+        assert_eq!(count, PoolCount::default());
+        assert_eq!(
+            taint_decision(&BreakerSettings::default(), Some(&count), false, ANN),
+            TaintDecision::Taint
+        );
+        let ago = |s: i64| Timestamp::from_second(4_000_000 - s).unwrap();
+        let data: BTreeMap<String, String> = [
+            ("x".to_owned(), format!("{} pool=a", ago(5))),
+            ("y".to_owned(), format!("{} pool=a", ago(10))),
+            ("z".to_owned(), format!("{} pool=a", ago(40))),
+            ("other".to_owned(), format!("{} pool=b", ago(1))),
+            ("old-agent".to_owned(), ago(1).to_string()),
+        ]
+        .into_iter()
+        .collect();
+        assert_eq!(ledger_recent(&data, "me", &pool, w, &now), 2);
     }
 }

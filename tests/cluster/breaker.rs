@@ -324,6 +324,98 @@ fn the_breaker_counts_the_pool_from_the_guards_summary_without_listing_it() {
     drop(agent);
 }
 
+/// At 5,000 Nodes a pool list can fail under a burst (docs/scale.md: 21 of 64 timed out), and a
+/// failed list used to taint at once, past the cap. Now the ledger still decides: with two
+/// reservations of the pool in flight and `max_new_per_window: 2`, an agent whose pool list
+/// fails (the proxy answers 500) is held with `BreakerOpen`; once they are past the in-flight
+/// time, with nothing to show their Nodes failing, it taints (fail closed).
+#[test]
+fn a_failed_pool_list_still_counts_the_ledgers_reservations_in_flight() {
+    use crate::common::faultproxy::{Fault, FaultProxy};
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::{Api, Patch, PatchParams};
+    let Some(cp) = control_plane() else { return };
+    cp.install_agent_rbac();
+    let name = "listfail-0";
+    let gpu = json!({ "key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule" });
+    cp.create_node(
+        name,
+        json!({ POOL: "listfail" }),
+        json!([gpu, { "key": TAINT, "effect": "NoSchedule" }]),
+        json!({}),
+    );
+    let node = TestNode {
+        cp,
+        name: name.to_owned(),
+    };
+    let proxy = FaultProxy::start(&cp.url, &cp.ca_file);
+    let hca = FakeHca::new(true);
+    let selector = format!("{POOL}=listfail");
+    let config = hca.scratch().join("requirements.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "node:\n  pool_selector: \"{selector}\"\n  breaker:\n    guard_lease: \"\"\n    \
+             max_new_per_window: 2\n"
+        ),
+    )
+    .unwrap();
+    let agent = crate::common::start_agent(
+        name,
+        &hca,
+        Some(&node.agent_kubeconfig(Some(&proxy.url()))),
+        &[
+            "--interval",
+            "300ms",
+            "--resync-interval",
+            "1s",
+            "--config",
+            config.to_str().unwrap(),
+        ],
+    );
+    agent.wait("validation", Duration::from_secs(30), || node.ready());
+    // Two other Nodes of this pool reserved a moment ago (their agents' entries).
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let ledger: Api<ConfigMap> = Api::namespaced(cp.admin(), GUARD_NS);
+    cp.block_on(ledger.patch(
+        fabricgate::policy::breaker::LEDGER,
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "data": {
+            "listfail-peer-1": format!("{now} {selector}"),
+            "listfail-peer-2": format!("{now} {selector}"),
+        }})),
+    ))
+    .unwrap();
+    proxy.set_fault_matching(
+        Fault::Status {
+            code: 500,
+            retry_after: None,
+            plain: false,
+        },
+        "labelSelector=",
+    );
+    hca.set_port(false);
+    agent.wait("BreakerOpen", Duration::from_secs(10), || {
+        node.has_reason("FabricReady", "BreakerOpen")
+    });
+    let message = node.condition("FabricReady").unwrap()["message"].to_string();
+    assert!(
+        message.contains("2 nodes of the pool already failed") && !node.has_our_taint(),
+        "{message}"
+    );
+    assert!(
+        agent.log().contains("deciding from the ledger alone"),
+        "{}",
+        agent.log()
+    );
+    // Past the 30 s in flight, nothing shows those two failing: fail closed.
+    agent.wait("the taint", Duration::from_secs(45), || {
+        node.has_our_taint()
+    });
+    proxy.clear_fault();
+    drop(agent);
+}
+
 /// The breaker's one read, measured with a pool of 500 Nodes: a label-selected list from the
 /// API server's watch cache (`resourceVersion=0`), as the agent makes it. Prints the figures
 /// (docs/failure-modes.md); asserts the list is the pool and only the pool.
