@@ -272,7 +272,7 @@ impl Phase {
             .into_iter()
             .filter_map(|(k, (s, c))| {
                 let (s0, c0) = sizes.get(&k).copied().unwrap_or_default();
-                (c > c0).then(|| (k, (s - s0, c - c0)))
+                (c > c0).then_some((k, (s - s0, c - c0)))
             })
             .collect();
         Phase {
