@@ -284,6 +284,26 @@ fn create_workload(cp: &ControlPlane, ns: &str, name: &str, pods: usize) -> Stri
 
 /// Kueue's scheduler reserving quota at `when`, all `nodes` in leaf `leaf`, our check
 /// `Pending` (`kueue_crds::reserve`).
+/// Workload `name` in `ns`, one pod per node, its quota reserved on `nodes` of `leaf` at
+/// `when`: the name of the FabricCheck controller `c` created for it (waited for).
+fn reserved_gang(
+    cp: &ControlPlane,
+    c: &Controller,
+    ns: &str,
+    name: &str,
+    leaf: &str,
+    nodes: &[&str],
+    when: &str,
+) -> String {
+    let uid = create_workload(cp, ns, name, nodes.len());
+    reserve(cp, ns, name, leaf, nodes, when);
+    let fc = fc_name(ns, name, &uid);
+    c.wait("the FabricCheck", Duration::from_secs(10), || {
+        fabric_check(cp, &fc).is_some()
+    });
+    fc
+}
+
 fn reserve(cp: &ControlPlane, ns: &str, name: &str, leaf: &str, nodes: &[&str], when: &str) {
     kueue_crds::reserve(cp, ns, name, CHECK, Some(leaf), nodes, when);
 }
@@ -511,19 +531,15 @@ fn admission_check_retries_a_failed_pair_and_a_timeout_never_ready() {
     let c = start(&env, "ac-fail-a", "ac-test-fail", ns, &config);
 
     // One pair fails: Retry naming the pair, the port and the error.
-    let uid = create_workload(cp, ns, "pair", 2);
-    reserve(
+    let fc = reserved_gang(
         cp,
+        &c,
         ns,
         "pair",
         "leaf-f",
         &["ac-fail-0", "ac-fail-1"],
         "2026-12-02T03:10:00Z",
     );
-    let fc = fc_name(ns, "pair", &uid);
-    c.wait("the FabricCheck", Duration::from_secs(10), || {
-        fabric_check(cp, &fc).is_some()
-    });
     answer(cp, &fc, good("ac-fail-0", "ac-fail-1"));
     let error = "timeout: no RDMA WRITE completion from ac-fail-0 (10.9.0.9:9465) within 2s";
     answer(
@@ -1205,19 +1221,15 @@ fn redteam_an_answer_flood_neither_fills_the_controller_nor_is_unbounded() {
     assert!(cached < 100.0, "{cached} answers cached");
 
     // A gang is still judged on its members' answers.
-    let uid = create_workload(cp, ns, "real", 2);
-    reserve(
+    let fc = reserved_gang(
         cp,
+        &c,
         ns,
         "real",
         "leaf-fl",
         &["ac-flood-0", "ac-flood-1"],
         "2026-12-02T04:30:00Z",
     );
-    let fc = fc_name(ns, "real", &uid);
-    c.wait("the FabricCheck", Duration::from_secs(10), || {
-        fabric_check(cp, &fc).is_some()
-    });
     answer(cp, &fc, good("ac-flood-0", "ac-flood-1"));
     answer(cp, &fc, good("ac-flood-1", "ac-flood-0"));
     c.wait("Ready", Duration::from_secs(10), || {
@@ -1302,19 +1314,15 @@ fn redteam_a_member_failing_during_the_check_gives_retry() {
     gpu_node(cp, "ac-during-1", "leaf-du", true);
     let config = config(&env, "during", "20s");
     let c = start(&env, "ac-during-a", "ac-test-during", ns, &config);
-    let uid = create_workload(cp, ns, "gang", 2);
-    reserve(
+    let fc = reserved_gang(
         cp,
+        &c,
         ns,
         "gang",
         "leaf-du",
         &["ac-during-0", "ac-during-1"],
         "2026-12-02T04:40:00Z",
     );
-    let fc = fc_name(ns, "gang", &uid);
-    c.wait("the FabricCheck", Duration::from_secs(10), || {
-        fabric_check(cp, &fc).is_some()
-    });
     answer(cp, &fc, good("ac-during-1", "ac-during-0"));
     // Its agent sees a port go down (the condition first; label and taint follow).
     set_fabric(cp, "ac-during-1", false);

@@ -11,12 +11,15 @@ use std::time::Duration;
 
 const POOL: &str = "fabricgate.io/test-pool";
 
-#[test]
-fn ten_nodes_at_one_half_the_sixth_failing_node_is_not_tainted_and_recovery_untaints() {
-    let Some(cp) = control_plane() else { return };
-    let names: Vec<String> = (0..10).map(|i| format!("breaker-{i}")).collect();
-    // breaker-0..4: failing nodes their agents tainted; breaker-5..8 validated; breaker-9 is
-    // this test's agent's node, registered with the taint as the docs recommend.
+/// The pool `POOL=<pool>` of 10 Nodes `<pool>-0..9`: 0–4 failing, tainted by their agents
+/// (not running here), 5–8 validated, 9 this test's: registered with the taint as the docs
+/// recommend, its agent started over that pool (`--interval 300ms`, `--resync-interval 1s`)
+/// and validated (it untaints whatever the pool looks like: the breaker never blocks recovery).
+fn half_tainted_pool(
+    cp: &'static ControlPlane,
+    pool: &str,
+) -> (Vec<String>, TestNode, FakeHca, crate::common::Agent) {
+    let names: Vec<String> = (0..10).map(|i| format!("{pool}-{i}")).collect();
     for (i, name) in names.iter().enumerate() {
         // The GPU taint, as on the other test nodes: keeps the scheduler test's pods off.
         let gpu = json!({ "key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule" });
@@ -25,15 +28,8 @@ fn ten_nodes_at_one_half_the_sixth_failing_node_is_not_tainted_and_recovery_unta
         } else {
             json!([gpu])
         };
-        cp.create_node(name, json!({ POOL: "breaker" }), taints, json!({}));
+        cp.create_node(name, json!({ POOL: pool }), taints, json!({}));
     }
-    // A node outside the pool, tainted: must not count.
-    cp.create_node(
-        "breaker-other-pool",
-        json!({ POOL: "elsewhere" }),
-        json!([{ "key": TAINT, "effect": "NoSchedule" }]),
-        json!({}),
-    );
     let node = TestNode {
         cp,
         name: names[9].clone(),
@@ -42,7 +38,7 @@ fn ten_nodes_at_one_half_the_sixth_failing_node_is_not_tainted_and_recovery_unta
     let config = hca.scratch().join("requirements.yaml");
     std::fs::write(
         &config,
-        format!("node:\n  pool_selector: \"{POOL}=breaker\"\n"),
+        format!("node:\n  pool_selector: \"{POOL}={pool}\"\n"),
     )
     .unwrap();
     let agent = node.start_agent(
@@ -56,6 +52,21 @@ fn ten_nodes_at_one_half_the_sixth_failing_node_is_not_tainted_and_recovery_unta
             config.to_str().unwrap(),
         ],
     );
+    agent.wait("validation", Duration::from_secs(30), || node.ready());
+    (names, node, hca, agent)
+}
+
+#[test]
+fn ten_nodes_at_one_half_the_sixth_failing_node_is_not_tainted_and_recovery_untaints() {
+    let Some(cp) = control_plane() else { return };
+    // A node outside the pool, tainted: must not count.
+    cp.create_node(
+        "breaker-other-pool",
+        json!({ POOL: "elsewhere" }),
+        json!([{ "key": TAINT, "effect": "NoSchedule" }]),
+        json!({}),
+    );
+    let (names, node, hca, agent) = half_tainted_pool(cp, "breaker");
     // 6 of 10 tainted, yet the agent untaints its validated node: the breaker never blocks
     // recovery.
     agent.wait("validation", Duration::from_secs(30), || node.ready());
@@ -188,40 +199,8 @@ fn pool_guard(
 fn the_breaker_counts_the_pool_from_the_guards_summary_without_listing_it() {
     let Some(cp) = control_plane() else { return };
     let _lease = shipped_lease();
-    let names: Vec<String> = (0..10).map(|i| format!("summary-{i}")).collect();
-    for (i, name) in names.iter().enumerate() {
-        let gpu = json!({ "key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule" });
-        let taints = if i < 5 || i == 9 {
-            json!([gpu, { "key": TAINT, "effect": "NoSchedule" }])
-        } else {
-            json!([gpu])
-        };
-        cp.create_node(name, json!({ POOL: "summary" }), taints, json!({}));
-    }
-    let node = TestNode {
-        cp,
-        name: names[9].clone(),
-    };
-    let hca = FakeHca::new(true);
+    let (names, node, hca, agent) = half_tainted_pool(cp, "summary");
     let guard = pool_guard(cp, &format!("{POOL}=summary"), "", hca.scratch());
-    let config = hca.scratch().join("requirements.yaml");
-    std::fs::write(
-        &config,
-        format!("node:\n  pool_selector: \"{POOL}=summary\"\n"),
-    )
-    .unwrap();
-    let agent = node.start_agent(
-        &hca,
-        &[
-            "--interval",
-            "300ms",
-            "--resync-interval",
-            "1s",
-            "--config",
-            config.to_str().unwrap(),
-        ],
-    );
-    agent.wait("validation", Duration::from_secs(30), || node.ready());
     guard.wait(
         "the validated node counted",
         Duration::from_secs(10),
