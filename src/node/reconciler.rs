@@ -200,9 +200,21 @@ impl Reconciler {
             }
             return false;
         }
+        if self.older_than_own_write(&rv) {
+            // The watch can deliver a version from before our write after the write's answer
+            // (its initial list races the first reconcile): planning on it would redo a
+            // transition, one more Event. Resource versions of built-in types compare as
+            // integers (KEP-5504); one that does not parse is taken as news.
+            return false;
+        }
         self.observed = Some(node);
         self.confirmed = None;
         true
+    }
+
+    fn older_than_own_write(&self, rv: &str) -> bool {
+        let newest_own = self.own_versions.back().and_then(|v| v.parse::<u64>().ok());
+        matches!((rv.parse::<u64>().ok(), newest_own), (Some(seen), Some(own)) if seen < own)
     }
 
     /// A write based on what the watch showed failed: read the Node before the next one.

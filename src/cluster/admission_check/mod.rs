@@ -21,6 +21,7 @@
 mod decide;
 mod metrics;
 pub mod model;
+mod objects;
 mod reconcile;
 mod watch;
 

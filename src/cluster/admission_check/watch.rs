@@ -99,7 +99,7 @@ impl Watched {
         // Only answers to a live check are kept (issue 36, item 5): any account that may
         // create a FabricCheckResult could otherwise fill the controller's memory with
         // answers to checks that do not exist. An answer that arrives before its check shows
-        // is read again by one LIST when that check is judged (`reconcile::answers`).
+        // is read again by one LIST when that check is judged (`objects::answers`).
         let created: Arc<Mutex<HashSet<String>>> = Arc::default();
         let live_checks = checks.clone();
         let live_created = Arc::clone(&created);

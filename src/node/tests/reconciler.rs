@@ -462,5 +462,19 @@ async fn with_the_watch_live_the_reconciler_plans_on_what_it_showed_and_ignores_
         rec.reconcile(&good).await.expect("reconcile"),
         Outcome::default()
     );
+    // A version from before our write, delivered late (the watch's initial list racing the
+    // first reconcile), is no news: planning on it would redo the write and its Event.
+    let late: Node = serde_json::from_value(node(
+        "50",
+        labels(true),
+        json!([our_taint()]),
+        conditions(true),
+    ))
+    .expect("node");
+    assert!(!rec.observe(late));
+    assert_eq!(
+        rec.reconcile(&good).await.expect("reconcile"),
+        Outcome::default()
+    );
     finish(rec, server).await;
 }
