@@ -13,7 +13,11 @@
 //!   `FABRICGATE_SCALE_AGENTS` real agents (default 512), `FABRICGATE_SCALE_LEAF` of them
 //!   (default all) failing at once, the breaker on, per `FABRICGATE_SCALE_MODES`
 //!   (`summary`: the guard publishes the pool summary; `list`: no guard, the agents list the
-//!   pool), quiet window `FABRICGATE_SCALE_QUIET_SECS` (default 120) (docs/scale.md).
+//!   pool), quiet window `FABRICGATE_SCALE_QUIET_SECS` (default 120) (docs/scale.md);
+//! - `guard`: `fabricgate guard` over `FABRICGATE_SCALE_POOL` GPU-sized Nodes (default 5000),
+//!   each with a Ready agent pod: its lists, RSS, CPU, agent death -> taint at
+//!   `--stale-after 30s`, alone and under a status storm of `FABRICGATE_GUARD_STORM_SECS`
+//!   (default 60) (docs/scale.md).
 //!
 //! Without a NAME it lists them and measures nothing: `cargo bench` alone must not start a
 //! 500-agent fleet.
@@ -23,11 +27,17 @@
 mod common;
 
 use common::fleet::{report, run_fleet};
+use common::guard_scale::{GuardScaleSpec, run_guard_scale};
 use common::scale::{ScaleSpec, run_scale};
 use common::{TestNode, control_plane, wait_until};
 use std::time::Duration;
 
-const FIGURES: [(&str, fn()); 3] = [("port_down", port_down), ("fleet", fleet), ("scale", scale)];
+const FIGURES: [(&str, fn()); 4] = [
+    ("port_down", port_down),
+    ("fleet", fleet),
+    ("scale", scale),
+    ("guard", guard),
+];
 
 fn main() {
     // `cargo bench` passes `--bench`; the rest are names.
@@ -141,4 +151,22 @@ fn scale() {
             run_scale(cp, &format!("scale-{}", mode.trim()), &spec).report
         );
     }
+}
+
+/// The guard's leader over a 5,000-Node pool (docs/scale.md).
+fn guard() {
+    let Some(cp) = control_plane() else { return };
+    let env = |name: &str, default: u64| -> u64 {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    let spec = GuardScaleSpec {
+        pool: usize::try_from(env("FABRICGATE_SCALE_POOL", 5000)).unwrap_or(5000),
+        stale_after: Duration::from_secs(30),
+        storm: Duration::from_secs(env("FABRICGATE_GUARD_STORM_SECS", 60)),
+        quiet: Duration::from_secs(env("FABRICGATE_SCALE_QUIET_SECS", 60)),
+    };
+    println!("{}", run_guard_scale(cp, &spec));
 }

@@ -15,7 +15,9 @@
 //! decide), against a real peer responder on loopback, `--verbs off` (no RDMA here: the
 //! authenticated side channel is the exchange). `FABRICGATE_GANG_WRITES` picks the modes,
 //! default all three. `FABRICGATE_GANG_SIZES`
-//! overrides the gang sizes (default 8,32,64). `fabricgate admission-check` runs as its own process with the shipped
+//! overrides the gang sizes (default 8,32,64); `FABRICGATE_GANG_POOL` fills the pool up to that
+//! many Nodes with GPU-sized ones that are no members (issue 35: 5000), and the controller's
+//! RSS and CPU are printed. `fabricgate admission-check` runs as its own process with the shipped
 //! ServiceAccount and RBAC.
 
 #[path = "../tests/common/mod.rs"]
@@ -23,6 +25,8 @@ mod common;
 
 use common::controlplane::ControlPlane;
 use common::fleet::with_validated_fleet;
+use common::procstat::{Usage, usage};
+use common::scale::{delete_pool, fill_pool};
 use common::{control_plane, kueue_crds, wait_until};
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::GroupVersionKind;
@@ -85,13 +89,28 @@ fn decide() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(500);
+    // The rest of a large pool: GPU-sized Nodes the controller's Node watch holds too.
+    let pool: usize = std::env::var("FABRICGATE_GANG_POOL")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let filler = fill_pool(cp, "gang-filler", pool.saturating_sub(n), 0);
     with_validated_fleet(cp, "gang-fleet", n, |nodes| {
-        // The endpoint each agent with peers on publishes (the harness answers for them).
+        // The endpoint each agent with peers on publishes (the harness answers for them): one
+        // of its Node's addresses, at the peers port, as the controller requires.
         let admin_nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(cp.admin());
         cp.block_on(async {
             for (i, name) in nodes.iter().enumerate() {
+                let addresses = json!({ "status": { "addresses": [
+                    { "type": "InternalIP", "address": node_address(i).to_string() },
+                    { "type": "Hostname", "address": name },
+                ] } });
+                admin_nodes
+                    .patch_status(name, &PatchParams::default(), &Patch::Merge(&addresses))
+                    .await
+                    .expect("address");
                 let patch = json!({ "metadata": { "annotations": {
-                    "fabricgate.io/peers-endpoint": format!("127.0.0.1:{}", 20000 + i) } } });
+                    "fabricgate.io/peers-endpoint": format!("{}:{PEERS_PORT}", node_address(i)) } } });
                 admin_nodes
                     .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
                     .await
@@ -116,12 +135,22 @@ fn decide() {
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .expect("start fabricgate admission-check");
+        let pid = child.id();
         // Stopped however this returns (a failed run panics).
         let _controller = Stop(child);
-        wait_until("the controller's lists", Duration::from_secs(60), || {
+        let listing = std::time::Instant::now();
+        wait_until("the controller's lists", Duration::from_secs(300), || {
             let l = std::fs::read_to_string(&log).unwrap_or_default();
             l.contains("listed Nodes") && l.contains("listed Workloads")
         });
+        let listed = usage(pid);
+        println!(
+            "admission-check over {} Nodes: lists done in {:.1} s, RSS {:.1} MiB (peak {:.1} MiB)",
+            n + filler.len(),
+            listing.elapsed().as_secs_f64(),
+            Usage::mib(listed.rss_bytes),
+            Usage::mib(listed.peak_rss_bytes)
+        );
         let mut offset = 0;
         let modes = std::env::var("FABRICGATE_GANG_WRITES")
             .unwrap_or_else(|_| "concurrent,sequential,agents".to_owned());
@@ -165,9 +194,18 @@ fn decide() {
                     ms(median(|r| r.decided)),
                     ms(runs.iter().map(|r| r.total).max().unwrap())
                 );
+                let now = usage(pid);
+                println!(
+                    "  admission-check after the gangs of {g}: RSS {:.1} MiB (peak {:.1} MiB), \
+                     CPU {:.1} s in all",
+                    Usage::mib(now.rss_bytes),
+                    Usage::mib(now.peak_rss_bytes),
+                    now.cpu_seconds
+                );
             }
         }
     });
+    delete_pool(cp, &filler);
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -180,9 +218,14 @@ enum Answers {
     Agents,
 }
 
-/// The port of fleet Node `i`'s responder (its `fabricgate.io/peers-endpoint`).
-fn responder_port(i: usize) -> u16 {
-    20000 + u16::try_from(i).expect("a fleet below 45000 nodes")
+/// The peers port (`peers.port`'s default): every member's endpoint is at it.
+const PEERS_PORT: u16 = 9465;
+
+/// Fleet Node `i`'s address (its `InternalIP`), where its responder listens: a loopback
+/// address of its own, outside the tests' 127.0.0.x.
+fn node_address(i: usize) -> std::net::Ipv4Addr {
+    let i = u32::try_from(i).expect("a fleet below 4 billion nodes");
+    std::net::Ipv4Addr::from(u32::from(std::net::Ipv4Addr::new(127, 1, 0, 1)) + i)
 }
 
 /// The pool's peers key.
@@ -213,7 +256,7 @@ impl RingAgents {
                 node_name: node.to_owned(),
                 group: String::new(),
             };
-            let listener = std::net::TcpListener::bind(("127.0.0.1", responder_port(i)))
+            let listener = std::net::TcpListener::bind((node_address(i), PEERS_PORT))
                 .expect("a responder port");
             let r = Responder::start(
                 listener,

@@ -30,6 +30,24 @@ pub const RESULT_PLURAL: &str = "fabriccheckresults";
 pub const CHECK_UID_LABEL: &str = "fabricgate.io/fabriccheck-uid";
 /// The Node annotation each agent with `peers.enabled` writes: its responder's `host:port`.
 pub const ENDPOINT_ANNOTATION: &str = "fabricgate.io/peers-endpoint";
+/// The prefix of a FabricCheck's label for each of its members ([`member_label`]).
+pub const MEMBER_LABEL_PREFIX: &str = "member.fabricgate.io/";
+
+/// The label (key; its value is `"true"`) a FabricCheck carries for member `node`: each agent
+/// watches only the checks labelled for its own Node, so a check is sent to its members'
+/// watches and not to every agent of the pool (at 5,000 Nodes a 512-member check is tens of
+/// kB, times 5,000 watchers). The Node's name when it is a valid label name (63 characters at
+/// most: most are), else `fnv-` and a 64-bit FNV-1a of it. A hint for routing only: an agent
+/// still measures only a check whose `spec.members` names its Node.
+pub fn member_label(node: &str) -> String {
+    if node.len() <= 63 && !node.is_empty() {
+        return format!("{MEMBER_LABEL_PREFIX}{node}");
+    }
+    let hash = node.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    format!("{MEMBER_LABEL_PREFIX}fnv-{hash:016x}")
+}
 
 /// `fabricchecks.fabricgate.io/v1alpha1`.
 pub fn checks() -> ApiResource {
@@ -210,6 +228,32 @@ pub fn result_from_dynamic(obj: &DynamicObject) -> Option<ResultSpec> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A label name: 63 characters at most, alphanumerics at both ends, `-_.` inside.
+    fn valid_label_name(name: &str) -> bool {
+        let ends = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
+        name.len() <= 63
+            && ends(name.chars().next())
+            && ends(name.chars().last())
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+    }
+
+    #[test]
+    fn every_node_name_has_a_valid_member_label_of_its_own() {
+        let long = format!("gpu-{}.cluster.internal", "a".repeat(200));
+        let longer = format!("{long}x");
+        for node in ["gpu-001", "ip-10-0-3-17.ec2.internal", &long, &longer] {
+            let label = member_label(node);
+            let name = label.strip_prefix(MEMBER_LABEL_PREFIX).expect("our prefix");
+            assert!(valid_label_name(name), "{label}");
+            assert_eq!(member_label(node), label, "the same for the same node");
+        }
+        assert_eq!(member_label("gpu-001"), "member.fabricgate.io/gpu-001");
+        assert_ne!(member_label(&long), member_label(&longer));
+        assert_ne!(member_label("gpu-001"), member_label("gpu-002"));
+    }
 
     #[test]
     fn a_result_object_round_trips_and_names_its_check() {

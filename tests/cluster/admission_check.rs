@@ -301,6 +301,12 @@ fn reserved_gang(
     c.wait("the FabricCheck", Duration::from_secs(10), || {
         fabric_check(cp, &fc).is_some()
     });
+    // Labelled for each member, whose agent watches only the checks labelled for its Node.
+    let check = fabric_check(cp, &fc).expect("the FabricCheck");
+    for node in nodes {
+        let label = fabricgate::node::fabriccheck::member_label(node);
+        assert_eq!(check["metadata"]["labels"][&label], "true", "{check}");
+    }
     fc
 }
 

@@ -63,11 +63,14 @@ pub(crate) fn create_check(cp: &ControlPlane, name: &str, members: &[(String, St
     )
     .unwrap()
     .to_string();
+    let mut labels = json!({ "app.kubernetes.io/name": "fabricgate",
+                             "fabricgate.io/check": "gang" });
+    for (node, _) in members {
+        labels[fabricgate::node::fabriccheck::member_label(node)] = json!("true");
+    }
     let body = json!({
         "apiVersion": "fabricgate.io/v1alpha1", "kind": "FabricCheck",
-        "metadata": { "name": name, "namespace": NS,
-                      "labels": { "app.kubernetes.io/name": "fabricgate",
-                                  "fabricgate.io/check": "gang" } },
+        "metadata": { "name": name, "namespace": NS, "labels": labels },
         "spec": {
             "workload": { "namespace": "team", "name": name, "uid": "0000" },
             "members": members.iter().map(|(n, e)| json!({ "node": n, "endpoint": e }))
@@ -227,6 +230,25 @@ fn agents_answer_a_fabriccheck_in_ring_order_and_name_a_dead_peer() {
         assert_eq!(r["ok"], true, "{r}");
         assert_eq!(r["rdma"], "unmeasured", "--verbs off: {r}");
         assert!(r["finishedAt"].is_string(), "{r}");
+    }
+    // Each agent lists and watches only the checks labelled for its own Node: a check goes to
+    // its members' watches, not to every agent of the pool.
+    let reads: Vec<_> = cp
+        .audit()
+        .into_iter()
+        .filter(|e| e.resource == "fabricchecks" && (e.verb == "list" || e.verb == "watch"))
+        .collect();
+    for node in &nodes {
+        let selector = format!("labelSelector=member.fabricgate.io%2F{}", node.name);
+        let of_node: Vec<_> = reads.iter().filter(|e| e.claim_node == node.name).collect();
+        assert!(
+            of_node.iter().any(|e| e.verb == "watch"),
+            "{}: {of_node:#?}",
+            node.name
+        );
+        for e in of_node {
+            assert!(e.request_uri.contains(&selector), "{}: {e:?}", node.name);
+        }
     }
     // Each answer is its own agent's object: named <check uid>.<node>, created under the field
     // manager fabricgate-gang/<node>, owned by the check.

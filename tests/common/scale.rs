@@ -144,7 +144,7 @@ pub fn gpu_node(name: &str, pool: &str, agent: bool) -> Value {
 
 /// Create `n` GPU Nodes `prefix-i` of pool `prefix`, 16 at a time; the first `agents` carry
 /// [`AGENT_LABEL`]. Returns the names.
-fn fill_pool(cp: &ControlPlane, prefix: &str, n: usize, agents: usize) -> Vec<String> {
+pub fn fill_pool(cp: &ControlPlane, prefix: &str, n: usize, agents: usize) -> Vec<String> {
     let names: Vec<String> = (0..n).map(|i| format!("{prefix}-{i:05}")).collect();
     let nodes: Api<Node> = Api::all(cp.admin());
     cp.block_on(async {
@@ -168,7 +168,7 @@ fn fill_pool(cp: &ControlPlane, prefix: &str, n: usize, agents: usize) -> Vec<St
     names
 }
 
-fn delete_pool(cp: &ControlPlane, names: &[String]) {
+pub fn delete_pool(cp: &ControlPlane, names: &[String]) {
     let nodes: Api<Node> = Api::all(cp.admin());
     cp.block_on(async {
         futures::stream::iter(names)

@@ -110,7 +110,11 @@ pub async fn run(ring: Ring, mut stop: watch::Receiver<bool>) {
         &ring.namespace,
         &ar,
     );
-    let mut events = watcher(checks, watcher::Config::default().any_semantic())
+    // Only the checks naming this Node: a check is sent to its members, not to the pool.
+    let config = watcher::Config::default()
+        .labels(&fabriccheck::member_label(&ring.node))
+        .any_semantic();
+    let mut events = watcher(checks, config)
         .backoff(WatchBackoff::new(ring.max_backoff))
         .boxed();
     let slots = Arc::new(Semaphore::new(CONCURRENCY));

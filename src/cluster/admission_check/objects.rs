@@ -80,7 +80,14 @@ pub(super) async fn create_check(
                 ("app.kubernetes.io/name".to_owned(), "fabricgate".to_owned()),
                 (CHECK_LABEL.0.to_owned(), CHECK_LABEL.1.to_owned()),
             ]
-            .into(),
+            .into_iter()
+            // Each member's agent watches only the checks labelled for its Node.
+            .chain(
+                spec.members
+                    .iter()
+                    .map(|m| (fabriccheck::member_label(&m.node), "true".to_owned())),
+            )
+            .collect(),
         ),
         annotations: Some([(RESERVATION_ANNOTATION.to_owned(), reservation.to_owned())].into()),
         ..ObjectMeta::default()
