@@ -20,7 +20,7 @@ mod reconciler;
 mod watch;
 
 pub(crate) use client::is_watch;
-pub use client::{Clients, RetryAfter, client, clients_from};
+pub use client::{Clients, RetryAfter, WATCH_TIMEOUT_SECS, client, clients_from};
 pub use plan::{Plan, Transition, owned_labels, plan};
 pub(crate) use reconciler::patch_taints;
 pub use reconciler::{Outcome, Reconciler};

@@ -113,6 +113,7 @@ pub async fn run(ring: Ring, mut stop: watch::Receiver<bool>) {
     // Only the checks naming this Node: a check is sent to its members, not to the pool.
     let config = watcher::Config::default()
         .labels(&fabriccheck::member_label(&ring.node))
+        .timeout(crate::node::WATCH_TIMEOUT_SECS)
         .any_semantic();
     let mut events = watcher(checks, config)
         .backoff(WatchBackoff::new(ring.max_backoff))
