@@ -145,6 +145,8 @@ fn kubelets(cp: &'static ControlPlane, nodes: Vec<String>, stop: Arc<AtomicBool>
 pub fn run_guard_scale(cp: &'static ControlPlane, spec: &GuardScaleSpec) -> String {
     let _one = super::fleet::exclusive();
     let mut out = String::new();
+    // The agents' ServiceAccount (their pods run as it) and the guard's.
+    cp.install_agent_rbac();
     cp.apply(
         &std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/guard.yaml"))
             .expect("deploy/guard.yaml"),
