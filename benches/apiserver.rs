@@ -92,10 +92,7 @@ fn port_down() {
 /// The fleet figures of docs/scale.md.
 fn fleet() {
     let Some(cp) = control_plane() else { return };
-    let n: usize = std::env::var("FABRICGATE_FLEET")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(500);
+    let n = env("FABRICGATE_FLEET", 500);
     let quiet = Duration::from_secs(120);
     let modes =
         std::env::var("FABRICGATE_FLEET_MODES").unwrap_or_else(|_| "watch,gets,breaker".to_owned());
@@ -121,12 +118,6 @@ fn fleet() {
 /// The 5,000-Node figures of docs/scale.md.
 fn scale() {
     let Some(cp) = control_plane() else { return };
-    let env = |name: &str, default: usize| -> usize {
-        std::env::var(name)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(default)
-    };
     let pool = env("FABRICGATE_SCALE_POOL", 5000);
     let agents = env("FABRICGATE_SCALE_AGENTS", 512).min(pool);
     let leaf = env("FABRICGATE_SCALE_LEAF", agents).min(agents);
@@ -156,17 +147,19 @@ fn scale() {
 /// The guard's leader over a 5,000-Node pool (docs/scale.md).
 fn guard() {
     let Some(cp) = control_plane() else { return };
-    let env = |name: &str, default: u64| -> u64 {
-        std::env::var(name)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(default)
-    };
     let spec = GuardScaleSpec {
-        pool: usize::try_from(env("FABRICGATE_SCALE_POOL", 5000)).unwrap_or(5000),
+        pool: env("FABRICGATE_SCALE_POOL", 5000),
         stale_after: Duration::from_secs(30),
-        storm: Duration::from_secs(env("FABRICGATE_GUARD_STORM_SECS", 60)),
-        quiet: Duration::from_secs(env("FABRICGATE_SCALE_QUIET_SECS", 60)),
+        storm: Duration::from_secs(env("FABRICGATE_GUARD_STORM_SECS", 60) as u64),
+        quiet: Duration::from_secs(env("FABRICGATE_SCALE_QUIET_SECS", 60) as u64),
     };
     println!("{}", run_guard_scale(cp, &spec));
+}
+
+/// A size or a number of seconds from the environment, else `default`.
+fn env(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
