@@ -77,6 +77,7 @@ impl Watched {
                 Arc::clone(&notify),
                 backoff,
                 what,
+                |o: &mut DynamicObject| o.metadata.managed_fields = None,
             )));
             store
         };
@@ -151,6 +152,7 @@ impl Watched {
             Arc::clone(&notify),
             backoff,
             "Nodes",
+            slim_node,
         )));
         Watched {
             workloads,
@@ -187,8 +189,23 @@ impl Watched {
 /// Which objects of a watch are stored.
 type Keep<K> = Box<dyn Fn(&K) -> bool + Send + Sync>;
 
-/// Feed `writer` from a watcher of `api` (objects slimmed of managed fields) until aborted,
-/// storing only the objects `keep` accepts (one no longer accepted is dropped from the store).
+/// Of a Node, what the judgements read: metadata (labels, the peers-endpoint annotation)
+/// without managed fields, the spec (taints), and of the status the conditions and addresses.
+/// A GPU Node's images, capacity and nodeInfo are most of its 10-15 kB, times the pool.
+fn slim_node(node: &mut Node) {
+    node.metadata.managed_fields = None;
+    node.status = node
+        .status
+        .take()
+        .map(|s| k8s_openapi::api::core::v1::NodeStatus {
+            conditions: s.conditions,
+            addresses: s.addresses,
+            ..Default::default()
+        });
+}
+
+/// Feed `writer` from a watcher of `api` (each object `slim`med) until aborted, storing only
+/// the objects `keep` accepts (one no longer accepted is dropped from the store).
 #[allow(clippy::too_many_arguments)]
 async fn feed<K>(
     api: Api<K>,
@@ -199,6 +216,7 @@ async fn feed<K>(
     notify: Arc<Notify>,
     max_backoff: Duration,
     what: &'static str,
+    slim: fn(&mut K),
 ) where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync,
     K: 'static,
@@ -210,9 +228,11 @@ async fn feed<K>(
     if !labels.is_empty() {
         config = config.labels(&labels);
     }
-    config.page_size = None;
+    // In pages: a page is deserialized whole before its objects are slimmed (one list of
+    // 5,000 GPU Nodes is 65 MB of JSON); the store is replaced at the watcher's `InitDone`.
+    config.page_size = Some(500);
     let mut events = watcher(api, config)
-        .modify(|o: &mut K| o.meta_mut().managed_fields = None)
+        .modify(slim)
         .backoff(WatchBackoff::new(max_backoff))
         .boxed();
     while let Some(event) = events.next().await {

@@ -78,14 +78,21 @@ impl WatchState {
     }
 }
 
-/// Drop what no decision reads from a cached Node: its managed fields and its list of container
-/// images (together often most of a GPU Node's bytes). Kept: metadata (labels, annotations,
-/// resourceVersion), `spec.taints`, `status.conditions` and the rest of the status.
+/// Drop what no decision reads from a cached Node: its managed fields and all of its status
+/// but the conditions (images, capacity, allocatable, addresses, nodeInfo: most of a GPU
+/// Node's bytes). Kept: metadata (labels, annotations, resourceVersion), the spec (taints)
+/// and `status.conditions`.
 pub(super) fn slim_node(node: &mut Node) {
     node.metadata.managed_fields = None;
-    if let Some(status) = node.status.as_mut() {
-        status.images = None;
-    }
+    // Of the status only the conditions (FabricReady): a GPU Node's images, capacity,
+    // allocatable, addresses and nodeInfo are most of its 10-15 kB, times the pool.
+    node.status = node
+        .status
+        .take()
+        .map(|s| k8s_openapi::api::core::v1::NodeStatus {
+            conditions: s.conditions,
+            ..Default::default()
+        });
 }
 
 /// Keep of a cached agent pod what [`super::agent_problem`] reads: its metadata (without

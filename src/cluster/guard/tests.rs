@@ -4,8 +4,10 @@ use super::cache::{Cache, slim_node, slim_pod};
 use super::sweep::agent_problem;
 use super::watch::Update;
 use k8s_openapi::api::core::v1::{
-    ContainerImage, Node, NodeSpec, NodeStatus, Pod, PodCondition, PodSpec, PodStatus, Taint,
+    ContainerImage, Node, NodeCondition, NodeSpec, NodeStatus, Pod, PodCondition, PodSpec,
+    PodStatus, Taint,
 };
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, ObjectMeta};
 use kube::runtime::watcher::{Error, Event};
 use std::sync::Arc;
@@ -229,11 +231,24 @@ fn cached_objects_keep_only_what_the_guard_reads() {
     n.metadata.managed_fields = Some(vec![ManagedFieldsEntry::default()]);
     n.status = Some(NodeStatus {
         images: Some(vec![ContainerImage::default()]),
+        allocatable: Some([("nvidia.com/gpu".to_owned(), Quantity("8".to_owned()))].into()),
+        conditions: Some(vec![NodeCondition {
+            type_: "FabricReady".into(),
+            status: "False".into(),
+            ..NodeCondition::default()
+        }]),
         ..NodeStatus::default()
     });
     slim_node(&mut n);
     assert_eq!(n.metadata.managed_fields, None);
-    assert_eq!(n.status.and_then(|s| s.images), None);
+    let status = n.status.clone().expect("the conditions' status");
+    assert_eq!(status.images, None);
+    assert_eq!(status.allocatable, None);
+    assert_eq!(
+        status.conditions.map(|cs| cs.len()),
+        Some(1),
+        "FabricReady kept"
+    );
     assert!(n.spec.and_then(|s| s.taints).is_some(), "taints kept");
 
     let mut p = pod("a", true);

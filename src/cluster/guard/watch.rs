@@ -15,6 +15,9 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 use tokio::sync::watch as signal;
 
+/// Objects per page of the leader's lists.
+const LIST_PAGE: u32 = 500;
+
 /// One watch's events, slimmed and with the backoff applied.
 type Events<K> = BoxStream<'static, watcher::Result<Event<K>>>;
 
@@ -107,7 +110,7 @@ impl Watched {
     }
 }
 
-/// LIST `selector` once (from the watch cache, unpaged), then WATCH from the list's
+/// LIST `selector` once (from the watch cache, in pages of [`LIST_PAGE`]), then WATCH from the list's
 /// resourceVersion with bookmarks, resuming from the last version seen when a watch ends or
 /// breaks, and listing again only on `410 Gone`; failures back off ([`WatchBackoff`], up to
 /// `max_backoff`). Each object is slimmed before it reaches the cache.
@@ -119,8 +122,11 @@ where
         .labels(selector)
         .timeout(WATCH_TIMEOUT_SECS)
         .any_semantic();
-    // One request for the whole list, as the cache is replaced only once it is complete.
-    config.page_size = None;
+    // In pages: each is deserialized whole before it is slimmed, and one list of 5,000 GPU
+    // Nodes at once (65 MB of JSON) left the leader at 285 MiB for good (the allocator keeps
+    // what the transient objects took). The cache is still replaced only once the last page
+    // is in (the watcher's `InitDone`).
+    config.page_size = Some(LIST_PAGE);
     watcher(api, config)
         .modify(slim)
         .backoff(WatchBackoff::new(max_backoff))
