@@ -84,7 +84,12 @@ fn decide() {
     let config = scratch.path().join("requirements.yaml");
     // The longest timeout: a slow write under contention must not turn into a Retry here. The
     // `agents` mode answers over the side channel only (`rdma: unmeasured`).
-    std::fs::write(&config, "gang:\n  timeout: 10m\n  require_rdma: false\n").unwrap();
+    // Gangs above the default `gang.max_nodes` (256) are measured too.
+    std::fs::write(
+        &config,
+        "gang:\n  timeout: 10m\n  require_rdma: false\n  max_nodes: 1024\n",
+    )
+    .unwrap();
     let n: usize = std::env::var("FABRICGATE_FLEET")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -187,12 +192,14 @@ fn decide() {
                 println!(
                     "{mode} results, gang of {g} on a fleet of {n}: quota reserved -> Ready median {:.0} ms \
                  (reserved -> FabricCheck created {:.0} ms; {g} results written {:.0} ms; \
-                 last result -> Ready {:.0} ms); {REPEATS} runs, max {:.0} ms",
+                 last result -> Ready {:.0} ms); {REPEATS} runs, max {:.0} ms; \
+                 the FabricCheck {:.1} kB",
                     ms(median(|r| r.total)),
                     ms(median(|r| r.created)),
                     ms(median(|r| r.answered)),
                     ms(median(|r| r.decided)),
-                    ms(runs.iter().map(|r| r.total).max().unwrap())
+                    ms(runs.iter().map(|r| r.total).max().unwrap()),
+                    runs[0].check_bytes as f64 / 1024.0
                 );
                 let now = usage(pid);
                 println!(
@@ -345,6 +352,8 @@ struct Run {
     created: Duration,
     answered: Duration,
     decided: Duration,
+    /// The FabricCheck's JSON, as each member's watch receives it.
+    check_bytes: usize,
 }
 
 /// One Workload of `members.len()` pods reserved on `members`, answered as `answers` says.
@@ -394,11 +403,12 @@ fn one_gang(cp: &ControlPlane, name: &str, members: &[String], answers: Answers)
     };
     let t0 = Instant::now();
     kueue_crds::reserve(cp, WL_NS, name, CHECK, None, members, &now);
-    let (spec, check_uid) = loop {
+    let (check_bytes, spec, check_uid) = loop {
         if let Some(obj) = cp.get_json(&format!(
             "/apis/fabricgate.io/v1alpha1/namespaces/{NS}/fabricchecks/{fc}"
         )) {
             break (
+                serde_json::to_vec(&obj).map_or(0, |v| v.len()),
                 obj["spec"].clone(),
                 obj["metadata"]["uid"]
                     .as_str()
@@ -408,7 +418,14 @@ fn one_gang(cp: &ControlPlane, name: &str, members: &[String], answers: Answers)
         }
         assert!(
             t0.elapsed() < Duration::from_secs(30),
-            "no FabricCheck {fc}"
+            "no FabricCheck {fc}; the check on the Workload: {:?}",
+            kueue_crds::check_entry(
+                &cp.get_json(&format!(
+                    "/apis/kueue.x-k8s.io/v1beta2/namespaces/{WL_NS}/workloads/{name}"
+                ))
+                .unwrap_or_default(),
+                CHECK
+            )
         );
         std::thread::sleep(Duration::from_millis(2));
     };
@@ -500,5 +517,6 @@ fn one_gang(cp: &ControlPlane, name: &str, members: &[String], answers: Answers)
         created,
         answered,
         decided: t2.elapsed(),
+        check_bytes,
     }
 }

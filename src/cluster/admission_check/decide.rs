@@ -4,7 +4,7 @@
 use super::model::{HOSTNAME_LABEL, PodSetAssignment, WorkloadStatus};
 use crate::node::fabriccheck::{CheckSpec, PairResult, Rdma};
 use k8s_openapi::api::core::v1::Node;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write as _;
 
 /// At most this many names are listed in one message; the rest are counted.
@@ -126,6 +126,9 @@ pub fn assigned_nodes<'a>(
         .ok_or("the Workload has quota reserved but no status.admission")?;
     let mut members = BTreeSet::new();
     let mut out = Assigned::default();
+    // Most domains name a host: find its Node by name, not by matching every Node of the
+    // pool (a 512-node gang at 5,000 Nodes: 2.5 million matches, seconds per pass).
+    let mut by_host: Option<HashMap<&str, Vec<&Node>>> = None;
     for psa in &admission.pod_set_assignments {
         let Some(topology) = &psa.topology_assignment else {
             out.untopological.push(untopological(psa));
@@ -136,7 +139,15 @@ pub fn assigned_nodes<'a>(
             .map_err(|e| format!("pod set {}: topology assignment: {e}", psa.name))?;
         for domain in domains {
             let mut matched = false;
-            for node in nodes.clone() {
+            let candidates: Vec<&Node> = match domain.get(HOSTNAME_LABEL) {
+                Some(host) => by_host
+                    .get_or_insert_with(|| hosts(nodes.clone()))
+                    .get(host.as_str())
+                    .cloned()
+                    .unwrap_or_default(),
+                None => nodes.clone().collect(),
+            };
+            for node in candidates {
                 if domain_matches(node, &domain) {
                     matched = true;
                     if let Some(n) = &node.metadata.name {
@@ -164,6 +175,24 @@ fn untopological(psa: &PodSetAssignment) -> (String, BTreeSet<String>, i64) {
         psa.flavors.values().cloned().collect(),
         psa.count.unwrap_or(1),
     )
+}
+
+/// The Nodes by the value a domain's hostname level matches ([`domain_matches`]): their
+/// hostname label, else their name.
+fn hosts<'a>(nodes: impl Iterator<Item = &'a Node>) -> HashMap<&'a str, Vec<&'a Node>> {
+    let mut by_host: HashMap<&str, Vec<&Node>> = HashMap::new();
+    for node in nodes {
+        let host = node
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(HOSTNAME_LABEL))
+            .or(node.metadata.name.as_ref());
+        if let Some(host) = host {
+            by_host.entry(host.as_str()).or_default().push(node);
+        }
+    }
+    by_host
 }
 
 fn domain_matches(node: &Node, domain: &BTreeMap<String, String>) -> bool {
@@ -387,6 +416,31 @@ mod tests {
             e.contains("kubernetes.io/hostname=x matches no Node"),
             "{e}"
         );
+        // A hostname label that is not the Node's name is what the domain matches, and every
+        // other level still has to match.
+        let labelled = |name: &str, host: &str, rack: &str| {
+            node(json!({ "metadata": { "name": name, "labels": {
+                HOSTNAME_LABEL: host, "rack": rack } } }))
+        };
+        let racked = [
+            labelled("node-a", "host-a", "r1"),
+            labelled("host-b", "host-c", "r1"),
+            labelled("node-c", "host-b", "r2"),
+        ];
+        let at = |hosts: &[&str]| -> WorkloadStatus {
+            serde_json::from_value(json!({
+                "admission": { "podSetAssignments": [{ "name": "w", "topologyAssignment": {
+                    "levels": ["rack", HOSTNAME_LABEL],
+                    "slices": [{ "domainCount": hosts.len(), "valuesPerLevel": [
+                        { "universal": "r1" },
+                        { "individual": { "roots": hosts } }] }] } }]},
+            }))
+            .unwrap()
+        };
+        let a = assigned_nodes(&at(&["host-a", "host-c"]), racked.iter()).unwrap();
+        assert_eq!(a.nodes, ["host-b", "node-a"]);
+        // host-b is node-c's hostname, in rack r2: no Node of r1.
+        assert!(assigned_nodes(&at(&["host-b"]), racked.iter()).is_err());
     }
 
     struct St {
