@@ -228,6 +228,7 @@ impl RingAgents {
                 port: 1,
                 gid_index: None,
             }]);
+            let expected = r.expected_peers();
             responders.push(r);
             let clients = cp.block_on(agent_clients(cp, node));
             let ring = fabricgate::agent::ring::Ring {
@@ -240,6 +241,8 @@ impl RingAgents {
                 plan: Plan::default(),
                 bandwidth: (0, Duration::ZERO),
                 session: Duration::from_secs(5),
+                source: None,
+                expected: Some(expected),
                 requests: clients.requests,
                 watch: clients.watch,
                 max_backoff: Duration::from_secs(5),

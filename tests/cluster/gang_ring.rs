@@ -130,6 +130,11 @@ fn free_port() -> u16 {
 
 /// An agent for `node` with peers on, its responder on 127.0.0.1:`port`.
 fn peer_agent(node: &TestNode, hca: &FakeHca, key: &Path, port: u16) -> Agent {
+    peer_agent_at(node, hca, key, &format!("127.0.0.1:{port}"))
+}
+
+/// An agent for `node` with peers on, its responder on `listen`.
+fn peer_agent_at(node: &TestNode, hca: &FakeHca, key: &Path, listen: &str) -> Agent {
     let cfg = hca.scratch().join("fabricgate.yaml");
     std::fs::write(
         &cfg,
@@ -151,7 +156,7 @@ fn peer_agent(node: &TestNode, hca: &FakeHca, key: &Path, port: u16) -> Agent {
             "--config",
             cfg.to_str().unwrap(),
             "--peers-listen",
-            &format!("127.0.0.1:{port}"),
+            listen,
         ],
     )
 }
@@ -437,4 +442,136 @@ fn redteam_an_agent_creates_only_its_own_fabriccheck_result() {
         2,
         "the spec stayed"
     );
+}
+
+/// A TCP connection from the local address `src` (any of 127/8 on Linux's loopback): a
+/// tenant pod of its own IP.
+fn connect_from(src: [u8; 4], dst: std::net::SocketAddr) -> std::io::Result<std::net::TcpStream> {
+    use rustix::net::{AddressFamily, SocketType, bind, connect, socket};
+    let fd = socket(AddressFamily::INET, SocketType::STREAM, None)?;
+    bind(&fd, &std::net::SocketAddrV4::new(src.into(), 0))?;
+    let std::net::SocketAddr::V4(dst) = dst else {
+        return Err(std::io::Error::other("IPv4 only"));
+    };
+    connect(&fd, &dst)?;
+    Ok(std::net::TcpStream::from(fd))
+}
+
+/// Issue 36, item 1: tenant pods (127.0.0.2 to 127.0.0.5, two connections each) keep idle
+/// connections to a member's peers port, each reconnecting the moment it is cut, for the whole
+/// check. Before: the first two alone took the responder's 4 slots at accept, before
+/// authentication, so the member's ring predecessor was told BUSY until the check's deadline
+/// (`timeout: ... busy or starting until the check's deadline`) and every gang on that node
+/// failed. Now unauthenticated connections wait in a pool of their own (which these four fill),
+/// never in a session slot, and the live check's predecessor, connecting from its node's
+/// address, has places the strangers cannot take: its answer is `ok`.
+#[test]
+fn redteam_idle_strangers_cannot_keep_a_gangs_predecessor_out() {
+    use std::io::Read;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let Some(cp) = control_plane() else { return };
+    install(cp);
+    let key = cp.path("hold-peers.key");
+    std::fs::write(&key, KEY).unwrap();
+    let names = ["rt-hold-0", "rt-hold-1"];
+    let mut nodes = Vec::new();
+    let mut hcas = Vec::new();
+    let mut agents = Vec::new();
+    let mut endpoints = Vec::new();
+    for (i, name) in names.iter().enumerate() {
+        let node = TestNode::seeded(cp, name);
+        let hca = FakeHca::new(true);
+        // Each agent on its own loopback address, as each node has its own IP.
+        let ip = format!("127.0.0.{}", 41 + i);
+        let port = std::net::TcpListener::bind(format!("{ip}:0"))
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let listen = format!("{ip}:{port}");
+        agents.push(peer_agent_at(&node, &hca, &key, &listen));
+        endpoints.push(listen);
+        nodes.push(node);
+        hcas.push(hca);
+    }
+    for (node, ep) in nodes.iter().zip(&endpoints) {
+        wait_until(
+            &format!("{} validated and advertised", node.name),
+            Duration::from_secs(60),
+            || node.ready() && node.json()["metadata"]["annotations"][ENDPOINT] == ep.as_str(),
+        );
+    }
+    // rt-hold-1's responder, measured by rt-hold-0 (its predecessor), is held.
+    let victim: std::net::SocketAddr = endpoints[1].parse().unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let held = Arc::new(AtomicUsize::new(0));
+    let mut attackers = Vec::new();
+    for src in [
+        [127, 0, 0, 2],
+        [127, 0, 0, 3],
+        [127, 0, 0, 4],
+        [127, 0, 0, 5],
+    ] {
+        for _ in 0..2 {
+            let (stop, held) = (Arc::clone(&stop), Arc::clone(&held));
+            attackers.push(std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let Ok(mut s) = connect_from(src, victim) else {
+                        std::thread::sleep(Duration::from_millis(20));
+                        continue;
+                    };
+                    held.fetch_add(1, Ordering::Relaxed);
+                    // Idle until the responder hangs up (or says BUSY), then at once again.
+                    let _ = s.set_read_timeout(Some(Duration::from_millis(200)));
+                    let mut buf = [0u8; 256];
+                    while !stop.load(Ordering::Relaxed) {
+                        match s.read(&mut buf) {
+                            Ok(0) => break,
+                            Ok(_) => {}
+                            Err(e)
+                                if matches!(
+                                    e.kind(),
+                                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                                ) => {}
+                            Err(_) => break,
+                        }
+                    }
+                    // Told BUSY or cut: again soon (not in a tight loop, for the test box).
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            }));
+        }
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    let members: Vec<(String, String)> = names
+        .iter()
+        .zip(&endpoints)
+        .map(|(n, e)| ((*n).to_owned(), e.clone()))
+        .collect();
+    let check = "team.rt-hold.00000004";
+    let started = std::time::Instant::now();
+    create_check(cp, check, &members, 15);
+    wait_until("both members' results", Duration::from_secs(40), || {
+        results(cp, check).len() == 2
+    });
+    let answered = started.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    for a in attackers {
+        let _ = a.join();
+    }
+    let got = results(cp, check);
+    let r0 = result_of(&got, names[0]).unwrap();
+    eprintln!(
+        "figure: {} idle connections from 4 addresses; {} answered in {answered:?}: {r0}",
+        held.load(Ordering::Relaxed),
+        names[0]
+    );
+    assert_eq!(r0["peer"], names[1], "{r0}");
+    assert_eq!(
+        r0["ok"], true,
+        "the held member's predecessor got through: {r0}"
+    );
+    assert_eq!(result_of(&got, names[1]).unwrap()["ok"], true, "{got:?}");
+    drop(agents);
 }

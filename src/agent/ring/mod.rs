@@ -18,13 +18,14 @@ pub use pair::{PairJob, measure_pair};
 
 use crate::node::WatchBackoff;
 use crate::node::fabriccheck;
-use fabricgate_probes::rdma::peer::{Identity, KeyRing, LocalPort, Plan};
+use fabricgate_probes::rdma::peer::{ExpectedPeers, Identity, KeyRing, LocalPort, Plan};
 use futures::StreamExt;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DynamicObject, PostParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event, watcher};
 use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{Semaphore, watch};
@@ -56,6 +57,12 @@ pub struct Ring {
     pub bandwidth: (u32, Duration),
     /// `peers.timeout`: bound on one session.
     pub session: Duration,
+    /// This node's own address (its responder's), measured from: the next member's responder
+    /// knows it as the predecessor it keeps places for. `None`: the route's source.
+    pub source: Option<IpAddr>,
+    /// Our responder's expected peers: each check's predecessor is added until the check's
+    /// deadline, so strangers' idle connections cannot keep it out (issue 36, item 1).
+    pub expected: Option<ExpectedPeers>,
     /// For lists and the results' creates.
     pub requests: kube::Client,
     /// For the watch (a longer read timeout); `None`: `requests`.
@@ -161,6 +168,9 @@ pub async fn run(ring: Ring, mut stop: watch::Receiver<bool>) {
         if !taken.take(&check.uid, deadline, now) {
             continue;
         }
+        if let Some(expected) = &ring.expected {
+            expect_predecessor(expected, &check, &ring.node, deadline, now);
+        }
         let ring = Arc::clone(&ring);
         let slots = Arc::clone(&slots);
         tokio::spawn(async move {
@@ -170,6 +180,29 @@ pub async fn run(ring: Ring, mut stop: watch::Receiver<bool>) {
             answer(&ring, &check, peer, deadline).await;
         });
     }
+}
+
+/// Keep places in our responder for the member that measures us in `check` until its deadline
+/// (a little after: its last try may start just before). An endpoint that is not `ip:port`
+/// gets none: the controller puts the Node's own address there.
+fn expect_predecessor(
+    expected: &ExpectedPeers,
+    check: &FabricCheck,
+    node: &str,
+    deadline: Timestamp,
+    now: Timestamp,
+) {
+    let Some(prev) = check.spec.previous_before(node) else {
+        return;
+    };
+    let Ok(addr) = prev.endpoint.parse::<SocketAddr>() else {
+        return;
+    };
+    let left = Duration::try_from(deadline.duration_since(now)).unwrap_or_default();
+    expected.expect(
+        addr.ip(),
+        std::time::Instant::now() + left + Duration::from_secs(5),
+    );
 }
 
 /// Measure `peer` for `check` and write the result.
@@ -195,6 +228,7 @@ async fn answer(ring: &Ring, check: &FabricCheck, peer: Member, deadline: Timest
     let me = ring.identity.clone();
     let min = check.spec.min_bandwidth_gbps;
     let session = ring.session;
+    let source = ring.source;
     let measured = tokio::task::spawn_blocking(move || {
         measure_pair(&PairJob {
             me: &me,
@@ -205,6 +239,7 @@ async fn answer(ring: &Ring, check: &FabricCheck, peer: Member, deadline: Timest
             min_bandwidth_gbps: min,
             until,
             session,
+            source,
         })
     })
     .await;

@@ -107,6 +107,7 @@ fn pair(me: &str, peer: &str, endpoint: String, keys: &Keys) -> PairResult {
         min_bandwidth_gbps: None,
         until: Instant::now() + Duration::from_secs(5),
         session: Duration::from_secs(5),
+        source: None,
     })
 }
 
