@@ -775,11 +775,14 @@ fn admission_check_leader_fails_over_keeps_the_check_active_and_uses_only_its_gr
     }
 }
 
-/// Kueue without Topology Aware Scheduling: no nodes are assigned, so only node validation
-/// can be checked: at least `count` Nodes of the flavor's `nodeLabels` validated, and the
-/// message says the RDMA pre-flight did not run.
+/// Kueue without Topology Aware Scheduling: no nodes are assigned, so no ring can be tested.
+/// Issue 36, item 9. Before: such a pod set was `Ready` on node validation alone. Now, with
+/// `gang.require_topology` (the default), it is `Retry` saying why, and no FabricCheck is
+/// made; with `gang.require_topology: false`, only node validation is checked: at least
+/// `count` Nodes of the flavor's `nodeLabels` validated, and the message says the RDMA
+/// pre-flight did not run.
 #[test]
-fn admission_check_without_topology_checks_the_flavors_nodes_only() {
+fn redteam_a_pod_set_without_topology_is_not_ready_unless_allowed() {
     let Some(env) = setup() else { return };
     let cp = env.cp;
     let ns = "ac-notas";
@@ -805,8 +808,6 @@ fn admission_check_without_topology_checks_the_flavors_nodes_only() {
         })
         .to_string(),
     );
-    let config = config(&env, "notas", "5s");
-    let c = start(&env, "ac-notas-a", "ac-test-notas", ns, &config);
     let reserve_flavor = |name: &str, pods: usize, when: &str| {
         let body = json!({
             "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
@@ -829,6 +830,33 @@ fn admission_check_without_topology_checks_the_flavors_nodes_only() {
         ))
         .expect("reserve quota");
     };
+    // The default: not Ready, whatever the nodes.
+    let strict = start(
+        &env,
+        "ac-notas-strict",
+        "ac-test-notas-strict",
+        ns,
+        &config(&env, "notas-strict", "5s"),
+    );
+    let uid = create_workload(cp, ns, "bare", 2);
+    reserve_flavor("bare", 2, "2026-12-02T03:29:50Z");
+    strict.wait("Retry", Duration::from_secs(10), || {
+        check_state(cp, ns, "bare").0 == "Retry"
+    });
+    let (_, message) = check_state(cp, ns, "bare");
+    assert!(
+        message.contains("pod set main has no topology assignment")
+            && message.contains("gang.require_topology is true")
+            && message.contains("attempt 1 of gang.max_attempts"),
+        "{message}"
+    );
+    assert_eq!(check_entry_json(cp, ns, "bare")["requeueAfterSeconds"], 5);
+    assert!(fabric_check(cp, &fc_name(ns, "bare", &uid)).is_none());
+    drop(strict);
+
+    // Allowed: node validation alone.
+    let config = config_with(&env, "notas", "5s", "  require_topology: false\n");
+    let c = start(&env, "ac-notas-a", "ac-test-notas", ns, &config);
     // Two of the flavor's three nodes are validated: enough for two pods ...
     create_workload(cp, ns, "two", 2);
     reserve_flavor("two", 2, "2026-12-02T03:30:00Z");
