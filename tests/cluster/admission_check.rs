@@ -1368,3 +1368,65 @@ fn redteam_a_member_failing_during_the_check_gives_retry() {
         "{message}"
     );
 }
+
+/// Issue 36, item 11: a Topology without a hostname level. Kueue then assigns domains (here a
+/// leaf), not nodes, and a pod may land on any node of the domain. Before: the controller took
+/// every Node of the domain as the gang (3 nodes for 2 pods, a FabricCheck over all of them:
+/// the ring tested nodes the gang may not use, and not the nodes it will). Now `Retry` saying
+/// that the Topology needs `kubernetes.io/hostname` as its lowest level; no FabricCheck.
+#[test]
+fn redteam_a_topology_without_a_hostname_level_is_not_a_gang() {
+    let Some(env) = setup() else { return };
+    let cp = env.cp;
+    let ns = "ac-rack";
+    for name in ["ac-rack-0", "ac-rack-1", "ac-rack-2"] {
+        gpu_node(cp, name, "leaf-rack", true);
+    }
+    let c = start(
+        &env,
+        "ac-rack-a",
+        "ac-test-rack",
+        ns,
+        &config(&env, "rack", "5s"),
+    );
+    let uid = create_workload(cp, ns, "racked", 2);
+    let when = "2026-12-02T03:40:00Z";
+    let body = json!({
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
+        "metadata": { "name": "racked", "namespace": ns },
+        "status": {
+            "conditions": [{ "type": "QuotaReserved", "status": "True",
+                "reason": "QuotaReserved", "message": "Quota reserved in ClusterQueue gpu",
+                "lastTransitionTime": when }],
+            "admission": { "clusterQueue": "gpu", "podSetAssignments": [{
+                "name": "main", "flavors": { "cpu": "gpu" }, "count": 2,
+                "resourceUsage": { "cpu": "2" },
+                "topologyAssignment": { "levels": [LEAF],
+                    "slices": [{ "domainCount": 1,
+                        "valuesPerLevel": [{ "universal": "leaf-rack" }],
+                        "podCounts": { "universal": 2 } }] } }] },
+            "admissionChecks": [{ "name": CHECK, "state": "Pending", "message": "",
+                "lastTransitionTime": when }],
+        },
+    });
+    cp.block_on(workloads(cp, ns).patch_status(
+        "racked",
+        &PatchParams::apply("kueue-admission").force(),
+        &Patch::Apply(&body),
+    ))
+    .expect("reserve quota");
+    c.wait("Retry", Duration::from_secs(10), || {
+        check_state(cp, ns, "racked").0 == "Retry"
+    });
+    let (_, message) = check_state(cp, ns, "racked");
+    assert!(
+        message.contains("pod set main")
+            && message.contains("kubernetes.io/hostname")
+            && message.contains("lowest level"),
+        "{message}"
+    );
+    assert!(
+        fabric_check(cp, &fc_name(ns, "racked", &uid)).is_none(),
+        "no ring over the leaf's nodes"
+    );
+}
