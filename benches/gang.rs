@@ -246,6 +246,7 @@ impl RingAgents {
                 requests: clients.requests,
                 watch: clients.watch,
                 max_backoff: Duration::from_secs(5),
+                clock_ahead: Duration::ZERO,
             };
             let rx = stop_rx.clone();
             tasks.push(runtime.spawn(fabricgate::agent::ring::run(ring, rx)));

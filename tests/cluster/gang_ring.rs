@@ -9,9 +9,10 @@
 //!
 //! The CRDs are the ones `deploy/admission-check.yaml` ships (`common::fabriccheck_crds`).
 
+use crate::common::agent::Launch;
 use crate::common::controlplane::{ControlPlane, client_from};
 use crate::common::sysfs::FakeHca;
-use crate::common::{Agent, TestNode, control_plane, start_agent, wait_until};
+use crate::common::{Agent, TestNode, control_plane, wait_until};
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{Value, json};
@@ -135,6 +136,17 @@ fn peer_agent(node: &TestNode, hca: &FakeHca, key: &Path, port: u16) -> Agent {
 
 /// An agent for `node` with peers on, its responder on `listen`.
 fn peer_agent_at(node: &TestNode, hca: &FakeHca, key: &Path, listen: &str) -> Agent {
+    peer_agent_env(node, hca, key, listen, &[])
+}
+
+/// [`peer_agent_at`], with `env` (a failpoint) in its environment.
+fn peer_agent_env(
+    node: &TestNode,
+    hca: &FakeHca,
+    key: &Path,
+    listen: &str,
+    env: &[(&str, &str)],
+) -> Agent {
     let cfg = hca.scratch().join("fabricgate.yaml");
     std::fs::write(
         &cfg,
@@ -146,19 +158,19 @@ fn peer_agent_at(node: &TestNode, hca: &FakeHca, key: &Path, listen: &str) -> Ag
     )
     .unwrap();
     let kubeconfig = node.agent_kubeconfig(None);
-    start_agent(
-        &node.name,
-        hca,
-        Some(&kubeconfig),
-        &[
+    let (sysfs, proc_root) = (hca.sysfs_root(), hca.proc_root());
+    Launch::at(&node.name, &sysfs, &proc_root, hca.scratch())
+        .kubeconfig(Some(&kubeconfig))
+        .args(&[
             "--interval",
             "500ms",
             "--config",
             cfg.to_str().unwrap(),
             "--peers-listen",
             listen,
-        ],
-    )
+        ])
+        .env(env)
+        .start()
 }
 
 #[test]
@@ -571,6 +583,69 @@ fn redteam_idle_strangers_cannot_keep_a_gangs_predecessor_out() {
     assert_eq!(
         r0["ok"], true,
         "the held member's predecessor got through: {r0}"
+    );
+    assert_eq!(result_of(&got, names[1]).unwrap()["ok"], true, "{got:?}");
+    drop(agents);
+}
+
+/// Issue 36, item 11: an agent whose clock is ahead of the API server's by more than
+/// `gang.timeout` (the `clock-ahead` failpoint: 15 minutes). Before: it read every check as
+/// past its deadline and answered none, so the check timed out and every gang with its node
+/// failed. Now deadlines are read against the API server's clock (the `Date` of a `GET
+/// /version`): it answers, and its answer is `ok`.
+#[test]
+fn redteam_an_agent_whose_clock_is_ahead_still_answers() {
+    let Some(cp) = control_plane() else { return };
+    install(cp);
+    let key = cp.path("clock-peers.key");
+    std::fs::write(&key, KEY).unwrap();
+    let names = ["rt-clock-0", "rt-clock-1"];
+    let mut nodes = Vec::new();
+    let mut hcas = Vec::new();
+    let mut agents = Vec::new();
+    let mut endpoints = Vec::new();
+    for (i, name) in names.iter().enumerate() {
+        let node = TestNode::seeded(cp, name);
+        let hca = FakeHca::new(true);
+        let listen = format!("127.0.0.1:{}", free_port());
+        let env: &[(&str, &str)] = if i == 0 {
+            &[("FABRICGATE_FAILPOINT", "clock-ahead")]
+        } else {
+            &[]
+        };
+        agents.push(peer_agent_env(&node, &hca, &key, &listen, env));
+        endpoints.push(listen);
+        nodes.push(node);
+        hcas.push(hca);
+    }
+    for (node, ep) in nodes.iter().zip(&endpoints) {
+        wait_until(
+            &format!("{} validated and advertised", node.name),
+            Duration::from_secs(60),
+            || node.ready() && node.json()["metadata"]["annotations"][ENDPOINT] == ep.as_str(),
+        );
+    }
+    let members: Vec<(String, String)> = names
+        .iter()
+        .zip(&endpoints)
+        .map(|(n, e)| ((*n).to_owned(), e.clone()))
+        .collect();
+    let check = "team.rt-clock.00000005";
+    create_check(cp, check, &members, 10);
+    // Until the deadline has surely passed: an answer that never comes is the failure.
+    let answered = (0..60).any(|_| {
+        if results(cp, check).len() == 2 {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+        false
+    });
+    let got = results(cp, check);
+    assert!(answered, "both members answer: {got:?}");
+    let r0 = result_of(&got, names[0]).unwrap();
+    assert_eq!(
+        r0["ok"], true,
+        "the agent ahead of time measured its peer: {r0}"
     );
     assert_eq!(result_of(&got, names[1]).unwrap()["ok"], true, "{got:?}");
     drop(agents);

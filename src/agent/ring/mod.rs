@@ -9,11 +9,13 @@
 //! trouble (no key, a refused write, an unreadable check) is logged, or written as `ok: false`
 //! with an error that starts with `local:`; it never touches the Node's verdict.
 
+mod clock;
 mod pair;
 #[cfg(test)]
 mod tests;
 
 pub use crate::node::fabriccheck::{ENDPOINT_ANNOTATION, FabricCheck, Member, PairResult, Rdma};
+pub use clock::ServerClock;
 pub use pair::{PairJob, measure_pair};
 
 use crate::node::WatchBackoff;
@@ -68,6 +70,9 @@ pub struct Ring {
     /// For the watch (a longer read timeout); `None`: `requests`.
     pub watch: Option<kube::Client>,
     pub max_backoff: Duration,
+    /// Test-only: this agent's clock reads this much ahead (`FABRICGATE_FAILPOINT=
+    /// clock-ahead`); zero in a deployment.
+    pub clock_ahead: Duration,
 }
 
 /// Checks already taken up (by uid), with their deadline, so that each is measured once.
@@ -123,6 +128,7 @@ pub async fn run(ring: Ring, mut stop: watch::Receiver<bool>) {
     let slots = Arc::new(Semaphore::new(CONCURRENCY));
     let mut taken = Taken::default();
     let mut warned = false;
+    let mut clock = ServerClock::new(ring.clock_ahead);
     tracing::info!(
         node = %ring.node,
         namespace = %ring.namespace,
@@ -157,7 +163,9 @@ pub async fn run(ring: Ring, mut stop: watch::Receiver<bool>) {
             tracing::debug!(name = ?obj.metadata.name, "a FabricCheck the agent cannot read");
             continue;
         };
-        let now = Timestamp::now();
+        // The deadline is the controller's, read against the API server's clock: this
+        // node's may be off by more than gang.timeout (issue 36, item 11).
+        let now = clock.now(&ring.requests).await;
         let peer = match decide(&check, &ring.node, now) {
             Decision::Measure(m) => m,
             Decision::Skip(_) => continue,
@@ -171,13 +179,15 @@ pub async fn run(ring: Ring, mut stop: watch::Receiver<bool>) {
         if let Some(expected) = &ring.expected {
             expect_predecessor(expected, &check, &ring.node, deadline, now);
         }
+        let left = Duration::try_from(deadline.duration_since(now)).unwrap_or_default();
+        let until = std::time::Instant::now() + left;
         let ring = Arc::clone(&ring);
         let slots = Arc::clone(&slots);
         tokio::spawn(async move {
             let Ok(_slot) = slots.acquire_owned().await else {
                 return;
             };
-            answer(&ring, &check, peer, deadline).await;
+            answer(&ring, &check, peer, until).await;
         });
     }
 }
@@ -205,14 +215,12 @@ fn expect_predecessor(
     );
 }
 
-/// Measure `peer` for `check` and write the result.
-async fn answer(ring: &Ring, check: &FabricCheck, peer: Member, deadline: Timestamp) {
-    let left = deadline.duration_since(Timestamp::now());
-    let left = Duration::try_from(left).unwrap_or_default();
-    if left.is_zero() {
+/// Measure `peer` for `check` and write the result, both before `until` (the check's
+/// deadline on this node's monotonic clock).
+async fn answer(ring: &Ring, check: &FabricCheck, peer: Member, until: std::time::Instant) {
+    if std::time::Instant::now() >= until {
         return;
     }
-    let until = std::time::Instant::now() + left;
     let ports = if ring.rdma {
         ring.ports.lock().unwrap_or_else(|p| p.into_inner()).clone()
     } else {
