@@ -663,6 +663,19 @@ fn admission_policy_uses_the_binarys_names_and_is_bound() {
             .unwrap()
             .contains(&format!("'{user}'"))
     );
+    // Others' entries may be dropped only past LEDGER_PRUNE_AT (issue 36, item 11).
+    let prune = format!(
+        "variables.oldData.size() > {}",
+        fabricgate::policy::breaker::LEDGER_PRUNE_AT
+    );
+    assert!(
+        ledger["spec"]["validations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|v| v["expression"].as_str().is_some_and(|e| e.contains(&prune))),
+        "the policy prunes at breaker::LEDGER_PRUNE_AT"
+    );
     let binding = named(
         "ValidatingAdmissionPolicyBinding",
         "fabricgate-breaker-ledger",
