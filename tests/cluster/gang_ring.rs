@@ -650,3 +650,102 @@ fn redteam_an_agent_whose_clock_is_ahead_still_answers() {
     assert_eq!(result_of(&got, names[1]).unwrap()["ok"], true, "{got:?}");
     drop(agents);
 }
+
+/// Issue 36, item 11: answers writable by any account with create rights. The controller
+/// cannot tell a forged `ok: true` from a member's answer, so RBAC alone (a Role granting
+/// `create` on fabriccheckresults in the agents' namespace, to a user, a CI bot, a namespace
+/// admin's helper) decided who may pass a gang. Before: such an account created an `ok: true`
+/// answer for a member (201). Now the policy `fabricgate-fabriccheck-results-writers` refuses
+/// every creator but the agents' service account (system:masters excepted, as break-glass).
+#[test]
+fn redteam_only_the_agents_create_answers_whatever_rbac_grants() {
+    let Some(cp) = control_plane() else { return };
+    install(cp);
+    let names = ["rt-writer-0", "rt-writer-1"];
+    for name in names {
+        TestNode::seeded(cp, name);
+    }
+    let check = "team.rt-writer.00000006";
+    let members: Vec<(String, String)> = names
+        .iter()
+        .map(|n| ((*n).to_owned(), "127.0.0.1:9".to_owned()))
+        .collect();
+    create_check(cp, check, &members, 600);
+    let uid = check_uid(cp, check).unwrap();
+    // RBAC grants an ordinary user create on the answers.
+    cp.apply(
+        &json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": { "name": "rt-answer-writer", "namespace": NS },
+            "rules": [{ "apiGroups": ["fabricgate.io"], "resources": ["fabriccheckresults"],
+                        "verbs": ["create"] }],
+        })
+        .to_string(),
+    );
+    cp.apply(
+        &json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": { "name": "rt-answer-writer", "namespace": NS },
+            "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                         "name": "rt-answer-writer" },
+            "subjects": [{ "apiGroup": "rbac.authorization.k8s.io", "kind": "User",
+                           "name": "mallory" }],
+        })
+        .to_string(),
+    );
+    let forged = |node: &str| {
+        json!({
+            "apiVersion": "fabricgate.io/v1alpha1", "kind": "FabricCheckResult",
+            "metadata": { "name": format!("{uid}.{node}"), "namespace": NS,
+                "labels": { "fabricgate.io/fabriccheck-uid": uid },
+                "ownerReferences": [{ "apiVersion": "fabricgate.io/v1alpha1",
+                    "kind": "FabricCheck", "name": check, "uid": uid }] },
+            "spec": { "check": check, "checkUID": uid, "node": node, "peer": names[1],
+                "ok": true, "rdma": "measured", "finishedAt": "2026-12-03T07:30:00Z" },
+        })
+        .to_string()
+    };
+    let as_mallory = |extra: &[&str]| {
+        let mut args = vec!["create", "-f", "-", "--as=mallory"];
+        args.extend_from_slice(extra);
+        cp.kubectl_as(&cp.admin_kubeconfig, &args, Some(&forged(names[0])))
+    };
+    let (ok, _, err) = cp.kubectl_as(
+        &cp.admin_kubeconfig,
+        &[
+            "auth",
+            "can-i",
+            "create",
+            "fabriccheckresults.fabricgate.io",
+            "-n",
+            NS,
+            "--as=mallory",
+        ],
+        None,
+    );
+    assert!(ok, "RBAC grants mallory create: {err}");
+    // Admission runs on a server-side dry run too: wait until the policy is loaded without
+    // leaving an answer behind, then for real.
+    wait_until(
+        "the policy loaded (a dry run refused)",
+        Duration::from_secs(60),
+        || !as_mallory(&["--dry-run=server"]).0,
+    );
+    let (ok, _, err) = as_mallory(&[]);
+    assert!(!ok, "mallory's forged answer was admitted");
+    assert!(
+        err.contains("fabricgate-fabriccheck-results-writers")
+            && err.contains("only the fabricgate agents")
+            && err.contains("mallory may not"),
+        "{err}"
+    );
+    assert!(results(cp, check).is_empty(), "no forged answer");
+    // system:masters (break-glass, and the tests that play the agents) still may.
+    let (ok, _, err) = cp.kubectl_as(
+        &cp.admin_kubeconfig,
+        &["create", "-f", "-"],
+        Some(&forged(names[1])),
+    );
+    assert!(ok, "{err}");
+    assert_eq!(results(cp, check).len(), 1);
+}

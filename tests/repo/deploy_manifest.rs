@@ -181,6 +181,8 @@ fn manifest_holds_each_object_once_in_the_agent_namespace() {
             "ValidatingAdmissionPolicy",
             "ValidatingAdmissionPolicy",
             "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
             "ValidatingAdmissionPolicyBinding",
             "ValidatingAdmissionPolicyBinding",
             "ValidatingAdmissionPolicyBinding",
@@ -681,6 +683,30 @@ fn admission_policy_uses_the_binarys_names_and_is_bound() {
         "fabricgate-breaker-ledger",
     );
     assert_eq!(binding["spec"]["policyName"], ledger["metadata"]["name"]);
+    assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]));
+
+    // Answers of the gang pre-flight: created by the agents only, whatever RBAC grants
+    // (issue 36, item 11), bound the same way.
+    let writers = named(
+        "ValidatingAdmissionPolicy",
+        "fabricgate-fabriccheck-results-writers",
+    );
+    let rules = &writers["spec"]["matchConstraints"]["resourceRules"];
+    assert_eq!(rules[0]["resources"], json!(["fabriccheckresults"]));
+    assert_eq!(rules[0]["operations"], json!(["CREATE"]));
+    assert_eq!(writers["spec"]["failurePolicy"], "Fail");
+    let condition = writers["spec"]["matchConditions"][0]["expression"]
+        .as_str()
+        .unwrap();
+    assert!(
+        condition.contains(&format!("!= '{user}'")) && condition.contains("'system:masters'"),
+        "{condition}"
+    );
+    let binding = named(
+        "ValidatingAdmissionPolicyBinding",
+        "fabricgate-fabriccheck-results-writers",
+    );
+    assert_eq!(binding["spec"]["policyName"], writers["metadata"]["name"]);
     assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]));
 }
 
