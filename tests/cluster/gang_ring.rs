@@ -591,8 +591,8 @@ fn redteam_idle_strangers_cannot_keep_a_gangs_predecessor_out() {
 /// Issue 36, item 11: an agent whose clock is ahead of the API server's by more than
 /// `gang.timeout` (the `clock-ahead` failpoint: 15 minutes). Before: it read every check as
 /// past its deadline and answered none, so the check timed out and every gang with its node
-/// failed. Now deadlines are read against the API server's clock (the `Date` of a `GET
-/// /version`): it answers, and its answer is `ok`.
+/// failed. Now deadlines are read against the API server's clock (the `Date` of a list of one
+/// FabricCheck): it answers, and its answer is `ok`.
 #[test]
 fn redteam_an_agent_whose_clock_is_ahead_still_answers() {
     let Some(cp) = control_plane() else { return };

@@ -1,9 +1,9 @@
 //! The time a FabricCheck's deadline is read against: the API server's, not this node's. An
 //! agent whose clock ran ahead by more than `gang.timeout` took every check as past its
 //! deadline and answered none, so every gang with its node failed (issue 36, item 11). The
-//! offset of the API server's clock from ours is read from the `Date` header of a `GET
-//! /version` (allowed to every authenticated client), at most once a minute and only while
-//! checks arrive.
+//! offset of the API server's clock from ours is read from the `Date` header of a list of one
+//! FabricCheck (a request the agent's Role already grants; no other), at most once a minute
+//! and only while checks arrive.
 
 use k8s_openapi::jiff::fmt::rfc2822::DateTimeParser;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
@@ -41,10 +41,11 @@ impl ServerClock {
 
     /// The API server's time now: our clock plus the offset last measured (again after
     /// [`REFRESH`]); our own clock while the API server's cannot be read.
-    pub async fn now(&mut self, client: &kube::Client) -> Timestamp {
+    /// `namespace`: the checks' (`gang.namespace`).
+    pub async fn now(&mut self, client: &kube::Client, namespace: &str) -> Timestamp {
         let fresh = self.offset.is_some_and(|(_, at)| at.elapsed() < REFRESH);
         if !fresh {
-            match self.measure(client).await {
+            match self.measure(client, namespace).await {
                 Ok(offset) => {
                     if offset.abs() > SignedDuration::from_secs(2) {
                         tracing::warn!(
@@ -60,8 +61,8 @@ impl ServerClock {
                     if !self.warned {
                         tracing::warn!(
                             error = %e,
-                            "cannot read the API server's time (GET /version, its Date \
-                             header); gang pre-flight deadlines are read against this node's \
+                            "cannot read the API server's time (the Date header of a \
+                             FabricCheck list); gang pre-flight deadlines are read against this node's \
                              clock until it can"
                         );
                         self.warned = true;
@@ -74,8 +75,15 @@ impl ServerClock {
         local.checked_add(offset).unwrap_or(local)
     }
 
-    async fn measure(&self, client: &kube::Client) -> Result<SignedDuration, String> {
-        let request = http::Request::get("/version")
+    async fn measure(
+        &self,
+        client: &kube::Client,
+        namespace: &str,
+    ) -> Result<SignedDuration, String> {
+        use crate::node::fabriccheck::{CHECK_PLURAL, GROUP, VERSION};
+        // Any answer carries the Date, an error too: the status is not looked at.
+        let url = format!("/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{CHECK_PLURAL}?limit=1");
+        let request = http::Request::get(url)
             .body(kube::client::Body::empty())
             .map_err(|e| e.to_string())?;
         let sent = self.local();

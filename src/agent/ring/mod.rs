@@ -165,7 +165,7 @@ pub async fn run(ring: Ring, mut stop: watch::Receiver<bool>) {
         };
         // The deadline is the controller's, read against the API server's clock: this
         // node's may be off by more than gang.timeout (issue 36, item 11).
-        let now = clock.now(&ring.requests).await;
+        let now = clock.now(&ring.requests, &ring.namespace).await;
         let peer = match decide(&check, &ring.node, now) {
             Decision::Measure(m) => m,
             Decision::Skip(_) => continue,

@@ -132,7 +132,7 @@ fn the_absolute_cap_counts_only_recent_failures() {
 }
 
 #[test]
-fn the_ledger_counts_recent_reservations_of_the_pool_and_drops_old_ones() {
+fn redteam_the_ledger_keeps_others_entries_and_prunes_only_past_its_bound() {
     let now = Timestamp::from_second(1_000_000).unwrap();
     let at = |ago: i64| Timestamp::from_second(1_000_000 - ago).unwrap().to_string();
     let data: BTreeMap<String, String> = [
