@@ -215,6 +215,72 @@ fn redteam_idle_strangers_cannot_take_an_expected_peers_place() {
     assert!(gone.is_expected(predecessor));
 }
 
+/// A session of the pool opened by hand from `src` up to the responder's WELCOME OK, then left
+/// idle (the responder, with no RDMA device here, waits for our ENDPOINT): it holds a session
+/// slot until [`FRAME_TIMEOUT`].
+fn welcomed(addr: SocketAddr, src: [u8; 4]) -> TcpStream {
+    use super::auth::{Side, Transcript};
+    let mut s = connect_from(src, addr);
+    let nonce = [9u8; 16];
+    let k = keys();
+    let ids: Vec<_> = k.ids().collect();
+    s.write_all(&encode_open(&nonce, &ids)).unwrap();
+    let mut f = [0u8; FRAME_LEN];
+    s.read_exact(&mut f).unwrap();
+    let challenge = decode(&f).unwrap();
+    assert_eq!(challenge.status, Status::Ok);
+    let (theirs, key_id) = decode_challenge(&challenge.payload);
+    let mut t = Transcript::new(k.by_id(&key_id).unwrap(), nonce, theirs, Side::Client);
+    assert!(t.verify(&challenge.raw));
+    let hello = Hello {
+        identity: member(),
+        device: "rxe0".into(),
+        port: 1,
+        plan: Plan::default(),
+    };
+    s.write_all(&t.seal(hello.encode())).unwrap();
+    s.read_exact(&mut f).unwrap();
+    let welcome = decode(&f).unwrap();
+    assert!(t.verify(&welcome.raw));
+    assert_eq!((welcome.kind, welcome.status), (T_WELCOME, Status::Ok));
+    s
+}
+
+/// Issue 36, item 1: a session slot is taken only once the client's HELLO authenticated, and
+/// the slots are capped per address too: two clients of the pool from one address hold its
+/// [`MAX_PER_SOURCE`] sessions and none of the handshake places; a third from that address is
+/// told BUSY in a sealed WELCOME (a skip, believed since it is authenticated); a client from
+/// another address is served.
+#[test]
+fn redteam_session_slots_are_taken_only_after_authentication() {
+    let r = victim();
+    let addr = r.local_addr();
+    let held: Vec<TcpStream> = (0..MAX_PER_SOURCE)
+        .map(|_| welcomed(addr, [127, 0, 0, 40]))
+        .collect();
+    assert!(wait_until(|| r.active_sessions() == MAX_PER_SOURCE));
+    assert_eq!(
+        r.pending_handshakes(),
+        0,
+        "authenticated: no handshake place"
+    );
+    let from = |ip: [u8; 4]| {
+        measure_from(
+            Some(ip.into()),
+            addr,
+            &local(),
+            &member(),
+            &keys(),
+            &Plan::default(),
+            Duration::from_secs(5),
+        )
+    };
+    assert_eq!(from([127, 0, 0, 40]), Outcome::Skipped(Skip::Busy));
+    assert!(reaches_rdma(&from([127, 0, 0, 41])));
+    drop(held);
+    assert!(wait_until(|| r.active_sessions() == 0));
+}
+
 /// What went to the responder, and what came back.
 type Tape = Arc<Mutex<(Vec<u8>, Vec<u8>)>>;
 
