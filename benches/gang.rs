@@ -278,6 +278,7 @@ impl RingAgents {
                 port: 1,
                 gid_index: None,
             }]);
+            let expected = r.expected_peers();
             responders.push(r);
             let clients = cp.block_on(agent_clients(cp, node));
             let ring = fabricgate::agent::ring::Ring {
@@ -290,9 +291,12 @@ impl RingAgents {
                 plan: Plan::default(),
                 bandwidth: (0, Duration::ZERO),
                 session: Duration::from_secs(5),
+                source: None,
+                expected: Some(expected),
                 requests: clients.requests,
                 watch: clients.watch,
                 max_backoff: Duration::from_secs(5),
+                clock_ahead: Duration::ZERO,
             };
             let rx = stop_rx.clone();
             tasks.push(runtime.spawn(fabricgate::agent::ring::run(ring, rx)));

@@ -66,7 +66,13 @@ pub enum Failpoint {
     ProbePanic,
     /// Every probe after the first blocks forever.
     ProbeStall,
+    /// The gang ring's view of this node's clock reads [`CLOCK_AHEAD`] ahead.
+    ClockAhead,
 }
+
+/// How far the `clock-ahead` failpoint sets the gang ring's clock ahead: more than the
+/// largest `gang.timeout`.
+pub const CLOCK_AHEAD: Duration = Duration::from_secs(15 * 60);
 
 impl Failpoint {
     fn from_env() -> Self {
@@ -74,6 +80,7 @@ impl Failpoint {
             Ok("reconcile-panic") => Self::ReconcilePanic,
             Ok("probe-panic") => Self::ProbePanic,
             Ok("probe-stall") => Self::ProbeStall,
+            Ok("clock-ahead") => Self::ClockAhead,
             _ => Self::None,
         }
     }
@@ -354,11 +361,18 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
                 config.peers.bandwidth.duration,
             ),
             session: config.peers.timeout,
+            source: Some(pa.local_addr().ip()).filter(|ip| !ip.is_unspecified()),
+            expected: Some(pa.expected_peers()),
             requests: c.requests.clone(),
             watch: c.watch.clone(),
             // Without the CRD (no admission check installed) every agent's list fails: retry
             // at most every 5 minutes, not every interval, so a fleet does not load the apiserver.
             max_backoff: interval.max(crate::agent::ring::MAX_BACKOFF),
+            clock_ahead: if failpoint == Failpoint::ClockAhead {
+                CLOCK_AHEAD
+            } else {
+                Duration::ZERO
+            },
         };
         tokio::spawn(crate::agent::ring::run(ring, stop_rx.clone()));
     }

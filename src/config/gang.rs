@@ -44,6 +44,11 @@ pub struct GangSettings {
     /// tests) without verbs, an answer over the peers' side channel is enough, and the
     /// check's message says so.
     pub require_rdma: bool,
+    /// Every pod set must have a topology assignment (Kueue Topology Aware Scheduling), so
+    /// that its nodes are known and ring-tested; one without is `Retry`, never `Ready`.
+    /// `false`: such a pod set gets node validation of its flavors' nodes only, and the
+    /// message says the RDMA pre-flight did not run (issue 36, item 9).
+    pub require_topology: bool,
     /// The delay Kueue waits before it reserves again after the first `Retry`
     /// (`requeueAfterSeconds` on the check's state), doubled for every earlier retry of the
     /// Workload (Kueue's `retryCount`), at most `retry_backoff_max`. 1s to 1h.
@@ -65,6 +70,7 @@ impl Default for GangSettings {
             min_bandwidth_gbps: None,
             max_nodes: DEFAULT_MAX_NODES,
             require_rdma: true,
+            require_topology: true,
             retry_backoff: DEFAULT_RETRY_BACKOFF,
             retry_backoff_max: DEFAULT_RETRY_BACKOFF_MAX,
             max_attempts: DEFAULT_MAX_ATTEMPTS,
@@ -201,15 +207,16 @@ mod tests {
         assert_eq!(d.timeout, Duration::from_secs(20));
         assert_eq!(d.max_nodes, 256);
         assert!(d.require_rdma && d.min_bandwidth_gbps.is_none());
+        assert!(d.require_topology, "issue 36, item 9: on by default");
         let ok: GangSettings = serde_norway::from_str(
             "namespace: gangs\ntimeout: 5s\nmin_bandwidth_gbps: 25\nmax_nodes: 64\n\
-             require_rdma: false\n",
+             require_rdma: false\nrequire_topology: false\n",
         )
         .unwrap();
         ok.validate().unwrap();
         assert_eq!(ok.timeout, Duration::from_secs(5));
         assert_eq!(ok.min_bandwidth_gbps, Some(25.0));
-        assert!(!ok.require_rdma);
+        assert!(!ok.require_rdma && !ok.require_topology);
         let e = serde_norway::from_str::<GangSettings>("timeout: 0s\n")
             .unwrap_err()
             .to_string();

@@ -109,6 +109,17 @@ impl CheckSpec {
         self.members.get((i + 1) % n)
     }
 
+    /// The member that measures `node` (its ring predecessor). `None` when `node` is not a
+    /// member, or the ring has fewer than two.
+    pub fn previous_before(&self, node: &str) -> Option<&Member> {
+        let n = self.members.len();
+        if n < 2 {
+            return None;
+        }
+        let i = self.members.iter().position(|m| m.node == node)?;
+        self.members.get((i + n - 1) % n)
+    }
+
     /// The deadline, `None` when it cannot be read.
     pub fn deadline(&self) -> Option<Timestamp> {
         self.deadline.parse().ok()
@@ -322,6 +333,10 @@ mod tests {
         assert_eq!(next("a"), Some("b"));
         assert_eq!(next("c"), Some("a"));
         assert_eq!(next("d"), None);
+        let prev = |n| spec.previous_before(n).map(|m| m.node.as_str());
+        assert_eq!(prev("a"), Some("c"));
+        assert_eq!(prev("b"), Some("a"));
+        assert_eq!(prev("d"), None);
         let alone = CheckSpec {
             members: spec.members[..1].to_vec(),
             ..CheckSpec::default()

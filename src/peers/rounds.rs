@@ -251,6 +251,11 @@ impl PeerAgent {
         Arc::clone(&self.ports)
     }
 
+    /// The responder's expected peers (a live gang check's predecessor gets places there).
+    pub fn expected_peers(&self) -> fabricgate_probes::rdma::peer::ExpectedPeers {
+        self.responder.expected_peers()
+    }
+
     /// The keys the responder uses; the rounds use the same ones.
     pub fn keys(&self) -> Arc<KeyRing> {
         Arc::clone(&self.keys)

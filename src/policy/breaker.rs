@@ -384,11 +384,17 @@ pub fn breaker_override(node: &Node, label_prefix: &str) -> (String, bool) {
 /// it, counts only once its Node shows the failure).
 ///
 /// No single agent can forge it: the admission policy `fabricgate-breaker-ledger` lets an
-/// agent add or change only the entry of its own token's node claim (the others' may only stay
-/// as they are or be dropped), and [`ledger_recent`] counts an entry only while the Node it
+/// agent add or change only the entry of its own token's node claim (the others' must stay as
+/// they are; dropped only past [`LEDGER_PRUNE_AT`] entries), and [`ledger_recent`] counts an entry only while the Node it
 /// names itself shows the failure ([`shows_failure`]), or for [`RESERVATION_IN_FLIGHT`] after
 /// it was made (the reserving agent writes its taint right after its compare-and-swap).
 pub const LEDGER: &str = "fabricgate-breaker";
+
+/// Others' stale entries are pruned only from a ledger holding more than this many (the
+/// admission policy admits dropping another node's entry only then: a drop lifts a
+/// reservation, issue 36, item 11). One entry per node name that ever reserved, about 100
+/// bytes each: far below a ConfigMap's 1 MiB.
+pub const LEDGER_PRUNE_AT: usize = 4096;
 
 /// How long a fresh reservation counts although the pool list does not show its Node failing
 /// yet: the time between an agent's compare-and-swap and its taint reaching the list (one
@@ -453,9 +459,9 @@ pub fn ledger_recent(
     u32::try_from(recent).unwrap_or(u32::MAX)
 }
 
-/// The ledger with entries older than `window` (or unreadable) dropped and `self_name`
-/// reserved at `now` in the pool `pool_selector`. Every other entry is kept as it was: the
-/// admission policy admits only that (another node's entry unchanged or gone).
+/// The ledger with `self_name` reserved at `now` in the pool `pool_selector`. Every other
+/// entry is kept as it was (the admission policy admits only that), except that a ledger of
+/// more than [`LEDGER_PRUNE_AT`] entries drops those older than `window` (or unreadable).
 pub fn ledger_with(
     data: &BTreeMap<String, String>,
     self_name: &str,
@@ -463,9 +469,10 @@ pub fn ledger_with(
     window: Duration,
     now: &Timestamp,
 ) -> BTreeMap<String, String> {
+    let prune = data.len() > LEDGER_PRUNE_AT;
     let mut out: BTreeMap<String, String> = data
         .iter()
-        .filter(|(_, at)| within(at, window, now))
+        .filter(|(_, at)| !prune || within(at, window, now))
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
     out.insert(self_name.to_owned(), format!("{now} {pool_selector}"));

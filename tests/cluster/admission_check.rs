@@ -781,11 +781,14 @@ fn admission_check_leader_fails_over_keeps_the_check_active_and_uses_only_its_gr
     }
 }
 
-/// Kueue without Topology Aware Scheduling: no nodes are assigned, so only node validation
-/// can be checked: at least `count` Nodes of the flavor's `nodeLabels` validated, and the
-/// message says the RDMA pre-flight did not run.
+/// Kueue without Topology Aware Scheduling: no nodes are assigned, so no ring can be tested.
+/// Issue 36, item 9. Before: such a pod set was `Ready` on node validation alone. Now, with
+/// `gang.require_topology` (the default), it is `Retry` saying why, and no FabricCheck is
+/// made; with `gang.require_topology: false`, only node validation is checked: at least
+/// `count` Nodes of the flavor's `nodeLabels` validated, and the message says the RDMA
+/// pre-flight did not run.
 #[test]
-fn admission_check_without_topology_checks_the_flavors_nodes_only() {
+fn redteam_a_pod_set_without_topology_is_not_ready_unless_allowed() {
     let Some(env) = setup() else { return };
     let cp = env.cp;
     let ns = "ac-notas";
@@ -811,8 +814,6 @@ fn admission_check_without_topology_checks_the_flavors_nodes_only() {
         })
         .to_string(),
     );
-    let config = config(&env, "notas", "5s");
-    let c = start(&env, "ac-notas-a", "ac-test-notas", ns, &config);
     let reserve_flavor = |name: &str, pods: usize, when: &str| {
         let body = json!({
             "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
@@ -835,6 +836,33 @@ fn admission_check_without_topology_checks_the_flavors_nodes_only() {
         ))
         .expect("reserve quota");
     };
+    // The default: not Ready, whatever the nodes.
+    let strict = start(
+        &env,
+        "ac-notas-strict",
+        "ac-test-notas-strict",
+        ns,
+        &config(&env, "notas-strict", "5s"),
+    );
+    let uid = create_workload(cp, ns, "bare", 2);
+    reserve_flavor("bare", 2, "2026-12-02T03:29:50Z");
+    strict.wait("Retry", Duration::from_secs(10), || {
+        check_state(cp, ns, "bare").0 == "Retry"
+    });
+    let (_, message) = check_state(cp, ns, "bare");
+    assert!(
+        message.contains("pod set main has no topology assignment")
+            && message.contains("gang.require_topology is true")
+            && message.contains("attempt 1 of gang.max_attempts"),
+        "{message}"
+    );
+    assert_eq!(check_entry_json(cp, ns, "bare")["requeueAfterSeconds"], 5);
+    assert!(fabric_check(cp, &fc_name(ns, "bare", &uid)).is_none());
+    drop(strict);
+
+    // Allowed: node validation alone.
+    let config = config_with(&env, "notas", "5s", "  require_topology: false\n");
+    let c = start(&env, "ac-notas-a", "ac-test-notas", ns, &config);
     // Two of the flavor's three nodes are validated: enough for two pods ...
     create_workload(cp, ns, "two", 2);
     reserve_flavor("two", 2, "2026-12-02T03:30:00Z");
@@ -1344,5 +1372,67 @@ fn redteam_a_member_failing_during_the_check_gives_retry() {
         message.contains("ac-during-1: FabricReady=False (RdmaPortDown")
             && message.contains("no longer validated"),
         "{message}"
+    );
+}
+
+/// Issue 36, item 11: a Topology without a hostname level. Kueue then assigns domains (here a
+/// leaf), not nodes, and a pod may land on any node of the domain. Before: the controller took
+/// every Node of the domain as the gang (3 nodes for 2 pods, a FabricCheck over all of them:
+/// the ring tested nodes the gang may not use, and not the nodes it will). Now `Retry` saying
+/// that the Topology needs `kubernetes.io/hostname` as its lowest level; no FabricCheck.
+#[test]
+fn redteam_a_topology_without_a_hostname_level_is_not_a_gang() {
+    let Some(env) = setup() else { return };
+    let cp = env.cp;
+    let ns = "ac-rack";
+    for name in ["ac-rack-0", "ac-rack-1", "ac-rack-2"] {
+        gpu_node(cp, name, "leaf-rack", true);
+    }
+    let c = start(
+        &env,
+        "ac-rack-a",
+        "ac-test-rack",
+        ns,
+        &config(&env, "rack", "5s"),
+    );
+    let uid = create_workload(cp, ns, "racked", 2);
+    let when = "2026-12-02T03:40:00Z";
+    let body = json!({
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
+        "metadata": { "name": "racked", "namespace": ns },
+        "status": {
+            "conditions": [{ "type": "QuotaReserved", "status": "True",
+                "reason": "QuotaReserved", "message": "Quota reserved in ClusterQueue gpu",
+                "lastTransitionTime": when }],
+            "admission": { "clusterQueue": "gpu", "podSetAssignments": [{
+                "name": "main", "flavors": { "cpu": "gpu" }, "count": 2,
+                "resourceUsage": { "cpu": "2" },
+                "topologyAssignment": { "levels": [LEAF],
+                    "slices": [{ "domainCount": 1,
+                        "valuesPerLevel": [{ "universal": "leaf-rack" }],
+                        "podCounts": { "universal": 2 } }] } }] },
+            "admissionChecks": [{ "name": CHECK, "state": "Pending", "message": "",
+                "lastTransitionTime": when }],
+        },
+    });
+    cp.block_on(workloads(cp, ns).patch_status(
+        "racked",
+        &PatchParams::apply("kueue-admission").force(),
+        &Patch::Apply(&body),
+    ))
+    .expect("reserve quota");
+    c.wait("Retry", Duration::from_secs(10), || {
+        check_state(cp, ns, "racked").0 == "Retry"
+    });
+    let (_, message) = check_state(cp, ns, "racked");
+    assert!(
+        message.contains("pod set main")
+            && message.contains("kubernetes.io/hostname")
+            && message.contains("lowest level"),
+        "{message}"
+    );
+    assert!(
+        fabric_check(cp, &fc_name(ns, "racked", &uid)).is_none(),
+        "no ring over the leaf's nodes"
     );
 }

@@ -570,8 +570,10 @@ fn a_burst_of_eight_failures_taints_exactly_max_new_per_window() {
 /// `fabricgate-breaker-ledger`, and even entries for healthy nodes that do get in (written as
 /// admin here, a minute old) count for nothing, because a reservation counts only while its
 /// Node shows the failure. The victim is tainted `PortDown`. What the forger may still do, and
-/// does here: keep its own entry fresh (one slot, as tainting its own Node would) and drop
-/// others' entries (fewer reservations: more taints, fail closed).
+/// does here: keep its own entry fresh (one slot, as tainting its own Node would). Issue 36,
+/// item 11: it could also drop others' entries, lifting their reservations so that a burst
+/// overshoots `max_new_per_window`; now that is refused while the ledger holds no more than
+/// `LEDGER_PRUNE_AT` entries.
 #[test]
 fn redteam_a_compromised_agent_cannot_forge_the_breaker_ledger() {
     use k8s_openapi::api::core::v1::ConfigMap;
@@ -730,17 +732,25 @@ fn redteam_a_compromised_agent_cannot_forge_the_breaker_ledger() {
     );
     assert!(refused >= 10, "the forger kept trying: {refused}");
     assert!(own_kept >= 1, "its own entry stays its own to write");
-    // Dropping another's entry is admitted (it can only lift a reservation).
+    // Dropping another's entry (it would lift a reservation) is refused.
     let mut cm = cp
         .block_on(ledger.get(fabricgate::policy::breaker::LEDGER))
         .unwrap();
     let mut data = cm.data.take().unwrap_or_default();
     assert!(data.remove(&names[1]).is_some(), "{data:?}");
     cm.data = Some(data);
-    cp.block_on(ledger.replace(
+    match cp.block_on(ledger.replace(
         fabricgate::policy::breaker::LEDGER,
         &PostParams::default(),
         &cm,
-    ))
-    .expect("dropping another node's entry");
+    )) {
+        Err(kube::Error::Api(e)) => assert!(
+            e.code == 403
+                && e.message
+                    .contains("may not drop the entries of other nodes"),
+            "{e:?}"
+        ),
+        Ok(_) => panic!("dropping another node's entry was admitted"),
+        Err(e) => panic!("not an API answer: {e}"),
+    }
 }

@@ -9,9 +9,10 @@
 //!
 //! The CRDs are the ones `deploy/admission-check.yaml` ships (`common::fabriccheck_crds`).
 
+use crate::common::agent::Launch;
 use crate::common::controlplane::{ControlPlane, client_from};
 use crate::common::sysfs::FakeHca;
-use crate::common::{Agent, TestNode, control_plane, start_agent, wait_until};
+use crate::common::{Agent, TestNode, control_plane, wait_until};
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{Value, json};
@@ -133,6 +134,22 @@ fn free_port() -> u16 {
 
 /// An agent for `node` with peers on, its responder on 127.0.0.1:`port`.
 fn peer_agent(node: &TestNode, hca: &FakeHca, key: &Path, port: u16) -> Agent {
+    peer_agent_at(node, hca, key, &format!("127.0.0.1:{port}"))
+}
+
+/// An agent for `node` with peers on, its responder on `listen`.
+fn peer_agent_at(node: &TestNode, hca: &FakeHca, key: &Path, listen: &str) -> Agent {
+    peer_agent_env(node, hca, key, listen, &[])
+}
+
+/// [`peer_agent_at`], with `env` (a failpoint) in its environment.
+fn peer_agent_env(
+    node: &TestNode,
+    hca: &FakeHca,
+    key: &Path,
+    listen: &str,
+    env: &[(&str, &str)],
+) -> Agent {
     let cfg = hca.scratch().join("fabricgate.yaml");
     std::fs::write(
         &cfg,
@@ -144,19 +161,19 @@ fn peer_agent(node: &TestNode, hca: &FakeHca, key: &Path, port: u16) -> Agent {
     )
     .unwrap();
     let kubeconfig = node.agent_kubeconfig(None);
-    start_agent(
-        &node.name,
-        hca,
-        Some(&kubeconfig),
-        &[
+    let (sysfs, proc_root) = (hca.sysfs_root(), hca.proc_root());
+    Launch::at(&node.name, &sysfs, &proc_root, hca.scratch())
+        .kubeconfig(Some(&kubeconfig))
+        .args(&[
             "--interval",
             "500ms",
             "--config",
             cfg.to_str().unwrap(),
             "--peers-listen",
-            &format!("127.0.0.1:{port}"),
-        ],
-    )
+            listen,
+        ])
+        .env(env)
+        .start()
 }
 
 #[test]
@@ -456,4 +473,298 @@ fn redteam_an_agent_creates_only_its_own_fabriccheck_result() {
         2,
         "the spec stayed"
     );
+}
+
+/// A TCP connection from the local address `src` (any of 127/8 on Linux's loopback): a
+/// tenant pod of its own IP.
+fn connect_from(src: [u8; 4], dst: std::net::SocketAddr) -> std::io::Result<std::net::TcpStream> {
+    use rustix::net::{AddressFamily, SocketType, bind, connect, socket};
+    let fd = socket(AddressFamily::INET, SocketType::STREAM, None)?;
+    bind(&fd, &std::net::SocketAddrV4::new(src.into(), 0))?;
+    let std::net::SocketAddr::V4(dst) = dst else {
+        return Err(std::io::Error::other("IPv4 only"));
+    };
+    connect(&fd, &dst)?;
+    Ok(std::net::TcpStream::from(fd))
+}
+
+/// Issue 36, item 1: tenant pods (127.0.0.2 to 127.0.0.5, two connections each) keep idle
+/// connections to a member's peers port, each reconnecting the moment it is cut, for the whole
+/// check. Before: the first two alone took the responder's 4 slots at accept, before
+/// authentication, so the member's ring predecessor was told BUSY until the check's deadline
+/// (`timeout: ... busy or starting until the check's deadline`) and every gang on that node
+/// failed. Now unauthenticated connections wait in a pool of their own (which these four fill),
+/// never in a session slot, and the live check's predecessor, connecting from its node's
+/// address, has places the strangers cannot take: its answer is `ok`.
+#[test]
+fn redteam_idle_strangers_cannot_keep_a_gangs_predecessor_out() {
+    use std::io::Read;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let Some(cp) = control_plane() else { return };
+    install(cp);
+    let key = cp.path("hold-peers.key");
+    std::fs::write(&key, KEY).unwrap();
+    let names = ["rt-hold-0", "rt-hold-1"];
+    let mut nodes = Vec::new();
+    let mut hcas = Vec::new();
+    let mut agents = Vec::new();
+    let mut endpoints = Vec::new();
+    for (i, name) in names.iter().enumerate() {
+        let node = TestNode::seeded(cp, name);
+        let hca = FakeHca::new(true);
+        // Each agent on its own loopback address, as each node has its own IP.
+        let ip = format!("127.0.0.{}", 41 + i);
+        let port = std::net::TcpListener::bind(format!("{ip}:0"))
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let listen = format!("{ip}:{port}");
+        agents.push(peer_agent_at(&node, &hca, &key, &listen));
+        endpoints.push(listen);
+        nodes.push(node);
+        hcas.push(hca);
+    }
+    for (node, ep) in nodes.iter().zip(&endpoints) {
+        wait_until(
+            &format!("{} validated and advertised", node.name),
+            Duration::from_secs(60),
+            || node.ready() && node.json()["metadata"]["annotations"][ENDPOINT] == ep.as_str(),
+        );
+    }
+    // rt-hold-1's responder, measured by rt-hold-0 (its predecessor), is held.
+    let victim: std::net::SocketAddr = endpoints[1].parse().unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let held = Arc::new(AtomicUsize::new(0));
+    let mut attackers = Vec::new();
+    for src in [
+        [127, 0, 0, 2],
+        [127, 0, 0, 3],
+        [127, 0, 0, 4],
+        [127, 0, 0, 5],
+    ] {
+        for _ in 0..2 {
+            let (stop, held) = (Arc::clone(&stop), Arc::clone(&held));
+            attackers.push(std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let Ok(mut s) = connect_from(src, victim) else {
+                        std::thread::sleep(Duration::from_millis(20));
+                        continue;
+                    };
+                    held.fetch_add(1, Ordering::Relaxed);
+                    // Idle until the responder hangs up (or says BUSY), then at once again.
+                    let _ = s.set_read_timeout(Some(Duration::from_millis(200)));
+                    let mut buf = [0u8; 256];
+                    while !stop.load(Ordering::Relaxed) {
+                        match s.read(&mut buf) {
+                            Ok(0) => break,
+                            Ok(_) => {}
+                            Err(e)
+                                if matches!(
+                                    e.kind(),
+                                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                                ) => {}
+                            Err(_) => break,
+                        }
+                    }
+                    // Told BUSY or cut: again soon (not in a tight loop, for the test box).
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            }));
+        }
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    let members: Vec<(String, String)> = names
+        .iter()
+        .zip(&endpoints)
+        .map(|(n, e)| ((*n).to_owned(), e.clone()))
+        .collect();
+    let check = "team.rt-hold.00000004";
+    let started = std::time::Instant::now();
+    create_check(cp, check, &members, 15);
+    wait_until("both members' results", Duration::from_secs(40), || {
+        results(cp, check).len() == 2
+    });
+    let answered = started.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    for a in attackers {
+        let _ = a.join();
+    }
+    let got = results(cp, check);
+    let r0 = result_of(&got, names[0]).unwrap();
+    eprintln!(
+        "figure: {} idle connections from 4 addresses; {} answered in {answered:?}: {r0}",
+        held.load(Ordering::Relaxed),
+        names[0]
+    );
+    assert_eq!(r0["peer"], names[1], "{r0}");
+    assert_eq!(
+        r0["ok"], true,
+        "the held member's predecessor got through: {r0}"
+    );
+    assert_eq!(result_of(&got, names[1]).unwrap()["ok"], true, "{got:?}");
+    drop(agents);
+}
+
+/// Issue 36, item 11: an agent whose clock is ahead of the API server's by more than
+/// `gang.timeout` (the `clock-ahead` failpoint: 15 minutes). Before: it read every check as
+/// past its deadline and answered none, so the check timed out and every gang with its node
+/// failed. Now deadlines are read against the API server's clock (the `Date` of a list of one
+/// FabricCheck): it answers, and its answer is `ok`.
+#[test]
+fn redteam_an_agent_whose_clock_is_ahead_still_answers() {
+    let Some(cp) = control_plane() else { return };
+    install(cp);
+    let key = cp.path("clock-peers.key");
+    std::fs::write(&key, KEY).unwrap();
+    let names = ["rt-clock-0", "rt-clock-1"];
+    let mut nodes = Vec::new();
+    let mut hcas = Vec::new();
+    let mut agents = Vec::new();
+    let mut endpoints = Vec::new();
+    for (i, name) in names.iter().enumerate() {
+        let node = TestNode::seeded(cp, name);
+        let hca = FakeHca::new(true);
+        let listen = format!("127.0.0.1:{}", free_port());
+        let env: &[(&str, &str)] = if i == 0 {
+            &[("FABRICGATE_FAILPOINT", "clock-ahead")]
+        } else {
+            &[]
+        };
+        agents.push(peer_agent_env(&node, &hca, &key, &listen, env));
+        endpoints.push(listen);
+        nodes.push(node);
+        hcas.push(hca);
+    }
+    for (node, ep) in nodes.iter().zip(&endpoints) {
+        wait_until(
+            &format!("{} validated and advertised", node.name),
+            Duration::from_secs(60),
+            || node.ready() && node.json()["metadata"]["annotations"][ENDPOINT] == ep.as_str(),
+        );
+    }
+    let members: Vec<(String, String)> = names
+        .iter()
+        .zip(&endpoints)
+        .map(|(n, e)| ((*n).to_owned(), e.clone()))
+        .collect();
+    let check = "team.rt-clock.00000005";
+    create_check(cp, check, &members, 10);
+    // Until the deadline has surely passed: an answer that never comes is the failure.
+    let answered = (0..60).any(|_| {
+        if results(cp, check).len() == 2 {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+        false
+    });
+    let got = results(cp, check);
+    assert!(answered, "both members answer: {got:?}");
+    let r0 = result_of(&got, names[0]).unwrap();
+    assert_eq!(
+        r0["ok"], true,
+        "the agent ahead of time measured its peer: {r0}"
+    );
+    assert_eq!(result_of(&got, names[1]).unwrap()["ok"], true, "{got:?}");
+    drop(agents);
+}
+
+/// Issue 36, item 11: answers writable by any account with create rights. The controller
+/// cannot tell a forged `ok: true` from a member's answer, so RBAC alone (a Role granting
+/// `create` on fabriccheckresults in the agents' namespace, to a user, a CI bot, a namespace
+/// admin's helper) decided who may pass a gang. Before: such an account created an `ok: true`
+/// answer for a member (201). Now the policy `fabricgate-fabriccheck-results-writers` refuses
+/// every creator but the agents' service account (system:masters excepted, as break-glass).
+#[test]
+fn redteam_only_the_agents_create_answers_whatever_rbac_grants() {
+    let Some(cp) = control_plane() else { return };
+    install(cp);
+    let names = ["rt-writer-0", "rt-writer-1"];
+    for name in names {
+        TestNode::seeded(cp, name);
+    }
+    let check = "team.rt-writer.00000006";
+    let members: Vec<(String, String)> = names
+        .iter()
+        .map(|n| ((*n).to_owned(), "127.0.0.1:9".to_owned()))
+        .collect();
+    create_check(cp, check, &members, 600);
+    let uid = check_uid(cp, check).unwrap();
+    // RBAC grants an ordinary user create on the answers.
+    cp.apply(
+        &json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": { "name": "rt-answer-writer", "namespace": NS },
+            "rules": [{ "apiGroups": ["fabricgate.io"], "resources": ["fabriccheckresults"],
+                        "verbs": ["create"] }],
+        })
+        .to_string(),
+    );
+    cp.apply(
+        &json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": { "name": "rt-answer-writer", "namespace": NS },
+            "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                         "name": "rt-answer-writer" },
+            "subjects": [{ "apiGroup": "rbac.authorization.k8s.io", "kind": "User",
+                           "name": "mallory" }],
+        })
+        .to_string(),
+    );
+    let forged = |node: &str| {
+        json!({
+            "apiVersion": "fabricgate.io/v1alpha1", "kind": "FabricCheckResult",
+            "metadata": { "name": format!("{uid}.{node}"), "namespace": NS,
+                "labels": { "fabricgate.io/fabriccheck-uid": uid },
+                "ownerReferences": [{ "apiVersion": "fabricgate.io/v1alpha1",
+                    "kind": "FabricCheck", "name": check, "uid": uid }] },
+            "spec": { "check": check, "checkUID": uid, "node": node, "peer": names[1],
+                "ok": true, "rdma": "measured", "finishedAt": "2026-12-03T07:30:00Z" },
+        })
+        .to_string()
+    };
+    let as_mallory = |extra: &[&str]| {
+        let mut args = vec!["create", "-f", "-", "--as=mallory"];
+        args.extend_from_slice(extra);
+        cp.kubectl_as(&cp.admin_kubeconfig, &args, Some(&forged(names[0])))
+    };
+    let (ok, _, err) = cp.kubectl_as(
+        &cp.admin_kubeconfig,
+        &[
+            "auth",
+            "can-i",
+            "create",
+            "fabriccheckresults.fabricgate.io",
+            "-n",
+            NS,
+            "--as=mallory",
+        ],
+        None,
+    );
+    assert!(ok, "RBAC grants mallory create: {err}");
+    // Admission runs on a server-side dry run too: wait until the policy is loaded without
+    // leaving an answer behind, then for real.
+    wait_until(
+        "the policy loaded (a dry run refused)",
+        Duration::from_secs(60),
+        || !as_mallory(&["--dry-run=server"]).0,
+    );
+    let (ok, _, err) = as_mallory(&[]);
+    assert!(!ok, "mallory's forged answer was admitted");
+    assert!(
+        err.contains("fabricgate-fabriccheck-results-writers")
+            && err.contains("only the fabricgate agents")
+            && err.contains("mallory may not"),
+        "{err}"
+    );
+    assert!(results(cp, check).is_empty(), "no forged answer");
+    // system:masters (break-glass, and the tests that play the agents) still may.
+    let (ok, _, err) = cp.kubectl_as(
+        &cp.admin_kubeconfig,
+        &["create", "-f", "-"],
+        Some(&forged(names[1])),
+    );
+    assert!(ok, "{err}");
+    assert_eq!(results(cp, check).len(), 1);
 }

@@ -181,6 +181,8 @@ fn manifest_holds_each_object_once_in_the_agent_namespace() {
             "ValidatingAdmissionPolicy",
             "ValidatingAdmissionPolicy",
             "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
             "ValidatingAdmissionPolicyBinding",
             "ValidatingAdmissionPolicyBinding",
             "ValidatingAdmissionPolicyBinding",
@@ -663,11 +665,48 @@ fn admission_policy_uses_the_binarys_names_and_is_bound() {
             .unwrap()
             .contains(&format!("'{user}'"))
     );
+    // Others' entries may be dropped only past LEDGER_PRUNE_AT (issue 36, item 11).
+    let prune = format!(
+        "variables.oldData.size() > {}",
+        fabricgate::policy::breaker::LEDGER_PRUNE_AT
+    );
+    assert!(
+        ledger["spec"]["validations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|v| v["expression"].as_str().is_some_and(|e| e.contains(&prune))),
+        "the policy prunes at breaker::LEDGER_PRUNE_AT"
+    );
     let binding = named(
         "ValidatingAdmissionPolicyBinding",
         "fabricgate-breaker-ledger",
     );
     assert_eq!(binding["spec"]["policyName"], ledger["metadata"]["name"]);
+    assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]));
+
+    // Answers of the gang pre-flight: created by the agents only, whatever RBAC grants
+    // (issue 36, item 11), bound the same way.
+    let writers = named(
+        "ValidatingAdmissionPolicy",
+        "fabricgate-fabriccheck-results-writers",
+    );
+    let rules = &writers["spec"]["matchConstraints"]["resourceRules"];
+    assert_eq!(rules[0]["resources"], json!(["fabriccheckresults"]));
+    assert_eq!(rules[0]["operations"], json!(["CREATE"]));
+    assert_eq!(writers["spec"]["failurePolicy"], "Fail");
+    let condition = writers["spec"]["matchConditions"][0]["expression"]
+        .as_str()
+        .unwrap();
+    assert!(
+        condition.contains(&format!("!= '{user}'")) && condition.contains("'system:masters'"),
+        "{condition}"
+    );
+    let binding = named(
+        "ValidatingAdmissionPolicyBinding",
+        "fabricgate-fabriccheck-results-writers",
+    );
+    assert_eq!(binding["spec"]["policyName"], writers["metadata"]["name"]);
     assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]));
 }
 

@@ -9,22 +9,25 @@
 //! trouble (no key, a refused write, an unreadable check) is logged, or written as `ok: false`
 //! with an error that starts with `local:`; it never touches the Node's verdict.
 
+mod clock;
 mod pair;
 #[cfg(test)]
 mod tests;
 
 pub use crate::node::fabriccheck::{ENDPOINT_ANNOTATION, FabricCheck, Member, PairResult, Rdma};
+pub use clock::ServerClock;
 pub use pair::{PairJob, measure_pair};
 
 use crate::node::WatchBackoff;
 use crate::node::fabriccheck;
-use fabricgate_probes::rdma::peer::{Identity, KeyRing, LocalPort, Plan};
+use fabricgate_probes::rdma::peer::{ExpectedPeers, Identity, KeyRing, LocalPort, Plan};
 use futures::StreamExt;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DynamicObject, PostParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event, watcher};
 use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{Semaphore, watch};
@@ -56,11 +59,20 @@ pub struct Ring {
     pub bandwidth: (u32, Duration),
     /// `peers.timeout`: bound on one session.
     pub session: Duration,
+    /// This node's own address (its responder's), measured from: the next member's responder
+    /// knows it as the predecessor it keeps places for. `None`: the route's source.
+    pub source: Option<IpAddr>,
+    /// Our responder's expected peers: each check's predecessor is added until the check's
+    /// deadline, so strangers' idle connections cannot keep it out (issue 36, item 1).
+    pub expected: Option<ExpectedPeers>,
     /// For lists and the results' creates.
     pub requests: kube::Client,
     /// For the watch (a longer read timeout); `None`: `requests`.
     pub watch: Option<kube::Client>,
     pub max_backoff: Duration,
+    /// Test-only: this agent's clock reads this much ahead (`FABRICGATE_FAILPOINT=
+    /// clock-ahead`); zero in a deployment.
+    pub clock_ahead: Duration,
 }
 
 /// Checks already taken up (by uid), with their deadline, so that each is measured once.
@@ -111,8 +123,9 @@ pub async fn run(ring: Ring, mut stop: watch::Receiver<bool>) {
         &ar,
     );
     // Only the checks naming this Node: a check is sent to its members, not to the pool.
+    let member_label = fabriccheck::member_label(&ring.node);
     let config = watcher::Config::default()
-        .labels(&fabriccheck::member_label(&ring.node))
+        .labels(&member_label)
         .timeout(crate::node::WATCH_TIMEOUT_SECS)
         .any_semantic();
     let mut events = watcher(checks, config)
@@ -121,6 +134,7 @@ pub async fn run(ring: Ring, mut stop: watch::Receiver<bool>) {
     let slots = Arc::new(Semaphore::new(CONCURRENCY));
     let mut taken = Taken::default();
     let mut warned = false;
+    let mut clock = ServerClock::new(ring.clock_ahead);
     tracing::info!(
         node = %ring.node,
         namespace = %ring.namespace,
@@ -155,7 +169,11 @@ pub async fn run(ring: Ring, mut stop: watch::Receiver<bool>) {
             tracing::debug!(name = ?obj.metadata.name, "a FabricCheck the agent cannot read");
             continue;
         };
-        let now = Timestamp::now();
+        // The deadline is the controller's, read against the API server's clock: this
+        // node's may be off by more than gang.timeout (issue 36, item 11).
+        let now = clock
+            .now(&ring.requests, &ring.namespace, &member_label)
+            .await;
         let peer = match decide(&check, &ring.node, now) {
             Decision::Measure(m) => m,
             Decision::Skip(_) => continue,
@@ -166,25 +184,51 @@ pub async fn run(ring: Ring, mut stop: watch::Receiver<bool>) {
         if !taken.take(&check.uid, deadline, now) {
             continue;
         }
+        if let Some(expected) = &ring.expected {
+            expect_predecessor(expected, &check, &ring.node, deadline, now);
+        }
+        let left = Duration::try_from(deadline.duration_since(now)).unwrap_or_default();
+        let until = std::time::Instant::now() + left;
         let ring = Arc::clone(&ring);
         let slots = Arc::clone(&slots);
         tokio::spawn(async move {
             let Ok(_slot) = slots.acquire_owned().await else {
                 return;
             };
-            answer(&ring, &check, peer, deadline).await;
+            answer(&ring, &check, peer, until).await;
         });
     }
 }
 
-/// Measure `peer` for `check` and write the result.
-async fn answer(ring: &Ring, check: &FabricCheck, peer: Member, deadline: Timestamp) {
-    let left = deadline.duration_since(Timestamp::now());
-    let left = Duration::try_from(left).unwrap_or_default();
-    if left.is_zero() {
+/// Keep places in our responder for the member that measures us in `check` until its deadline
+/// (a little after: its last try may start just before). An endpoint that is not `ip:port`
+/// gets none: the controller puts the Node's own address there.
+fn expect_predecessor(
+    expected: &ExpectedPeers,
+    check: &FabricCheck,
+    node: &str,
+    deadline: Timestamp,
+    now: Timestamp,
+) {
+    let Some(prev) = check.spec.previous_before(node) else {
+        return;
+    };
+    let Ok(addr) = prev.endpoint.parse::<SocketAddr>() else {
+        return;
+    };
+    let left = Duration::try_from(deadline.duration_since(now)).unwrap_or_default();
+    expected.expect(
+        addr.ip(),
+        std::time::Instant::now() + left + Duration::from_secs(5),
+    );
+}
+
+/// Measure `peer` for `check` and write the result, both before `until` (the check's
+/// deadline on this node's monotonic clock).
+async fn answer(ring: &Ring, check: &FabricCheck, peer: Member, until: std::time::Instant) {
+    if std::time::Instant::now() >= until {
         return;
     }
-    let until = std::time::Instant::now() + left;
     let ports = if ring.rdma {
         ring.ports.lock().unwrap_or_else(|p| p.into_inner()).clone()
     } else {
@@ -200,6 +244,7 @@ async fn answer(ring: &Ring, check: &FabricCheck, peer: Member, deadline: Timest
     let me = ring.identity.clone();
     let min = check.spec.min_bandwidth_gbps;
     let session = ring.session;
+    let source = ring.source;
     let measured = tokio::task::spawn_blocking(move || {
         measure_pair(&PairJob {
             me: &me,
@@ -210,6 +255,7 @@ async fn answer(ring: &Ring, check: &FabricCheck, peer: Member, deadline: Timest
             min_bandwidth_gbps: min,
             until,
             session,
+            source,
         })
     })
     .await;

@@ -7,7 +7,7 @@
 use crate::node::fabriccheck::{Member, PairResult, Rdma};
 use fabricgate_probes::rdma::peer::{self, Identity, Keys, LocalPort, Outcome, Plan, Skip};
 use k8s_openapi::jiff::Timestamp;
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
 /// Wait between tries while the peer says BUSY or STARTING.
@@ -27,6 +27,9 @@ pub struct PairJob<'a> {
     pub until: Instant,
     /// Bound on one session.
     pub session: Duration,
+    /// This node's own address (its responder's), to connect from: the peer's responder
+    /// keeps places for its ring predecessor's address. `None`: the route's source.
+    pub source: Option<IpAddr>,
 }
 
 fn finish(job: &PairJob<'_>, rdma: Rdma) -> PairResult {
@@ -93,7 +96,8 @@ pub fn measure_pair(job: &PairJob<'_>) -> PairResult {
             if left.is_zero() {
                 break None;
             }
-            let o = peer::measure(
+            let o = peer::measure_from(
+                job.source,
                 addr,
                 local,
                 job.me,
@@ -164,7 +168,14 @@ fn greet_only(job: &PairJob<'_>, result: PairResult, addr: SocketAddr, who: &str
                 format!("timeout: {who}: busy or starting until the check's deadline"),
             );
         }
-        match peer::greet(addr, &any, job.me, job.keys, job.session.min(left)) {
+        match peer::greet_from(
+            job.source,
+            addr,
+            &any,
+            job.me,
+            job.keys,
+            job.session.min(left),
+        ) {
             Ok(g) if !g.peer_node.is_empty() && g.peer_node != job.peer.node => {
                 return fail(result, wrong_node(who, &g.peer_node));
             }

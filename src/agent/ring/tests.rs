@@ -107,6 +107,7 @@ fn pair(me: &str, peer: &str, endpoint: String, keys: &Keys) -> PairResult {
         min_bandwidth_gbps: None,
         until: Instant::now() + Duration::from_secs(5),
         session: Duration::from_secs(5),
+        source: None,
     })
 }
 
@@ -174,4 +175,34 @@ fn results_serialize_as_the_interface_says() {
         json!({ "node": "a", "peer": "b", "ok": true, "rdma": "measured", "device": "mlx5_0",
                 "port": 1, "rttMicros": 14.2, "finishedAt": "2026-12-02T03:00:07Z" })
     );
+}
+
+/// Issue 36, item 11: the offset of the API server's clock is read from its `Date` header
+/// (whole seconds, so its middle), against the middle of our request; garbage is no offset.
+#[test]
+fn redteam_the_api_servers_date_gives_the_clock_offset() {
+    let sent: Timestamp = "2026-12-03T07:30:00.100Z".parse().unwrap();
+    let received: Timestamp = "2026-12-03T07:30:00.300Z".parse().unwrap();
+    // Our clock 15 minutes ahead of the API server's.
+    let o =
+        super::clock::offset_from_date("Thu, 03 Dec 2026 07:15:00 GMT", sent, received).unwrap();
+    assert_eq!(o.as_millis(), -(15 * 60 * 1000) + 300);
+    assert_eq!(
+        super::clock::offset_from_date("Thu, 03 Dec 2026 07:30:00 GMT", sent, received)
+            .unwrap()
+            .as_millis(),
+        300
+    );
+    for bad in ["", "yesterday", "2026-12-03T07:15:00Z"] {
+        assert_eq!(
+            super::clock::offset_from_date(bad, sent, received),
+            None,
+            "{bad}"
+        );
+    }
+    // Past the deadline on our clock, not on the API server's: measured.
+    let c = check(&[("a", "x"), ("b", "y")], "2026-12-03T07:15:20Z");
+    let server_now = sent.checked_add(o).unwrap();
+    assert_eq!(decide(&c, "a", sent), Decision::Skip("past its deadline"));
+    assert!(matches!(decide(&c, "a", server_now), Decision::Measure(_)));
 }

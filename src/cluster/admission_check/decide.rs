@@ -114,8 +114,9 @@ pub struct Assigned {
 /// labels (the hostname level also on the Node's name, as the kubelet names it so).
 ///
 /// # Errors
-/// A message for the check: the Workload has no admission, an assignment is malformed, or a
-/// domain matches no Node.
+/// A message for the check: the Workload has no admission, an assignment is malformed, its
+/// lowest level is not the hostname (its domains are groups of nodes, any of which a pod may
+/// land on: issue 36, item 11), or a domain matches no Node.
 pub fn assigned_nodes<'a>(
     status: &WorkloadStatus,
     nodes: impl Iterator<Item = &'a Node> + Clone,
@@ -134,6 +135,16 @@ pub fn assigned_nodes<'a>(
             out.untopological.push(untopological(psa));
             continue;
         };
+        if topology.levels.last().map(String::as_str) != Some(HOSTNAME_LABEL) {
+            return Err(format!(
+                "pod set {}: the topology assignment's lowest level is {}, not \
+                 {HOSTNAME_LABEL}: Kueue assigned domains, not nodes, so the nodes the pods \
+                 will run on are not known and cannot be ring-tested; give the Topology \
+                 {HOSTNAME_LABEL} as its lowest level",
+                psa.name,
+                topology.levels.last().map_or("missing", String::as_str)
+            ));
+        }
         let domains = topology
             .domains()
             .map_err(|e| format!("pod set {}: topology assignment: {e}", psa.name))?;
@@ -441,6 +452,40 @@ mod tests {
         assert_eq!(a.nodes, ["host-b", "node-a"]);
         // host-b is node-c's hostname, in rack r2: no Node of r1.
         assert!(assigned_nodes(&at(&["host-b"]), racked.iter()).is_err());
+    }
+
+    /// Issue 36, item 11: without a hostname level a domain is a group of nodes (a pod may
+    /// land on any of them), not the gang's nodes: refused, never matched to every Node of it.
+    #[test]
+    fn redteam_only_a_hostname_level_names_the_gangs_nodes() {
+        let leaf = "network.topology.nvidia.com/leaf";
+        let mut nodes = vec![good_node("n-1"), good_node("n-2")];
+        for n in &mut nodes {
+            n.metadata
+                .labels
+                .get_or_insert_default()
+                .insert(leaf.into(), "l1".into());
+        }
+        for levels in [json!([leaf]), json!([HOSTNAME_LABEL, leaf]), json!([])] {
+            let values: Vec<_> = levels
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|_| json!({ "universal": "l1" }))
+                .collect();
+            let status: WorkloadStatus = serde_json::from_value(json!({
+                "admission": { "podSetAssignments": [{ "name": "w", "count": 2,
+                    "topologyAssignment": { "levels": levels,
+                        "slices": [{ "domainCount": 1, "valuesPerLevel": values }] } }]},
+            }))
+            .unwrap();
+            let e = assigned_nodes(&status, nodes.iter()).unwrap_err();
+            assert!(
+                e.starts_with("pod set w: the topology assignment's lowest level is")
+                    && e.contains("give the Topology kubernetes.io/hostname as its lowest level"),
+                "{levels}: {e}"
+            );
+        }
     }
 
     struct St {

@@ -404,6 +404,13 @@ fn prepare(
         .iter()
         .filter_map(|n| Some((n.metadata.name.as_deref()?, n.as_ref())))
         .collect();
+    // Without a topology assignment there are no nodes to ring-test: not Ready unless the
+    // operator allows node validation alone (issue 36, item 9).
+    if s.config.gang.require_topology
+        && let Some(message) = untopological_refusal(&assigned)
+    {
+        return Err(Decision::retry(message));
+    }
     let mut notes = Vec::new();
     for (podset, flavors, count) in &assigned.untopological {
         notes.push(flavor_nodes(w, s, podset, flavors, *count, nodes)?);
@@ -504,6 +511,35 @@ fn prepare(
         min_bandwidth_gbps: s.config.gang.min_bandwidth_gbps,
         deadline,
     }))
+}
+
+/// With `gang.require_topology`: why the admission cannot be ring-tested (pod sets without a
+/// topology assignment, or none with nodes), or `None`.
+fn untopological_refusal(assigned: &Assigned) -> Option<String> {
+    let names: Vec<&str> = assigned
+        .untopological
+        .iter()
+        .map(|(name, _, _)| name.as_str())
+        .collect();
+    if names.is_empty() && !assigned.nodes.is_empty() {
+        return None;
+    }
+    let which = match names.as_slice() {
+        [] => "the admission has no pod set with a topology assignment".to_owned(),
+        [one] => format!("pod set {one} has no topology assignment"),
+        _ => format!(
+            "{} pod sets have no topology assignment ({})",
+            names.len(),
+            list(&names)
+        ),
+    };
+    Some(format!(
+        "{which}: Kueue Topology Aware Scheduling did not place it, so its nodes are not \
+         known and the gang RDMA pre-flight cannot run; gang.require_topology is true. Give \
+         the ClusterQueue a ResourceFlavor with a topologyName (and the job a topology \
+         request), or set gang.require_topology: false to admit such pod sets on node \
+         validation alone"
+    ))
 }
 
 /// Without a topology assignment: at least `count` Nodes of the pod set's flavors (all their

@@ -132,7 +132,7 @@ fn the_absolute_cap_counts_only_recent_failures() {
 }
 
 #[test]
-fn the_ledger_counts_recent_reservations_of_the_pool_and_drops_old_ones() {
+fn redteam_the_ledger_keeps_others_entries_and_prunes_only_past_its_bound() {
     let now = Timestamp::from_second(1_000_000).unwrap();
     let at = |ago: i64| Timestamp::from_second(1_000_000 - ago).unwrap().to_string();
     let data: BTreeMap<String, String> = [
@@ -156,13 +156,22 @@ fn the_ledger_counts_recent_reservations_of_the_pool_and_drops_old_ones() {
     // a and c: b is too old, other-pool is not ours, me is me, garbage is unreadable.
     assert_eq!(ledger_recent(&data, "me", &pool, w, &now), 2);
     let next = ledger_with(&data, "d", "pool=a", w, &now);
-    assert!(!next.contains_key("b") && !next.contains_key("garbage"));
     assert_eq!(next.get("d"), Some(&format!("{now} pool=a")));
-    assert!(next.contains_key("a") && next.contains_key("other-pool"));
-    // Everyone else's entry is kept byte for byte (the admission policy admits only that).
-    for (k, v) in &next {
-        assert!(k == "d" || data.get(k) == Some(v), "{k} changed");
+    // Everyone else's entry is kept byte for byte, stale ones too (the admission policy
+    // admits only that: a drop would lift a reservation, issue 36, item 11).
+    assert_eq!(next.len(), data.len() + 1);
+    for (k, v) in &data {
+        assert_eq!(next.get(k), Some(v), "{k} changed or dropped");
     }
+    // Past LEDGER_PRUNE_AT entries, the stale and unreadable ones are pruned.
+    let mut big = data.clone();
+    for i in 0..LEDGER_PRUNE_AT {
+        big.insert(format!("old-{i}"), "2000-01-01T00:00:00Z pool=a".to_owned());
+    }
+    let pruned = ledger_with(&big, "d", "pool=a", w, &now);
+    assert!(!pruned.contains_key("b") && !pruned.contains_key("garbage"));
+    assert!(!pruned.contains_key("old-0"));
+    assert!(pruned.contains_key("a") && pruned.contains_key("other-pool"));
 }
 
 /// A reservation counts only while the Node it names shows the failure (past its first

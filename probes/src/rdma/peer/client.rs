@@ -9,7 +9,7 @@ use super::wire::{
 use super::{BW_DEPTH, FRAME_TIMEOUT, Identity, LocalPort, PROTOCOL_VERSION, Plan, Status};
 use crate::rdma::verbs::rc::{self, EndpointSpec, RcError};
 use std::io::{self, Write};
-use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 /// The `kind` of `fabricgate_peer_errors_total`.
@@ -182,9 +182,58 @@ pub struct Greeting {
     pub elapsed: Duration,
 }
 
+/// A TCP connection to `peer` within `timeout`, from `source` when it is given (this node's
+/// own address, so that the peer's responder knows the connection as its gang check's
+/// predecessor; see `ExpectedPeers`). An address that cannot be bound (gone, of another
+/// family) is not used: the route's source is.
+fn connect(source: Option<IpAddr>, peer: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
+    use rustix::event::{PollFd, PollFlags, Timespec, poll};
+    use rustix::net::{AddressFamily, SocketFlags, SocketType, bind, socket_with, sockopt};
+    let Some(source) = source.filter(|s| !s.is_unspecified() && s.is_ipv4() == peer.is_ipv4())
+    else {
+        return TcpStream::connect_timeout(&peer, timeout);
+    };
+    let family = if peer.is_ipv4() {
+        AddressFamily::INET
+    } else {
+        AddressFamily::INET6
+    };
+    let fd = socket_with(
+        family,
+        SocketType::STREAM,
+        SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+        None,
+    )?;
+    if bind(&fd, &SocketAddr::new(source, 0)).is_err() {
+        return TcpStream::connect_timeout(&peer, timeout);
+    }
+    match rustix::net::connect(&fd, &peer) {
+        Ok(()) => {}
+        Err(rustix::io::Errno::INPROGRESS) => {
+            let wait = Timespec::try_from(timeout).unwrap_or(Timespec {
+                tv_sec: 3,
+                tv_nsec: 0,
+            });
+            let mut fds = [PollFd::new(&fd, PollFlags::OUT)];
+            if poll(&mut fds, Some(&wait))? == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "connection timed out",
+                ));
+            }
+            sockopt::socket_error(&fd)??;
+        }
+        Err(e) => return Err(e.into()),
+    }
+    let stream = TcpStream::from(fd);
+    stream.set_nonblocking(false)?;
+    Ok(stream)
+}
+
 /// OPEN, CHALLENGE, HELLO and WELCOME, bounded by `timeout` from now. `Err` is the outcome
 /// when the responder did not welcome us (a failure or a skip).
 fn open(
+    source: Option<IpAddr>,
     peer: SocketAddr,
     local: &LocalPort,
     identity: &Identity,
@@ -200,7 +249,7 @@ fn open(
     };
     let start = Instant::now();
     let deadline = start + timeout;
-    let mut stream = match TcpStream::connect_timeout(&peer, timeout.min(FRAME_TIMEOUT)) {
+    let mut stream = match connect(source, peer, timeout.min(FRAME_TIMEOUT)) {
         Ok(s) => s,
         // A connect that times out is still a connect failure: nothing answered.
         Err(e) => {
@@ -324,7 +373,30 @@ pub fn greet(
     keys: &Keys,
     timeout: Duration,
 ) -> Result<Greeting, Outcome> {
-    let opened = open(peer, local, identity, keys, &Plan::default(), timeout)?;
+    greet_from(None, peer, local, identity, keys, timeout)
+}
+
+/// [`greet`] from the local address `source` (see [`measure_from`]).
+///
+/// # Errors
+/// As [`greet`].
+pub fn greet_from(
+    source: Option<IpAddr>,
+    peer: SocketAddr,
+    local: &LocalPort,
+    identity: &Identity,
+    keys: &Keys,
+    timeout: Duration,
+) -> Result<Greeting, Outcome> {
+    let opened = open(
+        source,
+        peer,
+        local,
+        identity,
+        keys,
+        &Plan::default(),
+        timeout,
+    )?;
     let _ = opened.stream.shutdown(Shutdown::Both);
     Ok(Greeting {
         peer_node: opened.welcome.identity.node_name,
@@ -339,6 +411,21 @@ pub fn greet(
 /// `timeout` (TCP connect included). Never panics. Only answers MACed with one of `keys`
 /// are believed: an unauthenticated SELF or OTHER_GROUP is a `connect` failure, never a skip.
 pub fn measure(
+    peer: SocketAddr,
+    local: &LocalPort,
+    identity: &Identity,
+    keys: &Keys,
+    plan: &Plan,
+    timeout: Duration,
+) -> Outcome {
+    measure_from(None, peer, local, identity, keys, plan, timeout)
+}
+
+/// [`measure`] over a TCP connection from the local address `source` (when it can be bound):
+/// the gang pre-flight connects from the node's own address, the one its ring successor's
+/// responder keeps places for.
+pub fn measure_from(
+    source: Option<IpAddr>,
     peer: SocketAddr,
     local: &LocalPort,
     identity: &Identity,
@@ -364,7 +451,7 @@ pub fn measure(
         welcome,
         start,
         deadline,
-    } = match open(peer, local, identity, keys, plan, timeout) {
+    } = match open(source, peer, local, identity, keys, plan, timeout) {
         Ok(o) => o,
         Err(outcome) => return outcome,
     };

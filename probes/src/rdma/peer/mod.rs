@@ -29,14 +29,19 @@
 //! ```
 //!
 //! # Limits (what a stranger can make the responder do)
-//! At most [`MAX_SESSIONS`] sessions at once and [`MAX_PER_SOURCE`] from one source address
-//! (more are answered BUSY by the accept thread without reading anything), each closed after
-//! its session limit (default [`SESSION_LIMIT`]); every frame must arrive whole within
-//! [`FRAME_TIMEOUT`], and a client that has not authenticated within two frames is cut; frames
-//! have one fixed size; plans outside [`Plan::validate`] are refused before anything is
-//! allocated, so one session pins at most [`MAX_BUFFER`] bytes and the responder at most
-//! `MAX_SESSIONS × MAX_BUFFER`. Before authentication the responder says nothing but BUSY,
-//! VERSION or AUTH.
+//! A connection that has not authenticated waits in a pool of its own: at most
+//! [`MAX_HANDSHAKES`] at once and [`MAX_HANDSHAKES_PER_SOURCE`] from one source address (more
+//! are answered BUSY by the accept thread without reading anything), and OPEN and HELLO must
+//! both arrive within [`HANDSHAKE_TIMEOUT`] of accept. Only an authenticated client takes one
+//! of the [`MAX_SESSIONS`] session slots ([`MAX_PER_SOURCE`] per address; beyond them a sealed
+//! WELCOME BUSY), so idle strangers never hold what a peer of the pool needs; the address of a
+//! live gang check's predecessor ([`ExpectedPeers`]) has [`EXPECTED_PER_PEER`] places beyond
+//! both pools (issue 36, item 1). Each session is closed after its session limit (default
+//! [`SESSION_LIMIT`]); every frame must arrive whole within [`FRAME_TIMEOUT`]; frames have one
+//! fixed size; plans outside [`Plan::validate`] are refused before anything is allocated, so
+//! one session pins at most [`MAX_BUFFER`] bytes and the responder at most
+//! `(MAX_SESSIONS + EXPECTED_PER_PEER) × MAX_BUFFER`. Before authentication the responder says
+//! nothing but BUSY, VERSION or AUTH.
 //!
 //! # Layout
 //! This module holds the limits, the plan and the local ports; `wire` the frames, `auth` the
@@ -47,13 +52,18 @@ mod client;
 #[cfg(test)]
 mod redteam;
 mod responder;
+mod slots;
 #[cfg(test)]
 mod tests;
 mod wire;
 
 pub use auth::{KeyRing, Keys};
-pub use client::{ErrorKind, Greeting, Measurement, Outcome, Skip, greet, measure, percentile};
+pub use client::{
+    ErrorKind, Greeting, Measurement, Outcome, Skip, greet, greet_from, measure, measure_from,
+    percentile,
+};
 pub use responder::{Responder, ResponderStats};
+pub use slots::ExpectedPeers;
 
 use crate::Roots;
 use crate::rdma::{DeviceReport, GidType, LinkLayer, PortReport, RdmaReport};
@@ -65,10 +75,21 @@ pub const PROTOCOL_VERSION: u16 = 2;
 pub const FRAME_LEN: usize = 256;
 /// Where a frame's HMAC-SHA256 starts (its last 32 bytes).
 pub const MAC_AT: usize = FRAME_LEN - 32;
-/// Sessions served at once; more are answered BUSY.
+/// Authenticated sessions served at once; more are answered BUSY.
 pub const MAX_SESSIONS: usize = 4;
-/// Sessions served at once for one source address; more are answered BUSY.
+/// Authenticated sessions served at once for one source address; more are answered BUSY.
 pub const MAX_PER_SOURCE: usize = 2;
+/// Connections that have not authenticated yet, at once; more are answered BUSY.
+pub const MAX_HANDSHAKES: usize = 8;
+/// Connections not authenticated yet from one source address; more are answered BUSY.
+pub const MAX_HANDSHAKES_PER_SOURCE: usize = 2;
+/// OPEN and HELLO must both arrive within this of accept (one round trip of the pool's
+/// own agents; a stranger's idle connection holds its place no longer).
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Places an expected peer (a live gang check's predecessor) has beyond each pool.
+pub const EXPECTED_PER_PEER: usize = 2;
+/// Expected peers kept at once (a node is in a few checks at a time).
+pub const MAX_EXPECTED_PEERS: usize = 16;
 /// Default bound on one session, accept to close (the agent passes `peers.timeout` + 5 s).
 pub const SESSION_LIMIT: Duration = Duration::from_secs(10);
 /// One frame must arrive within this.
@@ -91,8 +112,9 @@ pub const NAME_LEN: usize = 64;
 #[non_exhaustive]
 pub enum Status {
     Ok,
-    /// The responder already serves [`MAX_SESSIONS`] sessions, or [`MAX_PER_SOURCE`] for
-    /// the client's address.
+    /// The responder already holds [`MAX_HANDSHAKES`] unauthenticated connections (or
+    /// [`MAX_HANDSHAKES_PER_SOURCE`] from the client's address), or serves [`MAX_SESSIONS`]
+    /// sessions (or [`MAX_PER_SOURCE`] for the client's address).
     Busy,
     /// The client is the responder's own node.
     SelfNode,

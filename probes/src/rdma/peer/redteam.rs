@@ -1,6 +1,8 @@
 //! The attacks of issue 24 on the side channel, replayed over loopback against a real
 //! responder: a dribbling client, connect-and-hold, a replayed session (both ways), a client
-//! with the wrong key, and a squatter's unauthenticated OTHER_GROUP. After each, a client of
+//! with the wrong key, and a squatter's unauthenticated OTHER_GROUP; and issue 36's (item 1)
+//! strangers holding every handshake place while a gang check's predecessor must get in.
+//! After each, a client of
 //! the pool still reaches the RDMA stage (`Failed { kind: None }`: the side channel let it
 //! through and only this machine's missing RDMA device stopped it), or is told BUSY, which
 //! is a skip and never an error.
@@ -73,9 +75,9 @@ fn names_the_node(bytes: &[u8]) -> bool {
 }
 
 /// Before: one byte every 2 s kept a session open past the 10 s session limit (each read
-/// waited 3 s afresh). Now a frame must arrive whole within 3 s: four dribblers (two let in
-/// from their address, two told BUSY) are all gone within 3 s, and the pool's client is
-/// served meanwhile.
+/// waited 3 s afresh). Now a frame must arrive whole within 3 s, and the handshake within
+/// [`HANDSHAKE_TIMEOUT`]: four dribblers (two let in from their address, two told BUSY) are
+/// all gone within 3 s, and the pool's client is served meanwhile.
 #[test]
 fn redteam_dribble_is_cut_at_the_frame_deadline() {
     let r = victim();
@@ -100,7 +102,9 @@ fn redteam_dribble_is_cut_at_the_frame_deadline() {
             })
         })
         .collect();
-    assert!(wait_until(|| r.active_sessions() == MAX_PER_SOURCE));
+    assert!(wait_until(
+        || r.pending_handshakes() == MAX_HANDSHAKES_PER_SOURCE
+    ));
     assert!(reaches_rdma(&measure_member(addr)));
     for d in dribblers {
         let held = d.join().unwrap();
@@ -110,14 +114,14 @@ fn redteam_dribble_is_cut_at_the_frame_deadline() {
         );
     }
     assert!(started.elapsed() < SESSION_LIMIT);
-    assert!(wait_until(|| r.active_sessions() == 0));
+    assert!(wait_until(|| r.pending_handshakes() == 0));
 }
 
 /// Before: 4 idle connections took every session. Now one address gets
-/// [`MAX_PER_SOURCE`] of them (the rest are told BUSY at once, without a name), each cut
-/// after [`FRAME_TIMEOUT`]; the pool's client from another address is served throughout.
-/// When every slot is taken from many addresses, the client is told BUSY: a skip, not an
-/// error.
+/// [`MAX_HANDSHAKES_PER_SOURCE`] handshake places (the rest are told BUSY at once, without a
+/// name), each cut after [`HANDSHAKE_TIMEOUT`], and none of them a session slot; the pool's
+/// client from another address is served throughout. When every handshake place is taken
+/// from many addresses, a client that is not expected is told BUSY: a skip, not an error.
 #[test]
 fn redteam_connect_and_hold_cannot_take_the_responder() {
     let r = victim();
@@ -125,24 +129,156 @@ fn redteam_connect_and_hold_cannot_take_the_responder() {
     let held: Vec<TcpStream> = (0..50)
         .map(|_| connect_from([127, 0, 0, 9], addr))
         .collect();
-    assert!(wait_until(|| r.active_sessions() == MAX_PER_SOURCE));
+    assert!(wait_until(
+        || r.pending_handshakes() == MAX_HANDSHAKES_PER_SOURCE
+    ));
+    assert_eq!(r.active_sessions(), 0, "no session slot for a stranger");
     assert!(reaches_rdma(&measure_member(addr)));
     assert!(wait_until(
         || r.stats().refused.load(Ordering::Relaxed) >= 48
     ));
     drop(held);
-    assert!(wait_until(|| r.active_sessions() == 0));
+    assert!(wait_until(|| r.pending_handshakes() == 0));
 
-    // Every slot held, from four addresses: BUSY, recorded as a skip.
-    let held: Vec<TcpStream> = (0..MAX_SESSIONS)
-        .map(|i| connect_from([127, 0, 0, 20 + i as u8], addr))
-        .collect();
-    assert!(wait_until(|| r.active_sessions() == MAX_SESSIONS));
+    // Every handshake place held, from four addresses: BUSY, recorded as a skip.
+    let held = fill_handshakes(addr, 20);
+    assert!(wait_until(|| r.pending_handshakes() == MAX_HANDSHAKES));
     assert_eq!(measure_member(addr), Outcome::Skipped(Skip::Busy));
-    // Cut after FRAME_TIMEOUT; then served again.
-    assert!(wait_until(|| r.active_sessions() == 0));
+    // Cut after HANDSHAKE_TIMEOUT; then served again.
+    assert!(wait_until(|| r.pending_handshakes() == 0));
     assert!(reaches_rdma(&measure_member(addr)));
     drop(held);
+}
+
+/// Idle connections taking every handshake place, [`MAX_HANDSHAKES_PER_SOURCE`] from each of
+/// the addresses 127.0.0.`first`, `first + 1`, ...
+fn fill_handshakes(addr: SocketAddr, first: u8) -> Vec<TcpStream> {
+    (0..MAX_HANDSHAKES)
+        .map(|i| {
+            connect_from(
+                [127, 0, 0, first + (i / MAX_HANDSHAKES_PER_SOURCE) as u8],
+                addr,
+            )
+        })
+        .collect()
+}
+
+/// Issue 36, item 1. Before: a slot was taken at accept, before authentication, so strangers
+/// (two tenant pods suffice) holding idle connections kept a gang check's predecessor out
+/// until the check's deadline. Now strangers fill only the handshake pool, never a session
+/// slot, and the address of the live check's predecessor has places of its own: while every
+/// handshake place is held, a client of the pool from another address is told BUSY, and the
+/// expected predecessor is served. An expectation ends at its deadline.
+#[test]
+fn redteam_idle_strangers_cannot_take_an_expected_peers_place() {
+    let r = victim();
+    let addr = r.local_addr();
+    let predecessor = std::net::IpAddr::from([127, 0, 0, 4]);
+    r.expected_peers()
+        .expect(predecessor, Instant::now() + Duration::from_secs(60));
+    let held = fill_handshakes(addr, 30);
+    assert!(wait_until(|| r.pending_handshakes() == MAX_HANDSHAKES));
+    assert_eq!(r.active_sessions(), 0);
+    let from = |ip: [u8; 4]| {
+        measure_from(
+            Some(ip.into()),
+            addr,
+            &local(),
+            &member(),
+            &keys(),
+            &Plan::default(),
+            Duration::from_secs(5),
+        )
+    };
+    assert_eq!(from([127, 0, 0, 5]), Outcome::Skipped(Skip::Busy));
+    let o = from([127, 0, 0, 4]);
+    assert!(reaches_rdma(&o), "{o:?}");
+    // The same through greet_from, as a node without RDMA does it.
+    let g = greet_from(
+        Some(predecessor),
+        addr,
+        &local(),
+        &member(),
+        &keys(),
+        Duration::from_secs(5),
+    );
+    assert_eq!(g.map(|g| g.peer_node), Ok("gpu-a".to_owned()));
+    drop(held);
+    assert!(wait_until(|| r.pending_handshakes() == 0));
+    // Expired: no place beyond the pool.
+    let gone = Responder::expected_peers(&r);
+    gone.expect(
+        std::net::IpAddr::from([127, 0, 0, 6]),
+        Instant::now() - Duration::from_millis(1),
+    );
+    assert!(!gone.is_expected([127, 0, 0, 6].into()));
+    assert!(gone.is_expected(predecessor));
+}
+
+/// A session of the pool opened by hand from `src` up to the responder's WELCOME OK, then left
+/// idle (the responder, with no RDMA device here, waits for our ENDPOINT): it holds a session
+/// slot until [`FRAME_TIMEOUT`].
+fn welcomed(addr: SocketAddr, src: [u8; 4]) -> TcpStream {
+    use super::auth::{Side, Transcript};
+    let mut s = connect_from(src, addr);
+    let nonce = [9u8; 16];
+    let k = keys();
+    let ids: Vec<_> = k.ids().collect();
+    s.write_all(&encode_open(&nonce, &ids)).unwrap();
+    let mut f = [0u8; FRAME_LEN];
+    s.read_exact(&mut f).unwrap();
+    let challenge = decode(&f).unwrap();
+    assert_eq!(challenge.status, Status::Ok);
+    let (theirs, key_id) = decode_challenge(&challenge.payload);
+    let mut t = Transcript::new(k.by_id(&key_id).unwrap(), nonce, theirs, Side::Client);
+    assert!(t.verify(&challenge.raw));
+    let hello = Hello {
+        identity: member(),
+        device: "rxe0".into(),
+        port: 1,
+        plan: Plan::default(),
+    };
+    s.write_all(&t.seal(hello.encode())).unwrap();
+    s.read_exact(&mut f).unwrap();
+    let welcome = decode(&f).unwrap();
+    assert!(t.verify(&welcome.raw));
+    assert_eq!((welcome.kind, welcome.status), (T_WELCOME, Status::Ok));
+    s
+}
+
+/// Issue 36, item 1: a session slot is taken only once the client's HELLO authenticated, and
+/// the slots are capped per address too: two clients of the pool from one address hold its
+/// [`MAX_PER_SOURCE`] sessions and none of the handshake places; a third from that address is
+/// told BUSY in a sealed WELCOME (a skip, believed since it is authenticated); a client from
+/// another address is served.
+#[test]
+fn redteam_session_slots_are_taken_only_after_authentication() {
+    let r = victim();
+    let addr = r.local_addr();
+    let held: Vec<TcpStream> = (0..MAX_PER_SOURCE)
+        .map(|_| welcomed(addr, [127, 0, 0, 40]))
+        .collect();
+    assert!(wait_until(|| r.active_sessions() == MAX_PER_SOURCE));
+    assert_eq!(
+        r.pending_handshakes(),
+        0,
+        "authenticated: no handshake place"
+    );
+    let from = |ip: [u8; 4]| {
+        measure_from(
+            Some(ip.into()),
+            addr,
+            &local(),
+            &member(),
+            &keys(),
+            &Plan::default(),
+            Duration::from_secs(5),
+        )
+    };
+    assert_eq!(from([127, 0, 0, 40]), Outcome::Skipped(Skip::Busy));
+    assert!(reaches_rdma(&from([127, 0, 0, 41])));
+    drop(held);
+    assert!(wait_until(|| r.active_sessions() == 0));
 }
 
 /// What went to the responder, and what came back.

@@ -3,21 +3,21 @@
 //! arrived.
 
 use super::auth::{KeyRing, Side, Transcript, random};
+use super::slots::{ExpectedPeers, Place, Places};
 use super::wire::{
     Cursor, Frame, Hello, T_CHALLENGE, T_DONE, T_ENDPOINT, T_HELLO, T_OPEN, T_VERDICT, T_WELCOME,
     Welcome, decode_endpoint, decode_open, digest, encode, encode_challenge, encode_endpoint,
     expect_kind, read_frame, read_frame_within,
 };
 use super::{
-    FRAME_LEN, FRAME_TIMEOUT, Identity, LocalPort, MAX_PER_SOURCE, MAX_SESSIONS, PROTOCOL_VERSION,
-    Status, thread_cpu_ns,
+    FRAME_LEN, FRAME_TIMEOUT, HANDSHAKE_TIMEOUT, Identity, LocalPort, PROTOCOL_VERSION, Status,
+    thread_cpu_ns,
 };
 use crate::Roots;
 use crate::rdma::verbs::rc::{self, EndpointInfo, EndpointSpec};
-use std::collections::HashMap;
 use std::io::{self, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -43,18 +43,17 @@ pub struct Responder {
     stop: Arc<AtomicBool>,
     ports: Arc<Mutex<Option<Vec<LocalPort>>>>,
     stats: Arc<ResponderStats>,
-    active: Arc<AtomicUsize>,
+    places: Arc<Places>,
 }
 
 struct Shared {
     identity: Identity,
     keys: Arc<KeyRing>,
-    /// Sessions being served per source address.
-    sources: Mutex<HashMap<IpAddr, usize>>,
+    /// The handshake and session pools.
+    places: Arc<Places>,
     /// `None` until the agent's first probe told us the usable ports.
     ports: Arc<Mutex<Option<Vec<LocalPort>>>>,
     stats: Arc<ResponderStats>,
-    active: Arc<AtomicUsize>,
     roots: Roots,
     session_limit: Duration,
 }
@@ -77,14 +76,13 @@ impl Responder {
         let stop = Arc::new(AtomicBool::new(false));
         let ports = Arc::new(Mutex::new(None));
         let stats = Arc::new(ResponderStats::default());
-        let active = Arc::new(AtomicUsize::new(0));
+        let places = Arc::new(Places::default());
         let shared = Arc::new(Shared {
             identity,
             keys,
-            sources: Mutex::new(HashMap::new()),
+            places: Arc::clone(&places),
             ports: Arc::clone(&ports),
             stats: Arc::clone(&stats),
-            active: Arc::clone(&active),
             roots,
             session_limit: session_limit.min(Duration::from_secs(60)),
         });
@@ -97,7 +95,7 @@ impl Responder {
             stop,
             ports,
             stats,
-            active,
+            places,
         })
     }
 
@@ -115,9 +113,20 @@ impl Responder {
         &self.stats
     }
 
-    /// Sessions being served right now.
+    /// Authenticated sessions being served right now.
     pub fn active_sessions(&self) -> usize {
-        self.active.load(Ordering::Acquire)
+        self.places.active()
+    }
+
+    /// Connections that have not authenticated yet, right now.
+    pub fn pending_handshakes(&self) -> usize {
+        self.places.pending()
+    }
+
+    /// The set of source addresses a live gang check waits for (shared with the responder):
+    /// each has places the pools' strangers cannot take.
+    pub fn expected_peers(&self) -> ExpectedPeers {
+        self.places.expected.clone()
     }
 }
 
@@ -136,36 +145,6 @@ impl Drop for Responder {
     }
 }
 
-/// Gives back the session's place (in total and for its source) however the session ends.
-struct SessionSlot(Arc<Shared>, IpAddr);
-
-impl SessionSlot {
-    /// A place for a session from `source`, if neither cap is reached.
-    fn take(shared: &Arc<Shared>, source: IpAddr) -> Option<Self> {
-        let mut sources = shared.sources.lock().unwrap_or_else(|p| p.into_inner());
-        let mine = sources.get(&source).copied().unwrap_or(0);
-        if mine >= MAX_PER_SOURCE || shared.active.load(Ordering::Acquire) >= MAX_SESSIONS {
-            return None;
-        }
-        sources.insert(source, mine + 1);
-        shared.active.fetch_add(1, Ordering::AcqRel);
-        Some(Self(Arc::clone(shared), source))
-    }
-}
-
-impl Drop for SessionSlot {
-    fn drop(&mut self) {
-        let mut sources = self.0.sources.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(n) = sources.get_mut(&self.1) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                sources.remove(&self.1);
-            }
-        }
-        self.0.active.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
 fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>, stop: &AtomicBool) {
     for conn in listener.incoming() {
         if stop.load(Ordering::Acquire) {
@@ -176,10 +155,9 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>, stop: &AtomicBool) 
             std::thread::sleep(Duration::from_millis(50));
             continue;
         };
-        let Some(slot) = stream
-            .peer_addr()
-            .ok()
-            .and_then(|a| SessionSlot::take(shared, a.ip()))
+        let source = stream.peer_addr().ok().map(|a| a.ip());
+        let Some((source, handshake)) =
+            source.and_then(|ip| Some((ip, shared.places.handshake(ip)?)))
         else {
             // BUSY says nothing about the node, and is not authenticated: a client takes it
             // as "try again next round", never as a finding.
@@ -189,12 +167,12 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>, stop: &AtomicBool) 
             let _ = stream.shutdown(Shutdown::Both);
             continue;
         };
+        let shared = Arc::clone(shared);
         let spawned = std::thread::Builder::new()
             .name("fabricgate-peer-session".into())
             .spawn(move || {
-                let shared = Arc::clone(&slot.0);
                 let cpu0 = thread_cpu_ns(&shared.roots);
-                let outcome = serve(&mut stream, &shared);
+                let outcome = serve(&mut stream, &shared, source, handshake);
                 let _ = stream.shutdown(Shutdown::Both);
                 let counter = match outcome {
                     Served::Measured => &shared.stats.served,
@@ -209,10 +187,9 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>, stop: &AtomicBool) 
                         .cpu_ns
                         .fetch_add(b.saturating_sub(a), Ordering::Relaxed);
                 }
-                drop(slot);
             });
         if spawned.is_err() {
-            // The closure (and its slot) was dropped: the count is already given back.
+            // The closure (and its place) was dropped: the count is already given back.
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -240,12 +217,14 @@ fn send(stream: &mut TcpStream, t: &mut Transcript, frame: [u8; FRAME_LEN]) -> i
     stream.write_all(&t.seal(frame))
 }
 
-fn serve(stream: &mut TcpStream, shared: &Shared) -> Served {
+/// One connection, from its handshake place (given back once the client authenticated, or
+/// when the connection ends) to its session slot's end.
+fn serve(stream: &mut TcpStream, shared: &Shared, source: IpAddr, handshake: Place) -> Served {
     let limit = shared.session_limit;
     let start = Instant::now();
     let deadline = start + limit;
     // OPEN and HELLO, the unauthenticated part, must both arrive within this.
-    let auth_deadline = deadline.min(start + 2 * FRAME_TIMEOUT);
+    let auth_deadline = deadline.min(start + HANDSHAKE_TIMEOUT);
     let _ = stream.set_write_timeout(Some(FRAME_TIMEOUT));
     let _ = stream.set_nodelay(true);
     let Ok(frame) = read_frame(stream, auth_deadline) else {
@@ -297,6 +276,11 @@ fn serve(stream: &mut TcpStream, shared: &Shared) -> Served {
     if me.group != hello.identity.group {
         return refuse(stream, &mut t, Status::OtherGroup);
     }
+    // Authenticated: from here on a session slot, which no stranger can hold.
+    drop(handshake);
+    let Some(_session) = shared.places.session(source) else {
+        return refuse(stream, &mut t, Status::Busy);
+    };
     if hello.plan.validate().is_err() {
         return refuse(stream, &mut t, Status::Limits);
     }

@@ -320,18 +320,20 @@ fn responder_survives_garbage_and_bounds_concurrent_sessions() {
     let mut buf = [0u8; 16];
     junk.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     assert_eq!(junk.read(&mut buf).unwrap_or(0), 0, "garbage is dropped");
-    assert!(wait_until(|| r.active_sessions() == 0));
+    assert!(wait_until(|| r.pending_handshakes() == 0));
 
-    // Hold MAX_SESSIONS half-open sessions, each from its own address: the next one is
-    // told BUSY at once.
-    let holders: Vec<TcpStream> = (0..MAX_SESSIONS)
+    // Hold MAX_HANDSHAKES half-open connections, MAX_HANDSHAKES_PER_SOURCE from each
+    // address: the next one is told BUSY at once; no session slot is taken.
+    let holders: Vec<TcpStream> = (0..MAX_HANDSHAKES)
         .map(|i| {
-            let mut s = connect_from([127, 0, 0, 10 + i as u8], addr);
+            let src = 10 + (i / MAX_HANDSHAKES_PER_SOURCE) as u8;
+            let mut s = connect_from([127, 0, 0, src], addr);
             s.write_all(&[b'F'; 10]).unwrap();
             s
         })
         .collect();
-    assert!(wait_until(|| r.active_sessions() == MAX_SESSIONS));
+    assert!(wait_until(|| r.pending_handshakes() == MAX_HANDSHAKES));
+    assert_eq!(r.active_sessions(), 0);
     let mut extra = TcpStream::connect(addr).unwrap();
     extra
         .set_read_timeout(Some(Duration::from_secs(5)))
@@ -341,10 +343,10 @@ fn responder_survives_garbage_and_bounds_concurrent_sessions() {
     let frame = decode(&f).unwrap();
     assert_eq!(frame.kind, T_CHALLENGE);
     assert_eq!(frame.status, Status::Busy);
-    // The half-open sessions are cut after FRAME_TIMEOUT; then a client is served
-    // again (here: refused as SELF, which needs a free slot).
+    // The half-open connections are cut after HANDSHAKE_TIMEOUT; then a client is served
+    // again (here: refused as SELF, which needs a free place).
     drop(holders);
-    assert!(wait_until(|| r.active_sessions() == 0));
+    assert!(wait_until(|| r.pending_handshakes() == 0));
     let me = Identity {
         node_name: "gpu-a".into(),
         group: String::new(),
