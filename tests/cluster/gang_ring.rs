@@ -351,6 +351,21 @@ fn agents_answer_a_fabriccheck_in_ring_order_and_name_a_dead_peer() {
     drop(agents);
 }
 
+/// Seeded Nodes `names` (the RBAC installed) and FabricCheck `check` of them, at an endpoint
+/// nobody dials; its uid.
+fn seeded_check(cp: &'static ControlPlane, names: &[&str], check: &str) -> String {
+    install(cp);
+    for name in names {
+        TestNode::seeded(cp, name);
+    }
+    let members: Vec<(String, String)> = names
+        .iter()
+        .map(|n| ((*n).to_owned(), "127.0.0.1:9".to_owned()))
+        .collect();
+    create_check(cp, check, &members, 600);
+    check_uid(cp, check).expect("the FabricCheck's uid")
+}
+
 /// With its own pod-bound token, an agent may create its own answer to a check once, named
 /// and owned as the controller reads it, and nothing else: not another node's answer, not its
 /// own under another name or without the check's label and owner, not a change or a delete of
@@ -358,18 +373,9 @@ fn agents_answer_a_fabriccheck_in_ring_order_and_name_a_dead_peer() {
 #[test]
 fn redteam_an_agent_creates_only_its_own_fabriccheck_result() {
     let Some(cp) = control_plane() else { return };
-    install(cp);
     let names = ["rt-ring-0", "rt-ring-1"];
-    for name in names {
-        TestNode::seeded(cp, name);
-    }
     let check = "team.rt-ring.00000003";
-    let members: Vec<(String, String)> = names
-        .iter()
-        .map(|n| ((*n).to_owned(), "127.0.0.1:9".to_owned()))
-        .collect();
-    create_check(cp, check, &members, 600);
-    let uid = check_uid(cp, check).unwrap();
+    let uid = seeded_check(cp, &names, check);
     let client = cp.block_on(client_from(&cp.agent_kubeconfig(names[0], None)));
     let checks: Api<DynamicObject> = Api::namespaced_with(client.clone(), NS, &resource());
     let answers: Api<DynamicObject> = Api::namespaced_with(client, NS, &result_resource());
@@ -679,18 +685,9 @@ fn redteam_an_agent_whose_clock_is_ahead_still_answers() {
 #[test]
 fn redteam_only_the_agents_create_answers_whatever_rbac_grants() {
     let Some(cp) = control_plane() else { return };
-    install(cp);
     let names = ["rt-writer-0", "rt-writer-1"];
-    for name in names {
-        TestNode::seeded(cp, name);
-    }
     let check = "team.rt-writer.00000006";
-    let members: Vec<(String, String)> = names
-        .iter()
-        .map(|n| ((*n).to_owned(), "127.0.0.1:9".to_owned()))
-        .collect();
-    create_check(cp, check, &members, 600);
-    let uid = check_uid(cp, check).unwrap();
+    let uid = seeded_check(cp, &names, check);
     // RBAC grants an ordinary user create on the answers.
     cp.apply(
         &json!({
