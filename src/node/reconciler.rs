@@ -402,7 +402,7 @@ impl Reconciler {
     /// pool comes from the guard's Lease (one small object, whatever the pool's size) while
     /// the guard's leader publishes a fresh summary there, else from one list of the pool's
     /// Nodes served from the API server's watch cache (`resourceVersion=0`). A failed list
-    /// taints (fail closed) with a warning.
+    /// decides from the ledger alone (its reservations in flight), with a warning.
     async fn breaker(
         &mut self,
         nodes: &Api<Node>,
