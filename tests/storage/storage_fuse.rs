@@ -290,5 +290,16 @@ fn run() {
     );
     assert_eq!(r.mounts[2].status, MountStatus::Hung);
     assert_eq!(r.stuck_statfs, 1);
+    // The returned call's thread ends right after it hands back its answer: it is gone
+    // shortly, not necessarily at the instant the count dropped.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while threads_named(WORKER_THREAD_NAME) > 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the returned statfs's thread did not end: {} workers",
+            threads_named(WORKER_THREAD_NAME)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     assert_eq!(threads_named(WORKER_THREAD_NAME), 1);
 }
