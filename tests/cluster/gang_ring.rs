@@ -176,6 +176,65 @@ fn peer_agent_env(
         .start()
 }
 
+/// Peers agents on seeded Nodes, validated and advertising their endpoints. Fields drop in
+/// order: the agents before the trees they probe.
+struct AdvertisedPeers {
+    agents: Vec<Agent>,
+    hcas: Vec<FakeHca>,
+    nodes: Vec<TestNode>,
+    endpoints: Vec<String>,
+}
+
+impl AdvertisedPeers {
+    /// One agent per name, with the pool's key, its responder at `listen(i)` and `env(i)` in
+    /// its environment; returns once every Node is validated and advertises that endpoint.
+    fn start(
+        cp: &'static ControlPlane,
+        key_name: &str,
+        names: &[&str],
+        listen: impl Fn(usize) -> String,
+        env: impl Fn(usize) -> &'static [(&'static str, &'static str)],
+    ) -> Self {
+        install(cp);
+        let key = cp.path(key_name);
+        std::fs::write(&key, KEY).unwrap();
+        let mut peers = AdvertisedPeers {
+            agents: Vec::new(),
+            hcas: Vec::new(),
+            nodes: Vec::new(),
+            endpoints: Vec::new(),
+        };
+        for (i, name) in names.iter().enumerate() {
+            let node = TestNode::seeded(cp, name);
+            let hca = FakeHca::new(true);
+            let at = listen(i);
+            peers
+                .agents
+                .push(peer_agent_env(&node, &hca, &key, &at, env(i)));
+            peers.endpoints.push(at);
+            peers.nodes.push(node);
+            peers.hcas.push(hca);
+        }
+        for (node, ep) in peers.nodes.iter().zip(&peers.endpoints) {
+            wait_until(
+                &format!("{} validated and advertised", node.name),
+                Duration::from_secs(60),
+                || node.ready() && node.json()["metadata"]["annotations"][ENDPOINT] == ep.as_str(),
+            );
+        }
+        peers
+    }
+
+    /// The ring's members, as a FabricCheck names them.
+    fn members(&self) -> Vec<(String, String)> {
+        self.nodes
+            .iter()
+            .zip(&self.endpoints)
+            .map(|(n, e)| (n.name.clone(), e.clone()))
+            .collect()
+    }
+}
+
 #[test]
 fn agents_answer_a_fabriccheck_in_ring_order_and_name_a_dead_peer() {
     let Some(cp) = control_plane() else { return };
@@ -508,39 +567,20 @@ fn redteam_idle_strangers_cannot_keep_a_gangs_predecessor_out() {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     let Some(cp) = control_plane() else { return };
-    install(cp);
-    let key = cp.path("hold-peers.key");
-    std::fs::write(&key, KEY).unwrap();
     let names = ["rt-hold-0", "rt-hold-1"];
-    let mut nodes = Vec::new();
-    let mut hcas = Vec::new();
-    let mut agents = Vec::new();
-    let mut endpoints = Vec::new();
-    for (i, name) in names.iter().enumerate() {
-        let node = TestNode::seeded(cp, name);
-        let hca = FakeHca::new(true);
-        // Each agent on its own loopback address, as each node has its own IP.
+    // Each agent on its own loopback address, as each node has its own IP.
+    let listen = |i: usize| {
         let ip = format!("127.0.0.{}", 41 + i);
         let port = std::net::TcpListener::bind(format!("{ip}:0"))
             .unwrap()
             .local_addr()
             .unwrap()
             .port();
-        let listen = format!("{ip}:{port}");
-        agents.push(peer_agent_at(&node, &hca, &key, &listen));
-        endpoints.push(listen);
-        nodes.push(node);
-        hcas.push(hca);
-    }
-    for (node, ep) in nodes.iter().zip(&endpoints) {
-        wait_until(
-            &format!("{} validated and advertised", node.name),
-            Duration::from_secs(60),
-            || node.ready() && node.json()["metadata"]["annotations"][ENDPOINT] == ep.as_str(),
-        );
-    }
+        format!("{ip}:{port}")
+    };
+    let peers = AdvertisedPeers::start(cp, "hold-peers.key", &names, listen, |_| &[]);
     // rt-hold-1's responder, measured by rt-hold-0 (its predecessor), is held.
-    let victim: std::net::SocketAddr = endpoints[1].parse().unwrap();
+    let victim: std::net::SocketAddr = peers.endpoints[1].parse().unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let held = Arc::new(AtomicUsize::new(0));
     let mut attackers = Vec::new();
@@ -581,11 +621,7 @@ fn redteam_idle_strangers_cannot_keep_a_gangs_predecessor_out() {
         }
     }
     std::thread::sleep(Duration::from_secs(1));
-    let members: Vec<(String, String)> = names
-        .iter()
-        .zip(&endpoints)
-        .map(|(n, e)| ((*n).to_owned(), e.clone()))
-        .collect();
+    let members = peers.members();
     let check = "team.rt-hold.00000004";
     let started = std::time::Instant::now();
     create_check(cp, check, &members, 15);
@@ -610,7 +646,7 @@ fn redteam_idle_strangers_cannot_keep_a_gangs_predecessor_out() {
         "the held member's predecessor got through: {r0}"
     );
     assert_eq!(result_of(&got, names[1]).unwrap()["ok"], true, "{got:?}");
-    drop(agents);
+    drop(peers);
 }
 
 /// Issue 36, item 11: an agent whose clock is ahead of the API server's by more than
@@ -621,40 +657,22 @@ fn redteam_idle_strangers_cannot_keep_a_gangs_predecessor_out() {
 #[test]
 fn redteam_an_agent_whose_clock_is_ahead_still_answers() {
     let Some(cp) = control_plane() else { return };
-    install(cp);
-    let key = cp.path("clock-peers.key");
-    std::fs::write(&key, KEY).unwrap();
     let names = ["rt-clock-0", "rt-clock-1"];
-    let mut nodes = Vec::new();
-    let mut hcas = Vec::new();
-    let mut agents = Vec::new();
-    let mut endpoints = Vec::new();
-    for (i, name) in names.iter().enumerate() {
-        let node = TestNode::seeded(cp, name);
-        let hca = FakeHca::new(true);
-        let listen = format!("127.0.0.1:{}", free_port());
-        let env: &[(&str, &str)] = if i == 0 {
+    let env = |i: usize| -> &'static [(&'static str, &'static str)] {
+        if i == 0 {
             &[("FABRICGATE_FAILPOINT", "clock-ahead")]
         } else {
             &[]
-        };
-        agents.push(peer_agent_env(&node, &hca, &key, &listen, env));
-        endpoints.push(listen);
-        nodes.push(node);
-        hcas.push(hca);
-    }
-    for (node, ep) in nodes.iter().zip(&endpoints) {
-        wait_until(
-            &format!("{} validated and advertised", node.name),
-            Duration::from_secs(60),
-            || node.ready() && node.json()["metadata"]["annotations"][ENDPOINT] == ep.as_str(),
-        );
-    }
-    let members: Vec<(String, String)> = names
-        .iter()
-        .zip(&endpoints)
-        .map(|(n, e)| ((*n).to_owned(), e.clone()))
-        .collect();
+        }
+    };
+    let peers = AdvertisedPeers::start(
+        cp,
+        "clock-peers.key",
+        &names,
+        |_| format!("127.0.0.1:{}", free_port()),
+        env,
+    );
+    let members = peers.members();
     let check = "team.rt-clock.00000005";
     create_check(cp, check, &members, 10);
     // Until the deadline has surely passed: an answer that never comes is the failure.
@@ -673,7 +691,7 @@ fn redteam_an_agent_whose_clock_is_ahead_still_answers() {
         "the agent ahead of time measured its peer: {r0}"
     );
     assert_eq!(result_of(&got, names[1]).unwrap()["ok"], true, "{got:?}");
-    drop(agents);
+    drop(peers);
 }
 
 /// Issue 36, item 11: answers writable by any account with create rights. The controller
