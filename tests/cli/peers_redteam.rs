@@ -6,7 +6,7 @@
 //! their own (127.0.0.9, .11, .12), as strangers on the network would.
 
 use super::peers_cli::{Agent, KEY, free_port, get, spawn_dry_run_agent, wait_for};
-use crate::common;
+use crate::common::{self, connect_from};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
@@ -72,18 +72,6 @@ fn metric(agent: &Agent, line_prefix: &str) -> f64 {
                 .find_map(|l| l.strip_prefix(line_prefix)?.trim().parse().ok())
         })
         .unwrap_or(0.0)
-}
-
-/// A TCP connection from the local address `src`.
-fn connect_from(src: [u8; 4], dst: SocketAddr) -> std::io::Result<TcpStream> {
-    use rustix::net::{AddressFamily, SocketType, bind, connect, socket};
-    let fd = socket(AddressFamily::INET, SocketType::STREAM, None)?;
-    bind(&fd, &std::net::SocketAddrV4::new(src.into(), 0))?;
-    let SocketAddr::V4(dst) = dst else {
-        return Err(std::io::Error::other("IPv4 only"));
-    };
-    connect(&fd, &dst)?;
-    Ok(TcpStream::from(fd))
 }
 
 /// Read until the other side closes or `limit` passes.

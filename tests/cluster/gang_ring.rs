@@ -540,19 +540,6 @@ fn redteam_an_agent_creates_only_its_own_fabriccheck_result() {
     );
 }
 
-/// A TCP connection from the local address `src` (any of 127/8 on Linux's loopback): a
-/// tenant pod of its own IP.
-fn connect_from(src: [u8; 4], dst: std::net::SocketAddr) -> std::io::Result<std::net::TcpStream> {
-    use rustix::net::{AddressFamily, SocketType, bind, connect, socket};
-    let fd = socket(AddressFamily::INET, SocketType::STREAM, None)?;
-    bind(&fd, &std::net::SocketAddrV4::new(src.into(), 0))?;
-    let std::net::SocketAddr::V4(dst) = dst else {
-        return Err(std::io::Error::other("IPv4 only"));
-    };
-    connect(&fd, &dst)?;
-    Ok(std::net::TcpStream::from(fd))
-}
-
 /// Issue 36, item 1: tenant pods (127.0.0.2 to 127.0.0.5, two connections each) keep idle
 /// connections to a member's peers port, each reconnecting the moment it is cut, for the whole
 /// check. Before: the first two alone took the responder's 4 slots at accept, before
@@ -594,7 +581,7 @@ fn redteam_idle_strangers_cannot_keep_a_gangs_predecessor_out() {
             let (stop, held) = (Arc::clone(&stop), Arc::clone(&held));
             attackers.push(std::thread::spawn(move || {
                 while !stop.load(Ordering::Relaxed) {
-                    let Ok(mut s) = connect_from(src, victim) else {
+                    let Ok(mut s) = crate::common::connect_from(src, victim) else {
                         std::thread::sleep(Duration::from_millis(20));
                         continue;
                     };

@@ -122,6 +122,22 @@ pub fn fabriccheck_answers(cp: &controlplane::ControlPlane, uid: &str) -> Vec<se
 }
 
 /// The repository root (`CARGO_MANIFEST_DIR` of the agent crate).
+/// A TCP connection to `dst` from the local address `src` (a loopback address standing for
+/// another host, as the red-team tests' strangers).
+pub fn connect_from(
+    src: [u8; 4],
+    dst: std::net::SocketAddr,
+) -> std::io::Result<std::net::TcpStream> {
+    use rustix::net::{AddressFamily, SocketType, bind, connect, socket};
+    let fd = socket(AddressFamily::INET, SocketType::STREAM, None)?;
+    bind(&fd, &std::net::SocketAddrV4::new(src.into(), 0))?;
+    let std::net::SocketAddr::V4(dst) = dst else {
+        return Err(std::io::Error::other("IPv4 only"));
+    };
+    connect(&fd, &dst)?;
+    Ok(std::net::TcpStream::from(fd))
+}
+
 pub fn repo_root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
