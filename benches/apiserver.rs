@@ -29,7 +29,7 @@ mod common;
 use common::fleet::{report, run_fleet};
 use common::guard_scale::{GuardScaleSpec, run_guard_scale};
 use common::scale::{ScaleSpec, run_scale};
-use common::{TestNode, control_plane, wait_until};
+use common::{TestNode, control_plane, env_usize, wait_until};
 use std::time::Duration;
 
 const FIGURES: [(&str, fn()); 4] = [
@@ -92,7 +92,7 @@ fn port_down() {
 /// The fleet figures of docs/scale.md.
 fn fleet() {
     let Some(cp) = control_plane() else { return };
-    let n = env("FABRICGATE_FLEET", 500);
+    let n = env_usize("FABRICGATE_FLEET", 500);
     let quiet = Duration::from_secs(120);
     let modes =
         std::env::var("FABRICGATE_FLEET_MODES").unwrap_or_else(|_| "watch,gets,breaker".to_owned());
@@ -118,10 +118,10 @@ fn fleet() {
 /// The 5,000-Node figures of docs/scale.md.
 fn scale() {
     let Some(cp) = control_plane() else { return };
-    let pool = env("FABRICGATE_SCALE_POOL", 5000);
-    let agents = env("FABRICGATE_SCALE_AGENTS", 512).min(pool);
-    let leaf = env("FABRICGATE_SCALE_LEAF", agents).min(agents);
-    let quiet = Duration::from_secs(env("FABRICGATE_SCALE_QUIET_SECS", 120) as u64);
+    let pool = env_usize("FABRICGATE_SCALE_POOL", 5000);
+    let agents = env_usize("FABRICGATE_SCALE_AGENTS", 512).min(pool);
+    let leaf = env_usize("FABRICGATE_SCALE_LEAF", agents).min(agents);
+    let quiet = Duration::from_secs(env_usize("FABRICGATE_SCALE_QUIET_SECS", 120) as u64);
     let modes = std::env::var("FABRICGATE_SCALE_MODES").unwrap_or_else(|_| "summary".to_owned());
     let _lease = common::guard::shipped_lease();
     for mode in modes.split(',') {
@@ -148,18 +148,10 @@ fn scale() {
 fn guard() {
     let Some(cp) = control_plane() else { return };
     let spec = GuardScaleSpec {
-        pool: env("FABRICGATE_SCALE_POOL", 5000),
+        pool: env_usize("FABRICGATE_SCALE_POOL", 5000),
         stale_after: Duration::from_secs(30),
-        storm: Duration::from_secs(env("FABRICGATE_GUARD_STORM_SECS", 60) as u64),
-        quiet: Duration::from_secs(env("FABRICGATE_SCALE_QUIET_SECS", 60) as u64),
+        storm: Duration::from_secs(env_usize("FABRICGATE_GUARD_STORM_SECS", 60) as u64),
+        quiet: Duration::from_secs(env_usize("FABRICGATE_SCALE_QUIET_SECS", 60) as u64),
     };
     println!("{}", run_guard_scale(cp, &spec));
-}
-
-/// A size or a number of seconds from the environment, else `default`.
-fn env(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
 }

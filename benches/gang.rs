@@ -90,15 +90,9 @@ fn decide() {
         "gang:\n  timeout: 10m\n  require_rdma: false\n  max_nodes: 1024\n",
     )
     .unwrap();
-    let n: usize = std::env::var("FABRICGATE_FLEET")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(500);
+    let n = common::env_usize("FABRICGATE_FLEET", 500);
     // The rest of a large pool: GPU-sized Nodes the controller's Node watch holds too.
-    let pool: usize = std::env::var("FABRICGATE_GANG_POOL")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
+    let pool = common::env_usize("FABRICGATE_GANG_POOL", 0);
     let filler = fill_pool(cp, "gang-filler", pool.saturating_sub(n), 0);
     with_validated_fleet(cp, "gang-fleet", n, |nodes| {
         // The endpoint each agent with peers on publishes (the harness answers for them): one

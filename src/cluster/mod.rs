@@ -4,3 +4,7 @@
 pub mod admission_check;
 pub mod guard;
 pub mod lease;
+
+/// Objects per page of the controllers' lists (each page is deserialized whole before its
+/// objects are slimmed for the cache).
+pub(crate) const LIST_PAGE: u32 = 500;

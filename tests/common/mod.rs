@@ -138,6 +138,15 @@ pub fn connect_from(
     Ok(std::net::TcpStream::from(fd))
 }
 
+/// A size or a number of seconds from the environment variable `name` (the benches'
+/// settings), else `default`.
+pub fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 pub fn repo_root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }

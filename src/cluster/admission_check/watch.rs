@@ -230,7 +230,7 @@ async fn feed<K>(
     }
     // In pages: a page is deserialized whole before its objects are slimmed (one list of
     // 5,000 GPU Nodes is 65 MB of JSON); the store is replaced at the watcher's `InitDone`.
-    config.page_size = Some(500);
+    config.page_size = Some(crate::cluster::LIST_PAGE);
     let mut events = watcher(api, config)
         .modify(slim)
         .backoff(WatchBackoff::new(max_backoff))

@@ -4,6 +4,7 @@
 use super::cache::{Cache, slim_node, slim_pod};
 use super::sweep::sweep;
 use super::{GuardSettings, WATCH_TIMEOUT_SECS, max_backoff};
+use crate::cluster::LIST_PAGE;
 use crate::node::{WatchBackoff, is_watch};
 use futures::StreamExt;
 use futures::stream::BoxStream;
@@ -14,9 +15,6 @@ use kube::runtime::watcher::{self, Event, watcher};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 use tokio::sync::watch as signal;
-
-/// Objects per page of the leader's lists.
-const LIST_PAGE: u32 = 500;
 
 /// One watch's events, slimmed and with the backoff applied.
 type Events<K> = BoxStream<'static, watcher::Result<Event<K>>>;
