@@ -23,6 +23,8 @@ mod breaker;
 mod cleanup;
 #[path = "cluster/deviceplugin.rs"]
 mod deviceplugin;
+#[path = "cluster/dra.rs"]
+mod dra;
 #[path = "cluster/fleet.rs"]
 mod fleet;
 #[path = "cluster/gang.rs"]

@@ -25,6 +25,10 @@ pub struct HostConfig {
     /// meaningful against the live `/proc` (the mount table then describes this very file
     /// system), so it runs only when the procfs root is `/proc`.
     pub own_mounts: bool,
+    /// The kubelet's plugin registration directory (`plugins_registry`), as mounted here.
+    pub dra_registry_dir: PathBuf,
+    /// DRA drivers whose registration socket must be there and accept a connection.
+    pub dra_drivers: Vec<String>,
 }
 
 /// What [`check`] saw.
@@ -39,6 +43,11 @@ pub struct HostReport {
     pub missing_device_nodes: Vec<String>,
     /// Required mounts reported missing whose top-level directory does not exist here.
     pub own_mounts_missing: Vec<OwnMountMissing>,
+    /// `dra_registry_dir` is not a directory in this container (it was not mounted).
+    pub dra_registry_missing: bool,
+    /// DRA drivers whose kubelet plugin is not registered: `name` is the driver, `problem`
+    /// says what is there instead.
+    pub dra_problems: Vec<SocketProblem>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,6 +76,9 @@ pub fn check(
     let mut out = HostReport::default();
     if !config.device_plugin_sockets.is_empty() {
         check_sockets(config, &mut out);
+    }
+    if !config.dra_drivers.is_empty() {
+        check_dra_registration(config, &mut out);
     }
     if config.device_nodes {
         out.missing_device_nodes = missing_device_nodes(roots, rdma);
@@ -97,6 +109,100 @@ fn check_sockets(config: &HostConfig, out: &mut HostReport) {
             name: name.clone(),
             problem,
         });
+    }
+}
+
+/// Each DRA driver's kubelet plugin registers through `<driver>-reg.sock` (or
+/// `<driver>-<pod uid>-reg.sock` during a rolling update) in the kubelet's `plugins_registry`.
+/// A plugin killed without cleanup leaves its socket file behind, so the file alone proves
+/// nothing: one of them must accept a connection (closed at once, before any gRPC).
+fn check_dra_registration(config: &HostConfig, out: &mut HostReport) {
+    let dir = &config.dra_registry_dir;
+    let names = match std::fs::read_dir(dir) {
+        Ok(entries) => entries
+            .filter_map(|e| e.ok())
+            .filter_map(|e| e.file_name().into_string().ok())
+            .collect::<Vec<_>>(),
+        Err(_) => {
+            out.dra_registry_missing = true;
+            return;
+        }
+    };
+    for driver in &config.dra_drivers {
+        let candidates: Vec<&String> = names
+            .iter()
+            .filter(|n| is_registration_socket(n, driver))
+            .collect();
+        if candidates.is_empty() {
+            out.dra_problems.push(SocketProblem {
+                name: driver.clone(),
+                problem: format!(
+                    "{} does not exist",
+                    dir.join(format!("{driver}-reg.sock")).display()
+                ),
+            });
+            continue;
+        }
+        let mut why = Vec::new();
+        let mut answered = false;
+        for name in candidates {
+            match accepts(&dir.join(name)) {
+                Ok(()) => {
+                    answered = true;
+                    break;
+                }
+                Err(e) => why.push(e),
+            }
+        }
+        if !answered {
+            out.dra_problems.push(SocketProblem {
+                name: driver.clone(),
+                problem: why.join("; "),
+            });
+        }
+    }
+}
+
+/// `<driver>-reg.sock`, or `<driver>-<uid>-reg.sock` with a pod UID (36 characters).
+fn is_registration_socket(name: &str, driver: &str) -> bool {
+    name.strip_prefix(driver)
+        .and_then(|rest| rest.strip_prefix('-'))
+        .and_then(|rest| {
+            rest.strip_suffix("-reg.sock")
+                .or_else(|| (rest == "reg.sock").then_some(""))
+        })
+        .is_some_and(|uid| {
+            uid.is_empty()
+                || (uid.len() == 36 && uid.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-'))
+        })
+}
+
+/// Whether a unix stream socket at `path` accepts a connection, without blocking (a full
+/// backlog counts as alive: someone listens).
+fn accepts(path: &Path) -> Result<(), String> {
+    use rustix::io::Errno;
+    use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+    let shown = path.display();
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => {}
+        Ok(_) => return Err(format!("{shown} is not a socket")),
+        Err(e) => return Err(format!("cannot inspect {shown}: {e}")),
+    }
+    let addr = SocketAddrUnix::new(path)
+        .map_err(|e| format!("cannot connect to {shown}: {e} (path too long?)"))?;
+    let fd = rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::STREAM,
+        SocketFlags::NONBLOCK | SocketFlags::CLOEXEC,
+        None,
+    )
+    .map_err(|e| format!("cannot make a socket to check {shown}: {e}"))?;
+    match rustix::net::connect(&fd, &addr) {
+        Ok(()) | Err(Errno::AGAIN) | Err(Errno::INPROGRESS) => Ok(()),
+        Err(Errno::CONNREFUSED) => Err(format!(
+            "{shown} refuses connections: nothing listens on it (the plugin is gone)"
+        )),
+        Err(e) => Err(format!("cannot connect to {shown}: {e}")),
     }
 }
 
@@ -209,6 +315,66 @@ mod tests {
         let absent = sockets(&dir.path().join("absent"), &["rdma.sock"]);
         let found = check(&absent, &roots, &rdma_of(&[]), &none);
         assert!(found.plugin_dir_missing && found.socket_problems.is_empty());
+    }
+
+    #[test]
+    fn a_dra_driver_is_registered_only_while_its_socket_answers() {
+        let dir = tempfile::tempdir().unwrap();
+        let roots = Roots::new(dir.path(), dir.path());
+        let config = HostConfig {
+            dra_registry_dir: dir.path().to_path_buf(),
+            dra_drivers: vec!["dra.net".into()],
+            ..HostConfig::default()
+        };
+        let none = StorageReport::default();
+        let found = check(&config, &roots, &rdma_of(&[]), &none);
+        assert_eq!(found.dra_problems.len(), 1);
+        assert!(
+            found.dra_problems[0]
+                .problem
+                .ends_with("dra.net-reg.sock does not exist")
+        );
+
+        // A rolling update's socket name counts; another driver's does not.
+        let uid = "0b6c4a3e-1f2d-4c5b-8a9e-0123456789ab";
+        let other = dir.path().join("dra.net.example-reg.sock");
+        let _other = std::os::unix::net::UnixListener::bind(&other).unwrap();
+        let sock = dir.path().join(format!("dra.net-{uid}-reg.sock"));
+        let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+        let found = check(&config, &roots, &rdma_of(&[]), &none);
+        assert!(found.dra_problems.is_empty(), "{:?}", found.dra_problems);
+
+        // Killed without cleanup: the file stays, nobody listens.
+        drop(listener);
+        assert!(sock.exists());
+        let found = check(&config, &roots, &rdma_of(&[]), &none);
+        assert_eq!(found.dra_problems.len(), 1);
+        assert!(
+            found.dra_problems[0]
+                .problem
+                .contains("refuses connections"),
+            "{:?}",
+            found.dra_problems
+        );
+
+        let absent = HostConfig {
+            dra_registry_dir: dir.path().join("absent"),
+            ..config
+        };
+        let found = check(&absent, &roots, &rdma_of(&[]), &none);
+        assert!(found.dra_registry_missing && found.dra_problems.is_empty());
+    }
+
+    #[test]
+    fn registration_socket_names() {
+        assert!(is_registration_socket("dra.net-reg.sock", "dra.net"));
+        assert!(is_registration_socket(
+            "dra.net-0b6c4a3e-1f2d-4c5b-8a9e-0123456789ab-reg.sock",
+            "dra.net"
+        ));
+        assert!(!is_registration_socket("dra.net.x-reg.sock", "dra.net"));
+        assert!(!is_registration_socket("dra.net-other-reg.sock", "dra.net"));
+        assert!(!is_registration_socket("dra.net.sock", "dra.net"));
     }
 
     #[test]

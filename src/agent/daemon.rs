@@ -376,6 +376,42 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
         };
         tokio::spawn(crate::agent::ring::run(ring, stop_rx.clone()));
     }
+    // DRA (docs/dra.md): this node's ResourceSlices in, a DeviceTaintRule per bad HCA out.
+    let (dra_tx, dra_rx) = watch::channel::<Option<crate::policy::dra::DraFacts>>(None);
+    let dra = &config.kubernetes.dra;
+    let mut dra_tasks = Vec::new();
+    if dra.enabled()
+        && let Some(c) = client.as_ref()
+    {
+        let watch_client = c.watch.clone().unwrap_or_else(|| c.requests.clone());
+        dra_tasks.push(tokio::spawn(node::dra::watch_slices(
+            watch_client.clone(),
+            node_name.clone(),
+            dra.drivers.clone(),
+            config.kubernetes.plugin_grace,
+            dra_tx,
+            interval,
+        )));
+        if dra.taint_scope.device_rules() && !dry_run {
+            let (state_tx, state_rx) = watch::channel(node::dra::RulesState::On);
+            let rules = node::dra::DeviceTaintRules {
+                node: node_name.clone(),
+                key: crate::policy::unvalidated_taint(&config).key,
+                effect: dra.taint_effect,
+                requests: c.requests.clone(),
+                watch: watch_client,
+                max_backoff: interval.max(crate::agent::ring::MAX_BACKOFF),
+                state: state_tx,
+            };
+            dra_tasks.push(tokio::spawn(rules.run(desired_rx.clone(), stop_rx.clone())));
+            dra_tasks.push(tokio::spawn(follow_device_rules(
+                Arc::clone(&metrics),
+                state_rx,
+            )));
+        }
+    } else {
+        drop(dra_tx);
+    }
     let reconciler = Reconciler::new(
         node_name.clone(),
         config.node.clone(),
@@ -446,6 +482,7 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
         Channels {
             desired: &desired_tx,
             node_findings: node_findings_rx,
+            dra: dra_rx,
             stop: stop_rx,
         },
         peer_agent.as_ref(),
@@ -487,11 +524,28 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
     if let Some(w) = watch_task {
         w.abort();
     }
+    for t in dra_tasks {
+        t.abort();
+    }
     if !server.is_finished() {
         let _ = timeout(Duration::from_millis(500), &mut server).await;
     }
     tracing::info!(node = %node_name, "fabricgate agent stopped");
     result
+}
+
+/// Mirror the DeviceTaintRule writer's state into `fabricgate_dra_device_rules_writable`.
+async fn follow_device_rules(
+    metrics: Arc<Metrics>,
+    mut state: watch::Receiver<node::dra::RulesState>,
+) {
+    loop {
+        let now = *state.borrow_and_update();
+        metrics.set_dra_device_rules(now == node::dra::RulesState::On);
+        if state.changed().await.is_err() {
+            return;
+        }
+    }
 }
 
 /// The responder's address as peers reach it, `ip:port`; `None` for a wildcard address.

@@ -10,6 +10,7 @@ use crate::observe::metrics::Metrics;
 use crate::peers::PeerAgent;
 use crate::policy::agent_fault::AgentFault;
 use crate::policy::device_plugin;
+use crate::policy::dra::DraFacts;
 use crate::policy::judge::{Facts, Judge};
 use crate::policy::{Finding, Verdict};
 use fabricgate_probes::{ProbeReport, Prober};
@@ -22,6 +23,8 @@ use tokio::time::{Instant, sleep_until, timeout};
 pub(super) struct Channels<'a> {
     pub(super) desired: &'a watch::Sender<Option<Verdict>>,
     pub(super) node_findings: watch::Receiver<Vec<Finding>>,
+    /// This node's DRA slices (`kubernetes.dra`), from `node::dra::watch_slices`.
+    pub(super) dra: watch::Receiver<Option<DraFacts>>,
     pub(super) stop: watch::Receiver<bool>,
 }
 
@@ -73,8 +76,10 @@ pub(super) async fn probe_loop(
     let Channels {
         desired,
         mut node_findings,
+        mut dra,
         mut stop,
     } = channels;
+    let mut dra_open = true;
     let interval = timing.interval;
     let mut jitter = Jitter::new();
     let mut next = Instant::now();
@@ -100,6 +105,17 @@ pub(super) async fn probe_loop(
                 }
                 false
             }
+            // A change of the node's DRA slices: judged at once with the last report.
+            r = dra.changed(), if dra_open => {
+                if r.is_err() {
+                    dra_open = false;
+                    continue;
+                }
+                if last_probed.is_none() {
+                    continue;
+                }
+                false
+            }
             // The interval, or kernel events (debounced) if they come first (docs/events.md).
             trigger = wakeup.wait(next) => {
                 metrics.events.probe_triggered(&trigger);
@@ -112,16 +128,25 @@ pub(super) async fn probe_loop(
                     && let Ok(Some(states)) =
                         timeout(timing.deadline, probes.port_states()).await
                     && crate::agent::wakeup::patch_port_states(last, &states)
-                    && let Some(verdict) = judge.port_event(last)
                 {
-                    tracing::warn!(
-                        reasons = %verdict.reasons().join("; "),
-                        "node not ready (port state read on a kernel event; the full probe \
-                         follows)"
-                    );
-                    last_ready = Some(verdict.ready);
-                    last_verdict = Some(verdict.clone());
-                    publish(desired, verdict);
+                    if let Some(verdict) = judge.port_event(last) {
+                        tracing::warn!(
+                            reasons = %verdict.reasons().join("; "),
+                            "node not ready (port state read on a kernel event; the full \
+                             probe follows)"
+                        );
+                        last_ready = Some(verdict.ready);
+                        last_verdict = Some(verdict.clone());
+                        publish(desired, verdict);
+                    } else if let Some(mut verdict) = last_verdict.clone() {
+                        // The node stays ready, but a bad HCA gets its device taint now.
+                        let taints = judge.port_event_devices(last);
+                        if taints != verdict.device_taints {
+                            verdict.device_taints = taints;
+                            last_verdict = Some(verdict.clone());
+                            publish(desired, verdict);
+                        }
+                    }
                 }
                 true
             }
@@ -159,6 +184,7 @@ pub(super) async fn probe_loop(
         };
         let report = probed;
         let found = node_findings.borrow_and_update().clone();
+        let dra_facts = dra.borrow_and_update().clone();
         let peer_finding = peers.and_then(|p| {
             if fresh {
                 p.update_ports(&report.rdma);
@@ -169,12 +195,16 @@ pub(super) async fn probe_loop(
             report,
             node_findings: &found,
             peer_finding,
+            dra: dra_facts.as_ref(),
         });
         let instant_ready = judged.instant_ready;
         metrics.set_agent_error(judged.fault.as_ref().map(|f| f.message.as_str()));
         log_agent_error(&mut last_fault, judged.fault.as_ref());
         if fresh {
             metrics.record_probe(report, &judged.recorded);
+        }
+        if config.kubernetes.dra.enabled() {
+            metrics.set_dra_drivers(&driver_states(config, report, dra_facts.as_ref()));
         }
         let verdict = judged.verdict;
         last_verdict = Some(verdict.clone());
@@ -204,6 +234,26 @@ pub(super) async fn probe_loop(
     }
 }
 
+/// Each configured DRA driver: up when its registration socket answers and (once the slices
+/// are known) it publishes a slice for this node.
+fn driver_states(
+    config: &Config,
+    report: &ProbeReport,
+    facts: Option<&DraFacts>,
+) -> Vec<(String, bool)> {
+    config
+        .kubernetes
+        .dra
+        .drivers
+        .iter()
+        .map(|d| {
+            let registered = !report.host.dra_problems.iter().any(|p| p.name == d.name);
+            let publishes = facts.is_none_or(|f| !f.drivers_without_slices.contains(&d.name));
+            (d.name.clone(), registered && publishes)
+        })
+        .collect()
+}
+
 /// The host checks `run` makes beside each probe: the device plugins' sockets and device nodes
 /// (`kubernetes.*`), and the agent's own mounts.
 pub(super) fn host_checks(
@@ -214,6 +264,8 @@ pub(super) fn host_checks(
         device_plugin_sockets: k.device_plugin_sockets.clone(),
         device_nodes: !k.rdma_resources.is_empty(),
         own_mounts: true,
+        dra_registry_dir: std::path::PathBuf::from(&k.dra.registry_dir),
+        dra_drivers: k.dra.drivers.iter().map(|d| d.name.clone()).collect(),
     }
 }
 

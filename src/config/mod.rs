@@ -6,6 +6,7 @@ use fabricgate_probes::gpudirect::pci::Relation;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
+pub mod dra;
 mod duration;
 pub mod events;
 mod file;
@@ -168,6 +169,7 @@ impl Config {
                 ),
             );
         }
+        self.kubernetes.dra.validate()?;
         if !self.kubernetes.device_plugin_dir.starts_with('/') {
             return bad(
                 "kubernetes.device_plugin_dir",

@@ -29,6 +29,8 @@ pub struct KubernetesRequirements {
     /// (capacity kept, allocatable 0) fails the node at once either way.
     #[serde(with = "plugin_grace")]
     pub plugin_grace: Duration,
+    /// DRA drivers that publish the node's HCAs (`kubernetes.dra`, docs/dra.md).
+    pub dra: super::dra::DraRequirements,
 }
 
 /// `kubernetes.plugin_grace`: three kubelet status syncs (10 s each) for the plugins to
@@ -46,6 +48,7 @@ impl Default for KubernetesRequirements {
             device_plugin_dir: DEFAULT_DEVICE_PLUGIN_DIR.into(),
             device_plugin_sockets: Vec::new(),
             plugin_grace: DEFAULT_PLUGIN_GRACE,
+            dra: super::dra::DraRequirements::default(),
         }
     }
 }

@@ -43,10 +43,14 @@ pub fn member_label(node: &str) -> String {
     if node.len() <= 63 && !node.is_empty() {
         return format!("{MEMBER_LABEL_PREFIX}{node}");
     }
-    let hash = node.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+    format!("{MEMBER_LABEL_PREFIX}fnv-{:016x}", fnv64(node))
+}
+
+/// 64-bit FNV-1a: a stable short name for a text too long for a label or object name.
+pub(crate) fn fnv64(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    });
-    format!("{MEMBER_LABEL_PREFIX}fnv-{hash:016x}")
+    })
 }
 
 /// `fabricchecks.fabricgate.io/v1alpha1`.

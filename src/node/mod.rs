@@ -14,6 +14,7 @@
 //! pre-flight's resources, shared by the agents and `fabricgate admission-check`.
 
 mod client;
+pub mod dra;
 pub mod fabriccheck;
 mod plan;
 mod reconciler;

@@ -134,6 +134,7 @@ mod hysteresis_tests {
             },
             conditions: vec![condition("FabricReady", ready, "FabricValidated", &[&part])],
             keep_taint: false,
+            device_taints: Vec::new(),
         }
     }
 

@@ -17,6 +17,7 @@
 
 use super::agent_fault::{self, AgentFault};
 use super::device_plugin;
+use super::dra::{self, DeviceHysteresis, DeviceTaint, DraFacts};
 use super::{Finding, Hysteresis, Scope, Verdict, evaluate, evaluate_with, unvalidated_taint};
 use crate::config::Config;
 use fabricgate_probes::ProbeReport;
@@ -33,6 +34,8 @@ pub struct Facts<'a> {
     pub node_findings: &'a [Finding],
     /// The peer mesh's finding when `peers` are required and a round failed.
     pub peer_finding: Option<Finding>,
+    /// The DRA drivers' slices of this node (`kubernetes.dra`); `None` while unknown.
+    pub dra: Option<&'a DraFacts>,
 }
 
 /// What one judgment gives: the verdict for the Node writer, the one metrics record, and the
@@ -54,6 +57,9 @@ pub struct Judgment {
 pub struct Judge {
     config: Config,
     hysteresis: Hysteresis,
+    devices: DeviceHysteresis,
+    /// The DRA facts of the last full judgment, for the event path.
+    last_dra: Option<DraFacts>,
 }
 
 impl Judge {
@@ -61,6 +67,8 @@ impl Judge {
         Self {
             config: config.clone(),
             hysteresis: Hysteresis::new(config),
+            devices: DeviceHysteresis::default(),
+            last_dra: None,
         }
     }
 
@@ -82,7 +90,12 @@ impl Judge {
         plugin_findings.extend(host.findings);
         let mut own_mounts = agent_fault::own_mount_problems(&facts.report.host);
         own_mounts.extend(host.own_problems);
+        let dra = dra::assess(facts.report, facts.dra, config);
+        plugin_findings.extend(dra.findings);
+        own_mounts.extend(dra.own_problems);
+        self.last_dra = facts.dra.cloned();
         let mut instant = evaluate_with(facts.report, config, &plugin_findings);
+        instant.rdma.part.warnings.extend(dra.warnings);
         if let Some(finding) = facts.peer_finding {
             instant = apply_required_finding(instant, finding, config);
         }
@@ -95,9 +108,14 @@ impl Judge {
             .or_else(|| agent_fault::config_mismatch(facts.report, config));
         // An agent error says nothing about the node: the hysteresis does not see that probe,
         // so the node continues where it was once the agent can judge again.
-        let recorded = match &fault {
+        let mut recorded = match &fault {
             None => self.hysteresis.apply(instant),
             Some(f) => agent_fault::verdict(instant, f, config),
+        };
+        // The agent's own trouble neither taints nor untaints a device.
+        recorded.device_taints = match &fault {
+            None => self.devices.apply(&dra.taints, config.node.recover_after),
+            Some(_) => self.devices.current(),
         };
         let verdict = agent_fault::gate(recorded.clone(), fault.as_ref(), config);
         Judgment {
@@ -115,7 +133,8 @@ impl Judge {
         let base = last
             .cloned()
             .unwrap_or_else(|| evaluate(&ProbeReport::default(), &self.config));
-        let recorded = agent_fault::verdict(base, &fault, &self.config);
+        let mut recorded = agent_fault::verdict(base, &fault, &self.config);
+        recorded.device_taints = self.devices.current();
         let verdict = agent_fault::gate(recorded.clone(), Some(&fault), &self.config);
         Judgment {
             verdict,
@@ -133,11 +152,16 @@ impl Judge {
         if instant.ready {
             return None;
         }
-        Some(agent_fault::gate(
-            self.hysteresis.apply(instant),
-            None,
-            &self.config,
-        ))
+        let mut verdict = self.hysteresis.apply(instant);
+        verdict.device_taints = self.port_event_devices(patched);
+        Some(agent_fault::gate(verdict, None, &self.config))
+    }
+
+    /// The device taints after a kernel event re-read the ports' states: the HCAs it finds
+    /// bad are tainted at once (with the last full judgment's slices); none is untainted.
+    pub fn port_event_devices(&mut self, patched: &ProbeReport) -> Vec<DeviceTaint> {
+        let bad = dra::assess(patched, self.last_dra.as_ref(), &self.config).taints;
+        self.devices.add(&bad)
     }
 }
 

@@ -3,6 +3,7 @@
 pub mod agent_fault;
 pub mod breaker;
 pub mod device_plugin;
+pub mod dra;
 mod gpudirect;
 mod hysteresis;
 pub mod judge;
@@ -147,6 +148,10 @@ pub struct Verdict {
     /// `taints` is then not applied. Set only by [`crate::policy::agent_fault::gate`].
     #[serde(skip)]
     pub keep_taint: bool,
+    /// The DRA devices of bad HCAs to keep a `DeviceTaintRule` on (`kubernetes.dra`); set
+    /// only by the [`judge::Judge`], after its device hysteresis.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub device_taints: Vec<dra::DeviceTaint>,
 }
 
 impl Verdict {
@@ -301,6 +306,7 @@ pub fn evaluate_with(report: &ProbeReport, config: &Config, node_findings: &[Fin
         taints,
         conditions,
         keep_taint: false,
+        device_taints: Vec::new(),
     }
 }
 

@@ -27,6 +27,23 @@ struct RdmaAssessment<'r> {
     problems: Vec<Finding>,
     usable: Vec<(&'r DeviceReport, &'r PortReport)>,
     notes: Vec<Finding>,
+    /// Every in-scope device with an in-scope port or a device problem, with its problems
+    /// (device and ports): what a DRA device taint is decided from.
+    devices: Vec<HcaHealth>,
+}
+
+/// One in-scope HCA as the RDMA rules judge it: no problem, or why it is bad.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HcaHealth {
+    pub name: String,
+    /// The PCI function (`0000:18:00.0`), when resolved.
+    pub pci_address: Option<String>,
+    pub problems: Vec<Finding>,
+}
+
+/// [`HcaHealth`] of every in-scope HCA, in report order.
+pub fn hca_health(report: &ProbeReport, config: &Config) -> Vec<HcaHealth> {
+    assess_rdma(&report.rdma, &report.gpudirect.transport, config).devices
 }
 
 fn assess_rdma<'r>(
@@ -75,14 +92,22 @@ fn assess_rdma<'r>(
     }
 
     let mut notes: Vec<Finding> = Vec::new();
+    let mut devices = Vec::new();
     for dev in in_scope {
         let device_problems = device_problems(dev, config, &mut notes);
         let blocked = !device_problems.is_empty();
+        let mut health = HcaHealth {
+            name: dev.name.clone(),
+            pci_address: dev.pci.as_ref().map(|p| p.address.clone()),
+            problems: device_problems.clone(),
+        };
+        let mut in_scope_ports = false;
         problems.extend(device_problems);
         for port in &dev.ports {
             if !link_layer_in_scope(port, req.link_layer) {
                 continue;
             }
+            in_scope_ports = true;
             let mut port_problems = port_problems(dev, port, config);
             let t = transport
                 .iter()
@@ -93,13 +118,18 @@ fn assess_rdma<'r>(
             if port_problems.is_empty() && !blocked {
                 usable.push((dev, port));
             }
+            health.problems.extend(port_problems.iter().cloned());
             problems.extend(port_problems);
+        }
+        if in_scope_ports || !health.problems.is_empty() {
+            devices.push(health);
         }
     }
     RdmaAssessment {
         problems,
         usable,
         notes,
+        devices,
     }
 }
 
@@ -113,6 +143,7 @@ pub(super) fn evaluate_rdma(
         problems,
         usable: usable_pairs,
         notes,
+        ..
     } = assess_rdma(report, transport, config);
     let usable: Vec<&PortReport> = usable_pairs.iter().map(|(_, p)| *p).collect();
 

@@ -11,7 +11,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use std::time::{Duration, Instant};
 
-const OVERLAYS: [&str; 2] = ["shared-device", "privileged"];
+const OVERLAYS: [&str; 3] = ["shared-device", "privileged", "dra"];
 
 fn render(cp: &ControlPlane, overlay: &str) -> String {
     let dir = repo_root().join("deploy/overlays").join(overlay);
@@ -100,6 +100,19 @@ fn every_overlay_passes_both_schemas_and_a_server_side_dry_run() {
                 assert!(extended.is_empty(), "{extended:?}");
                 assert!(docs.iter().any(|d| d["kind"] == "ValidatingAdmissionPolicy"
                     && d["metadata"]["name"] == "fabricgate-privileged-agent-only"));
+            }
+            // The privileged overlay plus the kubelet's plugin registry, read-only.
+            "dra" => {
+                assert!(privileged && host_dev, "{c}");
+                assert!(extended.is_empty(), "{extended:?}");
+                let registry = c["volumeMounts"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .find(|m| m["mountPath"] == "/var/lib/kubelet/plugins_registry")
+                    .cloned()
+                    .unwrap_or_default();
+                assert_eq!(registry["readOnly"], true, "{c}");
             }
             _ => unreachable!(),
         }

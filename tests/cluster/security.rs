@@ -234,12 +234,32 @@ fn the_cluster_role_grants_exactly_what_a_full_agent_run_uses() {
     let config = hca.scratch().join("requirements.yaml");
     let key = hca.scratch().join("peers.key");
     std::fs::write(&key, crate::gang_ring::KEY).unwrap();
+    // With a DRA driver (docs/dra.md): it watches its ResourceSlices and keeps a
+    // DeviceTaintRule while the HCA is bad.
+    let registry = hca.scratch().join("plugins_registry");
+    std::fs::create_dir_all(&registry).unwrap();
+    let _plugin =
+        std::os::unix::net::UnixListener::bind(registry.join("dra.net-reg.sock")).unwrap();
+    cp.apply(
+        &json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": { "name": "sec-full-run-dra.net" },
+            "spec": { "driver": "dra.net", "nodeName": "sec-full-run",
+                "pool": { "name": "sec-full-run", "generation": 1, "resourceSliceCount": 1 },
+                "devices": [{ "name": "pci-0000-00-02-0", "attributes": {
+                    "dra.net/rdma": { "bool": true },
+                    "dra.net/rdmaDevice": { "string": "mlx5_0" } } }] },
+        })
+        .to_string(),
+    );
     std::fs::write(
         &config,
         format!(
             "node:\n  pool_selector: \"kubernetes.io/hostname=sec-full-run\"\npeers:\n  \
-             enabled: true\n  listen: \"127.0.0.1:0\"\n  interval: 60s\n  key_file: {}\n",
-            key.display()
+             enabled: true\n  listen: \"127.0.0.1:0\"\n  interval: 60s\n  key_file: {}\n\
+             kubernetes:\n  dra:\n    drivers: [{{name: dra.net}}]\n    registry_dir: {}\n",
+            key.display(),
+            registry.display()
         ),
     )
     .unwrap();
@@ -272,11 +292,49 @@ fn the_cluster_role_grants_exactly_what_a_full_agent_run_uses() {
         !crate::gang_ring::results(cp, check).is_empty()
     });
     hca.set_port(false);
-    wait_until("the taint", Duration::from_secs(10), || {
-        node.has_our_taint()
+    let rules = || {
+        cp.get_json("/apis/resource.k8s.io/v1/devicetaintrules")
+            .and_then(|l| l["items"].as_array().cloned())
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|r| r["spec"]["deviceSelector"]["pool"] == "sec-full-run")
+            .count()
+    };
+    wait_until(
+        "the taint and the device's rule",
+        Duration::from_secs(10),
+        || node.has_our_taint() && rules() == 1,
+    );
+    // Edited by hand: put back by server-side apply (a patch).
+    let rule = cp
+        .get_json("/apis/resource.k8s.io/v1/devicetaintrules")
+        .and_then(|l| l["items"].as_array().cloned())
+        .unwrap_or_default()
+        .into_iter()
+        .find(|r| r["spec"]["deviceSelector"]["pool"] == "sec-full-run")
+        .map(|r| {
+            r["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()
+        })
+        .unwrap_or_default();
+    cp.kubectl(&[
+        "patch",
+        "devicetaintrule",
+        &rule,
+        "--type=json",
+        "-p",
+        r#"[{"op":"replace","path":"/spec/taint/value","value":"Edited"}]"#,
+    ]);
+    wait_until("the rule put back", Duration::from_secs(10), || {
+        cp.get_json(&format!("/apis/resource.k8s.io/v1/devicetaintrules/{rule}"))
+            .is_some_and(|r| r["spec"]["taint"]["value"] != "Edited")
     });
     hca.set_port(true);
-    wait_until("recovery", Duration::from_secs(15), || node.ready());
+    wait_until("recovery", Duration::from_secs(15), || {
+        node.ready() && rules() == 0
+    });
     cp.kubectl(&["label", "node", &node.name, "fabricgate.io/ready-"]);
     wait_until("drift undone", Duration::from_secs(10), || {
         node.label("fabricgate.io/ready").as_deref() == Some("true")

@@ -182,6 +182,8 @@ fn manifest_holds_each_object_once_in_the_agent_namespace() {
             "ValidatingAdmissionPolicy",
             "ValidatingAdmissionPolicy",
             "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
             "ValidatingAdmissionPolicyBinding",
             "ValidatingAdmissionPolicyBinding",
             "ValidatingAdmissionPolicyBinding",
@@ -266,7 +268,9 @@ fn rbac_grants_exactly_what_the_agent_uses() {
     // audit log of a full agent run (tests/cluster.rs,
     // the_cluster_role_grants_exactly_what_a_full_agent_run_uses); here only their shape.
     assert!(
-        grants.iter().all(|g| g.starts_with("core nodes")),
+        grants.iter().all(|g| g.starts_with("core nodes")
+            || g.starts_with("resource.k8s.io resourceslices ")
+            || g.starts_with("resource.k8s.io devicetaintrules ")),
         "{grants:?}"
     );
 
@@ -758,6 +762,7 @@ fn manifest_passes_yamllint() {
         "deploy/base",
         "deploy/overlays/shared-device",
         "deploy/overlays/privileged",
+        "deploy/overlays/dra",
     ] {
         for entry in std::fs::read_dir(root().join(dir)).unwrap() {
             sources.arg(entry.unwrap().path());

@@ -53,6 +53,7 @@ fn verdict(ready: bool) -> Verdict {
             cond("RDMAReady", "RDMAPortsActive"),
         ],
         keep_taint: false,
+        device_taints: Vec::new(),
     }
 }
 

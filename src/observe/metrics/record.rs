@@ -3,7 +3,8 @@
 
 use super::{
     DeviceLabels, ERROR_COUNTERS, EcnLabels, FindingLabels, GpuPairLabels, HW_COUNTERS, Metrics,
-    MountLabels, PortCounterLabels, PortInfoLabels, PortLabels, ProbeLabels, Readers, set_optional,
+    MountLabels, PortCounterLabels, PortInfoLabels, PortLabels, ProbeLabels, Readers, ReasonLabels,
+    set_optional,
 };
 use crate::observe::counters::Monotonic;
 use crate::policy::{Scope, Verdict};
@@ -155,6 +156,14 @@ impl Metrics {
     fn record_verdict(&self, verdict: &Verdict) {
         let f = &self.families;
         f.node_ready.set(i64::from(verdict.ready));
+        f.dra_devices_tainted.clear();
+        for t in &verdict.device_taints {
+            f.dra_devices_tainted
+                .get_or_create(&ReasonLabels {
+                    reason: t.reason.clone(),
+                })
+                .inc();
+        }
         f.rdma_ready.set(i64::from(verdict.rdma.part.ready));
         f.lustre_ready.set(i64::from(verdict.lustre.ready));
         f.findings.clear();

@@ -176,6 +176,21 @@ impl Metrics {
             f.node_writes
         );
         reg!(
+            "dra_devices_tainted",
+            "DRA devices of this node's bad HCAs under a fabricgate DeviceTaintRule, by reason (kubernetes.dra)",
+            f.dra_devices_tainted
+        );
+        reg!(
+            "dra_driver_up",
+            "1 when the DRA driver's kubelet plugin is registered and it publishes this node's ResourceSlices, else 0",
+            f.dra_driver_up
+        );
+        reg!(
+            "dra_device_rules_writable",
+            "1 when the agent can write its DeviceTaintRules, 0 when the API server does not serve them or refuses the agent",
+            f.dra_device_rules
+        );
+        reg!(
             "breaker_open",
             "1 while the blast-radius breaker keeps this node from being tainted, else 0",
             f.breaker_open

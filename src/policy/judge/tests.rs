@@ -61,6 +61,7 @@ fn facts(report: &ProbeReport) -> Facts<'_> {
         report,
         node_findings: &[],
         peer_finding: None,
+        dra: None,
     }
 }
 
@@ -223,6 +224,7 @@ fn every_reason_of_a_full_probe_on_a_validated_node() {
             report: &report,
             node_findings: &plugin,
             peer_finding: r.peer.map(finding),
+            dra: None,
         });
         let name = r.name;
         assert_eq!(

@@ -1,0 +1,327 @@
+//! DRA (docs/dra.md): the HCAs a DRA driver publishes in this node's ResourceSlices, matched to
+//! the HCAs the probe judged. Two outcomes: node findings (the driver is gone, an HCA is not
+//! published) and device taints (a published HCA the probe finds bad), one `DeviceTaintRule`
+//! each, kept with the same hysteresis as the node verdict ([`DeviceHysteresis`]).
+//!
+//! Pure: the slices arrive as [`DraFacts`] (`node::dra` reads them, `agent` holds a kubelet
+//! restart back), the registration sockets in the probe's host report.
+
+use super::rdma::{HcaHealth, hca_health};
+use super::{Finding, Scope};
+use crate::config::Config;
+use crate::config::dra::DraDriver;
+use fabricgate_probes::ProbeReport;
+use fabricgate_probes::host::HostReport;
+use k8s_openapi::api::resource::v1::ResourceSlice;
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// The DRA driver of a configured name is not running on this node.
+pub const DRA_DRIVER_UNAVAILABLE: &str = "DraDriverUnavailable";
+/// An HCA the probe sees is published by none of the configured drivers.
+pub const DRA_DEVICE_MISSING: &str = "DraDeviceMissing";
+/// A published device that names an HCA the probe does not see, or two drivers' devices for
+/// one HCA (warnings).
+pub const DRA_DEVICE_UNMATCHED: &str = "DraDeviceUnmatched";
+pub const DRA_DEVICE_CONFLICT: &str = "DraDeviceConflict";
+
+/// One device of a configured driver in a ResourceSlice of this node.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct PublishedDevice {
+    pub driver: String,
+    pub pool: String,
+    pub device: String,
+    /// The driver's RDMA-device attribute (`mlx5_0`).
+    pub rdma_device: Option<String>,
+    /// The driver's PCI-address attribute (`0000:18:00.0`).
+    pub pci_address: Option<String>,
+}
+
+/// What the API shows of the configured drivers on this node.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DraFacts {
+    pub devices: Vec<PublishedDevice>,
+    /// Configured drivers with no ResourceSlice for this node.
+    pub drivers_without_slices: Vec<String>,
+}
+
+/// The devices of `drivers` in `slices` (this node's), and the drivers with no slice. A slice
+/// of a pool generation older than the newest one seen for that pool is left out (the driver
+/// is replacing it).
+pub fn published(slices: &[ResourceSlice], drivers: &[DraDriver]) -> DraFacts {
+    let mut newest: BTreeMap<(&str, &str), i64> = BTreeMap::new();
+    for s in slices {
+        let key = (s.spec.driver.as_str(), s.spec.pool.name.as_str());
+        let g = newest.entry(key).or_insert(s.spec.pool.generation);
+        *g = (*g).max(s.spec.pool.generation);
+    }
+    let mut facts = DraFacts::default();
+    for d in drivers {
+        let mut any = false;
+        let rdma_attribute = d.rdma_device_attribute();
+        let pci_attribute = d.pci_address_attribute();
+        for s in slices.iter().filter(|s| s.spec.driver == d.name) {
+            let key = (s.spec.driver.as_str(), s.spec.pool.name.as_str());
+            if newest
+                .get(&key)
+                .is_some_and(|g| *g > s.spec.pool.generation)
+            {
+                continue;
+            }
+            any = true;
+            for device in s.spec.devices.iter().flatten() {
+                let attributes = device.attributes.as_ref();
+                let string = |qualified: &str| {
+                    let attributes = attributes?;
+                    // An attribute's name may leave out the driver's own domain.
+                    let short = qualified
+                        .strip_prefix(&d.name)
+                        .and_then(|rest| rest.strip_prefix('/'));
+                    attributes
+                        .get(qualified)
+                        .or_else(|| short.and_then(|n| attributes.get(n)))
+                        .and_then(|a| a.string.clone())
+                        .filter(|v| !v.is_empty())
+                };
+                facts.devices.push(PublishedDevice {
+                    driver: d.name.clone(),
+                    pool: s.spec.pool.name.clone(),
+                    device: device.name.clone(),
+                    rdma_device: string(&rdma_attribute),
+                    pci_address: string(&pci_attribute).map(|a| a.to_ascii_lowercase()),
+                });
+            }
+        }
+        if !any {
+            facts.drivers_without_slices.push(d.name.clone());
+        }
+    }
+    facts.devices.sort();
+    facts.devices.dedup();
+    facts
+}
+
+/// One bad HCA as the device taint its DRA device gets.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct DeviceTaint {
+    pub driver: String,
+    pub pool: String,
+    pub device: String,
+    /// The HCA (`mlx5_3`).
+    pub hca: String,
+    /// The first problem's code (`PortDown`): the taint's value.
+    pub reason: String,
+    pub message: String,
+}
+
+/// What the DRA facts make of one probe.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DraAssessment {
+    /// The node's findings: a driver gone, an HCA not published; `both` scope: a bad HCA.
+    pub findings: Vec<Finding>,
+    /// Facts that block nothing: devices that match no probed HCA, two drivers for one HCA.
+    pub warnings: Vec<Finding>,
+    /// The agent cannot look: the registration directory is not mounted.
+    pub own_problems: Vec<String>,
+    /// The published devices of the HCAs the probe finds bad.
+    pub taints: Vec<DeviceTaint>,
+}
+
+fn finding(code: &'static str, message: String) -> Finding {
+    Finding {
+        scope: Scope::Rdma,
+        code,
+        message,
+    }
+}
+
+/// Whether a published device is the HCA: by the RDMA-device attribute, else by the PCI
+/// address.
+fn maps_to(device: &PublishedDevice, hca: &HcaHealth) -> bool {
+    match (&device.rdma_device, &device.pci_address) {
+        (Some(name), _) => *name == hca.name,
+        (None, Some(pci)) => hca.pci_address.as_deref() == Some(pci.as_str()),
+        (None, None) => false,
+    }
+}
+
+/// Judge the DRA side of a probe. `facts`: `None` until the slice watch has listed (the slices
+/// are then not judged, the sockets are).
+pub fn assess(report: &ProbeReport, facts: Option<&DraFacts>, config: &Config) -> DraAssessment {
+    let dra = &config.kubernetes.dra;
+    let mut out = DraAssessment::default();
+    if !dra.enabled() {
+        return out;
+    }
+    registration_findings(&report.host, &dra.registry_dir, &mut out);
+    let Some(facts) = facts else { return out };
+    for driver in &facts.drivers_without_slices {
+        out.findings.push(finding(
+            DRA_DRIVER_UNAVAILABLE,
+            format!(
+                "the DRA driver {driver} publishes no ResourceSlice for this node: its kubelet \
+                 plugin is not running or cannot reach the API server (the kubelet deletes a \
+                 driver's slices 30 s after its plugin goes away); check the driver's \
+                 DaemonSet pod on this node (kubectl get resourceslices \
+                 --field-selector spec.driver={driver})"
+            ),
+        ));
+    }
+    let hcas = hca_health(report, config);
+    let probed: Vec<&str> = report
+        .rdma
+        .devices
+        .iter()
+        .map(|d| d.name.as_str())
+        .collect();
+    for device in &facts.devices {
+        if let Some(name) = &device.rdma_device
+            && !probed.contains(&name.as_str())
+        {
+            out.warnings.push(finding(
+                DRA_DEVICE_UNMATCHED,
+                format!(
+                    "DRA device {} of {} (pool {}) names RDMA device {name}, which this node \
+                     does not have; it gets no device taint (a stale slice, or the driver \
+                     names HCAs differently: set kubernetes.dra.drivers[].rdma_device_attribute)",
+                    device.device, device.driver, device.pool
+                ),
+            ));
+        }
+    }
+    let taint_both = dra.taint_scope == crate::config::dra::TaintScope::Both;
+    for hca in &hcas {
+        let mine: Vec<&PublishedDevice> =
+            facts.devices.iter().filter(|d| maps_to(d, hca)).collect();
+        if mine.is_empty() {
+            let drivers: Vec<&str> = dra.drivers.iter().map(|d| d.name.as_str()).collect();
+            out.findings.push(finding(
+                DRA_DEVICE_MISSING,
+                format!(
+                    "{}{} is not published by the DRA driver{} {}: pods cannot claim it; \
+                     check the driver's log on this node (it may have started before the HCA's \
+                     driver, or filter it out)",
+                    hca.name,
+                    hca.pci_address
+                        .as_deref()
+                        .map(|p| format!(" ({p})"))
+                        .unwrap_or_default(),
+                    if drivers.len() == 1 { "" } else { "s" },
+                    drivers.join(", ")
+                ),
+            ));
+            continue;
+        }
+        let owners: Vec<&str> = {
+            let mut o: Vec<&str> = mine.iter().map(|d| d.driver.as_str()).collect();
+            o.dedup();
+            o
+        };
+        if owners.len() > 1 {
+            out.warnings.push(finding(
+                DRA_DEVICE_CONFLICT,
+                format!(
+                    "{} is published by more than one DRA driver ({}): pods of both may get \
+                     it at once; configure one of them to leave it out",
+                    hca.name,
+                    owners.join(", ")
+                ),
+            ));
+        }
+        let Some(first) = hca.problems.first() else {
+            continue;
+        };
+        let message = hca
+            .problems
+            .iter()
+            .map(|f| f.message.as_str())
+            .collect::<Vec<_>>()
+            .join("; ");
+        for d in mine {
+            out.taints.push(DeviceTaint {
+                driver: d.driver.clone(),
+                pool: d.pool.clone(),
+                device: d.device.clone(),
+                hca: hca.name.clone(),
+                reason: first.code.to_owned(),
+                message: message.clone(),
+            });
+        }
+        if taint_both {
+            out.findings.push(finding(
+                first.code,
+                format!("{}: {message} (kubernetes.dra.taint_scope: both)", hca.name),
+            ));
+        }
+    }
+    if !dra.taint_scope.device_rules() {
+        out.taints.clear();
+    }
+    out.taints.sort();
+    out.taints.dedup();
+    out
+}
+
+fn registration_findings(host: &HostReport, dir: &str, out: &mut DraAssessment) {
+    if host.dra_registry_missing {
+        out.own_problems.push(format!(
+            "kubernetes.dra.drivers' registration sockets are checked in {dir} but it is not a \
+             directory inside the agent's container (mount the kubelet's plugins_registry \
+             directory there read-only)"
+        ));
+    }
+    for p in &host.dra_problems {
+        out.findings.push(finding(
+            DRA_DRIVER_UNAVAILABLE,
+            format!(
+                "the DRA driver {}'s kubelet plugin is not registered: {}; the driver's pod \
+                 is not running on this node (pods cannot get its devices); restart it",
+                p.name, p.problem
+            ),
+        ));
+    }
+}
+
+/// The device taints in force: a bad device is tainted at once; a tainted one is untainted
+/// only after `node.recover_after` full probes in a row without it (as the Node's taint).
+#[derive(Debug, Clone, Default)]
+pub struct DeviceHysteresis {
+    /// Tainted devices by (driver, pool, device), with the good probes seen since.
+    tainted: BTreeMap<(String, String, String), (DeviceTaint, u32)>,
+}
+
+impl DeviceHysteresis {
+    /// A full probe's bad devices.
+    pub fn apply(&mut self, bad: &[DeviceTaint], recover_after: u32) -> Vec<DeviceTaint> {
+        let key = |t: &DeviceTaint| (t.driver.clone(), t.pool.clone(), t.device.clone());
+        let now: BTreeMap<_, _> = bad.iter().map(|t| (key(t), t)).collect();
+        self.tainted.retain(|k, (_, good)| {
+            if now.contains_key(k) {
+                return true;
+            }
+            *good += 1;
+            *good < recover_after.max(1)
+        });
+        for (k, t) in now {
+            self.tainted.insert(k, (t.clone(), 0));
+        }
+        self.current()
+    }
+
+    /// Bad devices seen between full probes (a kernel event): tainted at once, nothing
+    /// untainted.
+    pub fn add(&mut self, bad: &[DeviceTaint]) -> Vec<DeviceTaint> {
+        for t in bad {
+            let k = (t.driver.clone(), t.pool.clone(), t.device.clone());
+            self.tainted.insert(k, (t.clone(), 0));
+        }
+        self.current()
+    }
+
+    pub fn current(&self) -> Vec<DeviceTaint> {
+        self.tainted.values().map(|(t, _)| t.clone()).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,289 @@
+use super::*;
+use fabricgate_probes::host::SocketProblem;
+use fabricgate_probes::rdma::{
+    DeviceReport, LinkLayer, PciLink, PhysState, PortReport, PortState, Rate,
+};
+use k8s_openapi::api::resource::v1::{Device, DeviceAttribute, ResourcePool, ResourceSliceSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+const DRA: &str = "rdma:\n  min_active_ports: 3\n  min_rate_gbps: 400\nnode:\n  recover_after: 2\n\
+                   kubernetes:\n  dra:\n    drivers: [{name: dra.net}]\n";
+
+fn port(up: bool) -> PortReport {
+    PortReport {
+        port: 1,
+        state: Some(if up {
+            PortState::Active
+        } else {
+            PortState::Down
+        }),
+        phys_state: Some(if up {
+            PhysState::LinkUp
+        } else {
+            PhysState::Disabled
+        }),
+        rate: Some(Rate {
+            gbps: 400.0,
+            width: 4,
+            speed: "NDR".into(),
+        }),
+        link_layer: Some(LinkLayer::InfiniBand),
+        ..PortReport::default()
+    }
+}
+
+fn pci(i: usize) -> String {
+    format!("0000:{:02x}:00.0", 0x18 + i)
+}
+
+/// Four 400G HCAs `mlx5_0..3` at PCI `0000:18..1b:00.0`; `down` names those whose port is down.
+fn node(down: &[&str]) -> ProbeReport {
+    let mut r = ProbeReport::default();
+    r.rdma.subsystem_present = true;
+    r.rdma.devices = (0..4)
+        .map(|i| {
+            let name = format!("mlx5_{i}");
+            DeviceReport {
+                ports: vec![port(!down.contains(&name.as_str()))],
+                pci: Some(PciLink {
+                    address: pci(i),
+                    ..PciLink::default()
+                }),
+                name,
+                ..DeviceReport::default()
+            }
+        })
+        .collect();
+    r
+}
+
+fn attr(s: &str) -> DeviceAttribute {
+    DeviceAttribute {
+        string: Some(s.into()),
+        ..DeviceAttribute::default()
+    }
+}
+
+/// A DraNet slice of `node` publishing `hcas` (index, with or without the rdmaDevice
+/// attribute), as DraNet names and describes them.
+fn slice(driver: &str, generation: i64, hcas: &[(usize, bool)]) -> ResourceSlice {
+    ResourceSlice {
+        metadata: ObjectMeta {
+            name: Some(format!("node-a-{driver}-{generation}")),
+            ..ObjectMeta::default()
+        },
+        spec: ResourceSliceSpec {
+            driver: driver.into(),
+            node_name: Some("node-a".into()),
+            pool: ResourcePool {
+                name: "node-a".into(),
+                generation,
+                resource_slice_count: 1,
+            },
+            devices: Some(
+                hcas.iter()
+                    .map(|(i, rdma)| {
+                        let mut attributes = BTreeMap::new();
+                        // DraNet writes qualified names; the short form is the driver's own.
+                        attributes.insert("pciAddress".to_owned(), attr(&pci(*i)));
+                        if *rdma {
+                            attributes
+                                .insert(format!("{driver}/rdmaDevice"), attr(&format!("mlx5_{i}")));
+                        }
+                        Device {
+                            name: format!("pci-{}", pci(*i).replace([':', '.'], "-")),
+                            attributes: Some(attributes),
+                            ..Device::default()
+                        }
+                    })
+                    .collect(),
+            ),
+            ..ResourceSliceSpec::default()
+        },
+    }
+}
+
+fn config(yaml: &str) -> Config {
+    Config::parse(yaml).unwrap()
+}
+
+#[test]
+fn published_devices_by_qualified_or_short_attribute_newest_generation_only() {
+    let c = config(DRA);
+    let drivers = &c.kubernetes.dra.drivers;
+    let facts = published(
+        &[
+            slice("dra.net", 1, &[(0, true)]),
+            slice("dra.net", 2, &[(0, true), (1, false)]),
+            slice("other.example.com", 1, &[(2, true)]),
+        ],
+        drivers,
+    );
+    assert!(facts.drivers_without_slices.is_empty());
+    assert_eq!(
+        facts.devices,
+        vec![
+            PublishedDevice {
+                driver: "dra.net".into(),
+                pool: "node-a".into(),
+                device: "pci-0000-18-00-0".into(),
+                rdma_device: Some("mlx5_0".into()),
+                pci_address: Some(pci(0)),
+            },
+            PublishedDevice {
+                driver: "dra.net".into(),
+                pool: "node-a".into(),
+                device: "pci-0000-19-00-0".into(),
+                rdma_device: None,
+                pci_address: Some(pci(1)),
+            },
+        ],
+        "the generation-1 slice is replaced, the other driver is not configured"
+    );
+    assert_eq!(
+        published(&[], drivers).drivers_without_slices,
+        vec!["dra.net".to_owned()]
+    );
+}
+
+#[test]
+fn a_bad_published_hca_is_a_device_taint_and_the_node_stays_ready_in_device_scope() {
+    let c = config(DRA);
+    let facts = published(
+        &[slice(
+            "dra.net",
+            1,
+            &[(0, true), (1, true), (2, true), (3, false)],
+        )],
+        &c.kubernetes.dra.drivers,
+    );
+    let out = assess(&node(&["mlx5_3"]), Some(&facts), &c);
+    assert!(out.findings.is_empty(), "{:?}", out.findings);
+    assert_eq!(out.taints.len(), 1, "{:?}", out.taints);
+    let t = &out.taints[0];
+    assert_eq!(
+        (
+            t.hca.as_str(),
+            t.device.as_str(),
+            t.reason.as_str(),
+            t.pool.as_str()
+        ),
+        ("mlx5_3", "pci-0000-1b-00-0", "PortDown", "node-a"),
+        "mapped by PCI address when the device has no rdmaDevice attribute"
+    );
+    assert!(out.own_problems.is_empty());
+
+    // `both`: the bad HCA fails the node too; `node`: no rules.
+    let both = config(&format!("{DRA}    taint_scope: both\n"));
+    let out = assess(&node(&["mlx5_3"]), Some(&facts), &both);
+    assert_eq!(out.taints.len(), 1);
+    assert_eq!(out.findings.len(), 1);
+    assert_eq!(out.findings[0].code, "PortDown");
+    let node_scope = config(&format!("{DRA}    taint_scope: node\n"));
+    let out = assess(&node(&["mlx5_3"]), Some(&facts), &node_scope);
+    assert!(out.taints.is_empty() && out.findings.is_empty());
+}
+
+#[test]
+fn a_missing_driver_a_missing_hca_an_unknown_device_and_two_drivers_for_one_hca() {
+    let c =
+        config("kubernetes:\n  dra:\n    drivers: [{name: dra.net}, {name: sriov.example.com}]\n");
+    let drivers = &c.kubernetes.dra.drivers;
+    // dra.net has no slice; nobody publishes mlx5_3.
+    let facts = published(
+        &[slice(
+            "sriov.example.com",
+            1,
+            &[(0, true), (1, true), (2, true)],
+        )],
+        drivers,
+    );
+    let out = assess(&node(&[]), Some(&facts), &c);
+    let codes: Vec<&str> = out.findings.iter().map(|f| f.code).collect();
+    assert_eq!(codes, vec![DRA_DRIVER_UNAVAILABLE, DRA_DEVICE_MISSING]);
+    assert!(out.findings[0].message.contains("dra.net"));
+    assert!(out.findings[1].message.contains("mlx5_3 (0000:1b:00.0)"));
+
+    // Both drivers publish mlx5_0; dra.net also publishes an HCA this node lacks.
+    let mut unknown = slice("dra.net", 1, &[(0, true), (3, true)]);
+    if let Some(devices) = unknown.spec.devices.as_mut() {
+        devices[1]
+            .attributes
+            .as_mut()
+            .unwrap()
+            .insert("dra.net/rdmaDevice".into(), attr("mlx5_9"));
+    }
+    let facts = published(
+        &[
+            unknown,
+            slice("sriov.example.com", 1, &[(0, true), (1, true), (2, true)]),
+        ],
+        drivers,
+    );
+    let out = assess(&node(&["mlx5_0"]), Some(&facts), &c);
+    let warnings: Vec<&str> = out.warnings.iter().map(|f| f.code).collect();
+    assert!(warnings.contains(&DRA_DEVICE_UNMATCHED), "{warnings:?}");
+    assert!(warnings.contains(&DRA_DEVICE_CONFLICT), "{warnings:?}");
+    assert_eq!(
+        out.taints
+            .iter()
+            .map(|t| t.driver.as_str())
+            .collect::<Vec<_>>(),
+        vec!["dra.net", "sriov.example.com"],
+        "the bad HCA's device of each driver is tainted"
+    );
+    // mlx5_3 is published only under a name this node lacks: missing.
+    assert_eq!(
+        out.findings.iter().map(|f| f.code).collect::<Vec<_>>(),
+        vec![DRA_DEVICE_MISSING]
+    );
+}
+
+#[test]
+fn registration_sockets_and_the_registry_mount() {
+    let c = config(DRA);
+    let mut r = node(&[]);
+    r.host.dra_problems.push(SocketProblem {
+        name: "dra.net".into(),
+        problem: "/r/dra.net-reg.sock refuses connections".into(),
+    });
+    // Before the slice watch has listed, only the sockets are judged.
+    let out = assess(&r, None, &c);
+    assert_eq!(out.findings.len(), 1);
+    assert_eq!(out.findings[0].code, DRA_DRIVER_UNAVAILABLE);
+    assert!(out.findings[0].message.contains("refuses connections"));
+    r.host.dra_problems.clear();
+    r.host.dra_registry_missing = true;
+    let out = assess(&r, None, &c);
+    assert!(out.findings.is_empty());
+    assert_eq!(out.own_problems.len(), 1);
+    // DRA off: nothing at all.
+    let out = assess(&r, None, &config("{}"));
+    assert_eq!(out, DraAssessment::default());
+}
+
+#[test]
+fn device_taints_go_at_once_and_come_off_after_recover_after_good_probes() {
+    let c = config(DRA);
+    let facts = published(
+        &[slice(
+            "dra.net",
+            1,
+            &[(0, true), (1, true), (2, true), (3, true)],
+        )],
+        &c.kubernetes.dra.drivers,
+    );
+    let bad = assess(&node(&["mlx5_3"]), Some(&facts), &c).taints;
+    let good = assess(&node(&[]), Some(&facts), &c).taints;
+    assert!(good.is_empty());
+    let mut h = DeviceHysteresis::default();
+    assert_eq!(h.apply(&bad, 2), bad);
+    assert_eq!(h.apply(&good, 2), bad, "one good probe: kept");
+    assert_eq!(h.apply(&bad, 2), bad, "bad again: the count starts over");
+    assert_eq!(h.apply(&good, 2), bad);
+    assert!(
+        h.apply(&good, 2).is_empty(),
+        "two good probes in a row: removed"
+    );
+    assert_eq!(h.add(&bad), bad, "an event taints at once");
+}
