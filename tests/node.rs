@@ -1,6 +1,7 @@
 //! fabricgate on a real Kubernetes node: containerd + runc, a kubelet v1.37.x, a real device
-//! plugin, its own control plane (`tests/node/harness.rs`), and the shipped manifests applied
-//! for real (`tests/node/deploy.rs`). One node for the whole binary; the scenarios run in
+//! plugin, a DRA kubelet plugin in DraNet's format (`tests/node/dra.rs`), its own control
+//! plane (`tests/node/harness.rs`), and the shipped manifests applied for real
+//! (`tests/node/deploy.rs`). One node for the whole binary; the scenarios run in
 //! order (each leaves the node healthy for the next), then the teardown, which must leave no
 //! process, mount or cgroup behind.
 //!
@@ -12,6 +13,10 @@
 
 #[path = "node/deploy.rs"]
 mod deploy;
+#[path = "node/dra.rs"]
+mod dra;
+#[path = "node/dra_scenarios.rs"]
+mod dra_scenarios;
 #[path = "node/harness.rs"]
 mod harness;
 #[path = "node/images.rs"]

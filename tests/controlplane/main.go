@@ -1,5 +1,5 @@
 // Command controlplane is test infrastructure only: one multi-call binary that runs Kubernetes'
-// own etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kubelet and kubectl (plus a test device plugin), picked
+// own etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kubelet and kubectl (plus a test device plugin and a test DRA kubelet plugin), picked
 // by its first argument, so the
 // Rust test suite can talk to a real control plane. Building them as one binary compiles the
 // shared dependencies once and keeps their global flags and metrics registries apart (only the
@@ -21,7 +21,7 @@ import (
 	kubelet "k8s.io/kubernetes/cmd/kubelet/app"
 )
 
-const usage = "usage: controlplane etcd|apiserver|scheduler|controller-manager|kubelet|kubectl|deviceplugin [flags...]"
+const usage = "usage: controlplane etcd|apiserver|scheduler|controller-manager|kubelet|kubectl|deviceplugin|draplugin [flags...]"
 
 func main() {
 	if len(os.Args) < 2 {
@@ -55,6 +55,9 @@ func main() {
 	case "deviceplugin":
 		// A test device plugin (deviceplugin.go), not a Kubernetes component.
 		os.Exit(runDevicePlugin(rest))
+	case "draplugin":
+		// A test DRA kubelet plugin in DraNet's format (draplugin.go), not a Kubernetes component.
+		os.Exit(runDRAPlugin(rest))
 	case "kubectl":
 		cmd := kubectl.NewDefaultKubectlCommand()
 		cmd.SetArgs(rest)

@@ -1,10 +1,9 @@
 //! A real Kubernetes node for the tests (`tests/node.rs`): containerd 1.6 + runc and a kubelet
 //! v1.37.x in a mount and network namespace of their own, with their own control plane
 //! (etcd, kube-apiserver with `Node,RBAC` + `NodeRestriction`, kube-controller-manager,
-//! kube-scheduler) and a
-//! device plugin, all from the test control plane binary (`tests/controlplane`, built by
-//! `.ci/controlplane.sh`). The recipe and the reasons for each setting are in
-//! `docs/testing.md` ("The real node").
+//! kube-scheduler), a device plugin and a DRA kubelet plugin (`dra.rs`), all from the test
+//! control plane binary (`tests/controlplane`, built by `.ci/controlplane.sh`). The recipe and
+//! the reasons for each setting are in `docs/testing.md` ("The real node").
 //!
 //! Everything lives under one run directory (`$CARGO_TARGET_TMPDIR/realnode/run-PID`): state,
 //! certificates, logs (`logs/*.log`, pod logs under `varlog/`). Nothing is written outside it
@@ -129,14 +128,16 @@ fn check_prerequisites() -> Result<(), StartError> {
             "{bin} (build it with .ci/controlplane.sh)"
         )));
     }
-    let probe = Command::new(&bin)
-        .args(["deviceplugin", "-h"])
-        .output()
-        .map_err(|e| failed(format!("{bin}: {e}")))?;
-    if String::from_utf8_lossy(&probe.stderr).contains("unknown component") {
-        return Err(missing(&format!(
-            "the `deviceplugin` subcommand in {bin} (an older build: rerun .ci/controlplane.sh)"
-        )));
+    for sub in ["deviceplugin", "draplugin"] {
+        let probe = Command::new(&bin)
+            .args([sub, "-h"])
+            .output()
+            .map_err(|e| failed(format!("{bin}: {e}")))?;
+        if String::from_utf8_lossy(&probe.stderr).contains("unknown component") {
+            return Err(missing(&format!(
+                "the `{sub}` subcommand in {bin} (an older build: rerun .ci/controlplane.sh)"
+            )));
+        }
     }
     // SAFETY-free root check: /proc/self/status Uid line.
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
@@ -199,7 +200,8 @@ exec sleep infinity
 "#;
 
 impl RealNode {
-    /// Starts everything up to a Ready Node with the device plugin registered.
+    /// Starts everything up to a Ready Node with the device plugin registered and the DRA
+    /// plugin's ResourceSlice published.
     pub fn start(name: &str) -> Result<RealNode, StartError> {
         check_prerequisites()?;
         let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("realnode");
@@ -358,7 +360,8 @@ impl RealNode {
             || self.allocatable() == Some(4),
         )
         .map_err(|e| format!("{e}\n{}", tail(&self.logs.join("deviceplugin.log"), 20)))?;
-        Ok(())
+        // The DeviceClass `dra.net` and the DRA plugin publishing the fixture's HCAs (dra.rs).
+        self.bring_up_dra()
     }
 
     fn write_configs(&self) -> Result<(), String> {
@@ -794,6 +797,7 @@ imageGCLowThresholdPercent: 98
     pub fn teardown(&mut self) -> Vec<String> {
         let mut left = Vec::new();
         let order = [
+            "draplugin",
             "deviceplugin",
             "kubelet",
             "scheduler",

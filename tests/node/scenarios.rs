@@ -3,6 +3,7 @@
 //! `figure: ...` lines (docs/testing.md records them, with this command).
 
 use super::deploy;
+use super::dra_scenarios;
 use super::harness::{
     RESOURCE, RealNode, STATUS_SYNC, StartError, condition, has_taint, label, wait_for,
 };
@@ -48,6 +49,31 @@ pub const ALL: &[(&str, Scenario)] = &[
         "rolling_upgrade_between_two_tags_does_not_flap",
         rolling_upgrade_does_not_flap,
     ),
+    // DRA (dra_scenarios.rs): Kubernetes' own behaviour with a driver in DraNet's format.
+    (
+        "dra_slice_publishes_the_fixture_hcas_in_dranet_format",
+        dra_scenarios::slice_in_dranet_format,
+    ),
+    (
+        "dra_claim_templates_allocate_one_hca_per_pod",
+        dra_scenarios::claims_allocate_one_hca_per_pod,
+    ),
+    (
+        "dra_noschedule_device_taint_rule_steers_allocation_and_blocks_a_full_claim",
+        dra_scenarios::noschedule_rule_steers_allocation,
+    ),
+    (
+        "dra_noexecute_device_taint_rule_evicts_the_pod_holding_the_device",
+        dra_scenarios::noexecute_rule_evicts_the_pod,
+    ),
+    (
+        "dra_plugin_killed_slice_wiped_after_the_delay_and_back_on_restart",
+        dra_scenarios::plugin_killed_slice_wiped_and_back,
+    ),
+    (
+        "dra_kubelet_restart_wipes_the_slice_and_the_plugin_republishes",
+        dra_scenarios::kubelet_restart_wipes_and_republishes,
+    ),
     // Last: it uninstalls.
     (
         "cleanup_nodes_after_uninstall_leaves_no_mark",
@@ -71,7 +97,7 @@ fn fabric_reason(node: &Value) -> String {
         .unwrap_or_default()
 }
 
-fn wait_validated(node: &RealNode, limit: Duration) -> Result<Duration, String> {
+pub fn wait_validated(node: &RealNode, limit: Duration) -> Result<Duration, String> {
     wait_for("the node validated", limit, || {
         node.node().is_some_and(|n| validated(&n))
     })
