@@ -388,7 +388,7 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
             watch_client.clone(),
             node_name.clone(),
             dra.drivers.clone(),
-            config.kubernetes.plugin_grace,
+            dra.slice_grace,
             dra_tx,
             interval,
         )));

@@ -1,8 +1,16 @@
 //! `kubernetes.dra`: the DRA drivers that publish this node's HCAs (docs/dra.md). Empty
 //! `drivers` (the default): the agent reads no ResourceSlice and writes no DeviceTaintRule.
 
+use super::duration::bounded_duration;
 use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+/// `kubernetes.dra.slice_grace`: the kubelet deletes every slice of its node when it starts,
+/// and kubeletplugin's ResourceSlice controller publishes a deleted slice again only after its
+/// 30 s sync delay (measured on the real node: gone 27 s after a kubelet restart,
+/// docs/testing.md "DRA on the real node"), so a margin above that.
+pub const DEFAULT_SLICE_GRACE: Duration = Duration::from_secs(45);
 
 /// Where the kubelet keeps the plugins' registration sockets, as mounted (read-only) into the
 /// agent's container.
@@ -26,7 +34,19 @@ pub struct DraRequirements {
     /// The rules' effect: `NoSchedule`, or `NoExecute` (kube-controller-manager then evicts
     /// the pods that hold the device).
     pub taint_effect: DeviceTaintEffect,
+    /// How long a driver whose slices all vanished (a kubelet restart) is held back from
+    /// `DraDriverUnavailable` (humantime, 0s to 10m; `0s`: off). A plugin that is gone is
+    /// caught at once by its registration socket either way.
+    #[serde(with = "slice_grace")]
+    pub slice_grace: Duration,
 }
+
+bounded_duration!(
+    slice_grace,
+    "kubernetes.dra.slice_grace",
+    Duration::ZERO,
+    Duration::from_secs(600)
+);
 
 impl Default for DraRequirements {
     fn default() -> Self {
@@ -35,6 +55,7 @@ impl Default for DraRequirements {
             registry_dir: DEFAULT_REGISTRY_DIR.into(),
             taint_scope: TaintScope::Device,
             taint_effect: DeviceTaintEffect::NoSchedule,
+            slice_grace: DEFAULT_SLICE_GRACE,
         }
     }
 }

@@ -150,7 +150,7 @@ pub async fn watch_slices(
                         driver = %driver,
                         grace = %humantime::format_duration(grace),
                         "the DRA driver's ResourceSlices of this node are gone (as when the \
-                         kubelet restarts): waiting up to kubernetes.plugin_grace for them"
+                         kubelet restarts): waiting up to kubernetes.dra.slice_grace for them"
                     );
                     held.insert(driver, now + grace);
                 }

@@ -65,7 +65,7 @@ impl DraNode {
             n.config(),
             format!(
                 "rdma:\n  min_active_ports: 3\n  min_rate_gbps: 400\n  link_layer: InfiniBand\n\
-                 node:\n  recover_after: 2\nkubernetes:\n  plugin_grace: 3s\n  dra:\n    \
+                 node:\n  recover_after: 2\nkubernetes:\n  dra:\n    slice_grace: 3s\n    \
                  drivers: [{{name: {DRIVER}}}]\n    registry_dir: {}\n{extra_config}",
                 n.dir.path().join("registry").display()
             ),
@@ -459,7 +459,7 @@ fn dra_a_dead_driver_is_unavailable_and_a_kubelet_restart_is_held_back() {
     });
 
     // The kubelet restarts: every slice of the node deleted, then published again within
-    // plugin_grace (3 s): no taint.
+    // slice_grace (3 s): no taint.
     let mark = cp.audit_mark();
     n.delete_slice();
     std::thread::sleep(Duration::from_secs(1));
@@ -482,7 +482,7 @@ fn dra_a_dead_driver_is_unavailable_and_a_kubelet_restart_is_held_back() {
     let took = gone.elapsed();
     assert!(
         took >= Duration::from_secs(3),
-        "held for plugin_grace: {took:?}"
+        "held for slice_grace: {took:?}"
     );
     let message = n.node.condition("FabricReady").unwrap()["message"].clone();
     assert!(
