@@ -1,7 +1,7 @@
 //! `kubernetes.dra`: the DRA drivers that publish this node's HCAs (docs/dra.md). Empty
 //! `drivers` (the default): the agent reads no ResourceSlice and writes no DeviceTaintRule.
 
-use super::duration::bounded_duration;
+use super::duration::{bounded_duration, parse_bounded_duration};
 use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
