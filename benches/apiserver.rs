@@ -8,7 +8,7 @@
 //! - `port_down`: port down → taint at `--interval 1s` over 10 flips (docs/performance.md);
 //! - `fleet`: `FABRICGATE_FLEET` agents (default 500) in this process, watch per Node vs
 //!   periodic GETs vs watch + breaker (`FABRICGATE_FLEET_MODES`, a comma-separated subset of
-//!   `watch,gets,breaker`) (docs/scale.md);
+//!   `watch,gets,breaker,dra`; `dra`: each agent also watches its ResourceSlices and rules) (docs/scale.md);
 //! - `scale`: a pool of `FABRICGATE_SCALE_POOL` GPU-sized Nodes (default 5000) with
 //!   `FABRICGATE_SCALE_AGENTS` real agents (default 512), `FABRICGATE_SCALE_LEAF` of them
 //!   (default all) failing at once, the breaker on, per `FABRICGATE_SCALE_MODES`
@@ -26,7 +26,7 @@
 #[path = "../tests/common/mod.rs"]
 mod common;
 
-use common::fleet::{report, run_fleet};
+use common::fleet::{self, report, run_fleet};
 use common::guard_scale::{GuardScaleSpec, run_guard_scale};
 use common::scale::{ScaleSpec, run_scale};
 use common::{TestNode, control_plane, env_usize, wait_until};
@@ -101,8 +101,10 @@ fn fleet() {
             "watch" => ("watch per Node", true, false),
             "gets" => ("periodic GETs (resync 60s)", false, false),
             "breaker" => ("watch per Node + breaker", true, true),
+            "dra" => ("watch per Node + DRA slices and rules", true, false),
             other => panic!("FABRICGATE_FLEET_MODES: unknown mode {other:?}"),
         };
+        fleet::DRA.store(mode.trim() == "dra", std::sync::atomic::Ordering::Relaxed);
         let f = run_fleet(
             cp,
             &format!("fleet-{}", mode.trim()),

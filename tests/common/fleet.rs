@@ -22,6 +22,10 @@ use std::time::{Duration, Instant};
 
 const FLEET_USER: &str = "fabricgate-fleet";
 
+/// Fleets started while this is set run with `kubernetes.dra` (docs/dra.md): each Node gets a
+/// DraNet-format ResourceSlice, each agent watches its slices and its DeviceTaintRules.
+pub static DRA: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// One fleet at a time in a process: every fleet's agents are the audit log's one user.
 pub fn exclusive() -> std::sync::MutexGuard<'static, ()> {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -35,6 +39,35 @@ pub struct Fleet {
     hcas: Vec<FakeHca>,
     names: Vec<String>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// With [`DRA`]: the registration directory and its live `dra.net-reg.sock`.
+    _dra: Option<(tempfile::TempDir, std::os::unix::net::UnixListener)>,
+}
+
+/// One DraNet-format slice per Node (its one fake HCA, `mlx5_0`), applied as admin.
+fn publish_slices(cp: &ControlPlane, names: &[String]) {
+    use k8s_openapi::api::resource::v1::ResourceSlice;
+    let slices: Api<ResourceSlice> = Api::all(cp.admin());
+    cp.block_on(async {
+        for name in names {
+            let slice = json!({
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+                "metadata": { "name": format!("{name}-dra.net") },
+                "spec": { "driver": "dra.net", "nodeName": name,
+                    "pool": { "name": name, "generation": 1, "resourceSliceCount": 1 },
+                    "devices": [{ "name": "pci-0000-00-02-0", "attributes": {
+                        "dra.net/rdma": { "bool": true },
+                        "dra.net/rdmaDevice": { "string": "mlx5_0" } } }] },
+            });
+            slices
+                .patch(
+                    &format!("{name}-dra.net"),
+                    &PatchParams::apply("fleet-test").force(),
+                    &Patch::Apply(&slice),
+                )
+                .await
+                .unwrap();
+        }
+    });
 }
 
 impl Fleet {
@@ -81,6 +114,15 @@ impl Fleet {
             .unwrap();
         let (stop, stop_rx) = tokio::sync::watch::channel(false);
         let hcas: Vec<FakeHca> = (0..n).map(|_| FakeHca::new(true)).collect();
+        let dra = DRA.load(std::sync::atomic::Ordering::Relaxed).then(|| {
+            publish_slices(cp, &names);
+            let dir = tempfile::tempdir().unwrap();
+            let socket =
+                std::os::unix::net::UnixListener::bind(dir.path().join("dra.net-reg.sock"))
+                    .unwrap();
+            (dir, socket)
+        });
+        let registry = dra.as_ref().map(|(d, _)| d.path().display().to_string());
         let mut tasks = Vec::new();
         for (name, hca) in names.iter().zip(&hcas) {
             let kc = kubeconfig.clone();
@@ -88,6 +130,7 @@ impl Fleet {
             let roots = Roots::new(hca.sysfs_root(), hca.proc_root());
             let mut stop_rx = stop_rx.clone();
             let pool = prefix.to_owned();
+            let registry = registry.clone();
             tasks.push(runtime.spawn(async move {
                 let kube_config = {
                     let kc = kube::config::Kubeconfig::read_from(&kc).unwrap();
@@ -114,6 +157,14 @@ impl Fleet {
                 if breaker {
                     // The shipped breaker (0.5 of the pool, 20 new in 10 min) over this pool.
                     config.node.pool_selector = format!("pool={pool}");
+                }
+                if let Some(registry) = registry {
+                    config.kubernetes.dra = Config::parse(&format!(
+                        "kubernetes:\n  dra:\n    drivers: [{{name: dra.net}}]\n    registry_dir: {registry}\n"
+                    ))
+                    .unwrap()
+                    .kubernetes
+                    .dra;
                 }
                 let prober = Prober::new(
                     roots,
@@ -153,6 +204,7 @@ impl Fleet {
             hcas,
             names,
             tasks,
+            _dra: dra,
         }
     }
 
