@@ -30,6 +30,35 @@ pub const RESULT_PLURAL: &str = "fabriccheckresults";
 pub const CHECK_UID_LABEL: &str = "fabricgate.io/fabriccheck-uid";
 /// The Node annotation each agent with `peers.enabled` writes: its responder's `host:port`.
 pub const ENDPOINT_ANNOTATION: &str = "fabricgate.io/peers-endpoint";
+/// The Node annotation each agent with `peers.enabled` writes beside the endpoint: the
+/// addresses of its usable ports, comma-separated `device/port=<gid>` (RoCE: the GID its
+/// sessions use) or `device/port=lid:<n>` (InfiniBand). Only the Node's own agent may write
+/// it (the own-node admission policy): the controller copies it into each member of a check,
+/// and the member that dials this Node holds the responder's ENDPOINT to it (issue 36, item 4).
+pub const GIDS_ANNOTATION: &str = "fabricgate.io/peers-gids";
+/// Entries of [`GIDS_ANNOTATION`] taken (a node has a few ports).
+pub const MAX_GIDS: usize = 64;
+
+/// The well-formed entries of a [`GIDS_ANNOTATION`] value (at most [`MAX_GIDS`]).
+pub fn gids_entries(value: &str) -> Vec<String> {
+    value
+        .split(',')
+        .map(str::trim)
+        .filter(|e| {
+            e.len() <= 80
+                && e.split_once('=').is_some_and(|(port, addr)| {
+                    port.contains('/')
+                        && (fabricgate_probes::rdma::peer::parse_gid(addr).is_some()
+                            || addr
+                                .strip_prefix("lid:")
+                                .is_some_and(|l| l.parse::<u16>().is_ok()))
+                })
+        })
+        .take(MAX_GIDS)
+        .map(str::to_owned)
+        .collect()
+}
+
 /// The prefix of a FabricCheck's label for each of its members ([`member_label`]).
 pub const MEMBER_LABEL_PREFIX: &str = "member.fabricgate.io/";
 
@@ -81,6 +110,9 @@ pub struct Member {
     pub node: String,
     /// `host:port` of its agent's responder (its Node's [`ENDPOINT_ANNOTATION`]).
     pub endpoint: String,
+    /// Its Node's [`GIDS_ANNOTATION`] entries: the ports its responder may give in ENDPOINT.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub gids: Vec<String>,
 }
 
 /// `FabricCheck.spec` (immutable).
@@ -325,6 +357,7 @@ mod tests {
                 .map(|n| Member {
                     node: (*n).into(),
                     endpoint: String::new(),
+                    ..Member::default()
                 })
                 .collect(),
             ..CheckSpec::default()

@@ -178,7 +178,17 @@ fn gpu_node(cp: &ControlPlane, name: &str, leaf: &str, validated: bool) {
         name,
         "--overwrite",
         &format!("fabricgate.io/peers-endpoint={}", endpoint(name)),
+        // Its ports' addresses, as its agent publishes them (one malformed entry, dropped).
+        &format!("fabricgate.io/peers-gids={},mlx5_9/1=garbage", gids(name)),
     ]);
+}
+
+/// The `fabricgate.io/peers-gids` entry Node `name`'s agent publishes.
+fn gids(name: &str) -> String {
+    format!(
+        "mlx5_0/1=lid:{}",
+        name.bytes().map(u32::from).sum::<u32>() % 1000 + 1
+    )
 }
 
 /// The peers endpoint Node `name`'s agent publishes.
@@ -461,6 +471,12 @@ fn admission_check_retries_an_unvalidated_node_then_a_good_ring_is_ready() {
         want,
         "the ring in name order, with each Node's endpoint"
     );
+    // And the addresses each Node publishes of its ports, well-formed entries only (issue 36,
+    // item 4): the dialling member holds the responder's ENDPOINT to them.
+    for m in obj["spec"]["members"].as_array().unwrap() {
+        let node = m["node"].as_str().unwrap();
+        assert_eq!(m["gids"], json!([gids(node)]), "{m}");
+    }
     assert_eq!(obj["spec"]["workload"]["uid"], uid.as_str());
     assert_eq!(obj["spec"]["workload"]["namespace"], ns);
     assert_eq!(obj["metadata"]["labels"]["fabricgate.io/check"], "gang");

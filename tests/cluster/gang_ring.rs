@@ -770,3 +770,77 @@ fn redteam_only_the_agents_create_answers_whatever_rbac_grants() {
     assert!(ok, "{err}");
     assert_eq!(results(cp, check).len(), 1);
 }
+
+/// Issue 36, item 4: one fleet-wide peer key. Whoever holds it (any node's agent, anything on
+/// a compromised node) can run a responder. Before: one that answered WELCOME as no node (the
+/// name check was skipped when empty) was taken for whatever Node was dialled, and the member
+/// answered `ok: true` for a peer whose agent never spoke. Now WELCOME must name the Node
+/// dialled, and each agent publishes its ports' addresses (`fabricgate.io/peers-gids`) on its
+/// own Node, where only it may write them, for the dialling member to hold ENDPOINT to.
+#[test]
+fn redteam_a_responder_that_is_not_the_dialled_node_is_not_believed() {
+    use fabricgate_probes::rdma::peer::{Identity, KeyRing, Keys, LocalPort, Responder};
+    let Some(cp) = control_plane() else { return };
+    let names = ["rt-imp-0"];
+    let peers = AdvertisedPeers::start(
+        cp,
+        "imp-peers.key",
+        &names,
+        |_| format!("127.0.0.1:{}", free_port()),
+        |_| &[],
+    );
+    // rt-imp-1's endpoint is answered by an impersonator holding the pool's key, first as no
+    // node, then as a third node's name.
+    TestNode::seeded(cp, "rt-imp-1");
+    let keys = Keys::parse(KEY).expect("the pool key");
+    for (i, name) in ["", "rt-imp-9"].iter().enumerate() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let fake = Responder::start(
+            listener,
+            Identity {
+                node_name: (*name).to_owned(),
+                group: String::new(),
+            },
+            std::sync::Arc::new(KeyRing::fixed(keys.clone())),
+            fabricgate_probes::Roots::default(),
+            Duration::from_secs(10),
+        )
+        .unwrap();
+        fake.set_ports(vec![LocalPort {
+            device: "mlx5_0".into(),
+            port: 1,
+            gid_index: None,
+        }]);
+        let mut members = peers.members();
+        members.push(("rt-imp-1".to_owned(), fake.local_addr().to_string()));
+        let check = format!("team.rt-imp.0000000{i}");
+        create_check(cp, &check, &members, 20);
+        wait_until("rt-imp-0's answer", Duration::from_secs(20), || {
+            result_of(&results(cp, &check), "rt-imp-0").is_some()
+        });
+        let got = results(cp, &check);
+        let r = result_of(&got, "rt-imp-0").unwrap();
+        assert_eq!(r["ok"], false, "an impersonator is not rt-imp-1: {r}");
+        let err = r["error"].as_str().unwrap_or_default();
+        let answered = if name.is_empty() {
+            "no node".to_owned()
+        } else {
+            format!("node {name}")
+        };
+        assert!(
+            err.starts_with("verification: peer rt-imp-1 (")
+                && err.contains(&format!("answered as {answered}")),
+            "{err}"
+        );
+    }
+    // The agent publishes its usable port's address on its own Node (the fixture's IB LID).
+    wait_until(
+        "rt-imp-0 publishes its ports",
+        Duration::from_secs(30),
+        || {
+            peers.nodes[0].json()["metadata"]["annotations"]["fabricgate.io/peers-gids"]
+                == "mlx5_0/1=lid:7"
+        },
+    );
+    drop(peers);
+}

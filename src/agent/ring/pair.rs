@@ -86,6 +86,9 @@ pub fn measure_pair(job: &PairJob<'_>) -> PairResult {
     if job.ports.is_empty() {
         return greet_only(job, result, addr, &who);
     }
+    // The Node dialled, as it publishes itself: its responder must answer as it, from one of
+    // its own ports (issue 36, item 4).
+    let pin = peer::Pin::new(&job.peer.node, &job.peer.gids);
     let mut first_failure = None;
     for local in job.ports {
         let mut r = result.clone();
@@ -96,7 +99,7 @@ pub fn measure_pair(job: &PairJob<'_>) -> PairResult {
             if left.is_zero() {
                 break None;
             }
-            let o = peer::measure_from(
+            let o = peer::measure_pinned(
                 job.source,
                 addr,
                 local,
@@ -104,6 +107,7 @@ pub fn measure_pair(job: &PairJob<'_>) -> PairResult {
                 job.keys,
                 &job.plan,
                 job.session.min(left),
+                Some(&pin),
             );
             match o {
                 Outcome::Skipped(Skip::Busy | Skip::Starting) => std::thread::sleep(BUSY_RETRY),
@@ -117,7 +121,7 @@ pub fn measure_pair(job: &PairJob<'_>) -> PairResult {
                 format!("timeout: {who} {from}: busy or starting until the check's deadline"),
             ),
             Some(Outcome::Measured(m)) => {
-                if !m.peer_node.is_empty() && m.peer_node != job.peer.node {
+                if m.peer_node != job.peer.node {
                     fail(r, wrong_node(&who, &m.peer_node))
                 } else {
                     r.rtt_micros = Some((m.rtt_median().as_secs_f64() * 1e7).round() / 10.0);
@@ -176,7 +180,8 @@ fn greet_only(job: &PairJob<'_>, result: PairResult, addr: SocketAddr, who: &str
             job.keys,
             job.session.min(left),
         ) {
-            Ok(g) if !g.peer_node.is_empty() && g.peer_node != job.peer.node => {
+            // WELCOME must name the Node dialled: an empty name is no one's (issue 36, item 4).
+            Ok(g) if g.peer_node != job.peer.node => {
                 return fail(result, wrong_node(who, &g.peer_node));
             }
             Ok(_) => return PairResult { ok: true, ..result },
@@ -193,8 +198,9 @@ fn greet_only(job: &PairJob<'_>, result: PairResult, addr: SocketAddr, who: &str
 
 fn wrong_node(who: &str, answered: &str) -> String {
     format!(
-        "verification: {who}: the responder there answered as node {answered}: a stale \
-         fabricgate.io/peers-endpoint annotation?"
+        "verification: {who}: the responder there answered as {}: a stale \
+         fabricgate.io/peers-endpoint annotation, or not that node's agent",
+        peer::answered_as(answered)
     )
 }
 

@@ -97,6 +97,7 @@ fn pair(me: &str, peer: &str, endpoint: String, keys: &Keys) -> PairResult {
     let peer = Member {
         node: peer.into(),
         endpoint,
+        ..Member::default()
     };
     measure_pair(&PairJob {
         me: &me,
@@ -205,4 +206,18 @@ fn redteam_the_api_servers_date_gives_the_clock_offset() {
     let server_now = sent.checked_add(o).unwrap();
     assert_eq!(decide(&c, "a", sent), Decision::Skip("past its deadline"));
     assert!(matches!(decide(&c, "a", server_now), Decision::Measure(_)));
+}
+
+/// Issue 36, item 4: whoever holds the pool's key can run a responder; one that answers as no
+/// node (WELCOME's name empty) is not the Node dialled, whatever the key says.
+#[test]
+fn redteam_a_responder_that_names_no_node_is_not_the_dialled_node() {
+    let nameless = responder("", vec![ib()]);
+    let r = pair("a", "b", nameless.local_addr().to_string(), &key());
+    assert!(!r.ok, "{r:?}");
+    let e = r.error.unwrap_or_default();
+    assert!(
+        e.starts_with("verification: peer b (") && e.contains("answered as no node"),
+        "{e}"
+    );
 }

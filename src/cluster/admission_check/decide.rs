@@ -498,6 +498,7 @@ mod tests {
                 .map(|i| Member {
                     node: format!("n{i}"),
                     endpoint: format!("10.0.0.{i}:9465"),
+                    ..Member::default()
                 })
                 .collect(),
             ..CheckSpec::default()

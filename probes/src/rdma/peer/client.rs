@@ -52,6 +52,76 @@ pub enum Skip {
     Busy,
 }
 
+/// What the dialled Node says about itself, to hold its responder to (issue 36, item 4): the
+/// pool's key is shared by every node, so a responder's word on who it is proves nothing. Its
+/// WELCOME must name exactly `node`, and its ENDPOINT must address one of the ports that Node
+/// publishes (`fabricgate.io/peers-gids`, which only its own agent may write): a RoCE GID, or
+/// an InfiniBand LID.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Pin {
+    pub node: String,
+    pub gids: Vec<[u8; 16]>,
+    pub lids: Vec<u16>,
+}
+
+impl Pin {
+    /// `node` and its published entries, each `device/port=<gid>` (eight groups of four hex
+    /// digits, as sysfs shows a GID) or `device/port=lid:<n>`; malformed entries are dropped.
+    pub fn new(node: &str, entries: &[String]) -> Self {
+        let mut pin = Self {
+            node: node.to_owned(),
+            ..Self::default()
+        };
+        for e in entries {
+            let Some((_, value)) = e.split_once('=') else {
+                continue;
+            };
+            if let Some(lid) = value.strip_prefix("lid:") {
+                if let Ok(l) = lid.parse::<u16>() {
+                    pin.lids.push(l);
+                }
+            } else if let Some(g) = parse_gid(value) {
+                pin.gids.push(g);
+            }
+        }
+        pin
+    }
+
+    /// Whether an ENDPOINT whose GID is `gid` and LID `lid` addresses one of the Node's ports:
+    /// on a routed (RoCE, `global`) connection its GID, else its LID.
+    pub fn admits(&self, gid: [u8; 16], lid: u16, global: bool) -> bool {
+        if global {
+            self.gids.contains(&gid)
+        } else {
+            lid != 0 && self.lids.contains(&lid)
+        }
+    }
+}
+
+/// A GID as sysfs writes it (`fe80:0000:...`, eight groups of four hex digits).
+pub fn parse_gid(text: &str) -> Option<[u8; 16]> {
+    let mut out = [0u8; 16];
+    let groups: Vec<&str> = text.split(':').collect();
+    if groups.len() != 8 {
+        return None;
+    }
+    for (i, g) in groups.iter().enumerate() {
+        if g.len() != 4 {
+            return None;
+        }
+        let v = u16::from_str_radix(g, 16).ok()?;
+        out[2 * i..2 * i + 2].copy_from_slice(&v.to_be_bytes());
+    }
+    Some(out)
+}
+
+fn gid_text(gid: &[u8; 16]) -> String {
+    gid.chunks(2)
+        .map(|c| format!("{:02x}{:02x}", c[0], c[1]))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
 /// A completed measurement.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Measurement {
@@ -130,6 +200,15 @@ fn unauthenticated(peer: SocketAddr, what: &str) -> Outcome {
              key); its answer is ignored"
         ),
     )
+}
+
+/// How a responder's name reads in a message.
+pub fn answered_as(name: &str) -> String {
+    if name.is_empty() {
+        "no node".to_owned()
+    } else {
+        format!("node {name}")
+    }
 }
 
 /// Read the responder's next frame and check its MAC.
@@ -433,6 +512,23 @@ pub fn measure_from(
     plan: &Plan,
     timeout: Duration,
 ) -> Outcome {
+    measure_pinned(source, peer, local, identity, keys, plan, timeout, None)
+}
+
+/// [`measure_from`], holding the responder to `pin` (the Node dialled): a WELCOME naming
+/// another node (or none) and an ENDPOINT that is not one of the Node's published ports are
+/// `verification` failures, before any byte is written.
+#[allow(clippy::too_many_arguments)]
+pub fn measure_pinned(
+    source: Option<IpAddr>,
+    peer: SocketAddr,
+    local: &LocalPort,
+    identity: &Identity,
+    keys: &Keys,
+    plan: &Plan,
+    timeout: Duration,
+    pin: Option<&Pin>,
+) -> Outcome {
     if let Err(e) = plan.validate() {
         return Outcome::Failed {
             kind: None,
@@ -455,6 +551,19 @@ pub fn measure_from(
         Ok(o) => o,
         Err(outcome) => return outcome,
     };
+    if let Some(pin) = pin
+        && welcome.identity.node_name != pin.node
+    {
+        let _ = stream.shutdown(Shutdown::Both);
+        return failed(
+            ErrorKind::Verification,
+            format!(
+                "{peer}: the responder answered as {}, not as node {}",
+                answered_as(&welcome.identity.node_name),
+                pin.node
+            ),
+        );
+    }
 
     let nonce = u64::from_be_bytes(seed);
     let spec = EndpointSpec {
@@ -481,6 +590,23 @@ pub fn measure_from(
             );
         }
         let remote = decode_endpoint(&frame.payload);
+        if let Some(pin) = pin
+            && !pin.admits(remote.gid, remote.lid, local.gid_index.is_some())
+        {
+            let addr = if local.gid_index.is_some() {
+                format!("GID {}", gid_text(&remote.gid))
+            } else {
+                format!("LID {}", remote.lid)
+            };
+            return failed(
+                ErrorKind::Verification,
+                format!(
+                    "{peer}: the responder's ENDPOINT ({addr}) is not a port node {} publishes \
+                     (fabricgate.io/peers-gids): another node's HCA?",
+                    pin.node
+                ),
+            );
+        }
         if (remote.len as usize) < plan.buffer_len() {
             return failed(
                 ErrorKind::Connect,

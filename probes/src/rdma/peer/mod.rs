@@ -59,8 +59,8 @@ mod wire;
 
 pub use auth::{KeyRing, Keys};
 pub use client::{
-    ErrorKind, Greeting, Measurement, Outcome, Skip, greet, greet_from, measure, measure_from,
-    percentile,
+    ErrorKind, Greeting, Measurement, Outcome, Pin, Skip, answered_as, greet, greet_from, measure,
+    measure_from, measure_pinned, parse_gid, percentile,
 };
 pub use responder::{Responder, ResponderStats};
 pub use slots::ExpectedPeers;

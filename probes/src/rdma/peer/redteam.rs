@@ -469,3 +469,73 @@ fn redteam_a_squatters_other_group_is_not_believed() {
         }
     }
 }
+
+/// Issue 36, item 4: the pool's key is everyone's, so the responder is held to what the Node
+/// dialled publishes: its name (none is not a name), and its ENDPOINT to one of that Node's
+/// ports (a RoCE GID, an InfiniBand LID); another node's HCA is refused.
+#[test]
+fn redteam_an_endpoint_is_pinned_to_the_dialled_nodes_ports() {
+    let pin = Pin::new(
+        "gpu-b",
+        &[
+            "mlx5_0/1=0000:0000:0000:0000:0000:ffff:0a00:0902".to_owned(),
+            "mlx5_1/1=lid:17".to_owned(),
+            "mlx5_2/1=garbage".to_owned(),
+            "no-equals".to_owned(),
+        ],
+    );
+    let b = parse_gid("0000:0000:0000:0000:0000:ffff:0a00:0902").unwrap();
+    let other = parse_gid("0000:0000:0000:0000:0000:ffff:0a00:0903").unwrap();
+    assert!(pin.admits(b, 0, true));
+    assert!(!pin.admits(other, 0, true), "another node's GID");
+    assert!(pin.admits([0; 16], 17, false));
+    assert!(!pin.admits([0; 16], 18, false), "another node's LID");
+    assert!(!pin.admits([0; 16], 0, false), "no LID at all");
+    assert_eq!(
+        (pin.gids.len(), pin.lids.len()),
+        (1, 1),
+        "malformed entries dropped"
+    );
+    for bad in [
+        "",
+        "fe80::1",
+        "fe80:0000:0000:0000:0000:0000:0000",
+        "zzzz:0000:0000:0000:0000:0000:0000:0000",
+    ] {
+        assert_eq!(parse_gid(bad), None, "{bad}");
+    }
+    // A responder of the pool that answers as no node, or as another, is refused before any
+    // RDMA (this machine has none: without the pin the client reaches its verbs step).
+    for name in ["", "gpu-c"] {
+        let r = responder(Identity {
+            node_name: name.into(),
+            group: "pool-1".into(),
+        });
+        r.set_ports(vec![local()]);
+        let unpinned = measure_member(r.local_addr());
+        assert!(reaches_rdma(&unpinned), "{unpinned:?}");
+        let o = measure_pinned(
+            None,
+            r.local_addr(),
+            &local(),
+            &member(),
+            &keys(),
+            &Plan::default(),
+            Duration::from_secs(5),
+            Some(&pin),
+        );
+        match o {
+            Outcome::Failed {
+                kind: Some(ErrorKind::Verification),
+                message,
+            } => assert!(
+                message.contains(&format!(
+                    "answered as {}, not as node gpu-b",
+                    answered_as(name)
+                )),
+                "{message}"
+            ),
+            o => panic!("{o:?}"),
+        }
+    }
+}
