@@ -366,6 +366,7 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
             session: config.peers.timeout,
             source: Some(pa.local_addr().ip()).filter(|ip| !ip.is_unspecified()),
             expected: Some(pa.expected_peers()),
+            receipts: pa.receipts(),
             requests: c.requests.clone(),
             watch: c.watch.clone(),
             // Without the CRD (no admission check installed) every agent's list fails: retry

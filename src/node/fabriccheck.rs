@@ -207,6 +207,42 @@ pub struct PairResult {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     pub finished_at: String,
+    /// This node's receiving end of the pair its ring predecessor measured: what its own
+    /// responder saw of that member's sessions for this check (issue 36, item 3). The
+    /// controller requires both ends of every pair to agree. Absent in an older agent's answer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub received: Option<Received>,
+}
+
+/// The receiving end of a pair, as its receiver's responder saw it.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct Received {
+    /// The member whose sessions these were (this node's ring predecessor).
+    pub peer: String,
+    /// It arrived: bytes verified in this node's buffer (`rdma: measured`), or, without RDMA,
+    /// an authenticated greeting naming the check (`rdma: unmeasured`).
+    pub ok: bool,
+    pub rdma: Rdma,
+    /// Each session the predecessor made, by this node's port that served it.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub rails: Vec<ReceivedRail>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// One session of the predecessor's, on this node's port `device`/`port`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct ReceivedRail {
+    pub device: String,
+    pub port: u8,
+    pub ok: bool,
+    /// Bytes of this node's buffer that matched the sender's digest.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// `FabricCheckResult.spec` (immutable): which check it answers, and the measurement.

@@ -261,6 +261,11 @@ impl PeerAgent {
         Arc::clone(&self.addresses)
     }
 
+    /// What the responder saw of each gang check's sessions (issue 36, item 3).
+    pub fn receipts(&self) -> fabricgate_probes::rdma::peer::Receipts {
+        self.responder.receipts()
+    }
+
     /// The responder's expected peers (a live gang check's predecessor gets places there).
     pub fn expected_peers(&self) -> fabricgate_probes::rdma::peer::ExpectedPeers {
         self.responder.expected_peers()

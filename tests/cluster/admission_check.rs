@@ -368,9 +368,18 @@ fn try_answer(cp: &ControlPlane, fc: &str, result: Value) {
     let _ = cp.block_on(fabric_check_results(cp).create(&PostParams::default(), &obj));
 }
 
+/// A good answer of a member of a ring of two: its peer is also its predecessor.
 fn good(node: &str, peer: &str) -> Value {
+    good_from(node, peer, peer)
+}
+
+/// A good answer: `node` measured `peer`, and attests its receiving end of `prev`'s pair
+/// (issue 36, item 3).
+fn good_from(node: &str, peer: &str, prev: &str) -> Value {
     json!({ "node": node, "peer": peer, "ok": true, "rdma": "measured", "device": "mlx5_0",
-            "port": 1, "rttMicros": 14.2, "finishedAt": "2026-12-02T03:00:07Z" })
+            "port": 1, "rttMicros": 14.2, "finishedAt": "2026-12-02T03:00:07Z",
+            "received": { "peer": prev, "ok": true, "rdma": "measured",
+                "rails": [{ "device": "mlx5_0", "port": 1, "ok": true, "bytes": 1024 }] } })
 }
 
 /// The Events recorded on Workload `name`.
@@ -492,13 +501,13 @@ fn admission_check_retries_an_unvalidated_node_then_a_good_ring_is_ready() {
     // Two of three answered: still Pending, also with a good answer from a node that is not
     // a member (the policy lets any agent create its own answer; the controller counts only
     // the members').
-    answer(cp, &fc, good("ac-ring-0", "ac-ring-1"));
-    answer(cp, &fc, good("ac-ring-1", "ac-ring-2"));
+    answer(cp, &fc, good_from("ac-ring-0", "ac-ring-1", "ac-ring-2"));
+    answer(cp, &fc, good_from("ac-ring-1", "ac-ring-2", "ac-ring-0"));
     answer(cp, &fc, good("ac-outsider", "ac-ring-0"));
     std::thread::sleep(Duration::from_millis(700));
     assert_eq!(check_state(cp, ns, "train").0, "Pending", "{}", c.log());
     let t1 = Instant::now();
-    answer(cp, &fc, good("ac-ring-2", "ac-ring-0"));
+    answer(cp, &fc, good_from("ac-ring-2", "ac-ring-0", "ac-ring-1"));
     c.wait("Ready", Duration::from_secs(5), || {
         check_state(cp, ns, "train").0 == "Ready"
     });
@@ -568,7 +577,8 @@ fn admission_check_retries_a_failed_pair_and_a_timeout_never_ready() {
         cp,
         &fc,
         json!({ "node": "ac-fail-1", "peer": "ac-fail-0", "ok": false, "rdma": "measured",
-                "device": "mlx5_1", "port": 1, "error": error }),
+                "device": "mlx5_1", "port": 1, "error": error,
+                "received": { "peer": "ac-fail-0", "ok": true, "rdma": "measured" } }),
     );
     c.wait("Retry", Duration::from_secs(5), || {
         check_state(cp, ns, "pair").0 == "Retry"
@@ -1451,4 +1461,49 @@ fn redteam_a_topology_without_a_hostname_level_is_not_a_gang() {
         fabric_check(cp, &fc_name(ns, "racked", &uid)).is_none(),
         "no ring over the leaf's nodes"
     );
+}
+
+/// Issue 36, item 3: a compromised agent vouches for a broken link. Answers are
+/// self-reported, and the pair a -> b was attested by a alone: its `ok: true` released the
+/// gang whatever b saw. Now each member also attests its receiving end (what its own
+/// responder saw of its predecessor's sessions for the check), and the controller requires
+/// both ends of every pair to agree: b received nothing verified from a, so `Retry` naming
+/// the pair.
+#[test]
+fn redteam_a_pair_vouched_for_by_one_end_only_is_not_ready() {
+    let Some(env) = setup() else { return };
+    let cp = env.cp;
+    let ns = "ac-oneend";
+    gpu_node(cp, "ac-oneend-0", "leaf-oe", true);
+    gpu_node(cp, "ac-oneend-1", "leaf-oe", true);
+    let config = config(&env, "oneend", "20s");
+    let c = start(&env, "ac-oneend-a", "ac-test-oneend", ns, &config);
+    let fc = reserved_gang(
+        cp,
+        &c,
+        ns,
+        "gang",
+        "leaf-oe",
+        &["ac-oneend-0", "ac-oneend-1"],
+        "2026-12-02T04:50:00Z",
+    );
+    // ac-oneend-0's agent lies: ok, measured, for a link that carried nothing.
+    answer(cp, &fc, good("ac-oneend-0", "ac-oneend-1"));
+    // ac-oneend-1's honest agent: its own pair is fine, but nothing of ac-oneend-0's arrived.
+    let mut honest = good("ac-oneend-1", "ac-oneend-0");
+    honest["received"] = json!({ "peer": "ac-oneend-0", "ok": false, "rdma": "unmeasured",
+        "error": "nothing received from ac-oneend-0 for this check" });
+    answer(cp, &fc, honest);
+    c.wait("decided", Duration::from_secs(10), || {
+        check_state(cp, ns, "gang").0 != "Pending"
+    });
+    let (state, message) = check_state(cp, ns, "gang");
+    assert_eq!(state, "Retry", "{message}");
+    assert!(
+        message.contains("failed on 1 of 2 pairs: ac-oneend-0 -> ac-oneend-1")
+            && message.contains("the ends disagree")
+            && message.contains("nothing received from ac-oneend-0"),
+        "{message}"
+    );
+    drop(c);
 }

@@ -30,6 +30,9 @@ pub struct PairJob<'a> {
     /// This node's own address (its responder's), to connect from: the peer's responder
     /// keeps places for its ring predecessor's address. `None`: the route's source.
     pub source: Option<IpAddr>,
+    /// The check's uid, told to the peer's responder with each session so that it attests
+    /// what it received (issue 36, item 3).
+    pub check_uid: &'a str,
 }
 
 fn finish(job: &PairJob<'_>, rdma: Rdma) -> PairResult {
@@ -44,6 +47,7 @@ fn finish(job: &PairJob<'_>, rdma: Rdma) -> PairResult {
         bandwidth_gbps: None,
         error: None,
         finished_at: Timestamp::now().to_string(),
+        received: None,
     }
 }
 
@@ -88,9 +92,12 @@ pub fn measure_pair(job: &PairJob<'_>) -> PairResult {
     }
     // The Node dialled, as it publishes itself: its responder must answer as it, from one of
     // its own ports (issue 36, item 4).
-    let pin = peer::Pin::new(&job.peer.node, &job.peer.gids);
+    let mut pin = peer::Pin::new(&job.peer.node, &job.peer.gids);
+    let rails = u8::try_from(job.ports.len()).unwrap_or(u8::MAX);
     let mut first_failure = None;
-    for local in job.ports {
+    for (rail, local) in job.ports.iter().enumerate() {
+        pin.tag = peer::CheckTag::new(job.check_uid, u8::try_from(rail).unwrap_or(u8::MAX), rails)
+            .unwrap_or_default();
         let mut r = result.clone();
         r.device = Some(local.device.clone());
         r.port = Some(local.port);
@@ -164,6 +171,8 @@ fn greet_only(job: &PairJob<'_>, result: PairResult, addr: SocketAddr, who: &str
         port: 0,
         gid_index: None,
     };
+    let mut pin = peer::Pin::new(&job.peer.node, &job.peer.gids);
+    pin.tag = peer::CheckTag::new(job.check_uid, 0, 1).unwrap_or_default();
     loop {
         let left = job.until.saturating_duration_since(Instant::now());
         if left.is_zero() {
@@ -172,13 +181,14 @@ fn greet_only(job: &PairJob<'_>, result: PairResult, addr: SocketAddr, who: &str
                 format!("timeout: {who}: busy or starting until the check's deadline"),
             );
         }
-        match peer::greet_from(
+        match peer::greet_pinned(
             job.source,
             addr,
             &any,
             job.me,
             job.keys,
             job.session.min(left),
+            Some(&pin),
         ) {
             // WELCOME must name the Node dialled: an empty name is no one's (issue 36, item 4).
             Ok(g) if g.peer_node != job.peer.node => {

@@ -109,6 +109,7 @@ fn pair(me: &str, peer: &str, endpoint: String, keys: &Keys) -> PairResult {
         until: Instant::now() + Duration::from_secs(5),
         session: Duration::from_secs(5),
         source: None,
+        check_uid: "0f1e2d3c-aaaa-bbbb-cccc-000000000001",
     })
 }
 
@@ -170,6 +171,7 @@ fn results_serialize_as_the_interface_says() {
         bandwidth_gbps: None,
         error: None,
         finished_at: "2026-12-02T03:00:07Z".into(),
+        received: None,
     };
     assert_eq!(
         serde_json::to_value(&r).unwrap(),
@@ -219,5 +221,44 @@ fn redteam_a_responder_that_names_no_node_is_not_the_dialled_node() {
     assert!(
         e.starts_with("verification: peer b (") && e.contains("answered as no node"),
         "{e}"
+    );
+}
+
+/// Issue 36, item 3: the receiving end is attested from the responder's receipts: ok once a
+/// session delivered (a greeting without RDMA, verified bytes with it); nothing, or only
+/// failures on every rail announced, is not ok and says why.
+#[test]
+fn redteam_the_receiving_end_is_attested_from_the_receipts() {
+    use fabricgate_probes::rdma::peer::{CheckTag, Receipt, Seen};
+    let uid = "0f1e2d3c-aaaa-bbbb-cccc-000000000001";
+    let receipt = |rail: u8, rails: u8, seen: Seen| Receipt {
+        tag: CheckTag::new(uid, rail, rails).unwrap(),
+        from: "a".into(),
+        device: "mlx5_0".into(),
+        port: 1,
+        seen,
+    };
+    let (r, done) = super::receive::received("a", &[]);
+    assert!(!done && !r.ok, "{r:?}");
+    assert_eq!(
+        r.error.as_deref(),
+        Some("nothing received from a for this check")
+    );
+    let (r, done) = super::receive::received("a", &[receipt(0, 1, Seen::Greeted)]);
+    assert!(done && r.ok && r.rdma == Rdma::Unmeasured, "{r:?}");
+    let (r, done) = super::receive::received("a", &[receipt(0, 1, Seen::Verified { bytes: 1024 })]);
+    assert!(done && r.ok && r.rdma == Rdma::Measured, "{r:?}");
+    assert_eq!(r.rails[0].bytes, Some(1024));
+    let failed = Seen::Failed("the session broke off before DONE".into());
+    let (r, done) = super::receive::received("a", &[receipt(0, 2, failed.clone())]);
+    assert!(!done && !r.ok, "one of two rails still to come: {r:?}");
+    let (r, done) =
+        super::receive::received("a", &[receipt(0, 2, failed.clone()), receipt(1, 2, failed)]);
+    assert!(done && !r.ok, "{r:?}");
+    assert!(
+        r.error
+            .unwrap()
+            .contains("a's sessions failed here: the session broke off"),
+        "why"
     );
 }

@@ -241,7 +241,8 @@ pub enum Verdict {
 /// Judge a FabricCheck: `Waiting` until every member answered or `past_deadline`; then every
 /// pair good -> `Ready`, else `Retry` naming the failed pairs (with port and error) and the
 /// members that did not answer. A pair is good when `ok` and measured over RDMA (or only
-/// `ok`, with `require_rdma` off), at the bandwidth asked for.
+/// `ok`, with `require_rdma` off), at the bandwidth asked for, and its receiving end attests
+/// it: the next member's answer says it received from this one, verified (issue 36, item 3).
 pub fn judge(
     spec: &CheckSpec,
     results: &[PairResult],
@@ -260,7 +261,13 @@ pub fn judge(
             missing.push(m.node.clone());
             continue;
         };
-        match pair_problem(r, peer, spec.min_bandwidth_gbps, require_rdma) {
+        // Both ends of the pair: the sender's measurement and the receiver's own attestation
+        // of what arrived (issue 36, item 3). A receiver that has not answered is waited for
+        // (or named as silent at the deadline).
+        let receiver = results.iter().find(|x| &x.node == peer);
+        let problem = pair_problem(r, peer, spec.min_bandwidth_gbps, require_rdma)
+            .or_else(|| receiver.and_then(|x| receipt_problem(r, x)));
+        match problem {
             Some(p) => failed.push(p),
             None => {
                 if r.rdma != Rdma::Measured {
@@ -319,6 +326,40 @@ pub fn judge(
     Verdict::Ready(message)
 }
 
+/// Why the receiving end `receiver` does not attest the pair `sender` measured: no attestation,
+/// one of another member, nothing verified, or no RDMA bytes where the sender claims RDMA.
+fn receipt_problem(sender: &PairResult, receiver: &PairResult) -> Option<String> {
+    let pair = format!("{} -> {}", sender.node, receiver.node);
+    let Some(got) = &receiver.received else {
+        return Some(format!(
+            "{pair}: {} does not attest its receiving end (its answer has no `received`: an \
+             agent older than issue 36, item 3?); a pair needs both ends",
+            receiver.node
+        ));
+    };
+    if got.peer != sender.node {
+        return Some(format!(
+            "{pair}: {} attests receiving from {}, not from {}",
+            receiver.node, got.peer, sender.node
+        ));
+    }
+    if !got.ok {
+        let why = got.error.as_deref().unwrap_or("nothing verified");
+        return Some(format!(
+            "{pair}: the ends disagree: {} reports ok, {} received nothing verified ({why})",
+            sender.node, receiver.node
+        ));
+    }
+    if sender.rdma == Rdma::Measured && got.rdma != Rdma::Measured {
+        return Some(format!(
+            "{pair}: the ends disagree: {} reports an RDMA measurement, {} saw no RDMA bytes \
+             from it (the side channel only)",
+            sender.node, receiver.node
+        ));
+    }
+    None
+}
+
 /// Why one member's result is not good, naming the pair, the port and the error.
 fn pair_problem(
     r: &PairResult,
@@ -360,7 +401,7 @@ fn pair_problem(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::node::fabriccheck::Member;
+    use crate::node::fabriccheck::{Member, Received};
     use serde_json::json;
     use std::time::Duration;
 
@@ -515,8 +556,63 @@ mod tests {
             port: Some(1),
             rtt_micros: Some(10.0 + i as f64),
             error: (!ok).then(|| "timeout: no completion from n2 mlx5_0 port 1".into()),
+            received: Some(Received {
+                peer: format!("n{}", (i + n - 1) % n),
+                ok: true,
+                rdma: Rdma::Measured,
+                ..Received::default()
+            }),
             ..PairResult::default()
         }
+    }
+
+    /// Issue 36, item 3: a pair is vouched for by both its ends. The sender's `ok: true` is
+    /// not enough when the receiver attests nothing, something else, a failure, or only a
+    /// side-channel greeting where the sender claims RDMA.
+    #[test]
+    fn redteam_a_pair_needs_both_ends_to_agree() {
+        let t = Duration::from_secs(20);
+        let s = spec(2);
+        let good = vec![result(0, 2, true), result(1, 2, true)];
+        assert!(matches!(
+            judge(&s, &good, false, true, t),
+            Verdict::Ready(_)
+        ));
+        let retry = |rs: &[PairResult]| match judge(&s, rs, false, true, t) {
+            Verdict::Retry {
+                message,
+                failed_pairs: 1,
+            } => message,
+            v => panic!("{v:?}"),
+        };
+        let mut rs = good.clone();
+        rs[1].received = Some(Received {
+            peer: "n0".into(),
+            ok: false,
+            error: Some("nothing received from n0 for this check".into()),
+            ..Received::default()
+        });
+        let m = retry(&rs);
+        assert!(
+            m.contains("n0 -> n1: the ends disagree: n0 reports ok, n1 received nothing verified")
+                && m.contains("nothing received from n0"),
+            "{m}"
+        );
+        rs[1].received = None;
+        assert!(retry(&rs).contains("n0 -> n1: n1 does not attest its receiving end"));
+        rs[1].received = Some(Received {
+            peer: "n7".into(),
+            ok: true,
+            ..Received::default()
+        });
+        assert!(retry(&rs).contains("n0 -> n1: n1 attests receiving from n7, not from n0"));
+        rs[1].received = Some(Received {
+            peer: "n0".into(),
+            ok: true,
+            rdma: Rdma::Unmeasured,
+            ..Received::default()
+        });
+        assert!(retry(&rs).contains("n0 reports an RDMA measurement, n1 saw no RDMA bytes"));
     }
 
     #[test]

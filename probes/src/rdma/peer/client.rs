@@ -2,6 +2,7 @@
 //! bursts, and the responder's verdict, folded into an [`Outcome`].
 
 use super::auth::{Keys, Side, Transcript, random};
+use super::receipts::CheckTag;
 use super::wire::{
     Frame, Hello, T_CHALLENGE, T_DONE, T_ENDPOINT, T_VERDICT, T_WELCOME, Welcome, decode_challenge,
     decode_endpoint, digest, encode, encode_endpoint, encode_open, pattern, read_frame_within,
@@ -62,6 +63,9 @@ pub struct Pin {
     pub node: String,
     pub gids: Vec<[u8; 16]>,
     pub lids: Vec<u16>,
+    /// The gang check and rail of the session, told to the responder in HELLO so that it
+    /// attests what it received (issue 36, item 3); all zero: none.
+    pub tag: CheckTag,
 }
 
 impl Pin {
@@ -311,6 +315,7 @@ fn connect(source: Option<IpAddr>, peer: SocketAddr, timeout: Duration) -> io::R
 
 /// OPEN, CHALLENGE, HELLO and WELCOME, bounded by `timeout` from now. `Err` is the outcome
 /// when the responder did not welcome us (a failure or a skip).
+#[allow(clippy::too_many_arguments)]
 fn open(
     source: Option<IpAddr>,
     peer: SocketAddr,
@@ -319,6 +324,7 @@ fn open(
     keys: &Keys,
     plan: &Plan,
     timeout: Duration,
+    (tag, greet): (CheckTag, bool),
 ) -> Result<Opened, Outcome> {
     let Some(client_nonce) = random() else {
         return Err(Outcome::Failed {
@@ -394,6 +400,8 @@ fn open(
         device: local.device.clone(),
         port: local.port,
         plan: *plan,
+        tag,
+        greet,
     };
     if let Err(e) = stream.write_all(&t.seal(hello.encode())) {
         return Err(io_failure("send HELLO", &e));
@@ -452,7 +460,7 @@ pub fn greet(
     keys: &Keys,
     timeout: Duration,
 ) -> Result<Greeting, Outcome> {
-    greet_from(None, peer, local, identity, keys, timeout)
+    greet_pinned(None, peer, local, identity, keys, timeout, None)
 }
 
 /// [`greet`] from the local address `source` (see [`measure_from`]).
@@ -467,6 +475,24 @@ pub fn greet_from(
     keys: &Keys,
     timeout: Duration,
 ) -> Result<Greeting, Outcome> {
+    greet_pinned(source, peer, local, identity, keys, timeout, None)
+}
+
+/// [`greet_from`], holding the responder to `pin`: its WELCOME must name `pin.node` (a
+/// `verification` failure otherwise), and `pin.tag` tells it the check, for its receipts.
+///
+/// # Errors
+/// As [`greet`].
+pub fn greet_pinned(
+    source: Option<IpAddr>,
+    peer: SocketAddr,
+    local: &LocalPort,
+    identity: &Identity,
+    keys: &Keys,
+    timeout: Duration,
+    pin: Option<&Pin>,
+) -> Result<Greeting, Outcome> {
+    let tag = pin.map(|p| p.tag).unwrap_or_default();
     let opened = open(
         source,
         peer,
@@ -475,8 +501,21 @@ pub fn greet_from(
         keys,
         &Plan::default(),
         timeout,
+        (tag, true),
     )?;
     let _ = opened.stream.shutdown(Shutdown::Both);
+    if let Some(pin) = pin
+        && opened.welcome.identity.node_name != pin.node
+    {
+        return Err(failed(
+            ErrorKind::Verification,
+            format!(
+                "{peer}: the responder answered as {}, not as node {}",
+                answered_as(&opened.welcome.identity.node_name),
+                pin.node
+            ),
+        ));
+    }
     Ok(Greeting {
         peer_node: opened.welcome.identity.node_name,
         peer_device: opened.welcome.device,
@@ -547,7 +586,16 @@ pub fn measure_pinned(
         welcome,
         start,
         deadline,
-    } = match open(source, peer, local, identity, keys, plan, timeout) {
+    } = match open(
+        source,
+        peer,
+        local,
+        identity,
+        keys,
+        plan,
+        timeout,
+        (pin.map(|p| p.tag).unwrap_or_default(), false),
+    ) {
         Ok(o) => o,
         Err(outcome) => return outcome,
     };

@@ -237,6 +237,8 @@ fn welcomed(addr: SocketAddr, src: [u8; 4]) -> TcpStream {
         device: "rxe0".into(),
         port: 1,
         plan: Plan::default(),
+        tag: super::CheckTag::default(),
+        greet: false,
     };
     s.write_all(&t.seal(hello.encode())).unwrap();
     s.read_exact(&mut f).unwrap();
@@ -412,6 +414,8 @@ fn redteam_wrong_key_learns_nothing_and_is_refused() {
         device: "rxe0".into(),
         port: 1,
         plan: Plan::default(),
+        tag: super::CheckTag::default(),
+        greet: false,
     }
     .encode();
     s.write_all(&hello).unwrap();
@@ -538,4 +542,62 @@ fn redteam_an_endpoint_is_pinned_to_the_dialled_nodes_ports() {
             o => panic!("{o:?}"),
         }
     }
+}
+
+/// Issue 36, item 3: the responder attests its end of a pair. A session that names a gang
+/// check in its HELLO leaves a receipt: who (the authenticated HELLO's node), on which port,
+/// and what arrived (a greeting, verified bytes, or the failure); one naming no check, none.
+#[test]
+fn redteam_the_responder_keeps_receipts_of_a_checks_sessions() {
+    let r = victim();
+    let receipts = r.receipts();
+    let uid = "0f1e2d3c-aaaa-bbbb-cccc-000000000001";
+    let mut pin = Pin::new("gpu-a", &[]);
+    pin.tag = CheckTag::new(uid, 0, 1).unwrap();
+    let g = greet_pinned(
+        None,
+        r.local_addr(),
+        &local(),
+        &member(),
+        &keys(),
+        Duration::from_secs(5),
+        Some(&pin),
+    );
+    assert!(g.is_ok(), "{g:?}");
+    // Over RDMA: this machine has none, so both sides stop at their verbs step: the receipt
+    // is a failure, not bytes.
+    let o = measure_pinned(
+        None,
+        r.local_addr(),
+        &local(),
+        &member(),
+        &keys(),
+        &Plan::default(),
+        Duration::from_secs(5),
+        Some(&pin),
+    );
+    assert!(reaches_rdma(&o), "{o:?}");
+    // A session for no check leaves nothing.
+    assert!(
+        greet(
+            r.local_addr(),
+            &local(),
+            &member(),
+            &keys(),
+            Duration::from_secs(5)
+        )
+        .is_ok()
+    );
+    assert!(wait_until(|| receipts.of(uid, "gpu-b").len() == 2));
+    let got = receipts.of(uid, "gpu-b");
+    assert_eq!(got[0].seen, Seen::Greeted);
+    assert_eq!((got[0].device.as_str(), got[0].port), ("rxe0", 1));
+    assert!(matches!(&got[1].seen, Seen::Failed(_)), "{got:?}");
+    assert!(receipts.of(uid, "gpu-c").is_empty(), "only gpu-b's");
+    assert!(
+        receipts
+            .of("0f1e2d3c-aaaa-bbbb-cccc-000000000002", "gpu-b")
+            .is_empty()
+    );
+    assert_eq!(CheckTag::new("not a uid", 0, 1), None);
 }
