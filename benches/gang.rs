@@ -476,7 +476,7 @@ fn one_gang(cp: &ControlPlane, name: &str, members: &[String], answers: Answers)
                 let prev = &ring[(i + ring.len() - 1) % ring.len()];
                 // Both ends of each pair (issue 36, item 3): the receiving end of prev's.
                 let result = json!({ "node": node, "peer": peer, "ok": true, "rdma": "measured",
-                    "device": "mlx5_0", "port": 1, "rttMicros": 3.1,
+                    "device": "mlx5_0", "port": 1, "rttMicros": 3.1, "bandwidthGbps": 92.1,
                     "received": { "peer": prev, "ok": true, "rdma": "measured",
                         "rails": [{ "device": "mlx5_0", "port": 1, "ok": true,
                             "bytes": 1024 }] } });

@@ -122,9 +122,12 @@ pub struct CheckSpec {
     pub workload: WorkloadRef,
     /// Ring order.
     pub members: Vec<Member>,
-    /// With it, a WRITE bandwidth burst too, compared against it.
+    /// With it, a WRITE bandwidth burst too, on every rail, compared against it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub min_bandwidth_gbps: Option<f64>,
+    /// With it, every rail's median RTT must stay below it (µs; issue 36, item 8).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_rtt_micros: Option<f64>,
     /// RFC 3339; agents give up at it.
     pub deadline: String,
 }
@@ -212,6 +215,26 @@ pub struct PairResult {
     /// controller requires both ends of every pair to agree. Absent in an older agent's answer.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub received: Option<Received>,
+    /// Every usable local port (rail), measured to the peer's port of the same name (issue
+    /// 36, item 8); `ok` only when all are. The fields above sum them up: the first failed
+    /// rail's device, port and error, the slowest median RTT, the lowest bandwidth.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub rails: Vec<RailResult>,
+}
+
+/// One rail of a pair: a local port measured to the peer's matching port.
+#[derive(Debug, Clone, PartialEq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct RailResult {
+    pub device: String,
+    pub port: u8,
+    pub ok: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rtt_micros: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bandwidth_gbps: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// The receiving end of a pair, as its receiver's responder saw it.

@@ -377,7 +377,8 @@ fn good(node: &str, peer: &str) -> Value {
 /// (issue 36, item 3).
 fn good_from(node: &str, peer: &str, prev: &str) -> Value {
     json!({ "node": node, "peer": peer, "ok": true, "rdma": "measured", "device": "mlx5_0",
-            "port": 1, "rttMicros": 14.2, "finishedAt": "2026-12-02T03:00:07Z",
+            "port": 1, "rttMicros": 14.2, "bandwidthGbps": 92.1,
+            "finishedAt": "2026-12-02T03:00:07Z",
             "received": { "peer": prev, "ok": true, "rdma": "measured",
                 "rails": [{ "device": "mlx5_0", "port": 1, "ok": true, "bytes": 1024 }] } })
 }
@@ -489,7 +490,9 @@ fn admission_check_retries_an_unvalidated_node_then_a_good_ring_is_ready() {
     assert_eq!(obj["spec"]["workload"]["uid"], uid.as_str());
     assert_eq!(obj["spec"]["workload"]["namespace"], ns);
     assert_eq!(obj["metadata"]["labels"]["fabricgate.io/check"], "gang");
-    assert!(obj["spec"].get("minBandwidthGbps").is_none());
+    // The shipped floor and ceiling (issue 36, item 8).
+    assert_eq!(obj["spec"]["minBandwidthGbps"], 25.0);
+    assert_eq!(obj["spec"]["maxRttMicros"], 50.0);
     let deadline: k8s_openapi::jiff::Timestamp =
         obj["spec"]["deadline"].as_str().unwrap().parse().unwrap();
     let ahead = deadline.duration_since(k8s_openapi::jiff::Timestamp::now());
@@ -1503,6 +1506,87 @@ fn redteam_a_pair_vouched_for_by_one_end_only_is_not_ready() {
         message.contains("failed on 1 of 2 pairs: ac-oneend-0 -> ac-oneend-1")
             && message.contains("the ends disagree")
             && message.contains("nothing received from ac-oneend-0"),
+        "{message}"
+    );
+    drop(c);
+}
+
+/// Issue 36, item 8: "ok" proved little by default: one rail, 16 × 64-byte WRITEs, no
+/// bandwidth, no RTT ceiling. Before: a pair answering `ok` over one rail at a 900 µs median
+/// RTT and no bandwidth burst was `Ready`, and the FabricCheck asked for no minimum. Now the
+/// check carries the shipped floor (`gang.min_bandwidth_gbps` 25) and ceiling
+/// (`gang.max_rtt_micros` 50), a pair outside them is `Retry`, and so is one whose rails did
+/// not all pass.
+#[test]
+fn redteam_ok_needs_every_rail_bandwidth_and_an_rtt_ceiling() {
+    let Some(env) = setup() else { return };
+    let cp = env.cp;
+    let ns = "ac-rails";
+    gpu_node(cp, "ac-rails-0", "leaf-rl", true);
+    gpu_node(cp, "ac-rails-1", "leaf-rl", true);
+    let config = config(&env, "rails", "20s");
+    let c = start(&env, "ac-rails-a", "ac-test-rails", ns, &config);
+    let nodes = ["ac-rails-0", "ac-rails-1"];
+    let fc = reserved_gang(
+        cp,
+        &c,
+        ns,
+        "slow",
+        "leaf-rl",
+        &nodes,
+        "2026-12-02T05:00:00Z",
+    );
+    let spec = fabric_check(cp, &fc).unwrap()["spec"].clone();
+    assert_eq!(
+        (
+            spec["minBandwidthGbps"].as_f64(),
+            spec["maxRttMicros"].as_f64()
+        ),
+        (Some(25.0), Some(50.0)),
+        "the shipped floor and ceiling: {spec}"
+    );
+    // A slow path: 900 µs median, no burst run.
+    for (node, peer) in [(nodes[0], nodes[1]), (nodes[1], nodes[0])] {
+        let mut a = good(node, peer);
+        a["rttMicros"] = json!(900.0);
+        a.as_object_mut().unwrap().remove("bandwidthGbps");
+        answer(cp, &fc, a);
+    }
+    c.wait("decided", Duration::from_secs(10), || {
+        check_state(cp, ns, "slow").0 != "Pending"
+    });
+    let (state, message) = check_state(cp, ns, "slow");
+    assert_eq!(state, "Retry", "{message}");
+    assert!(
+        message.contains("failed on 2 of 2 pairs") && message.contains("no bandwidth measured"),
+        "{message}"
+    );
+
+    // Fast on its first rail, its second rail failed: not ok, naming the rail.
+    let fc = reserved_gang(
+        cp,
+        &c,
+        ns,
+        "rail",
+        "leaf-rl",
+        &nodes,
+        "2026-12-02T05:00:10Z",
+    );
+    let rails = json!([
+        { "device": "mlx5_0", "port": 1, "ok": true, "rttMicros": 3.0, "bandwidthGbps": 92.1 },
+        { "device": "mlx5_1", "port": 1, "ok": false, "rttMicros": 3.0,
+          "error": "timeout: no RDMA WRITE completion" }]);
+    let mut a = good(nodes[0], nodes[1]);
+    a["rails"] = rails;
+    answer(cp, &fc, a);
+    answer(cp, &fc, good(nodes[1], nodes[0]));
+    c.wait("decided", Duration::from_secs(10), || {
+        check_state(cp, ns, "rail").0 != "Pending"
+    });
+    let (state, message) = check_state(cp, ns, "rail");
+    assert_eq!(state, "Retry", "{message}");
+    assert!(
+        message.contains("ac-rails-0 -> ac-rails-1: rail mlx5_1 port 1: timeout"),
         "{message}"
     );
     drop(c);

@@ -251,6 +251,7 @@ async fn answer(ring: &Ring, check: &FabricCheck, peer: Member, until: std::time
     let attest_until = until - (left / 4).min(Duration::from_secs(2));
     let me = ring.identity.clone();
     let min = check.spec.min_bandwidth_gbps;
+    let max_rtt = check.spec.max_rtt_micros;
     let check_uid = check.uid.clone();
     let session = ring.session;
     let source = ring.source;
@@ -262,6 +263,7 @@ async fn answer(ring: &Ring, check: &FabricCheck, peer: Member, until: std::time
             keys: &keys,
             plan,
             min_bandwidth_gbps: min,
+            max_rtt_micros: max_rtt,
             until,
             session,
             source,

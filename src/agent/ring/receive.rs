@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 const POLL: Duration = Duration::from_millis(50);
 
 /// Pure: the receiving end attested by `receipts` (of `from`, for one check), and whether
-/// nothing more is to come: a session delivered, or every rail the predecessor announced
-/// ended.
+/// nothing more is to come (every rail the predecessor announced ended). `ok` only when every
+/// announced rail delivered.
 pub(crate) fn received(from: &str, receipts: &[Receipt]) -> (Received, bool) {
     let rails: Vec<ReceivedRail> = receipts
         .iter()
@@ -35,15 +35,27 @@ pub(crate) fn received(from: &str, receipts: &[Receipt]) -> (Received, bool) {
     let verified = receipts
         .iter()
         .any(|r| matches!(r.seen, Seen::Verified { .. }));
-    let ok = rails.iter().any(|r| r.ok);
+    // Every rail the predecessor announced (issue 36, item 8), each ended, each delivered.
     let announced = receipts.iter().map(|r| r.tag.rails).max().unwrap_or(0);
-    let every_rail_ended =
-        announced > 0 && (0..announced).all(|i| receipts.iter().any(|r| r.tag.rail == i));
+    let ended = |ok: bool| {
+        announced > 0
+            && (0..announced).all(|i| {
+                receipts
+                    .iter()
+                    .zip(&rails)
+                    .any(|(r, rail)| r.tag.rail == i && (!ok || rail.ok))
+            })
+    };
+    let done = ended(false);
+    let ok = ended(true);
     let error = (!ok).then(|| match rails.iter().find_map(|r| r.error.clone()) {
         Some(why) => format!("{from}'s sessions failed here: {why}"),
-        None => format!("nothing received from {from} for this check"),
+        None if rails.is_empty() => format!("nothing received from {from} for this check"),
+        None => format!(
+            "{} of {announced} rails of {from}'s arrived",
+            rails.iter().filter(|r| r.ok).count()
+        ),
     });
-    let done = ok || every_rail_ended;
     (
         Received {
             peer: from.to_owned(),

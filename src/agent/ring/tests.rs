@@ -106,6 +106,7 @@ fn pair(me: &str, peer: &str, endpoint: String, keys: &Keys) -> PairResult {
         keys,
         plan: Plan::default(),
         min_bandwidth_gbps: None,
+        max_rtt_micros: None,
         until: Instant::now() + Duration::from_secs(5),
         session: Duration::from_secs(5),
         source: None,
@@ -172,6 +173,7 @@ fn results_serialize_as_the_interface_says() {
         error: None,
         finished_at: "2026-12-02T03:00:07Z".into(),
         received: None,
+        rails: Vec::new(),
     };
     assert_eq!(
         serde_json::to_value(&r).unwrap(),
@@ -252,6 +254,23 @@ fn redteam_the_receiving_end_is_attested_from_the_receipts() {
     let failed = Seen::Failed("the session broke off before DONE".into());
     let (r, done) = super::receive::received("a", &[receipt(0, 2, failed.clone())]);
     assert!(!done && !r.ok, "one of two rails still to come: {r:?}");
+    // Issue 36, item 8: every rail announced must deliver.
+    let verified = Seen::Verified { bytes: 1024 };
+    let (r, done) = super::receive::received("a", &[receipt(0, 2, verified.clone())]);
+    assert!(!done && !r.ok, "rail 1 of 2 not in yet: {r:?}");
+    let (r, done) = super::receive::received(
+        "a",
+        &[
+            receipt(0, 2, verified.clone()),
+            receipt(1, 2, verified.clone()),
+        ],
+    );
+    assert!(done && r.ok && r.rails.len() == 2, "{r:?}");
+    let (r, done) = super::receive::received(
+        "a",
+        &[receipt(0, 2, verified), receipt(1, 2, failed.clone())],
+    );
+    assert!(done && !r.ok, "one rail failed: {r:?}");
     let (r, done) =
         super::receive::received("a", &[receipt(0, 2, failed.clone()), receipt(1, 2, failed)]);
     assert!(done && !r.ok, "{r:?}");
@@ -261,4 +280,64 @@ fn redteam_the_receiving_end_is_attested_from_the_receipts() {
             .contains("a's sessions failed here: the session broke off"),
         "why"
     );
+}
+
+/// Issue 36, item 8: a pair is `ok` only when every rail is: one working rail no longer
+/// speaks for the others. The answer shows the first failed rail, the slowest RTT and the
+/// lowest bandwidth, and every rail.
+#[test]
+fn redteam_every_rail_must_pass() {
+    use crate::node::fabriccheck::RailResult;
+    let rail = |dev: &str, rtt: f64, bw: f64, error: Option<&str>| RailResult {
+        device: dev.into(),
+        port: 1,
+        ok: error.is_none(),
+        rtt_micros: Some(rtt),
+        bandwidth_gbps: Some(bw),
+        error: error.map(str::to_owned),
+    };
+    let base = PairResult {
+        node: "a".into(),
+        peer: "b".into(),
+        rdma: Rdma::Measured,
+        ..PairResult::default()
+    };
+    let all = super::pair::fold_rails(
+        base.clone(),
+        vec![
+            rail("mlx5_0", 3.0, 90.0, None),
+            rail("mlx5_1", 4.5, 80.0, None),
+        ],
+    );
+    assert!(all.ok && all.error.is_none(), "{all:?}");
+    assert_eq!(
+        (
+            all.device.as_deref(),
+            all.rtt_micros,
+            all.bandwidth_gbps,
+            all.rails.len()
+        ),
+        (Some("mlx5_0"), Some(4.5), Some(80.0), 2)
+    );
+    let slow = "bandwidth: peer b (x) from mlx5_1/1: 3.1 Gb/s, below the 25 Gb/s asked";
+    let one_bad = super::pair::fold_rails(
+        base.clone(),
+        vec![
+            rail("mlx5_0", 3.0, 90.0, None),
+            rail("mlx5_1", 3.0, 3.1, Some(slow)),
+            rail("mlx5_2", 900.0, 90.0, Some("rtt: ...")),
+        ],
+    );
+    assert!(!one_bad.ok, "{one_bad:?}");
+    assert_eq!(
+        one_bad.device.as_deref(),
+        Some("mlx5_1"),
+        "the first failed rail"
+    );
+    assert_eq!(
+        one_bad.error.as_deref(),
+        Some(format!("{slow} (and 1 more of 3 rails failed)").as_str())
+    );
+    let none = super::pair::fold_rails(base, Vec::new());
+    assert!(!none.ok && none.error.unwrap().starts_with("local: "));
 }

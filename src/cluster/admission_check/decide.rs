@@ -265,7 +265,7 @@ pub fn judge(
         // of what arrived (issue 36, item 3). A receiver that has not answered is waited for
         // (or named as silent at the deadline).
         let receiver = results.iter().find(|x| &x.node == peer);
-        let problem = pair_problem(r, peer, spec.min_bandwidth_gbps, require_rdma)
+        let problem = pair_problem(r, peer, spec, require_rdma)
             .or_else(|| receiver.and_then(|x| receipt_problem(r, x)));
         match problem {
             Some(p) => failed.push(p),
@@ -316,6 +316,9 @@ pub fn judge(
     if let Some(min) = spec.min_bandwidth_gbps {
         let _ = write!(message, ", every pair at least {min} Gbit/s");
     }
+    if let Some(max) = spec.max_rtt_micros {
+        let _ = write!(message, ", every median RTT at most {max} µs");
+    }
     if unmeasured > 0 {
         let _ = write!(
             message,
@@ -357,6 +360,20 @@ fn receipt_problem(sender: &PairResult, receiver: &PairResult) -> Option<String>
             sender.node, receiver.node
         ));
     }
+    // Every rail the sender reports arrived verified at the receiver (issue 36, item 8).
+    let verified = got
+        .rails
+        .iter()
+        .filter(|x| x.ok && x.bytes.is_some())
+        .count();
+    if sender.rdma == Rdma::Measured && verified < sender.rails.len() {
+        return Some(format!(
+            "{pair}: the ends disagree: {} reports {} rails, {} verified the bytes of {verified}",
+            sender.node,
+            sender.rails.len(),
+            receiver.node
+        ));
+    }
     None
 }
 
@@ -364,7 +381,7 @@ fn receipt_problem(sender: &PairResult, receiver: &PairResult) -> Option<String>
 fn pair_problem(
     r: &PairResult,
     peer: &str,
-    min_bandwidth: Option<f64>,
+    spec: &CheckSpec,
     require_rdma: bool,
 ) -> Option<String> {
     let port = match (&r.device, r.port) {
@@ -388,11 +405,35 @@ fn pair_problem(
             "{pair}: RDMA was not measured (unmeasured; gang.require_rdma is true)"
         ));
     }
-    if let Some(min) = min_bandwidth {
+    // Every rail, and the floor and ceiling on the slowest: for what was measured over RDMA
+    // (issue 36, item 8; side-channel answers, allowed without gang.require_rdma, carry
+    // neither).
+    if let Some(bad) = r.rails.iter().find(|x| !x.ok) {
+        let error = bad.error.as_deref().unwrap_or("failed (no error given)");
+        return Some(format!(
+            "{} -> {peer}: rail {} port {}: {error}",
+            r.node, bad.device, bad.port
+        ));
+    }
+    if r.rdma != Rdma::Measured {
+        return None;
+    }
+    if let Some(min) = spec.min_bandwidth_gbps {
         match r.bandwidth_gbps {
             Some(b) if b >= min => {}
             Some(b) => return Some(format!("{pair}: bandwidth {b:.1} Gbit/s below {min}")),
             None => return Some(format!("{pair}: no bandwidth measured (asked for {min})")),
+        }
+    }
+    if let Some(max) = spec.max_rtt_micros {
+        match r.rtt_micros {
+            Some(t) if t <= max => {}
+            Some(t) => {
+                return Some(format!(
+                    "{pair}: median RTT {t:.1} µs above the ceiling {max} µs (gang.max_rtt_micros)"
+                ));
+            }
+            None => return Some(format!("{pair}: no RTT measured (ceiling {max} µs)")),
         }
     }
     None

@@ -517,6 +517,7 @@ fn prepare(
         },
         members,
         min_bandwidth_gbps: s.config.gang.min_bandwidth_gbps,
+        max_rtt_micros: s.config.gang.max_rtt_micros,
         deadline,
     }))
 }
