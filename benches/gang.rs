@@ -273,6 +273,7 @@ impl RingAgents {
                 gid_index: None,
             }]);
             let expected = r.expected_peers();
+            let receipts = r.receipts();
             responders.push(r);
             let clients = cp.block_on(agent_clients(cp, node));
             let ring = fabricgate::agent::ring::Ring {
@@ -287,6 +288,7 @@ impl RingAgents {
                 session: Duration::from_secs(5),
                 source: None,
                 expected: Some(expected),
+                receipts,
                 requests: clients.requests,
                 watch: clients.watch,
                 max_backoff: Duration::from_secs(5),
@@ -471,8 +473,13 @@ fn one_gang(cp: &ControlPlane, name: &str, members: &[String], answers: Answers)
         cp.block_on(async {
             let writes = ring.iter().enumerate().map(|(i, node)| {
                 let peer = &ring[(i + 1) % ring.len()];
+                let prev = &ring[(i + ring.len() - 1) % ring.len()];
+                // Both ends of each pair (issue 36, item 3): the receiving end of prev's.
                 let result = json!({ "node": node, "peer": peer, "ok": true, "rdma": "measured",
-                    "device": "mlx5_0", "port": 1, "rttMicros": 3.1 });
+                    "device": "mlx5_0", "port": 1, "rttMicros": 3.1, "bandwidthGbps": 92.1,
+                    "received": { "peer": prev, "ok": true, "rdma": "measured",
+                        "rails": [{ "device": "mlx5_0", "port": 1, "ok": true,
+                            "bytes": 1024 }] } });
                 let obj: DynamicObject =
                     serde_json::from_value(common::fabriccheck_answer(&fc, &check_uid, &result))
                         .expect("an answer");

@@ -336,6 +336,7 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
     // The gang pre-flight (docs/gangs.md): with peers on and a cluster, answer FabricChecks;
     // the Node advertises the responder's address for the controller to put in them.
     let mut annotations = std::collections::BTreeMap::new();
+    let mut shared_annotations = None;
     if let (Some(pa), Some(c), Some(identity)) = (peer_agent.as_ref(), client.as_ref(), identity) {
         match advertised(pa.local_addr()) {
             Some(endpoint) => {
@@ -348,6 +349,8 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
                  node; pass --peers-listen=$(HOST_IP):9465 as the DaemonSet does"
             ),
         }
+        // The addresses of its ports, for the dialling member to hold its responder to.
+        shared_annotations = Some(pa.shared_addresses());
         let ring = crate::agent::ring::Ring {
             node: node_name.clone(),
             namespace: config.gang.namespace.clone(),
@@ -363,6 +366,7 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
             session: config.peers.timeout,
             source: Some(pa.local_addr().ip()).filter(|ip| !ip.is_unspecified()),
             expected: Some(pa.expected_peers()),
+            receipts: pa.receipts(),
             requests: c.requests.clone(),
             watch: c.watch.clone(),
             // Without the CRD (no admission check installed) every agent's list fails: retry
@@ -422,6 +426,12 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
     .with_required_labels(config.placement.required_labels.clone())
     .with_breaker_ledger(&namespace)
     .with_annotations(annotations);
+    let reconciler = match shared_annotations {
+        Some(shared) => {
+            reconciler.with_shared_annotation(crate::node::fabriccheck::GIDS_ANNOTATION, shared)
+        }
+        None => reconciler,
+    };
     let mut early_stop = stop_rx.clone();
     let resumed = tokio::select! {
         v = reconciler.validated_on_node() => v,

@@ -24,6 +24,13 @@ pub const DEFAULT_RETRY_BACKOFF_MAX: Duration = Duration::from_secs(120);
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 10;
 /// Upper bound of `gang.max_attempts`.
 pub const MAX_MAX_ATTEMPTS: u32 = 1000;
+/// Default `gang.min_bandwidth_gbps`: every rail of every pair moves at least this much in
+/// its WRITE burst (a 200-400G rail does several times more from one queue pair; a link
+/// trained down, a congested or misrouted path, or a rail on the wrong switch does not).
+pub const DEFAULT_MIN_BANDWIDTH_GBPS: f64 = 25.0;
+/// Default `gang.max_rtt_micros`: the median RTT of every rail of every pair stays below this
+/// (an HCA-to-HCA WRITE through a leaf or a spine takes a few µs).
+pub const DEFAULT_MAX_RTT_MICROS: f64 = 50.0;
 
 /// `gang:` in the config file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -35,9 +42,13 @@ pub struct GangSettings {
     /// not answered by then fails the check (`Retry`, never `Ready`).
     #[serde(with = "timeout")]
     pub timeout: Duration,
-    /// Also run an RDMA WRITE bandwidth burst per pair and require this much (Gbit/s).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// Also run an RDMA WRITE bandwidth burst on every rail of every pair and require this
+    /// much (Gbit/s); default [`DEFAULT_MIN_BANDWIDTH_GBPS`], `null`: no burst (issue 36,
+    /// item 8).
     pub min_bandwidth_gbps: Option<f64>,
+    /// The median RTT of every rail of every pair must stay below this (µs); default
+    /// [`DEFAULT_MAX_RTT_MICROS`], `null`: no ceiling (issue 36, item 8).
+    pub max_rtt_micros: Option<f64>,
     /// Largest gang the pre-flight runs on (2 to 4096); a larger one is `Rejected`.
     pub max_nodes: usize,
     /// A pair is good only when it was measured over RDMA. `false`: for clusters (and
@@ -67,7 +78,8 @@ impl Default for GangSettings {
         Self {
             namespace: DEFAULT_NAMESPACE.to_owned(),
             timeout: DEFAULT_TIMEOUT,
-            min_bandwidth_gbps: None,
+            min_bandwidth_gbps: Some(DEFAULT_MIN_BANDWIDTH_GBPS),
+            max_rtt_micros: Some(DEFAULT_MAX_RTT_MICROS),
             max_nodes: DEFAULT_MAX_NODES,
             require_rdma: true,
             require_topology: true,
@@ -168,7 +180,15 @@ impl GangSettings {
         {
             return bad(
                 "min_bandwidth_gbps",
-                format!("{g} is out of range; give Gbit/s above 0 (e.g. 25), or leave it out"),
+                format!("{g} is out of range; give Gbit/s above 0 (e.g. 25), or null for none"),
+            );
+        }
+        if let Some(r) = self.max_rtt_micros
+            && !(r.is_finite() && r > 0.0 && r <= 10_000_000.0)
+        {
+            return bad(
+                "max_rtt_micros",
+                format!("{r} is out of range; give µs above 0 (e.g. 50), or null for none"),
             );
         }
         if self.max_attempts == 0 || self.max_attempts > MAX_MAX_ATTEMPTS {
@@ -206,7 +226,7 @@ mod tests {
         assert_eq!(d.namespace, "fabricgate");
         assert_eq!(d.timeout, Duration::from_secs(20));
         assert_eq!(d.max_nodes, 256);
-        assert!(d.require_rdma && d.min_bandwidth_gbps.is_none());
+        assert!(d.require_rdma);
         assert!(d.require_topology, "issue 36, item 9: on by default");
         let ok: GangSettings = serde_norway::from_str(
             "namespace: gangs\ntimeout: 5s\nmin_bandwidth_gbps: 25\nmax_nodes: 64\n\
@@ -226,12 +246,28 @@ mod tests {
             ("max_nodes: 5000\n", "gang.max_nodes"),
             ("namespace: Bad_NS\n", "gang.namespace"),
             ("min_bandwidth_gbps: 0\n", "gang.min_bandwidth_gbps"),
+            ("max_rtt_micros: -1\n", "gang.max_rtt_micros"),
         ] {
             let s: GangSettings = serde_norway::from_str(yaml).unwrap();
             let e = s.validate().unwrap_err().to_string();
             assert!(e.contains(key), "{yaml}: {e}");
         }
         assert!(serde_norway::from_str::<GangSettings>("peers_port: 1\n").is_err());
+    }
+
+    /// Issue 36, item 8: "ok" proves bandwidth and latency by default: a minimum bandwidth
+    /// and an RTT ceiling ship on, and `null` turns each off.
+    #[test]
+    fn redteam_ok_has_a_default_bandwidth_floor_and_rtt_ceiling() {
+        let d = GangSettings::default();
+        assert_eq!(d.min_bandwidth_gbps, Some(DEFAULT_MIN_BANDWIDTH_GBPS));
+        assert_eq!(d.max_rtt_micros, Some(DEFAULT_MAX_RTT_MICROS));
+        let off: GangSettings =
+            serde_norway::from_str("min_bandwidth_gbps: null\nmax_rtt_micros: null\n").unwrap();
+        off.validate().unwrap();
+        assert_eq!((off.min_bandwidth_gbps, off.max_rtt_micros), (None, None));
+        let set: GangSettings = serde_norway::from_str("max_rtt_micros: 8\n").unwrap();
+        assert_eq!(set.max_rtt_micros, Some(8.0));
     }
 
     /// Issue 36, item 2: a failing gang is retried with a doubling delay from Kueue's

@@ -30,6 +30,35 @@ pub const RESULT_PLURAL: &str = "fabriccheckresults";
 pub const CHECK_UID_LABEL: &str = "fabricgate.io/fabriccheck-uid";
 /// The Node annotation each agent with `peers.enabled` writes: its responder's `host:port`.
 pub const ENDPOINT_ANNOTATION: &str = "fabricgate.io/peers-endpoint";
+/// The Node annotation each agent with `peers.enabled` writes beside the endpoint: the
+/// addresses of its usable ports, comma-separated `device/port=<gid>` (RoCE: the GID its
+/// sessions use) or `device/port=lid:<n>` (InfiniBand). Only the Node's own agent may write
+/// it (the own-node admission policy): the controller copies it into each member of a check,
+/// and the member that dials this Node holds the responder's ENDPOINT to it (issue 36, item 4).
+pub const GIDS_ANNOTATION: &str = "fabricgate.io/peers-gids";
+/// Entries of [`GIDS_ANNOTATION`] taken (a node has a few ports).
+pub const MAX_GIDS: usize = 64;
+
+/// The well-formed entries of a [`GIDS_ANNOTATION`] value (at most [`MAX_GIDS`]).
+pub fn gids_entries(value: &str) -> Vec<String> {
+    value
+        .split(',')
+        .map(str::trim)
+        .filter(|e| {
+            e.len() <= 80
+                && e.split_once('=').is_some_and(|(port, addr)| {
+                    port.contains('/')
+                        && (fabricgate_probes::rdma::peer::parse_gid(addr).is_some()
+                            || addr
+                                .strip_prefix("lid:")
+                                .is_some_and(|l| l.parse::<u16>().is_ok()))
+                })
+        })
+        .take(MAX_GIDS)
+        .map(str::to_owned)
+        .collect()
+}
+
 /// The prefix of a FabricCheck's label for each of its members ([`member_label`]).
 pub const MEMBER_LABEL_PREFIX: &str = "member.fabricgate.io/";
 
@@ -85,6 +114,9 @@ pub struct Member {
     pub node: String,
     /// `host:port` of its agent's responder (its Node's [`ENDPOINT_ANNOTATION`]).
     pub endpoint: String,
+    /// Its Node's [`GIDS_ANNOTATION`] entries: the ports its responder may give in ENDPOINT.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub gids: Vec<String>,
 }
 
 /// `FabricCheck.spec` (immutable).
@@ -94,9 +126,12 @@ pub struct CheckSpec {
     pub workload: WorkloadRef,
     /// Ring order.
     pub members: Vec<Member>,
-    /// With it, a WRITE bandwidth burst too, compared against it.
+    /// With it, a WRITE bandwidth burst too, on every rail, compared against it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub min_bandwidth_gbps: Option<f64>,
+    /// With it, every rail's median RTT must stay below it (µs; issue 36, item 8).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_rtt_micros: Option<f64>,
     /// RFC 3339; agents give up at it.
     pub deadline: String,
 }
@@ -179,6 +214,62 @@ pub struct PairResult {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     pub finished_at: String,
+    /// This node's receiving end of the pair its ring predecessor measured: what its own
+    /// responder saw of that member's sessions for this check (issue 36, item 3). The
+    /// controller requires both ends of every pair to agree. Absent in an older agent's answer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub received: Option<Received>,
+    /// Every usable local port (rail), measured to the peer's port of the same name (issue
+    /// 36, item 8); `ok` only when all are. The fields above sum them up: the first failed
+    /// rail's device, port and error, the slowest median RTT, the lowest bandwidth.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub rails: Vec<RailResult>,
+}
+
+/// One rail of a pair: a local port measured to the peer's matching port.
+#[derive(Debug, Clone, PartialEq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct RailResult {
+    pub device: String,
+    pub port: u8,
+    pub ok: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rtt_micros: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bandwidth_gbps: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// The receiving end of a pair, as its receiver's responder saw it.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct Received {
+    /// The member whose sessions these were (this node's ring predecessor).
+    pub peer: String,
+    /// It arrived: bytes verified in this node's buffer (`rdma: measured`), or, without RDMA,
+    /// an authenticated greeting naming the check (`rdma: unmeasured`).
+    pub ok: bool,
+    pub rdma: Rdma,
+    /// Each session the predecessor made, by this node's port that served it.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub rails: Vec<ReceivedRail>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// One session of the predecessor's, on this node's port `device`/`port`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct ReceivedRail {
+    pub device: String,
+    pub port: u8,
+    pub ok: bool,
+    /// Bytes of this node's buffer that matched the sender's digest.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// `FabricCheckResult.spec` (immutable): which check it answers, and the measurement.
@@ -329,6 +420,7 @@ mod tests {
                 .map(|n| Member {
                     node: (*n).into(),
                     endpoint: String::new(),
+                    ..Member::default()
                 })
                 .collect(),
             ..CheckSpec::default()

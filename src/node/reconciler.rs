@@ -125,6 +125,10 @@ pub struct Reconciler {
     /// Annotations the agent keeps on its Node (`fabricgate.io/peers-endpoint`), applied with
     /// the labels (one field manager, one request) and only when the Node differs.
     annotations: BTreeMap<String, String>,
+    /// Annotations whose value another task keeps current (the peer agent's
+    /// `fabricgate.io/peers-gids`, from each probe's usable ports), applied with
+    /// `annotations`; an empty value is left out.
+    shared_annotations: Vec<(String, Arc<std::sync::Mutex<String>>)>,
 }
 
 impl Reconciler {
@@ -154,6 +158,7 @@ impl Reconciler {
             leases: None,
             pool_from_guard: None,
             annotations: BTreeMap::new(),
+            shared_annotations: Vec::new(),
         }
     }
 
@@ -164,10 +169,34 @@ impl Reconciler {
         self
     }
 
+    /// Also keep the annotation `key` with the value `value` holds at each write (none
+    /// while it is empty).
+    #[must_use]
+    pub fn with_shared_annotation(
+        mut self,
+        key: &str,
+        value: Arc<std::sync::Mutex<String>>,
+    ) -> Self {
+        self.shared_annotations.push((key.to_owned(), value));
+        self
+    }
+
+    /// Every annotation we keep, as of now.
+    fn all_annotations(&self) -> BTreeMap<String, String> {
+        let mut all = self.annotations.clone();
+        for (key, value) in &self.shared_annotations {
+            let value = value.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            if !value.is_empty() {
+                all.insert(key.clone(), value);
+            }
+        }
+        all
+    }
+
     /// Whether the Node lacks one of our annotations, or shows another value.
     fn annotations_differ(&self, node: &Node) -> bool {
         let have = node.metadata.annotations.as_ref();
-        self.annotations
+        self.all_annotations()
             .iter()
             .any(|(k, v)| have.and_then(|a| a.get(k)) != Some(v))
     }
@@ -667,8 +696,9 @@ impl Reconciler {
                     "kind": "Node",
                     "metadata": { "name": name, "labels": labels },
                 });
-                if !self.annotations.is_empty() {
-                    body["metadata"]["annotations"] = json!(self.annotations);
+                let annotations = self.all_annotations();
+                if !annotations.is_empty() {
+                    body["metadata"]["annotations"] = json!(annotations);
                 }
                 let res = nodes.patch(name, &pp, &Patch::Apply(&body)).await;
                 ("labels", res)

@@ -196,6 +196,9 @@ pub struct PeerAgent {
     required_on: bool,
     metrics: PeerMetrics,
     devices: globset::GlobMatcher,
+    /// The addresses of the usable ports (the value of the Node annotation
+    /// `fabricgate.io/peers-gids`), kept by [`Self::update_ports`] for the Node writer.
+    addresses: Arc<Mutex<String>>,
 }
 
 impl PeerAgent {
@@ -238,6 +241,7 @@ impl PeerAgent {
             required_on: config.peers.required().is_some(),
             metrics,
             devices: config.device_matcher(),
+            addresses: Arc::default(),
         })
     }
 
@@ -249,6 +253,17 @@ impl PeerAgent {
     /// gang pre-flight measures from them.
     pub fn shared_ports(&self) -> Arc<Mutex<Vec<LocalPort>>> {
         Arc::clone(&self.ports)
+    }
+
+    /// The addresses of the usable ports (`fabricgate.io/peers-gids`), shared with the Node
+    /// writer.
+    pub fn shared_addresses(&self) -> Arc<Mutex<String>> {
+        Arc::clone(&self.addresses)
+    }
+
+    /// What the responder saw of each gang check's sessions (issue 36, item 3).
+    pub fn receipts(&self) -> fabricgate_probes::rdma::peer::Receipts {
+        self.responder.receipts()
     }
 
     /// The responder's expected peers (a live gang check's predecessor gets places there).
@@ -266,6 +281,7 @@ impl PeerAgent {
         let ports = LocalPort::usable(report, &|d| self.devices.is_match(d));
         self.metrics.forget_unusable(&ports);
         self.responder.set_ports(ports.clone());
+        *self.addresses.lock().unwrap_or_else(|p| p.into_inner()) = gids_value(report, &ports);
         *self.ports.lock().unwrap_or_else(|p| p.into_inner()) = ports;
         self.metrics.record_responder(self.responder.stats());
     }
@@ -394,6 +410,37 @@ pub async fn group_of(client: Option<&kube::Client>, node: &str, label: &str) ->
             String::new()
         }
     }
+}
+
+/// The value of the Node annotation `fabricgate.io/peers-gids` for `ports` (the usable ones) of `report`; empty when
+/// there is none to publish.
+pub fn gids_value(
+    report: &fabricgate_probes::rdma::RdmaReport,
+    ports: &[fabricgate_probes::rdma::peer::LocalPort],
+) -> String {
+    let mut out = Vec::new();
+    for p in ports.iter().take(64) {
+        let Some(port) = report
+            .devices
+            .iter()
+            .find(|d| d.name == p.device)
+            .and_then(|d| d.ports.iter().find(|r| r.port == u32::from(p.port)))
+        else {
+            continue;
+        };
+        let addr = match p.gid_index {
+            Some(i) => port
+                .gids
+                .iter()
+                .find(|g| g.index == u32::from(i))
+                .map(|g| g.gid.clone()),
+            None => port.lid.filter(|l| *l != 0).map(|l| format!("lid:{l}")),
+        };
+        if let Some(a) = addr {
+            out.push(format!("{}/{}={a}", p.device, p.port));
+        }
+    }
+    out.join(",")
 }
 
 #[cfg(test)]

@@ -178,7 +178,17 @@ fn gpu_node(cp: &ControlPlane, name: &str, leaf: &str, validated: bool) {
         name,
         "--overwrite",
         &format!("fabricgate.io/peers-endpoint={}", endpoint(name)),
+        // Its ports' addresses, as its agent publishes them (one malformed entry, dropped).
+        &format!("fabricgate.io/peers-gids={},mlx5_9/1=garbage", gids(name)),
     ]);
+}
+
+/// The `fabricgate.io/peers-gids` entry Node `name`'s agent publishes.
+fn gids(name: &str) -> String {
+    format!(
+        "mlx5_0/1=lid:{}",
+        name.bytes().map(u32::from).sum::<u32>() % 1000 + 1
+    )
 }
 
 /// The peers endpoint Node `name`'s agent publishes.
@@ -358,9 +368,19 @@ fn try_answer(cp: &ControlPlane, fc: &str, result: Value) {
     let _ = cp.block_on(fabric_check_results(cp).create(&PostParams::default(), &obj));
 }
 
+/// A good answer of a member of a ring of two: its peer is also its predecessor.
 fn good(node: &str, peer: &str) -> Value {
+    good_from(node, peer, peer)
+}
+
+/// A good answer: `node` measured `peer`, and attests its receiving end of `prev`'s pair
+/// (issue 36, item 3).
+fn good_from(node: &str, peer: &str, prev: &str) -> Value {
     json!({ "node": node, "peer": peer, "ok": true, "rdma": "measured", "device": "mlx5_0",
-            "port": 1, "rttMicros": 14.2, "finishedAt": "2026-12-02T03:00:07Z" })
+            "port": 1, "rttMicros": 14.2, "bandwidthGbps": 92.1,
+            "finishedAt": "2026-12-02T03:00:07Z",
+            "received": { "peer": prev, "ok": true, "rdma": "measured",
+                "rails": [{ "device": "mlx5_0", "port": 1, "ok": true, "bytes": 1024 }] } })
 }
 
 /// The Events recorded on Workload `name`.
@@ -461,10 +481,18 @@ fn admission_check_retries_an_unvalidated_node_then_a_good_ring_is_ready() {
         want,
         "the ring in name order, with each Node's endpoint"
     );
+    // And the addresses each Node publishes of its ports, well-formed entries only (issue 36,
+    // item 4): the dialling member holds the responder's ENDPOINT to them.
+    for m in obj["spec"]["members"].as_array().unwrap() {
+        let node = m["node"].as_str().unwrap();
+        assert_eq!(m["gids"], json!([gids(node)]), "{m}");
+    }
     assert_eq!(obj["spec"]["workload"]["uid"], uid.as_str());
     assert_eq!(obj["spec"]["workload"]["namespace"], ns);
     assert_eq!(obj["metadata"]["labels"]["fabricgate.io/check"], "gang");
-    assert!(obj["spec"].get("minBandwidthGbps").is_none());
+    // The shipped floor and ceiling (issue 36, item 8).
+    assert_eq!(obj["spec"]["minBandwidthGbps"], 25.0);
+    assert_eq!(obj["spec"]["maxRttMicros"], 50.0);
     let deadline: k8s_openapi::jiff::Timestamp =
         obj["spec"]["deadline"].as_str().unwrap().parse().unwrap();
     let ahead = deadline.duration_since(k8s_openapi::jiff::Timestamp::now());
@@ -476,13 +504,13 @@ fn admission_check_retries_an_unvalidated_node_then_a_good_ring_is_ready() {
     // Two of three answered: still Pending, also with a good answer from a node that is not
     // a member (the policy lets any agent create its own answer; the controller counts only
     // the members').
-    answer(cp, &fc, good("ac-ring-0", "ac-ring-1"));
-    answer(cp, &fc, good("ac-ring-1", "ac-ring-2"));
+    answer(cp, &fc, good_from("ac-ring-0", "ac-ring-1", "ac-ring-2"));
+    answer(cp, &fc, good_from("ac-ring-1", "ac-ring-2", "ac-ring-0"));
     answer(cp, &fc, good("ac-outsider", "ac-ring-0"));
     std::thread::sleep(Duration::from_millis(700));
     assert_eq!(check_state(cp, ns, "train").0, "Pending", "{}", c.log());
     let t1 = Instant::now();
-    answer(cp, &fc, good("ac-ring-2", "ac-ring-0"));
+    answer(cp, &fc, good_from("ac-ring-2", "ac-ring-0", "ac-ring-1"));
     c.wait("Ready", Duration::from_secs(5), || {
         check_state(cp, ns, "train").0 == "Ready"
     });
@@ -552,7 +580,8 @@ fn admission_check_retries_a_failed_pair_and_a_timeout_never_ready() {
         cp,
         &fc,
         json!({ "node": "ac-fail-1", "peer": "ac-fail-0", "ok": false, "rdma": "measured",
-                "device": "mlx5_1", "port": 1, "error": error }),
+                "device": "mlx5_1", "port": 1, "error": error,
+                "received": { "peer": "ac-fail-0", "ok": true, "rdma": "measured" } }),
     );
     c.wait("Retry", Duration::from_secs(5), || {
         check_state(cp, ns, "pair").0 == "Retry"
@@ -1435,4 +1464,130 @@ fn redteam_a_topology_without_a_hostname_level_is_not_a_gang() {
         fabric_check(cp, &fc_name(ns, "racked", &uid)).is_none(),
         "no ring over the leaf's nodes"
     );
+}
+
+/// Issue 36, item 3: a compromised agent vouches for a broken link. Answers are
+/// self-reported, and the pair a -> b was attested by a alone: its `ok: true` released the
+/// gang whatever b saw. Now each member also attests its receiving end (what its own
+/// responder saw of its predecessor's sessions for the check), and the controller requires
+/// both ends of every pair to agree: b received nothing verified from a, so `Retry` naming
+/// the pair.
+#[test]
+fn redteam_a_pair_vouched_for_by_one_end_only_is_not_ready() {
+    let Some(env) = setup() else { return };
+    let cp = env.cp;
+    let ns = "ac-oneend";
+    gpu_node(cp, "ac-oneend-0", "leaf-oe", true);
+    gpu_node(cp, "ac-oneend-1", "leaf-oe", true);
+    let config = config(&env, "oneend", "20s");
+    let c = start(&env, "ac-oneend-a", "ac-test-oneend", ns, &config);
+    let fc = reserved_gang(
+        cp,
+        &c,
+        ns,
+        "gang",
+        "leaf-oe",
+        &["ac-oneend-0", "ac-oneend-1"],
+        "2026-12-02T04:50:00Z",
+    );
+    // ac-oneend-0's agent lies: ok, measured, for a link that carried nothing.
+    answer(cp, &fc, good("ac-oneend-0", "ac-oneend-1"));
+    // ac-oneend-1's honest agent: its own pair is fine, but nothing of ac-oneend-0's arrived.
+    let mut honest = good("ac-oneend-1", "ac-oneend-0");
+    honest["received"] = json!({ "peer": "ac-oneend-0", "ok": false, "rdma": "unmeasured",
+        "error": "nothing received from ac-oneend-0 for this check" });
+    answer(cp, &fc, honest);
+    c.wait("decided", Duration::from_secs(10), || {
+        check_state(cp, ns, "gang").0 != "Pending"
+    });
+    let (state, message) = check_state(cp, ns, "gang");
+    assert_eq!(state, "Retry", "{message}");
+    assert!(
+        message.contains("failed on 1 of 2 pairs: ac-oneend-0 -> ac-oneend-1")
+            && message.contains("the ends disagree")
+            && message.contains("nothing received from ac-oneend-0"),
+        "{message}"
+    );
+    drop(c);
+}
+
+/// Issue 36, item 8: "ok" proved little by default: one rail, 16 × 64-byte WRITEs, no
+/// bandwidth, no RTT ceiling. Before: a pair answering `ok` over one rail at a 900 µs median
+/// RTT and no bandwidth burst was `Ready`, and the FabricCheck asked for no minimum. Now the
+/// check carries the shipped floor (`gang.min_bandwidth_gbps` 25) and ceiling
+/// (`gang.max_rtt_micros` 50), a pair outside them is `Retry`, and so is one whose rails did
+/// not all pass.
+#[test]
+fn redteam_ok_needs_every_rail_bandwidth_and_an_rtt_ceiling() {
+    let Some(env) = setup() else { return };
+    let cp = env.cp;
+    let ns = "ac-rails";
+    gpu_node(cp, "ac-rails-0", "leaf-rl", true);
+    gpu_node(cp, "ac-rails-1", "leaf-rl", true);
+    let config = config(&env, "rails", "20s");
+    let c = start(&env, "ac-rails-a", "ac-test-rails", ns, &config);
+    let nodes = ["ac-rails-0", "ac-rails-1"];
+    let fc = reserved_gang(
+        cp,
+        &c,
+        ns,
+        "slow",
+        "leaf-rl",
+        &nodes,
+        "2026-12-02T05:00:00Z",
+    );
+    let spec = fabric_check(cp, &fc).unwrap()["spec"].clone();
+    assert_eq!(
+        (
+            spec["minBandwidthGbps"].as_f64(),
+            spec["maxRttMicros"].as_f64()
+        ),
+        (Some(25.0), Some(50.0)),
+        "the shipped floor and ceiling: {spec}"
+    );
+    // A slow path: 900 µs median, no burst run.
+    for (node, peer) in [(nodes[0], nodes[1]), (nodes[1], nodes[0])] {
+        let mut a = good(node, peer);
+        a["rttMicros"] = json!(900.0);
+        a.as_object_mut().unwrap().remove("bandwidthGbps");
+        answer(cp, &fc, a);
+    }
+    c.wait("decided", Duration::from_secs(10), || {
+        check_state(cp, ns, "slow").0 != "Pending"
+    });
+    let (state, message) = check_state(cp, ns, "slow");
+    assert_eq!(state, "Retry", "{message}");
+    assert!(
+        message.contains("failed on 2 of 2 pairs") && message.contains("no bandwidth measured"),
+        "{message}"
+    );
+
+    // Fast on its first rail, its second rail failed: not ok, naming the rail.
+    let fc = reserved_gang(
+        cp,
+        &c,
+        ns,
+        "rail",
+        "leaf-rl",
+        &nodes,
+        "2026-12-02T05:00:10Z",
+    );
+    let rails = json!([
+        { "device": "mlx5_0", "port": 1, "ok": true, "rttMicros": 3.0, "bandwidthGbps": 92.1 },
+        { "device": "mlx5_1", "port": 1, "ok": false, "rttMicros": 3.0,
+          "error": "timeout: no RDMA WRITE completion" }]);
+    let mut a = good(nodes[0], nodes[1]);
+    a["rails"] = rails;
+    answer(cp, &fc, a);
+    answer(cp, &fc, good(nodes[1], nodes[0]));
+    c.wait("decided", Duration::from_secs(10), || {
+        check_state(cp, ns, "rail").0 != "Pending"
+    });
+    let (state, message) = check_state(cp, ns, "rail");
+    assert_eq!(state, "Retry", "{message}");
+    assert!(
+        message.contains("ac-rails-0 -> ac-rails-1: rail mlx5_1 port 1: timeout"),
+        "{message}"
+    );
+    drop(c);
 }

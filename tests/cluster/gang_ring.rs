@@ -306,6 +306,14 @@ fn agents_answer_a_fabriccheck_in_ring_order_and_name_a_dead_peer() {
         assert_eq!(r["ok"], true, "{r}");
         assert_eq!(r["rdma"], "unmeasured", "--verbs off: {r}");
         assert!(r["finishedAt"].is_string(), "{r}");
+        // Its receiving end: its predecessor greeted it for this check (issue 36, item 3).
+        let rec = &r["received"];
+        assert_eq!(rec["peer"], names[(i + 2) % 3], "{r}");
+        assert_eq!(
+            (&rec["ok"], &rec["rdma"]),
+            (&json!(true), &json!("unmeasured")),
+            "{r}"
+        );
     }
     // Each agent lists and watches only the checks labelled for its own Node: a check goes to
     // its members' watches, not to every agent of the pool.
@@ -769,4 +777,179 @@ fn redteam_only_the_agents_create_answers_whatever_rbac_grants() {
     );
     assert!(ok, "{err}");
     assert_eq!(results(cp, check).len(), 1);
+}
+
+/// Issue 36, item 4: one fleet-wide peer key. Whoever holds it (any node's agent, anything on
+/// a compromised node) can run a responder. Before: one that answered WELCOME as no node (the
+/// name check was skipped when empty) was taken for whatever Node was dialled, and the member
+/// answered `ok: true` for a peer whose agent never spoke. Now WELCOME must name the Node
+/// dialled, and each agent publishes its ports' addresses (`fabricgate.io/peers-gids`) on its
+/// own Node, where only it may write them, for the dialling member to hold ENDPOINT to.
+#[test]
+fn redteam_a_responder_that_is_not_the_dialled_node_is_not_believed() {
+    use fabricgate_probes::rdma::peer::{Identity, KeyRing, Keys, LocalPort, Responder};
+    let Some(cp) = control_plane() else { return };
+    let names = ["rt-imp-0"];
+    let peers = AdvertisedPeers::start(
+        cp,
+        "imp-peers.key",
+        &names,
+        |_| format!("127.0.0.1:{}", free_port()),
+        |_| &[],
+    );
+    // rt-imp-1's endpoint is answered by an impersonator holding the pool's key, first as no
+    // node, then as a third node's name.
+    TestNode::seeded(cp, "rt-imp-1");
+    let keys = Keys::parse(KEY).expect("the pool key");
+    for (i, name) in ["", "rt-imp-9"].iter().enumerate() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let fake = Responder::start(
+            listener,
+            Identity {
+                node_name: (*name).to_owned(),
+                group: String::new(),
+            },
+            std::sync::Arc::new(KeyRing::fixed(keys.clone())),
+            fabricgate_probes::Roots::default(),
+            Duration::from_secs(10),
+        )
+        .unwrap();
+        fake.set_ports(vec![LocalPort {
+            device: "mlx5_0".into(),
+            port: 1,
+            gid_index: None,
+        }]);
+        let mut members = peers.members();
+        members.push(("rt-imp-1".to_owned(), fake.local_addr().to_string()));
+        let check = format!("team.rt-imp.0000000{i}");
+        create_check(cp, &check, &members, 20);
+        wait_until("rt-imp-0's answer", Duration::from_secs(20), || {
+            result_of(&results(cp, &check), "rt-imp-0").is_some()
+        });
+        let got = results(cp, &check);
+        let r = result_of(&got, "rt-imp-0").unwrap();
+        assert_eq!(r["ok"], false, "an impersonator is not rt-imp-1: {r}");
+        let err = r["error"].as_str().unwrap_or_default();
+        let answered = if name.is_empty() {
+            "no node".to_owned()
+        } else {
+            format!("node {name}")
+        };
+        assert!(
+            err.starts_with("verification: peer rt-imp-1 (")
+                && err.contains(&format!("answered as {answered}")),
+            "{err}"
+        );
+    }
+    // The agent publishes its usable port's address on its own Node (the fixture's IB LID).
+    wait_until(
+        "rt-imp-0 publishes its ports",
+        Duration::from_secs(30),
+        || {
+            peers.nodes[0].json()["metadata"]["annotations"]["fabricgate.io/peers-gids"]
+                == "mlx5_0/1=lid:7"
+        },
+    );
+    drop(peers);
+}
+
+/// Issue 36, item 3: a compromised agent vouches for a broken link. Its node's pod-bound token
+/// may create its own answer, and the pair it measures was attested by it alone: an `ok: true`
+/// for a link that never carried a byte passed. Here rt-forge-0 is compromised: something
+/// holding the pool's key answers at its endpoint as rt-forge-0 (so its successor's own pair
+/// passes), and its answer is forged with its token, without measuring anything. Now its
+/// successor rt-forge-1 (a real agent) attests its receiving end: nothing arrived from
+/// rt-forge-0 for the check, and the controller's judgement names the pair.
+#[test]
+fn redteam_a_forged_answer_is_not_attested_by_its_receiver() {
+    use fabricgate::node::fabriccheck::{CheckSpec, ResultSpec};
+    use fabricgate_probes::rdma::peer::{Identity, KeyRing, Keys, LocalPort, Responder};
+    let Some(cp) = control_plane() else { return };
+    let peers = AdvertisedPeers::start(
+        cp,
+        "forge-peers.key",
+        &["rt-forge-1"],
+        |_| format!("127.0.0.1:{}", free_port()),
+        |_| &[],
+    );
+    TestNode::seeded(cp, "rt-forge-0");
+    let fake = Responder::start(
+        std::net::TcpListener::bind("127.0.0.1:0").unwrap(),
+        Identity {
+            node_name: "rt-forge-0".to_owned(),
+            group: String::new(),
+        },
+        std::sync::Arc::new(KeyRing::fixed(Keys::parse(KEY).expect("the pool key"))),
+        fabricgate_probes::Roots::default(),
+        Duration::from_secs(10),
+    )
+    .unwrap();
+    fake.set_ports(vec![LocalPort {
+        device: "mlx5_0".into(),
+        port: 1,
+        gid_index: None,
+    }]);
+    let mut members = vec![("rt-forge-0".to_owned(), fake.local_addr().to_string())];
+    members.extend(peers.members());
+    let check = "team.rt-forge.00000007";
+    create_check(cp, check, &members, 10);
+    let uid = check_uid(cp, check).unwrap();
+    // The forged answer, with rt-forge-0's own token: ok, and its receiving end ok too.
+    let client = cp.block_on(client_from(&cp.agent_kubeconfig("rt-forge-0", None)));
+    let answers: Api<DynamicObject> = Api::namespaced_with(client, NS, &result_resource());
+    let forged: DynamicObject = serde_json::from_value(crate::common::fabriccheck_answer(
+        check,
+        &uid,
+        &json!({ "node": "rt-forge-0", "peer": "rt-forge-1", "ok": true, "rdma": "unmeasured",
+                 "finishedAt": "2026-12-03T10:00:00Z",
+                 "received": { "peer": "rt-forge-1", "ok": true, "rdma": "unmeasured" } }),
+    ))
+    .unwrap();
+    cp.block_on(answers.create(&PostParams::default(), &forged))
+        .expect("a node may create its own answer");
+    wait_until("rt-forge-1's answer", Duration::from_secs(20), || {
+        result_of(&results(cp, check), "rt-forge-1").is_some()
+    });
+    let got = results(cp, check);
+    let honest = result_of(&got, "rt-forge-1").unwrap();
+    assert_eq!(honest["ok"], true, "its own pair is fine: {honest}");
+    assert_eq!(
+        (&honest["received"]["peer"], &honest["received"]["ok"]),
+        (&json!("rt-forge-0"), &json!(false)),
+        "nothing arrived from rt-forge-0: {honest}"
+    );
+    // The controller's judgement of these two answers names the pair.
+    let spec: CheckSpec = serde_json::from_value(
+        cp.get_json(&format!(
+            "/apis/fabricgate.io/v1alpha1/namespaces/{NS}/fabricchecks/{check}"
+        ))
+        .unwrap()["spec"]
+            .clone(),
+    )
+    .unwrap();
+    let answers: Vec<_> = got
+        .iter()
+        .map(|a| {
+            serde_json::from_value::<ResultSpec>(a.clone())
+                .unwrap()
+                .result
+        })
+        .collect();
+    match fabricgate::cluster::admission_check::judge(
+        &spec,
+        &answers,
+        false,
+        false,
+        Duration::from_secs(10),
+    ) {
+        fabricgate::cluster::admission_check::Verdict::Retry {
+            message,
+            failed_pairs: 1,
+        } => assert!(
+            message.contains("rt-forge-0 -> rt-forge-1: the ends disagree"),
+            "{message}"
+        ),
+        v => panic!("a forged answer passed: {v:?}"),
+    }
+    drop(peers);
 }

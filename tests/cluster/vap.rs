@@ -42,7 +42,8 @@ const NO_CLAIM: &str = "the token has no authentication.kubernetes.io/node-name 
                         fabricgate needs a pod-bound token on Kubernetes 1.30+";
 const LABELS: &str = "fabricgate may change only labels under fabricgate.io/";
 const METADATA: &str = "fabricgate may not change annotations (but its own \
-                        fabricgate.io/peers-endpoint), finalizers or owner references";
+                        fabricgate.io/peers-endpoint and fabricgate.io/peers-gids), finalizers \
+                        or owner references";
 const TAINTS: &str = "fabricgate may add or remove only its own taint fabricgate.io/unvalidated; \
                       other taints must stay as they are, in order";
 const SPEC: &str = "fabricgate may not change the Node spec beyond its own taint";
@@ -318,6 +319,18 @@ fn cases() -> Vec<Case> {
             },
             Expect::Admitted(|_, n| {
                 n["metadata"]["annotations"]["fabricgate.io/peers-endpoint"] == "10.0.9.1:9465"
+            }),
+        ),
+        patch(
+            "own peers-gids annotation applied",
+            |_| {
+                Change::Apply(json!({ "apiVersion": "v1", "kind": "Node",
+                    "metadata": { "name": OWN, "labels": { "fabricgate.io/ready": "true" },
+                        "annotations": { "fabricgate.io/peers-endpoint": "10.0.9.1:9465",
+                            "fabricgate.io/peers-gids": "mlx5_0/1=lid:7" } } }))
+            },
+            Expect::Admitted(|_, n| {
+                n["metadata"]["annotations"]["fabricgate.io/peers-gids"] == "mlx5_0/1=lid:7"
             }),
         ),
         patch(
@@ -796,7 +809,7 @@ fn admission_policy_confines_the_agent_to_its_own_nodes_own_fields() {
     let cases = cases();
     assert_eq!(
         cases.len(),
-        37,
+        38,
         "a case was added or removed: update this and the docs"
     );
     let run = |case: &Case| -> (Value, Answer) {

@@ -9,7 +9,7 @@ pub struct FakeHca {
 }
 
 impl FakeHca {
-    /// `mlx5_0` with one 400 Gb/s NDR InfiniBand port, up when `up`.
+    /// `mlx5_0` with one 400 Gb/s NDR InfiniBand port (LID 7), up when `up`.
     pub fn new(up: bool) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let sys = dir.path().join("sys");
@@ -27,6 +27,7 @@ impl FakeHca {
         std::fs::write(port_dir.join("rate"), "400 Gb/sec (4X NDR)\n").expect("rate");
         std::fs::write(port_dir.join("link_layer"), "InfiniBand\n").expect("link_layer");
         std::fs::write(port_dir.join("phys_state"), "5: LinkUp\n").expect("phys_state");
+        std::fs::write(port_dir.join("lid"), "0x7\n").expect("lid");
         // A real kernel always has a mount table; this one has no shared file system.
         std::fs::create_dir_all(dir.path().join("proc/self")).expect("mkdir proc");
         std::fs::write(

@@ -1178,14 +1178,26 @@ fn admission_check_manifest_is_least_privilege_two_replicas_and_its_args_parse()
         spec["x-kubernetes-validations"][0]["rule"],
         "self == oldSelf"
     );
+    // An object is bounded when each of its properties is, an array when it has maxItems and
+    // its items are bounded.
+    fn bounded(s: &Value) -> bool {
+        match s["type"].as_str() {
+            Some("object") => s["properties"]
+                .as_object()
+                .is_some_and(|p| p.values().all(bounded)),
+            Some("array") => s.get("maxItems").is_some() && bounded(&s["items"]),
+            _ => {
+                s.get("maxLength").is_some()
+                    || s.get("maximum").is_some()
+                    || s.get("enum").is_some()
+                    || s.get("format").is_some()
+                    || s["type"] == "boolean"
+                    || s["type"] == "number"
+            }
+        }
+    }
     for (field, s) in spec["properties"].as_object().unwrap() {
-        let bounded = s.get("maxLength").is_some()
-            || s.get("maximum").is_some()
-            || s.get("enum").is_some()
-            || s.get("format").is_some()
-            || s["type"] == "boolean"
-            || s["type"] == "number";
-        assert!(bounded, "spec.{field} is unbounded: {s}");
+        assert!(bounded(s), "spec.{field} is unbounded: {s}");
     }
 
     let deploy = one("Deployment");

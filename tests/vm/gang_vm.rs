@@ -58,7 +58,7 @@ impl Controller {
             &config,
             format!(
                 "gang:\n  namespace: {NS}\n  timeout: 60s\n  require_rdma: true\n  \
-                 min_bandwidth_gbps: 0.0001\n"
+                 min_bandwidth_gbps: 0.0001\n  max_rtt_micros: 1000000\n"
             ),
         )
         .unwrap();

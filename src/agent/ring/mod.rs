@@ -11,6 +11,7 @@
 
 mod clock;
 mod pair;
+mod receive;
 #[cfg(test)]
 mod tests;
 
@@ -20,7 +21,7 @@ pub use pair::{PairJob, measure_pair};
 
 use crate::node::WatchBackoff;
 use crate::node::fabriccheck;
-use fabricgate_probes::rdma::peer::{ExpectedPeers, Identity, KeyRing, LocalPort, Plan};
+use fabricgate_probes::rdma::peer::{ExpectedPeers, Identity, KeyRing, LocalPort, Plan, Receipts};
 use futures::StreamExt;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DynamicObject, PostParams};
@@ -65,6 +66,9 @@ pub struct Ring {
     /// Our responder's expected peers: each check's predecessor is added until the check's
     /// deadline, so strangers' idle connections cannot keep it out (issue 36, item 1).
     pub expected: Option<ExpectedPeers>,
+    /// What our responder saw of each check's sessions: this node attests its receiving end
+    /// of the pair its predecessor measures (issue 36, item 3).
+    pub receipts: Receipts,
     /// For lists and the results' creates.
     pub requests: kube::Client,
     /// For the watch (a longer read timeout); `None`: `requests`.
@@ -241,8 +245,14 @@ async fn answer(ring: &Ring, check: &FabricCheck, peer: Member, until: std::time
     } else {
         plan.bw_size = 0;
     }
+    // Our receiving end is awaited until a little before the deadline, so that the answer is
+    // written in time even when the predecessor never comes.
+    let left = until.saturating_duration_since(std::time::Instant::now());
+    let attest_until = until - (left / 4).min(Duration::from_secs(2));
     let me = ring.identity.clone();
     let min = check.spec.min_bandwidth_gbps;
+    let max_rtt = check.spec.max_rtt_micros;
+    let check_uid = check.uid.clone();
     let session = ring.session;
     let source = ring.source;
     let measured = tokio::task::spawn_blocking(move || {
@@ -253,19 +263,25 @@ async fn answer(ring: &Ring, check: &FabricCheck, peer: Member, until: std::time
             keys: &keys,
             plan,
             min_bandwidth_gbps: min,
+            max_rtt_micros: max_rtt,
             until,
             session,
             source,
+            check_uid: &check_uid,
         })
     })
     .await;
-    let result = match measured {
+    let mut result = match measured {
         Ok(r) => r,
         Err(e) => {
             tracing::error!(check = %check.name, error = %e, "the gang measurement thread failed");
             return;
         }
     };
+    if let Some(prev) = check.spec.previous_before(&ring.node) {
+        result.received =
+            Some(receive::wait(&ring.receipts, &check.uid, &prev.node, attest_until).await);
+    }
     tracing::info!(
         check = %check.name,
         peer = %result.peer,
@@ -274,6 +290,7 @@ async fn answer(ring: &Ring, check: &FabricCheck, peer: Member, until: std::time
         rtt_us = ?result.rtt_micros,
         bandwidth_gbps = ?result.bandwidth_gbps,
         error = result.error.as_deref().unwrap_or(""),
+        received_ok = result.received.as_ref().map(|r| r.ok),
         "gang pre-flight pair measured"
     );
     write_result(ring, check, &result, until).await;

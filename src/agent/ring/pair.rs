@@ -1,10 +1,11 @@
 //! One pair of the ring, measured once (synchronous: it runs on a blocking thread): RTT over
-//! RDMA from the first usable local port that works (with a bandwidth burst when the check
-//! asks for a minimum), or, without a usable local port, the authenticated side-channel
+//! RDMA from every usable local port (rail) to the peer's port of the same name, all required
+//! (with a bandwidth burst when the check asks for a minimum, and the check's RTT ceiling;
+//! issue 36, item 8), or, without a usable local port, the authenticated side-channel
 //! exchange alone. Whatever happens is a [`PairResult`]: our own trouble is `ok: false` with
 //! an error that says it is ours, never a verdict on the Node.
 
-use crate::node::fabriccheck::{Member, PairResult, Rdma};
+use crate::node::fabriccheck::{Member, PairResult, RailResult, Rdma};
 use fabricgate_probes::rdma::peer::{self, Identity, Keys, LocalPort, Outcome, Plan, Skip};
 use k8s_openapi::jiff::Timestamp;
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
@@ -23,6 +24,8 @@ pub struct PairJob<'a> {
     /// The RTT plan, with the bandwidth burst already set when a minimum is asked.
     pub plan: Plan,
     pub min_bandwidth_gbps: Option<f64>,
+    /// Every rail's median RTT must stay below this (µs).
+    pub max_rtt_micros: Option<f64>,
     /// When to give up (the check's deadline, or sooner).
     pub until: Instant,
     /// Bound on one session.
@@ -30,6 +33,9 @@ pub struct PairJob<'a> {
     /// This node's own address (its responder's), to connect from: the peer's responder
     /// keeps places for its ring predecessor's address. `None`: the route's source.
     pub source: Option<IpAddr>,
+    /// The check's uid, told to the peer's responder with each session so that it attests
+    /// what it received (issue 36, item 3).
+    pub check_uid: &'a str,
 }
 
 fn finish(job: &PairJob<'_>, rdma: Rdma) -> PairResult {
@@ -44,6 +50,8 @@ fn finish(job: &PairJob<'_>, rdma: Rdma) -> PairResult {
         bandwidth_gbps: None,
         error: None,
         finished_at: Timestamp::now().to_string(),
+        received: None,
+        rails: Vec::new(),
     }
 }
 
@@ -86,70 +94,117 @@ pub fn measure_pair(job: &PairJob<'_>) -> PairResult {
     if job.ports.is_empty() {
         return greet_only(job, result, addr, &who);
     }
-    let mut first_failure = None;
-    for local in job.ports {
-        let mut r = result.clone();
-        r.device = Some(local.device.clone());
-        r.port = Some(local.port);
-        let outcome = loop {
-            let left = job.until.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                break None;
-            }
-            let o = peer::measure_from(
-                job.source,
-                addr,
-                local,
-                job.me,
-                job.keys,
-                &job.plan,
-                job.session.min(left),
-            );
-            match o {
-                Outcome::Skipped(Skip::Busy | Skip::Starting) => std::thread::sleep(BUSY_RETRY),
-                o => break Some(o),
-            }
-        };
-        let from = format!("from {}/{}", local.device, local.port);
-        let r = match outcome {
-            None => fail(
-                r,
-                format!("timeout: {who} {from}: busy or starting until the check's deadline"),
-            ),
-            Some(Outcome::Measured(m)) => {
-                if !m.peer_node.is_empty() && m.peer_node != job.peer.node {
-                    fail(r, wrong_node(&who, &m.peer_node))
-                } else {
-                    r.rtt_micros = Some((m.rtt_median().as_secs_f64() * 1e7).round() / 10.0);
-                    r.bandwidth_gbps = m.bandwidth.map(|b| (b * 8.0 / 1e9 * 100.0).round() / 100.0);
-                    match (job.min_bandwidth_gbps, r.bandwidth_gbps) {
-                        (Some(min), Some(got)) if got < min => fail(
-                            r,
-                            format!(
-                                "bandwidth: {who} {from}: {got} Gb/s, below the \
-                                 {min} Gb/s asked"
-                            ),
-                        ),
-                        (Some(min), None) => fail(
-                            r,
-                            format!("bandwidth: {who} {from}: no burst ran ({min} Gb/s asked)"),
-                        ),
-                        _ => PairResult { ok: true, ..r },
-                    }
-                }
-            }
-            Some(Outcome::Skipped(s)) => fail(r, refused(&who, s)),
-            Some(Outcome::Failed { kind, message }) => {
-                let kind = kind.map_or("local", peer::ErrorKind::as_str);
-                fail(r, format!("{kind}: {who} {from}: {message}"))
-            }
-        };
-        if r.ok {
-            return r;
-        }
-        first_failure.get_or_insert(r);
+    // The Node dialled, as it publishes itself: its responder must answer as it, from one of
+    // its own ports (issue 36, item 4).
+    let mut pin = peer::Pin::new(&job.peer.node, &job.peer.gids);
+    let rails = u8::try_from(job.ports.len()).unwrap_or(u8::MAX);
+    // Every rail, to the peer's port of the same name, all required (issue 36, item 8).
+    let mut measured = Vec::with_capacity(job.ports.len());
+    for (rail, local) in job.ports.iter().enumerate() {
+        pin.tag = peer::CheckTag::new(job.check_uid, u8::try_from(rail).unwrap_or(u8::MAX), rails)
+            .unwrap_or_default();
+        measured.push(measure_rail(job, addr, local, &pin, &who));
     }
-    first_failure.unwrap_or_else(|| fail(result, format!("local: no local port to measure {who}")))
+    fold_rails(result, measured)
+}
+
+/// One rail: `local` to the peer's port of the same name, against the check's floor and
+/// ceiling.
+fn measure_rail(
+    job: &PairJob<'_>,
+    addr: SocketAddr,
+    local: &LocalPort,
+    pin: &peer::Pin,
+    who: &str,
+) -> RailResult {
+    let mut r = RailResult {
+        device: local.device.clone(),
+        port: local.port,
+        ..RailResult::default()
+    };
+    let outcome = loop {
+        let left = job.until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break None;
+        }
+        let o = peer::measure_pinned(
+            job.source,
+            addr,
+            local,
+            job.me,
+            job.keys,
+            &job.plan,
+            job.session.min(left),
+            Some(pin),
+        );
+        match o {
+            Outcome::Skipped(Skip::Busy | Skip::Starting) => std::thread::sleep(BUSY_RETRY),
+            o => break Some(o),
+        }
+    };
+    let from = format!("from {}/{}", local.device, local.port);
+    let error = match outcome {
+        None => Some(format!(
+            "timeout: {who} {from}: busy or starting until the check's deadline"
+        )),
+        Some(Outcome::Measured(m)) if m.peer_node != job.peer.node => {
+            Some(wrong_node(who, &m.peer_node))
+        }
+        Some(Outcome::Measured(m)) => {
+            let rtt = (m.rtt_median().as_secs_f64() * 1e7).round() / 10.0;
+            r.rtt_micros = Some(rtt);
+            r.bandwidth_gbps = m.bandwidth.map(|b| (b * 8.0 / 1e9 * 100.0).round() / 100.0);
+            match (job.min_bandwidth_gbps, r.bandwidth_gbps, job.max_rtt_micros) {
+                (Some(min), Some(got), _) if got < min => Some(format!(
+                    "bandwidth: {who} {from}: {got} Gb/s, below the {min} Gb/s asked"
+                )),
+                (Some(min), None, _) => Some(format!(
+                    "bandwidth: {who} {from}: no burst ran ({min} Gb/s asked)"
+                )),
+                (_, _, Some(max)) if rtt > max => Some(format!(
+                    "rtt: {who} {from}: median {rtt} µs, above the {max} µs ceiling"
+                )),
+                _ => None,
+            }
+        }
+        Some(Outcome::Skipped(s)) => Some(refused(who, s)),
+        Some(Outcome::Failed { kind, message }) => {
+            let kind = kind.map_or("local", peer::ErrorKind::as_str);
+            Some(format!("{kind}: {who} {from}: {message}"))
+        }
+    };
+    r.ok = error.is_none();
+    r.error = error;
+    r
+}
+
+/// Pure: the pair's answer from its rails: `ok` only when every rail is (and there is one);
+/// device, port and error of the first failed rail (the first rail when none failed), the
+/// slowest median RTT and the lowest bandwidth.
+pub(crate) fn fold_rails(mut result: PairResult, rails: Vec<RailResult>) -> PairResult {
+    let failed: Vec<&RailResult> = rails.iter().filter(|r| !r.ok).collect();
+    let shown = failed.first().copied().or(rails.first());
+    result.device = shown.map(|r| r.device.clone());
+    result.port = shown.map(|r| r.port);
+    result.rtt_micros = rails.iter().filter_map(|r| r.rtt_micros).reduce(f64::max);
+    result.bandwidth_gbps = rails
+        .iter()
+        .filter_map(|r| r.bandwidth_gbps)
+        .reduce(f64::min);
+    result.ok = !rails.is_empty() && failed.is_empty();
+    result.error = match failed.as_slice() {
+        [] if rails.is_empty() => Some("local: no local port to measure from".to_owned()),
+        [] => None,
+        [one] => one.error.clone(),
+        [first, rest @ ..] => Some(format!(
+            "{} (and {} more of {} rails failed)",
+            first.error.as_deref().unwrap_or("failed"),
+            rest.len(),
+            rails.len()
+        )),
+    };
+    result.rails = rails;
+    result
 }
 
 /// No usable local port: the authenticated HELLO/WELCOME with the peer's responder decides.
@@ -160,6 +215,8 @@ fn greet_only(job: &PairJob<'_>, result: PairResult, addr: SocketAddr, who: &str
         port: 0,
         gid_index: None,
     };
+    let mut pin = peer::Pin::new(&job.peer.node, &job.peer.gids);
+    pin.tag = peer::CheckTag::new(job.check_uid, 0, 1).unwrap_or_default();
     loop {
         let left = job.until.saturating_duration_since(Instant::now());
         if left.is_zero() {
@@ -168,15 +225,17 @@ fn greet_only(job: &PairJob<'_>, result: PairResult, addr: SocketAddr, who: &str
                 format!("timeout: {who}: busy or starting until the check's deadline"),
             );
         }
-        match peer::greet_from(
+        match peer::greet_pinned(
             job.source,
             addr,
             &any,
             job.me,
             job.keys,
             job.session.min(left),
+            Some(&pin),
         ) {
-            Ok(g) if !g.peer_node.is_empty() && g.peer_node != job.peer.node => {
+            // WELCOME must name the Node dialled: an empty name is no one's (issue 36, item 4).
+            Ok(g) if g.peer_node != job.peer.node => {
                 return fail(result, wrong_node(who, &g.peer_node));
             }
             Ok(_) => return PairResult { ok: true, ..result },
@@ -193,8 +252,9 @@ fn greet_only(job: &PairJob<'_>, result: PairResult, addr: SocketAddr, who: &str
 
 fn wrong_node(who: &str, answered: &str) -> String {
     format!(
-        "verification: {who}: the responder there answered as node {answered}: a stale \
-         fabricgate.io/peers-endpoint annotation?"
+        "verification: {who}: the responder there answered as {}: a stale \
+         fabricgate.io/peers-endpoint annotation, or not that node's agent",
+        peer::answered_as(answered)
     )
 }
 

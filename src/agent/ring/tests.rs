@@ -97,6 +97,7 @@ fn pair(me: &str, peer: &str, endpoint: String, keys: &Keys) -> PairResult {
     let peer = Member {
         node: peer.into(),
         endpoint,
+        ..Member::default()
     };
     measure_pair(&PairJob {
         me: &me,
@@ -105,9 +106,11 @@ fn pair(me: &str, peer: &str, endpoint: String, keys: &Keys) -> PairResult {
         keys,
         plan: Plan::default(),
         min_bandwidth_gbps: None,
+        max_rtt_micros: None,
         until: Instant::now() + Duration::from_secs(5),
         session: Duration::from_secs(5),
         source: None,
+        check_uid: "0f1e2d3c-aaaa-bbbb-cccc-000000000001",
     })
 }
 
@@ -169,6 +172,8 @@ fn results_serialize_as_the_interface_says() {
         bandwidth_gbps: None,
         error: None,
         finished_at: "2026-12-02T03:00:07Z".into(),
+        received: None,
+        rails: Vec::new(),
     };
     assert_eq!(
         serde_json::to_value(&r).unwrap(),
@@ -205,4 +210,134 @@ fn redteam_the_api_servers_date_gives_the_clock_offset() {
     let server_now = sent.checked_add(o).unwrap();
     assert_eq!(decide(&c, "a", sent), Decision::Skip("past its deadline"));
     assert!(matches!(decide(&c, "a", server_now), Decision::Measure(_)));
+}
+
+/// Issue 36, item 4: whoever holds the pool's key can run a responder; one that answers as no
+/// node (WELCOME's name empty) is not the Node dialled, whatever the key says.
+#[test]
+fn redteam_a_responder_that_names_no_node_is_not_the_dialled_node() {
+    let nameless = responder("", vec![ib()]);
+    let r = pair("a", "b", nameless.local_addr().to_string(), &key());
+    assert!(!r.ok, "{r:?}");
+    let e = r.error.unwrap_or_default();
+    assert!(
+        e.starts_with("verification: peer b (") && e.contains("answered as no node"),
+        "{e}"
+    );
+}
+
+/// Issue 36, item 3: the receiving end is attested from the responder's receipts: ok once a
+/// session delivered (a greeting without RDMA, verified bytes with it); nothing, or only
+/// failures on every rail announced, is not ok and says why.
+#[test]
+fn redteam_the_receiving_end_is_attested_from_the_receipts() {
+    use fabricgate_probes::rdma::peer::{CheckTag, Receipt, Seen};
+    let uid = "0f1e2d3c-aaaa-bbbb-cccc-000000000001";
+    let receipt = |rail: u8, rails: u8, seen: Seen| Receipt {
+        tag: CheckTag::new(uid, rail, rails).unwrap(),
+        from: "a".into(),
+        device: "mlx5_0".into(),
+        port: 1,
+        seen,
+    };
+    let (r, done) = super::receive::received("a", &[]);
+    assert!(!done && !r.ok, "{r:?}");
+    assert_eq!(
+        r.error.as_deref(),
+        Some("nothing received from a for this check")
+    );
+    let (r, done) = super::receive::received("a", &[receipt(0, 1, Seen::Greeted)]);
+    assert!(done && r.ok && r.rdma == Rdma::Unmeasured, "{r:?}");
+    let (r, done) = super::receive::received("a", &[receipt(0, 1, Seen::Verified { bytes: 1024 })]);
+    assert!(done && r.ok && r.rdma == Rdma::Measured, "{r:?}");
+    assert_eq!(r.rails[0].bytes, Some(1024));
+    let failed = Seen::Failed("the session broke off before DONE".into());
+    let (r, done) = super::receive::received("a", &[receipt(0, 2, failed.clone())]);
+    assert!(!done && !r.ok, "one of two rails still to come: {r:?}");
+    // Issue 36, item 8: every rail announced must deliver.
+    let verified = Seen::Verified { bytes: 1024 };
+    let (r, done) = super::receive::received("a", &[receipt(0, 2, verified.clone())]);
+    assert!(!done && !r.ok, "rail 1 of 2 not in yet: {r:?}");
+    let (r, done) = super::receive::received(
+        "a",
+        &[
+            receipt(0, 2, verified.clone()),
+            receipt(1, 2, verified.clone()),
+        ],
+    );
+    assert!(done && r.ok && r.rails.len() == 2, "{r:?}");
+    let (r, done) = super::receive::received(
+        "a",
+        &[receipt(0, 2, verified), receipt(1, 2, failed.clone())],
+    );
+    assert!(done && !r.ok, "one rail failed: {r:?}");
+    let (r, done) =
+        super::receive::received("a", &[receipt(0, 2, failed.clone()), receipt(1, 2, failed)]);
+    assert!(done && !r.ok, "{r:?}");
+    assert!(
+        r.error
+            .unwrap()
+            .contains("a's sessions failed here: the session broke off"),
+        "why"
+    );
+}
+
+/// Issue 36, item 8: a pair is `ok` only when every rail is: one working rail no longer
+/// speaks for the others. The answer shows the first failed rail, the slowest RTT and the
+/// lowest bandwidth, and every rail.
+#[test]
+fn redteam_every_rail_must_pass() {
+    use crate::node::fabriccheck::RailResult;
+    let rail = |dev: &str, rtt: f64, bw: f64, error: Option<&str>| RailResult {
+        device: dev.into(),
+        port: 1,
+        ok: error.is_none(),
+        rtt_micros: Some(rtt),
+        bandwidth_gbps: Some(bw),
+        error: error.map(str::to_owned),
+    };
+    let base = PairResult {
+        node: "a".into(),
+        peer: "b".into(),
+        rdma: Rdma::Measured,
+        ..PairResult::default()
+    };
+    let all = super::pair::fold_rails(
+        base.clone(),
+        vec![
+            rail("mlx5_0", 3.0, 90.0, None),
+            rail("mlx5_1", 4.5, 80.0, None),
+        ],
+    );
+    assert!(all.ok && all.error.is_none(), "{all:?}");
+    assert_eq!(
+        (
+            all.device.as_deref(),
+            all.rtt_micros,
+            all.bandwidth_gbps,
+            all.rails.len()
+        ),
+        (Some("mlx5_0"), Some(4.5), Some(80.0), 2)
+    );
+    let slow = "bandwidth: peer b (x) from mlx5_1/1: 3.1 Gb/s, below the 25 Gb/s asked";
+    let one_bad = super::pair::fold_rails(
+        base.clone(),
+        vec![
+            rail("mlx5_0", 3.0, 90.0, None),
+            rail("mlx5_1", 3.0, 3.1, Some(slow)),
+            rail("mlx5_2", 900.0, 90.0, Some("rtt: ...")),
+        ],
+    );
+    assert!(!one_bad.ok, "{one_bad:?}");
+    assert_eq!(
+        one_bad.device.as_deref(),
+        Some("mlx5_1"),
+        "the first failed rail"
+    );
+    assert_eq!(
+        one_bad.error.as_deref(),
+        Some(format!("{slow} (and 1 more of 3 rails failed)").as_str())
+    );
+    let none = super::pair::fold_rails(base, Vec::new());
+    assert!(!none.ok && none.error.unwrap().starts_with("local: "));
 }

@@ -241,7 +241,8 @@ pub enum Verdict {
 /// Judge a FabricCheck: `Waiting` until every member answered or `past_deadline`; then every
 /// pair good -> `Ready`, else `Retry` naming the failed pairs (with port and error) and the
 /// members that did not answer. A pair is good when `ok` and measured over RDMA (or only
-/// `ok`, with `require_rdma` off), at the bandwidth asked for.
+/// `ok`, with `require_rdma` off), at the bandwidth asked for, and its receiving end attests
+/// it: the next member's answer says it received from this one, verified (issue 36, item 3).
 pub fn judge(
     spec: &CheckSpec,
     results: &[PairResult],
@@ -260,7 +261,13 @@ pub fn judge(
             missing.push(m.node.clone());
             continue;
         };
-        match pair_problem(r, peer, spec.min_bandwidth_gbps, require_rdma) {
+        // Both ends of the pair: the sender's measurement and the receiver's own attestation
+        // of what arrived (issue 36, item 3). A receiver that has not answered is waited for
+        // (or named as silent at the deadline).
+        let receiver = results.iter().find(|x| &x.node == peer);
+        let problem = pair_problem(r, peer, spec, require_rdma)
+            .or_else(|| receiver.and_then(|x| receipt_problem(r, x)));
+        match problem {
             Some(p) => failed.push(p),
             None => {
                 if r.rdma != Rdma::Measured {
@@ -309,6 +316,9 @@ pub fn judge(
     if let Some(min) = spec.min_bandwidth_gbps {
         let _ = write!(message, ", every pair at least {min} Gbit/s");
     }
+    if let Some(max) = spec.max_rtt_micros {
+        let _ = write!(message, ", every median RTT at most {max} µs");
+    }
     if unmeasured > 0 {
         let _ = write!(
             message,
@@ -319,11 +329,59 @@ pub fn judge(
     Verdict::Ready(message)
 }
 
+/// Why the receiving end `receiver` does not attest the pair `sender` measured: no attestation,
+/// one of another member, nothing verified, or no RDMA bytes where the sender claims RDMA.
+fn receipt_problem(sender: &PairResult, receiver: &PairResult) -> Option<String> {
+    let pair = format!("{} -> {}", sender.node, receiver.node);
+    let Some(got) = &receiver.received else {
+        return Some(format!(
+            "{pair}: {} does not attest its receiving end (its answer has no `received`: an \
+             agent older than issue 36, item 3?); a pair needs both ends",
+            receiver.node
+        ));
+    };
+    if got.peer != sender.node {
+        return Some(format!(
+            "{pair}: {} attests receiving from {}, not from {}",
+            receiver.node, got.peer, sender.node
+        ));
+    }
+    if !got.ok {
+        let why = got.error.as_deref().unwrap_or("nothing verified");
+        return Some(format!(
+            "{pair}: the ends disagree: {} reports ok, {} received nothing verified ({why})",
+            sender.node, receiver.node
+        ));
+    }
+    if sender.rdma == Rdma::Measured && got.rdma != Rdma::Measured {
+        return Some(format!(
+            "{pair}: the ends disagree: {} reports an RDMA measurement, {} saw no RDMA bytes \
+             from it (the side channel only)",
+            sender.node, receiver.node
+        ));
+    }
+    // Every rail the sender reports arrived verified at the receiver (issue 36, item 8).
+    let verified = got
+        .rails
+        .iter()
+        .filter(|x| x.ok && x.bytes.is_some())
+        .count();
+    if sender.rdma == Rdma::Measured && verified < sender.rails.len() {
+        return Some(format!(
+            "{pair}: the ends disagree: {} reports {} rails, {} verified the bytes of {verified}",
+            sender.node,
+            sender.rails.len(),
+            receiver.node
+        ));
+    }
+    None
+}
+
 /// Why one member's result is not good, naming the pair, the port and the error.
 fn pair_problem(
     r: &PairResult,
     peer: &str,
-    min_bandwidth: Option<f64>,
+    spec: &CheckSpec,
     require_rdma: bool,
 ) -> Option<String> {
     let port = match (&r.device, r.port) {
@@ -347,11 +405,35 @@ fn pair_problem(
             "{pair}: RDMA was not measured (unmeasured; gang.require_rdma is true)"
         ));
     }
-    if let Some(min) = min_bandwidth {
+    // Every rail, and the floor and ceiling on the slowest: for what was measured over RDMA
+    // (issue 36, item 8; side-channel answers, allowed without gang.require_rdma, carry
+    // neither).
+    if let Some(bad) = r.rails.iter().find(|x| !x.ok) {
+        let error = bad.error.as_deref().unwrap_or("failed (no error given)");
+        return Some(format!(
+            "{} -> {peer}: rail {} port {}: {error}",
+            r.node, bad.device, bad.port
+        ));
+    }
+    if r.rdma != Rdma::Measured {
+        return None;
+    }
+    if let Some(min) = spec.min_bandwidth_gbps {
         match r.bandwidth_gbps {
             Some(b) if b >= min => {}
             Some(b) => return Some(format!("{pair}: bandwidth {b:.1} Gbit/s below {min}")),
             None => return Some(format!("{pair}: no bandwidth measured (asked for {min})")),
+        }
+    }
+    if let Some(max) = spec.max_rtt_micros {
+        match r.rtt_micros {
+            Some(t) if t <= max => {}
+            Some(t) => {
+                return Some(format!(
+                    "{pair}: median RTT {t:.1} µs above the ceiling {max} µs (gang.max_rtt_micros)"
+                ));
+            }
+            None => return Some(format!("{pair}: no RTT measured (ceiling {max} µs)")),
         }
     }
     None
@@ -360,7 +442,7 @@ fn pair_problem(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::node::fabriccheck::Member;
+    use crate::node::fabriccheck::{Member, Received};
     use serde_json::json;
     use std::time::Duration;
 
@@ -498,6 +580,7 @@ mod tests {
                 .map(|i| Member {
                     node: format!("n{i}"),
                     endpoint: format!("10.0.0.{i}:9465"),
+                    ..Member::default()
                 })
                 .collect(),
             ..CheckSpec::default()
@@ -514,8 +597,63 @@ mod tests {
             port: Some(1),
             rtt_micros: Some(10.0 + i as f64),
             error: (!ok).then(|| "timeout: no completion from n2 mlx5_0 port 1".into()),
+            received: Some(Received {
+                peer: format!("n{}", (i + n - 1) % n),
+                ok: true,
+                rdma: Rdma::Measured,
+                ..Received::default()
+            }),
             ..PairResult::default()
         }
+    }
+
+    /// Issue 36, item 3: a pair is vouched for by both its ends. The sender's `ok: true` is
+    /// not enough when the receiver attests nothing, something else, a failure, or only a
+    /// side-channel greeting where the sender claims RDMA.
+    #[test]
+    fn redteam_a_pair_needs_both_ends_to_agree() {
+        let t = Duration::from_secs(20);
+        let s = spec(2);
+        let good = vec![result(0, 2, true), result(1, 2, true)];
+        assert!(matches!(
+            judge(&s, &good, false, true, t),
+            Verdict::Ready(_)
+        ));
+        let retry = |rs: &[PairResult]| match judge(&s, rs, false, true, t) {
+            Verdict::Retry {
+                message,
+                failed_pairs: 1,
+            } => message,
+            v => panic!("{v:?}"),
+        };
+        let mut rs = good.clone();
+        rs[1].received = Some(Received {
+            peer: "n0".into(),
+            ok: false,
+            error: Some("nothing received from n0 for this check".into()),
+            ..Received::default()
+        });
+        let m = retry(&rs);
+        assert!(
+            m.contains("n0 -> n1: the ends disagree: n0 reports ok, n1 received nothing verified")
+                && m.contains("nothing received from n0"),
+            "{m}"
+        );
+        rs[1].received = None;
+        assert!(retry(&rs).contains("n0 -> n1: n1 does not attest its receiving end"));
+        rs[1].received = Some(Received {
+            peer: "n7".into(),
+            ok: true,
+            ..Received::default()
+        });
+        assert!(retry(&rs).contains("n0 -> n1: n1 attests receiving from n7, not from n0"));
+        rs[1].received = Some(Received {
+            peer: "n0".into(),
+            ok: true,
+            rdma: Rdma::Unmeasured,
+            ..Received::default()
+        });
+        assert!(retry(&rs).contains("n0 reports an RDMA measurement, n1 saw no RDMA bytes"));
     }
 
     #[test]

@@ -474,6 +474,14 @@ fn prepare(
                 Some(endpoint) => members.push(Member {
                     node: n.clone(),
                     endpoint,
+                    // The ports its responder may give (its own agent's word, issue 36 item 4).
+                    gids: node
+                        .metadata
+                        .annotations
+                        .as_ref()
+                        .and_then(|a| a.get(fabriccheck::GIDS_ANNOTATION))
+                        .map(|v| fabriccheck::gids_entries(v))
+                        .unwrap_or_default(),
                 }),
                 None => foreign.push(n.clone()),
             },
@@ -509,6 +517,7 @@ fn prepare(
         },
         members,
         min_bandwidth_gbps: s.config.gang.min_bandwidth_gbps,
+        max_rtt_micros: s.config.gang.max_rtt_micros,
         deadline,
     }))
 }

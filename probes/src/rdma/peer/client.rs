@@ -2,6 +2,7 @@
 //! bursts, and the responder's verdict, folded into an [`Outcome`].
 
 use super::auth::{Keys, Side, Transcript, random};
+use super::receipts::CheckTag;
 use super::wire::{
     Frame, Hello, T_CHALLENGE, T_DONE, T_ENDPOINT, T_VERDICT, T_WELCOME, Welcome, decode_challenge,
     decode_endpoint, digest, encode, encode_endpoint, encode_open, pattern, read_frame_within,
@@ -50,6 +51,79 @@ pub enum Skip {
     /// The responder was serving as many sessions as it takes (in total or from our
     /// address); try again in a later round. Not authenticated, so never a finding.
     Busy,
+}
+
+/// What the dialled Node says about itself, to hold its responder to (issue 36, item 4): the
+/// pool's key is shared by every node, so a responder's word on who it is proves nothing. Its
+/// WELCOME must name exactly `node`, and its ENDPOINT must address one of the ports that Node
+/// publishes (`fabricgate.io/peers-gids`, which only its own agent may write): a RoCE GID, or
+/// an InfiniBand LID.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Pin {
+    pub node: String,
+    pub gids: Vec<[u8; 16]>,
+    pub lids: Vec<u16>,
+    /// The gang check and rail of the session, told to the responder in HELLO so that it
+    /// attests what it received (issue 36, item 3); all zero: none.
+    pub tag: CheckTag,
+}
+
+impl Pin {
+    /// `node` and its published entries, each `device/port=<gid>` (eight groups of four hex
+    /// digits, as sysfs shows a GID) or `device/port=lid:<n>`; malformed entries are dropped.
+    pub fn new(node: &str, entries: &[String]) -> Self {
+        let mut pin = Self {
+            node: node.to_owned(),
+            ..Self::default()
+        };
+        for e in entries {
+            let Some((_, value)) = e.split_once('=') else {
+                continue;
+            };
+            if let Some(lid) = value.strip_prefix("lid:") {
+                if let Ok(l) = lid.parse::<u16>() {
+                    pin.lids.push(l);
+                }
+            } else if let Some(g) = parse_gid(value) {
+                pin.gids.push(g);
+            }
+        }
+        pin
+    }
+
+    /// Whether an ENDPOINT whose GID is `gid` and LID `lid` addresses one of the Node's ports:
+    /// on a routed (RoCE, `global`) connection its GID, else its LID.
+    pub fn admits(&self, gid: [u8; 16], lid: u16, global: bool) -> bool {
+        if global {
+            self.gids.contains(&gid)
+        } else {
+            lid != 0 && self.lids.contains(&lid)
+        }
+    }
+}
+
+/// A GID as sysfs writes it (`fe80:0000:...`, eight groups of four hex digits).
+pub fn parse_gid(text: &str) -> Option<[u8; 16]> {
+    let mut out = [0u8; 16];
+    let groups: Vec<&str> = text.split(':').collect();
+    if groups.len() != 8 {
+        return None;
+    }
+    for (i, g) in groups.iter().enumerate() {
+        if g.len() != 4 {
+            return None;
+        }
+        let v = u16::from_str_radix(g, 16).ok()?;
+        out[2 * i..2 * i + 2].copy_from_slice(&v.to_be_bytes());
+    }
+    Some(out)
+}
+
+fn gid_text(gid: &[u8; 16]) -> String {
+    gid.chunks(2)
+        .map(|c| format!("{:02x}{:02x}", c[0], c[1]))
+        .collect::<Vec<_>>()
+        .join(":")
 }
 
 /// A completed measurement.
@@ -130,6 +204,15 @@ fn unauthenticated(peer: SocketAddr, what: &str) -> Outcome {
              key); its answer is ignored"
         ),
     )
+}
+
+/// How a responder's name reads in a message.
+pub fn answered_as(name: &str) -> String {
+    if name.is_empty() {
+        "no node".to_owned()
+    } else {
+        format!("node {name}")
+    }
 }
 
 /// Read the responder's next frame and check its MAC.
@@ -232,6 +315,7 @@ fn connect(source: Option<IpAddr>, peer: SocketAddr, timeout: Duration) -> io::R
 
 /// OPEN, CHALLENGE, HELLO and WELCOME, bounded by `timeout` from now. `Err` is the outcome
 /// when the responder did not welcome us (a failure or a skip).
+#[allow(clippy::too_many_arguments)]
 fn open(
     source: Option<IpAddr>,
     peer: SocketAddr,
@@ -240,6 +324,7 @@ fn open(
     keys: &Keys,
     plan: &Plan,
     timeout: Duration,
+    (tag, greet): (CheckTag, bool),
 ) -> Result<Opened, Outcome> {
     let Some(client_nonce) = random() else {
         return Err(Outcome::Failed {
@@ -315,6 +400,8 @@ fn open(
         device: local.device.clone(),
         port: local.port,
         plan: *plan,
+        tag,
+        greet,
     };
     if let Err(e) = stream.write_all(&t.seal(hello.encode())) {
         return Err(io_failure("send HELLO", &e));
@@ -373,7 +460,7 @@ pub fn greet(
     keys: &Keys,
     timeout: Duration,
 ) -> Result<Greeting, Outcome> {
-    greet_from(None, peer, local, identity, keys, timeout)
+    greet_pinned(None, peer, local, identity, keys, timeout, None)
 }
 
 /// [`greet`] from the local address `source` (see [`measure_from`]).
@@ -388,6 +475,24 @@ pub fn greet_from(
     keys: &Keys,
     timeout: Duration,
 ) -> Result<Greeting, Outcome> {
+    greet_pinned(source, peer, local, identity, keys, timeout, None)
+}
+
+/// [`greet_from`], holding the responder to `pin`: its WELCOME must name `pin.node` (a
+/// `verification` failure otherwise), and `pin.tag` tells it the check, for its receipts.
+///
+/// # Errors
+/// As [`greet`].
+pub fn greet_pinned(
+    source: Option<IpAddr>,
+    peer: SocketAddr,
+    local: &LocalPort,
+    identity: &Identity,
+    keys: &Keys,
+    timeout: Duration,
+    pin: Option<&Pin>,
+) -> Result<Greeting, Outcome> {
+    let tag = pin.map(|p| p.tag).unwrap_or_default();
     let opened = open(
         source,
         peer,
@@ -396,8 +501,21 @@ pub fn greet_from(
         keys,
         &Plan::default(),
         timeout,
+        (tag, true),
     )?;
     let _ = opened.stream.shutdown(Shutdown::Both);
+    if let Some(pin) = pin
+        && opened.welcome.identity.node_name != pin.node
+    {
+        return Err(failed(
+            ErrorKind::Verification,
+            format!(
+                "{peer}: the responder answered as {}, not as node {}",
+                answered_as(&opened.welcome.identity.node_name),
+                pin.node
+            ),
+        ));
+    }
     Ok(Greeting {
         peer_node: opened.welcome.identity.node_name,
         peer_device: opened.welcome.device,
@@ -433,6 +551,23 @@ pub fn measure_from(
     plan: &Plan,
     timeout: Duration,
 ) -> Outcome {
+    measure_pinned(source, peer, local, identity, keys, plan, timeout, None)
+}
+
+/// [`measure_from`], holding the responder to `pin` (the Node dialled): a WELCOME naming
+/// another node (or none) and an ENDPOINT that is not one of the Node's published ports are
+/// `verification` failures, before any byte is written.
+#[allow(clippy::too_many_arguments)]
+pub fn measure_pinned(
+    source: Option<IpAddr>,
+    peer: SocketAddr,
+    local: &LocalPort,
+    identity: &Identity,
+    keys: &Keys,
+    plan: &Plan,
+    timeout: Duration,
+    pin: Option<&Pin>,
+) -> Outcome {
     if let Err(e) = plan.validate() {
         return Outcome::Failed {
             kind: None,
@@ -451,10 +586,32 @@ pub fn measure_from(
         welcome,
         start,
         deadline,
-    } = match open(source, peer, local, identity, keys, plan, timeout) {
+    } = match open(
+        source,
+        peer,
+        local,
+        identity,
+        keys,
+        plan,
+        timeout,
+        (pin.map(|p| p.tag).unwrap_or_default(), false),
+    ) {
         Ok(o) => o,
         Err(outcome) => return outcome,
     };
+    if let Some(pin) = pin
+        && welcome.identity.node_name != pin.node
+    {
+        let _ = stream.shutdown(Shutdown::Both);
+        return failed(
+            ErrorKind::Verification,
+            format!(
+                "{peer}: the responder answered as {}, not as node {}",
+                answered_as(&welcome.identity.node_name),
+                pin.node
+            ),
+        );
+    }
 
     let nonce = u64::from_be_bytes(seed);
     let spec = EndpointSpec {
@@ -481,6 +638,23 @@ pub fn measure_from(
             );
         }
         let remote = decode_endpoint(&frame.payload);
+        if let Some(pin) = pin
+            && !pin.admits(remote.gid, remote.lid, local.gid_index.is_some())
+        {
+            let addr = if local.gid_index.is_some() {
+                format!("GID {}", gid_text(&remote.gid))
+            } else {
+                format!("LID {}", remote.lid)
+            };
+            return failed(
+                ErrorKind::Verification,
+                format!(
+                    "{peer}: the responder's ENDPOINT ({addr}) is not a port node {} publishes \
+                     (fabricgate.io/peers-gids): another node's HCA?",
+                    pin.node
+                ),
+            );
+        }
         if (remote.len as usize) < plan.buffer_len() {
             return failed(
                 ErrorKind::Connect,

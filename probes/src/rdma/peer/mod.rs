@@ -18,7 +18,7 @@
 //! client                                   responder
 //!   OPEN    client nonce, ids of its keys ──►        (unauthenticated; names nothing)
 //!          ◄── CHALLENGE responder nonce, key id, MAC (or bare BUSY, VERSION, AUTH)
-//!   HELLO   node, group, device/port, plan, MAC ──►
+//!   HELLO   node, group, device/port, plan, gang check and rail, MAC ──►
 //!          ◄── WELCOME node, group, device/port, status (OK, SELF, OTHER_GROUP, ...), MAC
 //!              (or a bare AUTH: the HELLO's MAC was wrong)
 //!   ENDPOINT gid, qpn, psn, lid, mtu, addr, rkey, len, MAC ──►   (responder creates its QP)
@@ -43,12 +43,20 @@
 //! `(MAX_SESSIONS + EXPECTED_PER_PEER) × MAX_BUFFER`. Before authentication the responder says
 //! nothing but BUSY, VERSION or AUTH.
 //!
+//! # Gang checks
+//! A session of a gang check names it in HELLO ([`CheckTag`]); the responder keeps a
+//! [`Receipt`] of what it saw, which its agent attests in its own answer (issue 36, item 3).
+//! The client holds the responder to the Node it dialled ([`Pin`]: WELCOME's name, ENDPOINT's
+//! GID or LID; item 4).
+//!
 //! # Layout
 //! This module holds the limits, the plan and the local ports; `wire` the frames, `auth` the
-//! keys and the MACs, `responder` and `client` the two sides of a session.
+//! keys and the MACs, `responder` and `client` the two sides of a session, `receipts` what
+//! the responder saw of gang checks' sessions.
 
 pub mod auth;
 mod client;
+mod receipts;
 #[cfg(test)]
 mod redteam;
 mod responder;
@@ -59,9 +67,10 @@ mod wire;
 
 pub use auth::{KeyRing, Keys};
 pub use client::{
-    ErrorKind, Greeting, Measurement, Outcome, Skip, greet, greet_from, measure, measure_from,
-    percentile,
+    ErrorKind, Greeting, Measurement, Outcome, Pin, Skip, answered_as, greet, greet_from,
+    greet_pinned, measure, measure_from, measure_pinned, parse_gid, percentile,
 };
+pub use receipts::{CheckTag, MAX_RECEIPTS, Receipt, Receipts, Seen};
 pub use responder::{Responder, ResponderStats};
 pub use slots::ExpectedPeers;
 

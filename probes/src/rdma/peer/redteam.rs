@@ -237,6 +237,8 @@ fn welcomed(addr: SocketAddr, src: [u8; 4]) -> TcpStream {
         device: "rxe0".into(),
         port: 1,
         plan: Plan::default(),
+        tag: super::CheckTag::default(),
+        greet: false,
     };
     s.write_all(&t.seal(hello.encode())).unwrap();
     s.read_exact(&mut f).unwrap();
@@ -412,6 +414,8 @@ fn redteam_wrong_key_learns_nothing_and_is_refused() {
         device: "rxe0".into(),
         port: 1,
         plan: Plan::default(),
+        tag: super::CheckTag::default(),
+        greet: false,
     }
     .encode();
     s.write_all(&hello).unwrap();
@@ -468,4 +472,132 @@ fn redteam_a_squatters_other_group_is_not_believed() {
             other => panic!("{other:?}"),
         }
     }
+}
+
+/// Issue 36, item 4: the pool's key is everyone's, so the responder is held to what the Node
+/// dialled publishes: its name (none is not a name), and its ENDPOINT to one of that Node's
+/// ports (a RoCE GID, an InfiniBand LID); another node's HCA is refused.
+#[test]
+fn redteam_an_endpoint_is_pinned_to_the_dialled_nodes_ports() {
+    let pin = Pin::new(
+        "gpu-b",
+        &[
+            "mlx5_0/1=0000:0000:0000:0000:0000:ffff:0a00:0902".to_owned(),
+            "mlx5_1/1=lid:17".to_owned(),
+            "mlx5_2/1=garbage".to_owned(),
+            "no-equals".to_owned(),
+        ],
+    );
+    let b = parse_gid("0000:0000:0000:0000:0000:ffff:0a00:0902").unwrap();
+    let other = parse_gid("0000:0000:0000:0000:0000:ffff:0a00:0903").unwrap();
+    assert!(pin.admits(b, 0, true));
+    assert!(!pin.admits(other, 0, true), "another node's GID");
+    assert!(pin.admits([0; 16], 17, false));
+    assert!(!pin.admits([0; 16], 18, false), "another node's LID");
+    assert!(!pin.admits([0; 16], 0, false), "no LID at all");
+    assert_eq!(
+        (pin.gids.len(), pin.lids.len()),
+        (1, 1),
+        "malformed entries dropped"
+    );
+    for bad in [
+        "",
+        "fe80::1",
+        "fe80:0000:0000:0000:0000:0000:0000",
+        "zzzz:0000:0000:0000:0000:0000:0000:0000",
+    ] {
+        assert_eq!(parse_gid(bad), None, "{bad}");
+    }
+    // A responder of the pool that answers as no node, or as another, is refused before any
+    // RDMA (this machine has none: without the pin the client reaches its verbs step).
+    for name in ["", "gpu-c"] {
+        let r = responder(Identity {
+            node_name: name.into(),
+            group: "pool-1".into(),
+        });
+        r.set_ports(vec![local()]);
+        let unpinned = measure_member(r.local_addr());
+        assert!(reaches_rdma(&unpinned), "{unpinned:?}");
+        let o = measure_pinned(
+            None,
+            r.local_addr(),
+            &local(),
+            &member(),
+            &keys(),
+            &Plan::default(),
+            Duration::from_secs(5),
+            Some(&pin),
+        );
+        match o {
+            Outcome::Failed {
+                kind: Some(ErrorKind::Verification),
+                message,
+            } => assert!(
+                message.contains(&format!(
+                    "answered as {}, not as node gpu-b",
+                    answered_as(name)
+                )),
+                "{message}"
+            ),
+            o => panic!("{o:?}"),
+        }
+    }
+}
+
+/// Issue 36, item 3: the responder attests its end of a pair. A session that names a gang
+/// check in its HELLO leaves a receipt: who (the authenticated HELLO's node), on which port,
+/// and what arrived (a greeting, verified bytes, or the failure); one naming no check, none.
+#[test]
+fn redteam_the_responder_keeps_receipts_of_a_checks_sessions() {
+    let r = victim();
+    let receipts = r.receipts();
+    let uid = "0f1e2d3c-aaaa-bbbb-cccc-000000000001";
+    let mut pin = Pin::new("gpu-a", &[]);
+    pin.tag = CheckTag::new(uid, 0, 1).unwrap();
+    let g = greet_pinned(
+        None,
+        r.local_addr(),
+        &local(),
+        &member(),
+        &keys(),
+        Duration::from_secs(5),
+        Some(&pin),
+    );
+    assert!(g.is_ok(), "{g:?}");
+    // Over RDMA: this machine has none, so both sides stop at their verbs step: the receipt
+    // is a failure, not bytes.
+    let o = measure_pinned(
+        None,
+        r.local_addr(),
+        &local(),
+        &member(),
+        &keys(),
+        &Plan::default(),
+        Duration::from_secs(5),
+        Some(&pin),
+    );
+    assert!(reaches_rdma(&o), "{o:?}");
+    // A session for no check leaves nothing.
+    assert!(
+        greet(
+            r.local_addr(),
+            &local(),
+            &member(),
+            &keys(),
+            Duration::from_secs(5)
+        )
+        .is_ok()
+    );
+    assert!(wait_until(|| receipts.of(uid, "gpu-b").len() == 2));
+    let got = receipts.of(uid, "gpu-b");
+    assert_eq!(got[0].seen, Seen::Greeted);
+    assert_eq!((got[0].device.as_str(), got[0].port), ("rxe0", 1));
+    assert!(matches!(&got[1].seen, Seen::Failed(_)), "{got:?}");
+    assert!(receipts.of(uid, "gpu-c").is_empty(), "only gpu-b's");
+    assert!(
+        receipts
+            .of("0f1e2d3c-aaaa-bbbb-cccc-000000000002", "gpu-b")
+            .is_empty()
+    );
+    assert_eq!(CheckTag::new("not a uid", 0, 1), None);
 }

@@ -3,6 +3,7 @@
 //! arrived.
 
 use super::auth::{KeyRing, Side, Transcript, random};
+use super::receipts::{Receipt, Receipts, Seen};
 use super::slots::{ExpectedPeers, Place, Places};
 use super::wire::{
     Cursor, Frame, Hello, T_CHALLENGE, T_DONE, T_ENDPOINT, T_HELLO, T_OPEN, T_VERDICT, T_WELCOME,
@@ -44,6 +45,7 @@ pub struct Responder {
     ports: Arc<Mutex<Option<Vec<LocalPort>>>>,
     stats: Arc<ResponderStats>,
     places: Arc<Places>,
+    receipts: Receipts,
 }
 
 struct Shared {
@@ -56,6 +58,8 @@ struct Shared {
     stats: Arc<ResponderStats>,
     roots: Roots,
     session_limit: Duration,
+    /// What the sessions of gang checks delivered (issue 36, item 3).
+    receipts: Receipts,
 }
 
 impl Responder {
@@ -77,6 +81,7 @@ impl Responder {
         let ports = Arc::new(Mutex::new(None));
         let stats = Arc::new(ResponderStats::default());
         let places = Arc::new(Places::default());
+        let receipts = Receipts::default();
         let shared = Arc::new(Shared {
             identity,
             keys,
@@ -85,6 +90,7 @@ impl Responder {
             stats: Arc::clone(&stats),
             roots,
             session_limit: session_limit.min(Duration::from_secs(60)),
+            receipts: receipts.clone(),
         });
         let stop_flag = Arc::clone(&stop);
         std::thread::Builder::new()
@@ -96,6 +102,7 @@ impl Responder {
             ports,
             stats,
             places,
+            receipts,
         })
     }
 
@@ -121,6 +128,12 @@ impl Responder {
     /// Connections that have not authenticated yet, right now.
     pub fn pending_handshakes(&self) -> usize {
         self.places.pending()
+    }
+
+    /// What the sessions of gang checks delivered here, per check and client (shared): the
+    /// agent attests its receiving end of each pair from it.
+    pub fn receipts(&self) -> Receipts {
+        self.receipts.clone()
     }
 
     /// The set of source addresses a live gang check waits for (shared with the responder):
@@ -261,6 +274,16 @@ fn serve(stream: &mut TcpStream, shared: &Shared, source: IpAddr, handshake: Pla
     };
     // The client holds a key of the pool: from here on it may learn who we are.
     let me = &shared.identity;
+    // What this session delivered, for the check it names (none: not recorded).
+    let note = |device: &str, port: u8, seen: Seen| {
+        shared.receipts.record(Receipt {
+            tag: hello.tag,
+            from: hello.identity.node_name.clone(),
+            device: device.to_owned(),
+            port,
+            seen,
+        });
+    };
     let refuse = |stream: &mut TcpStream, t: &mut Transcript, status: Status| {
         let w = Welcome {
             identity: me.clone(),
@@ -282,6 +305,7 @@ fn serve(stream: &mut TcpStream, shared: &Shared, source: IpAddr, handshake: Pla
         return refuse(stream, &mut t, Status::Busy);
     };
     if hello.plan.validate().is_err() {
+        note("", 0, Seen::Failed(Status::Limits.describe().to_owned()));
         return refuse(stream, &mut t, Status::Limits);
     }
     let port = {
@@ -297,6 +321,7 @@ fn serve(stream: &mut TcpStream, shared: &Shared, source: IpAddr, handshake: Pla
             .cloned()
     };
     let Some(port) = port else {
+        note("", 0, Seen::Failed(Status::NoPort.describe().to_owned()));
         return refuse(stream, &mut t, Status::NoPort);
     };
     let welcome = Welcome {
@@ -307,7 +332,13 @@ fn serve(stream: &mut TcpStream, shared: &Shared, source: IpAddr, handshake: Pla
     if send(stream, &mut t, welcome.encode(Status::Ok)).is_err() {
         return Served::Failed;
     }
+    if hello.greet {
+        // The side channel only: the client closes now.
+        note(&port.device, port.port, Seen::Greeted);
+        return Served::Failed;
+    }
     let plan = hello.plan;
+    let broke = |what: &str| Seen::Failed(format!("the session broke off {what}"));
     let spec = EndpointSpec {
         device: &port.device,
         port: port.port,
@@ -316,22 +347,37 @@ fn serve(stream: &mut TcpStream, shared: &Shared, source: IpAddr, handshake: Pla
         max_outstanding: 1,
     };
     let session = rc::with_endpoint(&spec, |ep| -> Result<bool, ()> {
-        let frame = read_sealed(stream, deadline, FRAME_TIMEOUT, &mut t).ok_or(())?;
-        let frame = expect_kind(frame, T_ENDPOINT, "ENDPOINT").map_err(|_| ())?;
+        let frame = read_sealed(stream, deadline, FRAME_TIMEOUT, &mut t)
+            .and_then(|f| expect_kind(f, T_ENDPOINT, "ENDPOINT").ok())
+            .ok_or_else(|| note(&port.device, port.port, broke("before ENDPOINT")))?;
         let remote = decode_endpoint(&frame.payload);
-        if ep.connect(&remote).is_err() {
+        if let Err(e) = ep.connect(&remote) {
+            note(&port.device, port.port, Seen::Failed(e.message));
             let _ = send(stream, &mut t, encode_endpoint(&ep.local(), Status::Verbs));
             return Err(());
         }
         send(stream, &mut t, encode_endpoint(&ep.local(), Status::Ok)).map_err(|_| ())?;
         // The client's bursts run now: DONE may take the rest of the session.
-        let frame = read_sealed(stream, deadline, limit, &mut t).ok_or(())?;
-        let frame = expect_kind(frame, T_DONE, "DONE").map_err(|_| ())?;
+        let frame = read_sealed(stream, deadline, limit, &mut t)
+            .and_then(|f| expect_kind(f, T_DONE, "DONE").ok())
+            .ok_or_else(|| note(&port.device, port.port, broke("before DONE")))?;
         let want = Cursor::new(&frame.payload).u64();
         let got = digest(&ep.snapshot(0, plan.buffer_len()));
         let status = if got == want {
+            note(
+                &port.device,
+                port.port,
+                Seen::Verified {
+                    bytes: plan.buffer_len() as u64,
+                },
+            );
             Status::Ok
         } else {
+            note(
+                &port.device,
+                port.port,
+                Seen::Failed(Status::Mismatch.describe().to_owned()),
+            );
             Status::Mismatch
         };
         let _ = send(stream, &mut t, encode(T_VERDICT, status, &[]));
@@ -340,7 +386,8 @@ fn serve(stream: &mut TcpStream, shared: &Shared, source: IpAddr, handshake: Pla
     match session {
         Ok(Ok(true)) => Served::Measured,
         Ok(_) => Served::Failed,
-        Err(_) => {
+        Err(e) => {
+            note(&port.device, port.port, Seen::Failed(e.message));
             // Our side could not create the QP: say so instead of leaving the client waiting.
             if read_sealed(stream, deadline, FRAME_TIMEOUT, &mut t).is_some() {
                 let _ = send(

@@ -22,6 +22,12 @@ fn frames_round_trip_and_garbage_is_rejected() {
             bw_size: 65536,
             bw_duration: Duration::from_millis(100),
         },
+        tag: super::CheckTag {
+            check: [7; 16],
+            rail: 2,
+            rails: 8,
+        },
+        greet: true,
     };
     let f = decode(&hello.encode()).unwrap();
     assert_eq!(f.version, PROTOCOL_VERSION);
@@ -409,6 +415,8 @@ fn version_mismatch_is_refused_with_the_responders_version_only() {
         device: "rxe0".into(),
         port: 1,
         plan: Plan::default(),
+        tag: super::CheckTag::default(),
+        greet: false,
     }
     .encode();
     hello[4..6].copy_from_slice(&1u16.to_be_bytes());

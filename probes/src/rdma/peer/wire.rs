@@ -3,6 +3,7 @@
 //! digest both sides use to verify the WRITEs.
 
 use super::auth::{KEY_ID_LEN, KeyId, NONCE_LEN};
+use super::receipts::CheckTag;
 use super::{FRAME_LEN, FRAME_TIMEOUT, Identity, MAC_AT, NAME_LEN, PROTOCOL_VERSION, Plan, Status};
 use crate::rdma::verbs::rc::EndpointInfo;
 use std::io::{self, Read};
@@ -118,6 +119,11 @@ pub(super) struct Hello {
     pub(super) device: String,
     pub(super) port: u8,
     pub(super) plan: Plan,
+    /// The gang check this session is for (all zero: none), so that the responder can
+    /// attest what it received (issue 36, item 3). Older clients send zeros here.
+    pub(super) tag: CheckTag,
+    /// The client closes after WELCOME (the side channel only, no RDMA).
+    pub(super) greet: bool,
 }
 
 impl Hello {
@@ -130,6 +136,8 @@ impl Hello {
         p.extend_from_slice(&self.plan.bw_size.to_be_bytes());
         let ms = u32::try_from(self.plan.bw_duration.as_millis()).unwrap_or(u32::MAX);
         p.extend_from_slice(&ms.to_be_bytes());
+        p.extend_from_slice(&self.tag.check);
+        p.extend_from_slice(&[self.tag.rail, self.tag.rails, u8::from(self.greet)]);
         encode(T_HELLO, Status::Ok, &p)
     }
 
@@ -144,11 +152,19 @@ impl Hello {
             bw_size: c.u32(),
             bw_duration: Duration::from_millis(u64::from(c.u32())),
         };
+        let tag = CheckTag {
+            check: c.bytes(),
+            rail: c.u8(),
+            rails: c.u8(),
+        };
+        let greet = c.u8() & 1 == 1;
         Self {
             identity,
             device,
             port,
             plan,
+            tag,
+            greet,
         }
     }
 }
