@@ -15,6 +15,8 @@
 mod deploy;
 #[path = "node/dra.rs"]
 mod dra;
+#[path = "node/dra_agent.rs"]
+mod dra_agent;
 #[path = "node/dra_scenarios.rs"]
 mod dra_scenarios;
 #[path = "node/harness.rs"]

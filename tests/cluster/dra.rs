@@ -14,12 +14,12 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 const DRIVER: &str = "dra.net";
-const NS: &str = "dra-test";
+pub(crate) const NS: &str = "dra-test";
 
 /// A node with four 400G InfiniBand HCAs `mlx5_0..3` (fixture PCI `0000:1a/2a/3a/4a:00.0`), a
 /// plugin registration directory with a live `dra.net-reg.sock`, and a requirements file.
-struct DraNode {
-    node: TestNode,
+pub(crate) struct DraNode {
+    pub(crate) node: TestNode,
     dir: tempfile::TempDir,
     socket: Option<UnixListener>,
 }
@@ -35,9 +35,20 @@ pub fn device_name(i: usize) -> String {
 
 impl DraNode {
     fn new(cp: &'static ControlPlane, name: &str, extra_config: &str) -> Self {
+        Self::with(cp, name, json!({}), 3, extra_config)
+    }
+
+    /// A node with these extra labels, requiring `min_active_ports` of its four ports.
+    pub(crate) fn with(
+        cp: &'static ControlPlane,
+        name: &str,
+        labels: Value,
+        min_active_ports: u32,
+        extra_config: &str,
+    ) -> Self {
         cp.create_node(
             name,
-            json!({}),
+            labels,
             json!([{ "key": "fabricgate.io/unvalidated", "effect": "NoSchedule" }]),
             json!({}),
         );
@@ -64,7 +75,7 @@ impl DraNode {
         std::fs::write(
             n.config(),
             format!(
-                "rdma:\n  min_active_ports: 3\n  min_rate_gbps: 400\n  link_layer: InfiniBand\n\
+                "rdma:\n  min_active_ports: {min_active_ports}\n  min_rate_gbps: 400\n  link_layer: InfiniBand\n\
                  node:\n  recover_after: 2\nkubernetes:\n  dra:\n    slice_grace: 3s\n    \
                  drivers: [{{name: {DRIVER}}}]\n    registry_dir: {}\n{extra_config}",
                 n.dir.path().join("registry").display()
@@ -91,7 +102,7 @@ impl DraNode {
         }
     }
 
-    fn port_state(&self, hca: usize, up: bool) {
+    pub(crate) fn port_state(&self, hca: usize, up: bool) {
         let dir = self.dir.path().join(format!(
             "sys/devices/pci0000:00/{}/infiniband/mlx5_{hca}/ports/1",
             pci(hca)
@@ -108,7 +119,7 @@ impl DraNode {
         }
     }
 
-    fn start_agent(&self, interval: &str) -> Agent {
+    pub(crate) fn start_agent(&self, interval: &str) -> Agent {
         let kubeconfig = self.node.agent_kubeconfig(None);
         let config = self.config();
         let args = ["--interval", interval, "--config", config.to_str().unwrap()];
@@ -125,7 +136,7 @@ impl DraNode {
 
     /// DraNet's slice for this node: one per node, pool = node name, a device per HCA with
     /// DraNet's attribute names (pkg/apis/attributes.go).
-    fn publish_slice(&self, hcas: &[usize]) {
+    pub(crate) fn publish_slice(&self, hcas: &[usize]) {
         let devices: Vec<Value> = hcas
             .iter()
             .map(|i| {
@@ -168,7 +179,7 @@ impl DraNode {
     }
 
     /// This node's DeviceTaintRules (by their pool), by device.
-    fn rules(&self) -> Vec<Value> {
+    pub(crate) fn rules(&self) -> Vec<Value> {
         rules(self.node.cp)
             .into_iter()
             .filter(|r| r["spec"]["deviceSelector"]["pool"] == self.node.name.as_str())
@@ -189,7 +200,7 @@ fn rules(cp: &ControlPlane) -> Vec<Value> {
         .unwrap_or_default()
 }
 
-fn setup_claims(cp: &ControlPlane) {
+pub(crate) fn setup_claims(cp: &ControlPlane) {
     static ONCE: std::sync::OnceLock<()> = std::sync::OnceLock::new();
     ONCE.get_or_init(|| {
         cp.apply(&json!({ "apiVersion": "v1", "kind": "Namespace", "metadata": { "name": NS } }).to_string());
@@ -242,7 +253,7 @@ fn claim_pod(cp: &ControlPlane, name: &str, node: &str, count: u32) {
     );
 }
 
-fn allocated_devices(cp: &ControlPlane, claim: &str) -> Option<Vec<String>> {
+pub(crate) fn allocated_devices(cp: &ControlPlane, claim: &str) -> Option<Vec<String>> {
     let c = cp.get_json(&format!(
         "/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims/{claim}"
     ))?;
@@ -258,7 +269,7 @@ fn allocated_devices(cp: &ControlPlane, claim: &str) -> Option<Vec<String>> {
 /// Delete the pods and their claims. Without kube-controller-manager nobody deallocates a
 /// claim: its allocation and reservation are dropped here (as the resourceclaim controller
 /// does once the pod is gone), so its devices are free for the next claim.
-fn delete_pods(cp: &ControlPlane, names: &[&str]) {
+pub(crate) fn delete_pods(cp: &ControlPlane, names: &[&str]) {
     for n in names {
         cp.kubectl(&[
             "-n",

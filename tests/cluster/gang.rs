@@ -20,28 +20,64 @@ const RDMA_RESOURCE: &str = "rdma/gang_test";
 const WORKERS: usize = 3;
 
 fn worker(i: usize) -> Value {
+    gang_worker(
+        NS,
+        "llm",
+        &format!("worker-{i}"),
+        Claims::Resource(RDMA_RESOURCE),
+    )
+}
+
+/// How a gang worker asks for its HCAs.
+enum Claims<'a> {
+    /// A device plugin's extended resource.
+    Resource(&'a str),
+    /// A DRA ResourceClaim of that name, on a Node of this leaf.
+    Dra { claim: &'a str, leaf: &'a str },
+}
+
+fn gang_worker(ns: &str, group: &str, name: &str, claims: Claims) -> Value {
+    let mut terms =
+        vec![json!({ "key": "fabricgate.io/ready", "operator": "In", "values": ["true"] })];
+    let mut container = json!({ "name": "worker", "image": "pytorch:test" });
+    let mut pod_claims = json!([]);
+    match claims {
+        Claims::Resource(resource) => {
+            container["resources"] = json!({
+                "requests": { "cpu": "1", resource: "1" },
+                "limits": { resource: "1" },
+            });
+        }
+        Claims::Dra { claim, leaf } => {
+            terms.push(json!({ "key": LEAF, "operator": "In", "values": [leaf] }));
+            container["resources"] =
+                json!({ "requests": { "cpu": "1" }, "claims": [{ "name": "hca" }] });
+            pod_claims = json!([{ "name": "hca", "resourceClaimName": claim }]);
+        }
+    }
     json!({
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": { "name": format!("worker-{i}"), "namespace": NS,
-                      "labels": { "job": "llm-gang" } },
+        "metadata": { "name": name, "namespace": ns, "labels": { "job": group } },
         "spec": {
             "automountServiceAccountToken": false,
             "terminationGracePeriodSeconds": 0,
-            "schedulingGroup": { "podGroupName": "llm" },
+            "schedulingGroup": { "podGroupName": group },
             "affinity": { "nodeAffinity": { "requiredDuringSchedulingIgnoredDuringExecution": {
-                "nodeSelectorTerms": [{ "matchExpressions": [
-                    { "key": "fabricgate.io/ready", "operator": "In", "values": ["true"] },
-                ]}],
+                "nodeSelectorTerms": [{ "matchExpressions": terms }],
             }}},
-            "containers": [{
-                "name": "worker", "image": "pytorch:test",
-                "resources": {
-                    "requests": { "cpu": "1", RDMA_RESOURCE: "1" },
-                    "limits": { RDMA_RESOURCE: "1" },
-                },
-            }],
+            "resourceClaims": pod_claims,
+            "containers": [container],
         },
     })
+}
+
+/// A PodGroup of `min_count` whose pods must share one value of the leaf label.
+fn pod_group(ns: &str, name: &str, min_count: usize) -> String {
+    format!(
+        "apiVersion: scheduling.k8s.io/v1beta1\nkind: PodGroup\nmetadata:\n  name: {name}\n  \
+         namespace: {ns}\nspec:\n  schedulingPolicy:\n    gang:\n      minCount: {min_count}\n  \
+         schedulingConstraints:\n    topology:\n      - key: {LEAF}\n"
+    )
 }
 
 fn bound(cp: &crate::common::controlplane::ControlPlane) -> Vec<Option<String>> {
@@ -108,10 +144,8 @@ fn a_native_gang_waits_whole_for_a_leaf_of_validated_nodes_and_binds_there() {
 
     cp.apply(&format!(
         "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {NS}\n---\napiVersion: v1\n\
-         kind: ServiceAccount\nmetadata:\n  name: default\n  namespace: {NS}\n---\n\
-         apiVersion: scheduling.k8s.io/v1beta1\nkind: PodGroup\nmetadata:\n  name: llm\n  \
-         namespace: {NS}\nspec:\n  schedulingPolicy:\n    gang:\n      minCount: {WORKERS}\n  \
-         schedulingConstraints:\n    topology:\n      - key: {LEAF}\n"
+         kind: ServiceAccount\nmetadata:\n  name: default\n  namespace: {NS}\n---\n{}",
+        pod_group(NS, "llm", WORKERS)
     ));
     cp.start_scheduler();
     for i in 0..WORKERS {
@@ -179,4 +213,110 @@ fn a_native_gang_waits_whole_for_a_leaf_of_validated_nodes_and_binds_there() {
         &["delete", "namespace", NS, "--wait=false"],
         None,
     );
+}
+
+/// The gang path on a DRA cluster (issue 34): a native gang of three whose workers each claim
+/// three HCAs through a ResourceClaim, over four validated nodes of one leaf whose agents keep
+/// a DeviceTaintRule per bad HCA (`taint_scope: device`, two of four ports required): dg-0's
+/// mlx5_0 and dg-1's mlx5_3 bad, dg-3 with two bad HCAs (one untainted HCA short of a
+/// worker), dg-2 healthy. The scheduler binds the gang whole to dg-0, dg-1 and dg-2 and
+/// allocates every claim on the worker's own node, never a tainted device: without the rules
+/// it would take dg-0's first three (mlx5_0 among them) and could use dg-3.
+#[test]
+fn a_native_gang_claiming_hcas_through_dra_gets_only_untainted_devices() {
+    use crate::dra::{DraNode, allocated_devices, delete_pods, device_name, setup_claims};
+    let Some(cp) = control_plane() else { return };
+    setup_claims(cp);
+    let leaf = "leaf-dra";
+    let bad: [&[usize]; 4] = [&[0], &[3], &[], &[0, 1]];
+    let nodes: Vec<DraNode> = (0..4)
+        .map(|i| DraNode::with(cp, &format!("dg-{i}"), json!({ LEAF: leaf }), 2, ""))
+        .collect();
+    let agents: Vec<_> = nodes
+        .iter()
+        .map(|n| {
+            n.publish_slice(&[0, 1, 2, 3]);
+            n.start_agent("500ms")
+        })
+        .collect();
+    for (n, bad) in nodes.iter().zip(bad) {
+        for hca in bad {
+            n.port_state(*hca, false);
+        }
+    }
+    wait_until(
+        "each bad HCA's rule, every node validated",
+        Duration::from_secs(60),
+        || {
+            nodes
+                .iter()
+                .zip(bad)
+                .all(|(n, bad)| n.node.ready() && n.rules().len() == bad.len())
+        },
+    );
+
+    let ns = crate::dra::NS;
+    cp.apply(&pod_group(ns, "llm-dra", WORKERS));
+    let workers: Vec<String> = (0..WORKERS).map(|i| format!("gang-dra-{i}")).collect();
+    for w in &workers {
+        cp.apply(
+            &json!({
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                "metadata": { "name": w, "namespace": ns },
+                "spec": { "devices": { "requests": [{ "name": "hca", "exactly": {
+                    "deviceClassName": "dra.net", "allocationMode": "ExactCount", "count": 3,
+                    "selectors": [{ "cel": { "expression": "device.attributes[\"dra.net\"].rdma == true" } }],
+                }}]}},
+            })
+            .to_string(),
+        );
+        let pod = gang_worker(ns, "llm-dra", w, Claims::Dra { claim: w, leaf });
+        let (ok, _, err) = cp.kubectl_as(
+            &cp.admin_kubeconfig,
+            &["create", "-f", "-"],
+            Some(&pod.to_string()),
+        );
+        assert!(ok, "create {w}: {err}");
+    }
+    let node_of = |w: &str| {
+        cp.get_json(&format!("/api/v1/namespaces/{ns}/pods/{w}"))
+            .and_then(|p| p["spec"]["nodeName"].as_str().map(str::to_owned))
+    };
+    wait_until("the DRA gang bound", Duration::from_secs(60), || {
+        workers.iter().all(|w| node_of(w).is_some())
+    });
+    let mut on: Vec<String> = workers.iter().filter_map(|w| node_of(w)).collect();
+    on.sort();
+    assert_eq!(on, ["dg-0", "dg-1", "dg-2"], "bound whole, never to dg-3");
+    for w in &workers {
+        let node = node_of(w).unwrap();
+        let i: usize = node["dg-".len()..].parse().unwrap();
+        let claim = cp
+            .get_json(&format!(
+                "/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{w}"
+            ))
+            .unwrap();
+        let results = claim["status"]["allocation"]["devices"]["results"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        assert!(
+            results.iter().all(|r| r["pool"] == node.as_str()),
+            "{w} on {node}: devices of another pool: {results:?}"
+        );
+        let mut got = allocated_devices(cp, w).unwrap_or_default();
+        got.sort();
+        let want: Vec<String> = (0..4)
+            .filter(|h| !bad[i].contains(h))
+            .map(device_name)
+            .take(3)
+            .collect();
+        if bad[i].is_empty() {
+            assert_eq!(got.len(), 3, "{w} on {node}: {got:?}");
+        } else {
+            assert_eq!(got, want, "{w} on {node}: only untainted devices");
+        }
+    }
+    delete_pods(cp, &workers.iter().map(String::as_str).collect::<Vec<_>>());
+    drop(agents);
 }

@@ -54,6 +54,12 @@ pub fn unhealthy_metrics() -> Metrics {
     use fabricgate_probes::storage::MountStatus;
     let mut config = ndr_requirements();
     config.lustre.mounts = vec!["/lustre/scratch".into()];
+    config.kubernetes.dra = Config::parse(
+        "kubernetes:\n  dra:\n    drivers: [{name: dra.net}, {name: rdma.example.com}]\n",
+    )
+    .unwrap()
+    .kubernetes
+    .dra;
     let metrics = Metrics::with_config(&config);
     let node = committed_fixture("ndr-port-down");
     let t0 = 1_700_000_000.0;
@@ -82,9 +88,20 @@ pub fn unhealthy_metrics() -> Metrics {
             duration_us: Some(5400.0),
             ..SelftestResult::default()
         });
-        let verdict = policy::evaluate(&report, &config);
+        let mut verdict = policy::evaluate(&report, &config);
+        // A DRA node: the bad HCA kept off new claims by a DeviceTaintRule.
+        verdict.device_taints.push(policy::dra::DeviceTaint {
+            driver: "dra.net".into(),
+            pool: "gpu-b".into(),
+            device: "pci-0000-8a-00-0".into(),
+            hca: "mlx5_3".into(),
+            reason: "PortDown".into(),
+            message: "mlx5_3 port 1 is DOWN".into(),
+        });
         metrics.record_probe(&report, &verdict);
     }
+    metrics.set_dra_drivers(&[("dra.net".into(), true), ("rdma.example.com".into(), false)]);
+    metrics.set_dra_device_rules(true);
     metrics
 }
 

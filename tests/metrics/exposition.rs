@@ -193,6 +193,13 @@ fn golden_unhealthy_node() {
             r#"fabricgate_findings{scope="lustre",reason="MountHung"}"#,
             1.0,
         ),
+        (r#"fabricgate_dra_devices_tainted{reason="PortDown"}"#, 1.0),
+        (r#"fabricgate_dra_driver_up{driver="dra.net"}"#, 1.0),
+        (
+            r#"fabricgate_dra_driver_up{driver="rdma.example.com"}"#,
+            0.0,
+        ),
+        ("fabricgate_dra_device_rules_writable", 1.0),
     ] {
         assert_eq!(sample(&text, series), Some(want), "{series}\n{text}");
     }

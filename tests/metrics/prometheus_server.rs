@@ -338,6 +338,8 @@ fn every_dashboard_query_returns_data_from_the_agent() {
         "Silent TCP fallback suspected",
         "Data-path self-test",
         "Probe duration",
+        "HCAs tainted by DeviceTaintRule",
+        "DRA driver up",
     ] {
         assert!(
             titles.contains(&wanted),

@@ -3,6 +3,7 @@
 //! `figure: ...` lines (docs/testing.md records them, with this command).
 
 use super::deploy;
+use super::dra_agent;
 use super::dra_scenarios;
 use super::harness::{
     RESOURCE, RealNode, STATUS_SYNC, StartError, condition, has_taint, label, wait_for,
@@ -74,6 +75,19 @@ pub const ALL: &[(&str, Scenario)] = &[
         "dra_kubelet_restart_wipes_the_slice_and_the_plugin_republishes",
         dra_scenarios::kubelet_restart_wipes_and_republishes,
     ),
+    // fabricgate's own DRA path (dra_agent.rs): the agent with kubernetes.dra.
+    (
+        "dra_agent_rule_on_the_bad_hca_evicts_its_pod_and_claims_go_around_it",
+        dra_agent::agent_rule_evicts_and_steers,
+    ),
+    (
+        "dra_agent_plugin_killed_is_dra_driver_unavailable_and_recovers",
+        dra_agent::agent_plugin_killed,
+    ),
+    (
+        "dra_agent_kubelet_restart_marks_nothing",
+        dra_agent::agent_kubelet_restart,
+    ),
     // Last: it uninstalls.
     (
         "cleanup_nodes_after_uninstall_leaves_no_mark",
@@ -85,7 +99,7 @@ pub fn validated(node: &Value) -> bool {
     label(node, "fabricgate.io/ready").as_deref() == Some("true") && !has_taint(node, TAINT)
 }
 
-fn fabric_reason(node: &Value) -> String {
+pub fn fabric_reason(node: &Value) -> String {
     condition(node, "FabricReady")
         .map(|c| {
             format!(
@@ -126,7 +140,7 @@ pub fn agent_pod(node: &RealNode) -> Option<Value> {
         .cloned()
 }
 
-fn agent_logs(node: &RealNode) -> String {
+pub fn agent_logs(node: &RealNode) -> String {
     match agent_pod(node).and_then(|p| p["metadata"]["name"].as_str().map(str::to_owned)) {
         Some(name) => node
             .kubectl(&["logs", "-n", "fabricgate", &name, "--tail=15"])
@@ -371,7 +385,7 @@ fn set_agent_image(node: &RealNode, image: &str) -> Result<(), String> {
     .map(|_| ())
 }
 
-fn pod_ready(pod: &Value) -> bool {
+pub fn pod_ready(pod: &Value) -> bool {
     pod.pointer("/status/conditions")
         .and_then(Value::as_array)
         .is_some_and(|c| {
@@ -392,7 +406,7 @@ fn wait_agent_ready(node: &RealNode, image: &str, limit: Duration) -> Result<Dur
 }
 
 /// The agent's writes to Nodes in the audit log after byte offset `mark`.
-fn agent_node_writes(node: &RealNode, mark: u64) -> Vec<String> {
+pub fn agent_node_writes(node: &RealNode, mark: u64) -> Vec<String> {
     let text = std::fs::read(node.dir.join("logs/audit.log")).unwrap_or_default();
     text.get(usize::try_from(mark).unwrap_or(0)..)
         .map(String::from_utf8_lossy)
@@ -416,7 +430,7 @@ fn agent_node_writes(node: &RealNode, mark: u64) -> Vec<String> {
         .collect()
 }
 
-fn audit_mark(node: &RealNode) -> u64 {
+pub fn audit_mark(node: &RealNode) -> u64 {
     std::fs::metadata(node.dir.join("logs/audit.log"))
         .map(|m| m.len())
         .unwrap_or(0)

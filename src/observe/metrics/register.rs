@@ -185,11 +185,14 @@ impl Metrics {
             "1 when the DRA driver's kubelet plugin is registered and it publishes this node's ResourceSlices, else 0",
             f.dra_driver_up
         );
-        reg!(
-            "dra_device_rules_writable",
-            "1 when the agent can write its DeviceTaintRules, 0 when the API server does not serve them or refuses the agent",
-            f.dra_device_rules
-        );
+        // Only with DRA: a 0 on a device-plugin cluster would read as a refusal.
+        if !config.kubernetes.dra.drivers.is_empty() {
+            reg!(
+                "dra_device_rules_writable",
+                "1 when the agent can write its DeviceTaintRules, 0 when the API server does not serve them or refuses the agent",
+                f.dra_device_rules
+            );
+        }
         reg!(
             "breaker_open",
             "1 while the blast-radius breaker keeps this node from being tainted, else 0",
