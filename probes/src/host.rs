@@ -164,7 +164,7 @@ fn check_dra_registration(config: &HostConfig, out: &mut HostReport) {
 }
 
 /// `<driver>-reg.sock`, or `<driver>-<uid>-reg.sock` with a pod UID (36 characters).
-fn is_registration_socket(name: &str, driver: &str) -> bool {
+pub fn is_registration_socket(name: &str, driver: &str) -> bool {
     name.strip_prefix(driver)
         .and_then(|rest| rest.strip_prefix('-'))
         .and_then(|rest| {

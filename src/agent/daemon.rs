@@ -416,6 +416,17 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
     } else {
         drop(dra_tx);
     }
+    // A dead DRA plugin known within a second, not at the next interval probe.
+    let (registrations_tx, registrations_rx) = watch::channel(0u64);
+    if dra.enabled() {
+        tokio::spawn(crate::agent::registration::follow(
+            std::path::PathBuf::from(&dra.registry_dir),
+            dra.drivers.iter().map(|d| d.name.clone()).collect(),
+            registrations_tx,
+        ));
+    } else {
+        drop(registrations_tx);
+    }
     let reconciler = Reconciler::new(
         node_name.clone(),
         config.node.clone(),
@@ -493,6 +504,7 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
             desired: &desired_tx,
             node_findings: node_findings_rx,
             dra: dra_rx,
+            registrations: registrations_rx,
             stop: stop_rx,
         },
         peer_agent.as_ref(),

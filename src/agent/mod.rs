@@ -6,6 +6,7 @@ pub mod check;
 pub mod daemon;
 mod probe_loop;
 mod reconcile_loop;
+pub mod registration;
 pub mod ring;
 pub mod selftest;
 pub mod wakeup;

@@ -25,6 +25,9 @@ pub(super) struct Channels<'a> {
     pub(super) node_findings: watch::Receiver<Vec<Finding>>,
     /// This node's DRA slices (`kubernetes.dra`), from `node::dra::watch_slices`.
     pub(super) dra: watch::Receiver<Option<DraFacts>>,
+    /// Bumped when a DRA plugin's registration socket stops or starts answering
+    /// (`agent::registration`): probe at once.
+    pub(super) registrations: watch::Receiver<u64>,
     pub(super) stop: watch::Receiver<bool>,
 }
 
@@ -77,9 +80,11 @@ pub(super) async fn probe_loop(
         desired,
         mut node_findings,
         mut dra,
+        mut registrations,
         mut stop,
     } = channels;
     let mut dra_open = true;
+    let mut registrations_open = true;
     let interval = timing.interval;
     let mut jitter = Jitter::new();
     let mut next = Instant::now();
@@ -115,6 +120,14 @@ pub(super) async fn probe_loop(
                     continue;
                 }
                 false
+            }
+            // A DRA plugin stopped or started answering: a full probe now, which checks it.
+            r = registrations.changed(), if registrations_open => {
+                if r.is_err() {
+                    registrations_open = false;
+                    continue;
+                }
+                true
             }
             // The interval, or kernel events (debounced) if they come first (docs/events.md).
             trigger = wakeup.wait(next) => {

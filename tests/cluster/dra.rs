@@ -441,6 +441,30 @@ fn dra_a_bad_hca_gets_a_device_taint_rule_and_claims_are_allocated_around_it() {
     n.delete_slice();
 }
 
+/// The agent holds a connection to the plugin's registration socket: a killed plugin is known
+/// at once and probed, not at the next interval probe (20 s here; the shipped 10 s).
+#[test]
+fn dra_a_killed_plugin_is_probed_at_once_not_at_the_next_interval() {
+    let Some(cp) = control_plane() else { return };
+    let mut n = DraNode::new(cp, "dra-kick", "");
+    n.publish_slice(&[0, 1, 2, 3]);
+    let agent = n.start_agent("20s");
+    // Validated at a probe (recover_after 2): the next interval probe is at least 18 s away.
+    agent.wait("validation", Duration::from_secs(90), || n.node.ready());
+    let killed = Instant::now();
+    n.plugin_up(false);
+    wait_until(
+        "DraDriverUnavailable well before the next interval probe",
+        Duration::from_secs(8),
+        || n.node.has_our_taint() && n.fabric_reason() == "DraDriverUnavailable",
+    );
+    eprintln!(
+        "figure: plugin socket dead -> DraDriverUnavailable at --interval 20s: {:?}",
+        killed.elapsed()
+    );
+    drop(agent);
+}
+
 #[test]
 fn dra_a_dead_driver_is_unavailable_and_a_kubelet_restart_is_held_back() {
     let Some(cp) = control_plane() else { return };
