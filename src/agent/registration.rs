@@ -41,13 +41,25 @@ fn sockets(dir: &Path, driver: &str) -> Vec<PathBuf> {
     names.into_iter().map(|n| dir.join(n)).collect()
 }
 
-async fn connect(dir: &Path, driver: &str) -> Option<UnixStream> {
+enum Plugin {
+    /// Connected: held until it ends.
+    Answers(UnixStream),
+    /// Someone listens but its backlog is full (`EAGAIN`): alive, nothing to hold.
+    Busy,
+    /// Absent, or nobody listens.
+    Gone,
+}
+
+async fn connect(dir: &Path, driver: &str) -> Plugin {
+    let mut busy = false;
     for path in sockets(dir, driver) {
-        if let Ok(stream) = UnixStream::connect(&path).await {
-            return Some(stream);
+        match UnixStream::connect(&path).await {
+            Ok(stream) => return Plugin::Answers(stream),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => busy = true,
+            Err(_) => {}
         }
     }
-    None
+    if busy { Plugin::Busy } else { Plugin::Gone }
 }
 
 /// Until the connection ends: the server's bytes (its HTTP/2 settings) are read and dropped.
@@ -67,32 +79,27 @@ async fn follow_one(dir: PathBuf, driver: String, kick: watch::Sender<u64>) {
         if kick.is_closed() {
             return;
         }
-        match connect(&dir, &driver).await {
-            Some(stream) => {
-                if answering == Some(false) {
-                    tracing::info!(
-                        driver,
-                        "DRA plugin answers on its registration socket again"
-                    );
-                    kick.send_modify(|k| *k = k.wrapping_add(1));
-                }
-                answering = Some(true);
-                until_closed(stream).await;
+        let plugin = connect(&dir, &driver).await;
+        let now = !matches!(plugin, Plugin::Gone);
+        if answering.is_some_and(|before| before != now) {
+            if now {
+                tracing::info!(
+                    driver,
+                    "DRA plugin answers on its registration socket again"
+                );
+            } else {
+                tracing::warn!(
+                    driver,
+                    dir = %dir.display(),
+                    "DRA plugin's registration socket stopped answering; probing now"
+                );
             }
-            None => {
-                if answering != Some(false) {
-                    if answering == Some(true) {
-                        tracing::warn!(
-                            driver,
-                            dir = %dir.display(),
-                            "DRA plugin's registration socket stopped answering; probing now"
-                        );
-                        kick.send_modify(|k| *k = k.wrapping_add(1));
-                    }
-                    answering = Some(false);
-                }
-                tokio::time::sleep(RETRY).await;
-            }
+            kick.send_modify(|k| *k = k.wrapping_add(1));
+        }
+        answering = Some(now);
+        match plugin {
+            Plugin::Answers(stream) => until_closed(stream).await,
+            Plugin::Busy | Plugin::Gone => tokio::time::sleep(RETRY).await,
         }
     }
 }

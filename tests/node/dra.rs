@@ -272,6 +272,32 @@ pub fn wait_running(node: &RealNode, name: &str, limit: Duration) -> Result<Dura
     .map_err(|e| format!("{e}: {}", pod_events(node, name).join("; ")))
 }
 
+/// `count` pods `PREFIX-i`, one claim each from the template `template`, all Running (each
+/// within `limit`): the devices allocated to them and how long that took.
+pub fn run_claim_pods(
+    node: &RealNode,
+    prefix: &str,
+    count: usize,
+    template: &str,
+    limit: Duration,
+) -> Result<(Vec<String>, Duration), String> {
+    let pods: Vec<String> = (0..count).map(|i| format!("{prefix}-{i}")).collect();
+    let t = Instant::now();
+    for p in &pods {
+        node.apply(&claim_pod(p, template))?;
+    }
+    for p in &pods {
+        wait_running(node, p, limit)?;
+    }
+    let took = t.elapsed();
+    Ok((
+        pods.iter()
+            .flat_map(|p| allocated_devices(node, p))
+            .collect(),
+        took,
+    ))
+}
+
 /// The devices (`pool/device`) allocated to the pod's claims.
 pub fn allocated_devices(node: &RealNode, pod_name: &str) -> Vec<String> {
     let Some(p) = pod(node, pod_name) else {
@@ -365,13 +391,9 @@ pub fn device_taint_rule(name: &str, pool: &str, device: &str, key: &str, effect
 /// The kubelet's deletions of `dra.net`-or-all slices of this node in the audit log after byte
 /// `mark`: (stage timestamp, request URI).
 pub fn kubelet_wipes(node: &RealNode, mark: u64) -> Vec<(String, String)> {
-    let text = std::fs::read(node.dir.join("logs/audit.log")).unwrap_or_default();
     let user = format!("system:node:{}", node.name);
-    text.get(usize::try_from(mark).unwrap_or(0)..)
-        .map(String::from_utf8_lossy)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+    node.audit_events(mark)
+        .into_iter()
         .filter(|e| {
             e["user"]["username"] == user.as_str()
                 && e["verb"] == "deletecollection"
@@ -391,9 +413,7 @@ pub fn kubelet_wipes(node: &RealNode, mark: u64) -> Vec<(String, String)> {
 
 /// The audit log's length: a mark for [`kubelet_wipes`].
 pub fn audit_mark(node: &RealNode) -> u64 {
-    std::fs::metadata(node.dir.join("logs/audit.log"))
-        .map(|m| m.len())
-        .unwrap_or(0)
+    node.audit_mark()
 }
 
 /// Whether kube-controller-manager's log says it started the DRA controller `controller`

@@ -12,8 +12,8 @@ use super::dra::{
 };
 use super::harness::{RealNode, has_taint, wait_for};
 use super::scenarios::{
-    INTERVAL, RECOVER_AFTER, TAINT, agent_logs, agent_pod, audit_mark, fabric_reason, pod_ready,
-    validated, wait_validated,
+    INTERVAL, RECOVER_AFTER, TAINT, agent_logs, agent_pod, audit_mark, fabric_reason,
+    patch_daemonset, pod_ready, validated, wait_validated,
 };
 use serde_json::{Value, json};
 use std::path::Path;
@@ -157,20 +157,6 @@ fn dra_off(node: &RealNode) -> Result<(), String> {
         ]),
     )?;
     wait_rollout(node, false).map(|_| ())
-}
-
-fn patch_daemonset(node: &RealNode, patch: &Value) -> Result<(), String> {
-    node.kubectl(&[
-        "patch",
-        "daemonset",
-        "fabricgate",
-        "-n",
-        "fabricgate",
-        "--type=json",
-        "-p",
-        &patch.to_string(),
-    ])
-    .map(|_| ())
 }
 
 /// Runs `scenario` with the DRA agent, then turns it off whatever the outcome.
@@ -321,22 +307,8 @@ fn rule_evicts_and_steers(node: &RealNode) -> Result<(), String> {
         1,
         &rdma_devices_cel(&compute_hcas()),
     ))?;
-    let pods: Vec<String> = (0..7).map(|i| format!("dra-agent-{i}")).collect();
-    let t = Instant::now();
-    for p in &pods {
-        node.apply(&claim_pod(p, "one-hca"))?;
-    }
-    for p in &pods {
-        wait_running(node, p, POD_START)?;
-    }
-    let mut got = Vec::new();
-    for p in &pods {
-        got.extend(allocated_devices(node, p));
-    }
-    println!(
-        "figure: real node: 7 one-HCA claims Running {} on {got:?}",
-        dra::secs(t)
-    );
+    let (got, took) = dra::run_claim_pods(node, "dra-agent", 7, "one-hca", POD_START)?;
+    println!("figure: real node: 7 one-HCA claims Running {took:?} on {got:?}");
     check(got.len() == 7 && !got.contains(&held), || {
         format!("allocated {got:?}: want 7 devices, not the tainted {held}")
     })?;
@@ -437,12 +409,8 @@ pub fn agent_plugin_killed(node: &RealNode) -> Result<(), String> {
 
 /// The agent's writes (Nodes, Events, DeviceTaintRules) in the audit log after `mark`.
 fn agent_writes(node: &RealNode, mark: u64) -> Vec<String> {
-    let text = std::fs::read(node.dir.join("logs/audit.log")).unwrap_or_default();
-    text.get(usize::try_from(mark).unwrap_or(0)..)
-        .map(String::from_utf8_lossy)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+    node.audit_events(mark)
+        .into_iter()
         .filter(|e| {
             e["user"]["username"] == "system:serviceaccount:fabricgate:fabricgate"
                 && matches!(

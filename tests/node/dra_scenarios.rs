@@ -193,22 +193,8 @@ pub fn noschedule_rule_steers_allocation(node: &RealNode) -> Result<(), String> 
             1,
             &rdma_devices_cel(&compute_hcas()),
         ))?;
-        let pods: Vec<String> = (0..7).map(|i| format!("dra-around-{i}")).collect();
-        for p in &pods {
-            node.apply(&claim_pod(p, "one-hca"))?;
-        }
-        let t0 = Instant::now();
-        for p in &pods {
-            wait_running(node, p, POD_START)?;
-        }
-        let mut got = Vec::new();
-        for p in &pods {
-            got.extend(allocated_devices(node, p));
-        }
-        println!(
-            "figure: NoSchedule rule on mlx5_3: 7 one-HCA pods Running {} on {got:?}",
-            dra::secs(t0)
-        );
+        let (got, took) = dra::run_claim_pods(node, "dra-around", 7, "one-hca", POD_START)?;
+        println!("figure: NoSchedule rule on mlx5_3: 7 one-HCA pods Running {took:?} on {got:?}");
         check(got.len() == 7 && !got.contains(&tainted), || {
             format!("allocated {got:?}: want 7 devices, not the tainted {tainted}")
         })?;

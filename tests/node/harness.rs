@@ -639,6 +639,24 @@ imageGCLowThresholdPercent: 98
         self.spawn(name, &program, &args)
     }
 
+    /// The audit log's length: a mark for [`RealNode::audit_events`].
+    pub fn audit_mark(&self) -> u64 {
+        std::fs::metadata(self.dir.join("logs/audit.log"))
+            .map(|m| m.len())
+            .unwrap_or(0)
+    }
+
+    /// The API server's audit events after byte `mark` of its log.
+    pub fn audit_events(&self, mark: u64) -> Vec<Value> {
+        let text = std::fs::read(self.dir.join("logs/audit.log")).unwrap_or_default();
+        text.get(usize::try_from(mark).unwrap_or(0)..)
+            .map(String::from_utf8_lossy)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .collect()
+    }
+
     pub fn kubectl(&self, args: &[&str]) -> Result<String, String> {
         self.kubectl_stdin(args, None)
     }

@@ -369,9 +369,16 @@ fn kubelet_restart_plugin_frozen(node: &RealNode) -> Result<(), String> {
 
 /// A JSON patch of the DaemonSet's agent image.
 fn set_agent_image(node: &RealNode, image: &str) -> Result<(), String> {
-    let patch = format!(
-        r#"[{{"op":"replace","path":"/spec/template/spec/containers/0/image","value":"{image}"}}]"#
-    );
+    patch_daemonset(
+        node,
+        &serde_json::json!([
+            { "op": "replace", "path": "/spec/template/spec/containers/0/image", "value": image },
+        ]),
+    )
+}
+
+/// A JSON patch to the agent's DaemonSet.
+pub fn patch_daemonset(node: &RealNode, patch: &Value) -> Result<(), String> {
     node.kubectl(&[
         "patch",
         "daemonset",
@@ -380,7 +387,7 @@ fn set_agent_image(node: &RealNode, image: &str) -> Result<(), String> {
         "fabricgate",
         "--type=json",
         "-p",
-        &patch,
+        &patch.to_string(),
     ])
     .map(|_| ())
 }
@@ -407,12 +414,8 @@ fn wait_agent_ready(node: &RealNode, image: &str, limit: Duration) -> Result<Dur
 
 /// The agent's writes to Nodes in the audit log after byte offset `mark`.
 pub fn agent_node_writes(node: &RealNode, mark: u64) -> Vec<String> {
-    let text = std::fs::read(node.dir.join("logs/audit.log")).unwrap_or_default();
-    text.get(usize::try_from(mark).unwrap_or(0)..)
-        .map(String::from_utf8_lossy)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+    node.audit_events(mark)
+        .into_iter()
         .filter(|e| {
             e["user"]["username"] == "system:serviceaccount:fabricgate:fabricgate"
                 && e["objectRef"]["resource"] == "nodes"
@@ -431,9 +434,7 @@ pub fn agent_node_writes(node: &RealNode, mark: u64) -> Vec<String> {
 }
 
 pub fn audit_mark(node: &RealNode) -> u64 {
-    std::fs::metadata(node.dir.join("logs/audit.log"))
-        .map(|m| m.len())
-        .unwrap_or(0)
+    node.audit_mark()
 }
 
 /// deploy/guard.yaml on the node; the agent container killed (kubelet restarts it: no taint,
