@@ -820,3 +820,63 @@ fn dra_an_api_server_without_device_taint_rules_turns_the_device_path_off_once()
     drop(agent);
     n.delete_slice();
 }
+
+/// An API server that refuses the agent's DeviceTaintRules (403: RBAC missing; a fault proxy
+/// in front of the real one answers them so): one warning naming the grant, retries with
+/// backoff instead of a loop, no `AgentError`, the node path working; allowed again, the bad
+/// HCA gets its rule.
+#[test]
+fn dra_an_agent_refused_device_taint_rules_warns_once_backs_off_and_recovers() {
+    let Some(cp) = control_plane() else { return };
+    let proxy = crate::common::faultproxy::FaultProxy::start(&cp.url, &cp.ca_file);
+    proxy.set_fault_matching(
+        crate::common::faultproxy::Fault::Status {
+            code: 403,
+            retry_after: None,
+            plain: false,
+        },
+        "devicetaintrules",
+    );
+    let n = DraNode::new(cp, "dra-refused", "");
+    n.publish_slice(&[0, 1, 2, 3]);
+    n.port_state(1, false);
+    let kubeconfig = n.node.agent_kubeconfig(Some(&proxy.url()));
+    let config = n.config();
+    let agent = Launch::at(
+        &n.node.name,
+        &n.dir.path().join("sys"),
+        &n.dir.path().join("proc"),
+        n.dir.path(),
+    )
+    .kubeconfig(Some(&kubeconfig))
+    .args(&["--interval", "500ms", "--config", config.to_str().unwrap()])
+    .start();
+    agent.wait("validation", Duration::from_secs(60), || n.node.ready());
+    std::thread::sleep(Duration::from_secs(4));
+    let log = agent.log();
+    assert_eq!(
+        log.matches("the agent may not list DeviceTaintRules")
+            .count(),
+        1,
+        "one warning naming the grant: {log}"
+    );
+    let asked = proxy
+        .seen()
+        .iter()
+        .filter(|s| s.path.contains("devicetaintrules"))
+        .count();
+    // 200 ms doubling: a handful in these seconds, not a loop at the probe's pace or faster.
+    assert!(asked <= 8, "backs off: {asked} requests");
+    assert!(!log.contains("AgentError"), "{log}");
+    assert!(n.rules().is_empty());
+    assert!(n.node.ready(), "the node path goes on");
+
+    proxy.clear_fault();
+    wait_until(
+        "mlx5_1's rule once the grant is back",
+        Duration::from_secs(30),
+        || n.rules().len() == 1,
+    );
+    drop(agent);
+    n.delete_slice();
+}
