@@ -9,7 +9,6 @@
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-use tokio::io::AsyncReadExt;
 use tokio::net::UnixStream;
 use tokio::sync::watch;
 
@@ -63,11 +62,17 @@ async fn connect(dir: &Path, driver: &str) -> Plugin {
 }
 
 /// Until the connection ends: the server's bytes (its HTTP/2 settings) are read and dropped.
-async fn until_closed(mut stream: UnixStream) {
+async fn until_closed(stream: UnixStream) {
     let mut buf = [0u8; 512];
-    while let Ok(n) = stream.read(&mut buf).await {
-        if n == 0 {
+    loop {
+        if stream.readable().await.is_err() {
             return;
+        }
+        match stream.try_read(&mut buf) {
+            Ok(0) => return,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(_) => return,
         }
     }
 }
