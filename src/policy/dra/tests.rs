@@ -287,3 +287,53 @@ fn device_taints_go_at_once_and_come_off_after_recover_after_good_probes() {
     );
     assert_eq!(h.add(&bad), bad, "an event taints at once");
 }
+
+/// The kernel-event path: a port read down between full probes taints its HCA at once while the
+/// node stays ready (3 of 4 ports); a later event with it up removes nothing, only full probes do.
+#[test]
+fn a_port_event_taints_the_bad_hca_at_once_and_never_untaints() {
+    use crate::policy::judge::{Facts, Judge};
+    let c = config(DRA);
+    let facts = published(
+        &[slice(
+            "dra.net",
+            1,
+            &[(0, true), (1, true), (2, true), (3, true)],
+        )],
+        &c.kubernetes.dra.drivers,
+    );
+    let mut j = Judge::new(&c);
+    j.resume_validated();
+    let full = |j: &mut Judge, report: &ProbeReport| {
+        j.probe(Facts {
+            report,
+            node_findings: &[],
+            peer_finding: None,
+            dra: Some(&facts),
+        })
+        .verdict
+    };
+    let v = full(&mut j, &node(&[]));
+    assert!(v.ready && v.device_taints.is_empty(), "{v:?}");
+
+    assert_eq!(
+        j.port_event(&node(&["mlx5_2"])),
+        None,
+        "3 of 4: still ready"
+    );
+    let taints = j.port_event_devices(&node(&["mlx5_2"]));
+    assert_eq!(taints.len(), 1, "{taints:?}");
+    assert_eq!(
+        (taints[0].hca.as_str(), taints[0].reason.as_str()),
+        ("mlx5_2", "PortDown")
+    );
+    assert_eq!(
+        j.port_event_devices(&node(&[])),
+        taints,
+        "an event never untaints"
+    );
+
+    // Full probes: kept through the first good one, gone after recover_after (2).
+    assert_eq!(full(&mut j, &node(&[])).device_taints, taints);
+    assert!(full(&mut j, &node(&[])).device_taints.is_empty());
+}
