@@ -769,20 +769,23 @@ fn service_account_kubeconfig(cp: &ControlPlane, account: &str) -> PathBuf {
     path
 }
 
-#[test]
-fn dra_an_api_server_without_device_taint_rules_turns_the_device_path_off_once() {
-    let Some(cp) = control_plane() else { return };
-    // A fault proxy answers every DeviceTaintRule request 404, as a 1.36 server does.
+/// A node with mlx5_1 down and its agent, talking to the API server through a fault proxy that
+/// answers every DeviceTaintRule request with `code`.
+fn refused_rules(
+    cp: &'static ControlPlane,
+    name: &str,
+    code: u16,
+) -> (crate::common::faultproxy::FaultProxy, DraNode, Agent) {
     let proxy = crate::common::faultproxy::FaultProxy::start(&cp.url, &cp.ca_file);
     proxy.set_fault_matching(
         crate::common::faultproxy::Fault::Status {
-            code: 404,
+            code,
             retry_after: None,
             plain: false,
         },
         "devicetaintrules",
     );
-    let n = DraNode::new(cp, "dra-old", "");
+    let n = DraNode::new(cp, name, "");
     n.publish_slice(&[0, 1, 2, 3]);
     n.port_state(1, false);
     let kubeconfig = n.node.agent_kubeconfig(Some(&proxy.url()));
@@ -796,6 +799,14 @@ fn dra_an_api_server_without_device_taint_rules_turns_the_device_path_off_once()
     .kubeconfig(Some(&kubeconfig))
     .args(&["--interval", "500ms", "--config", config.to_str().unwrap()])
     .start();
+    (proxy, n, agent)
+}
+
+#[test]
+fn dra_an_api_server_without_device_taint_rules_turns_the_device_path_off_once() {
+    let Some(cp) = control_plane() else { return };
+    // Every DeviceTaintRule request answered 404, as a 1.36 server does.
+    let (proxy, n, agent) = refused_rules(cp, "dra-old", 404);
     // The node path works: 3 of 4 ports meet min_active_ports 3.
     agent.wait("validation", Duration::from_secs(60), || n.node.ready());
     std::thread::sleep(Duration::from_secs(3));
@@ -828,29 +839,7 @@ fn dra_an_api_server_without_device_taint_rules_turns_the_device_path_off_once()
 #[test]
 fn dra_an_agent_refused_device_taint_rules_warns_once_backs_off_and_recovers() {
     let Some(cp) = control_plane() else { return };
-    let proxy = crate::common::faultproxy::FaultProxy::start(&cp.url, &cp.ca_file);
-    proxy.set_fault_matching(
-        crate::common::faultproxy::Fault::Status {
-            code: 403,
-            retry_after: None,
-            plain: false,
-        },
-        "devicetaintrules",
-    );
-    let n = DraNode::new(cp, "dra-refused", "");
-    n.publish_slice(&[0, 1, 2, 3]);
-    n.port_state(1, false);
-    let kubeconfig = n.node.agent_kubeconfig(Some(&proxy.url()));
-    let config = n.config();
-    let agent = Launch::at(
-        &n.node.name,
-        &n.dir.path().join("sys"),
-        &n.dir.path().join("proc"),
-        n.dir.path(),
-    )
-    .kubeconfig(Some(&kubeconfig))
-    .args(&["--interval", "500ms", "--config", config.to_str().unwrap()])
-    .start();
+    let (proxy, n, agent) = refused_rules(cp, "dra-refused", 403);
     agent.wait("validation", Duration::from_secs(60), || n.node.ready());
     std::thread::sleep(Duration::from_secs(4));
     let log = agent.log();

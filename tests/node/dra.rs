@@ -298,6 +298,47 @@ pub fn run_claim_pods(
     ))
 }
 
+/// With the device `tainted` (`pool/device`) under a rule: seven one-HCA claims (pods
+/// `PREFIX-i`) are allocated around it, then deleted, and the pod `dra-all`, claiming all eight
+/// compute HCAs, is refused by the scheduler and left Pending. Its events, oldest first.
+pub fn claims_go_around(
+    node: &RealNode,
+    prefix: &str,
+    tainted: &str,
+    limit: Duration,
+) -> Result<Vec<String>, String> {
+    let cel = rdma_devices_cel(&compute_hcas());
+    node.apply(&claim_template("one-hca", 1, &cel))?;
+    let (got, took) = run_claim_pods(node, prefix, 7, "one-hca", limit)?;
+    println!("figure: a rule on {tainted}: 7 one-HCA claims Running {took:?} on {got:?}");
+    if got.len() != 7 || got.iter().any(|d| d == tainted) {
+        return Err(format!(
+            "allocated {got:?}: want 7 devices, not the tainted {tainted}"
+        ));
+    }
+    delete_pods(node)?;
+    node.apply(&claim_template("all-compute", 8, &cel))?;
+    node.apply(&claim_pod("dra-all", "all-compute"))?;
+    let mut events = Vec::new();
+    wait_for(
+        "the all-HCA pod's FailedScheduling",
+        Duration::from_secs(60),
+        || {
+            events = pod_events(node, "dra-all");
+            events.iter().any(|e| e.starts_with("FailedScheduling"))
+        },
+    )
+    .map_err(|e| format!("{e}: {events:?}"))?;
+    let p = pod(node, "dra-all").ok_or("no dra-all pod")?;
+    if !p["spec"]["nodeName"].is_null() {
+        return Err(format!(
+            "the all-HCA pod was scheduled past the rule: {}",
+            p["status"]
+        ));
+    }
+    Ok(events)
+}
+
 /// The devices (`pool/device`) allocated to the pod's claims.
 pub fn allocated_devices(node: &RealNode, pod_name: &str) -> Vec<String> {
     let Some(p) = pod(node, pod_name) else {

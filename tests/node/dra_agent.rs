@@ -6,9 +6,8 @@
 //! (a rollout), and off again at its end, so the node is left as it was found.
 
 use super::dra::{
-    self, NS, PLUGIN, WIPING_DELAY, allocated_devices, claim_pod, claim_template, compute_hcas,
-    delete_pods, hca_device_name, pod, pod_events, pool, rdma_devices_cel, wait_no_slice,
-    wait_running, wait_slice,
+    self, NS, PLUGIN, WIPING_DELAY, allocated_devices, claim_pod, claim_template, delete_pods,
+    hca_device_name, pod, pool, rdma_devices_cel, wait_no_slice, wait_running, wait_slice,
 };
 use super::harness::{RealNode, has_taint, wait_for};
 use super::scenarios::{
@@ -302,39 +301,7 @@ fn rule_evicts_and_steers(node: &RealNode) -> Result<(), String> {
     })?;
 
     // New claims are allocated around the device.
-    node.apply(&claim_template(
-        "one-hca",
-        1,
-        &rdma_devices_cel(&compute_hcas()),
-    ))?;
-    let (got, took) = dra::run_claim_pods(node, "dra-agent", 7, "one-hca", POD_START)?;
-    println!("figure: real node: 7 one-HCA claims Running {took:?} on {got:?}");
-    check(got.len() == 7 && !got.contains(&held), || {
-        format!("allocated {got:?}: want 7 devices, not the tainted {held}")
-    })?;
-    delete_pods(node)?;
-    node.apply(&claim_template(
-        "all-compute",
-        8,
-        &rdma_devices_cel(&compute_hcas()),
-    ))?;
-    node.apply(&claim_pod("dra-all", "all-compute"))?;
-    wait_for(
-        "the all-HCA pod's FailedScheduling",
-        Duration::from_secs(60),
-        || {
-            pod_events(node, "dra-all")
-                .iter()
-                .any(|e| e.starts_with("FailedScheduling"))
-        },
-    )?;
-    let p = pod(node, "dra-all").ok_or("no dra-all")?;
-    check(p["spec"]["nodeName"].is_null(), || {
-        format!(
-            "the all-HCA pod was scheduled past the rule: {}",
-            p["status"]
-        )
-    })?;
+    dra::claims_go_around(node, "dra-agent", &held, POD_START)?;
 
     // Repaired: the rule goes after recover_after probes, and the eight-HCA pod runs.
     let up = Instant::now();

@@ -6,8 +6,8 @@
 
 use super::dra::{
     self, DRIVER, NS, PLUGIN, WIPING_DELAY, allocated_devices, claim_pod, claim_template,
-    compute_hcas, delete_pods, device_taint_rule, hca_device_name, pod, pod_events, pool,
-    rdma_devices_cel, wait_no_slice, wait_running, wait_slice,
+    compute_hcas, delete_pods, device_taint_rule, hca_device_name, pod, pool, rdma_devices_cel,
+    wait_no_slice, wait_running, wait_slice,
 };
 use super::harness::{RealNode, wait_for};
 use super::scenarios::{INTERVAL, RECOVER_AFTER, wait_validated};
@@ -188,34 +188,7 @@ pub fn noschedule_rule_steers_allocation(node: &RealNode) -> Result<(), String> 
     let result = (|| {
         // The scheduler's informer sees the rule before the first claim is allocated.
         std::thread::sleep(Duration::from_secs(2));
-        node.apply(&claim_template(
-            "one-hca",
-            1,
-            &rdma_devices_cel(&compute_hcas()),
-        ))?;
-        let (got, took) = dra::run_claim_pods(node, "dra-around", 7, "one-hca", POD_START)?;
-        println!("figure: NoSchedule rule on mlx5_3: 7 one-HCA pods Running {took:?} on {got:?}");
-        check(got.len() == 7 && !got.contains(&tainted), || {
-            format!("allocated {got:?}: want 7 devices, not the tainted {tainted}")
-        })?;
-        delete_pods(node)?;
-
-        node.apply(&claim_template(
-            "all-compute",
-            8,
-            &rdma_devices_cel(&compute_hcas()),
-        ))?;
-        node.apply(&claim_pod("dra-all", "all-compute"))?;
-        let mut events = Vec::new();
-        wait_for(
-            "the all-HCA pod's FailedScheduling",
-            Duration::from_secs(60),
-            || {
-                events = pod_events(node, "dra-all");
-                events.iter().any(|e| e.starts_with("FailedScheduling"))
-            },
-        )
-        .map_err(|e| format!("{e}: {events:?}"))?;
+        let events = dra::claims_go_around(node, "dra-around", &tainted, POD_START)?;
         std::thread::sleep(INTERVAL / 2);
         let p = pod(node, "dra-all").ok_or("no dra-all pod")?;
         check(

@@ -103,6 +103,18 @@ fn slice(driver: &str, generation: i64, hcas: &[(usize, bool)]) -> ResourceSlice
     }
 }
 
+/// The four HCAs published by `dra.net`, each with its rdmaDevice attribute.
+fn all_four(c: &Config) -> DraFacts {
+    published(
+        &[slice(
+            "dra.net",
+            1,
+            &[(0, true), (1, true), (2, true), (3, true)],
+        )],
+        &c.kubernetes.dra.drivers,
+    )
+}
+
 fn config(yaml: &str) -> Config {
     Config::parse(yaml).unwrap()
 }
@@ -265,14 +277,7 @@ fn registration_sockets_and_the_registry_mount() {
 #[test]
 fn device_taints_go_at_once_and_come_off_after_recover_after_good_probes() {
     let c = config(DRA);
-    let facts = published(
-        &[slice(
-            "dra.net",
-            1,
-            &[(0, true), (1, true), (2, true), (3, true)],
-        )],
-        &c.kubernetes.dra.drivers,
-    );
+    let facts = all_four(&c);
     let bad = assess(&node(&["mlx5_3"]), Some(&facts), &c).taints;
     let good = assess(&node(&[]), Some(&facts), &c).taints;
     assert!(good.is_empty());
@@ -294,14 +299,7 @@ fn device_taints_go_at_once_and_come_off_after_recover_after_good_probes() {
 fn a_port_event_taints_the_bad_hca_at_once_and_never_untaints() {
     use crate::policy::judge::{Facts, Judge};
     let c = config(DRA);
-    let facts = published(
-        &[slice(
-            "dra.net",
-            1,
-            &[(0, true), (1, true), (2, true), (3, true)],
-        )],
-        &c.kubernetes.dra.drivers,
-    );
+    let facts = all_four(&c);
     let mut j = Judge::new(&c);
     j.resume_validated();
     let full = |j: &mut Judge, report: &ProbeReport| {
