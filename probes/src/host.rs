@@ -129,10 +129,7 @@ fn check_dra_registration(config: &HostConfig, out: &mut HostReport) {
         }
     };
     for driver in &config.dra_drivers {
-        let candidates: Vec<&String> = names
-            .iter()
-            .filter(|n| is_registration_socket(n, driver))
-            .collect();
+        let candidates = registration_sockets(&names, driver);
         if candidates.is_empty() {
             out.dra_problems.push(SocketProblem {
                 name: driver.clone(),
@@ -163,8 +160,20 @@ fn check_dra_registration(config: &HostConfig, out: &mut HostReport) {
     }
 }
 
+/// Of the file names `names` (a `plugins_registry` listing), the driver's registration
+/// sockets: `<driver>-reg.sock` first, then any `<driver>-<uid>-reg.sock` in name order.
+pub fn registration_sockets<'a>(names: &'a [String], driver: &str) -> Vec<&'a str> {
+    let mut found: Vec<&str> = names
+        .iter()
+        .map(String::as_str)
+        .filter(|n| is_registration_socket(n, driver))
+        .collect();
+    found.sort_by_key(|n| (n.len(), *n));
+    found
+}
+
 /// `<driver>-reg.sock`, or `<driver>-<uid>-reg.sock` with a pod UID (36 characters).
-pub fn is_registration_socket(name: &str, driver: &str) -> bool {
+fn is_registration_socket(name: &str, driver: &str) -> bool {
     name.strip_prefix(driver)
         .and_then(|rest| rest.strip_prefix('-'))
         .and_then(|rest| {

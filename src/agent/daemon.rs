@@ -421,7 +421,7 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
     if dra.enabled() {
         tokio::spawn(crate::agent::registration::follow(
             std::path::PathBuf::from(&dra.registry_dir),
-            dra.drivers.iter().map(|d| d.name.clone()).collect(),
+            dra.driver_names(),
             registrations_tx,
         ));
     } else {

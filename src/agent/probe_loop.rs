@@ -151,13 +151,12 @@ pub(super) async fn probe_loop(
                         last_ready = Some(verdict.ready);
                         last_verdict = Some(verdict.clone());
                         publish(desired, verdict);
-                    } else if let Some(mut verdict) = last_verdict.clone() {
+                    } else if let Some(verdict) = last_verdict.as_mut() {
                         // The node stays ready, but a bad HCA gets its device taint now.
                         let taints = judge.port_event_devices(last);
                         if taints != verdict.device_taints {
                             verdict.device_taints = taints;
-                            last_verdict = Some(verdict.clone());
-                            publish(desired, verdict);
+                            publish(desired, verdict.clone());
                         }
                     }
                 }
@@ -217,7 +216,11 @@ pub(super) async fn probe_loop(
             metrics.record_probe(report, &judged.recorded);
         }
         if config.kubernetes.dra.enabled() {
-            metrics.set_dra_drivers(&driver_states(config, report, dra_facts.as_ref()));
+            metrics.set_dra_drivers(&crate::policy::dra::drivers_up(
+                report,
+                dra_facts.as_ref(),
+                config,
+            ));
         }
         let verdict = judged.verdict;
         last_verdict = Some(verdict.clone());
@@ -247,26 +250,6 @@ pub(super) async fn probe_loop(
     }
 }
 
-/// Each configured DRA driver: up when its registration socket answers and (once the slices
-/// are known) it publishes a slice for this node.
-fn driver_states(
-    config: &Config,
-    report: &ProbeReport,
-    facts: Option<&DraFacts>,
-) -> Vec<(String, bool)> {
-    config
-        .kubernetes
-        .dra
-        .drivers
-        .iter()
-        .map(|d| {
-            let registered = !report.host.dra_problems.iter().any(|p| p.name == d.name);
-            let publishes = facts.is_none_or(|f| !f.drivers_without_slices.contains(&d.name));
-            (d.name.clone(), registered && publishes)
-        })
-        .collect()
-}
-
 /// The host checks `run` makes beside each probe: the device plugins' sockets and device nodes
 /// (`kubernetes.*`), and the agent's own mounts.
 pub(super) fn host_checks(
@@ -278,7 +261,7 @@ pub(super) fn host_checks(
         device_nodes: !k.rdma_resources.is_empty(),
         own_mounts: true,
         dra_registry_dir: std::path::PathBuf::from(&k.dra.registry_dir),
-        dra_drivers: k.dra.drivers.iter().map(|d| d.name.clone()).collect(),
+        dra_drivers: k.dra.driver_names(),
     }
 }
 

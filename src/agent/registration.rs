@@ -32,12 +32,13 @@ fn sockets(dir: &Path, driver: &str) -> Vec<PathBuf> {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return Vec::new();
     };
-    let mut names: Vec<String> = entries
+    let names: Vec<String> = entries
         .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .filter(|n| fabricgate_probes::host::is_registration_socket(n, driver))
         .collect();
-    names.sort_by_key(|n| (n.len(), n.clone()));
-    names.into_iter().map(|n| dir.join(n)).collect()
+    fabricgate_probes::host::registration_sockets(&names, driver)
+        .into_iter()
+        .map(|n| dir.join(n))
+        .collect()
 }
 
 enum Plugin {

@@ -126,6 +126,11 @@ impl DraRequirements {
         !self.drivers.is_empty()
     }
 
+    /// The configured drivers' names.
+    pub fn driver_names(&self) -> Vec<String> {
+        self.drivers.iter().map(|d| d.name.clone()).collect()
+    }
+
     pub(super) fn validate(&self) -> Result<()> {
         let bad = |key: &str, message: String| {
             Err(Error::ConfigValue {

@@ -262,6 +262,27 @@ pub fn assess(report: &ProbeReport, facts: Option<&DraFacts>, config: &Config) -
     out
 }
 
+/// Each configured driver: up when its registration socket answers (no `DraDriverUnavailable`
+/// from [`registration_findings`]) and, once the slices are known, it publishes one for this
+/// node (`fabricgate_dra_driver_up`).
+pub fn drivers_up(
+    report: &ProbeReport,
+    facts: Option<&DraFacts>,
+    config: &Config,
+) -> Vec<(String, bool)> {
+    config
+        .kubernetes
+        .dra
+        .drivers
+        .iter()
+        .map(|d| {
+            let registered = !report.host.dra_problems.iter().any(|p| p.name == d.name);
+            let publishes = facts.is_none_or(|f| !f.drivers_without_slices.contains(&d.name));
+            (d.name.clone(), registered && publishes)
+        })
+        .collect()
+}
+
 fn registration_findings(host: &HostReport, dir: &str, out: &mut DraAssessment) {
     if host.dra_registry_missing {
         out.own_problems.push(format!(
