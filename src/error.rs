@@ -2,6 +2,15 @@
 
 use std::path::PathBuf;
 
+/// `fabricgate check` exit codes (docs/configuration.md, Exit codes).
+pub const EXIT_VALIDATED: u8 = 0;
+pub const EXIT_NOT_VALIDATED: u8 = 1;
+pub const EXIT_USAGE: u8 = 2;
+pub const EXIT_CANNOT_PROBE: u8 = 3;
+/// `fabricgate run`: a task of the agent panicked; the process ends so the kubelet restarts it
+/// (docs/hardening.md).
+pub const EXIT_AGENT_PANIC: u8 = 70;
+
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -135,11 +144,11 @@ impl Error {
             | Self::ConfigValue { .. }
             | Self::Usage { .. }
             | Self::KubeConfig { .. }
-            | Self::NodeNotFound { .. } => crate::EXIT_USAGE,
+            | Self::NodeNotFound { .. } => EXIT_USAGE,
             Self::Kube { .. }
             | Self::KubeObject { .. }
             | Self::Conflict { .. }
-            | Self::Internal { .. } => crate::EXIT_CANNOT_PROBE,
+            | Self::Internal { .. } => EXIT_CANNOT_PROBE,
         }
     }
 }

@@ -13,14 +13,9 @@ pub mod observe;
 pub mod peers;
 pub mod pod;
 pub mod policy;
+pub mod text;
 
-pub use error::{Error, Result};
-
-/// `fabricgate check` exit codes (docs/configuration.md, Exit codes).
-pub const EXIT_VALIDATED: u8 = 0;
-pub const EXIT_NOT_VALIDATED: u8 = 1;
-pub const EXIT_USAGE: u8 = 2;
-pub const EXIT_CANNOT_PROBE: u8 = 3;
-/// `fabricgate run`: a task of the agent panicked; the process ends so the kubelet restarts it
-/// (docs/hardening.md).
-pub const EXIT_AGENT_PANIC: u8 = 70;
+pub use error::{
+    EXIT_AGENT_PANIC, EXIT_CANNOT_PROBE, EXIT_NOT_VALIDATED, EXIT_USAGE, EXIT_VALIDATED, Error,
+    Result,
+};

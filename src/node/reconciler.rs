@@ -8,6 +8,7 @@ use crate::error::{Error, Result};
 use crate::observe::metrics::Metrics;
 use crate::policy::breaker;
 use crate::policy::{self, Verdict};
+use crate::text::truncate;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, NodeCondition, ObjectReference, Taint};
 use k8s_openapi::api::events::v1::Event;
@@ -832,16 +833,4 @@ impl Reconciler {
         );
         Ok(())
     }
-}
-
-/// Events' `note` is limited to 1 kB; cut on a character boundary.
-fn truncate(s: &str, max: usize) -> String {
-    if s.len() <= max {
-        return s.to_owned();
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    s[..end].to_owned()
 }

@@ -1,7 +1,7 @@
 //! The `fabricgate_peer_*` metrics, with bounded cardinality: the series of the peers measured
 //! in the last `keep_rounds` rounds, from ports that are still usable.
 
-use super::rounds::Round;
+use super::round::Round;
 use fabricgate_probes::rdma::peer::{self, ErrorKind, LocalPort, Outcome, Skip};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;

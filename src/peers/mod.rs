@@ -9,6 +9,7 @@
 mod discovery;
 mod metrics;
 mod ping;
+mod round;
 mod rounds;
 #[cfg(test)]
 mod tests;
@@ -16,4 +17,5 @@ mod tests;
 pub use discovery::{Discovery, Selector, Target};
 pub use metrics::PeerMetrics;
 pub use ping::{PingReport, ping};
-pub use rounds::{PeerAgent, PeerResult, Round, Rounds, group_of};
+pub use round::{PeerResult, Round};
+pub use rounds::{PeerAgent, Rounds, group_of};

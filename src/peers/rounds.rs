@@ -3,6 +3,7 @@
 
 use super::discovery::{Discovery, Selector, Target};
 use super::metrics::PeerMetrics;
+use super::round::{PeerResult, Round};
 use crate::config::Config;
 use crate::config::peers::{PeerSpec, PeersSettings, Required};
 use crate::error::{Error, Result};
@@ -16,33 +17,6 @@ use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-
-/// One peer measured from one local port.
-#[derive(Debug, Clone)]
-pub struct PeerResult {
-    pub target: Target,
-    pub local: LocalPort,
-    pub outcome: Outcome,
-}
-
-/// What one round did.
-#[derive(Debug, Clone, Default)]
-pub struct Round {
-    pub results: Vec<PeerResult>,
-    pub errors: Vec<String>,
-    pub elapsed: Duration,
-    /// CPU time of the measuring thread, when `/proc/thread-self/schedstat` is readable.
-    pub cpu: Option<Duration>,
-}
-
-impl Round {
-    /// A good round: some peer was measured and verified.
-    pub fn reached_a_peer(&self) -> bool {
-        self.results
-            .iter()
-            .any(|r| matches!(r.outcome, Outcome::Measured(_)))
-    }
-}
 
 /// State kept across rounds.
 pub struct Rounds {

@@ -7,6 +7,7 @@
 
 use crate::config::Config;
 use crate::policy;
+use crate::text::truncate_marked;
 use fabricgate_probes::pod::{self, DeviceNode, Limit, MemlockReport};
 use fabricgate_probes::rdma::verbs::selftest::SelftestSchedule;
 use fabricgate_probes::{ProbeConfig, Prober, Roots};
@@ -96,7 +97,7 @@ impl Outcome {
                     .join(",")
             )
         } else {
-            truncate(&self.problems.join("\n"), TERMINATION_LOG_MAX)
+            truncate_marked(&self.problems.join("\n"), TERMINATION_LOG_MAX)
         }
     }
 }
@@ -305,17 +306,6 @@ fn memlock_problem(report: &MemlockReport, min: Limit) -> Option<String> {
     ))
 }
 
-fn truncate(text: &str, max: usize) -> String {
-    if text.len() <= max {
-        return text.to_owned();
-    }
-    let mut end = max.saturating_sub(4);
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{} ...", &text[..end])
-}
-
 /// Write `nccl.conf` and `nccl.env` into `dir` without following any link a container
 /// planted there: both are written into a fresh directory that this call creates inside `dir`
 /// (mode 0700, a name nobody could have taken: `mkdir` fails on anything already there, a
@@ -486,10 +476,10 @@ mod tests {
     #[test]
     fn termination_message_is_bounded() {
         let text = "é".repeat(5000);
-        let t = truncate(&text, TERMINATION_LOG_MAX);
+        let t = truncate_marked(&text, TERMINATION_LOG_MAX);
         assert!(t.len() <= TERMINATION_LOG_MAX);
         assert!(t.ends_with(" ..."));
-        assert_eq!(truncate("short", 10), "short");
+        assert_eq!(truncate_marked("short", 10), "short");
     }
 
     #[test]

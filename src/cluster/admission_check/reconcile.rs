@@ -9,6 +9,7 @@ use super::watch::Watched;
 use super::{CONTROLLER_NAME, CheckMetrics, CheckSettings, FIELD_MANAGER, RESERVATION_ANNOTATION};
 use crate::error::{Error, Result};
 use crate::node::fabriccheck::{self, CheckSpec, ENDPOINT_ANNOTATION, Member, WorkloadRef};
+use crate::text::truncate;
 use k8s_openapi::api::core::v1::{Node, ObjectReference};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
@@ -731,15 +732,4 @@ async fn record(
     if let Err(e) = events.create(&pp, &event).await {
         tracing::warn!(workload = %key(wl), error = %e, "cannot record the Event");
     }
-}
-
-fn truncate(s: &str, max: usize) -> String {
-    if s.len() <= max {
-        return s.to_owned();
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    s[..end].to_owned()
 }

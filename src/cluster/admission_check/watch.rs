@@ -5,6 +5,7 @@
 
 use super::model;
 use super::{CHECK_LABEL, CheckSettings, WATCH_TIMEOUT_SECS};
+use crate::cluster::slim_node;
 use crate::node::WatchBackoff;
 use crate::node::fabriccheck;
 use futures::StreamExt;
@@ -188,21 +189,6 @@ impl Watched {
 
 /// Which objects of a watch are stored.
 type Keep<K> = Box<dyn Fn(&K) -> bool + Send + Sync>;
-
-/// Of a Node, what the judgements read: metadata (labels, the peers-endpoint annotation)
-/// without managed fields, the spec (taints), and of the status the conditions and addresses.
-/// A GPU Node's images, capacity and nodeInfo are most of its 10-15 kB, times the pool.
-fn slim_node(node: &mut Node) {
-    node.metadata.managed_fields = None;
-    node.status = node
-        .status
-        .take()
-        .map(|s| k8s_openapi::api::core::v1::NodeStatus {
-            conditions: s.conditions,
-            addresses: s.addresses,
-            ..Default::default()
-        });
-}
 
 /// Feed `writer` from a watcher of `api` (each object `slim`med) until aborted, storing only
 /// the objects `keep` accepts (one no longer accepted is dropped from the store).

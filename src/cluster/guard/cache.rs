@@ -2,12 +2,24 @@
 //! stores, fed by the guard's loop (not by `reflector()` on the streams) so that it can hold
 //! back stale versions of a Node it just wrote and tell when each watch is live.
 
-use super::watch::Update;
+use crate::cluster::slim_node;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::runtime::reflector::{ObjectRef, store::Writer};
 use kube::runtime::watcher::{self, Event};
 use std::collections::HashMap;
 use std::sync::Arc;
+
+/// What the leader's watches report.
+#[derive(Debug)]
+pub(super) enum Update {
+    /// Boxed: a Node or pod is kilobytes, the markers are nothing.
+    Node(Box<watcher::Result<Event<Node>>>),
+    Pod(Box<watcher::Result<Event<Pod>>>),
+    /// The server accepted a watch request (again): after an error, the cache follows it
+    /// again even while nothing changes (a watch that resumes quietly yields no event).
+    NodesWatching,
+    PodsWatching,
+}
 
 /// The leader's copy of the pool's Nodes and the agent pods, fed by its watches.
 #[derive(Default)]
@@ -76,23 +88,6 @@ impl WatchState {
             self.up = true;
         }
     }
-}
-
-/// Drop what no decision reads from a cached Node: its managed fields and all of its status
-/// but the conditions (images, capacity, allocatable, addresses, nodeInfo: most of a GPU
-/// Node's bytes). Kept: metadata (labels, annotations, resourceVersion), the spec (taints)
-/// and `status.conditions`.
-pub(super) fn slim_node(node: &mut Node) {
-    node.metadata.managed_fields = None;
-    // Of the status only the conditions (FabricReady): a GPU Node's images, capacity,
-    // allocatable, addresses and nodeInfo are most of its 10-15 kB, times the pool.
-    node.status = node
-        .status
-        .take()
-        .map(|s| k8s_openapi::api::core::v1::NodeStatus {
-            conditions: s.conditions,
-            ..Default::default()
-        });
 }
 
 /// Keep of a cached agent pod what [`super::agent_problem`] reads: its metadata (without

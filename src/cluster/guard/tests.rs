@@ -1,8 +1,9 @@
 //! Unit tests of the cache and of what counts as a missing agent.
 
-use super::cache::{Cache, slim_node, slim_pod};
+use super::cache::Update;
+use super::cache::{Cache, slim_pod};
 use super::sweep::agent_problem;
-use super::watch::Update;
+use crate::cluster::slim_node;
 use k8s_openapi::api::core::v1::{
     ContainerImage, Node, NodeCondition, NodeSpec, NodeStatus, Pod, PodCondition, PodSpec,
     PodStatus, Taint,

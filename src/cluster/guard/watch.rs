@@ -1,10 +1,10 @@
 //! The leader's two watches (the pool's Nodes, the agent pods): `kube::runtime::watcher`
 //! streams, polled by the guard's loop, that feed the [`Cache`].
 
-use super::cache::{Cache, slim_node, slim_pod};
+use super::cache::{Cache, Update, slim_pod};
 use super::sweep::sweep;
 use super::{GuardSettings, WATCH_TIMEOUT_SECS, max_backoff};
-use crate::cluster::LIST_PAGE;
+use crate::cluster::{LIST_PAGE, slim_node};
 use crate::node::{WatchBackoff, is_watch};
 use futures::StreamExt;
 use futures::stream::BoxStream;
@@ -25,18 +25,6 @@ pub(super) async fn next_update(watched: &mut Option<Watched>) -> Option<Update>
         Some(w) => Some(w.next().await),
         None => std::future::pending().await,
     }
-}
-
-/// What the leader's watches report.
-#[derive(Debug)]
-pub(super) enum Update {
-    /// Boxed: a Node or pod is kilobytes, the markers are nothing.
-    Node(Box<watcher::Result<Event<Node>>>),
-    Pod(Box<watcher::Result<Event<Pod>>>),
-    /// The server accepted a watch request (again): after an error, the cache follows it
-    /// again even while nothing changes (a watch that resumes quietly yields no event).
-    NodesWatching,
-    PodsWatching,
 }
 
 /// The leader's two watches and the cache they feed. Dropping it stops the watches.
