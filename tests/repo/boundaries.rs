@@ -76,18 +76,25 @@ fn fallback_does_not_import_metrics() {
 /// others together (docs/design.md, "Floors").
 const FLOORS: &[(&str, &[&str])] = &[
     ("error", &[]),
-    ("config", &["error"]),
-    ("policy", &["config", "error"]),
-    ("peers", &["config", "error", "policy"]),
-    ("observe", &["config", "error", "policy", "peers"]),
-    ("node", &["config", "error", "policy", "observe"]),
-    ("cluster", &["config", "error", "policy", "observe", "node"]),
-    ("pod", &["config", "error", "policy", "observe"]),
-    ("cli", &["config", "error", "policy", "observe", "pod"]),
+    ("text", &[]),
+    ("config", &["error", "text"]),
+    ("policy", &["config", "error", "text"]),
+    ("peers", &["config", "error", "text", "policy"]),
+    ("observe", &["config", "error", "text", "policy", "peers"]),
+    ("node", &["config", "error", "text", "policy", "observe"]),
+    (
+        "cluster",
+        &["config", "error", "text", "policy", "observe", "node"],
+    ),
+    ("pod", &["config", "error", "text", "policy", "observe"]),
+    (
+        "cli",
+        &["config", "error", "text", "policy", "observe", "pod"],
+    ),
     (
         "agent",
         &[
-            "cli", "config", "error", "policy", "peers", "observe", "node",
+            "cli", "config", "error", "text", "policy", "peers", "observe", "node",
         ],
     ),
 ];
