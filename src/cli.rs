@@ -288,6 +288,10 @@ pub struct GuardArgs {
     /// This replica's identity in the Lease (downward API metadata.name).
     #[arg(long, env = "POD_NAME")]
     pub identity: Option<String>,
+    /// Address of the guard's /metrics, /healthz and /readyz server (the agent's server, with
+    /// its connection bounds).
+    #[arg(long, default_value = "0.0.0.0:9466", value_name = "ADDR", value_parser = crate::observe::server::parse_listen_addr)]
+    pub metrics_addr: std::net::SocketAddr,
     /// Log line format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,

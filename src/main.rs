@@ -248,6 +248,7 @@ fn run_webhook(args: &WebhookArgs) -> anyhow::Result<u8> {
 
 fn run_guard(args: GuardArgs) -> anyhow::Result<u8> {
     daemon::init_logging(args.log_format);
+    let nofile = fabricgate::observe::server::raise_nofile();
     let config = fabricgate::config::Config::load(&args.config)?;
     let identity = args
         .identity
@@ -258,7 +259,33 @@ fn run_guard(args: GuardArgs) -> anyhow::Result<u8> {
         .enable_all()
         .build()?;
     let result = runtime.block_on(async {
+        let listener = tokio::net::TcpListener::bind(args.metrics_addr)
+            .await
+            .map_err(|e| fabricgate::Error::Usage {
+                flag: "--metrics-addr".into(),
+                message: format!("cannot listen on {}: {e}", args.metrics_addr),
+            })?;
+        let addr = listener.local_addr().unwrap_or(args.metrics_addr);
         let clients = fabricgate::node::client(fabricgate::node::RetryAfter::default()).await?;
+        let metrics = std::sync::Arc::new(fabricgate::cluster::guard::GuardMetrics::new());
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let server = {
+            let router = std::sync::Arc::clone(&metrics).router();
+            let mut rx = stop_rx.clone();
+            tokio::spawn(fabricgate::observe::server::serve(
+                listener,
+                router,
+                fabricgate::observe::server::Limits::for_nofile(
+                    fabricgate::observe::server::DEFAULT_MAX_CONNECTIONS,
+                    nofile.soft,
+                ),
+                std::sync::Arc::new(()),
+                async move {
+                    let _ = rx.wait_for(|s| *s).await;
+                },
+            ))
+        };
+        tracing::info!(%addr, "guard metrics serving");
         let settings = fabricgate::cluster::guard::GuardSettings {
             config,
             namespace: args.namespace,
@@ -275,7 +302,12 @@ fn run_guard(args: GuardArgs) -> anyhow::Result<u8> {
             }
         };
         let watch = clients.watch.unwrap_or_else(|| clients.requests.clone());
-        fabricgate::cluster::guard::run(clients.requests, watch, settings, shutdown).await
+        let r =
+            fabricgate::cluster::guard::run(clients.requests, watch, settings, metrics, shutdown)
+                .await;
+        let _ = stop_tx.send(true);
+        let _ = server.await;
+        r
     });
     runtime.shutdown_timeout(std::time::Duration::from_millis(200));
     result?;

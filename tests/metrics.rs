@@ -8,6 +8,8 @@ mod common;
 mod exposition;
 #[path = "metrics/gpudirect_metrics.rs"]
 mod gpudirect_metrics;
+#[path = "metrics/guard_metrics.rs"]
+mod guard_metrics;
 #[path = "metrics/prometheus_rules.rs"]
 mod prometheus_rules;
 #[path = "metrics/prometheus_server.rs"]

@@ -186,6 +186,10 @@ fn guard_taints_nodes_whose_agent_is_gone_only_the_leader_acts_and_failover_work
     wait_until("the leader's lists", Duration::from_secs(10), || {
         listed(&leader_guard)
     });
+    // ... and its dry run of a taint, which its admission policy admits.
+    wait_until("the leader's dry run", Duration::from_secs(10), || {
+        leader_guard.log().contains("dry run of the guard's taint")
+    });
 
     // Healthy agents: nothing happens for well over stale_after, and the guard sends nothing
     // but its Lease renewals: no writes, and no reads of Nodes or pods (its watches, open
@@ -870,4 +874,249 @@ fn redteam_the_guards_token_may_only_fail_a_pool_node_closed() {
     let r = as_guard(cp, pool, false, json_patch, "", &taints(pool, json!([gpu])));
     assert!(refused_by_policy(&r), "removing its own taint: {r:?}");
     assert_eq!(node(pool)["metadata"]["labels"]["team"], "ml");
+}
+
+/// `deploy/guard.yaml` under other names (`fg-guard-pool`: its own ServiceAccount, RBAC,
+/// admission policy and binding), its policy's `pool` replaced by `pool`: the shipped objects,
+/// which the other tests use, stay as they are.
+fn renamed_guard_manifest(pool: &str) -> String {
+    let shipped =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/guard.yaml")).unwrap();
+    let shipped_pool = "expression: \"{'nvidia.com/gpu.present': 'true'}\"";
+    assert!(shipped.contains(shipped_pool), "the shipped pool moved");
+    shipped
+        .replace("fabricgate-guard", "fg-guard-pool")
+        .replace(shipped_pool, &format!("expression: \"{pool}\""))
+}
+
+/// The guard's `/readyz` status and body.
+fn readyz(addr: &str) -> (u16, String) {
+    let (status, _, body) = crate::common::http_get(addr, "/readyz", None);
+    (status, body)
+}
+
+/// The Events about the guard replica `identity` with `reason`: their notes.
+fn guard_events(
+    cp: &crate::common::controlplane::ControlPlane,
+    identity: &str,
+    reason: &str,
+) -> Vec<String> {
+    let list = cp
+        .get_json(&format!("/apis/events.k8s.io/v1/namespaces/{NS}/events"))
+        .unwrap_or_default();
+    list["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["regarding"]["name"] == identity && e["reason"] == reason)
+        .filter_map(|e| e["note"].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// `promtool test rules`: whether FabricgateGuardCannotAct fires over the guard's scraped
+/// `blocked` and `leader` values held for 10 minutes (the shipped rule file, its annotations
+/// rendered), and what promtool said.
+fn guard_alert_fires(blocked: f64, leader: f64) -> (bool, String) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let rules_path = root.join("deploy/prometheus-rules.yaml");
+    let rules: Value =
+        serde_norway::from_str(&std::fs::read_to_string(&rules_path).unwrap()).unwrap();
+    let rule = rules["groups"][0]["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["alert"] == "FabricgateGuardCannotAct")
+        .expect("the rule FabricgateGuardCannotAct")
+        .clone();
+    let job = "fabricgate-guard";
+    let mut annotations = serde_json::Map::new();
+    for (k, v) in rule["annotations"].as_object().unwrap() {
+        let text = v.as_str().unwrap().replace("{{ $labels.job }}", job);
+        annotations.insert(k.clone(), Value::String(text));
+    }
+    let series = |name: &str| format!("{name}{{job=\"{job}\",instance=\"guard-pool:9466\"}}");
+    let test = json!({
+        "rule_files": [rules_path.to_str().unwrap()],
+        "evaluation_interval": "1m",
+        "tests": [{
+            "interval": "1m",
+            "input_series": [
+                { "series": series("fabricgate_guard_blocked"), "values": format!("{blocked}x10") },
+                { "series": series("fabricgate_guard_leader"), "values": format!("{leader}x10") },
+            ],
+            "alert_rule_test": [{
+                "eval_time": "6m",
+                "alertname": "FabricgateGuardCannotAct",
+                "exp_alerts": [{
+                    "exp_labels": { "job": job, "severity": rule["labels"]["severity"] },
+                    "exp_annotations": annotations,
+                }],
+            }],
+        }],
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("guard_rule_test.yaml");
+    std::fs::write(&file, serde_json::to_string(&test).unwrap()).unwrap();
+    let out = std::process::Command::new("promtool")
+        .args(["test", "rules"])
+        .arg(&file)
+        .output()
+        .expect("promtool");
+    let said = format!(
+        "promtool test rules:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), said)
+}
+
+/// The guard proves at start, with a server-side dry run of its taint, that its admission
+/// policy lets it act. Its policy's pool changed to a label the Nodes lack: `/readyz` fails at
+/// once, `fabricgate_guard_blocked` is 1 and FabricgateGuardCannotAct fires over it, and a
+/// Warning Event names both selectors. The pool restored: ready again, and a dead agent's
+/// Node is tainted within `--stale-after` + 5 s.
+#[test]
+fn guard_proves_its_policy_admits_its_taint_and_says_what_disagrees() {
+    let Some(cp) = control_plane() else { return };
+    cp.install_agent_rbac();
+    const APP_POOL: &str = "fg-agent-pool";
+    const POOL_LEASE: &str = "fabricgate-guard-pool";
+    const IDENTITY: &str = "guard-pool";
+    let names: Vec<String> = (0..4).map(|i| format!("guard-pool-{i}")).collect();
+    for name in &names {
+        node_with_agent(cp, name, "guard-pool", APP_POOL);
+    }
+    let absent = "{'fabricgate.io/absent-label': 'true'}";
+    cp.apply(&renamed_guard_manifest(absent));
+    // The apiserver's policy informer picks the new policy up within about a second.
+    std::thread::sleep(Duration::from_secs(2));
+    let token = cp.kubectl(&["-n", NS, "create", "token", "fg-guard-pool"]);
+    let scratch = tempfile::tempdir().unwrap();
+    let kubeconfig = scratch.path().join("guard.kubeconfig");
+    cp.write_kubeconfig(&kubeconfig, &cp.url, token.trim());
+    let config = scratch.path().join("requirements.yaml");
+    let selector = format!("{POOL}=guard-pool");
+    std::fs::write(&config, format!("node:\n  pool_selector: \"{selector}\"\n")).unwrap();
+    let t0 = Instant::now();
+    let guard = start_guard_for(
+        IDENTITY,
+        APP_POOL,
+        POOL_LEASE,
+        &config,
+        &kubeconfig,
+        scratch.path(),
+    );
+    let addr = guard.metrics_addr();
+
+    // At start: not ready, saying why.
+    guard.wait("/readyz failing", Duration::from_secs(20), || {
+        readyz(&addr).0 == 503
+    });
+    eprintln!(
+        "pool disagrees -> /readyz 503 after {:?} from start",
+        t0.elapsed()
+    );
+    let (_, body) = readyz(&addr);
+    assert!(
+        body.contains("(pool)") && body.contains("absent-label"),
+        "{body}"
+    );
+    let (_, _, text) = crate::common::http_get(&addr, "/metrics", None);
+    let metric = |text: &str, series: &str| crate::common::sample(text, series);
+    assert_eq!(
+        metric(&text, "fabricgate_guard_blocked"),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        metric(&text, "fabricgate_guard_leader"),
+        Some(1.0),
+        "{text}"
+    );
+    assert!(
+        metric(
+            &text,
+            r#"fabricgate_guard_refused_writes_total{reason="pool"}"#
+        ) >= Some(1.0),
+        "{text}"
+    );
+    assert!(
+        metric(
+            &text,
+            r#"fabricgate_guard_writes_total{kind="dry_run",result="refused"}"#
+        ) >= Some(1.0),
+        "{text}"
+    );
+    if crate::common::have_tool("promtool") {
+        let blocked = metric(&text, "fabricgate_guard_blocked").unwrap();
+        let leader = metric(&text, "fabricgate_guard_leader").unwrap();
+        let (fires, said) = guard_alert_fires(blocked, leader);
+        assert!(fires, "the alert over the guard's values: {said}");
+        let (fires, said) = guard_alert_fires(0.0, 1.0);
+        assert!(!fires, "no alert over a guard that can act: {said}");
+    }
+    // The Event names both selectors: the guard's and its policy's.
+    guard.wait("the Warning Event", Duration::from_secs(10), || {
+        !guard_events(cp, IDENTITY, fabricgate::cluster::guard::POLICY_REFUSES).is_empty()
+    });
+    let notes = guard_events(cp, IDENTITY, fabricgate::cluster::guard::POLICY_REFUSES);
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains(&selector) && n.contains("fabricgate.io/absent-label=true")),
+        "{notes:#?}"
+    );
+    // Nothing was written while refused: only dry runs.
+    assert!(names.iter().all(|n| {
+        !TestNode {
+            cp,
+            name: n.clone(),
+        }
+        .has_our_taint()
+    }));
+
+    // The pool restored: ready again once a dry run is admitted.
+    cp.apply(&renamed_guard_manifest(
+        "{'nvidia.com/gpu.present': 'true'}",
+    ));
+    let t1 = Instant::now();
+    guard.wait("/readyz ready again", Duration::from_secs(20), || {
+        readyz(&addr).0 == 200
+    });
+    eprintln!("pool restored -> /readyz 200 after {:?}", t1.elapsed());
+    guard.wait("the Normal Event", Duration::from_secs(10), || {
+        !guard_events(cp, IDENTITY, fabricgate::cluster::guard::POLICY_ADMITS).is_empty()
+    });
+    let (_, _, text) = crate::common::http_get(&addr, "/metrics", None);
+    assert_eq!(
+        metric(&text, "fabricgate_guard_blocked"),
+        Some(0.0),
+        "{text}"
+    );
+
+    // A dead agent's Node is tainted within --stale-after (3 s) + 5 s.
+    set_ready(cp, &names[1], false);
+    let t2 = Instant::now();
+    let dead = TestNode {
+        cp,
+        name: names[1].clone(),
+    };
+    guard.wait("the dead agent's taint", Duration::from_secs(3 + 5), || {
+        dead.has_our_taint()
+    });
+    eprintln!("pool restored, agent NotReady -> taint: {:?}", t2.elapsed());
+    guard.wait("AgentNotRunning", Duration::from_secs(5), || {
+        dead.has_reason("FabricReady", "AgentNotRunning")
+    });
+    let (_, _, text) = crate::common::http_get(&addr, "/metrics", None);
+    assert_eq!(
+        metric(
+            &text,
+            r#"fabricgate_guard_writes_total{kind="taint",result="ok"}"#
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(readyz(&addr).0, 200);
+    signal(guard.child(), "TERM");
 }

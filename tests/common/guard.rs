@@ -34,6 +34,27 @@ impl Guard {
         })
     }
 
+    /// Where its `/metrics`, `/healthz` and `/readyz` listen (from its log; waits for it).
+    pub fn metrics_addr(&self) -> String {
+        let mut found = None;
+        self.wait(
+            "the guard's metrics address",
+            Duration::from_secs(20),
+            || {
+                found = self
+                    .log()
+                    .lines()
+                    .filter(|l| l.contains("guard metrics serving"))
+                    .find_map(|l| {
+                        let at = l.find("addr=")?;
+                        l[at + 5..].split_whitespace().next().map(str::to_owned)
+                    });
+                found.is_some()
+            },
+        );
+        found.unwrap_or_default()
+    }
+
     pub fn child(&self) -> &Child {
         &self.child
     }
@@ -72,6 +93,8 @@ pub fn start_guard(
         .args(["--lease-name", lease])
         .args(timing)
         .args(["--identity", identity])
+        // Any free port: tests run several guards at once.
+        .args(["--metrics-addr", "127.0.0.1:0"])
         .env("KUBECONFIG", kubeconfig)
         .env("HOME", scratch)
         .env_remove("KUBERNETES_SERVICE_HOST")

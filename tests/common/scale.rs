@@ -449,7 +449,8 @@ fn spawn_guard(cp: &'static ControlPlane, fleet: &Fleet, pool: &str) {
         let shutdown = async move {
             let _ = stop.wait_for(|s| *s).await;
         };
-        if let Err(e) = guard::run(clients.requests, watch, settings, shutdown).await {
+        let metrics = std::sync::Arc::new(guard::GuardMetrics::new());
+        if let Err(e) = guard::run(clients.requests, watch, settings, metrics, shutdown).await {
             eprintln!("scale: the guard stopped: {e}");
         }
     });

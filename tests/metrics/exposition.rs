@@ -21,7 +21,7 @@ fn golden_dir() -> PathBuf {
 }
 
 /// Compare with the golden file; `UPDATE_GOLDEN=1` rewrites it instead (refused under CI).
-fn check_golden(name: &str, got: &str) {
+pub(crate) fn check_golden(name: &str, got: &str) {
     let path = golden_dir().join(name);
     if common::update_golden() {
         std::fs::create_dir_all(golden_dir()).unwrap();
@@ -468,7 +468,7 @@ fn node_writes_are_counted_by_kind() {
     );
 }
 
-fn promtool_check(text: &str) -> (bool, String) {
+pub(crate) fn promtool_check(text: &str) -> (bool, String) {
     let mut child = Command::new("promtool")
         .args(["check", "metrics"])
         .stdin(Stdio::piped())

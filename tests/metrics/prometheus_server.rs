@@ -308,13 +308,45 @@ fn serve_in_process(metrics: fabricgate::observe::metrics::Metrics) -> String {
     addr
 }
 
+/// The guard's metrics server (`GuardMetrics::router` on `observe::server`) in-process: a
+/// leader that swept its pool and tainted one Node.
+fn serve_guard_in_process() -> String {
+    use fabricgate::cluster::guard::{GuardMetrics, Outcome, WriteKind};
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let metrics = std::sync::Arc::new(GuardMetrics::new());
+    metrics.turned(true);
+    metrics.swept(6, 1);
+    metrics.wrote(WriteKind::Taint, Outcome::Ok, None);
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+            let _ = fabricgate::observe::server::serve(
+                listener,
+                metrics.router(),
+                fabricgate::observe::server::Limits::default(),
+                std::sync::Arc::new(()),
+                std::future::pending(),
+            )
+            .await;
+        });
+    });
+    addr
+}
+
 /// Every query of `deploy/grafana/fabricgate.json` runs against a real Prometheus that scrapes
-/// two agents, and each returns data:
+/// two agents and the guard, and each returns data:
 /// - node `gpu-a`: `fabricgate run` (the binary) over the healthy example node;
 /// - node `gpu-b`: the agent's metrics server and registry in-process, recording the
 ///   `ndr-port-down` fixture with a hung Lustre mount, a failed and a passing data-path
 ///   self-test, and silent TCP fallback (`common::unhealthy_metrics`). The self-test needs
-///   RDMA hardware, which `fabricgate run` over a fixture tree cannot have.
+///   RDMA hardware, which `fabricgate run` over a fixture tree cannot have;
+/// - job `fabricgate-guard`: the guard's metrics server in-process (the row Guard).
 #[test]
 fn every_dashboard_query_returns_data_from_the_agent() {
     if !have_tool("prometheus") {
@@ -340,6 +372,8 @@ fn every_dashboard_query_returns_data_from_the_agent() {
         "Probe duration",
         "HCAs tainted by DeviceTaintRule",
         "DRA driver up",
+        "Guard: leader and refused writes",
+        "Guard: Node writes",
     ] {
         assert!(
             titles.contains(&wanted),
@@ -352,12 +386,16 @@ fn every_dashboard_query_returns_data_from_the_agent() {
     let (agent, _agent) = start_agent("gpu-a", deadline);
     let unhealthy = serve_in_process(common::unhealthy_metrics());
     wait_ready(&unhealthy, "/readyz", deadline);
+    let guard = serve_guard_in_process();
+    wait_ready(&guard, "/readyz", deadline);
     let config = format!(
         "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n\
          scrape_configs:\n\
          \x20 - job_name: fabricgate\n    static_configs:\n\
          \x20     - targets: ['{agent}']\n        labels: {{node: gpu-a}}\n\
-         \x20     - targets: ['{unhealthy}']\n        labels: {{node: gpu-b}}\n"
+         \x20     - targets: ['{unhealthy}']\n        labels: {{node: gpu-b}}\n\
+         \x20 - job_name: fabricgate-guard\n    static_configs:\n\
+         \x20     - targets: ['{guard}']\n"
     );
     let (prom, _server) = start_prometheus(tmp.path(), &config, deadline);
     // Both agents scraped, and the binary validated its node (recover_after good probes).

@@ -198,6 +198,42 @@ CASES = [
 ]
 
 
+GA = 'instance="guard-a:9466",job="fabricgate-guard"'
+GB = 'instance="guard-b:9466",job="fabricgate-guard"'
+GUARD = {"job": "fabricgate-guard"}
+
+CASES.append(
+    (
+        "FabricgateGuardCannotAct",
+        "the leader's writes are refused from 5m to 15m (its admission policy's pool and "
+        "node.pool_selector disagree), no replica leads from 30m to 40m, its taints fail from "
+        "45m; in between it can act",
+        [
+            (f"fabricgate_guard_blocked{{{GA}}}", "0x4 1x10 0x50"),
+            (f"fabricgate_guard_blocked{{{GB}}}", "0x65"),
+            (f"fabricgate_guard_leader{{{GA}}}", "1x29 0x10 1x25"),
+            (f"fabricgate_guard_leader{{{GB}}}", "0x65"),
+            (
+                f'fabricgate_guard_writes_total{{{GA},kind="taint",result="failed"}}',
+                "0x44 1+1x20",
+            ),
+            (
+                f'fabricgate_guard_writes_total{{{GA},kind="dry_run",result="failed"}}',
+                "0+1x65",
+            ),
+        ],
+        [
+            ("4m", []),
+            ("12m", [(GUARD, 1)]),
+            ("20m", []),
+            ("38m", [(GUARD, 0)]),
+            ("44m", []),
+            ("55m", [(GUARD, 1)]),
+        ],
+    )
+)
+
+
 def render(template, labels, value):
     def sub(m):
         expr = m.group(1).strip()

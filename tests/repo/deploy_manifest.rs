@@ -921,6 +921,7 @@ fn guard_manifest_is_least_privilege_two_replicas_with_a_pdb_and_its_args_parse(
         "Role coordination.k8s.io/leases get",
         "Role coordination.k8s.io/leases patch",
         "Role coordination.k8s.io/leases update",
+        "Role events.k8s.io/events create",
     ]
     .iter()
     .map(|s| (*s).to_owned())
@@ -1047,6 +1048,34 @@ fn guard_manifest_is_least_privilege_two_replicas_with_a_pdb_and_its_args_parse(
     assert_eq!(binding["spec"]["policyName"], vap["metadata"]["name"]);
     assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]));
     assert_eq!(args.stale_after, std::time::Duration::from_secs(60));
+    // Its refusal of a Node outside the pool says what the guard reads to tell that the two
+    // pools disagree, and names the policy's pool.
+    let pool_rule = vap["spec"]["validations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| {
+            v["expression"]
+                .as_str()
+                .unwrap()
+                .contains("variables.pool.all")
+        })
+        .expect("the pool rule");
+    let message = pool_rule["messageExpression"].as_str().unwrap();
+    assert!(
+        message.contains(fabricgate::cluster::guard::POOL_REFUSAL),
+        "{message}"
+    );
+    assert!(message.contains("variables.pool.map("), "{message}");
+    // /metrics, /healthz and /readyz on the port its probes use.
+    let port = c["ports"][0]["containerPort"].as_u64().unwrap();
+    assert_eq!(u64::from(args.metrics_addr.port()), port);
+    assert_eq!(c["ports"][0]["name"], "metrics");
+    assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz");
+    assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
+    for probe in ["livenessProbe", "readinessProbe"] {
+        assert_eq!(c[probe]["httpGet"]["port"], "metrics", "{probe}");
+    }
 }
 
 #[test]

@@ -15,6 +15,8 @@
 //! Lease keeps no watches.
 
 mod cache;
+mod metrics;
+mod proof;
 mod sweep;
 mod watch;
 
@@ -25,12 +27,18 @@ use crate::policy::breaker;
 use futures::FutureExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::events::v1::Event;
 use kube::api::Api;
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use watch::{Watched, next_update};
 
+pub use metrics::{
+    GuardMetrics, Outcome, POOL_REFUSAL, REFUSAL_REASONS, WriteKind, refusal_reason,
+};
+pub use proof::{POLICY_ADMITS, POLICY_REFUSES};
 pub use sweep::agent_problem;
 
 /// Reason of `FabricReady` the guard sets.
@@ -74,7 +82,8 @@ fn max_backoff(s: &GuardSettings) -> Duration {
 
 /// Run the guard until `shutdown` completes. `requests` serves the Lease and the writes;
 /// `watch` (`node::Clients::watch`: watch requests with a read timeout above
-/// [`WATCH_TIMEOUT_SECS`], lists with the short ones) the leader's two watchers.
+/// [`WATCH_TIMEOUT_SECS`], lists with the short ones) the leader's two watchers; `metrics`
+/// is what its `/metrics`, `/healthz` and `/readyz` tell.
 ///
 /// # Errors
 /// [`Error::Usage`] when `node.pool_selector` is empty (the guard must know the pool).
@@ -82,6 +91,7 @@ pub async fn run(
     requests: kube::Client,
     watch: kube::Client,
     s: GuardSettings,
+    metrics: Arc<GuardMetrics>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<()> {
     if s.config.node.pool_selector.is_empty() {
@@ -94,6 +104,10 @@ pub async fn run(
     }
     let leases: Api<Lease> = Api::namespaced(requests.clone(), &s.namespace);
     let nodes: Api<Node> = Api::all(requests.clone());
+    let events: Api<Event> = Api::namespaced(requests.clone(), &s.namespace);
+    metrics.set_wedged_after(wedged_after(&s));
+    // What the dry run of this leadership found (`proof::prove`); `None`: not proven yet.
+    let mut proof: Option<bool> = None;
     let mut unhealthy_since: HashMap<String, Instant> = HashMap::new();
     let mut leadership = Leadership::default();
     let mut leading = false;
@@ -135,8 +149,10 @@ pub async fn run(
                     )
                     .await;
                 leading = renewal.leading;
+                metrics.turned(leading);
                 if renewal.changed {
                     unhealthy_since.clear();
+                    proof = None;
                 }
                 let keep = renewal.keep_watches;
                 if keep && watched.is_none() {
@@ -145,7 +161,11 @@ pub async fn run(
                     tracing::info!("not leading: watches stopped, cache dropped");
                 }
                 if leading && let Some(w) = &mut watched {
-                    w.sweep(&nodes, &s, &mut unhealthy_since).await;
+                    // Proven once per leadership, and again while the writes are refused.
+                    if w.cache.ready() && (proof != Some(true) || metrics.is_blocked()) {
+                        proof = proof::prove(&nodes, &events, &w.cache, &s, &metrics, proof).await;
+                    }
+                    w.sweep(&nodes, &s, &mut unhealthy_since, &metrics).await;
                     changed = false;
                     last_sweep = tokio::time::Instant::now();
                     due = next_deadline(&unhealthy_since, s.stale_after);
@@ -157,7 +177,7 @@ pub async fn run(
             }
             () = tokio::time::sleep_until(last_sweep + MIN_SWEEP_GAP), if changed && leading => {
                 if let Some(w) = &mut watched {
-                    w.sweep(&nodes, &s, &mut unhealthy_since).await;
+                    w.sweep(&nodes, &s, &mut unhealthy_since, &metrics).await;
                 }
                 changed = false;
                 last_sweep = tokio::time::Instant::now();
@@ -221,6 +241,44 @@ fn next_deadline(
         .filter(|d| *d > now)
         .min()
         .map(tokio::time::Instant::from_std)
+}
+
+/// `/healthz` fails when the loop has not turned for this long: ten `--poll-interval`s, at
+/// least a minute, plus a `--lease-duration` (one turn's requests are bounded by the client's
+/// timeouts, well within it).
+fn wedged_after(s: &GuardSettings) -> Duration {
+    s.poll_interval
+        .saturating_mul(10)
+        .max(Duration::from_secs(60))
+        .saturating_add(s.lease_duration)
+}
+
+/// Count a Node write in `m` and say when the guard's writes turn refused (or admitted again).
+fn record<T>(
+    m: &GuardMetrics,
+    kind: WriteKind,
+    action: &'static str,
+    node: &str,
+    result: std::result::Result<T, kube::Error>,
+) -> Result<T> {
+    let outcome = Outcome::of(&result);
+    let message = match &result {
+        Err(kube::Error::Api(status)) => Some(status.message.as_str()),
+        _ => None,
+    };
+    if m.wrote(kind, outcome, message) {
+        match outcome {
+            Outcome::Refused(reason) => tracing::error!(
+                node,
+                reason,
+                error = message.unwrap_or_default(),
+                "the API server refuses the guard's Node writes: it cannot taint a Node whose \
+                 agent died; /readyz fails until a write is admitted"
+            ),
+            _ => tracing::info!(node, "the guard's Node writes are admitted again"),
+        }
+    }
+    result.map_err(|e| kube_err(action, node, e))
 }
 
 fn kube_err(action: &'static str, what: &str, source: kube::Error) -> Error {

@@ -1,7 +1,8 @@
 //! Judging the cache: which pool Nodes to taint because their agent is not running.
 
 use super::cache::Cache;
-use super::{AGENT_NOT_RUNNING, GUARD_FIELD_MANAGER, GuardSettings, kube_err};
+use super::metrics::{GuardMetrics, WriteKind};
+use super::{AGENT_NOT_RUNNING, GUARD_FIELD_MANAGER, GuardSettings, record};
 use crate::error::Result;
 use crate::policy::breaker::{self, TaintDecision};
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -39,13 +40,15 @@ pub fn agent_problem<'a>(node: &str, pods: impl IntoIterator<Item = &'a Pod>) ->
 }
 
 /// Judge every pool Node of the cache: taint one whose agent has been missing or not Ready
-/// for `stale_after` (no API reads; the Nodes written go to `wrote`).
+/// for `stale_after` (no API reads; the Nodes written go to `wrote`). After a failed write the
+/// sweep writes nothing more (the next one retries) but still counts the pool for `m`.
 pub(super) async fn sweep(
     nodes: &Api<Node>,
     cache: &Cache,
     s: &GuardSettings,
     since: &mut HashMap<String, Instant>,
     wrote: &mut Vec<Node>,
+    m: &GuardMetrics,
 ) -> Result<()> {
     let pool = cache.nodes();
     let pods = cache.pods_by_node();
@@ -54,6 +57,8 @@ pub(super) async fn sweep(
     since.retain(|n, _| cache.has_node(n));
     // The pool as the breaker counts it, counted only when a taint is due.
     let mut summary: Option<breaker::PoolSummary> = None;
+    let mut stale = 0;
+    let mut outcome = Ok(());
     for node in &pool {
         let Some(name) = node.metadata.name.clone() else {
             continue;
@@ -63,8 +68,9 @@ pub(super) async fn sweep(
             since.remove(&name);
             continue;
         };
+        stale += 1;
         let first = *since.entry(name.clone()).or_insert(now);
-        if now.duration_since(first) < s.stale_after {
+        if outcome.is_err() || now.duration_since(first) < s.stale_after {
             continue;
         }
         let tainted = node
@@ -75,7 +81,6 @@ pub(super) async fn sweep(
         if tainted {
             continue;
         }
-        let (annotation, overridden) = breaker::breaker_override(node, &s.config.node.label_prefix);
         let counted = summary
             .get_or_insert_with(|| {
                 breaker::PoolSummary::of(
@@ -86,29 +91,64 @@ pub(super) async fn sweep(
                 )
             })
             .count(&name, true);
-        let message = format!(
-            "{problem} for over {}; tainted by fabricgate guard until the agent validates \
-             the node again",
-            humantime::format_duration(s.stale_after)
-        );
-        match breaker::taint_decision(
-            &s.config.node.breaker,
-            Some(&counted),
-            overridden,
-            &annotation,
-        ) {
-            TaintDecision::Taint => {
-                wrote.push(taint(nodes, node, &key, s).await?);
-                wrote.push(set_condition(nodes, &name, AGENT_NOT_RUNNING, &message).await?);
-                tracing::warn!(node = %name, "{message}");
-            }
-            TaintDecision::BreakerOpen { message: why } => {
-                let reason_now = fabric_reason(node);
-                if reason_now.as_deref() != Some(breaker::BREAKER_OPEN) {
-                    let text = format!("{why}; would taint for {AGENT_NOT_RUNNING}: {message}");
-                    wrote.push(set_condition(nodes, &name, breaker::BREAKER_OPEN, &text).await?);
-                    tracing::error!(node = %name, "BLAST-RADIUS BREAKER OPEN (guard): {why}");
-                }
+        outcome = act(nodes, node, &name, &problem, &counted, s, wrote, m).await;
+    }
+    m.swept(pool.len(), stale);
+    outcome
+}
+
+/// Taint `node` (its agent: `problem`), or mark it `BreakerOpen` when the breaker holds the
+/// taint back (`counted`: the pool with it failing).
+#[allow(clippy::too_many_arguments)]
+async fn act(
+    nodes: &Api<Node>,
+    node: &Node,
+    name: &str,
+    problem: &str,
+    counted: &breaker::PoolCount,
+    s: &GuardSettings,
+    wrote: &mut Vec<Node>,
+    m: &GuardMetrics,
+) -> Result<()> {
+    let (annotation, overridden) = breaker::breaker_override(node, &s.config.node.label_prefix);
+    let message = format!(
+        "{problem} for over {}; tainted by fabricgate guard until the agent validates \
+         the node again",
+        humantime::format_duration(s.stale_after)
+    );
+    match breaker::taint_decision(
+        &s.config.node.breaker,
+        Some(counted),
+        overridden,
+        &annotation,
+    ) {
+        TaintDecision::Taint => {
+            let key = s.config.node.taint_key();
+            let tainted = taint(nodes, node, &key, s).await;
+            wrote.push(record(m, WriteKind::Taint, "taint", name, tainted)?);
+            let set = set_condition(nodes, name, AGENT_NOT_RUNNING, &message).await;
+            wrote.push(record(
+                m,
+                WriteKind::Condition,
+                "set FabricReady on",
+                name,
+                set,
+            )?);
+            tracing::warn!(node = %name, "{message}");
+        }
+        TaintDecision::BreakerOpen { message: why } => {
+            let reason_now = fabric_reason(node);
+            if reason_now.as_deref() != Some(breaker::BREAKER_OPEN) {
+                let text = format!("{why}; would taint for {AGENT_NOT_RUNNING}: {message}");
+                let set = set_condition(nodes, name, breaker::BREAKER_OPEN, &text).await;
+                wrote.push(record(
+                    m,
+                    WriteKind::Condition,
+                    "set FabricReady on",
+                    name,
+                    set,
+                )?);
+                tracing::error!(node = %name, "BLAST-RADIUS BREAKER OPEN (guard): {why}");
             }
         }
     }
@@ -128,8 +168,12 @@ fn fabric_reason(node: &Node) -> Option<String> {
 
 /// Add our taint, guarded by the resourceVersion it was computed from (a conflict is retried
 /// on the next sweep).
-async fn taint(nodes: &Api<Node>, node: &Node, key: &str, s: &GuardSettings) -> Result<Node> {
-    let name = node.metadata.name.clone().unwrap_or_default();
+async fn taint(
+    nodes: &Api<Node>,
+    node: &Node,
+    key: &str,
+    s: &GuardSettings,
+) -> std::result::Result<Node, kube::Error> {
     let mut taints = node
         .spec
         .as_ref()
@@ -140,12 +184,15 @@ async fn taint(nodes: &Api<Node>, node: &Node, key: &str, s: &GuardSettings) -> 
         effect: s.config.node.taint_effect.as_str().to_owned(),
         ..Default::default()
     });
-    crate::node::patch_taints(nodes, node, &taints, GUARD_FIELD_MANAGER)
-        .await
-        .map_err(|e| kube_err("taint", &name, e))
+    crate::node::patch_taints(nodes, node, &taints, GUARD_FIELD_MANAGER).await
 }
 
-async fn set_condition(nodes: &Api<Node>, name: &str, reason: &str, message: &str) -> Result<Node> {
+async fn set_condition(
+    nodes: &Api<Node>,
+    name: &str,
+    reason: &str,
+    message: &str,
+) -> std::result::Result<Node, kube::Error> {
     let now = Timestamp::now();
     let body = json!({
         "apiVersion": "v1",
@@ -163,5 +210,4 @@ async fn set_condition(nodes: &Api<Node>, name: &str, reason: &str, message: &st
             &Patch::Apply(&body),
         )
         .await
-        .map_err(|e| kube_err("set FabricReady on", name, e))
 }

@@ -2,6 +2,7 @@
 //! streams, polled by the guard's loop, that feed the [`Cache`].
 
 use super::cache::{Cache, Update, slim_pod};
+use super::metrics::GuardMetrics;
 use super::sweep::sweep;
 use super::{GuardSettings, WATCH_TIMEOUT_SECS, max_backoff};
 use crate::cluster::{LIST_PAGE, slim_node};
@@ -82,12 +83,13 @@ impl Watched {
         nodes: &Api<Node>,
         s: &GuardSettings,
         since: &mut HashMap<String, Instant>,
+        m: &GuardMetrics,
     ) {
         if !self.cache.ready() {
             return;
         }
         let mut wrote = Vec::new();
-        if let Err(e) = sweep(nodes, &self.cache, s, since, &mut wrote).await {
+        if let Err(e) = sweep(nodes, &self.cache, s, since, &mut wrote, m).await {
             tracing::warn!(error = %e, "guard sweep failed; retrying");
         }
         for node in wrote {

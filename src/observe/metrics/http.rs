@@ -39,15 +39,15 @@ fn format_override(query: Option<&str>) -> Option<bool> {
     })
 }
 
-async fn metrics_handler(
-    State(metrics): State<Arc<Metrics>>,
-    uri: Uri,
-    headers: HeaderMap,
-) -> Response {
-    let openmetrics = format_override(uri.query()).unwrap_or_else(|| {
+/// Whether a scrape gets OpenMetrics: `?format=` first, then the `Accept` header.
+pub fn negotiate(uri: &Uri, headers: &HeaderMap) -> bool {
+    format_override(uri.query()).unwrap_or_else(|| {
         wants_openmetrics(headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()))
-    });
-    let body = metrics.exposition(openmetrics);
+    })
+}
+
+/// An exposition `body` with the content type of its format.
+pub fn exposition_response(openmetrics: bool, body: impl IntoResponse) -> Response {
     let content_type = if openmetrics {
         OPENMETRICS_CONTENT_TYPE
     } else {
@@ -60,26 +60,33 @@ async fn metrics_handler(
         .into_response()
 }
 
-async fn readyz_handler(State(metrics): State<Arc<Metrics>>) -> Response {
-    match metrics.health.readiness() {
-        Ok(()) => (StatusCode::OK, "ready\n").into_response(),
+/// A health endpoint's answer: `200 {ok}` or `503 {failed}: why`.
+pub fn health_response(state: Result<(), String>, ok: &'static str, failed: &str) -> Response {
+    match state {
+        Ok(()) => (StatusCode::OK, ok).into_response(),
         Err(why) => (
             StatusCode::SERVICE_UNAVAILABLE,
-            format!("not ready: {why}\n"),
+            format!("{failed}: {why}\n"),
         )
             .into_response(),
     }
 }
 
+async fn metrics_handler(
+    State(metrics): State<Arc<Metrics>>,
+    uri: Uri,
+    headers: HeaderMap,
+) -> Response {
+    let openmetrics = negotiate(&uri, &headers);
+    exposition_response(openmetrics, metrics.exposition(openmetrics))
+}
+
+async fn readyz_handler(State(metrics): State<Arc<Metrics>>) -> Response {
+    health_response(metrics.health.readiness(), "ready\n", "not ready")
+}
+
 async fn healthz_handler(State(metrics): State<Arc<Metrics>>) -> Response {
-    match metrics.health.liveness() {
-        Ok(()) => (StatusCode::OK, "ok\n").into_response(),
-        Err(why) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("unhealthy: {why}\n"),
-        )
-            .into_response(),
-    }
+    health_response(metrics.health.liveness(), "ok\n", "unhealthy")
 }
 
 impl crate::observe::server::ServerObserver for Metrics {

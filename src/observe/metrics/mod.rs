@@ -14,7 +14,10 @@ mod register;
 #[cfg(test)]
 mod tests;
 
-pub use http::{router, serve, serve_with_limits, wants_openmetrics};
+pub use http::{
+    exposition_response, health_response, negotiate, router, serve, serve_with_limits,
+    wants_openmetrics,
+};
 pub use record::{MountSample, mount_samples};
 
 use crate::config::Config;
