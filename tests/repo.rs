@@ -5,6 +5,8 @@ mod common;
 
 #[path = "repo/boundaries.rs"]
 mod boundaries;
+#[path = "repo/cycles.rs"]
+mod cycles;
 #[path = "repo/deploy_manifest.rs"]
 mod deploy_manifest;
 #[path = "repo/docs.rs"]

@@ -13,6 +13,7 @@ pub mod gpudirect;
 pub mod host;
 mod kept_files;
 pub mod netdev;
+pub mod netlink;
 pub mod pod;
 pub mod rdma;
 pub mod roots;

@@ -62,6 +62,14 @@ pub struct Config {
     pub gang: gang::GangSettings,
 }
 
+/// A wrong value of the requirements file at `key`, and what to give instead.
+fn bad(key: &str, message: String) -> Result<()> {
+    Err(Error::ConfigValue {
+        key: key.to_owned(),
+        message,
+    })
+}
+
 impl Config {
     /// Load and validate a requirements file.
     ///
@@ -114,13 +122,22 @@ impl Config {
         Ok(config)
     }
 
+    /// The first value out of range, as `Error::ConfigValue`. The checks run in a fixed
+    /// order, so a file with several wrong values always names the same one.
     fn validate(&self) -> Result<()> {
-        let bad = |key: &str, message: String| {
-            Err(Error::ConfigValue {
-                key: key.to_owned(),
-                message,
-            })
-        };
+        self.validate_rdma_rate_and_node()?;
+        self.validate_kubernetes()?;
+        self.validate_mounts_and_counts()?;
+        self.validate_transport_and_placement()?;
+        self.peers.validate()?;
+        self.webhook.validate()?;
+        self.gang.validate()?;
+        validate_label_prefix(&self.node.label_prefix)
+    }
+
+    /// `rdma.min_rate_gbps`, then the breaker's fraction, the pool selector and the guard's
+    /// Lease name.
+    fn validate_rdma_rate_and_node(&self) -> Result<()> {
         if !self.rdma.min_rate_gbps.is_finite() || self.rdma.min_rate_gbps < 0.0 {
             return bad(
                 "rdma.min_rate_gbps",
@@ -169,6 +186,11 @@ impl Config {
                 ),
             );
         }
+        Ok(())
+    }
+
+    /// The DRA drivers, the device-plugin directory and sockets, and the RDMA resources.
+    fn validate_kubernetes(&self) -> Result<()> {
         self.kubernetes.dra.validate()?;
         if !self.kubernetes.device_plugin_dir.starts_with('/') {
             return bad(
@@ -211,6 +233,12 @@ impl Config {
                 );
             }
         }
+        Ok(())
+    }
+
+    /// Lustre and other mounts, the fallback's netdevs, `node.recover_after` and
+    /// `lustre.min_free_percent`.
+    fn validate_mounts_and_counts(&self) -> Result<()> {
         for (i, m) in self.lustre.mounts.iter().enumerate() {
             if !m.starts_with('/') {
                 return bad(
@@ -263,6 +291,11 @@ impl Config {
                 );
             }
         }
+        Ok(())
+    }
+
+    /// The RDMA MTU and ECN priority, the GPUDirect relation and the placement labels.
+    fn validate_transport_and_placement(&self) -> Result<()> {
         if let Some(mtu) = self.rdma.min_mtu
             && !fabricgate_probes::gpudirect::transport::IB_MTUS.contains(&mtu)
         {
@@ -288,10 +321,7 @@ impl Config {
                 return bad(&format!("placement.required_labels[{i}]"), e);
             }
         }
-        self.peers.validate()?;
-        self.webhook.validate()?;
-        self.gang.validate()?;
-        validate_label_prefix(&self.node.label_prefix)
+        Ok(())
     }
 
     /// What the storage probe must check, from `lustre:` and `mounts:`.

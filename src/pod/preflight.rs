@@ -165,51 +165,14 @@ pub fn run(roots: &Roots, probe: ProbeConfig, config: &Config, opts: &Options) -
             Vec::new()
         }
     };
-
-    // sysfs is not namespaced: the pod sees every HCA of the host there, but only the device
-    // nodes the device plugin injected. Devices without their node are not this pod's.
-    let matcher = config.device_matcher();
-    let in_scope = |name: &str| matcher.is_match(name);
-    let missing: Vec<&DeviceNode> = device_nodes
-        .iter()
-        .filter(|n| !n.present && in_scope(&n.device))
-        .collect();
-    let given = device_nodes
-        .iter()
-        .filter(|n| n.present && in_scope(&n.device))
-        .count();
-    let all_missing = !missing.is_empty() && given == 0;
-    let mut report = if all_missing {
-        // Nothing of the pod's RDMA to look at: fail fast, with the storage probe only (no
-        // verbs providers loaded, no GID tables read).
-        storage_only(roots, probe)
-    } else {
-        Prober::new(roots.clone(), probe).probe()
-    };
-    if all_missing {
-        problems.push(format!(
-            "no RDMA device node in this container: {} missing; the device plugin did not \
-             inject /dev/infiniband into this pod (request the RDMA resource, e.g. \
-             rdma/<name>, in this container's resources)",
-            missing
-                .iter()
-                .map(|n| format!("{} ({})", n.path.display(), n.device))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ));
-    } else {
-        for n in &missing {
-            notes.push(format!(
-                "{}: {} is not in this container; the device is not counted",
-                n.device,
-                n.path.display()
-            ));
-        }
-        report
-            .rdma
-            .devices
-            .retain(|d| !missing.iter().any(|n| n.device == d.name));
-    }
+    let (report, all_missing) = probe_given_devices(
+        roots,
+        probe,
+        &config,
+        &device_nodes,
+        &mut problems,
+        &mut notes,
+    );
 
     let verdict = policy::evaluate(&report, &config);
     if !all_missing {
@@ -261,6 +224,58 @@ pub fn run(roots: &Roots, probe: ProbeConfig, config: &Config, opts: &Options) -
         timings: report.timings.clone(),
         elapsed_seconds: started.elapsed().as_secs_f64(),
     }
+}
+
+/// The probe of the devices this pod was given. sysfs is not namespaced: the pod sees every
+/// HCA of the host there, but only the device nodes the device plugin injected, so devices
+/// without their node are not this pod's (a note each, and out of the report). With none of
+/// the devices in scope given, a problem and the storage probe alone (`true`: all missing).
+fn probe_given_devices(
+    roots: &Roots,
+    probe: ProbeConfig,
+    config: &Config,
+    device_nodes: &[DeviceNode],
+    problems: &mut Vec<String>,
+    notes: &mut Vec<String>,
+) -> (fabricgate_probes::ProbeReport, bool) {
+    let matcher = config.device_matcher();
+    let in_scope = |name: &str| matcher.is_match(name);
+    let missing: Vec<&DeviceNode> = device_nodes
+        .iter()
+        .filter(|n| !n.present && in_scope(&n.device))
+        .collect();
+    let given = device_nodes
+        .iter()
+        .filter(|n| n.present && in_scope(&n.device))
+        .count();
+    if !missing.is_empty() && given == 0 {
+        problems.push(format!(
+            "no RDMA device node in this container: {} missing; the device plugin did not \
+             inject /dev/infiniband into this pod (request the RDMA resource, e.g. \
+             rdma/<name>, in this container's resources)",
+            missing
+                .iter()
+                .map(|n| format!("{} ({})", n.path.display(), n.device))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+        // Nothing of the pod's RDMA to look at: fail fast, with the storage probe only (no
+        // verbs providers loaded, no GID tables read).
+        return (storage_only(roots, probe), true);
+    }
+    let mut report = Prober::new(roots.clone(), probe).probe();
+    for n in &missing {
+        notes.push(format!(
+            "{}: {} is not in this container; the device is not counted",
+            n.device,
+            n.path.display()
+        ));
+    }
+    report
+        .rdma
+        .devices
+        .retain(|d| !missing.iter().any(|n| n.device == d.name));
+    (report, false)
 }
 
 /// A report with the storage probe alone (RDMA left empty).

@@ -101,7 +101,7 @@ const FLOORS: &[(&str, &[&str])] = &[
 
 /// Rust source with comments, string and character literals blanked out (same length), so
 /// that a path in a doc comment or a message is not an import.
-fn code_only(text: &str) -> String {
+pub(crate) fn code_only(text: &str) -> String {
     let b = text.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;

@@ -20,11 +20,10 @@ pub mod parse;
 pub use crate::rdma::verbs::events::{AsyncEvent, AsyncEventKind};
 pub use parse::{LinkChange, UEVENT_SUBSYSTEMS, Uevent, parse_rtnetlink, parse_uevent};
 
+use crate::netlink::{self, Protocol, Received, Socket};
 use crate::rdma::verbs::events::{self as verbs_events, AsyncContext};
 use rustix::event::{PollFd, PollFlags, Timespec, poll};
 use rustix::io::Errno;
-use rustix::net::netlink::{self, SocketAddrNetlink};
-use rustix::net::{AddressFamily, RecvFlags, SocketFlags, SocketType};
 use serde::Serialize;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
@@ -34,8 +33,6 @@ use std::time::{Duration, Instant};
 const RTMGRP_LINK: u32 = 1;
 /// The kernel's uevent multicast group (udev re-broadcasts on group 2, which is not read).
 const UEVENT_GROUP_KERNEL: u32 = 1;
-/// One datagram: rtnetlink link notifications are a few KiB, uevents at most 2 KiB.
-const RECV_BUFFER: usize = 64 * 1024;
 /// Without uevents nothing says when an RDMA device appears: look for new ones this often.
 const VERBS_RESCAN_WITHOUT_UEVENTS: Duration = Duration::from_secs(60);
 
@@ -173,9 +170,9 @@ impl Default for Waker {
 pub struct EventSources {
     options: EventOptions,
     waker: Option<Waker>,
-    netlink: Option<OwnedFd>,
+    netlink: Option<Socket>,
     netlink_problem: Option<String>,
-    uevent: Option<OwnedFd>,
+    uevent: Option<Socket>,
     uevent_problem: Option<String>,
     verbs: Vec<AsyncContext>,
     verbs_problem: Option<String>,
@@ -183,58 +180,11 @@ pub struct EventSources {
     buf: Vec<u8>,
 }
 
-/// A netlink socket of `protocol` (`None`: `NETLINK_ROUTE`) subscribed to `groups`.
-fn netlink_socket(
-    kind: SocketType,
-    protocol: Option<rustix::net::Protocol>,
-    groups: u32,
-) -> std::io::Result<OwnedFd> {
-    let fd = rustix::net::socket_with(
-        AddressFamily::NETLINK,
-        kind,
-        SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
-        protocol,
-    )?;
-    rustix::net::bind(&fd, &SocketAddrNetlink::new(0, groups))?;
-    Ok(fd)
-}
-
 fn open_problem(what: &str, e: &std::io::Error) -> String {
     format!(
         "cannot listen to {what}: {e}; port changes are seen at the next interval probe \
          (the agent needs the host network namespace, hostNetwork: true)"
     )
-}
-
-/// What one netlink read returned.
-enum Received {
-    /// A datagram of this many bytes from the kernel.
-    Kernel(usize),
-    /// A datagram from a user-space sender: ignored.
-    Foreign,
-    /// Nothing more to read now.
-    Empty,
-    /// The receive buffer overran: messages were lost.
-    Overrun,
-}
-
-fn recv_kernel(fd: &OwnedFd, buf: &mut [u8]) -> std::io::Result<Received> {
-    match rustix::net::recvfrom(fd, &mut *buf, RecvFlags::empty()) {
-        Ok((_, len, addr)) => {
-            let from_kernel = addr
-                .and_then(|a| SocketAddrNetlink::try_from(a).ok())
-                .is_some_and(|a| a.pid() == 0);
-            Ok(if from_kernel {
-                Received::Kernel(len.min(buf.len()))
-            } else {
-                Received::Foreign
-            })
-        }
-        Err(Errno::AGAIN) => Ok(Received::Empty),
-        Err(Errno::NOBUFS) => Ok(Received::Overrun),
-        Err(Errno::INTR) => Ok(Received::Empty),
-        Err(e) => Err(e.into()),
-    }
 }
 
 /// Which descriptor a poll entry is.
@@ -260,23 +210,19 @@ impl EventSources {
             verbs: Vec::new(),
             verbs_problem: None,
             last_verbs_scan: Instant::now(),
-            buf: vec![0; RECV_BUFFER],
+            buf: vec![0; netlink::RECV_BUFFER],
         };
         if options.netlink {
-            match netlink_socket(SocketType::RAW, None, RTMGRP_LINK) {
-                Ok(fd) => this.netlink = Some(fd),
+            match Socket::open(Protocol::ROUTE, RTMGRP_LINK) {
+                Ok(socket) => this.netlink = Some(socket),
                 Err(e) => {
                     this.netlink_problem = Some(open_problem("rtnetlink link changes", &e));
                 }
             }
         }
         if options.uevent {
-            match netlink_socket(
-                SocketType::DGRAM,
-                Some(netlink::KOBJECT_UEVENT),
-                UEVENT_GROUP_KERNEL,
-            ) {
-                Ok(fd) => this.uevent = Some(fd),
+            match Socket::open(Protocol::KOBJECT_UEVENT, UEVENT_GROUP_KERNEL) {
+                Ok(socket) => this.uevent = Some(socket),
                 Err(e) => this.uevent_problem = Some(open_problem("kernel uevents", &e)),
             }
         }
@@ -400,9 +346,9 @@ impl EventSources {
     }
 
     fn read_netlink(&mut self, events: &mut Vec<Event>) {
-        let Some(fd) = &self.netlink else { return };
+        let Some(socket) = &self.netlink else { return };
         loop {
-            match recv_kernel(fd, &mut self.buf) {
+            match socket.try_recv(&mut self.buf) {
                 Ok(Received::Kernel(n)) => {
                     events.extend(parse_rtnetlink(&self.buf[..n]).into_iter().map(Event::Link));
                 }
@@ -427,10 +373,12 @@ impl EventSources {
 
     /// Read every pending uevent; true when an RDMA device may have come or gone.
     fn read_uevents(&mut self, events: &mut Vec<Event>) -> bool {
-        let Some(fd) = &self.uevent else { return false };
+        let Some(socket) = &self.uevent else {
+            return false;
+        };
         let mut rdma_changed = false;
         loop {
-            match recv_kernel(fd, &mut self.buf) {
+            match socket.try_recv(&mut self.buf) {
                 Ok(Received::Kernel(n)) => {
                     let Some(u) = parse_uevent(&self.buf[..n]) else {
                         continue;

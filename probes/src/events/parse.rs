@@ -1,21 +1,18 @@
 //! Parsers for what the kernel sends on the two netlink sockets of [`super::EventSources`]:
 //! rtnetlink link messages (`RTM_NEWLINK`/`RTM_DELLINK`, uapi `linux/rtnetlink.h`,
-//! `linux/if_link.h`) and kernel uevents (`lib/kobject_uevent.c`).
+//! `linux/if_link.h`) and kernel uevents (`lib/kobject_uevent.c`). The netlink framing is
+//! [`crate::netlink::message`]'s.
 //!
 //! Pure functions over bytes: a truncated, misaligned or otherwise malformed message is
 //! skipped (never a panic, never an out-of-bounds read), and the rest of the buffer is still
 //! used where the framing allows it.
 
+use crate::netlink::message::{NLMSG_DONE, attributes, messages, u32_at};
 use serde::Serialize;
 
-/// `struct nlmsghdr`: len (u32), type (u16), flags (u16), seq (u32), pid (u32).
-const NLMSG_HDRLEN: usize = 16;
 /// `struct ifinfomsg`: family (u8), pad (u8), type (u16), index (i32), flags (u32), change (u32).
 const IFINFOMSG_LEN: usize = 16;
-/// `struct rtattr`: len (u16), type (u16).
-const RTA_HDRLEN: usize = 4;
 
-const NLMSG_DONE: u16 = 3;
 const RTM_NEWLINK: u16 = 16;
 const RTM_DELLINK: u16 = 17;
 
@@ -27,21 +24,6 @@ const IFLA_CARRIER: u16 = 33;
 const IFF_UP: u32 = 0x1;
 const IFF_RUNNING: u32 = 0x40;
 const IFF_LOWER_UP: u32 = 0x1_0000;
-
-/// Netlink attributes and messages are aligned to 4 bytes (`NLMSG_ALIGN`, `RTA_ALIGN`).
-fn align4(n: usize) -> usize {
-    n.saturating_add(3) & !3
-}
-
-fn u16_at(buf: &[u8], at: usize) -> Option<u16> {
-    let b = buf.get(at..at.checked_add(2)?)?;
-    Some(u16::from_ne_bytes([b[0], b[1]]))
-}
-
-fn u32_at(buf: &[u8], at: usize) -> Option<u32> {
-    let b = buf.get(at..at.checked_add(4)?)?;
-    Some(u32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
-}
 
 /// A netdev's link changed, appeared (`RTM_NEWLINK`) or went away (`RTM_DELLINK`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -101,28 +83,11 @@ fn operstate_name(v: u8) -> &'static str {
 /// types, and messages whose framing is broken, are skipped; a message whose length runs past
 /// the buffer ends the walk.
 pub fn parse_rtnetlink(buf: &[u8]) -> Vec<LinkChange> {
-    let mut out = Vec::new();
-    let mut at = 0usize;
-    while buf.len().saturating_sub(at) >= NLMSG_HDRLEN {
-        let (Some(len), Some(kind)) = (u32_at(buf, at), u16_at(buf, at + 4)) else {
-            break;
-        };
-        let len = len as usize;
-        if len < NLMSG_HDRLEN || len > buf.len() - at {
-            break;
-        }
-        let msg = &buf[at..at + len];
-        if kind == NLMSG_DONE {
-            break;
-        }
-        if (kind == RTM_NEWLINK || kind == RTM_DELLINK)
-            && let Some(change) = parse_link(&msg[NLMSG_HDRLEN..], kind == RTM_DELLINK)
-        {
-            out.push(change);
-        }
-        at = at.saturating_add(align4(len));
-    }
-    out
+    messages(buf)
+        .take_while(|m| m.kind != NLMSG_DONE)
+        .filter(|m| m.kind == RTM_NEWLINK || m.kind == RTM_DELLINK)
+        .filter_map(|m| parse_link(m.body, m.kind == RTM_DELLINK))
+        .collect()
 }
 
 /// One `ifinfomsg` and its attributes.
@@ -140,18 +105,9 @@ fn parse_link(body: &[u8], deleted: bool) -> Option<LinkChange> {
         carrier: flags & (IFF_LOWER_UP | IFF_RUNNING) != 0,
         operstate: None,
     };
-    let mut at = IFINFOMSG_LEN;
-    while body.len().saturating_sub(at) >= RTA_HDRLEN {
-        let (Some(len), Some(kind)) = (u16_at(body, at), u16_at(body, at + 2)) else {
-            break;
-        };
-        let len = usize::from(len);
-        if len < RTA_HDRLEN || len > body.len() - at {
-            break;
-        }
-        let value = &body[at + RTA_HDRLEN..at + len];
-        // The top two bits are NLA_F_NESTED and NLA_F_NET_BYTEORDER.
-        match kind & 0x3fff {
+    for attr in attributes(&body[IFINFOMSG_LEN..]) {
+        let value = attr.value;
+        match attr.kind {
             IFLA_IFNAME => {
                 let name = value.split(|&b| b == 0).next().unwrap_or_default();
                 change.name = std::str::from_utf8(name)
@@ -167,7 +123,6 @@ fn parse_link(body: &[u8], deleted: bool) -> Option<LinkChange> {
             }
             _ => {}
         }
-        at = at.saturating_add(align4(len));
     }
     Some(change)
 }
@@ -251,6 +206,7 @@ pub fn parse_uevent(buf: &[u8]) -> Option<Uevent> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::netlink::message::NLMSG_HDRLEN;
 
     // Captured byte for byte from this kernel (scripts/capture_netlink.py, in a private
     // network namespace: a veth pair v0/v1 created, set up, v1 set down, v0 deleted).

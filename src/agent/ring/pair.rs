@@ -209,12 +209,6 @@ pub(crate) fn fold_rails(mut result: PairResult, rails: Vec<RailResult>) -> Pair
 
 /// No usable local port: the authenticated HELLO/WELCOME with the peer's responder decides.
 fn greet_only(job: &PairJob<'_>, result: PairResult, addr: SocketAddr, who: &str) -> PairResult {
-    // The port asked for does not matter: the responder answers for one of its own.
-    let any = LocalPort {
-        device: String::new(),
-        port: 0,
-        gid_index: None,
-    };
     let mut pin = peer::Pin::new(&job.peer.node, &job.peer.gids);
     pin.tag = peer::CheckTag::new(job.check_uid, 0, 1).unwrap_or_default();
     loop {
@@ -225,15 +219,14 @@ fn greet_only(job: &PairJob<'_>, result: PairResult, addr: SocketAddr, who: &str
                 format!("timeout: {who}: busy or starting until the check's deadline"),
             );
         }
-        match peer::greet_pinned(
-            job.source,
-            addr,
-            &any,
-            job.me,
-            job.keys,
-            job.session.min(left),
-            Some(&pin),
-        ) {
+        // No port asked for: the responder answers for one of its own.
+        let options = peer::GreetOptions {
+            source: job.source,
+            pin: Some(&pin),
+            timeout: job.session.min(left),
+            local: None,
+        };
+        match peer::greet(addr, job.me, job.keys, &options) {
             // WELCOME must name the Node dialled: an empty name is no one's (issue 36, item 4).
             Ok(g) if g.peer_node != job.peer.node => {
                 return fail(result, wrong_node(who, &g.peer_node));

@@ -15,6 +15,16 @@ use prometheus_client::registry::{Registry, Unit};
 use std::collections::HashMap;
 use std::sync::Mutex;
 
+/// Register `$m` (a clone: families are shared handles) as `fabricgate_<name>`.
+macro_rules! reg {
+    ($r:expr, $name:literal, $help:literal, $m:expr) => {
+        $r.register(concat!("fabricgate_", $name), $help, $m.clone())
+    };
+    ($r:expr, $name:literal, $help:literal, $m:expr, $unit:expr) => {
+        $r.register_with_unit(concat!("fabricgate_", $name), $help, $unit, $m.clone())
+    };
+}
+
 impl Metrics {
     /// Metrics whose fallback detector follows `config.fallback` and `config.rdma.devices`.
     pub fn with_config(config: &Config) -> Self {
@@ -22,254 +32,12 @@ impl Metrics {
         let probe_duration: Family<ProbeLabels, Histogram, fn() -> Histogram> =
             Family::new_with_constructor(duration_histogram);
         let mut r = Registry::default();
-        macro_rules! reg {
-            ($name:literal, $help:literal, $m:expr) => {
-                r.register(concat!("fabricgate_", $name), $help, $m.clone())
-            };
-            ($name:literal, $help:literal, $m:expr, $unit:expr) => {
-                r.register_with_unit(concat!("fabricgate_", $name), $help, $unit, $m.clone())
-            };
-        }
-        reg!(
-            "node_ready",
-            "1 when the node passed every check (RDMA and storage), else 0",
-            f.node_ready
-        );
-        reg!(
-            "rdma_ready",
-            "1 when the RDMA requirements are met, else 0",
-            f.rdma_ready
-        );
-        reg!(
-            "lustre_ready",
-            "1 when every required mount is healthy, else 0",
-            f.lustre_ready
-        );
-        reg!(
-            "findings",
-            "Problems that keep the node unvalidated, by scope and reason (the Node condition reason)",
-            f.findings
-        );
-        reg!(
-            "rdma_port_state",
-            "Logical port state (ports/N/state): 1 DOWN, 2 INIT, 3 ARMED, 4 ACTIVE, 5 ACTIVE_DEFER",
-            f.port_state
-        );
-        reg!(
-            "rdma_port_phys_state",
-            "Physical port state (ports/N/phys_state): 2 Polling, 3 Disabled, 5 LinkUp, 6 LinkErrorRecovery",
-            f.port_phys_state
-        );
-        reg!(
-            "rdma_port_rate_gbps",
-            "Negotiated port rate in Gb/s (ports/N/rate)",
-            f.port_rate_gbps
-        );
-        reg!(
-            "rdma_port_up",
-            "1 when the port is ACTIVE and LinkUp, else 0",
-            f.port_up
-        );
-        reg!(
-            "rdma_selftest_ok",
-            "1 when the last loopback RC data-path self-test on the port passed, 0 when it failed",
-            f.selftest_ok
-        );
-        reg!(
-            "rdma_selftest_latency",
-            "Round-trip latency of the last passing data-path self-test",
-            f.selftest_latency,
-            Unit::Seconds
-        );
-        reg!(
-            "rdma_port_info",
-            "Port attributes as labels (link layer, netdev of a RoCE port); always 1",
-            f.port_info
-        );
-        reg!(
-            "rdma_port_transmit",
-            "Data octets sent by the port (port_xmit_data x 4)",
-            f.port_tx_bytes,
-            Unit::Bytes
-        );
-        reg!(
-            "rdma_port_receive",
-            "Data octets received by the port (port_rcv_data x 4)",
-            f.port_rx_bytes,
-            Unit::Bytes
-        );
-        reg!(
-            "rdma_port_errors",
-            "Port error counters (ports/N/counters), by counter file name",
-            f.port_errors
-        );
-        reg!(
-            "rdma_port_hw_events",
-            "Driver hw_counters (RoCE retries, sequence errors, congestion notifications), by name",
-            f.port_hw
-        );
-        reg!(
-            "netdev_receive",
-            "Bytes received on the TCP path of the interface (statistics/rx_bytes)",
-            f.netdev_rx_bytes,
-            Unit::Bytes
-        );
-        reg!(
-            "netdev_transmit",
-            "Bytes sent on the TCP path of the interface (statistics/tx_bytes)",
-            f.netdev_tx_bytes,
-            Unit::Bytes
-        );
-        reg!(
-            "mount_up",
-            "1 when the mount is present and statfs answered, else 0",
-            f.mount_up
-        );
-        reg!(
-            "mount_hung",
-            "1 when statfs on the mount did not return in time, else 0",
-            f.mount_hung
-        );
-        reg!(
-            "mount_statfs",
-            "How long statfs on the mount took",
-            f.mount_statfs_seconds,
-            Unit::Seconds
-        );
-        reg!(
-            "mount_free",
-            "Free bytes on the mount",
-            f.mount_free_bytes,
-            Unit::Bytes
-        );
-        reg!(
-            "mount_available",
-            "Bytes available to unprivileged users on the mount",
-            f.mount_available_bytes,
-            Unit::Bytes
-        );
-        reg!(
-            "mount_free_inodes",
-            "Free inodes on the mount",
-            f.mount_free_inodes
-        );
-        reg!(
-            "probe_duration",
-            "Wall time of each probe kind",
-            probe_duration,
-            Unit::Seconds
-        );
-        reg!(
-            "probe_errors",
-            "Errors reported by each probe kind",
-            f.probe_errors
-        );
-        reg!(
-            "last_probe_timestamp",
-            "Unix time when the last completed probe started",
-            f.last_probe_timestamp,
-            Unit::Seconds
-        );
-        reg!(
-            "node_writes",
-            "Writes to the Kubernetes API, by kind",
-            f.node_writes
-        );
-        reg!(
-            "dra_devices_tainted",
-            "DRA devices of this node's bad HCAs under a fabricgate DeviceTaintRule, by reason (kubernetes.dra)",
-            f.dra_devices_tainted
-        );
-        reg!(
-            "dra_driver_up",
-            "1 when the DRA driver's kubelet plugin is registered and it publishes this node's ResourceSlices, else 0",
-            f.dra_driver_up
-        );
-        // Only with DRA: a 0 on a device-plugin cluster would read as a refusal.
-        if !config.kubernetes.dra.drivers.is_empty() {
-            reg!(
-                "dra_device_rules_writable",
-                "1 when the agent can write its DeviceTaintRules, 0 when the API server does not serve them or refuses the agent",
-                f.dra_device_rules
-            );
-        }
-        reg!(
-            "breaker_open",
-            "1 while the blast-radius breaker keeps this node from being tainted, else 0",
-            f.breaker_open
-        );
-        reg!(
-            "fallback_suspected",
-            "1 when TCP traffic is high while the RDMA ports are idle (silent TCP fallback), else 0",
-            f.fallback_suspected
-        );
-        reg!(
-            "fallback_tcp_bytes_per_second",
-            "Average TCP-path byte rate over the fallback window (all configured netdevs)",
-            f.fallback_tcp_rate
-        );
-        reg!(
-            "fallback_rdma_bytes_per_second",
-            "Average RDMA byte rate over the fallback window (all in-scope ports)",
-            f.fallback_rdma_rate
-        );
-        reg!(
-            "gpudirect_ready",
-            "1 when the GPUDirect checks pass (or do not apply: no GPUs and not required), else 0",
-            f.gpudirect_ready
-        );
-        reg!(
-            "gpudirect_gpus",
-            "NVIDIA GPUs found in sysfs (PCI vendor 0x10de, display/3D class)",
-            f.gpudirect_gpus
-        );
-        reg!(
-            "gpudirect_pair_relation",
-            "PCIe relation between each GPU and its nearest HCA: 0 PIX, 1 PXB, 2 PHB, 3 NODE, 4 SYS",
-            f.gpudirect_pair_relation
-        );
-        reg!(
-            "gpudirect_worst_relation",
-            "Worst GPU-HCA relation on the node: 0 PIX, 1 PXB, 2 PHB, 3 NODE, 4 SYS (absent without pairs)",
-            f.gpudirect_worst_relation
-        );
-        reg!(
-            "gpudirect_acs_redirect_bridges",
-            "Bridges on GPU-HCA paths with ACS request or completion redirection enabled",
-            f.gpudirect_acs_redirect_bridges
-        );
-        reg!(
-            "gpudirect_peer_memory",
-            "1 when GPU memory can be registered with the HCA (nvidia_peermem loaded, or DMA-BUF), else 0",
-            f.gpudirect_peer_memory
-        );
-        reg!(
-            "rdma_port_active_mtu",
-            "Active RDMA MTU of the port (verbs; RoCE with --verbs off: derived from the netdev MTU)",
-            f.port_active_mtu,
-            Unit::Bytes
-        );
-        reg!(
-            "rdma_port_ecn_enabled",
-            "1 when ECN is on for rdma.roce.ecn_priority at the notification (np) or reaction (rp) point",
-            f.port_ecn_enabled
-        );
-        // A gauge rather than an OpenMetrics `info` family: the classic text parser (and
-        // `promtool check metrics`) know no `info` type, and every exporter spells it so.
-        let build: Family<Vec<(&'static str, &'static str)>, Gauge> = Family::default();
-        build
-            .get_or_create(&vec![
-                ("version", env!("CARGO_PKG_VERSION")),
-                ("rust_version", env!("CARGO_PKG_RUST_VERSION")),
-            ])
-            .set(1);
-        reg!("build_info", "Build of the running agent; always 1", build);
-        reg!(
-            "agent_error",
-            "1 while the agent itself cannot do its job (condition reason AgentError: resource \
-             exhaustion, a stalled probe, no access to device nodes or mounts), else 0",
-            f.agent_error
-        );
+        register_verdict(&mut r, &f);
+        register_ports(&mut r, &f);
+        register_mounts_and_probes(&mut r, &f, &probe_duration);
+        register_node_guards(&mut r, &f, config);
+        register_gpudirect(&mut r, &f);
+        register_agent(&mut r, &f);
         // The families below change without the state lock (the HTTP server at every
         // connection, the peers' thread): they go to `live`, encoded at every scrape and
         // written after the cached rest (src/exposition.rs). Register any family that is
@@ -333,4 +101,321 @@ impl Metrics {
             exposition: crate::observe::exposition::Cache::default(),
         }
     }
+}
+
+/// The verdict: node, RDMA and storage readiness and the findings.
+fn register_verdict(r: &mut Registry, f: &Families) {
+    reg!(
+        r,
+        "node_ready",
+        "1 when the node passed every check (RDMA and storage), else 0",
+        f.node_ready
+    );
+    reg!(
+        r,
+        "rdma_ready",
+        "1 when the RDMA requirements are met, else 0",
+        f.rdma_ready
+    );
+    reg!(
+        r,
+        "lustre_ready",
+        "1 when every required mount is healthy, else 0",
+        f.lustre_ready
+    );
+    reg!(
+        r,
+        "findings",
+        "Problems that keep the node unvalidated, by scope and reason (the Node condition reason)",
+        f.findings
+    );
+}
+
+/// The RDMA ports (state, rate, self-test, counters) and the TCP path's netdevs.
+fn register_ports(r: &mut Registry, f: &Families) {
+    reg!(
+        r,
+        "rdma_port_state",
+        "Logical port state (ports/N/state): 1 DOWN, 2 INIT, 3 ARMED, 4 ACTIVE, 5 ACTIVE_DEFER",
+        f.port_state
+    );
+    reg!(
+        r,
+        "rdma_port_phys_state",
+        "Physical port state (ports/N/phys_state): 2 Polling, 3 Disabled, 5 LinkUp, 6 LinkErrorRecovery",
+        f.port_phys_state
+    );
+    reg!(
+        r,
+        "rdma_port_rate_gbps",
+        "Negotiated port rate in Gb/s (ports/N/rate)",
+        f.port_rate_gbps
+    );
+    reg!(
+        r,
+        "rdma_port_up",
+        "1 when the port is ACTIVE and LinkUp, else 0",
+        f.port_up
+    );
+    reg!(
+        r,
+        "rdma_selftest_ok",
+        "1 when the last loopback RC data-path self-test on the port passed, 0 when it failed",
+        f.selftest_ok
+    );
+    reg!(
+        r,
+        "rdma_selftest_latency",
+        "Round-trip latency of the last passing data-path self-test",
+        f.selftest_latency,
+        Unit::Seconds
+    );
+    reg!(
+        r,
+        "rdma_port_info",
+        "Port attributes as labels (link layer, netdev of a RoCE port); always 1",
+        f.port_info
+    );
+    reg!(
+        r,
+        "rdma_port_transmit",
+        "Data octets sent by the port (port_xmit_data x 4)",
+        f.port_tx_bytes,
+        Unit::Bytes
+    );
+    reg!(
+        r,
+        "rdma_port_receive",
+        "Data octets received by the port (port_rcv_data x 4)",
+        f.port_rx_bytes,
+        Unit::Bytes
+    );
+    reg!(
+        r,
+        "rdma_port_errors",
+        "Port error counters (ports/N/counters), by counter file name",
+        f.port_errors
+    );
+    reg!(
+        r,
+        "rdma_port_hw_events",
+        "Driver hw_counters (RoCE retries, sequence errors, congestion notifications), by name",
+        f.port_hw
+    );
+    reg!(
+        r,
+        "netdev_receive",
+        "Bytes received on the TCP path of the interface (statistics/rx_bytes)",
+        f.netdev_rx_bytes,
+        Unit::Bytes
+    );
+    reg!(
+        r,
+        "netdev_transmit",
+        "Bytes sent on the TCP path of the interface (statistics/tx_bytes)",
+        f.netdev_tx_bytes,
+        Unit::Bytes
+    );
+}
+
+/// The mounts, the probes' own durations and errors, and the writes to the API.
+fn register_mounts_and_probes(
+    r: &mut Registry,
+    f: &Families,
+    probe_duration: &Family<ProbeLabels, Histogram, fn() -> Histogram>,
+) {
+    reg!(
+        r,
+        "mount_up",
+        "1 when the mount is present and statfs answered, else 0",
+        f.mount_up
+    );
+    reg!(
+        r,
+        "mount_hung",
+        "1 when statfs on the mount did not return in time, else 0",
+        f.mount_hung
+    );
+    reg!(
+        r,
+        "mount_statfs",
+        "How long statfs on the mount took",
+        f.mount_statfs_seconds,
+        Unit::Seconds
+    );
+    reg!(
+        r,
+        "mount_free",
+        "Free bytes on the mount",
+        f.mount_free_bytes,
+        Unit::Bytes
+    );
+    reg!(
+        r,
+        "mount_available",
+        "Bytes available to unprivileged users on the mount",
+        f.mount_available_bytes,
+        Unit::Bytes
+    );
+    reg!(
+        r,
+        "mount_free_inodes",
+        "Free inodes on the mount",
+        f.mount_free_inodes
+    );
+    reg!(
+        r,
+        "probe_duration",
+        "Wall time of each probe kind",
+        probe_duration,
+        Unit::Seconds
+    );
+    reg!(
+        r,
+        "probe_errors",
+        "Errors reported by each probe kind",
+        f.probe_errors
+    );
+    reg!(
+        r,
+        "last_probe_timestamp",
+        "Unix time when the last completed probe started",
+        f.last_probe_timestamp,
+        Unit::Seconds
+    );
+    reg!(
+        r,
+        "node_writes",
+        "Writes to the Kubernetes API, by kind",
+        f.node_writes
+    );
+}
+
+/// What guards the taint and its use: the DRA device rules, the breaker, the fallback
+/// detector.
+fn register_node_guards(r: &mut Registry, f: &Families, config: &Config) {
+    reg!(
+        r,
+        "dra_devices_tainted",
+        "DRA devices of this node's bad HCAs under a fabricgate DeviceTaintRule, by reason (kubernetes.dra)",
+        f.dra_devices_tainted
+    );
+    reg!(
+        r,
+        "dra_driver_up",
+        "1 when the DRA driver's kubelet plugin is registered and it publishes this node's ResourceSlices, else 0",
+        f.dra_driver_up
+    );
+    // Only with DRA: a 0 on a device-plugin cluster would read as a refusal.
+    if !config.kubernetes.dra.drivers.is_empty() {
+        reg!(
+            r,
+            "dra_device_rules_writable",
+            "1 when the agent can write its DeviceTaintRules, 0 when the API server does not serve them or refuses the agent",
+            f.dra_device_rules
+        );
+    }
+    reg!(
+        r,
+        "breaker_open",
+        "1 while the blast-radius breaker keeps this node from being tainted, else 0",
+        f.breaker_open
+    );
+    reg!(
+        r,
+        "fallback_suspected",
+        "1 when TCP traffic is high while the RDMA ports are idle (silent TCP fallback), else 0",
+        f.fallback_suspected
+    );
+    reg!(
+        r,
+        "fallback_tcp_bytes_per_second",
+        "Average TCP-path byte rate over the fallback window (all configured netdevs)",
+        f.fallback_tcp_rate
+    );
+    reg!(
+        r,
+        "fallback_rdma_bytes_per_second",
+        "Average RDMA byte rate over the fallback window (all in-scope ports)",
+        f.fallback_rdma_rate
+    );
+}
+
+/// GPUDirect and the ports' transport settings.
+fn register_gpudirect(r: &mut Registry, f: &Families) {
+    reg!(
+        r,
+        "gpudirect_ready",
+        "1 when the GPUDirect checks pass (or do not apply: no GPUs and not required), else 0",
+        f.gpudirect_ready
+    );
+    reg!(
+        r,
+        "gpudirect_gpus",
+        "NVIDIA GPUs found in sysfs (PCI vendor 0x10de, display/3D class)",
+        f.gpudirect_gpus
+    );
+    reg!(
+        r,
+        "gpudirect_pair_relation",
+        "PCIe relation between each GPU and its nearest HCA: 0 PIX, 1 PXB, 2 PHB, 3 NODE, 4 SYS",
+        f.gpudirect_pair_relation
+    );
+    reg!(
+        r,
+        "gpudirect_worst_relation",
+        "Worst GPU-HCA relation on the node: 0 PIX, 1 PXB, 2 PHB, 3 NODE, 4 SYS (absent without pairs)",
+        f.gpudirect_worst_relation
+    );
+    reg!(
+        r,
+        "gpudirect_acs_redirect_bridges",
+        "Bridges on GPU-HCA paths with ACS request or completion redirection enabled",
+        f.gpudirect_acs_redirect_bridges
+    );
+    reg!(
+        r,
+        "gpudirect_peer_memory",
+        "1 when GPU memory can be registered with the HCA (nvidia_peermem loaded, or DMA-BUF), else 0",
+        f.gpudirect_peer_memory
+    );
+    reg!(
+        r,
+        "rdma_port_active_mtu",
+        "Active RDMA MTU of the port (verbs; RoCE with --verbs off: derived from the netdev MTU)",
+        f.port_active_mtu,
+        Unit::Bytes
+    );
+    reg!(
+        r,
+        "rdma_port_ecn_enabled",
+        "1 when ECN is on for rdma.roce.ecn_priority at the notification (np) or reaction (rp) point",
+        f.port_ecn_enabled
+    );
+}
+
+/// The agent itself: its build and its own trouble.
+fn register_agent(r: &mut Registry, f: &Families) {
+    // A gauge rather than an OpenMetrics `info` family: the classic text parser (and
+    // `promtool check metrics`) know no `info` type, and every exporter spells it so.
+    let build: Family<Vec<(&'static str, &'static str)>, Gauge> = Family::default();
+    build
+        .get_or_create(&vec![
+            ("version", env!("CARGO_PKG_VERSION")),
+            ("rust_version", env!("CARGO_PKG_RUST_VERSION")),
+        ])
+        .set(1);
+    reg!(
+        r,
+        "build_info",
+        "Build of the running agent; always 1",
+        build
+    );
+    reg!(
+        r,
+        "agent_error",
+        "1 while the agent itself cannot do its job (condition reason AgentError: resource \
+         exhaustion, a stalled probe, no access to device nodes or mounts), else 0",
+        f.agent_error
+    );
 }

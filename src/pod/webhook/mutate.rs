@@ -372,88 +372,14 @@ pub fn mutate(pod: &Value, cfg: &MutationConfig) -> Mutation {
     let (volume, new_init) = match &present {
         Some((_, volume)) => (volume.clone(), None),
         None => {
-            // Nor a name some container already mounts (it would get the NCCL files).
-            let volumes: Vec<&str> = names(&spec["volumes"])
-                .chain(all_containers(spec).flat_map(|c| names(&c["volumeMounts"])))
-                .collect();
-            let taken: Vec<&str> = names(&spec["containers"])
-                .chain(names(&spec["initContainers"]))
-                .chain(names(&spec["ephemeralContainers"]))
-                .collect();
-            (
-                free_name(VOLUME, &volumes),
-                Some(free_name(INIT_CONTAINER, &taken)),
-            )
+            let (volume, init) = free_names(spec);
+            (volume, Some(init))
         }
     };
-    let mut wired: Vec<Wired<'_>> = containers
-        .iter()
-        .enumerate()
-        .map(|(i, c)| Wired {
-            path: format!("/spec/containers/{i}"),
-            c,
-            // Opted in by label without an RDMA resource: every worker counts.
-            nccl: uses_rdma(c, cfg) || !rdma_workers,
-        })
-        .collect();
-    // Init containers that request RDMA, native sidecars (restartPolicy: Always) included.
-    wired.extend(
-        inits
-            .iter()
-            .enumerate()
-            .filter(|(i, c)| present.as_ref().is_none_or(|(p, _)| p != i) && uses_rdma(c, cfg))
-            .map(|(i, c)| Wired {
-                path: format!("/spec/initContainers/{i}"),
-                c,
-                nccl: true,
-            }),
-    );
+    let present_at = present.as_ref().map(|(i, _)| *i);
+    let wired = wired_containers(&containers, &inits, present_at, rdma_workers, cfg);
 
-    let mut problems = Vec::new();
-    for w in &wired {
-        if w.nccl {
-            nccl_problems(w.c, cfg, &mut problems);
-        }
-        let squatted = w.c["volumeMounts"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|v| {
-                v["mountPath"]
-                    .as_str()
-                    .is_some_and(|p| same_dir(p, &cfg.nccl_dir))
-                    && (v["name"] != volume.as_str() || !v["subPath"].is_null())
-            });
-        if let Some(v) = squatted {
-            problems.push(format!(
-                "container {} mounts volume {} at {}, where fabricgate puts the validated \
-                 NCCL files; mount it elsewhere",
-                w.c["name"].as_str().unwrap_or("?"),
-                v["name"].as_str().unwrap_or("?"),
-                cfg.nccl_dir
-            ));
-        }
-    }
-    // Only preflight writes the NCCL files: every other mount of that volume is read-only.
-    for (i, c) in all_containers(spec).enumerate() {
-        let is_ours = present
-            .as_ref()
-            .is_some_and(|(p, _)| containers.len() + p == i);
-        let writable = c["volumeMounts"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|v| v["name"] == volume.as_str() && !is_ours && v["readOnly"] != true);
-        if let Some(v) = writable {
-            problems.push(format!(
-                "container {} mounts fabricgate's volume {volume} writable at {}; remove that \
-                 mount (fabricgate mounts it read-only at {})",
-                c["name"].as_str().unwrap_or("?"),
-                v["mountPath"].as_str().unwrap_or("?"),
-                cfg.nccl_dir
-            ));
-        }
-    }
+    let problems = refusals(spec, &wired, &volume, containers.len(), present_at, cfg);
     if !problems.is_empty() {
         m.refusal = Some(format!(
             "fabricgate: pod {name} is refused: {}",
@@ -471,47 +397,8 @@ pub fn mutate(pod: &Value, cfg: &MutationConfig) -> Mutation {
         ops.push(json!({"op": "add", "path": "/spec/volumes/-", "value":
             {"name": volume, "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}}}));
     }
-
-    let conf = cfg.nccl_conf_file();
-    let net = cfg.settings.default_nccl_net();
     for w in &wired {
-        let cname = w.c["name"].as_str().unwrap_or("?");
-        let mut env = Vec::new();
-        match env_value(w.c, "NCCL_CONF_FILE") {
-            Some(v) if v != conf => m.warnings.push(format!(
-                "fabricgate: {name} container {cname} sets NCCL_CONF_FILE={v} itself; the \
-                 validated port list ({conf}) is not used there"
-            )),
-            _ if has_env(w.c, "NCCL_CONF_FILE") => {}
-            _ => env.push(json!({"name": "NCCL_CONF_FILE", "value": conf})),
-        }
-        // Explicit env beats envFrom and the conf file: NCCL fails rather than fall back.
-        if w.nccl && !has_env(w.c, "NCCL_NET") {
-            env.push(json!({"name": "NCCL_NET", "value": net}));
-        }
-        if w.nccl
-            && let Some(hca) = env_value(w.c, "NCCL_IB_HCA")
-        {
-            m.warnings.push(format!(
-                "fabricgate: {name} container {cname} sets NCCL_IB_HCA={hca} itself; it \
-                 overrides the validated port list"
-            ));
-        }
-        push_all(&mut ops, &w.path, "env", w.c["env"].is_array(), env);
-        let mounted = w.c["volumeMounts"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|v| {
-                v["mountPath"]
-                    .as_str()
-                    .is_some_and(|p| same_dir(p, &cfg.nccl_dir))
-            });
-        if !mounted {
-            let mount = json!({"name": volume, "mountPath": cfg.nccl_dir, "readOnly": true});
-            let is_array = w.c["volumeMounts"].is_array();
-            push_all(&mut ops, &w.path, "volumeMounts", is_array, vec![mount]);
-        }
+        wire_ops(w, name, &volume, cfg, &mut ops, &mut m.warnings);
     }
 
     // Last: inserting at index 0 moves the init containers wired above.
@@ -526,6 +413,165 @@ pub fn mutate(pod: &Value, cfg: &MutationConfig) -> Mutation {
     }
     m.patch = ops;
     m
+}
+
+/// The volume's and the init container's names where the pod has no preflight of ours yet:
+/// the usual ones unless the pod's own volumes, mounts or containers hold them.
+fn free_names(spec: &Value) -> (String, String) {
+    // Nor a name some container already mounts (it would get the NCCL files).
+    let volumes: Vec<&str> = names(&spec["volumes"])
+        .chain(all_containers(spec).flat_map(|c| names(&c["volumeMounts"])))
+        .collect();
+    let taken: Vec<&str> = names(&spec["containers"])
+        .chain(names(&spec["initContainers"]))
+        .chain(names(&spec["ephemeralContainers"]))
+        .collect();
+    (
+        free_name(VOLUME, &volumes),
+        free_name(INIT_CONTAINER, &taken),
+    )
+}
+
+/// The containers to wire: every worker, and the init containers that request RDMA (native
+/// sidecars, `restartPolicy: Always`, included) but our own preflight at `present_at`.
+fn wired_containers<'a>(
+    containers: &'a [Value],
+    inits: &'a [Value],
+    present_at: Option<usize>,
+    rdma_workers: bool,
+    cfg: &MutationConfig,
+) -> Vec<Wired<'a>> {
+    let mut wired: Vec<Wired<'a>> = containers
+        .iter()
+        .enumerate()
+        .map(|(i, c)| Wired {
+            path: format!("/spec/containers/{i}"),
+            c,
+            // Opted in by label without an RDMA resource: every worker counts.
+            nccl: uses_rdma(c, cfg) || !rdma_workers,
+        })
+        .collect();
+    wired.extend(
+        inits
+            .iter()
+            .enumerate()
+            .filter(|(i, c)| present_at != Some(*i) && uses_rdma(c, cfg))
+            .map(|(i, c)| Wired {
+                path: format!("/spec/initContainers/{i}"),
+                c,
+                nccl: true,
+            }),
+    );
+    wired
+}
+
+/// Why the pod is refused: NCCL settings that defeat the validation, a mount over the NCCL
+/// files' directory, or a writable mount of our volume by anyone but our preflight (the
+/// init container at `present_at`, after the pod's `workers` containers).
+fn refusals(
+    spec: &Value,
+    wired: &[Wired<'_>],
+    volume: &str,
+    workers: usize,
+    present_at: Option<usize>,
+    cfg: &MutationConfig,
+) -> Vec<String> {
+    let mut problems = Vec::new();
+    for w in wired {
+        if w.nccl {
+            nccl_problems(w.c, cfg, &mut problems);
+        }
+        let squatted = w.c["volumeMounts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|v| {
+                v["mountPath"]
+                    .as_str()
+                    .is_some_and(|p| same_dir(p, &cfg.nccl_dir))
+                    && (v["name"] != volume || !v["subPath"].is_null())
+            });
+        if let Some(v) = squatted {
+            problems.push(format!(
+                "container {} mounts volume {} at {}, where fabricgate puts the validated \
+                 NCCL files; mount it elsewhere",
+                w.c["name"].as_str().unwrap_or("?"),
+                v["name"].as_str().unwrap_or("?"),
+                cfg.nccl_dir
+            ));
+        }
+    }
+    // Only preflight writes the NCCL files: every other mount of that volume is read-only.
+    for (i, c) in all_containers(spec).enumerate() {
+        let is_ours = present_at.is_some_and(|p| workers + p == i);
+        let writable = c["volumeMounts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|v| v["name"] == volume && !is_ours && v["readOnly"] != true);
+        if let Some(v) = writable {
+            problems.push(format!(
+                "container {} mounts fabricgate's volume {volume} writable at {}; remove that \
+                 mount (fabricgate mounts it read-only at {})",
+                c["name"].as_str().unwrap_or("?"),
+                v["mountPath"].as_str().unwrap_or("?"),
+                cfg.nccl_dir
+            ));
+        }
+    }
+    problems
+}
+
+/// The env (`NCCL_CONF_FILE`, and `NCCL_NET` where NCCL runs) and the read-only mount of
+/// the NCCL files for one wired container of the pod `name`; warnings where the container's
+/// own settings override the validated port list.
+fn wire_ops(
+    w: &Wired<'_>,
+    name: &str,
+    volume: &str,
+    cfg: &MutationConfig,
+    ops: &mut Vec<Value>,
+    warnings: &mut Vec<String>,
+) {
+    let conf = cfg.nccl_conf_file();
+    let net = cfg.settings.default_nccl_net();
+    let cname = w.c["name"].as_str().unwrap_or("?");
+    let mut env = Vec::new();
+    match env_value(w.c, "NCCL_CONF_FILE") {
+        Some(v) if v != conf => warnings.push(format!(
+            "fabricgate: {name} container {cname} sets NCCL_CONF_FILE={v} itself; the \
+             validated port list ({conf}) is not used there"
+        )),
+        _ if has_env(w.c, "NCCL_CONF_FILE") => {}
+        _ => env.push(json!({"name": "NCCL_CONF_FILE", "value": conf})),
+    }
+    // Explicit env beats envFrom and the conf file: NCCL fails rather than fall back.
+    if w.nccl && !has_env(w.c, "NCCL_NET") {
+        env.push(json!({"name": "NCCL_NET", "value": net}));
+    }
+    if w.nccl
+        && let Some(hca) = env_value(w.c, "NCCL_IB_HCA")
+    {
+        warnings.push(format!(
+            "fabricgate: {name} container {cname} sets NCCL_IB_HCA={hca} itself; it \
+             overrides the validated port list"
+        ));
+    }
+    push_all(ops, &w.path, "env", w.c["env"].is_array(), env);
+    let mounted = w.c["volumeMounts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|v| {
+            v["mountPath"]
+                .as_str()
+                .is_some_and(|p| same_dir(p, &cfg.nccl_dir))
+        });
+    if !mounted {
+        let mount = json!({"name": volume, "mountPath": cfg.nccl_dir, "readOnly": true});
+        let is_array = w.c["volumeMounts"].is_array();
+        push_all(ops, &w.path, "volumeMounts", is_array, vec![mount]);
+    }
 }
 
 /// Append `items` to the list `field` of the object at `path` (creating it when absent).

@@ -1,14 +1,17 @@
 //! The client that measures one peer: the side-channel exchange, the RTT and bandwidth
 //! bursts, and the responder's verdict, folded into an [`Outcome`].
 
-use super::auth::{Keys, Side, Transcript, random};
+use super::auth::{Keys, NONCE_LEN, Side, Transcript, random};
 use super::receipts::CheckTag;
 use super::wire::{
     Frame, Hello, T_CHALLENGE, T_DONE, T_ENDPOINT, T_VERDICT, T_WELCOME, Welcome, decode_challenge,
     decode_endpoint, digest, encode, encode_endpoint, encode_open, pattern, read_frame_within,
 };
-use super::{BW_DEPTH, FRAME_TIMEOUT, Identity, LocalPort, PROTOCOL_VERSION, Plan, Status};
-use crate::rdma::verbs::rc::{self, EndpointSpec, RcError};
+use super::{
+    BW_DEPTH, FRAME_LEN, FRAME_TIMEOUT, Identity, LocalPort, PROTOCOL_VERSION, Plan, SESSION_LIMIT,
+    Status,
+};
+use crate::rdma::verbs::rc::{self, EndpointInfo, EndpointSpec, RcError};
 use std::io::{self, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
@@ -350,7 +353,39 @@ fn open(
     if let Err(e) = stream.write_all(&encode_open(&client_nonce, &ids)) {
         return Err(io_failure("send OPEN", &e));
     }
-    let frame = match read_frame_within(&mut stream, deadline, timeout) {
+    let mut t = challenge(&mut stream, peer, keys, client_nonce, deadline, timeout)?;
+    let hello = Hello {
+        identity: identity.clone(),
+        device: local.device.clone(),
+        port: local.port,
+        plan: *plan,
+        tag,
+        greet,
+    };
+    if let Err(e) = stream.write_all(&t.seal(hello.encode())) {
+        return Err(io_failure("send HELLO", &e));
+    }
+    let welcome = welcome(&mut stream, &mut t, peer, deadline, timeout)?;
+    Ok(Opened {
+        stream,
+        t,
+        welcome,
+        start,
+        deadline,
+    })
+}
+
+/// The responder's CHALLENGE to our OPEN: the key it chose, and the session's transcript
+/// once the frame's MAC checks out.
+fn challenge(
+    stream: &mut TcpStream,
+    peer: SocketAddr,
+    keys: &Keys,
+    client_nonce: [u8; NONCE_LEN],
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<Transcript, Outcome> {
+    let frame = match read_frame_within(stream, deadline, timeout) {
         Ok(f) => f,
         Err(e) => return Err(io_failure("read CHALLENGE", &e)),
     };
@@ -395,18 +430,19 @@ fn open(
     if !t.verify(&frame.raw) {
         return Err(unauthenticated(peer, "CHALLENGE"));
     }
-    let hello = Hello {
-        identity: identity.clone(),
-        device: local.device.clone(),
-        port: local.port,
-        plan: *plan,
-        tag,
-        greet,
-    };
-    if let Err(e) = stream.write_all(&t.seal(hello.encode())) {
-        return Err(io_failure("send HELLO", &e));
-    }
-    let frame = match read_frame_within(&mut stream, deadline, timeout) {
+    Ok(t)
+}
+
+/// The responder's WELCOME to our HELLO: who it is and the port it serves from, when it
+/// takes the session; the skip or failure it answered otherwise.
+fn welcome(
+    stream: &mut TcpStream,
+    t: &mut Transcript,
+    peer: SocketAddr,
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<Welcome, Outcome> {
+    let frame = match read_frame_within(stream, deadline, timeout) {
         Ok(f) => f,
         Err(e) => return Err(io_failure("read WELCOME", &e)),
     };
@@ -425,15 +461,8 @@ fn open(
         }
         return Err(unauthenticated(peer, "WELCOME"));
     }
-    let welcome = Welcome::decode(&frame.payload);
     match frame.status {
-        Status::Ok => Ok(Opened {
-            stream,
-            t,
-            welcome,
-            start,
-            deadline,
-        }),
+        Status::Ok => Ok(Welcome::decode(&frame.payload)),
         Status::SelfNode => Err(Outcome::Skipped(Skip::SelfNode)),
         Status::OtherGroup => Err(Outcome::Skipped(Skip::OtherGroup)),
         Status::Starting => Err(Outcome::Skipped(Skip::Starting)),
@@ -445,66 +474,64 @@ fn open(
     }
 }
 
+/// How [`greet`] reaches a responder; `GreetOptions::default()` is the plain greeting.
+#[derive(Debug, Clone, Copy)]
+pub struct GreetOptions<'a> {
+    /// The port asked for; `None`: any (a node without a usable port, whose responder
+    /// answers for one of its own).
+    pub local: Option<&'a LocalPort>,
+    /// Connect from this local address (see [`measure_from`]); `None`: the route's source.
+    pub source: Option<IpAddr>,
+    /// Hold the responder to the Node dialled: its WELCOME must name `pin.node` (a
+    /// `verification` failure otherwise), and `pin.tag` tells it the check, for its receipts.
+    pub pin: Option<&'a Pin>,
+    /// Bound on the whole greeting, TCP connect included.
+    pub timeout: Duration,
+}
+
+impl Default for GreetOptions<'_> {
+    fn default() -> Self {
+        Self {
+            local: None,
+            source: None,
+            pin: None,
+            timeout: SESSION_LIMIT,
+        }
+    }
+}
+
 /// Only the side-channel half of a session: the authenticated OPEN/CHALLENGE/HELLO/WELCOME
 /// with `peer`'s responder, then the connection is closed (the responder counts the session
 /// as broken off). For nodes that cannot measure over RDMA (no usable local port, verbs off):
 /// it proves the responder is up, answers for the node it names, and holds the pool's key.
-/// `local` is the port asked for (any name when there is none). Bounded by `timeout`.
 ///
 /// # Errors
 /// The [`Outcome`] (a failure or a skip) when the responder did not welcome us.
 pub fn greet(
     peer: SocketAddr,
-    local: &LocalPort,
     identity: &Identity,
     keys: &Keys,
-    timeout: Duration,
+    options: &GreetOptions<'_>,
 ) -> Result<Greeting, Outcome> {
-    greet_pinned(None, peer, local, identity, keys, timeout, None)
-}
-
-/// [`greet`] from the local address `source` (see [`measure_from`]).
-///
-/// # Errors
-/// As [`greet`].
-pub fn greet_from(
-    source: Option<IpAddr>,
-    peer: SocketAddr,
-    local: &LocalPort,
-    identity: &Identity,
-    keys: &Keys,
-    timeout: Duration,
-) -> Result<Greeting, Outcome> {
-    greet_pinned(source, peer, local, identity, keys, timeout, None)
-}
-
-/// [`greet_from`], holding the responder to `pin`: its WELCOME must name `pin.node` (a
-/// `verification` failure otherwise), and `pin.tag` tells it the check, for its receipts.
-///
-/// # Errors
-/// As [`greet`].
-pub fn greet_pinned(
-    source: Option<IpAddr>,
-    peer: SocketAddr,
-    local: &LocalPort,
-    identity: &Identity,
-    keys: &Keys,
-    timeout: Duration,
-    pin: Option<&Pin>,
-) -> Result<Greeting, Outcome> {
-    let tag = pin.map(|p| p.tag).unwrap_or_default();
+    let any = LocalPort {
+        device: String::new(),
+        port: 0,
+        gid_index: None,
+    };
+    let local = options.local.unwrap_or(&any);
+    let tag = options.pin.map(|p| p.tag).unwrap_or_default();
     let opened = open(
-        source,
+        options.source,
         peer,
         local,
         identity,
         keys,
         &Plan::default(),
-        timeout,
+        options.timeout,
         (tag, true),
     )?;
     let _ = opened.stream.shutdown(Shutdown::Both);
-    if let Some(pin) = pin
+    if let Some(pin) = options.pin
         && opened.welcome.identity.node_name != pin.node
     {
         return Err(failed(
@@ -581,8 +608,8 @@ pub fn measure_pinned(
         };
     };
     let Opened {
-        mut stream,
-        mut t,
+        stream,
+        t,
         welcome,
         start,
         deadline,
@@ -599,10 +626,17 @@ pub fn measure_pinned(
         Ok(o) => o,
         Err(outcome) => return outcome,
     };
+    let mut channel = Channel {
+        stream,
+        t,
+        peer,
+        deadline,
+        per_frame: timeout,
+    };
     if let Some(pin) = pin
         && welcome.identity.node_name != pin.node
     {
-        let _ = stream.shutdown(Shutdown::Both);
+        let _ = channel.stream.shutdown(Shutdown::Both);
         return failed(
             ErrorKind::Verification,
             format!(
@@ -624,112 +658,23 @@ pub fn measure_pinned(
     let result = rc::with_endpoint(&spec, |ep| -> Outcome {
         let bytes = pattern(nonce, plan.buffer_len());
         ep.fill(0, &bytes);
-        if let Err(e) = stream.write_all(&t.seal(encode_endpoint(&ep.local(), Status::Ok))) {
-            return io_failure("send ENDPOINT", &e);
-        }
-        let frame = match read_sealed(&mut stream, deadline, timeout, &mut t, peer, "ENDPOINT") {
-            Ok(f) => f,
-            Err(o) => return o,
-        };
-        if frame.kind != T_ENDPOINT || frame.status != Status::Ok {
-            return failed(
-                ErrorKind::Connect,
-                format!("{peer}: {}", frame.status.describe()),
-            );
-        }
-        let remote = decode_endpoint(&frame.payload);
-        if let Some(pin) = pin
-            && !pin.admits(remote.gid, remote.lid, local.gid_index.is_some())
-        {
-            let addr = if local.gid_index.is_some() {
-                format!("GID {}", gid_text(&remote.gid))
-            } else {
-                format!("LID {}", remote.lid)
-            };
-            return failed(
-                ErrorKind::Verification,
-                format!(
-                    "{peer}: the responder's ENDPOINT ({addr}) is not a port node {} publishes \
-                     (fabricgate.io/peers-gids): another node's HCA?",
-                    pin.node
-                ),
-            );
-        }
-        if (remote.len as usize) < plan.buffer_len() {
-            return failed(
-                ErrorKind::Connect,
-                format!(
-                    "{peer}: the responder's buffer ({} bytes) is smaller than the plan",
-                    remote.len
-                ),
-            );
-        }
-        if let Err(e) = ep.connect(&remote) {
-            return Outcome::Failed {
-                kind: None,
-                message: e.message,
-            };
-        }
-        let size = plan.rtt_size as usize;
-        let mut rtts = Vec::with_capacity(plan.rtt_count as usize);
-        for i in 0..plan.rtt_count as usize {
-            match ep.write(i * size, size, &remote, (i * size) as u64, deadline) {
-                Ok(d) => rtts.push(d),
-                Err(e) => return rc_failure(&e),
-            }
-        }
-        rtts.sort();
-        let mut bandwidth = None;
-        let mut bw_bytes = 0;
-        if plan.bw_size > 0 {
-            let off = plan.rtt_region();
-            match ep.write_stream(
-                off,
-                plan.bw_size as usize,
-                &remote,
-                off as u64,
-                plan.bw_duration,
-                deadline,
-            ) {
-                Ok((bytes, took)) => {
-                    bw_bytes = bytes;
-                    bandwidth = Some(bytes as f64 / took.as_secs_f64().max(1e-9));
-                }
-                Err(e) => return rc_failure(&e),
-            }
-        }
-        let done = encode(T_DONE, Status::Ok, &digest(&bytes).to_be_bytes());
-        if let Err(e) = stream.write_all(&t.seal(done)) {
-            return io_failure("send DONE", &e);
-        }
-        let verdict = match read_sealed(&mut stream, deadline, timeout, &mut t, peer, "VERDICT") {
-            Ok(f) => f,
-            Err(o) => return o,
-        };
-        if verdict.kind != T_VERDICT {
-            return failed(
-                ErrorKind::Connect,
-                format!("expected VERDICT, got frame type {}", verdict.kind),
-            );
-        }
-        match verdict.status {
-            Status::Ok => Outcome::Measured(Measurement {
+        let run = exchange_endpoints(&mut channel, ep, local, plan, pin)
+            .and_then(|remote| bursts(ep, &remote, plan, deadline))
+            .and_then(|burst| channel.verdict(&bytes).map(|()| burst));
+        match run {
+            Ok(burst) => Outcome::Measured(Measurement {
                 peer_node: welcome.identity.node_name.clone(),
                 peer_device: welcome.device.clone(),
                 peer_port: welcome.port,
-                rtts,
-                bandwidth,
-                bw_bytes,
+                rtts: burst.rtts,
+                bandwidth: burst.bandwidth,
+                bw_bytes: burst.bw_bytes,
                 elapsed: start.elapsed(),
             }),
-            Status::Mismatch => failed(
-                ErrorKind::Verification,
-                format!("{peer}: {}", Status::Mismatch.describe()),
-            ),
-            s => failed(ErrorKind::Connect, format!("{peer}: {}", s.describe())),
+            Err(outcome) => outcome,
         }
     });
-    let _ = stream.shutdown(Shutdown::Both);
+    let _ = channel.stream.shutdown(Shutdown::Both);
     match result {
         Ok(outcome) => outcome,
         Err(e) => Outcome::Failed {
@@ -737,4 +682,159 @@ pub fn measure_pinned(
             message: format!("{} port {}: {}", local.device, local.port, e.message),
         },
     }
+}
+
+/// The authenticated side channel of a session past WELCOME.
+struct Channel {
+    stream: TcpStream,
+    t: Transcript,
+    peer: SocketAddr,
+    deadline: Instant,
+    /// Bound on one frame's wait (within `deadline`).
+    per_frame: Duration,
+}
+
+impl Channel {
+    fn send(&mut self, frame: [u8; FRAME_LEN], what: &str) -> Result<(), Outcome> {
+        self.stream
+            .write_all(&self.t.seal(frame))
+            .map_err(|e| io_failure(&format!("send {what}"), &e))
+    }
+
+    fn read(&mut self, what: &str) -> Result<Frame, Outcome> {
+        read_sealed(
+            &mut self.stream,
+            self.deadline,
+            self.per_frame,
+            &mut self.t,
+            self.peer,
+            what,
+        )
+    }
+
+    /// DONE with the digest of what we wrote, and the responder's VERDICT on its buffer.
+    fn verdict(&mut self, written: &[u8]) -> Result<(), Outcome> {
+        let peer = self.peer;
+        self.send(
+            encode(T_DONE, Status::Ok, &digest(written).to_be_bytes()),
+            "DONE",
+        )?;
+        let verdict = self.read("VERDICT")?;
+        if verdict.kind != T_VERDICT {
+            return Err(failed(
+                ErrorKind::Connect,
+                format!("expected VERDICT, got frame type {}", verdict.kind),
+            ));
+        }
+        match verdict.status {
+            Status::Ok => Ok(()),
+            Status::Mismatch => Err(failed(
+                ErrorKind::Verification,
+                format!("{peer}: {}", Status::Mismatch.describe()),
+            )),
+            s => Err(failed(
+                ErrorKind::Connect,
+                format!("{peer}: {}", s.describe()),
+            )),
+        }
+    }
+}
+
+/// Our ENDPOINT for the responder's, held to `pin`, then the queue pair connected to it.
+fn exchange_endpoints(
+    channel: &mut Channel,
+    ep: &mut rc::Endpoint<'_>,
+    local: &LocalPort,
+    plan: &Plan,
+    pin: Option<&Pin>,
+) -> Result<EndpointInfo, Outcome> {
+    let peer = channel.peer;
+    channel.send(encode_endpoint(&ep.local(), Status::Ok), "ENDPOINT")?;
+    let frame = channel.read("ENDPOINT")?;
+    if frame.kind != T_ENDPOINT || frame.status != Status::Ok {
+        return Err(failed(
+            ErrorKind::Connect,
+            format!("{peer}: {}", frame.status.describe()),
+        ));
+    }
+    let remote = decode_endpoint(&frame.payload);
+    if let Some(pin) = pin
+        && !pin.admits(remote.gid, remote.lid, local.gid_index.is_some())
+    {
+        let addr = if local.gid_index.is_some() {
+            format!("GID {}", gid_text(&remote.gid))
+        } else {
+            format!("LID {}", remote.lid)
+        };
+        return Err(failed(
+            ErrorKind::Verification,
+            format!(
+                "{peer}: the responder's ENDPOINT ({addr}) is not a port node {} publishes \
+                 (fabricgate.io/peers-gids): another node's HCA?",
+                pin.node
+            ),
+        ));
+    }
+    if (remote.len as usize) < plan.buffer_len() {
+        return Err(failed(
+            ErrorKind::Connect,
+            format!(
+                "{peer}: the responder's buffer ({} bytes) is smaller than the plan",
+                remote.len
+            ),
+        ));
+    }
+    ep.connect(&remote).map_err(|e| Outcome::Failed {
+        kind: None,
+        message: e.message,
+    })?;
+    Ok(remote)
+}
+
+/// What the RDMA bursts measured.
+struct Burst {
+    /// Sorted.
+    rtts: Vec<Duration>,
+    bandwidth: Option<f64>,
+    bw_bytes: u64,
+}
+
+/// The RTT burst (one WRITE at a time into its own slot) and, when the plan has one, the
+/// bandwidth burst into the region after the slots.
+fn bursts(
+    ep: &mut rc::Endpoint<'_>,
+    remote: &EndpointInfo,
+    plan: &Plan,
+    deadline: Instant,
+) -> Result<Burst, Outcome> {
+    let size = plan.rtt_size as usize;
+    let mut rtts = Vec::with_capacity(plan.rtt_count as usize);
+    for i in 0..plan.rtt_count as usize {
+        let rtt = ep
+            .write(i * size, size, remote, (i * size) as u64, deadline)
+            .map_err(|e| rc_failure(&e))?;
+        rtts.push(rtt);
+    }
+    rtts.sort();
+    let mut burst = Burst {
+        rtts,
+        bandwidth: None,
+        bw_bytes: 0,
+    };
+    if plan.bw_size > 0 {
+        let off = plan.rtt_region();
+        let (bytes, took) = ep
+            .write_stream(
+                off,
+                plan.bw_size as usize,
+                remote,
+                off as u64,
+                plan.bw_duration,
+                deadline,
+            )
+            .map_err(|e| rc_failure(&e))?;
+        burst.bw_bytes = bytes;
+        burst.bandwidth = Some(bytes as f64 / took.as_secs_f64().max(1e-9));
+    }
+    Ok(burst)
 }

@@ -67,8 +67,8 @@ mod wire;
 
 pub use auth::{KeyRing, Keys};
 pub use client::{
-    ErrorKind, Greeting, Measurement, Outcome, Pin, Skip, answered_as, greet, greet_from,
-    greet_pinned, measure, measure_from, measure_pinned, parse_gid, percentile,
+    ErrorKind, GreetOptions, Greeting, Measurement, Outcome, Pin, Skip, answered_as, greet,
+    measure, measure_from, measure_pinned, parse_gid, percentile,
 };
 pub use receipts::{CheckTag, MAX_RECEIPTS, Receipt, Receipts, Seen};
 pub use responder::{Responder, ResponderStats};

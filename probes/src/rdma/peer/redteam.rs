@@ -193,14 +193,18 @@ fn redteam_idle_strangers_cannot_take_an_expected_peers_place() {
     assert_eq!(from([127, 0, 0, 5]), Outcome::Skipped(Skip::Busy));
     let o = from([127, 0, 0, 4]);
     assert!(reaches_rdma(&o), "{o:?}");
-    // The same through greet_from, as a node without RDMA does it.
-    let g = greet_from(
-        Some(predecessor),
+    // The same through greet from that address, as a node without RDMA does it.
+    let port = local();
+    let g = greet(
         addr,
-        &local(),
         &member(),
         &keys(),
-        Duration::from_secs(5),
+        &GreetOptions {
+            local: Some(&port),
+            source: Some(predecessor),
+            timeout: Duration::from_secs(5),
+            ..GreetOptions::default()
+        },
     );
     assert_eq!(g.map(|g| g.peer_node), Ok("gpu-a".to_owned()));
     drop(held);
@@ -554,15 +558,14 @@ fn redteam_the_responder_keeps_receipts_of_a_checks_sessions() {
     let uid = "0f1e2d3c-aaaa-bbbb-cccc-000000000001";
     let mut pin = Pin::new("gpu-a", &[]);
     pin.tag = CheckTag::new(uid, 0, 1).unwrap();
-    let g = greet_pinned(
-        None,
-        r.local_addr(),
-        &local(),
-        &member(),
-        &keys(),
-        Duration::from_secs(5),
-        Some(&pin),
-    );
+    let port = local();
+    let pinned = GreetOptions {
+        local: Some(&port),
+        pin: Some(&pin),
+        timeout: Duration::from_secs(5),
+        ..GreetOptions::default()
+    };
+    let g = greet(r.local_addr(), &member(), &keys(), &pinned);
     assert!(g.is_ok(), "{g:?}");
     // Over RDMA: this machine has none, so both sides stop at their verbs step: the receipt
     // is a failure, not bytes.
@@ -578,16 +581,11 @@ fn redteam_the_responder_keeps_receipts_of_a_checks_sessions() {
     );
     assert!(reaches_rdma(&o), "{o:?}");
     // A session for no check leaves nothing.
-    assert!(
-        greet(
-            r.local_addr(),
-            &local(),
-            &member(),
-            &keys(),
-            Duration::from_secs(5)
-        )
-        .is_ok()
-    );
+    let unpinned = GreetOptions {
+        pin: None,
+        ..pinned
+    };
+    assert!(greet(r.local_addr(), &member(), &keys(), &unpinned).is_ok());
     assert!(wait_until(|| receipts.of(uid, "gpu-b").len() == 2));
     let got = receipts.of(uid, "gpu-b");
     assert_eq!(got[0].seen, Seen::Greeted);

@@ -11,8 +11,8 @@ use super::wire::{
     expect_kind, read_frame, read_frame_within,
 };
 use super::{
-    FRAME_LEN, FRAME_TIMEOUT, HANDSHAKE_TIMEOUT, Identity, LocalPort, PROTOCOL_VERSION, Status,
-    thread_cpu_ns,
+    FRAME_LEN, FRAME_TIMEOUT, HANDSHAKE_TIMEOUT, Identity, LocalPort, PROTOCOL_VERSION, Plan,
+    Status, thread_cpu_ns,
 };
 use crate::Roots;
 use crate::rdma::verbs::rc::{self, EndpointInfo, EndpointSpec};
@@ -233,86 +233,39 @@ fn send(stream: &mut TcpStream, t: &mut Transcript, frame: [u8; FRAME_LEN]) -> i
 /// One connection, from its handshake place (given back once the client authenticated, or
 /// when the connection ends) to its session slot's end.
 fn serve(stream: &mut TcpStream, shared: &Shared, source: IpAddr, handshake: Place) -> Served {
-    let limit = shared.session_limit;
     let start = Instant::now();
-    let deadline = start + limit;
+    let deadline = start + shared.session_limit;
     // OPEN and HELLO, the unauthenticated part, must both arrive within this.
     let auth_deadline = deadline.min(start + HANDSHAKE_TIMEOUT);
     let _ = stream.set_write_timeout(Some(FRAME_TIMEOUT));
     let _ = stream.set_nodelay(true);
-    let Ok(frame) = read_frame(stream, auth_deadline) else {
-        return Served::Failed;
-    };
-    if frame.version != PROTOCOL_VERSION {
-        // Our version is in the header; nothing else is said.
-        let _ = stream.write_all(&encode(T_CHALLENGE, Status::Version, &[]));
-        return Served::Refused;
-    }
-    if frame.kind != T_OPEN {
-        return Served::Failed;
-    }
-    let (client_nonce, offered) = decode_open(&frame.payload);
-    let keys = shared.keys.keys();
-    let Some((id, key)) = keys.pick(&offered) else {
-        let _ = stream.write_all(&encode(T_CHALLENGE, Status::Auth, &[]));
-        return Served::Unauthenticated;
-    };
-    let Some(nonce) = random() else {
-        return Served::Failed;
-    };
-    let mut t = Transcript::new(key, client_nonce, nonce, Side::Responder);
-    if send(stream, &mut t, encode_challenge(&nonce, &id)).is_err() {
-        return Served::Failed;
-    }
-    let hello = match read_frame(stream, auth_deadline) {
-        Ok(f) if f.kind == T_HELLO && t.verify(&f.raw) => Hello::decode(&f.payload),
-        Ok(_) => {
-            let _ = stream.write_all(&encode(T_WELCOME, Status::Auth, &[]));
-            return Served::Unauthenticated;
-        }
-        Err(_) => return Served::Failed,
+    let (mut t, hello) = match authenticate(stream, shared, auth_deadline) {
+        Ok(authenticated) => authenticated,
+        Err(served) => return served,
     };
     // The client holds a key of the pool: from here on it may learn who we are.
     let me = &shared.identity;
-    // What this session delivered, for the check it names (none: not recorded).
-    let note = |device: &str, port: u8, seen: Seen| {
-        shared.receipts.record(Receipt {
-            tag: hello.tag,
-            from: hello.identity.node_name.clone(),
-            device: device.to_owned(),
-            port,
-            seen,
-        });
-    };
-    let refuse = |stream: &mut TcpStream, t: &mut Transcript, status: Status| {
-        let w = Welcome {
-            identity: me.clone(),
-            device: String::new(),
-            port: 0,
-        };
-        let _ = send(stream, t, w.encode(status));
-        Served::Refused
-    };
+    let note = |device: &str, port: u8, seen: Seen| shared.note(&hello, device, port, seen);
     if !me.node_name.is_empty() && hello.identity.node_name == me.node_name {
-        return refuse(stream, &mut t, Status::SelfNode);
+        return refuse(stream, &mut t, me, Status::SelfNode);
     }
     if me.group != hello.identity.group {
-        return refuse(stream, &mut t, Status::OtherGroup);
+        return refuse(stream, &mut t, me, Status::OtherGroup);
     }
     // Authenticated: from here on a session slot, which no stranger can hold.
     drop(handshake);
     let Some(_session) = shared.places.session(source) else {
-        return refuse(stream, &mut t, Status::Busy);
+        return refuse(stream, &mut t, me, Status::Busy);
     };
     if hello.plan.validate().is_err() {
         note("", 0, Seen::Failed(Status::Limits.describe().to_owned()));
-        return refuse(stream, &mut t, Status::Limits);
+        return refuse(stream, &mut t, me, Status::Limits);
     }
     let port = {
         let ports = shared.ports.lock().unwrap_or_else(|p| p.into_inner());
         let Some(ports) = ports.as_ref() else {
             drop(ports);
-            return refuse(stream, &mut t, Status::Starting);
+            return refuse(stream, &mut t, me, Status::Starting);
         };
         ports
             .iter()
@@ -322,7 +275,7 @@ fn serve(stream: &mut TcpStream, shared: &Shared, source: IpAddr, handshake: Pla
     };
     let Some(port) = port else {
         note("", 0, Seen::Failed(Status::NoPort.describe().to_owned()));
-        return refuse(stream, &mut t, Status::NoPort);
+        return refuse(stream, &mut t, me, Status::NoPort);
     };
     let welcome = Welcome {
         identity: me.clone(),
@@ -337,7 +290,95 @@ fn serve(stream: &mut TcpStream, shared: &Shared, source: IpAddr, handshake: Pla
         note(&port.device, port.port, Seen::Greeted);
         return Served::Failed;
     }
-    let plan = hello.plan;
+    let note = |seen: Seen| note(&port.device, port.port, seen);
+    measure_session(
+        stream,
+        &mut t,
+        &hello.plan,
+        &port,
+        deadline,
+        shared.session_limit,
+        note,
+    )
+}
+
+/// OPEN, CHALLENGE and HELLO by `auth_deadline`: the session's transcript and what the
+/// client said, once it proved it holds a key of the pool; how the session ended otherwise.
+fn authenticate(
+    stream: &mut TcpStream,
+    shared: &Shared,
+    auth_deadline: Instant,
+) -> Result<(Transcript, Hello), Served> {
+    let Ok(frame) = read_frame(stream, auth_deadline) else {
+        return Err(Served::Failed);
+    };
+    if frame.version != PROTOCOL_VERSION {
+        // Our version is in the header; nothing else is said.
+        let _ = stream.write_all(&encode(T_CHALLENGE, Status::Version, &[]));
+        return Err(Served::Refused);
+    }
+    if frame.kind != T_OPEN {
+        return Err(Served::Failed);
+    }
+    let (client_nonce, offered) = decode_open(&frame.payload);
+    let keys = shared.keys.keys();
+    let Some((id, key)) = keys.pick(&offered) else {
+        let _ = stream.write_all(&encode(T_CHALLENGE, Status::Auth, &[]));
+        return Err(Served::Unauthenticated);
+    };
+    let Some(nonce) = random() else {
+        return Err(Served::Failed);
+    };
+    let mut t = Transcript::new(key, client_nonce, nonce, Side::Responder);
+    if send(stream, &mut t, encode_challenge(&nonce, &id)).is_err() {
+        return Err(Served::Failed);
+    }
+    match read_frame(stream, auth_deadline) {
+        Ok(f) if f.kind == T_HELLO && t.verify(&f.raw) => Ok((t, Hello::decode(&f.payload))),
+        Ok(_) => {
+            let _ = stream.write_all(&encode(T_WELCOME, Status::Auth, &[]));
+            Err(Served::Unauthenticated)
+        }
+        Err(_) => Err(Served::Failed),
+    }
+}
+
+/// A sealed WELCOME refusing the session with `status`, naming us but no port.
+fn refuse(stream: &mut TcpStream, t: &mut Transcript, me: &Identity, status: Status) -> Served {
+    let w = Welcome {
+        identity: me.clone(),
+        device: String::new(),
+        port: 0,
+    };
+    let _ = send(stream, t, w.encode(status));
+    Served::Refused
+}
+
+impl Shared {
+    /// What the session `hello` opened delivered, for the check it names (none: not
+    /// recorded).
+    fn note(&self, hello: &Hello, device: &str, port: u8, seen: Seen) {
+        self.receipts.record(Receipt {
+            tag: hello.tag,
+            from: hello.identity.node_name.clone(),
+            device: device.to_owned(),
+            port,
+            seen,
+        });
+    }
+}
+
+/// The RDMA half of a session on `port`: the endpoints exchanged, the client's bursts, and
+/// our verdict on what arrived; `note` records what the session delivered.
+fn measure_session(
+    stream: &mut TcpStream,
+    t: &mut Transcript,
+    plan: &Plan,
+    port: &LocalPort,
+    deadline: Instant,
+    limit: Duration,
+    note: impl Fn(Seen),
+) -> Served {
     let broke = |what: &str| Seen::Failed(format!("the session broke off {what}"));
     let spec = EndpointSpec {
         device: &port.device,
@@ -347,52 +388,44 @@ fn serve(stream: &mut TcpStream, shared: &Shared, source: IpAddr, handshake: Pla
         max_outstanding: 1,
     };
     let session = rc::with_endpoint(&spec, |ep| -> Result<bool, ()> {
-        let frame = read_sealed(stream, deadline, FRAME_TIMEOUT, &mut t)
+        let frame = read_sealed(stream, deadline, FRAME_TIMEOUT, t)
             .and_then(|f| expect_kind(f, T_ENDPOINT, "ENDPOINT").ok())
-            .ok_or_else(|| note(&port.device, port.port, broke("before ENDPOINT")))?;
+            .ok_or_else(|| note(broke("before ENDPOINT")))?;
         let remote = decode_endpoint(&frame.payload);
         if let Err(e) = ep.connect(&remote) {
-            note(&port.device, port.port, Seen::Failed(e.message));
-            let _ = send(stream, &mut t, encode_endpoint(&ep.local(), Status::Verbs));
+            note(Seen::Failed(e.message));
+            let _ = send(stream, t, encode_endpoint(&ep.local(), Status::Verbs));
             return Err(());
         }
-        send(stream, &mut t, encode_endpoint(&ep.local(), Status::Ok)).map_err(|_| ())?;
+        send(stream, t, encode_endpoint(&ep.local(), Status::Ok)).map_err(|_| ())?;
         // The client's bursts run now: DONE may take the rest of the session.
-        let frame = read_sealed(stream, deadline, limit, &mut t)
+        let frame = read_sealed(stream, deadline, limit, t)
             .and_then(|f| expect_kind(f, T_DONE, "DONE").ok())
-            .ok_or_else(|| note(&port.device, port.port, broke("before DONE")))?;
+            .ok_or_else(|| note(broke("before DONE")))?;
         let want = Cursor::new(&frame.payload).u64();
         let got = digest(&ep.snapshot(0, plan.buffer_len()));
         let status = if got == want {
-            note(
-                &port.device,
-                port.port,
-                Seen::Verified {
-                    bytes: plan.buffer_len() as u64,
-                },
-            );
+            note(Seen::Verified {
+                bytes: plan.buffer_len() as u64,
+            });
             Status::Ok
         } else {
-            note(
-                &port.device,
-                port.port,
-                Seen::Failed(Status::Mismatch.describe().to_owned()),
-            );
+            note(Seen::Failed(Status::Mismatch.describe().to_owned()));
             Status::Mismatch
         };
-        let _ = send(stream, &mut t, encode(T_VERDICT, status, &[]));
+        let _ = send(stream, t, encode(T_VERDICT, status, &[]));
         Ok(status == Status::Ok)
     });
     match session {
         Ok(Ok(true)) => Served::Measured,
         Ok(_) => Served::Failed,
         Err(e) => {
-            note(&port.device, port.port, Seen::Failed(e.message));
+            note(Seen::Failed(e.message));
             // Our side could not create the QP: say so instead of leaving the client waiting.
-            if read_sealed(stream, deadline, FRAME_TIMEOUT, &mut t).is_some() {
+            if read_sealed(stream, deadline, FRAME_TIMEOUT, t).is_some() {
                 let _ = send(
                     stream,
-                    &mut t,
+                    t,
                     encode_endpoint(&EndpointInfo::default(), Status::Verbs),
                 );
             }

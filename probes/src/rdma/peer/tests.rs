@@ -554,7 +554,13 @@ fn greet_proves_the_side_channel_without_rdma() {
     };
     let t = Duration::from_secs(5);
     let addr = r.local_addr();
-    match greet(addr, &local(), &me, &keys(), t) {
+    let port = local();
+    let opts = GreetOptions {
+        local: Some(&port),
+        timeout: t,
+        ..GreetOptions::default()
+    };
+    match greet(addr, &me, &keys(), &opts) {
         Err(Outcome::Failed {
             kind: Some(ErrorKind::Connect),
             message,
@@ -562,14 +568,14 @@ fn greet_proves_the_side_channel_without_rdma() {
         other => panic!("{other:?}"),
     }
     r.set_ports(vec![local()]);
-    let g = greet(addr, &local(), &me, &keys(), t).expect("welcomed");
+    let g = greet(addr, &me, &keys(), &opts).expect("welcomed");
     assert_eq!(
         (g.peer_node.as_str(), g.peer_device.as_str(), g.peer_port),
         ("gpu-a", "rxe0", 1)
     );
     assert!(g.elapsed < t);
     let stranger = Keys::from_secrets(&[b"ffffffffffffffffffffffffffffffff"]);
-    match greet(addr, &local(), &me, &stranger, t) {
+    match greet(addr, &me, &stranger, &opts) {
         Err(Outcome::Failed {
             kind: Some(ErrorKind::Connect),
             message,
@@ -581,13 +587,13 @@ fn greet_proves_the_side_channel_without_rdma() {
         group: String::new(),
     };
     assert_eq!(
-        greet(addr, &local(), &self_node, &keys(), t),
+        greet(addr, &self_node, &keys(), &opts),
         Err(Outcome::Skipped(Skip::SelfNode))
     );
     drop(r);
     assert!(
         matches!(
-            greet(addr, &local(), &me, &keys(), t),
+            greet(addr, &me, &keys(), &opts),
             Err(Outcome::Failed {
                 kind: Some(ErrorKind::Connect),
                 ..

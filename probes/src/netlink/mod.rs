@@ -1,0 +1,320 @@
+//! The netlink socket every kernel conversation of the probes goes through, whatever the
+//! protocol: rtnetlink link notifications and kernel uevents (read by [`crate::events`]), and
+//! requests answered by the kernel, one message or a dump of many (`NETLINK_RDMA`'s device and
+//! resource tables, for one).
+//!
+//! [`Socket::open`] binds to a protocol's multicast groups; [`Socket::try_recv`] and
+//! [`Socket::recv_within`] read one datagram, kept only when the kernel sent it;
+//! [`Socket::request`] and [`Socket::dump`] send a request and hand each answer to the caller
+//! until the kernel says it is done. The framing ([`message`]) is pure and shared with the
+//! parsers. No `unsafe`: the socket calls are rustix's.
+
+pub mod message;
+
+pub use message::{
+    Attribute, Message, NLM_F_ACK, NLM_F_DUMP, NLM_F_MULTI, NLMSG_DONE, NLMSG_ERROR, NLMSG_HDRLEN,
+    attribute, attributes, messages,
+};
+
+use rustix::event::{PollFd, PollFlags, Timespec, poll};
+use rustix::io::Errno;
+use rustix::net::netlink::SocketAddrNetlink;
+use rustix::net::{AddressFamily, RecvFlags, SendFlags, SocketFlags, SocketType};
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+/// One datagram: rtnetlink link notifications are a few KiB, uevents at most 2 KiB, and the
+/// kernel fills a dump's datagrams up to 32 KiB.
+pub const RECV_BUFFER: usize = 64 * 1024;
+
+/// A netlink protocol: a `NETLINK_*` number of `linux/netlink.h`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Protocol(u32);
+
+impl Protocol {
+    /// `NETLINK_ROUTE`: links, addresses, routes (rtnetlink).
+    pub const ROUTE: Self = Self(0);
+    /// `NETLINK_KOBJECT_UEVENT`: the kernel's device events.
+    pub const KOBJECT_UEVENT: Self = Self(15);
+    /// `NETLINK_RDMA`: RDMA devices, ports and resources (what `rdma` of iproute2 reads;
+    /// message types are `RDMA_NL_GET_TYPE(client, op)`, uapi `rdma/rdma_netlink.h`).
+    pub const RDMA: Self = Self(20);
+
+    /// Any other protocol, by number.
+    pub const fn from_number(number: u32) -> Self {
+        Self(number)
+    }
+
+    pub const fn number(self) -> u32 {
+        self.0
+    }
+
+    /// As rustix takes it: protocol 0 is no protocol.
+    fn raw(self) -> Option<rustix::net::Protocol> {
+        rustix::net::RawProtocol::new(self.0).map(rustix::net::Protocol::from_raw)
+    }
+}
+
+/// What one read returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Received {
+    /// A datagram of this many bytes from the kernel.
+    Kernel(usize),
+    /// A datagram from a user-space sender: ignored.
+    Foreign,
+    /// Nothing to read (now, or within the time given).
+    Empty,
+    /// The receive buffer overran: messages were lost.
+    Overrun,
+}
+
+/// A netlink socket, non-blocking and closed on exec.
+#[derive(Debug)]
+pub struct Socket {
+    fd: OwnedFd,
+    /// The sequence number of the last request.
+    seq: u32,
+}
+
+impl Socket {
+    /// A socket of `protocol` subscribed to the multicast `groups` (a bit mask; 0 for a socket
+    /// that only sends requests).
+    ///
+    /// # Errors
+    /// The socket cannot be made or bound (no netlink in this sandbox, a protocol this kernel
+    /// lacks, a group it refuses).
+    pub fn open(protocol: Protocol, groups: u32) -> io::Result<Self> {
+        // For netlink, SOCK_RAW and SOCK_DGRAM are one and the same.
+        let fd = rustix::net::socket_with(
+            AddressFamily::NETLINK,
+            SocketType::RAW,
+            SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+            protocol.raw(),
+        )?;
+        rustix::net::bind(&fd, &SocketAddrNetlink::new(0, groups))?;
+        Ok(Self { fd, seq: 0 })
+    }
+
+    /// Read one datagram if one is waiting; only what the kernel sent is kept.
+    ///
+    /// # Errors
+    /// The socket failed (anything but "nothing now", an interrupt or an overrun).
+    pub fn try_recv(&self, buf: &mut [u8]) -> io::Result<Received> {
+        match rustix::net::recvfrom(&self.fd, &mut *buf, RecvFlags::empty()) {
+            Ok((_, len, addr)) => {
+                let from_kernel = addr
+                    .and_then(|a| SocketAddrNetlink::try_from(a).ok())
+                    .is_some_and(|a| a.pid() == 0);
+                Ok(if from_kernel {
+                    Received::Kernel(len.min(buf.len()))
+                } else {
+                    Received::Foreign
+                })
+            }
+            Err(Errno::AGAIN | Errno::INTR) => Ok(Received::Empty),
+            Err(Errno::NOBUFS) => Ok(Received::Overrun),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// [`Self::try_recv`], waiting up to `timeout` for a datagram.
+    ///
+    /// # Errors
+    /// As [`Self::try_recv`], or `poll` failed.
+    pub fn recv_within(&self, buf: &mut [u8], timeout: Duration) -> io::Result<Received> {
+        let wait = Timespec::try_from(timeout).unwrap_or(Timespec {
+            tv_sec: i64::MAX,
+            tv_nsec: 0,
+        });
+        let mut fds = [PollFd::new(&self.fd, PollFlags::IN)];
+        match poll(&mut fds, Some(&wait)) {
+            Ok(0) | Err(Errno::INTR) => Ok(Received::Empty),
+            Ok(_) => self.try_recv(buf),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Send one message (see [`message::request`]) to the kernel.
+    ///
+    /// # Errors
+    /// The kernel did not take all of it.
+    pub fn send(&self, message: &[u8]) -> io::Result<()> {
+        let kernel = SocketAddrNetlink::new(0, 0);
+        let sent = rustix::net::sendto(&self.fd, message, SendFlags::empty(), &kernel)?;
+        if sent == message.len() {
+            Ok(())
+        } else {
+            Err(io::Error::new(
+                io::ErrorKind::WriteZero,
+                format!("netlink: {sent} of {} bytes sent", message.len()),
+            ))
+        }
+    }
+
+    /// Send a request of type `kind` (`flags` besides `NLM_F_REQUEST`) with `body`, and hand
+    /// `each` every answer to it, until `NLMSG_DONE`, an acknowledgement, or a single answer
+    /// (one without `NLM_F_MULTI`). Answers to earlier requests and notifications are skipped.
+    /// Bounded by `timeout`.
+    ///
+    /// # Errors
+    /// The kernel answered with an error (its errno), the answer was cut short (an overrun),
+    /// or none came within `timeout` (`TimedOut`).
+    pub fn request(
+        &mut self,
+        kind: u16,
+        flags: u16,
+        body: &[u8],
+        timeout: Duration,
+        mut each: impl FnMut(Message<'_>),
+    ) -> io::Result<()> {
+        self.seq = self.seq.wrapping_add(1).max(1);
+        let seq = self.seq;
+        self.send(&message::request(kind, flags, seq, body))?;
+        let deadline = Instant::now() + timeout;
+        let mut buf = vec![0u8; RECV_BUFFER];
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let n = match self.recv_within(&mut buf, left)? {
+                Received::Kernel(n) => n,
+                Received::Foreign => continue,
+                Received::Empty if left.is_zero() => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!("netlink: no answer to request type {kind} within {timeout:?}"),
+                    ));
+                }
+                Received::Empty => continue,
+                Received::Overrun => {
+                    return Err(io::Error::other(
+                        "netlink: the receive buffer overran; the answer is incomplete",
+                    ));
+                }
+            };
+            for m in messages(&buf[..n]).filter(|m| m.seq == seq) {
+                match m.status() {
+                    Some(0) => return Ok(()),
+                    Some(errno) => return Err(io::Error::from_raw_os_error(errno)),
+                    None if m.kind == NLMSG_ERROR => {
+                        return Err(io::Error::new(
+                            io::ErrorKind::InvalidData,
+                            "netlink: an error message too short to read",
+                        ));
+                    }
+                    None => {
+                        each(m);
+                        if m.flags & NLM_F_MULTI == 0 {
+                            return Ok(());
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// [`Self::request`] with `NLM_F_DUMP`: every object of the kind.
+    ///
+    /// # Errors
+    /// As [`Self::request`].
+    pub fn dump(
+        &mut self,
+        kind: u16,
+        body: &[u8],
+        timeout: Duration,
+        each: impl FnMut(Message<'_>),
+    ) -> io::Result<()> {
+        self.request(kind, NLM_F_DUMP, body, timeout, each)
+    }
+}
+
+impl AsFd for Socket {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `RTM_GETLINK`, `RTM_NEWLINK` (linux/rtnetlink.h) and an empty `struct ifinfomsg`.
+    const RTM_GETLINK: u16 = 18;
+    const RTM_NEWLINK: u16 = 16;
+    const IFINFOMSG: [u8; 16] = [0; 16];
+
+    /// A socket of this host, or `None` (and a note) where the sandbox has no netlink.
+    fn route_socket(groups: u32) -> Option<Socket> {
+        match Socket::open(Protocol::ROUTE, groups) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                eprintln!("no rtnetlink here ({e}): the socket half is not tested");
+                None
+            }
+        }
+    }
+
+    /// Every network namespace has `lo`: a dump of the links lists it, and a second request
+    /// on the same socket gets its own answers.
+    #[test]
+    fn a_route_dump_lists_this_hosts_links() {
+        let Some(mut socket) = route_socket(0) else {
+            return;
+        };
+        for _ in 0..2 {
+            let mut names = Vec::new();
+            socket
+                .dump(RTM_GETLINK, &IFINFOMSG, Duration::from_secs(5), |m| {
+                    assert_eq!(m.kind, RTM_NEWLINK);
+                    let ifname = attributes(m.body.get(16..).unwrap_or_default())
+                        .find(|a| a.kind == 3)
+                        .map(|a| String::from_utf8_lossy(a.value).into_owned());
+                    names.extend(ifname);
+                })
+                .unwrap();
+            assert!(names.iter().any(|n| n == "lo\0"), "{names:?}");
+        }
+    }
+
+    /// The kernel's error comes back as the errno: a request type rtnetlink does not know.
+    #[test]
+    fn a_refused_request_is_the_kernels_errno() {
+        let Some(mut socket) = route_socket(0) else {
+            return;
+        };
+        let got = socket.request(0x7ff0, NLM_F_ACK, &[], Duration::from_secs(5), |m| {
+            panic!("no answer expected: {m:?}")
+        });
+        let e = got.unwrap_err();
+        assert!(e.raw_os_error().is_some(), "{e:?}");
+    }
+
+    /// A wait with nothing to read ends at its timeout with `Empty`.
+    #[test]
+    fn a_wait_without_datagrams_ends_empty() {
+        let Some(socket) = route_socket(0) else {
+            return;
+        };
+        let mut buf = [0u8; 64];
+        let started = Instant::now();
+        assert_eq!(
+            socket
+                .recv_within(&mut buf, Duration::from_millis(50))
+                .unwrap(),
+            Received::Empty
+        );
+        assert!(started.elapsed() >= Duration::from_millis(40));
+        assert_eq!(socket.try_recv(&mut buf).unwrap(), Received::Empty);
+    }
+
+    #[test]
+    fn protocols_are_the_kernels_numbers() {
+        assert_eq!(Protocol::ROUTE.number(), 0);
+        assert!(Protocol::ROUTE.raw().is_none());
+        assert_eq!(
+            Protocol::KOBJECT_UEVENT.raw(),
+            Some(rustix::net::netlink::KOBJECT_UEVENT)
+        );
+        assert_eq!(Protocol::RDMA.raw(), Some(rustix::net::netlink::RDMA));
+        assert_eq!(Protocol::from_number(20), Protocol::RDMA);
+    }
+}
