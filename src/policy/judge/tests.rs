@@ -327,12 +327,14 @@ fn a_stall_is_an_agent_error_on_the_last_verdict_or_on_an_empty_node() {
 #[test]
 fn a_port_event_fails_fast_but_never_validates() {
     let mut j = validated(REQUIREMENTS);
+    let last = evaluate(&node(&[]), &Config::parse(REQUIREMENTS).unwrap());
+    assert!(last.ready);
     assert_eq!(
-        j.port_event(&node(&[])),
+        j.port_event(&node(&[]), &last),
         None,
         "a quick read never says good"
     );
-    let v = j.port_event(&node(&["mlx5_0"])).unwrap();
+    let v = j.port_event(&node(&["mlx5_0"]), &last).unwrap();
     assert!(!v.ready && tainted(&v));
     assert_eq!(fabric_reason(&v), "PortDown");
     // The failure reset the hysteresis like a full probe's.
