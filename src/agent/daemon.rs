@@ -29,6 +29,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
 use tokio::time::timeout;
 
 pub use super::timing::{CLOCK_AHEAD, Failpoint};
@@ -342,20 +343,30 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
         r = &mut server => Ended::Server(r),
     };
     let result = ended.into_result(*stop.borrow());
-    // The reconcile loop finishes or abandons its write within WRITE_GRACE. (A handle that
-    // completed inside the select above is finished and not polled again.)
+    // No more verdicts: the Node writer's loop ends.
     drop(desired_tx);
+    wind_down(writer, server, node_watch.into_iter().chain(dra.tasks)).await;
+    tracing::info!(node = %node, "fabricgate agent stopped");
+    result
+}
+
+/// After supervision: the Node writer finishes or abandons its write within [`WRITE_GRACE`],
+/// the watches are aborted, the server gets half a second to close. (A handle that completed
+/// inside the supervision's select is finished and not polled again.)
+async fn wind_down(
+    mut writer: JoinHandle<()>,
+    mut server: JoinHandle<std::io::Result<()>>,
+    watches: impl Iterator<Item = JoinHandle<()>>,
+) {
     if !writer.is_finished() {
         let _ = timeout(WRITE_GRACE + Duration::from_millis(500), &mut writer).await;
     }
-    for task in node_watch.into_iter().chain(dra.tasks) {
+    for task in watches {
         task.abort();
     }
     if !server.is_finished() {
         let _ = timeout(Duration::from_millis(500), &mut server).await;
     }
-    tracing::info!(node = %node, "fabricgate agent stopped");
-    result
 }
 
 /// The Judge, continuing the validation an earlier run recorded on the Node (unless `stop`
