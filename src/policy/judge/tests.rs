@@ -116,9 +116,16 @@ fn row(name: &'static str) -> Row {
 
 #[test]
 fn every_reason_of_a_full_probe_on_a_validated_node() {
+    for r in reasons() {
+        judge_row(r);
+    }
+}
+
+/// One row per reason a full probe can give on a validated node.
+fn reasons() -> Vec<Row> {
     let eacces = "cannot open /dev/infiniband/uverbs0: permission denied; mount /dev/infiniband \
                   into the container";
-    let rows = [
+    vec![
         row("healthy"),
         Row {
             down: &["mlx5_1"],
@@ -211,43 +218,45 @@ fn every_reason_of_a_full_probe_on_a_validated_node() {
             cause: Some(Cause::ConfigMismatch),
             ..row("requirements for other hardware")
         },
-    ];
-    for r in rows {
-        let mut report = node(r.down);
-        if let Some(e) = r.rdma_error {
-            report.rdma.errors.push(e.into());
-        }
-        report.host = r.host;
-        let plugin: Vec<Finding> = r.node_plugin.into_iter().map(finding).collect();
-        let mut j = validated(r.yaml);
-        let got = j.probe(Facts {
-            report: &report,
-            node_findings: &plugin,
-            peer_finding: r.peer.map(finding),
-            dra: None,
-        });
-        let name = r.name;
-        assert_eq!(
-            got.verdict.ready,
-            r.ready,
-            "{name}: {:?}",
-            got.verdict.reasons()
-        );
-        assert_eq!(fabric_reason(&got.verdict), r.reason, "{name}");
-        assert_eq!(got.fault.as_ref().map(|f| f.cause), r.cause, "{name}");
-        assert_eq!(tainted(&got.verdict), !r.ready, "{name}");
-        let ready_label = got.verdict.labels.get("fabricgate.io/ready");
-        assert_eq!(
-            ready_label.map(String::as_str),
-            Some(if r.ready { "true" } else { "false" }),
-            "{name}"
-        );
-        // Metrics record the judged verdict; only the taint gate may differ from it.
-        let mut gated = got.recorded.clone();
-        gated.keep_taint = got.verdict.keep_taint;
-        gated.taints.clone_from(&got.verdict.taints);
-        assert_eq!(gated, got.verdict, "{name}");
+    ]
+}
+
+/// Judge one row's probe on a validated node and check every mark of its verdict.
+fn judge_row(r: Row) {
+    let mut report = node(r.down);
+    if let Some(e) = r.rdma_error {
+        report.rdma.errors.push(e.into());
     }
+    report.host = r.host;
+    let plugin: Vec<Finding> = r.node_plugin.into_iter().map(finding).collect();
+    let mut j = validated(r.yaml);
+    let got = j.probe(Facts {
+        report: &report,
+        node_findings: &plugin,
+        peer_finding: r.peer.map(finding),
+        dra: None,
+    });
+    let name = r.name;
+    assert_eq!(
+        got.verdict.ready,
+        r.ready,
+        "{name}: {:?}",
+        got.verdict.reasons()
+    );
+    assert_eq!(fabric_reason(&got.verdict), r.reason, "{name}");
+    assert_eq!(got.fault.as_ref().map(|f| f.cause), r.cause, "{name}");
+    assert_eq!(tainted(&got.verdict), !r.ready, "{name}");
+    let ready_label = got.verdict.labels.get("fabricgate.io/ready");
+    assert_eq!(
+        ready_label.map(String::as_str),
+        Some(if r.ready { "true" } else { "false" }),
+        "{name}"
+    );
+    // Metrics record the judged verdict; only the taint gate may differ from it.
+    let mut gated = got.recorded.clone();
+    gated.keep_taint = got.verdict.keep_taint;
+    gated.taints.clone_from(&got.verdict.taints);
+    assert_eq!(gated, got.verdict, "{name}");
 }
 
 #[test]
