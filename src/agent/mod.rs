@@ -4,9 +4,12 @@
 
 pub mod check;
 pub mod daemon;
+mod mesh;
+mod node_checks;
 mod probe_loop;
+mod probe_thread;
 mod reconcile_loop;
-pub mod registration;
 pub mod ring;
 pub mod selftest;
+mod timing;
 pub mod wakeup;

@@ -1,13 +1,60 @@
 //! The Node writer's loop: applies the latest verdict whenever it changes, re-reads the Node
 //! on `resync`, and backs off with jitter while the API server fails.
 
-use super::daemon::{BACKOFF_BASE, Failpoint, WRITE_GRACE, later, wait_stop};
-use super::probe_loop::NodeChecks;
-use crate::node::{Reconciler, RetryAfter};
+use super::mesh::Advertised;
+use super::node_checks::NodeChecks;
+use super::timing::{BACKOFF_BASE, Failpoint, Jitter, WRITE_GRACE, later, wait_stop};
+use crate::config::Config;
+use crate::node::{self, Clients, Reconciler, RetryAfter};
+use crate::observe::metrics::Metrics;
 use crate::policy::Verdict;
+use k8s_openapi::api::core::v1::Node;
+use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep_until, timeout};
+
+/// The Node writer of `node`: its placement labels, the breaker's ledger in `namespace`, and
+/// what the gang pre-flight advertises.
+pub(super) fn node_writer(
+    node: &str,
+    config: &Config,
+    client: Option<kube::Client>,
+    dry_run: bool,
+    metrics: &Arc<Metrics>,
+    namespace: &str,
+    advertised: Advertised,
+) -> Reconciler {
+    let reconciler = Reconciler::new(
+        node.to_owned(),
+        config.node.clone(),
+        client,
+        dry_run,
+        Arc::clone(metrics),
+    )
+    .with_required_labels(config.placement.required_labels.clone())
+    .with_breaker_ledger(namespace)
+    .with_annotations(advertised.annotations);
+    match advertised.gids {
+        Some(gids) => reconciler.with_shared_annotation(node::fabriccheck::GIDS_ANNOTATION, gids),
+        None => reconciler,
+    }
+}
+
+/// The agent's own Node, watched: drift is undone at once and steady state reads nothing. The
+/// watch task (none without a watch client: the channel is closed), and its versions.
+pub(super) fn watch_own_node(
+    clients: Option<&Clients>,
+    node: &str,
+    interval: Duration,
+) -> (Option<JoinHandle<()>>, mpsc::Receiver<Option<Node>>) {
+    let (tx, rx) = mpsc::channel(16);
+    let task = clients
+        .and_then(|c| c.watch.clone())
+        .map(|watch| tokio::spawn(node::watch_node(watch, node.to_owned(), tx, interval)));
+    (task, rx)
+}
 
 /// When the Node writer acts: the probe interval caps its backoff, `resync` re-reads the Node,
 /// `retry_after` is the API server's last `Retry-After`.
@@ -22,7 +69,7 @@ pub(super) struct LoopTiming {
 pub(super) async fn reconcile_loop(
     mut rec: Reconciler,
     mut desired: watch::Receiver<Option<Verdict>>,
-    mut node_updates: tokio::sync::mpsc::Receiver<Option<k8s_openapi::api::core::v1::Node>>,
+    mut node_updates: mpsc::Receiver<Option<Node>>,
     mut stop: watch::Receiver<bool>,
     timing: LoopTiming,
     checks: NodeChecks,
@@ -138,28 +185,6 @@ pub(super) fn backoff(failures: u32, interval: Duration, jitter: &mut Jitter) ->
     capped.mul_f64(0.5 + 0.5 * jitter.next_f64())
 }
 
-/// splitmix64: jitter needs spread, not cryptographic randomness.
-pub(super) struct Jitter(u64);
-
-impl Jitter {
-    pub(super) fn new() -> Self {
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
-        Self(t ^ (u64::from(std::process::id()) << 32))
-    }
-
-    /// Uniform in [0, 1).
-    pub(super) fn next_f64(&mut self) -> f64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        (z >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -176,13 +201,5 @@ mod tests {
             assert!(d >= full / 2 && d <= full, "{failures}: {d:?} vs {full:?}");
         }
         assert!(backoff(30, interval, &mut j) >= Duration::from_secs(5));
-    }
-
-    #[test]
-    fn jitter_is_spread_over_the_unit_interval() {
-        let mut j = Jitter::new();
-        let xs: Vec<f64> = (0..1000).map(|_| j.next_f64()).collect();
-        assert!(xs.iter().all(|x| (0.0..1.0).contains(x)));
-        assert!(xs.iter().any(|&x| x < 0.1) && xs.iter().any(|&x| x > 0.9));
     }
 }

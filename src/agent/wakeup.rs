@@ -482,9 +482,10 @@ mod tests {
         report: &mut fabricgate_probes::ProbeReport,
         states: &[PortStateRead],
         judge: &mut crate::policy::judge::Judge,
+        last: &crate::policy::Verdict,
     ) -> Option<crate::policy::Verdict> {
         if patch_port_states(report, states) {
-            judge.port_event(report)
+            judge.port_event(report, last)
         } else {
             None
         }
@@ -494,14 +495,15 @@ mod tests {
     fn a_port_read_down_fails_the_node_at_once_with_the_full_probes_reason() {
         let (mut report, config) = ndr_node();
         let judge = &mut crate::policy::judge::Judge::new(&config);
-        assert!(crate::policy::evaluate(&report, &config).ready);
+        let last = &crate::policy::evaluate(&report, &config);
+        assert!(last.ready);
         let mut all = report.clone();
         // Nothing changed: nothing to say.
         let same = read("mlx5_0", PortState::Active, Some(PhysState::LinkUp));
-        assert_eq!(fail_fast(&mut report, &[same], judge), None);
+        assert_eq!(fail_fast(&mut report, &[same], judge, last), None);
         // One of eight compute ports down: the fixture's requirements want all eight.
         let down = read("mlx5_0", PortState::Down, Some(PhysState::Disabled));
-        let v = fail_fast(&mut report, std::slice::from_ref(&down), judge).unwrap();
+        let v = fail_fast(&mut report, std::slice::from_ref(&down), judge, last).unwrap();
         assert!(!v.ready);
         assert!(
             v.reasons()
@@ -517,9 +519,9 @@ mod tests {
         assert_eq!(v, crate::policy::evaluate(&all, &config));
         // A port coming back up is never judged good from a quick read.
         let up = read("mlx5_0", PortState::Active, Some(PhysState::LinkUp));
-        assert_eq!(fail_fast(&mut report, &[up], judge), None);
+        assert_eq!(fail_fast(&mut report, &[up], judge, last), None);
         // Unknown devices are ignored.
         let other = read("mlx5_99", PortState::Down, None);
-        assert_eq!(fail_fast(&mut report, &[other], judge), None);
+        assert_eq!(fail_fast(&mut report, &[other], judge, last), None);
     }
 }

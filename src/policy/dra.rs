@@ -3,8 +3,9 @@
 //! published) and device taints (a published HCA the probe finds bad), one `DeviceTaintRule`
 //! each, kept with the same hysteresis as the node verdict ([`DeviceHysteresis`]).
 //!
-//! Pure: the slices arrive as [`DraFacts`] (`node::dra` reads them, `agent` holds a kubelet
-//! restart back), the registration sockets in the probe's host report.
+//! Pure: the slices arrive as [`DraFacts`] (`node::dra` reads them and holds a kubelet restart
+//! back), the registration sockets in the probe's host report. Which device is tainted is
+//! decided here and applied through the Judge only, on every path (full probe, kernel event).
 
 use super::rdma::{HcaHealth, hca_health};
 use super::{Finding, Scope};

@@ -17,7 +17,7 @@
 
 use super::agent_fault::{self, AgentFault};
 use super::device_plugin;
-use super::dra::{self, DeviceHysteresis, DeviceTaint, DraFacts};
+use super::dra::{self, DeviceHysteresis, DraFacts};
 use super::{Finding, Hysteresis, Scope, Verdict, evaluate, evaluate_with, unvalidated_taint};
 use crate::config::Config;
 use fabricgate_probes::ProbeReport;
@@ -50,6 +50,9 @@ pub struct Judgment {
     /// The probe alone, before hysteresis, was ready.
     pub instant_ready: bool,
     pub fault: Option<AgentFault>,
+    /// `fabricgate_dra_driver_up` of each configured DRA driver ([`dra::drivers_up`]); `None`
+    /// without `kubernetes.dra` or when no report was judged.
+    pub dra_drivers: Option<Vec<(String, bool)>>,
 }
 
 /// Decides verdicts; owns the only state a verdict depends on (the hysteresis).
@@ -118,11 +121,17 @@ impl Judge {
             Some(_) => self.devices.current(),
         };
         let verdict = agent_fault::gate(recorded.clone(), fault.as_ref(), config);
+        let dra_drivers = config
+            .kubernetes
+            .dra
+            .enabled()
+            .then(|| dra::drivers_up(facts.report, facts.dra, config));
         Judgment {
             verdict,
             recorded,
             instant_ready,
             fault,
+            dra_drivers,
         }
     }
 
@@ -141,27 +150,32 @@ impl Judge {
             recorded,
             instant_ready: false,
             fault: Some(fault),
+            dra_drivers: None,
         }
     }
 
-    /// A kernel event re-read the ports' states into the last full probe's report: a verdict
-    /// when that alone makes the node not ready (published before the full probe finishes),
-    /// `None` when it is still ready, since only a full probe may say a node is good.
-    pub fn port_event(&mut self, patched: &ProbeReport) -> Option<Verdict> {
+    /// A kernel event re-read the ports' states into the last full probe's report; `last` is
+    /// the verdict published last (ready: the event path runs only then). Every mark of the
+    /// event is decided here:
+    /// - the ports alone make the node not ready: that verdict (published before the full
+    ///   probe finishes), with the device taints below;
+    /// - the node stays ready (only a full probe may say a node is good, so nothing else of
+    ///   `last` changes) but the HCAs the event finds bad are tainted at once (with the last
+    ///   full judgment's slices): `last` with those device taints, when they differ from its;
+    /// - otherwise `None`. An event never untaints a device.
+    pub fn port_event(&mut self, patched: &ProbeReport, last: &Verdict) -> Option<Verdict> {
         let instant = evaluate(patched, &self.config);
-        if instant.ready {
-            return None;
-        }
-        let mut verdict = self.hysteresis.apply(instant);
-        verdict.device_taints = self.port_event_devices(patched);
-        Some(agent_fault::gate(verdict, None, &self.config))
-    }
-
-    /// The device taints after a kernel event re-read the ports' states: the HCAs it finds
-    /// bad are tainted at once (with the last full judgment's slices); none is untainted.
-    pub fn port_event_devices(&mut self, patched: &ProbeReport) -> Vec<DeviceTaint> {
         let bad = dra::assess(patched, self.last_dra.as_ref(), &self.config).taints;
-        self.devices.add(&bad)
+        if !instant.ready {
+            let mut verdict = self.hysteresis.apply(instant);
+            verdict.device_taints = self.devices.add(&bad);
+            return Some(agent_fault::gate(verdict, None, &self.config));
+        }
+        let device_taints = self.devices.add(&bad);
+        (device_taints != last.device_taints).then(|| Verdict {
+            device_taints,
+            ..last.clone()
+        })
     }
 }
 

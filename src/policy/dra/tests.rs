@@ -314,20 +314,33 @@ fn a_port_event_taints_the_bad_hca_at_once_and_never_untaints() {
     let v = full(&mut j, &node(&[]));
     assert!(v.ready && v.device_taints.is_empty(), "{v:?}");
 
-    assert_eq!(
-        j.port_event(&node(&["mlx5_2"])),
-        None,
-        "3 of 4: still ready"
-    );
-    let taints = j.port_event_devices(&node(&["mlx5_2"]));
+    // 3 of 4: still ready, and the Judge itself gives the bad HCA its device taint; nothing
+    // else of the last verdict changes.
+    let tainted = j
+        .port_event(&node(&["mlx5_2"]), &v)
+        .expect("a new device taint is a new verdict");
+    assert!(tainted.ready, "3 of 4: still ready");
+    let taints = tainted.device_taints.clone();
     assert_eq!(taints.len(), 1, "{taints:?}");
     assert_eq!(
         (taints[0].hca.as_str(), taints[0].reason.as_str()),
         ("mlx5_2", "PortDown")
     );
     assert_eq!(
-        j.port_event_devices(&node(&[])),
-        taints,
+        crate::policy::Verdict {
+            device_taints: Vec::new(),
+            ..tainted.clone()
+        },
+        v
+    );
+    assert_eq!(
+        j.port_event(&node(&["mlx5_2"]), &tainted),
+        None,
+        "the same taint again: nothing to publish"
+    );
+    assert_eq!(
+        j.port_event(&node(&[]), &tainted),
+        None,
         "an event never untaints"
     );
 

@@ -114,9 +114,17 @@ fn row(name: &'static str) -> Row {
     }
 }
 
-/// A healthy node, a port down, the device plugin gone (as the Node, its socket and the
-/// agent's mounts show it), and peers unreachable.
-fn node_rows() -> Vec<Row> {
+#[test]
+fn every_reason_of_a_full_probe_on_a_validated_node() {
+    for r in reasons() {
+        judge_row(r);
+    }
+}
+
+/// One row per reason a full probe can give on a validated node.
+fn reasons() -> Vec<Row> {
+    let eacces = "cannot open /dev/infiniband/uverbs0: permission denied; mount /dev/infiniband \
+                  into the container";
     vec![
         row("healthy"),
         Row {
@@ -159,15 +167,6 @@ fn node_rows() -> Vec<Row> {
             reason: "PeersUnreachable",
             ..row("peers required and unreachable")
         },
-    ]
-}
-
-/// The agent's own trouble (descriptors, memory, device access, mounts, requirements for
-/// other hardware), and an incomplete device set that only looks like it.
-fn agent_rows() -> Vec<Row> {
-    let eacces = "cannot open /dev/infiniband/uverbs0: permission denied; mount /dev/infiniband \
-                  into the container";
-    vec![
         Row {
             rdma_error: Some(EMFILE),
             ready: false,
@@ -222,9 +221,8 @@ fn agent_rows() -> Vec<Row> {
     ]
 }
 
-/// One row through a judge of a validated node: the verdict, its reason, the fault, the
-/// taint and the ready label, and the metrics' copy of the verdict.
-fn check_full_probe(r: Row) {
+/// Judge one row's probe on a validated node and check every mark of its verdict.
+fn judge_row(r: Row) {
     let mut report = node(r.down);
     if let Some(e) = r.rdma_error {
         report.rdma.errors.push(e.into());
@@ -259,13 +257,6 @@ fn check_full_probe(r: Row) {
     gated.keep_taint = got.verdict.keep_taint;
     gated.taints.clone_from(&got.verdict.taints);
     assert_eq!(gated, got.verdict, "{name}");
-}
-
-#[test]
-fn every_reason_of_a_full_probe_on_a_validated_node() {
-    for r in node_rows().into_iter().chain(agent_rows()) {
-        check_full_probe(r);
-    }
 }
 
 #[test]
@@ -345,12 +336,14 @@ fn a_stall_is_an_agent_error_on_the_last_verdict_or_on_an_empty_node() {
 #[test]
 fn a_port_event_fails_fast_but_never_validates() {
     let mut j = validated(REQUIREMENTS);
+    let last = evaluate(&node(&[]), &Config::parse(REQUIREMENTS).unwrap());
+    assert!(last.ready);
     assert_eq!(
-        j.port_event(&node(&[])),
+        j.port_event(&node(&[]), &last),
         None,
         "a quick read never says good"
     );
-    let v = j.port_event(&node(&["mlx5_0"])).unwrap();
+    let v = j.port_event(&node(&["mlx5_0"]), &last).unwrap();
     assert!(!v.ready && tainted(&v));
     assert_eq!(fabric_reason(&v), "PortDown");
     // The failure reset the hysteresis like a full probe's.

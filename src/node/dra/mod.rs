@@ -1,0 +1,112 @@
+//! DRA's I/O (docs/dra.md), in one place: this node's ResourceSlices in ([`watch_slices`],
+//! `slices.rs`), each driver's kubelet plugin followed through its registration socket
+//! (`registration.rs`), and the `DeviceTaintRule`s of its bad HCAs out ([`DeviceTaintRules`],
+//! `rules.rs`). What slices and probes mean (findings, which device is tainted) is decided in
+//! [`crate::policy::dra`] through the Judge, never here.
+
+mod common;
+mod registration;
+mod rules;
+mod slices;
+
+pub use rules::{
+    DeviceTaintRules, HCA_ANNOTATION, MESSAGE_ANNOTATION, NODE_LABEL, RULE_PREFIX, RulesState,
+    follow_state, node_label_value, rule_name,
+};
+pub use slices::watch_slices;
+
+use super::Clients;
+use crate::config::Config;
+use crate::observe::metrics::Metrics;
+use crate::policy::dra::DraFacts;
+use crate::policy::{Verdict, unvalidated_taint};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// What the DRA jobs need from the agent.
+pub struct DraJobs<'a> {
+    pub node: &'a str,
+    pub config: &'a Config,
+    /// `None`: a dry run without a cluster (the registration sockets alone are followed).
+    pub clients: Option<&'a Clients>,
+    /// A dry run writes no rule.
+    pub dry_run: bool,
+    /// The slice watch's longest wait between failed attempts (the probe interval).
+    pub interval: Duration,
+    /// The rule writer's longest wait between refused writes.
+    pub rules_max_backoff: Duration,
+    /// `fabricgate_dra_device_rules_writable`.
+    pub metrics: &'a Arc<Metrics>,
+}
+
+/// What the probe loop reads from the DRA jobs, and their API tasks (aborted at shutdown).
+/// A channel whose job does not run is closed.
+pub struct DraInputs {
+    /// This node's slices ([`watch_slices`]): the last report is judged again on a change.
+    pub facts: watch::Receiver<Option<DraFacts>>,
+    /// Bumped when a plugin's registration socket stops or starts answering: probe at once.
+    pub registrations: watch::Receiver<u64>,
+    pub tasks: Vec<JoinHandle<()>>,
+}
+
+impl DraJobs<'_> {
+    /// Start what `kubernetes.dra` asks for: with a cluster the slice watch and (with device
+    /// rules, not in a dry run) the rule writer, which follows `verdicts` until `stop`; the
+    /// registration follower whenever DRA is on.
+    pub fn start(
+        self,
+        verdicts: watch::Receiver<Option<Verdict>>,
+        stop: watch::Receiver<bool>,
+    ) -> DraInputs {
+        let dra = &self.config.kubernetes.dra;
+        let (facts_tx, facts) = watch::channel(None);
+        let (registrations_tx, registrations) = watch::channel(0u64);
+        let mut tasks = Vec::new();
+        if dra.enabled()
+            && let Some(c) = self.clients
+        {
+            let watch_client = c.watch.clone().unwrap_or_else(|| c.requests.clone());
+            tasks.push(tokio::spawn(watch_slices(
+                watch_client.clone(),
+                self.node.to_owned(),
+                dra.drivers.clone(),
+                dra.slice_grace,
+                facts_tx,
+                self.interval,
+            )));
+            if dra.taint_scope.device_rules() && !self.dry_run {
+                let (state_tx, state_rx) = watch::channel(RulesState::On);
+                let rules = DeviceTaintRules {
+                    node: self.node.to_owned(),
+                    key: unvalidated_taint(self.config).key,
+                    effect: dra.taint_effect,
+                    requests: c.requests.clone(),
+                    watch: watch_client,
+                    max_backoff: self.rules_max_backoff,
+                    state: state_tx,
+                };
+                tasks.push(tokio::spawn(rules.run(verdicts, stop)));
+                tasks.push(tokio::spawn(follow_state(
+                    Arc::clone(self.metrics),
+                    state_rx,
+                )));
+            }
+        }
+        if dra.enabled() {
+            // A dead DRA plugin known within a second, not at the next interval probe.
+            tokio::spawn(registration::follow(
+                PathBuf::from(&dra.registry_dir),
+                dra.driver_names(),
+                registrations_tx,
+            ));
+        }
+        DraInputs {
+            facts,
+            registrations,
+            tasks,
+        }
+    }
+}

@@ -1,0 +1,418 @@
+//! The rules out: this node's `DeviceTaintRule`s kept equal to the verdicts' device taints
+//! ([`DeviceTaintRules`]), and the writer's state mirrored into a metric ([`follow_state`]).
+
+use super::common::{is_not_served, sleep_until_opt};
+use crate::config::dra::DeviceTaintEffect;
+use crate::node::FIELD_MANAGER;
+use crate::node::WATCH_TIMEOUT_SECS;
+use crate::node::WatchBackoff;
+use crate::node::watch::FIRST_BACKOFF;
+use crate::observe::metrics::Metrics;
+use crate::policy::Verdict;
+use crate::policy::dra::DeviceTaint;
+use futures::StreamExt;
+use k8s_openapi::api::resource::v1::DeviceTaintRule;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event, watcher};
+use serde_json::json;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+/// The label on every rule an agent keeps, its node's name (or `fnv-<hash>` when the name is
+/// not a label value): what its watch selects. The rule's own `spec.deviceSelector.pool` is
+/// what counts; the admission policy ties it to the agent's token.
+pub const NODE_LABEL: &str = "fabricgate.io/node";
+/// The HCA a rule is about, and the probe's message, for `kubectl get devicetaintrules -o yaml`.
+pub const HCA_ANNOTATION: &str = "fabricgate.io/hca";
+pub const MESSAGE_ANNOTATION: &str = "fabricgate.io/message";
+/// Every rule's name starts with this (the admission policy checks it).
+pub const RULE_PREFIX: &str = "fabricgate-";
+
+/// [`NODE_LABEL`]'s value for `node`.
+pub fn node_label_value(node: &str) -> String {
+    if !node.is_empty() && node.len() <= 63 {
+        node.to_owned()
+    } else {
+        format!("fnv-{:016x}", crate::node::fabriccheck::fnv64(node))
+    }
+}
+
+/// The rule's name for a device of `node`: `fabricgate-<node>-<device>`, the node hashed when
+/// that would pass 253 characters.
+pub fn rule_name(node: &str, taint: &DeviceTaint) -> String {
+    let name = format!("{RULE_PREFIX}{node}-{}", taint.device);
+    if name.len() <= 253 {
+        return name;
+    }
+    let key = format!("{}/{}", taint.driver, taint.device);
+    format!(
+        "{RULE_PREFIX}fnv-{:016x}-{:016x}",
+        crate::node::fabriccheck::fnv64(node),
+        crate::node::fabriccheck::fnv64(&key)
+    )
+}
+
+/// What the rule writer's watch and writes found out about the API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RulesState {
+    /// Rules are written.
+    On,
+    /// The API server does not serve `DeviceTaintRule` (older than 1.37): the device path is
+    /// off; the Node path goes on.
+    NotServed,
+    /// The API server refuses the agent (RBAC or the admission policy): retried slowly.
+    Forbidden,
+}
+
+/// The DeviceTaintRules of this node's bad HCAs: one per device of
+/// [`crate::policy::Verdict::device_taints`], written by server-side apply only when it
+/// differs from the rule the watch shows, and deleted when its device is no longer tainted
+/// (the agent's own rules only: the watch selects [`NODE_LABEL`], and a rule whose pool is
+/// another node's is left alone).
+pub struct DeviceTaintRules {
+    pub node: String,
+    pub key: String,
+    pub effect: DeviceTaintEffect,
+    pub requests: kube::Client,
+    pub watch: kube::Client,
+    pub max_backoff: Duration,
+    /// The state after each change (metrics and logs).
+    pub state: watch::Sender<RulesState>,
+}
+
+impl DeviceTaintRules {
+    fn desired(&self, taints: &[DeviceTaint]) -> BTreeMap<String, DeviceTaint> {
+        taints
+            .iter()
+            .map(|t| (rule_name(&self.node, t), t.clone()))
+            .collect()
+    }
+
+    fn matches(&self, rule: &DeviceTaintRule, t: &DeviceTaint) -> bool {
+        let s = rule.spec.device_selector.as_ref();
+        let taint = &rule.spec.taint;
+        s.and_then(|s| s.driver.as_deref()) == Some(t.driver.as_str())
+            && s.and_then(|s| s.pool.as_deref()) == Some(t.pool.as_str())
+            && s.and_then(|s| s.device.as_deref()) == Some(t.device.as_str())
+            && taint.key == self.key
+            && taint.value.as_deref() == Some(t.reason.as_str())
+            && taint.effect == self.effect.as_str()
+            && rule
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(NODE_LABEL))
+                .is_some_and(|v| *v == node_label_value(&self.node))
+    }
+
+    fn body(&self, name: &str, t: &DeviceTaint) -> serde_json::Value {
+        let message: String = t.message.chars().take(1024).collect();
+        json!({
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceTaintRule",
+            "metadata": {
+                "name": name,
+                "labels": {
+                    NODE_LABEL: node_label_value(&self.node),
+                    "app.kubernetes.io/managed-by": "fabricgate",
+                },
+                "annotations": { HCA_ANNOTATION: t.hca, MESSAGE_ANNOTATION: message },
+            },
+            "spec": {
+                "deviceSelector": { "driver": t.driver, "pool": t.pool, "device": t.device },
+                "taint": { "key": self.key, "value": t.reason, "effect": self.effect.as_str() },
+            },
+        })
+    }
+
+    /// Keep the rules equal to the verdicts' device taints until `stop`. Nothing is written
+    /// before the first verdict; then rules of this node that no taint wants (left by an
+    /// earlier run) are deleted.
+    pub async fn run(
+        self,
+        mut verdicts: watch::Receiver<Option<Verdict>>,
+        mut stop: watch::Receiver<bool>,
+    ) {
+        let api: Api<DeviceTaintRule> = Api::all(self.requests.clone());
+        let config = watcher::Config::default()
+            .labels(&format!("{NODE_LABEL}={}", node_label_value(&self.node)))
+            .timeout(WATCH_TIMEOUT_SECS)
+            .any_semantic();
+        let mut events = watcher(Api::<DeviceTaintRule>::all(self.watch.clone()), config)
+            .backoff(WatchBackoff::new(self.max_backoff))
+            .boxed();
+        let mut rules = Rules::default();
+        let mut wanted: Option<BTreeMap<String, DeviceTaint>> = None;
+        let mut retry = Retry::default();
+        loop {
+            let dirty = tokio::select! {
+                _ = stop.wait_for(|s| *s) => return,
+                () = sleep_until_opt(retry.at) => { retry.at = None; true }
+                r = verdicts.changed() => {
+                    if r.is_err() { return; }
+                    let taints = verdicts.borrow_and_update().as_ref().map(|v| v.device_taints.clone());
+                    match taints {
+                        Some(t) => {
+                            let d = self.desired(&t);
+                            let changed = wanted.as_ref() != Some(&d);
+                            wanted = Some(d);
+                            changed
+                        }
+                        None => false,
+                    }
+                }
+                event = events.next() => match event {
+                    None => return,
+                    Some(Ok(e)) => rules.apply(e),
+                    Some(Err(e)) => match self.watch_failed(&e, &mut retry) {
+                        Some(dirty) => dirty,
+                        None => return,
+                    },
+                },
+            };
+            if !dirty || !rules.synced || retry.at.is_some() {
+                continue;
+            }
+            let Some(want) = wanted.as_ref() else {
+                continue;
+            };
+            let result = self.sync(&api, want, &rules.current).await;
+            self.synced(result, &mut retry);
+        }
+    }
+
+    /// A failed list or watch of the rules: `None` when the API does not serve them (the
+    /// device path is off for good), else whether there is anything to write (never).
+    fn watch_failed(&self, e: &watcher::Error, retry: &mut Retry) -> Option<bool> {
+        if is_not_served(e) {
+            tracing::warn!(
+                "the API server does not serve resource.k8s.io/v1 \
+                 DeviceTaintRules (Kubernetes older than 1.37?): bad HCAs get \
+                 no device taint; the Node's own taint goes on \
+                 (kubernetes.dra.taint_scope)"
+            );
+            self.state.send_replace(RulesState::NotServed);
+            return None;
+        }
+        if matches!(e, watcher::Error::InitialListFailed(kube::Error::Api(s)) if s.code == 403)
+            && !retry.forbidden_logged
+        {
+            tracing::warn!(
+                error = %e,
+                "the agent may not list DeviceTaintRules: give its ClusterRole \
+                 get/list/watch/create/patch/delete on \
+                 resource.k8s.io devicetaintrules (daemonset.yaml has it); bad \
+                 HCAs get no device taint until then"
+            );
+            retry.forbidden_logged = true;
+            self.state.send_replace(RulesState::Forbidden);
+        }
+        Some(false)
+    }
+
+    /// After a pass: the state, and on an error a warning (once while refused) and a retry.
+    fn synced(&self, result: kube::Result<()>, retry: &mut Retry) {
+        match result {
+            Ok(()) => {
+                retry.backoff = FIRST_BACKOFF;
+                retry.forbidden_logged = false;
+                self.state.send_replace(RulesState::On);
+            }
+            Err(e) => {
+                let forbidden = matches!(&e, kube::Error::Api(s) if s.code == 403);
+                if forbidden {
+                    self.state.send_replace(RulesState::Forbidden);
+                }
+                if !retry.forbidden_logged || !forbidden {
+                    tracing::warn!(
+                        error = %e,
+                        retry_in = ?retry.backoff,
+                        "cannot write this node's DeviceTaintRules{}",
+                        if forbidden {
+                            " (RBAC, or the admission policy \
+                             fabricgate-device-taint-rules refused it)"
+                        } else {
+                            ""
+                        }
+                    );
+                    retry.forbidden_logged |= forbidden;
+                }
+                retry.at = Some(Instant::now() + retry.backoff);
+                retry.backoff = (retry.backoff * 2).min(self.max_backoff.max(FIRST_BACKOFF));
+            }
+        }
+    }
+
+    /// One pass: apply the rules that differ, delete ours that are not wanted.
+    async fn sync(
+        &self,
+        api: &Api<DeviceTaintRule>,
+        want: &BTreeMap<String, DeviceTaint>,
+        rules: &BTreeMap<String, DeviceTaintRule>,
+    ) -> kube::Result<()> {
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        let create = PostParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..PostParams::default()
+        };
+        for (name, t) in want {
+            match rules.get(name) {
+                Some(r) if self.matches(r, t) => continue,
+                // A new rule is created (an apply that creates needs the create verb too); one
+                // that differs (edited by hand, a new reason) is applied.
+                None => {
+                    let rule: DeviceTaintRule = serde_json::from_value(self.body(name, t))
+                        .map_err(kube::Error::SerdeError)?;
+                    match api.create(&create, &rule).await {
+                        Ok(_) => {}
+                        Err(kube::Error::Api(s)) if s.code == 409 => {
+                            api.patch(name, &params, &Patch::Apply(self.body(name, t)))
+                                .await?;
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+                Some(_) => {
+                    api.patch(name, &params, &Patch::Apply(self.body(name, t)))
+                        .await?;
+                }
+            }
+            tracing::warn!(
+                rule = %name,
+                hca = %t.hca,
+                driver = %t.driver,
+                device = %t.device,
+                reason = %t.reason,
+                effect = self.effect.as_str(),
+                "DeviceTaintRule set: {}",
+                t.message
+            );
+        }
+        let ours: BTreeSet<&String> = rules
+            .iter()
+            .filter(|(_, r)| {
+                r.spec
+                    .device_selector
+                    .as_ref()
+                    .and_then(|s| s.pool.as_deref())
+                    == Some(self.node.as_str())
+            })
+            .map(|(n, _)| n)
+            .collect();
+        for name in ours {
+            if want.contains_key(name) {
+                continue;
+            }
+            match api.delete(name, &DeleteParams::default()).await {
+                Ok(_) => {
+                    tracing::info!(rule = %name, "DeviceTaintRule removed: the device is healthy")
+                }
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The writer's own rules as its watch shows them, by name; a relist replaces them once done.
+#[derive(Default)]
+struct Rules {
+    current: BTreeMap<String, DeviceTaintRule>,
+    listing: BTreeMap<String, DeviceTaintRule>,
+    synced: bool,
+}
+
+impl Rules {
+    /// Whether the rules may now differ from the wanted ones.
+    fn apply(&mut self, event: Event<DeviceTaintRule>) -> bool {
+        let name = |r: &DeviceTaintRule| r.metadata.name.clone().unwrap_or_default();
+        match event {
+            Event::Init => {
+                self.listing.clear();
+                false
+            }
+            Event::InitApply(r) => {
+                self.listing.insert(name(&r), r);
+                false
+            }
+            Event::InitDone => {
+                self.current = std::mem::take(&mut self.listing);
+                self.synced = true;
+                true
+            }
+            Event::Apply(r) => {
+                self.current.insert(name(&r), r);
+                true
+            }
+            Event::Delete(r) => {
+                self.current.remove(&name(&r));
+                true
+            }
+        }
+    }
+}
+
+/// When the writer tries again after a refused or failed write.
+struct Retry {
+    at: Option<Instant>,
+    backoff: Duration,
+    /// A 403 was logged: the next ones are not, until a write succeeds.
+    forbidden_logged: bool,
+}
+
+impl Default for Retry {
+    fn default() -> Self {
+        Self {
+            at: None,
+            backoff: FIRST_BACKOFF,
+            forbidden_logged: false,
+        }
+    }
+}
+
+/// Mirror the DeviceTaintRule writer's state into `fabricgate_dra_device_rules_writable`.
+pub async fn follow_state(metrics: Arc<Metrics>, mut state: watch::Receiver<RulesState>) {
+    loop {
+        let now = *state.borrow_and_update();
+        metrics.set_dra_device_rules(now == RulesState::On);
+        if state.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn taint(device: &str) -> DeviceTaint {
+        DeviceTaint {
+            driver: "dra.net".into(),
+            pool: "n".into(),
+            device: device.into(),
+            hca: "mlx5_3".into(),
+            reason: "PortDown".into(),
+            message: "port down".into(),
+        }
+    }
+
+    #[test]
+    fn rule_names_and_labels_stay_within_the_apis_limits() {
+        assert_eq!(
+            rule_name("gpu-1", &taint("pci-0000-1b-00-0")),
+            "fabricgate-gpu-1-pci-0000-1b-00-0"
+        );
+        let long = "n".repeat(250);
+        let name = rule_name(&long, &taint("pci-0000-1b-00-0"));
+        assert!(name.len() <= 253 && name.starts_with(RULE_PREFIX), "{name}");
+        assert_ne!(name, rule_name(&long, &taint("pci-0000-1c-00-0")));
+        assert_eq!(node_label_value("gpu-1"), "gpu-1");
+        let v = node_label_value(&"a".repeat(64));
+        assert!(v.len() <= 63 && v.starts_with("fnv-"), "{v}");
+    }
+}
