@@ -935,14 +935,14 @@ fn redteam_a_forged_answer_is_not_attested_by_its_receiver() {
                 .result
         })
         .collect();
-    match fabricgate::cluster::admission_check::judge(
+    match fabricgate::cluster::admission_check::assess_ring(
         &spec,
         &answers,
         false,
         false,
         Duration::from_secs(10),
     ) {
-        fabricgate::cluster::admission_check::Verdict::Retry {
+        fabricgate::cluster::admission_check::RingOutcome::Failed {
             message,
             failed_pairs: 1,
         } => assert!(

@@ -23,10 +23,16 @@ mod metrics;
 pub mod model;
 mod objects;
 mod reconcile;
+mod ring;
+mod state;
+mod step;
+#[cfg(test)]
+mod tests;
 mod watch;
 
-pub use decide::{Verdict, judge, node_problem};
+pub use decide::node_problem;
 pub use metrics::CheckMetrics;
+pub use ring::{RingOutcome, assess_ring};
 
 use crate::cluster::lease::{Election, Leadership, release};
 use crate::config::Config;
@@ -97,7 +103,7 @@ pub async fn run(
     let mut leadership = Leadership::default();
     let mut leading = false;
     let mut watched: Option<watch::Watched> = None;
-    let mut state = reconcile::State::default();
+    let mut state = state::State::default();
     let mut tick = tokio::time::interval(s.poll_interval.max(Duration::from_millis(10)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut changed = false;
@@ -113,7 +119,7 @@ pub async fn run(
                 leading = renewal.leading;
                 if renewal.changed {
                     metrics.set_leader(leading);
-                    state = reconcile::State::default();
+                    state = state::State::default();
                 }
                 let keep = renewal.keep_watches;
                 if keep && watched.is_none() {
@@ -131,7 +137,7 @@ pub async fn run(
                 changed = false;
                 last_pass = tokio::time::Instant::now();
                 if let Some(w) = &watched && w.ready() {
-                    due = reconcile::pass(&requests, w, &s, &metrics, &mut state).await;
+                    due = reconcile::pass(&requests, &w.stores, &s, &metrics, &mut state).await;
                 }
             }
             () = watch::next_change(&mut watched) => changed = true,

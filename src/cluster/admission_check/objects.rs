@@ -1,8 +1,8 @@
 //! The leader's FabricCheck objects: creating a check, collecting its members' answers,
 //! deleting it with its answers, and sweeping the checks and answers no pending gang needs.
 
-use super::reconcile::State;
-use super::watch::Watched;
+use super::state::State;
+use super::watch::Stores;
 use super::{CHECK_LABEL, CheckSettings, FIELD_MANAGER, RESERVATION_ANNOTATION};
 use crate::error::{Error, Result};
 use crate::node::fabriccheck::{self, CheckSpec, PairResult};
@@ -162,7 +162,7 @@ pub(super) async fn delete_answers(checks: &Api<DynamicObject>, uid: &str) {
 /// `gang.timeout`.
 pub(super) async fn cleanup(
     client: &kube::Client,
-    w: &Watched,
+    w: &Stores,
     s: &CheckSettings,
     state: &mut State,
     pending: &HashSet<String>,

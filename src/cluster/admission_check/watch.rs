@@ -22,8 +22,9 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
-/// The leader's stores and the tasks that feed them; dropping it stops the watches.
-pub(super) struct Watched {
+/// The leader's stores: all a pass reads.
+#[derive(Clone)]
+pub(super) struct Stores {
     pub workloads: Store<DynamicObject>,
     pub nodes: Store<Node>,
     pub checks: Store<DynamicObject>,
@@ -32,7 +33,26 @@ pub(super) struct Watched {
     pub flavors: Store<DynamicObject>,
     /// Uids of the FabricChecks this leader created (before its watch shows them): with the
     /// checks in the store, the checks whose answers are cached.
-    created: Arc<Mutex<HashSet<String>>>,
+    pub(super) created: Arc<Mutex<HashSet<String>>>,
+}
+
+impl Stores {
+    /// Note a FabricCheck this leader created, so its answers are kept before the watch of
+    /// FabricChecks shows it.
+    pub(super) fn created(&self, uid: String) {
+        if let Ok(mut c) = self.created.lock() {
+            // Bounded: only checks in flight matter, and they reach the store within moments.
+            if c.len() >= 4096 {
+                c.clear();
+            }
+            c.insert(uid);
+        }
+    }
+}
+
+/// The leader's stores and the tasks that feed them; dropping it stops the watches.
+pub(super) struct Watched {
+    pub stores: Stores,
     listed: Vec<Arc<AtomicBool>>,
     tasks: Vec<JoinHandle<()>>,
     notify: Arc<Notify>,
@@ -156,28 +176,18 @@ impl Watched {
             slim_node,
         )));
         Watched {
-            workloads,
-            nodes,
-            checks,
-            results,
-            admission_checks,
-            flavors,
-            created,
+            stores: Stores {
+                workloads,
+                nodes,
+                checks,
+                results,
+                admission_checks,
+                flavors,
+                created,
+            },
             listed,
             tasks,
             notify,
-        }
-    }
-
-    /// Note a FabricCheck this leader created, so its answers are kept before the watch of
-    /// FabricChecks shows it.
-    pub(super) fn created(&self, uid: String) {
-        if let Ok(mut c) = self.created.lock() {
-            // Bounded: only checks in flight matter, and they reach the store within moments.
-            if c.len() >= 4096 {
-                c.clear();
-            }
-            c.insert(uid);
         }
     }
 

@@ -1,0 +1,21 @@
+//! What the leader remembers between passes (dropped when leadership changes: everything
+//! durable is in the API objects). Read by the decisions (`step.rs`), kept by the passes
+//! (`reconcile.rs`) and the FabricCheck objects' upkeep (`objects.rs`).
+
+use std::collections::{HashMap, HashSet};
+use std::time::Instant;
+
+#[derive(Default)]
+pub(super) struct State {
+    /// Workload uid -> the resourceVersion a state was written over: skipped while the
+    /// store still shows that version (the write's echo has not arrived).
+    pub(super) decided: HashMap<String, String>,
+    /// FabricChecks deleted (by uid), treated as gone while the store still shows them.
+    pub(super) deleted: HashSet<String>,
+    /// (Workload uid, reservation) -> when a pass first saw its check Pending.
+    pub(super) first_seen: HashMap<(String, String), Instant>,
+    /// FabricCheck uid -> (the Workload's resourceVersion, whether the check's members are
+    /// its assigned nodes at that version): matching domains to Nodes once per version, not
+    /// on every pass while the check is in flight.
+    pub(super) same_members: HashMap<String, (String, bool)>,
+}

@@ -1,0 +1,419 @@
+//! A pass (`reconcile::pass`) against a scripted API server (`tower-test`): each test says,
+//! request by request, the method, URL and body the pass must send and what the server
+//! answers, and that nothing else is sent.
+
+use super::*;
+use crate::cluster::admission_check::metrics::CheckMetrics;
+use crate::cluster::admission_check::reconcile::pass;
+use crate::cluster::admission_check::state::State;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use kube::client::Body;
+use std::collections::BTreeMap;
+use tower_test::mock::{self, Handle};
+
+const WORKLOAD_STATUS: &str = "/apis/kueue.x-k8s.io/v1beta2/namespaces/team/workloads/train/status";
+const CHECKS: &str = "/apis/fabricgate.io/v1alpha1/namespaces/fabricgate/fabricchecks";
+const RESULTS: &str = "/apis/fabricgate.io/v1alpha1/namespaces/fabricgate/fabriccheckresults";
+const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/team/events";
+const FIELD_MANAGER: &str = "fabricgate-admission-check";
+
+/// The server side of the mock: hands out the requests the pass sends, in order.
+struct Server(Handle<Request<Body>, Response<Body>>);
+
+/// One request as the server saw it.
+struct Seen {
+    method: Method,
+    path: String,
+    /// The query, decoded.
+    query: BTreeMap<String, String>,
+    content_type: String,
+    body: Value,
+}
+
+/// `%XX` escapes and `+` decoded.
+fn decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' if i + 2 < bytes.len() => {
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).expect("ascii");
+                out.push(u8::from_str_radix(hex, 16).expect("an escape"));
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).expect("UTF-8")
+}
+
+impl Server {
+    /// The next request, answered with `status` and `answer` as JSON.
+    async fn answer(&mut self, status: u16, answer: Value) -> Seen {
+        let Some((req, send)) = self.0.next_request().await else {
+            panic!("the pass sent no further request");
+        };
+        let (parts, body) = req.into_parts();
+        let bytes = body.collect().await.expect("request body").to_bytes();
+        let body = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes).expect("a JSON body")
+        };
+        let response = Response::builder()
+            .status(StatusCode::from_u16(status).expect("status"))
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .body(Body::from(serde_json::to_vec(&answer).expect("answer")))
+            .expect("response");
+        send.send_response(response);
+        Seen {
+            method: parts.method,
+            path: parts.uri.path().to_owned(),
+            query: parts
+                .uri
+                .query()
+                .map(|q| {
+                    q.split('&')
+                        .filter_map(|kv| kv.split_once('='))
+                        .map(|(k, v)| (decode(k), decode(v)))
+                        .collect()
+                })
+                .unwrap_or_default(),
+            content_type: parts
+                .headers
+                .get(http::header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_owned(),
+            body,
+        }
+    }
+
+    /// Nothing more was sent: the pass (and with it the client) is gone.
+    async fn expect_no_more(mut self) {
+        if let Some((req, _)) = self.0.next_request().await {
+            panic!("unexpected request {} {}", req.method(), req.uri());
+        }
+    }
+}
+
+/// One pass over `stores` while `script` plays the server: what the pass returned, after
+/// the server saw nothing beyond its script.
+async fn pass_against<F>(
+    stores: &Stores,
+    state: &mut State,
+    script: impl FnOnce(Server) -> F,
+) -> Option<tokio::time::Instant>
+where
+    F: Future<Output = Server> + Send + 'static,
+{
+    let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
+    let client = kube::Client::new(service, "default");
+    let api = tokio::spawn(script(Server(handle)));
+    let metrics = CheckMetrics::new();
+    let due = tokio::time::timeout(
+        SCRIPT_TIME,
+        pass(&client, stores, &settings(), &metrics, state),
+    )
+    .await
+    .expect("the pass waits for an answer its script does not give");
+    // The script still waiting for a request fails once the client is gone.
+    drop(client);
+    let server = tokio::time::timeout(SCRIPT_TIME, api)
+        .await
+        .expect("the script ends")
+        .expect("the scripted server");
+    server.expect_no_more().await;
+    due
+}
+
+/// Longest a pass or its script may take (both take milliseconds).
+const SCRIPT_TIME: Duration = Duration::from_secs(10);
+
+fn object(o: DynamicObject) -> Value {
+    serde_json::to_value(o).expect("JSON")
+}
+
+fn status(code: u16, reason: &str) -> Value {
+    json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": format!("scripted {reason}"), "reason": reason, "code": code,
+    })
+}
+
+/// A server-side apply of our field manager, forced, on `path`.
+fn assert_apply(seen: &Seen, path: &str) {
+    assert_eq!(seen.method, Method::PATCH);
+    assert_eq!(seen.path, path);
+    assert_eq!(seen.content_type, "application/apply-patch+yaml");
+    assert_eq!(
+        seen.query.get("fieldManager").map(String::as_str),
+        Some(FIELD_MANAGER)
+    );
+    assert_eq!(seen.query.get("force").map(String::as_str), Some("true"));
+}
+
+/// Our entry's state as the pass applies it on the Workload's status, at version `rv`.
+fn assert_state_written(seen: &Seen, rv: &str, state: &str) -> Value {
+    assert_apply(seen, WORKLOAD_STATUS);
+    assert_eq!(
+        seen.body["metadata"],
+        json!({ "name": WL, "namespace": NS, "resourceVersion": rv })
+    );
+    let entries = seen.body["status"]["admissionChecks"]
+        .as_array()
+        .expect("our entries");
+    assert_eq!(entries.len(), 1, "{}", seen.body);
+    assert_eq!(entries[0]["name"], OURS);
+    assert_eq!(entries[0]["state"], state);
+    entries[0].clone()
+}
+
+/// The check's deletion, guarded by its uid, then one deletecollection of its answers.
+async fn expect_check_deleted(server: &mut Server) {
+    let seen = server
+        .answer(200, json!({ "kind": "Status", "status": "Success" }))
+        .await;
+    assert_eq!(seen.method, Method::DELETE);
+    assert_eq!(seen.path, format!("{CHECKS}/{}", check_name()));
+    assert_eq!(seen.body["preconditions"]["uid"], CHECK_UID);
+    let seen = server
+        .answer(
+            200,
+            json!({ "kind": "List", "apiVersion": "v1", "items": [] }),
+        )
+        .await;
+    assert_eq!(seen.method, Method::DELETE);
+    assert_eq!(seen.path, RESULTS);
+    assert_eq!(
+        seen.query.get("labelSelector").map(String::as_str),
+        Some(format!("fabricgate.io/fabriccheck-uid={CHECK_UID}").as_str())
+    );
+}
+
+/// The gang of `n` validated Nodes pending, with our AdmissionCheck `Active`.
+fn gang(n: usize) -> Cache {
+    Cache {
+        workloads: vec![workload("7", &(0..n).map(host).collect::<Vec<_>>(), None)],
+        nodes: (0..n).map(node).collect(),
+        admission_checks: vec![admission_check(true)],
+        ..Cache::default()
+    }
+}
+
+#[tokio::test]
+async fn an_admission_check_not_active_is_set_active_for_its_generation() {
+    let stores = Cache {
+        admission_checks: vec![admission_check(false)],
+        ..Cache::default()
+    }
+    .stores();
+    let due = pass_against(&stores, &mut State::default(), |mut server| async move {
+        let seen = server.answer(200, object(admission_check(true))).await;
+        assert_apply(
+            &seen,
+            "/apis/kueue.x-k8s.io/v1beta2/admissionchecks/fabric/status",
+        );
+        let c = &seen.body["status"]["conditions"][0];
+        assert_eq!(
+            (&c["type"], &c["status"], &c["observedGeneration"]),
+            (&json!("Active"), &json!("True"), &json!(1))
+        );
+        server
+    })
+    .await;
+    assert_eq!(due, None);
+}
+
+#[tokio::test]
+async fn a_gang_of_validated_nodes_gets_its_fabric_check_and_no_state_yet() {
+    let stores = gang(2).stores();
+    let mut state = State::default();
+    let before = tokio::time::Instant::now();
+    let due = pass_against(&stores, &mut state, |mut server| async move {
+        let mut created = check(&ring(2, "x"), RESERVED);
+        created.metadata.uid = Some(CHECK_UID.to_owned());
+        let seen = server.answer(201, object(created)).await;
+        assert_eq!(seen.method, Method::POST);
+        assert_eq!(seen.path, CHECKS);
+        assert_eq!(
+            seen.query.get("fieldManager").map(String::as_str),
+            Some(FIELD_MANAGER)
+        );
+        let meta = &seen.body["metadata"];
+        assert_eq!(meta["name"], check_name().as_str());
+        assert_eq!(
+            meta["labels"],
+            json!({
+                "app.kubernetes.io/name": "fabricgate", "fabricgate.io/check": "gang",
+                fabriccheck::member_label("gpu-0"): "true",
+                fabriccheck::member_label("gpu-1"): "true",
+            })
+        );
+        assert_eq!(meta["annotations"][RESERVATION_ANNOTATION], RESERVED);
+        let spec: CheckSpec = serde_json::from_value(seen.body["spec"].clone()).expect("a spec");
+        assert_eq!(ring(2, &spec.deadline), spec);
+        server
+    })
+    .await;
+    // Judged again at the deadline and its grace at the latest.
+    let due = due.expect("a check in flight");
+    assert!(due >= before + Duration::from_secs(22), "{due:?}");
+    assert!(stores.created.lock().expect("lock").contains(CHECK_UID));
+    assert!(state.decided.is_empty());
+}
+
+#[tokio::test]
+async fn a_passed_ring_is_written_ready_then_its_check_and_answers_deleted() {
+    let spec = ring(2, "2026-12-02T03:00:30Z");
+    let stores = Cache {
+        checks: vec![check(&spec, RESERVED)],
+        results: vec![answer(&spec, 0, true), answer(&spec, 1, true)],
+        ..gang(2)
+    }
+    .stores();
+    let mut state = State::default();
+    let due = pass_against(&stores, &mut state, |mut server| async move {
+        let seen = server.answer(200, object(workload("8", &[], None))).await;
+        let entry = assert_state_written(&seen, "7", "Ready");
+        assert!(
+            entry["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("gang RDMA pre-flight passed: 2 pairs")),
+            "{entry}"
+        );
+        assert!(entry.get("requeueAfterSeconds").is_none(), "{entry}");
+        // No Event for Ready.
+        expect_check_deleted(&mut server).await;
+        server
+    })
+    .await;
+    assert_eq!(due, None);
+    assert_eq!(state.decided.get(WL_UID).map(String::as_str), Some("7"));
+    assert!(state.deleted.contains(CHECK_UID));
+    // The next pass, before the write's echo: nothing is written or deleted again.
+    let due = pass_against(&stores, &mut state, |server| async move { server }).await;
+    assert_eq!(due, None);
+}
+
+#[tokio::test]
+async fn a_retry_is_written_with_its_backoff_and_recorded_as_an_event() {
+    let stores = Cache {
+        nodes: vec![node(0), unvalidated(1)],
+        ..gang(2)
+    }
+    .stores();
+    pass_against(&stores, &mut State::default(), |mut server| async move {
+        let seen = server.answer(200, object(workload("8", &[], None))).await;
+        let entry = assert_state_written(&seen, "7", "Retry");
+        assert_eq!(entry["requeueAfterSeconds"], 5);
+        let event = server
+            .answer(
+                201,
+                json!({ "metadata": { "name": "train-1", "namespace": NS },
+                                 "eventTime": "2026-12-02T03:00:10.000000Z" }),
+            )
+            .await;
+        assert_eq!(event.method, Method::POST);
+        assert_eq!(event.path, EVENTS);
+        assert_eq!(event.body["reason"], "FabricPreflightRetry");
+        assert_eq!(event.body["type"], "Warning");
+        assert_eq!(event.body["reportingController"], CONTROLLER_NAME);
+        assert_eq!(
+            event.body["regarding"],
+            json!({ "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
+                    "name": WL, "namespace": NS, "uid": WL_UID })
+        );
+        assert!(
+            event.body["note"]
+                .as_str()
+                .is_some_and(|n| n.starts_with("1 of 2 assigned nodes are not validated now")),
+            "{}",
+            event.body
+        );
+        server
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_conflict_on_the_state_leaves_the_check_to_be_judged_again_soon() {
+    let spec = ring(2, "2026-12-02T03:00:30Z");
+    let stores = Cache {
+        checks: vec![check(&spec, RESERVED)],
+        results: vec![answer(&spec, 0, true), answer(&spec, 1, true)],
+        ..gang(2)
+    }
+    .stores();
+    let mut state = State::default();
+    let before = tokio::time::Instant::now();
+    let due = pass_against(&stores, &mut state, |mut server| async move {
+        let seen = server.answer(409, status(409, "Conflict")).await;
+        assert_state_written(&seen, "7", "Ready");
+        // Neither an Event nor the check's deletion follows.
+        server
+    })
+    .await;
+    // Again after the poll interval.
+    let due = due.expect("a retry");
+    assert!(due >= before + Duration::from_secs(1) && due < before + Duration::from_secs(5));
+    assert!(state.decided.is_empty() && state.deleted.is_empty());
+}
+
+#[tokio::test]
+async fn past_the_deadline_missing_answers_are_listed_in_the_api_once() {
+    // Due long ago: the grace is over too.
+    let spec = ring(2, "2020-01-01T00:00:00Z");
+    let stores = Cache {
+        checks: vec![check(&spec, RESERVED)],
+        ..gang(2)
+    }
+    .stores();
+    let listed = json!({
+        "apiVersion": "fabricgate.io/v1alpha1", "kind": "FabricCheckResultList",
+        "metadata": { "resourceVersion": "9" },
+        "items": [answer(&spec, 0, true), answer(&spec, 1, true)],
+    });
+    pass_against(&stores, &mut State::default(), |mut server| async move {
+        let seen = server.answer(200, listed).await;
+        assert_eq!(seen.method, Method::GET);
+        assert_eq!(seen.path, RESULTS);
+        assert_eq!(
+            seen.query.get("labelSelector").map(String::as_str),
+            Some(format!("fabricgate.io/fabriccheck-uid={CHECK_UID}").as_str())
+        );
+        let seen = server.answer(200, object(workload("8", &[], None))).await;
+        assert_state_written(&seen, "7", "Ready");
+        expect_check_deleted(&mut server).await;
+        server
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_stale_check_is_deleted_before_the_new_one_is_created() {
+    let stores = Cache {
+        checks: vec![check(
+            &ring(2, "2026-12-02T02:00:20Z"),
+            "2026-12-02T02:00:00Z",
+        )],
+        ..gang(2)
+    }
+    .stores();
+    pass_against(&stores, &mut State::default(), |mut server| async move {
+        expect_check_deleted(&mut server).await;
+        let seen = server.answer(409, status(409, "AlreadyExists")).await;
+        assert_eq!((seen.method, seen.path.as_str()), (Method::POST, CHECKS));
+        server
+    })
+    .await;
+}
