@@ -16,6 +16,7 @@ pub mod netdev;
 pub mod pod;
 pub mod rdma;
 pub mod roots;
+pub mod runtime;
 pub mod storage;
 mod sysfs_io;
 
