@@ -1,6 +1,7 @@
 //! Real RDMA under qemu (tests/vm/): Soft-RoCE end to end (`softroce_vm`), event-driven
 //! detection (`events_vm`), two VMs measuring each other (`peers_vm`) and
-//! the gang pre-flight between two VMs on the real apiserver (`gang_vm`). Each module boots
+//! the gang pre-flight between two VMs on the real apiserver (`gang_vm`), and RDMA resource
+//! tracking parsed from a live dump (`restrack_vm`). Each module boots
 //! its VM(s) once for all its tests.
 
 mod common;
@@ -14,5 +15,7 @@ mod events_vm;
 mod gang_vm;
 #[path = "vm/peers_vm.rs"]
 mod peers_vm;
+#[path = "vm/restrack_vm.rs"]
+mod restrack_vm;
 #[path = "vm/softroce_vm.rs"]
 mod softroce_vm;

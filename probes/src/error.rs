@@ -48,6 +48,23 @@ pub enum ProbeError {
     #[error("peers key file {path}: {message}")]
     PeerKey { path: PathBuf, message: String },
 
+    /// A netlink reply that is cut short, malformed, or an error from the kernel.
+    #[error("{request}: {message}")]
+    Netlink {
+        request: &'static str,
+        message: String,
+    },
+
+    /// The kernel has no RDMA netlink (`ib_core` not loaded, or no RDMA support at all).
+    #[error(
+        "no RDMA netlink in this kernel ({source}): ib_core is not loaded, so no queue pair \
+         can be listed"
+    )]
+    RdmaNetlinkUnavailable {
+        #[source]
+        source: io::Error,
+    },
+
     #[error("{0}")]
     Other(String),
 }
@@ -74,8 +91,9 @@ impl ProbeError {
             Self::Read { .. }
             | Self::ReadDir { .. }
             | Self::NotRegular { .. }
-            | Self::TooLarge { .. } => "read",
-            Self::Parse { .. } => "parse",
+            | Self::TooLarge { .. }
+            | Self::RdmaNetlinkUnavailable { .. } => "read",
+            Self::Parse { .. } | Self::Netlink { .. } => "parse",
             Self::Verbs { .. } => "verbs",
             Self::PeerKey { .. } | Self::Other(_) => "other",
         }

@@ -17,6 +17,7 @@ pub mod netlink;
 pub mod pod;
 pub mod rdma;
 pub mod roots;
+pub mod runtime;
 pub mod storage;
 mod sysfs_io;
 

@@ -17,6 +17,7 @@ mod labels;
 pub mod peers;
 mod requirements;
 mod settings;
+pub mod storage;
 #[cfg(test)]
 mod tests;
 pub mod webhook;
@@ -60,6 +61,8 @@ pub struct Config {
     pub webhook: webhook::WebhookSettings,
     /// What `fabricgate admission-check` asks of a gang's nodes (docs/gangs.md).
     pub gang: gang::GangSettings,
+    /// `storage.lustre.require_lnet`: the LNet networks Lustre's imports must use.
+    pub storage: storage::StorageSettings,
 }
 
 /// A wrong value of the requirements file at `key`, and what to give instead.
@@ -132,6 +135,7 @@ impl Config {
         self.peers.validate()?;
         self.webhook.validate()?;
         self.gang.validate()?;
+        self.storage.validate()?;
         validate_label_prefix(&self.node.label_prefix)
     }
 

@@ -1,6 +1,7 @@
 //! Shared storage: required mounts and the Lustre client.
 
 use super::*;
+use fabricgate_probes::storage::{Import, LustreClient, lnet};
 
 fn lustre_finding(code: &'static str, message: String) -> Finding {
     Finding {
@@ -128,10 +129,21 @@ fn lustre_client_findings(
         .filter(|m| m.required)
         .filter_map(|m| m.lustre_fsname.as_deref())
         .collect();
-    for imp in &client.imports {
-        let in_scope =
-            config.lustre.all_lustre || imp.fsname.as_deref().is_some_and(|f| fsnames.contains(&f));
-        if !in_scope || imp.healthy {
+    let in_scope: Vec<&Import> = client
+        .imports
+        .iter()
+        .filter(|imp| {
+            config.lustre.all_lustre || imp.fsname.as_deref().is_some_and(|f| fsnames.contains(&f))
+        })
+        .collect();
+    lnet_findings(
+        client,
+        &in_scope,
+        &config.storage.lustre.require_lnet,
+        findings,
+    );
+    for imp in in_scope {
+        if imp.healthy {
             continue;
         }
         let state = imp.state.as_deref().unwrap_or("unreadable");
@@ -149,5 +161,165 @@ fn lustre_client_findings(
         } else {
             findings.push(lustre_finding("LustreImportDown", message));
         }
+    }
+}
+
+/// `storage.lustre.require_lnet`: each import in scope connected over a network not listed
+/// (`LustreLnetFallback`, naming the import and its NID), and each listed network whose local
+/// LNet interfaces are down or absent (`LustreLnetDown`; only when LNet's `nis` was readable).
+/// A deactivated import is left out: it carries no traffic.
+fn lnet_findings(
+    client: &LustreClient,
+    in_scope: &[&Import],
+    require: &[String],
+    findings: &mut Vec<Finding>,
+) {
+    if require.is_empty() {
+        return;
+    }
+    let required = require.join(", ");
+    for imp in in_scope.iter().filter(|imp| imp.active != Some(false)) {
+        let Some(nid) = imp.connection.as_deref() else {
+            continue;
+        };
+        let net = lnet::nid_net(nid).unwrap_or("");
+        if !require.iter().any(|r| lnet::net_matches(r, net)) {
+            findings.push(lustre_finding(
+                "LustreLnetFallback",
+                format!(
+                    "lustre {} import connected over {nid} (LNet {net}), not over a required \
+                     network ({required}): the client fell back; check the node's {required} \
+                     interfaces (`lnetctl net show`)",
+                    imp.target
+                ),
+            ));
+        }
+    }
+    let Some(nis) = &client.lnet_nis else {
+        return;
+    };
+    for want in require {
+        let mut of_net = nis
+            .iter()
+            .filter(|ni| lnet::net_matches(want, &ni.net))
+            .peekable();
+        if of_net.peek().is_none() {
+            findings.push(lustre_finding(
+                "LustreLnetDown",
+                format!("no LNet interface on {want}, which storage.lustre.require_lnet requires"),
+            ));
+        }
+        for ni in of_net.filter(|ni| !ni.up) {
+            findings.push(lustre_finding(
+                "LustreLnetDown",
+                format!(
+                    "LNet interface {} is down ({want} is required): check its IB port and \
+                     `lnetctl net show`",
+                    ni.nid
+                ),
+            ));
+        }
+    }
+}
+
+#[cfg(test)]
+mod lnet_tests {
+    use super::*;
+    use fabricgate_probes::storage::LnetNi;
+
+    fn import(target: &str, nid: Option<&str>, active: Option<bool>) -> Import {
+        Import {
+            device: format!("{target}-osc-ffff8f7c4a9e1000"),
+            kind: "osc".into(),
+            target: target.into(),
+            fsname: Some("scratch".into()),
+            state: Some("FULL".into()),
+            healthy: true,
+            connection: nid.map(str::to_owned),
+            active,
+            error: None,
+        }
+    }
+
+    fn ni(nid: &str, up: bool) -> LnetNi {
+        LnetNi {
+            nid: nid.into(),
+            net: lnet::nid_net(nid).unwrap().into(),
+            up,
+        }
+    }
+
+    fn run(client: &LustreClient, require: &[&str]) -> Vec<(&'static str, String)> {
+        let in_scope: Vec<&Import> = client.imports.iter().collect();
+        let require: Vec<String> = require.iter().map(|s| s.to_string()).collect();
+        let mut findings = Vec::new();
+        lnet_findings(client, &in_scope, &require, &mut findings);
+        findings.into_iter().map(|f| (f.code, f.message)).collect()
+    }
+
+    #[test]
+    fn an_import_on_tcp_where_o2ib_is_required_is_named_with_its_nid() {
+        let client = LustreClient {
+            present: true,
+            imports: vec![
+                import("scratch-OST0000", Some("10.1.1.3@o2ib"), Some(true)),
+                import("scratch-OST0001", Some("10.1.1.3@o2ib1"), Some(true)),
+                import("scratch-OST0002", Some("10.2.1.4@tcp"), Some(true)),
+                import("scratch-OST0003", Some("10.2.1.5@tcp"), Some(false)),
+                import("scratch-OST0004", None, None),
+            ],
+            lnet_nis: Some(vec![ni("0@lo", true), ni("10.1.1.21@o2ib", true)]),
+            ..LustreClient::default()
+        };
+        let got = run(&client, &["o2ib"]);
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert_eq!(got[0].0, "LustreLnetFallback");
+        assert!(
+            got[0].1.starts_with(
+                "lustre scratch-OST0002 import connected over 10.2.1.4@tcp (LNet tcp)"
+            ),
+            "{}",
+            got[0].1
+        );
+        // The default (no requirement) finds nothing; with tcp allowed too, no fallback.
+        assert!(run(&client, &[]).is_empty());
+        let both = run(&client, &["o2ib", "tcp"]);
+        assert!(
+            both.iter().all(|(code, _)| *code != "LustreLnetFallback"),
+            "{both:?}"
+        );
+    }
+
+    #[test]
+    fn a_required_network_down_or_absent_is_a_finding_an_unreadable_nis_is_not() {
+        let mut client = LustreClient {
+            present: true,
+            lnet_nis: Some(vec![
+                ni("0@lo", true),
+                ni("10.1.1.21@o2ib", false),
+                ni("10.1.2.21@o2ib1", true),
+            ]),
+            ..LustreClient::default()
+        };
+        let got = run(&client, &["o2ib"]);
+        assert_eq!(
+            got,
+            vec![(
+                "LustreLnetDown",
+                "LNet interface 10.1.1.21@o2ib is down (o2ib is required): check its IB port \
+                 and `lnetctl net show`"
+                    .to_owned()
+            )]
+        );
+        assert!(run(&client, &["o2ib1"]).is_empty());
+        let got = run(&client, &["tcp"]);
+        assert_eq!(got[0].0, "LustreLnetDown");
+        assert!(
+            got[0].1.starts_with("no LNet interface on tcp"),
+            "{}",
+            got[0].1
+        );
+        client.lnet_nis = None;
+        assert!(run(&client, &["tcp"]).is_empty());
     }
 }

@@ -184,3 +184,97 @@ fn table_output_lists_the_mounts() {
     );
     assert!(text.contains("lustre client 2.15.3"), "{text}");
 }
+
+/// Issue 42, item 5: an import that moved to the servers' tcp NID while o2ib is required, and
+/// the o2ib LNet interface down, with every import FULL and the client healthy.
+#[test]
+fn lnet_fallback_to_tcp_fails_the_node_only_where_o2ib_is_required() {
+    let fx = fixture("lustre-lnet-fallback");
+    let fallback = "lustre scratch-OST0002 import connected over 10.2.1.4@tcp (LNet tcp), not \
+                    over a required network (o2ib): the client fell back; check the node's o2ib \
+                    interfaces (`lnetctl net show`)";
+    let ni_down = "LNet interface 10.1.1.21@o2ib is down (o2ib is required): check its IB port and \
+         `lnetctl net show`";
+    let r = check(
+        &fx.join("sys"),
+        &fx.join("proc"),
+        "rdma: {min_active_ports: 0}\nstorage:\n  lustre:\n    require_lnet: [o2ib]\n",
+    );
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    let l = &r.json["lustre"];
+    assert_eq!(l["ready"], false);
+    let reasons = strs(&l["reasons"]);
+    assert!(reasons.contains(&fallback.to_owned()), "{reasons:#?}");
+    assert!(reasons.contains(&ni_down.to_owned()), "{reasons:#?}");
+    assert_eq!(
+        reasons.iter().filter(|r| r.contains("LNet")).count(),
+        2,
+        "only OST0002 fell back: {reasons:#?}"
+    );
+    let nis = l["client"]["lnet_nis"].as_array().unwrap();
+    assert_eq!(nis.len(), 3, "{nis:#?}");
+    assert_eq!(nis[1]["nid"], "10.1.1.21@o2ib");
+    assert_eq!(nis[1]["up"], false);
+    let ost2 = &l["client"]["imports"][3];
+    assert_eq!(ost2["target"], "scratch-OST0002");
+    assert_eq!(ost2["connection"], "10.2.1.4@tcp");
+
+    // The default requires no LNet network: the same node has no LNet finding.
+    let r = check(
+        &fx.join("sys"),
+        &fx.join("proc"),
+        "rdma: {min_active_ports: 0}\n",
+    );
+    let reasons = strs(&r.json["lustre"]["reasons"]);
+    assert!(!reasons.iter().any(|r| r.contains("LNet")), "{reasons:#?}");
+
+    // A healthy client on o2ib passes the same requirement.
+    let fx = fixture("lustre-healthy");
+    let r = check(
+        &fx.join("sys"),
+        &fx.join("proc"),
+        "rdma: {min_active_ports: 0}\nstorage: {lustre: {require_lnet: [o2ib]}}\n",
+    );
+    let reasons = strs(&r.json["lustre"]["reasons"]);
+    assert!(!reasons.iter().any(|r| r.contains("LNet")), "{reasons:#?}");
+    assert_eq!(r.json["lustre"]["client"]["lnet_nis"][1]["up"], true);
+}
+
+#[test]
+fn lnet_fallback_shows_in_the_table_and_a_bad_network_is_exit_2() {
+    let fx = fixture("lustre-lnet-fallback");
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("c.yaml");
+    std::fs::write(
+        &config,
+        "rdma: {min_active_ports: 0}\nstorage: {lustre: {require_lnet: [o2ib]}}\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_fabricgate"))
+        .args(["check", "--verbs", "off"])
+        .arg("--sysfs-root")
+        .arg(fx.join("sys"))
+        .arg("--proc-root")
+        .arg(fx.join("proc"))
+        .arg("--config")
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("lustre scratch-OST0002 import connected over 10.2.1.4@tcp"),
+        "{text}"
+    );
+    let r = check(
+        &fx.join("sys"),
+        &fx.join("proc"),
+        "storage: {lustre: {require_lnet: [\"10.1.1.1@o2ib\"]}}\n",
+    );
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("storage.lustre.require_lnet[0]"),
+        "{}",
+        r.stderr
+    );
+}

@@ -42,6 +42,8 @@ pub struct LustreClient {
     pub health_text: Option<String>,
     /// Every MDC and OSC device, sorted by device name.
     pub imports: Vec<Import>,
+    /// The node's LNet interfaces (`lnet/nis`); `None` when LNet's file is not readable.
+    pub lnet_nis: Option<Vec<crate::storage::LnetNi>>,
     /// Files that exist but could not be read.
     pub errors: Vec<String>,
 }
@@ -124,6 +126,7 @@ pub fn probe(roots: &Roots) -> LustreClient {
         }
     }
     client.imports.sort_by(|a, b| a.device.cmp(&b.device));
+    client.lnet_nis = super::lnet::probe(roots);
     client
 }
 

@@ -6,6 +6,7 @@
 //! states ([`lustre`]). Only statfs touches the mounts themselves; everything else reads
 //! procfs/sysfs, so a dead file server can delay a probe by at most the statfs timeout.
 
+pub mod lnet;
 pub mod lustre;
 pub mod mountinfo;
 pub mod statfs;
@@ -18,6 +19,7 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub use lnet::LnetNi;
 pub use lustre::{Import, LustreClient, LustreHealth};
 
 /// Default for `lustre.statfs_timeout`.
