@@ -1,7 +1,7 @@
 //! Measurement rounds on their own thread: who is measured each round, the `peers.required`
 //! window and the finding it adds, and the agent's responder.
 
-use super::discovery::{Discovery, Selector, Target};
+use super::discovery::{Discovery, Selector};
 use super::metrics::PeerMetrics;
 use super::round::{PeerResult, Round};
 use crate::config::Config;
