@@ -105,20 +105,16 @@ impl PoolBreaker {
             "breaker: counted the pool before tainting"
         );
         let decision = breaker::taint_decision(&settings, Some(&count), false, &annotation);
-        if decision != breaker::TaintDecision::Taint || settings.max_new_per_window == 0 {
+        if decision != breaker::TaintDecision::Taint || !breaker::uses_ledger(&settings) {
             return decision;
         }
-        match self.reserve(&pool.summary, outcome).await {
-            Ok(None) => breaker::TaintDecision::Taint,
-            Ok(Some(reserved_by_others)) => {
-                let count = breaker::PoolCount {
-                    new_in_window: count.new_in_window.max(reserved_by_others),
-                    ..count
-                };
-                breaker::taint_decision(&settings, Some(&count), false, &annotation)
-            }
+        match self
+            .reserve(&pool.summary, count, &annotation, outcome)
+            .await
+        {
+            Ok(decision) => decision,
             Err(e) => {
-                // Without the ledger the pool's count stands (a burst may overshoot the cap).
+                // Without the ledger the pool's count stands (a burst may overshoot the caps).
                 tracing::warn!(
                     node = %self.node_name,
                     error = %e,
@@ -248,16 +244,21 @@ impl PoolBreaker {
         )
     }
 
-    /// Reserve this node's new taint in the ledger by compare-and-swap: `Ok(None)` reserved;
-    /// `Ok(Some(n))`: the cap is reached, `n` others of the pool reserved within the window
-    /// whose Nodes show the failure (or reserved a moment ago: [`breaker::ledger_recent`]).
+    /// Decide again under the ledger's compare-and-swap, with `count` (the pool as `pool`
+    /// shows it) raised by the reservations it cannot show yet
+    /// ([`breaker::count_with_ledger`]), and reserve this node's new taint if it may be
+    /// tainted. Every agent's new taint goes through here, so neither cap can be passed by
+    /// agents deciding at once: a conflict means another reserved meanwhile, and the retry
+    /// counts it.
     async fn reserve(
         &self,
         pool: &breaker::PoolSummary,
+        count: breaker::PoolCount,
+        annotation: &str,
         outcome: &mut Outcome,
-    ) -> std::result::Result<Option<u32>, kube::Error> {
+    ) -> std::result::Result<breaker::TaintDecision, kube::Error> {
         let Some(ledger) = &self.ledger else {
-            return Ok(None);
+            return Ok(breaker::TaintDecision::Taint);
         };
         let settings = &self.settings.breaker;
         // Conflicts mean others reserved meanwhile: each retry reads their entries.
@@ -266,10 +267,17 @@ impl PoolBreaker {
             let mut cm = ledger.get(breaker::LEDGER).await?;
             let now = Timestamp::now();
             let data = cm.data.clone().unwrap_or_default();
-            let others =
-                breaker::ledger_recent(&data, &self.node_name, pool, settings.window, &now);
-            if others + 1 > settings.max_new_per_window {
-                return Ok(Some(others));
+            let exact = breaker::count_with_ledger(
+                count,
+                &data,
+                &self.node_name,
+                pool,
+                settings.window,
+                &now,
+            );
+            let decision = breaker::taint_decision(settings, Some(&exact), false, annotation);
+            if decision != breaker::TaintDecision::Taint {
+                return Ok(decision);
             }
             cm.data = Some(breaker::ledger_with(
                 &data,
@@ -287,7 +295,7 @@ impl PoolBreaker {
                 Ok(_) => {
                     outcome.writes += 1;
                     self.metrics.record_node_write("ledger");
-                    return Ok(None);
+                    return Ok(breaker::TaintDecision::Taint);
                 }
                 Err(kube::Error::Api(e)) if e.code == 409 => {
                     let pause = conflict_pause_ms(&self.node_name, round);
@@ -297,6 +305,6 @@ impl PoolBreaker {
             }
         }
         // Still contended after every round: the burst is large; hold back (fail safe).
-        Ok(Some(settings.max_new_per_window))
+        Ok(breaker::contended_decision(RESERVE_ROUNDS, annotation))
     }
 }

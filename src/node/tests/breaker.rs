@@ -243,6 +243,43 @@ async fn a_conflict_that_leaves_no_slot_holds_the_node_without_writing() {
     done(breaker, nodes, server).await;
 }
 
+/// Issue 41: the fraction cap is decided under the compare-and-swap too. Two of ten are
+/// tainted in the guard's summary, two more reserved a moment ago (not in it yet): this one
+/// may be the fifth and swaps, but a third agent got in first; the re-read counts six of ten
+/// with this one, and it is held without writing.
+#[tokio::test]
+async fn the_last_slot_of_the_fraction_goes_to_one_agent_only() {
+    let (mut breaker, nodes, mut server) = pool_breaker(settings(20));
+    let api = tokio::spawn(async move {
+        assert_lease_read(
+            &server
+                .answer(200, guard_lease(&summary(&["a-1", "a-2"])))
+                .await,
+        );
+        let in_flight = json!({ "a-3": fresh_entry(), "a-4": fresh_entry() });
+        assert_ledger_read(&server.answer(200, ledger("5", in_flight.clone())).await);
+        let seen = server.answer(409, status(409, "Conflict")).await;
+        assert_reservation(&seen, "5", &in_flight);
+        let taken = json!({ "a-3": fresh_entry(), "a-4": fresh_entry(), "a-5": fresh_entry() });
+        assert_ledger_read(&server.answer(200, ledger("6", taken)).await);
+        server
+    });
+    let node = own_node(json!({}));
+    let (decision, outcome, server) = decide_against(&mut breaker, &nodes, &node, api).await;
+    held_because(
+        &decision,
+        "would make 6 of 10 nodes of the pool tainted (60%",
+    );
+    assert_eq!(
+        outcome,
+        Outcome {
+            requests: 4,
+            writes: 0
+        }
+    );
+    done(breaker, nodes, server).await;
+}
+
 #[tokio::test]
 async fn without_a_guard_summary_the_pool_is_listed_once_from_the_watch_cache() {
     let (mut breaker, nodes, mut server) = pool_breaker(settings(20));
