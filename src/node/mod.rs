@@ -9,10 +9,12 @@
 //!   `type`, so we own just our types);
 //! - an `events.k8s.io/v1` Event at each `FabricReady` transition.
 //!
-//! `plan` decides what to write (pure), `reconciler` writes it, `watch` follows the Node and
+//! `plan` decides what to write (pure), `reconciler` writes it (asking `breaker`, the
+//! blast-radius breaker's reads and ledger, before a new taint), `watch` follows the Node and
 //! `client` builds the two API clients the agent uses. `fabriccheck` holds the gang
 //! pre-flight's resources, shared by the agents and `fabricgate admission-check`.
 
+mod breaker;
 mod client;
 pub mod dra;
 pub mod fabriccheck;
@@ -23,8 +25,8 @@ mod watch;
 pub(crate) use client::is_watch;
 pub use client::{Clients, RetryAfter, WATCH_TIMEOUT_SECS, client, clients_from};
 pub use plan::{Plan, Transition, owned_labels, plan};
+pub use reconciler::Reconciler;
 pub(crate) use reconciler::patch_taints;
-pub use reconciler::{Outcome, Reconciler};
 pub(crate) use watch::WatchBackoff;
 pub use watch::watch_node;
 
@@ -38,6 +40,15 @@ pub const CONDITION_TYPES: [&str; 4] =
     ["FabricReady", "RDMAReady", "LustreReady", "GPUDirectReady"];
 /// Namespace of Events about Nodes (cluster-scoped objects), as the kubelet does.
 pub const EVENT_NAMESPACE: &str = "default";
+
+/// What a reconcile did (the breaker's reads and ledger write included).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Outcome {
+    /// Requests made (reads and writes).
+    pub requests: u32,
+    /// Writes made.
+    pub writes: u32,
+}
 
 #[cfg(test)]
 mod tests;

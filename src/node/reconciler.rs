@@ -1,21 +1,22 @@
 //! [`Reconciler`]: makes one Node show the latest verdict, writing only the difference, in an
 //! order that never opens a window, with the blast-radius breaker before a new taint.
 
-use super::plan::{plan, plan_taints, wants_new_taint};
-use super::{EVENT_NAMESPACE, FIELD_MANAGER, REPORTING_CONTROLLER, Transition};
+use super::breaker::PoolBreaker;
+use super::plan::{Plan, plan, plan_taints, wants_new_taint};
+use super::{EVENT_NAMESPACE, FIELD_MANAGER, Outcome, REPORTING_CONTROLLER, Transition};
 use crate::config::NodeSettings;
 use crate::error::{Error, Result};
 use crate::observe::metrics::Metrics;
 use crate::policy::breaker;
 use crate::policy::{self, Verdict};
 use crate::text::truncate;
-use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, Node, NodeCondition, ObjectReference, Taint};
+use k8s_openapi::api::core::v1::{Node, NodeCondition, ObjectReference, Taint};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -50,20 +51,6 @@ pub(crate) async fn patch_taints(
     nodes.patch(&name, &pp, &Patch::Json::<()>(patch)).await
 }
 
-/// The pause before reservation round `round + 1` after a conflict: a share of a ceiling that
-/// doubles each round (20 ms, 40 ms, ... 640 ms), the share differing between nodes and
-/// rounds. In a burst hundreds of agents race for the ledger; retrying in step would make
-/// every round a collision of all of them (measured at 5,000 Nodes with a 512-node leaf:
-/// docs/scale.md).
-fn conflict_pause_ms(node: &str, round: u32) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in node.bytes().chain(round.to_le_bytes()) {
-        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-    }
-    let ceiling = 20u64 << round.min(5);
-    5 + h % ceiling
-}
-
 /// What [`Reconciler::apply`] writes by server-side apply.
 #[derive(Clone, Copy)]
 enum Apply<'a> {
@@ -79,15 +66,6 @@ impl Apply<'_> {
             Self::Conditions(_) => "apply conditions on",
         }
     }
-}
-
-/// What a reconcile did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Outcome {
-    /// Requests made (reads and writes).
-    pub requests: u32,
-    /// Writes made.
-    pub writes: u32,
 }
 
 /// Keeps one Node in line with the latest verdict.
@@ -115,14 +93,8 @@ pub struct Reconciler {
     own_versions: std::collections::VecDeque<String>,
     /// `placement.required_labels`: keys the Node must carry (checked on each Node read).
     required_labels: Vec<String>,
-    /// The breaker's ledger ([`breaker::LEDGER`]) in the agent's namespace.
-    ledger: Option<Api<ConfigMap>>,
-    /// Leases in the agent's namespace: the guard's holds the pool summary
-    /// (`node.breaker.guard_lease`).
-    leases: Option<Api<Lease>>,
-    /// Whether the breaker last counted the pool from the guard's summary (`Some(true)`) or a
-    /// list (`Some(false)`): a change is logged once.
-    pool_from_guard: Option<bool>,
+    /// The blast-radius breaker's reads and ledger, asked before a new taint.
+    breaker: PoolBreaker,
     /// Annotations the agent keeps on its Node (`fabricgate.io/peers-endpoint`), applied with
     /// the labels (one field manager, one request) and only when the Node differs.
     annotations: BTreeMap<String, String>,
@@ -142,6 +114,7 @@ impl Reconciler {
         metrics: Arc<Metrics>,
     ) -> Self {
         Self {
+            breaker: PoolBreaker::new(node_name.clone(), settings.clone(), metrics.clone()),
             node_name,
             settings,
             nodes: client.clone().map(Api::all),
@@ -155,9 +128,6 @@ impl Reconciler {
             watch_live: false,
             own_versions: std::collections::VecDeque::new(),
             required_labels: Vec::new(),
-            ledger: None,
-            leases: None,
-            pool_from_guard: None,
             annotations: BTreeMap::new(),
             shared_annotations: Vec::new(),
         }
@@ -204,15 +174,9 @@ impl Reconciler {
 
     /// Reserve new taints in the breaker's ledger in `namespace` (the agent's own).
     pub fn with_breaker_ledger(mut self, namespace: &str) -> Self {
-        self.ledger = self
-            .nodes
-            .as_ref()
-            .map(|n| Api::namespaced(n.clone().into_client(), namespace));
-        if !self.settings.breaker.guard_lease.is_empty() {
-            self.leases = self
-                .nodes
-                .as_ref()
-                .map(|n| Api::namespaced(n.clone().into_client(), namespace));
+        if let Some(nodes) = &self.nodes {
+            self.breaker
+                .use_ledger(nodes.clone().into_client(), namespace);
         }
         self
     }
@@ -346,30 +310,10 @@ impl Reconciler {
                 policy::apply_placement(verdict, &labels, &self.required_labels, &self.settings);
             &placed
         };
-        let gated;
-        let verdict = if wants_new_taint(&node, verdict, &taint_key) {
-            match self.breaker(&nodes, &node, &mut outcome).await {
-                breaker::TaintDecision::Taint => {
-                    self.metrics.set_breaker_open(false);
-                    verdict
-                }
-                breaker::TaintDecision::BreakerOpen { message } => {
-                    self.metrics.set_breaker_open(true);
-                    tracing::error!(
-                        node = %self.node_name,
-                        reasons = %verdict.reasons().join("; "),
-                        "BLAST-RADIUS BREAKER OPEN: {message}"
-                    );
-                    gated = breaker::breaker_verdict(verdict, &taint_key, &message);
-                    &gated
-                }
-            }
-        } else {
-            if verdict.ready {
-                self.metrics.set_breaker_open(false);
-            }
-            verdict
-        };
+        let gated = self
+            .gate(&nodes, &node, verdict, &taint_key, &mut outcome)
+            .await;
+        let verdict = gated.as_ref();
         let now = Timestamp::now();
         let mut plan = plan(&node, verdict, &taint_key, &now);
         if plan.labels.is_none() && self.annotations_differ(&node) {
@@ -381,13 +325,7 @@ impl Reconciler {
         }
 
         if self.dry_run {
-            let lines = plan.describe(&node, &taint_key);
-            if !lines.is_empty() && self.logged.as_ref() != Some(&lines) {
-                for line in &lines {
-                    tracing::info!(node = %self.node_name, dry_run = true, "would write {line}");
-                }
-            }
-            self.logged = Some(lines);
+            self.log_dry_run(&plan, &node, &taint_key);
             self.pending_event = None;
             self.confirmed = Some(probed.clone());
             return Ok(outcome);
@@ -428,201 +366,48 @@ impl Reconciler {
         Ok(outcome)
     }
 
-    /// The breaker's answer for newly tainting this Node, only asked when a taint is due. The
-    /// pool comes from the guard's Lease (one small object, whatever the pool's size) while
-    /// the guard's leader publishes a fresh summary there, else from one list of the pool's
-    /// Nodes served from the API server's watch cache (`resourceVersion=0`). A failed list
-    /// decides from the ledger alone (its reservations in flight), with a warning.
-    async fn breaker(
+    /// `verdict` as the breaker lets it be written: asked only when it would newly add the
+    /// taint; held, it keeps the Node untainted and says why (`BreakerOpen`).
+    async fn gate<'v>(
         &mut self,
         nodes: &Api<Node>,
         node: &Node,
+        verdict: &'v Verdict,
+        taint_key: &str,
         outcome: &mut Outcome,
-    ) -> breaker::TaintDecision {
-        let settings = self.settings.breaker.clone();
-        let (annotation, overridden) = breaker::breaker_override(node, &self.settings.label_prefix);
-        if self.settings.pool_selector.is_empty() || !settings.enabled || overridden {
-            return breaker::taint_decision(&settings, None, overridden, &annotation);
-        }
-        let taint_key = self.settings.taint_key();
-        let started = std::time::Instant::now();
-        let published = self.published_pool(outcome).await;
-        let from_guard = published.is_ok();
-        let (pool, in_pool) = match published {
-            Ok(summary) => {
-                // A summary names only failures: whether this Node is one of the pool it
-                // counted, its own labels tell (a selector it cannot read: it is, as the
-                // DaemonSet's nodeSelector put the agent here).
-                let labels = node.metadata.labels.clone().unwrap_or_default();
-                let in_pool = breaker::selector_matches(&self.settings.pool_selector, &labels)
-                    .unwrap_or(true);
-                (summary, in_pool)
+    ) -> Cow<'v, Verdict> {
+        if !wants_new_taint(node, verdict, taint_key) {
+            if verdict.ready {
+                self.metrics.set_breaker_open(false);
             }
-            Err(why) => {
-                if self.pool_from_guard != Some(false) {
-                    tracing::info!(
-                        node = %self.node_name,
-                        "breaker: listing the pool's Nodes, no summary from the guard: {why}"
-                    );
-                }
-                outcome.requests += 1;
-                let params = ListParams::default()
-                    .labels(&self.settings.pool_selector)
-                    .match_any();
-                let listed_at = Timestamp::now();
-                match nodes.list(&params).await {
-                    Ok(list) => {
-                        let mut summary = breaker::PoolSummary::of(
-                            &list.items,
-                            &taint_key,
-                            settings.window,
-                            &Timestamp::now(),
-                        );
-                        summary.selector.clone_from(&self.settings.pool_selector);
-                        summary.observed_at = Some(listed_at);
-                        let in_pool = summary.has_member(&self.node_name) == Some(true);
-                        (summary, in_pool)
-                    }
-                    Err(e) => {
-                        // Under a burst at thousands of Nodes such a list can time out (docs/
-                        // scale.md); tainting at once would lift the cap. The ledger still
-                        // counts the pool's reservations in flight; past those, taint.
-                        tracing::warn!(
-                            node = %self.node_name,
-                            selector = %self.settings.pool_selector,
-                            error = %e,
-                            "cannot list the pool's Nodes for the breaker; deciding from the \
-                             ledger alone (tainting unless it holds the cap)"
-                        );
-                        (
-                            breaker::PoolSummary::unseen(
-                                &self.settings.pool_selector,
-                                settings.window,
-                                listed_at,
-                            ),
-                            true,
-                        )
-                    }
-                }
-            }
-        };
-        if from_guard && self.pool_from_guard != Some(true) {
-            tracing::info!(
-                node = %self.node_name,
-                lease = %settings.guard_lease,
-                "breaker: counting the pool from the guard's summary"
-            );
+            return Cow::Borrowed(verdict);
         }
-        self.pool_from_guard = Some(from_guard);
-        let count = pool.count(&self.node_name, in_pool);
-        tracing::info!(
-            node = %self.node_name,
-            pool_nodes = count.nodes,
-            tainted_others = count.tainted_others,
-            new_in_window = count.new_in_window,
-            source = if from_guard { "guard" } else { "list" },
-            read_ms = started.elapsed().as_millis() as u64,
-            "breaker: counted the pool before tainting"
-        );
-        let decision = breaker::taint_decision(&settings, Some(&count), false, &annotation);
-        if decision != breaker::TaintDecision::Taint || settings.max_new_per_window == 0 {
-            return decision;
-        }
-        match self.reserve(&pool, outcome).await {
-            Ok(None) => breaker::TaintDecision::Taint,
-            Ok(Some(reserved_by_others)) => {
-                let count = breaker::PoolCount {
-                    new_in_window: count.new_in_window.max(reserved_by_others),
-                    ..count
-                };
-                breaker::taint_decision(&settings, Some(&count), false, &annotation)
+        match self.breaker.decide(nodes, node, outcome).await {
+            breaker::TaintDecision::Taint => {
+                self.metrics.set_breaker_open(false);
+                Cow::Borrowed(verdict)
             }
-            Err(e) => {
-                // Without the ledger the pool's count stands (a burst may overshoot the cap).
-                tracing::warn!(
+            breaker::TaintDecision::BreakerOpen { message } => {
+                self.metrics.set_breaker_open(true);
+                tracing::error!(
                     node = %self.node_name,
-                    error = %e,
-                    "cannot use the breaker's ledger ConfigMap {}; deciding from the pool's \
-                     count alone",
-                    breaker::LEDGER
+                    reasons = %verdict.reasons().join("; "),
+                    "BLAST-RADIUS BREAKER OPEN: {message}"
                 );
-                decision
+                Cow::Owned(breaker::breaker_verdict(verdict, taint_key, &message))
             }
         }
     }
 
-    /// The pool as the guard's leader last published it on its Lease, or why there is none
-    /// to use (no guard Lease configured or found, not renewed, no summary on it).
-    async fn published_pool(
-        &self,
-        outcome: &mut Outcome,
-    ) -> std::result::Result<breaker::PoolSummary, String> {
-        let name = &self.settings.breaker.guard_lease;
-        let Some(leases) = &self.leases else {
-            return Err("node.breaker.guard_lease is empty".to_owned());
-        };
-        outcome.requests += 1;
-        let lease = match leases.get_opt(name).await {
-            Ok(Some(lease)) => lease,
-            Ok(None) => return Err(format!("no Lease {name} (is the guard deployed?)")),
-            Err(e) => return Err(format!("cannot read the guard's Lease {name}: {e}")),
-        };
-        breaker::published_summary(
-            &lease,
-            &self.settings.label_prefix,
-            &self.settings.pool_selector,
-            self.settings.breaker.window,
-            &Timestamp::now(),
-        )
-    }
-
-    /// Reserve this node's new taint in the ledger by compare-and-swap: `Ok(None)` reserved;
-    /// `Ok(Some(n))`: the cap is reached, `n` others of the pool reserved within the window
-    /// whose Nodes show the failure (or reserved a moment ago: [`breaker::ledger_recent`]).
-    async fn reserve(
-        &self,
-        pool: &breaker::PoolSummary,
-        outcome: &mut Outcome,
-    ) -> std::result::Result<Option<u32>, kube::Error> {
-        let Some(ledger) = &self.ledger else {
-            return Ok(None);
-        };
-        let settings = &self.settings.breaker;
-        // Conflicts mean others reserved meanwhile: each retry reads their entries.
-        for round in 0..20 {
-            outcome.requests += 1;
-            let mut cm = ledger.get(breaker::LEDGER).await?;
-            let now = Timestamp::now();
-            let data = cm.data.clone().unwrap_or_default();
-            let others =
-                breaker::ledger_recent(&data, &self.node_name, pool, settings.window, &now);
-            if others + 1 > settings.max_new_per_window {
-                return Ok(Some(others));
-            }
-            cm.data = Some(breaker::ledger_with(
-                &data,
-                &self.node_name,
-                &self.settings.pool_selector,
-                settings.window,
-                &now,
-            ));
-            match ledger
-                .replace(breaker::LEDGER, &PostParams::default(), &cm)
-                .await
-            {
-                Ok(_) => {
-                    self.wrote("ledger", outcome);
-                    return Ok(None);
-                }
-                Err(kube::Error::Api(e)) if e.code == 409 => {
-                    let pause = conflict_pause_ms(&self.node_name, round);
-                    tokio::time::sleep(Duration::from_millis(pause)).await;
-                }
-                Err(e) => return Err(e),
+    /// Dry-run: log what `plan` would write, once per change.
+    fn log_dry_run(&mut self, plan: &Plan, node: &Node, taint_key: &str) {
+        let lines = plan.describe(node, taint_key);
+        if !lines.is_empty() && self.logged.as_ref() != Some(&lines) {
+            for line in &lines {
+                tracing::info!(node = %self.node_name, dry_run = true, "would write {line}");
             }
         }
-        // Still contended after 20 rounds: the burst is large; hold back (fail safe).
-        Ok(Some(settings.max_new_per_window))
+        self.logged = Some(lines);
     }
 
     fn log_dry_run_without_cluster(&mut self, verdict: &Verdict, taint_key: &str) {

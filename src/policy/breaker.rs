@@ -167,6 +167,11 @@ impl PoolSummary {
         }
     }
 
+    /// Whether the Node `name` carries our taint, as counted here.
+    pub fn shows_taint(&self, name: &str) -> bool {
+        self.tainted_new.contains(name) || self.tainted_old.contains(name)
+    }
+
     /// Whether `name` is one of the Nodes counted (a published summary cannot tell for a
     /// Node that shows no failure: `None`).
     pub fn has_member(&self, name: &str) -> Option<bool> {
@@ -430,11 +435,7 @@ pub fn ledger_recent(
     window: Duration,
     now: &Timestamp,
 ) -> u32 {
-    let in_flight = RESERVATION_IN_FLIGHT.min(window);
-    let observed = pool.observed_at.filter(|t| t < now).unwrap_or(*now);
-    let in_flight_since = observed
-        .checked_sub(k8s_openapi::jiff::SignedDuration::try_from(in_flight).unwrap_or_default())
-        .unwrap_or(observed);
+    let in_flight_since = in_flight_since(pool, window, now);
     let recent = data
         .iter()
         .filter(|(node, _)| node.as_str() != self_name)
@@ -457,6 +458,76 @@ pub fn ledger_recent(
         })
         .count();
     u32::try_from(recent).unwrap_or(u32::MAX)
+}
+
+/// Reservations made since this time may not show in `pool` yet: [`RESERVATION_IN_FLIGHT`]
+/// (at most the window) before the pool was observed (`observed_at`, else `now`).
+fn in_flight_since(pool: &PoolSummary, window: Duration, now: &Timestamp) -> Timestamp {
+    let in_flight = RESERVATION_IN_FLIGHT.min(window);
+    let observed = pool.observed_at.filter(|t| t < now).unwrap_or(*now);
+    observed
+        .checked_sub(k8s_openapi::jiff::SignedDuration::try_from(in_flight).unwrap_or_default())
+        .unwrap_or(observed)
+}
+
+/// Others' reservations that `pool` cannot show as taints yet: made in this pool
+/// (`pool.selector`) within `window` and in flight ([`RESERVATION_IN_FLIGHT`] before `pool`
+/// was observed, or later), for a Node of the pool that it does not show tainted. Their agents
+/// taint right after their compare-and-swap: these are the pool's taints of the last seconds,
+/// which a summary or a list taken before them cannot count.
+pub fn ledger_in_flight(
+    data: &BTreeMap<String, String>,
+    self_name: &str,
+    pool: &PoolSummary,
+    window: Duration,
+    now: &Timestamp,
+) -> u32 {
+    let since = in_flight_since(pool, window, now);
+    let in_flight = data
+        .iter()
+        .filter(|(node, _)| node.as_str() != self_name)
+        .filter(|(node, _)| !pool.shows_taint(node) && pool.shows_failure(node).is_some())
+        .filter(|(_, entry)| {
+            entry_pool(entry) == Some(pool.selector.as_str())
+                && within(entry, window, now)
+                && entry_time(entry).is_some_and(|t| t >= since)
+        })
+        .count();
+    u32::try_from(in_flight).unwrap_or(u32::MAX)
+}
+
+/// What the breaker of `self_name` counts under the ledger's compare-and-swap: `count` (the
+/// pool as `pool` shows it) with what only the ledger knows yet. Reservations in flight
+/// ([`ledger_in_flight`]) are Nodes tainted now, so the fraction cap counts them: two agents
+/// can never both take its last slot, however stale `pool` is. [`ledger_recent`] raises the
+/// newly failing ones (`max_new_per_window`). A pool that could not be seen (its list failed:
+/// no Node counted) has no fraction to keep; only `max_new_per_window` binds there.
+pub fn count_with_ledger(
+    count: PoolCount,
+    data: &BTreeMap<String, String>,
+    self_name: &str,
+    pool: &PoolSummary,
+    window: Duration,
+    now: &Timestamp,
+) -> PoolCount {
+    let in_flight = if pool.nodes == 0 {
+        0
+    } else {
+        ledger_in_flight(data, self_name, pool, window, now)
+    };
+    PoolCount {
+        tainted_others: count.tainted_others.saturating_add(in_flight),
+        new_in_window: count
+            .new_in_window
+            .max(ledger_recent(data, self_name, pool, window, now)),
+        ..count
+    }
+}
+
+/// Whether a decision goes through the ledger: it keeps both caps exact, so it is skipped only
+/// when neither can bind (no `max_new_per_window`, a `max_unvalidated_fraction` of 1 or more).
+pub fn uses_ledger(settings: &BreakerSettings) -> bool {
+    settings.max_new_per_window > 0 || settings.max_unvalidated_fraction < 1.0
 }
 
 /// The ledger with `self_name` reserved at `now` in the pool `pool_selector`. Every other
@@ -552,6 +623,20 @@ pub fn taint_decision(
              requirements rollout or agent deployment than broken hardware; fix that, or \
              override: annotate the node {override_annotation}=true or set \
              node.breaker.enabled: false"
+        ),
+    }
+}
+
+/// The answer when the ledger stayed contended for `rounds` compare-and-swaps: hold back (a
+/// burst that large is what the breaker is for).
+pub fn contended_decision(rounds: u32, override_annotation: &str) -> TaintDecision {
+    TaintDecision::BreakerOpen {
+        message: format!(
+            "breaker open, not tainting: the ledger ConfigMap {LEDGER} stayed contended for \
+             {rounds} compare-and-swaps (a burst of failures in the pool); a fleet-wide failure \
+             is more likely a bad requirements rollout or agent deployment than broken \
+             hardware; fix that, or override: annotate the node {override_annotation}=true or \
+             set node.breaker.enabled: false"
         ),
     }
 }

@@ -147,6 +147,19 @@ fn pool_guard(
     breaker: &str,
     scratch: &std::path::Path,
 ) -> Guard {
+    pool_guard_renewing(cp, selector, breaker, scratch, "300ms", "5s")
+}
+
+/// [`pool_guard`] renewing its Lease (and so the summary) every `poll` (`--poll-interval`),
+/// held for `lease` (`--lease-duration`).
+fn pool_guard_renewing(
+    cp: &'static ControlPlane,
+    selector: &str,
+    breaker: &str,
+    scratch: &std::path::Path,
+    poll: &str,
+    lease: &str,
+) -> Guard {
     cp.install_agent_rbac();
     let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/guard.yaml");
     cp.apply(&std::fs::read_to_string(manifest).unwrap());
@@ -175,14 +188,14 @@ fn pool_guard(
             "--stale-after",
             "1h",
             "--poll-interval",
-            "300ms",
+            poll,
             "--lease-duration",
-            "5s",
+            lease,
         ],
     );
     guard.wait(
         "the pool summary published",
-        Duration::from_secs(30),
+        Duration::from_secs(40),
         || published(cp).is_some_and(|p| p["selector"] == selector),
     );
     guard
@@ -753,4 +766,205 @@ fn redteam_a_compromised_agent_cannot_forge_the_breaker_ledger() {
         Ok(_) => panic!("dropping another node's entry was admitted"),
         Err(e) => panic!("not an API answer: {e}"),
     }
+}
+
+/// Nodes `<pool>-0..n` of the pool `POOL=<pool>`: those in `agents` registered with the taint
+/// (as the docs recommend) and their agents started with the shipped breaker
+/// (`recover_after: 1`, `--resync-interval 1s`) and validated; of the others, those below
+/// `tainted` failed earlier (tainted, their agents not running here), the rest validated.
+fn pool_with_agents(
+    cp: &'static ControlPlane,
+    pool: &str,
+    n: usize,
+    tainted: usize,
+    agents: std::ops::Range<usize>,
+) -> (Vec<TestNode>, Vec<FakeHca>, Vec<crate::common::Agent>) {
+    let gpu = json!({ "key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule" });
+    let nodes: Vec<TestNode> = (0..n)
+        .map(|i| {
+            let name = format!("{pool}-{i}");
+            let taints = if i < tainted || agents.contains(&i) {
+                json!([gpu, { "key": TAINT, "effect": "NoSchedule" }])
+            } else {
+                json!([gpu])
+            };
+            cp.create_node(&name, json!({ POOL: pool }), taints, json!({}));
+            TestNode { cp, name }
+        })
+        .collect();
+    let hcas: Vec<FakeHca> = agents.clone().map(|_| FakeHca::new(true)).collect();
+    let started: Vec<_> = agents
+        .clone()
+        .zip(&hcas)
+        .map(|(i, hca)| {
+            let config = hca.scratch().join("requirements.yaml");
+            std::fs::write(
+                &config,
+                format!("node:\n  recover_after: 1\n  pool_selector: \"{POOL}={pool}\"\n"),
+            )
+            .unwrap();
+            nodes[i].start_agent(
+                hca,
+                &[
+                    "--interval",
+                    "500ms",
+                    "--resync-interval",
+                    "1s",
+                    "--config",
+                    config.to_str().unwrap(),
+                ],
+            )
+        })
+        .collect();
+    for (agent, i) in started.iter().zip(agents) {
+        agent.wait("validation", Duration::from_secs(90), || nodes[i].ready());
+    }
+    (nodes, hcas, started)
+}
+
+fn tainted(nodes: &[TestNode]) -> Vec<&str> {
+    nodes
+        .iter()
+        .filter(|n| n.has_our_taint())
+        .map(|n| n.name.as_str())
+        .collect()
+}
+
+/// Issue 41, the burst that overshot the fraction: 2 of 10 tainted, then 3 fail together (5
+/// of 10), then a sixth a second later. The guard renews its summary every 10 s, so the
+/// sixth's agent reads a summary that has not seen the three taints of the last second; it
+/// counts them from the ledger, under the compare-and-swap that takes its slot, and is held:
+/// `BreakerOpen`, 6 of 10 (before: tainted, 6 of 10).
+#[test]
+fn a_sixth_failing_a_second_after_a_burst_is_held_at_one_half() {
+    let Some(cp) = control_plane() else { return };
+    let _lease = shipped_lease();
+    let (nodes, hcas, agents) = pool_with_agents(cp, "frac", 10, 2, 2..6);
+    let scratch = tempfile::tempdir().unwrap();
+    let guard = pool_guard_renewing(
+        cp,
+        &format!("{POOL}=frac"),
+        "",
+        scratch.path(),
+        "10s",
+        "30s",
+    );
+    // Right after a renewal that counted the validated pool: the next is 10 s away.
+    crate::common::wait::poll_until(
+        "the pool published with two tainted",
+        Duration::from_secs(40),
+        Duration::from_millis(20),
+        || {
+            published(cp).is_some_and(|p| {
+                p["selector"] == format!("{POOL}=frac")
+                    && p["nodes"] == 10
+                    && p["taintedOld"].as_array().is_some_and(|t| t.len() == 2)
+                    && p.get("taintedNew").is_none()
+            })
+        },
+        || guard.log(),
+    );
+    for hca in &hcas[..3] {
+        hca.set_port(false);
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    hcas[3].set_port(false);
+    let decided = |n: &TestNode| n.has_our_taint() || n.has_reason("FabricReady", "BreakerOpen");
+    wait_until("the four decided", Duration::from_secs(20), || {
+        nodes[2..6].iter().all(decided)
+    });
+    // Held nodes re-check on every resync (1 s); give a wrong taint the time to appear.
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        tainted(&nodes),
+        ["frac-0", "frac-1", "frac-2", "frac-3", "frac-4"],
+        "{}",
+        agents[3].log()
+    );
+    let message = nodes[5].condition("FabricReady").unwrap()["message"].to_string();
+    assert!(
+        nodes[5].has_reason("FabricReady", "BreakerOpen") && message.contains("6 of 10"),
+        "{message}"
+    );
+    // It decided from a summary that did not show the burst: the ledger counted it.
+    let log = agents[3].log();
+    let first = log
+        .lines()
+        .find(|l| l.contains("breaker: counted the pool before tainting"))
+        .unwrap_or_default();
+    assert!(first.contains("guard"), "{first}");
+    eprintln!("the sixth's first count: {first}");
+    drop(agents);
+    drop(guard);
+}
+
+/// Issue 41: a whole 16-node pool failing within a second. The fraction cap (one half) holds
+/// exactly: 8 tainted, 8 held with `BreakerOpen`, however stale each agent's view of the pool.
+/// None is lost: two of the tainted recover, their slots are free again (their reservations
+/// past the in-flight time, the guard's summary showing them untainted), and two held nodes
+/// are tainted on their next resyncs: 8 again.
+#[test]
+fn a_whole_pool_failing_at_once_is_tainted_to_exactly_one_half() {
+    let Some(cp) = control_plane() else { return };
+    let _lease = shipped_lease();
+    let (nodes, hcas, agents) = pool_with_agents(cp, "whole", 16, 0, 0..16);
+    let scratch = tempfile::tempdir().unwrap();
+    let guard = pool_guard(cp, &format!("{POOL}=whole"), "", scratch.path());
+    guard.wait(
+        "the validated pool published",
+        Duration::from_secs(20),
+        || published(cp).is_some_and(|p| p["nodes"] == 16 && p.get("taintedOld").is_none()),
+    );
+    for hca in &hcas {
+        hca.set_port(false);
+    }
+    let decided = |n: &TestNode| n.has_our_taint() || n.has_reason("FabricReady", "BreakerOpen");
+    crate::common::wait::poll_until(
+        "every failing node decided",
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || nodes.iter().all(decided),
+        String::new,
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    let first = tainted(&nodes);
+    assert_eq!(first.len(), 8, "{first:?}");
+    let held: Vec<&TestNode> = nodes.iter().filter(|n| !n.has_our_taint()).collect();
+    for n in &held {
+        let message = n.condition("FabricReady").unwrap()["message"].to_string();
+        assert!(
+            n.has_reason("FabricReady", "BreakerOpen") && message.contains("9 of 16"),
+            "{}: {message}",
+            n.name
+        );
+    }
+
+    // Two of the tainted recover: two held nodes take their slots, none more.
+    let recovering: Vec<usize> = (0..16)
+        .filter(|&i| nodes[i].has_our_taint())
+        .take(2)
+        .collect();
+    for &i in &recovering {
+        hcas[i].set_port(true);
+    }
+    crate::common::wait::poll_until(
+        "two held nodes tainted in the freed slots",
+        Duration::from_secs(90),
+        Duration::from_millis(500),
+        || {
+            recovering.iter().all(|&i| nodes[i].ready())
+                && held.iter().filter(|n| n.has_our_taint()).count() == 2
+        },
+        String::new,
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    let now = tainted(&nodes);
+    assert_eq!(now.len(), 8, "{now:?}");
+    let still_held = nodes
+        .iter()
+        .filter(|n| !n.has_our_taint() && n.has_reason("FabricReady", "BreakerOpen"))
+        .count();
+    assert_eq!(still_held, 6);
+    drop(agents);
+    drop(guard);
 }

@@ -1,8 +1,10 @@
-//! Unit tests of the Node's marks: the plan (pure) and the Reconciler against a scripted API
-//! server. The fixtures here are shared by both.
+//! Unit tests of the Node's marks: the plan (pure), and the Reconciler and its breaker against a
+//! scripted API server (`scripted`). The fixtures here are shared by all three.
 
+mod breaker;
 mod plan;
 mod reconciler;
+mod scripted;
 
 use crate::config::Config;
 use crate::node::plan as plan_of;

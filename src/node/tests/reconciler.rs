@@ -3,103 +3,42 @@
 //! The real kube-apiserver runs the same paths in tests/cluster/agent.rs; these pin down the
 //! exact requests, including the failure paths a real server rarely takes on cue.
 
+use super::scripted::{self, Seen, Server, status};
 use super::{KEY, verdict};
 use crate::config::NodeSettings;
 use crate::error::Error;
 use crate::node::{Outcome, Reconciler};
 use crate::observe::metrics::Metrics;
 use crate::policy::Verdict;
-use http::{Method, Request, Response, StatusCode};
-use http_body_util::BodyExt;
+use http::Method;
 use k8s_openapi::api::core::v1::Node;
-use kube::client::Body;
 use serde_json::{Value, json};
-use std::collections::BTreeMap;
 use std::sync::Arc;
-use tower_test::mock::{self, Handle};
 
-const NAME: &str = "n";
-const NODE_PATH: &str = "/api/v1/nodes/n";
-const EVENTS_PATH: &str = "/apis/events.k8s.io/v1/namespaces/default/events";
-
-/// The server side of the mock: hands out the requests the Reconciler sends, in order.
-struct Server(Handle<Request<Body>, Response<Body>>);
-
-/// One request as the server saw it.
-struct Seen {
-    method: Method,
-    path: String,
-    query: BTreeMap<String, String>,
-    content_type: String,
-    body: Value,
-}
-
-impl Server {
-    /// The next request, answered with `status` and `answer` as JSON.
-    async fn answer(&mut self, status: u16, answer: Value) -> Seen {
-        let Some((req, send)) = self.0.next_request().await else {
-            panic!("the Reconciler sent no further request");
-        };
-        let (parts, body) = req.into_parts();
-        let bytes = body.collect().await.expect("request body").to_bytes();
-        let body = if bytes.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_slice(&bytes).expect("a JSON body")
-        };
-        let response = Response::builder()
-            .status(StatusCode::from_u16(status).expect("status"))
-            .header(http::header::CONTENT_TYPE, "application/json")
-            .body(Body::from(serde_json::to_vec(&answer).expect("answer")))
-            .expect("response");
-        send.send_response(response);
-        Seen {
-            method: parts.method,
-            path: parts.uri.path().to_owned(),
-            query: parts
-                .uri
-                .query()
-                .map(|q| {
-                    q.split('&')
-                        .filter_map(|kv| kv.split_once('='))
-                        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-                        .collect()
-                })
-                .unwrap_or_default(),
-            content_type: parts
-                .headers
-                .get(http::header::CONTENT_TYPE)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("")
-                .to_owned(),
-            body,
-        }
-    }
-
-    /// Nothing more was sent: the Reconciler (and with it the client) is gone.
-    async fn expect_no_more(mut self) {
-        if let Some((req, _)) = self.0.next_request().await {
-            panic!("unexpected request {} {}", req.method(), req.uri());
-        }
-    }
-}
+pub(super) const NAME: &str = "n";
+pub(super) const NODE_PATH: &str = "/api/v1/nodes/n";
+pub(super) const EVENTS_PATH: &str = "/apis/events.k8s.io/v1/namespaces/default/events";
 
 fn reconciler() -> (Reconciler, Server) {
-    let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
-    let client = kube::Client::new(service, "default");
+    reconciler_with(NodeSettings::default())
+}
+
+/// A Reconciler of the Node `n` with `settings`, and the server that answers it.
+pub(super) fn reconciler_with(settings: NodeSettings) -> (Reconciler, Server) {
+    let (client, server) = scripted::client();
     let rec = Reconciler::new(
         NAME.to_owned(),
-        NodeSettings::default(),
+        settings,
         Some(client),
         false,
         Arc::new(Metrics::new()),
     );
-    (rec, Server(handle))
+    (rec, server)
 }
 
 /// `rec.reconcile(verdict)` while `api` plays the server's side of it: the outcome, and the
 /// server back for what follows.
-async fn reconcile_against(
+pub(super) async fn reconcile_against(
     rec: &mut Reconciler,
     verdict: &Verdict,
     api: tokio::task::JoinHandle<Server>,
@@ -109,13 +48,13 @@ async fn reconcile_against(
 }
 
 /// The Reconciler is done: the server saw no request beyond its script.
-async fn finish(rec: Reconciler, server: Server) {
+pub(super) async fn finish(rec: Reconciler, server: Server) {
     drop(rec);
     server.expect_no_more().await;
 }
 
 /// The Node as the server shows it at resourceVersion `rv`.
-fn node(rv: &str, labels: Value, taints: Value, conditions: Value) -> Value {
+pub(super) fn node(rv: &str, labels: Value, taints: Value, conditions: Value) -> Value {
     json!({
         "apiVersion": "v1",
         "kind": "Node",
@@ -125,12 +64,12 @@ fn node(rv: &str, labels: Value, taints: Value, conditions: Value) -> Value {
     })
 }
 
-fn our_taint() -> Value {
+pub(super) fn our_taint() -> Value {
     json!({ "key": KEY, "effect": "NoSchedule" })
 }
 
 /// The conditions `verdict(ready)` writes, as the server returns them.
-fn conditions(ready: bool) -> Value {
+pub(super) fn conditions(ready: bool) -> Value {
     let v = verdict(ready);
     Value::Array(
         v.conditions
@@ -145,18 +84,11 @@ fn conditions(ready: bool) -> Value {
     )
 }
 
-fn labels(ready: bool) -> Value {
+pub(super) fn labels(ready: bool) -> Value {
     json!({ "fabricgate.io/ready": ready.to_string() })
 }
 
-fn status(code: u16, reason: &str) -> Value {
-    json!({
-        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-        "message": format!("scripted {reason}"), "reason": reason, "code": code,
-    })
-}
-
-fn assert_taint_patch(seen: &Seen, rv: &str, taints: Value) {
+pub(super) fn assert_taint_patch(seen: &Seen, rv: &str, taints: Value) {
     assert_eq!(seen.method, Method::PATCH);
     assert_eq!(seen.path, NODE_PATH);
     assert_eq!(seen.content_type, "application/json-patch+json");
@@ -173,7 +105,7 @@ fn assert_taint_patch(seen: &Seen, rv: &str, taints: Value) {
     );
 }
 
-fn assert_apply(seen: &Seen, path: &str) {
+pub(super) fn assert_apply(seen: &Seen, path: &str) {
     assert_eq!(seen.method, Method::PATCH);
     assert_eq!(seen.path, path);
     assert_eq!(seen.content_type, "application/apply-patch+yaml");
@@ -184,7 +116,7 @@ fn assert_apply(seen: &Seen, path: &str) {
     assert_eq!(seen.query.get("force").map(String::as_str), Some("true"));
 }
 
-fn assert_get(seen: &Seen) {
+pub(super) fn assert_get(seen: &Seen) {
     assert_eq!(seen.method, Method::GET);
     assert_eq!(seen.path, NODE_PATH);
 }

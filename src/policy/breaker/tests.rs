@@ -531,3 +531,111 @@ fn an_unseen_pool_counts_only_the_reservations_in_flight() {
     .collect();
     assert_eq!(ledger_recent(&data, "me", &pool, w, &now), 2);
 }
+
+/// Issue 41: the fraction cap is exact under the ledger. Two tainted, three reserved a moment
+/// ago (their taints not yet in the guard's summary), a sixth decides: it counts five tainted
+/// others, not two, and is held at 6 of 10. A reservation its view already shows tainted
+/// counts once; one of another pool, one made before the view for a Node it shows healthy
+/// (recovered: the slot is free again), and its own count for nothing.
+#[test]
+fn the_fraction_counts_the_taints_in_flight_under_the_ledger() {
+    let now = Timestamp::from_second(5_000_000).unwrap();
+    let ago = |s: i64| Timestamp::from_second(5_000_000 - s).unwrap();
+    let w = Duration::from_secs(600);
+    let published = json_summary(&["a-0", "a-1"], 10);
+    let mut pool = PoolSummary::parse(&published).unwrap();
+    pool.observed_at = Some(ago(3));
+    let entry = |s: i64, p: &str| format!("{} {p}", ago(s));
+    let data: BTreeMap<String, String> = [
+        ("a-1".to_owned(), entry(2, "pool=a")),
+        ("a-2".to_owned(), entry(2, "pool=a")),
+        ("a-3".to_owned(), entry(1, "pool=a")),
+        ("a-4".to_owned(), entry(1, "pool=a")),
+        ("a-5".to_owned(), entry(1, "pool=a")),
+        ("a-6".to_owned(), entry(120, "pool=a")),
+        ("b-0".to_owned(), entry(1, "pool=b")),
+    ]
+    .into_iter()
+    .collect();
+    let count = pool.count("a-5", true);
+    assert_eq!(count.tainted_others, 2, "the summary alone");
+    assert_eq!(ledger_in_flight(&data, "a-5", &pool, w, &now), 3);
+    let exact = count_with_ledger(count, &data, "a-5", &pool, w, &now);
+    assert_eq!(
+        exact,
+        PoolCount {
+            nodes: 10,
+            tainted_others: 5,
+            new_in_window: 4,
+        }
+    );
+    match decide(&exact) {
+        TaintDecision::BreakerOpen { message } => {
+            assert!(message.contains("6 of 10"), "{message}");
+        }
+        TaintDecision::Taint => panic!("the sixth of ten tainted"),
+    }
+    // The fifth, deciding a moment earlier (a-5's entry not there yet), took the last slot.
+    let mut before = data.clone();
+    before.remove("a-5");
+    let fifth = count_with_ledger(pool.count("a-4", true), &before, "a-4", &pool, w, &now);
+    assert_eq!(fifth.tainted_others, 4);
+    assert_eq!(decide(&fifth), TaintDecision::Taint);
+    // Once the view shows those taints, each counts once.
+    let mut later =
+        PoolSummary::parse(&json_summary(&["a-0", "a-1", "a-2", "a-3", "a-4"], 10)).unwrap();
+    later.observed_at = Some(now);
+    let shown = count_with_ledger(later.count("a-5", true), &data, "a-5", &later, w, &now);
+    assert_eq!(shown.tainted_others, 5);
+}
+
+/// A pool whose list failed has no size to take a fraction of: its reservations in flight
+/// count against `max_new_per_window` only (a failed list fails closed, as before).
+#[test]
+fn an_unseen_pool_keeps_no_fraction_under_the_ledger() {
+    let now = Timestamp::from_second(6_000_000).unwrap();
+    let w = Duration::from_secs(600);
+    let pool = PoolSummary::unseen("pool=a", w, now);
+    let data: BTreeMap<String, String> = [
+        ("x".to_owned(), format!("{now} pool=a")),
+        ("y".to_owned(), format!("{now} pool=a")),
+    ]
+    .into_iter()
+    .collect();
+    let exact = count_with_ledger(pool.count("me", true), &data, "me", &pool, w, &now);
+    assert_eq!(exact.tainted_others, 0);
+    assert_eq!(exact.new_in_window, 2);
+    assert_eq!(decide(&exact), TaintDecision::Taint, "20 new a window");
+}
+
+#[test]
+fn the_ledger_is_skipped_only_where_neither_cap_can_bind() {
+    let on = BreakerSettings::default();
+    assert!(uses_ledger(&on));
+    let fraction_only = BreakerSettings {
+        max_new_per_window: 0,
+        ..on.clone()
+    };
+    assert!(uses_ledger(&fraction_only), "the fraction needs it too");
+    let neither = BreakerSettings {
+        max_unvalidated_fraction: 1.0,
+        ..fraction_only
+    };
+    assert!(!uses_ledger(&neither));
+    match contended_decision(20, ANN) {
+        TaintDecision::BreakerOpen { message } => {
+            assert!(message.contains("stayed contended for 20"), "{message}");
+            assert!(message.contains(ANN), "{message}");
+        }
+        TaintDecision::Taint => panic!("a contended ledger fails safe"),
+    }
+}
+
+/// The guard's summary of `pool=a`: `nodes` Nodes, `tainted` tainted long ago.
+fn json_summary(tainted: &[&str], nodes: u32) -> String {
+    let tainted: Vec<String> = tainted.iter().map(|n| format!("{n:?}")).collect();
+    format!(
+        r#"{{"selector":"pool=a","nodes":{nodes},"windowSeconds":600,"taintedOld":[{}]}}"#,
+        tainted.join(",")
+    )
+}

@@ -1,0 +1,85 @@
+//! A scripted API server (`tower-test`) for the unit tests of the Node's writers: each test
+//! answers the requests one by one and checks the method, URL and body of each.
+
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use kube::client::Body;
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use tower_test::mock::{self, Handle};
+
+/// A client whose every request the returned [`Server`] answers.
+pub(super) fn client() -> (kube::Client, Server) {
+    let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
+    (kube::Client::new(service, "default"), Server(handle))
+}
+
+/// The server side of the mock: hands out the requests the client sends, in order.
+pub(super) struct Server(Handle<Request<Body>, Response<Body>>);
+
+/// One request as the server saw it.
+pub(super) struct Seen {
+    pub(super) method: Method,
+    pub(super) path: String,
+    pub(super) query: BTreeMap<String, String>,
+    pub(super) content_type: String,
+    pub(super) body: Value,
+}
+
+impl Server {
+    /// The next request, answered with `status` and `answer` as JSON.
+    pub(super) async fn answer(&mut self, status: u16, answer: Value) -> Seen {
+        let Some((req, send)) = self.0.next_request().await else {
+            panic!("the client sent no further request");
+        };
+        let (parts, body) = req.into_parts();
+        let bytes = body.collect().await.expect("request body").to_bytes();
+        let body = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes).expect("a JSON body")
+        };
+        let response = Response::builder()
+            .status(StatusCode::from_u16(status).expect("status"))
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .body(Body::from(serde_json::to_vec(&answer).expect("answer")))
+            .expect("response");
+        send.send_response(response);
+        Seen {
+            method: parts.method,
+            path: parts.uri.path().to_owned(),
+            query: parts
+                .uri
+                .query()
+                .map(|q| {
+                    q.split('&')
+                        .filter_map(|kv| kv.split_once('='))
+                        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                        .collect()
+                })
+                .unwrap_or_default(),
+            content_type: parts
+                .headers
+                .get(http::header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_owned(),
+            body,
+        }
+    }
+
+    /// Nothing more was sent: the client's owner (and with it the client) is gone.
+    pub(super) async fn expect_no_more(mut self) {
+        if let Some((req, _)) = self.0.next_request().await {
+            panic!("unexpected request {} {}", req.method(), req.uri());
+        }
+    }
+}
+
+/// A `Status` answer of the API server.
+pub(super) fn status(code: u16, reason: &str) -> Value {
+    json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": format!("scripted {reason}"), "reason": reason, "code": code,
+    })
+}
