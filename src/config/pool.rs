@@ -32,9 +32,7 @@ pub(super) fn apply_pool_file(config: &mut Config, config_path: &Path) -> Result
     let path = pool_selector_path(config_path);
     let text = match read_config_file(&path) {
         Ok(text) => text,
-        Err(Error::ConfigRead { source, .. })
-            if source.kind() == std::io::ErrorKind::NotFound =>
-        {
+        Err(Error::ConfigRead { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
             return Ok(());
         }
         Err(e) => return Err(e),
@@ -110,7 +108,10 @@ mod tests {
     #[test]
     fn node_pool_selector_alone_or_the_same_pool_still_works() {
         let old = "node:\n  pool_selector: \"pool=a, fabric=ib\"\n";
-        assert_eq!(load(old, None).unwrap().node.pool_selector, "pool=a, fabric=ib");
+        assert_eq!(
+            load(old, None).unwrap().node.pool_selector,
+            "pool=a, fabric=ib"
+        );
         let c = load(old, Some("pool=a,fabric=ib")).unwrap();
         assert_eq!(c.node.pool_selector, "pool=a,fabric=ib");
     }

@@ -920,7 +920,10 @@ fn renamed_guard_manifest(name: &str, pool: &str) -> String {
         .find(|d| d.contains("\nkind: ConfigMap") && d.contains("name: fabricgate-requirements"))
         .expect("the requirements ConfigMap in daemonset.yaml");
     let shipped_pool = "\n  pool-selector: nvidia.com/gpu.present=true\n";
-    assert!(requirements.contains(shipped_pool), "the shipped pool moved");
+    assert!(
+        requirements.contains(shipped_pool),
+        "the shipped pool moved"
+    );
     let requirements =
         requirements.replace(shipped_pool, &format!("\n  pool-selector: \"{pool}\"\n"));
     format!("{guard}\n---{requirements}")
@@ -1224,9 +1227,7 @@ fn the_pool_is_one_value_changing_it_moves_the_guard_and_its_policy_together() {
             &patch,
         )
     };
-    let outside = |r: &Result<Value, (u16, String)>| {
-        matches!(r, Err((403, m)) if m.contains(fabricgate::cluster::guard::POOL_REFUSAL))
-    };
+    let outside = |r: &Result<Value, (u16, String)>| matches!(r, Err((403, m)) if m.contains(fabricgate::cluster::guard::POOL_REFUSAL));
     // The policy as the apiserver enforces it: admitted in the pool, refused outside it.
     let policy_follows = |inside: &str, out: &str| {
         wait_until(
@@ -1244,11 +1245,20 @@ fn the_pool_is_one_value_changing_it_moves_the_guard_and_its_policy_together() {
     let config = mount_configmap(cp, &configmap, &mounted);
     let loaded = fabricgate::config::Config::load(&config).unwrap();
     assert_eq!(loaded.node.pool_selector, pool_a);
-    let guard = start_guard_for("guard-once-a", APP_ONCE, LEASE_ONCE, &config, &kubeconfig, scratch.path());
+    let guard = start_guard_for(
+        "guard-once-a",
+        APP_ONCE,
+        LEASE_ONCE,
+        &config,
+        &kubeconfig,
+        scratch.path(),
+    );
     let addr = guard.metrics_addr();
-    guard.wait("/readyz ready: its dry run admitted", Duration::from_secs(20), || {
-        readyz(&addr).0 == 200
-    });
+    guard.wait(
+        "/readyz ready: its dry run admitted",
+        Duration::from_secs(20),
+        || readyz(&addr).0 == 200,
+    );
     let tainted = |name: &str| {
         TestNode {
             cp,
@@ -1258,30 +1268,57 @@ fn the_pool_is_one_value_changing_it_moves_the_guard_and_its_policy_together() {
     };
     set_ready(cp, a[0], false);
     set_ready(cp, b[0], false);
-    guard.wait("pool a's dead agent tainted", Duration::from_secs(3 + 5), || {
-        tainted(a[0])
-    });
+    guard.wait(
+        "pool a's dead agent tainted",
+        Duration::from_secs(3 + 5),
+        || tainted(a[0]),
+    );
     assert!(!tainted(b[0]), "a Node outside the pool was tainted");
     drop(guard);
 
     // The one value changed, and nothing else.
     let patch = json!({ "data": { fabricgate::config::POOL_SELECTOR_FILE: pool_b } }).to_string();
-    cp.kubectl(&["-n", NS, "patch", "configmap", &configmap, "--type=merge", "-p", &patch]);
+    cp.kubectl(&[
+        "-n",
+        NS,
+        "patch",
+        "configmap",
+        &configmap,
+        "--type=merge",
+        "-p",
+        &patch,
+    ]);
     policy_follows(b[1], a[1]);
     let config = mount_configmap(cp, &configmap, &mounted);
     let loaded = fabricgate::config::Config::load(&config).unwrap();
     assert_eq!(loaded.node.pool_selector, pool_b);
-    let guard = start_guard_for("guard-once-b", APP_ONCE, LEASE_ONCE, &config, &kubeconfig, scratch.path());
+    let guard = start_guard_for(
+        "guard-once-b",
+        APP_ONCE,
+        LEASE_ONCE,
+        &config,
+        &kubeconfig,
+        scratch.path(),
+    );
     let addr = guard.metrics_addr();
-    guard.wait("/readyz ready on the new pool", Duration::from_secs(20), || {
-        readyz(&addr).0 == 200
-    });
+    guard.wait(
+        "/readyz ready on the new pool",
+        Duration::from_secs(20),
+        || readyz(&addr).0 == 200,
+    );
     // The killed guard's Lease (3 s) runs out first.
-    guard.wait("pool b's dead agent tainted", Duration::from_secs(3 + 3 + 5), || {
-        tainted(b[0])
-    });
+    guard.wait(
+        "pool b's dead agent tainted",
+        Duration::from_secs(3 + 3 + 5),
+        || tainted(b[0]),
+    );
     assert!(
-        guard_events(cp, "guard-once-b", fabricgate::cluster::guard::POLICY_REFUSES).is_empty(),
+        guard_events(
+            cp,
+            "guard-once-b",
+            fabricgate::cluster::guard::POLICY_REFUSES
+        )
+        .is_empty(),
         "the new pool's guard was refused"
     );
     let (_, _, text) = crate::common::http_get(&addr, "/metrics", None);

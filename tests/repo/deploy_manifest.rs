@@ -1084,7 +1084,9 @@ fn guard_manifest_is_least_privilege_two_replicas_with_a_pdb_and_its_args_parse(
     );
     let pool_binding = docs
         .iter()
-        .find(|d| d["metadata"]["name"] == "fabricgate-guard-pool" && d["spec"]["paramRef"].is_object())
+        .find(|d| {
+            d["metadata"]["name"] == "fabricgate-guard-pool" && d["spec"]["paramRef"].is_object()
+        })
         .expect("the pool policy's binding");
     let cm = requirements_cm();
     assert_eq!(
@@ -1119,7 +1121,10 @@ fn guard_manifest_is_least_privilege_two_replicas_with_a_pdb_and_its_args_parse(
         "the policy's pool is the ConfigMap's key"
     );
     let guard_text = std::fs::read_to_string(root().join("deploy/guard.yaml")).unwrap();
-    assert!(!guard_text.contains("gpu.present': 'true'"), "a second pool");
+    assert!(
+        !guard_text.contains("gpu.present': 'true'"),
+        "a second pool"
+    );
     assert_eq!(args.stale_after, std::time::Duration::from_secs(60));
     // Its refusal of a Node outside the pool says what the guard reads to tell that the two
     // pools disagree, and names the policy's pool.
