@@ -256,8 +256,9 @@ impl WebhookArgs {
 
 #[derive(Debug, Args)]
 pub struct GuardArgs {
-    /// Requirements file: `node.pool_selector` (the agent DaemonSet's nodeSelector),
-    /// `node.label_prefix`, `node.taint_effect` and `node.breaker` are used.
+    /// Requirements file: `node.pool_selector` (the agent DaemonSet's nodeSelector; from the file
+    /// `pool-selector` beside it when there is one), `node.label_prefix`, `node.taint_effect`
+    /// and `node.breaker` are used.
     #[arg(long, value_name = "FILE")]
     pub config: PathBuf,
     /// Namespace of the agent pods and of the Lease.

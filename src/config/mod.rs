@@ -15,6 +15,7 @@ pub mod gang;
 mod hardening_tests;
 mod labels;
 pub mod peers;
+mod pool;
 mod requirements;
 mod settings;
 pub mod storage;
@@ -27,6 +28,7 @@ use file::read_config_file;
 pub use file::{MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH, nesting_depth};
 use labels::validate_label_prefix;
 pub use labels::{is_label_value, validate_label_key};
+pub use pool::{POOL_SELECTOR_FILE, pool_selector_path};
 pub use requirements::{
     DEFAULT_DEVICE_PLUGIN_DIR, DeviceGlob, GpudirectRequirements, KubernetesRequirements,
     LinkLayerRequirement, LustreRequirements, MAX_GLOB_BYTES, MountRequirement,
@@ -74,7 +76,7 @@ fn bad(key: &str, message: String) -> Result<()> {
 }
 
 impl Config {
-    /// Load and validate a requirements file.
+    /// Load and validate a requirements file, with the pool of [`POOL_SELECTOR_FILE`] beside it.
     ///
     /// # Errors
     /// [`Error::ConfigRead`] if the file cannot be read, [`Error::ConfigParse`] for YAML and
@@ -82,13 +84,15 @@ impl Config {
     /// out of range.
     pub fn load(path: &Path) -> Result<Self> {
         let text = read_config_file(path)?;
-        Self::parse(&text).map_err(|e| match e {
+        let mut config = Self::parse(&text).map_err(|e| match e {
             Error::ConfigParse { message, .. } => Error::ConfigParse {
                 path: path.to_owned(),
                 message,
             },
             other => other,
-        })
+        })?;
+        pool::apply_pool_file(&mut config, path)?;
+        Ok(config)
     }
 
     /// Parse and validate YAML text (an empty document gives the defaults).

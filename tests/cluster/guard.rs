@@ -674,6 +674,19 @@ fn as_guard(
     query: &str,
     body: &Value,
 ) -> Result<Value, (u16, String)> {
+    as_user(cp, GUARD_USER, node, status, content_type, query, body)
+}
+
+/// As [`as_guard`], as the ServiceAccount `user` of the guard's namespace.
+fn as_user(
+    cp: &crate::common::controlplane::ControlPlane,
+    user: &str,
+    node: &str,
+    status: bool,
+    content_type: &str,
+    query: &str,
+    body: &Value,
+) -> Result<Value, (u16, String)> {
     // Impersonated through the admin client: RBAC and admission see the guard, and the audit
     // log's `user` stays the admin (the first test counts the guard's own requests).
     let sub = if status { "/status" } else { "" };
@@ -681,7 +694,7 @@ fn as_guard(
         .method(http::Method::PATCH)
         .uri(format!("/api/v1/nodes/{node}{sub}?{query}"))
         .header(http::header::CONTENT_TYPE, content_type)
-        .header("Impersonate-User", GUARD_USER)
+        .header("Impersonate-User", user)
         .header("Impersonate-Group", "system:serviceaccounts")
         .header("Impersonate-Group", "system:serviceaccounts:fabricgate")
         .header("Impersonate-Group", "system:authenticated")
@@ -722,7 +735,10 @@ fn redteam_the_guards_token_may_only_fail_a_pool_node_closed() {
     let apply = "application/apply-patch+yaml";
     let ssa = "fieldManager=fabricgate-guard&force=true";
     let node = |name: &str| cp.node(name).unwrap();
-    let refused_by_policy = |r: &Result<Value, (u16, String)>| matches!(r, Err((403, m)) if m.contains("ValidatingAdmissionPolicy 'fabricgate-guard'"));
+    // Either of its two policies: fabricgate-guard (what it may change) or
+    // fabricgate-guard-pool (which Nodes: the requirements ConfigMap's pool-selector).
+    let refused_by_policy = |r: &Result<Value, (u16, String)>| matches!(r, Err((403, m)) if m.contains("ValidatingAdmissionPolicy 'fabricgate-guard'") || m.contains("ValidatingAdmissionPolicy 'fabricgate-guard-pool'"));
+    let refused_by_pool = |r: &Result<Value, (u16, String)>| matches!(r, Err((403, m)) if m.contains("ValidatingAdmissionPolicy 'fabricgate-guard-pool'") && m.contains(fabricgate::cluster::guard::POOL_REFUSAL));
     // The policy is enforced once the apiserver has loaded it.
     let label = json!({ "metadata": { "labels": { "team": "hacked" } } });
     wait_until(
@@ -745,6 +761,18 @@ fn redteam_the_guards_token_may_only_fail_a_pool_node_closed() {
             { "op": "add", "path": "/spec/taints", "value": taints },
         ])
     };
+    // ... and its pool policy, with its parameter (the shipped ConfigMap's pool-selector).
+    wait_until("the guard's pool enforced", Duration::from_secs(60), || {
+        let r = as_guard(
+            cp,
+            outside,
+            false,
+            json_patch,
+            "dryRun=All",
+            &taints(outside, json!([gpu, our_taint])),
+        );
+        refused_by_pool(&r)
+    });
     let fabric = |reason: &str, status: &str| {
         json!({ "apiVersion": "v1", "kind": "Node", "metadata": { "name": pool },
             "status": { "conditions": [{ "type": "FabricReady", "status": status,
@@ -835,6 +863,9 @@ fn redteam_the_guards_token_may_only_fail_a_pool_node_closed() {
         if !refused_by_policy(&r) {
             wrong.push(format!("{what}: not refused by the policy: {r:?}"));
         }
+        if *name == outside && !refused_by_pool(&r) {
+            wrong.push(format!("{what}: not refused as outside the pool: {r:?}"));
+        }
     }
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
     for (stored, name) in [(&before.0, pool), (&before.1, outside)] {
@@ -876,17 +907,44 @@ fn redteam_the_guards_token_may_only_fail_a_pool_node_closed() {
     assert_eq!(node(pool)["metadata"]["labels"]["team"], "ml");
 }
 
-/// `deploy/guard.yaml` under other names (`fg-guard-pool`: its own ServiceAccount, RBAC,
-/// admission policy and binding), its policy's `pool` replaced by `pool`: the shipped objects,
-/// which the other tests use, stay as they are.
-fn renamed_guard_manifest(pool: &str) -> String {
-    let shipped =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/guard.yaml")).unwrap();
-    let shipped_pool = "expression: \"{'nvidia.com/gpu.present': 'true'}\"";
-    assert!(shipped.contains(shipped_pool), "the shipped pool moved");
-    shipped
-        .replace("fabricgate-guard", "fg-guard-pool")
-        .replace(shipped_pool, &format!("expression: \"{pool}\""))
+/// `deploy/guard.yaml` and the requirements ConfigMap of `daemonset.yaml` under other names
+/// (`name`: its own ServiceAccount, RBAC, admission policies and bindings; `{name}-requirements`,
+/// the ConfigMap its pool policy reads), the ConfigMap's one pool value, `pool-selector`, set to
+/// `pool`: the shipped objects, which the other tests use, stay as they are.
+fn renamed_guard_manifest(name: &str, pool: &str) -> String {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let guard = std::fs::read_to_string(root.join("deploy/guard.yaml")).unwrap();
+    let rendered = std::fs::read_to_string(root.join("daemonset.yaml")).unwrap();
+    let requirements = rendered
+        .split("\n---")
+        .find(|d| d.contains("\nkind: ConfigMap") && d.contains("name: fabricgate-requirements"))
+        .expect("the requirements ConfigMap in daemonset.yaml");
+    let shipped_pool = "\n  pool-selector: nvidia.com/gpu.present=true\n";
+    assert!(
+        requirements.contains(shipped_pool),
+        "the shipped pool moved"
+    );
+    let requirements =
+        requirements.replace(shipped_pool, &format!("\n  pool-selector: \"{pool}\"\n"));
+    format!("{guard}\n---{requirements}")
+        .replace("fabricgate-requirements", &format!("{name}-requirements"))
+        .replace("fabricgate-guard", name)
+}
+
+/// The ConfigMap `name` of the guard's namespace as the kubelet mounts it: each key a file in
+/// `dir`. Returns the path of its `requirements.yaml`.
+fn mount_configmap(
+    cp: &crate::common::controlplane::ControlPlane,
+    name: &str,
+    dir: &Path,
+) -> std::path::PathBuf {
+    let cm = cp
+        .get_json(&format!("/api/v1/namespaces/{NS}/configmaps/{name}"))
+        .unwrap_or_else(|| panic!("no ConfigMap {name}"));
+    for (key, value) in cm["data"].as_object().unwrap() {
+        std::fs::write(dir.join(key), value.as_str().unwrap()).unwrap();
+    }
+    dir.join("requirements.yaml")
 }
 
 /// The guard's `/readyz` status and body.
@@ -986,8 +1044,8 @@ fn guard_proves_its_policy_admits_its_taint_and_says_what_disagrees() {
     for name in &names {
         node_with_agent(cp, name, "guard-pool", APP_POOL);
     }
-    let absent = "{'fabricgate.io/absent-label': 'true'}";
-    cp.apply(&renamed_guard_manifest(absent));
+    let absent = "fabricgate.io/absent-label=true";
+    cp.apply(&renamed_guard_manifest("fg-guard-pool", absent));
     // The apiserver's policy informer picks the new policy up within about a second.
     std::thread::sleep(Duration::from_secs(2));
     let token = cp.kubectl(&["-n", NS, "create", "token", "fg-guard-pool"]);
@@ -1077,7 +1135,8 @@ fn guard_proves_its_policy_admits_its_taint_and_says_what_disagrees() {
 
     // The pool restored: ready again once a dry run is admitted.
     cp.apply(&renamed_guard_manifest(
-        "{'nvidia.com/gpu.present': 'true'}",
+        "fg-guard-pool",
+        "nvidia.com/gpu.present=true",
     ));
     let t1 = Instant::now();
     guard.wait("/readyz ready again", Duration::from_secs(20), || {
@@ -1118,5 +1177,155 @@ fn guard_proves_its_policy_admits_its_taint_and_says_what_disagrees() {
         "{text}"
     );
     assert_eq!(readyz(&addr).0, 200);
+    signal(guard.child(), "TERM");
+}
+
+/// Issue 41: the pool is defined once, in the requirements ConfigMap's key `pool-selector`.
+/// With the shipped manifests (renamed), the guard mounts that ConfigMap and its pool policy
+/// reads it: the guard's taint is admitted on the pool's Nodes and refused outside it. The one
+/// value changed (nothing else): the guard, restarted as a rollout would, and its policy both
+/// follow; the new pool's dead agent is tainted, the old pool's Nodes are refused.
+#[test]
+fn the_pool_is_one_value_changing_it_moves_the_guard_and_its_policy_together() {
+    let Some(cp) = control_plane() else { return };
+    cp.install_agent_rbac();
+    const NAME: &str = "fg-guard-once";
+    const APP_ONCE: &str = "fg-agent-once";
+    const LEASE_ONCE: &str = "fabricgate-guard-once";
+    let user = format!("system:serviceaccount:{NS}:{NAME}");
+    let (a, b) = (["once-a-0", "once-a-1"], ["once-b-0", "once-b-1"]);
+    for name in a {
+        node_with_agent(cp, name, "once-a", APP_ONCE);
+    }
+    for name in b {
+        node_with_agent(cp, name, "once-b", APP_ONCE);
+    }
+    let pool_a = format!("{POOL}=once-a");
+    let pool_b = format!("{POOL}=once-b");
+    let configmap = format!("{NAME}-requirements");
+    cp.apply(&renamed_guard_manifest(NAME, &pool_a));
+    let token = cp.kubectl(&["-n", NS, "create", "token", NAME]);
+    let scratch = tempfile::tempdir().unwrap();
+    let kubeconfig = scratch.path().join("guard.kubeconfig");
+    cp.write_kubeconfig(&kubeconfig, &cp.url, token.trim());
+    let gpu = json!({ "key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule" });
+    let our_taint = json!({ "key": TAINT, "effect": "NoSchedule" });
+    let dry_run_taint = |node: &str| {
+        let now = cp.node(node).unwrap();
+        let patch = json!([
+            { "op": "test", "path": "/metadata/resourceVersion",
+              "value": now["metadata"]["resourceVersion"] },
+            { "op": "add", "path": "/spec/taints", "value": [gpu.clone(), our_taint.clone()] },
+        ]);
+        as_user(
+            cp,
+            &user,
+            node,
+            false,
+            "application/json-patch+json",
+            "dryRun=All",
+            &patch,
+        )
+    };
+    let outside = |r: &Result<Value, (u16, String)>| matches!(r, Err((403, m)) if m.contains(fabricgate::cluster::guard::POOL_REFUSAL));
+    // The policy as the apiserver enforces it: admitted in the pool, refused outside it.
+    let policy_follows = |inside: &str, out: &str| {
+        wait_until(
+            &format!("the policy's pool holds {inside}, not {out}"),
+            Duration::from_secs(60),
+            || outside(&dry_run_taint(out)) && dry_run_taint(inside).is_ok(),
+        );
+    };
+    policy_follows(a[1], b[1]);
+
+    // The guard reads the same key, mounted beside its requirements.yaml (as the agents and
+    // the admission check do: `Config::load`).
+    let mounted = scratch.path().join("etc-fabricgate");
+    std::fs::create_dir(&mounted).unwrap();
+    let config = mount_configmap(cp, &configmap, &mounted);
+    let loaded = fabricgate::config::Config::load(&config).unwrap();
+    assert_eq!(loaded.node.pool_selector, pool_a);
+    let guard = start_guard_for(
+        "guard-once-a",
+        APP_ONCE,
+        LEASE_ONCE,
+        &config,
+        &kubeconfig,
+        scratch.path(),
+    );
+    let addr = guard.metrics_addr();
+    guard.wait(
+        "/readyz ready: its dry run admitted",
+        Duration::from_secs(20),
+        || readyz(&addr).0 == 200,
+    );
+    let tainted = |name: &str| {
+        TestNode {
+            cp,
+            name: name.to_owned(),
+        }
+        .has_our_taint()
+    };
+    set_ready(cp, a[0], false);
+    set_ready(cp, b[0], false);
+    guard.wait(
+        "pool a's dead agent tainted",
+        Duration::from_secs(3 + 5),
+        || tainted(a[0]),
+    );
+    assert!(!tainted(b[0]), "a Node outside the pool was tainted");
+    drop(guard);
+
+    // The one value changed, and nothing else.
+    let patch = json!({ "data": { fabricgate::config::POOL_SELECTOR_FILE: pool_b } }).to_string();
+    cp.kubectl(&[
+        "-n",
+        NS,
+        "patch",
+        "configmap",
+        &configmap,
+        "--type=merge",
+        "-p",
+        &patch,
+    ]);
+    policy_follows(b[1], a[1]);
+    let config = mount_configmap(cp, &configmap, &mounted);
+    let loaded = fabricgate::config::Config::load(&config).unwrap();
+    assert_eq!(loaded.node.pool_selector, pool_b);
+    let guard = start_guard_for(
+        "guard-once-b",
+        APP_ONCE,
+        LEASE_ONCE,
+        &config,
+        &kubeconfig,
+        scratch.path(),
+    );
+    let addr = guard.metrics_addr();
+    guard.wait(
+        "/readyz ready on the new pool",
+        Duration::from_secs(20),
+        || readyz(&addr).0 == 200,
+    );
+    // The killed guard's Lease (3 s) runs out first.
+    guard.wait(
+        "pool b's dead agent tainted",
+        Duration::from_secs(3 + 3 + 5),
+        || tainted(b[0]),
+    );
+    assert!(
+        guard_events(
+            cp,
+            "guard-once-b",
+            fabricgate::cluster::guard::POLICY_REFUSES
+        )
+        .is_empty(),
+        "the new pool's guard was refused"
+    );
+    let (_, _, text) = crate::common::http_get(&addr, "/metrics", None);
+    assert_eq!(
+        crate::common::sample(&text, "fabricgate_guard_blocked"),
+        Some(0.0),
+        "{text}"
+    );
     signal(guard.child(), "TERM");
 }

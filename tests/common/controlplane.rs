@@ -584,11 +584,11 @@ impl ControlPlane {
                 Path::new(env!("CARGO_MANIFEST_DIR")).join("daemonset.yaml"),
             )
             .expect("read daemonset.yaml");
+            // The requirements ConfigMap too: its key pool-selector is the parameter of the
+            // guard's admission policy (deploy/guard.yaml, fabricgate-guard-pool).
             let docs: Vec<&str> = manifest
                 .split("\n---")
-                .filter(|d| {
-                    !d.contains("\nkind: DaemonSet") && !d.contains("name: fabricgate-requirements")
-                })
+                .filter(|d| !d.contains("\nkind: DaemonSet"))
                 .collect();
             self.apply(&docs.join("\n---"));
             // The policy is enforced only once the apiserver has loaded it: wait until a

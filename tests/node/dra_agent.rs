@@ -62,11 +62,18 @@ fn requirements(node: &RealNode) -> Result<String, String> {
         .ok_or_else(|| "no ConfigMap fabricgate-requirements".into())
 }
 
+/// The ConfigMap's requirements.yaml replaced; its other keys (the pool, `pool-selector`) kept:
+/// a server-side apply that left one out would delete it.
 fn set_requirements(node: &RealNode, text: &str) -> Result<(), String> {
+    let mut data = node
+        .get_json(&["configmap", "fabricgate-requirements", "-n", "fabricgate"])
+        .map(|c| c["data"].clone())
+        .ok_or("no ConfigMap fabricgate-requirements")?;
+    data["requirements.yaml"] = json!(text);
     let cm = json!({
         "apiVersion": "v1", "kind": "ConfigMap",
         "metadata": { "name": "fabricgate-requirements", "namespace": "fabricgate" },
-        "data": { "requirements.yaml": text },
+        "data": data,
     });
     node.apply(&cm.to_string()).map(|_| ())
 }

@@ -81,6 +81,27 @@ fn requirements_cm() -> Value {
         .expect("the fabricgate-requirements ConfigMap")
 }
 
+/// The pool: the key `pool-selector` of the requirements ConfigMap.
+fn shipped_pool() -> String {
+    requirements_cm()["data"][fabricgate::config::POOL_SELECTOR_FILE]
+        .as_str()
+        .expect("the key pool-selector in fabricgate-requirements")
+        .to_owned()
+}
+
+/// The DaemonSet's nodeSelector as sorted `key=value` terms.
+fn node_selector_terms() -> Vec<String> {
+    let selector = object("DaemonSet")["spec"]["template"]["spec"]["nodeSelector"].clone();
+    let mut terms: Vec<String> = selector
+        .as_object()
+        .expect("a nodeSelector")
+        .iter()
+        .map(|(k, v)| format!("{k}={}", v.as_str().unwrap()))
+        .collect();
+    terms.sort();
+    terms
+}
+
 fn container() -> Value {
     let ds = object("DaemonSet");
     let containers = ds["spec"]["template"]["spec"]["containers"]
@@ -342,26 +363,30 @@ fn configmap_requirements_are_accepted_and_use_the_binarys_names() {
         config.node.recover_after,
         NodeSettings::default().recover_after
     );
-    // The blast-radius breaker counts the DaemonSet's pool: its nodeSelector, as a selector.
-    let selector = object("DaemonSet")["spec"]["template"]["spec"]["nodeSelector"].clone();
-    let mut terms: Vec<String> = selector
-        .as_object()
-        .expect("a nodeSelector")
-        .iter()
-        .map(|(k, v)| format!("{k}={}", v.as_str().unwrap()))
-        .collect();
-    terms.sort();
-    let mut pool: Vec<String> = config
-        .node
-        .pool_selector
+    // The blast-radius breaker counts the DaemonSet's pool: its nodeSelector, as a selector,
+    // defined once, in the ConfigMap's key pool-selector (not node.pool_selector), which the
+    // agent reads beside requirements.yaml.
+    assert!(
+        config.node.pool_selector.is_empty(),
+        "the pool is defined by the key pool-selector only"
+    );
+    let mut pool: Vec<String> = shipped_pool()
         .split(',')
         .map(|t| t.trim().to_owned())
         .collect();
     pool.sort();
     assert_eq!(
-        pool, terms,
-        "node.pool_selector must equal the nodeSelector"
+        pool,
+        node_selector_terms(),
+        "the pool must equal the nodeSelector"
     );
+    let mounted = tempfile::tempdir().unwrap();
+    for (key, value) in cm["data"].as_object().unwrap() {
+        std::fs::write(mounted.path().join(key), value.as_str().unwrap()).unwrap();
+    }
+    let loaded = Config::load(&mounted.path().join("requirements.yaml"))
+        .unwrap_or_else(|e| panic!("the mounted ConfigMap rejected: {e}"));
+    assert_eq!(loaded.node.pool_selector, shipped_pool());
     assert!(config.node.breaker.enabled);
 
     // The file the agent is told to read is this ConfigMap key, mounted read-only.
@@ -1020,33 +1045,86 @@ fn guard_manifest_is_least_privilege_two_replicas_with_a_pdb_and_its_args_parse(
         defaults.pod_selector, args.pod_selector,
         "the shipped one is the default"
     );
-    // Its admission policy: for its own ServiceAccount, over the pool the DaemonSet selects.
-    let vap = one("ValidatingAdmissionPolicy");
-    assert_eq!(vap["spec"]["failurePolicy"], "Fail");
-    assert!(
-        vap["spec"]["matchConditions"][0]["expression"]
+    // Its admission policies: for its own ServiceAccount; one confines what it may change,
+    // the other the Nodes, to the pool its binding's parameter defines: the requirements
+    // ConfigMap's key pool-selector, which the guard reads too.
+    let policies: Vec<&Value> = docs
+        .iter()
+        .filter(|d| d["kind"] == "ValidatingAdmissionPolicy")
+        .collect();
+    let names: Vec<&str> = policies
+        .iter()
+        .map(|p| p["metadata"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["fabricgate-guard", "fabricgate-guard-pool"]);
+    for vap in &policies {
+        assert_eq!(vap["spec"]["failurePolicy"], "Fail");
+        assert!(
+            vap["spec"]["matchConditions"][0]["expression"]
+                .as_str()
+                .unwrap()
+                .contains(&format!(
+                    "'system:serviceaccount:{NAMESPACE}:{}'",
+                    sa["metadata"]["name"].as_str().unwrap()
+                ))
+        );
+        let binding = docs
+            .iter()
+            .find(|d| {
+                d["kind"] == "ValidatingAdmissionPolicyBinding"
+                    && d["spec"]["policyName"] == vap["metadata"]["name"]
+            })
+            .expect("its binding");
+        assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]));
+    }
+    let vap = policies[1];
+    assert_eq!(
+        vap["spec"]["paramKind"],
+        json!({ "apiVersion": "v1", "kind": "ConfigMap" })
+    );
+    let pool_binding = docs
+        .iter()
+        .find(|d| {
+            d["metadata"]["name"] == "fabricgate-guard-pool" && d["spec"]["paramRef"].is_object()
+        })
+        .expect("the pool policy's binding");
+    let cm = requirements_cm();
+    assert_eq!(
+        pool_binding["spec"]["paramRef"]["name"],
+        cm["metadata"]["name"]
+    );
+    assert_eq!(
+        pool_binding["spec"]["paramRef"]["namespace"],
+        cm["metadata"]["namespace"]
+    );
+    // Not Deny: a missing ConfigMap would refuse every Node write in the cluster.
+    assert_eq!(
+        pool_binding["spec"]["paramRef"]["parameterNotFoundAction"],
+        "Allow"
+    );
+    let variable = |name: &str| {
+        vap["spec"]["variables"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == name)
+            .unwrap_or_else(|| panic!("the variable {name}"))["expression"]
             .as_str()
             .unwrap()
-            .contains(&format!(
-                "'system:serviceaccount:{NAMESPACE}:{}'",
-                sa["metadata"]["name"].as_str().unwrap()
-            ))
+            .to_owned()
+    };
+    assert!(
+        variable("poolSelector").contains(&format!(
+            "params.?data[?'{}']",
+            fabricgate::config::POOL_SELECTOR_FILE
+        )),
+        "the policy's pool is the ConfigMap's key"
     );
-    let pool = vap["spec"]["variables"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|v| v["name"] == "pool")
-        .unwrap()["expression"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let node_selector = &object("DaemonSet")["spec"]["template"]["spec"]["nodeSelector"];
-    let (k, v) = node_selector.as_object().unwrap().iter().next().unwrap();
-    assert_eq!(pool, format!("{{'{k}': '{}'}}", v.as_str().unwrap()));
-    let binding = one("ValidatingAdmissionPolicyBinding");
-    assert_eq!(binding["spec"]["policyName"], vap["metadata"]["name"]);
-    assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]));
+    let guard_text = std::fs::read_to_string(root().join("deploy/guard.yaml")).unwrap();
+    assert!(
+        !guard_text.contains("gpu.present': 'true'"),
+        "a second pool"
+    );
     assert_eq!(args.stale_after, std::time::Duration::from_secs(60));
     // Its refusal of a Node outside the pool says what the guard reads to tell that the two
     // pools disagree, and names the policy's pool.
@@ -1058,7 +1136,7 @@ fn guard_manifest_is_least_privilege_two_replicas_with_a_pdb_and_its_args_parse(
             v["expression"]
                 .as_str()
                 .unwrap()
-                .contains("variables.pool.all")
+                .contains("variables.oldLabels[")
         })
         .expect("the pool rule");
     let message = pool_rule["messageExpression"].as_str().unwrap();
@@ -1066,7 +1144,7 @@ fn guard_manifest_is_least_privilege_two_replicas_with_a_pdb_and_its_args_parse(
         message.contains(fabricgate::cluster::guard::POOL_REFUSAL),
         "{message}"
     );
-    assert!(message.contains("variables.pool.map("), "{message}");
+    assert!(message.contains("variables.pool.join("), "{message}");
     // /metrics, /healthz and /readyz on the port its probes use.
     let port = c["ports"][0]["containerPort"].as_u64().unwrap();
     assert_eq!(u64::from(args.metrics_addr.port()), port);

@@ -86,7 +86,8 @@ fn max_backoff(s: &GuardSettings) -> Duration {
 /// is what its `/metrics`, `/healthz` and `/readyz` tell.
 ///
 /// # Errors
-/// [`Error::Usage`] when `node.pool_selector` is empty (the guard must know the pool).
+/// [`Error::Usage`] when `node.pool_selector` is empty (the guard must know the pool; it
+/// comes from [`crate::config::POOL_SELECTOR_FILE`] beside the requirements file).
 pub async fn run(
     requests: kube::Client,
     watch: kube::Client,
@@ -97,8 +98,9 @@ pub async fn run(
     if s.config.node.pool_selector.is_empty() {
         return Err(Error::Usage {
             flag: "--config".into(),
-            message: "node.pool_selector is empty: set it to the agent DaemonSet's nodeSelector \
-                      (e.g. \"nvidia.com/gpu.present=true\")"
+            message: "the pool is empty: give the agent DaemonSet's nodeSelector in the file \
+                      pool-selector beside it (the ConfigMap's key pool-selector, e.g. \
+                      \"nvidia.com/gpu.present=true\"), or as node.pool_selector"
                 .into(),
         });
     }

@@ -1,7 +1,9 @@
 //! The leader's proof that it can act: a server-side dry run of its taint on a pool Node, at
 //! the start of each leadership and again while its writes are refused. The admission policy
-//! of deploy/guard.yaml confines the guard to its own `pool`; when that and
-//! `node.pool_selector` disagree, every taint would be refused, and the guard would find out
+//! of deploy/guard.yaml confines the guard to its pool, the key `pool-selector` of the
+//! requirements ConfigMap (which also sets `node.pool_selector`); when that key is missing or
+//! garbled, or the policy reads another ConfigMap than the guard mounts, every taint would be
+//! refused, and the guard would find out
 //! only at the first dead agent. It says so at once instead: `/readyz` fails,
 //! `fabricgate_guard_blocked` is 1, and a Warning Event names both selectors.
 
@@ -94,8 +96,9 @@ pub(super) async fn prove(
                 "the guard cannot taint pool Node {name}: its node.pool_selector \"{selector}\" \
                  selects it, but the API server refuses the guard's taint there: {refusal}. Make \
                  the pool of the guard's admission policy (ValidatingAdmissionPolicy \
-                 fabricgate-guard, variable pool) select what node.pool_selector selects; until \
-                 then a Node whose agent dies is not tainted"
+                 fabricgate-guard-pool: the key pool-selector of the ConfigMap its binding \
+                 names) select what node.pool_selector selects; until then a Node whose agent \
+                 dies is not tainted"
             );
             ("Warning", POLICY_REFUSES, note)
         };
