@@ -1,5 +1,7 @@
-//! `fabricgate run`: probe on a jittered interval on a dedicated thread, apply hysteresis, keep
-//! the Node in line from a separate task, serve metrics, stop cleanly on a signal.
+//! `fabricgate run`: resolve the flags into an [`Agent`], then wire its jobs together (the probe
+//! loop, the Node writer, the metrics server, the peers and the gang ring, DRA's slices and
+//! rules), supervise them and stop cleanly on a signal. Each job lives in its own file; this
+//! one decides nothing.
 //!
 //! Shutdown is a future passed in (as in mini-redis), so tests drive it without signals.
 
