@@ -51,4 +51,4 @@ pub struct Outcome {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -304,7 +304,7 @@ async fn without_a_guard_summary_the_pool_is_listed_once_from_the_watch_cache() 
         assert_eq!(seen.path, "/api/v1/nodes");
         assert_eq!(
             seen.query.get("labelSelector").map(String::as_str),
-            Some("pool%3Da")
+            Some("pool=a")
         );
         assert_eq!(
             seen.query.get("resourceVersion").map(String::as_str),

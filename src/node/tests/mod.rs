@@ -4,7 +4,7 @@
 mod breaker;
 mod plan;
 mod reconciler;
-mod scripted;
+pub(crate) mod scripted;
 
 use crate::config::Config;
 use crate::node::plan as plan_of;

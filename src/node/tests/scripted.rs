@@ -1,5 +1,6 @@
-//! A scripted API server (`tower-test`) for the unit tests of the Node's writers: each test
-//! answers the requests one by one and checks the method, URL and body of each.
+//! A scripted API server (`tower-test`) for the unit tests of the writers (the Node's, the
+//! breaker's, the admission check's): each test answers the requests one by one and checks the
+//! method, URL, query and body of each.
 
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
@@ -9,26 +10,27 @@ use std::collections::BTreeMap;
 use tower_test::mock::{self, Handle};
 
 /// A client whose every request the returned [`Server`] answers.
-pub(super) fn client() -> (kube::Client, Server) {
+pub(crate) fn client() -> (kube::Client, Server) {
     let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
     (kube::Client::new(service, "default"), Server(handle))
 }
 
 /// The server side of the mock: hands out the requests the client sends, in order.
-pub(super) struct Server(Handle<Request<Body>, Response<Body>>);
+pub(crate) struct Server(Handle<Request<Body>, Response<Body>>);
 
 /// One request as the server saw it.
-pub(super) struct Seen {
-    pub(super) method: Method,
-    pub(super) path: String,
-    pub(super) query: BTreeMap<String, String>,
-    pub(super) content_type: String,
-    pub(super) body: Value,
+pub(crate) struct Seen {
+    pub(crate) method: Method,
+    pub(crate) path: String,
+    /// The query, decoded.
+    pub(crate) query: BTreeMap<String, String>,
+    pub(crate) content_type: String,
+    pub(crate) body: Value,
 }
 
 impl Server {
     /// The next request, answered with `status` and `answer` as JSON.
-    pub(super) async fn answer(&mut self, status: u16, answer: Value) -> Seen {
+    pub(crate) async fn answer(&mut self, status: u16, answer: Value) -> Seen {
         let Some((req, send)) = self.0.next_request().await else {
             panic!("the client sent no further request");
         };
@@ -54,7 +56,7 @@ impl Server {
                 .map(|q| {
                     q.split('&')
                         .filter_map(|kv| kv.split_once('='))
-                        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                        .map(|(k, v)| (decode(k), decode(v)))
                         .collect()
                 })
                 .unwrap_or_default(),
@@ -69,7 +71,7 @@ impl Server {
     }
 
     /// Nothing more was sent: the client's owner (and with it the client) is gone.
-    pub(super) async fn expect_no_more(mut self) {
+    pub(crate) async fn expect_no_more(mut self) {
         if let Some((req, _)) = self.0.next_request().await {
             panic!("unexpected request {} {}", req.method(), req.uri());
         }
@@ -77,9 +79,34 @@ impl Server {
 }
 
 /// A `Status` answer of the API server.
-pub(super) fn status(code: u16, reason: &str) -> Value {
+pub(crate) fn status(code: u16, reason: &str) -> Value {
     json!({
         "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
         "message": format!("scripted {reason}"), "reason": reason, "code": code,
     })
+}
+
+/// `%XX` escapes and `+` decoded.
+fn decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' if i + 2 < bytes.len() => {
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).expect("ascii");
+                out.push(u8::from_str_radix(hex, 16).expect("an escape"));
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).expect("UTF-8")
 }

@@ -6,105 +6,14 @@ use super::*;
 use crate::cluster::admission_check::metrics::CheckMetrics;
 use crate::cluster::admission_check::reconcile::pass;
 use crate::cluster::admission_check::state::State;
-use http::{Method, Request, Response, StatusCode};
-use http_body_util::BodyExt;
-use kube::client::Body;
-use std::collections::BTreeMap;
-use tower_test::mock::{self, Handle};
+use crate::node::tests::scripted::{self, Seen, Server, status};
+use http::Method;
 
 const WORKLOAD_STATUS: &str = "/apis/kueue.x-k8s.io/v1beta2/namespaces/team/workloads/train/status";
 const CHECKS: &str = "/apis/fabricgate.io/v1alpha1/namespaces/fabricgate/fabricchecks";
 const RESULTS: &str = "/apis/fabricgate.io/v1alpha1/namespaces/fabricgate/fabriccheckresults";
 const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/team/events";
 const FIELD_MANAGER: &str = "fabricgate-admission-check";
-
-/// The server side of the mock: hands out the requests the pass sends, in order.
-struct Server(Handle<Request<Body>, Response<Body>>);
-
-/// One request as the server saw it.
-struct Seen {
-    method: Method,
-    path: String,
-    /// The query, decoded.
-    query: BTreeMap<String, String>,
-    content_type: String,
-    body: Value,
-}
-
-/// `%XX` escapes and `+` decoded.
-fn decode(text: &str) -> String {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'%' if i + 2 < bytes.len() => {
-                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).expect("ascii");
-                out.push(u8::from_str_radix(hex, 16).expect("an escape"));
-                i += 3;
-            }
-            b'+' => {
-                out.push(b' ');
-                i += 1;
-            }
-            b => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8(out).expect("UTF-8")
-}
-
-impl Server {
-    /// The next request, answered with `status` and `answer` as JSON.
-    async fn answer(&mut self, status: u16, answer: Value) -> Seen {
-        let Some((req, send)) = self.0.next_request().await else {
-            panic!("the pass sent no further request");
-        };
-        let (parts, body) = req.into_parts();
-        let bytes = body.collect().await.expect("request body").to_bytes();
-        let body = if bytes.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_slice(&bytes).expect("a JSON body")
-        };
-        let response = Response::builder()
-            .status(StatusCode::from_u16(status).expect("status"))
-            .header(http::header::CONTENT_TYPE, "application/json")
-            .body(Body::from(serde_json::to_vec(&answer).expect("answer")))
-            .expect("response");
-        send.send_response(response);
-        Seen {
-            method: parts.method,
-            path: parts.uri.path().to_owned(),
-            query: parts
-                .uri
-                .query()
-                .map(|q| {
-                    q.split('&')
-                        .filter_map(|kv| kv.split_once('='))
-                        .map(|(k, v)| (decode(k), decode(v)))
-                        .collect()
-                })
-                .unwrap_or_default(),
-            content_type: parts
-                .headers
-                .get(http::header::CONTENT_TYPE)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("")
-                .to_owned(),
-            body,
-        }
-    }
-
-    /// Nothing more was sent: the pass (and with it the client) is gone.
-    async fn expect_no_more(mut self) {
-        if let Some((req, _)) = self.0.next_request().await {
-            panic!("unexpected request {} {}", req.method(), req.uri());
-        }
-    }
-}
 
 /// One pass over `stores` while `script` plays the server: what the pass returned, after
 /// the server saw nothing beyond its script.
@@ -116,9 +25,8 @@ async fn pass_against<F>(
 where
     F: Future<Output = Server> + Send + 'static,
 {
-    let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
-    let client = kube::Client::new(service, "default");
-    let api = tokio::spawn(script(Server(handle)));
+    let (client, server) = scripted::client();
+    let api = tokio::spawn(script(server));
     let metrics = CheckMetrics::new();
     let due = tokio::time::timeout(
         SCRIPT_TIME,
@@ -141,13 +49,6 @@ const SCRIPT_TIME: Duration = Duration::from_secs(10);
 
 fn object(o: DynamicObject) -> Value {
     serde_json::to_value(o).expect("JSON")
-}
-
-fn status(code: u16, reason: &str) -> Value {
-    json!({
-        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-        "message": format!("scripted {reason}"), "reason": reason, "code": code,
-    })
 }
 
 /// A server-side apply of our field manager, forced, on `path`.
