@@ -731,6 +731,101 @@ fn redteam_an_agent_cannot_taint_or_untaint_another_nodes_devices() {
     }
 }
 
+/// Issue 41, edge A: node `dra-sq`'s agent squats node `dra-sq-a`'s rule name. The prefix form
+/// (its pool, `dra-sq-a`'s device) and `fabricgate-fnv-` are refused; the exact form (its own
+/// junk device `a-<device>`) is its own name and allowed, and `dra-sq-a`'s agent then names its
+/// bad HCA's rule `fabricgate.<device>.dra-sq-a`, which no other node can take.
+#[test]
+fn redteam_a_squatted_rule_name_does_not_leave_a_bad_hca_untainted() {
+    let Some(cp) = control_plane() else { return };
+    let attacker = TestNode::seeded(cp, "dra-sq");
+    let attacker_config = attacker.agent_kubeconfig(None);
+    let victim = DraNode::new(cp, "dra-sq-a", "");
+    let victim_name = format!("fabricgate-{}-{}", victim.node.name, device_name(1));
+    let squat = |device: &str, name: &str| {
+        let mut r = rule_for(&attacker.name, device);
+        r["spec"]["taint"]["effect"] = json!("None");
+        r["metadata"]["name"] = json!(name);
+        r
+    };
+    wait_until("the policy loaded", Duration::from_secs(30), || {
+        let probe = squat("pci-0000-ff-00-0", "innocent-looking");
+        let (ok, _) = as_token(cp, &attacker_config, "create", &probe);
+        if ok {
+            cp.kubectl(&["delete", "devicetaintrule", "innocent-looking"]);
+        }
+        !ok
+    });
+    // Its own pool, the victim's device, under the victim's name: refused.
+    let (ok, out) = as_token(
+        cp,
+        &attacker_config,
+        "create",
+        &squat(&device_name(1), &victim_name),
+    );
+    if ok {
+        cp.kubectl(&["delete", "devicetaintrule", &victim_name]);
+    }
+    assert!(
+        !ok && out.contains("names its DeviceTaintRules"),
+        "prefix squat: {out}"
+    );
+    let fnv = "fabricgate-fnv-0123456789abcdef-0123456789abcdef";
+    let (ok, out) = as_token(cp, &attacker_config, "create", &squat(&device_name(1), fnv));
+    if ok {
+        cp.kubectl(&["delete", "devicetaintrule", fnv]);
+    }
+    assert!(
+        !ok && out.contains("names its DeviceTaintRules"),
+        "fnv squat: {out}"
+    );
+
+    // The exact name of its own (junk) device, which is the victim's plain name: allowed.
+    let junk = format!("a-{}", device_name(1));
+    let (ok, out) = as_token(cp, &attacker_config, "create", &squat(&junk, &victim_name));
+    assert!(ok, "the exact name of its own device: {out}");
+
+    // The victim's mlx5_1 goes bad: its rule is written under the name no node can take.
+    victim.publish_slice(&[0, 1, 2, 3]);
+    victim.port_state(1, false);
+    let agent = victim.start_agent("500ms");
+    wait_until(
+        "mlx5_1's rule under its other name",
+        Duration::from_secs(30),
+        || victim.rules().len() == 1,
+    );
+    let rule = &victim.rules()[0];
+    assert_eq!(
+        rule["metadata"]["name"],
+        format!("fabricgate.{}.{}", device_name(1), victim.node.name).as_str(),
+        "{rule}"
+    );
+    assert_eq!(
+        rule["spec"]["deviceSelector"]["device"],
+        device_name(1).as_str()
+    );
+    // The alternative name cannot be built by the attacker either.
+    let alt = format!("fabricgate.{}.{}", device_name(2), victim.node.name);
+    let (ok, out) = as_token(
+        cp,
+        &attacker_config,
+        "create",
+        &squat(&device_name(2), &alt),
+    );
+    assert!(
+        !ok && out.contains("names its DeviceTaintRules"),
+        "alt squat: {out}"
+    );
+    let log = agent.log();
+    assert!(log.contains("holds this device's name"), "{log}");
+    drop(agent);
+    let alt1 = format!("fabricgate.{}.{}", device_name(1), victim.node.name);
+    for name in [victim_name.as_str(), alt1.as_str(), alt.as_str()] {
+        cp.kubectl(&["delete", "devicetaintrule", name, "--ignore-not-found"]);
+    }
+    victim.delete_slice();
+}
+
 /// A kubeconfig with a token of `account` in namespace fabricgate, with the RBAC the shipped
 /// manifests give it (deploy/guard.yaml, deploy/webhook.yaml).
 fn service_account_kubeconfig(cp: &ControlPlane, account: &str) -> PathBuf {
