@@ -10,8 +10,8 @@ mod rules;
 mod slices;
 
 pub use rules::{
-    DeviceTaintRules, HCA_ANNOTATION, MESSAGE_ANNOTATION, NODE_LABEL, RULE_PREFIX, RulesState,
-    follow_state, node_label_value, rule_name,
+    ALT_RULE_PREFIX, DeviceTaintRules, HCA_ANNOTATION, MESSAGE_ANNOTATION, NODE_LABEL, RULE_PREFIX,
+    RulesState, alt_rule_name, follow_state, node_label_value, rule_name,
 };
 pub use slices::watch_slices;
 
