@@ -883,9 +883,15 @@ fn refused_rules(
     let n = DraNode::new(cp, name, "");
     n.publish_slice(&[0, 1, 2, 3]);
     n.port_state(1, false);
+    let agent = agent_through(&n, &proxy);
+    (proxy, n, agent)
+}
+
+/// `n`'s agent (interval 500 ms), talking to the API server through `proxy`.
+fn agent_through(n: &DraNode, proxy: &crate::common::faultproxy::FaultProxy) -> Agent {
     let kubeconfig = n.node.agent_kubeconfig(Some(&proxy.url()));
     let config = n.config();
-    let agent = Launch::at(
+    Launch::at(
         &n.node.name,
         &n.dir.path().join("sys"),
         &n.dir.path().join("proc"),
@@ -893,8 +899,93 @@ fn refused_rules(
     )
     .kubeconfig(Some(&kubeconfig))
     .args(&["--interval", "500ms", "--config", config.to_str().unwrap()])
-    .start();
-    (proxy, n, agent)
+    .start()
+}
+
+/// Issue 41, edge B: a device of the node in a pool not named after it (its rule would be
+/// refused, 403) and a rule whose every write is refused (422) sort before a bad HCA's rule;
+/// neither stops it. The foreign-pool device is skipped (`DraForeignPool`), never written.
+#[test]
+fn redteam_one_refused_or_foreign_pool_rule_does_not_stop_the_others() {
+    let Some(cp) = control_plane() else { return };
+    let proxy = crate::common::faultproxy::FaultProxy::start(&cp.url, &cp.ca_file);
+    let n = DraNode::with(cp, "dra-fp", json!({}), 2, "");
+    n.publish_slice(&[0, 1, 2, 3]);
+    let foreign_slice = format!("{}-foreign", n.node.name);
+    cp.apply(
+        &json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": { "name": foreign_slice },
+            "spec": {
+                "driver": DRIVER, "nodeName": n.node.name,
+                "pool": { "name": "dra-fp-other", "generation": 1, "resourceSliceCount": 1 },
+                "devices": [{ "name": "aaa-0", "attributes": {
+                    "dra.net/rdmaDevice": { "string": "mlx5_3" },
+                }}],
+            },
+        })
+        .to_string(),
+    );
+    // mlx5_0's rule exists with another value: the agent must change it, and every change of
+    // it is refused.
+    let refused = format!("fabricgate-{}-{}", n.node.name, device_name(0));
+    cp.apply(
+        &json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceTaintRule",
+            "metadata": { "name": refused, "labels": { "fabricgate.io/node": n.node.name } },
+            "spec": {
+                "deviceSelector": { "driver": DRIVER, "pool": n.node.name, "device": device_name(0) },
+                "taint": { "key": "fabricgate.io/unvalidated", "value": "Old", "effect": "NoSchedule" },
+            },
+        })
+        .to_string(),
+    );
+    proxy.set_fault_matching(
+        crate::common::faultproxy::Fault::Status {
+            code: 422,
+            retry_after: None,
+            plain: false,
+        },
+        &format!("devicetaintrules/{refused}"),
+    );
+    n.port_state(0, false);
+    n.port_state(3, false);
+    let agent = agent_through(&n, &proxy);
+    wait_until("mlx5_3's rule", Duration::from_secs(30), || {
+        n.rules()
+            .iter()
+            .any(|r| r["spec"]["deviceSelector"]["device"] == device_name(3).as_str())
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    let all = rules(cp);
+    assert!(
+        !all.iter()
+            .any(|r| r["spec"]["deviceSelector"]["pool"] == "dra-fp-other"),
+        "no rule for the foreign pool: {all:?}"
+    );
+    let log = agent.log();
+    assert!(
+        log.contains(&refused) && log.contains("422"),
+        "the refusal named: {log}"
+    );
+    drop(agent);
+    proxy.clear_fault();
+    cp.kubectl(&["delete", "devicetaintrule", &refused, "--ignore-not-found"]);
+    for r in n.rules() {
+        cp.kubectl(&[
+            "delete",
+            "devicetaintrule",
+            r["metadata"]["name"].as_str().unwrap(),
+            "--ignore-not-found",
+        ]);
+    }
+    cp.kubectl(&[
+        "delete",
+        "resourceslice",
+        &foreign_slice,
+        "--ignore-not-found",
+    ]);
+    n.delete_slice();
 }
 
 #[test]
