@@ -252,50 +252,57 @@ impl DeviceTaintRules {
         Some(false)
     }
 
-    /// After a pass: the state, and on an error a warning (once while refused) and a retry.
-    fn synced(&self, result: kube::Result<()>, retry: &mut Retry) {
-        match result {
-            Ok(()) => {
-                retry.backoff = FIRST_BACKOFF;
-                retry.forbidden_logged = false;
-                self.state.send_replace(RulesState::On);
-            }
-            Err(e) => {
-                let forbidden = matches!(&e, kube::Error::Api(s) if s.code == 403);
-                if forbidden {
-                    self.state.send_replace(RulesState::Forbidden);
-                }
-                if !retry.forbidden_logged || !forbidden {
-                    tracing::warn!(
-                        error = %e,
-                        retry_in = ?retry.backoff,
-                        "cannot write this node's DeviceTaintRules{}",
-                        if forbidden {
-                            " (RBAC, or the admission policy \
-                             fabricgate-device-taint-rules refused it)"
-                        } else {
-                            ""
-                        }
-                    );
-                    retry.forbidden_logged |= forbidden;
-                }
-                retry.at = Some(Instant::now() + retry.backoff);
-                retry.backoff = (retry.backoff * 2).min(self.max_backoff.max(FIRST_BACKOFF));
-            }
+    /// After a pass: the state, and on a failure a warning naming each failed rule (once
+    /// while refused) and a retry.
+    fn synced(&self, failed: Vec<(String, kube::Error)>, retry: &mut Retry) {
+        if failed.is_empty() {
+            retry.backoff = FIRST_BACKOFF;
+            retry.forbidden_logged = false;
+            self.state.send_replace(RulesState::On);
+            return;
         }
+        let forbidden = failed
+            .iter()
+            .all(|(_, e)| matches!(e, kube::Error::Api(s) if s.code == 403));
+        if forbidden {
+            self.state.send_replace(RulesState::Forbidden);
+        }
+        if !retry.forbidden_logged || !forbidden {
+            let errors = failed
+                .iter()
+                .map(|(rule, e)| format!("{rule}: {e}"))
+                .collect::<Vec<_>>()
+                .join("; ");
+            tracing::warn!(
+                errors = %errors,
+                retry_in = ?retry.backoff,
+                "cannot write this node's DeviceTaintRules{}",
+                if forbidden {
+                    " (RBAC, or the admission policy \
+                     fabricgate-device-taint-rules refused it)"
+                } else {
+                    ""
+                }
+            );
+            retry.forbidden_logged |= forbidden;
+        }
+        retry.at = Some(Instant::now() + retry.backoff);
+        retry.backoff = (retry.backoff * 2).min(self.max_backoff.max(FIRST_BACKOFF));
     }
 
     /// One pass: apply the rules that differ, delete ours that are not wanted. A plain name
     /// found held by another pool's rule joins `taken` and the pass goes on with the
-    /// alternative name.
+    /// alternative name. A refused or failed rule never stops the others: every failure is
+    /// returned, by rule name.
     async fn sync(
         &self,
         api: &Api<DeviceTaintRule>,
         taints: &[DeviceTaint],
         rules: &BTreeMap<String, DeviceTaintRule>,
         taken: &mut BTreeSet<String>,
-    ) -> kube::Result<()> {
+    ) -> Vec<(String, kube::Error)> {
         let mut done = BTreeSet::new();
+        let mut failed = Vec::new();
         let want = loop {
             let want = self.desired(taints, taken);
             let mut renamed = false;
@@ -303,11 +310,11 @@ impl DeviceTaintRules {
                 if done.contains(name) {
                     continue;
                 }
-                match self.write(api, name, t, rules.get(name)).await? {
-                    Written::Done => {
+                match self.write(api, name, t, rules.get(name)).await {
+                    Ok(Written::Done) => {
                         done.insert(name.clone());
                     }
-                    Written::Taken(pool) => {
+                    Ok(Written::Taken(pool)) => {
                         tracing::warn!(
                             rule = %name,
                             held_by_pool = pool.as_deref().unwrap_or("(one this agent may not change)"),
@@ -317,6 +324,10 @@ impl DeviceTaintRules {
                         );
                         taken.insert(name.clone());
                         renamed = true;
+                    }
+                    Err(e) => {
+                        done.insert(name.clone());
+                        failed.push((name.clone(), e));
                     }
                 }
             }
@@ -338,10 +349,10 @@ impl DeviceTaintRules {
                     tracing::info!(rule = %name, "DeviceTaintRule removed: the device is healthy")
                 }
                 Err(kube::Error::Api(s)) if s.code == 404 => {}
-                Err(e) => return Err(e),
+                Err(e) => failed.push((name.clone(), e)),
             }
         }
-        Ok(())
+        failed
     }
 
     /// Make the rule `name` say `t`, unless it already does; `existing`: the rule as the watch

@@ -252,6 +252,52 @@ fn a_missing_driver_a_missing_hca_an_unknown_device_and_two_drivers_for_one_hca(
 }
 
 #[test]
+fn a_device_in_a_pool_not_named_after_the_node_is_skipped_with_a_warning() {
+    let c = config(DRA);
+    // The node's own slice publishes mlx5_0..2; another slice of the node, in pool `other`,
+    // publishes mlx5_2 and mlx5_3 (both bad).
+    let mut foreign = slice("dra.net", 1, &[(2, true), (3, true)]);
+    foreign.spec.pool.name = "other".into();
+    let facts = published(
+        &[
+            slice("dra.net", 1, &[(0, true), (1, true), (2, true)]),
+            foreign,
+        ],
+        &c.kubernetes.dra.drivers,
+    );
+    assert_eq!(facts.devices.len(), 3);
+    assert_eq!(facts.foreign_pool.len(), 2);
+    let out = assess(&node(&["mlx5_2", "mlx5_3"]), Some(&facts), &c);
+    assert_eq!(
+        out.taints
+            .iter()
+            .map(|t| (t.pool.as_str(), t.hca.as_str()))
+            .collect::<Vec<_>>(),
+        vec![("node-a", "mlx5_2")],
+        "only the node's own pool is tainted"
+    );
+    let foreign: Vec<&Finding> = out
+        .warnings
+        .iter()
+        .filter(|f| f.code == DRA_FOREIGN_POOL)
+        .collect();
+    assert_eq!(foreign.len(), 1, "{:?}", out.warnings);
+    assert!(
+        foreign[0].message.contains("pool other")
+            && foreign[0]
+                .message
+                .contains("pci-0000-1a-00-0, pci-0000-1b-00-0"),
+        "{}",
+        foreign[0].message
+    );
+    // mlx5_3 is published only in the foreign pool: missing on the node.
+    assert_eq!(
+        out.findings.iter().map(|f| f.code).collect::<Vec<_>>(),
+        vec![DRA_DEVICE_MISSING]
+    );
+}
+
+#[test]
 fn registration_sockets_and_the_registry_mount() {
     let c = config(DRA);
     let mut r = node(&[]);
