@@ -1018,6 +1018,68 @@ fn dra_an_api_server_without_device_taint_rules_turns_the_device_path_off_once()
     n.delete_slice();
 }
 
+/// `fabricgate_dra_device_rules_writable` as the agent's /metrics shows it.
+fn rules_writable(agent: &Agent) -> Option<String> {
+    let (_, body) = agent.get("/metrics")?;
+    body.lines()
+        .find(|l| l.starts_with("fabricgate_dra_device_rules_writable "))
+        .map(|l| l.rsplit(' ').next().unwrap_or_default().to_owned())
+}
+
+/// Issue 41, edge D: every create of a DeviceTaintRule refused by 422 (a webhook or a policy):
+/// the bad HCA is not protected, so the metric says 0 and the Node is tainted with a reason
+/// saying so; once the writes pass, the rule is written and the node validated again.
+#[test]
+fn redteam_a_rule_write_refused_by_422_is_not_invisible() {
+    let Some(cp) = control_plane() else { return };
+    let proxy = crate::common::faultproxy::FaultProxy::start(&cp.url, &cp.ca_file);
+    proxy.set_fault_matching(
+        crate::common::faultproxy::Fault::Status {
+            code: 422,
+            retry_after: None,
+            plain: false,
+        },
+        "devicetaintrules?fieldManager",
+    );
+    let n = DraNode::new(cp, "dra-422", "");
+    n.publish_slice(&[0, 1, 2, 3]);
+    n.port_state(1, false);
+    let agent = agent_through(&n, &proxy);
+    agent.wait(
+        "the refusal on the Node and in the metric",
+        Duration::from_secs(60),
+        || {
+            n.fabric_reason() == "DraDeviceRulesRefused"
+                && rules_writable(&agent).as_deref() == Some("0")
+        },
+    );
+    assert!(n.node.has_our_taint(), "the Node is tainted instead");
+    let message = n.node.condition("FabricReady").unwrap()["message"].clone();
+    let message = message.as_str().unwrap_or_default();
+    assert!(
+        message.contains("mlx5_1") && message.contains("422") && message.contains("not protecting"),
+        "{message}"
+    );
+    assert!(n.rules().is_empty());
+
+    proxy.clear_fault();
+    agent.wait(
+        "the rule written, validated again",
+        Duration::from_secs(60),
+        || n.rules().len() == 1 && n.node.ready() && rules_writable(&agent).as_deref() == Some("1"),
+    );
+    drop(agent);
+    for r in n.rules() {
+        cp.kubectl(&[
+            "delete",
+            "devicetaintrule",
+            r["metadata"]["name"].as_str().unwrap(),
+            "--ignore-not-found",
+        ]);
+    }
+    n.delete_slice();
+}
+
 /// An API server that refuses the agent's DeviceTaintRules (403: RBAC missing; a fault proxy
 /// in front of the real one answers them so): one warning naming the grant, retries with
 /// backoff instead of a loop, no `AgentError`, the node path working; allowed again, the bad
