@@ -30,6 +30,52 @@ pub const DRA_DEVICE_CONFLICT: &str = "DraDeviceConflict";
 /// own node's pool only (a warning).
 pub const DRA_FOREIGN_POOL: &str = "DraForeignPool";
 
+/// The DeviceTaint rules of this node's bad HCAs cannot be written: the device path protects
+/// nothing, so a bad HCA taints the Node instead.
+pub const DRA_DEVICE_RULES_REFUSED: &str = "DraDeviceRulesRefused";
+
+/// What the DeviceTaintRule writer (`node::dra`, `rules.rs`) found out about the API: a fact
+/// the Judge reads ([`rules_refused`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RulesState {
+    /// Rules are written.
+    On,
+    /// The API server does not serve `DeviceTaintRule` (older than 1.37): the device path is
+    /// off; the Node path goes on.
+    NotServed,
+    /// The API server refuses the rules (403 of RBAC or the admission policy, 422 or 400 of a
+    /// webhook or a policy, 5xx past the writer's retries): retried slowly. The text names
+    /// the rules and the errors.
+    Refused(String),
+}
+
+/// The Node's side of [`RulesState::Refused`]: with rules wanted (`taints`, the devices in
+/// force), a finding, since those HCAs are kept from no claim; without, a warning.
+pub fn rules_refused(state: Option<&RulesState>, taints: &[DeviceTaint]) -> Option<Finding> {
+    let Some(RulesState::Refused(why)) = state else {
+        return None;
+    };
+    let message = if taints.is_empty() {
+        format!(
+            "this node's DeviceTaintRules cannot be written ({why}): a bad HCA would be kept \
+             from no claim, so it would taint the Node instead \
+             (fabricgate_dra_device_rules_writable 0)"
+        )
+    } else {
+        let hcas = taints
+            .iter()
+            .map(|t| format!("{} ({}: {})", t.hca, t.device, t.reason))
+            .collect::<Vec<_>>()
+            .join(", ");
+        format!(
+            "the DeviceTaintRules of {hcas} cannot be written ({why}): the device path is not \
+             protecting anything, so the Node is tainted instead until they are \
+             (fabricgate_dra_device_rules_writable 0)"
+        )
+    };
+    Some(finding(DRA_DEVICE_RULES_REFUSED, message))
+}
+
 /// One device of a configured driver in a ResourceSlice of this node.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 pub struct PublishedDevice {

@@ -899,6 +899,7 @@ fn agent_through(n: &DraNode, proxy: &crate::common::faultproxy::FaultProxy) -> 
     )
     .kubeconfig(Some(&kubeconfig))
     .args(&["--interval", "500ms", "--config", config.to_str().unwrap()])
+    .known_addr()
     .start()
 }
 
@@ -1039,7 +1040,8 @@ fn redteam_a_rule_write_refused_by_422_is_not_invisible() {
             retry_after: None,
             plain: false,
         },
-        "devicetaintrules?fieldManager",
+        // Creates only (`?&fieldManager=`): the list and watch pass.
+        "devicetaintrules?&fieldManager",
     );
     let n = DraNode::new(cp, "dra-422", "");
     n.publish_slice(&[0, 1, 2, 3]);
@@ -1082,13 +1084,16 @@ fn redteam_a_rule_write_refused_by_422_is_not_invisible() {
 
 /// An API server that refuses the agent's DeviceTaintRules (403: RBAC missing; a fault proxy
 /// in front of the real one answers them so): one warning naming the grant, retries with
-/// backoff instead of a loop, no `AgentError`, the node path working; allowed again, the bad
-/// HCA gets its rule.
+/// backoff instead of a loop, no `AgentError`; the bad HCA's rule cannot be written, so the
+/// Node is tainted instead (`DraDeviceRulesRefused`, issue 41 D); allowed again, the bad HCA
+/// gets its rule and the node is validated.
 #[test]
 fn dra_an_agent_refused_device_taint_rules_warns_once_backs_off_and_recovers() {
     let Some(cp) = control_plane() else { return };
     let (proxy, n, agent) = refused_rules(cp, "dra-refused", 403);
-    agent.wait("validation", Duration::from_secs(60), || n.node.ready());
+    agent.wait("the refusal on the Node", Duration::from_secs(60), || {
+        n.fabric_reason() == "DraDeviceRulesRefused"
+    });
     std::thread::sleep(Duration::from_secs(4));
     let log = agent.log();
     assert_eq!(
@@ -1106,7 +1111,10 @@ fn dra_an_agent_refused_device_taint_rules_warns_once_backs_off_and_recovers() {
     assert!(asked <= 8, "backs off: {asked} requests");
     assert!(!log.contains("AgentError"), "{log}");
     assert!(n.rules().is_empty());
-    assert!(n.node.ready(), "the node path goes on");
+    assert!(
+        n.node.has_our_taint() && n.fabric_reason() == "DraDeviceRulesRefused",
+        "the unprotected HCA taints the Node"
+    );
 
     proxy.clear_fault();
     wait_until(
@@ -1114,6 +1122,9 @@ fn dra_an_agent_refused_device_taint_rules_warns_once_backs_off_and_recovers() {
         Duration::from_secs(30),
         || n.rules().len() == 1,
     );
+    agent.wait("validated again", Duration::from_secs(30), || {
+        n.node.ready()
+    });
     drop(agent);
     n.delete_slice();
 }

@@ -9,7 +9,7 @@ use crate::node::WatchBackoff;
 use crate::node::watch::FIRST_BACKOFF;
 use crate::observe::metrics::Metrics;
 use crate::policy::Verdict;
-use crate::policy::dra::DeviceTaint;
+use crate::policy::dra::{DeviceTaint, RulesState};
 use futures::StreamExt;
 use k8s_openapi::api::resource::v1::DeviceTaintRule;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -66,18 +66,6 @@ pub fn alt_rule_name(node: &str, device: &str) -> String {
         format!("{}0", node.get(..keep).unwrap_or(node))
     };
     format!("{ALT_RULE_PREFIX}{device}.{node}")
-}
-
-/// What the rule writer's watch and writes found out about the API.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RulesState {
-    /// Rules are written.
-    On,
-    /// The API server does not serve `DeviceTaintRule` (older than 1.37): the device path is
-    /// off; the Node path goes on.
-    NotServed,
-    /// The API server refuses the agent (RBAC or the admission policy): retried slowly.
-    Forbidden,
 }
 
 /// The DeviceTaintRules of this node's bad HCAs: one per device of
@@ -233,7 +221,7 @@ impl DeviceTaintRules {
                  no device taint; the Node's own taint goes on \
                  (kubernetes.dra.taint_scope)"
             );
-            self.state.send_replace(RulesState::NotServed);
+            self.set_state(RulesState::NotServed);
             return None;
         }
         if matches!(e, watcher::Error::InitialListFailed(kube::Error::Api(s)) if s.code == 403)
@@ -247,32 +235,54 @@ impl DeviceTaintRules {
                  HCAs get no device taint until then"
             );
             retry.forbidden_logged = true;
-            self.state.send_replace(RulesState::Forbidden);
+            self.set_state(RulesState::Refused(
+                "listing them refused: HTTP 403 (RBAC, or the admission policy)".to_owned(),
+            ));
         }
         Some(false)
     }
 
+    /// Tell the state when it changes (each change judges the node again).
+    fn set_state(&self, state: RulesState) {
+        self.state.send_if_modified(|s| {
+            let changed = *s != state;
+            *s = state;
+            changed
+        });
+    }
+
     /// After a pass: the state, and on a failure a warning naming each failed rule (once
-    /// while refused) and a retry.
+    /// while refused by 403) and a retry. A refusal (4xx) is [`RulesState::Refused`] at once;
+    /// a server error or a lost connection after [`FAILED_PASSES`] passes in a row.
     fn synced(&self, failed: Vec<(String, kube::Error)>, retry: &mut Retry) {
         if failed.is_empty() {
             retry.backoff = FIRST_BACKOFF;
             retry.forbidden_logged = false;
-            self.state.send_replace(RulesState::On);
+            retry.failed_passes = 0;
+            self.set_state(RulesState::On);
             return;
         }
-        let forbidden = failed
+        retry.failed_passes += 1;
+        let code = |e: &kube::Error| match e {
+            kube::Error::Api(s) => Some(s.code),
+            _ => None,
+        };
+        let forbidden = failed.iter().all(|(_, e)| code(e) == Some(403));
+        let refused = failed
             .iter()
-            .all(|(_, e)| matches!(e, kube::Error::Api(s) if s.code == 403));
-        if forbidden {
-            self.state.send_replace(RulesState::Forbidden);
+            .any(|(_, e)| code(e).is_some_and(|c| (400..500).contains(&c)));
+        let errors = failed
+            .iter()
+            .map(|(rule, e)| match e {
+                kube::Error::Api(s) => format!("{rule}: HTTP {} {}", s.code, s.message),
+                e => format!("{rule}: {e}"),
+            })
+            .collect::<Vec<_>>()
+            .join("; ");
+        if refused || retry.failed_passes >= FAILED_PASSES {
+            self.set_state(RulesState::Refused(errors.clone()));
         }
         if !retry.forbidden_logged || !forbidden {
-            let errors = failed
-                .iter()
-                .map(|(rule, e)| format!("{rule}: {e}"))
-                .collect::<Vec<_>>()
-                .join("; ");
             tracing::warn!(
                 errors = %errors,
                 retry_in = ?retry.backoff,
@@ -469,12 +479,18 @@ impl Rules {
     }
 }
 
+/// Passes in a row failed by server errors or lost connections before the rules count as
+/// refused.
+const FAILED_PASSES: u32 = 3;
+
 /// When the writer tries again after a refused or failed write.
 struct Retry {
     at: Option<Instant>,
     backoff: Duration,
     /// A 403 was logged: the next ones are not, until a write succeeds.
     forbidden_logged: bool,
+    /// Passes in a row with a failure.
+    failed_passes: u32,
 }
 
 impl Default for Retry {
@@ -483,6 +499,7 @@ impl Default for Retry {
             at: None,
             backoff: FIRST_BACKOFF,
             forbidden_logged: false,
+            failed_passes: 0,
         }
     }
 }
@@ -490,8 +507,8 @@ impl Default for Retry {
 /// Mirror the DeviceTaintRule writer's state into `fabricgate_dra_device_rules_writable`.
 pub async fn follow_state(metrics: Arc<Metrics>, mut state: watch::Receiver<RulesState>) {
     loop {
-        let now = *state.borrow_and_update();
-        metrics.set_dra_device_rules(now == RulesState::On);
+        let writable = *state.borrow_and_update() == RulesState::On;
+        metrics.set_dra_device_rules(writable);
         if state.changed().await.is_err() {
             return;
         }

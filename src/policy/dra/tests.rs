@@ -354,6 +354,7 @@ fn a_port_event_taints_the_bad_hca_at_once_and_never_untaints() {
             node_findings: &[],
             peer_finding: None,
             dra: Some(&facts),
+            dra_rules: None,
         })
         .verdict
     };
@@ -393,4 +394,59 @@ fn a_port_event_taints_the_bad_hca_at_once_and_never_untaints() {
     // Full probes: kept through the first good one, gone after recover_after (2).
     assert_eq!(full(&mut j, &node(&[])).device_taints, taints);
     assert!(full(&mut j, &node(&[])).device_taints.is_empty());
+}
+
+/// Issue 41 D: rules refused while a device is tainted: the device path protects nothing, so
+/// the Node is tainted (`DraDeviceRulesRefused`); refused with nothing tainted: a warning;
+/// written again: the node recovers through the hysteresis.
+#[test]
+fn refused_rules_of_a_tainted_device_taint_the_node_instead() {
+    use crate::policy::judge::{Facts, Judge};
+    let c = config(DRA);
+    let facts = all_four(&c);
+    let mut j = Judge::new(&c);
+    j.resume_validated();
+    let refused = RulesState::Refused("x: HTTP 422 denied by a webhook".into());
+    let judge = |j: &mut Judge, down: &[&str], rules: &RulesState| {
+        j.probe(Facts {
+            report: &node(down),
+            node_findings: &[],
+            peer_finding: None,
+            dra: Some(&facts),
+            dra_rules: Some(rules),
+        })
+        .verdict
+    };
+    let v = judge(&mut j, &[], &refused);
+    assert!(v.ready, "nothing tainted: ready");
+    assert!(
+        v.rdma
+            .part
+            .warnings
+            .iter()
+            .any(|w| w.code == DRA_DEVICE_RULES_REFUSED),
+        "{:?}",
+        v.rdma.part.warnings
+    );
+    let v = judge(&mut j, &["mlx5_3"], &refused);
+    assert!(!v.ready && !v.taints.is_empty(), "{v:?}");
+    let fabric = v
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "FabricReady")
+        .unwrap();
+    assert_eq!(fabric.reason, DRA_DEVICE_RULES_REFUSED);
+    assert!(
+        fabric.message.contains("mlx5_3") && fabric.message.contains("not protecting anything"),
+        "{}",
+        fabric.message
+    );
+    assert_eq!(v.device_taints.len(), 1, "the writer keeps trying");
+    // The same with the rules written: 3 of 4 ports, device scope: ready again after
+    // recover_after (2) judgments.
+    let v = judge(&mut j, &["mlx5_3"], &RulesState::On);
+    assert!(!v.ready);
+    let v = judge(&mut j, &["mlx5_3"], &RulesState::On);
+    assert!(v.ready, "{v:?}");
+    assert_eq!(v.device_taints.len(), 1);
 }
