@@ -328,6 +328,7 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
         node_findings,
         dra: dra.facts,
         registrations: dra.registrations,
+        rules: dra.rules,
         peers: mesh.as_ref().map(|m| &m.agent),
         stop: stop.clone(),
     };

@@ -10,7 +10,7 @@ use crate::error::Result;
 use crate::observe::metrics::Metrics;
 use crate::peers::PeerAgent;
 use crate::policy::agent_fault::AgentFault;
-use crate::policy::dra::DraFacts;
+use crate::policy::dra::{DraFacts, RulesState};
 use crate::policy::judge::{Facts, Judge};
 use crate::policy::{Finding, Verdict};
 use fabricgate_probes::ProbeReport;
@@ -28,6 +28,8 @@ pub(super) struct Links<'a> {
     /// Bumped when a DRA plugin's registration socket stops or starts answering
     /// (`node::dra`'s registration follower): probe at once.
     pub(super) registrations: watch::Receiver<u64>,
+    /// The DeviceTaintRule writer's state (`node::dra`): a refusal is judged at once.
+    pub(super) rules: watch::Receiver<RulesState>,
     /// The peer responder (`peers.enabled`): its ports follow each probe, and its required
     /// finding is judged with it.
     pub(super) peers: Option<&'a PeerAgent>,
@@ -73,6 +75,7 @@ struct Open {
     findings: bool,
     dra: bool,
     registrations: bool,
+    rules: bool,
 }
 
 /// The probe loop and what it keeps between probes: the last report, verdict and fault.
@@ -116,6 +119,7 @@ impl<'a> ProbeLoop<'a> {
                 findings: true,
                 dra: true,
                 registrations: true,
+                rules: true,
             },
             jitter: Jitter::new(),
             next: Instant::now(),
@@ -169,6 +173,17 @@ impl<'a> ProbeLoop<'a> {
                 r = self.links.dra.changed(), if self.open.dra => {
                     if r.is_err() {
                         self.open.dra = false;
+                        continue;
+                    }
+                    if self.last_probed.is_none() {
+                        continue;
+                    }
+                    false
+                }
+                // The rule writer refused or writing again: judged at once with the last report.
+                r = self.links.rules.changed(), if self.open.rules => {
+                    if r.is_err() {
+                        self.open.rules = false;
                         continue;
                     }
                     if self.last_probed.is_none() {
@@ -269,6 +284,7 @@ impl<'a> ProbeLoop<'a> {
         };
         let found = self.links.node_findings.borrow_and_update().clone();
         let dra_facts = self.links.dra.borrow_and_update().clone();
+        let dra_rules = self.links.rules.borrow_and_update().clone();
         let peer_finding = self.links.peers.and_then(|p| {
             if fresh {
                 p.update_ports(&report.rdma);
@@ -280,6 +296,7 @@ impl<'a> ProbeLoop<'a> {
             node_findings: &found,
             peer_finding,
             dra: dra_facts.as_ref(),
+            dra_rules: Some(&dra_rules),
         });
         let instant_ready = judged.instant_ready;
         self.metrics

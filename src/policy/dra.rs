@@ -25,6 +25,56 @@ pub const DRA_DEVICE_MISSING: &str = "DraDeviceMissing";
 /// one HCA (warnings).
 pub const DRA_DEVICE_UNMATCHED: &str = "DraDeviceUnmatched";
 pub const DRA_DEVICE_CONFLICT: &str = "DraDeviceConflict";
+/// Devices of a configured driver in a pool not named after the node (another driver's
+/// naming, or a fault): skipped, since the admission policy lets an agent write rules for its
+/// own node's pool only (a warning).
+pub const DRA_FOREIGN_POOL: &str = "DraForeignPool";
+
+/// The DeviceTaint rules of this node's bad HCAs cannot be written: the device path protects
+/// nothing, so a bad HCA taints the Node instead.
+pub const DRA_DEVICE_RULES_REFUSED: &str = "DraDeviceRulesRefused";
+
+/// What the DeviceTaintRule writer (`node::dra`, `rules.rs`) found out about the API: a fact
+/// the Judge reads ([`rules_refused`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RulesState {
+    /// Rules are written.
+    On,
+    /// The API server does not serve `DeviceTaintRule` (older than 1.37): the device path is
+    /// off; the Node path goes on.
+    NotServed,
+    /// The API server refuses the rules (403 of RBAC or the admission policy, 422 or 400 of a
+    /// webhook or a policy, 5xx past the writer's retries): retried slowly. The text names
+    /// the rules and the errors.
+    Refused(String),
+}
+
+/// The Node's side of [`RulesState::Refused`]: with rules wanted (`taints`, the devices in
+/// force), a finding, since those HCAs are kept from no claim; without, a warning.
+pub fn rules_refused(state: Option<&RulesState>, taints: &[DeviceTaint]) -> Option<Finding> {
+    let Some(RulesState::Refused(why)) = state else {
+        return None;
+    };
+    let message = if taints.is_empty() {
+        format!(
+            "this node's DeviceTaintRules cannot be written ({why}): a bad HCA would be kept \
+             from no claim, so it would taint the Node instead \
+             (fabricgate_dra_device_rules_writable 0)"
+        )
+    } else {
+        let hcas = taints
+            .iter()
+            .map(|t| format!("{} ({}: {})", t.hca, t.device, t.reason))
+            .collect::<Vec<_>>()
+            .join(", ");
+        format!(
+            "the DeviceTaintRules of {hcas} cannot be written ({why}): the device path is not \
+             protecting anything, so the Node is tainted instead until they are \
+             (fabricgate_dra_device_rules_writable 0)"
+        )
+    };
+    Some(finding(DRA_DEVICE_RULES_REFUSED, message))
+}
 
 /// One device of a configured driver in a ResourceSlice of this node.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -44,11 +94,15 @@ pub struct DraFacts {
     pub devices: Vec<PublishedDevice>,
     /// Configured drivers with no ResourceSlice for this node.
     pub drivers_without_slices: Vec<String>,
+    /// Devices of this node's slices in a pool not named after the node: matched to no HCA,
+    /// never tainted ([`DRA_FOREIGN_POOL`]).
+    pub foreign_pool: Vec<PublishedDevice>,
 }
 
 /// The devices of `drivers` in `slices` (this node's), and the drivers with no slice. A slice
 /// of a pool generation older than the newest one seen for that pool is left out (the driver
-/// is replacing it).
+/// is replacing it); the devices of a pool not named after the slice's node are kept apart
+/// (`foreign_pool`).
 pub fn published(slices: &[ResourceSlice], drivers: &[DraDriver]) -> DraFacts {
     let mut newest: BTreeMap<(&str, &str), i64> = BTreeMap::new();
     for s in slices {
@@ -70,6 +124,7 @@ pub fn published(slices: &[ResourceSlice], drivers: &[DraDriver]) -> DraFacts {
                 continue;
             }
             any = true;
+            let own_pool = s.spec.node_name.as_deref() == Some(s.spec.pool.name.as_str());
             for device in s.spec.devices.iter().flatten() {
                 let attributes = device.attributes.as_ref();
                 let string = |qualified: &str| {
@@ -84,13 +139,18 @@ pub fn published(slices: &[ResourceSlice], drivers: &[DraDriver]) -> DraFacts {
                         .and_then(|a| a.string.clone())
                         .filter(|v| !v.is_empty())
                 };
-                facts.devices.push(PublishedDevice {
+                let published = PublishedDevice {
                     driver: d.name.clone(),
                     pool: s.spec.pool.name.clone(),
                     device: device.name.clone(),
                     rdma_device: string(&rdma_attribute),
                     pci_address: string(&pci_attribute).map(|a| a.to_ascii_lowercase()),
-                });
+                };
+                if own_pool {
+                    facts.devices.push(published);
+                } else {
+                    facts.foreign_pool.push(published);
+                }
             }
         }
         if !any {
@@ -99,6 +159,8 @@ pub fn published(slices: &[ResourceSlice], drivers: &[DraDriver]) -> DraFacts {
     }
     facts.devices.sort();
     facts.devices.dedup();
+    facts.foreign_pool.sort();
+    facts.foreign_pool.dedup();
     facts
 }
 
@@ -168,6 +230,7 @@ pub fn assess(report: &ProbeReport, facts: Option<&DraFacts>, config: &Config) -
             ),
         ));
     }
+    foreign_pool_warnings(facts, &mut out);
     let hcas = hca_health(report, config);
     let probed: Vec<&str> = report
         .rdma
@@ -261,6 +324,31 @@ pub fn assess(report: &ProbeReport, facts: Option<&DraFacts>, config: &Config) -
     out.taints.sort();
     out.taints.dedup();
     out
+}
+
+/// One warning per driver and pool not named after the node.
+fn foreign_pool_warnings(facts: &DraFacts, out: &mut DraAssessment) {
+    let mut pools: BTreeMap<(&str, &str), Vec<&str>> = BTreeMap::new();
+    for d in &facts.foreign_pool {
+        pools
+            .entry((d.driver.as_str(), d.pool.as_str()))
+            .or_default()
+            .push(d.device.as_str());
+    }
+    for ((driver, pool), devices) in pools {
+        out.warnings.push(finding(
+            DRA_FOREIGN_POOL,
+            format!(
+                "the DRA driver {driver} publishes device{} {} of this node in pool {pool}, \
+                 which is not named after the node: skipped (matched to no HCA, never given a \
+                 DeviceTaintRule, which the admission policy allows only for the node's own \
+                 pool); a driver that names its pools otherwise is not supported \
+                 (docs/dra.md)",
+                if devices.len() == 1 { "" } else { "s" },
+                devices.join(", ")
+            ),
+        ));
+    }
 }
 
 /// Each configured driver: up when its registration socket answers (no `DraDriverUnavailable`

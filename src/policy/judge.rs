@@ -17,7 +17,7 @@
 
 use super::agent_fault::{self, AgentFault};
 use super::device_plugin;
-use super::dra::{self, DeviceHysteresis, DraFacts};
+use super::dra::{self, DeviceHysteresis, DraFacts, RulesState};
 use super::{Finding, Hysteresis, Scope, Verdict, evaluate, evaluate_with, unvalidated_taint};
 use crate::config::Config;
 use fabricgate_probes::ProbeReport;
@@ -36,6 +36,8 @@ pub struct Facts<'a> {
     pub peer_finding: Option<Finding>,
     /// The DRA drivers' slices of this node (`kubernetes.dra`); `None` while unknown.
     pub dra: Option<&'a DraFacts>,
+    /// What the DeviceTaintRule writer found out; `None` when it does not run.
+    pub dra_rules: Option<&'a RulesState>,
 }
 
 /// What one judgment gives: the verdict for the Node writer, the one metrics record, and the
@@ -102,24 +104,33 @@ impl Judge {
         if let Some(finding) = facts.peer_finding {
             instant = apply_required_finding(instant, finding, config);
         }
-        let instant_ready = instant.ready;
         let fault = agent_fault::classify(facts.report, &own_mounts)
             // Devices missing from an incomplete plugin set are the plugin's fault.
             .filter(|f| {
                 !(f.cause == agent_fault::Cause::NoDeviceAccess && host.incomplete_device_set)
             })
             .or_else(|| agent_fault::config_mismatch(facts.report, config));
+        // The agent's own trouble neither taints nor untaints a device.
+        let device_taints = match &fault {
+            None => self.devices.apply(&dra.taints, config.node.recover_after),
+            Some(_) => self.devices.current(),
+        };
+        // Device taints whose rules cannot be written protect nothing: the Node is tainted.
+        if let Some(refused) = dra::rules_refused(facts.dra_rules, &device_taints) {
+            if device_taints.is_empty() {
+                instant.rdma.part.warnings.push(refused);
+            } else {
+                instant = apply_required_finding(instant, refused, config);
+            }
+        }
+        let instant_ready = instant.ready;
         // An agent error says nothing about the node: the hysteresis does not see that probe,
         // so the node continues where it was once the agent can judge again.
         let mut recorded = match &fault {
             None => self.hysteresis.apply(instant),
             Some(f) => agent_fault::verdict(instant, f, config),
         };
-        // The agent's own trouble neither taints nor untaints a device.
-        recorded.device_taints = match &fault {
-            None => self.devices.apply(&dra.taints, config.node.recover_after),
-            Some(_) => self.devices.current(),
-        };
+        recorded.device_taints = device_taints;
         let verdict = agent_fault::gate(recorded.clone(), fault.as_ref(), config);
         let dra_drivers = config
             .kubernetes

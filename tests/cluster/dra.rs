@@ -731,6 +731,101 @@ fn redteam_an_agent_cannot_taint_or_untaint_another_nodes_devices() {
     }
 }
 
+/// Issue 41, edge A: node `dra-sq`'s agent squats node `dra-sq-a`'s rule name. The prefix form
+/// (its pool, `dra-sq-a`'s device) and `fabricgate-fnv-` are refused; the exact form (its own
+/// junk device `a-<device>`) is its own name and allowed, and `dra-sq-a`'s agent then names its
+/// bad HCA's rule `fabricgate.<device>.dra-sq-a`, which no other node can take.
+#[test]
+fn redteam_a_squatted_rule_name_does_not_leave_a_bad_hca_untainted() {
+    let Some(cp) = control_plane() else { return };
+    let attacker = TestNode::seeded(cp, "dra-sq");
+    let attacker_config = attacker.agent_kubeconfig(None);
+    let victim = DraNode::new(cp, "dra-sq-a", "");
+    let victim_name = format!("fabricgate-{}-{}", victim.node.name, device_name(1));
+    let squat = |device: &str, name: &str| {
+        let mut r = rule_for(&attacker.name, device);
+        r["spec"]["taint"]["effect"] = json!("None");
+        r["metadata"]["name"] = json!(name);
+        r
+    };
+    wait_until("the policy loaded", Duration::from_secs(30), || {
+        let probe = squat("pci-0000-ff-00-0", "innocent-looking");
+        let (ok, _) = as_token(cp, &attacker_config, "create", &probe);
+        if ok {
+            cp.kubectl(&["delete", "devicetaintrule", "innocent-looking"]);
+        }
+        !ok
+    });
+    // Its own pool, the victim's device, under the victim's name: refused.
+    let (ok, out) = as_token(
+        cp,
+        &attacker_config,
+        "create",
+        &squat(&device_name(1), &victim_name),
+    );
+    if ok {
+        cp.kubectl(&["delete", "devicetaintrule", &victim_name]);
+    }
+    assert!(
+        !ok && out.contains("names its DeviceTaintRules"),
+        "prefix squat: {out}"
+    );
+    let fnv = "fabricgate-fnv-0123456789abcdef-0123456789abcdef";
+    let (ok, out) = as_token(cp, &attacker_config, "create", &squat(&device_name(1), fnv));
+    if ok {
+        cp.kubectl(&["delete", "devicetaintrule", fnv]);
+    }
+    assert!(
+        !ok && out.contains("names its DeviceTaintRules"),
+        "fnv squat: {out}"
+    );
+
+    // The exact name of its own (junk) device, which is the victim's plain name: allowed.
+    let junk = format!("a-{}", device_name(1));
+    let (ok, out) = as_token(cp, &attacker_config, "create", &squat(&junk, &victim_name));
+    assert!(ok, "the exact name of its own device: {out}");
+
+    // The victim's mlx5_1 goes bad: its rule is written under the name no node can take.
+    victim.publish_slice(&[0, 1, 2, 3]);
+    victim.port_state(1, false);
+    let agent = victim.start_agent("500ms");
+    wait_until(
+        "mlx5_1's rule under its other name",
+        Duration::from_secs(30),
+        || victim.rules().len() == 1,
+    );
+    let rule = &victim.rules()[0];
+    assert_eq!(
+        rule["metadata"]["name"],
+        format!("fabricgate.{}.{}", device_name(1), victim.node.name).as_str(),
+        "{rule}"
+    );
+    assert_eq!(
+        rule["spec"]["deviceSelector"]["device"],
+        device_name(1).as_str()
+    );
+    // The alternative name cannot be built by the attacker either.
+    let alt = format!("fabricgate.{}.{}", device_name(2), victim.node.name);
+    let (ok, out) = as_token(
+        cp,
+        &attacker_config,
+        "create",
+        &squat(&device_name(2), &alt),
+    );
+    assert!(
+        !ok && out.contains("names its DeviceTaintRules"),
+        "alt squat: {out}"
+    );
+    let log = agent.log();
+    assert!(log.contains("holds this device's name"), "{log}");
+    drop(agent);
+    let alt1 = format!("fabricgate.{}.{}", device_name(1), victim.node.name);
+    for name in [victim_name.as_str(), alt1.as_str(), alt.as_str()] {
+        cp.kubectl(&["delete", "devicetaintrule", name, "--ignore-not-found"]);
+    }
+    victim.delete_slice();
+}
+
 /// A kubeconfig with a token of `account` in namespace fabricgate, with the RBAC the shipped
 /// manifests give it (deploy/guard.yaml, deploy/webhook.yaml).
 fn service_account_kubeconfig(cp: &ControlPlane, account: &str) -> PathBuf {
@@ -788,9 +883,15 @@ fn refused_rules(
     let n = DraNode::new(cp, name, "");
     n.publish_slice(&[0, 1, 2, 3]);
     n.port_state(1, false);
+    let agent = agent_through(&n, &proxy);
+    (proxy, n, agent)
+}
+
+/// `n`'s agent (interval 500 ms), talking to the API server through `proxy`.
+fn agent_through(n: &DraNode, proxy: &crate::common::faultproxy::FaultProxy) -> Agent {
     let kubeconfig = n.node.agent_kubeconfig(Some(&proxy.url()));
     let config = n.config();
-    let agent = Launch::at(
+    Launch::at(
         &n.node.name,
         &n.dir.path().join("sys"),
         &n.dir.path().join("proc"),
@@ -798,8 +899,94 @@ fn refused_rules(
     )
     .kubeconfig(Some(&kubeconfig))
     .args(&["--interval", "500ms", "--config", config.to_str().unwrap()])
-    .start();
-    (proxy, n, agent)
+    .known_addr()
+    .start()
+}
+
+/// Issue 41, edge B: a device of the node in a pool not named after it (its rule would be
+/// refused, 403) and a rule whose every write is refused (422) sort before a bad HCA's rule;
+/// neither stops it. The foreign-pool device is skipped (`DraForeignPool`), never written.
+#[test]
+fn redteam_one_refused_or_foreign_pool_rule_does_not_stop_the_others() {
+    let Some(cp) = control_plane() else { return };
+    let proxy = crate::common::faultproxy::FaultProxy::start(&cp.url, &cp.ca_file);
+    let n = DraNode::with(cp, "dra-fp", json!({}), 2, "");
+    n.publish_slice(&[0, 1, 2, 3]);
+    let foreign_slice = format!("{}-foreign", n.node.name);
+    cp.apply(
+        &json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": { "name": foreign_slice },
+            "spec": {
+                "driver": DRIVER, "nodeName": n.node.name,
+                "pool": { "name": "dra-fp-other", "generation": 1, "resourceSliceCount": 1 },
+                "devices": [{ "name": "aaa-0", "attributes": {
+                    "dra.net/rdmaDevice": { "string": "mlx5_3" },
+                }}],
+            },
+        })
+        .to_string(),
+    );
+    // mlx5_0's rule exists with another value: the agent must change it, and every change of
+    // it is refused.
+    let refused = format!("fabricgate-{}-{}", n.node.name, device_name(0));
+    cp.apply(
+        &json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceTaintRule",
+            "metadata": { "name": refused, "labels": { "fabricgate.io/node": n.node.name } },
+            "spec": {
+                "deviceSelector": { "driver": DRIVER, "pool": n.node.name, "device": device_name(0) },
+                "taint": { "key": "fabricgate.io/unvalidated", "value": "Old", "effect": "NoSchedule" },
+            },
+        })
+        .to_string(),
+    );
+    proxy.set_fault_matching(
+        crate::common::faultproxy::Fault::Status {
+            code: 422,
+            retry_after: None,
+            plain: false,
+        },
+        &format!("devicetaintrules/{refused}"),
+    );
+    n.port_state(0, false);
+    n.port_state(3, false);
+    let agent = agent_through(&n, &proxy);
+    wait_until("mlx5_3's rule", Duration::from_secs(30), || {
+        n.rules()
+            .iter()
+            .any(|r| r["spec"]["deviceSelector"]["device"] == device_name(3).as_str())
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    let all = rules(cp);
+    assert!(
+        !all.iter()
+            .any(|r| r["spec"]["deviceSelector"]["pool"] == "dra-fp-other"),
+        "no rule for the foreign pool: {all:?}"
+    );
+    let log = agent.log();
+    assert!(
+        log.contains(&refused) && log.contains("422"),
+        "the refusal named: {log}"
+    );
+    drop(agent);
+    proxy.clear_fault();
+    cp.kubectl(&["delete", "devicetaintrule", &refused, "--ignore-not-found"]);
+    for r in n.rules() {
+        cp.kubectl(&[
+            "delete",
+            "devicetaintrule",
+            r["metadata"]["name"].as_str().unwrap(),
+            "--ignore-not-found",
+        ]);
+    }
+    cp.kubectl(&[
+        "delete",
+        "resourceslice",
+        &foreign_slice,
+        "--ignore-not-found",
+    ]);
+    n.delete_slice();
 }
 
 #[test]
@@ -832,15 +1019,81 @@ fn dra_an_api_server_without_device_taint_rules_turns_the_device_path_off_once()
     n.delete_slice();
 }
 
+/// `fabricgate_dra_device_rules_writable` as the agent's /metrics shows it.
+fn rules_writable(agent: &Agent) -> Option<String> {
+    let (_, body) = agent.get("/metrics")?;
+    body.lines()
+        .find(|l| l.starts_with("fabricgate_dra_device_rules_writable "))
+        .map(|l| l.rsplit(' ').next().unwrap_or_default().to_owned())
+}
+
+/// Issue 41, edge D: every create of a DeviceTaintRule refused by 422 (a webhook or a policy):
+/// the bad HCA is not protected, so the metric says 0 and the Node is tainted with a reason
+/// saying so; once the writes pass, the rule is written and the node validated again.
+#[test]
+fn redteam_a_rule_write_refused_by_422_is_not_invisible() {
+    let Some(cp) = control_plane() else { return };
+    let proxy = crate::common::faultproxy::FaultProxy::start(&cp.url, &cp.ca_file);
+    proxy.set_fault_matching(
+        crate::common::faultproxy::Fault::Status {
+            code: 422,
+            retry_after: None,
+            plain: false,
+        },
+        // Creates only (`?&fieldManager=`): the list and watch pass.
+        "devicetaintrules?&fieldManager",
+    );
+    let n = DraNode::new(cp, "dra-422", "");
+    n.publish_slice(&[0, 1, 2, 3]);
+    n.port_state(1, false);
+    let agent = agent_through(&n, &proxy);
+    agent.wait(
+        "the refusal on the Node and in the metric",
+        Duration::from_secs(60),
+        || {
+            n.fabric_reason() == "DraDeviceRulesRefused"
+                && rules_writable(&agent).as_deref() == Some("0")
+        },
+    );
+    assert!(n.node.has_our_taint(), "the Node is tainted instead");
+    let message = n.node.condition("FabricReady").unwrap()["message"].clone();
+    let message = message.as_str().unwrap_or_default();
+    assert!(
+        message.contains("mlx5_1") && message.contains("422") && message.contains("not protecting"),
+        "{message}"
+    );
+    assert!(n.rules().is_empty());
+
+    proxy.clear_fault();
+    agent.wait(
+        "the rule written, validated again",
+        Duration::from_secs(60),
+        || n.rules().len() == 1 && n.node.ready() && rules_writable(&agent).as_deref() == Some("1"),
+    );
+    drop(agent);
+    for r in n.rules() {
+        cp.kubectl(&[
+            "delete",
+            "devicetaintrule",
+            r["metadata"]["name"].as_str().unwrap(),
+            "--ignore-not-found",
+        ]);
+    }
+    n.delete_slice();
+}
+
 /// An API server that refuses the agent's DeviceTaintRules (403: RBAC missing; a fault proxy
 /// in front of the real one answers them so): one warning naming the grant, retries with
-/// backoff instead of a loop, no `AgentError`, the node path working; allowed again, the bad
-/// HCA gets its rule.
+/// backoff instead of a loop, no `AgentError`; the bad HCA's rule cannot be written, so the
+/// Node is tainted instead (`DraDeviceRulesRefused`, issue 41 D); allowed again, the bad HCA
+/// gets its rule and the node is validated.
 #[test]
 fn dra_an_agent_refused_device_taint_rules_warns_once_backs_off_and_recovers() {
     let Some(cp) = control_plane() else { return };
     let (proxy, n, agent) = refused_rules(cp, "dra-refused", 403);
-    agent.wait("validation", Duration::from_secs(60), || n.node.ready());
+    agent.wait("the refusal on the Node", Duration::from_secs(60), || {
+        n.fabric_reason() == "DraDeviceRulesRefused"
+    });
     std::thread::sleep(Duration::from_secs(4));
     let log = agent.log();
     assert_eq!(
@@ -858,7 +1111,10 @@ fn dra_an_agent_refused_device_taint_rules_warns_once_backs_off_and_recovers() {
     assert!(asked <= 8, "backs off: {asked} requests");
     assert!(!log.contains("AgentError"), "{log}");
     assert!(n.rules().is_empty());
-    assert!(n.node.ready(), "the node path goes on");
+    assert!(
+        n.node.has_our_taint() && n.fabric_reason() == "DraDeviceRulesRefused",
+        "the unprotected HCA taints the Node"
+    );
 
     proxy.clear_fault();
     wait_until(
@@ -866,6 +1122,9 @@ fn dra_an_agent_refused_device_taint_rules_warns_once_backs_off_and_recovers() {
         Duration::from_secs(30),
         || n.rules().len() == 1,
     );
+    agent.wait("validated again", Duration::from_secs(30), || {
+        n.node.ready()
+    });
     drop(agent);
     n.delete_slice();
 }

@@ -9,9 +9,10 @@ mod registration;
 mod rules;
 mod slices;
 
+pub use crate::policy::dra::RulesState;
 pub use rules::{
-    DeviceTaintRules, HCA_ANNOTATION, MESSAGE_ANNOTATION, NODE_LABEL, RULE_PREFIX, RulesState,
-    follow_state, node_label_value, rule_name,
+    ALT_RULE_PREFIX, DeviceTaintRules, HCA_ANNOTATION, MESSAGE_ANNOTATION, NODE_LABEL, RULE_PREFIX,
+    alt_rule_name, follow_state, node_label_value, rule_name,
 };
 pub use slices::watch_slices;
 
@@ -49,6 +50,8 @@ pub struct DraInputs {
     pub facts: watch::Receiver<Option<DraFacts>>,
     /// Bumped when a plugin's registration socket stops or starts answering: probe at once.
     pub registrations: watch::Receiver<u64>,
+    /// The rule writer's state ([`RulesState`]): the last report is judged again on a change.
+    pub rules: watch::Receiver<RulesState>,
     pub tasks: Vec<JoinHandle<()>>,
 }
 
@@ -64,6 +67,7 @@ impl DraJobs<'_> {
         let dra = &self.config.kubernetes.dra;
         let (facts_tx, facts) = watch::channel(None);
         let (registrations_tx, registrations) = watch::channel(0u64);
+        let (state_tx, rules) = watch::channel(RulesState::On);
         let mut tasks = Vec::new();
         if dra.enabled()
             && let Some(c) = self.clients
@@ -78,7 +82,7 @@ impl DraJobs<'_> {
                 self.interval,
             )));
             if dra.taint_scope.device_rules() && !self.dry_run {
-                let (state_tx, state_rx) = watch::channel(RulesState::On);
+                let state_rx = rules.clone();
                 let rules = DeviceTaintRules {
                     node: self.node.to_owned(),
                     key: unvalidated_taint(self.config).key,
@@ -106,6 +110,7 @@ impl DraJobs<'_> {
         DraInputs {
             facts,
             registrations,
+            rules,
             tasks,
         }
     }

@@ -9,7 +9,7 @@ use crate::node::WatchBackoff;
 use crate::node::watch::FIRST_BACKOFF;
 use crate::observe::metrics::Metrics;
 use crate::policy::Verdict;
-use crate::policy::dra::DeviceTaint;
+use crate::policy::dra::{DeviceTaint, RulesState};
 use futures::StreamExt;
 use k8s_openapi::api::resource::v1::DeviceTaintRule;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -29,8 +29,12 @@ pub const NODE_LABEL: &str = "fabricgate.io/node";
 /// The HCA a rule is about, and the probe's message, for `kubectl get devicetaintrules -o yaml`.
 pub const HCA_ANNOTATION: &str = "fabricgate.io/hca";
 pub const MESSAGE_ANNOTATION: &str = "fabricgate.io/message";
-/// Every rule's name starts with this (the admission policy checks it).
+/// Every rule's plain name starts with this (the admission policy checks the whole name).
 pub const RULE_PREFIX: &str = "fabricgate-";
+/// The alternative name's prefix: no plain name starts with it.
+pub const ALT_RULE_PREFIX: &str = "fabricgate.";
+/// The longest object name the API takes (a DNS subdomain).
+const MAX_NAME: usize = 253;
 
 /// [`NODE_LABEL`]'s value for `node`.
 pub fn node_label_value(node: &str) -> String {
@@ -41,31 +45,27 @@ pub fn node_label_value(node: &str) -> String {
     }
 }
 
-/// The rule's name for a device of `node`: `fabricgate-<node>-<device>`, the node hashed when
-/// that would pass 253 characters.
-pub fn rule_name(node: &str, taint: &DeviceTaint) -> String {
-    let name = format!("{RULE_PREFIX}{node}-{}", taint.device);
-    if name.len() <= 253 {
-        return name;
-    }
-    let key = format!("{}/{}", taint.driver, taint.device);
-    format!(
-        "{RULE_PREFIX}fnv-{:016x}-{:016x}",
-        crate::node::fabriccheck::fnv64(node),
-        crate::node::fabriccheck::fnv64(&key)
-    )
+/// The rule's plain name for a device of `node`, `fabricgate-<node>-<device>`, when it fits
+/// 253 characters. Another node may hold it first (node `a` with device `b-x` has the name of
+/// node `a-b` with device `x`): then [`alt_rule_name`] is used.
+pub fn rule_name(node: &str, device: &str) -> Option<String> {
+    let name = format!("{RULE_PREFIX}{node}-{device}");
+    (name.len() <= MAX_NAME).then_some(name)
 }
 
-/// What the rule writer's watch and writes found out about the API.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RulesState {
-    /// Rules are written.
-    On,
-    /// The API server does not serve `DeviceTaintRule` (older than 1.37): the device path is
-    /// off; the Node path goes on.
-    NotServed,
-    /// The API server refuses the agent (RBAC or the admission policy): retried slowly.
-    Forbidden,
+/// The name no other node can take: `fabricgate.<device>.<node>` (a device name has no dot, so
+/// the node is all after the first one), the node cut to fit 253 characters and ended by `0`
+/// then (a cut may end in `-` or `.`). The admission policy builds the same string in CEL
+/// (deploy/base/admission-policy.yaml): keep them in step.
+pub fn alt_rule_name(node: &str, device: &str) -> String {
+    let room = MAX_NAME - ALT_RULE_PREFIX.len() - 1;
+    let node = if node.len() + device.len() <= room {
+        node.to_owned()
+    } else {
+        let keep = room.saturating_sub(device.len() + 1);
+        format!("{}0", node.get(..keep).unwrap_or(node))
+    };
+    format!("{ALT_RULE_PREFIX}{device}.{node}")
 }
 
 /// The DeviceTaintRules of this node's bad HCAs: one per device of
@@ -85,11 +85,35 @@ pub struct DeviceTaintRules {
 }
 
 impl DeviceTaintRules {
-    fn desired(&self, taints: &[DeviceTaint]) -> BTreeMap<String, DeviceTaint> {
-        taints
-            .iter()
-            .map(|t| (rule_name(&self.node, t), t.clone()))
-            .collect()
+    /// The rules `taints` want, by name: each device's plain name, else (too long, held by a
+    /// rule of another pool, or wanted by another driver's device of the same name) its
+    /// alternative one. A device left without a free name is logged and gets no rule.
+    fn desired(
+        &self,
+        taints: &[DeviceTaint],
+        taken: &BTreeSet<String>,
+    ) -> BTreeMap<String, DeviceTaint> {
+        let mut want = BTreeMap::new();
+        for t in taints {
+            let plain = rule_name(&self.node, &t.device).filter(|n| !taken.contains(n));
+            let name = plain
+                .into_iter()
+                .chain([alt_rule_name(&self.node, &t.device)])
+                .find(|n| !want.contains_key(n));
+            match name {
+                Some(n) => {
+                    want.insert(n, t.clone());
+                }
+                None => tracing::warn!(
+                    driver = %t.driver,
+                    device = %t.device,
+                    hca = %t.hca,
+                    "no free DeviceTaintRule name for this device (another driver's device of \
+                     the same name holds both of its names): it gets no rule"
+                ),
+            }
+        }
+        want
     }
 
     fn matches(&self, rule: &DeviceTaintRule, t: &DeviceTaint) -> bool {
@@ -146,7 +170,10 @@ impl DeviceTaintRules {
             .backoff(WatchBackoff::new(self.max_backoff))
             .boxed();
         let mut rules = Rules::default();
-        let mut wanted: Option<BTreeMap<String, DeviceTaint>> = None;
+        let mut wanted: Option<Vec<DeviceTaint>> = None;
+        // Plain names held by a rule of another pool: this node's devices use their
+        // alternative names instead.
+        let mut taken = BTreeSet::new();
         let mut retry = Retry::default();
         loop {
             let dirty = tokio::select! {
@@ -157,9 +184,8 @@ impl DeviceTaintRules {
                     let taints = verdicts.borrow_and_update().as_ref().map(|v| v.device_taints.clone());
                     match taints {
                         Some(t) => {
-                            let d = self.desired(&t);
-                            let changed = wanted.as_ref() != Some(&d);
-                            wanted = Some(d);
+                            let changed = wanted.as_ref() != Some(&t);
+                            wanted = Some(t);
                             changed
                         }
                         None => false,
@@ -180,7 +206,7 @@ impl DeviceTaintRules {
             let Some(want) = wanted.as_ref() else {
                 continue;
             };
-            let result = self.sync(&api, want, &rules.current).await;
+            let result = self.sync(&api, want, &rules.current, &mut taken).await;
             self.synced(result, &mut retry);
         }
     }
@@ -195,7 +221,7 @@ impl DeviceTaintRules {
                  no device taint; the Node's own taint goes on \
                  (kubernetes.dra.taint_scope)"
             );
-            self.state.send_replace(RulesState::NotServed);
+            self.set_state(RulesState::NotServed);
             return None;
         }
         if matches!(e, watcher::Error::InitialListFailed(kube::Error::Api(s)) if s.code == 403)
@@ -209,98 +235,119 @@ impl DeviceTaintRules {
                  HCAs get no device taint until then"
             );
             retry.forbidden_logged = true;
-            self.state.send_replace(RulesState::Forbidden);
+            self.set_state(RulesState::Refused(
+                "listing them refused: HTTP 403 (RBAC, or the admission policy)".to_owned(),
+            ));
         }
         Some(false)
     }
 
-    /// After a pass: the state, and on an error a warning (once while refused) and a retry.
-    fn synced(&self, result: kube::Result<()>, retry: &mut Retry) {
-        match result {
-            Ok(()) => {
-                retry.backoff = FIRST_BACKOFF;
-                retry.forbidden_logged = false;
-                self.state.send_replace(RulesState::On);
-            }
-            Err(e) => {
-                let forbidden = matches!(&e, kube::Error::Api(s) if s.code == 403);
-                if forbidden {
-                    self.state.send_replace(RulesState::Forbidden);
-                }
-                if !retry.forbidden_logged || !forbidden {
-                    tracing::warn!(
-                        error = %e,
-                        retry_in = ?retry.backoff,
-                        "cannot write this node's DeviceTaintRules{}",
-                        if forbidden {
-                            " (RBAC, or the admission policy \
-                             fabricgate-device-taint-rules refused it)"
-                        } else {
-                            ""
-                        }
-                    );
-                    retry.forbidden_logged |= forbidden;
-                }
-                retry.at = Some(Instant::now() + retry.backoff);
-                retry.backoff = (retry.backoff * 2).min(self.max_backoff.max(FIRST_BACKOFF));
-            }
-        }
+    /// Tell the state when it changes (each change judges the node again).
+    fn set_state(&self, state: RulesState) {
+        self.state.send_if_modified(|s| {
+            let changed = *s != state;
+            *s = state;
+            changed
+        });
     }
 
-    /// One pass: apply the rules that differ, delete ours that are not wanted.
+    /// After a pass: the state, and on a failure a warning naming each failed rule (once
+    /// while refused by 403) and a retry. A refusal (4xx) is [`RulesState::Refused`] at once;
+    /// a server error or a lost connection after [`FAILED_PASSES`] passes in a row.
+    fn synced(&self, failed: Vec<(String, kube::Error)>, retry: &mut Retry) {
+        if failed.is_empty() {
+            retry.backoff = FIRST_BACKOFF;
+            retry.forbidden_logged = false;
+            retry.failed_passes = 0;
+            self.set_state(RulesState::On);
+            return;
+        }
+        retry.failed_passes += 1;
+        let code = |e: &kube::Error| match e {
+            kube::Error::Api(s) => Some(s.code),
+            _ => None,
+        };
+        let forbidden = failed.iter().all(|(_, e)| code(e) == Some(403));
+        let refused = failed
+            .iter()
+            .any(|(_, e)| code(e).is_some_and(|c| (400..500).contains(&c)));
+        let errors = failed
+            .iter()
+            .map(|(rule, e)| match e {
+                kube::Error::Api(s) => format!("{rule}: HTTP {} {}", s.code, s.message),
+                e => format!("{rule}: {e}"),
+            })
+            .collect::<Vec<_>>()
+            .join("; ");
+        if refused || retry.failed_passes >= FAILED_PASSES {
+            self.set_state(RulesState::Refused(errors.clone()));
+        }
+        if !retry.forbidden_logged || !forbidden {
+            tracing::warn!(
+                errors = %errors,
+                retry_in = ?retry.backoff,
+                "cannot write this node's DeviceTaintRules{}",
+                if forbidden {
+                    " (RBAC, or the admission policy \
+                     fabricgate-device-taint-rules refused it)"
+                } else {
+                    ""
+                }
+            );
+            retry.forbidden_logged |= forbidden;
+        }
+        retry.at = Some(Instant::now() + retry.backoff);
+        retry.backoff = (retry.backoff * 2).min(self.max_backoff.max(FIRST_BACKOFF));
+    }
+
+    /// One pass: apply the rules that differ, delete ours that are not wanted. A plain name
+    /// found held by another pool's rule joins `taken` and the pass goes on with the
+    /// alternative name. A refused or failed rule never stops the others: every failure is
+    /// returned, by rule name.
     async fn sync(
         &self,
         api: &Api<DeviceTaintRule>,
-        want: &BTreeMap<String, DeviceTaint>,
+        taints: &[DeviceTaint],
         rules: &BTreeMap<String, DeviceTaintRule>,
-    ) -> kube::Result<()> {
-        let params = PatchParams::apply(FIELD_MANAGER).force();
-        let create = PostParams {
-            field_manager: Some(FIELD_MANAGER.into()),
-            ..PostParams::default()
-        };
-        for (name, t) in want {
-            match rules.get(name) {
-                Some(r) if self.matches(r, t) => continue,
-                // A new rule is created (an apply that creates needs the create verb too); one
-                // that differs (edited by hand, a new reason) is applied.
-                None => {
-                    let rule: DeviceTaintRule = serde_json::from_value(self.body(name, t))
-                        .map_err(kube::Error::SerdeError)?;
-                    match api.create(&create, &rule).await {
-                        Ok(_) => {}
-                        Err(kube::Error::Api(s)) if s.code == 409 => {
-                            api.patch(name, &params, &Patch::Apply(self.body(name, t)))
-                                .await?;
-                        }
-                        Err(e) => return Err(e),
+        taken: &mut BTreeSet<String>,
+    ) -> Vec<(String, kube::Error)> {
+        let mut done = BTreeSet::new();
+        let mut failed = Vec::new();
+        let want = loop {
+            let want = self.desired(taints, taken);
+            let mut renamed = false;
+            for (name, t) in &want {
+                if done.contains(name) {
+                    continue;
+                }
+                match self.write(api, name, t, rules.get(name)).await {
+                    Ok(Written::Done) => {
+                        done.insert(name.clone());
+                    }
+                    Ok(Written::Taken(pool)) => {
+                        tracing::warn!(
+                            rule = %name,
+                            held_by_pool = pool.as_deref().unwrap_or("(one this agent may not change)"),
+                            "a DeviceTaintRule of another pool holds this device's name: \
+                             its rule is named {} instead",
+                            alt_rule_name(&self.node, &t.device)
+                        );
+                        taken.insert(name.clone());
+                        renamed = true;
+                    }
+                    Err(e) => {
+                        done.insert(name.clone());
+                        failed.push((name.clone(), e));
                     }
                 }
-                Some(_) => {
-                    api.patch(name, &params, &Patch::Apply(self.body(name, t)))
-                        .await?;
-                }
             }
-            tracing::warn!(
-                rule = %name,
-                hca = %t.hca,
-                driver = %t.driver,
-                device = %t.device,
-                reason = %t.reason,
-                effect = self.effect.as_str(),
-                "DeviceTaintRule set: {}",
-                t.message
-            );
-        }
+            if !renamed {
+                break want;
+            }
+        };
         let ours: BTreeSet<&String> = rules
             .iter()
-            .filter(|(_, r)| {
-                r.spec
-                    .device_selector
-                    .as_ref()
-                    .and_then(|s| s.pool.as_deref())
-                    == Some(self.node.as_str())
-            })
+            .filter(|(_, r)| pool_of(r) == Some(self.node.as_str()))
             .map(|(n, _)| n)
             .collect();
         for name in ours {
@@ -312,11 +359,86 @@ impl DeviceTaintRules {
                     tracing::info!(rule = %name, "DeviceTaintRule removed: the device is healthy")
                 }
                 Err(kube::Error::Api(s)) if s.code == 404 => {}
-                Err(e) => return Err(e),
+                Err(e) => failed.push((name.clone(), e)),
             }
         }
-        Ok(())
+        failed
     }
+
+    /// Make the rule `name` say `t`, unless it already does; `existing`: the rule as the watch
+    /// shows it.
+    async fn write(
+        &self,
+        api: &Api<DeviceTaintRule>,
+        name: &str,
+        t: &DeviceTaint,
+        existing: Option<&DeviceTaintRule>,
+    ) -> kube::Result<Written> {
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        match existing {
+            Some(r) if pool_of(r) != Some(self.node.as_str()) => {
+                return Ok(Written::Taken(pool_of(r).map(str::to_owned)));
+            }
+            Some(r) if self.matches(r, t) => return Ok(Written::Done),
+            // A new rule is created (an apply that creates needs the create verb too); one
+            // that differs (edited by hand, a new reason) is applied.
+            None => {
+                let create = PostParams {
+                    field_manager: Some(FIELD_MANAGER.into()),
+                    ..PostParams::default()
+                };
+                let rule: DeviceTaintRule =
+                    serde_json::from_value(self.body(name, t)).map_err(kube::Error::SerdeError)?;
+                match api.create(&create, &rule).await {
+                    Ok(_) => {}
+                    // Not in the watch (yet): ours, or another pool's that this agent may not
+                    // change (the admission policy refuses the apply).
+                    Err(kube::Error::Api(s)) if s.code == 409 => {
+                        match api
+                            .patch(name, &params, &Patch::Apply(self.body(name, t)))
+                            .await
+                        {
+                            Ok(_) => {}
+                            Err(kube::Error::Api(s)) if s.code == 403 => {
+                                return Ok(Written::Taken(None));
+                            }
+                            Err(e) => return Err(e),
+                        }
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            Some(_) => {
+                api.patch(name, &params, &Patch::Apply(self.body(name, t)))
+                    .await?;
+            }
+        }
+        tracing::warn!(
+            rule = %name,
+            hca = %t.hca,
+            driver = %t.driver,
+            device = %t.device,
+            reason = %t.reason,
+            effect = self.effect.as_str(),
+            "DeviceTaintRule set: {}",
+            t.message
+        );
+        Ok(Written::Done)
+    }
+}
+
+/// How one rule's write ended.
+enum Written {
+    Done,
+    /// The name is held by a rule of another pool (named when the watch shows it).
+    Taken(Option<String>),
+}
+
+fn pool_of(rule: &DeviceTaintRule) -> Option<&str> {
+    rule.spec
+        .device_selector
+        .as_ref()
+        .and_then(|s| s.pool.as_deref())
 }
 
 /// The writer's own rules as its watch shows them, by name; a relist replaces them once done.
@@ -357,12 +479,18 @@ impl Rules {
     }
 }
 
+/// Passes in a row failed by server errors or lost connections before the rules count as
+/// refused.
+const FAILED_PASSES: u32 = 3;
+
 /// When the writer tries again after a refused or failed write.
 struct Retry {
     at: Option<Instant>,
     backoff: Duration,
     /// A 403 was logged: the next ones are not, until a write succeeds.
     forbidden_logged: bool,
+    /// Passes in a row with a failure.
+    failed_passes: u32,
 }
 
 impl Default for Retry {
@@ -371,6 +499,7 @@ impl Default for Retry {
             at: None,
             backoff: FIRST_BACKOFF,
             forbidden_logged: false,
+            failed_passes: 0,
         }
     }
 }
@@ -378,8 +507,8 @@ impl Default for Retry {
 /// Mirror the DeviceTaintRule writer's state into `fabricgate_dra_device_rules_writable`.
 pub async fn follow_state(metrics: Arc<Metrics>, mut state: watch::Receiver<RulesState>) {
     loop {
-        let now = *state.borrow_and_update();
-        metrics.set_dra_device_rules(now == RulesState::On);
+        let writable = *state.borrow_and_update() == RulesState::On;
+        metrics.set_dra_device_rules(writable);
         if state.changed().await.is_err() {
             return;
         }
@@ -404,15 +533,73 @@ mod tests {
     #[test]
     fn rule_names_and_labels_stay_within_the_apis_limits() {
         assert_eq!(
-            rule_name("gpu-1", &taint("pci-0000-1b-00-0")),
-            "fabricgate-gpu-1-pci-0000-1b-00-0"
+            rule_name("gpu-1", "pci-0000-1b-00-0").as_deref(),
+            Some("fabricgate-gpu-1-pci-0000-1b-00-0")
         );
         let long = "n".repeat(250);
-        let name = rule_name(&long, &taint("pci-0000-1b-00-0"));
-        assert!(name.len() <= 253 && name.starts_with(RULE_PREFIX), "{name}");
-        assert_ne!(name, rule_name(&long, &taint("pci-0000-1c-00-0")));
+        assert_eq!(rule_name(&long, "pci-0000-1b-00-0"), None);
+        let name = alt_rule_name(&long, "pci-0000-1b-00-0");
+        assert_eq!(name.len(), 253, "{name}");
+        assert!(name.starts_with("fabricgate.pci-0000-1b-00-0.nnn") && name.ends_with("n0"));
+        assert_ne!(name, alt_rule_name(&long, "pci-0000-1c-00-0"));
         assert_eq!(node_label_value("gpu-1"), "gpu-1");
         let v = node_label_value(&"a".repeat(64));
         assert!(v.len() <= 63 && v.starts_with("fnv-"), "{v}");
+    }
+
+    #[test]
+    fn the_alternative_name_tells_nodes_apart_where_the_plain_one_cannot() {
+        // Node `dra` with device `a-pci-0` has node `dra-a`'s plain name for `pci-0`.
+        assert_eq!(rule_name("dra", "a-pci-0"), rule_name("dra-a", "pci-0"));
+        assert_eq!(alt_rule_name("dra-a", "pci-0"), "fabricgate.pci-0.dra-a");
+        assert_ne!(
+            alt_rule_name("dra", "a-pci-0"),
+            alt_rule_name("dra-a", "pci-0")
+        );
+        // Fits exactly: not cut.
+        let node = "m".repeat(253 - "fabricgate.".len() - 1 - 5);
+        assert_eq!(
+            alt_rule_name(&node, "pci-0"),
+            format!("fabricgate.pci-0.{node}")
+        );
+    }
+
+    fn writer(node: &str) -> DeviceTaintRules {
+        let client =
+            kube::Client::try_from(kube::Config::new("http://127.0.0.1:1".parse().unwrap()))
+                .unwrap();
+        DeviceTaintRules {
+            node: node.into(),
+            key: "fabricgate.io/unvalidated".into(),
+            effect: DeviceTaintEffect::NoSchedule,
+            requests: client.clone(),
+            watch: client,
+            max_backoff: Duration::from_secs(1),
+            state: watch::channel(RulesState::On).0,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_taken_name_or_a_second_driver_of_the_same_device_gets_the_alternative_name() {
+        let w = writer("n");
+        let mut other = taint("pci-0000-1b-00-0");
+        other.driver = "other.example.com".into();
+        let taints = [taint("pci-0000-1b-00-0"), other];
+        let want = w.desired(&taints, &BTreeSet::new());
+        let names: Vec<&str> = want.keys().map(String::as_str).collect();
+        assert_eq!(
+            names,
+            [
+                "fabricgate-n-pci-0000-1b-00-0",
+                "fabricgate.pci-0000-1b-00-0.n"
+            ]
+        );
+        assert_eq!(want["fabricgate-n-pci-0000-1b-00-0"].driver, "dra.net");
+        let taken = BTreeSet::from(["fabricgate-n-pci-0000-1b-00-0".to_owned()]);
+        let want = w.desired(&taints[..1], &taken);
+        assert_eq!(
+            want.keys().collect::<Vec<_>>(),
+            ["fabricgate.pci-0000-1b-00-0.n"]
+        );
     }
 }

@@ -205,11 +205,12 @@ mod tests {
         };
         let with = DraFacts {
             devices: vec![device],
-            drivers_without_slices: Vec::new(),
+            ..DraFacts::default()
         };
         let without = DraFacts {
             devices: Vec::new(),
             drivers_without_slices: vec!["dra.net".into()],
+            ..DraFacts::default()
         };
         let grace = Duration::from_secs(45);
         let mut hold = Hold::new(grace);
@@ -246,11 +247,12 @@ mod tests {
                 rdma_device: None,
                 pci_address: None,
             }],
-            drivers_without_slices: Vec::new(),
+            ..DraFacts::default()
         };
         let without = DraFacts {
             devices: Vec::new(),
             drivers_without_slices: vec!["dra.net".into()],
+            ..DraFacts::default()
         };
         let mut hold = Hold::new(Duration::ZERO);
         let t0 = Instant::now();

@@ -252,6 +252,52 @@ fn a_missing_driver_a_missing_hca_an_unknown_device_and_two_drivers_for_one_hca(
 }
 
 #[test]
+fn a_device_in_a_pool_not_named_after_the_node_is_skipped_with_a_warning() {
+    let c = config(DRA);
+    // The node's own slice publishes mlx5_0..2; another slice of the node, in pool `other`,
+    // publishes mlx5_2 and mlx5_3 (both bad).
+    let mut foreign = slice("dra.net", 1, &[(2, true), (3, true)]);
+    foreign.spec.pool.name = "other".into();
+    let facts = published(
+        &[
+            slice("dra.net", 1, &[(0, true), (1, true), (2, true)]),
+            foreign,
+        ],
+        &c.kubernetes.dra.drivers,
+    );
+    assert_eq!(facts.devices.len(), 3);
+    assert_eq!(facts.foreign_pool.len(), 2);
+    let out = assess(&node(&["mlx5_2", "mlx5_3"]), Some(&facts), &c);
+    assert_eq!(
+        out.taints
+            .iter()
+            .map(|t| (t.pool.as_str(), t.hca.as_str()))
+            .collect::<Vec<_>>(),
+        vec![("node-a", "mlx5_2")],
+        "only the node's own pool is tainted"
+    );
+    let foreign: Vec<&Finding> = out
+        .warnings
+        .iter()
+        .filter(|f| f.code == DRA_FOREIGN_POOL)
+        .collect();
+    assert_eq!(foreign.len(), 1, "{:?}", out.warnings);
+    assert!(
+        foreign[0].message.contains("pool other")
+            && foreign[0]
+                .message
+                .contains("pci-0000-1a-00-0, pci-0000-1b-00-0"),
+        "{}",
+        foreign[0].message
+    );
+    // mlx5_3 is published only in the foreign pool: missing on the node.
+    assert_eq!(
+        out.findings.iter().map(|f| f.code).collect::<Vec<_>>(),
+        vec![DRA_DEVICE_MISSING]
+    );
+}
+
+#[test]
 fn registration_sockets_and_the_registry_mount() {
     let c = config(DRA);
     let mut r = node(&[]);
@@ -308,6 +354,7 @@ fn a_port_event_taints_the_bad_hca_at_once_and_never_untaints() {
             node_findings: &[],
             peer_finding: None,
             dra: Some(&facts),
+            dra_rules: None,
         })
         .verdict
     };
@@ -347,4 +394,59 @@ fn a_port_event_taints_the_bad_hca_at_once_and_never_untaints() {
     // Full probes: kept through the first good one, gone after recover_after (2).
     assert_eq!(full(&mut j, &node(&[])).device_taints, taints);
     assert!(full(&mut j, &node(&[])).device_taints.is_empty());
+}
+
+/// Issue 41 D: rules refused while a device is tainted: the device path protects nothing, so
+/// the Node is tainted (`DraDeviceRulesRefused`); refused with nothing tainted: a warning;
+/// written again: the node recovers through the hysteresis.
+#[test]
+fn refused_rules_of_a_tainted_device_taint_the_node_instead() {
+    use crate::policy::judge::{Facts, Judge};
+    let c = config(DRA);
+    let facts = all_four(&c);
+    let mut j = Judge::new(&c);
+    j.resume_validated();
+    let refused = RulesState::Refused("x: HTTP 422 denied by a webhook".into());
+    let judge = |j: &mut Judge, down: &[&str], rules: &RulesState| {
+        j.probe(Facts {
+            report: &node(down),
+            node_findings: &[],
+            peer_finding: None,
+            dra: Some(&facts),
+            dra_rules: Some(rules),
+        })
+        .verdict
+    };
+    let v = judge(&mut j, &[], &refused);
+    assert!(v.ready, "nothing tainted: ready");
+    assert!(
+        v.rdma
+            .part
+            .warnings
+            .iter()
+            .any(|w| w.code == DRA_DEVICE_RULES_REFUSED),
+        "{:?}",
+        v.rdma.part.warnings
+    );
+    let v = judge(&mut j, &["mlx5_3"], &refused);
+    assert!(!v.ready && !v.taints.is_empty(), "{v:?}");
+    let fabric = v
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "FabricReady")
+        .unwrap();
+    assert_eq!(fabric.reason, DRA_DEVICE_RULES_REFUSED);
+    assert!(
+        fabric.message.contains("mlx5_3") && fabric.message.contains("not protecting anything"),
+        "{}",
+        fabric.message
+    );
+    assert_eq!(v.device_taints.len(), 1, "the writer keeps trying");
+    // The same with the rules written: 3 of 4 ports, device scope: ready again after
+    // recover_after (2) judgments.
+    let v = judge(&mut j, &["mlx5_3"], &RulesState::On);
+    assert!(!v.ready);
+    let v = judge(&mut j, &["mlx5_3"], &RulesState::On);
+    assert!(v.ready, "{v:?}");
+    assert_eq!(v.device_taints.len(), 1);
 }

@@ -62,6 +62,7 @@ fn facts(report: &ProbeReport) -> Facts<'_> {
         node_findings: &[],
         peer_finding: None,
         dra: None,
+        dra_rules: None,
     }
 }
 
@@ -235,6 +236,7 @@ fn judge_row(r: Row) {
         node_findings: &plugin,
         peer_finding: r.peer.map(finding),
         dra: None,
+        dra_rules: None,
     });
     let name = r.name;
     assert_eq!(
