@@ -195,13 +195,10 @@ pub(crate) fn code_only(text: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// The crate modules a file's code names: every `use` tree rooted at `crate` (groups and
-/// nesting expanded) and every inline `crate::x` path.
-fn crate_modules_used(text: &str) -> std::collections::BTreeSet<String> {
-    let code = code_only(text);
-    // Tokens: identifiers, `::`, and single punctuation.
-    let mut tokens: Vec<String> = Vec::new();
+/// Tokens of code: identifiers, `::`, and single punctuation characters.
+pub(crate) fn tokens(code: &str) -> Vec<String> {
     let cs: Vec<char> = code.chars().collect();
+    let mut out = Vec::new();
     let mut i = 0;
     while i < cs.len() {
         let c = cs[i];
@@ -210,17 +207,25 @@ fn crate_modules_used(text: &str) -> std::collections::BTreeSet<String> {
             while i < cs.len() && (cs[i].is_alphanumeric() || cs[i] == '_') {
                 i += 1;
             }
-            tokens.push(cs[start..i].iter().collect());
+            out.push(cs[start..i].iter().collect());
         } else if c == ':' && cs.get(i + 1) == Some(&':') {
-            tokens.push("::".into());
+            out.push("::".to_owned());
             i += 2;
-        } else if c.is_whitespace() {
-            i += 1;
         } else {
-            tokens.push(c.to_string());
+            if !c.is_whitespace() {
+                out.push(c.to_string());
+            }
             i += 1;
         }
     }
+    out
+}
+
+/// The crate modules a file's code names: every `use` tree rooted at `crate` (groups and
+/// nesting expanded) and every inline `crate::x` path.
+fn crate_modules_used(text: &str) -> std::collections::BTreeSet<String> {
+    let code = code_only(text);
+    let tokens = tokens(&code);
     let mut used = std::collections::BTreeSet::new();
     let mut t = 0;
     while t < tokens.len() {

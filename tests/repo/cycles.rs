@@ -9,7 +9,7 @@
 //! the crate root's). Test files (`tests.rs`, `*_tests.rs`, a `tests/` folder) are not part
 //! of the graph.
 
-use super::boundaries::code_only;
+use super::boundaries::{code_only, tokens};
 use crate::common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -74,32 +74,6 @@ fn module_path(rel_to_crate: &Path, root: &str) -> Vec<String> {
         parts.push(last.trim_end_matches(".rs").to_owned());
     }
     parts
-}
-
-/// Tokens of code: identifiers, `::`, and single punctuation characters.
-fn tokens(code: &str) -> Vec<String> {
-    let cs: Vec<char> = code.chars().collect();
-    let mut out = Vec::new();
-    let mut i = 0;
-    while i < cs.len() {
-        let c = cs[i];
-        if c.is_alphanumeric() || c == '_' {
-            let start = i;
-            while i < cs.len() && (cs[i].is_alphanumeric() || cs[i] == '_') {
-                i += 1;
-            }
-            out.push(cs[start..i].iter().collect());
-        } else if c == ':' && cs.get(i + 1) == Some(&':') {
-            out.push("::".to_owned());
-            i += 2;
-        } else {
-            if !c.is_whitespace() {
-                out.push(c.to_string());
-            }
-            i += 1;
-        }
-    }
-    out
 }
 
 fn is_ident(t: &str) -> bool {
