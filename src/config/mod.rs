@@ -17,6 +17,7 @@ mod labels;
 pub mod peers;
 mod pool;
 mod requirements;
+pub mod runtime;
 mod settings;
 pub mod storage;
 #[cfg(test)]
@@ -65,6 +66,8 @@ pub struct Config {
     pub gang: gang::GangSettings,
     /// `storage.lustre.require_lnet`: the LNet networks Lustre's imports must use.
     pub storage: storage::StorageSettings,
+    /// Which pods of the node are judged at run time: RDMA or sockets (issue 42).
+    pub runtime: runtime::RuntimeSettings,
 }
 
 /// A wrong value of the requirements file at `key`, and what to give instead.
@@ -140,6 +143,7 @@ impl Config {
         self.webhook.validate()?;
         self.gang.validate()?;
         self.storage.validate()?;
+        self.runtime.validate()?;
         validate_label_prefix(&self.node.label_prefix)
     }
 

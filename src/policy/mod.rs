@@ -12,6 +12,7 @@ mod rdma;
 mod storage;
 #[cfg(test)]
 mod tests;
+pub mod transport;
 
 use gpudirect::evaluate_gpudirect;
 pub use hysteresis::{AWAITING_VALIDATION, Hysteresis};

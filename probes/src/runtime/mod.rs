@@ -4,6 +4,8 @@
 //!
 //! - [`restrack`]: RDMA resource tracking over netlink → every QP with its owner.
 //! - [`cgroup`]: `/proc/<pid>/cgroup` → pod UID and container ID ([`pod_of_pid`]).
+//! - [`PodTransportFacts`]: what one pod was seen doing, the input of the agent's per-pod
+//!   verdict (`policy::transport`).
 
 pub mod cgroup;
 pub mod restrack;
@@ -15,6 +17,43 @@ use restrack::{QpEntry, QpOwner};
 use serde::Serialize;
 use std::collections::HashMap;
 use std::io;
+use std::net::IpAddr;
+use std::time::Duration;
+
+/// What one pod was seen doing over one sampling window: the queue pairs its processes hold
+/// and its TCP with other nodes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PodTransportFacts {
+    /// The pod's UID (dashes), as in its cgroup path and `metadata.uid`.
+    pub pod_uid: String,
+    /// The QPs owned by the pod's processes, or why they could not be listed.
+    pub qps: Observed<Vec<QpEntry>>,
+    /// Its TCP with other nodes over the window, or why it could not be measured.
+    pub internode_tcp: Observed<InternodeTcp>,
+}
+
+/// A fact seen, or the reason it could not be (for `unknown` and its message: "the agent is
+/// not in the host PID namespace; add hostPID: true (deploy/overlays/runtime-transport)").
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Observed<T> {
+    Seen(T),
+    Unseen { reason: String },
+}
+
+/// A pod's TCP with other nodes (another Node's address, or an address in another Node's pod
+/// CIDR) over one window, whatever interface carried it (IPoIB included).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Default)]
+pub struct InternodeTcp {
+    /// Bytes sent plus received over the window.
+    pub bytes: u64,
+    /// How long the sample really covered.
+    pub window: Duration,
+    /// The distinct remote addresses (sorted) the bytes went to or came from.
+    pub peers: Vec<IpAddr>,
+    /// The local interfaces that carried them (`ib0`, `eth0`; sorted; empty when unknown).
+    pub interfaces: Vec<String>,
+}
 
 /// Whose a queue pair is, once its owner's PID is looked up.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

@@ -1,0 +1,154 @@
+//! The `runtime:` section (issue 42): which pods of the node are judged at run time, and how a
+//! pod on sockets is told from one on RDMA (docs/runtime-transport.md).
+
+use super::duration::bounded_duration;
+use crate::error::{Error, Result};
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+/// Default `runtime.window`: the inter-node TCP of a pod is measured over this long. With the
+/// default probe interval (10 s) a pod on sockets is found within 40 s of its first bulk TCP.
+pub const DEFAULT_WINDOW: Duration = Duration::from_secs(30);
+/// Default `runtime.tcp_min_bytes_per_second`: 10 MB/s of TCP with other nodes. NCCL's socket
+/// transport moves hundreds of MB/s to GB/s per rank; control traffic (NCCL's bootstrap,
+/// rendezvous, metrics) stays far below.
+pub const DEFAULT_TCP_MIN_BYTES_PER_SECOND: u64 = 10_000_000;
+/// Default `runtime.evict_after`.
+pub const DEFAULT_EVICT_AFTER: Duration = Duration::from_secs(120);
+
+bounded_duration!(
+    window,
+    "runtime.window",
+    Duration::from_secs(5),
+    Duration::from_secs(600)
+);
+bounded_duration!(
+    evict_after,
+    "runtime.evict_after",
+    Duration::from_secs(10),
+    Duration::from_secs(24 * 3600)
+);
+
+/// `runtime.on_sockets`: what happens to a pod found on sockets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum OnSockets {
+    /// Metrics, the Event and the pod condition only.
+    #[default]
+    Record,
+    /// Also: `fabricgate guard` evicts a pod whose `fabricgate.io/TransportReady` condition
+    /// has been `False` for `runtime.evict_after` (never the agents).
+    Evict,
+}
+
+/// `runtime:` in the config file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RuntimeSettings {
+    /// Judge the pods of this node at run time. Off: no pods watch, no QP dump, nothing new.
+    pub enabled: bool,
+    /// A label selector (`app=trainer,team=llm`): pods matching it are judged, beside those
+    /// that request one of `kubernetes.rdma_resources` or claim a device of a
+    /// `kubernetes.dra` driver. Empty (the default): only those.
+    pub pod_selector: String,
+    /// How long a pod's inter-node TCP is measured (5s to 10m).
+    #[serde(with = "window")]
+    pub window: Duration,
+    /// A pod moving at least this much TCP per second with other nodes over `window`, with no
+    /// data-path QP in RTS, is on sockets (> 0).
+    pub tcp_min_bytes_per_second: u64,
+    pub on_sockets: OnSockets,
+    /// With `on_sockets: evict`: how long a pod's condition must have been `False` before the
+    /// guard evicts it (10s to 24h).
+    #[serde(with = "evict_after")]
+    pub evict_after: Duration,
+}
+
+impl Default for RuntimeSettings {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            pod_selector: String::new(),
+            window: DEFAULT_WINDOW,
+            tcp_min_bytes_per_second: DEFAULT_TCP_MIN_BYTES_PER_SECOND,
+            on_sockets: OnSockets::Record,
+            evict_after: DEFAULT_EVICT_AFTER,
+        }
+    }
+}
+
+impl RuntimeSettings {
+    /// # Errors
+    /// [`Error::ConfigValue`] naming `runtime.pod_selector` (an empty term, or a term that is
+    /// not `key=value`, `key!=value`, `key` or `!key`) or `runtime.tcp_min_bytes_per_second`
+    /// (0).
+    pub fn validate(&self) -> Result<()> {
+        if self.tcp_min_bytes_per_second == 0 {
+            return Err(Error::ConfigValue {
+                key: "runtime.tcp_min_bytes_per_second".to_owned(),
+                message: "0 would call every pod with any TCP a pod on sockets; give a rate in \
+                          bytes per second (e.g. 10000000)"
+                    .to_owned(),
+            });
+        }
+        if !self.pod_selector.is_empty() {
+            for term in self.pod_selector.split(',') {
+                let key = term
+                    .trim()
+                    .trim_start_matches('!')
+                    .split(['=', '!'])
+                    .next()
+                    .unwrap_or_default()
+                    .trim();
+                if key.is_empty() || super::validate_label_key(key).is_err() {
+                    return Err(Error::ConfigValue {
+                        key: "runtime.pod_selector".to_owned(),
+                        message: format!(
+                            "{:?} has the term {term:?}, which names no label key; give a \
+                             label selector (e.g. \"app=trainer,team=llm\")",
+                            self.pod_selector
+                        ),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    #[test]
+    fn defaults_parse_and_bad_values_name_their_key() {
+        let c = Config::default().runtime;
+        assert!(c.enabled);
+        assert_eq!(c.window, DEFAULT_WINDOW);
+        assert_eq!(c.on_sockets, OnSockets::Record);
+        let c = Config::parse(
+            "runtime:\n  pod_selector: app=trainer\n  window: 45s\n  on_sockets: evict\n  \
+             evict_after: 5m\n  tcp_min_bytes_per_second: 1000\n",
+        )
+        .unwrap()
+        .runtime;
+        assert_eq!(c.pod_selector, "app=trainer");
+        assert_eq!(c.window, Duration::from_secs(45));
+        assert_eq!(c.on_sockets, OnSockets::Evict);
+        assert_eq!(c.evict_after, Duration::from_secs(300));
+        assert_eq!(c.tcp_min_bytes_per_second, 1000);
+        for (yaml, key) in [
+            ("runtime:\n  window: 1s\n", "runtime.window"),
+            ("runtime:\n  evict_after: 1s\n", "runtime.evict_after"),
+            ("runtime:\n  on_sockets: kill\n", "on_sockets"),
+            ("runtime:\n  tcp_min_bytes_per_second: 0\n", "runtime.tcp_min"),
+            ("runtime:\n  pod_selector: \"app=a,,b=c\"\n", "runtime.pod_selector"),
+            ("runtime:\n  pod_selector: \"=x\"\n", "runtime.pod_selector"),
+            ("runtime:\n  podselector: a\n", "podselector"),
+        ] {
+            let e = Config::parse(yaml).unwrap_err().to_string();
+            assert!(e.contains(key), "{yaml}: {e}");
+        }
+    }
+}

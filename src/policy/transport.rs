@@ -1,0 +1,303 @@
+//! The verdict per pod at run time (issue 42): is a training pod on RDMA or on sockets? Pure:
+//! the facts one sampling window saw (`probes::runtime::PodTransportFacts`) and `runtime:` in,
+//! a [`PodVerdict`] out; no clock, no I/O.
+//!
+//! - `rdma`: the pod's processes hold a data-path QP (RC, UC, XRC, or a driver's own, e.g.
+//!   mlx5's DC) in RTS on an in-scope port. UD and GSI alone do not count: NCCL's data moves
+//!   over RC, and a UD QP is what any verbs user (or a CM) holds without moving data.
+//! - `sockets`: no such QP, and at least `tcp_min_bytes_per_second` × the window of TCP with
+//!   other nodes, whatever interface carried it.
+//! - `idle`: no such QP and less TCP than that.
+//! - `unknown`: the agent could not see (its QPs or its TCP), with the reason.
+
+use crate::config::runtime::RuntimeSettings;
+use fabricgate_probes::runtime::restrack::{QpEntry, QpState, QpType};
+use fabricgate_probes::runtime::{InternodeTcp, Observed, PodTransportFacts};
+use serde::Serialize;
+use std::fmt;
+
+/// A pod's transport, as `fabricgate_pod_transport{transport}` and `check`'s JSON write it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Transport {
+    Rdma,
+    Sockets,
+    Idle,
+    Unknown,
+}
+
+impl Transport {
+    pub const ALL: [Self; 4] = [Self::Rdma, Self::Sockets, Self::Idle, Self::Unknown];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Rdma => "rdma",
+            Self::Sockets => "sockets",
+            Self::Idle => "idle",
+            Self::Unknown => "unknown",
+        }
+    }
+}
+
+impl fmt::Display for Transport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The reason of the pod condition `fabricgate.io/TransportReady` for each transport.
+pub const REASON_RDMA: &str = "DataPathQueuePairs";
+pub const REASON_SOCKETS: &str = "SocketsFallback";
+pub const REASON_IDLE: &str = "NoInterNodeTraffic";
+pub const REASON_UNKNOWN: &str = "TransportUnknown";
+
+/// One pod's verdict and the facts that decided it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PodVerdict {
+    pub transport: Transport,
+    /// CamelCase, stable: the pod condition's reason ([`REASON_RDMA`], ...).
+    pub reason: &'static str,
+    /// For a person: "0 data-path QPs; 41.0 GB over TCP to 7 nodes in 60 s via ib0".
+    pub why: String,
+    /// Data-path QPs in RTS on in-scope ports (`None`: not seen).
+    pub data_path_qps: Option<usize>,
+    /// Inter-node TCP bytes over the window (`None`: not measured).
+    pub internode_tcp_bytes: Option<u64>,
+}
+
+/// A QP that moves a job's data: RC, UC, XRC or a driver's own type, in RTS.
+pub fn is_data_path(qp: &QpEntry) -> bool {
+    matches!(
+        qp.qp_type,
+        QpType::Rc | QpType::Uc | QpType::XrcIni | QpType::XrcTgt | QpType::Driver
+    ) && qp.state == QpState::Rts
+}
+
+/// The verdict on one pod. `in_scope(device, port)` says whether a port is one the
+/// requirements select (a QP on a port outside them, e.g. a storage HCA, is not the job's
+/// fabric); a QP not bound to a port counts when its device has any port in scope, which the
+/// caller says with `in_scope(device, 0)`.
+pub fn judge_pod(
+    facts: &PodTransportFacts,
+    settings: &RuntimeSettings,
+    in_scope: impl Fn(&str, u32) -> bool,
+) -> PodVerdict {
+    let data_path = match &facts.qps {
+        Observed::Seen(qps) => Some(
+            qps.iter()
+                .filter(|qp| is_data_path(qp) && in_scope(&qp.device, qp.port.unwrap_or(0)))
+                .count(),
+        ),
+        Observed::Unseen { .. } => None,
+    };
+    let tcp = match &facts.internode_tcp {
+        Observed::Seen(tcp) => Some(tcp),
+        Observed::Unseen { .. } => None,
+    };
+    let tcp_bytes = tcp.map(|t| t.bytes);
+    let verdict = |transport, reason, why| PodVerdict {
+        transport,
+        reason,
+        why,
+        data_path_qps: data_path,
+        internode_tcp_bytes: tcp_bytes,
+    };
+    if let Some(n) = data_path.filter(|n| *n > 0) {
+        let qps = plural(n, "data-path QP in RTS", "data-path QPs in RTS");
+        let why = match tcp {
+            Some(t) => format!("{qps}; {}", describe_tcp(t)),
+            None => qps,
+        };
+        return verdict(Transport::Rdma, REASON_RDMA, why);
+    }
+    let (Some(_), Some(tcp)) = (data_path, tcp) else {
+        let mut unseen = Vec::new();
+        if let Observed::Unseen { reason } = &facts.qps {
+            unseen.push(format!("its queue pairs cannot be listed: {reason}"));
+        }
+        if let Observed::Unseen { reason } = &facts.internode_tcp {
+            unseen.push(format!("its TCP cannot be measured: {reason}"));
+        }
+        return verdict(Transport::Unknown, REASON_UNKNOWN, unseen.join("; "));
+    };
+    let threshold = threshold_bytes(settings, tcp);
+    if tcp.bytes >= threshold && tcp.bytes > 0 {
+        let why = format!("0 data-path QPs; {}", describe_tcp(tcp));
+        return verdict(Transport::Sockets, REASON_SOCKETS, why);
+    }
+    let why = format!(
+        "0 data-path QPs; {} (below {} over the window)",
+        describe_tcp(tcp),
+        human_bytes(threshold)
+    );
+    verdict(Transport::Idle, REASON_IDLE, why)
+}
+
+/// `tcp_min_bytes_per_second` over the time the sample really covered (at least 1 s).
+fn threshold_bytes(settings: &RuntimeSettings, tcp: &InternodeTcp) -> u64 {
+    let seconds = tcp.window.as_secs_f64().max(1.0);
+    (settings.tcp_min_bytes_per_second as f64 * seconds).ceil() as u64
+}
+
+fn describe_tcp(tcp: &InternodeTcp) -> String {
+    let mut text = format!(
+        "{} over TCP to {} in {} s",
+        human_bytes(tcp.bytes),
+        plural(tcp.peers.len(), "node", "nodes"),
+        tcp.window.as_secs()
+    );
+    if !tcp.interfaces.is_empty() {
+        text.push_str(" via ");
+        text.push_str(&tcp.interfaces.join(", "));
+    }
+    text
+}
+
+fn plural(n: usize, one: &str, many: &str) -> String {
+    if n == 1 {
+        format!("1 {one}")
+    } else {
+        format!("{n} {many}")
+    }
+}
+
+/// Decimal units, as `41.0 GB`, `512 B`.
+pub fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["kB", "MB", "GB", "TB", "PB"];
+    if bytes < 1000 {
+        return format!("{bytes} B");
+    }
+    let mut value = bytes as f64 / 1000.0;
+    let mut unit = 0;
+    while value >= 1000.0 && unit < UNITS.len() - 1 {
+        value /= 1000.0;
+        unit += 1;
+    }
+    format!("{value:.1} {}", UNITS[unit])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fabricgate_probes::runtime::restrack::QpOwner;
+    use std::net::{IpAddr, Ipv4Addr};
+    use std::time::Duration;
+
+    fn qp(device: &str, port: u32, qp_type: QpType, state: QpState) -> QpEntry {
+        QpEntry {
+            device_index: 0,
+            device: device.into(),
+            port: Some(port),
+            lqpn: 17,
+            rqpn: None,
+            qp_type,
+            state,
+            owner: QpOwner::Pid(120),
+            pdn: None,
+        }
+    }
+
+    fn tcp(bytes: u64, peers: u8) -> Observed<InternodeTcp> {
+        Observed::Seen(InternodeTcp {
+            bytes,
+            window: Duration::from_secs(30),
+            peers: (1..=peers)
+                .map(|i| IpAddr::V4(Ipv4Addr::new(10, 0, 0, i)))
+                .collect(),
+            interfaces: vec!["ib0".into()],
+        })
+    }
+
+    fn facts(qps: Vec<QpEntry>, internode_tcp: Observed<InternodeTcp>) -> PodTransportFacts {
+        PodTransportFacts {
+            pod_uid: "u".into(),
+            qps: Observed::Seen(qps),
+            internode_tcp,
+        }
+    }
+
+    fn judge(f: &PodTransportFacts) -> PodVerdict {
+        judge_pod(f, &RuntimeSettings::default(), |dev, _| dev.starts_with("mlx5"))
+    }
+
+    #[test]
+    fn an_rc_qp_in_rts_on_an_in_scope_port_is_rdma_whatever_the_tcp() {
+        let v = judge(&facts(
+            vec![qp("mlx5_0", 1, QpType::Rc, QpState::Rts)],
+            tcp(41_000_000_000, 7),
+        ));
+        assert_eq!(v.transport, Transport::Rdma);
+        assert_eq!(v.reason, REASON_RDMA);
+        assert_eq!(v.data_path_qps, Some(1));
+        assert!(v.why.starts_with("1 data-path QP in RTS;"), "{}", v.why);
+    }
+
+    #[test]
+    fn bulk_tcp_without_a_data_path_qp_is_sockets_and_says_the_facts() {
+        // UD and GSI, an RC not in RTS, and an RC on a port out of scope do not count.
+        let v = judge(&facts(
+            vec![
+                qp("mlx5_0", 1, QpType::Ud, QpState::Rts),
+                qp("mlx5_0", 1, QpType::Gsi, QpState::Rts),
+                qp("mlx5_0", 1, QpType::Rc, QpState::Init),
+                qp("mlx5_8", 1, QpType::Rc, QpState::Rts),
+            ],
+            tcp(41_000_000_000, 7),
+        ));
+        assert_eq!(v.transport, Transport::Sockets);
+        assert_eq!(v.reason, REASON_SOCKETS);
+        assert_eq!(
+            v.why,
+            "0 data-path QPs; 41.0 GB over TCP to 7 nodes in 30 s via ib0"
+        );
+        assert_eq!(v.internode_tcp_bytes, Some(41_000_000_000));
+    }
+
+    #[test]
+    fn tcp_below_the_rate_over_the_window_is_idle() {
+        // 10 MB/s over 30 s is 300 MB: one byte less is idle, exactly that is sockets.
+        let v = judge(&facts(vec![], tcp(299_999_999, 2)));
+        assert_eq!(v.transport, Transport::Idle);
+        assert!(v.why.contains("below 300.0 MB"), "{}", v.why);
+        assert_eq!(
+            judge(&facts(vec![], tcp(300_000_000, 2))).transport,
+            Transport::Sockets
+        );
+        assert_eq!(judge(&facts(vec![], tcp(0, 0))).transport, Transport::Idle);
+    }
+
+    #[test]
+    fn what_the_agent_cannot_see_is_unknown_with_the_reason() {
+        let hidden = PodTransportFacts {
+            pod_uid: "u".into(),
+            qps: Observed::Unseen {
+                reason: "not in the host PID namespace".into(),
+            },
+            internode_tcp: tcp(41_000_000_000, 7),
+        };
+        let v = judge(&hidden);
+        assert_eq!(v.transport, Transport::Unknown);
+        assert_eq!(v.data_path_qps, None);
+        assert!(v.why.contains("host PID namespace"), "{}", v.why);
+        let no_tcp = facts(
+            vec![],
+            Observed::Unseen {
+                reason: "its network namespace cannot be entered".into(),
+            },
+        );
+        assert_eq!(judge(&no_tcp).transport, Transport::Unknown);
+        // A data-path QP is enough for rdma even when its TCP cannot be measured.
+        let rdma_no_tcp = facts(
+            vec![qp("mlx5_0", 1, QpType::Driver, QpState::Rts)],
+            Observed::Unseen { reason: "x".into() },
+        );
+        assert_eq!(judge(&rdma_no_tcp).transport, Transport::Rdma);
+    }
+
+    #[test]
+    fn bytes_read_as_a_person_reads_them() {
+        assert_eq!(human_bytes(512), "512 B");
+        assert_eq!(human_bytes(1_500), "1.5 kB");
+        assert_eq!(human_bytes(41_000_000_000), "41.0 GB");
+    }
+}
