@@ -1,7 +1,7 @@
 //! The `runtime:` section (issue 42): which pods of the node are judged at run time, and how a
 //! pod on sockets is told from one on RDMA (docs/runtime-transport.md).
 
-use super::duration::bounded_duration;
+use super::duration::{bounded_duration, parse_bounded_duration};
 use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
@@ -142,8 +142,14 @@ mod tests {
             ("runtime:\n  window: 1s\n", "runtime.window"),
             ("runtime:\n  evict_after: 1s\n", "runtime.evict_after"),
             ("runtime:\n  on_sockets: kill\n", "on_sockets"),
-            ("runtime:\n  tcp_min_bytes_per_second: 0\n", "runtime.tcp_min"),
-            ("runtime:\n  pod_selector: \"app=a,,b=c\"\n", "runtime.pod_selector"),
+            (
+                "runtime:\n  tcp_min_bytes_per_second: 0\n",
+                "runtime.tcp_min",
+            ),
+            (
+                "runtime:\n  pod_selector: \"app=a,,b=c\"\n",
+                "runtime.pod_selector",
+            ),
             ("runtime:\n  pod_selector: \"=x\"\n", "runtime.pod_selector"),
             ("runtime:\n  podselector: a\n", "podselector"),
         ] {

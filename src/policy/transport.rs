@@ -217,7 +217,9 @@ mod tests {
     }
 
     fn judge(f: &PodTransportFacts) -> PodVerdict {
-        judge_pod(f, &RuntimeSettings::default(), |dev, _| dev.starts_with("mlx5"))
+        judge_pod(f, &RuntimeSettings::default(), |dev, _| {
+            dev.starts_with("mlx5")
+        })
     }
 
     #[test]

@@ -9,6 +9,7 @@
 
 pub mod cgroup;
 pub mod restrack;
+pub mod sample;
 
 use crate::Roots;
 use crate::error::{ProbeError, Result};
