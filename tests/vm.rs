@@ -1,7 +1,8 @@
 //! Real RDMA under qemu (tests/vm/): Soft-RoCE end to end (`softroce_vm`), event-driven
 //! detection (`events_vm`), two VMs measuring each other (`peers_vm`) and
 //! the gang pre-flight between two VMs on the real apiserver (`gang_vm`), and RDMA resource
-//! tracking parsed from a live dump (`restrack_vm`). Each module boots
+//! tracking parsed from a live dump (`restrack_vm`), and what RDMA network namespaces do
+//! (`netns_vm`). Each module boots
 //! its VM(s) once for all its tests.
 
 mod common;
@@ -13,6 +14,8 @@ mod common;
 mod events_vm;
 #[path = "vm/gang_vm.rs"]
 mod gang_vm;
+#[path = "vm/netns_vm.rs"]
+mod netns_vm;
 #[path = "vm/peers_vm.rs"]
 mod peers_vm;
 #[path = "vm/restrack_vm.rs"]
