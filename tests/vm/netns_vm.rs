@@ -109,7 +109,10 @@ fn shared_mode_shows_the_device_everywhere_and_refuses_to_move_it() {
     assert!(step(&s, "shared-ns-sys").output.contains("rxe0 ->"));
     assert!(step(&s, "shared-ns-rdma-dev").output.contains("rxe0"));
     let link = &step(&s, "shared-ns-rdma-link").output;
-    assert!(link.contains("state ACTIVE") && !link.contains("netdev"), "{link}");
+    assert!(
+        link.contains("state ACTIVE") && !link.contains("netdev"),
+        "{link}"
+    );
     let moved = step(&s, "shared-move");
     assert_eq!(moved.rc, 1);
     assert!(moved.output.contains("Operation not supported"));
@@ -118,7 +121,11 @@ fn shared_mode_shows_the_device_everywhere_and_refuses_to_move_it() {
     assert_eq!(busy.rc, 1);
     assert!(busy.output.contains("Device or resource busy"));
     assert_eq!(step(&s, "exclusive-set").rc, 0);
-    assert!(step(&s, "mode-exclusive").output.contains("netns exclusive"));
+    assert!(
+        step(&s, "mode-exclusive")
+            .output
+            .contains("netns exclusive")
+    );
 }
 
 #[test]
@@ -152,8 +159,7 @@ fn exclusive_mode_hides_the_device_from_other_namespaces() {
     // mount namespace) or RDMA netlink from a socket opened there.
     assert_eq!(step(&s, "excl-ns-nsenter-sys").output, "rxe0\n");
     // The agent in that namespace: no RDMA device at all.
-    let check: serde_json::Value =
-        serde_json::from_str(&step(&s, "excl-ns-check").output).unwrap();
+    let check: serde_json::Value = serde_json::from_str(&step(&s, "excl-ns-check").output).unwrap();
     assert_eq!(check["rdma"]["devices"], serde_json::json!([]));
     assert_eq!(check["conditions"][1]["reason"], "NoRDMADevices");
     let host: serde_json::Value =
@@ -171,7 +177,11 @@ fn rxe_cannot_be_moved_and_vanishes_with_its_netdev() {
     let moved = step(&s, "exclusive-move");
     assert_eq!(moved.rc, 1);
     assert!(moved.output.contains("Operation not supported"));
-    assert!(step(&s, "exclusive-move-host-rdma-dev").output.contains("rxe0"));
+    assert!(
+        step(&s, "exclusive-move-host-rdma-dev")
+            .output
+            .contains("rxe0")
+    );
     // The netdev moves; rxe unregisters its device: gone from both namespaces.
     assert_eq!(step(&s, "netdev-move").rc, 0);
     assert_eq!(step(&s, "netdev-host-rdma-dev").output, "");
