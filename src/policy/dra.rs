@@ -24,6 +24,10 @@ pub const DRA_DEVICE_MISSING: &str = "DraDeviceMissing";
 /// A published device that names an HCA the probe does not see, or two drivers' devices for
 /// one HCA (warnings).
 pub const DRA_DEVICE_UNMATCHED: &str = "DraDeviceUnmatched";
+/// A published device whose HCA the probe does not see, held by a ResourceClaim allocated on
+/// this node: in exclusive RDMA netns mode the driver moved it into the pod's network
+/// namespace (docs/dra.md, "Exclusive RDMA network namespaces"). A warning, never a taint.
+pub const DRA_DEVICE_IN_USE: &str = "DraDeviceInUse";
 pub const DRA_DEVICE_CONFLICT: &str = "DraDeviceConflict";
 /// Devices of a configured driver in a pool not named after the node (another driver's
 /// naming, or a fault): skipped, since the admission policy lets an agent write rules for its
@@ -97,6 +101,31 @@ pub struct DraFacts {
     /// Devices of this node's slices in a pool not named after the node: matched to no HCA,
     /// never tainted ([`DRA_FOREIGN_POOL`]).
     pub foreign_pool: Vec<PublishedDevice>,
+    /// Devices of the configured drivers that ResourceClaims allocated on this node hold
+    /// (empty until something reads the claims: see docs/dra.md).
+    pub claimed: Vec<ClaimedDevice>,
+}
+
+/// One device of an allocation result (`status.allocation.devices.results[]`) of a
+/// ResourceClaim, with the claim and the pods it is reserved for.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct ClaimedDevice {
+    pub driver: String,
+    pub pool: String,
+    pub device: String,
+    /// `namespace/name` of the claim.
+    pub claim: String,
+    /// `namespace/name` of each pod in `status.reservedFor`.
+    pub pods: Vec<String>,
+}
+
+impl DraFacts {
+    /// The claim that holds a published device, if any.
+    pub fn holder(&self, d: &PublishedDevice) -> Option<&ClaimedDevice> {
+        self.claimed
+            .iter()
+            .find(|c| c.driver == d.driver && c.pool == d.pool && c.device == d.device)
+    }
 }
 
 /// The devices of `drivers` in `slices` (this node's), and the drivers with no slice. A slice
@@ -242,6 +271,10 @@ pub fn assess(report: &ProbeReport, facts: Option<&DraFacts>, config: &Config) -
         if let Some(name) = &device.rdma_device
             && !probed.contains(&name.as_str())
         {
+            if let Some(held) = facts.holder(device) {
+                out.warnings.push(in_use(device, name, held));
+                continue;
+            }
             out.warnings.push(finding(
                 DRA_DEVICE_UNMATCHED,
                 format!(
@@ -324,6 +357,27 @@ pub fn assess(report: &ProbeReport, facts: Option<&DraFacts>, config: &Config) -
     out.taints.sort();
     out.taints.dedup();
     out
+}
+
+/// A published device the probe cannot see because a claim holds it: in use, not judged.
+fn in_use(device: &PublishedDevice, hca: &str, held: &ClaimedDevice) -> Finding {
+    finding(
+        DRA_DEVICE_IN_USE,
+        format!(
+            "{hca} (DRA device {} of {}) is in use by claim {} (pod{} {}): not visible in the \
+             node's network namespace (RDMA netns mode exclusive moves it into the pod's), so \
+             it is not judged; this says nothing about its hardware",
+            device.device,
+            device.driver,
+            held.claim,
+            if held.pods.len() == 1 { "" } else { "s" },
+            if held.pods.is_empty() {
+                "none reserved".to_owned()
+            } else {
+                held.pods.join(", ")
+            }
+        ),
+    )
 }
 
 /// One warning per driver and pool not named after the node.

@@ -450,3 +450,38 @@ fn refused_rules_of_a_tainted_device_taint_the_node_instead() {
     assert!(v.ready, "{v:?}");
     assert_eq!(v.device_taints.len(), 1);
 }
+
+#[test]
+fn an_absent_hca_held_by_a_claim_is_in_use_not_unmatched_and_never_tainted() {
+    let c = config(DRA);
+    let mut facts = all_four(&c);
+    // mlx5_3 left the node's namespace (exclusive RDMA netns mode, moved into a pod).
+    let mut probe = node(&[]);
+    probe.rdma.devices.truncate(3);
+    let without = assess(&probe, Some(&facts), &c);
+    let codes: Vec<&str> = without.warnings.iter().map(|f| f.code).collect();
+    assert_eq!(codes, vec![DRA_DEVICE_UNMATCHED], "no claim: as before");
+
+    facts.claimed.push(ClaimedDevice {
+        driver: "dra.net".into(),
+        pool: "node-a".into(),
+        device: "pci-0000-1b-00-0".into(),
+        claim: "train/worker-0-rdma".into(),
+        pods: vec!["train/worker-0".into()],
+    });
+    let held = assess(&probe, Some(&facts), &c);
+    let codes: Vec<&str> = held.warnings.iter().map(|f| f.code).collect();
+    assert_eq!(codes, vec![DRA_DEVICE_IN_USE]);
+    let message = &held.warnings[0].message;
+    assert!(message.contains("mlx5_3"), "{message}");
+    assert!(message.contains("train/worker-0-rdma"), "{message}");
+    assert!(message.contains("pod train/worker-0"), "{message}");
+    assert!(held.findings.is_empty(), "{:?}", held.findings);
+    assert!(held.taints.is_empty());
+
+    // A claim on another device does not excuse this one.
+    facts.claimed[0].device = "pci-0000-1a-00-0".into();
+    let other = assess(&probe, Some(&facts), &c);
+    let codes: Vec<&str> = other.warnings.iter().map(|f| f.code).collect();
+    assert_eq!(codes, vec![DRA_DEVICE_UNMATCHED]);
+}
