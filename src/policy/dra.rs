@@ -365,8 +365,8 @@ fn in_use(device: &PublishedDevice, hca: &str, held: &ClaimedDevice) -> Finding 
         DRA_DEVICE_IN_USE,
         format!(
             "{hca} (DRA device {} of {}) is in use by claim {} (pod{} {}): not visible in the \
-             node's network namespace (RDMA netns mode exclusive moves it into the pod's), so \
-             it is not judged; this says nothing about its hardware",
+             node's network namespace (in RDMA netns mode exclusive the driver moves it into \
+             the pod's), so it is not judged; this says nothing about its hardware",
             device.device,
             device.driver,
             held.claim,
