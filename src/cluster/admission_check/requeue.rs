@@ -8,6 +8,7 @@
 
 use super::decide::{list, node_problem};
 use super::model::{HOSTNAME_LABEL, WorkloadStatus};
+pub(super) use super::model::{TRANSPORT_CONDITION, WORKLOAD_ANNOTATION};
 use super::state::State;
 use super::step::Decision;
 use crate::config::gang::GangSettings;
@@ -19,14 +20,6 @@ use serde_json::Value;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// The pod condition the agents write (issue 42).
-pub const TRANSPORT_CONDITION: &str = "fabricgate.io/TransportReady";
-/// Kueue's annotation on the pods of an admitted Workload (with TAS): the Workload's name.
-pub const WORKLOAD_ANNOTATION: &str = "kueue.x-k8s.io/workload";
-/// Kueue's label on the pods of an admitted Workload: its pod set (what the pod watch
-/// selects on, so only Kueue's pods are cached).
-pub const PODSET_LABEL: &str = "kueue.x-k8s.io/podset";
 
 /// Our entries of an admitted Workload, all `Ready`, its quota reserved.
 #[derive(Debug)]

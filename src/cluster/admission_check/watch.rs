@@ -6,7 +6,7 @@
 //! store. Every event wakes the controller's loop; passes read only the stores.
 
 use super::model;
-use super::requeue::{PODSET_LABEL, TRANSPORT_CONDITION, WORKLOAD_ANNOTATION};
+use super::model::{PODSET_LABEL, TRANSPORT_CONDITION, WORKLOAD_ANNOTATION};
 use super::{CHECK_LABEL, CheckSettings, WATCH_TIMEOUT_SECS};
 use crate::cluster::slim_node;
 use crate::config::gang::AfterAdmission;
