@@ -24,6 +24,26 @@ pub const DEFAULT_RETRY_BACKOFF_MAX: Duration = Duration::from_secs(120);
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 10;
 /// Upper bound of `gang.max_attempts`.
 pub const MAX_MAX_ATTEMPTS: u32 = 1000;
+/// Default `gang.requeue_grace`: a member unvalidated (or a member pod on sockets) for less
+/// than this does not requeue an admitted gang (a flapping port).
+pub const DEFAULT_REQUEUE_GRACE: Duration = Duration::from_secs(60);
+/// Default `gang.max_requeues_per_window`: admitted gangs requeued per `gang.requeue_window`.
+pub const DEFAULT_MAX_REQUEUES_PER_WINDOW: u32 = 10;
+/// Default `gang.requeue_window`.
+pub const DEFAULT_REQUEUE_WINDOW: Duration = Duration::from_secs(600);
+
+/// `gang.after_admission`: what the controller does about a gang it admitted whose member
+/// goes bad.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum AfterAdmission {
+    /// Nothing: an admitted Workload is not looked at again.
+    Ignore,
+    /// Set the check `Retry` (Kueue evicts and requeues the gang whole) once a member stayed
+    /// bad for `gang.requeue_grace`.
+    #[default]
+    Requeue,
+}
 /// Default `gang.min_bandwidth_gbps`: every rail of every pair moves at least this much in
 /// its WRITE burst (a 200-400G rail does several times more from one queue pair; a link
 /// trained down, a congested or misrouted path, or a rail on the wrong switch does not).
@@ -71,6 +91,19 @@ pub struct GangSettings {
     /// A Workload whose pre-flight failed this many times (its check's `retryCount` + 1) is
     /// `Rejected` instead of retried again (1 to 1000; 1: the first failure rejects).
     pub max_attempts: u32,
+    /// After admission: `requeue` (default) a gang whose member node turned unvalidated, or
+    /// whose member pod is on sockets, for `requeue_grace`; or `ignore`.
+    pub after_admission: AfterAdmission,
+    /// How long a member stays bad before its admitted gang is requeued (1s to 1h).
+    #[serde(with = "requeue_grace")]
+    pub requeue_grace: Duration,
+    /// At most this many admitted gangs requeued per `requeue_window` (the breaker: a
+    /// fleet-wide event is more likely a bad requirements rollout); the rest are reported
+    /// and stay admitted. 1 to 100000.
+    pub max_requeues_per_window: u32,
+    /// The breaker's window (1m to 24h).
+    #[serde(with = "requeue_window")]
+    pub requeue_window: Duration,
 }
 
 impl Default for GangSettings {
@@ -86,6 +119,10 @@ impl Default for GangSettings {
             retry_backoff: DEFAULT_RETRY_BACKOFF,
             retry_backoff_max: DEFAULT_RETRY_BACKOFF_MAX,
             max_attempts: DEFAULT_MAX_ATTEMPTS,
+            after_admission: AfterAdmission::Requeue,
+            requeue_grace: DEFAULT_REQUEUE_GRACE,
+            max_requeues_per_window: DEFAULT_MAX_REQUEUES_PER_WINDOW,
+            requeue_window: DEFAULT_REQUEUE_WINDOW,
         }
     }
 }
@@ -108,6 +145,20 @@ bounded_duration!(
     retry_backoff_max,
     "gang.retry_backoff_max",
     Duration::from_secs(1),
+    Duration::from_secs(86_400)
+);
+
+bounded_duration!(
+    requeue_grace,
+    "gang.requeue_grace",
+    Duration::from_secs(1),
+    Duration::from_secs(3600)
+);
+
+bounded_duration!(
+    requeue_window,
+    "gang.requeue_window",
+    Duration::from_secs(60),
     Duration::from_secs(86_400)
 );
 
@@ -201,6 +252,16 @@ impl GangSettings {
                 ),
             );
         }
+        if self.max_requeues_per_window == 0 || self.max_requeues_per_window > 100_000 {
+            return bad(
+                "max_requeues_per_window",
+                format!(
+                    "{} is out of range; give 1 to 100000 (default \
+                     {DEFAULT_MAX_REQUEUES_PER_WINDOW}), or gang.after_admission: ignore",
+                    self.max_requeues_per_window
+                ),
+            );
+        }
         if self.retry_backoff_max < self.retry_backoff {
             return bad(
                 "retry_backoff_max",
@@ -253,6 +314,40 @@ mod tests {
             assert!(e.contains(key), "{yaml}: {e}");
         }
         assert!(serde_norway::from_str::<GangSettings>("peers_port: 1\n").is_err());
+    }
+
+    /// Issue 43: after admission, requeue by default after a minute, at most 10 per 10 min.
+    #[test]
+    fn after_admission_defaults_and_bounds() {
+        let d = GangSettings::default();
+        assert_eq!(d.after_admission, AfterAdmission::Requeue);
+        assert_eq!(d.requeue_grace, Duration::from_secs(60));
+        assert_eq!(
+            (d.max_requeues_per_window, d.requeue_window),
+            (10, Duration::from_secs(600))
+        );
+        let s: GangSettings = serde_norway::from_str(
+            "after_admission: ignore\nrequeue_grace: 2s\nmax_requeues_per_window: 3\n\
+             requeue_window: 5m\n",
+        )
+        .unwrap();
+        s.validate().unwrap();
+        assert_eq!(s.after_admission, AfterAdmission::Ignore);
+        assert_eq!(s.requeue_grace, Duration::from_secs(2));
+        assert_eq!(s.requeue_window, Duration::from_secs(300));
+        for (yaml, key) in [
+            ("requeue_grace: 0s\n", "gang.requeue_grace"),
+            ("requeue_window: 1s\n", "gang.requeue_window"),
+        ] {
+            let e = serde_norway::from_str::<GangSettings>(yaml)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(key), "{yaml}: {e}");
+        }
+        assert!(serde_norway::from_str::<GangSettings>("after_admission: evict\n").is_err());
+        let zero: GangSettings = serde_norway::from_str("max_requeues_per_window: 0\n").unwrap();
+        let e = zero.validate().unwrap_err().to_string();
+        assert!(e.contains("gang.max_requeues_per_window"), "{e}");
     }
 
     /// Issue 36, item 8: "ok" proves bandwidth and latency by default: a minimum bandwidth

@@ -1213,6 +1213,9 @@ fn admission_check_manifest_is_least_privilege_two_replicas_and_its_args_parse()
         "ClusterRole /nodes get",
         "ClusterRole /nodes list",
         "ClusterRole /nodes watch",
+        // Kueue's pods, for gang.after_admission: requeue (issue 43).
+        "ClusterRole /pods list",
+        "ClusterRole /pods watch",
         "ClusterRole events.k8s.io/events create",
         "ClusterRole kueue.x-k8s.io/admissionchecks get",
         "ClusterRole kueue.x-k8s.io/admissionchecks list",

@@ -26,6 +26,8 @@ pub struct CheckMetrics {
     answers_cached: Gauge,
     leader: Gauge,
     decide_seconds: Histogram,
+    requeues_held: Counter,
+    requeue_breaker_open: Gauge,
 }
 
 impl Default for CheckMetrics {
@@ -40,7 +42,8 @@ impl CheckMetrics {
         let decisions = Family::<Labels, Counter>::default();
         registry.register(
             "fabricgate_admission_checks",
-            "Admission check states written on Workloads, by state (ready, retry, rejected)",
+            "Admission check states written on Workloads: ready, retry, rejected, and requeued \
+             (Retry on an admitted gang whose member went bad)",
             decisions.clone(),
         );
         let pair_failures = Counter::default();
@@ -73,7 +76,21 @@ impl CheckMetrics {
             "From the first pass that saw a Workload's check Pending to its state written",
             decide_seconds.clone(),
         );
-        for result in ["ready", "retry", "rejected"] {
+        let requeues_held = Counter::default();
+        registry.register(
+            "fabricgate_gang_requeues_held",
+            "Admitted gangs the requeue breaker held (gang.max_requeues_per_window reached), \
+             one per gang and hold",
+            requeues_held.clone(),
+        );
+        let requeue_breaker_open = Gauge::default();
+        registry.register(
+            "fabricgate_gang_requeue_breaker_open",
+            "1 while gang.max_requeues_per_window admitted gangs were requeued within \
+             gang.requeue_window (further requeues are held)",
+            requeue_breaker_open.clone(),
+        );
+        for result in ["ready", "retry", "rejected", "requeued"] {
             let _ = decisions.get_or_create(&vec![("result".to_owned(), result.to_owned())]);
         }
         Self {
@@ -84,7 +101,18 @@ impl CheckMetrics {
             answers_cached,
             leader,
             decide_seconds,
+            requeues_held,
+            requeue_breaker_open,
         }
+    }
+
+    /// An admitted gang's requeue held by the breaker.
+    pub fn requeue_held(&self) {
+        self.requeues_held.inc();
+    }
+
+    pub fn set_requeue_breaker_open(&self, open: bool) {
+        self.requeue_breaker_open.set(i64::from(open));
     }
 
     /// A state written: `ready`, `retry` or `rejected`.
@@ -166,6 +194,19 @@ mod tests {
             text.contains("fabricgate_gang_pair_failures_total 2"),
             "{text}"
         );
+        assert!(text.contains("fabricgate_admission_checks_total{result=\"requeued\"} 0"));
+        assert!(
+            text.contains("fabricgate_gang_requeue_breaker_open 0"),
+            "{text}"
+        );
+        m.requeue_held();
+        m.set_requeue_breaker_open(true);
+        let text = m.encode(false);
+        assert!(
+            text.contains("fabricgate_gang_requeues_held_total 1"),
+            "{text}"
+        );
+        assert!(text.contains("fabricgate_gang_requeue_breaker_open 1"));
         assert!(m.encode(true).ends_with("# EOF\n"));
     }
 }

@@ -23,6 +23,7 @@ mod metrics;
 pub mod model;
 mod objects;
 mod reconcile;
+mod requeue;
 mod ring;
 mod state;
 mod step;

@@ -10,6 +10,13 @@ use std::collections::BTreeMap;
 
 /// The label a node's hostname is under, the lowest level of a TAS topology.
 pub const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
+/// The pod condition the agents write (issue 42).
+pub const TRANSPORT_CONDITION: &str = "fabricgate.io/TransportReady";
+/// Kueue's annotation on the pods of an admitted Workload (with TAS): the Workload's name.
+pub const WORKLOAD_ANNOTATION: &str = "kueue.x-k8s.io/workload";
+/// Kueue's label on the pods of an admitted Workload: its pod set (what the pod watch
+/// selects on, so only Kueue's pods are cached).
+pub const PODSET_LABEL: &str = "kueue.x-k8s.io/podset";
 
 pub fn workloads() -> ApiResource {
     ApiResource::from_gvk_with_plural(

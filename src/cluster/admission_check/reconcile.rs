@@ -4,10 +4,12 @@
 //! recorded), stale FabricChecks and answers deleted.
 
 use super::objects::{cleanup, create_check, delete_check, listed_answers};
+use super::requeue::{self, AdmittedCheck, Members, PodIndex, Verdict};
 use super::state::State;
 use super::step::{self, Action, Decision, Facts};
 use super::watch::Stores;
 use super::{CONTROLLER_NAME, CheckMetrics, CheckSettings, FIELD_MANAGER, model};
+use crate::config::gang::AfterAdmission;
 use crate::error::{Error, Result};
 use crate::node::fabriccheck;
 use crate::text::truncate;
@@ -17,6 +19,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use kube::runtime::reflector::ObjectRef;
 use serde_json::{Value, json};
 use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
@@ -38,13 +41,21 @@ pub(super) async fn pass(
         metrics,
         ours,
         pool: w.nodes.state(),
+        pods: PodIndex::new(w.pods.state()),
     };
     let mut due: Option<tokio::time::Instant> = None;
     let mut in_flight = 0usize;
     let mut pending_uids = HashSet::new();
+    let mut admitted_uids = HashSet::new();
     for wl in w.workloads.state() {
         match p.workload(state, &wl).await {
             Ok(Step::Idle) => {}
+            Ok(Step::Watching(at)) => {
+                admitted_uids.insert(wl.uid().unwrap_or_default());
+                if let Some(at) = at {
+                    due = Some(due.map_or(at, |d| d.min(at)));
+                }
+            }
             Ok(Step::Waiting(at)) => {
                 in_flight += 1;
                 pending_uids.insert(wl.uid().unwrap_or_default());
@@ -66,6 +77,11 @@ pub(super) async fn pass(
     state
         .first_seen
         .retain(|(uid, _), _| pending_uids.contains(uid));
+    state
+        .bad_since
+        .retain(|(uid, _), _| admitted_uids.contains(uid));
+    state.held.retain(|uid| admitted_uids.contains(uid));
+    metrics.set_requeue_breaker_open(requeue::breaker_open(state, Instant::now(), &s.config.gang));
     cleanup(client, w, s, state, &pending_uids).await;
     due
 }
@@ -77,6 +93,8 @@ enum Step {
     Pending,
     /// A FabricCheck in flight; judge again at this instant at the latest.
     Waiting(tokio::time::Instant),
+    /// Admitted and watched (issue 43); judge again at this instant at the latest.
+    Watching(Option<tokio::time::Instant>),
 }
 
 /// What one pass works with.
@@ -89,12 +107,19 @@ struct Pass<'a> {
     ours: BTreeSet<String>,
     /// The pool's Nodes as the store holds them at the start of the pass.
     pool: Vec<Arc<Node>>,
+    /// Kueue's pods by Workload, at the start of the pass.
+    pods: PodIndex,
 }
 
 impl Pass<'_> {
     /// Move one Workload on: what `step::next` decides, carried out.
     async fn workload(&self, state: &mut State, wl: &DynamicObject) -> Result<Step> {
         let Some(pending) = step::pending_check(wl, &self.ours) else {
+            if self.s.config.gang.after_admission == AfterAdmission::Requeue
+                && let Some(admitted) = requeue::admitted_check(wl, &self.ours)
+            {
+                return self.admitted(state, wl, &admitted).await;
+            }
             return Ok(Step::Idle);
         };
         let facts = Facts {
@@ -156,7 +181,7 @@ impl Pass<'_> {
 
     /// After a state was written: metrics, the Event (Retry, Rejected), the Workload's version.
     async fn record(&self, state: &mut State, d: &Decision, first: Instant, wl: &DynamicObject) {
-        let (client, metrics, s) = (self.client, self.metrics, self.s);
+        let metrics = self.metrics;
         state.decided.insert(
             wl.uid().unwrap_or_default(),
             wl.resource_version().unwrap_or_default(),
@@ -169,6 +194,13 @@ impl Pass<'_> {
         if d.state == "Ready" {
             return;
         }
+        self.event(wl, &format!("FabricPreflight{}", d.state), &d.message)
+            .await;
+    }
+
+    /// A Warning Event on the Workload.
+    async fn event(&self, wl: &DynamicObject, reason: &str, note: &str) {
+        let (client, s) = (self.client, self.s);
         let ns = wl.namespace().unwrap_or_default();
         let events: Api<Event> = Api::namespaced(client.clone(), &ns);
         let event = Event {
@@ -179,8 +211,8 @@ impl Pass<'_> {
             },
             event_time: Some(MicroTime(Timestamp::now())),
             action: Some("AdmissionCheck".to_owned()),
-            reason: Some(format!("FabricPreflight{}", d.state)),
-            note: Some(truncate(&d.message, 1024)),
+            reason: Some(reason.to_owned()),
+            note: Some(truncate(note, 1024)),
             type_: Some("Warning".to_owned()),
             regarding: Some(ObjectReference {
                 api_version: Some("kueue.x-k8s.io/v1beta2".to_owned()),
@@ -201,6 +233,67 @@ impl Pass<'_> {
         if let Err(e) = events.create(&pp, &event).await {
             tracing::warn!(workload = %key(wl), error = %e, "cannot record the Event");
         }
+    }
+
+    /// An admitted Workload (our check `Ready`): requeued once a member stayed bad for
+    /// `gang.requeue_grace`, unless the breaker holds it (issue 43).
+    async fn admitted(
+        &self,
+        state: &mut State,
+        wl: &DynamicObject,
+        admitted: &AdmittedCheck,
+    ) -> Result<Step> {
+        let uid = wl.uid().unwrap_or_default();
+        let rv = wl.resource_version().unwrap_or_default();
+        if state.decided.get(&uid) == Some(&rv) {
+            return Ok(Step::Watching(None));
+        }
+        let gang = &self.s.config.gang;
+        let taint = self.s.config.node.taint_key();
+        let nodes = &self.w.nodes;
+        let node = |name: &str| nodes.get(&ObjectRef::new(name));
+        let causes = requeue::causes(&Members {
+            wl,
+            admitted,
+            node: &node,
+            pool: &self.pool,
+            pods: &self.pods,
+            label_prefix: &self.s.config.node.label_prefix,
+            taint_key: &taint,
+        });
+        let now = Instant::now();
+        let d = match requeue::judge(&uid, &causes, admitted.retry_count, state, now, gang) {
+            Verdict::Healthy => {
+                state.held.remove(&uid);
+                return Ok(Step::Watching(None));
+            }
+            Verdict::Waiting(after) => {
+                return Ok(Step::Watching(Some(tokio::time::Instant::now() + after)));
+            }
+            Verdict::Requeue(d) => d,
+        };
+        if d.state == "Retry"
+            && let Err((why, reopen)) = requeue::breaker(state, now, gang)
+        {
+            if state.held.insert(uid) {
+                self.metrics.requeue_held();
+                let note = format!("{why}; would requeue: {}", d.message);
+                tracing::warn!(workload = %key(wl), message = %note, "requeue held by the breaker");
+                self.event(wl, "FabricGangRequeueHeld", &note).await;
+            }
+            return Ok(Step::Watching(Some(tokio::time::Instant::now() + reopen)));
+        }
+        write_state(self.client, wl, &admitted.entries, &d).await?;
+        state.held.remove(&uid);
+        state.decided.insert(uid, rv);
+        let (result, reason) = if d.state == "Retry" {
+            ("requeued", "FabricGangRequeued")
+        } else {
+            ("rejected", "FabricPreflightRejected")
+        };
+        self.metrics.decided(result, None);
+        self.event(wl, reason, &d.message).await;
+        Ok(Step::Watching(None))
     }
 }
 

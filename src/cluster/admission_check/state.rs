@@ -2,7 +2,7 @@
 //! durable is in the API objects). Read by the decisions (`step.rs`), kept by the passes
 //! (`reconcile.rs`) and the FabricCheck objects' upkeep (`objects.rs`).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::Instant;
 
 #[derive(Default)]
@@ -18,4 +18,13 @@ pub(super) struct State {
     /// its assigned nodes at that version): matching domains to Nodes once per version, not
     /// on every pass while the check is in flight.
     pub(super) same_members: HashMap<String, (String, bool)>,
+    /// (Workload uid, cause: `node/<name>` or `pod/<uid>`) -> when a pass first saw that
+    /// member of an admitted gang bad (`requeue.rs`). A new leader starts the grace afresh:
+    /// a requeue later, never earlier.
+    pub(super) bad_since: HashMap<(String, String), Instant>,
+    /// When each admitted gang was requeued, oldest first, within `gang.requeue_window`
+    /// (the breaker's count).
+    pub(super) requeued: VecDeque<Instant>,
+    /// Workload uids held by the breaker and reported (their Event recorded once).
+    pub(super) held: HashSet<String>,
 }

@@ -76,7 +76,7 @@ pub(super) struct Decision {
 }
 
 impl Decision {
-    fn retry(message: String) -> Self {
+    pub(super) fn retry(message: String) -> Self {
         Self {
             state: "Retry",
             message,
@@ -97,7 +97,7 @@ impl Decision {
     /// A `Retry` of a Workload whose check was retried `retry_count` times before: with
     /// `gang.retry_backoff` doubled per earlier retry as `requeueAfterSeconds`, or `Rejected`
     /// once `gang.max_attempts` failures are reached (issue 36, item 2).
-    fn escalate(mut self, retry_count: u32, gang: &GangSettings) -> Self {
+    pub(super) fn escalate(mut self, retry_count: u32, gang: &GangSettings) -> Self {
         if self.state != "Retry" {
             return self;
         }

@@ -1,15 +1,19 @@
 //! The leader's watches: Workloads (all namespaces), Nodes (the pool), FabricChecks and
-//! FabricCheckResults (in `gang.namespace`), AdmissionChecks and ResourceFlavors, each a `kube::runtime::watcher`
+//! FabricCheckResults (in `gang.namespace`), AdmissionChecks and ResourceFlavors, and the
+//! pods Kueue admitted (label `kueue.x-k8s.io/podset`, slimmed to what `requeue.rs` reads),
+//! each a `kube::runtime::watcher`
 //! (one LIST, then WATCH from its resourceVersion, resumed after errors) feeding a reflector
 //! store. Every event wakes the controller's loop; passes read only the stores.
 
 use super::model;
+use super::model::{PODSET_LABEL, TRANSPORT_CONDITION, WORKLOAD_ANNOTATION};
 use super::{CHECK_LABEL, CheckSettings, WATCH_TIMEOUT_SECS};
 use crate::cluster::slim_node;
+use crate::config::gang::AfterAdmission;
 use crate::node::WatchBackoff;
 use crate::node::fabriccheck;
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Pod, PodSpec, PodStatus};
 use kube::ResourceExt;
 use kube::api::{Api, ApiResource, DynamicObject};
 use kube::runtime::WatchStreamExt;
@@ -31,6 +35,8 @@ pub(super) struct Stores {
     pub results: Store<DynamicObject>,
     pub admission_checks: Store<DynamicObject>,
     pub flavors: Store<DynamicObject>,
+    /// Kueue's pods (only with `gang.after_admission: requeue`; empty otherwise).
+    pub pods: Store<Pod>,
     /// Uids of the FabricChecks this leader created (before its watch shows them): with the
     /// checks in the store, the checks whose answers are cached.
     pub(super) created: Arc<Mutex<HashSet<String>>>,
@@ -175,6 +181,29 @@ impl Watched {
             "Nodes",
             slim_node,
         )));
+        let flag = Arc::new(AtomicBool::new(false));
+        listed.push(Arc::clone(&flag));
+        let writer = Writer::new(());
+        let pods = writer.as_reader();
+        if s.config.gang.after_admission == AfterAdmission::Requeue {
+            let api = match &s.workload_namespace {
+                Some(ns) => Api::<Pod>::namespaced(client.clone(), ns),
+                None => Api::<Pod>::all(client.clone()),
+            };
+            tasks.push(tokio::spawn(feed(
+                api,
+                PODSET_LABEL.to_owned(),
+                writer,
+                Box::new(|_: &Pod| true),
+                flag,
+                Arc::clone(&notify),
+                backoff,
+                "Pods",
+                slim_pod,
+            )));
+        } else {
+            flag.store(true, Ordering::Release);
+        }
         Watched {
             stores: Stores {
                 workloads,
@@ -183,6 +212,7 @@ impl Watched {
                 results,
                 admission_checks,
                 flavors,
+                pods,
                 created,
             },
             listed,
@@ -195,6 +225,28 @@ impl Watched {
     pub(super) fn ready(&self) -> bool {
         self.listed.iter().all(|f| f.load(Ordering::Acquire))
     }
+}
+
+/// A pod as `requeue.rs` reads it: its names, owners and Kueue's workload annotation, its
+/// node, and only the `fabricgate.io/TransportReady` condition.
+fn slim_pod(pod: &mut Pod) {
+    pod.metadata.managed_fields = None;
+    pod.metadata.labels = None;
+    if let Some(a) = pod.metadata.annotations.as_mut() {
+        a.retain(|k, _| k == WORKLOAD_ANNOTATION);
+    }
+    pod.spec = pod.spec.take().map(|s| PodSpec {
+        node_name: s.node_name,
+        ..PodSpec::default()
+    });
+    pod.status = pod.status.take().map(|s| PodStatus {
+        conditions: s.conditions.map(|mut cs| {
+            cs.retain(|c| c.type_ == TRANSPORT_CONDITION);
+            cs
+        }),
+        phase: s.phase,
+        ..PodStatus::default()
+    });
 }
 
 /// Which objects of a watch are stored.

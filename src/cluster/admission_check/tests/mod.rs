@@ -4,6 +4,7 @@
 //! The fixtures here are shared by both.
 
 mod api;
+mod requeue;
 mod step;
 
 use super::model::{self, HOSTNAME_LABEL};
@@ -14,7 +15,7 @@ use crate::node::fabriccheck::{
     self, CheckSpec, ENDPOINT_ANNOTATION, FabricCheck, Member, PairResult, Rdma, Received,
     WorkloadRef,
 };
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{ApiResource, DynamicObject};
 use kube::runtime::reflector::store::{Store, Writer};
 use kube::runtime::watcher;
@@ -211,6 +212,7 @@ struct Cache {
     results: Vec<DynamicObject>,
     admission_checks: Vec<DynamicObject>,
     flavors: Vec<DynamicObject>,
+    pods: Vec<Pod>,
 }
 
 fn store<K>(dyntype: K::DynamicType, objects: Vec<K>) -> Store<K>
@@ -235,6 +237,7 @@ impl Cache {
             results: dynamic(fabriccheck::results(), self.results),
             admission_checks: dynamic(model::admission_checks(), self.admission_checks),
             flavors: dynamic(model::resource_flavors(), self.flavors),
+            pods: store((), self.pods),
             created: Default::default(),
         }
     }
