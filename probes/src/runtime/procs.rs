@@ -189,7 +189,7 @@ pub fn parse_ipv6_route(text: &str) -> Vec<Route> {
 
 /// The interface of the longest-prefix route to `address` (`lo` never: loopback is not
 /// inter-node); `None` when no route matches.
-pub fn interface_for<'r>(routes: &'r [Route], address: IpAddr) -> Option<&'r str> {
+pub fn interface_for(routes: &[Route], address: IpAddr) -> Option<&str> {
     routes
         .iter()
         .filter(|r| r.interface != "lo" && in_network(address, r.destination, r.prefix))
