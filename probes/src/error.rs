@@ -65,6 +65,18 @@ pub enum ProbeError {
         source: io::Error,
     },
 
+    /// A pod's network namespace cannot be entered to list its sockets.
+    #[error(
+        "cannot enter the network namespace {path}: {source}; reading a pod's sockets needs \
+         CAP_SYS_ADMIN (setns) and CAP_SYS_PTRACE (another user's /proc/<pid>/ns/net): add \
+         them (deploy/overlays/runtime-transport)"
+    )]
+    Netns {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+
     #[error("{0}")]
     Other(String),
 }
@@ -92,7 +104,8 @@ impl ProbeError {
             | Self::ReadDir { .. }
             | Self::NotRegular { .. }
             | Self::TooLarge { .. }
-            | Self::RdmaNetlinkUnavailable { .. } => "read",
+            | Self::RdmaNetlinkUnavailable { .. }
+            | Self::Netns { .. } => "read",
             Self::Parse { .. } | Self::Netlink { .. } => "parse",
             Self::Verbs { .. } => "verbs",
             Self::PeerKey { .. } | Self::Other(_) => "other",

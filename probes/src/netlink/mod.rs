@@ -40,6 +40,9 @@ impl Protocol {
     /// `NETLINK_RDMA`: RDMA devices, ports and resources (what `rdma` of iproute2 reads;
     /// message types are `RDMA_NL_GET_TYPE(client, op)`, uapi `rdma/rdma_netlink.h`).
     pub const RDMA: Self = Self(20);
+    /// `NETLINK_SOCK_DIAG`: socket statistics of the socket's network namespace (what `ss`
+    /// reads; `linux/sock_diag.h`).
+    pub const SOCK_DIAG: Self = Self(4);
 
     /// Any other protocol, by number.
     pub const fn from_number(number: u32) -> Self {
@@ -168,9 +171,92 @@ impl Socket {
         timeout: Duration,
         mut each: impl FnMut(Message<'_>),
     ) -> io::Result<()> {
+        let seq = self.next_seq();
+        let mut outcome = Ok(());
+        self.exchange(
+            &message::request(kind, flags, seq, body),
+            timeout,
+            |m| match m.status() {
+                Some(0) => true,
+                Some(errno) => {
+                    outcome = Err(io::Error::from_raw_os_error(errno));
+                    true
+                }
+                None if m.kind == NLMSG_ERROR => {
+                    outcome = Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        "netlink: an error message too short to read",
+                    ));
+                    true
+                }
+                None => {
+                    each(m);
+                    m.flags & NLM_F_MULTI == 0
+                }
+            },
+        )?;
+        outcome
+    }
+
+    /// Send `request`, a whole message built by the caller (its sequence number is replaced
+    /// by this socket's own), and return the kernel's reply datagrams as they came, up to
+    /// and including the one that ends it (`NLMSG_DONE`, `NLMSG_ERROR`, or a single answer
+    /// without `NLM_F_MULTI`). For parsers of their own framing (`runtime::restrack`,
+    /// `runtime::tcp`): the kernel's refusal is in the datagrams for them to read.
+    ///
+    /// # Errors
+    /// `request` is shorter than a netlink header, the socket failed, the reply overran the
+    /// buffer, or nothing came within `timeout`.
+    pub fn dump_datagrams(
+        &mut self,
+        request: &[u8],
+        timeout: Duration,
+    ) -> io::Result<Vec<Vec<u8>>> {
+        if request.len() < NLMSG_HDRLEN {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "netlink: a request shorter than its header",
+            ));
+        }
+        let mut stamped = request.to_vec();
+        stamped[8..12].copy_from_slice(&self.next_seq().to_ne_bytes());
+        let mut datagrams = Vec::new();
+        self.exchange_datagrams(&stamped, timeout, |datagram, ours| {
+            datagrams.push(datagram.to_vec());
+            ours.iter()
+                .any(|m| matches!(m.kind, NLMSG_DONE | NLMSG_ERROR) || m.flags & NLM_F_MULTI == 0)
+        })?;
+        Ok(datagrams)
+    }
+
+    fn next_seq(&mut self) -> u32 {
         self.seq = self.seq.wrapping_add(1).max(1);
-        let seq = self.seq;
-        self.send(&message::request(kind, flags, seq, body))?;
+        self.seq
+    }
+
+    /// Send `request` and hand `each` every message of the answer (the messages with its
+    /// sequence number) until `each` says the answer is complete.
+    fn exchange(
+        &mut self,
+        request: &[u8],
+        timeout: Duration,
+        mut each: impl FnMut(Message<'_>) -> bool,
+    ) -> io::Result<()> {
+        self.exchange_datagrams(request, timeout, |_, ours| ours.iter().any(|m| each(*m)))
+    }
+
+    /// The one receive loop: send `request`, then hand `each` every kernel datagram that
+    /// answers it (with its messages of the request's sequence number) until `each` says the
+    /// answer is complete. Bounded by `timeout`.
+    fn exchange_datagrams(
+        &mut self,
+        request: &[u8],
+        timeout: Duration,
+        mut each: impl FnMut(&[u8], &[Message<'_>]) -> bool,
+    ) -> io::Result<()> {
+        let seq = message::u32_at(request, 8).unwrap_or_default();
+        let kind = message::u16_at(request, 4).unwrap_or_default();
+        self.send(request)?;
         let deadline = Instant::now() + timeout;
         let mut buf = vec![0u8; RECV_BUFFER];
         loop {
@@ -191,23 +277,10 @@ impl Socket {
                     ));
                 }
             };
-            for m in messages(&buf[..n]).filter(|m| m.seq == seq) {
-                match m.status() {
-                    Some(0) => return Ok(()),
-                    Some(errno) => return Err(io::Error::from_raw_os_error(errno)),
-                    None if m.kind == NLMSG_ERROR => {
-                        return Err(io::Error::new(
-                            io::ErrorKind::InvalidData,
-                            "netlink: an error message too short to read",
-                        ));
-                    }
-                    None => {
-                        each(m);
-                        if m.flags & NLM_F_MULTI == 0 {
-                            return Ok(());
-                        }
-                    }
-                }
+            let datagram = &buf[..n];
+            let ours: Vec<Message<'_>> = messages(datagram).filter(|m| m.seq == seq).collect();
+            if !ours.is_empty() && each(datagram, &ours) {
+                return Ok(());
             }
         }
     }

@@ -8,8 +8,10 @@
 //!   verdict (`policy::transport`).
 
 pub mod cgroup;
+pub mod procs;
 pub mod restrack;
 pub mod sample;
+pub mod tcp;
 
 use crate::Roots;
 use crate::error::{ProbeError, Result};

@@ -7,11 +7,24 @@
 //! the probes' work): `PodSampler::new(roots)`, `PodSampler::sample(&mut self, &SampleRequest)`
 //! → `Vec<PodTransportFacts>`, one per pod in the request that has a baseline from an earlier
 //! call (a pod seen for the first time gets its baseline now and appears from the next call).
+//!
+//! One sample: the QP dump of every RDMA device (`restrack`), attributed to pods by the
+//! owners' cgroups; every pod's processes (`procs`); per pod, the TCP sockets of its network
+//! namespace (`tcp`, the namespace entered from a short-lived thread), or for a pod on the
+//! host's network only the sockets its processes hold open; the bytes each socket moved since
+//! the pod's baseline (`tcpi_bytes_acked + tcpi_bytes_received`; a socket new since then
+//! counts whole), summed over the sockets whose remote end is in [`RemoteScope`].
 
-use super::PodTransportFacts;
+use super::restrack::{self, QpEntry};
+use super::tcp::{self, TcpSocket};
+use super::{InternodeTcp, Observed, PodTransportFacts, QpAttribution, attribute, procs};
 use crate::Roots;
-use std::collections::BTreeSet;
+use crate::error::{ProbeError, Result};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::io;
 use std::net::IpAddr;
+use std::path::Path;
+use std::time::Instant;
 
 /// Which remote addresses are "other nodes".
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,24 +53,384 @@ pub struct SampleRequest {
     pub remote: RemoteScope,
 }
 
+/// What the agent needs and lacks, word for word in every `unknown` it causes.
+pub const NO_HOST_PID: &str = "the agent is not in the host PID namespace, so it sees neither the \
+     pods' processes nor their queue pairs; add hostPID: true (deploy/overlays/runtime-transport)";
+pub const NO_RDMA_NETLINK: &str = "the kernel has no RDMA netlink (NETLINK_RDMA: protocol not \
+     supported): ib_core is not loaded, so no RDMA resource can be listed";
+
+/// The kernel's answers the sampler needs: the live kernel ([`LiveKernel`]), or recorded
+/// replies in tests.
+pub trait Kernel: std::fmt::Debug + Send {
+    /// Every QP of every RDMA device.
+    ///
+    /// # Errors
+    /// [`ProbeError::RdmaNetlinkUnavailable`] without RDMA netlink; others for bad replies.
+    fn qps(&mut self) -> Result<Vec<QpEntry>>;
+
+    /// The TCP sockets of the network namespace `ns` (`<procfs>/<pid>/ns/net` of a pod's
+    /// process); `None`: the agent's own namespace (the host's: the agent runs with
+    /// `hostNetwork`).
+    ///
+    /// # Errors
+    /// [`ProbeError::Netns`] when the namespace cannot be entered, `Read` with `NotFound`
+    /// when its process exited, `Netlink` for bad replies.
+    fn tcp_sockets(&mut self, ns: Option<&Path>) -> Result<Vec<TcpSocket>>;
+}
+
+/// The running kernel, through the probes' netlink socket.
+#[derive(Debug, Default)]
+pub struct LiveKernel;
+
+impl Kernel for LiveKernel {
+    fn qps(&mut self) -> Result<Vec<QpEntry>> {
+        restrack::read_live_qps()
+    }
+
+    fn tcp_sockets(&mut self, ns: Option<&Path>) -> Result<Vec<TcpSocket>> {
+        let mut socket = match ns {
+            None => tcp::open().map_err(|e| ProbeError::Netlink {
+                request: "sock_diag socket",
+                message: e.to_string(),
+            })?,
+            Some(path) => tcp::open_in_netns(path).map_err(|e| match e.kind() {
+                io::ErrorKind::NotFound => ProbeError::read(path, e),
+                _ => ProbeError::Netns {
+                    path: path.to_owned(),
+                    source: e,
+                },
+            })?,
+        };
+        tcp::read_sockets(&mut socket)
+    }
+}
+
 /// The sampler and its baselines.
 #[derive(Debug)]
 pub struct PodSampler {
     roots: Roots,
+    kernel: Box<dyn Kernel>,
+    baselines: HashMap<String, Baseline>,
+    notes: Vec<String>,
+}
+
+/// A pod's counters at its last sample: per socket (namespace, cookie), its bytes; `None`
+/// when its sockets could not be read then.
+#[derive(Debug)]
+struct Baseline {
+    at: Instant,
+    sockets: Option<HashMap<(u64, u64), u64>>,
+}
+
+/// One pod's sockets in one sample, and the routes of their namespace.
+#[derive(Debug)]
+struct PodSockets {
+    netns: u64,
+    sockets: Vec<TcpSocket>,
+    routes: Vec<procs::Route>,
 }
 
 impl PodSampler {
+    /// The sampler of the running kernel.
     pub fn new(roots: Roots) -> Self {
-        Self { roots }
+        Self::with_kernel(roots, Box::new(LiveKernel))
+    }
+
+    /// A sampler of another [`Kernel`] (recorded replies in tests).
+    pub fn with_kernel(roots: Roots, kernel: Box<dyn Kernel>) -> Self {
+        Self {
+            roots,
+            kernel,
+            baselines: HashMap::new(),
+            notes: Vec::new(),
+        }
     }
 
     pub fn roots(&self) -> &Roots {
         &self.roots
     }
 
+    /// What the last sample could not see for every pod alike, for a person ("the kernel
+    /// has no RDMA netlink ...", "a kubepods cgroup of a shape not known: ...").
+    pub fn notes(&self) -> &[String] {
+        &self.notes
+    }
+
     /// One sample of the pods of `request`.
     pub fn sample(&mut self, request: &SampleRequest) -> Vec<PodTransportFacts> {
-        let _ = request;
-        Vec::new()
+        self.sample_at(request, Instant::now())
+    }
+
+    /// [`Self::sample`] at a given instant (the window is the time between two samples).
+    pub fn sample_at(&mut self, request: &SampleRequest, now: Instant) -> Vec<PodTransportFacts> {
+        self.notes.clear();
+        if !procs::in_host_pid_namespace(&self.roots) {
+            return self.blind(request, now);
+        }
+        let (mut qps, qp_unseen) = self.pod_qps();
+        let (processes, unrecognized) = procs::pod_processes(&self.roots);
+        self.notes.extend(unrecognized.into_iter().map(|path| {
+            format!("a kubepods cgroup of a shape not known: {path} (its processes are not attributed to a pod)")
+        }));
+        let uids: BTreeSet<String> = match &request.pod_uids {
+            Some(uids) => uids.clone(),
+            None => processes.keys().chain(qps.keys()).cloned().collect(),
+        };
+        let host_ns = procs::netns_id(&self.roots, "self").ok();
+        let mut local = BTreeSet::new();
+        procs::local_addresses(&self.roots, "self", &mut local);
+        let mut dumps = HashMap::new();
+        let views: Vec<(String, std::result::Result<PodSockets, String>)> = uids
+            .iter()
+            .map(|uid| {
+                let pids = processes.get(uid).map_or(&[][..], Vec::as_slice);
+                let host = request.host_network.contains(uid);
+                let view = self.pod_sockets(pids, host, host_ns, &mut dumps, &mut local);
+                (uid.clone(), view)
+            })
+            .collect();
+        self.baselines.retain(|uid, _| uids.contains(uid));
+        let mut out = Vec::new();
+        for (uid, view) in views {
+            let Some(internode_tcp) = self.measure(&uid, view, &request.remote, &local, now) else {
+                continue;
+            };
+            let qps = match &qp_unseen {
+                Some(reason) => Observed::Unseen {
+                    reason: reason.clone(),
+                },
+                None => Observed::Seen(qps.remove(&uid).unwrap_or_default()),
+            };
+            let moves = matches!(&internode_tcp, Observed::Seen(t) if t.bytes > 0)
+                || matches!(&internode_tcp, Observed::Unseen { .. });
+            let holds = matches!(&qps, Observed::Seen(q) if !q.is_empty());
+            if request.pod_uids.is_some() || moves || holds {
+                out.push(PodTransportFacts {
+                    pod_uid: uid,
+                    qps,
+                    internode_tcp,
+                });
+            }
+        }
+        out
+    }
+
+    /// Without the host PID namespace: every requested pod unknown, and a note.
+    fn blind(&mut self, request: &SampleRequest, now: Instant) -> Vec<PodTransportFacts> {
+        self.notes.push(NO_HOST_PID.to_owned());
+        let Some(uids) = &request.pod_uids else {
+            self.baselines.clear();
+            return Vec::new();
+        };
+        self.baselines.retain(|uid, _| uids.contains(uid));
+        fn unseen<T>() -> Observed<T> {
+            Observed::Unseen {
+                reason: NO_HOST_PID.to_owned(),
+            }
+        }
+        uids.iter()
+            .filter(|uid| {
+                let first = !self.baselines.contains_key(*uid);
+                self.baselines.insert(
+                    (*uid).clone(),
+                    Baseline {
+                        at: now,
+                        sockets: None,
+                    },
+                );
+                !first
+            })
+            .map(|uid| PodTransportFacts {
+                pod_uid: uid.clone(),
+                qps: unseen(),
+                internode_tcp: unseen(),
+            })
+            .collect()
+    }
+
+    /// Every QP attributed to its pod, or why none could be listed.
+    fn pod_qps(&mut self) -> (BTreeMap<String, Vec<QpEntry>>, Option<String>) {
+        let list = match self.kernel.qps() {
+            Ok(list) => list,
+            Err(e) => {
+                let reason = match e {
+                    ProbeError::RdmaNetlinkUnavailable { .. } => NO_RDMA_NETLINK.to_owned(),
+                    other => format!("the RDMA resource dump failed: {other}"),
+                };
+                self.notes.push(reason.clone());
+                return (BTreeMap::new(), Some(reason));
+            }
+        };
+        let mut by_pod: BTreeMap<String, Vec<QpEntry>> = BTreeMap::new();
+        let mut hidden = 0usize;
+        for qp in attribute(&self.roots, list) {
+            match qp.owner {
+                QpAttribution::Pod(pod) => by_pod.entry(pod.pod_uid).or_default().push(qp.qp),
+                QpAttribution::Hidden => hidden += 1,
+                QpAttribution::Unrecognized { path } => self.notes.push(format!(
+                    "a QP of {} is owned by a process in a kubepods cgroup of a shape not known: {path}",
+                    qp.qp.device
+                )),
+                _ => {}
+            }
+        }
+        if hidden > 0 {
+            self.notes.push(format!(
+                "{hidden} QP(s) without a visible owner (a PID namespace the agent is not an ancestor of)"
+            ));
+        }
+        (by_pod, None)
+    }
+
+    /// The sockets of a pod with processes `pids`: its namespace's, or on the host's network
+    /// (`host`, or found sharing the agent's namespace) those its processes hold open. The
+    /// `Err` is the reason for a person.
+    fn pod_sockets(
+        &mut self,
+        pids: &[u32],
+        host: bool,
+        host_ns: Option<u64>,
+        dumps: &mut HashMap<u64, std::result::Result<Vec<TcpSocket>, String>>,
+        local: &mut BTreeSet<IpAddr>,
+    ) -> std::result::Result<PodSockets, String> {
+        if pids.is_empty() {
+            return Err(format!(
+                "no process of the pod runs on this node now (none in {}/<pid>/cgroup)",
+                self.roots.procfs_root().display()
+            ));
+        }
+        let mut denied = None;
+        let found = pids.iter().find_map(|pid| {
+            match procs::netns_id(&self.roots, &pid.to_string()) {
+                Ok(id) => Some((*pid, id)),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+                Err(e) => {
+                    denied.get_or_insert_with(|| {
+                        let path = procs::netns_path(&self.roots, &pid.to_string());
+                        format!("cannot look at {}: {e}; needs CAP_SYS_PTRACE (deploy/overlays/runtime-transport)", path.display())
+                    });
+                    None
+                }
+            }
+        });
+        let Some((pid, netns)) = found else {
+            return Err(
+                denied.unwrap_or_else(|| "the pod's processes exited during the sample".into())
+            );
+        };
+        let host = host || Some(netns) == host_ns;
+        let pid_dir = pid.to_string();
+        let kernel = &mut self.kernel;
+        let dump = dumps.entry(netns).or_insert_with(|| {
+            let ns = procs::netns_path(&self.roots, &pid_dir);
+            kernel
+                .tcp_sockets((!host).then_some(ns.as_path()))
+                .map_err(|e| format!("its sockets cannot be listed: {e}"))
+        });
+        let all = dump.as_ref().map_err(Clone::clone)?;
+        let sockets = if host {
+            let mut inodes = BTreeSet::new();
+            for pid in pids {
+                procs::socket_inodes(&self.roots, *pid, &mut inodes);
+            }
+            all.iter()
+                .filter(|s| inodes.contains(&s.inode))
+                .cloned()
+                .collect()
+        } else {
+            procs::local_addresses(&self.roots, &pid_dir, local);
+            all.clone()
+        };
+        let routes = procs::routes(&self.roots, if host { "self" } else { &pid_dir });
+        Ok(PodSockets {
+            netns,
+            sockets,
+            routes,
+        })
+    }
+
+    /// The pod's TCP with remote ends in `scope` since its baseline, which it then replaces;
+    /// `None` the first time (the baseline only).
+    fn measure(
+        &mut self,
+        uid: &str,
+        view: std::result::Result<PodSockets, String>,
+        scope: &RemoteScope,
+        local: &BTreeSet<IpAddr>,
+        now: Instant,
+    ) -> Option<Observed<InternodeTcp>> {
+        let current = view.as_ref().ok().map(|v| {
+            v.sockets
+                .iter()
+                .filter_map(|s| Some(((v.netns, s.cookie), s.bytes()?)))
+                .collect::<HashMap<_, _>>()
+        });
+        let previous = self.baselines.insert(
+            uid.to_owned(),
+            Baseline {
+                at: now,
+                sockets: current,
+            },
+        )?;
+        let view = match view {
+            Ok(view) => view,
+            Err(reason) => return Some(Observed::Unseen { reason }),
+        };
+        let Some(before) = previous.sockets else {
+            return Some(Observed::Unseen {
+                reason: "its sockets were not readable at the previous sample; measured from now"
+                    .into(),
+            });
+        };
+        let mut tcp = InternodeTcp {
+            window: now.saturating_duration_since(previous.at),
+            ..InternodeTcp::default()
+        };
+        let (mut peers, mut interfaces) = (BTreeSet::new(), BTreeSet::new());
+        for socket in &view.sockets {
+            let remote = socket.remote.ip();
+            let Some(total) = socket.bytes() else {
+                continue;
+            };
+            if !scope.is_remote(remote, local) {
+                continue;
+            }
+            let moved = before
+                .get(&(view.netns, socket.cookie))
+                .map_or(total, |b| total.saturating_sub(*b));
+            if moved == 0 {
+                continue;
+            }
+            tcp.bytes = tcp.bytes.saturating_add(moved);
+            peers.insert(remote);
+            interfaces.extend(procs::interface_for(&view.routes, remote).map(str::to_owned));
+        }
+        tcp.peers = peers.into_iter().collect();
+        tcp.interfaces = interfaces.into_iter().collect();
+        Some(Observed::Seen(tcp))
     }
 }
+
+impl RemoteScope {
+    /// Whether `remote` is another node's, `local` being the addresses of this node's own
+    /// namespaces (the host's and the pods' seen in this sample).
+    pub fn is_remote(&self, remote: IpAddr, local: &BTreeSet<IpAddr>) -> bool {
+        match self {
+            Self::NotLocal => {
+                !remote.is_loopback() && !remote.is_unspecified() && !local.contains(&remote)
+            }
+            Self::Nodes {
+                addresses,
+                pod_cidrs,
+            } => {
+                addresses.contains(&remote)
+                    || pod_cidrs
+                        .iter()
+                        .any(|(network, prefix)| procs::in_network(remote, *network, *prefix))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

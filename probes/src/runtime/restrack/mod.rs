@@ -14,12 +14,14 @@
 //! [`read_qps`] drives them through any [`NetlinkDump`] (the probes' netlink socket).
 
 use crate::error::{ProbeError, Result};
+use crate::netlink::{Protocol, Socket};
 use netlink_packet_core::{
     NLA_HEADER_SIZE, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR, NetlinkBuffer,
     NlaBuffer, NlasIterator, parse_string, parse_u8, parse_u32,
 };
 use serde::Serialize;
 use std::io;
+use std::time::Duration;
 
 /// `NETLINK_RDMA`: the protocol number to open the socket with.
 pub const NETLINK_RDMA: i32 = 20;
@@ -391,6 +393,28 @@ pub fn read_qps(socket: &mut impl NetlinkDump) -> Result<Vec<QpEntry>> {
         out.extend(parse_qp_dump(&reply)?);
     }
     Ok(out)
+}
+
+/// How long one dump may take: the kernel answers a dump of 10,000 QPs or 100,000 sockets
+/// in well under this.
+pub const DUMP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The probes' one netlink socket, for any protocol's dumps (`NETLINK_RDMA` here,
+/// `NETLINK_SOCK_DIAG` in `runtime::tcp`).
+impl NetlinkDump for Socket {
+    fn dump(&mut self, request: &[u8]) -> io::Result<Vec<Vec<u8>>> {
+        self.dump_datagrams(request, DUMP_TIMEOUT)
+    }
+}
+
+/// Every QP of every RDMA device of this kernel, through a fresh `NETLINK_RDMA` socket.
+///
+/// # Errors
+/// As [`read_qps`]; [`ProbeError::RdmaNetlinkUnavailable`] when the socket cannot be made for
+/// want of the protocol.
+pub fn read_live_qps() -> Result<Vec<QpEntry>> {
+    let mut socket = Socket::open(Protocol::RDMA, 0).map_err(io_error)?;
+    read_qps(&mut socket)
 }
 
 /// `EPROTONOSUPPORT` from `socket(AF_NETLINK, .., NETLINK_RDMA)` is the kernel without RDMA.

@@ -1,0 +1,226 @@
+//! TCP socket statistics of one network namespace: every connected TCP socket with its
+//! addresses, inode and byte counters, as `ss -ti` lists them.
+//!
+//! The requests and replies travel on `NETLINK_SOCK_DIAG` (protocol 4), one dump per address
+//! family (`SOCK_DIAG_BY_FAMILY` with a `struct inet_diag_req_v2`), framed and parsed by the
+//! rust-netlink crates (`netlink-packet-sock-diag` over `netlink-packet-core`). A sock_diag
+//! socket lists the sockets of the network namespace it was opened in: [`open_in_netns`]
+//! opens one inside a pod's namespace from a short-lived thread that enters it (`setns`), so
+//! the agent itself never leaves its own.
+//!
+//! The byte counters are `struct tcp_info`'s `tcpi_bytes_acked` (sent and acknowledged) and
+//! `tcpi_bytes_received` (RFC 4898; kernels since 4.1/4.2). The crate hands `tcp_info` over as
+//! bytes (its typed form requires the newest kernel's whole struct), so the two fields are
+//! read at their uapi offsets, which never move.
+
+use super::restrack::NetlinkDump;
+use crate::error::{ProbeError, Result};
+use crate::netlink::{Protocol, Socket};
+use netlink_packet_core::{
+    NLM_F_DUMP, NLM_F_REQUEST, NetlinkBuffer, NetlinkHeader, NetlinkMessage, NetlinkPayload,
+};
+use netlink_packet_sock_diag::SockDiagMessage;
+use netlink_packet_sock_diag::constants::{AF_INET, AF_INET6, IPPROTO_TCP};
+use netlink_packet_sock_diag::inet::nlas::Nla;
+use netlink_packet_sock_diag::inet::{ExtensionFlags, InetRequest, SocketId, StateFlags};
+use serde::Serialize;
+use std::io;
+use std::net::SocketAddr;
+use std::path::Path;
+
+const REQUEST: &str = "sock_diag TCP dump";
+/// `tcpi_bytes_acked` and `tcpi_bytes_received` in `struct tcp_info` (uapi `linux/tcp.h`).
+const TCPI_BYTES_ACKED: usize = 120;
+const TCPI_BYTES_RECEIVED: usize = 128;
+
+/// One TCP socket of a namespace.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TcpSocket {
+    pub local: SocketAddr,
+    pub remote: SocketAddr,
+    /// The socket's inode (`socket:[inode]` in `/proc/<pid>/fd`).
+    pub inode: u32,
+    /// The kernel's socket cookie: unique for the namespace's lifetime, unlike an inode.
+    pub cookie: u64,
+    /// The TCP state (`TCP_ESTABLISHED` = 1, ...).
+    pub state: u8,
+    /// `tcpi_bytes_acked`; `None` when the reply carried no `tcp_info` (or too short a one).
+    pub bytes_acked: Option<u64>,
+    /// `tcpi_bytes_received`.
+    pub bytes_received: Option<u64>,
+}
+
+impl TcpSocket {
+    /// Bytes sent (acknowledged) plus received over the socket's life.
+    pub fn bytes(&self) -> Option<u64> {
+        Some(self.bytes_acked?.saturating_add(self.bytes_received?))
+    }
+}
+
+/// The sockets that can carry data: not `LISTEN`, not `TIME_WAIT` (no `tcp_info` there).
+fn states() -> StateFlags {
+    StateFlags::ESTABLISHED
+        | StateFlags::SYN_RECV
+        | StateFlags::FIN_WAIT1
+        | StateFlags::FIN_WAIT2
+        | StateFlags::CLOSE_WAIT
+        | StateFlags::LAST_ACK
+        | StateFlags::CLOSING
+}
+
+/// The dump request of every data-carrying TCP socket of `family` (`AF_INET` or
+/// `AF_INET6`), with `tcp_info` (`INET_DIAG_INFO`).
+pub fn dump_request(family: u8, sequence: u32) -> Vec<u8> {
+    let socket_id = if family == AF_INET6 {
+        SocketId::new_v6()
+    } else {
+        SocketId::new_v4()
+    };
+    let mut header = NetlinkHeader::default();
+    header.flags = NLM_F_REQUEST | NLM_F_DUMP;
+    header.sequence_number = sequence;
+    let mut message = NetlinkMessage::new(
+        header,
+        SockDiagMessage::InetRequest(InetRequest {
+            family,
+            protocol: IPPROTO_TCP,
+            extensions: ExtensionFlags::INFO,
+            states: states(),
+            socket_id,
+        })
+        .into(),
+    );
+    message.finalize();
+    let mut bytes = vec![0u8; message.buffer_len()];
+    message.serialize(&mut bytes);
+    bytes
+}
+
+/// Parse the reply datagrams of one dump.
+///
+/// # Errors
+/// [`ProbeError::Netlink`] for a reply cut short or malformed, an error from the kernel, or a
+/// dump without its `NLMSG_DONE`.
+pub fn parse_dump<D: AsRef<[u8]>>(datagrams: &[D]) -> Result<Vec<TcpSocket>> {
+    let mut out = Vec::new();
+    for datagram in datagrams {
+        let mut rest = datagram.as_ref();
+        while !rest.is_empty() {
+            let len = NetlinkBuffer::new_checked(rest)
+                .map_err(|e| malformed(&e))?
+                .length() as usize;
+            let message =
+                NetlinkMessage::<SockDiagMessage>::deserialize(rest).map_err(|e| malformed(&e))?;
+            match message.payload {
+                NetlinkPayload::Done(done) if done.code < 0 => return Err(refused(done.code)),
+                NetlinkPayload::Done(_) => return Ok(out),
+                NetlinkPayload::Error(e) => {
+                    return Err(match e.code {
+                        Some(code) => refused(code.get()),
+                        None => netlink("an acknowledgement before the dump's end"),
+                    });
+                }
+                NetlinkPayload::InnerMessage(SockDiagMessage::InetResponse(response)) => {
+                    out.push(socket_of(&response));
+                }
+                NetlinkPayload::Overrun(_) => {
+                    return Err(netlink(
+                        "the kernel's buffer overran; the dump is incomplete",
+                    ));
+                }
+                _ => {}
+            }
+            rest = rest.get(len.next_multiple_of(4)..).unwrap_or_default();
+        }
+    }
+    Err(netlink("the reply ended without NLMSG_DONE (cut short)"))
+}
+
+fn socket_of(response: &netlink_packet_sock_diag::inet::InetResponse) -> TcpSocket {
+    let id = &response.header.socket_id;
+    let info = response.nlas.iter().find_map(|nla| match nla {
+        Nla::TcpInfo(bytes) => Some(bytes.as_slice()),
+        _ => None,
+    });
+    let u64_at = |at: usize| {
+        info.and_then(|b| b.get(at..at + 8))
+            .and_then(|b| b.try_into().ok())
+            .map(u64::from_ne_bytes)
+    };
+    TcpSocket {
+        // An IPv6 socket's IPv4 peer (`::ffff:a.b.c.d`) is that IPv4 address.
+        local: SocketAddr::new(id.source_address.to_canonical(), id.source_port),
+        remote: SocketAddr::new(id.destination_address.to_canonical(), id.destination_port),
+        inode: response.header.inode,
+        cookie: u64::from_ne_bytes(id.cookie),
+        state: response.header.state,
+        bytes_acked: u64_at(TCPI_BYTES_ACKED),
+        bytes_received: u64_at(TCPI_BYTES_RECEIVED),
+    }
+}
+
+/// Every data-carrying TCP socket (IPv4 and IPv6) of the namespace `socket` was opened in.
+///
+/// # Errors
+/// The socket's I/O error, or a bad reply ([`ProbeError::Netlink`]).
+pub fn read_sockets(socket: &mut impl NetlinkDump) -> Result<Vec<TcpSocket>> {
+    let mut out = Vec::new();
+    for (sequence, family) in [(1, AF_INET), (2, AF_INET6)] {
+        let reply = socket
+            .dump(&dump_request(family, sequence))
+            .map_err(|e| netlink(format!("{e}")))?;
+        out.extend(parse_dump(&reply)?);
+    }
+    Ok(out)
+}
+
+/// A sock_diag socket of this process's own network namespace.
+///
+/// # Errors
+/// The socket cannot be made (no netlink in this sandbox).
+pub fn open() -> io::Result<Socket> {
+    Socket::open(Protocol::SOCK_DIAG, 0)
+}
+
+/// A sock_diag socket of the network namespace `ns` (`/proc/<pid>/ns/net`): a dedicated
+/// thread enters the namespace, opens the socket and ends, so no thread of the agent stays
+/// in a pod's namespace. Opening `ns` of another user's process needs `CAP_SYS_PTRACE`;
+/// entering it needs `CAP_SYS_ADMIN`.
+///
+/// # Errors
+/// `ns` cannot be opened (the process exited: `NotFound`), `setns` was refused
+/// (`PermissionDenied`), or the socket cannot be made.
+pub fn open_in_netns(ns: &Path) -> io::Result<Socket> {
+    let file = std::fs::File::open(ns)?;
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                rustix::thread::move_into_link_name_space(
+                    std::os::fd::AsFd::as_fd(&file),
+                    Some(rustix::thread::LinkNameSpaceType::Network),
+                )?;
+                open()
+            })
+            .join()
+            .unwrap_or_else(|_| Err(io::Error::other("the namespace thread panicked")))
+    })
+}
+
+fn netlink(message: impl Into<String>) -> ProbeError {
+    ProbeError::Netlink {
+        request: REQUEST,
+        message: message.into(),
+    }
+}
+
+fn malformed(e: &impl std::fmt::Display) -> ProbeError {
+    netlink(format!("malformed reply: {e}"))
+}
+
+fn refused(code: i32) -> ProbeError {
+    let os = io::Error::from_raw_os_error(code.saturating_neg());
+    netlink(format!("the kernel refused it: {os}"))
+}
+
+#[cfg(test)]
+mod tests;
