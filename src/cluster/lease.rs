@@ -25,15 +25,18 @@ fn kube_err(action: &'static str, lease: &str, source: kube::Error) -> Error {
     }
 }
 
-/// An annotation the holder keeps on its Lease, written with each renewal: `(key, value)`,
-/// the value `None` to remove it.
-pub type Publish<'a> = Option<(&'a str, Option<&'a str>)>;
+/// Annotations the holder keeps on its Lease, written with each renewal: `(key, value)`,
+/// the value `None` to remove it; a key not named is left as it is.
+pub type Publish<'a> = &'a [(&'a str, Option<&'a str>)];
 
-/// Set or remove the published annotation on `meta`.
+/// Set or remove the published annotations on `meta`.
 fn publish_on(meta: &mut ObjectMeta, publish: Publish<'_>) {
-    let Some((key, value)) = publish else {
-        return;
-    };
+    for &(key, value) in publish {
+        publish_one(meta, key, value);
+    }
+}
+
+fn publish_one(meta: &mut ObjectMeta, key: &str, value: Option<&str>) {
     match value {
         Some(v) => {
             meta.annotations
@@ -150,7 +153,7 @@ pub struct Renewal {
 impl Leadership {
     /// Acquire or renew the Lease; an API error counts as not leading (logged).
     pub async fn renew(&mut self, leases: &Api<Lease>, e: &Election<'_>) -> Renewal {
-        self.renew_publishing(leases, e, None).await
+        self.renew_publishing(leases, e, &[]).await
     }
 
     /// [`Leadership::renew`], keeping `publish` on the Lease when this replica writes it.

@@ -4,6 +4,7 @@ pub mod agent_fault;
 pub mod breaker;
 pub mod device_plugin;
 pub mod dra;
+pub mod eviction;
 mod gpudirect;
 mod hysteresis;
 pub mod judge;

@@ -3,7 +3,7 @@
 
 use crate::common::{have_tool, http_get, sample};
 use crate::exposition::{check_golden, promtool_check};
-use fabricgate::cluster::guard::{GuardMetrics, Outcome, POOL_REFUSAL, WriteKind};
+use fabricgate::cluster::guard::{EvictionResult, GuardMetrics, Outcome, POOL_REFUSAL, WriteKind};
 use std::sync::Arc;
 
 /// A leader that swept a pool of 6 Nodes with one agent gone, tainted it, and then found its
@@ -23,6 +23,10 @@ fn refused_leader() -> GuardMetrics {
          {POOL_REFUSAL} {{fabricgate.io/other=true}}; gpu-3 is not"
     );
     m.wrote(WriteKind::Taint, Outcome::Refused("pool"), Some(&refusal));
+    // runtime.on_sockets: evict: one pod refused by its budget, then evicted; one held.
+    m.evicted(EvictionResult::PdbBlocked);
+    m.evicted(EvictionResult::Evicted);
+    m.evicted(EvictionResult::BreakerHeld);
     m
 }
 
@@ -62,6 +66,16 @@ fn guard_golden_prometheus_text_and_openmetrics() {
             r#"fabricgate_guard_refused_writes_total{reason="rbac"}"#,
             0.0,
         ),
+        (r#"fabricgate_guard_evictions_total{result="evicted"}"#, 1.0),
+        (
+            r#"fabricgate_guard_evictions_total{result="pdb_blocked"}"#,
+            1.0,
+        ),
+        (
+            r#"fabricgate_guard_evictions_total{result="breaker_held"}"#,
+            1.0,
+        ),
+        (r#"fabricgate_guard_evictions_total{result="failed"}"#, 0.0),
     ] {
         assert_eq!(sample(&text, series), Some(want), "{series}\n{text}");
     }

@@ -940,6 +940,12 @@ fn guard_manifest_is_least_privilege_two_replicas_with_a_pdb_and_its_args_parse(
         "ClusterRole /nodes patch",
         "ClusterRole /nodes watch",
         "ClusterRole /nodes/status patch",
+        // runtime.on_sockets: evict: the running pods' watch, the Eviction, its Event.
+        "ClusterRole /pods get",
+        "ClusterRole /pods list",
+        "ClusterRole /pods watch",
+        "ClusterRole /pods/eviction create",
+        "ClusterRole events.k8s.io/events create",
         "Role /pods list",
         "Role /pods watch",
         "Role coordination.k8s.io/leases create",

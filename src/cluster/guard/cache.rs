@@ -1,8 +1,9 @@
-//! The leader's cache of the pool's Nodes and the agent pods: two `kube::runtime` reflector
-//! stores, fed by the guard's loop (not by `reflector()` on the streams) so that it can hold
+//! The leader's cache of the pool's Nodes and the agent pods (and, with `runtime.on_sockets:
+//! evict`, the pods on sockets): `kube::runtime` reflector stores, fed by the guard's loop (not by `reflector()` on the streams) so that it can hold
 //! back stale versions of a Node it just wrote and tell when each watch is live.
 
 use crate::cluster::slim_node;
+use crate::policy::eviction::TRANSPORT_READY;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::runtime::reflector::{ObjectRef, store::Writer};
 use kube::runtime::watcher::{self, Event};
@@ -19,6 +20,9 @@ pub(super) enum Update {
     /// again even while nothing changes (a watch that resumes quietly yields no event).
     NodesWatching,
     PodsWatching,
+    /// The watch of running pods (`runtime.on_sockets: evict`).
+    Transport(Box<watcher::Result<Event<Pod>>>),
+    TransportWatching,
 }
 
 /// The leader's copy of the pool's Nodes and the agent pods, fed by its watches.
@@ -28,6 +32,10 @@ pub(super) struct Cache {
     pods: Writer<Pod>,
     nodes_watch: WatchState,
     pods_watch: WatchState,
+    /// Of the running pods, only those whose `fabricgate.io/TransportReady` is `False` (slimmed
+    /// by [`slim_transport_pod`]): the others are dropped as they arrive.
+    transport: Writer<Pod>,
+    transport_watch: WatchState,
     /// Nodes the guard wrote: the resourceVersion of its last write, which the Node watch
     /// echoes back. Until it does, older versions of that Node from the watch are ignored (a
     /// sweep in between must not act on the Node as it was before the write).
@@ -104,6 +112,50 @@ pub(super) fn slim_pod(pod: &mut Pod) {
     });
 }
 
+/// Keep of a running pod what the eviction decision reads
+/// ([`crate::policy::eviction::plan`]): name, namespace, UID, resourceVersion, deletion
+/// timestamp, `spec.nodeName` and the `fabricgate.io/TransportReady` condition.
+pub(super) fn slim_transport_pod(pod: &mut Pod) {
+    let m = std::mem::take(&mut pod.metadata);
+    pod.metadata = k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+        name: m.name,
+        namespace: m.namespace,
+        uid: m.uid,
+        resource_version: m.resource_version,
+        deletion_timestamp: m.deletion_timestamp,
+        ..Default::default()
+    };
+    pod.spec = Some(k8s_openapi::api::core::v1::PodSpec {
+        node_name: pod.spec.as_mut().and_then(|sp| sp.node_name.take()),
+        ..Default::default()
+    });
+    let conditions = pod
+        .status
+        .as_mut()
+        .and_then(|st| st.conditions.take())
+        .map(|cs| {
+            cs.into_iter()
+                .filter(|c| c.type_ == TRANSPORT_READY)
+                .collect::<Vec<_>>()
+        })
+        .filter(|cs| !cs.is_empty());
+    pod.status = Some(k8s_openapi::api::core::v1::PodStatus {
+        conditions,
+        ..Default::default()
+    });
+}
+
+/// Whether the cache keeps a (slimmed) running pod: its transport condition is `False`.
+fn keeps(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c.type_ == TRANSPORT_READY && c.status == "False")
+        })
+}
+
 impl Cache {
     /// Both watches have listed and are up: a sweep may act.
     pub(super) fn ready(&self) -> bool {
@@ -133,7 +185,30 @@ impl Cache {
             }
             Update::NodesWatching => self.nodes_watch.watching(),
             Update::PodsWatching => self.pods_watch.watching(),
+            Update::Transport(event) => {
+                match &*event {
+                    // A pod that is not (or no longer) False leaves the store.
+                    Ok(Event::Apply(p)) if !keeps(p) => {
+                        self.transport
+                            .apply_watcher_event(&Event::Delete(p.clone()));
+                    }
+                    Ok(Event::InitApply(p)) if !keeps(p) => {}
+                    Ok(e) => self.transport.apply_watcher_event(e),
+                    Err(_) => {}
+                }
+                let objects = self.transport.as_reader().len();
+                self.transport_watch
+                    .event(&event, "the running pods not on RDMA", objects);
+            }
+            Update::TransportWatching => self.transport_watch.watching(),
         }
+    }
+
+    /// The running pods whose transport condition is `False`, once their watch has listed
+    /// and is up; `None` before (or without that watch).
+    pub(super) fn transport_pods(&self) -> Option<Vec<Arc<Pod>>> {
+        (self.transport_watch.listed && self.transport_watch.up)
+            .then(|| self.transport.as_reader().state())
     }
 
     /// Whether a Node event goes into the store: not an older version of a Node the guard

@@ -107,6 +107,43 @@ struct WriteLabels {
     result: &'static str,
 }
 
+/// How an eviction of a pod on sockets ended, the `result` label of
+/// `fabricgate_guard_evictions_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EvictionResult {
+    /// The Eviction API admitted it: the pod is terminating.
+    Evicted,
+    /// Its PodDisruptionBudget refused (429, or 403 naming the budget): retried later.
+    PdbBlocked,
+    /// Due, but held back by the breaker's cap (counted once per pod).
+    BreakerHeld,
+    /// Any other error (retried later).
+    Failed,
+}
+
+impl EvictionResult {
+    pub const ALL: [Self; 4] = [
+        Self::Evicted,
+        Self::PdbBlocked,
+        Self::BreakerHeld,
+        Self::Failed,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Evicted => "evicted",
+            Self::PdbBlocked => "pdb_blocked",
+            Self::BreakerHeld => "breaker_held",
+            Self::Failed => "failed",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    result: &'static str,
+}
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabels {
     reason: &'static str,
@@ -122,6 +159,7 @@ pub struct GuardMetrics {
     writes: Family<WriteLabels, Counter>,
     refused: Family<ReasonLabels, Counter>,
     blocked: Gauge,
+    evictions: Family<ResultLabels, Counter>,
     /// Why the guard's writes are refused now (the last write or dry run refused, none
     /// admitted since); `None`: not known to be refused.
     refusal: Mutex<Option<String>>,
@@ -192,6 +230,21 @@ impl GuardMetrics {
              admitted since): it cannot taint a Node whose agent died; /readyz fails",
             blocked.clone(),
         );
+        let evictions = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "fabricgate_guard_evictions",
+            "Evictions of pods on sockets (runtime.on_sockets: evict) by result: evicted, \
+             pdb_blocked (a PodDisruptionBudget refused; retried), breaker_held (due but held \
+             by node.breaker.max_new_per_window; once per pod), failed",
+            evictions.clone(),
+        );
+        for result in EvictionResult::ALL {
+            evictions
+                .get_or_create(&ResultLabels {
+                    result: result.label(),
+                })
+                .inc_by(0);
+        }
         for kind in WriteKind::ALL {
             for result in Outcome::RESULTS {
                 let labels = WriteLabels {
@@ -213,6 +266,7 @@ impl GuardMetrics {
             writes,
             refused,
             blocked,
+            evictions,
             refusal: Mutex::new(None),
             epoch: Instant::now(),
             last_turn_ms: AtomicU64::new(0),
@@ -240,6 +294,15 @@ impl GuardMetrics {
         self.sweeps.inc();
         self.pool_nodes.set(gauge_of(pool));
         self.stale_agents.set(gauge_of(stale));
+    }
+
+    /// An eviction (or a pod held back by the breaker) ended with `result`.
+    pub fn evicted(&self, result: EvictionResult) {
+        self.evictions
+            .get_or_create(&ResultLabels {
+                result: result.label(),
+            })
+            .inc();
     }
 
     /// A write ended with `outcome`; `message`: the server's answer when it refused it.

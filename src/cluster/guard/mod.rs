@@ -15,6 +15,7 @@
 //! Lease keeps no watches.
 
 mod cache;
+mod evict;
 mod metrics;
 mod proof;
 mod sweep;
@@ -36,7 +37,7 @@ use std::time::{Duration, Instant};
 use watch::{Watched, next_update};
 
 pub use metrics::{
-    GuardMetrics, Outcome, POOL_REFUSAL, REFUSAL_REASONS, WriteKind, refusal_reason,
+    EvictionResult, GuardMetrics, Outcome, POOL_REFUSAL, REFUSAL_REASONS, WriteKind, refusal_reason,
 };
 pub use proof::{POLICY_ADMITS, POLICY_REFUSES};
 pub use sweep::agent_problem;
@@ -125,6 +126,9 @@ pub async fn run(
     // not only on the next tick.
     let mut due: Option<tokio::time::Instant> = None;
     let summary_key = breaker::pool_annotation(&s.config.node.label_prefix);
+    let ledger_key = crate::policy::eviction::ledger_annotation(&s.config.node.label_prefix);
+    // The leader's evictions of pods on sockets (`runtime.on_sockets: evict`).
+    let mut evictor = evict::Evictor::default();
     tokio::pin!(shutdown);
     tracing::info!(identity = %s.identity, lease = %s.lease_name, "fabricgate guard started");
     if s.config.node.breaker.guard_lease != s.lease_name {
@@ -143,18 +147,28 @@ pub async fn run(
                 // the pool (policy::breaker::PoolSummary); removed while the cache does not
                 // follow the server.
                 let published = pool_summary(watched.as_ref(), &s);
+                // The eviction ledger only once read from the Lease (a new leader must not
+                // overwrite its predecessor's count with an empty one).
+                let ledger = evictor.annotation();
+                let mut publish = vec![(summary_key.as_str(), published.as_deref())];
+                if let Some(text) = ledger.as_deref() {
+                    publish.push((ledger_key.as_str(), Some(text)));
+                }
                 let renewal = leadership
-                    .renew_publishing(
-                        &leases,
-                        &s.election(),
-                        Some((&summary_key, published.as_deref())),
-                    )
+                    .renew_publishing(&leases, &s.election(), &publish)
                     .await;
                 leading = renewal.leading;
                 metrics.turned(leading);
                 if renewal.changed {
                     unhealthy_since.clear();
                     proof = None;
+                    evictor = evict::Evictor::default();
+                }
+                if leading
+                    && !evictor.loaded()
+                    && s.config.runtime.on_sockets == crate::config::runtime::OnSockets::Evict
+                {
+                    evictor.load(&leases, &s).await;
                 }
                 let keep = renewal.keep_watches;
                 if keep && watched.is_none() {
@@ -167,10 +181,9 @@ pub async fn run(
                     if w.cache.ready() && (proof != Some(true) || metrics.is_blocked()) {
                         proof = proof::prove(&nodes, &events, &w.cache, &s, &metrics, proof).await;
                     }
-                    w.sweep(&nodes, &s, &mut unhealthy_since, &metrics).await;
+                    due = judge(w, &mut evictor, &nodes, &requests, &s, &mut unhealthy_since, &metrics, &mut tick).await;
                     changed = false;
                     last_sweep = tokio::time::Instant::now();
-                    due = next_deadline(&unhealthy_since, s.stale_after);
                 }
             }
             () = tokio::time::sleep_until(due.unwrap_or(last_sweep)), if due.is_some() && leading => {
@@ -179,11 +192,10 @@ pub async fn run(
             }
             () = tokio::time::sleep_until(last_sweep + MIN_SWEEP_GAP), if changed && leading => {
                 if let Some(w) = &mut watched {
-                    w.sweep(&nodes, &s, &mut unhealthy_since, &metrics).await;
+                    due = judge(w, &mut evictor, &nodes, &requests, &s, &mut unhealthy_since, &metrics, &mut tick).await;
                 }
                 changed = false;
                 last_sweep = tokio::time::Instant::now();
-                due = next_deadline(&unhealthy_since, s.stale_after);
             }
             Some(update) = next_update(&mut watched) => {
                 let Some(w) = &mut watched else { continue };
@@ -203,6 +215,32 @@ pub async fn run(
     }
     tracing::info!("fabricgate guard stopped");
     Ok(())
+}
+
+/// One judgement of the cache: the pool's Nodes ([`Watched::sweep`]), then the pods on sockets
+/// ([`evict::Evictor::step`]). Returns the next deadline of either; after an eviction the
+/// next renewal (which publishes the eviction ledger) is due at once.
+#[allow(clippy::too_many_arguments)]
+async fn judge(
+    w: &mut Watched,
+    evictor: &mut evict::Evictor,
+    nodes: &Api<Node>,
+    client: &kube::Client,
+    s: &GuardSettings,
+    since: &mut HashMap<String, Instant>,
+    m: &GuardMetrics,
+    tick: &mut tokio::time::Interval,
+) -> Option<tokio::time::Instant> {
+    w.sweep(nodes, s, since, m).await;
+    let (evict_due, evicted) = evictor.step(client, &w.cache, s, m).await;
+    if evicted {
+        tick.reset_immediately();
+    }
+    let taint_due = next_deadline(since, s.stale_after);
+    match (taint_due, evict_due) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
 }
 
 /// The pool summary the leader publishes on its Lease for the agents' breakers: counted from a

@@ -113,26 +113,55 @@ pub(super) async fn prove(
     Some(admitted)
 }
 
-/// An Event about this replica (its pod, `--identity`) in the guard's namespace.
+/// This replica's own pod (`--identity`), in the guard's namespace.
+fn own_pod(s: &GuardSettings) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".to_owned()),
+        kind: Some("Pod".to_owned()),
+        name: Some(s.identity.clone()),
+        namespace: Some(s.namespace.clone()),
+        ..ObjectReference::default()
+    }
+}
+
+/// A dry run's Event, about this replica.
 async fn emit(events: &Api<Event>, s: &GuardSettings, type_: &str, reason: &str, note: &str) {
+    let about = Regarding {
+        object: own_pod(s),
+        action: "DryRunTaint",
+    };
+    record_event(events, s, &about, type_, reason, note).await;
+}
+
+/// What an Event is about, and the guard's action on it.
+pub(super) struct Regarding {
+    pub(super) object: ObjectReference,
+    pub(super) action: &'static str,
+}
+
+/// An Event about `about.object` (in its namespace: `events` must be namespaced there); a
+/// failure is logged, never retried.
+pub(super) async fn record_event(
+    events: &Api<Event>,
+    s: &GuardSettings,
+    about: &Regarding,
+    type_: &str,
+    reason: &str,
+    note: &str,
+) {
+    let name = about.object.name.clone().unwrap_or_default();
     let event = Event {
         metadata: ObjectMeta {
-            generate_name: Some(format!("{}-", truncate(&s.identity, 200))),
-            namespace: Some(s.namespace.clone()),
+            generate_name: Some(format!("{}-", truncate(&name, 200))),
+            namespace: about.object.namespace.clone(),
             ..ObjectMeta::default()
         },
         event_time: Some(MicroTime(Timestamp::now())),
-        action: Some("DryRunTaint".to_owned()),
+        action: Some(about.action.to_owned()),
         reason: Some(reason.to_owned()),
         note: Some(truncate(note, 1024)),
         type_: Some(type_.to_owned()),
-        regarding: Some(ObjectReference {
-            api_version: Some("v1".to_owned()),
-            kind: Some("Pod".to_owned()),
-            name: Some(s.identity.clone()),
-            namespace: Some(s.namespace.clone()),
-            ..ObjectReference::default()
-        }),
+        regarding: Some(about.object.clone()),
         reporting_controller: Some(CONTROLLER.to_owned()),
         reporting_instance: Some(truncate(&s.identity, 128)),
         ..Event::default()
@@ -142,6 +171,6 @@ async fn emit(events: &Api<Event>, s: &GuardSettings, type_: &str, reason: &str,
         ..PostParams::default()
     };
     if let Err(e) = events.create(&pp, &event).await {
-        tracing::warn!(error = %e, reason, "cannot record the Event");
+        tracing::warn!(error = %e, reason, object = %name, "cannot record the Event");
     }
 }

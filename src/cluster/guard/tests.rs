@@ -1,7 +1,7 @@
 //! Unit tests of the cache and of what counts as a missing agent.
 
 use super::cache::Update;
-use super::cache::{Cache, slim_pod};
+use super::cache::{Cache, slim_pod, slim_transport_pod};
 use super::sweep::agent_problem;
 use crate::cluster::slim_node;
 use k8s_openapi::api::core::v1::{
@@ -278,4 +278,77 @@ fn missing_or_not_ready_agent_pods_are_problems() {
             .unwrap()
             .contains("no fabricgate agent pod")
     );
+}
+
+/// A running pod with a Ready condition and, when `transport` says so, the transport
+/// condition with that status.
+fn training_pod(name: &str, transport: Option<&str>) -> Pod {
+    let mut p = pod("gpu-1", true);
+    p.metadata.name = Some(name.into());
+    p.metadata.namespace = Some("train".into());
+    p.metadata.uid = Some(format!("uid-{name}"));
+    p.metadata.labels = Some([("app".to_owned(), "trainer".to_owned())].into());
+    if let Some(status) = transport {
+        p.status
+            .as_mut()
+            .unwrap()
+            .conditions
+            .as_mut()
+            .unwrap()
+            .push(PodCondition {
+                type_: crate::policy::eviction::TRANSPORT_READY.into(),
+                status: status.into(),
+                reason: Some("SocketsFallback".into()),
+                ..PodCondition::default()
+            });
+    }
+    slim_transport_pod(&mut p);
+    p
+}
+
+fn transport_names(c: &Cache) -> Option<Vec<String>> {
+    let mut names: Vec<String> = c
+        .transport_pods()?
+        .iter()
+        .filter_map(|p| p.metadata.name.clone())
+        .collect();
+    names.sort();
+    Some(names)
+}
+
+#[test]
+fn the_running_pods_cache_keeps_only_pods_whose_transport_condition_is_false() {
+    let mut c = Cache::default();
+    assert_eq!(transport_names(&c), None, "not listed yet");
+    c.apply(Update::Transport(Box::new(Ok(Event::Init))));
+    for p in [
+        training_pod("sockets", Some("False")),
+        training_pod("rdma", Some("True")),
+        training_pod("unjudged", None),
+    ] {
+        c.apply(Update::Transport(Box::new(Ok(Event::InitApply(p)))));
+    }
+    c.apply(Update::Transport(Box::new(Ok(Event::InitDone))));
+    assert_eq!(transport_names(&c).unwrap(), ["sockets"]);
+    let kept = &c.transport_pods().unwrap()[0];
+    // Slimmed: no labels, only the transport condition.
+    assert!(kept.metadata.labels.is_none());
+    let conditions = kept.status.as_ref().unwrap().conditions.as_ref().unwrap();
+    assert_eq!(conditions.len(), 1);
+    assert_eq!(
+        kept.spec.as_ref().unwrap().node_name.as_deref(),
+        Some("gpu-1")
+    );
+    assert_eq!(kept.metadata.uid.as_deref(), Some("uid-sockets"));
+    // Back to True: it leaves; another turns False: it joins.
+    let back = training_pod("sockets", Some("True"));
+    c.apply(Update::Transport(Box::new(Ok(Event::Apply(back)))));
+    let turned = training_pod("rdma", Some("False"));
+    c.apply(Update::Transport(Box::new(Ok(Event::Apply(turned)))));
+    assert_eq!(transport_names(&c).unwrap(), ["rdma"]);
+    // A broken watch: not trusted until it is up again.
+    c.apply(Update::Transport(Box::new(Err(broke()))));
+    assert_eq!(transport_names(&c), None);
+    c.apply(Update::TransportWatching);
+    assert_eq!(transport_names(&c).unwrap(), ["rdma"]);
 }

@@ -1,11 +1,13 @@
-//! The leader's two watches (the pool's Nodes, the agent pods): `kube::runtime::watcher`
-//! streams, polled by the guard's loop, that feed the [`Cache`].
+//! The leader's watches (the pool's Nodes, the agent pods, and with `runtime.on_sockets:
+//! evict` the running pods): `kube::runtime::watcher` streams, polled by the guard's loop, that
+//! feed the [`Cache`].
 
-use super::cache::{Cache, Update, slim_pod};
+use super::cache::{Cache, Update, slim_pod, slim_transport_pod};
 use super::metrics::GuardMetrics;
 use super::sweep::sweep;
 use super::{GuardSettings, WATCH_TIMEOUT_SECS, max_backoff};
 use crate::cluster::{LIST_PAGE, slim_node};
+use crate::config::runtime::OnSockets;
 use crate::node::{WatchBackoff, is_watch};
 use futures::StreamExt;
 use futures::stream::BoxStream;
@@ -34,8 +36,14 @@ pub(super) struct Watched {
     pods: Events<Pod>,
     nodes_watching: signal::Receiver<u64>,
     pods_watching: signal::Receiver<u64>,
+    /// The running pods, cluster-wide (`runtime.on_sockets: evict` only; docs/scale.md).
+    transport: Option<(Events<Pod>, signal::Receiver<u64>)>,
     pub(super) cache: Cache,
 }
+
+/// Only running pods: a pod on sockets is running, and the field selector is served from the
+/// apiserver's watch cache (a pod leaving Running arrives as a deletion).
+pub(super) const TRANSPORT_FIELDS: &str = "status.phase=Running";
 
 impl Watched {
     /// Start both watches on `watch` (its lists with short timeouts, its watches with a read
@@ -44,6 +52,14 @@ impl Watched {
         let backoff = max_backoff(s);
         let (nodes_client, nodes_watching) = signalling(watch);
         let (pods_client, pods_watching) = signalling(watch);
+        let transport = (s.config.runtime.on_sockets == OnSockets::Evict).then(|| {
+            let (client, watching) = signalling(watch);
+            let config = watch_config("").fields(TRANSPORT_FIELDS);
+            (
+                events_with(Api::all(client), config, backoff, slim_transport_pod),
+                watching,
+            )
+        });
         Watched {
             nodes: events(
                 Api::all(nodes_client),
@@ -59,6 +75,7 @@ impl Watched {
             ),
             nodes_watching,
             pods_watching,
+            transport,
             cache: Cache::default(),
         }
     }
@@ -71,6 +88,7 @@ impl Watched {
             Some(e) = self.pods.next() => Update::Pod(Box::new(e)),
             Ok(()) = self.nodes_watching.changed() => Update::NodesWatching,
             Ok(()) = self.pods_watching.changed() => Update::PodsWatching,
+            update = transport_next(self.transport.as_mut()) => update,
             // A watcher's stream does not end; should both, there is nothing left to wait for.
             else => std::future::pending().await,
         }
@@ -106,10 +124,38 @@ fn events<K>(api: Api<K>, selector: &str, max_backoff: Duration, slim: fn(&mut K
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
-    let mut config = watcher::Config::default()
+    events_with(api, watch_config(selector), max_backoff, slim)
+}
+
+fn watch_config(selector: &str) -> watcher::Config {
+    watcher::Config::default()
         .labels(selector)
         .timeout(WATCH_TIMEOUT_SECS)
-        .any_semantic();
+        .any_semantic()
+}
+
+/// The next event of the running pods' watch; never, without it.
+async fn transport_next(t: Option<&mut (Events<Pod>, signal::Receiver<u64>)>) -> Update {
+    let Some((events, watching)) = t else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        Some(e) = events.next() => Update::Transport(Box::new(e)),
+        Ok(()) = watching.changed() => Update::TransportWatching,
+        else => std::future::pending().await,
+    }
+}
+
+/// [`events`] with its own watcher configuration.
+fn events_with<K>(
+    api: Api<K>,
+    mut config: watcher::Config,
+    max_backoff: Duration,
+    slim: fn(&mut K),
+) -> Events<K>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
     // In pages: each is deserialized whole before it is slimmed, and one list of 5,000 GPU
     // Nodes at once (65 MB of JSON) left the leader at 285 MiB for good (the allocator keeps
     // what the transient objects took). The cache is still replaced only once the last page
