@@ -10,6 +10,7 @@ mod probe_loop;
 mod probe_thread;
 mod reconcile_loop;
 pub mod ring;
+mod runtime_loop;
 pub mod selftest;
 mod timing;
 pub mod wakeup;

@@ -44,8 +44,7 @@ pub struct Owner {
 /// gets no condition change). A finished pod is never judged.
 pub fn is_judged(pod: &Pod, kube: &KubernetesRequirements, runtime: &RuntimeSettings) -> bool {
     let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-    if matches!(phase, Some("Succeeded" | "Failed")) || pod.metadata.deletion_timestamp.is_some()
-    {
+    if matches!(phase, Some("Succeeded" | "Failed")) || pod.metadata.deletion_timestamp.is_some() {
         return false;
     }
     let Some(spec) = &pod.spec else {

@@ -52,9 +52,11 @@ fn pods_requesting_the_rdma_resource_or_matching_the_selector_are_judged_others_
     done.status.as_mut().unwrap().phase = Some("Succeeded".into());
     assert!(!judged(&done), "a finished pod is never judged");
     // A resource claim counts only while DRA drivers are configured.
-    let claim = pod(json!({"metadata": {"name": "d", "namespace": "ml", "uid": "u"},
+    let claim = pod(
+        json!({"metadata": {"name": "d", "namespace": "ml", "uid": "u"},
         "spec": {"containers": [{"name": "c"}],
-            "resourceClaims": [{"name": "hca", "resourceClaimName": "hca-0"}]}}));
+            "resourceClaims": [{"name": "hca", "resourceClaimName": "hca-0"}]}}),
+    );
     assert!(!judged(&claim));
 }
 

@@ -222,7 +222,9 @@ mod tests {
             "fabricgate_pod_transport{namespace=\"ml\",pod=\"w-0\",transport=\"rdma\"} 0"
         ));
         assert!(
-            t.contains("fabricgate_pod_internode_tcp_bytes_total{namespace=\"ml\",pod=\"w-0\"} 82000"),
+            t.contains(
+                "fabricgate_pod_internode_tcp_bytes_total{namespace=\"ml\",pod=\"w-0\"} 82000"
+            ),
             "{t}"
         );
         assert!(t.contains(
