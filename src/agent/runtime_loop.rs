@@ -61,15 +61,23 @@ pub fn start(
         node: node.to_owned(),
         dry_run,
     };
-    let judging = Judging {
+    let judging = |sampler| Judging {
         config: config.clone(),
         pods: pods_rx,
         nodes: nodes_rx,
         writer,
         metrics: Arc::clone(metrics),
-        sampler: Arc::new(Mutex::new(PodSampler::new(roots))),
+        sampler,
         told_unknown: false,
     };
+    let sampler: Box<dyn Sampler> = match std::env::var_os(super::runtime_seam::ENV) {
+        Some(path) => Box::new(super::runtime_seam::FileFacts {
+            path: path.into(),
+            window: config.runtime.window,
+        }),
+        None => Box::new(PodSampler::new(roots)),
+    };
+    let run = tokio::spawn(judging(Arc::new(Mutex::new(sampler))).run(stop));
     RuntimeJobs {
         tasks: vec![
             tokio::spawn(watch_pods(
@@ -84,23 +92,23 @@ pub fn start(
                 nodes_tx,
                 backoff,
             )),
-            tokio::spawn(judging.run(stop)),
+            run,
         ],
     }
 }
 
-struct Judging<S: Sampler> {
+struct Judging {
     config: Config,
     pods: watch::Receiver<BTreeMap<String, Pod>>,
     nodes: watch::Receiver<RemoteNodes>,
     writer: PodWriter,
     metrics: Arc<Metrics>,
-    sampler: Arc<Mutex<S>>,
+    sampler: Arc<Mutex<Box<dyn Sampler>>>,
     /// `unknown` is logged once with what to add, not every window.
     told_unknown: bool,
 }
 
-impl<S: Sampler> Judging<S> {
+impl Judging {
     async fn run(mut self, mut stop: watch::Receiver<bool>) {
         let mut tick = tokio::time::interval(self.config.runtime.window);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -1,0 +1,266 @@
+//! Runtime transport per pod (issue 42) against the real kube-apiserver: the shipped agent,
+//! with the runtime-transport overlay's RBAC and admission policy installed, judges only the
+//! pod that requests the RDMA resource; facts saying sockets set `fabricgate.io/TransportReady`
+//! False/SocketsFallback through pods/status, an Event `TransportFallback` on the pod and on
+//! its Job, and the metrics; facts saying rdma set it True; steady state writes nothing; and
+//! the agent's own token cannot set the condition on another node's pod nor touch anything
+//! else of its own node's pod.
+//!
+//! The facts come through the agent's test seam `FABRICGATE_TEST_POD_FACTS` (src/agent/
+//! runtime_seam.rs): there is no kubelet here to run a pod, so no process holds QPs or moves
+//! TCP. Everything after the sampler (the pods watch, judging, metrics, writes, the policy)
+//! is the real path. No kube-controller-manager runs: the pod is created with an
+//! ownerReference to a real Job.
+
+use crate::common::controlplane::ControlPlane;
+use crate::common::sysfs::FakeHca;
+use crate::common::{AGENT_USER, Launch, control_plane, wait_until};
+use serde_json::{Value, json};
+use std::path::Path;
+use std::time::Duration;
+
+const OWN: &str = "rt-own";
+const OTHER: &str = "rt-other";
+const NS: &str = "rt-jobs";
+const PODS: &str = "/api/v1/namespaces/rt-jobs/pods";
+const RESOURCE: &str = "rdma/hca_shared_devices_a";
+
+fn overlay_file(name: &str) -> String {
+    std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("deploy/overlays/runtime-transport")
+            .join(name),
+    )
+    .unwrap()
+}
+
+/// Create (server-side apply) `body` in `NS` and return it as stored.
+fn create(cp: &ControlPlane, body: &Value, path: &str) -> Value {
+    cp.apply(&body.to_string());
+    let name = body["metadata"]["name"].as_str().unwrap();
+    cp.get_json(&format!("{path}/{name}")).unwrap()
+}
+
+fn pod(name: &str, node: &str, resource: &str, owner: Option<&Value>) -> Value {
+    let mut meta = json!({"name": name, "namespace": NS});
+    if let Some(job) = owner {
+        meta["ownerReferences"] = json!([{
+            "apiVersion": "batch/v1", "kind": "Job", "name": job["metadata"]["name"],
+            "uid": job["metadata"]["uid"], "controller": true}]);
+    }
+    json!({"apiVersion": "v1", "kind": "Pod", "metadata": meta,
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "trainer:test",
+            "resources": {"limits": {resource: "1"}, "requests": {resource: "1"}}}]}})
+}
+
+fn condition(cp: &ControlPlane, name: &str) -> Option<(String, String)> {
+    let p = cp.get_json(&format!("/api/v1/namespaces/{NS}/pods/{name}"))?;
+    p["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == "fabricgate.io/TransportReady")
+        .map(|c| {
+            (
+                c["status"].as_str().unwrap_or_default().to_owned(),
+                c["reason"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+}
+
+fn fallback_events(cp: &ControlPlane, kind: &str, name: &str) -> Vec<Value> {
+    let list = cp
+        .get_json(&format!("/apis/events.k8s.io/v1/namespaces/{NS}/events"))
+        .unwrap();
+    list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| {
+            e["reason"] == "TransportFallback"
+                && e["regarding"]["kind"] == kind
+                && e["regarding"]["name"] == name
+        })
+        .cloned()
+        .collect()
+}
+
+/// A status patch of `pod` as the agent of `OWN` (its pod-bound token), through kubectl.
+fn patch_as_agent(
+    cp: &ControlPlane,
+    kubeconfig: &Path,
+    pod: &str,
+    patch: &Value,
+) -> (bool, String) {
+    let (ok, out, err) = cp.kubectl_as(
+        kubeconfig,
+        &[
+            "-n",
+            NS,
+            "patch",
+            "pod",
+            pod,
+            "--subresource=status",
+            "--type=strategic",
+            "-p",
+            &patch.to_string(),
+        ],
+        None,
+    );
+    (ok, format!("{out}{err}"))
+}
+
+#[test]
+fn a_judged_pod_on_sockets_gets_the_condition_events_and_metric_and_nothing_else_is_touched() {
+    let Some(cp) = control_plane() else { return };
+    cp.install_agent_rbac();
+    cp.apply(&overlay_file("rbac.yaml"));
+    cp.apply(&overlay_file("pod-transport-policy.yaml"));
+    cp.create_node(OWN, json!({}), json!([]), json!({}));
+    cp.create_node(OTHER, json!({}), json!([]), json!({}));
+    cp.apply(
+        &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}).to_string(),
+    );
+    let job = create(
+        cp,
+        &json!({"apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": "llm", "namespace": NS},
+        "spec": {"suspend": true, "template": {"spec": {"restartPolicy": "Never",
+            "containers": [{"name": "c", "image": "trainer:test"}]}}}}),
+        "/apis/batch/v1/namespaces/rt-jobs/jobs",
+    );
+    let trainer = create(cp, &pod("trainer", OWN, RESOURCE, Some(&job)), PODS);
+    let web = create(cp, &pod("web", OWN, "cpu", None), PODS);
+    let far = create(cp, &pod("far", OTHER, RESOURCE, None), PODS);
+    let uid = |p: &Value| p["metadata"]["uid"].as_str().unwrap().to_owned();
+
+    let hca = FakeHca::new(true);
+    let facts = hca.scratch().join("pod-facts");
+    let sockets = format!(
+        "{} sockets 41000000000 10.0.0.2 ib0\n{} sockets 41000000000 10.0.0.2 ib0\n",
+        uid(&trainer),
+        uid(&web)
+    );
+    std::fs::write(&facts, &sockets).unwrap();
+    let config = hca.scratch().join("requirements.yaml");
+    std::fs::write(
+        &config,
+        format!("kubernetes:\n  rdma_resources: [\"{RESOURCE}\"]\nruntime:\n  window: 5s\n"),
+    )
+    .unwrap();
+    let kubeconfig = cp.agent_kubeconfig(OWN, None);
+    let (sysfs, proc_root) = (hca.sysfs_root(), hca.proc_root());
+    let facts_env = facts.to_str().unwrap().to_owned();
+    let env = [("FABRICGATE_TEST_POD_FACTS", facts_env.as_str())];
+    let args = ["--interval", "1s", "--config", config.to_str().unwrap()];
+    let agent = Launch::at(OWN, &sysfs, &proc_root, hca.scratch())
+        .kubeconfig(Some(&kubeconfig))
+        .args(&args)
+        .env(&env)
+        .start();
+
+    let took = wait_until(
+        "the trainer's condition False/SocketsFallback",
+        Duration::from_secs(60),
+        || condition(cp, "trainer") == Some(("False".into(), "SocketsFallback".into())),
+    );
+    println!("figure: sockets facts -> condition False within {took:?} (window 5s)");
+    wait_until(
+        "the Events on the pod and its Job",
+        Duration::from_secs(10),
+        || {
+            fallback_events(cp, "Pod", "trainer").len() == 1
+                && fallback_events(cp, "Job", "llm").len() == 1
+        },
+    );
+    let on_job = &fallback_events(cp, "Job", "llm")[0];
+    let note = on_job["note"].as_str().unwrap();
+    assert!(
+        note.starts_with(&format!("pod {NS}/trainer is on sockets: ")),
+        "{note}"
+    );
+    assert!(note.contains("ib0"), "the note names the facts: {note}");
+    let (_, metrics) = agent.get("/metrics").unwrap();
+    assert!(
+        metrics.contains(&format!(
+            "fabricgate_pod_transport{{namespace=\"{NS}\",pod=\"trainer\",transport=\"sockets\"}} 1"
+        )),
+        "{metrics}"
+    );
+    assert!(metrics.contains(&format!(
+        "fabricgate_pod_owner_info{{namespace=\"{NS}\",pod=\"trainer\",owner_kind=\"Job\",owner_name=\"llm\"}} 1"
+    )));
+    assert!(
+        !metrics.contains("pod=\"web\""),
+        "an unrelated pod is never judged"
+    );
+    assert_eq!(
+        condition(cp, "web"),
+        None,
+        "an unrelated pod is never judged"
+    );
+    assert_eq!(condition(cp, "far"), None);
+
+    // Steady state: two more windows, not one write by the agent.
+    let mark = cp.audit_mark();
+    std::thread::sleep(Duration::from_secs(11));
+    let writes: Vec<_> = cp
+        .audit_since(mark)
+        .into_iter()
+        .filter(|e| e.user == AGENT_USER && (e.resource == "pods" || e.resource == "events"))
+        .filter(|e| !matches!(e.verb.as_str(), "get" | "list" | "watch"))
+        .collect();
+    assert!(writes.is_empty(), "steady state wrote: {writes:?}");
+    println!("figure: 0 pod/event writes over 2 steady windows");
+    assert_eq!(
+        fallback_events(cp, "Pod", "trainer").len(),
+        1,
+        "one Event per transition"
+    );
+
+    // On RDMA: True.
+    std::fs::write(&facts, format!("{} rdma mlx5_0\n", uid(&trainer))).unwrap();
+    wait_until(
+        "the trainer's condition True",
+        Duration::from_secs(30),
+        || condition(cp, "trainer").is_some_and(|(s, _)| s == "True"),
+    );
+
+    // The policy: another node's pod, another condition, another status field: 403.
+    let set = |s: &str| {
+        json!({"status": {"conditions": [{"type": "fabricgate.io/TransportReady",
+        "status": s, "reason": "SocketsFallback"}]}})
+    };
+    let (ok, out) = patch_as_agent(cp, &kubeconfig, "far", &set("False"));
+    assert!(
+        !ok && out.contains("may not modify pod far of node rt-other"),
+        "{out}"
+    );
+    let (ok, out) = patch_as_agent(
+        cp,
+        &kubeconfig,
+        "trainer",
+        &json!({"status": {"conditions": [{"type": "Ready", "status": "False"}]}}),
+    );
+    assert!(
+        !ok && out.contains("may change only its own pod condition"),
+        "{out}"
+    );
+    let (ok, out) = patch_as_agent(
+        cp,
+        &kubeconfig,
+        "trainer",
+        &json!({"status": {"phase": "Failed"}}),
+    );
+    assert!(
+        !ok && out.contains("may not change the pod status beyond its own condition"),
+        "{out}"
+    );
+    let (ok, out) = patch_as_agent(cp, &kubeconfig, "trainer", &set("False"));
+    assert!(
+        ok,
+        "its own condition on its own node's pod is allowed: {out}"
+    );
+    let _ = uid(&far);
+    let _ = web;
+    drop(agent);
+}
