@@ -12,9 +12,11 @@
 //! is the real path. No kube-controller-manager runs: the pod is created with an
 //! ownerReference to a real Job.
 
-use crate::common::controlplane::ControlPlane;
+use crate::common::controlplane::{ControlPlane, client_from};
 use crate::common::sysfs::FakeHca;
 use crate::common::{AGENT_USER, Launch, control_plane, wait_until};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
 use std::path::Path;
 use std::time::Duration;
@@ -34,9 +36,32 @@ fn overlay_file(name: &str) -> String {
     .unwrap()
 }
 
-/// Create (server-side apply) `body` in `NS` and return it as stored.
+/// Create (server-side apply) `body` in `NS` and return it as stored. Retried while the
+/// apiserver's ServiceAccount admission has not yet seen the namespace's new `default`.
 fn create(cp: &ControlPlane, body: &Value, path: &str) -> Value {
-    cp.apply(&body.to_string());
+    let args = [
+        "apply",
+        "--server-side",
+        "--field-manager=test-admin",
+        "-f",
+        "-",
+    ];
+    let text = body.to_string();
+    let mut last = String::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let (ok, _, err) = cp.kubectl_as(&cp.admin_kubeconfig, &args, Some(&text));
+        if ok {
+            break;
+        }
+        last = err;
+        assert!(
+            std::time::Instant::now() < deadline,
+            "create {text}: {last}"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let _ = last;
     let name = body["metadata"]["name"].as_str().unwrap();
     cp.get_json(&format!("{path}/{name}")).unwrap()
 }
@@ -49,7 +74,7 @@ fn pod(name: &str, node: &str, resource: &str, owner: Option<&Value>) -> Value {
             "uid": job["metadata"]["uid"], "controller": true}]);
     }
     json!({"apiVersion": "v1", "kind": "Pod", "metadata": meta,
-        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "trainer:test",
+        "spec": {"nodeName": node, "automountServiceAccountToken": false, "containers": [{"name": "c", "image": "trainer:test",
             "resources": {"limits": {resource: "1"}, "requests": {resource: "1"}}}]}})
 }
 
@@ -84,29 +109,24 @@ fn fallback_events(cp: &ControlPlane, kind: &str, name: &str) -> Vec<Value> {
         .collect()
 }
 
-/// A status patch of `pod` as the agent of `OWN` (its pod-bound token), through kubectl.
+/// A strategic merge patch of `pod`'s status as the agent of `OWN` (its pod-bound token): the
+/// agent's own request shape (`node::pod_writer`), no GET first. Ok, or the error's message.
 fn patch_as_agent(
     cp: &ControlPlane,
     kubeconfig: &Path,
     pod: &str,
     patch: &Value,
-) -> (bool, String) {
-    let (ok, out, err) = cp.kubectl_as(
-        kubeconfig,
-        &[
-            "-n",
-            NS,
-            "patch",
-            "pod",
-            pod,
-            "--subresource=status",
-            "--type=strategic",
-            "-p",
-            &patch.to_string(),
-        ],
-        None,
-    );
-    (ok, format!("{out}{err}"))
+) -> Result<(), String> {
+    cp.block_on(async {
+        let pods: Api<Pod> = Api::namespaced(client_from(kubeconfig).await, NS);
+        pods.patch_status(pod, &PatchParams::default(), &Patch::Strategic(patch))
+            .await
+            .map(|_| ())
+            .map_err(|e| match e {
+                kube::Error::Api(s) => format!("{} {}", s.code, s.message),
+                e => e.to_string(),
+            })
+    })
 }
 
 #[test]
@@ -120,11 +140,17 @@ fn a_judged_pod_on_sockets_gets_the_condition_events_and_metric_and_nothing_else
     cp.apply(
         &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}).to_string(),
     );
+    // No kube-controller-manager creates the namespace's default ServiceAccount.
+    cp.apply(
+        &json!({"apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": {"name": "default", "namespace": NS}})
+        .to_string(),
+    );
     let job = create(
         cp,
         &json!({"apiVersion": "batch/v1", "kind": "Job",
         "metadata": {"name": "llm", "namespace": NS},
-        "spec": {"suspend": true, "template": {"spec": {"restartPolicy": "Never",
+        "spec": {"suspend": true, "template": {"spec": {"restartPolicy": "Never", "automountServiceAccountToken": false,
             "containers": [{"name": "c", "image": "trainer:test"}]}}}}),
         "/apis/batch/v1/namespaces/rt-jobs/jobs",
     );
@@ -156,6 +182,7 @@ fn a_judged_pod_on_sockets_gets_the_condition_events_and_metric_and_nothing_else
         .kubeconfig(Some(&kubeconfig))
         .args(&args)
         .env(&env)
+        .known_addr()
         .start();
 
     let took = wait_until(
@@ -230,36 +257,30 @@ fn a_judged_pod_on_sockets_gets_the_condition_events_and_metric_and_nothing_else
         json!({"status": {"conditions": [{"type": "fabricgate.io/TransportReady",
         "status": s, "reason": "SocketsFallback"}]}})
     };
-    let (ok, out) = patch_as_agent(cp, &kubeconfig, "far", &set("False"));
-    assert!(
-        !ok && out.contains("may not modify pod far of node rt-other"),
-        "{out}"
+    let refused = |pod: &str, patch: &Value, why: &str| {
+        let e = patch_as_agent(cp, &kubeconfig, pod, patch).unwrap_err();
+        assert!(
+            e.starts_with("403 ") && e.contains(why),
+            "{pod} {patch}: {e}"
+        );
+    };
+    refused(
+        "far",
+        &set("False"),
+        "may not modify pod far of node rt-other",
     );
-    let (ok, out) = patch_as_agent(
-        cp,
-        &kubeconfig,
+    refused(
         "trainer",
         &json!({"status": {"conditions": [{"type": "Ready", "status": "False"}]}}),
+        "may change only its own pod condition",
     );
-    assert!(
-        !ok && out.contains("may change only its own pod condition"),
-        "{out}"
-    );
-    let (ok, out) = patch_as_agent(
-        cp,
-        &kubeconfig,
+    refused(
         "trainer",
         &json!({"status": {"phase": "Failed"}}),
+        "may not change the pod status beyond its own condition",
     );
-    assert!(
-        !ok && out.contains("may not change the pod status beyond its own condition"),
-        "{out}"
-    );
-    let (ok, out) = patch_as_agent(cp, &kubeconfig, "trainer", &set("False"));
-    assert!(
-        ok,
-        "its own condition on its own node's pod is allowed: {out}"
-    );
+    patch_as_agent(cp, &kubeconfig, "trainer", &set("False"))
+        .expect("its own condition on its own node's pod is allowed");
     let _ = uid(&far);
     let _ = web;
     drop(agent);
