@@ -11,7 +11,7 @@ mod probe_thread;
 mod reconcile_loop;
 pub mod ring;
 mod runtime_loop;
-mod runtime_seam;
+mod runtime_sampler;
 pub mod selftest;
 mod timing;
 pub mod wakeup;

@@ -5,6 +5,7 @@
 //! `node::pod_writer`. Wiring only: which pods are judged is `node::pods`, the verdict is
 //! policy's, the facts are the probes'.
 
+use super::runtime_sampler::Sampler;
 use crate::config::Config;
 use crate::node::pod_writer::{PodWriter, RemoteNodes, watch_pods, watch_remote_nodes};
 use crate::node::pods::{JudgedPod, is_judged};
@@ -19,17 +20,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-
-/// Where the facts come from: the probes' [`PodSampler`] in production; a test gives its own.
-pub trait Sampler: Send + 'static {
-    fn sample(&mut self, request: &SampleRequest) -> Vec<PodTransportFacts>;
-}
-
-impl Sampler for PodSampler {
-    fn sample(&mut self, request: &SampleRequest) -> Vec<PodTransportFacts> {
-        PodSampler::sample(self, request)
-    }
-}
 
 /// The runtime task's handles (aborted at shutdown).
 pub struct RuntimeJobs {
@@ -70,8 +60,8 @@ pub fn start(
         sampler,
         told_unknown: false,
     };
-    let sampler: Box<dyn Sampler> = match std::env::var_os(super::runtime_seam::ENV) {
-        Some(path) => Box::new(super::runtime_seam::FileFacts {
+    let sampler: Box<dyn Sampler> = match std::env::var_os(super::runtime_sampler::ENV) {
+        Some(path) => Box::new(super::runtime_sampler::FileFacts {
             path: path.into(),
             window: config.runtime.window,
         }),

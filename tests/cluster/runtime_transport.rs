@@ -7,7 +7,7 @@
 //! else of its own node's pod.
 //!
 //! The facts come through the agent's test seam `FABRICGATE_TEST_POD_FACTS` (src/agent/
-//! runtime_seam.rs): there is no kubelet here to run a pod, so no process holds QPs or moves
+//! runtime_sampler.rs): there is no kubelet here to run a pod, so no process holds QPs or moves
 //! TCP. Everything after the sampler (the pods watch, judging, metrics, writes, the policy)
 //! is the real path. No kube-controller-manager runs: the pod is created with an
 //! ownerReference to a real Job.

@@ -1,3 +1,6 @@
+//! Where the runtime task's facts come from: the [`Sampler`] trait, the probes' `PodSampler`
+//! behind it in production, and the test seam.
+//!
 //! TEST SEAM, never set in a deployment: `FABRICGATE_TEST_POD_FACTS=<file>` makes the runtime
 //! task read each window's facts from a file instead of the kernel, so the cluster tests can
 //! show a pod on sockets to the shipped agent without real traffic (tests/cluster/
@@ -5,12 +8,22 @@
 //! `<uid> rdma <device>` (one RC QP in RTS on port 1 of the device); a line that does not
 //! read is skipped. Everything after the sampler (judging, metrics, writes) is the real path.
 
-use super::runtime_loop::Sampler;
 use fabricgate_probes::runtime::restrack::{QpEntry, QpOwner, QpState, QpType};
-use fabricgate_probes::runtime::sample::SampleRequest;
+use fabricgate_probes::runtime::sample::{PodSampler, SampleRequest};
 use fabricgate_probes::runtime::{InternodeTcp, Observed, PodTransportFacts};
 use std::path::PathBuf;
 use std::time::Duration;
+
+/// Where the facts come from: the probes' [`PodSampler`] in production; a test gives its own.
+pub trait Sampler: Send + 'static {
+    fn sample(&mut self, request: &SampleRequest) -> Vec<PodTransportFacts>;
+}
+
+impl Sampler for PodSampler {
+    fn sample(&mut self, request: &SampleRequest) -> Vec<PodTransportFacts> {
+        PodSampler::sample(self, request)
+    }
+}
 
 pub const ENV: &str = "FABRICGATE_TEST_POD_FACTS";
 
