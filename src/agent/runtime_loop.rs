@@ -45,6 +45,7 @@ pub fn start(
     };
     let backoff = config.runtime.window;
     let (pods_tx, pods_rx) = watch::channel(BTreeMap::new());
+    let pods_for_nodes = pods_rx.clone();
     let (nodes_tx, nodes_rx) = watch::channel(RemoteNodes::default());
     let writer = PodWriter {
         client: clients.requests.clone(),
@@ -76,15 +77,35 @@ pub fn start(
                 pods_tx,
                 backoff,
             )),
-            tokio::spawn(watch_remote_nodes(
+            tokio::spawn(remote_nodes_once_judged(
                 watch_client,
                 node.to_owned(),
+                config.clone(),
+                pods_for_nodes,
                 nodes_tx,
-                backoff,
             )),
             run,
         ],
     }
+}
+
+/// The Nodes watch starts only once this node has a judged pod: a node without training pods
+/// (and every test that counts the agent's Node lists) pays nothing for it.
+async fn remote_nodes_once_judged(
+    client: kube::Client,
+    node: String,
+    config: Config,
+    mut pods: watch::Receiver<BTreeMap<String, Pod>>,
+    tx: watch::Sender<RemoteNodes>,
+) {
+    let judged = |m: &BTreeMap<String, Pod>| {
+        m.values()
+            .any(|p| is_judged(p, &config.kubernetes, &config.runtime))
+    };
+    if pods.wait_for(judged).await.is_err() {
+        return;
+    }
+    watch_remote_nodes(client, node, tx, config.runtime.window).await;
 }
 
 struct Judging {
