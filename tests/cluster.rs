@@ -39,6 +39,8 @@ mod kueue;
 mod overlays;
 #[path = "cluster/placement.rs"]
 mod placement;
+#[path = "cluster/runtime_transport.rs"]
+mod runtime_transport;
 #[path = "cluster/scheduler.rs"]
 mod scheduler;
 #[path = "cluster/security.rs"]

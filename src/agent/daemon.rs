@@ -282,6 +282,16 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
         metrics,
     }
     .start(desired_rx.clone(), stop.clone());
+    // Runtime transport per pod (docs/runtime-transport.md): its own watches and window.
+    let runtime = super::runtime_loop::start(
+        config,
+        client,
+        node,
+        agent.dry_run,
+        agent.prober.roots().clone(),
+        metrics,
+        stop.clone(),
+    );
     let requests = client.map(|c| c.requests.clone());
     let reconciler = node_writer(
         node,
@@ -348,7 +358,8 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
     let result = ended.into_result(*stop.borrow());
     // No more verdicts: the Node writer's loop ends.
     drop(desired_tx);
-    wind_down(writer, server, node_watch.into_iter().chain(dra.tasks)).await;
+    let watches = node_watch.into_iter().chain(dra.tasks).chain(runtime.tasks);
+    wind_down(writer, server, watches).await;
     tracing::info!(node = %node, "fabricgate agent stopped");
     result
 }

@@ -10,6 +10,8 @@ mod probe_loop;
 mod probe_thread;
 mod reconcile_loop;
 pub mod ring;
+mod runtime_loop;
+mod runtime_sampler;
 pub mod selftest;
 mod timing;
 pub mod wakeup;

@@ -19,6 +19,8 @@ mod client;
 pub mod dra;
 pub mod fabriccheck;
 mod plan;
+pub mod pod_writer;
+pub mod pods;
 mod reconciler;
 mod watch;
 

@@ -7,4 +7,5 @@ pub mod exposition;
 pub mod fallback;
 pub mod health;
 pub mod metrics;
+pub mod pods;
 pub mod server;

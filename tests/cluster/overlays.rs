@@ -11,7 +11,12 @@ use serde::Deserialize;
 use serde_json::Value;
 use std::time::{Duration, Instant};
 
-const OVERLAYS: [&str; 3] = ["shared-device", "privileged", "dra"];
+const OVERLAYS: [&str; 4] = [
+    "shared-device",
+    "privileged",
+    "dra",
+    "privileged-runtime-transport",
+];
 
 fn render(cp: &ControlPlane, overlay: &str) -> String {
     let dir = repo_root().join("deploy/overlays").join(overlay);
@@ -113,6 +118,29 @@ fn every_overlay_passes_both_schemas_and_a_server_side_dry_run() {
                     .cloned()
                     .unwrap_or_default();
                 assert_eq!(registry["readOnly"], true, "{c}");
+            }
+            // The runtime-transport component on the privileged overlay: host PID namespace,
+            // the capabilities it names, the pods RBAC and both policies.
+            "privileged-runtime-transport" => {
+                assert!(privileged && host_dev, "{c}");
+                let ds = docs.iter().find(|d| d["kind"] == "DaemonSet").unwrap();
+                assert_eq!(ds["spec"]["template"]["spec"]["hostPID"], true);
+                let caps = c["securityContext"]["capabilities"]["add"].to_string();
+                for cap in ["IPC_LOCK", "SYS_PTRACE", "SYS_ADMIN", "NET_ADMIN"] {
+                    assert!(caps.contains(cap), "{caps}");
+                }
+                for policy in [
+                    "fabricgate-privileged-agent-only",
+                    "fabricgate-own-node-pods",
+                ] {
+                    assert!(
+                        docs.iter().any(|d| d["kind"] == "ValidatingAdmissionPolicy"
+                            && d["metadata"]["name"] == policy),
+                        "{policy}"
+                    );
+                }
+                assert!(docs.iter().any(|d| d["kind"] == "ClusterRole"
+                    && d["metadata"]["name"] == "fabricgate-agent-pods"));
             }
             _ => unreachable!(),
         }

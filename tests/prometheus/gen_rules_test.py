@@ -145,6 +145,20 @@ CASES = [
         [("20m", []), ("30m", [(LA, 1)])],
     ),
     (
+        "FabricgateJobOnSockets",
+        "two pods of Job ml/llm on two nodes are on sockets and it fires once for the job; "
+        "a job on rdma does not",
+        [
+            (f'fabricgate_pod_transport{{{A},namespace="ml",pod="w-0",transport="sockets"}}', "1x20"),
+            (f'fabricgate_pod_transport{{{B},namespace="ml",pod="w-1",transport="sockets"}}', "1x20"),
+            (f'fabricgate_pod_transport{{{B},namespace="ml",pod="ok-0",transport="sockets"}}', "0x20"),
+            (f'fabricgate_pod_owner_info{{{A},namespace="ml",pod="w-0",owner_kind="Job",owner_name="llm"}}', "1x20"),
+            (f'fabricgate_pod_owner_info{{{B},namespace="ml",pod="w-1",owner_kind="Job",owner_name="llm"}}', "1x20"),
+            (f'fabricgate_pod_owner_info{{{B},namespace="ml",pod="ok-0",owner_kind="Job",owner_name="ok"}}', "1x20"),
+        ],
+        [("1m", []), ("5m", [({"namespace": "ml", "owner_kind": "Job", "owner_name": "llm"}, 2)])],
+    ),
+    (
         "FabricgateAgentDown",
         "gpu-a stops answering scrapes; gpu-b keeps answering",
         [

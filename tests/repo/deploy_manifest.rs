@@ -788,6 +788,8 @@ fn manifest_passes_yamllint() {
         "deploy/overlays/shared-device",
         "deploy/overlays/privileged",
         "deploy/overlays/dra",
+        "deploy/overlays/runtime-transport",
+        "deploy/overlays/privileged-runtime-transport",
     ] {
         for entry in std::fs::read_dir(root().join(dir)).unwrap() {
             sources.arg(entry.unwrap().path());

@@ -71,6 +71,10 @@ impl Metrics {
             .peers
             .enabled
             .then(|| crate::peers::PeerMetrics::register(&mut live));
+        let pods = config
+            .runtime
+            .enabled
+            .then(|| crate::observe::pods::PodMetrics::register(&mut live));
         // Counted by the event thread and the probe loop without the state lock.
         let events = crate::observe::events::EventMetrics::register(&mut live);
         Self {
@@ -96,6 +100,7 @@ impl Metrics {
             health: Health::default(),
             ecn_priority: config.rdma.roce.ecn_priority,
             peers,
+            pods,
             events,
             live,
             exposition: crate::observe::exposition::Cache::default(),

@@ -1,0 +1,232 @@
+//! The runtime transport task (issue 42; docs/runtime-transport.md): every `runtime.window`
+//! it samples the judged pods on a blocking thread (never on the async runtime, never holding
+//! up the node's probe), judges each with `policy::transport::judge_pod`, records the
+//! `fabricgate_pod_*` metrics and writes the pod condition and Events through
+//! `node::pod_writer`. Wiring only: which pods are judged is `node::pods`, the verdict is
+//! policy's, the facts are the probes'.
+
+use super::runtime_sampler::Sampler;
+use crate::config::Config;
+use crate::node::pod_writer::{PodWriter, RemoteNodes, watch_pods, watch_remote_nodes};
+use crate::node::pods::{JudgedPod, is_judged};
+use crate::observe::metrics::Metrics;
+use crate::observe::pods::PodSample;
+use crate::policy::transport::{PodVerdict, judge_pod};
+use fabricgate_probes::Roots;
+use fabricgate_probes::runtime::PodTransportFacts;
+use fabricgate_probes::runtime::sample::{PodSampler, RemoteScope, SampleRequest};
+use k8s_openapi::api::core::v1::Pod;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// The runtime task's handles (aborted at shutdown).
+pub struct RuntimeJobs {
+    pub tasks: Vec<JoinHandle<()>>,
+}
+
+/// Start the pods watch, the Nodes watch and the judging loop; nothing while
+/// `runtime.enabled` is false or without a cluster.
+pub fn start(
+    config: &Config,
+    clients: Option<&crate::node::Clients>,
+    node: &str,
+    dry_run: bool,
+    roots: Roots,
+    metrics: &Arc<Metrics>,
+    stop: watch::Receiver<bool>,
+) -> RuntimeJobs {
+    let (Some(clients), true) = (clients, config.runtime.enabled) else {
+        return RuntimeJobs { tasks: Vec::new() };
+    };
+    let Some(watch_client) = clients.watch.clone() else {
+        return RuntimeJobs { tasks: Vec::new() };
+    };
+    let backoff = config.runtime.window;
+    let (pods_tx, pods_rx) = watch::channel(BTreeMap::new());
+    let pods_for_nodes = pods_rx.clone();
+    let (nodes_tx, nodes_rx) = watch::channel(RemoteNodes::default());
+    let writer = PodWriter {
+        client: clients.requests.clone(),
+        node: node.to_owned(),
+        dry_run,
+    };
+    let judging = |sampler| Judging {
+        config: config.clone(),
+        pods: pods_rx,
+        nodes: nodes_rx,
+        writer,
+        metrics: Arc::clone(metrics),
+        sampler,
+        told_unknown: false,
+    };
+    let sampler: Box<dyn Sampler> = match std::env::var_os(super::runtime_sampler::ENV) {
+        Some(path) => Box::new(super::runtime_sampler::FileFacts {
+            path: path.into(),
+            window: config.runtime.window,
+        }),
+        None => Box::new(PodSampler::new(roots)),
+    };
+    let run = tokio::spawn(judging(Arc::new(Mutex::new(sampler))).run(stop));
+    RuntimeJobs {
+        tasks: vec![
+            tokio::spawn(watch_pods(
+                watch_client.clone(),
+                node.to_owned(),
+                pods_tx,
+                backoff,
+            )),
+            tokio::spawn(remote_nodes_once_judged(
+                watch_client,
+                node.to_owned(),
+                config.clone(),
+                pods_for_nodes,
+                nodes_tx,
+            )),
+            run,
+        ],
+    }
+}
+
+/// The Nodes watch starts only once this node has a judged pod: a node without training pods
+/// (and every test that counts the agent's Node lists) pays nothing for it.
+async fn remote_nodes_once_judged(
+    client: kube::Client,
+    node: String,
+    config: Config,
+    mut pods: watch::Receiver<BTreeMap<String, Pod>>,
+    tx: watch::Sender<RemoteNodes>,
+) {
+    let judged = |m: &BTreeMap<String, Pod>| {
+        m.values()
+            .any(|p| is_judged(p, &config.kubernetes, &config.runtime))
+    };
+    if pods.wait_for(judged).await.is_err() {
+        return;
+    }
+    watch_remote_nodes(client, node, tx, config.runtime.window).await;
+}
+
+struct Judging {
+    config: Config,
+    pods: watch::Receiver<BTreeMap<String, Pod>>,
+    nodes: watch::Receiver<RemoteNodes>,
+    writer: PodWriter,
+    metrics: Arc<Metrics>,
+    sampler: Arc<Mutex<Box<dyn Sampler>>>,
+    /// `unknown` is logged once with what to add, not every window.
+    told_unknown: bool,
+}
+
+impl Judging {
+    async fn run(mut self, mut stop: watch::Receiver<bool>) {
+        let mut tick = tokio::time::interval(self.config.runtime.window);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = stop.changed() => return,
+            }
+            if *stop.borrow() {
+                return;
+            }
+            self.window().await;
+        }
+    }
+
+    /// One window: sample, judge, record, write.
+    async fn window(&mut self) {
+        let judged: Vec<JudgedPod> = self
+            .pods
+            .borrow()
+            .values()
+            .filter(|p| is_judged(p, &self.config.kubernetes, &self.config.runtime))
+            .filter_map(JudgedPod::of)
+            .collect();
+        let remote = self.nodes.borrow().clone();
+        let request = SampleRequest {
+            pod_uids: Some(judged.iter().map(|p| p.uid.clone()).collect()),
+            host_network: judged
+                .iter()
+                .filter(|p| p.host_network)
+                .map(|p| p.uid.clone())
+                .collect::<BTreeSet<_>>(),
+            remote: RemoteScope::Nodes {
+                addresses: remote.addresses,
+                pod_cidrs: remote.pod_cidrs,
+            },
+        };
+        let sampler = Arc::clone(&self.sampler);
+        let facts = match tokio::task::spawn_blocking(move || {
+            sampler
+                .lock()
+                .map(|mut s| s.sample(&request))
+                .unwrap_or_default()
+        })
+        .await
+        {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::warn!(error = %e, "the pod sampler's thread failed; next window");
+                return;
+            }
+        };
+        let facts: BTreeMap<&str, &PodTransportFacts> =
+            facts.iter().map(|f| (f.pod_uid.as_str(), f)).collect();
+        let matcher = self.config.device_matcher();
+        let mut verdicts: Vec<(&JudgedPod, PodVerdict, &PodTransportFacts)> = Vec::new();
+        for pod in &judged {
+            // A pod first seen has its baseline now and facts from the next window.
+            let Some(f) = facts.get(pod.uid.as_str()) else {
+                continue;
+            };
+            let v = judge_pod(f, &self.config.runtime, |device, _| {
+                matcher.is_match(device)
+            });
+            verdicts.push((pod, v, f));
+        }
+        self.record(&verdicts);
+        for (pod, v, _) in &verdicts {
+            match self.writer.apply(pod, v).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(namespace = %pod.namespace, pod = %pod.name,
+                    transport = %v.transport, why = %v.why, writes = n, "pod transport changed"),
+                Err(e) => tracing::warn!(error = %e, "pod transport write failed; next window"),
+            }
+        }
+    }
+
+    fn record(&mut self, verdicts: &[(&JudgedPod, PodVerdict, &PodTransportFacts)]) {
+        if !self.told_unknown
+            && let Some((pod, v, _)) = verdicts
+                .iter()
+                .find(|(_, v, _)| v.transport == crate::policy::transport::Transport::Unknown)
+        {
+            tracing::warn!(namespace = %pod.namespace, pod = %pod.name, why = %v.why,
+                "runtime transport unknown (logged once): apply \
+                 deploy/overlays/runtime-transport (hostPID, SYS_PTRACE, SYS_ADMIN, NET_ADMIN)");
+            self.told_unknown = true;
+        }
+        let Some(m) = &self.metrics.pods else {
+            return;
+        };
+        let samples: Vec<PodSample<'_>> = verdicts
+            .iter()
+            .map(|(pod, v, f)| PodSample {
+                namespace: &pod.namespace,
+                pod: &pod.name,
+                owner: pod
+                    .owner
+                    .as_ref()
+                    .map(|o| (o.kind.as_str(), o.name.as_str())),
+                verdict: v,
+                qps: match &f.qps {
+                    fabricgate_probes::runtime::Observed::Seen(q) => Some(q.as_slice()),
+                    fabricgate_probes::runtime::Observed::Unseen { .. } => None,
+                },
+            })
+            .collect();
+        m.record(&samples);
+    }
+}

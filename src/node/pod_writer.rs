@@ -1,0 +1,266 @@
+//! The runtime transport's API side (issue 42): the watch of this node's pods (a field
+//! selector on `spec.nodeName`), the watch of the other Nodes' addresses and pod CIDRs, and
+//! the writes on a judged pod: the `fabricgate.io/TransportReady` condition through
+//! `pods/status` (only when it changes) and the `TransportFallback` Event on the pod and its
+//! controller owner (once per transition).
+
+use super::pods::{
+    EVENT_REASON, JudgedPod, condition_patch, fallback_note, is_fallback_transition,
+};
+use super::watch::WatchBackoff;
+use super::{FIELD_MANAGER, REPORTING_CONTROLLER, WATCH_TIMEOUT_SECS};
+use crate::error::{Error, Result};
+use crate::policy::transport::PodVerdict;
+use crate::text::truncate;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event as WatchEvent, watcher};
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::time::Duration;
+
+/// Follow the pods of `node` (a field selector, no polling) and send each change as the
+/// whole set by UID. A 403 (the agent's RBAC lacks pods: deploy/overlays/runtime-transport
+/// not applied) is logged once, then retried with the backoff.
+pub async fn watch_pods(
+    client: kube::Client,
+    node: String,
+    tx: tokio::sync::watch::Sender<BTreeMap<String, Pod>>,
+    max_backoff: Duration,
+) {
+    let config = watcher::Config::default()
+        .fields(&format!("spec.nodeName={node}"))
+        .timeout(WATCH_TIMEOUT_SECS)
+        .any_semantic();
+    let mut events = watcher(Api::<Pod>::all(client), config)
+        .backoff(WatchBackoff::new(max_backoff))
+        .boxed();
+    let mut pods = BTreeMap::new();
+    let mut staged = BTreeMap::new();
+    let mut told = false;
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(WatchEvent::Init) => staged.clear(),
+            Ok(WatchEvent::InitApply(p)) => {
+                if let Some(uid) = p.metadata.uid.clone() {
+                    staged.insert(uid, p);
+                }
+            }
+            Ok(WatchEvent::InitDone) => pods = std::mem::take(&mut staged),
+            Ok(WatchEvent::Apply(p)) => {
+                if let Some(uid) = p.metadata.uid.clone() {
+                    pods.insert(uid, p);
+                }
+            }
+            Ok(WatchEvent::Delete(p)) => {
+                if let Some(uid) = &p.metadata.uid {
+                    pods.remove(uid);
+                }
+            }
+            Err(e) => {
+                if !told {
+                    tracing::warn!(node = %node, error = %e,
+                        "cannot watch this node's pods: runtime transport judges no pod; \
+                         apply deploy/overlays/runtime-transport (pods list/watch)");
+                    told = true;
+                }
+                continue;
+            }
+        }
+        if tx.send(pods.clone()).is_err() {
+            return;
+        }
+    }
+}
+
+/// The other Nodes' addresses and pod CIDRs (`RemoteScope::Nodes`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RemoteNodes {
+    pub addresses: BTreeSet<IpAddr>,
+    pub pod_cidrs: Vec<(IpAddr, u8)>,
+}
+
+/// Follow every Node but `node` and send their addresses and pod CIDRs when they change. One
+/// watch from the watch cache; at 5,000 Nodes the initial list is the cost (the agent keeps
+/// only the addresses), and steady state is the watch's events.
+pub async fn watch_remote_nodes(
+    client: kube::Client,
+    node: String,
+    tx: tokio::sync::watch::Sender<RemoteNodes>,
+    max_backoff: Duration,
+) {
+    let config = watcher::Config::default()
+        .timeout(WATCH_TIMEOUT_SECS)
+        .any_semantic();
+    let mut events = watcher(Api::<Node>::all(client), config)
+        .backoff(WatchBackoff::new(max_backoff))
+        .boxed();
+    let mut nodes: BTreeMap<String, RemoteNodes> = BTreeMap::new();
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(WatchEvent::Init) => nodes.clear(),
+            Ok(WatchEvent::InitApply(n) | WatchEvent::Apply(n)) => {
+                let name = n.metadata.name.clone().unwrap_or_default();
+                if name != node {
+                    nodes.insert(name, remote_of(&n));
+                }
+            }
+            Ok(WatchEvent::Delete(n)) => {
+                nodes.remove(n.metadata.name.as_deref().unwrap_or_default());
+            }
+            Ok(WatchEvent::InitDone) => {}
+            Err(e) => {
+                tracing::debug!(error = %e, "watch of the Nodes broke");
+                continue;
+            }
+        }
+        let mut all = RemoteNodes::default();
+        for r in nodes.values() {
+            all.addresses.extend(r.addresses.iter().copied());
+            all.pod_cidrs.extend(r.pod_cidrs.iter().copied());
+        }
+        tx.send_if_modified(|old| {
+            let changed = *old != all;
+            *old = all;
+            changed
+        });
+    }
+}
+
+fn remote_of(n: &Node) -> RemoteNodes {
+    let addresses = n
+        .status
+        .as_ref()
+        .and_then(|s| s.addresses.as_ref())
+        .into_iter()
+        .flatten()
+        .filter_map(|a| a.address.parse().ok())
+        .collect();
+    let pod_cidrs = n
+        .spec
+        .as_ref()
+        .and_then(|s| s.pod_cidrs.as_ref())
+        .into_iter()
+        .flatten()
+        .filter_map(|c| {
+            let (net, len) = c.split_once('/')?;
+            Some((net.parse().ok()?, len.parse().ok()?))
+        })
+        .collect();
+    RemoteNodes {
+        addresses,
+        pod_cidrs,
+    }
+}
+
+/// The writes on judged pods.
+#[derive(Clone)]
+pub struct PodWriter {
+    pub client: kube::Client,
+    pub node: String,
+    pub dry_run: bool,
+}
+
+impl PodWriter {
+    /// The condition (when it changes) and, on a transition to sockets, the Events. Returns
+    /// how many writes it made.
+    ///
+    /// # Errors
+    /// [`Error::KubeObject`] naming the pod or Event.
+    pub async fn apply(&self, pod: &JudgedPod, verdict: &PodVerdict) -> Result<u32> {
+        let now = Timestamp::now();
+        let Some(patch) = condition_patch(pod, verdict, &now.to_string()) else {
+            return Ok(0);
+        };
+        if self.dry_run {
+            tracing::info!(pod = %pod.name, namespace = %pod.namespace, patch = %patch,
+                "dry run: would set the pod condition");
+            return Ok(0);
+        }
+        let object = || format!("Pod {}/{}", pod.namespace, pod.name);
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace);
+        let pp = PatchParams {
+            field_manager: Some(FIELD_MANAGER.to_owned()),
+            ..PatchParams::default()
+        };
+        pods.patch_status(&pod.name, &pp, &Patch::Strategic(patch))
+            .await
+            .map_err(|e| Error::KubeObject {
+                action: "set fabricgate.io/TransportReady on",
+                object: object(),
+                source: Box::new(e),
+            })?;
+        let mut writes = 1;
+        if is_fallback_transition(pod, verdict) {
+            let regarding = ObjectReference {
+                api_version: Some("v1".to_owned()),
+                kind: Some("Pod".to_owned()),
+                name: Some(pod.name.clone()),
+                namespace: Some(pod.namespace.clone()),
+                uid: Some(pod.uid.clone()),
+                ..ObjectReference::default()
+            };
+            self.event(pod, regarding, fallback_note(pod, verdict, false), now)
+                .await?;
+            writes += 1;
+            if let Some(o) = &pod.owner {
+                let regarding = ObjectReference {
+                    api_version: Some(o.api_version.clone()),
+                    kind: Some(o.kind.clone()),
+                    name: Some(o.name.clone()),
+                    namespace: Some(pod.namespace.clone()),
+                    uid: Some(o.uid.clone()),
+                    ..ObjectReference::default()
+                };
+                self.event(pod, regarding, fallback_note(pod, verdict, true), now)
+                    .await?;
+                writes += 1;
+            }
+        }
+        Ok(writes)
+    }
+
+    async fn event(
+        &self,
+        pod: &JudgedPod,
+        regarding: ObjectReference,
+        note: String,
+        now: Timestamp,
+    ) -> Result<()> {
+        let event = Event {
+            metadata: ObjectMeta {
+                generate_name: Some(format!("{}-", pod.name)),
+                namespace: Some(pod.namespace.clone()),
+                ..ObjectMeta::default()
+            },
+            event_time: Some(MicroTime(now)),
+            action: Some("Judged".to_owned()),
+            reason: Some(EVENT_REASON.to_owned()),
+            note: Some(note),
+            type_: Some("Warning".to_owned()),
+            regarding: Some(regarding),
+            reporting_controller: Some(REPORTING_CONTROLLER.to_owned()),
+            reporting_instance: Some(truncate(&format!("fabricgate-{}", self.node), 128)),
+            ..Event::default()
+        };
+        let events: Api<Event> = Api::namespaced(self.client.clone(), &pod.namespace);
+        let pp = PostParams {
+            field_manager: Some(FIELD_MANAGER.to_owned()),
+            ..PostParams::default()
+        };
+        events
+            .create(&pp, &event)
+            .await
+            .map(|_| ())
+            .map_err(|e| Error::KubeObject {
+                action: "create a TransportFallback Event for",
+                object: format!("Pod {}/{}", pod.namespace, pod.name),
+                source: Box::new(e),
+            })
+    }
+}

@@ -1,0 +1,94 @@
+use super::*;
+use crate::config::Config;
+use crate::policy::transport::judge_pod;
+use fabricgate_probes::runtime::{InternodeTcp, Observed, PodTransportFacts};
+use std::time::Duration;
+
+fn pod(json: Value) -> Pod {
+    serde_json::from_value(json).unwrap()
+}
+
+fn trainer(resource: &str, labels: Value) -> Pod {
+    pod(json!({
+        "metadata": {"name": "w-0", "namespace": "ml", "uid": "u-1", "labels": labels,
+            "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": "llm",
+                "uid": "j-1", "controller": true}]},
+        "spec": {"containers": [{"name": "c", "resources": {"limits": {resource: "1"}}}]},
+        "status": {"phase": "Running"}
+    }))
+}
+
+fn config() -> Config {
+    Config::parse(
+        "kubernetes:\n  rdma_resources: [\"rdma/hca_shared_devices_a\"]\nruntime:\n  \
+         pod_selector: app=trainer\n",
+    )
+    .unwrap()
+}
+
+fn sockets_verdict(c: &Config) -> PodVerdict {
+    let facts = PodTransportFacts {
+        pod_uid: "u-1".into(),
+        qps: Observed::Seen(Vec::new()),
+        internode_tcp: Observed::Seen(InternodeTcp {
+            bytes: 41_000_000_000,
+            window: Duration::from_secs(30),
+            peers: vec!["10.0.0.2".parse().unwrap()],
+            interfaces: vec!["ib0".into()],
+        }),
+    };
+    judge_pod(&facts, &c.runtime, |_, _| true)
+}
+
+#[test]
+fn pods_requesting_the_rdma_resource_or_matching_the_selector_are_judged_others_never() {
+    let c = config();
+    let judged = |p: &Pod| is_judged(p, &c.kubernetes, &c.runtime);
+    assert!(judged(&trainer("rdma/hca_shared_devices_a", json!({}))));
+    assert!(judged(&trainer("cpu", json!({"app": "trainer"}))));
+    assert!(!judged(&trainer("cpu", json!({"app": "web"}))));
+    assert!(!judged(&trainer("nvidia.com/gpu", json!({}))));
+    let mut done = trainer("rdma/hca_shared_devices_a", json!({}));
+    done.status.as_mut().unwrap().phase = Some("Succeeded".into());
+    assert!(!judged(&done), "a finished pod is never judged");
+    // A resource claim counts only while DRA drivers are configured.
+    let claim = pod(
+        json!({"metadata": {"name": "d", "namespace": "ml", "uid": "u"},
+        "spec": {"containers": [{"name": "c"}],
+            "resourceClaims": [{"name": "hca", "resourceClaimName": "hca-0"}]}}),
+    );
+    assert!(!judged(&claim));
+}
+
+#[test]
+fn the_condition_is_written_once_per_change_and_the_event_once_per_transition() {
+    let c = config();
+    let mut p = JudgedPod::of(&trainer("rdma/hca_shared_devices_a", json!({}))).unwrap();
+    assert_eq!(p.owner.as_ref().unwrap().kind, "Job");
+    let v = sockets_verdict(&c);
+    let patch = condition_patch(&p, &v, "2026-12-05T00:00:00Z").unwrap();
+    let cond = &patch["status"]["conditions"][0];
+    assert_eq!(cond["type"], CONDITION_TYPE);
+    assert_eq!(cond["status"], "False");
+    assert_eq!(cond["reason"], "SocketsFallback");
+    assert!(is_fallback_transition(&p, &v));
+    assert!(fallback_note(&p, &v, true).starts_with("pod ml/w-0 is on sockets: "));
+    // As the watch then shows it: no second write, no second Event.
+    p.condition = Some(("False".into(), "SocketsFallback".into()));
+    assert_eq!(condition_patch(&p, &v, "later"), None);
+    assert!(!is_fallback_transition(&p, &v));
+    // Idle keeps what the pod shows; with nothing yet it is Unknown.
+    let idle = PodVerdict {
+        transport: Transport::Idle,
+        reason: crate::policy::transport::REASON_IDLE,
+        why: "0 data-path QPs; no TCP".into(),
+        data_path_qps: Some(0),
+        internode_tcp_bytes: Some(0),
+    };
+    assert_eq!(condition_patch(&p, &idle, "t"), None);
+    p.condition = None;
+    assert_eq!(
+        condition_patch(&p, &idle, "t").unwrap()["status"]["conditions"][0]["status"],
+        "Unknown"
+    );
+}

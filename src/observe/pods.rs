@@ -1,0 +1,236 @@
+//! The per-pod runtime transport metrics (issue 42): `fabricgate_pod_transport` (one-hot),
+//! `fabricgate_pod_rdma_qps`, `fabricgate_pod_internode_tcp_bytes_total` and
+//! `fabricgate_pod_owner_info` (the pod's controller owner, which the per-job alert joins on).
+//! Every series of a pod is removed when the pod stops being judged. Registered in the live
+//! registry: the runtime task records without the probe loop's state lock.
+
+use crate::policy::transport::{PodVerdict, Transport};
+use fabricgate_probes::runtime::restrack::QpEntry;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Mutex;
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+struct PodLabels {
+    namespace: String,
+    pod: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TransportLabels {
+    namespace: String,
+    pod: String,
+    transport: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+struct QpLabels {
+    namespace: String,
+    pod: String,
+    device: String,
+    port: String,
+    r#type: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+struct OwnerLabels {
+    namespace: String,
+    pod: String,
+    owner_kind: String,
+    owner_name: String,
+}
+
+/// One judged pod's sample, as the runtime task hands it over.
+#[derive(Debug, Clone)]
+pub struct PodSample<'a> {
+    pub namespace: &'a str,
+    pub pod: &'a str,
+    /// The controller owner (`kind`, `name`); `None`: a bare pod (the alert groups it alone).
+    pub owner: Option<(&'a str, &'a str)>,
+    pub verdict: &'a PodVerdict,
+    /// Its QPs (all of them, by device, port and type), when seen.
+    pub qps: Option<&'a [QpEntry]>,
+}
+
+/// What each pod's series are, to remove exactly those when it goes.
+#[derive(Debug, Default)]
+struct Known {
+    qps: BTreeSet<QpLabels>,
+    owner: Option<OwnerLabels>,
+}
+
+#[derive(Debug, Default)]
+pub struct PodMetrics {
+    transport: Family<TransportLabels, Gauge>,
+    qps: Family<QpLabels, Gauge>,
+    tcp_bytes: Family<PodLabels, Counter>,
+    owner: Family<OwnerLabels, Gauge>,
+    known: Mutex<BTreeMap<PodLabels, Known>>,
+}
+
+impl PodMetrics {
+    pub fn register(r: &mut Registry) -> Self {
+        let m = Self::default();
+        r.register(
+            "fabricgate_pod_transport",
+            "The transport a judged pod uses over the last runtime.window (one-hot: rdma, \
+             sockets, idle, unknown)",
+            m.transport.clone(),
+        );
+        r.register(
+            "fabricgate_pod_rdma_qps",
+            "Queue pairs a judged pod's processes hold, by device, port and type",
+            m.qps.clone(),
+        );
+        r.register(
+            "fabricgate_pod_internode_tcp_bytes",
+            "TCP bytes a judged pod moved with other nodes (any interface, IPoIB included)",
+            m.tcp_bytes.clone(),
+        );
+        r.register(
+            "fabricgate_pod_owner_info",
+            "A judged pod's controller owner (kind and name; none: the pod itself), for \
+             grouping the pods of one job",
+            m.owner.clone(),
+        );
+        m
+    }
+
+    /// Set every judged pod's series from `samples` and remove those of pods no longer in it.
+    pub fn record(&self, samples: &[PodSample<'_>]) {
+        let Ok(mut known) = self.known.lock() else {
+            return;
+        };
+        let mut now: BTreeMap<PodLabels, Known> = BTreeMap::new();
+        for s in samples {
+            let pod = PodLabels {
+                namespace: s.namespace.to_owned(),
+                pod: s.pod.to_owned(),
+            };
+            for t in Transport::ALL {
+                self.transport
+                    .get_or_create(&TransportLabels {
+                        namespace: pod.namespace.clone(),
+                        pod: pod.pod.clone(),
+                        transport: t.as_str(),
+                    })
+                    .set(i64::from(t == s.verdict.transport));
+            }
+            if let Some(bytes) = s.verdict.internode_tcp_bytes {
+                self.tcp_bytes.get_or_create(&pod).inc_by(bytes);
+            }
+            let mut counts: BTreeMap<QpLabels, i64> = BTreeMap::new();
+            for qp in s.qps.into_iter().flatten() {
+                let labels = QpLabels {
+                    namespace: pod.namespace.clone(),
+                    pod: pod.pod.clone(),
+                    device: qp.device.clone(),
+                    port: qp.port.map(|p| p.to_string()).unwrap_or_default(),
+                    r#type: format!("{:?}", qp.qp_type).to_lowercase(),
+                };
+                *counts.entry(labels).or_default() += 1;
+            }
+            for (labels, n) in &counts {
+                self.qps.get_or_create(labels).set(*n);
+            }
+            let owner = OwnerLabels {
+                namespace: pod.namespace.clone(),
+                pod: pod.pod.clone(),
+                owner_kind: s.owner.map_or("Pod", |o| o.0).to_owned(),
+                owner_name: s.owner.map_or(s.pod, |o| o.1).to_owned(),
+            };
+            self.owner.get_or_create(&owner).set(1);
+            let entry = Known {
+                qps: counts.into_keys().collect(),
+                owner: Some(owner),
+            };
+            if let Some(old) = known.get(&pod) {
+                for gone in old.qps.difference(&entry.qps) {
+                    self.qps.remove(gone);
+                }
+                if old.owner != entry.owner
+                    && let Some(o) = &old.owner
+                {
+                    self.owner.remove(o);
+                }
+            }
+            now.insert(pod, entry);
+        }
+        for (pod, old) in known.iter() {
+            if now.contains_key(pod) {
+                continue;
+            }
+            for t in Transport::ALL {
+                self.transport.remove(&TransportLabels {
+                    namespace: pod.namespace.clone(),
+                    pod: pod.pod.clone(),
+                    transport: t.as_str(),
+                });
+            }
+            self.tcp_bytes.remove(pod);
+            for q in &old.qps {
+                self.qps.remove(q);
+            }
+            if let Some(o) = &old.owner {
+                self.owner.remove(o);
+            }
+        }
+        *known = now;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::transport::REASON_SOCKETS;
+
+    fn text(r: &Registry) -> String {
+        let mut s = String::new();
+        prometheus_client::encoding::text::encode(&mut s, r).unwrap();
+        s
+    }
+
+    #[test]
+    fn a_pod_s_series_are_one_hot_and_go_when_the_pod_goes() {
+        let mut r = Registry::default();
+        let m = PodMetrics::register(&mut r);
+        let v = PodVerdict {
+            transport: Transport::Sockets,
+            reason: REASON_SOCKETS,
+            why: "0 data-path QPs".into(),
+            data_path_qps: Some(0),
+            internode_tcp_bytes: Some(41_000),
+        };
+        let s = PodSample {
+            namespace: "ml",
+            pod: "w-0",
+            owner: Some(("Job", "llm")),
+            verdict: &v,
+            qps: Some(&[]),
+        };
+        m.record(std::slice::from_ref(&s));
+        m.record(std::slice::from_ref(&s));
+        let t = text(&r);
+        assert!(t.contains(
+            "fabricgate_pod_transport{namespace=\"ml\",pod=\"w-0\",transport=\"sockets\"} 1"
+        ));
+        assert!(t.contains(
+            "fabricgate_pod_transport{namespace=\"ml\",pod=\"w-0\",transport=\"rdma\"} 0"
+        ));
+        assert!(
+            t.contains(
+                "fabricgate_pod_internode_tcp_bytes_total{namespace=\"ml\",pod=\"w-0\"} 82000"
+            ),
+            "{t}"
+        );
+        assert!(t.contains(
+            "fabricgate_pod_owner_info{namespace=\"ml\",pod=\"w-0\",owner_kind=\"Job\",owner_name=\"llm\"} 1"
+        ));
+        m.record(&[]);
+        assert!(!text(&r).contains("pod=\"w-0\""), "{}", text(&r));
+    }
+}

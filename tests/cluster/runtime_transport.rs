@@ -1,0 +1,288 @@
+//! Runtime transport per pod (issue 42) against the real kube-apiserver: the shipped agent,
+//! with the runtime-transport overlay's RBAC and admission policy installed, judges only the
+//! pod that requests the RDMA resource; facts saying sockets set `fabricgate.io/TransportReady`
+//! False/SocketsFallback through pods/status, an Event `TransportFallback` on the pod and on
+//! its Job, and the metrics; facts saying rdma set it True; steady state writes nothing; and
+//! the agent's own token cannot set the condition on another node's pod nor touch anything
+//! else of its own node's pod.
+//!
+//! The facts come through the agent's test seam `FABRICGATE_TEST_POD_FACTS` (src/agent/
+//! runtime_sampler.rs): there is no kubelet here to run a pod, so no process holds QPs or moves
+//! TCP. Everything after the sampler (the pods watch, judging, metrics, writes, the policy)
+//! is the real path. No kube-controller-manager runs: the pod is created with an
+//! ownerReference to a real Job.
+
+use crate::common::controlplane::{ControlPlane, client_from};
+use crate::common::sysfs::FakeHca;
+use crate::common::{AGENT_USER, Launch, control_plane, wait_until};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::{Value, json};
+use std::path::Path;
+use std::time::Duration;
+
+const OWN: &str = "rt-own";
+const OTHER: &str = "rt-other";
+const NS: &str = "rt-jobs";
+const PODS: &str = "/api/v1/namespaces/rt-jobs/pods";
+const RESOURCE: &str = "rdma/hca_shared_devices_a";
+
+fn overlay_file(name: &str) -> String {
+    std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("deploy/overlays/runtime-transport")
+            .join(name),
+    )
+    .unwrap()
+}
+
+/// Create (server-side apply) `body` in `NS` and return it as stored. Retried while the
+/// apiserver's ServiceAccount admission has not yet seen the namespace's new `default`.
+fn create(cp: &ControlPlane, body: &Value, path: &str) -> Value {
+    let args = [
+        "apply",
+        "--server-side",
+        "--field-manager=test-admin",
+        "-f",
+        "-",
+    ];
+    let text = body.to_string();
+    let mut last = String::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let (ok, _, err) = cp.kubectl_as(&cp.admin_kubeconfig, &args, Some(&text));
+        if ok {
+            break;
+        }
+        last = err;
+        assert!(
+            std::time::Instant::now() < deadline,
+            "create {text}: {last}"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let _ = last;
+    let name = body["metadata"]["name"].as_str().unwrap();
+    cp.get_json(&format!("{path}/{name}")).unwrap()
+}
+
+fn pod(name: &str, node: &str, resource: &str, owner: Option<&Value>) -> Value {
+    let mut meta = json!({"name": name, "namespace": NS});
+    if let Some(job) = owner {
+        meta["ownerReferences"] = json!([{
+            "apiVersion": "batch/v1", "kind": "Job", "name": job["metadata"]["name"],
+            "uid": job["metadata"]["uid"], "controller": true}]);
+    }
+    json!({"apiVersion": "v1", "kind": "Pod", "metadata": meta,
+        "spec": {"nodeName": node, "automountServiceAccountToken": false, "containers": [{"name": "c", "image": "trainer:test",
+            "resources": {"limits": {resource: "1"}, "requests": {resource: "1"}}}]}})
+}
+
+fn condition(cp: &ControlPlane, name: &str) -> Option<(String, String)> {
+    let p = cp.get_json(&format!("/api/v1/namespaces/{NS}/pods/{name}"))?;
+    p["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == "fabricgate.io/TransportReady")
+        .map(|c| {
+            (
+                c["status"].as_str().unwrap_or_default().to_owned(),
+                c["reason"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+}
+
+fn fallback_events(cp: &ControlPlane, kind: &str, name: &str) -> Vec<Value> {
+    let list = cp
+        .get_json(&format!("/apis/events.k8s.io/v1/namespaces/{NS}/events"))
+        .unwrap();
+    list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| {
+            e["reason"] == "TransportFallback"
+                && e["regarding"]["kind"] == kind
+                && e["regarding"]["name"] == name
+        })
+        .cloned()
+        .collect()
+}
+
+/// A strategic merge patch of `pod`'s status as the agent of `OWN` (its pod-bound token): the
+/// agent's own request shape (`node::pod_writer`), no GET first. Ok, or the error's message.
+fn patch_as_agent(
+    cp: &ControlPlane,
+    kubeconfig: &Path,
+    pod: &str,
+    patch: &Value,
+) -> Result<(), String> {
+    cp.block_on(async {
+        let pods: Api<Pod> = Api::namespaced(client_from(kubeconfig).await, NS);
+        pods.patch_status(pod, &PatchParams::default(), &Patch::Strategic(patch))
+            .await
+            .map(|_| ())
+            .map_err(|e| match e {
+                kube::Error::Api(s) => format!("{} {}", s.code, s.message),
+                e => e.to_string(),
+            })
+    })
+}
+
+#[test]
+fn a_judged_pod_on_sockets_gets_the_condition_events_and_metric_and_nothing_else_is_touched() {
+    let Some(cp) = control_plane() else { return };
+    cp.install_agent_rbac();
+    cp.apply(&overlay_file("rbac.yaml"));
+    cp.apply(&overlay_file("pod-transport-policy.yaml"));
+    cp.create_node(OWN, json!({}), json!([]), json!({}));
+    cp.create_node(OTHER, json!({}), json!([]), json!({}));
+    cp.apply(
+        &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}).to_string(),
+    );
+    // No kube-controller-manager creates the namespace's default ServiceAccount.
+    cp.apply(
+        &json!({"apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": {"name": "default", "namespace": NS}})
+        .to_string(),
+    );
+    let job = create(
+        cp,
+        &json!({"apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": "llm", "namespace": NS},
+        "spec": {"suspend": true, "template": {"spec": {"restartPolicy": "Never", "automountServiceAccountToken": false,
+            "containers": [{"name": "c", "image": "trainer:test"}]}}}}),
+        "/apis/batch/v1/namespaces/rt-jobs/jobs",
+    );
+    let trainer = create(cp, &pod("trainer", OWN, RESOURCE, Some(&job)), PODS);
+    let web = create(cp, &pod("web", OWN, "cpu", None), PODS);
+    let far = create(cp, &pod("far", OTHER, RESOURCE, None), PODS);
+    let uid = |p: &Value| p["metadata"]["uid"].as_str().unwrap().to_owned();
+
+    let hca = FakeHca::new(true);
+    let facts = hca.scratch().join("pod-facts");
+    let sockets = format!(
+        "{} sockets 41000000000 10.0.0.2 ib0\n{} sockets 41000000000 10.0.0.2 ib0\n",
+        uid(&trainer),
+        uid(&web)
+    );
+    std::fs::write(&facts, &sockets).unwrap();
+    let config = hca.scratch().join("requirements.yaml");
+    std::fs::write(
+        &config,
+        format!("kubernetes:\n  rdma_resources: [\"{RESOURCE}\"]\nruntime:\n  window: 5s\n"),
+    )
+    .unwrap();
+    let kubeconfig = cp.agent_kubeconfig(OWN, None);
+    let (sysfs, proc_root) = (hca.sysfs_root(), hca.proc_root());
+    let facts_env = facts.to_str().unwrap().to_owned();
+    let env = [("FABRICGATE_TEST_POD_FACTS", facts_env.as_str())];
+    let args = ["--interval", "1s", "--config", config.to_str().unwrap()];
+    let agent = Launch::at(OWN, &sysfs, &proc_root, hca.scratch())
+        .kubeconfig(Some(&kubeconfig))
+        .args(&args)
+        .env(&env)
+        .known_addr()
+        .start();
+
+    let took = wait_until(
+        "the trainer's condition False/SocketsFallback",
+        Duration::from_secs(60),
+        || condition(cp, "trainer") == Some(("False".into(), "SocketsFallback".into())),
+    );
+    println!("figure: sockets facts -> condition False within {took:?} (window 5s)");
+    wait_until(
+        "the Events on the pod and its Job",
+        Duration::from_secs(10),
+        || {
+            fallback_events(cp, "Pod", "trainer").len() == 1
+                && fallback_events(cp, "Job", "llm").len() == 1
+        },
+    );
+    let on_job = &fallback_events(cp, "Job", "llm")[0];
+    let note = on_job["note"].as_str().unwrap();
+    assert!(
+        note.starts_with(&format!("pod {NS}/trainer is on sockets: ")),
+        "{note}"
+    );
+    assert!(note.contains("ib0"), "the note names the facts: {note}");
+    let (_, metrics) = agent.get("/metrics").unwrap();
+    assert!(
+        metrics.contains(&format!(
+            "fabricgate_pod_transport{{namespace=\"{NS}\",pod=\"trainer\",transport=\"sockets\"}} 1"
+        )),
+        "{metrics}"
+    );
+    assert!(metrics.contains(&format!(
+        "fabricgate_pod_owner_info{{namespace=\"{NS}\",pod=\"trainer\",owner_kind=\"Job\",owner_name=\"llm\"}} 1"
+    )));
+    assert!(
+        !metrics.contains("pod=\"web\""),
+        "an unrelated pod is never judged"
+    );
+    assert_eq!(
+        condition(cp, "web"),
+        None,
+        "an unrelated pod is never judged"
+    );
+    assert_eq!(condition(cp, "far"), None);
+
+    // Steady state: two more windows, not one write by the agent.
+    let mark = cp.audit_mark();
+    std::thread::sleep(Duration::from_secs(11));
+    let writes: Vec<_> = cp
+        .audit_since(mark)
+        .into_iter()
+        // Other tests' agents share the user and write their Nodes' Events: this namespace only.
+        .filter(|e| e.user == AGENT_USER && e.namespace == NS)
+        .filter(|e| !matches!(e.verb.as_str(), "get" | "list" | "watch"))
+        .collect();
+    assert!(writes.is_empty(), "steady state wrote: {writes:?}");
+    println!("figure: 0 pod/event writes over 2 steady windows");
+    assert_eq!(
+        fallback_events(cp, "Pod", "trainer").len(),
+        1,
+        "one Event per transition"
+    );
+
+    // On RDMA: True.
+    std::fs::write(&facts, format!("{} rdma mlx5_0\n", uid(&trainer))).unwrap();
+    wait_until(
+        "the trainer's condition True",
+        Duration::from_secs(30),
+        || condition(cp, "trainer").is_some_and(|(s, _)| s == "True"),
+    );
+
+    // The policy: another node's pod, another condition, another status field: 403.
+    let set = |s: &str| {
+        json!({"status": {"conditions": [{"type": "fabricgate.io/TransportReady",
+        "status": s, "reason": "SocketsFallback"}]}})
+    };
+    let refused = |pod: &str, patch: &Value, why: &str| {
+        let e = patch_as_agent(cp, &kubeconfig, pod, patch).unwrap_err();
+        assert!(
+            e.starts_with("403 ") && e.contains(why),
+            "{pod} {patch}: {e}"
+        );
+    };
+    refused(
+        "far",
+        &set("False"),
+        "may not modify pod far of node rt-other",
+    );
+    refused(
+        "trainer",
+        &json!({"status": {"conditions": [{"type": "Ready", "status": "False"}]}}),
+        "may change only its own pod condition",
+    );
+    refused(
+        "trainer",
+        &json!({"status": {"phase": "Failed"}}),
+        "may not change the pod status beyond its own condition",
+    );
+    patch_as_agent(cp, &kubeconfig, "trainer", &set("False"))
+        .expect("its own condition on its own node's pod is allowed");
+    let _ = uid(&far);
+    let _ = web;
+    drop(agent);
+}
