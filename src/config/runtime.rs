@@ -45,7 +45,9 @@ pub enum OnSockets {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RuntimeSettings {
-    /// Judge the pods of this node at run time. Off: no pods watch, no QP dump, nothing new.
+    /// Judge the pods of this node at run time. Off (the default): no pods watch, no QP dump,
+    /// no request beyond today's. Opt-in because it needs what the base DaemonSet does not
+    /// grant (deploy/overlays/runtime-transport: hostPID, capabilities, pods RBAC).
     pub enabled: bool,
     /// A label selector (`app=trainer,team=llm`): pods matching it are judged, beside those
     /// that request one of `kubernetes.rdma_resources` or claim a device of a
@@ -67,7 +69,7 @@ pub struct RuntimeSettings {
 impl Default for RuntimeSettings {
     fn default() -> Self {
         Self {
-            enabled: true,
+            enabled: false,
             pod_selector: String::new(),
             window: DEFAULT_WINDOW,
             tcp_min_bytes_per_second: DEFAULT_TCP_MIN_BYTES_PER_SECOND,
@@ -124,15 +126,16 @@ mod tests {
     #[test]
     fn defaults_parse_and_bad_values_name_their_key() {
         let c = Config::default().runtime;
-        assert!(c.enabled);
+        assert!(!c.enabled, "opt-in: the base DaemonSet lacks what it needs");
         assert_eq!(c.window, DEFAULT_WINDOW);
         assert_eq!(c.on_sockets, OnSockets::Record);
         let c = Config::parse(
-            "runtime:\n  pod_selector: app=trainer\n  window: 45s\n  on_sockets: evict\n  \
+            "runtime:\n  enabled: true\n  pod_selector: app=trainer\n  window: 45s\n  on_sockets: evict\n  \
              evict_after: 5m\n  tcp_min_bytes_per_second: 1000\n",
         )
         .unwrap()
         .runtime;
+        assert!(c.enabled);
         assert_eq!(c.pod_selector, "app=trainer");
         assert_eq!(c.window, Duration::from_secs(45));
         assert_eq!(c.on_sockets, OnSockets::Evict);

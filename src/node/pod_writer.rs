@@ -26,7 +26,11 @@ use std::time::Duration;
 
 /// Follow the pods of `node` (a field selector, no polling) and send each change as the
 /// whole set by UID. A 403 (the agent's RBAC lacks pods: deploy/overlays/runtime-transport
-/// not applied) is logged once, then retried with the backoff.
+/// not applied) is logged once and retried only every [`FORBIDDEN_RETRY`]: a missing grant
+/// is not fixed in seconds, and each refused list is a line in the API server's audit log.
+/// How long a pods watch refused by 403 waits before asking again.
+pub const FORBIDDEN_RETRY: Duration = Duration::from_secs(300);
+
 pub async fn watch_pods(
     client: kube::Client,
     node: String,
@@ -63,11 +67,18 @@ pub async fn watch_pods(
                 }
             }
             Err(e) => {
+                let forbidden = matches!(&e,
+                    watcher::Error::InitialListFailed(kube::Error::Api(s))
+                    | watcher::Error::WatchStartFailed(kube::Error::Api(s)) if s.code == 403);
                 if !told {
                     tracing::warn!(node = %node, error = %e,
                         "cannot watch this node's pods: runtime transport judges no pod; \
                          apply deploy/overlays/runtime-transport (pods list/watch)");
                     told = true;
+                }
+                if forbidden {
+                    // The stream is not polled while sleeping, so no request is made.
+                    tokio::time::sleep(FORBIDDEN_RETRY).await;
                 }
                 continue;
             }

@@ -170,7 +170,7 @@ fn a_judged_pod_on_sockets_gets_the_condition_events_and_metric_and_nothing_else
     let config = hca.scratch().join("requirements.yaml");
     std::fs::write(
         &config,
-        format!("kubernetes:\n  rdma_resources: [\"{RESOURCE}\"]\nruntime:\n  window: 5s\n"),
+        format!("kubernetes:\n  rdma_resources: [\"{RESOURCE}\"]\nruntime:\n  enabled: true\n  window: 5s\n"),
     )
     .unwrap();
     let kubeconfig = cp.agent_kubeconfig(OWN, None);

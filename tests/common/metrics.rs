@@ -54,6 +54,7 @@ pub fn unhealthy_metrics() -> Metrics {
     use fabricgate_probes::storage::MountStatus;
     let mut config = ndr_requirements();
     config.lustre.mounts = vec!["/lustre/scratch".into()];
+    config.runtime.enabled = true;
     config.kubernetes.dra = Config::parse(
         "kubernetes:\n  dra:\n    drivers: [{name: dra.net}, {name: rdma.example.com}]\n",
     )
@@ -102,7 +103,62 @@ pub fn unhealthy_metrics() -> Metrics {
     }
     metrics.set_dra_drivers(&[("dra.net".into(), true), ("rdma.example.com".into(), false)]);
     metrics.set_dra_device_rules(true);
+    record_pods(&metrics);
     metrics
+}
+
+/// Runtime transport on the unhealthy node: one Job's pod on RDMA (two RC QPs in RTS), another
+/// Job's pod on sockets (41 GB over TCP to other nodes in the window).
+fn record_pods(metrics: &Metrics) {
+    use fabricgate::observe::pods::PodSample;
+    use fabricgate::policy::transport::{self, PodVerdict, Transport};
+    use fabricgate_probes::runtime::restrack::{QpEntry, QpOwner, QpState, QpType};
+    let qp = |lqpn| QpEntry {
+        device_index: 0,
+        device: "mlx5_0".into(),
+        port: Some(1),
+        lqpn,
+        rqpn: Some(lqpn + 100),
+        qp_type: QpType::Rc,
+        state: QpState::Rts,
+        owner: QpOwner::Pid(4242),
+        pdn: Some(1),
+    };
+    let qps = [qp(17), qp(18)];
+    let rdma = PodVerdict {
+        transport: Transport::Rdma,
+        reason: transport::REASON_RDMA,
+        why: "2 data-path QPs in RTS on mlx5_0/1".into(),
+        data_path_qps: Some(2),
+        internode_tcp_bytes: Some(1_000_000),
+    };
+    let sockets = PodVerdict {
+        transport: Transport::Sockets,
+        reason: transport::REASON_SOCKETS,
+        why: "0 data-path QPs; 41.0 GB over TCP to 7 nodes in 30 s via ib0".into(),
+        data_path_qps: Some(0),
+        internode_tcp_bytes: Some(41_000_000_000),
+    };
+    let pods = metrics
+        .pods
+        .as_ref()
+        .expect("runtime.enabled registers the pod families");
+    pods.record(&[
+        PodSample {
+            namespace: "ml",
+            pod: "llm-0",
+            owner: Some(("Job", "llm")),
+            verdict: &rdma,
+            qps: Some(&qps),
+        },
+        PodSample {
+            namespace: "ml",
+            pod: "bert-0",
+            owner: Some(("Job", "bert")),
+            verdict: &sockets,
+            qps: Some(&[]),
+        },
+    ]);
 }
 
 /// A required Lustre mount of `/lustre/scratch`'s file system in the given state.

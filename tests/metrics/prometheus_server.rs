@@ -344,7 +344,8 @@ fn serve_guard_in_process() -> String {
 /// - node `gpu-a`: `fabricgate run` (the binary) over the healthy example node;
 /// - node `gpu-b`: the agent's metrics server and registry in-process, recording the
 ///   `ndr-port-down` fixture with a hung Lustre mount, a failed and a passing data-path
-///   self-test, and silent TCP fallback (`common::unhealthy_metrics`). The self-test needs
+///   self-test, silent TCP fallback and two judged pods, one on sockets
+///   (`common::unhealthy_metrics`). The self-test needs
 ///   RDMA hardware, which `fabricgate run` over a fixture tree cannot have;
 /// - job `fabricgate-guard`: the guard's metrics server in-process (the row Guard).
 #[test]
@@ -374,6 +375,8 @@ fn every_dashboard_query_returns_data_from_the_agent() {
         "DRA driver up",
         "Guard: leader and refused writes",
         "Guard: Node writes",
+        "Jobs with pods on sockets",
+        "Pod transport",
     ] {
         assert!(
             titles.contains(&wanted),
