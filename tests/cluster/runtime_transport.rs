@@ -78,6 +78,37 @@ fn pod(name: &str, node: &str, resource: &str, owner: Option<&Value>) -> Value {
             "resources": {"limits": {resource: "1"}, "requests": {resource: "1"}}}]}})
 }
 
+/// The component's RBAC (Events in every namespace, pods) while the test runs, taken away
+/// again however it ends: other tests assert the base's grants.
+struct WidenedRbac {
+    cp: &'static ControlPlane,
+    _lock: std::sync::RwLockWriteGuard<'static, ()>,
+}
+
+impl WidenedRbac {
+    fn apply(cp: &'static ControlPlane) -> Self {
+        let lock = crate::common::controlplane::widened_agent_rbac();
+        cp.apply(&overlay_file("rbac.yaml"));
+        Self { cp, _lock: lock }
+    }
+}
+
+impl Drop for WidenedRbac {
+    fn drop(&mut self) {
+        let _ = self.cp.kubectl_as(
+            &self.cp.admin_kubeconfig,
+            &[
+                "delete",
+                "clusterrolebinding",
+                "fabricgate-agent-pods",
+                "--ignore-not-found",
+                "--wait",
+            ],
+            None,
+        );
+    }
+}
+
 fn condition(cp: &ControlPlane, name: &str) -> Option<(String, String)> {
     let p = cp.get_json(&format!("/api/v1/namespaces/{NS}/pods/{name}"))?;
     p["status"]["conditions"]
@@ -133,7 +164,7 @@ fn patch_as_agent(
 fn a_judged_pod_on_sockets_gets_the_condition_events_and_metric_and_nothing_else_is_touched() {
     let Some(cp) = control_plane() else { return };
     cp.install_agent_rbac();
-    cp.apply(&overlay_file("rbac.yaml"));
+    let _widened = WidenedRbac::apply(cp);
     cp.apply(&overlay_file("pod-transport-policy.yaml"));
     cp.create_node(OWN, json!({}), json!([]), json!({}));
     cp.create_node(OTHER, json!({}), json!([]), json!({}));

@@ -376,6 +376,7 @@ fn the_cluster_role_grants_exactly_what_a_full_agent_run_uses() {
 fn redteam_the_agent_creates_events_only_where_it_writes_them() {
     use k8s_openapi::api::authorization::v1::SelfSubjectAccessReview;
     let Some(cp) = control_plane() else { return };
+    let _base = crate::common::controlplane::base_agent_rbac();
     let node = TestNode::seeded(cp, "rt-events");
     let client = cp.block_on(client_from(&node.agent_kubeconfig(None)));
     let allowed = |group: &str, namespace: &str| -> bool {

@@ -14,7 +14,7 @@ use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 /// Where `.ci/controlplane.sh` installs the binary.
@@ -126,6 +126,21 @@ pub fn rbac_grants(docs: &str, pick: impl Fn(&Value) -> bool) -> std::collection
 }
 
 static SHARED: OnceLock<Option<ControlPlane>> = OnceLock::new();
+
+/// The agent's RBAC on the shared control plane is the base's (deploy/base/rbac.yaml) except
+/// while a test that widens it (the runtime-transport component's cluster-wide Events) holds
+/// this exclusively; tests that assert the base's exact grants hold it shared.
+static AGENT_RBAC: RwLock<()> = RwLock::new(());
+
+/// Hold while asserting the agent's base grants.
+pub fn base_agent_rbac() -> RwLockReadGuard<'static, ()> {
+    AGENT_RBAC.read().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Hold while the agent's RBAC is widened; undo the widening before dropping it.
+pub fn widened_agent_rbac() -> RwLockWriteGuard<'static, ()> {
+    AGENT_RBAC.write().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 
 fn free_port() -> u16 {
     let l = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");

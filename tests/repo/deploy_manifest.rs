@@ -908,10 +908,22 @@ fn documents_of(path: &str) -> Vec<Value> {
 #[test]
 fn guard_manifest_is_least_privilege_two_replicas_with_a_pdb_and_its_args_parse() {
     let docs = guard_documents();
+    // The evictions' grants (runtime.on_sockets: evict) are a ClusterRole and binding of
+    // their own, apart from what every guard needs.
+    const EVICT: &str = "fabricgate-guard-evict";
     let one = |kind: &str| -> Value {
-        let found: Vec<&Value> = docs.iter().filter(|d| d["kind"] == kind).collect();
+        let found: Vec<&Value> = docs
+            .iter()
+            .filter(|d| d["kind"] == kind && d["metadata"]["name"] != EVICT)
+            .collect();
         assert_eq!(found.len(), 1, "one {kind} in deploy/guard.yaml");
         found[0].clone()
+    };
+    let evict = |kind: &str| -> Value {
+        docs.iter()
+            .find(|d| d["kind"] == kind && d["metadata"]["name"] == EVICT)
+            .unwrap_or_else(|| panic!("{kind} {EVICT} in deploy/guard.yaml"))
+            .clone()
     };
     for d in &docs {
         let cluster_scoped = [
@@ -926,8 +938,12 @@ fn guard_manifest_is_least_privilege_two_replicas_with_a_pdb_and_its_args_parse(
     }
     // RBAC: exactly these grants, no wildcards, no secrets.
     let mut grants = BTreeSet::new();
-    for kind in ["ClusterRole", "Role"] {
-        for rule in one(kind)["rules"].as_array().unwrap() {
+    for (kind, role) in [
+        ("ClusterRole", one("ClusterRole")),
+        ("Role", one("Role")),
+        ("ClusterRole", evict("ClusterRole")),
+    ] {
+        for rule in role["rules"].as_array().unwrap() {
             for group in strings(&rule["apiGroups"]) {
                 for resource in strings(&rule["resources"]) {
                     for verb in strings(&rule["verbs"]) {
@@ -961,10 +977,14 @@ fn guard_manifest_is_least_privilege_two_replicas_with_a_pdb_and_its_args_parse(
     .collect();
     assert_eq!(grants, want);
     let sa = one("ServiceAccount");
-    for binding in ["ClusterRoleBinding", "RoleBinding"] {
-        let b = one(binding);
+    for b in [
+        one("ClusterRoleBinding"),
+        one("RoleBinding"),
+        evict("ClusterRoleBinding"),
+    ] {
         assert_eq!(b["subjects"][0]["name"], sa["metadata"]["name"]);
     }
+    assert_eq!(evict("ClusterRoleBinding")["roleRef"]["name"], EVICT);
 
     let deploy = one("Deployment");
     assert_eq!(deploy["spec"]["replicas"], 2);
