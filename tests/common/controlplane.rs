@@ -134,12 +134,16 @@ static AGENT_RBAC: RwLock<()> = RwLock::new(());
 
 /// Hold while asserting the agent's base grants.
 pub fn base_agent_rbac() -> RwLockReadGuard<'static, ()> {
-    AGENT_RBAC.read().unwrap_or_else(std::sync::PoisonError::into_inner)
+    AGENT_RBAC
+        .read()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Hold while the agent's RBAC is widened; undo the widening before dropping it.
 pub fn widened_agent_rbac() -> RwLockWriteGuard<'static, ()> {
-    AGENT_RBAC.write().unwrap_or_else(std::sync::PoisonError::into_inner)
+    AGENT_RBAC
+        .write()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn free_port() -> u16 {
