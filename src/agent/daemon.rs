@@ -271,17 +271,6 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
         (Some(mesh), Some(c)) => mesh.start_ring(node, config, c, verbs, failpoint, stop.clone()),
         _ => Advertised::default(),
     };
-    // DRA (docs/dra.md): this node's ResourceSlices in, a DeviceTaintRule per bad HCA out.
-    let dra = DraJobs {
-        node,
-        config,
-        clients: client,
-        dry_run: agent.dry_run,
-        interval,
-        rules_max_backoff: interval.max(super::ring::MAX_BACKOFF),
-        metrics,
-    }
-    .start(desired_rx.clone(), stop.clone());
     // Runtime transport per pod (docs/runtime-transport.md): its own watches and window.
     let runtime = super::runtime_loop::start(
         config,
@@ -292,6 +281,19 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
         metrics,
         stop.clone(),
     );
+    // DRA (docs/dra.md): this node's ResourceSlices in, a DeviceTaintRule per bad HCA out.
+    let dra = DraJobs {
+        node,
+        config,
+        clients: client,
+        dry_run: agent.dry_run,
+        interval,
+        rules_max_backoff: interval.max(super::ring::MAX_BACKOFF),
+        metrics,
+        // The claims of this node's pods: HCAs in use by a pod (docs/dra.md).
+        pods: runtime.pods.clone(),
+    }
+    .start(desired_rx.clone(), stop.clone());
     let requests = client.map(|c| c.requests.clone());
     let reconciler = node_writer(
         node,

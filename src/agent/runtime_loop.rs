@@ -21,9 +21,11 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-/// The runtime task's handles (aborted at shutdown).
+/// The runtime task's handles (aborted at shutdown), and its pods watch for others to read
+/// (DRA's claims: `node::dra`).
 pub struct RuntimeJobs {
     pub tasks: Vec<JoinHandle<()>>,
+    pub pods: Option<watch::Receiver<BTreeMap<String, Pod>>>,
 }
 
 /// Start the pods watch, the Nodes watch and the judging loop; nothing while
@@ -37,15 +39,20 @@ pub fn start(
     metrics: &Arc<Metrics>,
     stop: watch::Receiver<bool>,
 ) -> RuntimeJobs {
+    let none = || RuntimeJobs {
+        tasks: Vec::new(),
+        pods: None,
+    };
     let (Some(clients), true) = (clients, config.runtime.enabled) else {
-        return RuntimeJobs { tasks: Vec::new() };
+        return none();
     };
     let Some(watch_client) = clients.watch.clone() else {
-        return RuntimeJobs { tasks: Vec::new() };
+        return none();
     };
     let backoff = config.runtime.window;
     let (pods_tx, pods_rx) = watch::channel(BTreeMap::new());
     let pods_for_nodes = pods_rx.clone();
+    let pods_for_others = pods_rx.clone();
     let (nodes_tx, nodes_rx) = watch::channel(RemoteNodes::default());
     let writer = PodWriter {
         client: clients.requests.clone(),
@@ -86,6 +93,7 @@ pub fn start(
             )),
             run,
         ],
+        pods: Some(pods_for_others),
     }
 }
 

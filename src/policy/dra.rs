@@ -217,6 +217,9 @@ pub struct DraAssessment {
     pub own_problems: Vec<String>,
     /// The published devices of the HCAs the probe finds bad.
     pub taints: Vec<DeviceTaint>,
+    /// HCAs a ResourceClaim holds that the probe cannot see (moved into a pod's network
+    /// namespace): one port each that serves that pod and is not the node's to count.
+    pub in_use_ports: u32,
 }
 
 fn finding(code: &'static str, message: String) -> Finding {
@@ -273,6 +276,8 @@ pub fn assess(report: &ProbeReport, facts: Option<&DraFacts>, config: &Config) -
         {
             if let Some(held) = facts.holder(device) {
                 out.warnings.push(in_use(device, name, held));
+                // A DRA device is one PCI function: one port (mlx5).
+                out.in_use_ports = out.in_use_ports.saturating_add(1);
                 continue;
             }
             out.warnings.push(finding(

@@ -99,7 +99,15 @@ impl Judge {
         plugin_findings.extend(dra.findings);
         own_mounts.extend(dra.own_problems);
         self.last_dra = facts.dra.cloned();
-        let mut instant = evaluate_with(facts.report, config, &plugin_findings);
+        let mut instant = if dra.in_use_ports == 0 {
+            evaluate_with(facts.report, config, &plugin_findings)
+        } else {
+            // The ports of HCAs a claim holds serve that pod: the node is judged on the rest.
+            let mut rest = config.clone();
+            rest.rdma.min_active_ports =
+                rest.rdma.min_active_ports.saturating_sub(dra.in_use_ports);
+            evaluate_with(facts.report, &rest, &plugin_findings)
+        };
         instant.rdma.part.warnings.extend(dra.warnings);
         if let Some(finding) = facts.peer_finding {
             instant = apply_required_finding(instant, finding, config);

@@ -119,6 +119,17 @@ impl DraNode {
         }
     }
 
+    /// `mlx5_{hca}` leaves the host's RDMA view (exclusive RDMA netns mode: moved into a pod's
+    /// namespace): its class entry is gone, as the host sees a device of another namespace.
+    pub(crate) fn hide_hca(&self, hca: usize) {
+        std::fs::remove_file(
+            self.dir
+                .path()
+                .join(format!("sys/class/infiniband/mlx5_{hca}")),
+        )
+        .unwrap();
+    }
+
     pub(crate) fn start_agent(&self, interval: &str) -> Agent {
         let kubeconfig = self.node.agent_kubeconfig(None);
         let config = self.config();
@@ -1125,6 +1136,63 @@ fn dra_an_agent_refused_device_taint_rules_warns_once_backs_off_and_recovers() {
     agent.wait("validated again", Duration::from_secs(30), || {
         n.node.ready()
     });
+    drop(agent);
+    n.delete_slice();
+}
+
+/// Issue 42 item 6: in RDMA netns mode `exclusive` a DRA driver moves an allocated HCA into the
+/// pod's network namespace, and the node's sysfs no longer lists it. With the runtime-transport
+/// component (its pods watch, `resourceclaims get`) the agent reads the claims of its node's
+/// pods: the HCA a claim holds is in use, not missing — the node stays validated on the other
+/// three ports. Released (the pod and claim gone), the same absence is a lost port: tainted.
+#[test]
+fn dra_an_hca_moved_into_its_claims_pod_is_in_use_not_a_lost_port() {
+    let Some(cp) = control_plane() else { return };
+    setup_claims(cp);
+    let _widened = crate::runtime_transport::WidenedRbac::apply(cp);
+    let n = DraNode::with(
+        cp,
+        "dra-inuse",
+        json!({}),
+        4,
+        "runtime:\n  enabled: true\n  window: 5s\n",
+    );
+    n.publish_slice(&[0, 1, 2, 3]);
+    let agent = n.start_agent("500ms");
+    agent.wait("validation on 4 of 4", Duration::from_secs(60), || {
+        n.node.ready()
+    });
+
+    claim_pod(cp, "inuse-0", &n.node.name, 1);
+    wait_until("inuse-0 allocated", Duration::from_secs(30), || {
+        allocated_devices(cp, "inuse-0").is_some()
+    });
+    let device = allocated_devices(cp, "inuse-0").unwrap().remove(0);
+    let hca = (0..4).find(|i| device_name(*i) == device).unwrap();
+    // The driver moves it: gone from the host's /sys/class/infiniband.
+    let moved = Instant::now();
+    n.hide_hca(hca);
+    std::thread::sleep(Duration::from_secs(4));
+    assert!(
+        n.node.ready() && !n.node.has_our_taint(),
+        "an HCA in use by its claim's pod is no lost port: {:?}",
+        n.node.condition("RDMAReady")
+    );
+    assert_eq!(
+        n.node.label("fabricgate.io/rdma.active-ports").as_deref(),
+        Some("3")
+    );
+    assert!(n.rules().is_empty(), "in use is not bad: {:?}", n.rules());
+
+    // The pod and its claim gone, the HCA still absent: 3 of 4 ports, not validated.
+    delete_pods(cp, &["inuse-0"]);
+    wait_until("the lost port tainted", Duration::from_secs(20), || {
+        n.node.has_our_taint()
+    });
+    eprintln!(
+        "figure: claim released with its HCA still away -> tainted {:?} after the move",
+        moved.elapsed()
+    );
     drop(agent);
     n.delete_slice();
 }

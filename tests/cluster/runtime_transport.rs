@@ -80,13 +80,13 @@ fn pod(name: &str, node: &str, resource: &str, owner: Option<&Value>) -> Value {
 
 /// The component's RBAC (Events in every namespace, pods) while the test runs, taken away
 /// again however it ends: other tests assert the base's grants.
-struct WidenedRbac {
+pub(crate) struct WidenedRbac {
     cp: &'static ControlPlane,
     _lock: std::sync::RwLockWriteGuard<'static, ()>,
 }
 
 impl WidenedRbac {
-    fn apply(cp: &'static ControlPlane) -> Self {
+    pub(crate) fn apply(cp: &'static ControlPlane) -> Self {
         let lock = crate::common::controlplane::widened_agent_rbac();
         cp.apply(&overlay_file("rbac.yaml"));
         Self { cp, _lock: lock }

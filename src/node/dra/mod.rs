@@ -4,6 +4,7 @@
 //! `rules.rs`). What slices and probes mean (findings, which device is tainted) is decided in
 //! [`crate::policy::dra`] through the Judge, never here.
 
+mod claims;
 mod common;
 mod registration;
 mod rules;
@@ -21,6 +22,8 @@ use crate::config::Config;
 use crate::observe::metrics::Metrics;
 use crate::policy::dra::DraFacts;
 use crate::policy::{Verdict, unvalidated_taint};
+use k8s_openapi::api::core::v1::Pod;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,6 +44,9 @@ pub struct DraJobs<'a> {
     pub rules_max_backoff: Duration,
     /// `fabricgate_dra_device_rules_writable`.
     pub metrics: &'a Arc<Metrics>,
+    /// This node's pods (the runtime transport's watch, `runtime.enabled`): the claims they
+    /// name tell which HCAs are in use by a pod. `None`: no claim is read.
+    pub pods: Option<watch::Receiver<BTreeMap<String, Pod>>>,
 }
 
 /// What the probe loop reads from the DRA jobs, and their API tasks (aborted at shutdown).
@@ -73,12 +79,31 @@ impl DraJobs<'_> {
             && let Some(c) = self.clients
         {
             let watch_client = c.watch.clone().unwrap_or_else(|| c.requests.clone());
+            let slices_tx = match self.pods {
+                // The slices' facts with the devices the pods' claims hold merged in.
+                Some(pods) => {
+                    let (slices_tx, slices_rx) = watch::channel(None);
+                    let (claims_tx, claims_rx) = watch::channel(Vec::new());
+                    let drivers: BTreeSet<String> = dra.driver_names().into_iter().collect();
+                    tasks.push(tokio::spawn(claims::follow_claims(
+                        c.requests.clone(),
+                        drivers,
+                        pods,
+                        claims_tx,
+                    )));
+                    tasks.push(tokio::spawn(claims::merge_claims(
+                        slices_rx, claims_rx, facts_tx,
+                    )));
+                    slices_tx
+                }
+                None => facts_tx,
+            };
             tasks.push(tokio::spawn(watch_slices(
                 watch_client.clone(),
                 self.node.to_owned(),
                 dra.drivers.clone(),
                 dra.slice_grace,
-                facts_tx,
+                slices_tx,
                 self.interval,
             )));
             if dra.taint_scope.device_rules() && !self.dry_run {

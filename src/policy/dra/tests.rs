@@ -485,3 +485,49 @@ fn an_absent_hca_held_by_a_claim_is_in_use_not_unmatched_and_never_tainted() {
     let codes: Vec<&str> = other.warnings.iter().map(|f| f.code).collect();
     assert_eq!(codes, vec![DRA_DEVICE_UNMATCHED]);
 }
+
+/// Issue 42 item 6: an HCA a claim holds, gone from the node's namespace, is not a lost port.
+/// Four HCAs required, one moved into a pod: the node is judged on the other three; the same
+/// absence without a claim is three of four ports, not validated.
+#[test]
+fn the_ports_of_an_hca_a_claim_holds_are_not_required_of_the_node() {
+    use crate::policy::judge::{Facts, Judge};
+    let c = config(&DRA.replace("min_active_ports: 3", "min_active_ports: 4"));
+    let mut facts = all_four(&c);
+    let mut probe = node(&[]);
+    probe.rdma.devices.truncate(3);
+    let judge = |facts: &DraFacts| {
+        let mut j = Judge::new(&c);
+        j.resume_validated();
+        j.probe(Facts {
+            report: &probe,
+            node_findings: &[],
+            peer_finding: None,
+            dra: Some(facts),
+            dra_rules: Some(&RulesState::On),
+        })
+        .verdict
+    };
+    let lost = judge(&facts);
+    assert!(!lost.ready, "no claim: a port is missing");
+    assert_eq!(lost.rdma.required_ports, 4);
+
+    facts.claimed.push(ClaimedDevice {
+        driver: "dra.net".into(),
+        pool: "node-a".into(),
+        device: "pci-0000-1b-00-0".into(),
+        claim: "train/worker-0-rdma".into(),
+        pods: vec!["train/worker-0".into()],
+    });
+    assert_eq!(assess(&probe, Some(&facts), &c).in_use_ports, 1);
+    let held = judge(&facts);
+    assert!(held.ready, "{held:?}");
+    assert_eq!((held.rdma.usable_ports, held.rdma.required_ports), (3, 3));
+    assert!(
+        held.rdma
+            .part
+            .warnings
+            .iter()
+            .any(|w| w.code == DRA_DEVICE_IN_USE)
+    );
+}
