@@ -264,33 +264,7 @@ pub fn assess(report: &ProbeReport, facts: Option<&DraFacts>, config: &Config) -
     }
     foreign_pool_warnings(facts, &mut out);
     let hcas = hca_health(report, config);
-    let probed: Vec<&str> = report
-        .rdma
-        .devices
-        .iter()
-        .map(|d| d.name.as_str())
-        .collect();
-    for device in &facts.devices {
-        if let Some(name) = &device.rdma_device
-            && !probed.contains(&name.as_str())
-        {
-            if let Some(held) = facts.holder(device) {
-                out.warnings.push(in_use(device, name, held));
-                // A DRA device is one PCI function: one port (mlx5).
-                out.in_use_ports = out.in_use_ports.saturating_add(1);
-                continue;
-            }
-            out.warnings.push(finding(
-                DRA_DEVICE_UNMATCHED,
-                format!(
-                    "DRA device {} of {} (pool {}) names RDMA device {name}, which this node \
-                     does not have; it gets no device taint (a stale slice, or the driver \
-                     names HCAs differently: set kubernetes.dra.drivers[].rdma_device_attribute)",
-                    device.device, device.driver, device.pool
-                ),
-            ));
-        }
-    }
+    unprobed_devices(report, facts, &mut out);
     let taint_both = dra.taint_scope == crate::config::dra::TaintScope::Both;
     for hca in &hcas {
         let mine: Vec<&PublishedDevice> =
@@ -362,6 +336,40 @@ pub fn assess(report: &ProbeReport, facts: Option<&DraFacts>, config: &Config) -
     out.taints.sort();
     out.taints.dedup();
     out
+}
+
+/// Published devices naming an RDMA device the probe does not see: in use when a claim holds
+/// it (one port each the node is not judged on), else unmatched.
+fn unprobed_devices(report: &ProbeReport, facts: &DraFacts, out: &mut DraAssessment) {
+    let probed: Vec<&str> = report
+        .rdma
+        .devices
+        .iter()
+        .map(|d| d.name.as_str())
+        .collect();
+    for device in &facts.devices {
+        let Some(name) = &device.rdma_device else {
+            continue;
+        };
+        if probed.contains(&name.as_str()) {
+            continue;
+        }
+        if let Some(held) = facts.holder(device) {
+            out.warnings.push(in_use(device, name, held));
+            // A DRA device is one PCI function: one port (mlx5).
+            out.in_use_ports = out.in_use_ports.saturating_add(1);
+            continue;
+        }
+        out.warnings.push(finding(
+            DRA_DEVICE_UNMATCHED,
+            format!(
+                "DRA device {} of {} (pool {}) names RDMA device {name}, which this node does \
+                 not have; it gets no device taint (a stale slice, or the driver names HCAs \
+                 differently: set kubernetes.dra.drivers[].rdma_device_attribute)",
+                device.device, device.driver, device.pool
+            ),
+        ));
+    }
 }
 
 /// A published device the probe cannot see because a claim holds it: in use, not judged.

@@ -131,32 +131,16 @@ pub async fn run(
     let mut evictor = evict::Evictor::default();
     tokio::pin!(shutdown);
     tracing::info!(identity = %s.identity, lease = %s.lease_name, "fabricgate guard started");
-    if s.config.node.breaker.guard_lease != s.lease_name {
-        tracing::warn!(
-            lease = %s.lease_name,
-            agents_read = %s.config.node.breaker.guard_lease,
-            "the agents read the pool summary from node.breaker.guard_lease, not this guard's \
-             Lease: their breakers list the pool instead; give both the same name"
-        );
-    }
+    warn_if_agents_read_another_lease(&s);
     loop {
         tokio::select! {
             () = &mut shutdown => break,
             _ = tick.tick() => {
-                // The pool summary rides on the renewal: agents read it instead of listing
-                // the pool (policy::breaker::PoolSummary); removed while the cache does not
-                // follow the server.
-                let published = pool_summary(watched.as_ref(), &s);
-                // The eviction ledger only once read from the Lease (a new leader must not
-                // overwrite its predecessor's count with an empty one).
-                let ledger = evictor.annotation();
-                let mut publish = vec![(summary_key.as_str(), published.as_deref())];
-                if let Some(text) = ledger.as_deref() {
-                    publish.push((ledger_key.as_str(), Some(text)));
-                }
-                let renewal = leadership
-                    .renew_publishing(&leases, &s.election(), &publish)
-                    .await;
+                let published = Published {
+                    summary: (&summary_key, pool_summary(watched.as_ref(), &s)),
+                    ledger: (&ledger_key, evictor.annotation()),
+                };
+                let renewal = published.renew(&mut leadership, &leases, &s).await;
                 leading = renewal.leading;
                 metrics.turned(leading);
                 if renewal.changed {
@@ -215,6 +199,46 @@ pub async fn run(
     }
     tracing::info!("fabricgate guard stopped");
     Ok(())
+}
+
+/// Warn when the agents' breakers read the pool summary from another Lease than this guard's.
+fn warn_if_agents_read_another_lease(s: &GuardSettings) {
+    if s.config.node.breaker.guard_lease != s.lease_name {
+        tracing::warn!(
+            lease = %s.lease_name,
+            agents_read = %s.config.node.breaker.guard_lease,
+            "the agents read the pool summary from node.breaker.guard_lease, not this guard's \
+             Lease: their breakers list the pool instead; give both the same name"
+        );
+    }
+}
+
+/// What rides on a Lease renewal, each as (annotation, text).
+struct Published<'a> {
+    /// The pool summary: agents read it instead of listing the pool
+    /// (`policy::breaker::PoolSummary`); removed (`None`) while the cache does not follow the
+    /// server.
+    summary: (&'a str, Option<String>),
+    /// The eviction ledger, only once read from the Lease (`None` leaves it as it is: a new
+    /// leader must not overwrite its predecessor's count with an empty one).
+    ledger: (&'a str, Option<String>),
+}
+
+impl Published<'_> {
+    async fn renew(
+        &self,
+        leadership: &mut Leadership,
+        leases: &Api<Lease>,
+        s: &GuardSettings,
+    ) -> crate::cluster::lease::Renewal {
+        let mut publish = vec![(self.summary.0, self.summary.1.as_deref())];
+        if let Some(text) = self.ledger.1.as_deref() {
+            publish.push((self.ledger.0, Some(text)));
+        }
+        leadership
+            .renew_publishing(leases, &s.election(), &publish)
+            .await
+    }
 }
 
 /// One judgement of the cache: the pool's Nodes ([`Watched::sweep`]), then the pods on sockets
