@@ -426,6 +426,21 @@ pub struct CheckArgs {
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Table)]
     pub format: Format,
+    /// The pods section (docs/runtime-transport.md): every pod cgroup on this node that holds
+    /// RDMA queue pairs or moves TCP to a non-local address, judged rdma / sockets / idle /
+    /// unknown. `off` skips it. It never changes the exit code.
+    #[arg(long, value_enum, default_value_t = OnOff::On, value_name = "on|off")]
+    pub pods: OnOff,
+    /// How long the pods section measures each pod's TCP (sample, wait, sample), 100ms to 10m;
+    /// not waited when no pod process runs on this node.
+    #[arg(long, default_value = "5s", value_parser = parse_pods_window, value_name = "DURATION")]
+    pub pods_window: std::time::Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OnOff {
+    On,
+    Off,
 }
 
 impl ProbeArgs {
@@ -519,6 +534,11 @@ duration_flag!(
     parse_stale_series_grace,
     std::time::Duration::ZERO,
     std::time::Duration::from_secs(7 * 86_400)
+);
+duration_flag!(
+    parse_pods_window,
+    std::time::Duration::from_millis(100),
+    std::time::Duration::from_secs(600)
 );
 duration_flag!(
     parse_selftest_timeout,

@@ -3,13 +3,14 @@
 #![forbid(unsafe_code)]
 
 use clap::Parser;
-use fabricgate::agent::{check, daemon};
+use fabricgate::agent::{check, check_pods, daemon};
 use fabricgate::cli::{
-    AdmissionCheckArgs, CheckArgs, Cli, Command, Format, GuardArgs, PingArgs, PreflightArgs,
+    AdmissionCheckArgs, CheckArgs, Cli, Command, Format, GuardArgs, OnOff, PingArgs, PreflightArgs,
     RunArgs, SelftestArgs, WebhookArgs,
 };
 use fabricgate::{EXIT_USAGE, EXIT_VALIDATED, policy};
 use fabricgate_probes::Prober;
+use fabricgate_probes::runtime::sample::PodSampler;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
@@ -39,12 +40,31 @@ fn main() -> ExitCode {
 fn run_check(args: &CheckArgs) -> anyhow::Result<u8> {
     let config = args.probe.load_config()?;
     let roots = args.probe.roots()?;
-    let mut prober = Prober::new(roots, args.probe.probe_config(&config));
+    let mut prober = Prober::new(roots.clone(), args.probe.probe_config(&config));
     let report = prober.probe();
     let verdict = policy::evaluate(&report, &config);
+    // The pods section is for a person; the exit code stays the node's.
+    let pods = (args.pods == OnOff::On).then(|| {
+        let mut sampler = PodSampler::new(roots);
+        check_pods::sample(&mut sampler, &config, args.pods_window, &report, || {
+            prober.probe()
+        })
+    });
     let text = match args.format {
-        Format::Json => serde_json::to_string_pretty(&check::to_json(&report, &verdict))? + "\n",
-        Format::Table => check::to_table(&report, &verdict),
+        Format::Json => {
+            let mut doc = check::to_json(&report, &verdict);
+            if let Some(pods) = &pods {
+                check_pods::insert_json(&mut doc, pods);
+            }
+            serde_json::to_string_pretty(&doc)? + "\n"
+        }
+        Format::Table => {
+            let mut text = check::to_table(&report, &verdict);
+            if let Some(pods) = &pods {
+                text.push_str(&check_pods::to_table(pods));
+            }
+            text
+        }
     };
     write_stdout(&text)?;
     Ok(policy::exit_code(&report, &verdict))

@@ -1,11 +1,13 @@
 //! The binary's subcommands run as a user runs them, each module one subcommand's
-//! output and exit codes: `check`, `gpudirect`, `peers`, `preflight`, `selftest` and the
+//! output and exit codes: `check` (and its pods section), `gpudirect`, `peers`, `preflight`, `selftest` and the
 //! storage side of `check`.
 
 mod common;
 
 #[path = "cli/check_cli.rs"]
 mod check_cli;
+#[path = "cli/check_pods_cli.rs"]
+mod check_pods_cli;
 #[path = "cli/gpudirect_cli.rs"]
 mod gpudirect_cli;
 #[path = "cli/peers_cli.rs"]

@@ -1,8 +1,9 @@
 //! Real RDMA under qemu (tests/vm/): Soft-RoCE end to end (`softroce_vm`), event-driven
 //! detection (`events_vm`), two VMs measuring each other (`peers_vm`) and
 //! the gang pre-flight between two VMs on the real apiserver (`gang_vm`), and RDMA resource
-//! tracking parsed from a live dump (`restrack_vm`), and what RDMA network namespaces do
-//! (`netns_vm`). Each module boots
+//! tracking parsed from a live dump (`restrack_vm`), what RDMA network namespaces do
+//! (`netns_vm`), and `fabricgate check`'s pods section telling an RDMA pod from one on
+//! sockets between two VMs (`transport_vm`). Each module boots
 //! its VM(s) once for all its tests.
 
 mod common;
@@ -22,3 +23,5 @@ mod peers_vm;
 mod restrack_vm;
 #[path = "vm/softroce_vm.rs"]
 mod softroce_vm;
+#[path = "vm/transport_vm.rs"]
+mod transport_vm;

@@ -156,6 +156,12 @@ impl PodSampler {
         &self.notes
     }
 
+    /// How many pods have a baseline now: the pods the next sample can report. 0 after a
+    /// first sample tells `fabricgate check` there is no window worth waiting for.
+    pub fn pods_tracked(&self) -> usize {
+        self.baselines.len()
+    }
+
     /// One sample of the pods of `request`.
     pub fn sample(&mut self, request: &SampleRequest) -> Vec<PodTransportFacts> {
         self.sample_at(request, Instant::now())

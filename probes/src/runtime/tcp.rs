@@ -218,8 +218,17 @@ fn malformed(e: &impl std::fmt::Display) -> ProbeError {
 }
 
 fn refused(code: i32) -> ProbeError {
-    let os = io::Error::from_raw_os_error(code.saturating_neg());
-    netlink(format!("the kernel refused it: {os}"))
+    let errno = code.saturating_neg();
+    let os = io::Error::from_raw_os_error(errno);
+    // ENOENT: no inet_diag handler for TCP. The kernel loads tcp_diag on first use where it
+    // can load modules; seen in the Soft-RoCE VM, whose modules are not in /lib/modules.
+    let hint = if errno == libc::ENOENT {
+        " (the kernel has no TCP socket diagnostics: load the tcp_diag module, \
+         `modprobe tcp_diag`)"
+    } else {
+        ""
+    };
+    netlink(format!("the kernel refused it: {os}{hint}"))
 }
 
 #[cfg(test)]

@@ -62,8 +62,12 @@ fn the_kernels_refusal_is_its_errno() {
     // NLMSG_DONE carrying -EINVAL, as a dump whose start failed ends.
     let mut done = vec![20, 0, 0, 0, 3, 0, 2, 0, 1, 0, 0, 0, 0, 0, 0, 0];
     done.extend((-22i32).to_ne_bytes());
-    let e = parse_dump(&[done]).unwrap_err();
+    let e = parse_dump(&[done.clone()]).unwrap_err();
     assert!(e.to_string().contains("Invalid argument"), "{e}");
+    // -ENOENT: no tcp_diag in the kernel (the Soft-RoCE VM before it loads the module).
+    done[16..20].copy_from_slice(&(-2i32).to_ne_bytes());
+    let e = parse_dump(&[done]).unwrap_err();
+    assert!(e.to_string().contains("modprobe tcp_diag"), "{e}");
 }
 
 #[test]

@@ -1,0 +1,356 @@
+//! The `pods` section of `fabricgate check` (issue 42; docs/runtime-transport.md): without a
+//! cluster, every pod cgroup on this node whose processes hold RDMA queue pairs or move TCP to
+//! a non-local address, sampled twice `--pods-window` apart and judged by
+//! `policy::transport::judge_pod` with the config's `runtime:` settings. Beside it, what the
+//! node's byte heuristic (`observe::fallback`) says over the same window.
+//!
+//! The section never changes `check`'s exit code: what it cannot see (no host PID namespace,
+//! no RDMA netlink) is an `unknown` pod or a note, with the why.
+
+use crate::config::{Config, FallbackSettings};
+use crate::observe::fallback::{FallbackDetector, FallbackStatus};
+use crate::policy::transport::{PodVerdict, human_bytes, judge_pod};
+use fabricgate_probes::runtime::restrack::{QpEntry, QpOwner};
+use fabricgate_probes::runtime::sample::{NO_HOST_PID, PodSampler, RemoteScope, SampleRequest};
+use fabricgate_probes::runtime::{Observed, PodTransportFacts, cgroup};
+use fabricgate_probes::{ProbeReport, Roots};
+use serde_json::{Value, json};
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// One pod: what was seen and the verdict on it.
+#[derive(Debug, Clone)]
+pub struct PodLine {
+    pub facts: PodTransportFacts,
+    pub verdict: PodVerdict,
+}
+
+/// The node heuristic's answer over the pods' window, and why, for a person.
+#[derive(Debug, Clone)]
+pub struct NodeFallback {
+    pub status: FallbackStatus,
+    pub why: String,
+}
+
+/// What `check` prints in its `pods` section.
+#[derive(Debug, Clone, Default)]
+pub struct PodsSection {
+    /// Sorted by pod UID.
+    pub pods: Vec<PodLine>,
+    /// What the sample could not see for every pod alike.
+    pub notes: Vec<String>,
+    /// The time between the two samples; `None` when no pod process was found, so nothing was
+    /// worth waiting for.
+    pub window: Option<Duration>,
+    pub node_fallback: Option<NodeFallback>,
+}
+
+/// Sample every pod of the node (sample, wait `window`, sample) and judge each one. `first`
+/// is the node's probe report taken just before; `probe_again` takes the one after the window,
+/// for the node heuristic.
+pub fn sample(
+    sampler: &mut PodSampler,
+    config: &Config,
+    window: Duration,
+    first: &ProbeReport,
+    probe_again: impl FnOnce() -> ProbeReport,
+) -> PodsSection {
+    let request = SampleRequest {
+        pod_uids: None,
+        host_network: BTreeSet::new(),
+        remote: RemoteScope::NotLocal,
+    };
+    // The first sample only takes each pod's baseline.
+    let _ = sampler.sample(&request);
+    if sampler.pods_tracked() == 0 {
+        let notes = sampler.notes().to_vec();
+        let pods = if notes.iter().any(|n| n == NO_HOST_PID) {
+            blind_pods(sampler.roots(), config)
+        } else {
+            Vec::new()
+        };
+        return PodsSection {
+            pods,
+            notes,
+            window: None,
+            node_fallback: None,
+        };
+    }
+    let start = Instant::now();
+    std::thread::sleep(window);
+    let facts = sampler.sample(&request);
+    let waited = start.elapsed();
+    let second = probe_again();
+    PodsSection {
+        pods: facts.into_iter().map(|f| judge(f, config)).collect(),
+        notes: sampler.notes().to_vec(),
+        window: Some(waited),
+        node_fallback: Some(node_fallback(config, window, first, &second)),
+    }
+}
+
+fn judge(facts: PodTransportFacts, config: &Config) -> PodLine {
+    let matcher = config.device_matcher();
+    let verdict = judge_pod(&facts, &config.runtime, |device, _| {
+        matcher.is_match(device)
+    });
+    PodLine { facts, verdict }
+}
+
+/// Without the host PID namespace no process (and so no QP or socket) of a pod is visible,
+/// but the pods' cgroups are: each is listed as `unknown`, with what to add.
+fn blind_pods(roots: &Roots, config: &Config) -> Vec<PodLine> {
+    fn unseen<T>() -> Observed<T> {
+        Observed::Unseen {
+            reason: NO_HOST_PID.to_owned(),
+        }
+    }
+    pod_cgroups(roots)
+        .into_iter()
+        .map(|pod_uid| {
+            let facts = PodTransportFacts {
+                pod_uid,
+                qps: unseen(),
+                internode_tcp: unseen(),
+            };
+            judge(facts, config)
+        })
+        .collect()
+}
+
+/// The UIDs of the pod cgroups under `<sysfs>/fs/cgroup` (v2, or each v1 hierarchy; systemd
+/// and cgroupfs drivers), walking only the `kubepods` part of the tree.
+pub fn pod_cgroups(roots: &Roots) -> BTreeSet<String> {
+    // Far more than the kubelet's pods and QoS levels; a bound on a strange tree.
+    const MOST_DIRECTORIES: usize = 100_000;
+    let mut uids = BTreeSet::new();
+    let mut stack: Vec<(PathBuf, String, usize)> = vec![(roots.sys("fs/cgroup"), String::new(), 0)];
+    let mut visited = 0usize;
+    while let Some((dir, rel, depth)) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            if !entry.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            visited += 1;
+            if visited > MOST_DIRECTORIES {
+                return uids;
+            }
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let path = format!("{rel}/{name}");
+            if let Some(pod) = cgroup::parse_path(&path) {
+                uids.insert(pod.pod_uid);
+                continue;
+            }
+            // The hierarchies of v1 at the top, then only kubepods and its QoS levels.
+            let descend = depth == 0
+                || name.contains("kubepods")
+                || matches!(name.as_str(), "besteffort" | "burstable");
+            if descend && depth < 6 {
+                stack.push((entry.path(), path, depth + 1));
+            }
+        }
+    }
+    uids
+}
+
+/// What `observe::fallback` concludes from the two node reports, its window set to the pods'
+/// (its thresholds as configured).
+fn node_fallback(
+    config: &Config,
+    window: Duration,
+    first: &ProbeReport,
+    second: &ProbeReport,
+) -> NodeFallback {
+    let mut short = config.clone();
+    short.fallback.window = window.max(Duration::from_secs(1));
+    let mut detector = FallbackDetector::new(&short);
+    detector.observe(first);
+    let status = detector.observe(second);
+    NodeFallback {
+        why: fallback_why(&status, &config.fallback),
+        status,
+    }
+}
+
+/// The heuristic's answer in words: which of its two rates decided it.
+pub fn fallback_why(status: &FallbackStatus, settings: &FallbackSettings) -> String {
+    let rate = |r: f64| format!("{}/s", human_bytes(r.max(0.0) as u64));
+    let tcp_min = rate(settings.tcp_min_bytes_per_second as f64);
+    let rdma_max = rate(settings.rdma_max_bytes_per_second as f64);
+    if !settings.enabled {
+        return "off (fallback.enabled: false)".to_owned();
+    }
+    match (status.tcp_bytes_per_second, status.rdma_bytes_per_second) {
+        (Some(tcp), Some(rdma)) if status.suspected => format!(
+            "suspected: TCP {} on the node's netdevs while the RDMA ports moved {}",
+            rate(tcp),
+            rate(rdma)
+        ),
+        (None, _) => "says nothing: no netdev byte counter could be read".to_owned(),
+        (Some(tcp), None) => format!(
+            "says nothing: the RDMA ports in scope have no byte counters (port_xmit_data, \
+             port_rcv_data); TCP {}",
+            rate(tcp)
+        ),
+        (Some(tcp), Some(rdma)) if rdma > settings.rdma_max_bytes_per_second as f64 => format!(
+            "not suspected: the RDMA ports are not idle ({} > fallback.rdma_max_bytes_per_second \
+             {rdma_max}); TCP {}",
+            rate(rdma),
+            rate(tcp)
+        ),
+        (Some(tcp), Some(rdma)) => format!(
+            "not suspected: TCP {} is below fallback.tcp_min_bytes_per_second {tcp_min}; RDMA {}",
+            rate(tcp),
+            rate(rdma)
+        ),
+    }
+}
+
+/// A QP as `check` prints it: the names `rdma res show qp` uses for type and state.
+fn qp_json(qp: &QpEntry) -> Value {
+    json!({
+        "device": qp.device,
+        "port": qp.port,
+        "type": upper(&qp.qp_type),
+        "state": upper(&qp.state),
+        "lqpn": qp.lqpn,
+        "rqpn": qp.rqpn,
+        "pid": match qp.owner {
+            QpOwner::Pid(pid) => Some(pid),
+            _ => None,
+        },
+    })
+}
+
+fn upper(value: &impl std::fmt::Debug) -> String {
+    format!("{value:?}").to_uppercase()
+}
+
+/// Add `pods` (one object per pod) and `pods_sample` (the window, the notes and the node
+/// heuristic) to `check`'s JSON document.
+pub fn insert_json(doc: &mut Value, section: &PodsSection) {
+    let Value::Object(map) = doc else {
+        return;
+    };
+    let pods: Vec<Value> = section
+        .pods
+        .iter()
+        .map(|p| {
+            json!({
+                "uid": p.facts.pod_uid,
+                // Without a cluster the pod's name is not known.
+                "namespace": "",
+                "name": "",
+                "transport": p.verdict.transport,
+                "qps": match &p.facts.qps {
+                    Observed::Seen(qps) => Value::Array(qps.iter().map(qp_json).collect()),
+                    Observed::Unseen { .. } => Value::Null,
+                },
+                "internode_tcp_bytes": p.verdict.internode_tcp_bytes,
+                "why": p.verdict.why,
+            })
+        })
+        .collect();
+    map.insert("pods".into(), Value::Array(pods));
+    let node_fallback = section.node_fallback.as_ref().map(|f| {
+        json!({
+            "suspected": f.status.suspected,
+            "tcp_bytes_per_second": f.status.tcp_bytes_per_second,
+            "rdma_bytes_per_second": f.status.rdma_bytes_per_second,
+            "why": f.why,
+        })
+    });
+    map.insert(
+        "pods_sample".into(),
+        json!({
+            "window_seconds": section.window.map(|w| w.as_secs_f64()),
+            "notes": section.notes,
+            "node_fallback": node_fallback,
+        }),
+    );
+}
+
+const HEADER: [&str; 5] = ["POD UID", "TRANSPORT", "QPS", "INTER-NODE TCP", "WHY"];
+
+/// The section as `check`'s table prints it, after the node's.
+pub fn to_table(section: &PodsSection) -> String {
+    let mut out = String::from("\nPods:");
+    if let Some(w) = section.window {
+        let _ = write!(out, " sampled over {:.1} s", w.as_secs_f64());
+    }
+    out.push('\n');
+    if section.pods.is_empty() {
+        out.push_str("  (no pod cgroup holds queue pairs or moves TCP to a non-local address)\n");
+    }
+    let rows: Vec<[String; 5]> = section
+        .pods
+        .iter()
+        .map(|p| {
+            [
+                p.facts.pod_uid.clone(),
+                p.verdict.transport.to_string(),
+                qps_cell(&p.facts.qps),
+                p.verdict
+                    .internode_tcp_bytes
+                    .map_or_else(|| "?".to_owned(), human_bytes),
+                p.verdict.why.clone(),
+            ]
+        })
+        .collect();
+    if !rows.is_empty() {
+        let width = |c: usize| {
+            rows.iter()
+                .map(|r| r[c].chars().count())
+                .chain([HEADER[c].len()])
+                .max()
+                .unwrap_or(0)
+        };
+        let widths: Vec<usize> = (0..HEADER.len()).map(width).collect();
+        for row in std::iter::once(HEADER.map(str::to_owned)).chain(rows) {
+            let cells: Vec<String> = row
+                .iter()
+                .zip(&widths)
+                .map(|(cell, w)| format!("{cell:<w$}"))
+                .collect();
+            let _ = writeln!(out, "  {}", cells.join("  ").trim_end());
+        }
+    }
+    for note in &section.notes {
+        let _ = writeln!(out, "  ! {note}");
+    }
+    if let Some(f) = &section.node_fallback {
+        let _ = writeln!(
+            out,
+            "  node heuristic (fallback) over the same window: {}",
+            f.why
+        );
+    }
+    out
+}
+
+/// `2 RC, 1 UD`; `0`; `?` when the QPs could not be listed.
+fn qps_cell(qps: &Observed<Vec<QpEntry>>) -> String {
+    let Observed::Seen(qps) = qps else {
+        return "?".to_owned();
+    };
+    if qps.is_empty() {
+        return "0".to_owned();
+    }
+    let mut by_type: BTreeMap<String, usize> = BTreeMap::new();
+    for qp in qps {
+        *by_type.entry(upper(&qp.qp_type)).or_default() += 1;
+    }
+    by_type
+        .iter()
+        .map(|(t, n)| format!("{n} {t}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+#[cfg(test)]
+mod tests;

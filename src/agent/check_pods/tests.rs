@@ -1,0 +1,237 @@
+use super::*;
+use fabricgate_probes::runtime::InternodeTcp;
+use fabricgate_probes::runtime::restrack::{QpState, QpType};
+use fabricgate_probes::runtime::sample::NO_RDMA_NETLINK;
+use std::net::IpAddr;
+
+const RDMA_POD: &str = "1111aaaa-2222-4333-8444-555566667777";
+const SOCKETS_POD: &str = "2222bbbb-3333-4444-8555-666677778888";
+const BLIND_POD: &str = "3333cccc-4444-4555-8666-777788889999";
+
+fn tcp(bytes: u64) -> Observed<InternodeTcp> {
+    Observed::Seen(InternodeTcp {
+        bytes,
+        window: Duration::from_secs(5),
+        peers: vec!["169.254.77.2".parse::<IpAddr>().unwrap()],
+        interfaces: vec!["eth0".into()],
+    })
+}
+
+fn rc_qp() -> QpEntry {
+    QpEntry {
+        device_index: 0,
+        device: "rxe0".into(),
+        port: Some(1),
+        lqpn: 17,
+        rqpn: Some(18),
+        qp_type: QpType::Rc,
+        state: QpState::Rts,
+        owner: QpOwner::Pid(120),
+        pdn: Some(1),
+    }
+}
+
+/// An RDMA pod, a pod on sockets and a pod whose QPs cannot be listed, as `check` prints them.
+fn section() -> PodsSection {
+    let config = Config::default();
+    let facts = [
+        (RDMA_POD, Observed::Seen(vec![rc_qp()]), tcp(4_096)),
+        (SOCKETS_POD, Observed::Seen(Vec::new()), tcp(60_000_000)),
+        (
+            BLIND_POD,
+            Observed::Unseen {
+                reason: NO_RDMA_NETLINK.to_owned(),
+            },
+            tcp(0),
+        ),
+    ];
+    let status = FallbackStatus {
+        suspected: false,
+        tcp_bytes_per_second: Some(12_500_000.0),
+        rdma_bytes_per_second: None,
+    };
+    PodsSection {
+        pods: facts
+            .into_iter()
+            .map(|(uid, qps, internode_tcp)| {
+                let facts = PodTransportFacts {
+                    pod_uid: uid.to_owned(),
+                    qps,
+                    internode_tcp,
+                };
+                judge(facts, &config)
+            })
+            .collect(),
+        notes: vec![NO_RDMA_NETLINK.to_owned()],
+        window: Some(Duration::from_millis(5_020)),
+        node_fallback: Some(NodeFallback {
+            why: fallback_why(&status, &config.fallback),
+            status,
+        }),
+    }
+}
+
+#[test]
+fn the_table_section_reads_as_a_person_on_the_node_reads_it() {
+    let want = "
+Pods: sampled over 5.0 s
+  POD UID                               TRANSPORT  QPS   INTER-NODE TCP  WHY
+  1111aaaa-2222-4333-8444-555566667777  rdma       1 RC  4.1 kB          1 data-path QP in RTS; 4.1 kB over TCP to 1 node in 5 s via eth0
+  2222bbbb-3333-4444-8555-666677778888  sockets    0     60.0 MB         0 data-path QPs; 60.0 MB over TCP to 1 node in 5 s via eth0
+  3333cccc-4444-4555-8666-777788889999  unknown    ?     0 B             its queue pairs cannot be listed: the kernel has no RDMA netlink (NETLINK_RDMA: protocol not supported): ib_core is not loaded, so no RDMA resource can be listed
+  ! the kernel has no RDMA netlink (NETLINK_RDMA: protocol not supported): ib_core is not loaded, so no RDMA resource can be listed
+  node heuristic (fallback) over the same window: says nothing: the RDMA ports in scope have no byte counters (port_xmit_data, port_rcv_data); TCP 12.5 MB/s
+";
+    assert_eq!(to_table(&section()), want);
+}
+
+#[test]
+fn the_json_section_has_exactly_the_issues_keys_per_pod() {
+    let mut doc = json!({"ready": true});
+    insert_json(&mut doc, &section());
+    let want = json!({
+        "ready": true,
+        "pods": [
+            {
+                "uid": RDMA_POD,
+                "namespace": "",
+                "name": "",
+                "transport": "rdma",
+                "qps": [{
+                    "device": "rxe0", "port": 1, "type": "RC", "state": "RTS",
+                    "lqpn": 17, "rqpn": 18, "pid": 120
+                }],
+                "internode_tcp_bytes": 4096,
+                "why": "1 data-path QP in RTS; 4.1 kB over TCP to 1 node in 5 s via eth0"
+            },
+            {
+                "uid": SOCKETS_POD,
+                "namespace": "",
+                "name": "",
+                "transport": "sockets",
+                "qps": [],
+                "internode_tcp_bytes": 60_000_000,
+                "why": "0 data-path QPs; 60.0 MB over TCP to 1 node in 5 s via eth0"
+            },
+            {
+                "uid": BLIND_POD,
+                "namespace": "",
+                "name": "",
+                "transport": "unknown",
+                "qps": null,
+                "internode_tcp_bytes": 0,
+                "why": format!("its queue pairs cannot be listed: {NO_RDMA_NETLINK}")
+            }
+        ],
+        "pods_sample": {
+            "window_seconds": 5.02,
+            "notes": [NO_RDMA_NETLINK],
+            "node_fallback": {
+                "suspected": false,
+                "tcp_bytes_per_second": 12_500_000.0,
+                "rdma_bytes_per_second": null,
+                "why": "says nothing: the RDMA ports in scope have no byte counters \
+                        (port_xmit_data, port_rcv_data); TCP 12.5 MB/s"
+            }
+        }
+    });
+    assert_eq!(doc, want);
+}
+
+#[test]
+fn no_pod_is_said_so_and_not_waited_for() {
+    let text = to_table(&PodsSection::default());
+    assert_eq!(
+        text,
+        "\nPods:\n  (no pod cgroup holds queue pairs or moves TCP to a non-local address)\n"
+    );
+    // A procfs with no pod process (and the host's PID 2): no wait, no pod, no heuristic.
+    let dir = tempfile::tempdir().unwrap();
+    let proc = dir.path().join("proc");
+    std::fs::create_dir_all(proc.join("2")).unwrap();
+    std::fs::write(proc.join("2/comm"), "kthreadd\n").unwrap();
+    let mut sampler = PodSampler::new(Roots::new(dir.path().join("sys"), &proc));
+    let report = ProbeReport::default();
+    let start = Instant::now();
+    let section = sample(
+        &mut sampler,
+        &Config::default(),
+        Duration::from_secs(30),
+        &report,
+        || panic!("no second probe without pods"),
+    );
+    assert!(start.elapsed() < Duration::from_secs(30));
+    assert!(section.pods.is_empty() && section.window.is_none());
+    assert!(section.node_fallback.is_none());
+}
+
+/// Without the host PID namespace each pod cgroup (systemd driver on v2, cgroupfs driver on a
+/// v1 hierarchy) is an `unknown` pod saying what to add; other cgroups are not pods.
+#[test]
+fn without_the_host_pid_namespace_every_pod_cgroup_is_unknown_with_what_to_add() {
+    let dir = tempfile::tempdir().unwrap();
+    let cg = dir.path().join("sys/fs/cgroup");
+    let systemd = "kubepods.slice/kubepods-burstable.slice/\
+                   kubepods-burstable-pod1111aaaa_2222_4333_8444_555566667777.slice";
+    for d in [
+        format!("{systemd}/cri-containerd-abc.scope"),
+        "memory/kubepods/besteffort/pod2222bbbb-3333-4444-8555-666677778888/ctr".to_owned(),
+        "system.slice/containerd.service".to_owned(),
+        "memory/kubepods/besteffort/not-a-pod".to_owned(),
+    ] {
+        std::fs::create_dir_all(cg.join(d)).unwrap();
+    }
+    let roots = Roots::new(dir.path().join("sys"), dir.path().join("proc"));
+    assert_eq!(
+        pod_cgroups(&roots).into_iter().collect::<Vec<_>>(),
+        [RDMA_POD, SOCKETS_POD]
+    );
+    let mut sampler = PodSampler::new(roots);
+    let section = sample(
+        &mut sampler,
+        &Config::default(),
+        Duration::from_secs(30),
+        &ProbeReport::default(),
+        || panic!("nothing to wait for"),
+    );
+    assert_eq!(section.notes, [NO_HOST_PID]);
+    assert_eq!(section.pods.len(), 2);
+    for p in &section.pods {
+        assert_eq!(
+            p.verdict.transport,
+            crate::policy::transport::Transport::Unknown
+        );
+        assert!(p.verdict.why.contains("hostPID: true"), "{}", p.verdict.why);
+    }
+}
+
+#[test]
+fn the_heuristic_says_which_rate_decided() {
+    let settings = FallbackSettings::default();
+    let status = |tcp, rdma, suspected| FallbackStatus {
+        suspected,
+        tcp_bytes_per_second: tcp,
+        rdma_bytes_per_second: rdma,
+    };
+    let why = |s| fallback_why(&s, &settings);
+    assert_eq!(
+        why(status(Some(2e8), Some(0.0), true)),
+        "suspected: TCP 200.0 MB/s on the node's netdevs while the RDMA ports moved 0 B/s"
+    );
+    assert!(why(status(Some(2e8), Some(5e9), false)).starts_with(
+        "not suspected: the RDMA ports are not idle (5.0 GB/s > \
+         fallback.rdma_max_bytes_per_second 1.0 MB/s)"
+    ));
+    assert!(why(status(Some(1e3), Some(0.0), false)).starts_with(
+        "not suspected: TCP 1.0 kB/s is below fallback.tcp_min_bytes_per_second 100.0 MB/s"
+    ));
+    assert!(why(status(None, None, false)).starts_with("says nothing: no netdev"));
+    let off = FallbackSettings {
+        enabled: false,
+        ..settings.clone()
+    };
+    assert_eq!(
+        fallback_why(&status(None, None, false), &off),
+        "off (fallback.enabled: false)"
+    );
+}
