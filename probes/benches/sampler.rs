@@ -1,0 +1,156 @@
+//! Issue 42's steady-cost figure: what one runtime-transport window costs the agent on a node
+//! with 8 judged pods. `PodSampler::sample` over a temporary procfs laid out as the host's
+//! (kthreadd at PID 2; 8 pods of 4 processes in kubepods cgroups, each pod its own network
+//! namespace with its routes and addresses; 300 other processes), with the kernel's answers
+//! recorded (16 RC QPs per pod, 64 TCP sockets per namespace whose byte counts grow every
+//! call). The netlink round trips themselves are not in it (no RDMA netlink here): the figure
+//! is the sampler's own work per window, which the agent pays once per `runtime.window`.
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use fabricgate_probes::Roots;
+use fabricgate_probes::runtime::restrack::{QpEntry, QpOwner, QpState, QpType};
+use fabricgate_probes::runtime::sample::{Kernel, PodSampler, RemoteScope, SampleRequest};
+use fabricgate_probes::runtime::tcp::TcpSocket;
+use std::collections::BTreeSet;
+use std::hint::black_box;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::Path;
+
+const PODS: u32 = 8;
+const PROCS_PER_POD: u32 = 4;
+const OTHER_PROCS: u32 = 300;
+const QPS_PER_POD: u32 = 16;
+const SOCKETS_PER_NS: u32 = 64;
+
+fn pod_uid(pod: u32) -> String {
+    format!("5f1d3c2e-8a4b-4f6e-9c1d-{pod:012x}")
+}
+
+fn pod_pid(pod: u32, i: u32) -> u32 {
+    5000 + pod * 10 + i
+}
+
+#[derive(Debug)]
+struct Recorded {
+    calls: u64,
+}
+
+impl Kernel for Recorded {
+    fn qps(&mut self) -> fabricgate_probes::Result<Vec<QpEntry>> {
+        Ok((0..PODS)
+            .flat_map(|pod| {
+                (0..QPS_PER_POD).map(move |q| QpEntry {
+                    device_index: q % 8,
+                    device: format!("mlx5_{}", q % 8),
+                    port: Some(1),
+                    lqpn: 100 + pod * QPS_PER_POD + q,
+                    rqpn: Some(9000 + q),
+                    qp_type: QpType::Rc,
+                    state: QpState::Rts,
+                    owner: QpOwner::Pid(pod_pid(pod, 0)),
+                    pdn: Some(1),
+                })
+            })
+            .collect())
+    }
+
+    fn tcp_sockets(&mut self, _ns: Option<&Path>) -> fabricgate_probes::Result<Vec<TcpSocket>> {
+        self.calls += 1;
+        let grown = self.calls * 1_000_000;
+        Ok((0..SOCKETS_PER_NS)
+            .map(|s| TcpSocket {
+                local: SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 244, 0, 5)), 40000 + s as u16),
+                remote: SocketAddr::new(
+                    IpAddr::V4(Ipv4Addr::new(10, 0, 1, 2 + (s % 7) as u8)),
+                    29500,
+                ),
+                inode: 70000 + s,
+                cookie: u64::from(s),
+                state: 1,
+                bytes_acked: Some(grown),
+                bytes_received: Some(grown / 2),
+            })
+            .collect())
+    }
+}
+
+fn write(path: &Path, text: &str) {
+    std::fs::create_dir_all(path.parent().expect("a parent")).expect("dir");
+    std::fs::write(path, text).expect("write");
+}
+
+/// The host's procfs as the sampler reads it.
+fn procfs(proc: &Path) {
+    write(&proc.join("2/comm"), "kthreadd\n");
+    let route = "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n\
+                 eth0\t00000000\t0101000A\t0003\t0\t0\t0\t00000000\t0\t0\t0\n\
+                 ib0\t0000000A\t00000000\t0001\t0\t0\t0\t0000FFFF\t0\t0\t0\n";
+    let fib = "Main:\n  +-- 0.0.0.0/0 3 0 5\n     |-- 10.244.0.5\n        /32 host LOCAL\n";
+    for pid in ["self".to_owned(), "1".to_owned()] {
+        write(&proc.join(format!("{pid}/ns/net")), "");
+        write(&proc.join(format!("{pid}/net/route")), route);
+        write(&proc.join(format!("{pid}/net/fib_trie")), fib);
+        write(&proc.join(format!("{pid}/net/if_inet6")), "");
+        write(&proc.join(format!("{pid}/net/ipv6_route")), "");
+        write(&proc.join(format!("{pid}/cgroup")), "0::/init.scope\n");
+    }
+    for other in 0..OTHER_PROCS {
+        write(
+            &proc.join(format!("{}/cgroup", 100 + other)),
+            "0::/system.slice/containerd.service\n",
+        );
+    }
+    for pod in 0..PODS {
+        let uid = pod_uid(pod).replace('-', "_");
+        for i in 0..PROCS_PER_POD {
+            let pid = pod_pid(pod, i);
+            let dir = proc.join(pid.to_string());
+            write(
+                &dir.join("cgroup"),
+                &format!(
+                    "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid}.slice/\
+                     cri-containerd-{pid:064x}.scope\n"
+                ),
+            );
+            write(&dir.join("ns/net"), "");
+            write(&dir.join("net/route"), route);
+            write(&dir.join("net/fib_trie"), fib);
+            write(&dir.join("net/if_inet6"), "");
+            write(&dir.join("net/ipv6_route"), "");
+        }
+    }
+}
+
+fn eight_pods_one_window(c: &mut Criterion) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let proc = dir.path().join("proc");
+    procfs(&proc);
+    let roots = Roots::new(dir.path().join("sys"), &proc);
+    let mut sampler = PodSampler::with_kernel(roots, Box::new(Recorded { calls: 0 }));
+    let request = SampleRequest {
+        pod_uids: Some((0..PODS).map(pod_uid).collect()),
+        host_network: BTreeSet::new(),
+        remote: RemoteScope::Nodes {
+            addresses: (2..9)
+                .map(|h| IpAddr::V4(Ipv4Addr::new(10, 0, 1, h)))
+                .collect(),
+            pod_cidrs: Vec::new(),
+        },
+    };
+    assert!(
+        sampler.sample(&request).is_empty(),
+        "the first sample sets the baselines"
+    );
+    let facts = sampler.sample(&request);
+    assert_eq!(facts.len(), PODS as usize, "{:?}", sampler.notes());
+    c.bench_function("sample_8_pods_one_window", |b| {
+        b.iter(|| {
+            let facts = sampler.sample(black_box(&request));
+            assert_eq!(facts.len(), PODS as usize);
+            facts
+        })
+    });
+}
+
+criterion_group!(benches, eight_pods_one_window);
+criterion_main!(benches);
