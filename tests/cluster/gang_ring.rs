@@ -874,13 +874,14 @@ fn redteam_only_the_agents_fill_answers_whatever_rbac_grants() {
     let names = ["rt-writer-0", "rt-writer-1"];
     let check = "team.rt-writer.00000006";
     let uid = seeded_check(cp, &names, check);
-    // RBAC grants an ordinary user create and patch on the answers.
+    // RBAC grants an ordinary user create and patch on the answers (get: kubectl's patch
+    // reads first).
     cp.apply(
         &json!({
             "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
             "metadata": { "name": "rt-answer-writer", "namespace": NS },
             "rules": [{ "apiGroups": ["fabricgate.io"], "resources": ["fabriccheckresults"],
-                        "verbs": ["create", "patch"] }],
+                        "verbs": ["create", "get", "patch"] }],
         })
         .to_string(),
     );
