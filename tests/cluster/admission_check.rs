@@ -311,12 +311,24 @@ fn reserved_gang(
     c.wait("the FabricCheck", Duration::from_secs(10), || {
         fabric_check(cp, &fc).is_some()
     });
-    // Labelled for each member, whose agent watches only the checks labelled for its Node.
+    // Labelled for each member, whose agent watches only the checks labelled for its Node,
+    // once every member's empty answer is there (issue 41, edge C).
+    let labelled = |check: &Value| {
+        nodes.iter().all(|node| {
+            let label = fabricgate::node::fabriccheck::member_label(node);
+            check["metadata"]["labels"][&label] == "true"
+        })
+    };
+    c.wait("the FabricCheck labelled", Duration::from_secs(10), || {
+        fabric_check(cp, &fc).is_some_and(|check| labelled(&check))
+    });
     let check = fabric_check(cp, &fc).expect("the FabricCheck");
-    for node in nodes {
-        let label = fabricgate::node::fabriccheck::member_label(node);
-        assert_eq!(check["metadata"]["labels"][&label], "true", "{check}");
-    }
+    let uid = check["metadata"]["uid"].as_str().unwrap_or_default();
+    assert_eq!(
+        crate::common::fabriccheck_answers(cp, uid).len(),
+        nodes.len(),
+        "an empty answer per member before the members are asked"
+    );
     fc
 }
 
