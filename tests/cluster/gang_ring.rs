@@ -1079,7 +1079,7 @@ fn redteam_a_responder_that_is_not_the_dialled_node_is_not_believed() {
 }
 
 /// Issue 36, item 3: a compromised agent vouches for a broken link. Its node's pod-bound token
-/// may create its own answer, and the pair it measures was attested by it alone: an `ok: true`
+/// may fill its own answer, and the pair it measures was attested by it alone: an `ok: true`
 /// for a link that never carried a byte passed. Here rt-forge-0 is compromised: something
 /// holding the pool's key answers at its endpoint as rt-forge-0 (so its successor's own pair
 /// passes), and its answer is forged with its token, without measuring anything. Now its
