@@ -28,7 +28,7 @@ use common::fleet::with_validated_fleet;
 use common::procstat::{Usage, usage};
 use common::scale::{delete_pool, fill_pool};
 use common::{control_plane, kueue_crds, wait_until};
-use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
 use kube::core::GroupVersionKind;
 use serde_json::json;
 use std::process::{Command, Stdio};

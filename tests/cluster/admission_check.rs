@@ -1298,7 +1298,9 @@ fn rss_kib(c: &Controller) -> u64 {
 /// in the controller's cache (a 256Mi container) let whoever may create a FabricCheckResult
 /// (every agent) run the controller out of memory. Now the CRD takes only a uid-shaped
 /// `checkUID`, the controller keeps only answers to live checks (a gang is still judged on
-/// its members' answers), and the shipped ResourceQuota bounds their count.
+/// its members' answers), and the shipped ResourceQuota bounds their count. (Since issue 41,
+/// edge C, no agent may create an answer at all, only the controller and system:masters: the
+/// flood here is an admin's.)
 #[test]
 fn redteam_an_answer_flood_neither_fills_the_controller_nor_is_unbounded() {
     let Some(env) = setup() else { return };

@@ -620,14 +620,18 @@ fn redteam_an_agent_cannot_fill_the_answers_room() {
     let other_uid = check_uid(cp, other).unwrap();
     let client = cp.block_on(client_from(&cp.agent_kubeconfig("rt-room-rogue", None)));
     let answers: Api<DynamicObject> = Api::namespaced_with(client, NS, &result_resource());
-    let count = || {
+    // The rogue's answers in the namespace (other tests' checks come and go meanwhile).
+    let rogues = || {
         cp.get_json(&format!(
             "/apis/fabricgate.io/v1alpha1/namespaces/{NS}/fabriccheckresults"
         ))
-        .and_then(|l| l["items"].as_array().map(Vec::len))
-        .unwrap_or(0)
+        .and_then(|l| l["items"].as_array().cloned())
+        .unwrap_or_default()
+        .iter()
+        .filter(|a| a["spec"]["node"] == "rt-room-rogue")
+        .count()
     };
-    let before = count();
+    assert_eq!(rogues(), 0);
     // ~77 kB each, as in the red team: 64 rails with 1 KiB errors.
     let error = "e".repeat(1000);
     let rails: Vec<Value> = (0..64)
@@ -637,25 +641,24 @@ fn redteam_an_agent_cannot_fill_the_answers_room() {
         })
         .collect();
     let rogue = |i: usize| -> DynamicObject {
-        // Half to checks that do not exist, half to the real check that does not list it.
-        let (check, uid) = if i % 2 == 0 {
+        // The first to the real check that does not list it (one name per node and check),
+        // the others to checks that do not exist; each named, labelled and owned as the
+        // policy once asked, for its own node.
+        let (check, uid) = if i == 0 {
+            (other.to_owned(), other_uid.clone())
+        } else {
             (
                 format!("team.nowhere.{i:08}"),
                 format!("0ddba11a-0000-4000-8000-{i:012x}"),
             )
-        } else {
-            (other.to_owned(), other_uid.clone())
         };
-        let mut v = crate::common::fabriccheck_answer(
+        serde_json::from_value(crate::common::fabriccheck_answer(
             &check,
             &uid,
             &json!({ "node": "rt-room-rogue", "peer": "x", "ok": true, "rdma": "measured",
                      "rails": rails }),
-        );
-        if i % 2 == 1 {
-            v["metadata"]["name"] = json!(format!("{uid}.rt-room-rogue-{i}"));
-        }
-        serde_json::from_value(v).unwrap()
+        ))
+        .unwrap()
     };
     let t0 = std::time::Instant::now();
     let codes: Vec<u16> = cp.block_on(async {
@@ -702,10 +705,15 @@ fn redteam_an_agent_cannot_fill_the_answers_room() {
         matches!(&filled, Err(kube::Error::Api(e)) if e.code == 403),
         "the rogue filled another node's answer: {filled:?}"
     );
-    assert_eq!(count(), before, "the room is as it was");
+    assert_eq!(rogues(), 0, "the room is as it was");
     assert!(
         results(cp, other).is_empty(),
         "no answer to the check it is not in"
+    );
+    assert_eq!(
+        result_objects(cp, other).len(),
+        2,
+        "its members' two, empty"
     );
     // A real gang pre-flight still completes: each member fills its own answer.
     let check = "team.rt-room.00000009";
