@@ -5,7 +5,7 @@
 //! `cargo bench --profile dev --bench gang -- decide` (without a name it measures nothing).
 //!
 //! The harness plays Kueue (it reserves quota with a TAS assignment, as Kueue's scheduler
-//! writes it) and the members' agents: as soon as the FabricCheck appears it creates every
+//! writes it) and the members' agents: as soon as the FabricCheck appears it fills every
 //! member's answer: all at once (`concurrent`: one FabricCheckResult per member under its
 //! field manager, as the agents do, each on its own warm connection) or one after the other
 //! (`sequential`), so the figure is the controller's and the apiserver's part; or the members'
@@ -28,7 +28,7 @@ use common::fleet::with_validated_fleet;
 use common::procstat::{Usage, usage};
 use common::scale::{delete_pool, fill_pool};
 use common::{control_plane, kueue_crds, wait_until};
-use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
 use kube::core::GroupVersionKind;
 use serde_json::json;
 use std::process::{Command, Stdio};
@@ -480,16 +480,27 @@ fn one_gang(cp: &ControlPlane, name: &str, members: &[String], answers: Answers)
                     "received": { "peer": prev, "ok": true, "rdma": "measured",
                         "rails": [{ "device": "mlx5_0", "port": 1, "ok": true,
                             "bytes": 1024 }] } });
-                let obj: DynamicObject =
-                    serde_json::from_value(common::fabriccheck_answer(&fc, &check_uid, &result))
-                        .expect("an answer");
+                // Filled as the agent fills it: a merge patch of the empty answer the
+                // controller created with the check (issue 41, edge C), tried again while
+                // the controller has not created it yet.
+                let fill = json!({ "spec": common::fabriccheck_answer(&fc, &check_uid, &result)
+                    ["spec"].clone() });
+                let name = format!("{check_uid}.{node}");
                 let results = results.clone();
-                let pp = PostParams {
+                let pp = PatchParams {
                     field_manager: Some(format!("fabricgate-gang/{node}")),
-                    ..PostParams::default()
+                    ..PatchParams::default()
                 };
                 async move {
-                    results.create(&pp, &obj).await.expect("a member's answer");
+                    loop {
+                        match results.patch(&name, &pp, &Patch::Merge(&fill)).await {
+                            Ok(_) => break,
+                            Err(kube::Error::Api(e)) if e.code == 404 => {
+                                tokio::time::sleep(Duration::from_millis(20)).await;
+                            }
+                            Err(e) => panic!("a member's answer {name}: {e}"),
+                        }
+                    }
                 }
             });
             if answers == Answers::Sequential {

@@ -73,6 +73,10 @@ fn describe(e: &kube::Error) -> String {
 
 fn forbidden_hint(e: &kube::Error) -> &'static str {
     match e {
+        kube::Error::Api(s) if s.code == 403 && s.message.contains("exceeded quota") => {
+            " (a ResourceQuota is full: raise it; fabricgate-fabriccheck-results to at least the \
+             GPU nodes checked at once)"
+        }
         kube::Error::Api(s) if s.code == 403 => {
             " (RBAC: the agent needs nodes get/patch, nodes/status patch, events create/patch)"
         }

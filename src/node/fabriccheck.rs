@@ -3,13 +3,15 @@
 //!
 //! - `FabricCheck` (`fabricchecks.fabricgate.io`): the controller's question, the ring's members
 //!   and a deadline; member `i` measures member `(i + 1) % n`;
-//! - `FabricCheckResult` (`fabriccheckresults.fabricgate.io`): one member's answer, created by
-//!   that member's agent under the name `<check uid>.<node>`, labelled with the check's uid and
-//!   owned by the check (garbage-collected with it).
+//! - `FabricCheckResult` (`fabriccheckresults.fabricgate.io`): one member's answer, created
+//!   empty by the controller with the check, one per member (issue 41, edge C: so no agent can
+//!   create answers, nor fill the namespace's quota), under the name `<check uid>.<node>`,
+//!   labelled with the check's uid and owned by the check (garbage-collected with it); that
+//!   member's agent fills it once (a merge patch of its spec).
 //!
 //! One object per answer, not entries in a shared status: N members writing one object
 //! serialise on it (each write conflicts, is retried and re-applies N managers' fields), which
-//! took 80 s for 64 members; N small creates do not contend.
+//! took 80 s for 64 members; N small writes do not contend.
 //!
 //! Plain serde types over `DynamicObject`s: neither side needs a generated client, and fields
 //! added later are ignored on read.
@@ -300,13 +302,15 @@ pub fn result_name(check_uid: &str, node: &str) -> String {
     format!("{check_uid}.{node}")
 }
 
-/// The `FabricCheckResult` object carrying `result` as `check`'s answer.
-pub fn result_object(check: &FabricCheck, result: &PairResult) -> Value {
+/// The empty `FabricCheckResult` the controller creates for member `node` of `check`, which
+/// measures `peer`: everything but the measurement, which only `node`'s agent fills (and only
+/// once: the CRD and the admission policies hold both).
+pub fn empty_result_object(check: &FabricCheck, node: &str, peer: &str) -> Value {
     json!({
         "apiVersion": format!("{GROUP}/{VERSION}"),
         "kind": RESULT_KIND,
         "metadata": {
-            "name": result_name(&check.uid, &result.node),
+            "name": result_name(&check.uid, node),
             "labels": {
                 "app.kubernetes.io/name": "fabricgate",
                 CHECK_UID_LABEL: check.uid,
@@ -318,12 +322,33 @@ pub fn result_object(check: &FabricCheck, result: &PairResult) -> Value {
                 "uid": check.uid,
             }],
         },
+        "spec": {
+            "check": check.name,
+            "checkUID": check.uid,
+            "node": node,
+            "peer": peer,
+        },
+    })
+}
+
+/// The merge patch with which `result.node`'s agent fills its answer to `check` (the object
+/// [`empty_result_object`] created).
+pub fn result_fill(check: &FabricCheck, result: &PairResult) -> Value {
+    json!({
         "spec": ResultSpec {
             check: check.name.clone(),
             check_uid: check.uid.clone(),
             result: result.clone(),
         },
     })
+}
+
+/// Whether a result object carries its member's answer (`spec.ok`, which the CRD requires
+/// with `rdma` and `finishedAt`), not only the controller's empty room for it.
+pub fn is_answered(obj: &DynamicObject) -> bool {
+    obj.data
+        .get("spec")
+        .is_some_and(|s| s.get("ok").is_some_and(Value::is_boolean))
 }
 
 /// The answer a result object carries; `None` when its spec cannot be read.
@@ -362,7 +387,7 @@ mod tests {
     }
 
     #[test]
-    fn a_result_object_round_trips_and_names_its_check() {
+    fn an_empty_answer_filled_round_trips_and_names_its_check() {
         let check = FabricCheck {
             name: "team.job.01234567".into(),
             uid: "0f1e2d3c-aaaa-bbbb-cccc-000000000001".into(),
@@ -379,17 +404,31 @@ mod tests {
             finished_at: "2026-12-02T03:00:01Z".into(),
             ..PairResult::default()
         };
-        let v = result_object(&check, &r);
+        let mut v = empty_result_object(&check, "gpu-a", "gpu-b");
         assert_eq!(
             v["metadata"]["name"],
             "0f1e2d3c-aaaa-bbbb-cccc-000000000001.gpu-a"
         );
         assert_eq!(v["metadata"]["labels"][CHECK_UID_LABEL], check.uid);
         assert_eq!(v["metadata"]["ownerReferences"][0]["uid"], check.uid);
-        assert_eq!(v["spec"]["checkUID"], check.uid);
-        assert_eq!(v["spec"]["rdma"], "measured");
-        assert!(v["spec"].get("rttMicros").is_none(), "absent, not 0");
+        assert_eq!(
+            v["spec"],
+            json!({ "check": check.name, "checkUID": check.uid, "node": "gpu-a",
+                    "peer": "gpu-b" })
+        );
+        let empty: DynamicObject = serde_json::from_value(v.clone()).unwrap();
+        assert!(!is_answered(&empty), "the controller's room is no answer");
+        let fill = result_fill(&check, &r);
+        assert_eq!(fill["spec"]["checkUID"], check.uid);
+        assert_eq!(fill["spec"]["rdma"], "measured");
+        assert!(fill["spec"].get("rttMicros").is_none(), "absent, not 0");
+        // The merge patch keeps the controller's fields as they were.
+        for field in ["check", "checkUID", "node", "peer"] {
+            assert_eq!(fill["spec"][field], v["spec"][field], "{field}");
+        }
+        v["spec"] = fill["spec"].clone();
         let obj: DynamicObject = serde_json::from_value(v).unwrap();
+        assert!(is_answered(&obj));
         let back = result_from_dynamic(&obj).unwrap();
         assert_eq!(back.result, r);
         assert_eq!(back.check, check.name);

@@ -1,8 +1,8 @@
 //! `fabricgate admission-check` against the real kube-apiserver with Kueue's own CRDs
 //! (`tests/common/kueue_crds.rs`). The test plays Kueue's scheduler (it writes a Workload's
 //! quota reservation, its topology assignment and the check's `Pending` state, as Kueue
-//! does) and each member node's agent (it creates that node's FabricCheckResult as the agent
-//! does). The controller runs as its own
+//! does) and each member node's agent (it fills that node's FabricCheckResult, which the
+//! controller created empty, as the agent does). The controller runs as its own
 //! process with the shipped ServiceAccount and RBAC (deploy/admission-check.yaml). The
 //! end-to-end tests with Kueue itself running are the `kueue` tests.
 
@@ -311,12 +311,24 @@ fn reserved_gang(
     c.wait("the FabricCheck", Duration::from_secs(10), || {
         fabric_check(cp, &fc).is_some()
     });
-    // Labelled for each member, whose agent watches only the checks labelled for its Node.
+    // Labelled for each member, whose agent watches only the checks labelled for its Node,
+    // once every member's empty answer is there (issue 41, edge C).
+    let labelled = |check: &Value| {
+        nodes.iter().all(|node| {
+            let label = fabricgate::node::fabriccheck::member_label(node);
+            check["metadata"]["labels"][&label] == "true"
+        })
+    };
+    c.wait("the FabricCheck labelled", Duration::from_secs(10), || {
+        fabric_check(cp, &fc).is_some_and(|check| labelled(&check))
+    });
     let check = fabric_check(cp, &fc).expect("the FabricCheck");
-    for node in nodes {
-        let label = fabricgate::node::fabriccheck::member_label(node);
-        assert_eq!(check["metadata"]["labels"][&label], "true", "{check}");
-    }
+    let uid = check["metadata"]["uid"].as_str().unwrap_or_default();
+    assert_eq!(
+        crate::common::fabriccheck_answers(cp, uid).len(),
+        nodes.len(),
+        "an empty answer per member before the members are asked"
+    );
     fc
 }
 
@@ -344,28 +356,54 @@ fn fabric_check(cp: &ControlPlane, name: &str) -> Option<Value> {
     ))
 }
 
-/// Member `node`'s answer, created as its agent creates it (its own FabricCheckResult).
+/// The merge patch with which member `result["node"]`'s agent fills its answer.
+fn fill(result: &Value) -> Value {
+    let mut spec = result.clone();
+    if spec.get("finishedAt").is_none() {
+        spec["finishedAt"] = "2026-12-02T03:00:07Z".into();
+    }
+    json!({ "spec": spec })
+}
+
+/// Member `node`'s answer, filled as its agent fills it: a merge patch of the empty answer
+/// the controller created with the check (waited for: the controller creates the answers
+/// just after the check, before it labels it for the members' watches).
 fn answer(cp: &ControlPlane, fc: &str, result: Value) {
     let uid = fabric_check(cp, fc).expect("the FabricCheck")["metadata"]["uid"]
         .as_str()
         .unwrap()
         .to_owned();
-    let obj: DynamicObject =
-        serde_json::from_value(crate::common::fabriccheck_answer(fc, &uid, &result)).unwrap();
-    cp.block_on(fabric_check_results(cp).create(&PostParams::default(), &obj))
-        .expect("create a member's answer");
+    let name = format!("{uid}.{}", result["node"].as_str().unwrap());
+    let patch = fill(&result);
+    let t0 = Instant::now();
+    loop {
+        match cp.block_on(fabric_check_results(cp).patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )) {
+            Ok(_) => return,
+            Err(kube::Error::Api(e)) if e.code == 404 && t0.elapsed() < Duration::from_secs(10) => {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => panic!("fill {name}: {e}"),
+        }
+    }
 }
 
-/// [`answer`], when the FabricCheck is still there.
+/// [`answer`], when the FabricCheck and the answer are still there.
 fn try_answer(cp: &ControlPlane, fc: &str, result: Value) {
     let Some(uid) =
         fabric_check(cp, fc).and_then(|f| f["metadata"]["uid"].as_str().map(str::to_owned))
     else {
         return;
     };
-    let obj: DynamicObject =
-        serde_json::from_value(crate::common::fabriccheck_answer(fc, &uid, &result)).unwrap();
-    let _ = cp.block_on(fabric_check_results(cp).create(&PostParams::default(), &obj));
+    let name = format!("{uid}.{}", result["node"].as_str().unwrap());
+    let _ = cp.block_on(fabric_check_results(cp).patch(
+        &name,
+        &PatchParams::default(),
+        &Patch::Merge(&fill(&result)),
+    ));
 }
 
 /// A good answer of a member of a ring of two: its peer is also its predecessor.
@@ -501,12 +539,52 @@ fn admission_check_retries_an_unvalidated_node_then_a_good_ring_is_ready() {
         "deadline {deadline}: created + gang.timeout"
     );
 
+    // Each member's empty answer, made by the controller (issue 41, edge C: the agents only
+    // fill them), then the check labelled for the members' watches.
+    let check_uid = obj["metadata"]["uid"].as_str().unwrap().to_owned();
+    c.wait("the members labelled", Duration::from_secs(10), || {
+        fabric_check(cp, &fc).is_some_and(|o| {
+            want.iter().all(|(n, _)| {
+                o["metadata"]["labels"][fabricgate::node::fabriccheck::member_label(n)] == "true"
+            })
+        })
+    });
+    let empty = crate::common::fabriccheck_answers(cp, &check_uid);
+    assert_eq!(empty.len(), 3, "{empty:?}");
+    for (i, (node, _)) in want.iter().enumerate() {
+        let a = empty
+            .iter()
+            .find(|a| a["spec"]["node"] == node.as_str())
+            .unwrap_or_else(|| panic!("no answer for {node}: {empty:?}"));
+        assert_eq!(a["metadata"]["name"], format!("{check_uid}.{node}"));
+        assert_eq!(
+            a["spec"],
+            json!({ "check": fc, "checkUID": check_uid, "node": node,
+                    "peer": want[(i + 1) % 3].0 }),
+            "empty, for the member to fill"
+        );
+        assert_eq!(
+            a["metadata"]["ownerReferences"][0]["uid"],
+            check_uid.as_str()
+        );
+        assert_eq!(
+            a["metadata"]["labels"]["fabricgate.io/fabriccheck-uid"],
+            check_uid.as_str()
+        );
+    }
     // Two of three answered: still Pending, also with a good answer from a node that is not
-    // a member (the policy lets any agent create its own answer; the controller counts only
-    // the members').
+    // a member (only the controller and system:masters may create one; the controller counts
+    // only the members').
     answer(cp, &fc, good_from("ac-ring-0", "ac-ring-1", "ac-ring-2"));
     answer(cp, &fc, good_from("ac-ring-1", "ac-ring-2", "ac-ring-0"));
-    answer(cp, &fc, good("ac-outsider", "ac-ring-0"));
+    let outsider: DynamicObject = serde_json::from_value(crate::common::fabriccheck_answer(
+        &fc,
+        &check_uid,
+        &good("ac-outsider", "ac-ring-0"),
+    ))
+    .unwrap();
+    cp.block_on(fabric_check_results(cp).create(&PostParams::default(), &outsider))
+        .expect("an admin's answer for a node that is not a member");
     std::thread::sleep(Duration::from_millis(700));
     assert_eq!(check_state(cp, ns, "train").0, "Pending", "{}", c.log());
     let t1 = Instant::now();
@@ -517,7 +595,6 @@ fn admission_check_retries_an_unvalidated_node_then_a_good_ring_is_ready() {
     eprintln!("last result -> Ready: {:?}", t1.elapsed());
     let (_, message) = check_state(cp, ns, "train");
     assert!(message.contains("3 pairs"), "{message}");
-    let check_uid = obj["metadata"]["uid"].as_str().unwrap().to_owned();
     c.wait("the FabricCheck deleted", Duration::from_secs(5), || {
         fabric_check(cp, &fc).is_none()
     });
@@ -767,7 +844,10 @@ fn admission_check_leader_fails_over_keeps_the_check_active_and_uses_only_its_gr
             ns,
         ][..],
         &["create", "fabricchecks.fabricgate.io", "-n", NS],
+        &["patch", "fabricchecks.fabricgate.io", "-n", NS],
         &["delete", "fabricchecks.fabricgate.io", "-n", NS],
+        // Each member's empty answer (issue 41, edge C); only the agents fill them.
+        &["create", "fabriccheckresults.fabricgate.io", "-n", NS],
         &[
             "deletecollection",
             "fabriccheckresults.fabricgate.io",
@@ -797,8 +877,8 @@ fn admission_check_leader_fails_over_keeps_the_check_active_and_uses_only_its_gr
             NS,
         ],
         &["update", "fabricchecks.fabricgate.io", "-n", NS],
-        &["create", "fabriccheckresults.fabricgate.io", "-n", NS],
         &["patch", "fabriccheckresults.fabricgate.io", "-n", NS],
+        &["update", "fabriccheckresults.fabricgate.io", "-n", NS],
         &["create", "fabricchecks.fabricgate.io", "-n", "default"],
         &["patch", "nodes"],
         &["create", "pods", "-n", ns],
@@ -1218,7 +1298,9 @@ fn rss_kib(c: &Controller) -> u64 {
 /// in the controller's cache (a 256Mi container) let whoever may create a FabricCheckResult
 /// (every agent) run the controller out of memory. Now the CRD takes only a uid-shaped
 /// `checkUID`, the controller keeps only answers to live checks (a gang is still judged on
-/// its members' answers), and the shipped ResourceQuota bounds their count.
+/// its members' answers), and the shipped ResourceQuota bounds their count. (Since issue 41,
+/// edge C, no agent may create an answer at all, only the controller and system:masters: the
+/// flood here is an admin's.)
 #[test]
 fn redteam_an_answer_flood_neither_fills_the_controller_nor_is_unbounded() {
     let Some(env) = setup() else { return };

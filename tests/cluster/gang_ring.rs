@@ -2,10 +2,11 @@
 //! apiserver: real agents with `peers.enabled` (responders on loopback, distinct ports, one
 //! pool key, `--verbs off`, so `rdma: unmeasured` and the authenticated side channel decides)
 //! advertise `fabricgate.io/peers-endpoint` on their Nodes and answer a `FabricCheck` in ring
-//! order, each creating only its own `FabricCheckResult` through its pod-bound token; a member
+//! order, each filling only its own `FabricCheckResult` (created empty with the check, as the
+//! controller does) through its pod-bound token; a member
 //! whose peer's responder is down answers `ok: false` naming the peer. The red-team test shows
 //! the admission policy `fabricgate-fabriccheck-results` and RBAC keep every agent to its own
-//! answer, once, and off the FabricCheck.
+//! answer, filled once, off the FabricCheck, and unable to create answers (issue 41, edge C).
 //!
 //! The CRDs are the ones `deploy/admission-check.yaml` ships (`common::fabriccheck_crds`).
 
@@ -57,21 +58,22 @@ pub(crate) fn install(cp: &ControlPlane) {
     });
 }
 
-/// A FabricCheck of `members` (node, endpoint), created by admin, deadline `secs` from now.
+/// A FabricCheck of `members` (node, endpoint), deadline `secs` from now, made by admin as
+/// fabricgate admission-check makes it (`objects::create_check`): the check, then each
+/// member's empty answer (`fabriccheck::empty_result_object`), then the member labels the
+/// agents watch.
 pub(crate) fn create_check(cp: &ControlPlane, name: &str, members: &[(String, String)], secs: i64) {
+    use fabricgate::node::fabriccheck::{self, FabricCheck};
     let deadline = k8s_openapi::jiff::Timestamp::from_second(
         k8s_openapi::jiff::Timestamp::now().as_second() + secs,
     )
     .unwrap()
     .to_string();
-    let mut labels = json!({ "app.kubernetes.io/name": "fabricgate",
-                             "fabricgate.io/check": "gang" });
-    for (node, _) in members {
-        labels[fabricgate::node::fabriccheck::member_label(node)] = json!("true");
-    }
     let body = json!({
         "apiVersion": "fabricgate.io/v1alpha1", "kind": "FabricCheck",
-        "metadata": { "name": name, "namespace": NS, "labels": labels },
+        "metadata": { "name": name, "namespace": NS,
+                      "labels": { "app.kubernetes.io/name": "fabricgate",
+                                  "fabricgate.io/check": "gang" } },
         "spec": {
             "workload": { "namespace": "team", "name": name, "uid": "0000" },
             "members": members.iter().map(|(n, e)| json!({ "node": n, "endpoint": e }))
@@ -97,6 +99,32 @@ pub(crate) fn create_check(cp: &ControlPlane, name: &str, members: &[(String, St
         Some(&body.to_string()),
     );
     assert!(ok, "create FabricCheck {name}: {err}");
+    let check = FabricCheck {
+        name: name.to_owned(),
+        uid: check_uid(cp, name).expect("the FabricCheck's uid"),
+        spec: serde_json::from_value(body["spec"].clone()).unwrap(),
+    };
+    let answers: Api<DynamicObject> = Api::namespaced_with(cp.admin(), NS, &result_resource());
+    let mut labels = serde_json::Map::new();
+    for (node, _) in members {
+        let peer = &check
+            .spec
+            .next_after(node)
+            .expect("a ring of two or more")
+            .node;
+        let empty: DynamicObject =
+            serde_json::from_value(fabriccheck::empty_result_object(&check, node, peer)).unwrap();
+        cp.block_on(answers.create(&PostParams::default(), &empty))
+            .unwrap_or_else(|e| panic!("create {node}'s empty answer: {e}"));
+        labels.insert(fabriccheck::member_label(node), json!("true"));
+    }
+    let checks: Api<DynamicObject> = Api::namespaced_with(cp.admin(), NS, &resource());
+    cp.block_on(checks.patch(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(&json!({ "metadata": { "labels": labels } })),
+    ))
+    .expect("label the members");
 }
 
 /// The uid of FabricCheck `name`, `None` while it does not exist.
@@ -112,11 +140,13 @@ pub(crate) fn result_objects(cp: &ControlPlane, name: &str) -> Vec<Value> {
     check_uid(cp, name).map_or_else(Vec::new, |uid| crate::common::fabriccheck_answers(cp, &uid))
 }
 
-/// The answers to check `name`: each result object's spec.
+/// The answers to check `name`: the spec of each result object its member filled (the
+/// controller's empty ones left out).
 pub(crate) fn results(cp: &ControlPlane, name: &str) -> Vec<Value> {
     result_objects(cp, name)
         .into_iter()
         .map(|o| o["spec"].clone())
+        .filter(|spec| spec.get("ok").is_some())
         .collect()
 }
 
@@ -331,16 +361,22 @@ fn agents_answer_a_fabriccheck_in_ring_order_and_name_a_dead_peer() {
             assert!(e.request_uri.contains(&selector), "{}: {e:?}", node.name);
         }
     }
-    // Each answer is its own agent's object: named <check uid>.<node>, created under the field
-    // manager fabricgate-gang/<node>, owned by the check.
+    // Each answer is its own agent's: named <check uid>.<node>, owned by the check, its
+    // measurement filled under the field manager fabricgate-gang/<node>.
     let uid = check_uid(cp, "team.ring-good.00000001").unwrap();
     for obj in result_objects(cp, "team.ring-good.00000001") {
         let node = obj["spec"]["node"].as_str().unwrap().to_owned();
         assert_eq!(obj["metadata"]["name"], format!("{uid}.{node}"), "{obj}");
         assert_eq!(obj["metadata"]["ownerReferences"][0]["uid"], uid.as_str());
+        let filler = obj["metadata"]["managedFields"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["fieldsV1"]["f:spec"].get("f:ok").is_some())
+            .unwrap_or_else(|| panic!("no manager of spec.ok: {obj}"));
         assert_eq!(
-            obj["metadata"]["managedFields"][0]["manager"],
-            format!("fabricgate-gang/{node}"),
+            (&filler["manager"], &filler["operation"]),
+            (&json!(format!("fabricgate-gang/{node}")), &json!("Update")),
             "{obj}"
         );
     }
@@ -433,12 +469,12 @@ fn seeded_check(cp: &'static ControlPlane, names: &[&str], check: &str) -> Strin
     check_uid(cp, check).expect("the FabricCheck's uid")
 }
 
-/// With its own pod-bound token, an agent may create its own answer to a check once, named
-/// and owned as the controller reads it, and nothing else: not another node's answer, not its
-/// own under another name or without the check's label and owner, not a change or a delete of
-/// an answer, not a write to the FabricCheck.
+/// With its own pod-bound token, an agent may fill its own answer to a check once (the
+/// empty one the controller created), and nothing else: not create an answer, not fill
+/// another node's, not change its own answer's labels or owner, not change it once filled,
+/// not delete an answer, not write to the FabricCheck.
 #[test]
-fn redteam_an_agent_creates_only_its_own_fabriccheck_result() {
+fn redteam_an_agent_fills_only_its_own_fabriccheck_result_once() {
     let Some(cp) = control_plane() else { return };
     let names = ["rt-ring-0", "rt-ring-1"];
     let check = "team.rt-ring.00000003";
@@ -446,69 +482,67 @@ fn redteam_an_agent_creates_only_its_own_fabriccheck_result() {
     let client = cp.block_on(client_from(&cp.agent_kubeconfig(names[0], None)));
     let checks: Api<DynamicObject> = Api::namespaced_with(client.clone(), NS, &resource());
     let answers: Api<DynamicObject> = Api::namespaced_with(client, NS, &result_resource());
-    // An answer as the agent writes it, for `node`, under `name`.
-    let answer = |node: &str, name: &str, ok: bool| -> DynamicObject {
-        serde_json::from_value(json!({
-            "apiVersion": "fabricgate.io/v1alpha1", "kind": "FabricCheckResult",
-            "metadata": { "name": name, "namespace": NS,
-                "labels": { "fabricgate.io/fabriccheck-uid": uid },
-                "ownerReferences": [{ "apiVersion": "fabricgate.io/v1alpha1",
-                    "kind": "FabricCheck", "name": check, "uid": uid }] },
-            "spec": { "check": check, "checkUID": uid, "node": node, "peer": "x", "ok": ok,
-                "rdma": "measured", "finishedAt": "2026-12-02T03:00:07Z" },
-        }))
-        .unwrap()
+    let own_name = format!("{uid}.{}", names[0]);
+    let other_name = format!("{uid}.{}", names[1]);
+    // The measurement, as the agent fills it.
+    let fill = |ok: bool| {
+        json!({ "spec": { "ok": ok, "rdma": "measured",
+                                            "finishedAt": "2026-12-02T03:00:07Z" } })
     };
-    let create = |obj: &DynamicObject| -> (u16, String) {
-        match cp.block_on(answers.create(&PostParams::default(), obj)) {
-            Ok(_) => (201, String::new()),
+    let patch_with = |name: &str, body: &Value, pp: &PatchParams| -> (u16, String) {
+        match cp.block_on(answers.patch(name, pp, &Patch::Merge(body))) {
+            Ok(_) => (200, String::new()),
             Err(kube::Error::Api(e)) => (e.code, e.message),
             Err(e) => panic!("not an API answer: {e}"),
         }
     };
-    let own_name = format!("{uid}.{}", names[0]);
-    let other_name = format!("{uid}.{}", names[1]);
-    // Another member's answer (forged as ok): refused by the policy once it is loaded.
+    let patch = |name: &str, body: &Value| patch_with(name, body, &PatchParams::default());
+    // Another member's answer (forged as ok): refused by the policy once it is loaded
+    // (admission runs on a server-side dry run too, which leaves nothing filled).
     wait_until(
-        "the policy refuses another node's answer",
+        "the policy refuses filling another node's answer",
         Duration::from_secs(60),
-        || create(&answer(names[1], &other_name, true)).0 == 403,
+        || patch_with(&other_name, &fill(true), &PatchParams::default().dry_run()).0 == 403,
     );
-    let (code, msg) = create(&answer(names[1], &other_name, true));
+    let (code, msg) = patch(&other_name, &fill(true));
     assert_eq!(code, 403);
     assert!(
         msg.contains("ValidatingAdmissionPolicy 'fabricgate-fabriccheck-results'")
-            && msg.contains("may create only its own answer"),
+            && msg.contains("may fill only its own answer"),
         "{msg}"
     );
-    // Its own node, under another member's name: refused.
-    let (code, msg) = create(&answer(names[0], &other_name, true));
+    // Its own, dropping the check's label or changing its owner (so that it outlives the
+    // check, or hides from the controller): refused.
+    let mut unlabelled = fill(true);
+    unlabelled["metadata"] = json!({ "labels": { "fabricgate.io/fabriccheck-uid": null } });
+    let (code, msg) = patch(&own_name, &unlabelled);
     assert_eq!(code, 403, "{msg}");
-    // Its own, without the check's label, or owned by something else: refused.
-    let mut unlabelled = answer(names[0], &own_name, true);
-    unlabelled.metadata.labels = None;
-    let (code, msg) = create(&unlabelled);
-    assert_eq!(code, 403, "{msg}");
-    assert!(msg.contains("fabricgate.io/fabriccheck-uid"), "{msg}");
-    let mut foreign = answer(names[0], &own_name, true);
-    if let Some(o) = foreign.metadata.owner_references.as_mut() {
-        o[0].kind = "ConfigMap".into();
-        o[0].api_version = "v1".into();
-    }
-    assert_eq!(create(&foreign).0, 403);
-    // Its own: admitted, once.
-    assert_eq!(
-        create(&answer(names[0], &own_name, false)),
-        (201, String::new())
+    assert!(msg.contains("fills only the spec of its answer"), "{msg}");
+    let mut orphaned = fill(true);
+    orphaned["metadata"] = json!({ "ownerReferences": [] });
+    assert_eq!(patch(&own_name, &orphaned).0, 403);
+    // Creating an answer at all, even its own as the controller would: refused (RBAC).
+    let mut own: DynamicObject = serde_json::from_value(crate::common::fabriccheck_answer(
+        check,
+        &uid,
+        &json!({ "node": names[0], "peer": names[1], "ok": true, "rdma": "measured" }),
+    ))
+    .unwrap();
+    own.metadata.name = Some(format!("{uid}.{}-again", names[0]));
+    let created = cp.block_on(answers.create(&PostParams::default(), &own));
+    assert!(
+        matches!(&created, Err(kube::Error::Api(e)) if e.code == 403),
+        "{created:?}"
     );
-    let (code, _) = create(&answer(names[0], &own_name, true));
-    assert_eq!(code, 409, "one answer per node and check");
-    // Never changed nor deleted by the agent (RBAC: create only), never the FabricCheck.
-    let flip = json!({ "spec": { "ok": true } });
+    // Its own: filled, once.
+    assert_eq!(patch(&own_name, &fill(false)), (200, String::new()));
+    let (code, msg) = patch(&own_name, &fill(true));
+    assert!(
+        (code == 422 || code == 403) && msg.contains("filled once"),
+        "one answer per node and check: {code} {msg}"
+    );
+    // Never deleted by the agent, never the FabricCheck.
     for err in [
-        cp.block_on(answers.patch(&own_name, &PatchParams::default(), &Patch::Merge(&flip)))
-            .map(|_| ())
-            .expect_err("the agent may not change its answer"),
         cp.block_on(answers.delete(&own_name, &DeleteParams::default()))
             .map(|_| ())
             .expect_err("the agent may not delete an answer"),
@@ -535,7 +569,12 @@ fn redteam_an_agent_creates_only_its_own_fabriccheck_result() {
     let got = results(cp, check);
     assert_eq!(got.len(), 1, "{got:?}");
     assert_eq!(got[0]["node"], names[0]);
-    assert_eq!(got[0]["ok"], false, "its own, as it wrote it");
+    assert_eq!(got[0]["ok"], false, "its own, as it filled it");
+    assert_eq!(
+        result_objects(cp, check).len(),
+        2,
+        "the controller's two answers, no more"
+    );
     let obj = cp
         .get_json(&format!(
             "/apis/fabricgate.io/v1alpha1/namespaces/{NS}/fabricchecks/{check}"
@@ -546,6 +585,146 @@ fn redteam_an_agent_creates_only_its_own_fabriccheck_result() {
         2,
         "the spec stayed"
     );
+}
+
+/// Issue 41, edge C. Before: an agent's token could create FabricCheckResults for checks
+/// that do not exist (any uid-shaped `checkUID`, an owner that is not there) or that do not
+/// list its node: 200 of ~77 kB each in 2.8 s, so the shared ResourceQuota (4,096) filled in
+/// about a minute, after which every member's answer was refused and every gang pre-flight
+/// timed out. Now only the controller creates answers, one per member of a check it made;
+/// the agent may only fill its own. Its flood is refused, the room stays as it was, and a
+/// real gang pre-flight still completes.
+#[test]
+fn redteam_an_agent_cannot_fill_the_answers_room() {
+    let Some(cp) = control_plane() else { return };
+    let names = ["rt-room-0", "rt-room-1"];
+    let peers = AdvertisedPeers::start(
+        cp,
+        "room-peers.key",
+        &names,
+        |_| format!("127.0.0.1:{}", free_port()),
+        |_| &[],
+    );
+    // A real check that does not list the rogue's node.
+    TestNode::seeded(cp, "rt-room-rogue");
+    let other = "team.rt-room-other.00000008";
+    create_check(
+        cp,
+        other,
+        &[
+            ("rt-room-x".to_owned(), "127.0.0.1:9".to_owned()),
+            ("rt-room-y".to_owned(), "127.0.0.1:9".to_owned()),
+        ],
+        600,
+    );
+    let other_uid = check_uid(cp, other).unwrap();
+    let client = cp.block_on(client_from(&cp.agent_kubeconfig("rt-room-rogue", None)));
+    let answers: Api<DynamicObject> = Api::namespaced_with(client, NS, &result_resource());
+    // The rogue's answers in the namespace (other tests' checks come and go meanwhile).
+    let rogues = || {
+        cp.get_json(&format!(
+            "/apis/fabricgate.io/v1alpha1/namespaces/{NS}/fabriccheckresults"
+        ))
+        .and_then(|l| l["items"].as_array().cloned())
+        .unwrap_or_default()
+        .iter()
+        .filter(|a| a["spec"]["node"] == "rt-room-rogue")
+        .count()
+    };
+    assert_eq!(rogues(), 0);
+    // ~77 kB each, as in the red team: 64 rails with 1 KiB errors.
+    let error = "e".repeat(1000);
+    let rails: Vec<Value> = (0..64)
+        .map(|i| {
+            json!({ "device": format!("mlx5_{i}"), "port": 1, "ok": false,
+                         "error": error })
+        })
+        .collect();
+    let rogue = |i: usize| -> DynamicObject {
+        // The first to the real check that does not list it (one name per node and check),
+        // the others to checks that do not exist; each named, labelled and owned as the
+        // policy once asked, for its own node.
+        let (check, uid) = if i == 0 {
+            (other.to_owned(), other_uid.clone())
+        } else {
+            (
+                format!("team.nowhere.{i:08}"),
+                format!("0ddba11a-0000-4000-8000-{i:012x}"),
+            )
+        };
+        serde_json::from_value(crate::common::fabriccheck_answer(
+            &check,
+            &uid,
+            &json!({ "node": "rt-room-rogue", "peer": "x", "ok": true, "rdma": "measured",
+                     "rails": rails }),
+        ))
+        .unwrap()
+    };
+    let t0 = std::time::Instant::now();
+    let codes: Vec<u16> = cp.block_on(async {
+        use futures::StreamExt;
+        futures::stream::iter(0..200usize)
+            .map(|i| {
+                let (answers, obj) = (answers.clone(), rogue(i));
+                async move {
+                    match answers.create(&PostParams::default(), &obj).await {
+                        Ok(_) => 201,
+                        Err(kube::Error::Api(e)) => e.code,
+                        Err(_) => 0,
+                    }
+                }
+            })
+            .buffer_unordered(16)
+            .collect()
+            .await
+    });
+    let created = codes.iter().filter(|c| **c == 201).count();
+    eprintln!(
+        "rogue agent: {created} of 200 answers created in {:?} (codes {:?})",
+        t0.elapsed(),
+        codes.iter().collect::<std::collections::BTreeSet<_>>()
+    );
+    assert_eq!(created, 0, "the rogue agent created answers");
+    assert!(codes.iter().all(|c| *c == 403), "{codes:?}");
+    // Nor may it fill the real check's answers (not its node's), once the policy is loaded
+    // (a server-side dry run is admitted or refused as the write would be).
+    let fill_other = |pp: &PatchParams| {
+        cp.block_on(answers.patch(
+            &format!("{other_uid}.rt-room-x"),
+            pp,
+            &Patch::Merge(&json!({ "spec": { "ok": true, "rdma": "measured",
+                                             "finishedAt": "2026-12-05T00:00:00Z" } })),
+        ))
+    };
+    wait_until("the policy loaded", Duration::from_secs(60), || {
+        matches!(fill_other(&PatchParams::default().dry_run()),
+                 Err(kube::Error::Api(e)) if e.code == 403)
+    });
+    let filled = fill_other(&PatchParams::default());
+    assert!(
+        matches!(&filled, Err(kube::Error::Api(e)) if e.code == 403),
+        "the rogue filled another node's answer: {filled:?}"
+    );
+    assert_eq!(rogues(), 0, "the room is as it was");
+    assert!(
+        results(cp, other).is_empty(),
+        "no answer to the check it is not in"
+    );
+    assert_eq!(
+        result_objects(cp, other).len(),
+        2,
+        "its members' two, empty"
+    );
+    // A real gang pre-flight still completes: each member fills its own answer.
+    let check = "team.rt-room.00000009";
+    create_check(cp, check, &peers.members(), 30);
+    wait_until("both members' answers", Duration::from_secs(30), || {
+        results(cp, check).len() == 2
+    });
+    for r in results(cp, check) {
+        assert_eq!(r["ok"], true, "{r}");
+    }
+    drop(peers);
 }
 
 /// Issue 36, item 1: tenant pods (127.0.0.2 to 127.0.0.5, two connections each) keep idle
@@ -689,25 +868,28 @@ fn redteam_an_agent_whose_clock_is_ahead_still_answers() {
     drop(peers);
 }
 
-/// Issue 36, item 11: answers writable by any account with create rights. The controller
-/// cannot tell a forged `ok: true` from a member's answer, so RBAC alone (a Role granting
-/// `create` on fabriccheckresults in the agents' namespace, to a user, a CI bot, a namespace
-/// admin's helper) decided who may pass a gang. Before: such an account created an `ok: true`
-/// answer for a member (201). Now the policy `fabricgate-fabriccheck-results-writers` refuses
-/// every creator but the agents' service account (system:masters excepted, as break-glass).
+/// Issue 36, item 11 and issue 41, edge C: answers writable by any account with create
+/// rights. The controller cannot tell a forged `ok: true` from a member's answer, so RBAC
+/// alone (a Role granting `create` or `patch` on fabriccheckresults in the agents' namespace,
+/// to a user, a CI bot, a namespace admin's helper) decided who may pass a gang. Before: such
+/// an account created an `ok: true` answer for a member (201). Now the policy
+/// `fabricgate-fabriccheck-results-writers` lets only the controller's service account create
+/// answers, and only empty, and no one but the agents fill one (system:masters excepted, as
+/// break-glass).
 #[test]
-fn redteam_only_the_agents_create_answers_whatever_rbac_grants() {
+fn redteam_only_the_agents_fill_answers_whatever_rbac_grants() {
     let Some(cp) = control_plane() else { return };
     let names = ["rt-writer-0", "rt-writer-1"];
     let check = "team.rt-writer.00000006";
     let uid = seeded_check(cp, &names, check);
-    // RBAC grants an ordinary user create on the answers.
+    // RBAC grants an ordinary user create and patch on the answers (get: kubectl's patch
+    // reads first).
     cp.apply(
         &json!({
             "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
             "metadata": { "name": "rt-answer-writer", "namespace": NS },
             "rules": [{ "apiGroups": ["fabricgate.io"], "resources": ["fabriccheckresults"],
-                        "verbs": ["create"] }],
+                        "verbs": ["create", "get", "patch"] }],
         })
         .to_string(),
     );
@@ -722,58 +904,109 @@ fn redteam_only_the_agents_create_answers_whatever_rbac_grants() {
         })
         .to_string(),
     );
-    let forged = |node: &str| {
+    // An answer named for `node` (the controller made `node`'s already, so another name),
+    // answered or empty.
+    let forged = |node: &str, answered: bool| {
+        let mut spec = json!({ "check": check, "checkUID": uid, "node": node,
+                               "peer": names[1] });
+        if answered {
+            spec["ok"] = json!(true);
+            spec["rdma"] = json!("measured");
+            spec["finishedAt"] = json!("2026-12-03T07:30:00Z");
+        }
         json!({
             "apiVersion": "fabricgate.io/v1alpha1", "kind": "FabricCheckResult",
-            "metadata": { "name": format!("{uid}.{node}"), "namespace": NS,
+            "metadata": { "name": format!("{uid}.{node}-forged"), "namespace": NS,
                 "labels": { "fabricgate.io/fabriccheck-uid": uid },
                 "ownerReferences": [{ "apiVersion": "fabricgate.io/v1alpha1",
                     "kind": "FabricCheck", "name": check, "uid": uid }] },
-            "spec": { "check": check, "checkUID": uid, "node": node, "peer": names[1],
-                "ok": true, "rdma": "measured", "finishedAt": "2026-12-03T07:30:00Z" },
+            "spec": spec,
         })
         .to_string()
     };
-    let as_mallory = |extra: &[&str]| {
-        let mut args = vec!["create", "-f", "-", "--as=mallory"];
-        args.extend_from_slice(extra);
-        cp.kubectl_as(&cp.admin_kubeconfig, &args, Some(&forged(names[0])))
+    let as_mallory = |args: &[&str], stdin: Option<&str>| {
+        let mut argv = args.to_vec();
+        argv.push("--as=mallory");
+        cp.kubectl_as(&cp.admin_kubeconfig, &argv, stdin)
     };
-    let (ok, _, err) = cp.kubectl_as(
-        &cp.admin_kubeconfig,
-        &[
-            "auth",
-            "can-i",
-            "create",
-            "fabriccheckresults.fabricgate.io",
-            "-n",
-            NS,
-            "--as=mallory",
-        ],
-        None,
-    );
-    assert!(ok, "RBAC grants mallory create: {err}");
+    for verb in ["create", "patch"] {
+        let (ok, _, err) = as_mallory(
+            &[
+                "auth",
+                "can-i",
+                verb,
+                "fabriccheckresults.fabricgate.io",
+                "-n",
+                NS,
+            ],
+            None,
+        );
+        assert!(ok, "RBAC grants mallory {verb}: {err}");
+    }
     // Admission runs on a server-side dry run too: wait until the policy is loaded without
     // leaving an answer behind, then for real.
+    let forged_answer = forged(names[0], true);
     wait_until(
         "the policy loaded (a dry run refused)",
         Duration::from_secs(60),
-        || !as_mallory(&["--dry-run=server"]).0,
+        || {
+            !as_mallory(
+                &["create", "-f", "-", "--dry-run=server"],
+                Some(&forged_answer),
+            )
+            .0
+        },
     );
-    let (ok, _, err) = as_mallory(&[]);
-    assert!(!ok, "mallory's forged answer was admitted");
+    for answered in [true, false] {
+        let (ok, _, err) = as_mallory(&["create", "-f", "-"], Some(&forged(names[0], answered)));
+        assert!(!ok, "mallory's answer (answered: {answered}) was admitted");
+        assert!(
+            err.contains("fabricgate-fabriccheck-results-writers")
+                && err.contains("only fabricgate admission-check")
+                && err.contains("mallory may not"),
+            "{err}"
+        );
+    }
+    // Nor may mallory fill the member's empty answer the controller made.
+    let fill = json!({ "spec": { "ok": true, "rdma": "measured",
+                                 "finishedAt": "2026-12-03T07:30:00Z" } })
+    .to_string();
+    let own = format!("{uid}.{}", names[0]);
+    let (ok, _, err) = as_mallory(
+        &[
+            "-n",
+            NS,
+            "patch",
+            "fabriccheckresults.fabricgate.io",
+            &own,
+            "--type=merge",
+            "-p",
+            &fill,
+        ],
+        None,
+    );
+    assert!(!ok, "mallory filled an answer");
     assert!(
         err.contains("fabricgate-fabriccheck-results-writers")
-            && err.contains("only the fabricgate agents")
-            && err.contains("mallory may not"),
+            && err.contains("mallory may not change an answer"),
         "{err}"
     );
     assert!(results(cp, check).is_empty(), "no forged answer");
+    assert_eq!(result_objects(cp, check).len(), 2, "no answer created");
     // system:masters (break-glass, and the tests that play the agents) still may.
     let (ok, _, err) = cp.kubectl_as(
         &cp.admin_kubeconfig,
-        &["create", "-f", "-"],
-        Some(&forged(names[1])),
+        &[
+            "-n",
+            NS,
+            "patch",
+            "fabriccheckresults.fabricgate.io",
+            &format!("{uid}.{}", names[1]),
+            "--type=merge",
+            "-p",
+            &fill,
+        ],
+        None,
     );
     assert!(ok, "{err}");
     assert_eq!(results(cp, check).len(), 1);
@@ -854,7 +1087,7 @@ fn redteam_a_responder_that_is_not_the_dialled_node_is_not_believed() {
 }
 
 /// Issue 36, item 3: a compromised agent vouches for a broken link. Its node's pod-bound token
-/// may create its own answer, and the pair it measures was attested by it alone: an `ok: true`
+/// may fill its own answer, and the pair it measures was attested by it alone: an `ok: true`
 /// for a link that never carried a byte passed. Here rt-forge-0 is compromised: something
 /// holding the pool's key answers at its endpoint as rt-forge-0 (so its successor's own pair
 /// passes), and its answer is forged with its token, without measuring anything. Now its
@@ -897,16 +1130,15 @@ fn redteam_a_forged_answer_is_not_attested_by_its_receiver() {
     // The forged answer, with rt-forge-0's own token: ok, and its receiving end ok too.
     let client = cp.block_on(client_from(&cp.agent_kubeconfig("rt-forge-0", None)));
     let answers: Api<DynamicObject> = Api::namespaced_with(client, NS, &result_resource());
-    let forged: DynamicObject = serde_json::from_value(crate::common::fabriccheck_answer(
-        check,
-        &uid,
-        &json!({ "node": "rt-forge-0", "peer": "rt-forge-1", "ok": true, "rdma": "unmeasured",
+    let forged = json!({ "spec": { "ok": true, "rdma": "unmeasured",
                  "finishedAt": "2026-12-03T10:00:00Z",
-                 "received": { "peer": "rt-forge-1", "ok": true, "rdma": "unmeasured" } }),
+                 "received": { "peer": "rt-forge-1", "ok": true, "rdma": "unmeasured" } } });
+    cp.block_on(answers.patch(
+        &format!("{uid}.rt-forge-0"),
+        &PatchParams::default(),
+        &Patch::Merge(&forged),
     ))
-    .unwrap();
-    cp.block_on(answers.create(&PostParams::default(), &forged))
-        .expect("a node may create its own answer");
+    .expect("a node may fill its own answer");
     wait_until("rt-forge-1's answer", Duration::from_secs(20), || {
         result_of(&results(cp, check), "rt-forge-1").is_some()
     });

@@ -229,7 +229,7 @@ fn the_cluster_role_grants_exactly_what_a_full_agent_run_uses() {
     let kubeconfig = node.agent_kubeconfig(None);
     // With a pool, as daemonset.yaml configures it: the breaker lists the pool's Nodes. With
     // peers, so that it answers a gang pre-flight too (the FabricChecks it lists and watches,
-    // the FabricCheckResult it creates).
+    // the FabricCheckResult it fills).
     crate::gang_ring::install(cp);
     let config = hca.scratch().join("requirements.yaml");
     let key = hca.scratch().join("peers.key");

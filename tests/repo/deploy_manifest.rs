@@ -310,8 +310,9 @@ fn rbac_grants_exactly_what_the_agent_uses() {
     );
     // In its namespace only the breaker's ledger, by name: read it and update it; the guard's
     // Lease, by name: read it (the pool summary); and the gang pre-flight: list and watch the
-    // FabricChecks, create FabricCheckResults (the policy fabricgate-fabriccheck-results keeps
-    // each agent to its own answer).
+    // FabricChecks, patch FabricCheckResults (fill its own answer, which the controller
+    // created: the policy fabricgate-fabriccheck-results keeps each agent to it, once), never
+    // create one (issue 41, edge C).
     let ledger = object_in("Role", NAMESPACE);
     assert_eq!(
         ledger["rules"],
@@ -322,7 +323,7 @@ fn rbac_grants_exactly_what_the_agent_uses() {
                {"apiGroups": ["fabricgate.io"], "resources": ["fabricchecks"],
                 "verbs": ["list", "watch"]},
                {"apiGroups": ["fabricgate.io"], "resources": ["fabriccheckresults"],
-                "verbs": ["create"]}])
+                "verbs": ["patch"]}])
     );
     assert!(
         documents().iter().any(|d| d["kind"] == "ConfigMap"
@@ -714,15 +715,56 @@ fn admission_policy_uses_the_binarys_names_and_is_bound() {
     assert_eq!(binding["spec"]["policyName"], ledger["metadata"]["name"]);
     assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]));
 
-    // Answers of the gang pre-flight: created by the agents only, whatever RBAC grants
-    // (issue 36, item 11), bound the same way.
+    // Answers of the gang pre-flight: created (empty) by the controller only and filled by
+    // the agents only, whatever RBAC grants (issue 36, item 11; issue 41, edge C), bound the
+    // same way.
     let writers = named(
         "ValidatingAdmissionPolicy",
         "fabricgate-fabriccheck-results-writers",
     );
     let rules = &writers["spec"]["matchConstraints"]["resourceRules"];
     assert_eq!(rules[0]["resources"], json!(["fabriccheckresults"]));
-    assert_eq!(rules[0]["operations"], json!(["CREATE"]));
+    assert_eq!(rules[0]["operations"], json!(["CREATE", "UPDATE"]));
+    let checks: Vec<&str> = writers["spec"]["validations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v["expression"].as_str())
+        .collect();
+    assert!(
+        checks.iter().any(|e| e
+            .contains("'system:serviceaccount:fabricgate:fabricgate-admission-check'")
+            && e.contains("!has(object.spec.ok)")),
+        "only the controller creates, and only empty: {checks:?}"
+    );
+    assert!(
+        checks
+            .iter()
+            .any(|e| e.contains("object.spec == oldObject.spec")),
+        "no one else fills: {checks:?}"
+    );
+    // The agents: never a create; an update of its own answer only while it is empty.
+    let agents = named(
+        "ValidatingAdmissionPolicy",
+        "fabricgate-fabriccheck-results",
+    );
+    let first = agents["spec"]["validations"][0]["expression"]
+        .as_str()
+        .unwrap();
+    assert!(
+        first.contains("request.operation == 'UPDATE'") && !first.contains("CREATE"),
+        "{first}"
+    );
+    assert!(
+        agents["spec"]["validations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|v| v["expression"]
+                .as_str()
+                .is_some_and(|e| e.contains("!has(oldObject.spec.ok)"))),
+        "filled once"
+    );
     assert_eq!(writers["spec"]["failurePolicy"], "Fail");
     let condition = writers["spec"]["matchConditions"][0]["expression"]
         .as_str()
@@ -1260,6 +1302,7 @@ fn admission_check_manifest_is_least_privilege_two_replicas_and_its_args_parse()
         "Role coordination.k8s.io/leases get",
         "Role coordination.k8s.io/leases patch",
         "Role coordination.k8s.io/leases update",
+        "Role fabricgate.io/fabriccheckresults create",
         "Role fabricgate.io/fabriccheckresults deletecollection",
         "Role fabricgate.io/fabriccheckresults list",
         "Role fabricgate.io/fabriccheckresults watch",
@@ -1267,6 +1310,7 @@ fn admission_check_manifest_is_least_privilege_two_replicas_and_its_args_parse()
         "Role fabricgate.io/fabricchecks delete",
         "Role fabricgate.io/fabricchecks get",
         "Role fabricgate.io/fabricchecks list",
+        "Role fabricgate.io/fabricchecks patch",
         "Role fabricgate.io/fabricchecks watch",
     ]
     .iter()
@@ -1307,14 +1351,19 @@ fn admission_check_manifest_is_least_privilege_two_replicas_and_its_args_parse()
     assert_eq!(members["maxItems"], json!(max));
     assert_eq!(members["x-kubernetes-list-type"], "map");
     assert_eq!(members["x-kubernetes-list-map-keys"], json!(["node"]));
-    // The answers: one small immutable object each, every field bounded.
+    // The answers: one small object each, created empty by the controller, filled once
+    // (immutable once answered, issue 41, edge C), every field bounded.
     let answer = crd("fabriccheckresults.fabricgate.io");
     assert_eq!(answer["spec"]["scope"], "Namespaced");
     assert_eq!(answer["spec"]["names"]["shortNames"], json!(["fcr"]));
     let spec = &answer["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
     assert_eq!(
         spec["x-kubernetes-validations"][0]["rule"],
-        "self == oldSelf"
+        "self == oldSelf || !has(oldSelf.ok)"
+    );
+    assert_eq!(
+        spec["required"],
+        json!(["check", "checkUID", "node", "peer"])
     );
     // An object is bounded when each of its properties is, an array when it has maxItems and
     // its items are bounded.

@@ -193,9 +193,11 @@ fn results(cp: &ControlPlane, name: &str) -> Option<Vec<Value>> {
     let uid = cp.get_json(&check_path(name))?["metadata"]["uid"]
         .as_str()?
         .to_owned();
+    // (the controller's empty answers, not filled yet, left out)
     let answers: Vec<Value> = common::fabriccheck_answers(cp, &uid)
         .iter()
         .map(|o| o["spec"].clone())
+        .filter(|spec| spec.get("ok").is_some())
         .collect();
     (!answers.is_empty()).then_some(answers)
 }

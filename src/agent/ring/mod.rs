@@ -1,7 +1,8 @@
 //! The agent's half of the gang pre-flight (docs/gangs.md): watch the `FabricCheck`s of
 //! `gang.namespace`, and for each that names this node as a member and whose deadline has not
-//! passed, measure the next member of the ring once and create this node's own answer, a
-//! `FabricCheckResult` named `<check uid>.<node>` (`crate::node::fabriccheck`).
+//! passed, measure the next member of the ring once and fill this node's own answer, the
+//! `FabricCheckResult` named `<check uid>.<node>` that the controller created empty with the
+//! check (`crate::node::fabriccheck`). The agent never creates one (issue 41, edge C).
 //!
 //! It runs beside the probe loop and the Node writer and shares nothing with them but the
 //! usable ports and the peers key: measurements run on blocking threads, at most
@@ -24,7 +25,7 @@ use crate::node::fabriccheck;
 use fabricgate_probes::rdma::peer::{ExpectedPeers, Identity, KeyRing, LocalPort, Plan, Receipts};
 use futures::StreamExt;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DynamicObject, PostParams};
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event, watcher};
 use std::collections::HashMap;
@@ -39,7 +40,7 @@ pub const CONCURRENCY: usize = 4;
 /// Longest wait between failed lists of the checks (no CRD, no RBAC): a pre-flight installed
 /// later is answered within this.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(300);
-/// Attempts of the result's create (spread until the deadline).
+/// Attempts of the answer's fill (spread until the deadline).
 const WRITE_ATTEMPTS: u32 = 5;
 
 /// What the ring task needs from the rest of the agent.
@@ -69,7 +70,7 @@ pub struct Ring {
     /// What our responder saw of each check's sessions: this node attests its receiving end
     /// of the pair its predecessor measures (issue 36, item 3).
     pub receipts: Receipts,
-    /// For lists and the results' creates.
+    /// For lists and the answers' fills.
     pub requests: kube::Client,
     /// For the watch (a longer read timeout); `None`: `requests`.
     pub watch: Option<kube::Client>,
@@ -296,9 +297,11 @@ async fn answer(ring: &Ring, check: &FabricCheck, peer: Member, until: std::time
     write_result(ring, check, &result, until).await;
 }
 
-/// Create our answer, retried (spaced) until `until`. It exists already (409): an earlier
-/// attempt of ours went through, or this agent answered before it restarted; either way the
-/// answer is there.
+/// Fill our answer (a merge patch of the empty one the controller created), retried (spaced)
+/// until `until`. Not there (404): the controller has not created it yet (or the check is
+/// gone), so it is tried again, never created. Refused as invalid (422): it was filled
+/// already (by an earlier attempt of ours, or before this agent restarted) and stays as it
+/// is; nothing to retry.
 async fn write_result(
     ring: &Ring,
     check: &FabricCheck,
@@ -310,29 +313,34 @@ async fn write_result(
         &ring.namespace,
         &fabriccheck::results(),
     );
-    let obj: DynamicObject = match serde_json::from_value(fabriccheck::result_object(check, result))
-    {
-        Ok(o) => o,
-        Err(e) => {
-            tracing::error!(check = %check.name, error = %e, "cannot build this node's FabricCheckResult");
-            return;
-        }
-    };
-    let pp = PostParams {
+    let name = fabriccheck::result_name(&check.uid, &result.node);
+    let fill = fabriccheck::result_fill(check, result);
+    let pp = PatchParams {
         field_manager: Some(format!("fabricgate-gang/{}", ring.node)),
-        ..PostParams::default()
+        ..PatchParams::default()
     };
     let mut pause = Duration::from_millis(200);
     for attempt in 1..=WRITE_ATTEMPTS {
-        match api.create(&pp, &obj).await {
+        match api.patch(&name, &pp, &Patch::Merge(&fill)).await {
             Ok(_) => return,
-            Err(kube::Error::Api(e)) if e.code == 409 => return,
+            Err(kube::Error::Api(e)) if e.code == 422 => {
+                tracing::warn!(
+                    check = %check.name,
+                    answer = %name,
+                    error = %e,
+                    "this node's FabricCheckResult was refused as invalid (answered already?); \
+                     left as it is"
+                );
+                return;
+            }
             Err(e) => {
                 tracing::warn!(
                     check = %check.name,
+                    answer = %name,
                     attempt,
                     error = %e,
-                    "cannot create this node's FabricCheckResult"
+                    "cannot fill this node's FabricCheckResult (404: the controller has not \
+                     created it yet)"
                 );
                 if std::time::Instant::now() + pause >= until {
                     return;

@@ -341,3 +341,80 @@ fn redteam_every_rail_must_pass() {
     let none = super::pair::fold_rails(base, Vec::new());
     assert!(!none.ok && none.error.unwrap().starts_with("local: "));
 }
+
+/// A ring task of `node` whose requests `client` carries (no ports, nothing measured).
+fn ring_of(node: &str, client: kube::Client) -> Ring {
+    Ring {
+        node: node.to_owned(),
+        namespace: "fabricgate".to_owned(),
+        identity: Identity {
+            node_name: node.to_owned(),
+            group: String::new(),
+        },
+        ports: Arc::default(),
+        rdma: false,
+        keys: Arc::new(KeyRing::fixed(key())),
+        plan: Plan::default(),
+        bandwidth: (0, Duration::ZERO),
+        session: Duration::from_secs(1),
+        source: None,
+        expected: None,
+        receipts: Receipts::default(),
+        requests: client,
+        watch: None,
+        max_backoff: Duration::from_secs(1),
+        clock_ahead: Duration::ZERO,
+    }
+}
+
+/// Issue 41, edge C: the agent fills the answer the controller created with the check, by a
+/// merge patch under its own field manager, and never creates one: not there yet (404) is
+/// tried again; refused as invalid (422: filled once already) is left as it is.
+#[tokio::test]
+async fn the_answer_is_filled_never_created() {
+    use crate::node::tests::scripted::{self, status};
+    let check = check(
+        &[("gpu-a", "127.0.0.1:1"), ("gpu-b", "127.0.0.1:2")],
+        "2099-01-01T00:00:00Z",
+    );
+    let result = PairResult {
+        node: "gpu-a".into(),
+        peer: "gpu-b".into(),
+        ok: true,
+        finished_at: "2026-12-05T06:00:00Z".into(),
+        ..PairResult::default()
+    };
+    let path = "/apis/fabricgate.io/v1alpha1/namespaces/fabricgate/fabriccheckresults/u-1.gpu-a";
+    let filled = json!({ "apiVersion": "fabricgate.io/v1alpha1", "kind": "FabricCheckResult",
+                         "metadata": { "name": "u-1.gpu-a", "namespace": "fabricgate" } });
+    let until = Instant::now() + Duration::from_secs(20);
+    for answers in [vec![404, 200], vec![404, 422], vec![422]] {
+        let (client, mut server) = scripted::client();
+        let ring = ring_of("gpu-a", client);
+        let want = fabriccheck::result_fill(&check, &result);
+        let filled = filled.clone();
+        let script = tokio::spawn(async move {
+            for code in answers {
+                let body = if code == 200 {
+                    filled.clone()
+                } else {
+                    status(code, "scripted")
+                };
+                let seen = server.answer(code, body).await;
+                assert_eq!((seen.method.as_str(), seen.path.as_str()), ("PATCH", path));
+                assert_eq!(seen.content_type, "application/merge-patch+json");
+                assert_eq!(
+                    seen.query.get("fieldManager").map(String::as_str),
+                    Some("fabricgate-gang/gpu-a")
+                );
+                assert_eq!(seen.body, want);
+            }
+            server
+        });
+        write_result(&ring, &check, &result, until).await;
+        drop(ring);
+        let server = script.await.expect("the script");
+        // Nothing after the last answer: no create, no further try.
+        server.expect_no_more().await;
+    }
+}

@@ -1,22 +1,28 @@
-//! The leader's FabricCheck objects: creating a check, collecting its members' answers,
-//! deleting it with its answers, and sweeping the checks and answers no pending gang needs.
+//! The leader's FabricCheck objects: creating a check with its members' empty answers,
+//! collecting the answers filled, deleting it with its answers, and sweeping the checks and
+//! answers no pending gang needs.
 
 use super::state::State;
 use super::watch::Stores;
 use super::{CHECK_LABEL, CheckSettings, FIELD_MANAGER, RESERVATION_ANNOTATION};
 use crate::error::{Error, Result};
-use crate::node::fabriccheck::{self, CheckSpec, PairResult};
+use crate::node::fabriccheck::{self, CheckSpec, FabricCheck, PairResult};
+use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, DynamicObject, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 
-/// The answers to `fc` among `objects`: one per member at most, each from the member it names
-/// (the admission policy ties a result's node and name to its author's node claim), for this
-/// check's uid. Anything else is ignored.
+/// Empty answers created at once: a gang of `gang.max_nodes` gets its answers in moments.
+const CREATE_CONCURRENCY: usize = 16;
+
+/// The answers to `fc` among `objects`: one per member at most, each filled by the member it
+/// names (the controller created each member's empty answer, and the admission policy lets
+/// only the agent of the node it names fill it, once), for this check's uid. Anything else,
+/// and an answer not filled yet, is ignored.
 pub(super) fn answers(
     objects: Vec<Arc<DynamicObject>>,
     fc: &DynamicObject,
@@ -26,7 +32,9 @@ pub(super) fn answers(
     let members: HashSet<&str> = spec.members.iter().map(|m| m.node.as_str()).collect();
     let mut by_node: BTreeMap<String, PairResult> = BTreeMap::new();
     for obj in objects {
-        if obj.labels().get(fabriccheck::CHECK_UID_LABEL) != Some(&uid) {
+        if obj.labels().get(fabriccheck::CHECK_UID_LABEL) != Some(&uid)
+            || !fabriccheck::is_answered(&obj)
+        {
             continue;
         }
         let Some(answer) = fabriccheck::result_from_dynamic(&obj) else {
@@ -65,7 +73,12 @@ pub(super) async fn listed_answers(
     Ok(list.items.into_iter().map(Arc::new).collect())
 }
 
-/// Create the FabricCheck; its uid, when the API returned it.
+/// Create the FabricCheck and each member's empty answer; the check's uid, when the API
+/// returned it. Only the controller creates answers (issue 41, edge C): their number is the
+/// members' of the checks in flight, whatever an agent does. The check is created without the
+/// member labels each agent watches, which are added once every answer is there, so no agent
+/// sees a check it cannot answer; when an answer or the labels cannot be written (the
+/// ResourceQuota full, RBAC), the check is deleted again and the pass retries.
 pub(super) async fn create_check(
     checks: &Api<DynamicObject>,
     name: &str,
@@ -80,14 +93,7 @@ pub(super) async fn create_check(
                 ("app.kubernetes.io/name".to_owned(), "fabricgate".to_owned()),
                 (CHECK_LABEL.0.to_owned(), CHECK_LABEL.1.to_owned()),
             ]
-            .into_iter()
-            // Each member's agent watches only the checks labelled for its Node.
-            .chain(
-                spec.members
-                    .iter()
-                    .map(|m| (fabriccheck::member_label(&m.node), "true".to_owned())),
-            )
-            .collect(),
+            .into(),
         ),
         annotations: Some([(RESERVATION_ANNOTATION.to_owned(), reservation.to_owned())].into()),
         ..ObjectMeta::default()
@@ -97,13 +103,115 @@ pub(super) async fn create_check(
         field_manager: Some(FIELD_MANAGER.to_owned()),
         ..PostParams::default()
     };
-    match checks.create(&pp, &obj).await {
-        Ok(created) => Ok(created.uid()),
+    let uid = match checks.create(&pp, &obj).await {
+        Ok(created) => created.uid(),
         // Created by an earlier pass whose object the store has not shown yet.
-        Err(kube::Error::Api(e)) if e.code == 409 => Ok(None),
+        Err(kube::Error::Api(e)) if e.code == 409 => return Ok(None),
+        Err(e) => {
+            return Err(Error::KubeObject {
+                action: "create",
+                object: format!("FabricCheck {name}"),
+                source: Box::new(e),
+            });
+        }
+    };
+    let Some(uid) = uid else {
+        tracing::warn!(check = %name, "the API returned the FabricCheck without its uid");
+        return Ok(None);
+    };
+    let check = FabricCheck {
+        name: name.to_owned(),
+        uid: uid.clone(),
+        spec: spec.clone(),
+    };
+    let ready = match create_answers(checks, &check).await {
+        Ok(()) => label_members(checks, &check).await,
+        Err(e) => Err(e),
+    };
+    if let Err(e) = ready {
+        // Nobody was asked yet: gone again, with the answers made, and tried afresh.
+        let dp = DeleteParams {
+            preconditions: Some(kube::api::Preconditions {
+                uid: Some(uid.clone()),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        if let Err(d) = checks.delete(name, &dp).await {
+            tracing::warn!(check = %name, error = %d, "cannot delete the unfinished FabricCheck");
+        }
+        delete_answers(checks, &uid).await;
+        return Err(e);
+    }
+    Ok(Some(uid))
+}
+
+/// Create the empty answer of each member of `check` (one that exists already is an earlier
+/// attempt's).
+async fn create_answers(checks: &Api<DynamicObject>, check: &FabricCheck) -> Result<()> {
+    let results: Api<DynamicObject> = Api::namespaced_with(
+        checks.clone().into_client(),
+        checks.namespace().unwrap_or_default(),
+        &fabriccheck::results(),
+    );
+    let pp = PostParams {
+        field_manager: Some(FIELD_MANAGER.to_owned()),
+        ..PostParams::default()
+    };
+    let mut empty = Vec::with_capacity(check.spec.members.len());
+    for m in &check.spec.members {
+        let Some(peer) = check.spec.next_after(&m.node) else {
+            continue;
+        };
+        let value = fabriccheck::empty_result_object(check, &m.node, &peer.node);
+        match serde_json::from_value::<DynamicObject>(value) {
+            Ok(obj) => empty.push(obj),
+            Err(e) => {
+                tracing::error!(check = %check.name, node = %m.node, error = %e,
+                    "cannot build a member's empty FabricCheckResult");
+            }
+        }
+    }
+    let mut creates = futures::stream::iter(empty)
+        .map(|obj| {
+            let (results, pp) = (results.clone(), pp.clone());
+            async move {
+                match results.create(&pp, &obj).await {
+                    Ok(_) => Ok(()),
+                    Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+                    Err(e) => Err(Error::KubeObject {
+                        action: "create the empty answer",
+                        object: format!("FabricCheckResult {}", obj.name_any()),
+                        source: Box::new(e),
+                    }),
+                }
+            }
+        })
+        .buffer_unordered(CREATE_CONCURRENCY);
+    while let Some(created) = creates.next().await {
+        created?;
+    }
+    Ok(())
+}
+
+/// Label `check` for each member's watch: the agents are asked now.
+async fn label_members(checks: &Api<DynamicObject>, check: &FabricCheck) -> Result<()> {
+    let labels: serde_json::Map<String, serde_json::Value> = check
+        .spec
+        .members
+        .iter()
+        .map(|m| (fabriccheck::member_label(&m.node), json!("true")))
+        .collect();
+    let pp = PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_owned()),
+        ..PatchParams::default()
+    };
+    let patch = json!({ "metadata": { "labels": labels } });
+    match checks.patch(&check.name, &pp, &Patch::Merge(&patch)).await {
+        Ok(_) => Ok(()),
         Err(e) => Err(Error::KubeObject {
-            action: "create",
-            object: format!("FabricCheck {name}"),
+            action: "label the members of",
+            object: format!("FabricCheck {}", check.name),
             source: Box::new(e),
         }),
     }
@@ -197,8 +305,9 @@ pub(super) async fn cleanup(
             delete_check(&checks, &fc, state).await;
         }
     }
-    // Answers that outlived their check (created after it was deleted), once they are old
-    // enough that the store cannot merely lag behind a new check.
+    // Answers that outlived their check (its deletecollection failed, and the garbage
+    // collector has not run), once they are old enough that the store cannot merely lag
+    // behind a new check.
     let mut orphaned = BTreeSet::new();
     for r in w.results.state() {
         let Some(uid) = r.labels().get(fabriccheck::CHECK_UID_LABEL) else {

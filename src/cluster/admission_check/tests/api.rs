@@ -152,17 +152,54 @@ async fn a_gang_of_validated_nodes_gets_its_fabric_check_and_no_state_yet() {
         );
         let meta = &seen.body["metadata"];
         assert_eq!(meta["name"], check_name().as_str());
+        // Not yet labelled for its members' watches: no agent sees it before its answers.
         assert_eq!(
             meta["labels"],
-            json!({
-                "app.kubernetes.io/name": "fabricgate", "fabricgate.io/check": "gang",
-                fabriccheck::member_label("gpu-0"): "true",
-                fabriccheck::member_label("gpu-1"): "true",
-            })
+            json!({ "app.kubernetes.io/name": "fabricgate", "fabricgate.io/check": "gang" })
         );
         assert_eq!(meta["annotations"][RESERVATION_ANNOTATION], RESERVED);
         let spec: CheckSpec = serde_json::from_value(seen.body["spec"].clone()).expect("a spec");
         assert_eq!(ring(2, &spec.deadline), spec);
+        // Each member's empty answer (issue 41, edge C), in any order.
+        let mut answers = Vec::new();
+        for _ in 0..2 {
+            let seen = server.answer(201, json!({})).await;
+            assert_eq!((seen.method, seen.path.as_str()), (Method::POST, RESULTS));
+            assert_eq!(
+                seen.query.get("fieldManager").map(String::as_str),
+                Some(FIELD_MANAGER)
+            );
+            answers.push(seen.body);
+        }
+        answers.sort_by_key(|a| a["spec"]["node"].as_str().map(str::to_owned));
+        for (i, a) in answers.iter().enumerate() {
+            assert_eq!(a["metadata"]["name"], format!("{CHECK_UID}.gpu-{i}"));
+            assert_eq!(
+                a["metadata"]["labels"]["fabricgate.io/fabriccheck-uid"],
+                CHECK_UID
+            );
+            assert_eq!(a["metadata"]["ownerReferences"][0]["uid"], CHECK_UID);
+            assert_eq!(
+                a["spec"],
+                json!({ "check": check_name(), "checkUID": CHECK_UID,
+                        "node": format!("gpu-{i}"), "peer": format!("gpu-{}", (i + 1) % 2) }),
+                "empty: only the member's agent fills it"
+            );
+        }
+        // Then labelled: the members are asked.
+        let mut labelled = check(&ring(2, "x"), RESERVED);
+        labelled.metadata.uid = Some(CHECK_UID.to_owned());
+        let seen = server.answer(200, object(labelled)).await;
+        assert_eq!(seen.method, Method::PATCH);
+        assert_eq!(seen.path, format!("{CHECKS}/{}", check_name()));
+        assert_eq!(seen.content_type, "application/merge-patch+json");
+        assert_eq!(
+            seen.body,
+            json!({ "metadata": { "labels": {
+                fabriccheck::member_label("gpu-0"): "true",
+                fabriccheck::member_label("gpu-1"): "true",
+            } } })
+        );
         server
     })
     .await;
@@ -171,6 +208,34 @@ async fn a_gang_of_validated_nodes_gets_its_fabric_check_and_no_state_yet() {
     assert!(due >= before + Duration::from_secs(22), "{due:?}");
     assert!(stores.created.lock().expect("lock").contains(CHECK_UID));
     assert!(state.decided.is_empty());
+}
+
+/// An answer the API refuses (the ResourceQuota full): the check is deleted again before any
+/// member is asked (never labelled), and the pass retries.
+#[tokio::test]
+async fn a_check_whose_answers_cannot_be_created_is_deleted_unasked() {
+    let stores = gang(2).stores();
+    let mut state = State::default();
+    let before = tokio::time::Instant::now();
+    let due = pass_against(&stores, &mut state, |mut server| async move {
+        let mut created = check(&ring(2, "x"), RESERVED);
+        created.metadata.uid = Some(CHECK_UID.to_owned());
+        let seen = server.answer(201, object(created)).await;
+        assert_eq!((seen.method, seen.path.as_str()), (Method::POST, CHECKS));
+        let mut quota = status(403, "Forbidden");
+        quota["message"] = json!("exceeded quota: fabricgate-fabriccheck-results");
+        for _ in 0..2 {
+            let seen = server.answer(403, quota.clone()).await;
+            assert_eq!((seen.method, seen.path.as_str()), (Method::POST, RESULTS));
+        }
+        expect_check_deleted(&mut server).await;
+        server
+    })
+    .await;
+    // Tried again after the poll interval, not at the check's deadline.
+    let due = due.expect("a retry");
+    assert!(due < before + Duration::from_secs(20), "{due:?}");
+    assert!(!stores.created.lock().expect("lock").contains(CHECK_UID));
 }
 
 #[tokio::test]

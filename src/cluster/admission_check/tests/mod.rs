@@ -197,8 +197,9 @@ fn answer(spec: &CheckSpec, i: usize, ok: bool) -> DynamicObject {
         uid: CHECK_UID.to_owned(),
         spec: spec.clone(),
     };
-    let mut obj: DynamicObject =
-        serde_json::from_value(fabriccheck::result_object(&check, &result)).expect("an answer");
+    let mut v = fabriccheck::empty_result_object(&check, &result.node, &result.peer);
+    v["spec"] = fabriccheck::result_fill(&check, &result)["spec"].clone();
+    let mut obj: DynamicObject = serde_json::from_value(v).expect("an answer");
     obj.metadata.namespace = Some(GANG_NS.to_owned());
     obj
 }

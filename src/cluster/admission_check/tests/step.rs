@@ -386,6 +386,49 @@ fn a_check_in_flight_waits_for_its_answers_until_the_deadline_and_grace() {
     assert_eq!(d.state, "Ready");
 }
 
+/// The controller's empty answers (issue 41, edge C) are no answers: past the deadline, a
+/// member whose answer is still empty is silent.
+#[test]
+fn an_empty_answer_is_not_an_answer() {
+    let spec = ring(2, "2026-12-02T03:00:30Z");
+    let check = FabricCheck {
+        name: check_name(),
+        uid: CHECK_UID.to_owned(),
+        spec: spec.clone(),
+    };
+    let empty = |i: usize| -> DynamicObject {
+        let mut obj: DynamicObject = serde_json::from_value(fabriccheck::empty_result_object(
+            &check,
+            &host(i),
+            &host((i + 1) % 2),
+        ))
+        .expect("an empty answer");
+        obj.metadata.namespace = Some(GANG_NS.to_owned());
+        obj
+    };
+    let late = at("2026-12-02T03:00:32Z");
+    let mut state = State::default();
+    let cache = Cache {
+        results: vec![answer(&spec, 0, true), empty(1)],
+        ..in_flight(&[])
+    };
+    let p = plan_with(cache, &settings(), &mut state, late, None);
+    assert!(matches!(p.action, Action::ListAnswers(_)), "{p:?}");
+    let d = concluded(plan_with(
+        in_flight(&[]),
+        &settings(),
+        &mut state,
+        late,
+        Some(vec![answer(&spec, 0, true), empty(1)]),
+    ));
+    assert_eq!(d.state, "Retry");
+    assert!(
+        d.message.contains("no result from 1 of 2 members: gpu-1"),
+        "{}",
+        d.message
+    );
+}
+
 #[test]
 fn a_check_in_flight_is_concluded_on_its_answers() {
     let d = concluded(plan(in_flight(&[(0, true), (1, true)])));
