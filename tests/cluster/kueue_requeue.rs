@@ -170,12 +170,16 @@ fn capture_get(cp: &ControlPlane, what: &str) -> String {
     get
 }
 
-/// Item 1 and the figure: a gang admitted on 4 nodes of leaf a, its pods created but not yet
-/// bound (held by a scheduling gate); one member's port goes down → after the grace `Retry`
-/// naming it, Kueue evicts the gang and admits it again on the 4 validated nodes of leaf b,
-/// where its pods bind once released. The Event and the metric say so.
+/// Item 1 and the figure: a gang admitted on the 4 nodes of leaf a, its pods created but not
+/// yet bound (held by a scheduling gate of the test). One member's port goes down: Kueue
+/// v0.19's own TAS failed-node handling sees the taint at once and, with no spare node in the
+/// leaf, evicts the gang itself (`NodeFailures`), well within the grace; fabricgate writes
+/// nothing (no second requeue). Readmitted on leaf b, its pods bound there; then a member of
+/// leaf b fails (leaf a repaired meanwhile): Kueue leaves a gang with bound pods alone, and
+/// after the grace fabricgate's `Retry` names the node, Kueue evicts the gang whole and admits
+/// it again on leaf a's 4 validated nodes. The Event and the metric say so.
 #[test]
-fn kueue_requeues_an_admitted_gang_whose_member_fails_before_its_pods_bind() {
+fn kueue_requeues_an_admitted_gang_whose_member_fails_and_readmits_it_on_validated_nodes() {
     let Some((_serial, kueue)) = start() else {
         return;
     };
@@ -187,6 +191,7 @@ fn kueue_requeues_an_admitted_gang_whose_member_fails_before_its_pods_bind() {
     wait_queue_active(kueue, &controller);
     create_job(cp, &gang_job(JOB, GANG, 8, true));
     let wl = wait_admitted(cp, &controller, JOB, GANG, &[]);
+    let wl_name = name_of(&wl);
     let first = assigned_nodes(&wl);
     wait_until_ctx(
         "the gang's pods created, held by our gate only",
@@ -198,18 +203,56 @@ fn kueue_requeues_an_admitted_gang_whose_member_fails_before_its_pods_bind() {
         || format!("\npods: {:#?}", pods_of(cp, JOB)),
     );
     assert!(bound_pods_of(cp, JOB).1.is_empty(), "no pod is bound yet");
+
+    // Before its pods bind: Kueue's own node-failure handling, fabricgate not needed.
+    let watch = WorkloadWatch::start(cp);
+    let early = first[0].clone();
+    let early_leaf = fleet.leaf_of(&early);
+    fail(&fleet, &early);
+    let wl = wait_admitted(cp, &controller, JOB, GANG, std::slice::from_ref(&early));
+    let second = assigned_nodes(&wl);
+    assert!(
+        second.iter().all(|n| fleet.leaf_of(n) != early_leaf),
+        "readmitted on the other leaf: {second:?} (first {first:?})"
+    );
+    let evicted: Vec<String> = watch
+        .versions()
+        .iter()
+        .filter_map(|w| {
+            w["status"]["conditions"]
+                .as_array()?
+                .iter()
+                .find(|c| c["type"] == "Evicted" && c["status"] == "True")
+                .map(|c| c["reason"].as_str().unwrap_or("").to_owned())
+        })
+        .collect();
+    assert!(
+        evicted.iter().all(|r| r == "NodeFailures") && !evicted.is_empty(),
+        "Kueue evicted the unbound gang itself: {evicted:?}"
+    );
+    assert!(watch.retries().is_empty(), "{:?}", watch.retries());
+    assert!(events(cp, &wl_name, "FabricGangRequeued").is_empty());
+    assert_eq!(controller.metric(REQUEUED), 0.0);
+    release_and_bind(cp, GANG, &second);
+    mark_running(cp);
+    drop(watch);
+
+    // After they bind: fabricgate's requeue. Leaf a repaired first, so there is room.
+    let i = fleet.by_name(&early);
+    fleet.hcas[i].set_port(true);
+    wait_until("validated again", Duration::from_secs(30), || {
+        fleet.nodes[i].ready()
+    });
     let before = capture_get(cp, "requeue-before");
     assert!(before.contains("True"), "admitted before: {before}");
-
     let watch = WorkloadWatch::start(cp);
-    let failed = first[0].clone();
-    let failed_leaf = fleet.leaf_of(&failed);
+    let failed = second[0].clone();
     let unvalidated = fail(&fleet, &failed);
     let retried = wait_retry(&watch, &failed, &controller);
     let took = retried.duration_since(unvalidated);
     eprintln!(
         "figure: member node unvalidated -> Retry written: {:.1} s (gang.requeue_grace {} s, \
-         {GANG}-node gang, pods not bound)",
+         {GANG}-node gang, pods bound)",
         took.as_secs_f64(),
         GRACE.as_secs()
     );
@@ -228,53 +271,51 @@ fn kueue_requeues_an_admitted_gang_whose_member_fails_before_its_pods_bind() {
         ) && retry.contains(&format!("{failed}: FabricReady=False")),
         "{retry}"
     );
-
-    // Evicted whole and admitted again, on the other leaf's validated nodes.
+    // Evicted whole (its bound pods' end confirmed, as a kubelet would) and admitted again on
+    // leaf a's validated nodes.
+    wait_until_ctx(
+        "the gang evicted: its Job suspended",
+        Duration::from_secs(30),
+        || crate::kueue::job_suspended(cp),
+        || controller.log(),
+    );
+    let _ = cp.kubectl_as(
+        &cp.admin_kubeconfig,
+        &[
+            "-n",
+            NS,
+            "delete",
+            "pods",
+            "--all",
+            "--grace-period=0",
+            "--force",
+        ],
+        None,
+    );
     let wl = wait_admitted(cp, &controller, JOB, GANG, std::slice::from_ref(&failed));
-    let second = assigned_nodes(&wl);
-    for n in &second {
+    let third = assigned_nodes(&wl);
+    for n in &third {
         let node = &fleet.nodes[fleet.by_name(n)];
         assert!(
-            fleet.leaf_of(n) != failed_leaf && !node.has_our_taint(),
-            "readmitted on a validated node of the other leaf: {second:?} (first {first:?})"
+            fleet.leaf_of(n) == early_leaf && !node.has_our_taint(),
+            "readmitted on leaf a's validated nodes: {third:?}"
         );
     }
     assert!(
-        watch
-            .versions()
-            .iter()
-            .any(|w| condition_true(w, "Evicted")),
-        "Kueue evicted the gang"
+        watch.versions().iter().any(|w| {
+            w["status"]["conditions"].as_array().is_some_and(|cs| {
+                cs.iter().any(|c| {
+                    c["type"] == "Evicted"
+                        && c["status"] == "True"
+                        && c["reason"] == "AdmissionCheck"
+                })
+            })
+        }),
+        "Kueue evicted the gang for the check"
     );
-    // Its pods (new ones: the evicted gang's were deleted) run there once released.
-    let released = std::cell::Cell::new(BTreeSet::<String>::new());
-    wait_until_ctx(
-        "the new pods bound to the new nodes",
-        Duration::from_secs(60),
-        || {
-            let mut done = released.take();
-            for p in pods_of(cp, JOB) {
-                let name = p["metadata"]["name"].as_str().unwrap_or("").to_owned();
-                if held_by_us_only(&p) && done.insert(name.clone()) {
-                    cp.kubectl(&[
-                        "-n",
-                        NS,
-                        "patch",
-                        "pod",
-                        &name,
-                        "--type=merge",
-                        "-p",
-                        r#"{"spec":{"schedulingGates":null}}"#,
-                    ]);
-                }
-            }
-            released.set(done);
-            bound_pods_of(cp, JOB) == (GANG, second.clone())
-        },
-        || format!("\npods: {:?}", bound_pods_of(cp, JOB)),
-    );
+    release_and_bind(cp, GANG, &third);
 
-    let requeued = events(cp, &name_of(&wl), "FabricGangRequeued");
+    let requeued = events(cp, &wl_name, "FabricGangRequeued");
     assert!(
         requeued.len() == 1 && requeued[0].contains(&failed),
         "one FabricGangRequeued Event naming {failed}: {requeued:?}"
@@ -284,6 +325,64 @@ fn kueue_requeues_an_admitted_gang_whose_member_fails_before_its_pods_bind() {
     assert!(after.contains("True"), "admitted after: {after}");
     capture_output(kueue, "requeued");
     controller.kill();
+}
+
+/// The Job's pods `Running`, as their kubelet would report them.
+fn mark_running(cp: &ControlPlane) {
+    for p in pods_of(cp, JOB) {
+        let name = p["metadata"]["name"].as_str().unwrap_or("").to_owned();
+        cp.kubectl(&[
+            "-n",
+            NS,
+            "patch",
+            "pod",
+            &name,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            r#"{"status":{"phase":"Running"}}"#,
+        ]);
+    }
+}
+
+/// The Job's live pods released from the test's gate as they appear, until `n` of them are
+/// bound to exactly `on`.
+fn release_and_bind(cp: &ControlPlane, n: usize, on: &[String]) {
+    wait_until_ctx(
+        "the pods released and bound to the assigned nodes",
+        Duration::from_secs(60),
+        || {
+            for p in pods_of(cp, JOB) {
+                if held_by_us_only(&p) {
+                    let name = p["metadata"]["name"].as_str().unwrap_or("");
+                    let _ = cp.kubectl_as(
+                        &cp.admin_kubeconfig,
+                        &[
+                            "-n",
+                            NS,
+                            "patch",
+                            "pod",
+                            name,
+                            "--type=merge",
+                            "-p",
+                            r#"{"spec":{"schedulingGates":null}}"#,
+                        ],
+                        None,
+                    );
+                }
+            }
+            let live: Vec<String> = {
+                let mut v: Vec<String> = pods_of(cp, JOB)
+                    .iter()
+                    .filter_map(|p| p["spec"]["nodeName"].as_str().map(str::to_owned))
+                    .collect();
+                v.sort();
+                v
+            };
+            live.len() == n && live == on
+        },
+        || format!("\npods: {:?}", bound_pods_of(cp, JOB)),
+    );
 }
 
 /// Item 2: a gang running (pods bound, marked running as a kubelet would) whose member's port
@@ -303,20 +402,7 @@ fn kueue_requeues_a_running_gang_after_the_grace_and_not_for_a_shorter_flap() {
     wait_queue_active(kueue, &controller);
     create_job(cp, &gang_job(JOB, WORKERS, 8, false));
     let on = wait_admitted_and_bound(kueue, &controller);
-    for p in pods_of(cp, JOB) {
-        let name = p["metadata"]["name"].as_str().unwrap_or("").to_owned();
-        cp.kubectl(&[
-            "-n",
-            NS,
-            "patch",
-            "pod",
-            &name,
-            "--subresource=status",
-            "--type=merge",
-            "-p",
-            r#"{"status":{"phase":"Running"}}"#,
-        ]);
-    }
+    mark_running(cp);
     let wl = name_of(&workload_of(cp, JOB).expect("the Workload"));
     let watch = WorkloadWatch::start(cp);
     let member = on[1].clone();
