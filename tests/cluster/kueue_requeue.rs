@@ -499,29 +499,31 @@ fn kueue_requeues_a_gang_whose_member_pod_is_on_sockets() {
         "type": "fabricgate.io/TransportReady", "status": "False", "reason": "SocketsFallback",
         "message": "NCCL_NET=Socket: no RDMA device in the pod",
         "lastTransitionTime": "2026-12-05T00:00:00Z" }] } });
-    // Retried while the apiserver has not yet loaded the overlay's grants.
+    // The agent's own request (`node::pod_writer`: a strategic merge patch of pods/status, no
+    // GET first), retried while the apiserver has not yet loaded the overlay's grants.
     let err = std::cell::RefCell::new(String::new());
     wait_until_ctx(
         &format!("the agent of {node} sets its pod's condition"),
         Duration::from_secs(20),
         || {
-            let (ok, _, e) = cp.kubectl_as(
-                &agent,
-                &[
-                    "-n",
-                    NS,
-                    "patch",
-                    "pod",
+            let r = cp.block_on(async {
+                let client = crate::common::controlplane::client_from(&agent).await;
+                let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
+                    kube::Api::namespaced(client, NS);
+                pods.patch_status(
                     &pod,
-                    "--subresource=status",
-                    "--type=strategic",
-                    "-p",
-                    &condition.to_string(),
-                ],
-                None,
-            );
-            *err.borrow_mut() = e;
-            ok
+                    &kube::api::PatchParams::default(),
+                    &kube::api::Patch::Strategic(&condition),
+                )
+                .await
+            });
+            match r {
+                Ok(_) => true,
+                Err(e) => {
+                    *err.borrow_mut() = e.to_string();
+                    false
+                }
+            }
         },
         || err.borrow().clone(),
     );
