@@ -159,15 +159,42 @@ fn name_of(wl: &Value) -> String {
     wl["metadata"]["name"].as_str().unwrap_or("").to_owned()
 }
 
-/// `kubectl -n ml get kueueworkloads`, written to `<target tmp>/kueue-output/{what}.txt` for
-/// docs/gangs.md.
+/// `kubectl -n ml get kueueworkloads` and the gang's pods with their nodes, written to
+/// `<target tmp>/kueue-output/{what}.txt` for docs/gangs.md; the first returned.
 fn capture_get(cp: &ControlPlane, what: &str) -> String {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("kueue-output");
     std::fs::create_dir_all(&dir).expect("mkdir kueue-output");
     let get = cp.kubectl(&["-n", NS, "get", "kueueworkloads"]);
-    std::fs::write(dir.join(format!("{what}.txt")), &get).expect("write");
-    eprintln!("$ kubectl -n {NS} get kueueworkloads   # {what}\n{get}");
+    let columns = "custom-columns=POD:.metadata.name,NODE:.spec.nodeName,PHASE:.status.phase";
+    let pods = cp.kubectl(&["-n", NS, "get", "pods", "-o", columns]);
+    let text = format!(
+        "$ kubectl -n {NS} get kueueworkloads\n{get}$ kubectl -n {NS} get pods -o {columns}\n{pods}"
+    );
+    std::fs::write(dir.join(format!("{what}.txt")), &text).expect("write");
+    eprintln!("{what}:\n{text}");
     get
+}
+
+/// The `FabricGangRequeued` Events as `kubectl get events` lists them, written to
+/// `<target tmp>/kueue-output/{what}.txt` for docs/gangs.md.
+fn capture_events(cp: &ControlPlane, what: &str) {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("kueue-output");
+    let columns = "custom-columns=REASON:.reason,OBJECT:.involvedObject.name,MESSAGE:.message";
+    let events = cp.kubectl(&[
+        "-n",
+        NS,
+        "get",
+        "events",
+        "--field-selector",
+        "reason=FabricGangRequeued",
+        "-o",
+        columns,
+    ]);
+    let text = format!(
+        "$ kubectl -n {NS} get events --field-selector reason=FabricGangRequeued -o {columns}\n{events}"
+    );
+    std::fs::write(dir.join(format!("{what}.txt")), &text).expect("write");
+    assert!(events.contains("FabricGangRequeued"), "{text}");
 }
 
 /// Item 1 and the figure: a gang admitted on the 4 nodes of leaf a, its pods created but not
@@ -323,6 +350,7 @@ fn kueue_requeues_an_admitted_gang_whose_member_fails_and_readmits_it_on_validat
     assert_eq!(controller.metric(REQUEUED), 1.0);
     let after = capture_get(cp, "requeue-after");
     assert!(after.contains("True"), "admitted after: {after}");
+    capture_events(cp, "requeue-events");
     capture_output(kueue, "requeued");
     controller.kill();
 }

@@ -58,10 +58,15 @@ struct ChildGroup(Child);
 
 impl Drop for ChildGroup {
     fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .arg("-TERM")
-            .arg(format!("-{}", self.0.id()))
-            .status();
+        // killpg(2) itself, not `kill -TERM -PGID`: procps-ng 4.0's kill(1) does not take that
+        // form as a group here, the group is never signalled and the wait below never ends.
+        let group = i32::try_from(self.0.id())
+            .ok()
+            .filter(|pid| *pid > 1)
+            .and_then(rustix::process::Pid::from_raw);
+        if let Some(group) = group {
+            let _ = rustix::process::kill_process_group(group, rustix::process::Signal::TERM);
+        }
         let _ = self.0.wait();
     }
 }
