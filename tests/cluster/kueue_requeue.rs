@@ -175,24 +175,24 @@ fn capture_get(cp: &ControlPlane, what: &str) -> String {
     get
 }
 
-/// The `FabricGangRequeued` Events as `kubectl get events` lists them, written to
+/// Workload `wl`'s `FabricGangRequeued` Events as `kubectl get events` lists them, written to
 /// `<target tmp>/kueue-output/{what}.txt` for docs/gangs.md.
-fn capture_events(cp: &ControlPlane, what: &str) {
+fn capture_events(cp: &ControlPlane, wl: &str, what: &str) {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("kueue-output");
     let columns = "custom-columns=REASON:.reason,OBJECT:.involvedObject.name,MESSAGE:.message";
+    let selector = format!("reason=FabricGangRequeued,involvedObject.name={wl}");
     let events = cp.kubectl(&[
         "-n",
         NS,
         "get",
         "events",
         "--field-selector",
-        "reason=FabricGangRequeued",
+        &selector,
         "-o",
         columns,
     ]);
-    let text = format!(
-        "$ kubectl -n {NS} get events --field-selector reason=FabricGangRequeued -o {columns}\n{events}"
-    );
+    let text =
+        format!("$ kubectl -n {NS} get events --field-selector {selector} -o {columns}\n{events}");
     std::fs::write(dir.join(format!("{what}.txt")), &text).expect("write");
     assert!(events.contains("FabricGangRequeued"), "{text}");
 }
@@ -350,7 +350,7 @@ fn kueue_requeues_an_admitted_gang_whose_member_fails_and_readmits_it_on_validat
     assert_eq!(controller.metric(REQUEUED), 1.0);
     let after = capture_get(cp, "requeue-after");
     assert!(after.contains("True"), "admitted after: {after}");
-    capture_events(cp, "requeue-events");
+    capture_events(cp, &wl_name, "requeue-events");
     capture_output(kueue, "requeued");
     controller.kill();
 }

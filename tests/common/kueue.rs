@@ -58,8 +58,8 @@ struct ChildGroup(Child);
 
 impl Drop for ChildGroup {
     fn drop(&mut self) {
-        // killpg(2) itself, not `kill -TERM -PGID`: procps-ng 4.0's kill(1) does not take that
-        // form as a group here, the group is never signalled and the wait below never ends.
+        // killpg(2) itself: with `kill -TERM -PGID` (procps-ng 4.0.2's kill) the group was not
+        // signalled and the wait below never ended.
         let group = i32::try_from(self.0.id())
             .ok()
             .filter(|pid| *pid > 1)
