@@ -35,6 +35,8 @@ mod gang_ring;
 mod guard;
 #[path = "cluster/kueue.rs"]
 mod kueue;
+#[path = "cluster/kueue_requeue.rs"]
+mod kueue_requeue;
 #[path = "cluster/overlays.rs"]
 mod overlays;
 #[path = "cluster/placement.rs"]

@@ -19,23 +19,23 @@ use std::time::{Duration, Instant};
 /// The namespace of the FabricChecks (gang.namespace) and of the controller's Role and Lease.
 const NS: &str = "fabricgate";
 /// deploy/admission-check.yaml's AdmissionCheck.
-const CHECK: &str = "fabricgate-preflight";
+pub(crate) const CHECK: &str = "fabricgate-preflight";
 const SA_USER: &str = "system:serviceaccount:fabricgate:fabricgate-admission-check";
 const LEAF: &str = kueue_crds::LEAF_LABEL;
 const MANIFEST: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/admission-check.yaml");
 
-struct Env {
+pub(crate) struct Env {
     /// Kueue's manager is not running meanwhile: it would reconcile the Workloads these
     /// tests write by hand (`tests/common/kueue.rs`).
     _without_kueue: std::sync::RwLockReadGuard<'static, ()>,
-    cp: &'static ControlPlane,
+    pub(crate) cp: &'static ControlPlane,
     kubeconfig: PathBuf,
     scratch: tempfile::TempDir,
 }
 
 /// Kueue's CRDs, the agents' namespace, the shipped manifest (its Deployment stays inert: no
 /// kubelet runs it here) and a kubeconfig with the controller's ServiceAccount token.
-fn setup() -> Option<Env> {
+pub(crate) fn setup() -> Option<Env> {
     let cp = control_plane()?;
     let without_kueue = crate::common::kueue::Kueue::without();
     kueue_crds::install(cp)?;
@@ -52,7 +52,7 @@ fn setup() -> Option<Env> {
     })
 }
 
-struct Controller {
+pub(crate) struct Controller {
     child: Child,
     log: PathBuf,
     identity: String,
@@ -60,11 +60,11 @@ struct Controller {
 }
 
 impl Controller {
-    fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    fn wait(&self, what: &str, limit: Duration, f: impl FnMut() -> bool) -> Duration {
+    pub(crate) fn wait(&self, what: &str, limit: Duration, f: impl FnMut() -> bool) -> Duration {
         poll_until(what, limit, Duration::from_millis(20), f, || {
             format!(
                 "; log of {}:\n{}",
@@ -74,7 +74,7 @@ impl Controller {
         })
     }
 
-    fn metric(&self, series: &str) -> f64 {
+    pub(crate) fn metric(&self, series: &str) -> f64 {
         let (code, _, body) = http_get(&self.metrics, "/metrics", None);
         assert_eq!(code, 200, "{body}");
         sample(&body, series).unwrap_or_else(|| panic!("no {series} in:\n{body}"))
@@ -108,7 +108,13 @@ fn config(env: &Env, name: &str, timeout: &str) -> PathBuf {
 }
 
 /// The controller, serving only `workload_ns`'s Workloads, electing on Lease `lease`.
-fn start(env: &Env, identity: &str, lease: &str, workload_ns: &str, config: &Path) -> Controller {
+pub(crate) fn start(
+    env: &Env,
+    identity: &str,
+    lease: &str,
+    workload_ns: &str,
+    config: &Path,
+) -> Controller {
     let log = env.scratch.path().join(format!("{identity}.log"));
     let metrics = format!("127.0.0.1:{}", free_port());
     let child = Command::new(env!("CARGO_BIN_EXE_fabricgate"))
@@ -148,7 +154,7 @@ fn holder(cp: &ControlPlane, lease: &str) -> Option<String> {
 
 /// A GPU Node as its agent leaves it: validated (label, `FabricReady=True`, no taint) or
 /// not (`FabricReady=False` `RdmaPortDown`, label false, the taint), with its peers endpoint.
-fn gpu_node(cp: &ControlPlane, name: &str, leaf: &str, validated: bool) {
+pub(crate) fn gpu_node(cp: &ControlPlane, name: &str, leaf: &str, validated: bool) {
     let taints = if validated {
         json!([])
     } else {
@@ -197,7 +203,7 @@ fn endpoint(name: &str) -> String {
     format!("10.9.0.{host}:9465")
 }
 
-fn set_fabric(cp: &ControlPlane, name: &str, validated: bool) {
+pub(crate) fn set_fabric(cp: &ControlPlane, name: &str, validated: bool) {
     let now = "2026-12-01T00:00:00Z";
     let condition = if validated {
         json!({ "type": "FabricReady", "status": "True", "reason": "Validated",
@@ -221,7 +227,7 @@ fn set_fabric(cp: &ControlPlane, name: &str, validated: bool) {
 }
 
 /// Validate `name` again, as its agent would once its port is back.
-fn validate(cp: &ControlPlane, name: &str) {
+pub(crate) fn validate(cp: &ControlPlane, name: &str) {
     set_fabric(cp, name, true);
     cp.kubectl(&[
         "label",
@@ -246,7 +252,7 @@ fn api(
     Api::namespaced_with(cp.admin(), ns, &ar)
 }
 
-fn workloads(cp: &ControlPlane, ns: &str) -> Api<DynamicObject> {
+pub(crate) fn workloads(cp: &ControlPlane, ns: &str) -> Api<DynamicObject> {
     api(cp, "kueue.x-k8s.io", "v1beta2", "Workload", "workloads", ns)
 }
 
@@ -269,7 +275,7 @@ fn ensure_namespace(cp: &ControlPlane, ns: &str) {
 
 /// A Workload of one pod set of `nodes.len()` pods, as Kueue's Job integration makes it;
 /// returns its uid.
-fn create_workload(cp: &ControlPlane, ns: &str, name: &str, pods: usize) -> String {
+pub(crate) fn create_workload(cp: &ControlPlane, ns: &str, name: &str, pods: usize) -> String {
     ensure_namespace(cp, ns);
     let wl = json!({
         "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
@@ -332,12 +338,19 @@ fn reserved_gang(
     fc
 }
 
-fn reserve(cp: &ControlPlane, ns: &str, name: &str, leaf: &str, nodes: &[&str], when: &str) {
+pub(crate) fn reserve(
+    cp: &ControlPlane,
+    ns: &str,
+    name: &str,
+    leaf: &str,
+    nodes: &[&str],
+    when: &str,
+) {
     kueue_crds::reserve(cp, ns, name, CHECK, Some(leaf), nodes, when);
 }
 
 /// Our check's (state, message) on the Workload.
-fn check_state(cp: &ControlPlane, ns: &str, name: &str) -> (String, String) {
+pub(crate) fn check_state(cp: &ControlPlane, ns: &str, name: &str) -> (String, String) {
     let wl = cp
         .get_json(&format!(
             "/apis/kueue.x-k8s.io/v1beta2/namespaces/{ns}/workloads/{name}"
@@ -422,7 +435,7 @@ fn good_from(node: &str, peer: &str, prev: &str) -> Value {
 }
 
 /// The Events recorded on Workload `name`.
-fn workload_events(cp: &ControlPlane, ns: &str, name: &str) -> Vec<Value> {
+pub(crate) fn workload_events(cp: &ControlPlane, ns: &str, name: &str) -> Vec<Value> {
     cp.get_json(&format!("/apis/events.k8s.io/v1/namespaces/{ns}/events"))
         .map(|l| l["items"].as_array().cloned().unwrap_or_default())
         .unwrap_or_default()
@@ -1000,7 +1013,7 @@ fn redteam_a_pod_set_without_topology_is_not_ready_unless_allowed() {
 }
 
 /// Our check's entry on the Workload, whole (state, message, `requeueAfterSeconds`, ...).
-fn check_entry_json(cp: &ControlPlane, ns: &str, name: &str) -> Value {
+pub(crate) fn check_entry_json(cp: &ControlPlane, ns: &str, name: &str) -> Value {
     let wl = cp
         .get_json(&format!(
             "/apis/kueue.x-k8s.io/v1beta2/namespaces/{ns}/workloads/{name}"
@@ -1016,7 +1029,7 @@ fn check_entry_json(cp: &ControlPlane, ns: &str, name: &str) -> Value {
 }
 
 /// A config with `extra` lines under `gang:` (RDMA required, `timeout`).
-fn config_with(env: &Env, name: &str, timeout: &str, extra: &str) -> PathBuf {
+pub(crate) fn config_with(env: &Env, name: &str, timeout: &str, extra: &str) -> PathBuf {
     let path = env.scratch.path().join(format!("{name}.yaml"));
     std::fs::write(
         &path,

@@ -23,12 +23,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-const NS: &str = "ml";
-const JOB: &str = "llm-pretrain";
-const LEAF: &str = "network.topology.nvidia.com/leaf";
+pub(crate) const NS: &str = "ml";
+pub(crate) const JOB: &str = "llm-pretrain";
+pub(crate) const LEAF: &str = "network.topology.nvidia.com/leaf";
 const POOL: (&str, &str) = ("node.example.com/pool", "gpu-rdma");
 const CHECK: &str = "fabricgate-preflight";
-const WORKERS: usize = 3;
+pub(crate) const WORKERS: usize = 3;
 
 /// The YAML block of docs/gangs.md after `<!-- kueue-test: {name} -->`.
 pub fn doc_yaml(name: &str) -> String {
@@ -50,11 +50,11 @@ pub fn doc_yaml(name: &str) -> String {
 }
 
 /// Six Nodes in two leaves (`{prefix}-a-*`, `{prefix}-b-*`), each with 8 GPUs, the flavor's
-/// pool label and a real agent; deleted (with the Job, its pods and Workloads) on drop.
-struct Fleet {
+/// pool label and a real agent; deleted (with the Jobs, their pods and Workloads) on drop.
+pub(crate) struct Fleet {
     kueue: &'static Kueue,
-    nodes: Vec<TestNode>,
-    hcas: Vec<FakeHca>,
+    pub(crate) nodes: Vec<TestNode>,
+    pub(crate) hcas: Vec<FakeHca>,
     agents: Vec<Agent>,
     /// The agents' requirements file (peers on, over loopback) and the pool's key.
     _config: tempfile::TempDir,
@@ -76,7 +76,18 @@ fn peers_port() -> u16 {
 const PEERS_KEY: &str = "0d6a1c5e3b7f9a2d4c6e8f0a1b3c5d7e9f1a2b4c6d8e0f1a3b5c7d9e1f2a4b6c\n";
 
 impl Fleet {
-    fn up(kueue: &'static Kueue, prefix: &str) -> Fleet {
+    pub(crate) fn up(kueue: &'static Kueue, prefix: &str) -> Fleet {
+        Self::up_sized(kueue, prefix, 2, WORKERS)
+    }
+
+    /// `leaves` leaves (`a`, `b`, ...) of `per_leaf` Nodes each (at most 8 Nodes in all: each
+    /// has its own loopback address from 127.0.0.11).
+    pub(crate) fn up_sized(
+        kueue: &'static Kueue,
+        prefix: &str,
+        leaves: usize,
+        per_leaf: usize,
+    ) -> Fleet {
         let cp = kueue.cp;
         // Peers on, so each agent answers the FabricChecks that name its node, its responder
         // on a loopback port it advertises on its Node; no rounds of its own (no peers).
@@ -101,8 +112,8 @@ impl Fleet {
             agents: Vec::new(),
             _config: config_dir,
         };
-        for (l, leaf) in ["a", "b"].into_iter().enumerate() {
-            for i in 0..WORKERS {
+        for (l, leaf) in ["a", "b", "c", "d"].into_iter().take(leaves).enumerate() {
+            for i in 0..per_leaf {
                 let name = format!("{prefix}-{leaf}-{i}");
                 cp.create_node(
                     &name,
@@ -113,7 +124,7 @@ impl Fleet {
                 // Each node its own loopback address (its status.addresses, as the kubelet
                 // reports them) and the one peers port: the controller accepts only such an
                 // endpoint (issue 36, item 10).
-                let ip = format!("127.0.0.{}", 11 + l * WORKERS + i);
+                let ip = format!("127.0.0.{}", 11 + l * per_leaf + i);
                 cp.patch_node_status(
                     &name,
                     &json!({ "status": { "addresses": [
@@ -140,20 +151,20 @@ impl Fleet {
                 fleet.hcas.push(hca);
             }
         }
-        wait_until("all six nodes validated", Duration::from_secs(90), || {
+        wait_until("all the nodes validated", Duration::from_secs(90), || {
             fleet.nodes.iter().all(TestNode::ready)
         });
         fleet
     }
 
-    fn by_name(&self, name: &str) -> usize {
+    pub(crate) fn by_name(&self, name: &str) -> usize {
         self.nodes
             .iter()
             .position(|n| n.name == name)
             .unwrap_or_else(|| panic!("{name} is not a node of this test"))
     }
 
-    fn leaf_of(&self, name: &str) -> String {
+    pub(crate) fn leaf_of(&self, name: &str) -> String {
         self.nodes[self.by_name(name)]
             .label(LEAF)
             .unwrap_or_default()
@@ -181,20 +192,12 @@ impl Drop for Fleet {
     }
 }
 
-/// The Job, its pods (forced: no kubelet confirms their end) and its Workloads, gone.
-fn delete_job(cp: &crate::common::controlplane::ControlPlane) {
+/// The Jobs of `NS`, their pods (forced: no kubelet confirms their end) and Workloads, gone.
+pub(crate) fn delete_job(cp: &crate::common::controlplane::ControlPlane) {
     let k = |args: &[&str]| {
         let _ = cp.kubectl_as(&cp.admin_kubeconfig, args, None);
     };
-    k(&[
-        "-n",
-        NS,
-        "delete",
-        "job",
-        JOB,
-        "--ignore-not-found",
-        "--wait=false",
-    ]);
+    k(&["-n", NS, "delete", "jobs", "--all", "--wait=false"]);
     k(&[
         "-n",
         NS,
@@ -221,7 +224,7 @@ const MANIFEST: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/admission-ch
 
 /// The shipped manifest, then the Queues of docs/gangs.md; the AdmissionCheck docs/gangs.md
 /// shows is the manifest's.
-fn apply_queues(cp: &crate::common::controlplane::ControlPlane) {
+pub(crate) fn apply_queues(cp: &crate::common::controlplane::ControlPlane) {
     use serde::Deserialize;
     let manifest = std::fs::read_to_string(MANIFEST).expect("read deploy/admission-check.yaml");
     let shipped = serde_norway::Deserializer::from_str(&manifest)
@@ -252,6 +255,14 @@ fn create_job(cp: &crate::common::controlplane::ControlPlane) -> Value {
 
 /// The Workload Kueue made for the Job.
 fn workload(cp: &crate::common::controlplane::ControlPlane) -> Option<Value> {
+    workload_of(cp, JOB)
+}
+
+/// The Workload Kueue made for Job `job`.
+pub(crate) fn workload_of(
+    cp: &crate::common::controlplane::ControlPlane,
+    job: &str,
+) -> Option<Value> {
     let list = cp.get_json(&format!(
         "/apis/kueue.x-k8s.io/v1beta2/namespaces/{NS}/workloads"
     ))?;
@@ -261,12 +272,12 @@ fn workload(cp: &crate::common::controlplane::ControlPlane) -> Option<Value> {
         .find(|w| {
             w["metadata"]["ownerReferences"]
                 .as_array()
-                .is_some_and(|o| o.iter().any(|r| r["kind"] == "Job" && r["name"] == JOB))
+                .is_some_and(|o| o.iter().any(|r| r["kind"] == "Job" && r["name"] == job))
         })
         .cloned()
 }
 
-fn condition_true(wl: &Value, type_: &str) -> bool {
+pub(crate) fn condition_true(wl: &Value, type_: &str) -> bool {
     wl["status"]["conditions"].as_array().is_some_and(|c| {
         c.iter()
             .any(|c| c["type"] == type_ && c["status"] == "True")
@@ -274,7 +285,7 @@ fn condition_true(wl: &Value, type_: &str) -> bool {
 }
 
 /// fabricgate's entry in the Workload's `status.admissionChecks`.
-fn check_state(wl: &Value) -> Option<(String, String)> {
+pub(crate) fn check_state(wl: &Value) -> Option<(String, String)> {
     wl["status"]["admissionChecks"]
         .as_array()?
         .iter()
@@ -289,7 +300,7 @@ fn check_state(wl: &Value) -> Option<(String, String)> {
 
 /// The nodes TAS assigned to the Workload's pod sets (the hostname level of
 /// `status.admission.podSetAssignments[].topologyAssignment`, v1beta2's compact form).
-fn assigned_nodes(wl: &Value) -> Vec<String> {
+pub(crate) fn assigned_nodes(wl: &Value) -> Vec<String> {
     let mut out = Vec::new();
     for psa in wl["status"]["admission"]["podSetAssignments"]
         .as_array()
@@ -322,9 +333,17 @@ fn assigned_nodes(wl: &Value) -> Vec<String> {
 
 /// The nodes the Job's pods are bound to (sorted), and how many pods there are.
 fn bound_pods(cp: &crate::common::controlplane::ControlPlane) -> (usize, Vec<String>) {
+    bound_pods_of(cp, JOB)
+}
+
+/// The nodes Job `job`'s pods are bound to (sorted), and how many pods there are.
+pub(crate) fn bound_pods_of(
+    cp: &crate::common::controlplane::ControlPlane,
+    job: &str,
+) -> (usize, Vec<String>) {
     let list = cp
         .get_json(&format!(
-            "/api/v1/namespaces/{NS}/pods?labelSelector=job-name%3D{JOB}"
+            "/api/v1/namespaces/{NS}/pods?labelSelector=job-name%3D{job}"
         ))
         .unwrap_or_default();
     let pods = list["items"].as_array().cloned().unwrap_or_default();
@@ -336,15 +355,17 @@ fn bound_pods(cp: &crate::common::controlplane::ControlPlane) -> (usize, Vec<Str
     (pods.len(), on)
 }
 
-fn job_suspended(cp: &crate::common::controlplane::ControlPlane) -> bool {
+pub(crate) fn job_suspended(cp: &crate::common::controlplane::ControlPlane) -> bool {
     cp.get_json(&format!("/apis/batch/v1/namespaces/{NS}/jobs/{JOB}"))
         .is_some_and(|j| j["spec"]["suspend"] == Value::Bool(true))
 }
 
 /// `fabricgate admission-check` as its own process, killed on drop.
-struct Controller {
+pub(crate) struct Controller {
     child: Child,
     log: PathBuf,
+    /// `127.0.0.1:PORT` of its `/metrics`.
+    metrics: String,
 }
 
 impl Controller {
@@ -355,7 +376,7 @@ impl Controller {
     }
 
     /// With `gang` as the `gang:` section's lines besides `timeout: 10s`.
-    fn start_with(kueue: &Kueue, gang: &str) -> Controller {
+    pub(crate) fn start_with(kueue: &Kueue, gang: &str) -> Controller {
         let cp = kueue.cp;
         let dir = cp.run_dir().join("admission-check");
         std::fs::create_dir_all(&dir).expect("mkdir admission-check");
@@ -363,7 +384,14 @@ impl Controller {
         crate::common::kueue_crds::admission_check_kubeconfig(cp, &kubeconfig);
         let n = std::fs::read_dir(&dir).map_or(0, Iterator::count);
         let log = dir.join(format!("controller-{n}.log"));
-        let config = dir.join("config.yaml");
+        let config = dir.join(format!("config-{n}.yaml"));
+        let metrics = format!(
+            "127.0.0.1:{}",
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .map(|a| a.port())
+                .expect("a free port for /metrics")
+        );
         // The fixture agents have no verbs (see docs/gangs.md): the pair exchange runs over
         // the side channel only.
         std::fs::write(
@@ -378,12 +406,7 @@ impl Controller {
             .arg("admission-check")
             .arg("--config")
             .arg(&config)
-            .args([
-                "--metrics-listen",
-                "127.0.0.1:0",
-                "--workload-namespace",
-                NS,
-            ])
+            .args(["--metrics-listen", &metrics, "--workload-namespace", NS])
             // One identity for every start: a restarted controller holds the Lease at once.
             .args([
                 "--identity",
@@ -401,15 +424,45 @@ impl Controller {
             .stderr(std::fs::File::create(&log).expect("controller log"))
             .spawn()
             .expect("start fabricgate admission-check");
-        Controller { child, log }
+        Controller {
+            child,
+            log,
+            metrics,
+        }
     }
 
-    fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         crate::common::controlplane::tail(&self.log, 30)
     }
 
+    /// `series`'s value on the controller's `/metrics`, once it serves them.
+    pub(crate) fn metric(&self, series: &str) -> f64 {
+        let mut body = String::new();
+        wait_until_ctx(
+            "the controller's /metrics",
+            Duration::from_secs(10),
+            || {
+                let got = crate::common::try_http_get(
+                    &self.metrics,
+                    "/metrics",
+                    None,
+                    Duration::from_secs(1),
+                );
+                match got {
+                    Some((200, _, b)) => {
+                        body = b;
+                        true
+                    }
+                    _ => false,
+                }
+            },
+            || self.log(),
+        );
+        crate::common::sample(&body, series).unwrap_or_else(|| panic!("no {series} in:\n{body}"))
+    }
+
     /// SIGKILL, as a crashed or evicted controller: nothing is written on the way out.
-    fn kill(mut self) {
+    pub(crate) fn kill(mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -423,7 +476,7 @@ impl Drop for Controller {
 }
 
 /// The ClusterQueue is active: its AdmissionCheck is `Active` (its controller has run).
-fn wait_queue_active(kueue: &Kueue, controller: &Controller) {
+pub(crate) fn wait_queue_active(kueue: &Kueue, controller: &Controller) {
     wait_until_ctx(
         "ClusterQueue training Active",
         Duration::from_secs(60),
@@ -443,7 +496,7 @@ fn wait_queue_active(kueue: &Kueue, controller: &Controller) {
     );
 }
 
-fn wait_until_ctx(
+pub(crate) fn wait_until_ctx(
     what: &str,
     limit: Duration,
     done: impl FnMut() -> bool,
@@ -476,7 +529,7 @@ fn wait_reserved(kueue: &Kueue, why: &str) -> Value {
 }
 
 /// Admitted, the Job running, its pods bound to exactly the assigned nodes: those nodes.
-fn wait_admitted_and_bound(kueue: &Kueue, controller: &Controller) -> Vec<String> {
+pub(crate) fn wait_admitted_and_bound(kueue: &Kueue, controller: &Controller) -> Vec<String> {
     let cp = kueue.cp;
     let wl = std::cell::RefCell::new(None);
     wait_until_ctx(
@@ -518,7 +571,7 @@ fn wait_admitted_and_bound(kueue: &Kueue, controller: &Controller) -> Vec<String
     assigned
 }
 
-fn start() -> Option<(std::sync::RwLockWriteGuard<'static, ()>, &'static Kueue)> {
+pub(crate) fn start() -> Option<(std::sync::RwLockWriteGuard<'static, ()>, &'static Kueue)> {
     let kueue = Kueue::shared()?;
     let serial = kueue.serial();
     delete_job(kueue.cp);
@@ -720,16 +773,24 @@ fn redteam_kueue_backs_off_a_failing_gang_then_deactivates_it() {
 /// `kubectl get workloads --watch -o json` on the Job's namespace in the background: every
 /// version of the Workloads, so a `Retry` that Kueue turns back into `Pending` within
 /// milliseconds is still seen.
-struct WorkloadWatch {
+pub(crate) struct WorkloadWatch {
     child: Child,
     out: PathBuf,
 }
 
+/// A number for each watch of this process (a test may hold several).
+fn next_watch() -> usize {
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
 impl WorkloadWatch {
-    fn start(cp: &crate::common::controlplane::ControlPlane) -> WorkloadWatch {
-        let out = cp
-            .run_dir()
-            .join(format!("workload-watch-{}.json", std::process::id()));
+    pub(crate) fn start(cp: &crate::common::controlplane::ControlPlane) -> WorkloadWatch {
+        let out = cp.run_dir().join(format!(
+            "workload-watch-{}-{}.json",
+            std::process::id(),
+            next_watch()
+        ));
         let child = Command::new(cp.binary())
             .arg("kubectl")
             .arg(format!("--kubeconfig={}", cp.admin_kubeconfig.display()))
@@ -754,16 +815,23 @@ impl WorkloadWatch {
     }
 
     /// The messages of every `Retry` state fabricgate's check had.
-    fn retries(&self) -> Vec<String> {
+    pub(crate) fn retries(&self) -> Vec<String> {
         self.states("Retry")
     }
 
-    /// The messages of every `state` fabricgate's check had.
-    fn states(&self, state: &str) -> Vec<String> {
+    /// Every version of the Workloads seen so far.
+    pub(crate) fn versions(&self) -> Vec<Value> {
         let text = std::fs::read_to_string(&self.out).unwrap_or_default();
         serde_json::Deserializer::from_str(&text)
             .into_iter::<Value>()
             .map_while(Result::ok)
+            .collect()
+    }
+
+    /// The messages of every `state` fabricgate's check had.
+    pub(crate) fn states(&self, state: &str) -> Vec<String> {
+        self.versions()
+            .into_iter()
             .filter_map(|wl| check_state(&wl))
             .filter(|(s, _)| s == state)
             .map(|(_, message)| message)
@@ -781,7 +849,7 @@ impl Drop for WorkloadWatch {
 /// `kubectl get kueueworkloads` and `kubectl describe kueueworkload` of the gang, written to
 /// `<target tmp>/kueue-output/{what}-*.txt` for docs/gangs.md, whose copy must have the same
 /// columns.
-fn capture_output(kueue: &Kueue, what: &str) {
+pub(crate) fn capture_output(kueue: &Kueue, what: &str) {
     let cp = kueue.cp;
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("kueue-output");
     std::fs::create_dir_all(&dir).expect("mkdir kueue-output");

@@ -58,10 +58,15 @@ struct ChildGroup(Child);
 
 impl Drop for ChildGroup {
     fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .arg("-TERM")
-            .arg(format!("-{}", self.0.id()))
-            .status();
+        // killpg(2) itself: with `kill -TERM -PGID` (procps-ng 4.0.2's kill) the group was not
+        // signalled and the wait below never ended.
+        let group = i32::try_from(self.0.id())
+            .ok()
+            .filter(|pid| *pid > 1)
+            .and_then(rustix::process::Pid::from_raw);
+        if let Some(group) = group {
+            let _ = rustix::process::kill_process_group(group, rustix::process::Signal::TERM);
+        }
         let _ = self.0.wait();
     }
 }
