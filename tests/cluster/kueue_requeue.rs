@@ -514,13 +514,13 @@ fn kueue_requeues_a_gang_whose_member_pod_is_on_sockets() {
         .and_then(|p| p["metadata"]["name"].as_str().map(str::to_owned))
         .expect("a pod on the first node");
     // The runtime-transport overlay grants the agent pods/status (its own node's pods, its own
-    // condition only: the overlay's admission policy).
-    for file in ["rbac.yaml", "pod-transport-policy.yaml"] {
-        let path = crate::common::repo_root()
-            .join("deploy/overlays/runtime-transport")
-            .join(file);
-        cp.apply(&std::fs::read_to_string(&path).expect("read the runtime-transport overlay"));
-    }
+    // condition only: the overlay's admission policy); taken back at the end (other tests
+    // assert the base's grants).
+    let _widened = crate::runtime_transport::WidenedRbac::apply(cp);
+    let path = crate::common::repo_root()
+        .join("deploy/overlays/runtime-transport")
+        .join("pod-transport-policy.yaml");
+    cp.apply(&std::fs::read_to_string(&path).expect("read the runtime-transport overlay"));
     let watch = WorkloadWatch::start(cp);
     let agent = fleet.nodes[fleet.by_name(&node)].agent_kubeconfig(None);
     let condition = json!({ "status": { "conditions": [{
