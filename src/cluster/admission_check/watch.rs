@@ -124,24 +124,8 @@ impl Watched {
             all(),
             "FabricChecks",
         );
-        // Only answers to a live check are kept (issue 36, item 5): any account that may
-        // create a FabricCheckResult could otherwise fill the controller's memory with
-        // answers to checks that do not exist. An answer that arrives before its check shows
-        // is read again by one LIST when that check is judged (`objects::answers`).
         let created: Arc<Mutex<HashSet<String>>> = Arc::default();
-        let live_checks = checks.clone();
-        let live_created = Arc::clone(&created);
-        let keep: Keep<DynamicObject> = Box::new(move |answer: &DynamicObject| {
-            let Some(uid) = answer.labels().get(fabriccheck::CHECK_UID_LABEL) else {
-                return false;
-            };
-            fabriccheck::is_uid(uid)
-                && (live_created.lock().is_ok_and(|c| c.contains(uid))
-                    || live_checks
-                        .state()
-                        .iter()
-                        .any(|fc| fc.uid().as_deref() == Some(uid.as_str())))
-        });
+        let keep = live_answers(checks.clone(), Arc::clone(&created));
         let fcr = fabriccheck::results();
         let results = spawn_kept(
             Api::namespaced_with(client.clone(), gang_ns, &fcr),
@@ -183,27 +167,8 @@ impl Watched {
         )));
         let flag = Arc::new(AtomicBool::new(false));
         listed.push(Arc::clone(&flag));
-        let writer = Writer::new(());
-        let pods = writer.as_reader();
-        if s.config.gang.after_admission == AfterAdmission::Requeue {
-            let api = match &s.workload_namespace {
-                Some(ns) => Api::<Pod>::namespaced(client.clone(), ns),
-                None => Api::<Pod>::all(client.clone()),
-            };
-            tasks.push(tokio::spawn(feed(
-                api,
-                PODSET_LABEL.to_owned(),
-                writer,
-                Box::new(|_: &Pod| true),
-                flag,
-                Arc::clone(&notify),
-                backoff,
-                "Pods",
-                slim_pod,
-            )));
-        } else {
-            flag.store(true, Ordering::Release);
-        }
+        let (pods, pods_task) = watch_kueue_pods(client, s, flag, Arc::clone(&notify), backoff);
+        tasks.extend(pods_task);
         Watched {
             stores: Stores {
                 workloads,
@@ -225,6 +190,60 @@ impl Watched {
     pub(super) fn ready(&self) -> bool {
         self.listed.iter().all(|f| f.load(Ordering::Acquire))
     }
+}
+
+/// Only answers to a live check are kept (issue 36, item 5): any account that may create a
+/// FabricCheckResult could otherwise fill the controller's memory with answers to checks that
+/// do not exist. An answer that arrives before its check shows is read again by one LIST when
+/// that check is judged (`objects::answers`).
+fn live_answers(
+    checks: Store<DynamicObject>,
+    created: Arc<Mutex<HashSet<String>>>,
+) -> Keep<DynamicObject> {
+    Box::new(move |answer: &DynamicObject| {
+        let Some(uid) = answer.labels().get(fabriccheck::CHECK_UID_LABEL) else {
+            return false;
+        };
+        fabriccheck::is_uid(uid)
+            && (created.lock().is_ok_and(|c| c.contains(uid))
+                || checks
+                    .state()
+                    .iter()
+                    .any(|fc| fc.uid().as_deref() == Some(uid.as_str())))
+    })
+}
+
+/// The pods Kueue admitted, with `gang.after_admission: requeue` only; otherwise an empty
+/// store, listed at once.
+fn watch_kueue_pods(
+    client: &kube::Client,
+    s: &CheckSettings,
+    listed: Arc<AtomicBool>,
+    notify: Arc<Notify>,
+    backoff: Duration,
+) -> (Store<Pod>, Option<JoinHandle<()>>) {
+    let writer = Writer::new(());
+    let pods = writer.as_reader();
+    if s.config.gang.after_admission != AfterAdmission::Requeue {
+        listed.store(true, Ordering::Release);
+        return (pods, None);
+    }
+    let api = match &s.workload_namespace {
+        Some(ns) => Api::<Pod>::namespaced(client.clone(), ns),
+        None => Api::<Pod>::all(client.clone()),
+    };
+    let task = tokio::spawn(feed(
+        api,
+        PODSET_LABEL.to_owned(),
+        writer,
+        Box::new(|_: &Pod| true),
+        listed,
+        notify,
+        backoff,
+        "Pods",
+        slim_pod,
+    ));
+    (pods, Some(task))
 }
 
 /// A pod as `requeue.rs` reads it: its names, owners and Kueue's workload annotation, its
