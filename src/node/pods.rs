@@ -106,8 +106,9 @@ impl JudgedPod {
 /// The condition a verdict wants: `rdma` True, `sockets` False/SocketsFallback, `unknown`
 /// Unknown/TransportUnknown. `idle` (no data-path QP, little TCP: between steps, loading data,
 /// before NCCL is up) wants nothing new: a pod that was on RDMA and pauses stays True, one on
-/// sockets stays False, and a pod with no condition yet gets Unknown/NoInterNodeTraffic, so the
-/// condition never flaps with a job's rhythm.
+/// sockets stays False, so the condition never flaps with a job's rhythm; a pod with no
+/// condition yet, or one still showing an earlier `unknown` (the agent sees it now), gets
+/// Unknown/NoInterNodeTraffic.
 pub fn wanted_condition(
     verdict: &PodVerdict,
     current: Option<&(String, String)>,
@@ -116,7 +117,7 @@ pub fn wanted_condition(
         Transport::Rdma => "True",
         Transport::Sockets => "False",
         Transport::Unknown => "Unknown",
-        Transport::Idle if current.is_some() => return None,
+        Transport::Idle if current.is_some_and(|(status, _)| status != "Unknown") => return None,
         Transport::Idle => "Unknown",
     };
     Some((status, verdict.reason))

@@ -91,4 +91,14 @@ fn the_condition_is_written_once_per_change_and_the_event_once_per_transition() 
         condition_patch(&p, &idle, "t").unwrap()["status"]["conditions"][0]["status"],
         "Unknown"
     );
+    // An earlier `unknown` (the agent could not see then) gives way to what it sees now,
+    // once; NoInterNodeTraffic is then kept.
+    p.condition = Some(("Unknown".into(), "TransportUnknown".into()));
+    let cond = &condition_patch(&p, &idle, "t").unwrap()["status"]["conditions"][0];
+    assert_eq!(
+        (cond["status"].as_str(), cond["reason"].as_str()),
+        (Some("Unknown"), Some("NoInterNodeTraffic"))
+    );
+    p.condition = Some(("Unknown".into(), "NoInterNodeTraffic".into()));
+    assert_eq!(condition_patch(&p, &idle, "t"), None);
 }
