@@ -179,12 +179,14 @@ pub fn base64(data: &[u8]) -> String {
 }
 
 /// daemonset.yaml for this node (agent image `image`, `runtime` added to its requirements
-/// as the YAML lines `runtime`, unindented) composed as docs/runtime-transport.md says: the
-/// component `deploy/overlays/runtime-transport` and the privileged-agent policy
-/// (`deploy/overlays/privileged/privileged-policy.yaml`, which admits hostPID and the added
-/// capabilities for the agent's pods only), without the privileged overlay's `privileged:
-/// true` (so the component's capability list is what the agent has). Rendered by the real
-/// `kubectl kustomize` from copies of the shipped files under the run directory.
+/// as the YAML lines `runtime`, unindented) with the component
+/// `deploy/overlays/runtime-transport`, without the privileged overlay's `privileged: true`
+/// (so the component's capability list is what the agent has). Rendered by the real `kubectl
+/// kustomize` from copies of the shipped files under the run directory. The privileged-agent
+/// policy is not applied: this node's kube-controller-manager runs with the admin's
+/// credentials (`--use-service-account-credentials=false`), so the DaemonSet controller's pod
+/// creations come as `admin`, which that policy refuses for any pod with host access (the
+/// shipped agent's too); the policy is checked on the real apiserver by the cluster tests.
 pub fn runtime_transport(node: &RealNode, image: &str, runtime: &str) -> Result<String, String> {
     let mut t = daemonset(node, image)?;
     let indented: String = runtime.lines().map(|l| format!("    {l}\n")).collect();
@@ -214,15 +216,11 @@ pub fn runtime_transport(node: &RealNode, image: &str, runtime: &str) -> Result<
             &repo(&format!("deploy/overlays/runtime-transport/{file}"))?,
         )?;
     }
-    write(
-        &dir.join("privileged-policy.yaml"),
-        &repo("deploy/overlays/privileged/privileged-policy.yaml")?,
-    )?;
     write(&dir.join("daemonset.yaml"), &t)?;
     write(
         &dir.join("kustomization.yaml"),
         "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n\
-         resources:\n  - daemonset.yaml\n  - privileged-policy.yaml\ncomponents:\n  - runtime-transport\n",
+         resources:\n  - daemonset.yaml\ncomponents:\n  - runtime-transport\n",
     )?;
     node.kubectl(&["kustomize", &dir.display().to_string()])
 }
@@ -236,12 +234,4 @@ pub const RUNTIME_TRANSPORT_EXTRA: &[(&str, &str)] = &[
         "fabricgate-own-node-pods",
     ),
     ("validatingadmissionpolicy", "fabricgate-own-node-pods"),
-    (
-        "validatingadmissionpolicybinding",
-        "fabricgate-privileged-agent-only",
-    ),
-    (
-        "validatingadmissionpolicy",
-        "fabricgate-privileged-agent-only",
-    ),
 ];
