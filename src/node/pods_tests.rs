@@ -51,6 +51,12 @@ fn pods_requesting_the_rdma_resource_or_matching_the_selector_are_judged_others_
     let mut done = trainer("rdma/hca_shared_devices_a", json!({}));
     done.status.as_mut().unwrap().phase = Some("Succeeded".into());
     assert!(!judged(&done), "a finished pod is never judged");
+    // The agent's own pod requests the RDMA resource (shipped daemonset.yaml): never judged.
+    let agent = trainer(
+        "rdma/hca_shared_devices_a",
+        json!({"app.kubernetes.io/name": "fabricgate", "app.kubernetes.io/component": "agent"}),
+    );
+    assert!(!judged(&agent), "fabricgate's own pods are never judged");
     // A resource claim counts only while DRA drivers are configured.
     let claim = pod(
         json!({"metadata": {"name": "d", "namespace": "ml", "uid": "u"},

@@ -14,7 +14,8 @@
 //!   metric; then, with `runtime.on_sockets: evict`, the guard's eviction held by a PDB
 //!   (`TransportFallbackNotEvicted`) and done once the PDB is relaxed;
 //! - pod `quiet` (requests the resource, moves nothing): judged, never `sockets`;
-//! - pod `web` (no RDMA resource) pushing the same TCP: never judged (no condition, no series).
+//! - pod `web` (no RDMA resource) pushing the same TCP: never judged (no condition, no series);
+//! - the agent's own pod, which requests the RDMA resource too: never judged.
 //!
 //! Without RDMA in the kernel (no `CONFIG_INFINIBAND` here) no pod can hold a QP, so `rdma`
 //! cannot be shown on this node; the Soft-RoCE VM test shows it.
@@ -544,6 +545,18 @@ fn scenario(node: &RealNode, image: &str) -> Result<(), String> {
     if !web.is_empty() || web_condition.is_some() {
         return Err(format!(
             "the unrelated pod (no RDMA resource, {web_bytes} bytes pushed) was judged: {web:?} {web_condition:?}"
+        ));
+    }
+    // The agent's own pod requests the RDMA resource too (the shipped daemonset.yaml): never
+    // judged, so the guard could never evict it.
+    let agent_name = agent_pod(node).map(|p| name_of(&p)).ok_or("no agent pod")?;
+    let agent_condition = node
+        .get_json(&["pod", &agent_name, "-n", "fabricgate"])
+        .and_then(|p| transport_condition(&p));
+    if !series(&metrics, &agent_name).is_empty() || agent_condition.is_some() {
+        return Err(format!(
+            "the agent's own pod was judged: {:?} {agent_condition:?}",
+            series(&metrics, &agent_name)
         ));
     }
     println!(
