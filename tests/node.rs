@@ -23,6 +23,8 @@ mod dra_scenarios;
 mod harness;
 #[path = "node/images.rs"]
 mod images;
+#[path = "node/runtime_transport.rs"]
+mod runtime_transport;
 #[path = "node/scenarios.rs"]
 mod scenarios;
 

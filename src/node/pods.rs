@@ -12,6 +12,8 @@ use serde_json::{Value, json};
 
 /// The pod condition the agents own (and only it: deploy/overlays/runtime-transport/pod-transport-policy.yaml).
 pub const CONDITION_TYPE: &str = "fabricgate.io/TransportReady";
+/// The label on every pod of fabricgate's own (agent, guard, webhook): never judged.
+pub const OWN_NAME_LABEL: &str = "app.kubernetes.io/name";
 /// The Event on the pod and its controller owner when a pod goes to sockets.
 pub const EVENT_REASON: &str = "TransportFallback";
 
@@ -41,7 +43,10 @@ pub struct Owner {
 /// `kubernetes.dra.drivers` is set, or matches `runtime.pod_selector`. The DRA test is an
 /// approximation: the pod's claims do not name their driver (the ResourceClaim does), so any
 /// claim counts; judging one pod too many costs one metric series, never a write (an idle pod
-/// gets no condition change). A finished pod is never judged.
+/// gets no condition change). A finished pod is never judged, nor fabricgate's own pods
+/// (label `app.kubernetes.io/name: fabricgate`): the agent requests the RDMA resource itself
+/// (for the devices it probes) and its side channel talks TCP to other nodes, so judged it could
+/// be found "on sockets" and, with `runtime.on_sockets: evict`, evicted by the guard.
 pub fn is_judged(pod: &Pod, kube: &KubernetesRequirements, runtime: &RuntimeSettings) -> bool {
     let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
     if matches!(phase, Some("Succeeded" | "Failed")) || pod.metadata.deletion_timestamp.is_some() {
@@ -50,6 +55,14 @@ pub fn is_judged(pod: &Pod, kube: &KubernetesRequirements, runtime: &RuntimeSett
     let Some(spec) = &pod.spec else {
         return false;
     };
+    let labels = pod.metadata.labels.as_ref();
+    if labels
+        .and_then(|l| l.get(OWN_NAME_LABEL))
+        .map(String::as_str)
+        == Some("fabricgate")
+    {
+        return false;
+    }
     let requests_rdma = spec
         .containers
         .iter()
@@ -106,8 +119,9 @@ impl JudgedPod {
 /// The condition a verdict wants: `rdma` True, `sockets` False/SocketsFallback, `unknown`
 /// Unknown/TransportUnknown. `idle` (no data-path QP, little TCP: between steps, loading data,
 /// before NCCL is up) wants nothing new: a pod that was on RDMA and pauses stays True, one on
-/// sockets stays False, and a pod with no condition yet gets Unknown/NoInterNodeTraffic, so the
-/// condition never flaps with a job's rhythm.
+/// sockets stays False, so the condition never flaps with a job's rhythm; a pod with no
+/// condition yet, or one still showing an earlier `unknown` (the agent sees it now), gets
+/// Unknown/NoInterNodeTraffic.
 pub fn wanted_condition(
     verdict: &PodVerdict,
     current: Option<&(String, String)>,
@@ -116,7 +130,7 @@ pub fn wanted_condition(
         Transport::Rdma => "True",
         Transport::Sockets => "False",
         Transport::Unknown => "Unknown",
-        Transport::Idle if current.is_some() => return None,
+        Transport::Idle if current.is_some_and(|(status, _)| status != "Unknown") => return None,
         Transport::Idle => "Unknown",
     };
     Some((status, verdict.reason))

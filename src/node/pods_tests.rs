@@ -51,6 +51,12 @@ fn pods_requesting_the_rdma_resource_or_matching_the_selector_are_judged_others_
     let mut done = trainer("rdma/hca_shared_devices_a", json!({}));
     done.status.as_mut().unwrap().phase = Some("Succeeded".into());
     assert!(!judged(&done), "a finished pod is never judged");
+    // The agent's own pod requests the RDMA resource (shipped daemonset.yaml): never judged.
+    let agent = trainer(
+        "rdma/hca_shared_devices_a",
+        json!({"app.kubernetes.io/name": "fabricgate", "app.kubernetes.io/component": "agent"}),
+    );
+    assert!(!judged(&agent), "fabricgate's own pods are never judged");
     // A resource claim counts only while DRA drivers are configured.
     let claim = pod(
         json!({"metadata": {"name": "d", "namespace": "ml", "uid": "u"},
@@ -91,4 +97,14 @@ fn the_condition_is_written_once_per_change_and_the_event_once_per_transition() 
         condition_patch(&p, &idle, "t").unwrap()["status"]["conditions"][0]["status"],
         "Unknown"
     );
+    // An earlier `unknown` (the agent could not see then) gives way to what it sees now,
+    // once; NoInterNodeTraffic is then kept.
+    p.condition = Some(("Unknown".into(), "TransportUnknown".into()));
+    let cond = &condition_patch(&p, &idle, "t").unwrap()["status"]["conditions"][0];
+    assert_eq!(
+        (cond["status"].as_str(), cond["reason"].as_str()),
+        (Some("Unknown"), Some("NoInterNodeTraffic"))
+    );
+    p.condition = Some(("Unknown".into(), "NoInterNodeTraffic".into()));
+    assert_eq!(condition_patch(&p, &idle, "t"), None);
 }

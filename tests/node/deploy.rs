@@ -177,3 +177,61 @@ pub fn base64(data: &[u8]) -> String {
     }
     out
 }
+
+/// daemonset.yaml for this node (agent image `image`, `runtime` added to its requirements
+/// as the YAML lines `runtime`, unindented) with the component
+/// `deploy/overlays/runtime-transport`, without the privileged overlay's `privileged: true`
+/// (so the component's capability list is what the agent has). Rendered by the real `kubectl
+/// kustomize` from copies of the shipped files under the run directory. The privileged-agent
+/// policy is not applied: this node's kube-controller-manager runs with the admin's
+/// credentials (`--use-service-account-credentials=false`), so the DaemonSet controller's pod
+/// creations come as `admin`, which that policy refuses for any pod with host access (the
+/// shipped agent's too); the policy is checked on the real apiserver by the cluster tests.
+pub fn runtime_transport(node: &RealNode, image: &str, runtime: &str) -> Result<String, String> {
+    let mut t = daemonset(node, image)?;
+    let indented: String = runtime.lines().map(|l| format!("    {l}\n")).collect();
+    t = replace_once(
+        &t,
+        "    kubernetes:\n      rdma_resources: [\"rdma/hca_shared_devices_a\"]\n",
+        &format!(
+            "    kubernetes:\n      rdma_resources: [\"rdma/hca_shared_devices_a\"]\n{indented}"
+        ),
+        "requirements runtime",
+    )?;
+    let dir = node.dir.join("runtime-transport-kustomize");
+    let component = dir.join("runtime-transport");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&component)
+        .map_err(|e| format!("mkdir {}: {e}", component.display()))?;
+    let write = |path: &Path, text: &str| {
+        std::fs::write(path, text).map_err(|e| format!("write {}: {e}", path.display()))
+    };
+    for file in [
+        "kustomization.yaml",
+        "rbac.yaml",
+        "pod-transport-policy.yaml",
+    ] {
+        write(
+            &component.join(file),
+            &repo(&format!("deploy/overlays/runtime-transport/{file}"))?,
+        )?;
+    }
+    write(&dir.join("daemonset.yaml"), &t)?;
+    write(
+        &dir.join("kustomization.yaml"),
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n\
+         resources:\n  - daemonset.yaml\ncomponents:\n  - runtime-transport\n",
+    )?;
+    node.kubectl(&["kustomize", &dir.display().to_string()])
+}
+
+/// The objects the runtime-transport composition adds beyond daemonset.yaml (to delete).
+pub const RUNTIME_TRANSPORT_EXTRA: &[(&str, &str)] = &[
+    ("clusterrolebinding", "fabricgate-agent-pods"),
+    ("clusterrole", "fabricgate-agent-pods"),
+    (
+        "validatingadmissionpolicybinding",
+        "fabricgate-own-node-pods",
+    ),
+    ("validatingadmissionpolicy", "fabricgate-own-node-pods"),
+];

@@ -579,6 +579,11 @@ imageGCLowThresholdPercent: 98
         )
     }
 
+    /// The node's network namespace (`/proc/<holder>/ns/net`), to enter from a thread.
+    pub fn netns_path(&self) -> PathBuf {
+        PathBuf::from(format!("/proc/{}/ns/net", self.ns.id()))
+    }
+
     /// `cmd` inside the node's mount and network namespaces.
     pub fn nsenter(&self, program: &str) -> Command {
         let mut c = Command::new("nsenter");

@@ -9,6 +9,7 @@ use super::harness::{
     RESOURCE, RealNode, STATUS_SYNC, StartError, condition, has_taint, label, wait_for,
 };
 use super::images;
+use super::runtime_transport;
 use serde_json::Value;
 use std::time::{Duration, Instant};
 
@@ -87,6 +88,11 @@ pub const ALL: &[(&str, Scenario)] = &[
     (
         "dra_agent_kubelet_restart_marks_nothing",
         dra_agent::agent_kubelet_restart,
+    ),
+    // Runtime transport per pod (runtime_transport.rs): the agent with the component.
+    (
+        "runtime_transport_sockets_pod_judged_then_evicted_past_its_pdb",
+        runtime_transport::sockets_pod_is_judged_and_evicted,
     ),
     // Last: it uninstalls.
     (

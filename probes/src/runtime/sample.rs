@@ -56,8 +56,10 @@ pub struct SampleRequest {
 /// What the agent needs and lacks, word for word in every `unknown` it causes.
 pub const NO_HOST_PID: &str = "the agent is not in the host PID namespace, so it sees neither the \
      pods' processes nor their queue pairs; add hostPID: true (deploy/overlays/runtime-transport)";
+/// Not a blind spot: without `ib_core` there is no RDMA device, so no process can hold a queue
+/// pair; the pods' QPs are known to be none and their TCP still decides.
 pub const NO_RDMA_NETLINK: &str = "the kernel has no RDMA netlink (NETLINK_RDMA: protocol not \
-     supported): ib_core is not loaded, so no RDMA resource can be listed";
+     supported): ib_core is not loaded, so no queue pair exists on this node";
 
 /// The kernel's answers the sampler needs: the live kernel ([`LiveKernel`]), or recorded
 /// replies in tests.
@@ -198,6 +200,12 @@ impl PodSampler {
         self.baselines.retain(|uid, _| uids.contains(uid));
         let mut out = Vec::new();
         for (uid, view) in views {
+            // A pod whose processes have not started yet (seen by the agent's watch before
+            // its sandbox runs) has nothing to measure: not seen yet, rather than a baseline
+            // that would make its first window `unknown`.
+            if !processes.contains_key(&uid) && !self.baselines.contains_key(&uid) {
+                continue;
+            }
             let Some(internode_tcp) = self.measure(&uid, view, &request.remote, &local, now) else {
                 continue;
             };
@@ -254,15 +262,17 @@ impl PodSampler {
             .collect()
     }
 
-    /// Every QP attributed to its pod, or why none could be listed.
+    /// Every QP attributed to its pod, or why none could be listed. A kernel without RDMA
+    /// netlink has none to list: every pod holds none (a note says why).
     fn pod_qps(&mut self) -> (BTreeMap<String, Vec<QpEntry>>, Option<String>) {
         let list = match self.kernel.qps() {
             Ok(list) => list,
-            Err(e) => {
-                let reason = match e {
-                    ProbeError::RdmaNetlinkUnavailable { .. } => NO_RDMA_NETLINK.to_owned(),
-                    other => format!("the RDMA resource dump failed: {other}"),
-                };
+            Err(ProbeError::RdmaNetlinkUnavailable { .. }) => {
+                self.notes.push(NO_RDMA_NETLINK.to_owned());
+                return (BTreeMap::new(), None);
+            }
+            Err(other) => {
+                let reason = format!("the RDMA resource dump failed: {other}");
                 self.notes.push(reason.clone());
                 return (BTreeMap::new(), Some(reason));
             }

@@ -35,3 +35,95 @@ fn remote_scopes() {
     assert!(nodes.is_remote(ip("10.244.1.9"), &local));
     assert!(!nodes.is_remote(ip("8.8.8.8"), &local));
 }
+
+/// A kernel that answers no RDMA netlink and no sockets.
+#[derive(Debug)]
+struct NoRdmaKernel;
+
+impl Kernel for NoRdmaKernel {
+    fn qps(&mut self) -> Result<Vec<QpEntry>> {
+        Err(ProbeError::RdmaNetlinkUnavailable {
+            source: io::Error::from_raw_os_error(libc::EPROTONOSUPPORT),
+        })
+    }
+
+    fn tcp_sockets(&mut self, _ns: Option<&Path>) -> Result<Vec<TcpSocket>> {
+        Ok(Vec::new())
+    }
+}
+
+/// Without `ib_core` (the real node's kernel has no CONFIG_INFINIBAND) no process can hold a
+/// queue pair: every pod's QPs are seen, and none; a note says why. Its TCP still decides
+/// (`unknown` would hide a pod on sockets on exactly the node that has no RDMA at all).
+#[test]
+fn without_rdma_netlink_every_pod_holds_no_qp_and_a_note_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let roots = host_procfs(dir.path());
+    add_pod_process(dir.path(), 100);
+    let mut sampler = PodSampler::with_kernel(roots, Box::new(NoRdmaKernel));
+    let request = request_of(POD);
+    assert!(sampler.sample(&request).is_empty());
+    let facts = sampler.sample(&request);
+    assert_eq!(facts.len(), 1);
+    assert!(
+        matches!(&facts[0].qps, Observed::Seen(qps) if qps.is_empty()),
+        "{:?}",
+        facts[0].qps
+    );
+    assert!(
+        matches!(&facts[0].internode_tcp, Observed::Seen(t) if t.bytes == 0),
+        "{:?}",
+        facts[0].internode_tcp
+    );
+    assert_eq!(sampler.notes(), [NO_RDMA_NETLINK]);
+}
+
+/// A pod the agent's watch shows before its sandbox runs (no process in its cgroup yet) is
+/// not seen yet: no baseline, so its first window is not `unknown`; once it runs, the usual
+/// baseline, then facts.
+#[test]
+fn a_pod_without_processes_yet_gets_its_baseline_once_it_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let roots = host_procfs(dir.path());
+    let mut sampler = PodSampler::with_kernel(roots, Box::new(NoRdmaKernel));
+    let request = request_of(POD);
+    assert!(sampler.sample(&request).is_empty());
+    assert!(sampler.sample(&request).is_empty(), "still not started");
+    add_pod_process(dir.path(), 100);
+    assert!(sampler.sample(&request).is_empty(), "the baseline");
+    let facts = sampler.sample(&request);
+    assert_eq!(facts.len(), 1);
+    assert!(matches!(&facts[0].internode_tcp, Observed::Seen(_)));
+}
+
+const POD: &str = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0";
+
+fn request_of(uid: &str) -> SampleRequest {
+    SampleRequest {
+        pod_uids: Some([uid.to_owned()].into()),
+        host_network: BTreeSet::new(),
+        remote: RemoteScope::NotLocal,
+    }
+}
+
+/// A procfs whose PID 2 is `kthreadd` (the host PID namespace).
+fn host_procfs(dir: &Path) -> Roots {
+    std::fs::create_dir_all(dir.join("proc/2")).unwrap();
+    std::fs::write(dir.join("proc/2/comm"), "kthreadd\n").unwrap();
+    Roots::new(dir.join("sys"), dir.join("proc"))
+}
+
+/// A process of POD (cgroupfs driver, cgroup v1, as on the real node) with a network
+/// namespace of its own.
+fn add_pod_process(dir: &Path, pid: u32) {
+    let p = dir.join(format!("proc/{pid}"));
+    std::fs::create_dir_all(p.join("ns")).unwrap();
+    std::fs::write(
+        p.join("cgroup"),
+        format!(
+            "4:memory:/kubepods/besteffort/pod{POD}/3f5e1c0a9b8d7e6f5a4b3c2d1e0f9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c4d3e2f\n"
+        ),
+    )
+    .unwrap();
+    std::fs::write(p.join("ns/net"), "").unwrap();
+}
