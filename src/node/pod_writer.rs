@@ -193,20 +193,9 @@ impl PodWriter {
                 "dry run: would set the pod condition");
             return Ok(0);
         }
-        let object = || format!("Pod {}/{}", pod.namespace, pod.name);
-        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace);
-        let pp = PatchParams {
-            field_manager: Some(FIELD_MANAGER.to_owned()),
-            ..PatchParams::default()
-        };
-        pods.patch_status(&pod.name, &pp, &Patch::Strategic(patch))
-            .await
-            .map_err(|e| Error::KubeObject {
-                action: "set fabricgate.io/TransportReady on",
-                object: object(),
-                source: Box::new(e),
-            })?;
-        let mut writes = 1;
+        // The Events first: the condition is what marks the transition as told, so an Event
+        // refused or lost is tried again next window (at worst told twice, never not at all).
+        let mut writes = 0;
         if is_fallback_transition(pod, verdict) {
             let regarding = ObjectReference {
                 api_version: Some("v1".to_owned()),
@@ -233,6 +222,19 @@ impl PodWriter {
                 writes += 1;
             }
         }
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace);
+        let pp = PatchParams {
+            field_manager: Some(FIELD_MANAGER.to_owned()),
+            ..PatchParams::default()
+        };
+        pods.patch_status(&pod.name, &pp, &Patch::Strategic(patch))
+            .await
+            .map_err(|e| Error::KubeObject {
+                action: "set fabricgate.io/TransportReady on",
+                object: format!("Pod {}/{}", pod.namespace, pod.name),
+                source: Box::new(e),
+            })?;
+        writes += 1;
         Ok(writes)
     }
 

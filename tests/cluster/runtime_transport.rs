@@ -2,15 +2,18 @@
 //! with the runtime-transport overlay's RBAC and admission policy installed, judges only the
 //! pod that requests the RDMA resource; facts saying sockets set `fabricgate.io/TransportReady`
 //! False/SocketsFallback through pods/status, an Event `TransportFallback` on the pod and on
-//! its Job, and the metrics; facts saying rdma set it True; steady state writes nothing; and
+//! its controller owner (a PyTorchJob), and the metrics; facts saying rdma set it True; steady state writes nothing; and
 //! the agent's own token cannot set the condition on another node's pod nor touch anything
 //! else of its own node's pod.
 //!
 //! The facts come through the agent's test seam `FABRICGATE_TEST_POD_FACTS` (src/agent/
 //! runtime_sampler.rs): there is no kubelet here to run a pod, so no process holds QPs or moves
 //! TCP. Everything after the sampler (the pods watch, judging, metrics, writes, the policy)
-//! is the real path. No kube-controller-manager runs: the pod is created with an
-//! ownerReference to a real Job.
+//! is the real path. The pod's controller owner is a PyTorchJob (Kubeflow's training
+//! operator), an API this control plane does not serve: nothing here reconciles it. (A batch
+//! Job would not do: once a Kueue test has started kube-controller-manager, the Job
+//! controller releases a pod its selector does not match, taking the ownerReference away.
+//! The real-node test, tests/node/runtime_transport.rs, has a real Job's pod.)
 
 use crate::common::controlplane::{ControlPlane, client_from};
 use crate::common::sysfs::FakeHca;
@@ -70,7 +73,7 @@ fn pod(name: &str, node: &str, resource: &str, owner: Option<&Value>) -> Value {
     let mut meta = json!({"name": name, "namespace": NS});
     if let Some(job) = owner {
         meta["ownerReferences"] = json!([{
-            "apiVersion": "batch/v1", "kind": "Job", "name": job["metadata"]["name"],
+            "apiVersion": job["apiVersion"], "kind": job["kind"], "name": job["metadata"]["name"],
             "uid": job["metadata"]["uid"], "controller": true}]);
     }
     json!({"apiVersion": "v1", "kind": "Pod", "metadata": meta,
@@ -177,14 +180,8 @@ fn a_judged_pod_on_sockets_gets_the_condition_events_and_metric_and_nothing_else
             "metadata": {"name": "default", "namespace": NS}})
         .to_string(),
     );
-    let job = create(
-        cp,
-        &json!({"apiVersion": "batch/v1", "kind": "Job",
-        "metadata": {"name": "llm", "namespace": NS},
-        "spec": {"suspend": true, "template": {"spec": {"restartPolicy": "Never", "automountServiceAccountToken": false,
-            "containers": [{"name": "c", "image": "trainer:test"}]}}}}),
-        "/apis/batch/v1/namespaces/rt-jobs/jobs",
-    );
+    let job = json!({"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+        "metadata": {"name": "llm", "namespace": NS, "uid": "6d1f0c6e-3b5a-4f0e-9a57-2c1b8e9d4f10"}});
     let trainer = create(cp, &pod("trainer", OWN, RESOURCE, Some(&job)), PODS);
     let web = create(cp, &pod("web", OWN, "cpu", None), PODS);
     let far = create(cp, &pod("far", OTHER, RESOURCE, None), PODS);
@@ -222,15 +219,25 @@ fn a_judged_pod_on_sockets_gets_the_condition_events_and_metric_and_nothing_else
         || condition(cp, "trainer") == Some(("False".into(), "SocketsFallback".into())),
     );
     println!("figure: sockets facts -> condition False within {took:?} (window 5s)");
-    wait_until(
-        "the Events on the pod and its Job",
-        Duration::from_secs(10),
-        || {
-            fallback_events(cp, "Pod", "trainer").len() == 1
-                && fallback_events(cp, "Job", "llm").len() == 1
-        },
-    );
-    let on_job = &fallback_events(cp, "Job", "llm")[0];
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while fallback_events(cp, "Pod", "trainer").len() != 1
+        || fallback_events(cp, "PyTorchJob", "llm").len() != 1
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the Events on the pod and its Job: {:#?}\nthe pod's metadata: {}\nagent log:\n{}",
+            (
+                fallback_events(cp, "Pod", "trainer"),
+                fallback_events(cp, "PyTorchJob", "llm")
+            ),
+            cp.get_json(&format!("{PODS}/trainer"))
+                .map(|p| p["metadata"].clone())
+                .unwrap_or_default(),
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let on_job = &fallback_events(cp, "PyTorchJob", "llm")[0];
     let note = on_job["note"].as_str().unwrap();
     assert!(
         note.starts_with(&format!("pod {NS}/trainer is on sockets: ")),
@@ -245,7 +252,7 @@ fn a_judged_pod_on_sockets_gets_the_condition_events_and_metric_and_nothing_else
         "{metrics}"
     );
     assert!(metrics.contains(&format!(
-        "fabricgate_pod_owner_info{{namespace=\"{NS}\",pod=\"trainer\",owner_kind=\"Job\",owner_name=\"llm\"}} 1"
+        "fabricgate_pod_owner_info{{namespace=\"{NS}\",pod=\"trainer\",owner_kind=\"PyTorchJob\",owner_name=\"llm\"}} 1"
     )));
     assert!(
         !metrics.contains("pod=\"web\""),

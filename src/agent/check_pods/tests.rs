@@ -78,8 +78,8 @@ Pods: sampled over 5.0 s
   POD UID                               TRANSPORT  QPS   INTER-NODE TCP  WHY
   1111aaaa-2222-4333-8444-555566667777  rdma       1 RC  4.1 kB          1 data-path QP in RTS; 4.1 kB over TCP to 1 node in 5 s via eth0
   2222bbbb-3333-4444-8555-666677778888  sockets    0     60.0 MB         0 data-path QPs; 60.0 MB over TCP to 1 node in 5 s via eth0
-  3333cccc-4444-4555-8666-777788889999  unknown    ?     0 B             its queue pairs cannot be listed: the kernel has no RDMA netlink (NETLINK_RDMA: protocol not supported): ib_core is not loaded, so no RDMA resource can be listed
-  ! the kernel has no RDMA netlink (NETLINK_RDMA: protocol not supported): ib_core is not loaded, so no RDMA resource can be listed
+  3333cccc-4444-4555-8666-777788889999  unknown    ?     0 B             its queue pairs cannot be listed: the kernel has no RDMA netlink (NETLINK_RDMA: protocol not supported): ib_core is not loaded, so no queue pair exists on this node
+  ! the kernel has no RDMA netlink (NETLINK_RDMA: protocol not supported): ib_core is not loaded, so no queue pair exists on this node
   node heuristic (fallback) over the same window: says nothing: the RDMA ports in scope have no byte counters (port_xmit_data, port_rcv_data); TCP 12.5 MB/s
 ";
     assert_eq!(to_table(&section()), want);
