@@ -702,8 +702,16 @@ fn kueue_breaker_holds_a_fleet_wide_requeue_and_ignore_requeues_nothing() {
         let wl = workload_of(cp, job).expect("every Workload stays");
         assert_ne!(wl["spec"]["active"], Value::Bool(false), "{wl:#}");
         if held_names.contains(&name_of(&wl)) {
+            // Held by our breaker, it stays admitted, unless Kueue's own node-failure
+            // handling (TAS: no replacement for an unhealthy node) evicted it meanwhile,
+            // which the check does not decide (no Retry of ours: asserted above).
+            let kueue_evicted = wl["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| c["type"] == "Evicted" && c["reason"] == "NodeFailures");
             assert!(
-                condition_true(&wl, "Admitted"),
+                condition_true(&wl, "Admitted") || kueue_evicted,
                 "held stays admitted: {wl:#}"
             );
         }

@@ -29,6 +29,11 @@ const OTHER: &str = "rt-other";
 const NS: &str = "rt-jobs";
 const PODS: &str = "/api/v1/namespaces/rt-jobs/pods";
 const RESOURCE: &str = "rdma/hca_shared_devices_a";
+/// The pods' transport at a glance, as docs/runtime-transport.md gives it.
+const DOC_COLUMNS: &str = "custom-columns=POD:.metadata.name,NODE:.spec.nodeName,\
+TRANSPORT:.status.conditions[?(@.type==\"fabricgate.io/TransportReady\")].status,\
+REASON:.status.conditions[?(@.type==\"fabricgate.io/TransportReady\")].reason,\
+WHY:.status.conditions[?(@.type==\"fabricgate.io/TransportReady\")].message";
 
 fn overlay_file(name: &str) -> String {
     std::fs::read_to_string(
@@ -244,6 +249,27 @@ fn a_judged_pod_on_sockets_gets_the_condition_events_and_metric_and_nothing_else
         "{note}"
     );
     assert!(note.contains("ib0"), "the note names the facts: {note}");
+    // What docs/runtime-transport.md ("Check it on a cluster") tells a person to run.
+    let table = cp.kubectl(&["-n", NS, "get", "pods", "-o", DOC_COLUMNS]);
+    let row = table
+        .lines()
+        .find(|l| l.starts_with("trainer "))
+        .unwrap_or_default();
+    assert!(
+        row.contains("False") && row.contains("SocketsFallback") && row.contains("via ib0"),
+        "{table}"
+    );
+    let events = cp.kubectl(&[
+        "-n",
+        NS,
+        "get",
+        "events",
+        "--field-selector",
+        "reason=TransportFallback",
+    ]);
+    assert_eq!(events.lines().count(), 3, "a header and 2 Events: {events}");
+    println!("kubectl -n {NS} get pods -o {DOC_COLUMNS}\n{table}");
+    println!("kubectl -n {NS} get events --field-selector reason=TransportFallback\n{events}");
     let (_, metrics) = agent.get("/metrics").unwrap();
     assert!(
         metrics.contains(&format!(
