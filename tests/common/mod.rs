@@ -326,6 +326,25 @@ pub fn vm_prerequisites_missing() -> Option<String> {
     }
 }
 
+/// A VM run's output file, whole (the test fails naming the file when it cannot be read).
+pub fn vm_read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// A VM run's exit-code file (`rc`, `<step>.rc`).
+pub fn vm_rc(path: &Path) -> i32 {
+    let text = vm_read(path);
+    text.trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("{}: {e}: {text:?}", path.display()))
+}
+
+/// A VM run's JSON output file.
+pub fn vm_json(path: &Path) -> serde_json::Value {
+    let text = vm_read(path);
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}: {text}", path.display()))
+}
+
 /// Held while a VM runs: one emulated machine at a time in this process, whichever suite
 /// boots it (the VM suites share one test binary; their timings assume unshared CPUs).
 pub fn vm_slot() -> std::sync::MutexGuard<'static, ()> {

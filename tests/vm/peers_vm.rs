@@ -14,6 +14,7 @@
 //! with CI=true a missing prerequisite is a failure.
 
 use crate::common;
+use crate::common::{vm_json as json, vm_rc as rc, vm_read as read};
 
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
@@ -44,19 +45,6 @@ fn boot() -> &'static Result<PathBuf, String> {
 
 fn results() -> Option<&'static Path> {
     common::vm_results(boot())
-}
-
-fn read(path: &Path) -> String {
-    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
-
-fn rc(path: &Path) -> i32 {
-    read(path).trim().parse().unwrap()
-}
-
-fn json(path: &Path) -> Value {
-    let text = read(path);
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}: {text}", path.display()))
 }
 
 /// The wire checks of both VMs (tests/vm/wire_echo.py: ICMP over eth0 on its own, without

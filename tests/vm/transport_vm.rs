@@ -11,9 +11,10 @@
 //! with CI=true a missing prerequisite is a failure.
 
 use crate::common;
+use crate::common::{vm_json as json, vm_rc as rc, vm_read as read};
 
 use serde_json::Value;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::OnceLock;
 
 const RDMA_POD: &str = "7d1e5a3c-2b4f-4c6d-8e9f-0a1b2c3d4e5f";
@@ -35,19 +36,6 @@ fn boot() -> &'static Result<PathBuf, String> {
             "{a,b}/{steps.log,stderr,console.log,check.stderr}",
         )
     })
-}
-
-fn read(path: &Path) -> String {
-    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
-
-fn rc(path: &Path) -> i32 {
-    read(path).trim().parse().unwrap()
-}
-
-fn json(path: &Path) -> Value {
-    let text = read(path);
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}: {text}", path.display()))
 }
 
 fn pod<'a>(doc: &'a Value, uid: &str) -> &'a Value {
