@@ -287,11 +287,11 @@ pub fn to_table(section: &PodsSection) -> String {
     if section.pods.is_empty() {
         out.push_str("  (no pod cgroup holds queue pairs or moves TCP to a non-local address)\n");
     }
-    let rows: Vec<[String; 5]> = section
+    let rows: Vec<Vec<String>> = section
         .pods
         .iter()
         .map(|p| {
-            [
+            vec![
                 p.facts.pod_uid.clone(),
                 p.verdict.transport.to_string(),
                 qps_cell(&p.facts.qps),
@@ -303,22 +303,7 @@ pub fn to_table(section: &PodsSection) -> String {
         })
         .collect();
     if !rows.is_empty() {
-        let width = |c: usize| {
-            rows.iter()
-                .map(|r| r[c].chars().count())
-                .chain([HEADER[c].len()])
-                .max()
-                .unwrap_or(0)
-        };
-        let widths: Vec<usize> = (0..HEADER.len()).map(width).collect();
-        for row in std::iter::once(HEADER.map(str::to_owned)).chain(rows) {
-            let cells: Vec<String> = row
-                .iter()
-                .zip(&widths)
-                .map(|(cell, w)| format!("{cell:<w$}"))
-                .collect();
-            let _ = writeln!(out, "  {}", cells.join("  ").trim_end());
-        }
+        super::check::write_columns(&mut out, &HEADER, rows);
     }
     for note in &section.notes {
         let _ = writeln!(out, "  ! {note}");
