@@ -12,12 +12,11 @@ use crate::observe::fallback::{FallbackDetector, FallbackStatus};
 use crate::policy::transport::{PodVerdict, human_bytes, judge_pod};
 use fabricgate_probes::runtime::restrack::{QpEntry, QpOwner};
 use fabricgate_probes::runtime::sample::{NO_HOST_PID, PodSampler, RemoteScope, SampleRequest};
-use fabricgate_probes::runtime::{Observed, PodTransportFacts, cgroup};
+use fabricgate_probes::runtime::{Observed, PodTransportFacts, procs};
 use fabricgate_probes::{ProbeReport, Roots};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 /// One pod: what was seen and the verdict on it.
@@ -107,7 +106,7 @@ fn blind_pods(roots: &Roots, config: &Config) -> Vec<PodLine> {
             reason: NO_HOST_PID.to_owned(),
         }
     }
-    pod_cgroups(roots)
+    procs::pod_cgroups(roots)
         .into_iter()
         .map(|pod_uid| {
             let facts = PodTransportFacts {
@@ -118,44 +117,6 @@ fn blind_pods(roots: &Roots, config: &Config) -> Vec<PodLine> {
             judge(facts, config)
         })
         .collect()
-}
-
-/// The UIDs of the pod cgroups under `<sysfs>/fs/cgroup` (v2, or each v1 hierarchy; systemd
-/// and cgroupfs drivers), walking only the `kubepods` part of the tree.
-pub fn pod_cgroups(roots: &Roots) -> BTreeSet<String> {
-    // Far more than the kubelet's pods and QoS levels; a bound on a strange tree.
-    const MOST_DIRECTORIES: usize = 100_000;
-    let mut uids = BTreeSet::new();
-    let mut stack: Vec<(PathBuf, String, usize)> = vec![(roots.sys("fs/cgroup"), String::new(), 0)];
-    let mut visited = 0usize;
-    while let Some((dir, rel, depth)) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            continue;
-        };
-        for entry in entries.flatten() {
-            if !entry.file_type().is_ok_and(|t| t.is_dir()) {
-                continue;
-            }
-            visited += 1;
-            if visited > MOST_DIRECTORIES {
-                return uids;
-            }
-            let name = entry.file_name().to_string_lossy().into_owned();
-            let path = format!("{rel}/{name}");
-            if let Some(pod) = cgroup::parse_path(&path) {
-                uids.insert(pod.pod_uid);
-                continue;
-            }
-            // The hierarchies of v1 at the top, then only kubepods and its QoS levels.
-            let descend = depth == 0
-                || name.contains("kubepods")
-                || matches!(name.as_str(), "besteffort" | "burstable");
-            if descend && depth < 6 {
-                stack.push((entry.path(), path, depth + 1));
-            }
-        }
-    }
-    uids
 }
 
 /// What `observe::fallback` concludes from the two node reports, its window set to the pods'

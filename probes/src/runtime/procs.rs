@@ -1,7 +1,8 @@
 //! What procfs tells about the pods' processes and their network namespaces, through
 //! [`Roots`]: which processes each pod has, the namespace each is in, a process's socket
 //! inodes, a namespace's own addresses and routes (`/proc/<pid>/net/` shows the namespace of
-//! `<pid>`). Thin readers beside pure parsers of the kernel's text formats.
+//! `<pid>`); and, without the host PID namespace, which pod cgroups exist (`<sysfs>/fs/cgroup`).
+//! Thin readers beside pure parsers of the kernel's text formats.
 
 use super::cgroup::{self, CgroupOwner};
 use crate::Roots;
@@ -42,6 +43,44 @@ pub fn pod_processes(roots: &Roots) -> (BTreeMap<String, Vec<u32>>, BTreeSet<Str
         }
     }
     (pods, unrecognized)
+}
+
+/// The UIDs of the pod cgroups under `<sysfs>/fs/cgroup` (v2, or each v1 hierarchy; systemd
+/// and cgroupfs drivers), walking only the `kubepods` part of the tree.
+pub fn pod_cgroups(roots: &Roots) -> BTreeSet<String> {
+    // Far more than the kubelet's pods and QoS levels; a bound on a strange tree.
+    const MOST_DIRECTORIES: usize = 100_000;
+    let mut uids = BTreeSet::new();
+    let mut stack: Vec<(PathBuf, String, usize)> = vec![(roots.sys("fs/cgroup"), String::new(), 0)];
+    let mut visited = 0usize;
+    while let Some((dir, rel, depth)) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            if !entry.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            visited += 1;
+            if visited > MOST_DIRECTORIES {
+                return uids;
+            }
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let path = format!("{rel}/{name}");
+            if let Some(pod) = cgroup::parse_path(&path) {
+                uids.insert(pod.pod_uid);
+                continue;
+            }
+            // The hierarchies of v1 at the top, then only kubepods and its QoS levels.
+            let descend = depth == 0
+                || name.contains("kubepods")
+                || matches!(name.as_str(), "besteffort" | "burstable");
+            if descend && depth < 6 {
+                stack.push((entry.path(), path, depth + 1));
+            }
+        }
+    }
+    uids
 }
 
 /// `<procfs>/<pid>/ns/net`.

@@ -183,7 +183,7 @@ fn without_the_host_pid_namespace_every_pod_cgroup_is_unknown_with_what_to_add()
     }
     let roots = Roots::new(dir.path().join("sys"), dir.path().join("proc"));
     assert_eq!(
-        pod_cgroups(&roots).into_iter().collect::<Vec<_>>(),
+        procs::pod_cgroups(&roots).into_iter().collect::<Vec<_>>(),
         [RDMA_POD, SOCKETS_POD]
     );
     let mut sampler = PodSampler::new(roots);
