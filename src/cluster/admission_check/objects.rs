@@ -59,11 +59,7 @@ pub(super) async fn listed_answers(
     fc: &DynamicObject,
 ) -> Result<Vec<Arc<DynamicObject>>> {
     let uid = fc.uid().unwrap_or_default();
-    let results: Api<DynamicObject> = Api::namespaced_with(
-        checks.clone().into_client(),
-        checks.namespace().unwrap_or_default(),
-        &fabriccheck::results(),
-    );
+    let results = results_beside(checks);
     let lp = ListParams::default().labels(&format!("{}={uid}", fabriccheck::CHECK_UID_LABEL));
     let list = results.list(&lp).await.map_err(|e| Error::KubeObject {
         action: "list the answers to",
@@ -130,14 +126,7 @@ pub(super) async fn create_check(
     };
     if let Err(e) = ready {
         // Nobody was asked yet: gone again, with the answers made, and tried afresh.
-        let dp = DeleteParams {
-            preconditions: Some(kube::api::Preconditions {
-                uid: Some(uid.clone()),
-                resource_version: None,
-            }),
-            ..DeleteParams::default()
-        };
-        if let Err(d) = checks.delete(name, &dp).await {
+        if let Err(d) = delete_exactly(checks, name, Some(&uid)).await {
             tracing::warn!(check = %name, error = %d, "cannot delete the unfinished FabricCheck");
         }
         delete_answers(checks, &uid).await;
@@ -149,11 +138,7 @@ pub(super) async fn create_check(
 /// Create the empty answer of each member of `check` (one that exists already is an earlier
 /// attempt's).
 async fn create_answers(checks: &Api<DynamicObject>, check: &FabricCheck) -> Result<()> {
-    let results: Api<DynamicObject> = Api::namespaced_with(
-        checks.clone().into_client(),
-        checks.namespace().unwrap_or_default(),
-        &fabriccheck::results(),
-    );
+    let results = results_beside(checks);
     let pp = PostParams {
         field_manager: Some(FIELD_MANAGER.to_owned()),
         ..PostParams::default()
@@ -217,23 +202,39 @@ async fn label_members(checks: &Api<DynamicObject>, check: &FabricCheck) -> Resu
     }
 }
 
+/// The FabricCheckResults beside `checks`: the same client and namespace.
+fn results_beside(checks: &Api<DynamicObject>) -> Api<DynamicObject> {
+    Api::namespaced_with(
+        checks.clone().into_client(),
+        checks.namespace().unwrap_or_default(),
+        &fabriccheck::results(),
+    )
+}
+
+/// Delete check `name`, only while it is still the object with `uid` (when known): a check
+/// made again under the same name by a later pass is not touched (409).
+async fn delete_exactly(
+    checks: &Api<DynamicObject>,
+    name: &str,
+    uid: Option<&str>,
+) -> kube::Result<()> {
+    let dp = DeleteParams {
+        preconditions: uid.map(|uid| kube::api::Preconditions {
+            uid: Some(uid.to_owned()),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    checks.delete(name, &dp).await.map(|_| ())
+}
+
 pub(super) async fn delete_check(
     checks: &Api<DynamicObject>,
     fc: &DynamicObject,
     state: &mut State,
 ) {
     let name = fc.name_any();
-    let mut dp = DeleteParams::default();
-    if let Some(uid) = fc.uid() {
-        dp = DeleteParams {
-            preconditions: Some(kube::api::Preconditions {
-                uid: Some(uid),
-                resource_version: None,
-            }),
-            ..dp
-        };
-    }
-    match checks.delete(&name, &dp).await {
+    match delete_exactly(checks, &name, fc.uid().as_deref()).await {
         Ok(_) => {
             tracing::debug!(check = %name, "FabricCheck deleted");
             state.deleted.insert(fc.uid().unwrap_or_default());
@@ -251,11 +252,7 @@ pub(super) async fn delete_check(
 /// Delete every answer to the check `uid`, one request (the garbage collector would too,
 /// through their owner reference, but only where kube-controller-manager runs it promptly).
 pub(super) async fn delete_answers(checks: &Api<DynamicObject>, uid: &str) {
-    let results: Api<DynamicObject> = Api::namespaced_with(
-        checks.clone().into_client(),
-        checks.namespace().unwrap_or_default(),
-        &fabriccheck::results(),
-    );
+    let results = results_beside(checks);
     let lp = ListParams::default().labels(&format!("{}={uid}", fabriccheck::CHECK_UID_LABEL));
     if let Err(e) = results
         .delete_collection(&DeleteParams::default(), &lp)
