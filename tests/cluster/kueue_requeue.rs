@@ -533,24 +533,11 @@ fn kueue_requeues_a_gang_whose_member_pod_is_on_sockets() {
     wait_until_ctx(
         &format!("the agent of {node} sets its pod's condition"),
         Duration::from_secs(20),
-        || {
-            let r = cp.block_on(async {
-                let client = crate::common::controlplane::client_from(&agent).await;
-                let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
-                    kube::Api::namespaced(client, NS);
-                pods.patch_status(
-                    &pod,
-                    &kube::api::PatchParams::default(),
-                    &kube::api::Patch::Strategic(&condition),
-                )
-                .await
-            });
-            match r {
-                Ok(_) => true,
-                Err(e) => {
-                    *err.borrow_mut() = e.to_string();
-                    false
-                }
+        || match crate::runtime_transport::patch_as_agent(cp, &agent, NS, &pod, &condition) {
+            Ok(()) => true,
+            Err(e) => {
+                *err.borrow_mut() = e;
+                false
             }
         },
         || err.borrow().clone(),

@@ -148,16 +148,18 @@ fn fallback_events(cp: &ControlPlane, kind: &str, name: &str) -> Vec<Value> {
         .collect()
 }
 
-/// A strategic merge patch of `pod`'s status as the agent of `OWN` (its pod-bound token): the
-/// agent's own request shape (`node::pod_writer`), no GET first. Ok, or the error's message.
-fn patch_as_agent(
+/// A strategic merge patch of the status of pod `ns/pod` as an agent (its pod-bound token in
+/// `kubeconfig`): the agent's own request shape (`node::pod_writer`), no GET first. Ok, or the
+/// error's code and message.
+pub(crate) fn patch_as_agent(
     cp: &ControlPlane,
     kubeconfig: &Path,
+    ns: &str,
     pod: &str,
     patch: &Value,
 ) -> Result<(), String> {
     cp.block_on(async {
-        let pods: Api<Pod> = Api::namespaced(client_from(kubeconfig).await, NS);
+        let pods: Api<Pod> = Api::namespaced(client_from(kubeconfig).await, ns);
         pods.patch_status(pod, &PatchParams::default(), &Patch::Strategic(patch))
             .await
             .map(|_| ())
@@ -323,7 +325,7 @@ fn a_judged_pod_on_sockets_gets_the_condition_events_and_metric_and_nothing_else
         "status": s, "reason": "SocketsFallback"}]}})
     };
     let refused = |pod: &str, patch: &Value, why: &str| {
-        let e = patch_as_agent(cp, &kubeconfig, pod, patch).unwrap_err();
+        let e = patch_as_agent(cp, &kubeconfig, NS, pod, patch).unwrap_err();
         assert!(
             e.starts_with("403 ") && e.contains(why),
             "{pod} {patch}: {e}"
@@ -344,7 +346,7 @@ fn a_judged_pod_on_sockets_gets_the_condition_events_and_metric_and_nothing_else
         &json!({"status": {"phase": "Failed"}}),
         "may not change the pod status beyond its own condition",
     );
-    patch_as_agent(cp, &kubeconfig, "trainer", &set("False"))
+    patch_as_agent(cp, &kubeconfig, NS, "trainer", &set("False"))
         .expect("its own condition on its own node's pod is allowed");
     let _ = uid(&far);
     let _ = web;
