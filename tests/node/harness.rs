@@ -662,6 +662,19 @@ imageGCLowThresholdPercent: 98
             .collect()
     }
 
+    /// The guard replicas' last log lines (or why they could not be read), for a failure.
+    pub fn guard_logs(&self) -> String {
+        self.kubectl(&[
+            "logs",
+            "-n",
+            "fabricgate",
+            "-l",
+            "app.kubernetes.io/name=fabricgate-guard",
+            "--tail=20",
+        ])
+        .unwrap_or_else(|e| e)
+    }
+
     pub fn kubectl(&self, args: &[&str]) -> Result<String, String> {
         self.kubectl_stdin(args, None)
     }

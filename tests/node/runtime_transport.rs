@@ -570,7 +570,7 @@ fn scenario(node: &RealNode, image: &str) -> Result<(), String> {
         EVICT_AFTER + Duration::from_secs(60),
         || !events(node, "TransportFallbackNotEvicted", "Pod", &trainer_name).is_empty(),
     )
-    .map_err(|e| format!("{e}\n{}", guard_logs(node)))?;
+    .map_err(|e| format!("{e}\n{}", node.guard_logs()))?;
     let still = pod(node, &trainer_name).ok_or("the Job's pod is gone while its PDB blocks")?;
     if !still["metadata"]["deletionTimestamp"].is_null() {
         return Err("the Job's pod is being deleted while its PDB blocks".into());
@@ -599,7 +599,7 @@ fn scenario(node: &RealNode, image: &str) -> Result<(), String> {
                 && !events(node, "TransportFallbackEvicted", "Pod", &trainer_name).is_empty()
         },
     )
-    .map_err(|e| format!("{e}\n{}", guard_logs(node)))?;
+    .map_err(|e| format!("{e}\n{}", node.guard_logs()))?;
     println!(
         "figure: PDB relaxed -> evicted by the guard {:?}",
         relaxed.elapsed()
@@ -630,18 +630,6 @@ fn scenario(node: &RealNode, image: &str) -> Result<(), String> {
     println!("figure: eviction requests (user, code): {evictions:?}");
     drop(sink);
     Ok(())
-}
-
-fn guard_logs(node: &RealNode) -> String {
-    node.kubectl(&[
-        "logs",
-        "-n",
-        "fabricgate",
-        "-l",
-        "app.kubernetes.io/name=fabricgate-guard",
-        "--tail=20",
-    ])
-    .unwrap_or_else(|e| e)
 }
 
 /// The node as the scenario found it: the test's namespace, Node and address gone, the agent

@@ -513,16 +513,7 @@ fn guard_taints_a_broken_agent(node: &RealNode) -> Result<(), String> {
         },
     )
     .map_err(|e| {
-        let guards = node
-            .kubectl(&[
-                "logs",
-                "-n",
-                "fabricgate",
-                "-l",
-                "app.kubernetes.io/name=fabricgate-guard",
-                "--tail=20",
-            ])
-            .unwrap_or_else(|e| e);
+        let guards = node.guard_logs();
         format!(
             "{e}: FabricReady {:?}\nguard logs:\n{guards}",
             node.node().map(|n| fabric_reason(&n))
