@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 
 /// The pod condition the agents own (and only it: deploy/overlays/runtime-transport/pod-transport-policy.yaml).
 pub const CONDITION_TYPE: &str = "fabricgate.io/TransportReady";
-/// The label on every pod of fabricgate's own (agent, guard, webhook): never judged.
+/// The label of the agent DaemonSet's pods (value `fabricgate`): never judged.
 pub const OWN_NAME_LABEL: &str = "app.kubernetes.io/name";
 /// The Event on the pod and its controller owner when a pod goes to sockets.
 pub const EVENT_REASON: &str = "TransportFallback";
