@@ -40,6 +40,30 @@ fg_pair_up() {
     ip link set eth1 up && ip addr add "169.254.78.$ME/24" dev eth1 || fail "eth1"
 }
 
+# fg_roce_v2_gid: the index of rxe0 port 1's RoCE v2 GID that maps our eth0 address
+# (169.254.77.ME); fg_wait_roce_v2_gid sets GIDX to it, waiting for it up to 20 s.
+fg_roce_v2_gid() {
+    want="0000:0000:0000:0000:0000:ffff:a9fe:4d0$ME"
+    for f in /sys/class/infiniband/rxe0/ports/1/gids/*; do
+        n="${f##*/}"
+        if [ "$(cat "$f" 2>/dev/null)" = "$want" ] &&
+            grep -q "RoCE v2" "/sys/class/infiniband/rxe0/ports/1/gid_attrs/types/$n" 2>/dev/null; then
+            echo "$n"
+            return 0
+        fi
+    done
+    return 1
+}
+fg_wait_roce_v2_gid() {
+    i=0
+    while [ "$i" -lt 200 ]; do
+        GIDX="$(fg_roce_v2_gid)" && return 0
+        sleep 0.1
+        i=$((i + 1))
+    done
+    fail "no RoCE v2 GID for 169.254.77.$ME on rxe0"
+}
+
 # fg_net_watch: every 2 s until S/ROLE.done, append to O/net.log what a link failure between
 # the VMs would show: the NICs' packet and drop counters, the ARP table (flags 0x0: not
 # resolved), the kernel's UDP counters (rxe0 speaks UDP) and rxe0's own counters. One awk a

@@ -40,29 +40,7 @@ rdma link add rxe0 type rxe netdev eth0 || fail "rdma link add"
 fg_wait_port ACTIVE 30 || fail "rxe0 not ACTIVE"
 fg_net_watch
 
-# gid_index: the RoCE v2 GID that maps our IPv4 address on eth0.
-gid_index() {
-    want="0000:0000:0000:0000:0000:ffff:a9fe:4d0$ME"
-    for f in /sys/class/infiniband/rxe0/ports/1/gids/*; do
-        n="${f##*/}"
-        if [ "$(cat "$f" 2>/dev/null)" = "$want" ] &&
-            grep -q "RoCE v2" "/sys/class/infiniband/rxe0/ports/1/gid_attrs/types/$n" 2>/dev/null; then
-            echo "$n"
-            return 0
-        fi
-    done
-    return 1
-}
-wait_gid() {
-    i=0
-    while [ "$i" -lt 200 ]; do
-        GIDX="$(gid_index)" && return 0
-        sleep 0.1
-        i=$((i + 1))
-    done
-    fail "no RoCE v2 GID for 169.254.77.$ME on rxe0"
-}
-wait_gid
+fg_wait_roce_v2_gid
 log "rxe0 ACTIVE, GID index $GIDX"
 mark up
 wait_for "$PEER_ROLE" up 240
@@ -230,7 +208,7 @@ if [ "$ROLE" = b ]; then
     ip link set eth0 up
     fg_wait_port ACTIVE 30 || fail "rxe0 not ACTIVE again"
 fi
-wait_gid
+fg_wait_roce_v2_gid
 mark up_again
 wait_for "$PEER_ROLE" up_again 120
 # perftest's QPs resolve the peer's MAC in their move to RTR, with 1 s for ARP; b's eth0 was

@@ -31,25 +31,7 @@ modprobe -d "$FG_KROOT" -S "$FG_KVER" tcp_diag || fail "modprobe tcp_diag"
 rdma link add rxe0 type rxe netdev eth0 || fail "rdma link add"
 fg_wait_port ACTIVE 30 || fail "rxe0 not ACTIVE"
 
-# gid: the RoCE v2 GID index that maps our IPv4 address on eth0.
-gid() {
-    want="0000:0000:0000:0000:0000:ffff:a9fe:4d0$ME"
-    for f in /sys/class/infiniband/rxe0/ports/1/gids/*; do
-        n="${f##*/}"
-        if [ "$(cat "$f" 2>/dev/null)" = "$want" ] &&
-            grep -q "RoCE v2" "/sys/class/infiniband/rxe0/ports/1/gid_attrs/types/$n" 2>/dev/null; then
-            echo "$n"
-            return 0
-        fi
-    done
-    return 1
-}
-i=0
-until GIDX="$(gid)"; do
-    [ "$i" -ge 200 ] && fail "no RoCE v2 GID for 169.254.77.$ME on rxe0"
-    sleep 0.1
-    i=$((i + 1))
-done
+fg_wait_roce_v2_gid
 log "rxe0 ACTIVE, GID index $GIDX"
 mark up
 wait_for "$PEER_ROLE" up 240
