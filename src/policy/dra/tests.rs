@@ -451,6 +451,17 @@ fn refused_rules_of_a_tainted_device_taint_the_node_instead() {
     assert_eq!(v.device_taints.len(), 1);
 }
 
+/// mlx5_3's device (`pci-0000-1b-00-0`) allocated to pod train/worker-0's claim.
+fn mlx5_3_held_by_worker_0() -> ClaimedDevice {
+    ClaimedDevice {
+        driver: "dra.net".into(),
+        pool: "node-a".into(),
+        device: "pci-0000-1b-00-0".into(),
+        claim: "train/worker-0-rdma".into(),
+        pods: vec!["train/worker-0".into()],
+    }
+}
+
 #[test]
 fn an_absent_hca_held_by_a_claim_is_in_use_not_unmatched_and_never_tainted() {
     let c = config(DRA);
@@ -462,13 +473,7 @@ fn an_absent_hca_held_by_a_claim_is_in_use_not_unmatched_and_never_tainted() {
     let codes: Vec<&str> = without.warnings.iter().map(|f| f.code).collect();
     assert_eq!(codes, vec![DRA_DEVICE_UNMATCHED], "no claim: as before");
 
-    facts.claimed.push(ClaimedDevice {
-        driver: "dra.net".into(),
-        pool: "node-a".into(),
-        device: "pci-0000-1b-00-0".into(),
-        claim: "train/worker-0-rdma".into(),
-        pods: vec!["train/worker-0".into()],
-    });
+    facts.claimed.push(mlx5_3_held_by_worker_0());
     let held = assess(&probe, Some(&facts), &c);
     let codes: Vec<&str> = held.warnings.iter().map(|f| f.code).collect();
     assert_eq!(codes, vec![DRA_DEVICE_IN_USE]);
@@ -512,13 +517,7 @@ fn the_ports_of_an_hca_a_claim_holds_are_not_required_of_the_node() {
     assert!(!lost.ready, "no claim: a port is missing");
     assert_eq!(lost.rdma.required_ports, 4);
 
-    facts.claimed.push(ClaimedDevice {
-        driver: "dra.net".into(),
-        pool: "node-a".into(),
-        device: "pci-0000-1b-00-0".into(),
-        claim: "train/worker-0-rdma".into(),
-        pods: vec!["train/worker-0".into()],
-    });
+    facts.claimed.push(mlx5_3_held_by_worker_0());
     assert_eq!(assess(&probe, Some(&facts), &c).in_use_ports, 1);
     let held = judge(&facts);
     assert!(held.ready, "{held:?}");
