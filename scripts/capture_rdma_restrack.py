@@ -7,6 +7,9 @@ kernel over NETLINK_RDMA (protocol 20). Writes, into OUTDIR:
                    device of index DEV (the kernel dumps QPs one device at a time: a dump
                    without RDMA_NLDEV_ATTR_DEV_INDEX is refused)
   qp-noindex-NN.bin  that refusal (an NLMSG_ERROR with -EINVAL)
+  ports-DEV-NN.bin the reply datagrams of RDMA_NLDEV_CMD_PORT_GET with NLM_F_DUMP for the
+                   device of index DEV (each port's state and physical state, what
+                   `rdma link show` prints)
 
 Each datagram is summarised on stdout. These files are the test data of
 probes/src/runtime/restrack.rs (probes/tests/fixtures/restrack/). In the Soft-RoCE VM:
@@ -23,6 +26,7 @@ import sys
 NETLINK_RDMA = 20
 RDMA_NL_NLDEV = 5
 RDMA_NLDEV_CMD_GET = 1
+RDMA_NLDEV_CMD_PORT_GET = 5
 RDMA_NLDEV_CMD_RES_QP_GET = 10
 RDMA_NLDEV_ATTR_DEV_INDEX = 1
 RDMA_NLDEV_ATTR_DEV_NAME = 2
@@ -106,6 +110,11 @@ def main():
         dump(sock, req, out, f"qp-{index}")
         seq += 1
     dump(sock, request(RDMA_NLDEV_CMD_RES_QP_GET, seq), out, "qp-noindex")
+    seq += 1
+    for index, _ in devices:
+        req = request(RDMA_NLDEV_CMD_PORT_GET, seq, attr_u32(RDMA_NLDEV_ATTR_DEV_INDEX, index))
+        dump(sock, req, out, f"ports-{index}")
+        seq += 1
 
 
 if __name__ == "__main__":

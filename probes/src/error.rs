@@ -65,9 +65,9 @@ pub enum ProbeError {
         source: io::Error,
     },
 
-    /// A pod's network namespace cannot be entered to list its sockets.
+    /// A pod's network namespace cannot be entered (to list its sockets or its RDMA devices).
     #[error(
-        "cannot enter the network namespace {path}: {source}; reading a pod's sockets needs \
+        "cannot enter the network namespace {path}: {source}; looking into a pod's namespace needs \
          CAP_SYS_ADMIN (setns) and CAP_SYS_PTRACE (another user's /proc/<pid>/ns/net): add \
          them (deploy/overlays/runtime-transport)"
     )]

@@ -4,13 +4,18 @@
 //! `policy::transport::judge_pod` with the config's `runtime:` settings. Beside it, what the
 //! node's byte heuristic (`observe::fallback`) says over the same window.
 //!
+//! With it, the RDMA devices a pod's own network namespace holds that the node's probe does not
+//! list (RDMA netns mode `exclusive`: an HCA a DRA driver moved into the pod), looked at from
+//! inside that namespace (`fabricgate_probes::runtime::pod_hcas`), each port with its state.
+//!
 //! The section never changes `check`'s exit code: what it cannot see (no host PID namespace,
 //! no RDMA netlink) is an `unknown` pod or a note, with the why.
 
 use crate::config::{Config, FallbackSettings};
 use crate::observe::fallback::{FallbackDetector, FallbackStatus};
 use crate::policy::transport::{PodVerdict, human_bytes, judge_pod};
-use fabricgate_probes::runtime::restrack::{QpEntry, QpOwner};
+use fabricgate_probes::runtime::pod_hcas::{self, LiveNamespaces, NamespaceRdma, PodHcas};
+use fabricgate_probes::runtime::restrack::{NetlinkPort, QpEntry, QpOwner};
 use fabricgate_probes::runtime::sample::{NO_HOST_PID, PodSampler, RemoteScope, SampleRequest};
 use fabricgate_probes::runtime::{Observed, PodTransportFacts, procs};
 use fabricgate_probes::{ProbeReport, Roots};
@@ -44,6 +49,9 @@ pub struct PodsSection {
     /// worth waiting for.
     pub window: Option<Duration>,
     pub node_fallback: Option<NodeFallback>,
+    /// Pods whose own network namespace holds RDMA devices the node's probe does not list, or
+    /// could not be looked into; sorted by pod UID.
+    pub namespace_hcas: Vec<PodHcas>,
 }
 
 /// Sample every pod of the node (sample, wait `window`, sample) and judge each one. `first`
@@ -75,6 +83,7 @@ pub fn sample(
             notes,
             window: None,
             node_fallback: None,
+            namespace_hcas: Vec::new(),
         };
     }
     let start = Instant::now();
@@ -82,12 +91,51 @@ pub fn sample(
     let facts = sampler.sample(&request);
     let waited = start.elapsed();
     let second = probe_again();
+    let namespace_hcas = namespace_hcas(sampler.roots(), &second, &mut LiveNamespaces);
     PodsSection {
         pods: facts.into_iter().map(|f| judge(f, config)).collect(),
         notes: sampler.notes().to_vec(),
         window: Some(waited),
         node_fallback: Some(node_fallback(config, window, first, &second)),
+        namespace_hcas,
     }
+}
+
+/// Every pod with a network namespace of its own, looked into: the ports of the RDMA devices
+/// there that `report` (the node's probe) does not list — in shared mode every namespace
+/// lists the node's devices, which say nothing new — and the pods that could not be entered.
+pub fn namespace_hcas(
+    roots: &Roots,
+    report: &ProbeReport,
+    rdma: &mut dyn NamespaceRdma,
+) -> Vec<PodHcas> {
+    let (processes, _) = procs::pod_processes(roots);
+    let wanted: BTreeSet<String> = processes.keys().cloned().collect();
+    let node: BTreeSet<&str> = report
+        .rdma
+        .devices
+        .iter()
+        .map(|d| d.name.as_str())
+        .collect();
+    pod_hcas::look(roots, &processes, &wanted, rdma)
+        .into_iter()
+        .filter_map(|mut pod| {
+            match &mut pod.ports {
+                Observed::Seen(ports) => {
+                    ports.retain(|p| !node.contains(p.device.as_str()));
+                    if ports.is_empty() {
+                        return None;
+                    }
+                }
+                Observed::Unseen { reason } => {
+                    if reason == pod_hcas::SHARES_AGENT_NETNS || reason == pod_hcas::NO_PROCESS {
+                        return None;
+                    }
+                }
+            }
+            Some(pod)
+        })
+        .collect()
 }
 
 fn judge(facts: PodTransportFacts, config: &Config) -> PodLine {
@@ -188,6 +236,17 @@ fn qp_json(qp: &QpEntry) -> Value {
     })
 }
 
+/// A port as `check` prints it: the kernel's names for its states (`rdma link show`).
+fn port_json(port: &NetlinkPort) -> Value {
+    json!({
+        "device": port.device,
+        "port": port.port,
+        "state": port.state.map(|s| s.name()),
+        "physical_state": port.physical_state.map(|s| s.name()),
+        "netdev": port.netdev,
+    })
+}
+
 fn upper(value: &impl std::fmt::Debug) -> String {
     format!("{value:?}").to_uppercase()
 }
@@ -226,6 +285,21 @@ pub fn insert_json(doc: &mut Value, section: &PodsSection) {
             "why": f.why,
         })
     });
+    let in_namespaces: Vec<Value> = section
+        .namespace_hcas
+        .iter()
+        .map(|p| {
+            let (ports, why) = match &p.ports {
+                Observed::Seen(ports) => (
+                    Value::Array(ports.iter().map(port_json).collect()),
+                    Value::Null,
+                ),
+                Observed::Unseen { reason } => (Value::Null, Value::String(reason.clone())),
+            };
+            json!({"uid": p.pod_uid, "pid": p.pid, "ports": ports, "why": why})
+        })
+        .collect();
+    map.insert("pod_namespace_rdma".into(), Value::Array(in_namespaces));
     map.insert(
         "pods_sample".into(),
         json!({
@@ -276,8 +350,47 @@ pub fn to_table(section: &PodsSection) -> String {
             f.why
         );
     }
+    if !section.namespace_hcas.is_empty() {
+        out.push_str(
+            "\nRDMA devices in pods' own network namespaces (not in the node's; in use by the pod):\n",
+        );
+        let rows: Vec<Vec<String>> = section
+            .namespace_hcas
+            .iter()
+            .flat_map(|p| {
+                let pid = p.pid.map_or_else(|| "?".to_owned(), |pid| pid.to_string());
+                match &p.ports {
+                    Observed::Seen(ports) => ports
+                        .iter()
+                        .map(|port| {
+                            vec![
+                                p.pod_uid.clone(),
+                                pid.clone(),
+                                format!("{}/{}", port.device, port.port),
+                                port.state.map_or_else(|| "?".to_owned(), |s| s.name()),
+                                port.physical_state
+                                    .map_or_else(|| "?".to_owned(), |s| s.name()),
+                                port.netdev.clone().unwrap_or_default(),
+                            ]
+                        })
+                        .collect::<Vec<_>>(),
+                    Observed::Unseen { reason } => vec![vec![
+                        p.pod_uid.clone(),
+                        pid,
+                        "?".to_owned(),
+                        reason.clone(),
+                        String::new(),
+                        String::new(),
+                    ]],
+                }
+            })
+            .collect();
+        super::check::write_columns(&mut out, &NAMESPACE_HEADER, rows);
+    }
     out
 }
+
+const NAMESPACE_HEADER: [&str; 6] = ["POD UID", "PID", "PORT", "STATE", "PHYS", "NETDEV"];
 
 /// `2 RC, 1 UD`; `0`; `?` when the QPs could not be listed.
 fn qps_cell(qps: &Observed<Vec<QpEntry>>) -> String {

@@ -292,6 +292,7 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
         metrics,
         // The claims of this node's pods: HCAs in use by a pod (docs/dra.md).
         pods: runtime.pods.clone(),
+        roots: agent.prober.roots().clone(),
     }
     .start(desired_rx.clone(), stop.clone());
     let requests = client.map(|c| c.requests.clone());

@@ -13,6 +13,9 @@ use crate::config::Config;
 use crate::config::dra::DraDriver;
 use fabricgate_probes::ProbeReport;
 use fabricgate_probes::host::HostReport;
+use fabricgate_probes::rdma::types::{PhysState, PortState};
+use fabricgate_probes::runtime::Observed;
+use fabricgate_probes::runtime::restrack::NetlinkPort;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -104,6 +107,17 @@ pub struct DraFacts {
     /// Devices of the configured drivers that ResourceClaims allocated on this node hold
     /// (empty until something reads the claims: see docs/dra.md).
     pub claimed: Vec<ClaimedDevice>,
+    /// What the network namespaces of the claims' pods hold (the agent looks into them:
+    /// `agent::pod_hcas`); empty when nothing looked.
+    pub in_pods: Vec<PodNamespaceHcas>,
+}
+
+/// The RDMA ports one pod's own network namespace lists, or why it was not looked into.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodNamespaceHcas {
+    /// `namespace/name`.
+    pub pod: String,
+    pub ports: Observed<Vec<NetlinkPort>>,
 }
 
 /// One device of an allocation result (`status.allocation.devices.results[]`) of a
@@ -115,8 +129,10 @@ pub struct ClaimedDevice {
     pub device: String,
     /// `namespace/name` of the claim.
     pub claim: String,
-    /// `namespace/name` of each pod in `status.reservedFor`.
+    /// `namespace/name` of each pod on this node that names the claim.
     pub pods: Vec<String>,
+    /// Their UIDs, in the same order.
+    pub pod_uids: Vec<String>,
 }
 
 impl DraFacts {
@@ -339,7 +355,8 @@ pub fn assess(report: &ProbeReport, facts: Option<&DraFacts>, config: &Config) -
 }
 
 /// Published devices naming an RDMA device the probe does not see: in use when a claim holds
-/// it (one port each the node is not judged on), else unmatched.
+/// it (one port each the node is not judged on; judged in its pod's namespace where that was
+/// looked into), else unmatched.
 fn unprobed_devices(report: &ProbeReport, facts: &DraFacts, out: &mut DraAssessment) {
     let probed: Vec<&str> = report
         .rdma
@@ -355,7 +372,28 @@ fn unprobed_devices(report: &ProbeReport, facts: &DraFacts, out: &mut DraAssessm
             continue;
         }
         if let Some(held) = facts.holder(device) {
-            out.warnings.push(in_use(device, name, held));
+            let seen = in_pod_namespace(facts, held, name);
+            if let InPod::Ports { pod, ports } = &seen {
+                let problems: Vec<(&'static str, String)> = ports
+                    .iter()
+                    .filter_map(|p| namespace_port_problem(p, pod, &held.claim))
+                    .collect();
+                if let Some((code, _)) = problems.first() {
+                    out.taints.push(DeviceTaint {
+                        driver: device.driver.clone(),
+                        pool: device.pool.clone(),
+                        device: device.device.clone(),
+                        hca: name.clone(),
+                        reason: (*code).to_owned(),
+                        message: problems
+                            .iter()
+                            .map(|(_, m)| m.as_str())
+                            .collect::<Vec<_>>()
+                            .join("; "),
+                    });
+                }
+            }
+            out.warnings.push(in_use(device, name, held, &seen));
             // A DRA device is one PCI function: one port (mlx5).
             out.in_use_ports = out.in_use_ports.saturating_add(1);
             continue;
@@ -372,25 +410,135 @@ fn unprobed_devices(report: &ProbeReport, facts: &DraFacts, out: &mut DraAssessm
     }
 }
 
-/// A published device the probe cannot see because a claim holds it: in use, not judged.
-fn in_use(device: &PublishedDevice, hca: &str, held: &ClaimedDevice) -> Finding {
-    finding(
-        DRA_DEVICE_IN_USE,
-        format!(
-            "{hca} (DRA device {} of {}) is in use by claim {} (pod{} {}): not visible in the \
-             node's network namespace (in RDMA netns mode exclusive the driver moves it into \
-             the pod's), so it is not judged; this says nothing about its hardware",
-            device.device,
-            device.driver,
-            held.claim,
-            if held.pods.len() == 1 { "" } else { "s" },
-            if held.pods.is_empty() {
-                "none reserved".to_owned()
-            } else {
-                held.pods.join(", ")
+/// What the namespaces of a claim's pods show of one HCA.
+#[derive(Debug)]
+enum InPod<'a> {
+    /// Nothing looked (the pods' namespaces are not looked into without the runtime task).
+    NotLooked,
+    /// Found in this pod's namespace, with its ports.
+    Ports {
+        pod: &'a str,
+        ports: Vec<&'a NetlinkPort>,
+    },
+    /// Looked, not found there: what each pod's look said.
+    NotFound(Vec<String>),
+}
+
+fn in_pod_namespace<'a>(facts: &'a DraFacts, held: &ClaimedDevice, hca: &str) -> InPod<'a> {
+    let mut said = Vec::new();
+    for view in facts.in_pods.iter().filter(|v| held.pods.contains(&v.pod)) {
+        match &view.ports {
+            Observed::Seen(ports) => {
+                let mine: Vec<&NetlinkPort> = ports.iter().filter(|p| p.device == hca).collect();
+                if !mine.is_empty() {
+                    return InPod::Ports {
+                        pod: &view.pod,
+                        ports: mine,
+                    };
+                }
+                let listed: Vec<&str> = ports.iter().map(|p| p.device.as_str()).collect();
+                said.push(format!(
+                    "{}'s namespace lists {}",
+                    view.pod,
+                    if listed.is_empty() {
+                        "no RDMA device".to_owned()
+                    } else {
+                        listed.join(", ")
+                    }
+                ));
             }
+            Observed::Unseen { reason } => said.push(format!("{}: {reason}", view.pod)),
+        }
+    }
+    if said.is_empty() {
+        InPod::NotLooked
+    } else {
+        InPod::NotFound(said)
+    }
+}
+
+/// A port of an in-use HCA, seen in its pod's namespace, that cannot carry traffic: the
+/// code a DeviceTaintRule carries (as for a port the node's probe finds so) and the facts.
+fn namespace_port_problem(
+    port: &NetlinkPort,
+    pod: &str,
+    claim: &str,
+) -> Option<(&'static str, String)> {
+    let state = port
+        .state
+        .map_or_else(|| "unknown".to_owned(), PortState::name);
+    let phys = port
+        .physical_state
+        .map_or_else(|| "unknown".to_owned(), PhysState::name);
+    let code = match (port.state, port.physical_state) {
+        (Some(PortState::Active), Some(PhysState::LinkUp)) => return None,
+        (Some(PortState::Init | PortState::Armed), _) => "PortNotActivatedBySM",
+        _ => "PortDown",
+    };
+    Some((
+        code,
+        format!(
+            "{}/{}: state {state}, phys {phys} in pod {pod}'s network namespace, where claim \
+             {claim} holds it",
+            port.device, port.port
         ),
-    )
+    ))
+}
+
+/// A published device the probe cannot see because a claim holds it: in use, never a node
+/// finding; what its pod's namespace showed of it, if looked.
+fn in_use(device: &PublishedDevice, hca: &str, held: &ClaimedDevice, seen: &InPod) -> Finding {
+    let pods = if held.pods.is_empty() {
+        "none reserved".to_owned()
+    } else {
+        held.pods.join(", ")
+    };
+    let head = format!(
+        "{hca} (DRA device {} of {}) is in use by claim {} (pod{} {pods}): not visible in the \
+         node's network namespace (in RDMA netns mode exclusive the driver moves it into the \
+         pod's)",
+        device.device,
+        device.driver,
+        held.claim,
+        if held.pods.len() == 1 { "" } else { "s" },
+    );
+    let tail = match seen {
+        InPod::NotLooked => {
+            "; it is not judged: this says nothing about its hardware (the pods' namespaces \
+             are looked into with runtime.enabled)"
+                .to_owned()
+        }
+        InPod::Ports { pod, ports } => {
+            let states: Vec<String> = ports
+                .iter()
+                .map(|p| {
+                    format!(
+                        "port {} {} ({})",
+                        p.port,
+                        p.state
+                            .map_or_else(|| "unknown".to_owned(), PortState::name),
+                        p.physical_state
+                            .map_or_else(|| "unknown".to_owned(), PhysState::name)
+                    )
+                })
+                .collect();
+            format!(
+                "; seen in pod {pod}'s network namespace: {}{}",
+                states.join(", "),
+                if ports.iter().all(|p| p.is_active()) {
+                    ""
+                } else {
+                    " (a fault of that HCA: its DRA device gets a DeviceTaintRule unless taint_scope is \
+                     node; the node is not failed for it)"
+                }
+            )
+        }
+        InPod::NotFound(said) => format!(
+            "; not found in its pods' network namespaces either ({}): not judged",
+            said.join("; ")
+        ),
+    };
+    finding(DRA_DEVICE_IN_USE, format!("{head}{tail}"))
 }
 
 /// One warning per driver and pool not named after the node.

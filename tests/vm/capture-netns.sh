@@ -86,6 +86,54 @@ python3 "$FG_VM_DIR/sysfs_tree.py" /sys "$out/tree-host" >"$out/tree-host.log" 2
 ip netns exec pod0 python3 "$FG_VM_DIR/sysfs_tree.py" /sys "$out/tree-ns" >"$out/tree-ns.log" 2>&1
 dumps excl
 s excl-ns-ibv ip netns exec pod0 ibv_devices
+
+# An HCA in a pod's namespace, seen by an agent in another one. rxe0 cannot be moved (below),
+# so the roles are swapped, which is the same to the kernel: the "agent" (`fabricgate check`)
+# runs in pod0, where no RDMA device is, and the "pod" whose namespace holds the HCA is a
+# process in a kubepods-shaped cgroup of the host's namespace, where rxe0 lives. The agent
+# finds the pod's process, enters its network namespace (setns from a thread of its own),
+# asks RDMA netlink there for the devices and their ports, and reports them; then rxe0's port
+# goes down (its netdev down) and the same look says so.
+mount -t cgroup2 none /sys/fs/cgroup 2>/dev/null || mountpoint -q /sys/fs/cgroup ||
+    echo "### cannot mount cgroup2 at /sys/fs/cgroup" >>"$steps"
+pod_uid=5d1e8f3a-2b4c-4d6e-8f0a-1c3e5a7b9d2f
+ctr="/sys/fs/cgroup/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod$(echo "$pod_uid" | tr - _).slice/cri-containerd-9b8e7d6c5b4a39281706f5e4d3c2b1a09f8e7d6c5b4a39281706f5e4d3c2b1a0.scope"
+mkdir -p "$ctr"
+sh -c 'echo $$ >"$1/cgroup.procs" && exec sleep 600' sh "$ctr" &
+hca_pod_pid=$!
+i=0
+until grep -qx "$hca_pod_pid" "$ctr/cgroup.procs" 2>/dev/null || [ "$i" -ge 100 ]; do
+    sleep 0.1
+    i=$((i + 1))
+done
+echo "### hca pod uid $pod_uid pid $hca_pod_pid" >>"$steps"
+# The pods section lists the pod's sockets too (sock_diag): a real kernel loads tcp_diag on
+# first use; this VM's modules are not in /lib/modules.
+modprobe -d "$FG_KROOT" -S "$FG_KVER" tcp_diag 2>/dev/null ||
+    echo "### cannot load tcp_diag" >>"$steps"
+mkdir -p "$out/excl-pod-ports"
+s excl-pod-ports-dump nsenter --net=/proc/$hca_pod_pid/ns/net python3 "$FG_CWD/scripts/capture_rdma_restrack.py" "$out/excl-pod-ports"
+if [ -n "${FG_BIN:-}" ]; then
+    s excl-agent-in-ns-check ip netns exec pod0 "$FG_BIN" check --format json --config "$FG_REQ" --pods on --pods-window 1s
+    s excl-hca-port-down ip link set eth0 down
+    i=0
+    while ! rdma link show rxe0/1 | grep -q "state DOWN" && [ "$i" -lt 100 ]; do
+        sleep 0.1
+        i=$((i + 1))
+    done
+    s excl-host-rdma-link-down rdma link show
+    s excl-agent-in-ns-check-down ip netns exec pod0 "$FG_BIN" check --format json --config "$FG_REQ" --pods on --pods-window 1s
+    s excl-agent-in-ns-check-down-table ip netns exec pod0 "$FG_BIN" check --config "$FG_REQ" --pods on --pods-window 1s
+    mkdir -p "$out/excl-pod-ports-down"
+    s excl-pod-ports-dump-down python3 "$FG_CWD/scripts/capture_rdma_restrack.py" "$out/excl-pod-ports-down"
+    s excl-hca-port-up ip link set eth0 up
+    i=0
+    while ! rdma link show rxe0/1 | grep -q "state ACTIVE" && [ "$i" -lt 100 ]; do
+        sleep 0.1
+        i=$((i + 1))
+    done
+fi
+kill "$hca_pod_pid" 2>/dev/null
 s excl-host-ibv ibv_devices
 # Moving a device needs a driver that can cut its users off (disassociate_ucontext): mlx5
 # can, rxe cannot.

@@ -9,7 +9,7 @@
 
 use crate::common;
 
-use fabricgate_probes::runtime::restrack::parse_device_dump;
+use fabricgate_probes::runtime::restrack::{parse_device_dump, parse_port_dump};
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
@@ -188,6 +188,63 @@ fn rxe_cannot_be_moved_and_vanishes_with_its_netdev() {
     assert_eq!(step(&s, "netdev-ns-rdma-dev").output, "");
     assert!(!step(&s, "netdev-host-sys").output.contains("rxe0"));
     assert!(step(&s, "netdev-ns-ip-link").output.contains("eth0"));
+}
+
+/// Issue 42 item 6, "probes it in that namespace where it can", on the real kernel: the agent
+/// (`fabricgate check`) runs in a namespace without the HCA, the "pod" holding it is a process
+/// in a kubepods cgroup of the namespace where rxe0 lives (the roles swapped, since rxe cannot
+/// be moved: the same to the kernel). The agent finds the pod's process, enters its network
+/// namespace and lists the HCA there with its port, then the port down once its netdev is.
+#[test]
+fn an_agent_without_the_hca_sees_it_and_its_port_inside_the_pods_namespace() {
+    let Some(out) = common::vm_results(boot()) else {
+        return;
+    };
+    let s = steps(out);
+    let text = std::fs::read_to_string(out.join("netns/steps.txt")).unwrap();
+    let pid: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("### hca pod uid 5d1e8f3a-2b4c-4d6e-8f0a-1c3e5a7b9d2f pid "))
+        .and_then(|p| p.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no hca pod line in steps.txt"));
+    let look = |name: &str, state: &str, phys: &str| {
+        let step = step(&s, name);
+        let check: serde_json::Value = serde_json::from_str(&step.output)
+            .unwrap_or_else(|e| panic!("{name}: {e}: {}", step.output));
+        // Its own namespace has no RDMA device ...
+        assert_eq!(check["rdma"]["devices"], serde_json::json!([]), "{name}");
+        // ... the pod's has rxe0, seen from inside it.
+        assert_eq!(
+            check["pod_namespace_rdma"],
+            serde_json::json!([{
+                "uid": "5d1e8f3a-2b4c-4d6e-8f0a-1c3e5a7b9d2f",
+                "pid": pid,
+                "why": null,
+                "ports": [{"device": "rxe0", "port": 1, "state": state,
+                    "physical_state": phys, "netdev": "eth0"}],
+            }]),
+            "{name}: {check:#}"
+        );
+    };
+    look("excl-agent-in-ns-check", "ACTIVE", "LinkUp");
+    // What the host's own tools said in between: the port is down.
+    assert!(
+        step(&s, "excl-host-rdma-link-down")
+            .output
+            .contains("link rxe0/1 state DOWN physical_state DISABLED netdev eth0")
+    );
+    look("excl-agent-in-ns-check-down", "DOWN", "Disabled");
+    // The raw port dumps from the pod's side parse to the same.
+    let dir = out.join("netns");
+    let ports = |d: &str| {
+        let datagrams: Vec<Vec<u8>> = ["ports-0-00.bin", "ports-0-01.bin"]
+            .iter()
+            .map(|n| std::fs::read(dir.join(d).join(n)).unwrap())
+            .collect();
+        parse_port_dump(&datagrams).unwrap()
+    };
+    assert!(ports("excl-pod-ports")[0].is_active());
+    assert!(!ports("excl-pod-ports-down")[0].is_active());
 }
 
 /// The committed capture (tests/vm/netns-capture/, probes/tests/fixtures/restrack/

@@ -99,6 +99,31 @@ impl Socket {
         Ok(Self { fd, seq: 0 })
     }
 
+    /// A socket of `protocol` in the network namespace `ns` (`/proc/<pid>/ns/net`): a
+    /// dedicated thread enters the namespace, opens the socket and ends, so no thread of the
+    /// agent stays in a pod's namespace; the socket keeps the namespace it was made in.
+    /// Opening `ns` of another user's process needs `CAP_SYS_PTRACE`; entering it needs
+    /// `CAP_SYS_ADMIN`.
+    ///
+    /// # Errors
+    /// `ns` cannot be opened (the process exited: `NotFound`), `setns` was refused
+    /// (`PermissionDenied`), or the socket cannot be made.
+    pub fn open_in_netns(protocol: Protocol, ns: &std::path::Path) -> io::Result<Self> {
+        let file = std::fs::File::open(ns)?;
+        std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    rustix::thread::move_into_link_name_space(
+                        std::os::fd::AsFd::as_fd(&file),
+                        Some(rustix::thread::LinkNameSpaceType::Network),
+                    )?;
+                    Self::open(protocol, 0)
+                })
+                .join()
+                .unwrap_or_else(|_| Err(io::Error::other("the namespace thread panicked")))
+        })
+    }
+
     /// Read one datagram if one is waiting; only what the kernel sent is kept.
     ///
     /// # Errors

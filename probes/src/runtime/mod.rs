@@ -4,10 +4,13 @@
 //!
 //! - [`restrack`]: RDMA resource tracking over netlink → every QP with its owner.
 //! - [`cgroup`]: `/proc/<pid>/cgroup` → pod UID and container ID ([`pod_of_pid`]).
+//! - [`pod_hcas`]: the RDMA devices and ports in a pod's own network namespace (exclusive
+//!   RDMA netns mode: an HCA a DRA driver moved there).
 //! - [`PodTransportFacts`]: what one pod was seen doing, the input of the agent's per-pod
 //!   verdict (`policy::transport`).
 
 pub mod cgroup;
+pub mod pod_hcas;
 pub mod procs;
 pub mod restrack;
 pub mod sample;

@@ -182,28 +182,13 @@ pub fn open() -> io::Result<Socket> {
     Socket::open(Protocol::SOCK_DIAG, 0)
 }
 
-/// A sock_diag socket of the network namespace `ns` (`/proc/<pid>/ns/net`): a dedicated
-/// thread enters the namespace, opens the socket and ends, so no thread of the agent stays
-/// in a pod's namespace. Opening `ns` of another user's process needs `CAP_SYS_PTRACE`;
-/// entering it needs `CAP_SYS_ADMIN`.
+/// A sock_diag socket of the network namespace `ns` (`/proc/<pid>/ns/net`), opened from a
+/// thread that enters it ([`Socket::open_in_netns`]).
 ///
 /// # Errors
-/// `ns` cannot be opened (the process exited: `NotFound`), `setns` was refused
-/// (`PermissionDenied`), or the socket cannot be made.
+/// As [`Socket::open_in_netns`].
 pub fn open_in_netns(ns: &Path) -> io::Result<Socket> {
-    let file = std::fs::File::open(ns)?;
-    std::thread::scope(|scope| {
-        scope
-            .spawn(|| {
-                rustix::thread::move_into_link_name_space(
-                    std::os::fd::AsFd::as_fd(&file),
-                    Some(rustix::thread::LinkNameSpaceType::Network),
-                )?;
-                open()
-            })
-            .join()
-            .unwrap_or_else(|_| Err(io::Error::other("the namespace thread panicked")))
-    })
+    Socket::open_in_netns(Protocol::SOCK_DIAG, ns)
 }
 
 fn netlink(message: impl Into<String>) -> ProbeError {

@@ -1,4 +1,5 @@
 use super::*;
+use fabricgate_probes::rdma::{PhysState, PortState};
 use fabricgate_probes::runtime::InternodeTcp;
 use fabricgate_probes::runtime::restrack::{QpState, QpType};
 use fabricgate_probes::runtime::sample::NO_RDMA_NETLINK;
@@ -68,6 +69,7 @@ fn section() -> PodsSection {
             why: fallback_why(&status, &config.fallback),
             status,
         }),
+        namespace_hcas: Vec::new(),
     }
 }
 
@@ -123,6 +125,7 @@ fn the_json_section_has_exactly_the_issues_keys_per_pod() {
                 "why": format!("its queue pairs cannot be listed: {NO_RDMA_NETLINK}")
             }
         ],
+        "pod_namespace_rdma": [],
         "pods_sample": {
             "window_seconds": 5.02,
             "notes": [NO_RDMA_NETLINK],
@@ -233,5 +236,120 @@ fn the_heuristic_says_which_rate_decided() {
     assert_eq!(
         fallback_why(&status(None, None, false), &off),
         "off (fallback.enabled: false)"
+    );
+}
+
+/// A kernel whose namespaces list recorded ports, by the path entered.
+#[derive(Debug, Default)]
+struct Namespaces(BTreeMap<std::path::PathBuf, fabricgate_probes::Result<Vec<NetlinkPort>>>);
+
+impl NamespaceRdma for Namespaces {
+    fn ports(&mut self, ns: &std::path::Path) -> fabricgate_probes::Result<Vec<NetlinkPort>> {
+        match self.0.remove(ns) {
+            Some(answer) => answer,
+            None => panic!("entered {} twice or unexpectedly", ns.display()),
+        }
+    }
+}
+
+fn port(device: &str, state: PortState, phys: PhysState) -> NetlinkPort {
+    NetlinkPort {
+        device: device.into(),
+        port: 1,
+        state: Some(state),
+        physical_state: Some(phys),
+        netdev: None,
+    }
+}
+
+/// The pods' own namespaces in `check`: an HCA only a pod's namespace lists is shown with its
+/// port; the node's own devices, which every namespace lists in shared mode, are not; a
+/// namespace that cannot be entered says why; the agent's own namespace is not entered.
+#[test]
+fn hcas_only_a_pods_namespace_lists_are_shown_with_their_ports() {
+    use fabricgate_probes::rdma::DeviceReport;
+    let dir = tempfile::tempdir().unwrap();
+    let proc = dir.path().join("proc");
+    let cgroup = |uid: &str| {
+        format!(
+            "0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{}.slice/cri-containerd-9b8e.scope\n",
+            uid.replace('-', "_")
+        )
+    };
+    for (pid, uid) in [(100, RDMA_POD), (200, SOCKETS_POD), (300, BLIND_POD)] {
+        std::fs::create_dir_all(proc.join(format!("{pid}/ns"))).unwrap();
+        std::fs::write(proc.join(format!("{pid}/cgroup")), cgroup(uid)).unwrap();
+        std::fs::write(proc.join(format!("{pid}/ns/net")), "").unwrap();
+    }
+    std::fs::create_dir_all(proc.join("self/ns")).unwrap();
+    std::fs::hard_link(proc.join("300/ns/net"), proc.join("self/ns/net")).unwrap();
+    let roots = Roots::new(dir.path().join("sys"), &proc);
+    let mut report = ProbeReport::default();
+    report.rdma.devices.push(DeviceReport {
+        name: "mlx5_0".into(),
+        ..DeviceReport::default()
+    });
+    let mut kernel = Namespaces::default();
+    kernel.0.insert(
+        proc.join("100/ns/net"),
+        Ok(vec![
+            port("mlx5_0", PortState::Active, PhysState::LinkUp),
+            port("mlx5_3", PortState::Down, PhysState::Disabled),
+        ]),
+    );
+    kernel.0.insert(
+        proc.join("200/ns/net"),
+        Err(fabricgate_probes::ProbeError::Netns {
+            path: proc.join("200/ns/net"),
+            source: std::io::Error::from_raw_os_error(libc::EPERM),
+        }),
+    );
+    let seen = namespace_hcas(&roots, &report, &mut kernel);
+    assert!(kernel.0.is_empty(), "both foreign namespaces entered");
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert_eq!(seen[0].pod_uid, RDMA_POD);
+    assert_eq!(
+        seen[0].ports,
+        Observed::Seen(vec![port("mlx5_3", PortState::Down, PhysState::Disabled)])
+    );
+    assert_eq!(seen[1].pod_uid, SOCKETS_POD);
+
+    let section = PodsSection {
+        namespace_hcas: seen,
+        ..PodsSection::default()
+    };
+    let table = to_table(&section);
+    let tail = table
+        .split_once("RDMA devices in pods' own network namespaces")
+        .map(|(_, t)| t)
+        .unwrap_or_else(|| panic!("{table}"));
+    let lines: Vec<&str> = tail.lines().collect();
+    assert_eq!(
+        lines[1].split_whitespace().collect::<Vec<_>>(),
+        ["POD", "UID", "PID", "PORT", "STATE", "PHYS", "NETDEV"]
+    );
+    assert_eq!(
+        lines[2].split_whitespace().collect::<Vec<_>>(),
+        [RDMA_POD, "100", "mlx5_3/1", "DOWN", "Disabled"]
+    );
+    assert!(
+        lines[3].contains("cannot enter the network namespace"),
+        "{table}"
+    );
+
+    let mut doc = json!({});
+    insert_json(&mut doc, &section);
+    assert_eq!(
+        doc["pod_namespace_rdma"][0],
+        json!({"uid": RDMA_POD, "pid": 100, "why": null, "ports": [{
+            "device": "mlx5_3", "port": 1, "state": "DOWN", "physical_state": "Disabled",
+            "netdev": null
+        }]})
+    );
+    assert!(doc["pod_namespace_rdma"][1]["ports"].is_null());
+    assert!(
+        doc["pod_namespace_rdma"][1]["why"]
+            .as_str()
+            .is_some_and(|w| w.contains("CAP_SYS_ADMIN"))
     );
 }

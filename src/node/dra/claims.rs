@@ -9,7 +9,7 @@
 //! and forgotten when no pod names it. What the claims mean is decided in
 //! [`crate::policy::dra`]; this only reads them.
 
-use crate::policy::dra::{ClaimedDevice, DraFacts};
+use crate::policy::dra::{ClaimedDevice, DraFacts, PodNamespaceHcas};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::api::Api;
@@ -27,15 +27,21 @@ type ClaimKey = (String, String);
 /// One device of a claim's allocation: `(driver, pool, device)`.
 type Allocated = (String, String, String);
 
-/// The claims the running pods of `pods` name, each with `namespace/name` of those pods. A
+/// A pod that names a claim: `namespace/name` and its UID.
+pub type ClaimPod = (String, String);
+
+/// The claims the running pods of `pods` name, each with those pods. A
 /// claim is named by `status.resourceClaimStatuses` (claims made from a template) or by
 /// `spec.resourceClaims[].resourceClaimName` (a claim made beforehand).
-pub fn claim_refs<'a>(pods: impl IntoIterator<Item = &'a Pod>) -> BTreeMap<ClaimKey, Vec<String>> {
-    let mut out: BTreeMap<ClaimKey, Vec<String>> = BTreeMap::new();
+pub fn claim_refs<'a>(
+    pods: impl IntoIterator<Item = &'a Pod>,
+) -> BTreeMap<ClaimKey, Vec<ClaimPod>> {
+    let mut out: BTreeMap<ClaimKey, Vec<ClaimPod>> = BTreeMap::new();
     for pod in pods {
         let (Some(ns), Some(name)) = (&pod.metadata.namespace, &pod.metadata.name) else {
             continue;
         };
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
         let status = pod.status.as_ref();
         let finished = status
             .and_then(|s| s.phase.as_deref())
@@ -59,7 +65,7 @@ pub fn claim_refs<'a>(pods: impl IntoIterator<Item = &'a Pod>) -> BTreeMap<Claim
         for claim in names {
             out.entry((ns.clone(), claim))
                 .or_default()
-                .push(format!("{ns}/{name}"));
+                .push((format!("{ns}/{name}"), uid.clone()));
         }
     }
     out
@@ -85,7 +91,7 @@ pub fn allocated(claim: &ResourceClaim, drivers: &BTreeSet<String>) -> Option<Ve
 
 /// Every claimed device, each with its claim and the pods that name it.
 pub fn claimed(
-    refs: &BTreeMap<ClaimKey, Vec<String>>,
+    refs: &BTreeMap<ClaimKey, Vec<ClaimPod>>,
     allocations: &BTreeMap<ClaimKey, Vec<Allocated>>,
 ) -> Vec<ClaimedDevice> {
     let mut out = Vec::new();
@@ -96,7 +102,8 @@ pub fn claimed(
                 pool: pool.clone(),
                 device: device.clone(),
                 claim: format!("{}/{}", key.0, key.1),
-                pods: pods.clone(),
+                pods: pods.iter().map(|(name, _)| name.clone()).collect(),
+                pod_uids: pods.iter().map(|(_, uid)| uid.clone()).collect(),
             });
         }
     }
@@ -166,17 +173,21 @@ pub async fn follow_claims(
     }
 }
 
-/// The slices' facts with the claims' devices in: what the probe loop judges.
+/// The slices' facts with the claims' devices and what their pods' namespaces show in: what
+/// the probe loop judges.
 pub async fn merge_claims(
     mut slices: watch::Receiver<Option<DraFacts>>,
     mut claims: watch::Receiver<Vec<ClaimedDevice>>,
+    mut in_pods: watch::Receiver<Vec<PodNamespaceHcas>>,
     out: watch::Sender<Option<DraFacts>>,
 ) {
     let mut slices_open = true;
     let mut claims_open = true;
+    let mut in_pods_open = true;
     loop {
         let merged = slices.borrow_and_update().clone().map(|mut f| {
             f.claimed = claims.borrow_and_update().clone();
+            f.in_pods = in_pods.borrow_and_update().clone();
             f
         });
         out.send_if_modified(|facts| {
@@ -187,6 +198,7 @@ pub async fn merge_claims(
         tokio::select! {
             r = slices.changed(), if slices_open => slices_open = r.is_ok(),
             r = claims.changed(), if claims_open => claims_open = r.is_ok(),
+            r = in_pods.changed(), if in_pods_open => in_pods_open = r.is_ok(),
             else => return,
         }
         if !slices_open {
@@ -201,7 +213,7 @@ mod tests {
 
     fn pod(name: &str, phase: &str, status_claims: &[&str], spec_claims: &[&str]) -> Pod {
         serde_json::from_value(serde_json::json!({
-            "metadata": {"name": name, "namespace": "train"},
+            "metadata": {"name": name, "namespace": "train", "uid": format!("uid-{name}")},
             "spec": {"containers": [],
                 "resourceClaims": spec_claims.iter().map(|c|
                     serde_json::json!({"name": "r", "resourceClaimName": c})).collect::<Vec<_>>()},
@@ -237,8 +249,9 @@ mod tests {
             refs.keys().cloned().collect::<Vec<_>>(),
             vec![key("shared-rdma"), key("w-0-rdma"), key("w-2-rdma")]
         );
-        assert_eq!(refs[&key("shared-rdma")], vec!["train/w-1", "train/w-2"]);
-        assert_eq!(refs[&key("w-0-rdma")], vec!["train/w-0"]);
+        let pod = |n: &str| (format!("train/{n}"), format!("uid-{n}"));
+        assert_eq!(refs[&key("shared-rdma")], vec![pod("w-1"), pod("w-2")]);
+        assert_eq!(refs[&key("w-0-rdma")], vec![pod("w-0")]);
     }
 
     #[test]
@@ -264,6 +277,7 @@ mod tests {
         assert_eq!(held.len(), 1);
         assert_eq!(held[0].claim, "train/w-0-rdma");
         assert_eq!(held[0].pods, vec!["train/w-0"]);
+        assert_eq!(held[0].pod_uids, vec!["uid-w-0"]);
         assert_eq!(held[0].device, "pci-0000-1b-00-0");
     }
 }

@@ -6,6 +6,7 @@
 
 mod claims;
 mod common;
+mod in_pods;
 mod registration;
 mod rules;
 mod slices;
@@ -22,6 +23,7 @@ use crate::config::Config;
 use crate::observe::metrics::Metrics;
 use crate::policy::dra::DraFacts;
 use crate::policy::{Verdict, unvalidated_taint};
+use fabricgate_probes::Roots;
 use k8s_openapi::api::core::v1::Pod;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -47,6 +49,8 @@ pub struct DraJobs<'a> {
     /// This node's pods (the runtime transport's watch, `runtime.enabled`): the claims they
     /// name tell which HCAs are in use by a pod. `None`: no claim is read.
     pub pods: Option<watch::Receiver<BTreeMap<String, Pod>>>,
+    /// Where the claims' pods' processes and namespaces are found (`--proc-root`).
+    pub roots: Roots,
 }
 
 /// What the probe loop reads from the DRA jobs, and their API tasks (aborted at shutdown).
@@ -84,6 +88,7 @@ impl DraJobs<'_> {
                 Some(pods) => {
                     let (slices_tx, slices_rx) = watch::channel(None);
                     let (claims_tx, claims_rx) = watch::channel(Vec::new());
+                    let (in_pods_tx, in_pods_rx) = watch::channel(Vec::new());
                     let drivers: BTreeSet<String> = dra.driver_names().into_iter().collect();
                     tasks.push(tokio::spawn(claims::follow_claims(
                         c.requests.clone(),
@@ -91,8 +96,14 @@ impl DraJobs<'_> {
                         pods,
                         claims_tx,
                     )));
+                    tasks.push(tokio::spawn(in_pods::look_into_claims(
+                        self.roots.clone(),
+                        self.interval,
+                        claims_rx.clone(),
+                        in_pods_tx,
+                    )));
                     tasks.push(tokio::spawn(claims::merge_claims(
-                        slices_rx, claims_rx, facts_tx,
+                        slices_rx, claims_rx, in_pods_rx, facts_tx,
                     )));
                     slices_tx
                 }

@@ -459,6 +459,7 @@ fn mlx5_3_held_by_worker_0() -> ClaimedDevice {
         device: "pci-0000-1b-00-0".into(),
         claim: "train/worker-0-rdma".into(),
         pods: vec!["train/worker-0".into()],
+        pod_uids: vec!["0b7d2c1e-worker-0".into()],
     }
 }
 
@@ -528,5 +529,158 @@ fn the_ports_of_an_hca_a_claim_holds_are_not_required_of_the_node() {
             .warnings
             .iter()
             .any(|w| w.code == DRA_DEVICE_IN_USE)
+    );
+}
+
+/// mlx5_3 as train/worker-0's own network namespace lists it (RDMA netlink from a socket
+/// opened there), its port in `state`/`phys`.
+fn mlx5_3_in_worker_0(state: PortState, phys: PhysState) -> PodNamespaceHcas {
+    PodNamespaceHcas {
+        pod: "train/worker-0".into(),
+        ports: Observed::Seen(vec![NetlinkPort {
+            device: "mlx5_3".into(),
+            port: 1,
+            state: Some(state),
+            physical_state: Some(phys),
+            netdev: Some("net1".into()),
+        }]),
+    }
+}
+
+/// Issue 42 item 6, "probes it in that namespace where it can": an in-use HCA seen in its
+/// pod's namespace is judged there. Port up: in use, nothing else. Port down: a fault of that
+/// HCA, so its DRA device gets a DeviceTaintRule (no new claim gets it), while the node stays
+/// judged on what is left (its taint would evict the pod that holds the HCA).
+#[test]
+fn an_in_use_hca_seen_in_its_pods_namespace_is_judged_there_never_the_node() {
+    use crate::policy::judge::{Facts, Judge};
+    let c = config(&DRA.replace("min_active_ports: 3", "min_active_ports: 4"));
+    let mut facts = all_four(&c);
+    facts.claimed.push(mlx5_3_held_by_worker_0());
+    let mut probe = node(&[]);
+    probe.rdma.devices.truncate(3);
+    let judge = |facts: &DraFacts| {
+        let mut j = Judge::new(&c);
+        j.resume_validated();
+        j.probe(Facts {
+            report: &probe,
+            node_findings: &[],
+            peer_finding: None,
+            dra: Some(facts),
+            dra_rules: Some(&RulesState::On),
+        })
+        .verdict
+    };
+
+    facts.in_pods = vec![mlx5_3_in_worker_0(PortState::Active, PhysState::LinkUp)];
+    let up = assess(&probe, Some(&facts), &c);
+    assert!(up.taints.is_empty(), "{:?}", up.taints);
+    assert_eq!(up.in_use_ports, 1);
+    let message = &up.warnings[0].message;
+    assert!(
+        message.contains("seen in pod train/worker-0's network namespace: port 1 ACTIVE (LinkUp)"),
+        "{message}"
+    );
+    assert!(judge(&facts).ready);
+
+    facts.in_pods = vec![mlx5_3_in_worker_0(PortState::Down, PhysState::Disabled)];
+    let down = assess(&probe, Some(&facts), &c);
+    assert_eq!(down.taints.len(), 1, "{:?}", down.taints);
+    let taint = &down.taints[0];
+    assert_eq!(
+        (
+            taint.device.as_str(),
+            taint.hca.as_str(),
+            taint.reason.as_str()
+        ),
+        ("pci-0000-1b-00-0", "mlx5_3", "PortDown")
+    );
+    assert!(
+        taint
+            .message
+            .contains("mlx5_3/1: state DOWN, phys Disabled in pod train/worker-0's")
+            && taint.message.contains("claim train/worker-0-rdma"),
+        "{}",
+        taint.message
+    );
+    assert!(down.findings.is_empty(), "{:?}", down.findings);
+    assert_eq!(down.in_use_ports, 1);
+    let verdict = judge(&facts);
+    assert!(
+        verdict.ready,
+        "the node is judged on the other three: {verdict:?}"
+    );
+    assert_eq!(verdict.device_taints.len(), 1);
+
+    // Not activated by the subnet manager: its own code, as on the node.
+    facts.in_pods = vec![mlx5_3_in_worker_0(PortState::Init, PhysState::LinkUp)];
+    assert_eq!(
+        assess(&probe, Some(&facts), &c).taints[0].reason,
+        "PortNotActivatedBySM"
+    );
+
+    // taint_scope node: no device rules, and still not the node.
+    let node_scope = config(&format!(
+        "{}    taint_scope: node\n",
+        DRA.replace("min_active_ports: 3", "min_active_ports: 4")
+    ));
+    facts.in_pods = vec![mlx5_3_in_worker_0(PortState::Down, PhysState::Disabled)];
+    let scoped = assess(&probe, Some(&facts), &node_scope);
+    assert!(scoped.taints.is_empty() && scoped.findings.is_empty());
+}
+
+/// Looked into and not there, or not looked into: in use, not judged, with what was seen.
+#[test]
+fn an_in_use_hca_its_pods_namespace_does_not_show_says_what_was_seen_and_is_not_judged() {
+    let c = config(DRA);
+    let mut facts = all_four(&c);
+    facts.claimed.push(mlx5_3_held_by_worker_0());
+    let mut probe = node(&[]);
+    probe.rdma.devices.truncate(3);
+
+    let not_looked = assess(&probe, Some(&facts), &c);
+    assert!(
+        not_looked.warnings[0]
+            .message
+            .contains("looked into with runtime.enabled"),
+        "{}",
+        not_looked.warnings[0].message
+    );
+
+    facts.in_pods = vec![
+        PodNamespaceHcas {
+            pod: "train/worker-0".into(),
+            ports: Observed::Seen(Vec::new()),
+        },
+        // Another pod's namespace is never taken for the claim's.
+        mlx5_3_in_worker_0(PortState::Down, PhysState::Disabled),
+    ];
+    facts.in_pods[1].pod = "train/other".into();
+    let empty = assess(&probe, Some(&facts), &c);
+    assert!(empty.taints.is_empty());
+    assert_eq!(empty.in_use_ports, 1);
+    assert!(
+        empty.warnings[0]
+            .message
+            .contains("not found in its pods' network namespaces either (train/worker-0's namespace lists no RDMA device)"),
+        "{}",
+        empty.warnings[0].message
+    );
+
+    facts.in_pods = vec![PodNamespaceHcas {
+        pod: "train/worker-0".into(),
+        ports: Observed::Unseen {
+            reason: "cannot enter the network namespace /proc/4242/ns/net: Operation not permitted"
+                .into(),
+        },
+    }];
+    let denied = assess(&probe, Some(&facts), &c);
+    assert!(denied.taints.is_empty());
+    assert!(
+        denied.warnings[0]
+            .message
+            .contains("train/worker-0: cannot enter the network namespace"),
+        "{}",
+        denied.warnings[0].message
     );
 }

@@ -10,11 +10,18 @@
 //! user QP carries the creator's PID (only to a reader in its PID namespace or an ancestor:
 //! the agent needs the host's), a kernel QP the name of its kernel module instead.
 //!
+//! The same interface lists each device's ports (`RDMA_NLDEV_CMD_PORT_GET`, one device at a
+//! time too: what `rdma link show` prints), as the network namespace of the socket sees them:
+//! in RDMA netns mode `exclusive` an HCA a DRA driver moved into a pod is listed only from a
+//! socket opened in that pod's namespace ([`super::pod_hcas`]).
+//!
 //! The parsers are pure (bytes in, entries out) over `netlink-packet-core`'s buffers;
-//! [`read_qps`] drives them through any [`NetlinkDump`] (the probes' netlink socket).
+//! [`read_qps`] and [`read_ports`] drive them through any [`NetlinkDump`] (the probes' netlink
+//! socket).
 
 use crate::error::{ProbeError, Result};
 use crate::netlink::{Protocol, Socket};
+use crate::rdma::types::{PhysState, PortState};
 use netlink_packet_core::{
     NLA_HEADER_SIZE, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR, NetlinkBuffer,
     NlaBuffer, NlasIterator, parse_string, parse_u8, parse_u32,
@@ -28,12 +35,15 @@ pub const NETLINK_RDMA: i32 = 20;
 /// `RDMA_NL_NLDEV`: the RDMA device interface's client number.
 const RDMA_NL_NLDEV: u16 = 5;
 const RDMA_NLDEV_CMD_GET: u16 = 1;
+const RDMA_NLDEV_CMD_PORT_GET: u16 = 5;
 const RDMA_NLDEV_CMD_RES_QP_GET: u16 = 10;
 
 // `enum rdma_nldev_attr` (ABI: the numbers never change).
 const ATTR_DEV_INDEX: u16 = 1;
 const ATTR_DEV_NAME: u16 = 2;
 const ATTR_PORT_INDEX: u16 = 3;
+const ATTR_PORT_STATE: u16 = 12;
+const ATTR_PORT_PHYS_STATE: u16 = 13;
 const ATTR_RES_QP: u16 = 19;
 const ATTR_RES_QP_ENTRY: u16 = 20;
 const ATTR_RES_LQPN: u16 = 21;
@@ -43,6 +53,7 @@ const ATTR_RES_STATE: u16 = 27;
 const ATTR_RES_PID: u16 = 28;
 const ATTR_RES_KERN_NAME: u16 = 29;
 const ATTR_RES_PDN: u16 = 60;
+const ATTR_NDEV_NAME: u16 = 51;
 
 /// The netlink message type of an RDMA device interface command.
 const fn nldev_type(command: u16) -> u16 {
@@ -51,6 +62,7 @@ const fn nldev_type(command: u16) -> u16 {
 
 const DEVICES: &str = "RDMA netlink device dump";
 const QPS: &str = "RDMA netlink QP dump";
+const PORTS: &str = "RDMA netlink port dump";
 
 /// One RDMA device as the device dump lists it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -154,6 +166,25 @@ pub struct QpEntry {
     pub pdn: Option<u32>,
 }
 
+/// One port of an RDMA device as the port dump lists it (`rdma link show`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NetlinkPort {
+    pub device: String,
+    pub port: u32,
+    /// `None` when the reply did not carry it.
+    pub state: Option<PortState>,
+    pub physical_state: Option<PhysState>,
+    /// The port's netdev, when it is in the socket's namespace (RoCE).
+    pub netdev: Option<String>,
+}
+
+impl NetlinkPort {
+    /// `ACTIVE` with the link up: the port can carry traffic.
+    pub fn is_active(&self) -> bool {
+        self.state == Some(PortState::Active) && self.physical_state == Some(PhysState::LinkUp)
+    }
+}
+
 /// Sends one dump request and returns the reply datagrams up to and including the one with
 /// `NLMSG_DONE` (or `NLMSG_ERROR`). The probes' netlink socket implements it.
 pub trait NetlinkDump {
@@ -170,6 +201,12 @@ pub fn device_dump_request(sequence: u32) -> Vec<u8> {
 /// The request for every QP of the device of index `device_index`.
 pub fn qp_dump_request(sequence: u32, device_index: u32) -> Vec<u8> {
     request(RDMA_NLDEV_CMD_RES_QP_GET, sequence, Some(device_index))
+}
+
+/// The request for every port of the device of index `device_index` (the kernel refuses a
+/// port dump without one).
+pub fn port_dump_request(sequence: u32, device_index: u32) -> Vec<u8> {
+    request(RDMA_NLDEV_CMD_PORT_GET, sequence, Some(device_index))
 }
 
 fn request(command: u16, sequence: u32, device_index: Option<u32>) -> Vec<u8> {
@@ -229,6 +266,43 @@ pub fn parse_qp_dump<D: AsRef<[u8]>>(datagrams: &[D]) -> Result<Vec<QpEntry>> {
     Ok(out)
 }
 
+/// Parse the reply datagrams of one device's port dump.
+///
+/// # Errors
+/// As [`parse_device_dump`]; also a port without its device name or index.
+pub fn parse_port_dump<D: AsRef<[u8]>>(datagrams: &[D]) -> Result<Vec<NetlinkPort>> {
+    let mut out = Vec::new();
+    each_message(datagrams, PORTS, RDMA_NLDEV_CMD_PORT_GET, |payload| {
+        let (mut device, mut port, mut state, mut physical_state, mut netdev) =
+            (None, None, None, None, None);
+        for attr in NlasIterator::new(payload) {
+            let attr = attr.map_err(|e| malformed(PORTS, e))?;
+            match attr.kind() {
+                ATTR_DEV_NAME => device = Some(string_of(PORTS, &attr)?),
+                ATTR_PORT_INDEX => port = Some(u32_of(PORTS, &attr)?),
+                ATTR_PORT_STATE => state = Some(PortState::from_code(u8_of(PORTS, &attr)?)),
+                ATTR_PORT_PHYS_STATE => {
+                    physical_state = Some(PhysState::from_code(u8_of(PORTS, &attr)?));
+                }
+                ATTR_NDEV_NAME => netdev = Some(string_of(PORTS, &attr)?),
+                _ => {}
+            }
+        }
+        let (Some(device), Some(port)) = (device, port) else {
+            return Err(netlink(PORTS, "a port without its device name or index"));
+        };
+        out.push(NetlinkPort {
+            device,
+            port,
+            state,
+            physical_state,
+            netdev,
+        });
+        Ok(())
+    })?;
+    Ok(out)
+}
+
 /// One QP reply message: the device, then the nested table of entries.
 fn parse_qp_message(payload: &[u8], out: &mut Vec<QpEntry>) -> Result<()> {
     let (mut index, mut name, mut table) = (None, None, None);
@@ -269,8 +343,8 @@ fn parse_qp_entry(entry: &[u8], device_index: u32, device: &str) -> Result<QpEnt
             ATTR_PORT_INDEX => port = Some(u32_of(QPS, &attr)?),
             ATTR_RES_LQPN => lqpn = Some(u32_of(QPS, &attr)?),
             ATTR_RES_RQPN => rqpn = Some(u32_of(QPS, &attr)?),
-            ATTR_RES_TYPE => qp_type = Some(u8_of(&attr)?),
-            ATTR_RES_STATE => state = Some(u8_of(&attr)?),
+            ATTR_RES_TYPE => qp_type = Some(u8_of(QPS, &attr)?),
+            ATTR_RES_STATE => state = Some(u8_of(QPS, &attr)?),
             ATTR_RES_PID => owner = QpOwner::Pid(u32_of(QPS, &attr)?),
             ATTR_RES_KERN_NAME => owner = QpOwner::Kernel(string_of(QPS, &attr)?),
             ATTR_RES_PDN => pdn = Some(u32_of(QPS, &attr)?),
@@ -354,8 +428,8 @@ fn u32_of(request: &'static str, attr: &NlaBuffer<&[u8]>) -> Result<u32> {
     parse_u32(attr.value()).map_err(|e| malformed(request, e))
 }
 
-fn u8_of(attr: &NlaBuffer<&[u8]>) -> Result<u8> {
-    parse_u8(attr.value()).map_err(|e| malformed(QPS, e))
+fn u8_of(request: &'static str, attr: &NlaBuffer<&[u8]>) -> Result<u8> {
+    parse_u8(attr.value()).map_err(|e| malformed(request, e))
 }
 
 fn string_of(request: &'static str, attr: &NlaBuffer<&[u8]>) -> Result<String> {
@@ -391,6 +465,23 @@ pub fn read_qps(socket: &mut impl NetlinkDump) -> Result<Vec<QpEntry>> {
             .dump(&qp_dump_request(sequence, device.index))
             .map_err(io_error)?;
         out.extend(parse_qp_dump(&reply)?);
+    }
+    Ok(out)
+}
+
+/// Every port of every RDMA device the socket's network namespace sees: a device dump, then
+/// one port dump per device.
+///
+/// # Errors
+/// As [`read_qps`].
+pub fn read_ports(socket: &mut impl NetlinkDump) -> Result<Vec<NetlinkPort>> {
+    let devices = parse_device_dump(&socket.dump(&device_dump_request(1)).map_err(io_error)?)?;
+    let mut out = Vec::new();
+    for (sequence, device) in (2..).zip(&devices) {
+        let reply = socket
+            .dump(&port_dump_request(sequence, device.index))
+            .map_err(io_error)?;
+        out.extend(parse_port_dump(&reply)?);
     }
     Ok(out)
 }

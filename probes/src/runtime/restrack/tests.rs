@@ -186,3 +186,81 @@ fn no_rdma_netlink_at_all_is_its_own_error() {
     let err = io_error(io::Error::from_raw_os_error(libc::ENOBUFS));
     assert!(matches!(err, ProbeError::Netlink { .. }), "{err}");
 }
+
+/// The port dumps captured in the VM in exclusive mode from the namespace that holds rxe0
+/// (`tests/vm/capture-netns.sh`, `excl-pod-ports*`): `rdma link show` printed `link rxe0/1
+/// state ACTIVE physical_state LINK_UP netdev eth0`, then, with eth0 down, `state DOWN
+/// physical_state DISABLED`.
+fn captured_ports(dir: &str) -> Vec<Vec<u8>> {
+    vec![
+        fixture(&format!("netns-exclusive/{dir}/ports-0-00.bin")),
+        fixture(&format!("netns-exclusive/{dir}/ports-0-01.bin")),
+    ]
+}
+
+#[test]
+fn the_captured_port_dumps_are_what_rdma_link_show_printed() {
+    let up = parse_port_dump(&captured_ports("hca-pod")).unwrap();
+    assert_eq!(
+        up,
+        vec![NetlinkPort {
+            device: "rxe0".into(),
+            port: 1,
+            state: Some(PortState::Active),
+            physical_state: Some(PhysState::LinkUp),
+            netdev: Some("eth0".into()),
+        }]
+    );
+    assert!(up[0].is_active());
+    let down = parse_port_dump(&captured_ports("hca-pod-down")).unwrap();
+    assert_eq!(down[0].state, Some(PortState::Down));
+    assert_eq!(down[0].physical_state, Some(PhysState::Disabled));
+    assert!(!down[0].is_active());
+}
+
+#[test]
+fn a_port_dump_cut_short_or_without_its_device_is_an_error_not_a_port() {
+    let mut cut = captured_ports("hca-pod");
+    cut.pop();
+    let err = parse_port_dump(&cut).unwrap_err();
+    assert!(err.to_string().contains("cut short"), "{err}");
+    let mut truncated = captured_ports("hca-pod");
+    truncated[0].truncate(40);
+    assert!(parse_port_dump(&truncated).is_err());
+    // The same message with its device name attribute (kind 2) renamed to an unknown kind.
+    let mut nameless = captured_ports("hca-pod");
+    let at = 16 + 8;
+    assert_eq!(&nameless[0][at + 2..at + 4], &2u16.to_ne_bytes());
+    nameless[0][at + 2..at + 4].copy_from_slice(&999u16.to_ne_bytes());
+    let err = parse_port_dump(&nameless).unwrap_err();
+    assert!(err.to_string().contains("without its device name"), "{err}");
+}
+
+#[test]
+fn read_ports_dumps_devices_then_each_devices_ports_and_an_empty_namespace_has_none() {
+    let dir = "netns-exclusive/hca-pod";
+    let mut socket = Fake(vec![
+        Ok(vec![
+            fixture(&format!("{dir}/devices-00.bin")),
+            fixture(&format!("{dir}/devices-01.bin")),
+        ]),
+        Ok(captured_ports("hca-pod")),
+    ]);
+    let ports = read_ports(&mut socket).unwrap();
+    assert_eq!(ports.len(), 1);
+    assert_eq!(ports[0].device, "rxe0");
+    // The agent's own namespace in exclusive mode: the device dump is one NLMSG_DONE.
+    let mut socket = Fake(vec![Ok(vec![fixture(
+        "netns-exclusive/pod/devices-00.bin",
+    )])]);
+    assert_eq!(read_ports(&mut socket).unwrap(), Vec::new());
+}
+
+#[test]
+fn port_dump_requests_name_their_device() {
+    let request = port_dump_request(7, 3);
+    let message = NetlinkBuffer::new_checked(&request[..]).unwrap();
+    assert_eq!(message.message_type(), (5 << 10) + 5);
+    assert_eq!(message.sequence_number(), 7);
+    assert_eq!(&request[16..24], &[8, 0, 1, 0, 3, 0, 0, 0]);
+}
