@@ -213,7 +213,7 @@ impl Judging {
         {
             tracing::warn!(namespace = %pod.namespace, pod = %pod.name, why = %v.why,
                 "runtime transport unknown (logged once): apply \
-                 deploy/overlays/runtime-transport (hostPID, SYS_PTRACE, SYS_ADMIN, NET_ADMIN)");
+                 deploy/overlays/runtime-transport (hostPID, SYS_PTRACE, SYS_ADMIN)");
             self.told_unknown = true;
         }
         let Some(m) = &self.metrics.pods else {

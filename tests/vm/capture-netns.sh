@@ -99,7 +99,8 @@ mount -t cgroup2 none /sys/fs/cgroup 2>/dev/null || mountpoint -q /sys/fs/cgroup
 pod_uid=5d1e8f3a-2b4c-4d6e-8f0a-1c3e5a7b9d2f
 ctr="/sys/fs/cgroup/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod$(echo "$pod_uid" | tr - _).slice/cri-containerd-9b8e7d6c5b4a39281706f5e4d3c2b1a09f8e7d6c5b4a39281706f5e4d3c2b1a0.scope"
 mkdir -p "$ctr"
-sh -c 'echo $$ >"$1/cgroup.procs" && exec sleep 600' sh "$ctr" &
+# The pod's process holds a queue pair on rxe0 (an RC pingpong server waiting for its peer).
+sh -c 'echo $$ >"$1/cgroup.procs" && exec ibv_rc_pingpong -d rxe0 -g 0' sh "$ctr" >"$out/hca-pod.log" 2>&1 &
 hca_pod_pid=$!
 i=0
 until grep -qx "$hca_pod_pid" "$ctr/cgroup.procs" 2>/dev/null || [ "$i" -ge 100 ]; do
@@ -115,6 +116,14 @@ mkdir -p "$out/excl-pod-ports"
 s excl-pod-ports-dump nsenter --net=/proc/$hca_pod_pid/ns/net python3 "$FG_CWD/scripts/capture_rdma_restrack.py" "$out/excl-pod-ports"
 if [ -n "${FG_BIN:-}" ]; then
     s excl-agent-in-ns-check ip netns exec pod0 "$FG_BIN" check --format json --config "$FG_REQ" --pods on --pods-window 1s
+    # What of it needs CAP_NET_ADMIN (deploy/overlays/runtime-transport grants it): the same
+    # looks with it taken away — the look into the pod's namespace, and from the host's
+    # namespace the QP dump that attributes the pod's queue pair.
+    s no-net-admin-capeff capsh --drop=cap_net_admin -- -c 'grep CapEff /proc/self/status'
+    s excl-agent-in-ns-check-no-net-admin ip netns exec pod0 capsh --drop=cap_net_admin -- -c "$FG_BIN check --format json --config $FG_REQ --pods on --pods-window 1s"
+    s excl-host-check-pods "$FG_BIN" check --format json --config "$FG_REQ" --pods on --pods-window 1s
+    s excl-host-check-pods-no-net-admin capsh --drop=cap_net_admin -- -c "$FG_BIN check --format json --config $FG_REQ --pods on --pods-window 1s"
+    s excl-rdma-res-qp-no-net-admin capsh --drop=cap_net_admin -- -c 'rdma res show qp'
     s excl-hca-port-down ip link set eth0 down
     i=0
     while ! rdma link show rxe0/1 | grep -q "state DOWN" && [ "$i" -lt 100 ]; do
@@ -133,7 +142,9 @@ if [ -n "${FG_BIN:-}" ]; then
         i=$((i + 1))
     done
 fi
+# rxe cannot cut a user off: its device stays until the process holding it is gone.
 kill "$hca_pod_pid" 2>/dev/null
+wait "$hca_pod_pid" 2>/dev/null
 s excl-host-ibv ibv_devices
 # Moving a device needs a driver that can cut its users off (disassociate_ucontext): mlx5
 # can, rxe cannot.

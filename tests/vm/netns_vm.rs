@@ -247,6 +247,51 @@ fn an_agent_without_the_hca_sees_it_and_its_port_inside_the_pods_namespace() {
     assert!(!ports("excl-pod-ports-down")[0].is_active());
 }
 
+/// What of the RDMA side needs `CAP_NET_ADMIN` (the runtime-transport component does not
+/// grant it): nothing. With it taken away (`capsh --drop`), the QP dump still attributes the
+/// pod's queue pair to its PID and the look into the pod's namespace still lists the port,
+/// exactly as with it.
+#[test]
+fn the_rdma_dumps_need_no_net_admin() {
+    let Some(out) = common::vm_results(boot()) else {
+        return;
+    };
+    let s = steps(out);
+    let cap_eff = step(&s, "no-net-admin-capeff")
+        .output
+        .trim()
+        .strip_prefix("CapEff:")
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .unwrap();
+    const CAP_NET_ADMIN: u64 = 1 << 12;
+    assert_eq!(cap_eff & CAP_NET_ADMIN, 0, "{cap_eff:x}");
+    assert_ne!(cap_eff, 0);
+    let json = |name: &str| -> serde_json::Value {
+        serde_json::from_str(&step(&s, name).output).unwrap_or_else(|e| panic!("{name}: {e}"))
+    };
+    let with = json("excl-host-check-pods");
+    let without = json("excl-host-check-pods-no-net-admin");
+    let qps = &with["pods"][0]["qps"];
+    assert!(
+        qps.as_array().is_some_and(|q| q
+            .iter()
+            .any(|qp| qp["type"] == "RC" && qp["pid"].as_u64().is_some())),
+        "{with:#}"
+    );
+    assert_eq!(without["pods"][0]["qps"], *qps);
+    assert!(
+        step(&s, "excl-rdma-res-qp-no-net-admin")
+            .output
+            .contains("type RC state INIT")
+    );
+    let looked = json("excl-agent-in-ns-check")["pod_namespace_rdma"].clone();
+    assert_eq!(looked.as_array().map(Vec::len), Some(1));
+    assert_eq!(
+        json("excl-agent-in-ns-check-no-net-admin")["pod_namespace_rdma"],
+        looked
+    );
+}
+
 /// The committed capture (tests/vm/netns-capture/, probes/tests/fixtures/restrack/
 /// netns-exclusive/, from one run of capture-netns.sh) says the same without a VM.
 #[test]
