@@ -684,3 +684,47 @@ fn an_in_use_hca_its_pods_namespace_does_not_show_says_what_was_seen_and_is_not_
         denied.warnings[0].message
     );
 }
+
+/// A training pod that takes every HCA of the node (one claim for all of them, the common
+/// whole-node job): the node's own namespace is left with no RDMA device at all. That is no
+/// `NoRDMADevices`: nothing is required of the node beyond what its pods hold, and failing it
+/// would taint (with `NoExecute`, evict) the very pod using them.
+#[test]
+fn a_node_whose_every_hca_is_in_a_pod_is_not_a_node_without_rdma() {
+    use crate::policy::judge::{Facts, Judge};
+    let c = config(&DRA.replace("min_active_ports: 3", "min_active_ports: 4"));
+    let mut facts = all_four(&c);
+    let mut probe = node(&[]);
+    probe.rdma.devices.clear();
+    let judge = |facts: &DraFacts| {
+        let mut j = Judge::new(&c);
+        j.resume_validated();
+        j.probe(Facts {
+            report: &probe,
+            node_findings: &[],
+            peer_finding: None,
+            dra: Some(facts),
+            dra_rules: Some(&RulesState::On),
+        })
+        .verdict
+    };
+    let gone = judge(&facts);
+    assert!(!gone.ready, "no claim: every HCA is missing");
+    for (i, device) in ["pci-0000-18-00-0", "pci-0000-19-00-0", "pci-0000-1a-00-0"]
+        .iter()
+        .enumerate()
+    {
+        facts.claimed.push(ClaimedDevice {
+            device: (*device).into(),
+            ..mlx5_3_held_by_worker_0()
+        });
+        assert!(!judge(&facts).ready, "{} of 4 held", i + 1);
+    }
+    facts.claimed.push(mlx5_3_held_by_worker_0());
+    let all_held = judge(&facts);
+    assert!(all_held.ready, "{all_held:?}");
+    assert_eq!(
+        (all_held.rdma.usable_ports, all_held.rdma.required_ports),
+        (0, 0)
+    );
+}
