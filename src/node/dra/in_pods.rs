@@ -6,21 +6,13 @@
 //! change, each pod that names a claim is looked into once; what each shows is merged into
 //! the DRA facts and judged in [`crate::policy::dra`].
 //!
-//! TEST SEAM, never set in a deployment: `FABRICGATE_TEST_POD_NAMESPACES=<file>` makes each
-//! look read what the pods' namespaces list from a file instead of entering them, so the
-//! cluster tests can show the shipped agent an HCA inside a pod (no RDMA device there; the
-//! real look is tested on the Soft-RoCE VM, tests/vm/netns_vm.rs). One line per port:
-//! `<pod uid> <device> <port> <state code> <physical state code>` (`4 5`: ACTIVE, LinkUp); a
-//! pod with no line has no process here. Everything after the look (merge, judgment, rules)
-//! is the real path.
+//! Tested for real on the Soft-RoCE VM with the agent daemon and the real apiserver
+//! (tests/vm/dra_netns_vm.rs).
 
 use crate::policy::dra::{ClaimedDevice, PodNamespaceHcas};
 use fabricgate_probes::Roots;
-use fabricgate_probes::rdma::types::{PhysState, PortState};
-use fabricgate_probes::runtime::Observed;
 use fabricgate_probes::runtime::pod_hcas::{self, LiveNamespaces};
 use fabricgate_probes::runtime::procs;
-use fabricgate_probes::runtime::restrack::NetlinkPort;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 use tokio::sync::watch;
@@ -70,14 +62,8 @@ pub fn claim_pods(claims: &[ClaimedDevice]) -> BTreeMap<String, String> {
         .collect()
 }
 
-pub const ENV: &str = "FABRICGATE_TEST_POD_NAMESPACES";
-
 /// One look: the pods' processes from procfs, then each pod's namespace.
 fn look(roots: &Roots, pods: &BTreeMap<String, String>) -> Vec<PodNamespaceHcas> {
-    if let Some(path) = std::env::var_os(ENV) {
-        let text = std::fs::read_to_string(path).unwrap_or_default();
-        return from_lines(&text, pods);
-    }
     let (processes, _) = procs::pod_processes(roots);
     let wanted: BTreeSet<String> = pods.keys().cloned().collect();
     pod_hcas::look(roots, &processes, &wanted, &mut LiveNamespaces)
@@ -91,59 +77,10 @@ fn look(roots: &Roots, pods: &BTreeMap<String, String>) -> Vec<PodNamespaceHcas>
         .collect()
 }
 
-/// The test seam's file, read as the look would have seen it.
-fn from_lines(text: &str, pods: &BTreeMap<String, String>) -> Vec<PodNamespaceHcas> {
-    let mut ports: BTreeMap<&str, Vec<NetlinkPort>> = BTreeMap::new();
-    for line in text.lines() {
-        let w: Vec<&str> = line.split_whitespace().collect();
-        let [uid, device, port, state, phys] = w.as_slice() else {
-            continue;
-        };
-        let (Ok(port), Ok(state), Ok(phys)) = (port.parse(), state.parse(), phys.parse()) else {
-            continue;
-        };
-        ports.entry(uid).or_default().push(NetlinkPort {
-            device: (*device).to_owned(),
-            port,
-            state: Some(PortState::from_code(state)),
-            physical_state: Some(PhysState::from_code(phys)),
-            netdev: None,
-        });
-    }
-    pods.iter()
-        .map(|(uid, pod)| PodNamespaceHcas {
-            pod: pod.clone(),
-            ports: match ports.remove(uid.as_str()) {
-                Some(ports) => Observed::Seen(ports),
-                None => Observed::Unseen {
-                    reason: pod_hcas::NO_PROCESS.to_owned(),
-                },
-            },
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_seams_lines_read_as_a_look_and_bad_lines_are_skipped() {
-        let pods: BTreeMap<String, String> = [
-            ("u1".to_owned(), "train/w-0".to_owned()),
-            ("u2".to_owned(), "train/w-1".to_owned()),
-        ]
-        .into();
-        let seen = from_lines("u1 mlx5_3 1 1 3\nu1 mlx5_3 x 4 5\ngarbage\n", &pods);
-        assert_eq!(seen.len(), 2);
-        let Observed::Seen(ports) = &seen[0].ports else {
-            panic!("{seen:?}")
-        };
-        assert_eq!(ports.len(), 1);
-        assert_eq!(ports[0].state, Some(PortState::Down));
-        assert_eq!(ports[0].physical_state, Some(PhysState::Disabled));
-        assert!(matches!(&seen[1].ports, Observed::Unseen { .. }));
-    }
+    use fabricgate_probes::runtime::Observed;
 
     #[test]
     fn the_claims_pods_are_found_by_uid_and_a_pod_not_on_this_node_says_so() {
