@@ -214,22 +214,8 @@ fn rules(cp: &ControlPlane) -> Vec<Value> {
 pub(crate) fn setup_claims(cp: &ControlPlane) {
     static ONCE: std::sync::OnceLock<()> = std::sync::OnceLock::new();
     ONCE.get_or_init(|| {
-        cp.apply(&json!({ "apiVersion": "v1", "kind": "Namespace", "metadata": { "name": NS } }).to_string());
-        // No kube-controller-manager here to make it.
-        cp.apply(
-            &json!({ "apiVersion": "v1", "kind": "ServiceAccount",
-                     "metadata": { "name": "default", "namespace": NS } })
-            .to_string(),
-        );
-        cp.apply(
-            &json!({
-                "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
-                "metadata": { "name": DRIVER },
-                "spec": { "selectors": [{ "cel": { "expression": "device.driver == \"dra.net\"" } }] },
-            })
-            .to_string(),
-        );
-        cp.start_scheduler();
+        cp.create_namespace(NS);
+        cp.serve_dra_net_claims();
     });
 }
 
@@ -292,35 +278,7 @@ pub(crate) fn delete_pods(cp: &ControlPlane, names: &[&str]) {
             "--grace-period=0",
             "--force",
         ]);
-        let _ = cp.kubectl_as(
-            &cp.admin_kubeconfig,
-            &[
-                "-n",
-                NS,
-                "patch",
-                "resourceclaim",
-                n,
-                "--subresource=status",
-                "--type=merge",
-                "-p",
-                r#"{"status":{"allocation":null,"reservedFor":null}}"#,
-            ],
-            None,
-        );
-        let _ = cp.kubectl_as(
-            &cp.admin_kubeconfig,
-            &[
-                "-n",
-                NS,
-                "patch",
-                "resourceclaim",
-                n,
-                "--type=merge",
-                "-p",
-                r#"{"metadata":{"finalizers":null}}"#,
-            ],
-            None,
-        );
+        cp.release_claim(NS, n);
         cp.kubectl(&[
             "-n",
             NS,
@@ -1152,7 +1110,7 @@ fn dra_an_agent_refused_device_taint_rules_warns_once_backs_off_and_recovers() {
 fn dra_an_hca_moved_into_its_claims_pod_is_in_use_not_a_lost_port() {
     let Some(cp) = control_plane() else { return };
     setup_claims(cp);
-    let _widened = crate::runtime_transport::WidenedRbac::apply(cp);
+    let _widened = crate::common::controlplane::WidenedRbac::apply(cp);
     let n = DraNode::with(
         cp,
         "dra-inuse",

@@ -155,6 +155,31 @@ fn events(cp: &ControlPlane, wl: &str, reason: &str) -> Vec<String> {
         .collect()
 }
 
+/// Workload `wl`'s Events of `reason` in `ns` once there is one: the controller writes the
+/// Event right after the check's state, so it may land a moment after the state is seen.
+/// Empty when none came within 15 s.
+fn events_once_written(cp: &ControlPlane, ns: &str, wl: &str, reason: &str) -> Vec<Value> {
+    let start = Instant::now();
+    loop {
+        let found: Vec<Value> = ac::workload_events(cp, ns, wl)
+            .into_iter()
+            .filter(|e| e["reason"] == reason)
+            .collect();
+        if !found.is_empty() || start.elapsed() > Duration::from_secs(15) {
+            return found;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// As [`events_once_written`] in the tests' namespace: the notes.
+fn requeued_notes(cp: &ControlPlane, wl: &str) -> Vec<String> {
+    events_once_written(cp, NS, wl, "FabricGangRequeued")
+        .iter()
+        .map(|e| e["note"].as_str().unwrap_or("").to_owned())
+        .collect()
+}
+
 fn name_of(wl: &Value) -> String {
     wl["metadata"]["name"].as_str().unwrap_or("").to_owned()
 }
@@ -342,7 +367,7 @@ fn kueue_requeues_an_admitted_gang_whose_member_fails_and_readmits_it_on_validat
     );
     release_and_bind(cp, GANG, &third);
 
-    let requeued = events(cp, &wl_name, "FabricGangRequeued");
+    let requeued = requeued_notes(cp, &wl_name);
     assert!(
         requeued.len() == 1 && requeued[0].contains(&failed),
         "one FabricGangRequeued Event naming {failed}: {requeued:?}"
@@ -481,7 +506,7 @@ fn kueue_requeues_a_running_gang_after_the_grace_and_not_for_a_shorter_flap() {
         || crate::kueue::job_suspended(cp),
         || controller.log(),
     );
-    let requeued = events(cp, &wl, "FabricGangRequeued");
+    let requeued = requeued_notes(cp, &wl);
     assert!(
         requeued.len() == 1 && requeued[0].contains(&member),
         "one FabricGangRequeued Event naming {member}: {requeued:?}"
@@ -516,7 +541,7 @@ fn kueue_requeues_a_gang_whose_member_pod_is_on_sockets() {
     // The runtime-transport overlay grants the agent pods/status (its own node's pods, its own
     // condition only: the overlay's admission policy); taken back at the end (other tests
     // assert the base's grants).
-    let _widened = crate::runtime_transport::WidenedRbac::apply(cp);
+    let _widened = crate::common::controlplane::WidenedRbac::apply(cp);
     let path = crate::common::repo_root()
         .join("deploy/overlays/runtime-transport")
         .join("pod-transport-policy.yaml");
@@ -559,7 +584,7 @@ fn kueue_requeues_a_gang_whose_member_pod_is_on_sockets() {
         )),
         "{retry}"
     );
-    let requeued = events(cp, &wl, "FabricGangRequeued");
+    let requeued = requeued_notes(cp, &wl);
     assert!(
         requeued.len() == 1 && requeued[0].contains(&pod),
         "one FabricGangRequeued Event naming {pod}: {requeued:?}"
@@ -767,11 +792,7 @@ fn kueue_requeue_without_topology_judges_the_nodes_its_pods_are_bound_to() {
     let c = bad_input_controller(&env, ns);
     admit_by_hand(cp, ns, "podless", 1, None);
     admit_by_hand(cp, ns, "gang", 1, None);
-    cp.apply(
-        &json!({ "apiVersion": "v1", "kind": "ServiceAccount",
-                 "metadata": { "name": "default", "namespace": ns } })
-        .to_string(),
-    );
+    cp.create_namespace(ns);
     // Its pod, as Kueue's Job integration labels and annotates it, bound to rq-notas-1.
     cp.apply(
         &json!({ "apiVersion": "v1", "kind": "Pod",
@@ -835,10 +856,11 @@ fn kueue_requeue_a_gang_whose_node_was_deleted_is_requeued() {
     let (_, message) = ac::check_state(cp, ns, "gang");
     assert!(message.contains("rq-gone-1: the Node is gone"), "{message}");
     assert!(!message.contains("rq-gone-0"), "{message}");
-    let events = ac::workload_events(cp, ns, "gang");
+    let events = events_once_written(cp, ns, "gang", "FabricGangRequeued");
     assert!(
-        events.iter().any(|e| e["reason"] == "FabricGangRequeued"
-            && e["note"].as_str().is_some_and(|n| n.contains("rq-gone-1"))),
+        events
+            .iter()
+            .any(|e| e["note"].as_str().is_some_and(|n| n.contains("rq-gone-1"))),
         "{events:?}"
     );
     let _ = cp.kubectl(&["delete", "node", "rq-gone-0", "--wait=false"]);

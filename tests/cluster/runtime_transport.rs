@@ -86,36 +86,7 @@ fn pod(name: &str, node: &str, resource: &str, owner: Option<&Value>) -> Value {
             "resources": {"limits": {resource: "1"}, "requests": {resource: "1"}}}]}})
 }
 
-/// The component's RBAC (Events in every namespace, pods) while the test runs, taken away
-/// again however it ends: other tests assert the base's grants.
-pub(crate) struct WidenedRbac {
-    cp: &'static ControlPlane,
-    _lock: std::sync::RwLockWriteGuard<'static, ()>,
-}
-
-impl WidenedRbac {
-    pub(crate) fn apply(cp: &'static ControlPlane) -> Self {
-        let lock = crate::common::controlplane::widened_agent_rbac();
-        cp.apply(&overlay_file("rbac.yaml"));
-        Self { cp, _lock: lock }
-    }
-}
-
-impl Drop for WidenedRbac {
-    fn drop(&mut self) {
-        let _ = self.cp.kubectl_as(
-            &self.cp.admin_kubeconfig,
-            &[
-                "delete",
-                "clusterrolebinding",
-                "fabricgate-agent-pods",
-                "--ignore-not-found",
-                "--wait",
-            ],
-            None,
-        );
-    }
-}
+use crate::common::controlplane::WidenedRbac;
 
 fn condition(cp: &ControlPlane, name: &str) -> Option<(String, String)> {
     let p = cp.get_json(&format!("/api/v1/namespaces/{NS}/pods/{name}"))?;
@@ -178,15 +149,7 @@ fn a_judged_pod_on_sockets_gets_the_condition_events_and_metric_and_nothing_else
     cp.apply(&overlay_file("pod-transport-policy.yaml"));
     cp.create_node(OWN, json!({}), json!([]), json!({}));
     cp.create_node(OTHER, json!({}), json!([]), json!({}));
-    cp.apply(
-        &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}).to_string(),
-    );
-    // No kube-controller-manager creates the namespace's default ServiceAccount.
-    cp.apply(
-        &json!({"apiVersion": "v1", "kind": "ServiceAccount",
-            "metadata": {"name": "default", "namespace": NS}})
-        .to_string(),
-    );
+    cp.create_namespace(NS);
     let job = json!({"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
         "metadata": {"name": "llm", "namespace": NS, "uid": "6d1f0c6e-3b5a-4f0e-9a57-2c1b8e9d4f10"}});
     let trainer = create(cp, &pod("trainer", OWN, RESOURCE, Some(&job)), PODS);

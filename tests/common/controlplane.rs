@@ -146,6 +146,40 @@ pub fn widened_agent_rbac() -> RwLockWriteGuard<'static, ()> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// The runtime-transport component's RBAC (deploy/overlays/runtime-transport/rbac.yaml: pods,
+/// pod status, Events in every namespace, ResourceClaims) while a test runs, holding
+/// [`widened_agent_rbac`]; its ClusterRoleBinding taken away again however the test ends:
+/// other tests assert the base's grants.
+pub struct WidenedRbac {
+    cp: &'static ControlPlane,
+    _lock: RwLockWriteGuard<'static, ()>,
+}
+
+impl WidenedRbac {
+    pub fn apply(cp: &'static ControlPlane) -> Self {
+        let lock = widened_agent_rbac();
+        let rbac = crate::common::repo_root().join("deploy/overlays/runtime-transport/rbac.yaml");
+        cp.apply(&std::fs::read_to_string(&rbac).expect("read the component's rbac.yaml"));
+        Self { cp, _lock: lock }
+    }
+}
+
+impl Drop for WidenedRbac {
+    fn drop(&mut self) {
+        let _ = self.cp.kubectl_as(
+            &self.cp.admin_kubeconfig,
+            &[
+                "delete",
+                "clusterrolebinding",
+                "fabricgate-agent-pods",
+                "--ignore-not-found",
+                "--wait",
+            ],
+            None,
+        );
+    }
+}
+
 fn free_port() -> u16 {
     let l = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
     l.local_addr().expect("local addr").port()
@@ -527,6 +561,64 @@ impl ControlPlane {
                 .unwrap_or(0)
         });
         out
+    }
+
+    /// A namespace with its `default` ServiceAccount, which no kube-controller-manager makes
+    /// here.
+    pub fn create_namespace(&self, ns: &str) {
+        self.apply(
+            &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}).to_string(),
+        );
+        self.apply(
+            &json!({"apiVersion": "v1", "kind": "ServiceAccount",
+                    "metadata": {"name": "default", "namespace": ns}})
+            .to_string(),
+        );
+    }
+
+    /// DraNet's DeviceClass (`dra.net`: every device of that driver) and the scheduler that
+    /// allocates ResourceClaims against it.
+    pub fn serve_dra_net_claims(&self) {
+        self.apply(
+            &json!({
+                "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+                "metadata": {"name": "dra.net"},
+                "spec": {"selectors": [{"cel": {"expression": "device.driver == \"dra.net\""}}]},
+            })
+            .to_string(),
+        );
+        self.start_scheduler();
+    }
+
+    /// Free a ResourceClaim whose pod is gone, as the resourceclaim controller of
+    /// kube-controller-manager (not run here) would: allocation, reservation and finalizer
+    /// dropped, so it can be deleted and its devices allocated again.
+    pub fn release_claim(&self, ns: &str, name: &str) {
+        for args in [
+            &[
+                "-n",
+                ns,
+                "patch",
+                "resourceclaim",
+                name,
+                "--subresource=status",
+                "--type=merge",
+                "-p",
+                r#"{"status":{"allocation":null,"reservedFor":null}}"#,
+            ][..],
+            &[
+                "-n",
+                ns,
+                "patch",
+                "resourceclaim",
+                name,
+                "--type=merge",
+                "-p",
+                r#"{"metadata":{"finalizers":null}}"#,
+            ],
+        ] {
+            let _ = self.kubectl_as(&self.admin_kubeconfig, args, None);
+        }
     }
 
     pub fn node(&self, name: &str) -> Option<Value> {

@@ -125,22 +125,14 @@ if [ -n "${FG_BIN:-}" ]; then
     s excl-host-check-pods-no-net-admin capsh --drop=cap_net_admin -- -c "$FG_BIN check --format json --config $FG_REQ --pods on --pods-window 1s"
     s excl-rdma-res-qp-no-net-admin capsh --drop=cap_net_admin -- -c 'rdma res show qp'
     s excl-hca-port-down ip link set eth0 down
-    i=0
-    while ! rdma link show rxe0/1 | grep -q "state DOWN" && [ "$i" -lt 100 ]; do
-        sleep 0.1
-        i=$((i + 1))
-    done
+    fg_wait_port DOWN 10 || true
     s excl-host-rdma-link-down rdma link show
     s excl-agent-in-ns-check-down ip netns exec pod0 "$FG_BIN" check --format json --config "$FG_REQ" --pods on --pods-window 1s
     s excl-agent-in-ns-check-down-table ip netns exec pod0 "$FG_BIN" check --config "$FG_REQ" --pods on --pods-window 1s
     mkdir -p "$out/excl-pod-ports-down"
     s excl-pod-ports-dump-down python3 "$FG_CWD/scripts/capture_rdma_restrack.py" "$out/excl-pod-ports-down"
     s excl-hca-port-up ip link set eth0 up
-    i=0
-    while ! rdma link show rxe0/1 | grep -q "state ACTIVE" && [ "$i" -lt 100 ]; do
-        sleep 0.1
-        i=$((i + 1))
-    done
+    fg_wait_port ACTIVE 10 || true
 fi
 # rxe cannot cut a user off: its device stays until the process holding it is gone.
 kill "$hca_pod_pid" 2>/dev/null

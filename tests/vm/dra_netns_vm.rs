@@ -161,23 +161,8 @@ impl Host<'_> {
 /// The namespace, the DeviceClass, this node's slice (rxe0 as DraNet publishes an RDMA NIC),
 /// and a Pod with a claim for one HCA, allocated by the real scheduler: the Pod's UID.
 fn claim_rxe0(cp: &ControlPlane) -> Result<String, String> {
-    cp.apply(
-        &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}).to_string(),
-    );
-    cp.apply(
-        &json!({"apiVersion": "v1", "kind": "ServiceAccount",
-                "metadata": {"name": "default", "namespace": NS}})
-        .to_string(),
-    );
-    cp.apply(
-        &json!({
-            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
-            "metadata": {"name": DRIVER},
-            "spec": {"selectors": [{"cel": {"expression": "device.driver == \"dra.net\""}}]},
-        })
-        .to_string(),
-    );
-    cp.start_scheduler();
+    cp.create_namespace(NS);
+    cp.serve_dra_net_claims();
     cp.apply(
         &json!({
             "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
@@ -254,28 +239,7 @@ fn clean_up(cp: &ControlPlane) {
         "--grace-period=0",
         "--force",
     ]);
-    for patch in [
-        (
-            "--subresource=status",
-            r#"{"status":{"allocation":null,"reservedFor":null}}"#,
-        ),
-        ("--type=merge", r#"{"metadata":{"finalizers":null}}"#),
-    ] {
-        let mut args = vec![
-            "-n",
-            NS,
-            "patch",
-            "resourceclaim",
-            POD,
-            "--type=merge",
-            "-p",
-            patch.1,
-        ];
-        if patch.0.starts_with("--subresource") {
-            args.insert(5, patch.0);
-        }
-        let _ = cp.kubectl_as(&cp.admin_kubeconfig, &args, None);
-    }
+    cp.release_claim(NS, POD);
     cp.kubectl(&[
         "-n",
         NS,
@@ -298,17 +262,6 @@ fn clean_up(cp: &ControlPlane) {
         "--ignore-not-found",
     ]);
     cp.kubectl(&["delete", "node", NODE, "--ignore-not-found"]);
-    let _ = cp.kubectl_as(
-        &cp.admin_kubeconfig,
-        &[
-            "delete",
-            "clusterrolebinding",
-            "fabricgate-agent-pods",
-            "--ignore-not-found",
-            "--wait",
-        ],
-        None,
-    );
 }
 
 fn boot() -> &'static Boot {
@@ -324,14 +277,7 @@ fn boot() -> &'static Boot {
         let _slot = common::vm_slot();
         // The runtime-transport component's RBAC (the pods watch, the claims), taken back at
         // the end.
-        let _widened = common::controlplane::widened_agent_rbac();
-        cp.apply(
-            &std::fs::read_to_string(
-                Path::new(env!("CARGO_MANIFEST_DIR"))
-                    .join("deploy/overlays/runtime-transport/rbac.yaml"),
-            )
-            .unwrap(),
-        );
+        let _widened = common::controlplane::WidenedRbac::apply(cp);
         cp.create_node(NODE, json!({}), json!([]), json!({}));
         let mut seen = Seen::default();
         let uid = match claim_rxe0(cp) {

@@ -1,4 +1,5 @@
 use super::*;
+use crate::policy::judge::{Facts, Judge};
 use fabricgate_probes::host::SocketProblem;
 use fabricgate_probes::rdma::{
     DeviceReport, LinkLayer, PciLink, PhysState, PortReport, PortState, Rate,
@@ -343,7 +344,6 @@ fn device_taints_go_at_once_and_come_off_after_recover_after_good_probes() {
 /// node stays ready (3 of 4 ports); a later event with it up removes nothing, only full probes do.
 #[test]
 fn a_port_event_taints_the_bad_hca_at_once_and_never_untaints() {
-    use crate::policy::judge::{Facts, Judge};
     let c = config(DRA);
     let facts = all_four(&c);
     let mut j = Judge::new(&c);
@@ -401,7 +401,6 @@ fn a_port_event_taints_the_bad_hca_at_once_and_never_untaints() {
 /// written again: the node recovers through the hysteresis.
 #[test]
 fn refused_rules_of_a_tainted_device_taint_the_node_instead() {
-    use crate::policy::judge::{Facts, Judge};
     let c = config(DRA);
     let facts = all_four(&c);
     let mut j = Judge::new(&c);
@@ -497,23 +496,11 @@ fn an_absent_hca_held_by_a_claim_is_in_use_not_unmatched_and_never_tainted() {
 /// absence without a claim is three of four ports, not validated.
 #[test]
 fn the_ports_of_an_hca_a_claim_holds_are_not_required_of_the_node() {
-    use crate::policy::judge::{Facts, Judge};
     let c = config(&DRA.replace("min_active_ports: 3", "min_active_ports: 4"));
     let mut facts = all_four(&c);
     let mut probe = node(&[]);
     probe.rdma.devices.truncate(3);
-    let judge = |facts: &DraFacts| {
-        let mut j = Judge::new(&c);
-        j.resume_validated();
-        j.probe(Facts {
-            report: &probe,
-            node_findings: &[],
-            peer_finding: None,
-            dra: Some(facts),
-            dra_rules: Some(&RulesState::On),
-        })
-        .verdict
-    };
+    let judge = |facts: &DraFacts| judged_validated(&c, &probe, facts);
     let lost = judge(&facts);
     assert!(!lost.ready, "no claim: a port is missing");
     assert_eq!(lost.rdma.required_ports, 4);
@@ -553,24 +540,12 @@ fn mlx5_3_in_worker_0(state: PortState, phys: PhysState) -> PodNamespaceHcas {
 /// judged on what is left (its taint would evict the pod that holds the HCA).
 #[test]
 fn an_in_use_hca_seen_in_its_pods_namespace_is_judged_there_never_the_node() {
-    use crate::policy::judge::{Facts, Judge};
     let c = config(&DRA.replace("min_active_ports: 3", "min_active_ports: 4"));
     let mut facts = all_four(&c);
     facts.claimed.push(mlx5_3_held_by_worker_0());
     let mut probe = node(&[]);
     probe.rdma.devices.truncate(3);
-    let judge = |facts: &DraFacts| {
-        let mut j = Judge::new(&c);
-        j.resume_validated();
-        j.probe(Facts {
-            report: &probe,
-            node_findings: &[],
-            peer_finding: None,
-            dra: Some(facts),
-            dra_rules: Some(&RulesState::On),
-        })
-        .verdict
-    };
+    let judge = |facts: &DraFacts| judged_validated(&c, &probe, facts);
 
     facts.in_pods = vec![mlx5_3_in_worker_0(PortState::Active, PhysState::LinkUp)];
     let up = assess(&probe, Some(&facts), &c);
@@ -691,23 +666,11 @@ fn an_in_use_hca_its_pods_namespace_does_not_show_says_what_was_seen_and_is_not_
 /// would taint (with `NoExecute`, evict) the very pod using them.
 #[test]
 fn a_node_whose_every_hca_is_in_a_pod_is_not_a_node_without_rdma() {
-    use crate::policy::judge::{Facts, Judge};
     let c = config(&DRA.replace("min_active_ports: 3", "min_active_ports: 4"));
     let mut facts = all_four(&c);
     let mut probe = node(&[]);
     probe.rdma.devices.clear();
-    let judge = |facts: &DraFacts| {
-        let mut j = Judge::new(&c);
-        j.resume_validated();
-        j.probe(Facts {
-            report: &probe,
-            node_findings: &[],
-            peer_finding: None,
-            dra: Some(facts),
-            dra_rules: Some(&RulesState::On),
-        })
-        .verdict
-    };
+    let judge = |facts: &DraFacts| judged_validated(&c, &probe, facts);
     let gone = judge(&facts);
     assert!(!gone.ready, "no claim: every HCA is missing");
     for (i, device) in ["pci-0000-18-00-0", "pci-0000-19-00-0", "pci-0000-1a-00-0"]
@@ -727,4 +690,18 @@ fn a_node_whose_every_hca_is_in_a_pod_is_not_a_node_without_rdma() {
         (all_held.rdma.usable_ports, all_held.rdma.required_ports),
         (0, 0)
     );
+}
+
+/// One judgment of `probe` with `facts` by a Judge of `c` on a node already validated.
+fn judged_validated(c: &Config, probe: &ProbeReport, facts: &DraFacts) -> crate::policy::Verdict {
+    let mut j = Judge::new(c);
+    j.resume_validated();
+    j.probe(Facts {
+        report: probe,
+        node_findings: &[],
+        peer_finding: None,
+        dra: Some(facts),
+        dra_rules: Some(&RulesState::On),
+    })
+    .verdict
 }
