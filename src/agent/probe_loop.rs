@@ -308,6 +308,9 @@ impl<'a> ProbeLoop<'a> {
         if let Some(drivers) = &judged.dra_drivers {
             self.metrics.set_dra_drivers(drivers);
         }
+        if let Some(in_use) = &judged.dra_in_use {
+            self.metrics.set_dra_in_use(in_use);
+        }
         let verdict = judged.verdict;
         self.last_verdict = Some(verdict.clone());
         tracing::debug!(

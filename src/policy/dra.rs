@@ -235,7 +235,22 @@ pub struct DraAssessment {
     pub taints: Vec<DeviceTaint>,
     /// HCAs a ResourceClaim holds that the probe cannot see (moved into a pod's network
     /// namespace): one port each that serves that pod and is not the node's to count.
-    pub in_use_ports: u32,
+    pub in_use: Vec<InUseHca>,
+}
+
+impl DraAssessment {
+    /// The ports of the HCAs in use by pods (one each: a DRA device is one PCI function).
+    pub fn in_use_ports(&self) -> u32 {
+        u32::try_from(self.in_use.len()).unwrap_or(u32::MAX)
+    }
+}
+
+/// An HCA in use by a pod's claim, not in the node's probe (`fabricgate_dra_device_in_use`).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct InUseHca {
+    pub hca: String,
+    /// `namespace/name` of the claim.
+    pub claim: String,
 }
 
 fn finding(code: &'static str, message: String) -> Finding {
@@ -394,8 +409,10 @@ fn unprobed_devices(report: &ProbeReport, facts: &DraFacts, out: &mut DraAssessm
                 }
             }
             out.warnings.push(in_use(device, name, held, &seen));
-            // A DRA device is one PCI function: one port (mlx5).
-            out.in_use_ports = out.in_use_ports.saturating_add(1);
+            out.in_use.push(InUseHca {
+                hca: name.clone(),
+                claim: held.claim.clone(),
+            });
             continue;
         }
         out.warnings.push(finding(

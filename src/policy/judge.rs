@@ -55,6 +55,9 @@ pub struct Judgment {
     /// `fabricgate_dra_driver_up` of each configured DRA driver ([`dra::drivers_up`]); `None`
     /// without `kubernetes.dra` or when no report was judged.
     pub dra_drivers: Option<Vec<(String, bool)>>,
+    /// `fabricgate_dra_device_in_use`: the HCAs pods' claims hold ([`dra::DraAssessment`]);
+    /// `None` without `kubernetes.dra` or when no report was judged.
+    pub dra_in_use: Option<Vec<dra::InUseHca>>,
 }
 
 /// Decides verdicts; owns the only state a verdict depends on (the hysteresis).
@@ -96,19 +99,20 @@ impl Judge {
         let mut own_mounts = agent_fault::own_mount_problems(&facts.report.host);
         own_mounts.extend(host.own_problems);
         let dra = dra::assess(facts.report, facts.dra, config);
+        let in_use_ports = dra.in_use_ports();
         plugin_findings.extend(dra.findings);
         own_mounts.extend(dra.own_problems);
         self.last_dra = facts.dra.cloned();
-        let mut instant = if dra.in_use_ports == 0 {
+        let mut instant = if in_use_ports == 0 {
             evaluate_with(facts.report, config, &plugin_findings)
         } else {
             // The ports of HCAs a claim holds serve that pod: the node is judged on the rest.
             let mut rest = config.clone();
-            rest.rdma.min_active_ports =
-                rest.rdma.min_active_ports.saturating_sub(dra.in_use_ports);
+            rest.rdma.min_active_ports = rest.rdma.min_active_ports.saturating_sub(in_use_ports);
             evaluate_with(facts.report, &rest, &plugin_findings)
         };
         instant.rdma.part.warnings.extend(dra.warnings);
+        let dra_in_use = config.kubernetes.dra.enabled().then_some(dra.in_use);
         if let Some(finding) = facts.peer_finding {
             instant = apply_required_finding(instant, finding, config);
         }
@@ -151,6 +155,7 @@ impl Judge {
             instant_ready,
             fault,
             dra_drivers,
+            dra_in_use,
         }
     }
 
@@ -170,6 +175,7 @@ impl Judge {
             instant_ready: false,
             fault: Some(fault),
             dra_drivers: None,
+            dra_in_use: None,
         }
     }
 

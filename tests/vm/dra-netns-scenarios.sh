@@ -88,6 +88,7 @@ daemon=$!
 : >"$O/agent.started"
 rc=0
 if fg_wait_host ready 180; then
+    ip netns exec agent curl -fsS http://127.0.0.1:9464/metrics >"$O/metrics-ready.txt" 2>&1
     ip link set eth0 down
     fg_wait_port DOWN 10 || true
     rdma link show >"$O/rdma-link-down.txt" 2>&1

@@ -354,6 +354,19 @@ fn an_hca_in_its_claims_pods_namespace_is_in_use_and_the_node_validated_without_
         "{:?}",
         seen.rules_when_ready
     );
+    // What the agent exports of it.
+    let metrics = std::fs::read_to_string(out.join("metrics-ready.txt")).unwrap();
+    let in_use: Vec<&str> = metrics
+        .lines()
+        .filter(|l| l.starts_with("fabricgate_dra_device_in_use{"))
+        .collect();
+    assert_eq!(
+        in_use,
+        [format!(
+            r#"fabricgate_dra_device_in_use{{hca="rxe0",claim="{NS}/{POD}"}} 1"#
+        )],
+        "{metrics}"
+    );
     eprintln!(
         "figure: agent start to the Node validated with its one HCA in a pod: {:?}",
         seen.start_to_ready

@@ -179,6 +179,12 @@ struct DriverLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct InUseLabels {
+    hca: String,
+    claim: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct FindingLabels {
     scope: &'static str,
     reason: &'static str,
@@ -236,6 +242,7 @@ struct Families {
     breaker_open: Gauge,
     dra_devices_tainted: Family<ReasonLabels, Gauge>,
     dra_driver_up: Family<DriverLabels, Gauge>,
+    dra_device_in_use: Family<InUseLabels, Gauge>,
     dra_device_rules: Gauge,
 
     fallback_suspected: Gauge,
@@ -364,6 +371,21 @@ impl Metrics {
                     driver: driver.clone(),
                 })
                 .set(i64::from(*up));
+        }
+    }
+
+    /// The HCAs pods' ResourceClaims hold, out of the node's view (RDMA netns mode exclusive).
+    pub fn set_dra_in_use(&self, in_use: &[crate::policy::dra::InUseHca]) {
+        let _guard = self.lock();
+        self.families.dra_device_in_use.clear();
+        for hca in in_use {
+            self.families
+                .dra_device_in_use
+                .get_or_create(&InUseLabels {
+                    hca: hca.hca.clone(),
+                    claim: hca.claim.clone(),
+                })
+                .set(1);
         }
     }
 

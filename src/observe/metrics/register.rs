@@ -311,6 +311,12 @@ fn register_node_guards(r: &mut Registry, f: &Families, config: &Config) {
         "1 when the DRA driver's kubelet plugin is registered and it publishes this node's ResourceSlices, else 0",
         f.dra_driver_up
     );
+    reg!(
+        r,
+        "dra_device_in_use",
+        "1 for each HCA a pod's ResourceClaim holds that the node's own probe does not see (moved into the pod's network namespace), by HCA and claim",
+        f.dra_device_in_use
+    );
     // Only with DRA: a 0 on a device-plugin cluster would read as a refusal.
     if !config.kubernetes.dra.drivers.is_empty() {
         reg!(

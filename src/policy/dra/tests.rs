@@ -483,6 +483,13 @@ fn an_absent_hca_held_by_a_claim_is_in_use_not_unmatched_and_never_tainted() {
     assert!(message.contains("pod train/worker-0"), "{message}");
     assert!(held.findings.is_empty(), "{:?}", held.findings);
     assert!(held.taints.is_empty());
+    assert_eq!(
+        held.in_use,
+        vec![InUseHca {
+            hca: "mlx5_3".into(),
+            claim: "train/worker-0-rdma".into(),
+        }]
+    );
 
     // A claim on another device does not excuse this one.
     facts.claimed[0].device = "pci-0000-1a-00-0".into();
@@ -506,7 +513,7 @@ fn the_ports_of_an_hca_a_claim_holds_are_not_required_of_the_node() {
     assert_eq!(lost.rdma.required_ports, 4);
 
     facts.claimed.push(mlx5_3_held_by_worker_0());
-    assert_eq!(assess(&probe, Some(&facts), &c).in_use_ports, 1);
+    assert_eq!(assess(&probe, Some(&facts), &c).in_use_ports(), 1);
     let held = judge(&facts);
     assert!(held.ready, "{held:?}");
     assert_eq!((held.rdma.usable_ports, held.rdma.required_ports), (3, 3));
@@ -550,7 +557,7 @@ fn an_in_use_hca_seen_in_its_pods_namespace_is_judged_there_never_the_node() {
     facts.in_pods = vec![mlx5_3_in_worker_0(PortState::Active, PhysState::LinkUp)];
     let up = assess(&probe, Some(&facts), &c);
     assert!(up.taints.is_empty(), "{:?}", up.taints);
-    assert_eq!(up.in_use_ports, 1);
+    assert_eq!(up.in_use_ports(), 1);
     let message = &up.warnings[0].message;
     assert!(
         message.contains("seen in pod train/worker-0's network namespace: port 1 ACTIVE (LinkUp)"),
@@ -579,7 +586,7 @@ fn an_in_use_hca_seen_in_its_pods_namespace_is_judged_there_never_the_node() {
         taint.message
     );
     assert!(down.findings.is_empty(), "{:?}", down.findings);
-    assert_eq!(down.in_use_ports, 1);
+    assert_eq!(down.in_use_ports(), 1);
     let verdict = judge(&facts);
     assert!(
         verdict.ready,
@@ -633,7 +640,7 @@ fn an_in_use_hca_its_pods_namespace_does_not_show_says_what_was_seen_and_is_not_
     facts.in_pods[1].pod = "train/other".into();
     let empty = assess(&probe, Some(&facts), &c);
     assert!(empty.taints.is_empty());
-    assert_eq!(empty.in_use_ports, 1);
+    assert_eq!(empty.in_use_ports(), 1);
     assert!(
         empty.warnings[0]
             .message
