@@ -129,10 +129,17 @@ pub struct ClaimedDevice {
     pub device: String,
     /// `namespace/name` of the claim.
     pub claim: String,
-    /// `namespace/name` of each pod on this node that names the claim.
-    pub pods: Vec<String>,
-    /// Their UIDs, in the same order.
-    pub pod_uids: Vec<String>,
+    /// Each pod on this node that names the claim.
+    pub pods: Vec<ClaimPod>,
+}
+
+/// A pod that names a claim.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct ClaimPod {
+    /// `namespace/name`.
+    pub name: String,
+    /// Its UID: how its processes are found on the node (their cgroups name it).
+    pub uid: String,
 }
 
 impl DraFacts {
@@ -443,7 +450,11 @@ enum InPod<'a> {
 
 fn in_pod_namespace<'a>(facts: &'a DraFacts, held: &ClaimedDevice, hca: &str) -> InPod<'a> {
     let mut said = Vec::new();
-    for view in facts.in_pods.iter().filter(|v| held.pods.contains(&v.pod)) {
+    for view in facts
+        .in_pods
+        .iter()
+        .filter(|v| held.pods.iter().any(|p| p.name == v.pod))
+    {
         match &view.ports {
             Observed::Seen(ports) => {
                 let mine: Vec<&NetlinkPort> = ports.iter().filter(|p| p.device == hca).collect();
@@ -508,7 +519,11 @@ fn in_use(device: &PublishedDevice, hca: &str, held: &ClaimedDevice, seen: &InPo
     let pods = if held.pods.is_empty() {
         "none reserved".to_owned()
     } else {
-        held.pods.join(", ")
+        held.pods
+            .iter()
+            .map(|p| p.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
     };
     let head = format!(
         "{hca} (DRA device {} of {}) is in use by claim {} (pod{} {pods}): not visible in the \

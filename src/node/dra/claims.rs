@@ -9,7 +9,7 @@
 //! and forgotten when no pod names it. What the claims mean is decided in
 //! [`crate::policy::dra`]; this only reads them.
 
-use crate::policy::dra::{ClaimedDevice, DraFacts, PodNamespaceHcas};
+use crate::policy::dra::{ClaimPod, ClaimedDevice, DraFacts, PodNamespaceHcas};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::api::Api;
@@ -26,9 +26,6 @@ type ClaimKey = (String, String);
 
 /// One device of a claim's allocation: `(driver, pool, device)`.
 type Allocated = (String, String, String);
-
-/// A pod that names a claim: `namespace/name` and its UID.
-pub type ClaimPod = (String, String);
 
 /// The claims the running pods of `pods` name, each with those pods. A
 /// claim is named by `status.resourceClaimStatuses` (claims made from a template) or by
@@ -63,9 +60,10 @@ pub fn claim_refs<'a>(
             .filter_map(|c| c.resource_claim_name.clone());
         let names: BTreeSet<String> = from_status.chain(from_spec).collect();
         for claim in names {
-            out.entry((ns.clone(), claim))
-                .or_default()
-                .push((format!("{ns}/{name}"), uid.clone()));
+            out.entry((ns.clone(), claim)).or_default().push(ClaimPod {
+                name: format!("{ns}/{name}"),
+                uid: uid.clone(),
+            });
         }
     }
     out
@@ -102,8 +100,7 @@ pub fn claimed(
                 pool: pool.clone(),
                 device: device.clone(),
                 claim: format!("{}/{}", key.0, key.1),
-                pods: pods.iter().map(|(name, _)| name.clone()).collect(),
-                pod_uids: pods.iter().map(|(_, uid)| uid.clone()).collect(),
+                pods: pods.clone(),
             });
         }
     }
@@ -249,7 +246,10 @@ mod tests {
             refs.keys().cloned().collect::<Vec<_>>(),
             vec![key("shared-rdma"), key("w-0-rdma"), key("w-2-rdma")]
         );
-        let pod = |n: &str| (format!("train/{n}"), format!("uid-{n}"));
+        let pod = |n: &str| ClaimPod {
+            name: format!("train/{n}"),
+            uid: format!("uid-{n}"),
+        };
         assert_eq!(refs[&key("shared-rdma")], vec![pod("w-1"), pod("w-2")]);
         assert_eq!(refs[&key("w-0-rdma")], vec![pod("w-0")]);
     }
@@ -276,8 +276,13 @@ mod tests {
         let held = claimed(&refs, &allocations);
         assert_eq!(held.len(), 1);
         assert_eq!(held[0].claim, "train/w-0-rdma");
-        assert_eq!(held[0].pods, vec!["train/w-0"]);
-        assert_eq!(held[0].pod_uids, vec!["uid-w-0"]);
+        assert_eq!(
+            held[0].pods,
+            vec![ClaimPod {
+                name: "train/w-0".into(),
+                uid: "uid-w-0".into(),
+            }]
+        );
         assert_eq!(held[0].device, "pci-0000-1b-00-0");
     }
 }

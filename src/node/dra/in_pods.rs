@@ -56,9 +56,9 @@ pub async fn look_into_claims(
 pub fn claim_pods(claims: &[ClaimedDevice]) -> BTreeMap<String, String> {
     claims
         .iter()
-        .flat_map(|c| c.pod_uids.iter().zip(&c.pods))
-        .filter(|(uid, _)| !uid.is_empty())
-        .map(|(uid, name)| (uid.clone(), name.clone()))
+        .flat_map(|c| &c.pods)
+        .filter(|p| !p.uid.is_empty())
+        .map(|p| (p.uid.clone(), p.name.clone()))
         .collect()
 }
 
@@ -80,6 +80,7 @@ fn look(roots: &Roots, pods: &BTreeMap<String, String>) -> Vec<PodNamespaceHcas>
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::dra::ClaimPod;
     use fabricgate_probes::runtime::Observed;
 
     #[test]
@@ -89,8 +90,16 @@ mod tests {
             pool: "node-a".into(),
             device: "pci-0000-1b-00-0".into(),
             claim: "train/w-0-rdma".into(),
-            pods: vec!["train/w-0".into(), "train/nouid".into()],
-            pod_uids: vec!["uid-w-0".into(), String::new()],
+            pods: vec![
+                ClaimPod {
+                    name: "train/w-0".into(),
+                    uid: "uid-w-0".into(),
+                },
+                ClaimPod {
+                    name: "train/nouid".into(),
+                    uid: String::new(),
+                },
+            ],
         };
         let pods = claim_pods(&[held]);
         assert_eq!(

@@ -457,8 +457,10 @@ fn mlx5_3_held_by_worker_0() -> ClaimedDevice {
         pool: "node-a".into(),
         device: "pci-0000-1b-00-0".into(),
         claim: "train/worker-0-rdma".into(),
-        pods: vec!["train/worker-0".into()],
-        pod_uids: vec!["0b7d2c1e-worker-0".into()],
+        pods: vec![ClaimPod {
+            name: "train/worker-0".into(),
+            uid: "0b7d2c1e-worker-0".into(),
+        }],
     }
 }
 
