@@ -141,8 +141,7 @@ async fn a_gang_of_validated_nodes_gets_its_fabric_check_and_no_state_yet() {
     let mut state = State::default();
     let before = tokio::time::Instant::now();
     let due = pass_against(&stores, &mut state, |mut server| async move {
-        let mut created = check(&ring(2, "x"), RESERVED);
-        created.metadata.uid = Some(CHECK_UID.to_owned());
+        let created = check(&ring(2, "x"), RESERVED);
         let seen = server.answer(201, object(created)).await;
         assert_eq!(seen.method, Method::POST);
         assert_eq!(seen.path, CHECKS);
@@ -187,8 +186,7 @@ async fn a_gang_of_validated_nodes_gets_its_fabric_check_and_no_state_yet() {
             );
         }
         // Then labelled: the members are asked.
-        let mut labelled = check(&ring(2, "x"), RESERVED);
-        labelled.metadata.uid = Some(CHECK_UID.to_owned());
+        let labelled = check(&ring(2, "x"), RESERVED);
         let seen = server.answer(200, object(labelled)).await;
         assert_eq!(seen.method, Method::PATCH);
         assert_eq!(seen.path, format!("{CHECKS}/{}", check_name()));
@@ -218,8 +216,7 @@ async fn a_check_whose_answers_cannot_be_created_is_deleted_unasked() {
     let mut state = State::default();
     let before = tokio::time::Instant::now();
     let due = pass_against(&stores, &mut state, |mut server| async move {
-        let mut created = check(&ring(2, "x"), RESERVED);
-        created.metadata.uid = Some(CHECK_UID.to_owned());
+        let created = check(&ring(2, "x"), RESERVED);
         let seen = server.answer(201, object(created)).await;
         assert_eq!((seen.method, seen.path.as_str()), (Method::POST, CHECKS));
         let mut quota = status(403, "Forbidden");
