@@ -11,7 +11,6 @@ set -u
 . "$FG_VM_DIR/guest-lib.sh"
 O="$FG_OUT"
 : >"$O/timings.env"
-timing() { echo "$1=$2" >>"$O/timings.env"; }
 now_ns() { date +%s%N; }
 # flip STATE: eth0 up or down by one ioctl; sets t0 to the wall clock right before it and
 # flip_us to how long the call took (see linkflip.py).

@@ -15,19 +15,15 @@
 # shellcheck shell=sh
 set -u
 . "$FG_VM_DIR/guest-lib.sh"
-O="$FG_OUT"
-S=/tmp/fg-sync
-ROLE="$FG_ROLE"
+# shellcheck source=tests/vm/pair-lib.sh
+. "$FG_VM_DIR/pair-lib.sh"
 if [ "$ROLE" = a ]; then
-    ME=1 PEER_ROLE=b NODE="$FG_NODE_A" KCFG="$FG_KUBECONFIG_A"
+    NODE="$FG_NODE_A" KCFG="$FG_KUBECONFIG_A"
 else
-    ME=2 PEER_ROLE=a NODE="$FG_NODE_B" KCFG="$FG_KUBECONFIG_B"
+    NODE="$FG_NODE_B" KCFG="$FG_KUBECONFIG_B"
 fi
 CFG=/tmp/gang.yaml
 KEY=/tmp/peers.key
-
-# shellcheck source=tests/vm/pair-lib.sh
-. "$FG_VM_DIR/pair-lib.sh"
 
 fg_pair_up
 # eth2: this VM's own qemu user network; 10.0.3.2 is the host (the apiserver's certificate

@@ -28,6 +28,9 @@ fg_wait_port() {
     return 1
 }
 
+# timing NAME VALUE: one line NAME=VALUE in $FG_OUT/timings.env, which the host test reads.
+timing() { echo "$1=$2" >>"$FG_OUT/timings.env"; }
+
 # Monotonic-ish milliseconds (uptime has 10 ms resolution, enough for second-scale timings).
 fg_now_ms() {
     awk '{printf "%d\n", $1 * 1000}' /proc/uptime

@@ -1,9 +1,15 @@
 # Sourced by the two-VM scenario scripts run through run-pair.sh (peers-scenarios.sh,
-# gang-scenarios.sh), after guest-lib.sh: the steps both VMs share. Before sourcing, set ROLE
-# (a or b), PEER_ROLE (the other), ME (1 or 2), O (FG_OUT) and S (the shared sync folder).
+# gang-scenarios.sh, transport-scenarios.sh), after guest-lib.sh: the steps both VMs share.
+# It sets ROLE (a or b, from FG_ROLE), PEER_ROLE (the other), ME and OTHER (1 or 2: this VM's
+# and the other's address suffix), O (FG_OUT) and S (the shared sync folder).
 # The VMs and the host order their steps with marker files S/WHO.NAME; WHO.abort means WHO
 # gave up.
 # shellcheck shell=sh
+
+O="$FG_OUT"
+S=/tmp/fg-sync
+ROLE="$FG_ROLE"
+if [ "$ROLE" = a ]; then ME=1 OTHER=2 PEER_ROLE=b; else ME=2 OTHER=1 PEER_ROLE=a; fi
 
 log() { echo "[$ROLE $(fg_now_ms)] $*" >>"$O/steps.log"; }
 mark() { : >"$S/$ROLE.$1"; log "mark $1"; }

@@ -16,24 +16,18 @@
 # shellcheck shell=sh
 set -u
 . "$FG_VM_DIR/guest-lib.sh"
-O="$FG_OUT"
-S=/tmp/fg-sync
-ROLE="$FG_ROLE"
-if [ "$ROLE" = a ]; then ME=1 OTHER=2 PEER_ROLE=b; else ME=2 OTHER=1 PEER_ROLE=a; fi
+# shellcheck source=tests/vm/pair-lib.sh
+. "$FG_VM_DIR/pair-lib.sh"
 PEER_IP="169.254.78.$OTHER"
 CFG=/tmp/peers.yaml
 # The pool's side-channel key (the DaemonSet's fabricgate-peers Secret): the same in both VMs.
 KEY=/tmp/peers.key
 : >"$O/timings.env"
-
-timing() { echo "$1=$2" >>"$O/timings.env"; }
 # wire NAME SECONDS: ICMP echo over eth0 to the other VM's eth0 address into $O/wire_NAME.json.
 wire() {
     python3 "$FG_VM_DIR/wire_echo.py" eth0 "169.254.77.$OTHER" "$2" >"$O/wire_$1.json" 2>&1 ||
         log "wire $1: eth0 did not answer: $(cat "$O/wire_$1.json")"
 }
-# shellcheck source=tests/vm/pair-lib.sh
-. "$FG_VM_DIR/pair-lib.sh"
 
 fg_pair_up
 rdma link add rxe0 type rxe netdev eth0 || fail "rdma link add"

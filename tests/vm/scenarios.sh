@@ -17,7 +17,6 @@ step() {
 }
 check() { step "$1" "$FG_BIN" check --format json --config "$FG_REQ"; }
 is_ready() { grep -q '^  "ready": true' "$O/$1.json"; }
-timing() { echo "$1=$2" >>"$O/timings.env"; }
 
 fg_rxe_up || { echo "rxe setup failed" >&2; dmesg | tail -20 >&2; exit 1; }
 

@@ -11,14 +11,9 @@
 # shellcheck shell=sh
 set -u
 . "$FG_VM_DIR/guest-lib.sh"
-O="$FG_OUT"
-S=/tmp/fg-sync
-ROLE="$FG_ROLE"
-if [ "$ROLE" = a ]; then ME=1 OTHER=2 PEER_ROLE=b; else ME=2 OTHER=1 PEER_ROLE=a; fi
-: >"$O/timings.env"
-timing() { echo "$1=$2" >>"$O/timings.env"; }
 # shellcheck source=tests/vm/pair-lib.sh
 . "$FG_VM_DIR/pair-lib.sh"
+: >"$O/timings.env"
 
 RDMA_POD=7d1e5a3c-2b4f-4c6d-8e9f-0a1b2c3d4e5f
 TCP_POD=9a8b7c6d-5e4f-4a3b-9c2d-1e0f2a3b4c5d
