@@ -637,6 +637,30 @@ fn perftest_row(text: &str, column: &str) -> Option<BTreeMap<String, f64>> {
     (row.len() == header.len()).then(|| header.into_iter().zip(row).collect())
 }
 
+/// Each try of perftest's `name` in both VMs (peers-scenarios.sh, perftest_pair): its status
+/// and what it printed, for failure messages and for the report of a second try.
+fn perftest_tries(dir: &Path, name: &str) -> String {
+    let mut out = format!("{name}, each try in both VMs:");
+    for role in ["a", "b"] {
+        for try_no in 1..=2 {
+            let file = dir.join(role).join(format!("{name}.try{try_no}.txt"));
+            let Ok(text) = std::fs::read_to_string(&file) else {
+                continue;
+            };
+            let status =
+                std::fs::read_to_string(dir.join("sync").join(format!("{role}.{name}_rc{try_no}")))
+                    .unwrap_or_else(|e| format!("({e})"));
+            out.push_str(&format!(
+                "\n--- {role} try {try_no}, status {}:\n{}",
+                status.trim(),
+                text.trim_end()
+            ));
+        }
+    }
+    out.push('\n');
+    out
+}
+
 #[test]
 fn perftest_tables_parse_by_column_name() {
     let lat = " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    \
@@ -676,8 +700,17 @@ fn perftest_runs_between_the_same_vms_for_comparison() {
         "{}",
         wire_report(dir, &["after_attack", "before_perftest"])
     );
-    assert_eq!(rc(&b.join("ib_write_lat.rc")), 0, "{lat}");
-    assert_eq!(rc(&b.join("ib_write_bw.rc")), 0, "{bw}");
+    for role in ["a", "b"] {
+        for name in ["ib_write_lat", "ib_write_bw"] {
+            assert_eq!(
+                rc(&dir.join(role).join(format!("{name}.rc"))),
+                0,
+                "{role}: {}\n{}",
+                perftest_tries(dir, name),
+                wire_report(dir, &["before_perftest"])
+            );
+        }
+    }
     let l = perftest_row(&lat, "t_typical").unwrap_or_else(|| panic!("{lat}"));
     let w = perftest_row(&bw, "BW average").unwrap_or_else(|| panic!("{bw}"));
     let typical = l
@@ -696,12 +729,19 @@ fn perftest_runs_between_the_same_vms_for_comparison() {
     let fg_bw = fg["ports"][0]["bandwidth_bytes_per_second"]
         .as_f64()
         .unwrap();
+    // A second try (peers-scenarios.sh, perftest_pair) is said, with what the first printed.
+    let retried: Vec<String> = ["ib_write_lat", "ib_write_bw"]
+        .iter()
+        .filter(|name| b.join(format!("{name}.try2.txt")).exists())
+        .map(|name| perftest_tries(dir, name))
+        .collect();
     let summary = format!(
         "b -> a under TCG: ib_write_lat t_typical {typical:.1} us (one way; x2 = {:.1} us round \
          trip) vs fabricgate RTT p50 {p50:.1} us; ib_write_bw 64 KiB average {avg:.2} MB/s vs \
-         fabricgate {:.2} MB/s\n",
+         fabricgate {:.2} MB/s\n{}",
         2.0 * typical,
-        fg_bw / 1e6
+        fg_bw / 1e6,
+        retried.join("")
     );
     std::fs::write(dir.join("comparison.txt"), &summary).unwrap();
     eprint!("{summary}");
