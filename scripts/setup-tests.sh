@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs everything the test suite needs (`cargo test --workspace`): what building needs
+# Installs everything the test suite needs (`./scripts/test.sh`): what building needs
 # (scripts/setup.sh), then every per-area test setup in .ci/*.sh (the Go test control plane,
 # the Soft-RoCE VM's qemu and kernel, FUSE, Prometheus, the manifest validators, the node
 # tests' container images, ...), then rustfmt and clippy for CI's checks. Each .ci/*.sh is
