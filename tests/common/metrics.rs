@@ -48,7 +48,8 @@ pub fn probe_fixture(node: &Path, timestamp: f64) -> ProbeReport {
 
 /// An unhealthy node: the `ndr-port-down` fixture (mlx5_3 DOWN), a hung required Lustre
 /// mount, a failed self-test on mlx5_0 and a passing one on mlx5_1, and over one fallback
-/// window 200 MB/s of TCP per physical interface while the RDMA counters stand still.
+/// window 200 MB/s of TCP per physical interface while the RDMA counters stand still; DRA
+/// with mlx5_3 under a DeviceTaintRule and mlx5_10 (not in the fixture) in a pod's claim.
 pub fn unhealthy_metrics() -> Metrics {
     use fabricgate_probes::rdma::SelftestResult;
     use fabricgate_probes::storage::MountStatus;
@@ -103,6 +104,11 @@ pub fn unhealthy_metrics() -> Metrics {
     }
     metrics.set_dra_drivers(&[("dra.net".into(), true), ("rdma.example.com".into(), false)]);
     metrics.set_dra_device_rules(true);
+    // An eleventh HCA, moved into a training pod's network namespace by its claim.
+    metrics.set_dra_in_use(&[policy::dra::InUseHca {
+        hca: "mlx5_10".into(),
+        claim: "train/worker-0-rdma".into(),
+    }]);
     record_pods(&metrics);
     metrics
 }

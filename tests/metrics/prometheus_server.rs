@@ -373,6 +373,7 @@ fn every_dashboard_query_returns_data_from_the_agent() {
         "Probe duration",
         "HCAs tainted by DeviceTaintRule",
         "DRA driver up",
+        "HCAs held by pods' claims, outside the node's view",
         "Guard: leader and refused writes",
         "Guard: Node writes",
         "Jobs with pods on sockets",
@@ -438,5 +439,16 @@ fn every_dashboard_query_returns_data_from_the_agent() {
     assert!(
         reasons.iter().all(|r| r.starts_with("\"gpu-b\"")),
         "{reasons:?}"
+    );
+    // The in-use table names the pod's HCA and its claim, on the DRA node only.
+    let in_use = query(&prom, "fabricgate_dra_device_in_use == 1");
+    let rows: Vec<String> = in_use
+        .iter()
+        .map(|(m, _)| format!("{}/{}/{}", m["node"], m["hca"], m["claim"]))
+        .collect();
+    assert_eq!(
+        rows,
+        ["\"gpu-b\"/\"mlx5_10\"/\"train/worker-0-rdma\""],
+        "{in_use:?}"
     );
 }
