@@ -1,0 +1,120 @@
+//! The cost of looking into DRA claim pods' network namespaces (issue 42 item 6; the agent's
+//! `node::dra::in_pods`, every probe interval while this node's pods name DRA claims):
+//! - `dra_look_8_claim_pods`: one look's own work — `procs::pod_processes` over a temporary
+//!   procfs laid out as the host's (8 claim pods × 4 processes in kubepods cgroups, each pod its
+//!   own network namespace, 300 other processes), then `pod_hcas::look` with each namespace's
+//!   RDMA netlink replies recorded (the Soft-RoCE VM's port dump of an HCA in a pod's
+//!   namespace, `probes/tests/fixtures/restrack/netns-exclusive/hca-pod/`, parsed per call);
+//! - `open_in_netns_per_namespace`: what entering one namespace costs on the live kernel —
+//!   `netlink::Socket::open_in_netns` into this process's own namespace (a thread spawned,
+//!   `setns`, a socket opened, the thread joined). NETLINK_ROUTE stands in for NETLINK_RDMA,
+//!   which this machine's kernel lacks; the dumps' round trips themselves are not in it. Needs
+//!   CAP_SYS_ADMIN; without it the row is left out, and says so.
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use fabricgate_probes::Roots;
+use fabricgate_probes::netlink::{Protocol, Socket};
+use fabricgate_probes::runtime::pod_hcas::{self, NamespaceRdma};
+use fabricgate_probes::runtime::procs;
+use fabricgate_probes::runtime::restrack::{self, NetlinkPort};
+use std::collections::BTreeSet;
+use std::hint::black_box;
+use std::path::{Path, PathBuf};
+
+const PODS: u32 = 8;
+const PROCS_PER_POD: u32 = 4;
+const OTHER_PROCS: u32 = 300;
+
+fn pod_uid(pod: u32) -> String {
+    format!("5f1d3c2e-8a4b-4f6e-9c1d-{pod:012x}")
+}
+
+fn write(path: &Path, text: &str) {
+    std::fs::create_dir_all(path.parent().expect("a parent")).expect("dir");
+    std::fs::write(path, text).expect("write");
+}
+
+/// The port dump the Soft-RoCE VM's kernel sent from the namespace holding rxe0.
+#[derive(Debug)]
+struct Recorded {
+    datagrams: Vec<Vec<u8>>,
+}
+
+impl NamespaceRdma for Recorded {
+    fn ports(&mut self, _ns: &Path) -> fabricgate_probes::Result<Vec<NetlinkPort>> {
+        restrack::parse_port_dump(&self.datagrams)
+    }
+}
+
+fn recorded() -> Recorded {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/restrack/netns-exclusive/hca-pod");
+    let datagrams = ["ports-0-00.bin", "ports-0-01.bin"]
+        .iter()
+        .map(|f| std::fs::read(dir.join(f)).expect("the captured port dump"))
+        .collect();
+    Recorded { datagrams }
+}
+
+/// The host's procfs as the look reads it: `ns/net` a file per process (its inode names the
+/// namespace, as the kernel's link does).
+fn procfs(proc: &Path) {
+    write(&proc.join("self/ns/net"), "");
+    for other in 0..OTHER_PROCS {
+        write(
+            &proc.join(format!("{}/cgroup", 100 + other)),
+            "0::/system.slice/containerd.service\n",
+        );
+    }
+    for pod in 0..PODS {
+        let uid = pod_uid(pod).replace('-', "_");
+        for i in 0..PROCS_PER_POD {
+            let pid = 5000 + pod * 10 + i;
+            let dir = proc.join(pid.to_string());
+            write(
+                &dir.join("cgroup"),
+                &format!(
+                    "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid}.slice/\
+                     cri-containerd-{pid:064x}.scope\n"
+                ),
+            );
+            write(&dir.join("ns/net"), "");
+        }
+    }
+}
+
+fn look_into_claim_pods(c: &mut Criterion) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let proc = dir.path().join("proc");
+    procfs(&proc);
+    let roots = Roots::new(dir.path().join("sys"), &proc);
+    let wanted: BTreeSet<String> = (0..PODS).map(pod_uid).collect();
+    let mut rdma = recorded();
+    c.bench_function("dra_look_8_claim_pods", |b| {
+        b.iter(|| {
+            let (processes, _) = procs::pod_processes(black_box(&roots));
+            let seen = pod_hcas::look(&roots, &processes, &wanted, &mut rdma);
+            assert_eq!(seen.len(), PODS as usize);
+            assert!(
+                seen.iter()
+                    .all(|s| matches!(&s.ports, fabricgate_probes::runtime::Observed::Seen(p) if p.len() == 1)),
+                "{seen:?}"
+            );
+            seen
+        })
+    });
+}
+
+fn enter_one_namespace(c: &mut Criterion) {
+    let own = Path::new("/proc/self/ns/net");
+    if let Err(e) = Socket::open_in_netns(Protocol::ROUTE, own) {
+        eprintln!("open_in_netns_per_namespace left out: {own:?}: {e} (needs CAP_SYS_ADMIN)");
+        return;
+    }
+    c.bench_function("open_in_netns_per_namespace", |b| {
+        b.iter(|| Socket::open_in_netns(Protocol::ROUTE, black_box(own)).expect("socket"))
+    });
+}
+
+criterion_group!(benches, look_into_claim_pods, enter_one_namespace);
+criterion_main!(benches);
