@@ -21,18 +21,13 @@ use std::collections::BTreeSet;
 use std::hint::black_box;
 use std::path::{Path, PathBuf};
 
+#[path = "support/kubepods.rs"]
+mod kubepods;
+use kubepods::{other_processes, pod_process, pod_uid, write};
+
 const PODS: u32 = 8;
 const PROCS_PER_POD: u32 = 4;
 const OTHER_PROCS: u32 = 300;
-
-fn pod_uid(pod: u32) -> String {
-    format!("5f1d3c2e-8a4b-4f6e-9c1d-{pod:012x}")
-}
-
-fn write(path: &Path, text: &str) {
-    std::fs::create_dir_all(path.parent().expect("a parent")).expect("dir");
-    std::fs::write(path, text).expect("write");
-}
 
 /// The port dump the Soft-RoCE VM's kernel sent from the namespace holding rxe0.
 #[derive(Debug)]
@@ -60,24 +55,12 @@ fn recorded() -> Recorded {
 /// namespace, as the kernel's link does).
 fn procfs(proc: &Path) {
     write(&proc.join("self/ns/net"), "");
-    for other in 0..OTHER_PROCS {
-        write(
-            &proc.join(format!("{}/cgroup", 100 + other)),
-            "0::/system.slice/containerd.service\n",
-        );
-    }
+    other_processes(proc, OTHER_PROCS);
     for pod in 0..PODS {
-        let uid = pod_uid(pod).replace('-', "_");
         for i in 0..PROCS_PER_POD {
             let pid = 5000 + pod * 10 + i;
+            pod_process(proc, &pod_uid(pod), pid);
             let dir = proc.join(pid.to_string());
-            write(
-                &dir.join("cgroup"),
-                &format!(
-                    "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid}.slice/\
-                     cri-containerd-{pid:064x}.scope\n"
-                ),
-            );
             write(&dir.join("ns/net"), "");
         }
     }

@@ -8,6 +8,8 @@ use fabricgate_probes::Roots;
 use fabricgate_probes::runtime::{attribute, restrack};
 use std::hint::black_box;
 
+#[path = "support/kubepods.rs"]
+mod kubepods;
 #[path = "support/restrack_synth.rs"]
 mod synth;
 
@@ -16,12 +18,7 @@ fn dump_and_attribute(c: &mut Criterion) {
     let proc = dir.path().join("proc");
     let pids: Vec<u32> = (4000..4064).collect();
     for pid in &pids {
-        std::fs::create_dir_all(proc.join(pid.to_string())).expect("pid dir");
-        let cgroup = format!(
-            "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod5f1d3c2e_8a4b_\
-             4f6e_9c1d_{pid:012x}.slice/cri-containerd-{pid:064x}.scope\n"
-        );
-        std::fs::write(proc.join(format!("{pid}/cgroup")), cgroup).expect("cgroup");
+        kubepods::pod_process(&proc, &kubepods::pod_uid(*pid), *pid);
     }
     let roots = Roots::new(dir.path().join("sys"), &proc);
     // The kernel fills each dump message up to a page-sized skb: about 40 entries of this size.

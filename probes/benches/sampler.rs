@@ -16,15 +16,15 @@ use std::hint::black_box;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::Path;
 
+#[path = "support/kubepods.rs"]
+mod kubepods;
+use kubepods::{other_processes, pod_process, pod_uid, write};
+
 const PODS: u32 = 8;
 const PROCS_PER_POD: u32 = 4;
 const OTHER_PROCS: u32 = 300;
 const QPS_PER_POD: u32 = 16;
 const SOCKETS_PER_NS: u32 = 64;
-
-fn pod_uid(pod: u32) -> String {
-    format!("5f1d3c2e-8a4b-4f6e-9c1d-{pod:012x}")
-}
 
 fn pod_pid(pod: u32, i: u32) -> u32 {
     5000 + pod * 10 + i
@@ -74,11 +74,6 @@ impl Kernel for Recorded {
     }
 }
 
-fn write(path: &Path, text: &str) {
-    std::fs::create_dir_all(path.parent().expect("a parent")).expect("dir");
-    std::fs::write(path, text).expect("write");
-}
-
 /// The host's procfs as the sampler reads it.
 fn procfs(proc: &Path) {
     write(&proc.join("2/comm"), "kthreadd\n");
@@ -94,24 +89,12 @@ fn procfs(proc: &Path) {
         write(&proc.join(format!("{pid}/net/ipv6_route")), "");
         write(&proc.join(format!("{pid}/cgroup")), "0::/init.scope\n");
     }
-    for other in 0..OTHER_PROCS {
-        write(
-            &proc.join(format!("{}/cgroup", 100 + other)),
-            "0::/system.slice/containerd.service\n",
-        );
-    }
+    other_processes(proc, OTHER_PROCS);
     for pod in 0..PODS {
-        let uid = pod_uid(pod).replace('-', "_");
         for i in 0..PROCS_PER_POD {
             let pid = pod_pid(pod, i);
+            pod_process(proc, &pod_uid(pod), pid);
             let dir = proc.join(pid.to_string());
-            write(
-                &dir.join("cgroup"),
-                &format!(
-                    "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid}.slice/\
-                     cri-containerd-{pid:064x}.scope\n"
-                ),
-            );
             write(&dir.join("ns/net"), "");
             write(&dir.join("net/route"), route);
             write(&dir.join("net/fib_trie"), fib);
