@@ -5,7 +5,8 @@
 //! (`netns_vm`), the agent judging an HCA inside its DRA claim's pod's namespace
 //! (`dra_netns_vm`), and `fabricgate check`'s pods section telling an RDMA pod from one on
 //! sockets between two VMs (`transport_vm`). Each module boots
-//! its VM(s) once for all its tests.
+//! its VM(s) once for all its tests (twice when the emulated machine itself failed:
+//! `emulation`).
 
 mod common;
 
@@ -14,6 +15,8 @@ mod common;
 // with another emulated machine.
 #[path = "vm/dra_netns_vm.rs"]
 mod dra_netns_vm;
+#[path = "vm/emulation.rs"]
+mod emulation;
 #[path = "vm/events_vm.rs"]
 mod events_vm;
 #[path = "vm/gang_vm.rs"]
