@@ -1,5 +1,5 @@
 //! `common::vm_emulation_fault` on guest kernel logs kept from real runs of the peer pair
-//! (tests/fixtures/vm-faults/): what makes `run_vm_once` boot a VM run once more, and what
+//! (tests/vm/fixtures/faults/): what makes `run_vm_once` boot a VM run once more, and what
 //! must not. No VM needed.
 
 use crate::common;
@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 fn fixture(name: &str) -> PathBuf {
     common::repo_root()
-        .join("tests/fixtures/vm-faults")
+        .join("tests/vm/fixtures/faults")
         .join(name)
 }
 
