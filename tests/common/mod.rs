@@ -158,6 +158,24 @@ pub fn fixture(name: &str) -> PathBuf {
     repo_root().join("tests/fixtures").join(name)
 }
 
+/// Copy a fixture tree into `to` (made if missing), keeping its symlinks as symlinks.
+pub fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let src = entry.path();
+        let dst = to.join(entry.file_name());
+        let kind = entry.file_type().unwrap();
+        if kind.is_symlink() {
+            std::os::unix::fs::symlink(std::fs::read_link(&src).unwrap(), &dst).unwrap();
+        } else if kind.is_dir() {
+            copy_tree(&src, &dst);
+        } else {
+            std::fs::copy(&src, &dst).unwrap();
+        }
+    }
+}
+
 /// `name` on `PATH` (an executable file), without running it.
 pub fn tool(name: &str) -> Option<PathBuf> {
     use std::os::unix::fs::PermissionsExt;

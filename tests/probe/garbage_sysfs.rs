@@ -3,6 +3,7 @@
 //! (garbage bytes, non-UTF-8, empty, huge or negative numbers, NUL padding, enormous files) and
 //! removed, round after round; every round is probed, judged and rendered.
 
+use crate::common;
 use fabricgate::agent::check;
 use fabricgate::config::Config;
 use fabricgate::policy;
@@ -10,24 +11,6 @@ use fabricgate_probes::rdma::VerbsMode;
 use fabricgate_probes::{ProbeConfig, Prober, Roots};
 use std::fs;
 use std::path::{Path, PathBuf};
-
-/// Copy a fixture tree, keeping its symlinks as symlinks.
-fn copy_tree(from: &Path, to: &Path) {
-    fs::create_dir_all(to).unwrap();
-    for entry in fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let src = entry.path();
-        let dst = to.join(entry.file_name());
-        let kind = entry.file_type().unwrap();
-        if kind.is_symlink() {
-            std::os::unix::fs::symlink(fs::read_link(&src).unwrap(), &dst).unwrap();
-        } else if kind.is_dir() {
-            copy_tree(&src, &dst);
-        } else {
-            fs::copy(&src, &dst).unwrap();
-        }
-    }
-}
 
 fn files_under(dir: &Path, out: &mut Vec<PathBuf>) {
     for entry in fs::read_dir(dir).unwrap() {
@@ -94,7 +77,7 @@ fn hostile_content(rng: &mut Rng) -> Vec<u8> {
 fn hostile_sysfs_content_never_panics() {
     let tmp = tempfile::tempdir().unwrap();
     let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/ndr-8x400-healthy");
-    copy_tree(&fixture, tmp.path());
+    common::copy_tree(&fixture, tmp.path());
     let mut files = Vec::new();
     files_under(&tmp.path().join("sys/devices"), &mut files);
     assert!(files.len() > 500, "fixture copy has {} files", files.len());

@@ -13,24 +13,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// Copy a fixture tree, keeping its symlinks as symlinks.
-fn copy_tree(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let src = entry.path();
-        let dst = to.join(entry.file_name());
-        let kind = entry.file_type().unwrap();
-        if kind.is_symlink() {
-            std::os::unix::fs::symlink(std::fs::read_link(&src).unwrap(), &dst).unwrap();
-        } else if kind.is_dir() {
-            copy_tree(&src, &dst);
-        } else {
-            std::fs::copy(&src, &dst).unwrap();
-        }
-    }
-}
-
 struct Run {
     code: Option<i32>,
     json: Value,
@@ -94,7 +76,7 @@ fn port_dir(sys: &Path, dev: &str, n: u32) -> PathBuf {
 #[test]
 fn a_fifo_where_rate_should_be_is_reported_not_waited_on() {
     let tmp = tempfile::tempdir().unwrap();
-    copy_tree(&fixture("ndr-8x400-healthy"), tmp.path());
+    common::copy_tree(&fixture("ndr-8x400-healthy"), tmp.path());
     let sys = tmp.path().join("sys");
     let rate = port_dir(&sys, "mlx5_0", 1).join("rate");
     std::fs::remove_file(&rate).unwrap();
@@ -123,7 +105,7 @@ fn a_fifo_where_rate_should_be_is_reported_not_waited_on() {
 #[test]
 fn an_attribute_linked_to_dev_zero_is_reported_without_growing() {
     let tmp = tempfile::tempdir().unwrap();
-    copy_tree(&fixture("ndr-8x400-healthy"), tmp.path());
+    common::copy_tree(&fixture("ndr-8x400-healthy"), tmp.path());
     let sys = tmp.path().join("sys");
     let dir = port_dir(&sys, "mlx5_2", 1);
     for name in ["state", "counters/port_xmit_data"] {

@@ -3,7 +3,7 @@
 //! must not. No VM needed.
 
 use crate::common;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 fn fixture(name: &str) -> PathBuf {
     common::repo_root()
@@ -14,21 +14,8 @@ fn fixture(name: &str) -> PathBuf {
 /// A copy of the fixture's files laid out as a run's output folder.
 fn run_folder(name: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    copy_tree(&fixture(name), dir.path());
+    common::copy_tree(&fixture(name), dir.path());
     dir
-}
-
-fn copy_tree(from: &Path, to: &Path) {
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            std::fs::create_dir_all(&target).unwrap();
-            copy_tree(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), target).unwrap();
-        }
-    }
 }
 
 #[test]
