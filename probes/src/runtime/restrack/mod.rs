@@ -458,15 +458,7 @@ fn refused(request: &'static str, errno: i32) -> ProbeError {
 /// [`ProbeError::RdmaNetlinkUnavailable`] when the kernel has no RDMA netlink (no `ib_core`);
 /// [`ProbeError::Netlink`] for other I/O errors and bad replies.
 pub fn read_qps(socket: &mut impl NetlinkDump) -> Result<Vec<QpEntry>> {
-    let devices = parse_device_dump(&socket.dump(&device_dump_request(1)).map_err(io_error)?)?;
-    let mut out = Vec::new();
-    for (sequence, device) in (2..).zip(&devices) {
-        let reply = socket
-            .dump(&qp_dump_request(sequence, device.index))
-            .map_err(io_error)?;
-        out.extend(parse_qp_dump(&reply)?);
-    }
-    Ok(out)
+    per_device(socket, qp_dump_request, parse_qp_dump)
 }
 
 /// Every port of every RDMA device the socket's network namespace sees: a device dump, then
@@ -475,13 +467,23 @@ pub fn read_qps(socket: &mut impl NetlinkDump) -> Result<Vec<QpEntry>> {
 /// # Errors
 /// As [`read_qps`].
 pub fn read_ports(socket: &mut impl NetlinkDump) -> Result<Vec<NetlinkPort>> {
+    per_device(socket, port_dump_request, parse_port_dump)
+}
+
+/// A device dump, then one dump per device (`request(sequence, device index)`), each reply
+/// parsed with `parse`.
+fn per_device<T>(
+    socket: &mut impl NetlinkDump,
+    request: fn(u32, u32) -> Vec<u8>,
+    parse: fn(&[Vec<u8>]) -> Result<Vec<T>>,
+) -> Result<Vec<T>> {
     let devices = parse_device_dump(&socket.dump(&device_dump_request(1)).map_err(io_error)?)?;
     let mut out = Vec::new();
     for (sequence, device) in (2..).zip(&devices) {
         let reply = socket
-            .dump(&port_dump_request(sequence, device.index))
+            .dump(&request(sequence, device.index))
             .map_err(io_error)?;
-        out.extend(parse_port_dump(&reply)?);
+        out.extend(parse(&reply)?);
     }
     Ok(out)
 }
