@@ -302,8 +302,13 @@ impl Phase {
             let mine: Vec<&AuditEvent> = self.events.iter().filter(|e| e.user == user).collect();
             let mut by: BTreeMap<String, usize> = BTreeMap::new();
             for e in &mine {
-                *by.entry(format!("{} {}", e.resource_path(), e.verb))
-                    .or_default() += 1;
+                // A refused or failed request keeps its code: a breaker that listed the pool
+                // after a failed Lease read says so here.
+                let key = match e.code {
+                    0 | 200..=299 => format!("{} {}", e.resource_path(), e.verb),
+                    code => format!("{} {} {code}", e.resource_path(), e.verb),
+                };
+                *by.entry(key).or_default() += 1;
             }
             let writes = mine.iter().filter(|e| e.is_write()).count();
             let _ = writeln!(
