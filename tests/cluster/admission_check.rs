@@ -378,29 +378,33 @@ fn fill(result: &Value) -> Value {
     json!({ "spec": spec })
 }
 
-/// Member `node`'s answer, filled as its agent fills it: a merge patch of the empty answer
-/// the controller created with the check (waited for: the controller creates the answers
-/// just after the check, before it labels it for the members' watches).
+/// Member `result["node"]`'s answer, filled as its agent fills it: once the check is labelled
+/// for the member (the agent watches only such checks, labelled once the controller made
+/// every member's empty answer), a merge patch of its empty answer.
 fn answer(cp: &ControlPlane, fc: &str, result: Value) {
-    let uid = fabric_check(cp, fc).expect("the FabricCheck")["metadata"]["uid"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let name = format!("{uid}.{}", result["node"].as_str().unwrap());
-    let patch = fill(&result);
+    let node = result["node"].as_str().unwrap();
+    let label = fabricgate::node::fabriccheck::member_label(node);
     let t0 = Instant::now();
-    loop {
-        match cp.block_on(fabric_check_results(cp).patch(
-            &name,
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )) {
-            Ok(_) => return,
-            Err(kube::Error::Api(e)) if e.code == 404 && t0.elapsed() < Duration::from_secs(10) => {
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            Err(e) => panic!("fill {name}: {e}"),
+    let uid = loop {
+        let check = fabric_check(cp, fc);
+        if let Some(check) = &check
+            && check["metadata"]["labels"][&label] == "true"
+        {
+            break check["metadata"]["uid"].as_str().unwrap().to_owned();
         }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "FabricCheck {fc} not labelled for {node} in 10 s: {check:#?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let name = format!("{uid}.{node}");
+    if let Err(e) = cp.block_on(fabric_check_results(cp).patch(
+        &name,
+        &PatchParams::default(),
+        &Patch::Merge(&fill(&result)),
+    )) {
+        panic!("fill {name} of FabricCheck {fc} labelled for {node}: {e}");
     }
 }
 
@@ -901,6 +905,110 @@ fn admission_check_leader_fails_over_keeps_the_check_active_and_uses_only_its_gr
     ] {
         assert!(!can(denied), "can {denied:?}");
     }
+}
+
+/// A leader killed between creating a FabricCheck and labelling it for its members (CI,
+/// 2026-12-05: the failover test's leader died in that moment, and the agents' answers had
+/// nowhere to go) leaves a check no agent was asked: the next leader makes it again, with a
+/// whole gang.timeout, and the gang is Ready on the members' answers to it.
+#[test]
+fn admission_check_a_check_its_dead_leader_never_labelled_is_made_again() {
+    let Some(env) = setup() else { return };
+    let cp = env.cp;
+    let ns = "ac-half";
+    let nodes = ["ac-half-0", "ac-half-1"];
+    for node in nodes {
+        gpu_node(cp, node, "leaf-h", true);
+    }
+    let config = config(&env, "half", "20s");
+    let lease = "ac-half-lease";
+    let mut first = start(&env, "ac-half-a", lease, ns, &config);
+    let uid = create_workload(cp, ns, "gang", 2);
+    reserve(cp, ns, "gang", "leaf-h", &nodes, "2026-12-02T03:30:00Z");
+    let fc = fc_name(ns, "gang", &uid);
+    let labelled = |check: &Value, to: &str| {
+        nodes.iter().all(|node| {
+            let label = fabricgate::node::fabriccheck::member_label(node);
+            check["metadata"]["labels"][&label] == to
+        })
+    };
+    first.wait("the FabricCheck made", Duration::from_secs(15), || {
+        fabric_check(cp, &fc).is_some_and(|c| labelled(&c, "true"))
+    });
+    let _ = first.child.kill();
+    let _ = first.child.wait();
+    // What the leader leaves when killed just after its create: the check alone, no member
+    // asked.
+    let old = fabric_check(cp, &fc).expect("the FabricCheck");
+    let old_uid = old["metadata"]["uid"].as_str().unwrap().to_owned();
+    cp.block_on(fabric_check_results(cp).delete_collection(
+        &kube::api::DeleteParams::default(),
+        &kube::api::ListParams::default().labels(&format!(
+            "{}={old_uid}",
+            fabricgate::node::fabriccheck::CHECK_UID_LABEL
+        )),
+    ))
+    .expect("delete the answers");
+    let unlabel: serde_json::Map<String, Value> = nodes
+        .iter()
+        .map(|n| (fabricgate::node::fabriccheck::member_label(n), Value::Null))
+        .collect();
+    cp.block_on(
+        api(
+            cp,
+            "fabricgate.io",
+            "v1alpha1",
+            "FabricCheck",
+            "fabricchecks",
+            NS,
+        )
+        .patch(
+            &fc,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "metadata": { "labels": unlabel } })),
+        ),
+    )
+    .expect("unlabel the FabricCheck");
+    assert!(crate::common::fabriccheck_answers(cp, &old_uid).is_empty());
+    let left = fabric_check(cp, &fc).unwrap();
+    assert!(
+        nodes.iter().all(|n| left["metadata"]["labels"]
+            [&fabricgate::node::fabriccheck::member_label(n)]
+            .is_null()),
+        "{left:#}"
+    );
+
+    let second = start(&env, "ac-half-b", lease, ns, &config);
+    let t0 = Instant::now();
+    second.wait(
+        "the FabricCheck made again",
+        Duration::from_secs(15),
+        || {
+            fabric_check(cp, &fc)
+                .is_some_and(|c| c["metadata"]["uid"] != old_uid.as_str() && labelled(&c, "true"))
+        },
+    );
+    eprintln!(
+        "figure: half-made FabricCheck made again by the new leader {:?} after it started",
+        t0.elapsed()
+    );
+    let new = fabric_check(cp, &fc).unwrap();
+    let new_uid = new["metadata"]["uid"].as_str().unwrap();
+    assert_eq!(
+        crate::common::fabriccheck_answers(cp, new_uid).len(),
+        2,
+        "an empty answer per member"
+    );
+    assert_ne!(
+        new["spec"]["deadline"], old["spec"]["deadline"],
+        "a whole gang.timeout again"
+    );
+    assert!(second.log().contains("is made again"), "{}", second.log());
+    answer(cp, &fc, good("ac-half-0", "ac-half-1"));
+    answer(cp, &fc, good("ac-half-1", "ac-half-0"));
+    second.wait("Ready", Duration::from_secs(10), || {
+        check_state(cp, ns, "gang").0 == "Ready"
+    });
 }
 
 /// Kueue without Topology Aware Scheduling: no nodes are assigned, so no ring can be tested.

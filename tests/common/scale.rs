@@ -475,6 +475,25 @@ fn summary_counts(cp: &ControlPlane, pool: &str, nodes: usize) -> bool {
         .is_some_and(|s| s["selector"] == format!("pool={pool}") && s["nodes"] == nodes)
 }
 
+/// The guard's Lease as the agents read it: holder, renewal, duration, and the summary's size.
+fn guard_lease_state(cp: &ControlPlane) -> String {
+    let Some(lease) = cp.get_json(&format!(
+        "/apis/coordination.k8s.io/v1/namespaces/fabricgate/leases/{}",
+        fabricgate::config::DEFAULT_GUARD_LEASE
+    )) else {
+        return "not found".to_owned();
+    };
+    format!(
+        "holder {}, renewed {}, duration {} s, summary {}",
+        lease["spec"]["holderIdentity"],
+        lease["spec"]["renewTime"],
+        lease["spec"]["leaseDurationSeconds"],
+        lease["metadata"]["annotations"]["fabricgate.io/pool"]
+            .as_str()
+            .map_or("absent".to_owned(), |t| format!("{} bytes", t.len()))
+    )
+}
+
 /// What one run found; `report` has it all as text.
 pub struct ScaleRun {
     pub report: String,
@@ -554,6 +573,7 @@ pub fn run_scale(cp: &'static ControlPlane, prefix: &str, spec: &ScaleSpec) -> S
         });
     });
     let (tainted, _, held) = census.count(&leaf);
+    let lease_after_failing = guard_lease_state(cp);
     let repaired = Phase::measure(cp, "leaf repaired", || {
         for hca in &fleet.hcas()[..leaf.len()] {
             hca.set_port(true);
@@ -593,6 +613,41 @@ pub fn run_scale(cp: &'static ControlPlane, prefix: &str, spec: &ScaleSpec) -> S
         decide_bytes / 1024.0 / leaf.len().max(1) as f64,
         failing.count(FLEET_USER, "nodes", "list"),
     );
+    if failing.count(FLEET_USER, "nodes", "list") > 0 {
+        // Why an agent listed the pool rather than use the guard's summary (one not renewed
+        // within the Lease's 15 s, or removed while the guard's cache relists, is not used):
+        // the guard's Lease requests and the agents' reads, in time.
+        let timeline: Vec<String> = quiet
+            .events
+            .iter()
+            .chain(&failing.events)
+            .filter(|e| {
+                (e.user == GUARD_USER && e.resource == "leases")
+                    || (e.user == FLEET_USER
+                        && (e.resource == "leases" || (e.resource == "nodes" && e.verb == "list")))
+            })
+            .map(|e| {
+                let who = if e.user == GUARD_USER {
+                    "guard"
+                } else {
+                    "agent"
+                };
+                format!(
+                    "{} {who} {} {} {}",
+                    e.time.get(11..).unwrap_or(&e.time),
+                    e.resource,
+                    e.verb,
+                    e.code
+                )
+            })
+            .collect();
+        let _ = writeln!(
+            out,
+            "  the pool was listed; the guard's Lease after the phase: {lease_after_failing}; \
+             in time: {}",
+            timeline.join("; ")
+        );
+    }
     let fabricgate: Vec<&AuditEvent> = quiet
         .events
         .iter()

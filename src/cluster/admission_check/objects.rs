@@ -280,6 +280,9 @@ pub(super) async fn cleanup(
     let live: HashSet<String> = w.checks.state().iter().filter_map(|fc| fc.uid()).collect();
     state.deleted.retain(|uid| live.contains(uid));
     state.same_members.retain(|uid, _| live.contains(uid));
+    // Kept past a lagging store's view of it: a check is swept at twice gang.timeout anyway.
+    let made_for = s.config.gang.timeout * 2;
+    state.made.retain(|_, at| at.elapsed() <= made_for);
     let max_age = SignedDuration::try_from(s.config.gang.timeout * 2).unwrap_or_default();
     for fc in w.checks.state() {
         if state.deleted.contains(&fc.uid().unwrap_or_default()) {

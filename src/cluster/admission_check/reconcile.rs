@@ -157,6 +157,7 @@ impl Pass<'_> {
             Action::Create { name, spec } => {
                 if let Some(uid) = create_check(&checks, &name, &pending.reservation, &spec).await?
                 {
+                    state.made.insert(uid.clone(), Instant::now());
                     self.w.created(uid);
                 }
                 tracing::info!(workload = %key(wl), members = spec.members.len(), check = %name,

@@ -12,6 +12,10 @@ pub(super) struct State {
     pub(super) decided: HashMap<String, String>,
     /// FabricChecks deleted (by uid), treated as gone while the store still shows them.
     pub(super) deleted: HashSet<String>,
+    /// FabricChecks this leader finished making (uid -> when): in flight even while a store
+    /// lagging behind the label patch shows them without their member labels. One neither
+    /// here nor labelled for its members was left half-made by a leader that died making it.
+    pub(super) made: HashMap<String, Instant>,
     /// (Workload uid, reservation) -> when a pass first saw its check Pending.
     pub(super) first_seen: HashMap<(String, String), Instant>,
     /// FabricCheck uid -> (the Workload's resourceVersion, whether the check's members are

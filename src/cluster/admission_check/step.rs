@@ -197,12 +197,21 @@ pub(super) fn next(
     if let Some(fc) = existing {
         let spec: CheckSpec = serde_json::from_value(fc.data["spec"].clone()).unwrap_or_default();
         if same_check(f, state, &fc, &spec) {
-            return Plan {
-                stale: None,
-                action: in_flight(f, fc, &spec, listed),
-            };
+            let fc_uid = fc.uid().unwrap_or_default();
+            if asks_every_member(&fc, &spec) || state.made.contains_key(&fc_uid) {
+                return Plan {
+                    stale: None,
+                    action: in_flight(f, fc, &spec, listed),
+                };
+            }
+            // Left half-made by a leader that stopped between creating it and labelling it
+            // for its members: no agent was asked, so it is made again, with a whole
+            // gang.timeout (its deadline, in the immutable spec, was running out meanwhile).
+            tracing::info!(check = %fc.name_any(), uid = %fc_uid,
+                "a FabricCheck whose members were never asked (its maker stopped before \
+                 labelling it) is made again");
         }
-        // Left from an earlier reservation or an earlier Workload of that name.
+        // Left from an earlier reservation or an earlier Workload of that name, or half-made.
         stale = Some(fc);
     }
     let action = match prepare(f) {
@@ -239,6 +248,17 @@ fn same_check(f: &Facts<'_>, state: &mut State, fc: &DynamicObject, spec: &Check
             same
         }
     }
+}
+
+/// Whether `fc` is labelled for each of its members' watches: its maker finished it, and the
+/// agents were asked.
+fn asks_every_member(fc: &DynamicObject, spec: &CheckSpec) -> bool {
+    let labels = fc.labels();
+    spec.members.iter().all(|m| {
+        labels
+            .get(&fabriccheck::member_label(&m.node))
+            .is_some_and(|v| v == "true")
+    })
 }
 
 /// The check in flight `fc`: wait for its answers, look them up in the API once past its

@@ -158,8 +158,20 @@ fn check_name() -> String {
     model::fabric_check_name(NS, WL, WL_UID)
 }
 
-/// The FabricCheck in flight for `spec`, made for the reservation `reservation`.
+/// The FabricCheck in flight for `spec`, made for the reservation `reservation`: labelled
+/// for each member's watch.
 fn check(spec: &CheckSpec, reservation: &str) -> DynamicObject {
+    let mut fc = half_made(spec, reservation);
+    for m in &spec.members {
+        kube::ResourceExt::labels_mut(&mut fc)
+            .insert(fabriccheck::member_label(&m.node), "true".to_owned());
+    }
+    fc
+}
+
+/// The FabricCheck for `spec` as its maker created it, before it labelled it for the members
+/// (no agent asked yet).
+fn half_made(spec: &CheckSpec, reservation: &str) -> DynamicObject {
     serde_json::from_value(json!({
         "apiVersion": "fabricgate.io/v1alpha1", "kind": "FabricCheck",
         "metadata": { "name": check_name(), "namespace": GANG_NS, "uid": CHECK_UID,

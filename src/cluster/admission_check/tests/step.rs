@@ -516,6 +516,56 @@ fn a_check_of_another_reservation_or_other_nodes_is_replaced() {
     assert!(matches!(p.action, Action::Create { .. }), "{p:?}");
 }
 
+/// A check its maker created but never labelled for its members (the leader died in between,
+/// the Lease passed on) asks no agent: it is made again. The maker's own check, shown
+/// unlabelled by a store behind the label patch, is in flight.
+#[test]
+fn a_check_whose_members_were_never_asked_is_made_again_unless_this_leader_made_it() {
+    let spec = ring(2, "2026-12-02T03:00:30Z");
+    let left = |fc: DynamicObject| Cache {
+        checks: vec![fc],
+        ..gang(2, "1")
+    };
+    // Ten seconds after it was made, the Lease passed on.
+    let later = at("2026-12-02T03:00:20Z");
+    let p = plan_with(
+        left(half_made(&spec, RESERVED)),
+        &settings(),
+        &mut State::default(),
+        later,
+        None,
+    );
+    let stale = p.stale.expect("the half-made check deleted first");
+    assert_eq!(stale.metadata.uid.as_deref(), Some(CHECK_UID));
+    match p.action {
+        // With a deadline a whole gang.timeout from now, not the half-made one's.
+        Action::Create { name, spec } => {
+            assert_eq!(name, check_name());
+            assert_eq!(spec, ring(2, "2026-12-02T03:00:40Z"));
+        }
+        a => panic!("{a:?}"),
+    }
+    // Labelled for one member of two: not asked either.
+    let mut one = half_made(&spec, RESERVED);
+    kube::ResourceExt::labels_mut(&mut one)
+        .insert(fabriccheck::member_label(&host(0)), "true".to_owned());
+    assert!(plan(left(one)).stale.is_some());
+
+    let mut state = State::default();
+    state
+        .made
+        .insert(CHECK_UID.to_owned(), std::time::Instant::now());
+    let p = plan_with(
+        left(half_made(&spec, RESERVED)),
+        &settings(),
+        &mut state,
+        now(),
+        None,
+    );
+    assert!(p.stale.is_none(), "{p:?}");
+    assert!(matches!(p.action, Action::Wait(_)), "{p:?}");
+}
+
 #[test]
 fn members_are_matched_once_per_version_and_a_state_written_once() {
     let mut state = State::default();
