@@ -422,18 +422,7 @@ pub fn run_vm_once(
     };
     let (mut status, out) = boot();
     if let Some(fault) = vm_emulation_fault(&out) {
-        let first = out.with_file_name(format!("{name}.first-boot"));
-        let _ = std::fs::remove_dir_all(&first);
-        let kept = match std::fs::rename(&out, &first) {
-            Ok(()) => format!("its files: {}", first.display()),
-            Err(e) => format!("its files could not be kept ({e})"),
-        };
-        // Past libtest's capture: a second boot is said in every run's output, pass or fail.
-        let _ = writeln!(
-            std::io::stderr(),
-            "{name}: the emulated machine failed, not what ran in it ({fault}); booting it \
-             once more ({kept})"
-        );
+        keep_first_boot(name, &out, &fault);
         status = boot().0;
         if let Some(again) = vm_emulation_fault(&out) {
             let _ = writeln!(std::io::stderr(), "{name}: again: {again}");
@@ -445,6 +434,23 @@ pub fn run_vm_once(
         out.display()
     );
     Ok(out)
+}
+
+/// Before booting VM run `name` once more after the emulated machine's `fault`: its first
+/// boot's folder `out` kept as `<name>.first-boot` beside it, and the second boot said on
+/// stderr, past libtest's capture (so in a passing run's output too).
+pub fn keep_first_boot(name: &str, out: &Path, fault: &str) {
+    let first = out.with_file_name(format!("{name}.first-boot"));
+    let _ = std::fs::remove_dir_all(&first);
+    let kept = match std::fs::rename(out, &first) {
+        Ok(()) => format!("its files: {}", first.display()),
+        Err(e) => format!("its files could not be kept ({e})"),
+    };
+    let _ = writeln!(
+        std::io::stderr(),
+        "{name}: the emulated machine failed, not what ran in it ({fault}); booting it once \
+         more ({kept})"
+    );
 }
 
 /// A fault of the emulated machine itself, not of what runs in it, from the guests' kernel
