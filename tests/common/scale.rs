@@ -475,6 +475,57 @@ fn summary_counts(cp: &ControlPlane, pool: &str, nodes: usize) -> bool {
         .is_some_and(|s| s["selector"] == format!("pool={pool}") && s["nodes"] == nodes)
 }
 
+/// The in-process agents' breaker log (`fabricgate::node::breaker`, info and above), kept
+/// from the first run on: their own word on why one listed the pool ("no summary from the
+/// guard: ..."), for the report. At most 1 MiB; the fleet logs nothing else here.
+fn breaker_log() -> &'static std::sync::Mutex<Vec<u8>> {
+    static LOG: std::sync::Mutex<Vec<u8>> = std::sync::Mutex::new(Vec::new());
+    static INSTALL: std::sync::Once = std::sync::Once::new();
+    struct Append;
+    impl std::io::Write for Append {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            let mut log = LOG
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if log.len() + buf.len() <= 1 << 20 {
+                log.extend_from_slice(buf);
+            }
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    INSTALL.call_once(|| {
+        let subscriber = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(
+                "fabricgate::node::breaker=info",
+            ))
+            .with_ansi(false)
+            .with_writer(|| Append)
+            .finish();
+        // Another subscriber set first (none is in these binaries) only loses the lines.
+        let _ = tracing::subscriber::set_global_default(subscriber);
+    });
+    &LOG
+}
+
+/// The breaker log's lines about any of `nodes` that say why the pool was listed.
+fn why_listed(nodes: &[String]) -> Vec<String> {
+    let log = breaker_log()
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    String::from_utf8_lossy(&log)
+        .lines()
+        .filter(|l| {
+            (l.contains("no summary from the guard") || l.contains("cannot list the pool"))
+                && l.split_whitespace()
+                    .any(|word| nodes.iter().any(|n| word == format!("node={n}")))
+        })
+        .map(str::to_owned)
+        .collect()
+}
+
 /// The guard's Lease as the agents read it: holder, renewal, duration, and the summary's size.
 fn guard_lease_state(cp: &ControlPlane) -> String {
     let Some(lease) = cp.get_json(&format!(
@@ -512,6 +563,7 @@ pub struct ScaleRun {
 /// One run: fill, start, quiet, a leaf fails, its repair.
 pub fn run_scale(cp: &'static ControlPlane, prefix: &str, spec: &ScaleSpec) -> ScaleRun {
     let _one = super::fleet::exclusive();
+    breaker_log();
     let mut out = String::new();
     let size = serde_json::to_vec(&gpu_node(&format!("{prefix}-00000"), prefix, false))
         .map_or(0, |v| v.len());
@@ -644,8 +696,9 @@ pub fn run_scale(cp: &'static ControlPlane, prefix: &str, spec: &ScaleSpec) -> S
         let _ = writeln!(
             out,
             "  the pool was listed; the guard's Lease after the phase: {lease_after_failing}; \
-             in time: {}",
-            timeline.join("; ")
+             in time: {}; the agents' word: {:?}",
+            timeline.join("; "),
+            why_listed(&leaf)
         );
     }
     let fabricgate: Vec<&AuditEvent> = quiet
