@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 
 #[path = "support/kubepods.rs"]
 mod kubepods;
-use kubepods::{other_processes, pod_process, pod_uid, write};
+use kubepods::{other_processes, pod_pid, pod_process, pod_uid, write};
 
 const PODS: u32 = 8;
 const PROCS_PER_POD: u32 = 4;
@@ -58,7 +58,7 @@ fn procfs(proc: &Path) {
     other_processes(proc, OTHER_PROCS);
     for pod in 0..PODS {
         for i in 0..PROCS_PER_POD {
-            let pid = 5000 + pod * 10 + i;
+            let pid = pod_pid(pod, i);
             pod_process(proc, &pod_uid(pod), pid);
             let dir = proc.join(pid.to_string());
             write(&dir.join("ns/net"), "");

@@ -18,17 +18,13 @@ use std::path::Path;
 
 #[path = "support/kubepods.rs"]
 mod kubepods;
-use kubepods::{other_processes, pod_process, pod_uid, write};
+use kubepods::{other_processes, pod_pid, pod_process, pod_uid, write};
 
 const PODS: u32 = 8;
 const PROCS_PER_POD: u32 = 4;
 const OTHER_PROCS: u32 = 300;
 const QPS_PER_POD: u32 = 16;
 const SOCKETS_PER_NS: u32 = 64;
-
-fn pod_pid(pod: u32, i: u32) -> u32 {
-    5000 + pod * 10 + i
-}
 
 #[derive(Debug)]
 struct Recorded {

@@ -15,6 +15,11 @@ pub fn pod_uid(pod: u32) -> String {
     format!("5f1d3c2e-8a4b-4f6e-9c1d-{pod:012x}")
 }
 
+/// The PID of process `i` of the bench's pod number `pod` (10 per pod, from 5000 on).
+pub fn pod_pid(pod: u32, i: u32) -> u32 {
+    5000 + pod * 10 + i
+}
+
 /// `<proc>/<pid>/cgroup` of a container process of the pod `uid`.
 pub fn pod_process(proc: &Path, uid: &str, pid: u32) {
     let uid = uid.replace('-', "_");
