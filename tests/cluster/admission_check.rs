@@ -319,14 +319,8 @@ fn reserved_gang(
     });
     // Labelled for each member, whose agent watches only the checks labelled for its Node,
     // once every member's empty answer is there (issue 41, edge C).
-    let labelled = |check: &Value| {
-        nodes.iter().all(|node| {
-            let label = fabricgate::node::fabriccheck::member_label(node);
-            check["metadata"]["labels"][&label] == "true"
-        })
-    };
     c.wait("the FabricCheck labelled", Duration::from_secs(10), || {
-        fabric_check(cp, &fc).is_some_and(|check| labelled(&check))
+        fabric_check(cp, &fc).is_some_and(|check| labelled_for(&check, nodes))
     });
     let check = fabric_check(cp, &fc).expect("the FabricCheck");
     let uid = check["metadata"]["uid"].as_str().unwrap_or_default();
@@ -378,17 +372,24 @@ fn fill(result: &Value) -> Value {
     json!({ "spec": spec })
 }
 
+/// Whether FabricCheck `check` is labelled for the watch of each of `nodes`' agents.
+fn labelled_for(check: &Value, nodes: &[&str]) -> bool {
+    nodes.iter().all(|node| {
+        let label = fabricgate::node::fabriccheck::member_label(node);
+        check["metadata"]["labels"][&label] == "true"
+    })
+}
+
 /// Member `result["node"]`'s answer, filled as its agent fills it: once the check is labelled
 /// for the member (the agent watches only such checks, labelled once the controller made
 /// every member's empty answer), a merge patch of its empty answer.
 fn answer(cp: &ControlPlane, fc: &str, result: Value) {
     let node = result["node"].as_str().unwrap();
-    let label = fabricgate::node::fabriccheck::member_label(node);
     let t0 = Instant::now();
     let uid = loop {
         let check = fabric_check(cp, fc);
         if let Some(check) = &check
-            && check["metadata"]["labels"][&label] == "true"
+            && labelled_for(check, &[node])
         {
             break check["metadata"]["uid"].as_str().unwrap().to_owned();
         }
@@ -926,14 +927,8 @@ fn admission_check_a_check_its_dead_leader_never_labelled_is_made_again() {
     let uid = create_workload(cp, ns, "gang", 2);
     reserve(cp, ns, "gang", "leaf-h", &nodes, "2026-12-02T03:30:00Z");
     let fc = fc_name(ns, "gang", &uid);
-    let labelled = |check: &Value, to: &str| {
-        nodes.iter().all(|node| {
-            let label = fabricgate::node::fabriccheck::member_label(node);
-            check["metadata"]["labels"][&label] == to
-        })
-    };
     first.wait("the FabricCheck made", Duration::from_secs(15), || {
-        fabric_check(cp, &fc).is_some_and(|c| labelled(&c, "true"))
+        fabric_check(cp, &fc).is_some_and(|c| labelled_for(&c, &nodes))
     });
     let _ = first.child.kill();
     let _ = first.child.wait();
@@ -984,8 +979,9 @@ fn admission_check_a_check_its_dead_leader_never_labelled_is_made_again() {
         "the FabricCheck made again",
         Duration::from_secs(15),
         || {
-            fabric_check(cp, &fc)
-                .is_some_and(|c| c["metadata"]["uid"] != old_uid.as_str() && labelled(&c, "true"))
+            fabric_check(cp, &fc).is_some_and(|c| {
+                c["metadata"]["uid"] != old_uid.as_str() && labelled_for(&c, &nodes)
+            })
         },
     );
     eprintln!(

@@ -3,10 +3,12 @@
 //! sixth failing node does not taint it and says why, and taints once the pool recovers.
 
 use crate::common::controlplane::{AuditEvent, ControlPlane};
-use crate::common::guard::{GUARD_NS, Guard, shipped_lease, start_guard};
+use crate::common::guard::{
+    GUARD_NS, Guard, published_pool, shipped_guard_lease, shipped_lease, start_guard,
+};
 use crate::common::sysfs::FakeHca;
 use crate::common::{TAINT, TestNode, control_plane, wait_until};
-use serde_json::{Value, json};
+use serde_json::json;
 use std::time::Duration;
 
 const POOL: &str = "fabricgate.io/test-pool";
@@ -122,21 +124,6 @@ fn ten_nodes_at_one_half_the_sixth_failing_node_is_not_tainted_and_recovery_unta
     drop(agent);
 }
 
-/// The guard's Lease as the agents read it (the shipped name, in the agent's namespace).
-fn guard_lease(cp: &ControlPlane) -> Option<Value> {
-    cp.get_json(&format!(
-        "/apis/coordination.k8s.io/v1/namespaces/{GUARD_NS}/leases/{}",
-        fabricgate::config::DEFAULT_GUARD_LEASE
-    ))
-}
-
-/// The pool summary the guard's leader publishes there (`fabricgate.io/pool`), parsed.
-fn published(cp: &ControlPlane) -> Option<Value> {
-    let lease = guard_lease(cp)?;
-    let text = lease["metadata"]["annotations"]["fabricgate.io/pool"].as_str()?;
-    serde_json::from_str(text).ok()
-}
-
 /// The shipped guard (deploy/guard.yaml, its ServiceAccount's token) over the pool
 /// `selector`, with `breaker` lines under `node.breaker:`, on the shipped Lease; its agent
 /// pods are never there, but it would taint for that only after an hour. Returns once its
@@ -196,7 +183,7 @@ fn pool_guard_renewing(
     guard.wait(
         "the pool summary published",
         Duration::from_secs(40),
-        || published(cp).is_some_and(|p| p["selector"] == selector),
+        || published_pool(cp).is_some_and(|p| p["selector"] == selector),
     );
     guard
 }
@@ -218,12 +205,14 @@ fn the_breaker_counts_the_pool_from_the_guards_summary_without_listing_it() {
         "the validated node counted",
         Duration::from_secs(10),
         || {
-            published(cp).is_some_and(|p| {
+            published_pool(cp).is_some_and(|p| {
                 p["nodes"] == 10 && p["taintedOld"].as_array().is_some_and(|t| t.len() == 5)
             })
         },
     );
-    let lease_bytes = serde_json::to_vec(&guard_lease(cp).unwrap()).unwrap().len();
+    let lease_bytes = serde_json::to_vec(&shipped_guard_lease(cp).unwrap())
+        .unwrap()
+        .len();
 
     // The port fails: 6 of 10 would be tainted.
     let mark = cp.audit_mark();
@@ -536,7 +525,7 @@ fn a_burst_of_eight_failures_taints_exactly_max_new_per_window() {
     guard.wait(
         "the validated pool published",
         Duration::from_secs(20),
-        || published(cp).is_some_and(|p| p["nodes"] == 8 && p.get("taintedOld").is_none()),
+        || published_pool(cp).is_some_and(|p| p["nodes"] == 8 && p.get("taintedOld").is_none()),
     );
     let mark = cp.audit_mark();
     for hca in &hcas {
@@ -855,7 +844,7 @@ fn a_sixth_failing_a_second_after_a_burst_is_held_at_one_half() {
         Duration::from_secs(40),
         Duration::from_millis(20),
         || {
-            published(cp).is_some_and(|p| {
+            published_pool(cp).is_some_and(|p| {
                 p["selector"] == format!("{POOL}=frac")
                     && p["nodes"] == 10
                     && p["taintedOld"].as_array().is_some_and(|t| t.len() == 2)
@@ -913,7 +902,7 @@ fn a_whole_pool_failing_at_once_is_tainted_to_exactly_one_half() {
     guard.wait(
         "the validated pool published",
         Duration::from_secs(20),
-        || published(cp).is_some_and(|p| p["nodes"] == 16 && p.get("taintedOld").is_none()),
+        || published_pool(cp).is_some_and(|p| p["nodes"] == 16 && p.get("taintedOld").is_none()),
     );
     for hca in &hcas {
         hca.set_port(false);

@@ -2,6 +2,7 @@
 //! agent's namespace, its log in a file. Used by the guard's own tests and by the breaker's
 //! (the guard publishes the pool summary the agents' breakers read).
 
+use super::controlplane::ControlPlane;
 use super::wait::{last_lines, poll_until};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -108,6 +109,21 @@ pub fn start_guard(
         log,
         identity: identity.to_owned(),
     }
+}
+
+/// The guard's Lease as the agents read it (the shipped name, in the agent's namespace).
+pub fn shipped_guard_lease(cp: &ControlPlane) -> Option<serde_json::Value> {
+    cp.get_json(&format!(
+        "/apis/coordination.k8s.io/v1/namespaces/{GUARD_NS}/leases/{}",
+        fabricgate::config::DEFAULT_GUARD_LEASE
+    ))
+}
+
+/// The pool summary the guard's leader publishes there (`fabricgate.io/pool`), parsed.
+pub fn published_pool(cp: &ControlPlane) -> Option<serde_json::Value> {
+    let lease = shipped_guard_lease(cp)?;
+    let text = lease["metadata"]["annotations"]["fabricgate.io/pool"].as_str()?;
+    serde_json::from_str(text).ok()
 }
 
 /// Held by a test that runs a guard on the shipped Lease name (`fabricgate-guard`, the only

@@ -463,15 +463,7 @@ fn spawn_guard(cp: &'static ControlPlane, fleet: &Fleet, pool: &str) {
 
 /// Whether the guard's Lease holds a summary of `pool` counting `nodes` Nodes.
 fn summary_counts(cp: &ControlPlane, pool: &str, nodes: usize) -> bool {
-    let Some(lease) = cp.get_json(&format!(
-        "/apis/coordination.k8s.io/v1/namespaces/fabricgate/leases/{}",
-        fabricgate::config::DEFAULT_GUARD_LEASE
-    )) else {
-        return false;
-    };
-    lease["metadata"]["annotations"]["fabricgate.io/pool"]
-        .as_str()
-        .and_then(|t| serde_json::from_str::<Value>(t).ok())
+    super::guard::published_pool(cp)
         .is_some_and(|s| s["selector"] == format!("pool={pool}") && s["nodes"] == nodes)
 }
 
@@ -528,10 +520,7 @@ fn why_listed(nodes: &[String]) -> Vec<String> {
 
 /// The guard's Lease as the agents read it: holder, renewal, duration, and the summary's size.
 fn guard_lease_state(cp: &ControlPlane) -> String {
-    let Some(lease) = cp.get_json(&format!(
-        "/apis/coordination.k8s.io/v1/namespaces/fabricgate/leases/{}",
-        fabricgate::config::DEFAULT_GUARD_LEASE
-    )) else {
+    let Some(lease) = super::guard::shipped_guard_lease(cp) else {
         return "not found".to_owned();
     };
     format!(
@@ -638,6 +627,7 @@ pub fn run_scale(cp: &'static ControlPlane, prefix: &str, spec: &ScaleSpec) -> S
     for p in [&start, &validated, &quiet, &failing, &repaired] {
         p.report(&mut out);
     }
+    let pool_lists = failing.count(FLEET_USER, "nodes", "list");
     let decide_requests: usize = [
         "leases get",
         "configmaps get",
@@ -663,9 +653,9 @@ pub fn run_scale(cp: &'static ControlPlane, prefix: &str, spec: &ScaleSpec) -> S
         failing.took.as_secs_f64(),
         decide_requests as f64 / leaf.len().max(1) as f64,
         decide_bytes / 1024.0 / leaf.len().max(1) as f64,
-        failing.count(FLEET_USER, "nodes", "list"),
+        pool_lists,
     );
-    if failing.count(FLEET_USER, "nodes", "list") > 0 {
+    if pool_lists > 0 {
         // Why an agent listed the pool rather than use the guard's summary (one not renewed
         // within the Lease's 15 s, or removed while the guard's cache relists, is not used):
         // the guard's Lease requests and the agents' reads, in time.
@@ -738,7 +728,7 @@ pub fn run_scale(cp: &'static ControlPlane, prefix: &str, spec: &ScaleSpec) -> S
         tainted,
         held,
         decide_requests,
-        pool_lists: failing.count(FLEET_USER, "nodes", "list"),
+        pool_lists,
         steady_requests: steady,
         steady_writes,
     }
