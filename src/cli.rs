@@ -280,6 +280,12 @@ pub struct GuardArgs {
     /// changes at once).
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
     pub poll_interval: std::time::Duration,
+    /// How often the leader proves again that its admission policy confines it to the pool:
+    /// a server-side dry run of its taint on a Node outside the pool must be refused (a
+    /// deleted requirements ConfigMap or an edited policy lifts that). Also at each
+    /// leadership's start.
+    #[arg(long, default_value = "3m", value_parser = humantime::parse_duration)]
+    pub prove_every: std::time::Duration,
     /// Name of the coordination.k8s.io Lease the replicas elect a leader on.
     #[arg(long, default_value = "fabricgate-guard")]
     pub lease_name: String,

@@ -312,6 +312,7 @@ fn run_guard(args: GuardArgs) -> anyhow::Result<u8> {
             pod_selector: args.pod_selector,
             stale_after: args.stale_after,
             poll_interval: args.poll_interval,
+            prove_every: args.prove_every,
             lease_name: args.lease_name,
             lease_duration: args.lease_duration,
             identity,

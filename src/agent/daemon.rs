@@ -276,6 +276,7 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
         config,
         client,
         node,
+        &agent.namespace,
         agent.dry_run,
         agent.prober.roots().clone(),
         metrics,

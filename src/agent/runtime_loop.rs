@@ -13,8 +13,8 @@ use crate::observe::metrics::Metrics;
 use crate::observe::pods::PodSample;
 use crate::policy::transport::{PodVerdict, judge_pod};
 use fabricgate_probes::Roots;
-use fabricgate_probes::runtime::PodTransportFacts;
 use fabricgate_probes::runtime::sample::{PodSampler, RemoteScope, SampleRequest};
+use fabricgate_probes::runtime::{Observed, PodTransportFacts};
 use k8s_openapi::api::core::v1::Pod;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -30,10 +30,12 @@ pub struct RuntimeJobs {
 
 /// Start the pods watch, the Nodes watch and the judging loop; nothing while
 /// `runtime.enabled` is false or without a cluster.
+#[allow(clippy::too_many_arguments)]
 pub fn start(
     config: &Config,
     clients: Option<&crate::node::Clients>,
     node: &str,
+    own_namespace: &str,
     dry_run: bool,
     roots: Roots,
     metrics: &Arc<Metrics>,
@@ -61,6 +63,7 @@ pub fn start(
     };
     let judging = |sampler| Judging {
         config: config.clone(),
+        own_namespace: own_namespace.to_owned(),
         pods: pods_rx,
         nodes: nodes_rx,
         writer,
@@ -87,7 +90,7 @@ pub fn start(
             tokio::spawn(remote_nodes_once_judged(
                 watch_client,
                 node.to_owned(),
-                config.clone(),
+                (config.clone(), own_namespace.to_owned()),
                 pods_for_nodes,
                 nodes_tx,
             )),
@@ -102,13 +105,13 @@ pub fn start(
 async fn remote_nodes_once_judged(
     client: kube::Client,
     node: String,
-    config: Config,
+    (config, own_namespace): (Config, String),
     mut pods: watch::Receiver<BTreeMap<String, Pod>>,
     tx: watch::Sender<RemoteNodes>,
 ) {
     let judged = |m: &BTreeMap<String, Pod>| {
         m.values()
-            .any(|p| is_judged(p, &config.kubernetes, &config.runtime))
+            .any(|p| is_judged(p, &config.kubernetes, &config.runtime, &own_namespace))
     };
     if pods.wait_for(judged).await.is_err() {
         return;
@@ -118,6 +121,8 @@ async fn remote_nodes_once_judged(
 
 struct Judging {
     config: Config,
+    /// The agent's namespace: its own pods there are never judged.
+    own_namespace: String,
     pods: watch::Receiver<BTreeMap<String, Pod>>,
     nodes: watch::Receiver<RemoteNodes>,
     writer: PodWriter,
@@ -149,7 +154,14 @@ impl Judging {
             .pods
             .borrow()
             .values()
-            .filter(|p| is_judged(p, &self.config.kubernetes, &self.config.runtime))
+            .filter(|p| {
+                is_judged(
+                    p,
+                    &self.config.kubernetes,
+                    &self.config.runtime,
+                    &self.own_namespace,
+                )
+            })
             .filter_map(JudgedPod::of)
             .collect();
         let remote = self.nodes.borrow().clone();
@@ -165,19 +177,27 @@ impl Judging {
                 pod_cidrs: remote.pod_cidrs,
             },
         };
-        let sampler = Arc::clone(&self.sampler);
-        let facts = match tokio::task::spawn_blocking(move || {
-            sampler
-                .lock()
-                .map(|mut s| s.sample(&request))
-                .unwrap_or_default()
-        })
-        .await
-        {
-            Ok(f) => f,
-            Err(e) => {
-                tracing::warn!(error = %e, "the pod sampler's thread failed; next window");
-                return;
+        let facts = match self.sample(request).await {
+            Ok(facts) => facts,
+            Err(why) => {
+                // Every judged pod unknown for this window: never a condition left as it was
+                // (a False one would still be acted on), never a node verdict.
+                if let Some(m) = &self.metrics.pods {
+                    m.sampler_missed();
+                }
+                tracing::warn!("{why}; the judged pods are unknown for this window");
+                judged
+                    .iter()
+                    .map(|p| PodTransportFacts {
+                        pod_uid: p.uid.clone(),
+                        qps: Observed::Unseen {
+                            reason: why.clone(),
+                        },
+                        internode_tcp: Observed::Unseen {
+                            reason: why.clone(),
+                        },
+                    })
+                    .collect()
             }
         };
         let facts: BTreeMap<&str, &PodTransportFacts> =
@@ -202,6 +222,34 @@ impl Judging {
                     transport = %v.transport, why = %v.why, writes = n, "pod transport changed"),
                 Err(e) => tracing::warn!(error = %e, "pod transport write failed; next window"),
             }
+        }
+    }
+
+    /// The pods' facts of this window, from the sampler on a blocking thread, within
+    /// `runtime.window`. `Err` says why there are none: the sample missed the deadline (the
+    /// thread goes on; while it runs, later windows find the sampler busy and miss too, so a
+    /// wedged look never stacks threads), or the thread failed.
+    async fn sample(&self, request: SampleRequest) -> Result<Vec<PodTransportFacts>, String> {
+        let sampler = Arc::clone(&self.sampler);
+        let work = tokio::task::spawn_blocking(move || match sampler.try_lock() {
+            Ok(mut s) => Some(s.sample(&request)),
+            Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner().sample(&request)),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        });
+        let deadline = self.config.runtime.window;
+        match tokio::time::timeout(deadline, work).await {
+            Ok(Ok(Some(facts))) => Ok(facts),
+            Ok(Ok(None)) => Err(
+                "the pod sampler is still busy with an earlier window (a look into a pod that \
+                 does not return)"
+                    .to_owned(),
+            ),
+            Ok(Err(e)) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Ok(Err(e)) => Err(format!("the pod sampler's thread failed: {e}")),
+            Err(_) => Err(format!(
+                "the pod sample did not finish within runtime.window ({})",
+                humantime::format_duration(deadline)
+            )),
         }
     }
 

@@ -244,12 +244,8 @@ impl PoolBreaker {
         )
     }
 
-    /// Decide again under the ledger's compare-and-swap, with `count` (the pool as `pool`
-    /// shows it) raised by the reservations it cannot show yet
-    /// ([`breaker::count_with_ledger`]), and reserve this node's new taint if it may be
-    /// tainted. Every agent's new taint goes through here, so neither cap can be passed by
-    /// agents deciding at once: a conflict means another reserved meanwhile, and the retry
-    /// counts it.
+    /// Decide again under the ledger's compare-and-swap ([`reserve`]) and reserve this
+    /// node's new taint if it may be tainted.
     async fn reserve(
         &self,
         pool: &breaker::PoolSummary,
@@ -260,51 +256,96 @@ impl PoolBreaker {
         let Some(ledger) = &self.ledger else {
             return Ok(breaker::TaintDecision::Taint);
         };
-        let settings = &self.settings.breaker;
-        // Conflicts mean others reserved meanwhile: each retry reads their entries.
-        for round in 0..RESERVE_ROUNDS {
-            outcome.requests += 1;
-            let mut cm = ledger.get(breaker::LEDGER).await?;
-            let now = Timestamp::now();
-            let data = cm.data.clone().unwrap_or_default();
-            let exact = breaker::count_with_ledger(
-                count,
-                &data,
-                &self.node_name,
-                pool,
-                settings.window,
-                &now,
-            );
-            let decision = breaker::taint_decision(settings, Some(&exact), false, annotation);
-            if decision != breaker::TaintDecision::Taint {
-                return Ok(decision);
-            }
-            cm.data = Some(breaker::ledger_with(
-                &data,
-                &self.node_name,
-                &self.settings.pool_selector,
-                settings.window,
-                &now,
-            ));
-            // Counted whatever the answer (as the taint's write is).
-            outcome.requests += 1;
-            match ledger
-                .replace(breaker::LEDGER, &PostParams::default(), &cm)
-                .await
-            {
-                Ok(_) => {
-                    outcome.writes += 1;
-                    self.metrics.record_node_write("ledger");
-                    return Ok(breaker::TaintDecision::Taint);
-                }
-                Err(kube::Error::Api(e)) if e.code == 409 => {
-                    let pause = conflict_pause_ms(&self.node_name, round);
-                    tokio::time::sleep(Duration::from_millis(pause)).await;
-                }
-                Err(e) => return Err(e),
-            }
+        let slot = Slot {
+            node: &self.node_name,
+            pool_selector: &self.settings.pool_selector,
+            settings: &self.settings.breaker,
+            override_annotation: annotation,
+        };
+        let mut writes = 0;
+        let decision = reserve(
+            ledger,
+            &slot,
+            pool,
+            count,
+            &mut outcome.requests,
+            &mut writes,
+        )
+        .await;
+        if writes > 0 {
+            outcome.writes += writes;
+            self.metrics.record_node_write("ledger");
         }
-        // Still contended after every round: the burst is large; hold back (fail safe).
-        Ok(breaker::contended_decision(RESERVE_ROUNDS, annotation))
+        decision
     }
+}
+
+/// Whose new taint [`reserve`] reserves, and under which breaker.
+pub(crate) struct Slot<'a> {
+    /// The Node to taint (its entry's key).
+    pub node: &'a str,
+    /// `node.pool_selector`: the pool the entry is made in.
+    pub pool_selector: &'a str,
+    pub settings: &'a crate::config::BreakerSettings,
+    /// The Node's override annotation, for the message of a held taint.
+    pub override_annotation: &'a str,
+}
+
+/// Decide again under the ledger's compare-and-swap, with `count` (the pool as `pool` shows
+/// it) raised by the reservations it cannot show yet ([`breaker::count_with_ledger`]), and
+/// reserve the new taint of `slot.node` if it may be tainted. Every new taint goes through
+/// here, the agents' and the guard's, so neither cap can be passed by deciding at once: a
+/// conflict means another reserved meanwhile, and the retry counts it. `requests` and
+/// `writes` count what was sent and what was written.
+pub(crate) async fn reserve(
+    ledger: &Api<ConfigMap>,
+    slot: &Slot<'_>,
+    pool: &breaker::PoolSummary,
+    count: breaker::PoolCount,
+    requests: &mut u32,
+    writes: &mut u32,
+) -> std::result::Result<breaker::TaintDecision, kube::Error> {
+    let settings = slot.settings;
+    // Conflicts mean others reserved meanwhile: each retry reads their entries.
+    for round in 0..RESERVE_ROUNDS {
+        *requests += 1;
+        let mut cm = ledger.get(breaker::LEDGER).await?;
+        let now = Timestamp::now();
+        let data = cm.data.clone().unwrap_or_default();
+        let exact =
+            breaker::count_with_ledger(count, &data, slot.node, pool, settings.window, &now);
+        let decision =
+            breaker::taint_decision(settings, Some(&exact), false, slot.override_annotation);
+        if decision != breaker::TaintDecision::Taint {
+            return Ok(decision);
+        }
+        cm.data = Some(breaker::ledger_with(
+            &data,
+            slot.node,
+            slot.pool_selector,
+            settings.window,
+            &now,
+        ));
+        // Counted whatever the answer (as the taint's write is).
+        *requests += 1;
+        match ledger
+            .replace(breaker::LEDGER, &PostParams::default(), &cm)
+            .await
+        {
+            Ok(_) => {
+                *writes += 1;
+                return Ok(breaker::TaintDecision::Taint);
+            }
+            Err(kube::Error::Api(e)) if e.code == 409 => {
+                let pause = conflict_pause_ms(slot.node, round);
+                tokio::time::sleep(Duration::from_millis(pause)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    // Still contended after every round: the burst is large; hold back (fail safe).
+    Ok(breaker::contended_decision(
+        RESERVE_ROUNDS,
+        slot.override_annotation,
+    ))
 }

@@ -14,7 +14,7 @@
 //! `client` builds the two API clients the agent uses. `fabriccheck` holds the gang
 //! pre-flight's resources, shared by the agents and `fabricgate admission-check`.
 
-mod breaker;
+pub(crate) mod breaker;
 mod client;
 pub mod dra;
 pub mod fabriccheck;

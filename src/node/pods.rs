@@ -12,8 +12,6 @@ use serde_json::{Value, json};
 
 /// The pod condition the agents own (and only it: deploy/overlays/runtime-transport/pod-transport-policy.yaml).
 pub const CONDITION_TYPE: &str = "fabricgate.io/TransportReady";
-/// The label of the agent DaemonSet's pods (value `fabricgate`): never judged.
-pub const OWN_NAME_LABEL: &str = "app.kubernetes.io/name";
 /// The Event on the pod and its controller owner when a pod goes to sockets.
 pub const EVENT_REASON: &str = "TransportFallback";
 
@@ -38,16 +36,33 @@ pub struct Owner {
     pub uid: String,
 }
 
+/// Whether `pod` is one of fabricgate's own: in the agent's namespace (`own_namespace`) and
+/// controlled by a DaemonSet there. Never by a label: any tenant can label a pod
+/// `app.kubernetes.io/name: fabricgate`, or set an owner reference in its own namespace, but
+/// only the cluster's admins create pods in fabricgate's namespace.
+pub fn is_own_pod(pod: &Pod, own_namespace: &str) -> bool {
+    !own_namespace.is_empty()
+        && pod.metadata.namespace.as_deref() == Some(own_namespace)
+        && pod.metadata.owner_references.iter().flatten().any(|o| {
+            o.controller == Some(true) && o.kind == "DaemonSet" && o.api_version == "apps/v1"
+        })
+}
+
 /// Why a pod is judged: it requests one of `kubernetes.rdma_resources` (requests or limits of
 /// any container, init containers included), holds a resource claim while
 /// `kubernetes.dra.drivers` is set, or matches `runtime.pod_selector`. The DRA test is an
 /// approximation: the pod's claims do not name their driver (the ResourceClaim does), so any
 /// claim counts; judging one pod too many costs one metric series, never a write (an idle pod
-/// gets no condition change). A finished pod is never judged, nor fabricgate's own pods
-/// (label `app.kubernetes.io/name: fabricgate`): the agent requests the RDMA resource itself
-/// (for the devices it probes) and its side channel talks TCP to other nodes, so judged it could
-/// be found "on sockets" and, with `runtime.on_sockets: evict`, evicted by the guard.
-pub fn is_judged(pod: &Pod, kube: &KubernetesRequirements, runtime: &RuntimeSettings) -> bool {
+/// gets no condition change). A finished pod is never judged, nor the agent's own pods
+/// ([`is_own_pod`]): the agent requests the RDMA resource itself (for the devices it probes)
+/// and its side channel talks TCP to other nodes, so judged it could be found "on sockets" and,
+/// with `runtime.on_sockets: evict`, evicted by the guard.
+pub fn is_judged(
+    pod: &Pod,
+    kube: &KubernetesRequirements,
+    runtime: &RuntimeSettings,
+    own_namespace: &str,
+) -> bool {
     let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
     if matches!(phase, Some("Succeeded" | "Failed")) || pod.metadata.deletion_timestamp.is_some() {
         return false;
@@ -55,12 +70,7 @@ pub fn is_judged(pod: &Pod, kube: &KubernetesRequirements, runtime: &RuntimeSett
     let Some(spec) = &pod.spec else {
         return false;
     };
-    let labels = pod.metadata.labels.as_ref();
-    if labels
-        .and_then(|l| l.get(OWN_NAME_LABEL))
-        .map(String::as_str)
-        == Some("fabricgate")
-    {
+    if is_own_pod(pod, own_namespace) {
         return false;
     }
     let requests_rdma = spec

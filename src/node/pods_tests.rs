@@ -43,7 +43,7 @@ fn sockets_verdict(c: &Config) -> PodVerdict {
 #[test]
 fn pods_requesting_the_rdma_resource_or_matching_the_selector_are_judged_others_never() {
     let c = config();
-    let judged = |p: &Pod| is_judged(p, &c.kubernetes, &c.runtime);
+    let judged = |p: &Pod| is_judged(p, &c.kubernetes, &c.runtime, "fabricgate");
     assert!(judged(&trainer("rdma/hca_shared_devices_a", json!({}))));
     assert!(judged(&trainer("cpu", json!({"app": "trainer"}))));
     assert!(!judged(&trainer("cpu", json!({"app": "web"}))));
@@ -52,11 +52,33 @@ fn pods_requesting_the_rdma_resource_or_matching_the_selector_are_judged_others_
     done.status.as_mut().unwrap().phase = Some("Succeeded".into());
     assert!(!judged(&done), "a finished pod is never judged");
     // The agent's own pod requests the RDMA resource (shipped daemonset.yaml): never judged.
-    let agent = trainer(
+    let agent = pod(json!({
+        "metadata": {"name": "fabricgate-x1", "namespace": "fabricgate", "uid": "a-1",
+            "labels": {"app.kubernetes.io/name": "fabricgate"},
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet",
+                "name": "fabricgate", "uid": "d-1", "controller": true}]},
+        "spec": {"containers": [{"name": "agent",
+            "resources": {"limits": {"rdma/hca_shared_devices_a": "1"}}}]},
+        "status": {"phase": "Running"}
+    }));
+    assert!(!judged(&agent), "fabricgate's own pods are never judged");
+    assert!(
+        is_judged(&agent, &c.kubernetes, &c.runtime, "other"),
+        "only in the agent's own namespace"
+    );
+    // A tenant's pod claiming to be fabricgate by its labels, or by an owner reference to a
+    // DaemonSet of that name in its own namespace, is judged like any other.
+    let tenant = trainer(
         "rdma/hca_shared_devices_a",
         json!({"app.kubernetes.io/name": "fabricgate", "app.kubernetes.io/component": "agent"}),
     );
-    assert!(!judged(&agent), "fabricgate's own pods are never judged");
+    assert!(judged(&tenant), "a label opts no pod out");
+    let mut owned = agent.clone();
+    owned.metadata.namespace = Some("ml".into());
+    assert!(
+        judged(&owned),
+        "a DaemonSet owner outside fabricgate's namespace"
+    );
     // A resource claim counts only while DRA drivers are configured.
     let claim = pod(
         json!({"metadata": {"name": "d", "namespace": "ml", "uid": "u"},

@@ -69,6 +69,7 @@ pub struct PodMetrics {
     qps: Family<QpLabels, Gauge>,
     tcp_bytes: Family<PodLabels, Counter>,
     owner: Family<OwnerLabels, Gauge>,
+    sampler_missed: Counter,
     known: Mutex<BTreeMap<PodLabels, Known>>,
 }
 
@@ -97,7 +98,18 @@ impl PodMetrics {
              grouping the pods of one job",
             m.owner.clone(),
         );
+        r.register(
+            "fabricgate_pod_sampler_missed_windows",
+            "Windows whose pod sample did not finish within runtime.window (a wedged or slow \
+             look into the pods): their judged pods were unknown for that window",
+            m.sampler_missed.clone(),
+        );
         m
+    }
+
+    /// One window whose sample missed its deadline.
+    pub fn sampler_missed(&self) {
+        self.sampler_missed.inc();
     }
 
     /// Set every judged pod's series from `samples` and remove those of pods no longer in it.

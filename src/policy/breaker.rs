@@ -52,6 +52,13 @@ pub struct PoolSummary {
     /// written before its taint).
     #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
     pub not_ready: BTreeSet<String>,
+    /// Untainted Nodes whose `FabricReady` turned within [`RESERVATION_IN_FLIGHT`] of the
+    /// count, with that time (seconds since the epoch, the condition's own precision): such a
+    /// Node is shown as it was after any reservation made before it turned, so that
+    /// reservation is no longer in flight ([`PoolSummary::shown_untainted_after`]). Older
+    /// turns are left out: they cannot date a reservation still in flight.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub untainted_since: BTreeMap<String, i64>,
     /// Every member's name, when made from a list (not published: it grows with the pool).
     #[serde(skip)]
     members: Option<BTreeSet<String>>,
@@ -114,8 +121,14 @@ impl PoolSummary {
                 } else {
                     s.tainted_old.insert(name.clone());
                 }
-            } else if fabric.is_some_and(|c| c.status == "False") {
-                s.not_ready.insert(name.clone());
+            } else {
+                if fabric.is_some_and(|c| c.status == "False") {
+                    s.not_ready.insert(name.clone());
+                }
+                let turned = fabric.and_then(|c| c.last_transition_time.as_ref());
+                if let Some(t) = turned.filter(|t| within_in_flight(&t.0, window, now)) {
+                    s.untainted_since.insert(name.clone(), t.0.as_second());
+                }
             }
             if let Some(m) = s.members.as_mut() {
                 m.insert(name);
@@ -165,6 +178,21 @@ impl PoolSummary {
             Some(members) => members.contains(name).then_some(false),
             None => Some(false),
         }
+    }
+
+    /// Whether this view shows the Node `name` untainted in a state it turned to after `t`
+    /// (its `FabricReady` turned later): a reservation made at `t` was followed by that state,
+    /// so its taint is not in flight (it was lifted, or never written). The condition's time
+    /// has whole seconds: one in the same second as `t` does not count as later, so a Node
+    /// that recovered within a second of its reservation is counted in flight a little longer
+    /// rather than too short.
+    pub fn shown_untainted_after(&self, name: &str, t: &Timestamp) -> bool {
+        !self.shows_taint(name)
+            && self
+                .untainted_since
+                .get(name)
+                .and_then(|s| Timestamp::from_second(*s).ok())
+                .is_some_and(|turned| turned > *t)
     }
 
     /// Whether the Node `name` carries our taint, as counted here.
@@ -328,6 +356,55 @@ pub fn selector_matches(selector: &str, labels: &BTreeMap<String, String>) -> Op
     Some(all)
 }
 
+/// Selectors whose Nodes together are every Node `selector` does not select: one per
+/// requirement of it, that requirement negated (`k=v` → `k!=v`, `k` → `!k`, `k in (a,b)` →
+/// `k notin (a,b)`, and back). `None` when it cannot be read; empty for the empty selector
+/// (it selects everything).
+pub fn selector_complement(selector: &str) -> Option<Vec<String>> {
+    selector_matches(selector, &BTreeMap::new())?;
+    let mut requirements = Vec::new();
+    let (mut depth, mut start) = (0u32, 0);
+    for (i, ch) in selector.char_indices() {
+        match ch {
+            '(' => depth += 1,
+            ')' => depth = depth.saturating_sub(1),
+            ',' if depth == 0 => {
+                requirements.push(&selector[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    requirements.push(&selector[start..]);
+    let mut out = Vec::new();
+    for r in requirements
+        .into_iter()
+        .map(str::trim)
+        .filter(|r| !r.is_empty())
+    {
+        let negated = if let Some(key) = r.strip_prefix('!') {
+            key.trim().to_owned()
+        } else if let Some((k, v)) = r.split_once("!=") {
+            format!("{}={}", k.trim(), v.trim())
+        } else if let Some((k, v)) = r.split_once("==").or_else(|| r.split_once('=')) {
+            format!("{}!={}", k.trim(), v.trim())
+        } else if let Some(open) = r.find('(') {
+            let mut head = r[..open].split_whitespace();
+            let (key, op) = (head.next()?, head.next()?);
+            let op = match op {
+                "in" => "notin",
+                "notin" => "in",
+                _ => return None,
+            };
+            format!("{key} {op} {}", &r[open..])
+        } else {
+            format!("!{r}")
+        };
+        out.push(negated);
+    }
+    Some(out)
+}
+
 fn requirement_matches(r: &str, labels: &BTreeMap<String, String>) -> Option<bool> {
     let valid_key = |k: &str| {
         !k.is_empty()
@@ -397,14 +474,16 @@ pub const LEDGER: &str = "fabricgate-breaker";
 
 /// Others' stale entries are pruned only from a ledger holding more than this many (the
 /// admission policy admits dropping another node's entry only then: a drop lifts a
-/// reservation, issue 36, item 11). One entry per node name that ever reserved, about 100
+/// reservation). One entry per node name that ever reserved, about 100
 /// bytes each: far below a ConfigMap's 1 MiB.
 pub const LEDGER_PRUNE_AT: usize = 4096;
 
-/// How long a fresh reservation counts although the pool list does not show its Node failing
-/// yet: the time between an agent's compare-and-swap and its taint reaching the list (one
-/// write, and the watch cache's lag). Only the node itself can write its entry, so this is
-/// never more than the one slot every node has anyway (its own taint counts the same).
+/// How long a fresh reservation counts at most although the view of the pool does not show
+/// its Node failing yet: the time between a compare-and-swap and its taint reaching the view
+/// (one write, and the watch cache's lag); a view that shows the Node as it turned after the
+/// reservation ends it sooner. Only the node itself (or the guard's leader, for a Node whose
+/// agent is gone) writes its entry, so this is never more than the one slot every node has
+/// anyway (its own taint counts the same).
 pub const RESERVATION_IN_FLIGHT: Duration = Duration::from_secs(30);
 
 /// Whether `node` itself shows a failure: our taint, or `FabricReady=False` (from its own
@@ -423,11 +502,14 @@ pub fn shows_failure(node: &Node, taint_key: &str) -> bool {
 
 /// Entries of the ledger that count against the cap: other than `self_name`, for Nodes of
 /// `pool`, not made in another pool, within `window` of `now`, and either for a Node that
-/// shows the failure now ([`PoolSummary::shows_failure`]) or made in this pool
+/// shows the failure now ([`PoolSummary::shows_failure`]) or in flight: made in this pool
 /// (`pool.selector`) at most [`RESERVATION_IN_FLIGHT`] before `pool` was observed
-/// (`observed_at`, else `now`): a view of the pool older than that cannot show the taint that
-/// follows such a reservation yet (at 5,000 Nodes a pool list takes tens of seconds). A forged
-/// entry for a healthy Node, or the entry of a Node that recovered, counts for nothing.
+/// (`observed_at`, else `now`), and not followed by a state `pool` shows
+/// ([`PoolSummary::shown_untainted_after`]). A reservation counts until a view newer than it
+/// shows its Node: tainted (then as a taint), or untainted again; a view older than the taint
+/// that follows it cannot show it yet, however old the view (a guard's summary between
+/// renewals, a pool list that takes tens of seconds at 5,000 Nodes). A forged entry for a
+/// healthy Node, or the entry of a Node that recovered, counts for nothing past that.
 pub fn ledger_recent(
     data: &BTreeMap<String, String>,
     self_name: &str,
@@ -436,6 +518,10 @@ pub fn ledger_recent(
     now: &Timestamp,
 ) -> u32 {
     let in_flight_since = in_flight_since(pool, window, now);
+    let in_flight = |node: &str, entry: &str| {
+        entry_time(entry)
+            .is_some_and(|t| t >= in_flight_since && !pool.shown_untainted_after(node, &t))
+    };
     let recent = data
         .iter()
         .filter(|(node, _)| node.as_str() != self_name)
@@ -450,10 +536,7 @@ pub fn ledger_recent(
                 Some(true) => within(entry, window, now),
                 // In flight: only a reservation made in this pool (a summary cannot tell
                 // another pool's healthy Node from its own).
-                Some(false) => {
-                    ours && within(entry, window, now)
-                        && entry_time(entry).is_some_and(|t| t >= in_flight_since)
-                }
+                Some(false) => ours && within(entry, window, now) && in_flight(node, entry),
             }
         })
         .count();
@@ -471,10 +554,12 @@ fn in_flight_since(pool: &PoolSummary, window: Duration, now: &Timestamp) -> Tim
 }
 
 /// Others' reservations that `pool` cannot show as taints yet: made in this pool
-/// (`pool.selector`) within `window` and in flight ([`RESERVATION_IN_FLIGHT`] before `pool`
-/// was observed, or later), for a Node of the pool that it does not show tainted. Their agents
-/// taint right after their compare-and-swap: these are the pool's taints of the last seconds,
-/// which a summary or a list taken before them cannot count.
+/// (`pool.selector`) within `window` and in flight (at most [`RESERVATION_IN_FLIGHT`] before
+/// `pool` was observed), for a Node of the pool that it shows neither tainted nor untainted
+/// in a state it turned to after the reservation ([`PoolSummary::shown_untainted_after`]).
+/// Their agents taint right after their compare-and-swap: these are the pool's taints of the
+/// last seconds, which a summary or a list taken before them cannot count; a view that shows
+/// such a Node recovered (or never tainted) since does not count it again.
 pub fn ledger_in_flight(
     data: &BTreeMap<String, String>,
     self_name: &str,
@@ -487,10 +572,11 @@ pub fn ledger_in_flight(
         .iter()
         .filter(|(node, _)| node.as_str() != self_name)
         .filter(|(node, _)| !pool.shows_taint(node) && pool.shows_failure(node).is_some())
-        .filter(|(_, entry)| {
+        .filter(|(node, entry)| {
             entry_pool(entry) == Some(pool.selector.as_str())
                 && within(entry, window, now)
-                && entry_time(entry).is_some_and(|t| t >= since)
+                && entry_time(entry)
+                    .is_some_and(|t| t >= since && !pool.shown_untainted_after(node, &t))
         })
         .count();
     u32::try_from(in_flight).unwrap_or(u32::MAX)
@@ -559,6 +645,15 @@ fn entry_pool(entry: &str) -> Option<&str> {
 fn entry_time(entry: &str) -> Option<Timestamp> {
     let at = entry.split_once(' ').map_or(entry, |(at, _)| at);
     at.parse::<Timestamp>().ok()
+}
+
+/// Whether `t` is recent enough to date a reservation still in flight at `now`.
+fn within_in_flight(t: &Timestamp, window: Duration, now: &Timestamp) -> bool {
+    let in_flight = RESERVATION_IN_FLIGHT.min(window);
+    now.duration_since(*t)
+        .try_into()
+        .is_ok_and(|age: Duration| age <= in_flight)
+        || *t > *now
 }
 
 fn within(entry: &str, window: Duration, now: &Timestamp) -> bool {

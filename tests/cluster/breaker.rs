@@ -147,12 +147,43 @@ fn pool_guard_renewing(
     poll: &str,
     lease: &str,
 ) -> Guard {
-    cp.install_agent_rbac();
-    let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/guard.yaml");
-    cp.apply(&std::fs::read_to_string(manifest).unwrap());
-    let token = cp.kubectl(&["-n", GUARD_NS, "create", "token", "fabricgate-guard"]);
-    let kubeconfig = scratch.join("guard.kubeconfig");
-    cp.write_kubeconfig(&kubeconfig, &cp.url, token.trim());
+    let config = pool_guard_config(selector, breaker, scratch);
+    let timing = [
+        "--stale-after",
+        "1h",
+        "--poll-interval",
+        poll,
+        "--lease-duration",
+        lease,
+    ];
+    start_pool_guard(
+        cp,
+        selector,
+        "app=fg-no-agent-pods",
+        &config,
+        scratch,
+        &timing,
+    )
+}
+
+/// The guard over the pool `selector` and the agent pods `pods`, with `timing`.
+fn pool_guard_timed(
+    cp: &'static ControlPlane,
+    selector: &str,
+    pods: &str,
+    scratch: &std::path::Path,
+    timing: &[&str],
+) -> Guard {
+    let config = pool_guard_config(selector, "", scratch);
+    start_pool_guard(cp, selector, pods, &config, scratch, timing)
+}
+
+/// The guard's requirements: the pool `selector`, `breaker` lines under `node.breaker:`.
+fn pool_guard_config(
+    selector: &str,
+    breaker: &str,
+    scratch: &std::path::Path,
+) -> std::path::PathBuf {
     let config = scratch.join("guard-requirements.yaml");
     let breaker = if breaker.is_empty() {
         String::new()
@@ -164,21 +195,33 @@ fn pool_guard_renewing(
         format!("node:\n  pool_selector: \"{selector}\"\n{breaker}"),
     )
     .unwrap();
+    config
+}
+
+/// The shipped guard (deploy/guard.yaml, its ServiceAccount's token) on the shipped Lease;
+/// returns once its leader published the summary of the pool `selector`.
+fn start_pool_guard(
+    cp: &'static ControlPlane,
+    selector: &str,
+    pods: &str,
+    config: &std::path::Path,
+    scratch: &std::path::Path,
+    timing: &[&str],
+) -> Guard {
+    cp.install_agent_rbac();
+    let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/guard.yaml");
+    cp.apply(&std::fs::read_to_string(manifest).unwrap());
+    let token = cp.kubectl(&["-n", GUARD_NS, "create", "token", "fabricgate-guard"]);
+    let kubeconfig = scratch.join("guard.kubeconfig");
+    cp.write_kubeconfig(&kubeconfig, &cp.url, token.trim());
     let guard = start_guard(
         "guard-pool-summary",
-        Some("app=fg-no-agent-pods"),
+        Some(pods),
         fabricgate::config::DEFAULT_GUARD_LEASE,
-        &config,
+        config,
         &kubeconfig,
         scratch,
-        &[
-            "--stale-after",
-            "1h",
-            "--poll-interval",
-            poll,
-            "--lease-duration",
-            lease,
-        ],
+        timing,
     );
     guard.wait(
         "the pool summary published",
@@ -954,6 +997,329 @@ fn a_whole_pool_failing_at_once_is_tainted_to_exactly_one_half() {
         .filter(|n| !n.has_our_taint() && n.has_reason("FabricReady", "BreakerOpen"))
         .count();
     assert_eq!(still_held, 6);
+    drop(agents);
+    drop(guard);
+}
+
+/// The label of the shipped pool: the guard's admission policy admits its taint only there.
+const GPU_PRESENT: &str = "nvidia.com/gpu.present";
+
+/// A pool `POOL=<pool>` of `n` Nodes for a burst under the real guard, which judges the agent
+/// pods labelled `app=fg-burst-<pool>` (Ready pods, as a kubelet reports them; the agents of
+/// `agents` run as processes). `<pool>-0` failed earlier (tainted by its agent, `FabricReady=
+/// False` for two minutes); `<pool>-1`'s agent is gone (no pod: the guard taints it); those in
+/// `agents` registered with the taint and validated by their agents; the rest validated.
+fn burst_pool(
+    cp: &'static ControlPlane,
+    pool: &str,
+    n: usize,
+    agents: std::ops::Range<usize>,
+) -> (Vec<TestNode>, Vec<FakeHca>, Vec<crate::common::Agent>) {
+    cp.install_agent_rbac();
+    let gpu = json!({ "key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule" });
+    let app = format!("fg-burst-{pool}");
+    let nodes: Vec<TestNode> = (0..n)
+        .map(|i| {
+            let name = format!("{pool}-{i}");
+            let taints = if i == 0 || agents.contains(&i) {
+                json!([gpu, { "key": TAINT, "effect": "NoSchedule" }])
+            } else {
+                json!([gpu])
+            };
+            cp.create_node(
+                &name,
+                json!({ POOL: pool, GPU_PRESENT: "true" }),
+                taints,
+                json!({}),
+            );
+            if i != 1 {
+                crate::guard::ready_pod(cp, &format!("agent-{name}"), &name, json!({ "app": app }));
+            }
+            TestNode { cp, name }
+        })
+        .collect();
+    let failed =
+        k8s_openapi::jiff::Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_secs(120);
+    cp.patch_node_status(
+        &nodes[0].name,
+        &json!({ "conditions": [{ "type": "FabricReady", "status": "False",
+            "reason": "DevicePluginDown", "message": "the device plugin is gone",
+            "lastTransitionTime": failed.to_string(),
+            "lastHeartbeatTime": failed.to_string() }] }),
+    );
+    let hcas: Vec<FakeHca> = agents.clone().map(|_| FakeHca::new(true)).collect();
+    let started: Vec<_> = agents
+        .clone()
+        .zip(&hcas)
+        .map(|(i, hca)| {
+            let config = hca.scratch().join("requirements.yaml");
+            std::fs::write(
+                &config,
+                format!("node:\n  recover_after: 1\n  pool_selector: \"{POOL}={pool}\"\n"),
+            )
+            .unwrap();
+            nodes[i].start_agent(
+                hca,
+                &[
+                    "--interval",
+                    "500ms",
+                    "--resync-interval",
+                    "1s",
+                    "--config",
+                    config.to_str().unwrap(),
+                ],
+            )
+        })
+        .collect();
+    for (agent, i) in started.iter().zip(agents) {
+        agent.wait("validation", Duration::from_secs(90), || nodes[i].ready());
+    }
+    (nodes, hcas, started)
+}
+
+/// Whether the guard's published summary shows `node` tainted.
+fn summary_shows_taint(cp: &ControlPlane, node: &str) -> bool {
+    published_pool(cp).is_some_and(|p| {
+        ["taintedNew", "taintedOld"]
+            .iter()
+            .any(|k| p[k].as_array().is_some_and(|a| a.iter().any(|n| n == node)))
+    })
+}
+
+/// A burst of `failing` of the `n` Nodes of pool `pool` (`<pool>-2` on), while the guard's
+/// summary lags: the guard renews it every 10 s, and it has just tainted `<pool>-1` (its agent
+/// gone) after its last renewal, so no summary the agents read shows that taint, nor the
+/// burst's. The first `failing - 1` fail together, the last `stagger` later. Exactly
+/// `floor(n / 2)` are tainted (`max_unvalidated_fraction` 0.5), the rest held `BreakerOpen`,
+/// however the agents' reads, the renewals and the guard's taint fall. Then two of the burst's
+/// tainted Nodes recover, and two held ones take their slots: `floor(n / 2)` again.
+fn burst_under_a_lagging_summary(pool: &str, n: usize, failing: usize, stagger: Duration) {
+    let Some(cp) = control_plane() else { return };
+    let _lease = shipped_lease();
+    let (nodes, hcas, agents) = burst_pool(cp, pool, n, 2..2 + failing);
+    let scratch = tempfile::tempdir().unwrap();
+    let selector = format!("{POOL}={pool}");
+    let guard = pool_guard_timed(
+        cp,
+        &selector,
+        &format!("app=fg-burst-{pool}"),
+        scratch.path(),
+        &[
+            "--stale-after",
+            "13s",
+            "--poll-interval",
+            "10s",
+            "--lease-duration",
+            "30s",
+        ],
+    );
+    crate::common::wait::poll_until(
+        "the guard's own taint of the Node whose agent is gone",
+        Duration::from_secs(60),
+        Duration::from_millis(20),
+        || nodes[1].has_our_taint(),
+        || guard.log(),
+    );
+    assert!(
+        !summary_shows_taint(cp, &nodes[1].name),
+        "the test needs the guard's summary to lag its own taint: {:?}\n{}",
+        published_pool(cp),
+        guard.log()
+    );
+    for hca in &hcas[..failing - 1] {
+        hca.set_port(false);
+    }
+    std::thread::sleep(stagger);
+    hcas[failing - 1].set_port(false);
+    let burst = &nodes[2..2 + failing];
+    let decided = |n: &TestNode| n.has_our_taint() || n.has_reason("FabricReady", "BreakerOpen");
+    crate::common::wait::poll_until(
+        "every failing node decided",
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || burst.iter().all(decided),
+        || guard.log(),
+    );
+    let lagging = !summary_shows_taint(cp, &nodes[1].name);
+    // Held nodes re-check on every resync (1 s): give a wrong taint the time to appear.
+    std::thread::sleep(Duration::from_secs(3));
+    let cap = n / 2;
+    let report = || {
+        let counts: Vec<String> = agents
+            .iter()
+            .filter_map(|a| {
+                a.log()
+                    .lines()
+                    .find(|l| l.contains("breaker: counted the pool before tainting"))
+                    .map(str::to_owned)
+            })
+            .collect();
+        format!("{}\n{}", counts.join("\n"), guard.log())
+    };
+    let first = tainted(&nodes);
+    assert_eq!(first.len(), cap, "{first:?}\n{}", report());
+    assert!(first.contains(&nodes[1].name.as_str()), "{first:?}");
+    let held: Vec<&TestNode> = burst.iter().filter(|n| !n.has_our_taint()).collect();
+    assert_eq!(held.len(), failing + 2 - cap, "{first:?}");
+    for h in &held {
+        let message = h.condition("FabricReady").unwrap()["message"].to_string();
+        let over = format!("{} of {n}", cap + 1);
+        assert!(
+            h.has_reason("FabricReady", "BreakerOpen") && message.contains(&over),
+            "{}: {message}",
+            h.name
+        );
+    }
+    eprintln!(
+        "figure: {failing} of {n} failing within one renewal ({}the summary still lagging when \
+         all had decided): {} tainted, {} held",
+        if lagging { "" } else { "not " },
+        first.len(),
+        held.len()
+    );
+
+    // Two of the burst's tainted recover: two held nodes take their slots, none more.
+    let recovering: Vec<usize> = (0..failing)
+        .filter(|&i| burst[i].has_our_taint())
+        .take(2.min(held.len()))
+        .collect();
+    for &i in &recovering {
+        hcas[i].set_port(true);
+    }
+    let freed = recovering.len();
+    crate::common::wait::poll_until(
+        "held nodes tainted in the freed slots",
+        Duration::from_secs(90),
+        Duration::from_millis(500),
+        || {
+            recovering.iter().all(|&i| burst[i].ready())
+                && held.iter().filter(|n| n.has_our_taint()).count() == freed
+        },
+        report,
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    let now = tainted(&nodes);
+    assert_eq!(now.len(), cap, "{now:?}\n{}", report());
+    drop(agents);
+    drop(guard);
+}
+
+/// The burst of the field report: 10 Nodes, one failed earlier and one tainted by the guard
+/// a moment ago (its agent gone), three failing together and a fourth a second later, while
+/// no summary the agents read shows the guard's taint. Before the guard reserved its taints in
+/// the ledger the agents counted one tainted other where there were two, and the fourth was
+/// tainted too: 6 of 10.
+#[test]
+fn a_burst_while_the_guards_summary_lags_its_own_taint_is_held_at_one_half() {
+    burst_under_a_lagging_summary("lag", 10, 4, Duration::from_secs(1));
+}
+
+/// Three failing within one renewal of the guard's summary, in a pool of 6 with two tainted.
+#[test]
+fn three_failing_within_one_renewal_are_tainted_to_exactly_one_half() {
+    burst_under_a_lagging_summary("three", 6, 3, Duration::from_millis(300));
+}
+
+/// Twenty failing within one renewal, in a pool of 24 with two tainted: 12 tainted, 10 held.
+#[test]
+fn twenty_failing_within_one_renewal_are_tainted_to_exactly_one_half() {
+    burst_under_a_lagging_summary("twenty", 24, 20, Duration::from_millis(500));
+}
+
+/// Ten agents started together on untainted Nodes: each reserves its start-up taint (a node
+/// that starts while five are tainted is held until one validates), all ten validate, and
+/// three seconds later one port goes down. Its agent counts the pool from the guard's fresh summary: those
+/// reservations, seconds old, are of Nodes it shows validated since, so none is in flight; the
+/// failing Node is tainted at once, never `BreakerOpen` (before: held, "6 of 10").
+#[test]
+fn a_real_failure_right_after_a_fleet_wide_start_is_tainted_at_once() {
+    let Some(cp) = control_plane() else { return };
+    let _lease = shipped_lease();
+    cp.install_agent_rbac();
+    let pool = "start";
+    let nodes: Vec<TestNode> = (0..10)
+        .map(|i| {
+            let name = format!("{pool}-{i}");
+            cp.create_node(
+                &name,
+                json!({ POOL: pool, GPU_PRESENT: "true" }),
+                json!([{ "key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule" }]),
+                json!({}),
+            );
+            TestNode { cp, name }
+        })
+        .collect();
+    let scratch = tempfile::tempdir().unwrap();
+    let guard = pool_guard(cp, &format!("{POOL}={pool}"), "", scratch.path());
+    let hcas: Vec<FakeHca> = (0..10).map(|_| FakeHca::new(true)).collect();
+    // A 1 s interval and the shipped recover_after (3): validated about 2 s after the
+    // start-up taint, a later second than its reservation (a condition's time has seconds).
+    let agents: Vec<_> = nodes
+        .iter()
+        .zip(&hcas)
+        .map(|(node, hca)| {
+            let config = hca.scratch().join("requirements.yaml");
+            std::fs::write(
+                &config,
+                format!("node:\n  pool_selector: \"{POOL}={pool}\"\n"),
+            )
+            .unwrap();
+            node.start_agent(
+                hca,
+                &[
+                    "--interval",
+                    "1s",
+                    "--resync-interval",
+                    "1s",
+                    "--config",
+                    config.to_str().unwrap(),
+                ],
+            )
+        })
+        .collect();
+    for (agent, node) in agents.iter().zip(&nodes) {
+        agent.wait("validation", Duration::from_secs(90), || node.ready());
+    }
+    let ledger = cp
+        .get_json("/api/v1/namespaces/fabricgate/configmaps/fabricgate-breaker")
+        .unwrap();
+    let now = k8s_openapi::jiff::Timestamp::now();
+    // The others' start-up reservations, seconds old: before, each counted as a taint in
+    // flight, and five of them held the sixth failing node at "6 of 10".
+    let fresh = nodes
+        .iter()
+        .filter(|n| n.name != nodes[5].name)
+        .filter(|n| {
+            ledger["data"][n.name.as_str()]
+                .as_str()
+                .and_then(|e| e.split_once(' '))
+                .and_then(|(at, _)| at.parse::<k8s_openapi::jiff::Timestamp>().ok())
+                .is_some_and(|at| now.duration_since(at).as_secs() < 20)
+        })
+        .count();
+    assert!(fresh >= 5, "start-up reservations in flight time: {ledger}");
+    std::thread::sleep(Duration::from_secs(3));
+    hcas[5].set_port(false);
+    let mut held = false;
+    crate::common::wait::poll_until(
+        "the failing node tainted",
+        Duration::from_secs(10),
+        Duration::from_millis(50),
+        || {
+            held |= nodes[5].has_reason("FabricReady", "BreakerOpen");
+            nodes[5].has_our_taint()
+        },
+        || agents[5].log(),
+    );
+    assert!(!held, "held by the breaker first: {}", agents[5].log());
+    let count = agents[5]
+        .log()
+        .lines()
+        .rev()
+        .find(|l| l.contains("breaker: counted the pool before tainting"))
+        .unwrap_or_default()
+        .to_owned();
+    assert!(count.contains("guard"), "{count}");
     drop(agents);
     drop(guard);
 }

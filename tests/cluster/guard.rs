@@ -78,7 +78,11 @@ fn set_ready(cp: &crate::common::controlplane::ControlPlane, node: &str, ready: 
 }
 
 /// Pod `name`'s status as its kubelet would report it: Running, Ready or not.
-fn set_pod_ready(cp: &crate::common::controlplane::ControlPlane, name: &str, ready: bool) {
+pub(crate) fn set_pod_ready(
+    cp: &crate::common::controlplane::ControlPlane,
+    name: &str,
+    ready: bool,
+) {
     let patch = json!({ "status": { "phase": "Running", "conditions": [
         { "type": "Ready", "status": if ready { "True" } else { "False" } },
     ]}})
@@ -515,7 +519,7 @@ fn guard_resumes_its_watches_after_the_connections_are_cut_and_still_detects() {
 }
 
 /// A pod `name` on Node `node` with `labels`, Ready as its kubelet would report it.
-fn ready_pod(
+pub(crate) fn ready_pod(
     cp: &crate::common::controlplane::ControlPlane,
     name: &str,
     node: &str,
@@ -1330,4 +1334,128 @@ fn the_pool_is_one_value_changing_it_moves_the_guard_and_its_policy_together() {
         "{text}"
     );
     signal(guard.child(), "TERM");
+}
+
+/// The pool check deleted mid-term: the guard's pool policy (fabricgate-guard-pool) reads its
+/// pool from the requirements ConfigMap and admits every Node while that ConfigMap is missing.
+/// Deleting it lifted the guard token's pool limit without a word (the start's dry run proves
+/// only an allowed write). Now the leader proves its confinement every `--prove-every`: a dry
+/// run of its taint on a Node outside the pool must be refused. With the ConfigMap gone, the
+/// token can indeed taint outside the pool (shown), and within seconds the guard says so:
+/// `/readyz` 503 naming the cause, `fabricgate_guard_confined` 0, a Warning Event
+/// `GuardNotConfined`. The ConfigMap restored: confined and ready again, Event `GuardConfined`.
+#[test]
+fn redteam_the_guard_says_when_its_pool_check_is_deleted_mid_term() {
+    let Some(cp) = control_plane() else { return };
+    cp.install_agent_rbac();
+    const NAME: &str = "fg-guard-confine";
+    const APP_CONFINE: &str = "fg-agent-confine";
+    const LEASE_CONFINE: &str = "fabricgate-guard-confine";
+    let user = format!("system:serviceaccount:{NS}:{NAME}");
+    for name in ["confine-0", "confine-1"] {
+        node_with_agent(cp, name, "confine", APP_CONFINE);
+    }
+    // A Node outside the pool that this test owns: the dry runs below aim at it.
+    cp.create_node(
+        "confine-outside",
+        json!({ POOL: "not-confine" }),
+        json!([{ "key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule" }]),
+        json!({}),
+    );
+    let pool = format!("{POOL}=confine");
+    let configmap = format!("{NAME}-requirements");
+    let manifest = renamed_guard_manifest(NAME, &pool);
+    cp.apply(&manifest);
+    let token = cp.kubectl(&["-n", NS, "create", "token", NAME]);
+    let scratch = tempfile::tempdir().unwrap();
+    let kubeconfig = scratch.path().join("guard.kubeconfig");
+    cp.write_kubeconfig(&kubeconfig, &cp.url, token.trim());
+    let mounted = scratch.path().join("etc-fabricgate");
+    std::fs::create_dir(&mounted).unwrap();
+    let config = mount_configmap(cp, &configmap, &mounted);
+    let dry_run_outside = || {
+        let now = cp.node("confine-outside").unwrap();
+        let patch = json!([
+            { "op": "test", "path": "/metadata/resourceVersion",
+              "value": now["metadata"]["resourceVersion"] },
+            { "op": "add", "path": "/spec/taints", "value": [
+                { "key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule" },
+                { "key": TAINT, "effect": "NoSchedule" }] },
+        ]);
+        as_user(
+            cp,
+            &user,
+            "confine-outside",
+            false,
+            "application/json-patch+json",
+            "dryRun=All",
+            &patch,
+        )
+    };
+    wait_until(
+        "the pool policy refuses the guard outside its pool",
+        Duration::from_secs(60),
+        || matches!(dry_run_outside(), Err((403, _))),
+    );
+    let mut timing: Vec<&str> = TIMING.to_vec();
+    timing.extend(["--prove-every", "1s"]);
+    let selector = format!("app={APP_CONFINE}");
+    let guard = crate::common::guard::start_guard(
+        "guard-confine",
+        Some(&selector),
+        LEASE_CONFINE,
+        &config,
+        &kubeconfig,
+        scratch.path(),
+        &timing,
+    );
+    let addr = guard.metrics_addr();
+    let confined = || {
+        let (_, _, text) = crate::common::http_get(&addr, "/metrics", None);
+        text.lines()
+            .find(|l| l.starts_with("fabricgate_guard_confined "))
+            .map(|l| {
+                l.trim_start_matches("fabricgate_guard_confined ")
+                    .to_owned()
+            })
+    };
+    guard.wait("ready and confined", Duration::from_secs(30), || {
+        readyz(&addr).0 == 200 && confined().as_deref() == Some("1")
+    });
+
+    // The pool check deleted: the guard's token may now taint outside the pool.
+    cp.kubectl(&["-n", NS, "delete", "configmap", &configmap]);
+    wait_until(
+        "the pool policy admitting outside the pool",
+        Duration::from_secs(60),
+        || dry_run_outside().is_ok(),
+    );
+    let took = guard.wait("the guard saying so", Duration::from_secs(30), || {
+        readyz(&addr).0 == 503 && confined().as_deref() == Some("0")
+    });
+    let (_, body) = readyz(&addr);
+    assert!(body.contains("not confined to its pool"), "{body}");
+    let warned = guard_events(
+        cp,
+        "guard-confine",
+        fabricgate::cluster::guard::NOT_CONFINED,
+    );
+    assert_eq!(warned.len(), 1, "{warned:?}");
+    assert!(
+        warned[0].contains(&configmap) || warned[0].contains("ConfigMap"),
+        "{}",
+        warned[0]
+    );
+    eprintln!("figure: the deleted pool check said within {took:?} (--prove-every 1s)");
+
+    // Restored: confined and ready again.
+    cp.apply(&manifest);
+    guard.wait("confined again", Duration::from_secs(60), || {
+        readyz(&addr).0 == 200 && confined().as_deref() == Some("1")
+    });
+    assert_eq!(
+        guard_events(cp, "guard-confine", fabricgate::cluster::guard::CONFINED).len(),
+        1
+    );
+    drop(guard);
 }

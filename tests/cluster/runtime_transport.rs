@@ -315,3 +315,126 @@ fn a_judged_pod_on_sockets_gets_the_condition_events_and_metric_and_nothing_else
     let _ = web;
     drop(agent);
 }
+
+/// A tenant opting its pod out by a label: `app.kubernetes.io/name: fabricgate` (and the
+/// agent's component label) on a training pod of its own namespace, moving its traffic over
+/// sockets. It is judged like any other: the condition `False/SocketsFallback` and the metric.
+/// fabricgate's own pod (in its namespace, controlled by its DaemonSet) is still never judged,
+/// though its facts say sockets too. Before, the label alone kept the tenant's pod from every
+/// condition, Event, metric, eviction and requeue.
+#[test]
+fn redteam_a_tenant_pod_labelled_fabricgate_is_judged_like_any_other() {
+    let Some(cp) = control_plane() else { return };
+    cp.install_agent_rbac();
+    let _widened = WidenedRbac::apply(cp);
+    cp.apply(&overlay_file("pod-transport-policy.yaml"));
+    let (node, ns) = ("rt-impostor", "rt-tenant");
+    cp.create_node(node, json!({}), json!([]), json!({}));
+    cp.create_namespace(ns);
+    let mut impostor = pod("impostor", node, RESOURCE, None);
+    impostor["metadata"]["namespace"] = json!(ns);
+    impostor["metadata"]["labels"] = json!({
+        "app.kubernetes.io/name": "fabricgate", "app.kubernetes.io/component": "agent"});
+    let impostor = create(cp, &impostor, &format!("/api/v1/namespaces/{ns}/pods"));
+    // The agent's own: a pod of a DaemonSet in fabricgate's namespace (a real DaemonSet
+    // object, selecting no Node, so that no controller deletes or replaces the pod).
+    let ds = create(
+        cp,
+        &json!({"apiVersion": "apps/v1", "kind": "DaemonSet",
+            "metadata": {"name": "fabricgate-redteam", "namespace": "fabricgate"},
+            "spec": {"selector": {"matchLabels": {"app": "fg-redteam-own"}},
+                "template": {"metadata": {"labels": {"app": "fg-redteam-own"}},
+                    "spec": {"nodeSelector": {"fabricgate.io/no-such-node": "true"},
+                        "containers": [{"name": "agent", "image": "fabricgate:test"}]}}}}),
+        "/apis/apps/v1/namespaces/fabricgate/daemonsets",
+    );
+    let mut own = pod("own-agent", node, RESOURCE, Some(&ds));
+    own["metadata"]["namespace"] = json!("fabricgate");
+    own["metadata"]["labels"] = json!({"app": "fg-redteam-own"});
+    // No ServiceAccount controller runs here: the namespace has only the agent's.
+    own["spec"]["serviceAccountName"] = json!("fabricgate");
+    let own = create(cp, &own, "/api/v1/namespaces/fabricgate/pods");
+    let uid = |p: &Value| p["metadata"]["uid"].as_str().unwrap().to_owned();
+
+    let hca = FakeHca::new(true);
+    let facts = hca.scratch().join("pod-facts");
+    std::fs::write(
+        &facts,
+        format!(
+            "{} sockets 41000000000 10.0.0.2 ib0\n{} sockets 41000000000 10.0.0.2 ib0\n",
+            uid(&impostor),
+            uid(&own)
+        ),
+    )
+    .unwrap();
+    let config = hca.scratch().join("requirements.yaml");
+    std::fs::write(
+        &config,
+        format!("kubernetes:\n  rdma_resources: [\"{RESOURCE}\"]\nruntime:\n  enabled: true\n  window: 5s\n"),
+    )
+    .unwrap();
+    let kubeconfig = cp.agent_kubeconfig(node, None);
+    let (sysfs, proc_root) = (hca.sysfs_root(), hca.proc_root());
+    let facts_env = facts.to_str().unwrap().to_owned();
+    let env = [("FABRICGATE_TEST_POD_FACTS", facts_env.as_str())];
+    let args = ["--interval", "1s", "--config", config.to_str().unwrap()];
+    let agent = Launch::at(node, &sysfs, &proc_root, hca.scratch())
+        .kubeconfig(Some(&kubeconfig))
+        .args(&args)
+        .env(&env)
+        .known_addr()
+        .start();
+    let own_condition = || {
+        cp.get_json("/api/v1/namespaces/fabricgate/pods/own-agent")
+            .and_then(|p| {
+                p["status"]["conditions"].as_array().map(|cs| {
+                    cs.iter()
+                        .any(|c| c["type"] == "fabricgate.io/TransportReady")
+                })
+            })
+            .unwrap_or(false)
+    };
+    let pod_condition = || {
+        cp.get_json(&format!("/api/v1/namespaces/{ns}/pods/impostor"))
+            .and_then(|p| {
+                p["status"]["conditions"].as_array().and_then(|cs| {
+                    cs.iter()
+                        .find(|c| c["type"] == "fabricgate.io/TransportReady")
+                        .map(|c| format!("{}/{}", c["status"], c["reason"]))
+                })
+            })
+    };
+    crate::common::wait::poll_until(
+        "the labelled tenant pod judged on sockets",
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || pod_condition().as_deref() == Some("\"False\"/\"SocketsFallback\""),
+        || agent.log(),
+    );
+    let (_, metrics) = agent.get("/metrics").unwrap();
+    assert!(
+        metrics.contains(&format!(
+            "fabricgate_pod_transport{{namespace=\"{ns}\",pod=\"impostor\",transport=\"sockets\"}} 1"
+        )),
+        "{metrics}"
+    );
+    assert!(!own_condition(), "the agent's own pod is never judged");
+    assert!(!metrics.contains("pod=\"own-agent\""), "{metrics}");
+    drop(agent);
+    cp.kubectl(&[
+        "-n",
+        "fabricgate",
+        "delete",
+        "pod",
+        "own-agent",
+        "--force",
+        "--grace-period=0",
+    ]);
+    cp.kubectl(&[
+        "-n",
+        "fabricgate",
+        "delete",
+        "daemonset",
+        "fabricgate-redteam",
+    ]);
+}

@@ -247,6 +247,23 @@ CASES.append(
     )
 )
 
+CASES.append(
+    (
+        "FabricgateGuardNotConfined",
+        "the leader's dry run outside the pool is admitted from 10m to 20m (the requirements "
+        "ConfigMap deleted), refused before and after; the follower proves nothing (-1)",
+        [
+            (f"fabricgate_guard_confined{{{GA}}}", "1x9 0x10 1x20"),
+            (f"fabricgate_guard_confined{{{GB}}}", "-1x40"),
+        ],
+        [
+            ("9m", []),
+            ("15m", [(GUARD, 0)]),
+            ("25m", []),
+        ],
+    )
+)
+
 
 def render(template, labels, value):
     def sub(m):

@@ -33,6 +33,9 @@ use std::time::{Duration, Instant};
 const RTMGRP_LINK: u32 = 1;
 /// The kernel's uevent multicast group (udev re-broadcasts on group 2, which is not read).
 const UEVENT_GROUP_KERNEL: u32 = 1;
+/// Datagrams one read of a socket takes at most: a sender that floods it (another process's
+/// datagrams to the agent's netlink port) delays the next wait, never stops the loop.
+const MAX_DATAGRAMS_PER_READ: usize = 1024;
 /// Without uevents nothing says when an RDMA device appears: look for new ones this often.
 const VERBS_RESCAN_WITHOUT_UEVENTS: Duration = Duration::from_secs(60);
 
@@ -347,7 +350,7 @@ impl EventSources {
 
     fn read_netlink(&mut self, events: &mut Vec<Event>) {
         let Some(socket) = &self.netlink else { return };
-        loop {
+        for _ in 0..MAX_DATAGRAMS_PER_READ {
             match socket.try_recv(&mut self.buf) {
                 Ok(Received::Kernel(n)) => {
                     events.extend(parse_rtnetlink(&self.buf[..n]).into_iter().map(Event::Link));
@@ -377,7 +380,7 @@ impl EventSources {
             return false;
         };
         let mut rdma_changed = false;
-        loop {
+        for _ in 0..MAX_DATAGRAMS_PER_READ {
             match socket.try_recv(&mut self.buf) {
                 Ok(Received::Kernel(n)) => {
                     let Some(u) = parse_uevent(&self.buf[..n]) else {
@@ -409,6 +412,8 @@ impl EventSources {
                 }
             }
         }
+        // More pending than one read takes: what is left is read on the next wait.
+        rdma_changed
     }
 
     /// Drain one context; true when it broke (its device is gone) and the set must be

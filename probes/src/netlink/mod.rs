@@ -277,37 +277,13 @@ impl Socket {
         &mut self,
         request: &[u8],
         timeout: Duration,
-        mut each: impl FnMut(&[u8], &[Message<'_>]) -> bool,
+        each: impl FnMut(&[u8], &[Message<'_>]) -> bool,
     ) -> io::Result<()> {
         let seq = message::u32_at(request, 8).unwrap_or_default();
         let kind = message::u16_at(request, 4).unwrap_or_default();
         self.send(request)?;
-        let deadline = Instant::now() + timeout;
-        let mut buf = vec![0u8; RECV_BUFFER];
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let n = match self.recv_within(&mut buf, left)? {
-                Received::Kernel(n) => n,
-                Received::Foreign => continue,
-                Received::Empty if left.is_zero() => {
-                    return Err(io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        format!("netlink: no answer to request type {kind} within {timeout:?}"),
-                    ));
-                }
-                Received::Empty => continue,
-                Received::Overrun => {
-                    return Err(io::Error::other(
-                        "netlink: the receive buffer overran; the answer is incomplete",
-                    ));
-                }
-            };
-            let datagram = &buf[..n];
-            let ours: Vec<Message<'_>> = messages(datagram).filter(|m| m.seq == seq).collect();
-            if !ours.is_empty() && each(datagram, &ours) {
-                return Ok(());
-            }
-        }
+        let answer = Answer { kind, seq, timeout };
+        answer.receive(|buf, left| self.recv_within(buf, left), each)
     }
 
     /// [`Self::request`] with `NLM_F_DUMP`: every object of the kind.
@@ -322,6 +298,55 @@ impl Socket {
         each: impl FnMut(Message<'_>),
     ) -> io::Result<()> {
         self.request(kind, NLM_F_DUMP, body, timeout, each)
+    }
+}
+
+/// The answer a request waits for: its kind and sequence number, within `timeout`.
+struct Answer {
+    kind: u16,
+    seq: u32,
+    timeout: Duration,
+}
+
+impl Answer {
+    /// The one receive loop: hand `each` every kernel datagram that answers the request (with
+    /// its messages of the request's sequence number) until `each` says the answer is
+    /// complete, reading with `recv` (a wait of at most the time left). Bounded by the
+    /// timeout whatever arrives: a sender that floods the socket (another process's datagrams,
+    /// the kernel's notifications) never keeps it waiting.
+    fn receive(
+        &self,
+        mut recv: impl FnMut(&mut [u8], Duration) -> io::Result<Received>,
+        mut each: impl FnMut(&[u8], &[Message<'_>]) -> bool,
+    ) -> io::Result<()> {
+        let deadline = Instant::now() + self.timeout;
+        let mut buf = vec![0u8; RECV_BUFFER];
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!(
+                        "netlink: no answer to request type {} within {:?}",
+                        self.kind, self.timeout
+                    ),
+                ));
+            }
+            let n = match recv(&mut buf, left)? {
+                Received::Kernel(n) => n,
+                Received::Foreign | Received::Empty => continue,
+                Received::Overrun => {
+                    return Err(io::Error::other(
+                        "netlink: the receive buffer overran; the answer is incomplete",
+                    ));
+                }
+            };
+            let datagram = &buf[..n.min(buf.len())];
+            let ours: Vec<Message<'_>> = messages(datagram).filter(|m| m.seq == self.seq).collect();
+            if !ours.is_empty() && each(datagram, &ours) {
+                return Ok(());
+            }
+        }
     }
 }
 
@@ -384,6 +409,90 @@ mod tests {
         });
         let e = got.unwrap_err();
         assert!(e.raw_os_error().is_some(), "{e:?}");
+    }
+
+    /// Another process in the agent's network namespace (a pod with `CAP_NET_ADMIN` on the
+    /// host's network) floods the agent's netlink port with datagrams of its own: a request
+    /// still ends at its deadline. The request here is one the kernel never answers (a header
+    /// without `NLM_F_REQUEST`), so only the deadline can end it; the flood keeps the socket
+    /// readable and stops by itself after 5 s. (A real flood has gaps, in which the old loop
+    /// also ended; an endless one is `redteam_an_endless_stream_that_is_not_the_answer_...`.)
+    #[test]
+    fn a_flood_of_foreign_datagrams_never_holds_a_request_past_its_deadline() {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        let Some(mut socket) = route_socket(0) else {
+            return;
+        };
+        let Some(port) = rustix::net::getsockname(&socket.fd)
+            .ok()
+            .and_then(|a| SocketAddrNetlink::try_from(a).ok())
+            .map(|a| a.pid())
+        else {
+            panic!("the socket has no netlink address");
+        };
+        let sent = std::sync::Arc::new(AtomicU64::new(0));
+        let counted = std::sync::Arc::clone(&sent);
+        let flooder = std::thread::spawn(move || {
+            let Ok(from) = Socket::open(Protocol::ROUTE, 0) else {
+                return;
+            };
+            let to = SocketAddrNetlink::new(port, 0);
+            let junk = message::request(18, 0, 1, &[]);
+            let until = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < until {
+                if rustix::net::sendto(&from.fd, &junk, SendFlags::empty(), &to).is_ok() {
+                    counted.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        });
+        while sent.load(Ordering::Relaxed) < 100 {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // RTM_GETLINK without NLM_F_REQUEST: the kernel takes it and answers nothing.
+        let mut unanswered = message::request(18, 0, 0, &[]);
+        unanswered[6..8].copy_from_slice(&0u16.to_ne_bytes());
+        let started = Instant::now();
+        let got = socket.dump_datagrams(&unanswered, Duration::from_millis(300));
+        let took = started.elapsed();
+        let _ = flooder.join();
+        let e = got.expect_err("no answer can come");
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut, "{e}");
+        assert!(
+            took < Duration::from_secs(2),
+            "the deadline of 300 ms held only {took:?} while {} foreign datagrams came",
+            sent.load(Ordering::Relaxed)
+        );
+    }
+
+    /// Whatever a receive returns forever (another sender's datagrams, or the kernel's that
+    /// answer something else), the wait for an answer ends at its deadline.
+    #[test]
+    fn redteam_an_endless_stream_that_is_not_the_answer_ends_at_the_deadline() {
+        let answer = Answer {
+            kind: 18,
+            seq: 7,
+            timeout: Duration::from_millis(100),
+        };
+        let other = message::request(18, 0, 8, &[]);
+        let sources: [(&str, Received); 2] = [
+            ("foreign", Received::Foreign),
+            ("another answer", Received::Kernel(other.len())),
+        ];
+        for (what, received) in sources {
+            let started = Instant::now();
+            let got = answer.receive(
+                |buf, _| {
+                    buf[..other.len()].copy_from_slice(&other);
+                    if started.elapsed() > Duration::from_secs(3) {
+                        return Err(io::Error::other("still reading after 3 s"));
+                    }
+                    Ok(received)
+                },
+                |_, _| true,
+            );
+            let e = got.expect_err(what);
+            assert_eq!(e.kind(), io::ErrorKind::TimedOut, "{what}: {e}");
+        }
     }
 
     /// A wait with nothing to read ends at its timeout with `Empty`.

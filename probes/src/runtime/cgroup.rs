@@ -86,11 +86,16 @@ pub fn parse_proc_cgroup(text: &str) -> CgroupOwner {
 
 /// One cgroup path → the pod it names, if any: the component that carries the pod UID, and
 /// the container component right below it.
+///
+/// The pod is the outermost component naming one, the kubelet's: a container that can write
+/// its cgroupfs can create `kubepods-besteffort-pod<another pod's UID>.slice` below itself, and
+/// a deeper match would credit its QPs, processes and network namespace to that other pod.
+/// (A kubelet run inside another kubelet's pod is read as that outer pod, for the same reason.)
 pub fn parse_path(path: &str) -> Option<PodCgroup> {
     let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
-    // From the leaf up: a pod's own cgroup is the deepest component naming a pod.
-    let (at, uid, qos) = parts.iter().enumerate().rev().find_map(|(i, part)| {
-        pod_component(part, parts.get(i.wrapping_sub(1)).copied()).map(|(u, q)| (i, u, q))
+    let (at, uid, qos) = parts.iter().enumerate().find_map(|(i, part)| {
+        pod_component(part, i.checked_sub(1).and_then(|p| parts.get(p)).copied())
+            .map(|(u, q)| (i, u, q))
     })?;
     let (container_id, runtime) = match parts.get(at + 1) {
         None => (None, None),
@@ -259,6 +264,29 @@ mod tests {
             assert!(
                 matches!(parse_proc_cgroup(path), CgroupOwner::Unrecognized { .. }),
                 "{path}"
+            );
+        }
+    }
+
+    /// A container that writes its own cgroupfs creates another pod's slice (or cgroupfs
+    /// directory) below itself and moves a process there: the process is still its own pod's,
+    /// in its own container, never the victim's.
+    #[test]
+    fn redteam_a_pod_slice_nested_in_a_container_is_never_the_pod() {
+        const VICTIM: &str = "0a0b0c0d-1111-2222-3333-444455556666";
+        let systemd = format!(
+            "0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{}.slice/\
+             cri-containerd-{CID}.scope/kubepods-besteffort-pod{}.slice\n",
+            UID.replace('-', "_"),
+            VICTIM.replace('-', "_")
+        );
+        let cgroupfs =
+            format!("0::/kubepods/besteffort/pod{UID}/{CID}/kubepods/besteffort/pod{VICTIM}/ab\n");
+        for (text, runtime) in [(systemd, Some(Runtime::Containerd)), (cgroupfs, None)] {
+            assert_eq!(
+                parse_proc_cgroup(&text),
+                pod(Some("besteffort"), Some(CID), runtime),
+                "{text}"
             );
         }
     }

@@ -159,6 +159,9 @@ pub struct GuardMetrics {
     writes: Family<WriteLabels, Counter>,
     refused: Family<ReasonLabels, Counter>,
     blocked: Gauge,
+    confined: Gauge,
+    /// Why the guard is not confined to its pool (a dry run outside it was admitted).
+    unconfined: Mutex<Option<String>>,
     evictions: Family<ResultLabels, Counter>,
     /// Why the guard's writes are refused now (the last write or dry run refused, none
     /// admitted since); `None`: not known to be refused.
@@ -230,6 +233,16 @@ impl GuardMetrics {
              admitted since): it cannot taint a Node whose agent died; /readyz fails",
             blocked.clone(),
         );
+        let confined = Gauge::default();
+        registry.register(
+            "fabricgate_guard_confined",
+            "1 when the leader's last dry run of its taint on a Node outside the pool was \
+             refused (its admission policy confines it to the pool), 0 when it was admitted \
+             (the requirements ConfigMap is missing or the policy was changed: /readyz fails), \
+             -1 not proven (no Node outside the pool, or not leading)",
+            confined.clone(),
+        );
+        confined.set(-1);
         let evictions = Family::<ResultLabels, Counter>::default();
         registry.register(
             "fabricgate_guard_evictions",
@@ -266,6 +279,8 @@ impl GuardMetrics {
             writes,
             refused,
             blocked,
+            confined,
+            unconfined: Mutex::new(None),
             evictions,
             refusal: Mutex::new(None),
             epoch: Instant::now(),
@@ -335,9 +350,27 @@ impl GuardMetrics {
         was != refusal.is_some()
     }
 
+    /// What the last proof of confinement found: `Some(true)` refused outside the pool,
+    /// `Some(false)` admitted there (`why` says where and what to do), `None` not proven.
+    pub fn set_confined(&self, confined: Option<bool>, why: &str) {
+        self.confined.set(match confined {
+            Some(true) => 1,
+            Some(false) => 0,
+            None => -1,
+        });
+        *self
+            .unconfined
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) =
+            (confined == Some(false)).then(|| why.to_owned());
+    }
+
     /// Whether the guard's writes are known to be refused now.
     pub fn is_blocked(&self) -> bool {
-        self.readiness().is_err()
+        self.refusal
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .is_some()
     }
 
     /// `Ok` when the guard can act (not known to be refused); otherwise why not.
@@ -345,6 +378,13 @@ impl GuardMetrics {
     /// # Errors
     /// The reason `/readyz` answers 503.
     pub fn readiness(&self) -> Result<(), String> {
+        if let Some(why) = &*self
+            .unconfined
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        {
+            return Err(why.clone());
+        }
         match &*self
             .refusal
             .lock()

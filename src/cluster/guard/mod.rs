@@ -39,7 +39,7 @@ use watch::{Watched, next_update};
 pub use metrics::{
     EvictionResult, GuardMetrics, Outcome, POOL_REFUSAL, REFUSAL_REASONS, WriteKind, refusal_reason,
 };
-pub use proof::{POLICY_ADMITS, POLICY_REFUSES};
+pub use proof::{CONFINED, NOT_CONFINED, POLICY_ADMITS, POLICY_REFUSES};
 pub use sweep::agent_problem;
 
 /// Reason of `FabricReady` the guard sets.
@@ -54,6 +54,8 @@ pub struct GuardSettings {
     pub pod_selector: String,
     pub stale_after: Duration,
     pub poll_interval: Duration,
+    /// How often the leader proves its confinement to the pool again (`proof::prove_confined`).
+    pub prove_every: Duration,
     pub lease_name: String,
     pub lease_duration: Duration,
     pub identity: String,
@@ -111,6 +113,8 @@ pub async fn run(
     metrics.set_wedged_after(wedged_after(&s));
     // What the dry run of this leadership found (`proof::prove`); `None`: not proven yet.
     let mut proof: Option<bool> = None;
+    // What the dry run outside the pool found (`proof::prove_confined`), and when it is due.
+    let mut confined = proof::Confinement::default();
     let mut unhealthy_since: HashMap<String, Instant> = HashMap::new();
     let mut leadership = Leadership::default();
     let mut leading = false;
@@ -146,6 +150,8 @@ pub async fn run(
                 if renewal.changed {
                     unhealthy_since.clear();
                     proof = None;
+                    confined = proof::Confinement::default();
+                    metrics.set_confined(None, "");
                     evictor = evict::Evictor::default();
                 }
                 if leading
@@ -164,6 +170,9 @@ pub async fn run(
                     // Proven once per leadership, and again while the writes are refused.
                     if w.cache.ready() && (proof != Some(true) || metrics.is_blocked()) {
                         proof = proof::prove(&nodes, &events, &w.cache, &s, &metrics, proof).await;
+                    }
+                    if w.cache.ready() && confined.due(s.prove_every) {
+                        confined.prove(&nodes, &events, &s, &metrics).await;
                     }
                     due = judge(w, &mut evictor, &nodes, &requests, &s, &mut unhealthy_since, &metrics, &mut tick).await;
                     changed = false;

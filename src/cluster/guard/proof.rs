@@ -15,13 +15,17 @@ use k8s_openapi::api::core::v1::{Node, ObjectReference, Taint};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 /// Reason of the Event when the dry run is admitted.
 pub const POLICY_ADMITS: &str = "GuardPolicyAdmitsTaint";
 /// Reason of the Event when it is refused.
 pub const POLICY_REFUSES: &str = "GuardPolicyRefusesTaint";
+/// Reason of the Event when a dry run of the taint on a Node outside the pool is admitted.
+pub const NOT_CONFINED: &str = "GuardNotConfined";
+/// Reason of the Event when it is refused again after that.
+pub const CONFINED: &str = "GuardConfined";
 /// `reportingController` of the guard's Events.
 const CONTROLLER: &str = "fabricgate.io/guard";
 
@@ -111,6 +115,129 @@ pub(super) async fn prove(
         }
     }
     Some(admitted)
+}
+
+/// The leader's proof that its admission policy confines it to the pool: a server-side dry
+/// run of its taint on a Node *outside* the pool must be refused. The pool proof above shows
+/// the guard can act; this one that a token leaked from it cannot act elsewhere. The policy
+/// reads the pool from the requirements ConfigMap, and admits every Node while that ConfigMap
+/// is missing (so that its absence does not refuse the kubelets' writes): deleting or renaming
+/// it, or editing the policy, lifts the limit without a word. Proven at each leadership and
+/// every `--prove-every` after; admitted outside the pool: a Warning Event, `/readyz` fails,
+/// `fabricgate_guard_confined` 0 (alert `FabricgateGuardNotConfined`).
+#[derive(Default)]
+pub(super) struct Confinement {
+    /// What the last proof found (`None`: not proven).
+    last: Option<bool>,
+    /// When the last proof ran (`None`: due now).
+    at: Option<tokio::time::Instant>,
+}
+
+impl Confinement {
+    pub(super) fn due(&self, every: std::time::Duration) -> bool {
+        self.at.is_none_or(|at| at.elapsed() >= every)
+    }
+
+    pub(super) async fn prove(
+        &mut self,
+        nodes: &Api<Node>,
+        events: &Api<Event>,
+        s: &GuardSettings,
+        m: &GuardMetrics,
+    ) {
+        self.at = Some(tokio::time::Instant::now());
+        let Some(node) = outside_node(nodes, s).await else {
+            // Every Node is in the pool (or none could be listed): nothing to prove on.
+            m.set_confined(None, "");
+            return;
+        };
+        let name = node.metadata.name.clone().unwrap_or_default();
+        let result = dry_run_taint(nodes, &node, s).await;
+        let admitted = match &result {
+            Ok(_) => true,
+            Err(kube::Error::Api(status)) if status.code == 403 || status.code == 422 => false,
+            // Not an answer about the policy (a conflict, the server away): next time.
+            Err(_) => return,
+        };
+        let selector = &s.config.node.pool_selector;
+        let why = format!(
+            "the guard is not confined to its pool: a dry run of its taint on Node {name}, \
+             outside node.pool_selector \"{selector}\", was admitted. Its admission policy \
+             (ValidatingAdmissionPolicy fabricgate-guard-pool) has no pool: the requirements \
+             ConfigMap its binding names is missing or renamed, or the policy or its binding was \
+             changed. Restore them (deploy/guard.yaml, daemonset.yaml); until then a leaked \
+             guard token can taint any Node"
+        );
+        m.set_confined(Some(!admitted), &why);
+        if self.last != Some(!admitted) {
+            if admitted {
+                emit(events, s, "Warning", NOT_CONFINED, &why).await;
+                tracing::error!(node = %name, selector = %selector, "{why}");
+            } else if self.last == Some(false) {
+                let note = format!(
+                    "the guard is confined to its pool again: a dry run of its taint on Node \
+                     {name}, outside node.pool_selector \"{selector}\", was refused"
+                );
+                emit(events, s, "Normal", CONFINED, &note).await;
+                tracing::info!(node = %name, "{note}");
+            }
+        }
+        self.last = Some(!admitted);
+    }
+}
+
+/// One Node outside the pool: listed by each requirement of `node.pool_selector` negated
+/// (`policy::breaker::selector_complement`), at most one Node a list.
+async fn outside_node(nodes: &Api<Node>, s: &GuardSettings) -> Option<Node> {
+    let selector = &s.config.node.pool_selector;
+    let key = s.config.node.taint_key();
+    for complement in crate::policy::breaker::selector_complement(selector)? {
+        let params = ListParams::default().labels(&complement).limit(20);
+        let Ok(list) = nodes.list(&params).await else {
+            continue;
+        };
+        let untainted = list.items.into_iter().find(|n| {
+            !n.spec
+                .as_ref()
+                .and_then(|sp| sp.taints.as_ref())
+                .is_some_and(|ts| ts.iter().any(|t| t.key == key))
+        });
+        if untainted.is_some() {
+            return untainted;
+        }
+    }
+    None
+}
+
+/// The guard's taint added to `node`, as a server-side dry run (nothing is written).
+async fn dry_run_taint(
+    nodes: &Api<Node>,
+    node: &Node,
+    s: &GuardSettings,
+) -> std::result::Result<Node, kube::Error> {
+    let mut taints = node
+        .spec
+        .as_ref()
+        .and_then(|sp| sp.taints.clone())
+        .unwrap_or_default();
+    taints.push(Taint {
+        key: s.config.node.taint_key(),
+        effect: s.config.node.taint_effect.as_str().to_owned(),
+        ..Taint::default()
+    });
+    let patch = json_patch::Patch(vec![json_patch::PatchOperation::Add(
+        json_patch::AddOperation {
+            path: json_patch::jsonptr::PointerBuf::from_tokens(["spec", "taints"]),
+            value: json!(taints),
+        },
+    )]);
+    let pp = PatchParams {
+        dry_run: true,
+        field_manager: Some(GUARD_FIELD_MANAGER.to_owned()),
+        ..PatchParams::default()
+    };
+    let name = node.metadata.name.clone().unwrap_or_default();
+    nodes.patch(&name, &pp, &Patch::Json::<()>(patch)).await
 }
 
 /// This replica's own pod (`--identity`), in the guard's namespace.

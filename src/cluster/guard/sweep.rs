@@ -5,7 +5,7 @@ use super::metrics::{GuardMetrics, WriteKind};
 use super::{AGENT_NOT_RUNNING, GUARD_FIELD_MANAGER, GuardSettings, record};
 use crate::error::Result;
 use crate::policy::breaker::{self, TaintDecision};
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
@@ -54,6 +54,7 @@ pub(super) async fn sweep(
     let pods = cache.pods_by_node();
     let key = s.config.node.taint_key();
     let now = Instant::now();
+    let ledger: Api<ConfigMap> = Api::namespaced(nodes.clone().into_client(), &s.namespace);
     since.retain(|n, _| cache.has_node(n));
     // The pool as the breaker counts it, counted only when a taint is due.
     let mut summary: Option<breaker::PoolSummary> = None;
@@ -81,47 +82,100 @@ pub(super) async fn sweep(
         if tainted {
             continue;
         }
-        let counted = summary
-            .get_or_insert_with(|| {
-                breaker::PoolSummary::of(
-                    pool.iter().map(AsRef::as_ref),
-                    &key,
-                    s.config.node.breaker.window,
-                    &Timestamp::now(),
-                )
-            })
-            .count(&name, true);
-        outcome = act(nodes, node, &name, &problem, &counted, s, wrote, m).await;
+        let counted = summary.get_or_insert_with(|| {
+            let now = Timestamp::now();
+            let mut counted = breaker::PoolSummary::of(
+                pool.iter().map(AsRef::as_ref),
+                &key,
+                s.config.node.breaker.window,
+                &now,
+            );
+            counted.selector.clone_from(&s.config.node.pool_selector);
+            counted.observed_at = Some(now);
+            counted
+        });
+        let target = Target {
+            node,
+            name: &name,
+            problem: &problem,
+        };
+        outcome = act(nodes, &ledger, &target, counted, s, wrote, m).await;
     }
     m.swept(pool.len(), stale);
     outcome
 }
 
-/// Taint `node` (its agent: `problem`), or mark it `BreakerOpen` when the breaker holds the
-/// taint back (`counted`: the pool with it failing).
-#[allow(clippy::too_many_arguments)]
+/// A Node the guard would taint: its agent is not running (`problem`).
+struct Target<'a> {
+    node: &'a Node,
+    name: &'a str,
+    problem: &'a str,
+}
+
+/// The breaker's answer for the guard's taint of `t`: from `pool` (its cache), then, when it
+/// may taint, under the breaker ledger's compare-and-swap as every agent's new taint is
+/// (`node::breaker::reserve`), so that the guard's taint and the agents' in the same instant
+/// count each other. Without the ledger (missing, refused), the cache's count decides.
+async fn decide(
+    ledger: &Api<ConfigMap>,
+    t: &Target<'_>,
+    pool: &breaker::PoolSummary,
+    s: &GuardSettings,
+) -> TaintDecision {
+    let settings = &s.config.node.breaker;
+    let (annotation, overridden) = breaker::breaker_override(t.node, &s.config.node.label_prefix);
+    let count = pool.count(t.name, true);
+    let decision = breaker::taint_decision(settings, Some(&count), overridden, &annotation);
+    if decision != TaintDecision::Taint
+        || overridden
+        || !settings.enabled
+        || !breaker::uses_ledger(settings)
+    {
+        return decision;
+    }
+    let slot = crate::node::breaker::Slot {
+        node: t.name,
+        pool_selector: &s.config.node.pool_selector,
+        settings,
+        override_annotation: &annotation,
+    };
+    let (mut requests, mut writes) = (0, 0);
+    match crate::node::breaker::reserve(ledger, &slot, pool, count, &mut requests, &mut writes)
+        .await
+    {
+        Ok(decision) => decision,
+        Err(e) => {
+            tracing::warn!(
+                node = %t.name,
+                error = %e,
+                "cannot use the breaker's ledger ConfigMap {} in {}; deciding from the pool's \
+                 count alone (grant the guard get and update on it, deploy/guard.yaml)",
+                breaker::LEDGER,
+                s.namespace
+            );
+            decision
+        }
+    }
+}
+
+/// Taint `t` (its agent is not running), or mark it `BreakerOpen` when the breaker holds the
+/// taint back (`pool`: the pool as the cache shows it).
 async fn act(
     nodes: &Api<Node>,
-    node: &Node,
-    name: &str,
-    problem: &str,
-    counted: &breaker::PoolCount,
+    ledger: &Api<ConfigMap>,
+    t: &Target<'_>,
+    pool: &breaker::PoolSummary,
     s: &GuardSettings,
     wrote: &mut Vec<Node>,
     m: &GuardMetrics,
 ) -> Result<()> {
-    let (annotation, overridden) = breaker::breaker_override(node, &s.config.node.label_prefix);
+    let (node, name, problem) = (t.node, t.name, t.problem);
     let message = format!(
         "{problem} for over {}; tainted by fabricgate guard until the agent validates \
          the node again",
         humantime::format_duration(s.stale_after)
     );
-    match breaker::taint_decision(
-        &s.config.node.breaker,
-        Some(counted),
-        overridden,
-        &annotation,
-    ) {
+    match decide(ledger, t, pool, s).await {
         TaintDecision::Taint => {
             let key = s.config.node.taint_key();
             let tainted = taint(nodes, node, &key, s).await;

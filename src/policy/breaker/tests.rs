@@ -639,3 +639,176 @@ fn json_summary(tainted: &[&str], nodes: u32) -> String {
         tainted.join(",")
     )
 }
+
+/// A Node of the pool, untainted, whose `FabricReady` turned `True` at `turned` (seconds).
+fn validated_node(name: &str, turned: i64) -> Node {
+    use k8s_openapi::api::core::v1::NodeCondition;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    let mut node = pool_node(name, false, None);
+    if let Some(status) = node.status.as_mut() {
+        status.conditions = Some(vec![NodeCondition {
+            type_: "FabricReady".into(),
+            status: "True".into(),
+            last_transition_time: Some(Time(Timestamp::from_second(turned).unwrap())),
+            ..NodeCondition::default()
+        }]);
+    }
+    node
+}
+
+/// Ten agents started together, each reserving its start-up taint; all validated since. A
+/// fresh view shows each of them untainted in a state it turned to after its reservation: none
+/// of those reservations is in flight, and a real failure right after is tainted at once. A
+/// Node that turned within the same second as its reservation (the condition's time has whole
+/// seconds) still counts, and so does one that reserved again after it turned.
+#[test]
+fn a_reservation_ends_when_a_view_shows_its_node_turned_since() {
+    let start = 7_000_000;
+    let now = Timestamp::from_second(start + 3).unwrap();
+    let w = Duration::from_secs(600);
+    let at = |s: i64, ms: i64| {
+        Timestamp::from_millisecond(s * 1000 + ms)
+            .unwrap()
+            .to_string()
+    };
+    let mut nodes: Vec<Node> = (0..10)
+        .map(|i| validated_node(&format!("n{i}"), start + 2))
+        .collect();
+    let mut data: BTreeMap<String, String> = (0..10)
+        .map(|i| (format!("n{i}"), format!("{} pool=a", at(start, 300))))
+        .collect();
+    let mut view = PoolSummary::of(&nodes, KEY, w, &now);
+    view.selector = "pool=a".into();
+    view.observed_at = Some(now);
+    let count = view.count("n5", true);
+    assert_eq!((count.tainted_others, count.new_in_window), (0, 0));
+    let exact = count_with_ledger(count, &data, "n5", &view, w, &now);
+    assert_eq!(exact, count, "start-up reservations of validated Nodes");
+    assert_eq!(decide(&exact), TaintDecision::Taint);
+
+    // The same from the guard's summary of that view, as published and read back.
+    let mut published = PoolSummary::parse(&view.annotation().unwrap()).unwrap();
+    published.observed_at = Some(now);
+    assert_eq!(published.untainted_since.len(), 10);
+    assert_eq!(
+        count_with_ledger(
+            published.count("n5", true),
+            &data,
+            "n5",
+            &published,
+            w,
+            &now
+        ),
+        count
+    );
+
+    // n1 turned in the same second as its reservation, n2 reserved again after it turned,
+    // n3 has no condition yet: all three may still be on their way to the taint.
+    nodes[1] = validated_node("n1", start);
+    data.insert("n2".into(), format!("{} pool=a", at(start + 2, 500)));
+    nodes[3] = pool_node("n3", false, None);
+    let mut view = PoolSummary::of(&nodes, KEY, w, &now);
+    view.selector = "pool=a".into();
+    view.observed_at = Some(now);
+    assert_eq!(ledger_in_flight(&data, "n5", &view, w, &now), 3);
+    let exact = count_with_ledger(view.count("n5", true), &data, "n5", &view, w, &now);
+    assert_eq!((exact.tainted_others, exact.new_in_window), (3, 3));
+}
+
+/// The guard's summary lags a burst: it was counted before n3-n5 reserved, and before the guard
+/// itself reserved and tainted n2. Every reservation made after it counts whatever it shows,
+/// the guard's as the agents': the sixth failing Node of ten is held at exactly one half.
+#[test]
+fn reservations_newer_than_the_summary_count_whatever_it_shows() {
+    let counted = 8_000_000;
+    let now = Timestamp::from_second(counted + 4).unwrap();
+    let w = Duration::from_secs(600);
+    let nodes: Vec<Node> = (0..10)
+        .map(|i| {
+            if i == 1 {
+                pool_node("n1", true, Some(120))
+            } else {
+                validated_node(&format!("n{i}"), counted - 3600)
+            }
+        })
+        .collect();
+    let mut summary = PoolSummary::of(&nodes, KEY, w, &Timestamp::from_second(counted).unwrap());
+    summary.selector = "pool=a".into();
+    let mut published = PoolSummary::parse(&summary.annotation().unwrap()).unwrap();
+    published.observed_at = Some(Timestamp::from_second(counted).unwrap());
+    assert!(
+        published.untainted_since.is_empty(),
+        "old turns are not published"
+    );
+    let entry = |s: i64| {
+        format!(
+            "{} pool=a",
+            Timestamp::from_millisecond((counted + s) * 1000).unwrap()
+        )
+    };
+    // The guard's reservation of n2, then n3-n5 together, then n6 a second later.
+    let mut data = BTreeMap::new();
+    let mut tainted = vec![];
+    for (node, s) in [("n2", 1), ("n3", 2), ("n4", 2), ("n5", 2), ("n6", 3)] {
+        let count = published.count(node, true);
+        assert_eq!(count.tainted_others, 1, "the lagging summary shows n1 only");
+        let exact = count_with_ledger(count, &data, node, &published, w, &now);
+        if decide(&exact) == TaintDecision::Taint {
+            data.insert(node.to_owned(), entry(s));
+            tainted.push(node);
+        }
+    }
+    assert_eq!(tainted, ["n2", "n3", "n4", "n5"], "5 of 10 with n1");
+}
+
+/// Every Node outside a pool is selected by one of the complement's selectors, and none of
+/// the pool's: what the guard lists to prove its confinement.
+#[test]
+fn the_complement_of_a_pool_selects_exactly_the_nodes_outside_it() {
+    let pool = "nvidia.com/gpu.present=true,zone in (a,b),!cordoned,team!=infra,rack";
+    let complement = selector_complement(pool).unwrap();
+    assert_eq!(complement.len(), 5, "{complement:?}");
+    let nodes: Vec<BTreeMap<String, String>> = [
+        vec![
+            ("nvidia.com/gpu.present", "true"),
+            ("zone", "a"),
+            ("rack", "1"),
+        ],
+        vec![
+            ("nvidia.com/gpu.present", "true"),
+            ("zone", "c"),
+            ("rack", "1"),
+        ],
+        vec![
+            ("nvidia.com/gpu.present", "false"),
+            ("zone", "a"),
+            ("rack", "1"),
+        ],
+        vec![
+            ("nvidia.com/gpu.present", "true"),
+            ("zone", "b"),
+            ("rack", "1"),
+            ("cordoned", ""),
+        ],
+        vec![
+            ("nvidia.com/gpu.present", "true"),
+            ("zone", "b"),
+            ("rack", "1"),
+            ("team", "infra"),
+        ],
+        vec![("nvidia.com/gpu.present", "true"), ("zone", "b")],
+        vec![],
+    ]
+    .into_iter()
+    .map(|l| l.into_iter().map(|(k, v)| (k.into(), v.into())).collect())
+    .collect();
+    for labels in &nodes {
+        let inside = selector_matches(pool, labels).unwrap();
+        let outside = complement
+            .iter()
+            .any(|c| selector_matches(c, labels).unwrap());
+        assert_ne!(inside, outside, "{labels:?} {complement:?}");
+    }
+    assert_eq!(selector_complement("a in (b"), None);
+    assert_eq!(selector_complement(""), Some(vec![]));
+}
