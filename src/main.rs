@@ -45,7 +45,8 @@ fn run_check(args: &CheckArgs) -> anyhow::Result<u8> {
     let verdict = policy::evaluate(&report, &config);
     // The pods section is for a person; the exit code stays the node's.
     let pods = (args.pods == OnOff::On).then(|| {
-        let mut sampler = PodSampler::new(roots);
+        let mut sampler =
+            PodSampler::new(roots).with_max_sockets(config.runtime.max_sockets_per_pod);
         check_pods::sample(&mut sampler, &config, args.pods_window, &report, || {
             prober.probe()
         })

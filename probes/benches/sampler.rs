@@ -50,7 +50,11 @@ impl Kernel for Recorded {
             .collect())
     }
 
-    fn tcp_sockets(&mut self, _ns: Option<&Path>) -> fabricgate_probes::Result<Vec<TcpSocket>> {
+    fn tcp_sockets(
+        &mut self,
+        _ns: Option<&Path>,
+        _max: usize,
+    ) -> fabricgate_probes::Result<Vec<TcpSocket>> {
         self.calls += 1;
         let grown = self.calls * 1_000_000;
         Ok((0..SOCKETS_PER_NS)

@@ -76,7 +76,9 @@ pub fn start(
             path: path.into(),
             window: config.runtime.window,
         }),
-        None => Box::new(PodSampler::new(roots)),
+        None => {
+            Box::new(PodSampler::new(roots).with_max_sockets(config.runtime.max_sockets_per_pod))
+        }
     };
     let run = tokio::spawn(judging(Arc::new(Mutex::new(sampler))).run(stop));
     RuntimeJobs {

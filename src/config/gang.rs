@@ -29,6 +29,8 @@ pub const MAX_MAX_ATTEMPTS: u32 = 1000;
 pub const DEFAULT_REQUEUE_GRACE: Duration = Duration::from_secs(60);
 /// Default `gang.max_requeues_per_window`: admitted gangs requeued per `gang.requeue_window`.
 pub const DEFAULT_MAX_REQUEUES_PER_WINDOW: u32 = 10;
+/// Default `gang.max_requeues_per_namespace`: one namespace's share of the window's requeues.
+pub const DEFAULT_MAX_REQUEUES_PER_NAMESPACE: u32 = 5;
 /// Default `gang.requeue_window`.
 pub const DEFAULT_REQUEUE_WINDOW: Duration = Duration::from_secs(600);
 
@@ -101,6 +103,9 @@ pub struct GangSettings {
     /// fleet-wide event is more likely a bad requirements rollout); the rest are reported
     /// and stay admitted. 1 to 100000.
     pub max_requeues_per_window: u32,
+    /// At most this many of them in one namespace (a tenant's many small gangs on sockets
+    /// cannot spend every other tenant's requeues); 0: no limit per namespace. 0 to 100000.
+    pub max_requeues_per_namespace: u32,
     /// The breaker's window (1m to 24h).
     #[serde(with = "requeue_window")]
     pub requeue_window: Duration,
@@ -122,6 +127,7 @@ impl Default for GangSettings {
             after_admission: AfterAdmission::Requeue,
             requeue_grace: DEFAULT_REQUEUE_GRACE,
             max_requeues_per_window: DEFAULT_MAX_REQUEUES_PER_WINDOW,
+            max_requeues_per_namespace: DEFAULT_MAX_REQUEUES_PER_NAMESPACE,
             requeue_window: DEFAULT_REQUEUE_WINDOW,
         }
     }
@@ -249,6 +255,16 @@ impl GangSettings {
                     "{} is out of range; give 1 to {MAX_MAX_ATTEMPTS} (default \
                      {DEFAULT_MAX_ATTEMPTS})",
                     self.max_attempts
+                ),
+            );
+        }
+        if self.max_requeues_per_namespace > 100_000 {
+            return bad(
+                "max_requeues_per_namespace",
+                format!(
+                    "{} is out of range; give 0 (no limit per namespace) to 100000 (default \
+                     {DEFAULT_MAX_REQUEUES_PER_NAMESPACE})",
+                    self.max_requeues_per_namespace
                 ),
             );
         }

@@ -64,6 +64,11 @@ pub struct RuntimeSettings {
     /// guard evicts it (10s to 24h).
     #[serde(with = "evict_after")]
     pub evict_after: Duration,
+    /// TCP sockets counted in one judged pod's network namespace per window, at most: past it
+    /// the pod is `unknown` for that window (the reason names this number) and the others go
+    /// on being judged, so no pod can make the agent's memory or time per window grow with
+    /// what it opens (1 or more).
+    pub max_sockets_per_pod: usize,
 }
 
 impl Default for RuntimeSettings {
@@ -75,6 +80,7 @@ impl Default for RuntimeSettings {
             tcp_min_bytes_per_second: DEFAULT_TCP_MIN_BYTES_PER_SECOND,
             on_sockets: OnSockets::Record,
             evict_after: DEFAULT_EVICT_AFTER,
+            max_sockets_per_pod: fabricgate_probes::runtime::tcp::DEFAULT_MAX_SOCKETS,
         }
     }
 }
@@ -85,6 +91,14 @@ impl RuntimeSettings {
     /// not `key=value`, `key!=value`, `key` or `!key`) or `runtime.tcp_min_bytes_per_second`
     /// (0).
     pub fn validate(&self) -> Result<()> {
+        if self.max_sockets_per_pod == 0 {
+            return Err(Error::ConfigValue {
+                key: "runtime.max_sockets_per_pod".to_owned(),
+                message: "0 would leave every pod unknown; give the most TCP sockets one pod's \
+                          network namespace may hold and still be measured (e.g. 65536)"
+                    .to_owned(),
+            });
+        }
         if self.tcp_min_bytes_per_second == 0 {
             return Err(Error::ConfigValue {
                 key: "runtime.tcp_min_bytes_per_second".to_owned(),

@@ -210,11 +210,22 @@ impl PoolSummary {
     }
 
     /// The summary as the guard publishes it (JSON), or `None` when it is larger than
-    /// [`MAX_PUBLISHED_BYTES`].
+    /// [`MAX_PUBLISHED_BYTES`] even without its recent turns.
     pub fn annotation(&self) -> Option<String> {
-        serde_json::to_string(self)
-            .ok()
-            .filter(|s| s.len() <= MAX_PUBLISHED_BYTES)
+        let fits = |s: &PoolSummary| {
+            serde_json::to_string(s)
+                .ok()
+                .filter(|text| text.len() <= MAX_PUBLISHED_BYTES)
+        };
+        fits(self).or_else(|| {
+            // Without the recent turns (a fleet-wide start): agents then count the
+            // reservations of those Nodes in flight a little longer, never fewer.
+            let failures_only = PoolSummary {
+                untainted_since: BTreeMap::new(),
+                ..self.clone()
+            };
+            fits(&failures_only)
+        })
     }
 
     /// Read a published summary.

@@ -824,6 +824,17 @@ fn pool_with_agents(
             TestNode { cp, name }
         })
         .collect();
+    let (hcas, started) = validated_agents(&nodes, pool, agents);
+    (nodes, hcas, started)
+}
+
+/// The agents of `nodes[agents]` over the pool `POOL=<pool>` with the shipped breaker
+/// (`recover_after: 1`, `--interval 500ms`, `--resync-interval 1s`), each validated.
+fn validated_agents(
+    nodes: &[TestNode],
+    pool: &str,
+    agents: std::ops::Range<usize>,
+) -> (Vec<FakeHca>, Vec<crate::common::Agent>) {
     let hcas: Vec<FakeHca> = agents.clone().map(|_| FakeHca::new(true)).collect();
     let started: Vec<_> = agents
         .clone()
@@ -851,7 +862,7 @@ fn pool_with_agents(
     for (agent, i) in started.iter().zip(agents) {
         agent.wait("validation", Duration::from_secs(90), || nodes[i].ready());
     }
-    (nodes, hcas, started)
+    (hcas, started)
 }
 
 fn tainted(nodes: &[TestNode]) -> Vec<&str> {
@@ -1047,33 +1058,7 @@ fn burst_pool(
             "lastTransitionTime": failed.to_string(),
             "lastHeartbeatTime": failed.to_string() }] }),
     );
-    let hcas: Vec<FakeHca> = agents.clone().map(|_| FakeHca::new(true)).collect();
-    let started: Vec<_> = agents
-        .clone()
-        .zip(&hcas)
-        .map(|(i, hca)| {
-            let config = hca.scratch().join("requirements.yaml");
-            std::fs::write(
-                &config,
-                format!("node:\n  recover_after: 1\n  pool_selector: \"{POOL}={pool}\"\n"),
-            )
-            .unwrap();
-            nodes[i].start_agent(
-                hca,
-                &[
-                    "--interval",
-                    "500ms",
-                    "--resync-interval",
-                    "1s",
-                    "--config",
-                    config.to_str().unwrap(),
-                ],
-            )
-        })
-        .collect();
-    for (agent, i) in started.iter().zip(agents) {
-        agent.wait("validation", Duration::from_secs(90), || nodes[i].ready());
-    }
+    let (hcas, started) = validated_agents(&nodes, pool, agents);
     (nodes, hcas, started)
 }
 

@@ -575,6 +575,20 @@ pub(crate) fn start() -> Option<(std::sync::RwLockWriteGuard<'static, ()>, &'sta
     let kueue = Kueue::shared()?;
     let serial = kueue.serial();
     delete_job(kueue.cp);
+    // Each test is a new installation as far as the requeue breaker goes: its count rides on
+    // the controllers' shared Lease, and earlier tests' requeues would hold this one's.
+    let _ = kueue.cp.kubectl_as(
+        &kueue.cp.admin_kubeconfig,
+        &[
+            "-n",
+            "fabricgate",
+            "annotate",
+            "lease",
+            "fabricgate-kueue-tests",
+            "fabricgate.io/requeues-",
+        ],
+        None,
+    );
     Some((serial, kueue))
 }
 

@@ -913,3 +913,124 @@ fn kueue_requeue_a_check_state_edited_by_hand_is_judged_again() {
         let _ = cp.kubectl(&["delete", "node", n, "--wait=false"]);
     }
 }
+
+/// One tenant's gangs spent every requeue of the window, and a new leader forgot the count:
+/// three admitted gangs of one namespace lose their Nodes at once, with
+/// `gang.max_requeues_per_namespace: 2` (and the global limit far off). Two are requeued, the
+/// third is held (`FabricGangRequeueHeld`), and the count is on the controller's Lease
+/// (`fabricgate.io/requeues`). The leader is killed; the next one reads the count back and
+/// holds the third still, past the grace. Before: all three requeued at once (no limit per
+/// namespace), and a new leader started counting from none.
+#[test]
+fn redteam_one_tenant_spends_only_its_share_of_requeues_and_a_new_leader_keeps_the_count() {
+    let Some(env) = ac::setup() else { return };
+    let cp = env.cp;
+    let ns = "rq-tenant";
+    let lease = "rq-tenant-lease";
+    let nodes: Vec<String> = (0..3).map(|i| format!("rq-tenant-{i}")).collect();
+    for n in &nodes {
+        ac::gpu_node(cp, n, "leaf-rt", true);
+    }
+    let config = ac::config_with(
+        &env,
+        ns,
+        "5s",
+        &format!(
+            "  requeue_grace: {}s\n  max_requeues_per_namespace: 2\n",
+            GRACE.as_secs()
+        ),
+    );
+    // A new installation: no count left by an earlier run on this control plane.
+    let _ = cp.kubectl_as(
+        &cp.admin_kubeconfig,
+        &[
+            "-n",
+            "fabricgate",
+            "delete",
+            "lease",
+            lease,
+            "--ignore-not-found",
+        ],
+        None,
+    );
+    let first = ac::start(&env, "rq-tenant-a", lease, ns, &config);
+    let gangs: Vec<String> = (0..3).map(|i| format!("gang-{i}")).collect();
+    for (gang, node) in gangs.iter().zip(&nodes) {
+        admit_by_hand(cp, ns, gang, 1, Some(&[node.as_str()]));
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    for gang in &gangs {
+        assert_eq!(ac::check_state(cp, ns, gang).0, "Ready");
+    }
+    for n in &nodes {
+        cp.kubectl(&["delete", "node", n, "--wait=false"]);
+    }
+    let events = |wl: &str, reason: &str| -> Vec<String> {
+        ac::workload_events(cp, ns, wl)
+            .into_iter()
+            .filter(|e| e["reason"] == reason)
+            .map(|e| e["note"].as_str().unwrap_or("").to_owned())
+            .collect()
+    };
+    let retried = || {
+        gangs
+            .iter()
+            .filter(|g| ac::check_state(cp, ns, g).0 == "Retry")
+            .cloned()
+            .collect::<Vec<String>>()
+    };
+    first.wait(
+        "two requeued, the third held",
+        Duration::from_secs(30),
+        || {
+            retried().len() == 2
+                && gangs
+                    .iter()
+                    .any(|g| !events(g, "FabricGangRequeueHeld").is_empty())
+        },
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    let requeued = retried();
+    assert_eq!(requeued.len(), 2, "{requeued:?}\n{}", first.log());
+    let held = gangs
+        .iter()
+        .find(|g| !requeued.contains(g))
+        .cloned()
+        .unwrap();
+    let note = events(&held, "FabricGangRequeueHeld").join("\n");
+    assert!(
+        note.contains("2 admitted gangs of namespace rq-tenant")
+            && note.contains("gang.max_requeues_per_namespace 2"),
+        "{note}"
+    );
+    let published = || {
+        cp.get_json(&format!(
+            "/apis/coordination.k8s.io/v1/namespaces/fabricgate/leases/{lease}"
+        ))
+        .and_then(|l| {
+            l["metadata"]["annotations"]["fabricgate.io/requeues"]
+                .as_str()
+                .and_then(|t| serde_json::from_str::<Value>(t).ok())
+        })
+    };
+    first.wait("the count on the Lease", Duration::from_secs(10), || {
+        published().is_some_and(|p| p["requeues"].as_array().is_some_and(|r| r.len() == 2))
+    });
+
+    // The leader dies (no release: its Lease runs out); the next reads the count back.
+    drop(first);
+    let second = ac::start(&env, "rq-tenant-b", lease, ns, &config);
+    second.wait("the count read back", Duration::from_secs(20), || {
+        second
+            .log()
+            .contains("the requeue breaker's count read from the Lease")
+    });
+    std::thread::sleep(GRACE + Duration::from_secs(3));
+    assert_eq!(
+        ac::check_state(cp, ns, &held).0,
+        "Ready",
+        "a new leader requeued the held gang:\n{}",
+        second.log()
+    );
+    assert_eq!(retried().len(), 2);
+}

@@ -237,6 +237,27 @@ impl Socket {
         request: &[u8],
         timeout: Duration,
     ) -> io::Result<Vec<Vec<u8>>> {
+        let mut datagrams = Vec::new();
+        self.dump_streamed(request, timeout, |datagram| {
+            datagrams.push(datagram.to_vec());
+            false
+        })?;
+        Ok(datagrams)
+    }
+
+    /// [`Self::dump_datagrams`] without keeping them: each reply datagram goes to `each` as it
+    /// comes, and `each` may end the wait early by answering `true` (the rest of the answer
+    /// is left unread: drop the socket then). What a dump holds is bounded by what `each`
+    /// keeps, not by the kernel's answer.
+    ///
+    /// # Errors
+    /// As [`Self::dump_datagrams`].
+    pub fn dump_streamed(
+        &mut self,
+        request: &[u8],
+        timeout: Duration,
+        mut each: impl FnMut(&[u8]) -> bool,
+    ) -> io::Result<()> {
         if request.len() < NLMSG_HDRLEN {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -245,13 +266,12 @@ impl Socket {
         }
         let mut stamped = request.to_vec();
         stamped[8..12].copy_from_slice(&self.next_seq().to_ne_bytes());
-        let mut datagrams = Vec::new();
         self.exchange_datagrams(&stamped, timeout, |datagram, ours| {
-            datagrams.push(datagram.to_vec());
-            ours.iter()
-                .any(|m| matches!(m.kind, NLMSG_DONE | NLMSG_ERROR) || m.flags & NLM_F_MULTI == 0)
-        })?;
-        Ok(datagrams)
+            let last = ours
+                .iter()
+                .any(|m| matches!(m.kind, NLMSG_DONE | NLMSG_ERROR) || m.flags & NLM_F_MULTI == 0);
+            each(datagram) || last
+        })
     }
 
     fn next_seq(&mut self) -> u32 {

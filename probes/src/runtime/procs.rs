@@ -118,15 +118,35 @@ pub fn socket_inode(link: &str) -> Option<u32> {
         .ok()
 }
 
-/// The addresses of the network namespace of `pid` (`self` for the agent's own): its IPv4
-/// `LOCAL` routes (`net/fib_trie`) and IPv6 addresses (`net/if_inet6`); what cannot be read
-/// adds none.
+/// Most bytes read of one `<pid>/net/` file: a namespace's routes and addresses are a few
+/// kilobytes; a process with `CAP_NET_ADMIN` in its namespace can make them gigabytes (a
+/// million routes), and the agent reads no more of them than this (8,000 routes or so: the
+/// rest of a longer table is not looked at, and traffic over those routes names no interface).
+pub const MAX_NET_FILE_BYTES: u64 = 1024 * 1024;
+
+/// `<pid>/net/<file>`, at most [`MAX_NET_FILE_BYTES`] of it, cut back to its last whole
+/// line; `None` when it cannot be read.
+pub fn read_net_file(roots: &Roots, pid: &str, file: &str) -> Option<String> {
+    use std::io::Read;
+    let f = std::fs::File::open(roots.proc(format!("{pid}/net/{file}"))).ok()?;
+    let mut bytes = Vec::new();
+    f.take(MAX_NET_FILE_BYTES).read_to_end(&mut bytes).ok()?;
+    if bytes.len() as u64 == MAX_NET_FILE_BYTES {
+        let whole = bytes.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
+        bytes.truncate(whole);
+    }
+    Some(String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// The host's addresses, seen from the agent's own network namespace (`self`: the agent runs
+/// with `hostNetwork`): its IPv4 `LOCAL` routes (`net/fib_trie`) and IPv6 addresses
+/// (`net/if_inet6`), each read through [`read_net_file`]; what cannot be read adds none. A pod's
+/// own addresses come from its sockets instead (the sampler), so no pod's table is read whole.
 pub fn local_addresses(roots: &Roots, pid: &str, into: &mut BTreeSet<IpAddr>) {
-    let read = |file: &str| std::fs::read_to_string(roots.proc(format!("{pid}/net/{file}")));
-    if let Ok(text) = read("fib_trie") {
+    if let Some(text) = read_net_file(roots, pid, "fib_trie") {
         into.extend(parse_fib_trie_local(&text).into_iter().map(IpAddr::V4));
     }
-    if let Ok(text) = read("if_inet6") {
+    if let Some(text) = read_net_file(roots, pid, "if_inet6") {
         into.extend(parse_if_inet6(&text).into_iter().map(IpAddr::V6));
     }
 }
@@ -169,9 +189,10 @@ pub struct Route {
     pub interface: String,
 }
 
-/// The routes of the namespace of `pid` (`net/route`, `net/ipv6_route`); none when unreadable.
+/// The routes of the namespace of `pid` (`net/route`, `net/ipv6_route`, each read through
+/// [`read_net_file`]); none when unreadable.
 pub fn routes(roots: &Roots, pid: &str) -> Vec<Route> {
-    let read = |file: &str| std::fs::read_to_string(roots.proc(format!("{pid}/net/{file}")));
+    let read = |file: &str| read_net_file(roots, pid, file);
     let mut out = read("route").map(|t| parse_route(&t)).unwrap_or_default();
     out.extend(
         read("ipv6_route")

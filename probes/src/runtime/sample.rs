@@ -71,13 +71,14 @@ pub trait Kernel: std::fmt::Debug + Send {
     fn qps(&mut self) -> Result<Vec<QpEntry>>;
 
     /// The TCP sockets of the network namespace `ns` (`<procfs>/<pid>/ns/net` of a pod's
-    /// process); `None`: the agent's own namespace (the host's: the agent runs with
+    /// process) that can carry TCP with another node (none to a loopback address), counting
+    /// at most `max`; `None`: the agent's own namespace (the host's: the agent runs with
     /// `hostNetwork`).
     ///
     /// # Errors
     /// [`ProbeError::Netns`] when the namespace cannot be entered, `Read` with `NotFound`
-    /// when its process exited, `Netlink` for bad replies.
-    fn tcp_sockets(&mut self, ns: Option<&Path>) -> Result<Vec<TcpSocket>>;
+    /// when its process exited, `Netlink` for bad replies or more than `max` sockets.
+    fn tcp_sockets(&mut self, ns: Option<&Path>, max: usize) -> Result<Vec<TcpSocket>>;
 }
 
 /// The running kernel, through the probes' netlink socket.
@@ -89,7 +90,7 @@ impl Kernel for LiveKernel {
         restrack::read_live_qps()
     }
 
-    fn tcp_sockets(&mut self, ns: Option<&Path>) -> Result<Vec<TcpSocket>> {
+    fn tcp_sockets(&mut self, ns: Option<&Path>, max: usize) -> Result<Vec<TcpSocket>> {
         let mut socket = match ns {
             None => tcp::open().map_err(|e| ProbeError::Netlink {
                 request: "sock_diag socket",
@@ -103,7 +104,7 @@ impl Kernel for LiveKernel {
                 },
             })?,
         };
-        tcp::read_sockets(&mut socket)
+        tcp::read_sockets_bounded(&mut socket, max)
     }
 }
 
@@ -114,6 +115,8 @@ pub struct PodSampler {
     kernel: Box<dyn Kernel>,
     baselines: HashMap<String, Baseline>,
     notes: Vec<String>,
+    /// Sockets counted per namespace at most (`runtime.max_sockets_per_pod`).
+    max_sockets: usize,
 }
 
 /// A pod's counters at its last sample: per socket (namespace, cookie), its bytes; `None`
@@ -145,7 +148,17 @@ impl PodSampler {
             kernel,
             baselines: HashMap::new(),
             notes: Vec::new(),
+            max_sockets: tcp::DEFAULT_MAX_SOCKETS,
         }
+    }
+
+    /// Count at most `max` TCP sockets per network namespace (`runtime.max_sockets_per_pod`):
+    /// a pod past it is `unknown` for the window, with a reason that names `max`, and the
+    /// others go on being judged.
+    #[must_use]
+    pub fn with_max_sockets(mut self, max: usize) -> Self {
+        self.max_sockets = max.max(1);
+        self
     }
 
     pub fn roots(&self) -> &Roots {
@@ -337,10 +350,11 @@ impl PodSampler {
         let host = host || Some(netns) == host_ns;
         let pid_dir = pid.to_string();
         let kernel = &mut self.kernel;
+        let max_sockets = self.max_sockets;
         let dump = dumps.entry(netns).or_insert_with(|| {
             let ns = procs::netns_path(&self.roots, &pid_dir);
             kernel
-                .tcp_sockets((!host).then_some(ns.as_path()))
+                .tcp_sockets((!host).then_some(ns.as_path()), max_sockets)
                 .map_err(|e| format!("its sockets cannot be listed: {e}"))
         });
         let all = dump.as_ref().map_err(Clone::clone)?;
@@ -354,7 +368,13 @@ impl PodSampler {
                 .cloned()
                 .collect()
         } else {
-            procs::local_addresses(&self.roots, &pid_dir, local);
+            // The namespace's own addresses are its sockets' local ends (a connection to its
+            // own address has both ends here): no need to read its address table.
+            local.extend(
+                all.iter()
+                    .map(|s| s.local.ip())
+                    .filter(|ip| !ip.is_loopback() && !ip.is_unspecified()),
+            );
             all.clone()
         };
         let routes = procs::routes(&self.roots, if host { "self" } else { &pid_dir });

@@ -96,15 +96,48 @@ pub fn dump_request(family: u8, sequence: u32) -> Vec<u8> {
     bytes
 }
 
+/// Sockets a namespace may hold before its dump is cut short: past it the pod's TCP is not
+/// measured (`runtime.max_sockets_per_pod`'s default). Each one counted costs a parse; each
+/// one kept about 100 bytes (and its baseline in the sampler), so a pod's share of the
+/// agent's memory per window stays bounded whatever it opens.
+pub const DEFAULT_MAX_SOCKETS: usize = 65_536;
+
 /// Parse the reply datagrams of one dump.
 ///
 /// # Errors
 /// [`ProbeError::Netlink`] for a reply cut short or malformed, an error from the kernel, or a
 /// dump without its `NLMSG_DONE`.
 pub fn parse_dump<D: AsRef<[u8]>>(datagrams: &[D]) -> Result<Vec<TcpSocket>> {
-    let mut out = Vec::new();
+    let mut dump = Dump::new(usize::MAX, |_| true);
     for datagram in datagrams {
-        let mut rest = datagram.as_ref();
+        if dump.take(datagram.as_ref())? {
+            return Ok(dump.kept);
+        }
+    }
+    Err(netlink("the reply ended without NLMSG_DONE (cut short)"))
+}
+
+/// One dump as it streams: every socket counted, only those `keep` wants kept.
+struct Dump<K> {
+    max: usize,
+    seen: usize,
+    keep: K,
+    kept: Vec<TcpSocket>,
+}
+
+impl<K: Fn(&TcpSocket) -> bool> Dump<K> {
+    fn new(max: usize, keep: K) -> Self {
+        Self {
+            max,
+            seen: 0,
+            keep,
+            kept: Vec::new(),
+        }
+    }
+
+    /// Read one reply datagram; `Ok(true)` once the dump is done.
+    fn take(&mut self, datagram: &[u8]) -> Result<bool> {
+        let mut rest = datagram;
         while !rest.is_empty() {
             let len = NetlinkBuffer::new_checked(rest)
                 .map_err(|e| malformed(&e))?
@@ -113,7 +146,7 @@ pub fn parse_dump<D: AsRef<[u8]>>(datagrams: &[D]) -> Result<Vec<TcpSocket>> {
                 NetlinkMessage::<SockDiagMessage>::deserialize(rest).map_err(|e| malformed(&e))?;
             match message.payload {
                 NetlinkPayload::Done(done) if done.code < 0 => return Err(refused(done.code)),
-                NetlinkPayload::Done(_) => return Ok(out),
+                NetlinkPayload::Done(_) => return Ok(true),
                 NetlinkPayload::Error(e) => {
                     return Err(match e.code {
                         Some(code) => refused(code.get()),
@@ -121,7 +154,18 @@ pub fn parse_dump<D: AsRef<[u8]>>(datagrams: &[D]) -> Result<Vec<TcpSocket>> {
                     });
                 }
                 NetlinkPayload::InnerMessage(SockDiagMessage::InetResponse(response)) => {
-                    out.push(socket_of(&response));
+                    self.seen = self.seen.saturating_add(1);
+                    if self.seen > self.max {
+                        return Err(netlink(format!(
+                            "the namespace holds more than {} TCP sockets \
+                             (runtime.max_sockets_per_pod): not measured",
+                            self.max
+                        )));
+                    }
+                    let socket = socket_of(&response);
+                    if (self.keep)(&socket) {
+                        self.kept.push(socket);
+                    }
                 }
                 NetlinkPayload::Overrun(_) => {
                     return Err(netlink(
@@ -132,8 +176,8 @@ pub fn parse_dump<D: AsRef<[u8]>>(datagrams: &[D]) -> Result<Vec<TcpSocket>> {
             }
             rest = rest.get(len.next_multiple_of(4)..).unwrap_or_default();
         }
+        Ok(false)
     }
-    Err(netlink("the reply ended without NLMSG_DONE (cut short)"))
 }
 
 fn socket_of(response: &netlink_packet_sock_diag::inet::InetResponse) -> TcpSocket {
@@ -164,14 +208,48 @@ fn socket_of(response: &netlink_packet_sock_diag::inet::InetResponse) -> TcpSock
 /// # Errors
 /// The socket's I/O error, or a bad reply ([`ProbeError::Netlink`]).
 pub fn read_sockets(socket: &mut impl NetlinkDump) -> Result<Vec<TcpSocket>> {
-    let mut out = Vec::new();
+    read_with(socket, Dump::new(usize::MAX, |_: &TcpSocket| true))
+}
+
+/// [`read_sockets`] counting at most `max` sockets (past it an error naming `max`, and the
+/// socket is not to be used again), and keeping only those that can carry TCP with another
+/// node: a socket to a loopback address never can, so a pod's loopback sockets cost a parse
+/// each and no memory. The dump is parsed as it streams (nothing buffered whole).
+///
+/// # Errors
+/// As [`read_sockets`]; [`ProbeError::Netlink`] when the namespace holds more than `max`.
+pub fn read_sockets_bounded(socket: &mut impl NetlinkDump, max: usize) -> Result<Vec<TcpSocket>> {
+    read_with(
+        socket,
+        Dump::new(max, |s: &TcpSocket| !s.remote.ip().is_loopback()),
+    )
+}
+
+fn read_with<K: Fn(&TcpSocket) -> bool>(
+    socket: &mut impl NetlinkDump,
+    mut dump: Dump<K>,
+) -> Result<Vec<TcpSocket>> {
     for (sequence, family) in [(1, AF_INET), (2, AF_INET6)] {
-        let reply = socket
-            .dump(&dump_request(family, sequence))
+        let mut failed = None;
+        let mut done = false;
+        socket
+            .dump_each(&dump_request(family, sequence), &mut |datagram| {
+                match dump.take(datagram) {
+                    Ok(true) => done = true,
+                    Ok(false) => {}
+                    Err(e) => failed = Some(e),
+                }
+                done || failed.is_some()
+            })
             .map_err(|e| netlink(format!("{e}")))?;
-        out.extend(parse_dump(&reply)?);
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        if !done {
+            return Err(netlink("the reply ended without NLMSG_DONE (cut short)"));
+        }
     }
-    Ok(out)
+    Ok(dump.kept)
 }
 
 /// A sock_diag socket of this process's own network namespace.

@@ -111,16 +111,30 @@ pub async fn run(
     let mut last_pass = tokio::time::Instant::now();
     let mut due: Option<tokio::time::Instant> = None;
     tokio::pin!(shutdown);
+    let requeues_key = requeue::requeues_annotation(&s.config.node.label_prefix);
     tracing::info!(identity = %s.identity, lease = %s.lease_name, "fabricgate admission-check started");
     loop {
         tokio::select! {
             () = &mut shutdown => break,
             _ = tick.tick() => {
-                let renewal = leadership.renew(&leases, &s.election()).await;
+                // The requeue breaker's count rides on each renewal once read (before: the
+                // annotation is left as the last leader wrote it).
+                let count = state.requeues.as_ref().map(requeue::RequeueLedger::annotation);
+                let publish: Vec<(&str, Option<&str>)> = count
+                    .as_deref()
+                    .map(|text| vec![(requeues_key.as_str(), Some(text))])
+                    .unwrap_or_default();
+                let renewal = leadership.renew_publishing(&leases, &s.election(), &publish).await;
                 leading = renewal.leading;
+                if leading && count.is_some() {
+                    state.requeues_changed = false;
+                }
                 if renewal.changed {
                     metrics.set_leader(leading);
                     state = state::State::default();
+                }
+                if leading && state.requeues.is_none() {
+                    state.requeues = load_requeues(&leases, &s, &requeues_key).await;
                 }
                 let keep = renewal.keep_watches;
                 if keep && watched.is_none() {
@@ -140,6 +154,10 @@ pub async fn run(
                 if let Some(w) = &watched && w.ready() {
                     due = reconcile::pass(&requests, &w.stores, &s, &metrics, &mut state).await;
                 }
+                if state.requeues_changed {
+                    // Published at once: a new leader must find this requeue counted.
+                    tick.reset_immediately();
+                }
             }
             () = watch::next_change(&mut watched) => changed = true,
         }
@@ -150,4 +168,41 @@ pub async fn run(
     }
     tracing::info!("fabricgate admission-check stopped");
     Ok(())
+}
+
+/// The requeue breaker's count as earlier leaders published it on the Lease (none, or an
+/// unreadable one: counting from none, logged); `None` when the Lease cannot be read now
+/// (asked again on the next renewal; no requeue meanwhile).
+async fn load_requeues(
+    leases: &Api<Lease>,
+    s: &CheckSettings,
+    key: &str,
+) -> Option<requeue::RequeueLedger> {
+    let lease = match leases.get_opt(&s.lease_name).await {
+        Ok(lease) => lease,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the Lease for the requeue breaker's count; \
+                                       requeueing nothing until it can");
+            return None;
+        }
+    };
+    let text = lease
+        .as_ref()
+        .and_then(|l| l.metadata.annotations.as_ref())
+        .and_then(|a| a.get(key));
+    Some(match text.map(|t| requeue::RequeueLedger::parse(t)) {
+        None => requeue::RequeueLedger::default(),
+        Some(Ok(ledger)) => {
+            tracing::info!(
+                requeues = ledger.requeues.len(),
+                "the requeue breaker's count read from the Lease"
+            );
+            ledger
+        }
+        Some(Err(e)) => {
+            tracing::warn!(error = %e, annotation = %key, "the Lease holds no readable requeue \
+                                                          count; counting from none");
+            requeue::RequeueLedger::default()
+        }
+    })
 }

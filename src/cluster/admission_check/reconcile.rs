@@ -81,7 +81,13 @@ pub(super) async fn pass(
         .bad_since
         .retain(|(uid, _), _| admitted_uids.contains(uid));
     state.held.retain(|uid| admitted_uids.contains(uid));
-    metrics.set_requeue_breaker_open(requeue::breaker_open(state, Instant::now(), &s.config.gang));
+    if let Some(ledger) = &state.requeues {
+        metrics.set_requeue_breaker_open(requeue::breaker_open(
+            ledger,
+            k8s_openapi::jiff::Timestamp::now(),
+            &s.config.gang,
+        ));
+    }
     cleanup(client, w, s, state, &pending_uids).await;
     due
 }
@@ -237,7 +243,8 @@ impl Pass<'_> {
     }
 
     /// An admitted Workload (our check `Ready`): requeued once a member stayed bad for
-    /// `gang.requeue_grace`, unless the breaker holds it (issue 43).
+    /// `gang.requeue_grace`, unless the breaker holds it (a rejection at `gang.max_attempts`
+    /// evicts the gang as well, and counts the same).
     async fn admitted(
         &self,
         state: &mut State,
@@ -273,9 +280,19 @@ impl Pass<'_> {
             }
             Verdict::Requeue(d) => d,
         };
-        if d.state == "Retry"
-            && let Err((why, reopen)) = requeue::breaker(state, now, gang)
-        {
+        let namespace = wl.namespace().unwrap_or_default();
+        let Some(ledger) = state.requeues.as_mut() else {
+            // The count of earlier leaders is not read yet: no requeue until it is.
+            return Ok(Step::Watching(Some(
+                tokio::time::Instant::now() + self.s.poll_interval,
+            )));
+        };
+        if let Err((why, reopen)) = requeue::breaker(
+            ledger,
+            &namespace,
+            k8s_openapi::jiff::Timestamp::now(),
+            gang,
+        ) {
             if state.held.insert(uid) {
                 self.metrics.requeue_held();
                 let note = format!("{why}; would requeue: {}", d.message);
@@ -284,6 +301,7 @@ impl Pass<'_> {
             }
             return Ok(Step::Watching(Some(tokio::time::Instant::now() + reopen)));
         }
+        state.requeues_changed = true;
         write_state(self.client, wl, &admitted.entries, &d).await?;
         state.held.remove(&uid);
         state.decided.insert(uid, rv);

@@ -14,6 +14,7 @@ use super::step::Decision;
 use crate::config::gang::GangSettings;
 use crate::policy::transport::REASON_SOCKETS;
 use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::DynamicObject;
 use serde_json::Value;
@@ -270,39 +271,116 @@ pub(super) fn judge(
     Verdict::Requeue(Decision::retry(message).escalate(retry_count, gang))
 }
 
-/// Whether one more admitted gang may be requeued now: `Ok` (counted in `state.requeued`), or
-/// the breaker's `BreakerOpen` message and when a requeue is allowed again.
+/// The requeue breaker's count: each admitted gang requeued (or rejected) within
+/// `gang.requeue_window`, by namespace and time. It rides on the controller's Lease
+/// ([`requeues_annotation`]) so that a new leader goes on counting where the last one
+/// stopped: a failover never resets the window.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RequeueLedger {
+    #[serde(default)]
+    pub requeues: Vec<RequeueEntry>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RequeueEntry {
+    /// The Workload's namespace.
+    pub namespace: String,
+    pub at: Timestamp,
+}
+
+/// `<label_prefix>requeues`: the annotation of the admission check's Lease that holds its
+/// [`RequeueLedger`].
+pub fn requeues_annotation(label_prefix: &str) -> String {
+    format!("{label_prefix}requeues")
+}
+
+impl RequeueLedger {
+    /// The ledger as published.
+    pub fn annotation(&self) -> String {
+        serde_json::to_string(self).unwrap_or_else(|_| "{\"requeues\":[]}".to_owned())
+    }
+
+    /// # Errors
+    /// What is wrong with `text` (not JSON, or not this shape).
+    pub fn parse(text: &str) -> Result<Self, serde_json::Error> {
+        serde_json::from_str(text)
+    }
+
+    /// Drop the entries past `window` (a clock far ahead of `now` counts as now).
+    fn forget_past(&mut self, now: Timestamp, window: Duration) {
+        self.requeues.retain(|e| age(e.at, now) < window);
+    }
+}
+
+fn age(at: Timestamp, now: Timestamp) -> Duration {
+    now.duration_since(at).try_into().unwrap_or(Duration::ZERO)
+}
+
+/// Whether one more admitted gang of `namespace` may be requeued (or rejected) now: `Ok`
+/// (counted in `ledger`), or the breaker's `BreakerOpen` message and when to ask again. Two
+/// limits per `gang.requeue_window`: `gang.max_requeues_per_window` in all, and
+/// `gang.max_requeues_per_namespace` in one namespace, so that one tenant cannot spend every
+/// other tenant's requeues.
 pub(super) fn breaker(
-    state: &mut State,
-    now: Instant,
+    ledger: &mut RequeueLedger,
+    namespace: &str,
+    now: Timestamp,
     gang: &GangSettings,
 ) -> Result<(), (String, Duration)> {
     let window = gang.requeue_window;
-    while state
-        .requeued
-        .front()
-        .is_some_and(|t| now.saturating_duration_since(*t) >= window)
-    {
-        state.requeued.pop_front();
-    }
+    ledger.forget_past(now, window);
     let max = usize::try_from(gang.max_requeues_per_window).unwrap_or(usize::MAX);
-    if state.requeued.len() < max {
-        state.requeued.push_back(now);
+    let per_namespace = usize::try_from(gang.max_requeues_per_namespace).unwrap_or(usize::MAX);
+    let mine: Vec<Timestamp> = ledger
+        .requeues
+        .iter()
+        .filter(|e| e.namespace == namespace)
+        .map(|e| e.at)
+        .collect();
+    let namespace_full = per_namespace > 0 && mine.len() >= per_namespace;
+    if ledger.requeues.len() < max && !namespace_full {
+        ledger.requeues.push(RequeueEntry {
+            namespace: namespace.to_owned(),
+            at: now,
+        });
         return Ok(());
     }
-    let reopen = state.requeued.front().map_or(window, |t| {
-        window.saturating_sub(now.saturating_duration_since(*t))
-    });
+    let oldest = |ats: &mut dyn Iterator<Item = Timestamp>| {
+        ats.min()
+            .map_or(window, |t| window.saturating_sub(age(t, now)))
+    };
+    let (count, limit, reopen) = if ledger.requeues.len() >= max {
+        (
+            format!(
+                "{} admitted gangs already requeued within {} (gang.max_requeues_per_window {})",
+                ledger.requeues.len(),
+                humantime::format_duration(window),
+                gang.max_requeues_per_window
+            ),
+            "gang.max_requeues_per_window",
+            oldest(&mut ledger.requeues.iter().map(|e| e.at)),
+        )
+    } else {
+        (
+            format!(
+                "{} admitted gangs of namespace {namespace} already requeued within {} \
+                 (gang.max_requeues_per_namespace {})",
+                mine.len(),
+                humantime::format_duration(window),
+                gang.max_requeues_per_namespace
+            ),
+            "gang.max_requeues_per_namespace",
+            oldest(&mut mine.iter().copied()),
+        )
+    };
     Err((
         format!(
-            "BreakerOpen: breaker open, not requeueing: {} admitted gangs already requeued \
-             within {} (gang.max_requeues_per_window {}); a fleet-wide failure is more likely \
-             a bad requirements rollout or agent deployment than broken hardware; fix that, or \
-             raise gang.max_requeues_per_window, or set gang.after_admission: ignore; the next \
-             requeue is allowed in {} s",
-            state.requeued.len(),
-            humantime::format_duration(window),
-            gang.max_requeues_per_window,
+            "BreakerOpen: breaker open, not requeueing: {count}; a fleet-wide failure is more \
+             likely a bad requirements rollout or agent deployment than broken hardware; fix \
+             that, or raise {limit}, or set gang.after_admission: ignore; the next requeue is \
+             allowed in {} s",
             reopen.as_secs()
         ),
         reopen,
@@ -310,11 +388,11 @@ pub(super) fn breaker(
 }
 
 /// Whether the breaker is open now (the window full), for the metric.
-pub(super) fn breaker_open(state: &State, now: Instant, gang: &GangSettings) -> bool {
-    let recent = state
-        .requeued
+pub(super) fn breaker_open(ledger: &RequeueLedger, now: Timestamp, gang: &GangSettings) -> bool {
+    let recent = ledger
+        .requeues
         .iter()
-        .filter(|t| now.saturating_duration_since(**t) < gang.requeue_window)
+        .filter(|e| age(e.at, now) < gang.requeue_window)
         .count();
     recent >= usize::try_from(gang.max_requeues_per_window).unwrap_or(usize::MAX)
 }

@@ -1,8 +1,9 @@
 //! What the leader remembers between passes (dropped when leadership changes: everything
-//! durable is in the API objects). Read by the decisions (`step.rs`), kept by the passes
+//! durable is in the API objects, the requeue breaker's count on the Lease). Read by the decisions (`step.rs`), kept by the passes
 //! (`reconcile.rs`) and the FabricCheck objects' upkeep (`objects.rs`).
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use super::requeue::RequeueLedger;
+use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
 #[derive(Default)]
@@ -26,9 +27,12 @@ pub(super) struct State {
     /// member of an admitted gang bad (`requeue.rs`). A new leader starts the grace afresh:
     /// a requeue later, never earlier.
     pub(super) bad_since: HashMap<(String, String), Instant>,
-    /// When each admitted gang was requeued, oldest first, within `gang.requeue_window`
-    /// (the breaker's count).
-    pub(super) requeued: VecDeque<Instant>,
+    /// The admitted gangs requeued (or rejected) within `gang.requeue_window`: the requeue
+    /// breaker's count, published on the Lease and read back by each new leader (`None`
+    /// until read: no requeue meanwhile).
+    pub(super) requeues: Option<RequeueLedger>,
+    /// The count changed since it was last published.
+    pub(super) requeues_changed: bool,
     /// Workload uids held by the breaker and reported (their Event recorded once).
     pub(super) held: HashSet<String>,
 }

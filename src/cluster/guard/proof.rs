@@ -11,7 +11,7 @@ use super::cache::Cache;
 use super::metrics::{GuardMetrics, Outcome, WriteKind};
 use super::{GUARD_FIELD_MANAGER, GuardSettings, record};
 use crate::text::truncate;
-use k8s_openapi::api::core::v1::{Node, ObjectReference, Taint};
+use k8s_openapi::api::core::v1::{Node, ObjectReference};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
@@ -53,28 +53,7 @@ pub(super) async fn prove(
         return last;
     };
     let name = node.metadata.name.clone().unwrap_or_default();
-    let mut taints = node
-        .spec
-        .as_ref()
-        .and_then(|sp| sp.taints.clone())
-        .unwrap_or_default();
-    taints.push(Taint {
-        key,
-        effect: s.config.node.taint_effect.as_str().to_owned(),
-        ..Taint::default()
-    });
-    let patch = json_patch::Patch(vec![json_patch::PatchOperation::Add(
-        json_patch::AddOperation {
-            path: json_patch::jsonptr::PointerBuf::from_tokens(["spec", "taints"]),
-            value: json!(taints),
-        },
-    )]);
-    let pp = PatchParams {
-        dry_run: true,
-        field_manager: Some(GUARD_FIELD_MANAGER.to_owned()),
-        ..PatchParams::default()
-    };
-    let result = nodes.patch(&name, &pp, &Patch::Json::<()>(patch)).await;
+    let result = dry_run_taint(nodes, node, s).await;
     let refusal = match &result {
         Err(kube::Error::Api(status)) => status.message.clone(),
         _ => String::new(),
@@ -215,16 +194,7 @@ async fn dry_run_taint(
     node: &Node,
     s: &GuardSettings,
 ) -> std::result::Result<Node, kube::Error> {
-    let mut taints = node
-        .spec
-        .as_ref()
-        .and_then(|sp| sp.taints.clone())
-        .unwrap_or_default();
-    taints.push(Taint {
-        key: s.config.node.taint_key(),
-        effect: s.config.node.taint_effect.as_str().to_owned(),
-        ..Taint::default()
-    });
+    let taints = super::sweep::with_our_taint(node, s);
     let patch = json_patch::Patch(vec![json_patch::PatchOperation::Add(
         json_patch::AddOperation {
             path: json_patch::jsonptr::PointerBuf::from_tokens(["spec", "taints"]),

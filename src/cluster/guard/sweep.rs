@@ -177,8 +177,7 @@ async fn act(
     );
     match decide(ledger, t, pool, s).await {
         TaintDecision::Taint => {
-            let key = s.config.node.taint_key();
-            let tainted = taint(nodes, node, &key, s).await;
+            let tainted = taint(nodes, node, s).await;
             wrote.push(record(m, WriteKind::Taint, "taint", name, tainted)?);
             let set = set_condition(nodes, name, AGENT_NOT_RUNNING, &message).await;
             wrote.push(record(
@@ -225,20 +224,28 @@ fn fabric_reason(node: &Node) -> Option<String> {
 async fn taint(
     nodes: &Api<Node>,
     node: &Node,
-    key: &str,
     s: &GuardSettings,
 ) -> std::result::Result<Node, kube::Error> {
+    let taints = with_our_taint(node, s);
+    crate::node::patch_taints(nodes, node, &taints, GUARD_FIELD_MANAGER).await
+}
+
+/// `node`'s taints with the guard's added last.
+pub(super) fn with_our_taint(
+    node: &Node,
+    s: &GuardSettings,
+) -> Vec<k8s_openapi::api::core::v1::Taint> {
     let mut taints = node
         .spec
         .as_ref()
         .and_then(|sp| sp.taints.clone())
         .unwrap_or_default();
     taints.push(k8s_openapi::api::core::v1::Taint {
-        key: key.to_owned(),
+        key: s.config.node.taint_key(),
         effect: s.config.node.taint_effect.as_str().to_owned(),
         ..Default::default()
     });
-    crate::node::patch_taints(nodes, node, &taints, GUARD_FIELD_MANAGER).await
+    taints
 }
 
 async fn set_condition(

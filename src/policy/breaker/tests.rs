@@ -325,6 +325,16 @@ fn a_summary_too_large_for_an_annotation_is_not_published() {
         s.annotation()
             .is_some_and(|a| a.len() <= MAX_PUBLISHED_BYTES)
     );
+    // A fleet-wide start of 5,000 Nodes, all validated in the last seconds: their turns do not
+    // fit, the rest of the summary is published without them.
+    let started: Vec<Node> = (0..5000)
+        .map(|i| validated_node(&format!("gpu-node-{i:05}.cluster.example"), now.as_second()))
+        .collect();
+    let s = PoolSummary::of(&started, KEY, Duration::from_secs(600), &now);
+    assert_eq!(s.untainted_since.len(), 5000);
+    let published = PoolSummary::parse(&s.annotation().unwrap()).unwrap();
+    assert_eq!(published.nodes, 5000);
+    assert!(published.untainted_since.is_empty());
 }
 
 #[test]

@@ -191,6 +191,22 @@ pub trait NetlinkDump {
     /// # Errors
     /// The socket's I/O error; `EPROTONOSUPPORT` when the kernel has no such protocol.
     fn dump(&mut self, request: &[u8]) -> io::Result<Vec<Vec<u8>>>;
+
+    /// The same dump, each reply datagram handed to `each` as it comes; `each` answers `true`
+    /// to stop reading (the socket is then not to be used again). Recorded replies are handed
+    /// over one by one; the probes' socket streams them, so nothing is kept but what `each`
+    /// keeps.
+    ///
+    /// # Errors
+    /// As [`NetlinkDump::dump`].
+    fn dump_each(&mut self, request: &[u8], each: &mut dyn FnMut(&[u8]) -> bool) -> io::Result<()> {
+        for datagram in self.dump(request)? {
+            if each(&datagram) {
+                break;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The request for every RDMA device (`RDMA_NLDEV_CMD_GET`, dump).
@@ -497,6 +513,10 @@ pub const DUMP_TIMEOUT: Duration = Duration::from_secs(5);
 impl NetlinkDump for Socket {
     fn dump(&mut self, request: &[u8]) -> io::Result<Vec<Vec<u8>>> {
         self.dump_datagrams(request, DUMP_TIMEOUT)
+    }
+
+    fn dump_each(&mut self, request: &[u8], each: &mut dyn FnMut(&[u8]) -> bool) -> io::Result<()> {
+        self.dump_streamed(request, DUMP_TIMEOUT, each)
     }
 }
 

@@ -47,7 +47,7 @@ impl Kernel for NoRdmaKernel {
         })
     }
 
-    fn tcp_sockets(&mut self, _ns: Option<&Path>) -> Result<Vec<TcpSocket>> {
+    fn tcp_sockets(&mut self, _ns: Option<&Path>, _max: usize) -> Result<Vec<TcpSocket>> {
         Ok(Vec::new())
     }
 }

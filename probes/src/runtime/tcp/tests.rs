@@ -125,3 +125,42 @@ fn a_live_dump_sees_its_own_connection() {
         std::fs::write(format!("{dir}/port.txt"), format!("{port}\n")).unwrap();
     }
 }
+
+/// A pod that opens loopback sockets by the hundred thousand (no capability needed) made the
+/// agent buffer, parse, clone and keep every one each window: OOM-killed past its limit. Now the
+/// live dump counts at most `max` sockets of a namespace (past it an error naming `max`, the
+/// rest of the answer unread) and keeps none to a loopback address. Here 600 loopback
+/// connections (1,200 sockets) in this namespace.
+#[test]
+fn redteam_a_namespace_of_loopback_sockets_is_counted_to_the_cap_and_never_kept() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let mut held = Vec::new();
+    for _ in 0..600 {
+        let client = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let (server, _) = listener.accept().unwrap();
+        held.push((client, server));
+    }
+    let Ok(mut socket) = open() else {
+        eprintln!("no sock_diag here: the live half is not tested");
+        return;
+    };
+    let e = read_sockets_bounded(&mut socket, 500).unwrap_err();
+    assert!(e.to_string().contains("more than 500 TCP sockets"), "{e}");
+    let mut socket = open().unwrap();
+    let kept = read_sockets_bounded(&mut socket, 10_000_000).unwrap();
+    assert!(
+        kept.iter().all(|s| !s.remote.ip().is_loopback()),
+        "loopback sockets kept: {}",
+        kept.iter().filter(|s| s.remote.ip().is_loopback()).count()
+    );
+    // The unbounded read still sees them all (what `check` without a cap would hold).
+    let mut socket = open().unwrap();
+    let all = read_sockets(&mut socket).unwrap();
+    let ours = all
+        .iter()
+        .filter(|s| s.remote.port() == port || s.local.port() == port)
+        .count();
+    assert_eq!(ours, 1_200);
+    drop(held);
+}

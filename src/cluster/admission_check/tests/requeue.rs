@@ -1,6 +1,7 @@
 //! After admission (issue 43, `requeue.rs`): which Workloads are watched, what counts as a bad
 //! member, the grace, the escalation and the breaker, table-tested without an API server.
 
+use super::super::requeue::RequeueLedger;
 use super::super::requeue::{
     self, AdmittedCheck, Cause, Members, PodIndex, TRANSPORT_CONDITION, Verdict,
     WORKLOAD_ANNOTATION,
@@ -9,6 +10,7 @@ use super::super::state::State;
 use super::*;
 use crate::config::gang::GangSettings;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -234,21 +236,19 @@ fn a_member_bad_past_the_grace_requeues_and_a_shorter_flap_does_nothing() {
 fn the_breaker_holds_requeues_past_the_window_limit() {
     let g = GangSettings {
         max_requeues_per_window: 10,
+        max_requeues_per_namespace: 0,
         requeue_window: Duration::from_secs(600),
         ..GangSettings::default()
     };
-    let mut state = State::default();
-    let t0 = Instant::now();
+    let mut ledger = RequeueLedger::default();
+    let t0 = Timestamp::from_second(1_000_000).unwrap();
+    let at = |s: i64| t0 + k8s_openapi::jiff::SignedDuration::from_secs(s);
     for i in 0..10 {
-        assert!(requeue::breaker(&mut state, t0 + Duration::from_secs(i), &g).is_ok());
+        assert!(requeue::breaker(&mut ledger, "ml", at(i), &g).is_ok());
     }
-    assert!(requeue::breaker_open(
-        &state,
-        t0 + Duration::from_secs(10),
-        &g
-    ));
-    let (why, reopen) = requeue::breaker(&mut state, t0 + Duration::from_secs(100), &g)
-        .expect_err("the eleventh is held");
+    assert!(requeue::breaker_open(&ledger, at(10), &g));
+    let (why, reopen) =
+        requeue::breaker(&mut ledger, "ml", at(100), &g).expect_err("the eleventh is held");
     assert!(
         why.starts_with(
             "BreakerOpen: breaker open, not requeueing: 10 admitted gangs already \
@@ -258,11 +258,49 @@ fn the_breaker_holds_requeues_past_the_window_limit() {
     );
     assert_eq!(reopen, Duration::from_secs(500));
     // The window slides: the oldest requeue leaves it, one more is allowed.
-    assert!(requeue::breaker(&mut state, t0 + Duration::from_secs(600), &g).is_ok());
-    assert!(requeue::breaker(&mut state, t0 + Duration::from_secs(600), &g).is_err());
-    assert!(!requeue::breaker_open(
-        &state,
-        t0 + Duration::from_secs(2000),
-        &g
-    ));
+    assert!(requeue::breaker(&mut ledger, "ml", at(600), &g).is_ok());
+    assert!(requeue::breaker(&mut ledger, "ml", at(600), &g).is_err());
+    assert!(!requeue::breaker_open(&ledger, at(2000), &g));
+}
+
+/// One tenant's many small gangs on sockets spent every requeue of the window, and the other
+/// tenants' real requeues were held. Now one namespace gets at most
+/// `gang.max_requeues_per_namespace` of them; the others go on being requeued, and the global
+/// limit still binds. What the breaker counted survives a new leader: it is published as the
+/// Lease's annotation and read back whole.
+#[test]
+fn redteam_one_namespace_cannot_spend_every_tenants_requeues() {
+    let g = GangSettings {
+        max_requeues_per_window: 6,
+        max_requeues_per_namespace: 2,
+        requeue_window: Duration::from_secs(600),
+        ..GangSettings::default()
+    };
+    let t0 = Timestamp::from_second(2_000_000).unwrap();
+    let at = |s: i64| t0 + k8s_openapi::jiff::SignedDuration::from_secs(s);
+    let mut ledger = RequeueLedger::default();
+    let mut noisy = Vec::new();
+    for i in 0..10 {
+        noisy.push(requeue::breaker(&mut ledger, "tenant-a", at(i), &g).is_ok());
+    }
+    assert_eq!(noisy.iter().filter(|ok| **ok).count(), 2, "{noisy:?}");
+    let (why, _) = requeue::breaker(&mut ledger, "tenant-a", at(11), &g).unwrap_err();
+    assert!(
+        why.contains("2 admitted gangs of namespace tenant-a")
+            && why.contains("gang.max_requeues_per_namespace 2"),
+        "{why}"
+    );
+    // Another tenant's real failures are still requeued, up to the global limit.
+    let others: Vec<bool> = ["b", "c", "d", "e", "f"]
+        .iter()
+        .map(|t| requeue::breaker(&mut ledger, &format!("tenant-{t}"), at(20), &g).is_ok())
+        .collect();
+    assert_eq!(others, [true, true, true, true, false], "6 in all");
+    // A new leader reads the count back from the Lease's annotation: still open.
+    let mut read = RequeueLedger::parse(&ledger.annotation()).unwrap();
+    assert_eq!(read, ledger);
+    assert!(requeue::breaker(&mut read, "tenant-g", at(30), &g).is_err());
+    assert!(requeue::breaker(&mut read, "tenant-a", at(30), &g).is_err());
+    // Past the window, both limits reopen.
+    assert!(requeue::breaker(&mut read, "tenant-a", at(700), &g).is_ok());
 }
