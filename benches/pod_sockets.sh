@@ -8,6 +8,7 @@
 # here, so the sockets are spread over processes of ~9,900 connections (19,800 sockets) each.
 #
 #   benches/pod_sockets.sh [N] [BINARY]      # as root; BINARY: target/test-image/fabricgate
+#   BEFORE=/path/to/an/older/fabricgate benches/pod_sockets.sh   # and that one over the same pod
 #
 # Everything it made (namespace, cgroups, processes) is removed on exit.
 set -euo pipefail
@@ -85,3 +86,8 @@ printf 'runtime:\n  enabled: false\n' >"$work/default.yaml"
 printf 'runtime:\n  max_sockets_per_pod: 10000000\n' >"$work/all.yaml"
 measure "max_sockets_per_pod 65536 (default)" "$work/default.yaml"
 measure "max_sockets_per_pod 10000000 (every socket counted)" "$work/all.yaml"
+if [ -n "${BEFORE:-}" ]; then
+    # Another build (e.g. of an earlier commit) over the same pod; it may not know the key.
+    bin="$BEFORE"
+    measure "BEFORE=$BEFORE" "$work/default.yaml"
+fi
