@@ -63,6 +63,7 @@ pub fn start(
     };
     let judging = |sampler| Judging {
         config: config.clone(),
+        sample_deadline: config.runtime.window,
         own_namespace: own_namespace.to_owned(),
         pods: pods_rx,
         nodes: nodes_rx,
@@ -123,6 +124,8 @@ async fn remote_nodes_once_judged(
 
 struct Judging {
     config: Config,
+    /// How long a window's sample may take (`runtime.window`): past it the window misses.
+    sample_deadline: std::time::Duration,
     /// The agent's namespace: its own pods there are never judged.
     own_namespace: String,
     pods: watch::Receiver<BTreeMap<String, Pod>>,
@@ -238,7 +241,7 @@ impl Judging {
             Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner().sample(&request)),
             Err(std::sync::TryLockError::WouldBlock) => None,
         });
-        let deadline = self.config.runtime.window;
+        let deadline = self.sample_deadline;
         match tokio::time::timeout(deadline, work).await {
             Ok(Ok(Some(facts))) => Ok(facts),
             Ok(Ok(None)) => Err(
@@ -286,5 +289,125 @@ impl Judging {
             })
             .collect();
         m.record(&samples);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::node::tests::scripted;
+    use fabricgate_probes::runtime::sample::SampleRequest;
+    use serde_json::json;
+
+    /// A look into a pod that does not return (a wedged namespace, a flood on the agent's
+    /// netlink port): this sampler sleeps far past the window.
+    struct Wedged;
+
+    impl Sampler for Wedged {
+        fn sample(&mut self, _request: &SampleRequest) -> Vec<PodTransportFacts> {
+            std::thread::sleep(std::time::Duration::from_millis(1500));
+            Vec::new()
+        }
+    }
+
+    /// A wedged sampler froze every pod condition on the node (a `False` one was still
+    /// evicted). Now the window's sample is awaited within `runtime.window`: the judged pod
+    /// whose condition said sockets turns `Unknown`, the metric says `unknown`, and the missed
+    /// window is counted; the next window finds the sampler still busy and misses too rather
+    /// than start a second thread.
+    #[tokio::test]
+    async fn redteam_a_wedged_sampler_makes_the_pods_unknown_never_frozen() {
+        let config = Config::parse(
+            "kubernetes:\n  rdma_resources: [\"rdma/hca\"]\nruntime:\n  enabled: true\n  \
+             window: 5s\n",
+        )
+        .unwrap();
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "w-0", "namespace": "ml", "uid": "u-1"},
+            "spec": {"nodeName": "gpu-a", "containers": [{"name": "c",
+                "resources": {"limits": {"rdma/hca": "1"}}}]},
+            "status": {"phase": "Running", "conditions": [{
+                "type": "fabricgate.io/TransportReady", "status": "False",
+                "reason": "SocketsFallback"}]}
+        }))
+        .unwrap();
+        let (_pods_tx, pods) = watch::channel(BTreeMap::from([("u-1".to_owned(), pod)]));
+        let (_nodes_tx, nodes) = watch::channel(RemoteNodes::default());
+        let (client, mut server) = scripted::client();
+        let metrics = Arc::new(Metrics::with_config(&config));
+        let mut judging = Judging {
+            config,
+            // The window's 5 s at the least in a config; a test needs no 5 s wait.
+            sample_deadline: std::time::Duration::from_millis(200),
+            own_namespace: "fabricgate".to_owned(),
+            pods,
+            nodes,
+            writer: PodWriter {
+                client,
+                node: "gpu-a".to_owned(),
+                dry_run: false,
+            },
+            metrics: Arc::clone(&metrics),
+            sampler: Arc::new(Mutex::new(Box::new(Wedged))),
+            told_unknown: false,
+        };
+        let window = tokio::spawn(async move {
+            judging.window().await;
+            judging
+        });
+        // (Before, the window waited for the sample and wrote nothing: the pod stayed False.)
+        let patch = tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            server.answer(200, json!({})),
+        )
+        .await
+        .expect("the pod's condition set within the window's deadline");
+        assert!(
+            patch.path.ends_with("/namespaces/ml/pods/w-0/status"),
+            "{}",
+            patch.path
+        );
+        let condition = &patch.body["status"]["conditions"][0];
+        assert_eq!(condition["status"], "Unknown", "{}", patch.body);
+        assert!(
+            condition["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("did not finish within runtime.window")),
+            "{}",
+            patch.body
+        );
+        let mut judging = window.await.unwrap();
+        let text = metrics.encode(false);
+        assert!(
+            text.contains(
+                "fabricgate_pod_transport{namespace=\"ml\",pod=\"w-0\",transport=\"unknown\"} 1"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("fabricgate_pod_sampler_missed_windows_total 1"),
+            "{text}"
+        );
+        // The next window at once: the first sample's thread still runs, and this one misses
+        // too (the pod, as this test's watch still shows it, is set Unknown again).
+        let window = tokio::spawn(async move {
+            judging.window().await;
+            judging
+        });
+        let again = server.answer(200, json!({})).await;
+        assert_eq!(again.body["status"]["conditions"][0]["status"], "Unknown");
+        let again = again.body["status"]["conditions"][0]["message"].to_string();
+        assert!(
+            again.contains("still busy with an earlier window"),
+            "{again}"
+        );
+        let judging = window.await.unwrap();
+        let text = metrics.encode(false);
+        assert!(
+            text.contains("fabricgate_pod_sampler_missed_windows_total 2"),
+            "{text}"
+        );
+        drop(judging);
+        server.expect_no_more().await;
     }
 }
