@@ -113,8 +113,11 @@ pub(super) struct Confinement {
 }
 
 impl Confinement {
+    /// Whether to prove again: every `every`, and on every turn while not confined (a
+    /// policy the API server has not loaded yet right after an install, or a ConfigMap being
+    /// restored, is seen as soon as it holds).
     pub(super) fn due(&self, every: std::time::Duration) -> bool {
-        self.at.is_none_or(|at| at.elapsed() >= every)
+        self.last == Some(false) || self.at.is_none_or(|at| at.elapsed() >= every)
     }
 
     pub(super) async fn prove(
@@ -125,19 +128,37 @@ impl Confinement {
         m: &GuardMetrics,
     ) {
         self.at = Some(tokio::time::Instant::now());
-        let Some(node) = outside_node(nodes, s).await else {
+        let candidates = outside_nodes(nodes, s).await;
+        if candidates.is_empty() {
             // Every Node is in the pool (or none could be listed): nothing to prove on.
+            if self.last.is_some() {
+                tracing::info!("no Node outside the pool to prove the guard's confinement on");
+            }
             m.set_confined(None, "");
+            self.last = None;
+            return;
+        }
+        // The first that answers about the policy: a Node deleted meanwhile (404) says
+        // nothing, nor does a server away (next time).
+        let mut answer = None;
+        for node in &candidates {
+            match dry_run_taint(nodes, node, s).await {
+                Ok(_) => answer = Some((node, true)),
+                Err(kube::Error::Api(status)) if status.code == 403 || status.code == 422 => {
+                    answer = Some((node, false));
+                }
+                Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => {
+                    continue;
+                }
+                Err(_) => {}
+            }
+            break;
+        }
+        let Some((node, admitted)) = answer else {
+            self.at = None;
             return;
         };
         let name = node.metadata.name.clone().unwrap_or_default();
-        let result = dry_run_taint(nodes, &node, s).await;
-        let admitted = match &result {
-            Ok(_) => true,
-            Err(kube::Error::Api(status)) if status.code == 403 || status.code == 422 => false,
-            // Not an answer about the policy (a conflict, the server away): next time.
-            Err(_) => return,
-        };
         let selector = &s.config.node.pool_selector;
         let why = format!(
             "the guard is not confined to its pool: a dry run of its taint on Node {name}, \
@@ -152,12 +173,15 @@ impl Confinement {
             if admitted {
                 emit(events, s, "Warning", NOT_CONFINED, &why).await;
                 tracing::error!(node = %name, selector = %selector, "{why}");
-            } else if self.last == Some(false) {
+            } else {
                 let note = format!(
-                    "the guard is confined to its pool again: a dry run of its taint on Node \
-                     {name}, outside node.pool_selector \"{selector}\", was refused"
+                    "the guard is confined to its pool: a dry run of its taint on Node {name}, \
+                     outside node.pool_selector \"{selector}\", was refused"
                 );
-                emit(events, s, "Normal", CONFINED, &note).await;
+                // An Event only when it was not confined before: the steady state says nothing.
+                if self.last == Some(false) {
+                    emit(events, s, "Normal", CONFINED, &note).await;
+                }
                 tracing::info!(node = %name, "{note}");
             }
         }
@@ -165,27 +189,32 @@ impl Confinement {
     }
 }
 
-/// One Node outside the pool: listed by each requirement of `node.pool_selector` negated
-/// (`policy::breaker::selector_complement`), at most one Node a list.
-async fn outside_node(nodes: &Api<Node>, s: &GuardSettings) -> Option<Node> {
+/// Nodes outside the pool without our taint, a few: listed by each requirement of
+/// `node.pool_selector` negated (`policy::breaker::selector_complement`), at most 20 a list,
+/// until one list finds some.
+async fn outside_nodes(nodes: &Api<Node>, s: &GuardSettings) -> Vec<Node> {
     let selector = &s.config.node.pool_selector;
     let key = s.config.node.taint_key();
-    for complement in crate::policy::breaker::selector_complement(selector)? {
+    for complement in crate::policy::breaker::selector_complement(selector).unwrap_or_default() {
         let params = ListParams::default().labels(&complement).limit(20);
         let Ok(list) = nodes.list(&params).await else {
             continue;
         };
-        let untainted = list.items.into_iter().find(|n| {
-            !n.spec
-                .as_ref()
-                .and_then(|sp| sp.taints.as_ref())
-                .is_some_and(|ts| ts.iter().any(|t| t.key == key))
-        });
-        if untainted.is_some() {
+        let untainted: Vec<Node> = list
+            .items
+            .into_iter()
+            .filter(|n| {
+                !n.spec
+                    .as_ref()
+                    .and_then(|sp| sp.taints.as_ref())
+                    .is_some_and(|ts| ts.iter().any(|t| t.key == key))
+            })
+            .collect();
+        if !untainted.is_empty() {
             return untainted;
         }
     }
-    None
+    Vec::new()
 }
 
 /// The guard's taint added to `node`, as a server-side dry run (nothing is written).
