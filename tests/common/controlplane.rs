@@ -74,11 +74,12 @@ impl AuditEvent {
         r
     }
 
+    /// A request that writes (a server-side dry run writes nothing).
     pub fn is_write(&self) -> bool {
         matches!(
             self.verb.as_str(),
             "create" | "update" | "patch" | "delete" | "deletecollection"
-        )
+        ) && !self.request_uri.contains("dryRun=All")
     }
 
     /// (apiGroup, resource[/subresource], verb): what RBAC had to grant for this request.

@@ -446,7 +446,9 @@ fn spawn_guard(cp: &'static ControlPlane, fleet: &Fleet, pool: &str) {
             pod_selector: "app=fabricgate-scale-no-agent-pods".to_owned(),
             stale_after: Duration::from_secs(86_400),
             poll_interval: Duration::from_secs(5),
-            prove_every: Duration::from_secs(180),
+            // Its pool is not its admission policy's (the shared control plane's): its proof
+            // of confinement, at its start, says so; not again while measured.
+            prove_every: Duration::from_secs(86_400),
             lease_name: fabricgate::config::DEFAULT_GUARD_LEASE.to_owned(),
             lease_duration: Duration::from_secs(15),
             identity: "scale-guard".to_owned(),

@@ -104,20 +104,36 @@ pub(super) async fn prove(
 /// it, or editing the policy, lifts the limit without a word. Proven at each leadership and
 /// every `--prove-every` after; admitted outside the pool: a Warning Event, `/readyz` fails,
 /// `fabricgate_guard_confined` 0 (alert `FabricgateGuardNotConfined`).
-#[derive(Default)]
 pub(super) struct Confinement {
     /// What the last proof found (`None`: not proven).
     last: Option<bool>,
     /// When the last proof ran (`None`: due now).
     at: Option<tokio::time::Instant>,
+    /// When this leadership began.
+    since: tokio::time::Instant,
 }
 
+impl Default for Confinement {
+    fn default() -> Self {
+        Self {
+            last: None,
+            at: None,
+            since: tokio::time::Instant::now(),
+        }
+    }
+}
+
+/// How long after a leadership begins a guard not confined proves again on every turn: an
+/// admission policy just applied (an install, an upgrade) takes the API server a moment to
+/// enforce, and the guard should not stay unready for a whole `--prove-every` because of it.
+const EAGER_AFTER_LEADING: std::time::Duration = std::time::Duration::from_secs(20);
+
 impl Confinement {
-    /// Whether to prove again: every `every`, and on every turn while not confined (a
-    /// policy the API server has not loaded yet right after an install, or a ConfigMap being
-    /// restored, is seen as soon as it holds).
+    /// Whether to prove again: every `every`, and on every turn while not confined in the
+    /// first seconds of a leadership.
     pub(super) fn due(&self, every: std::time::Duration) -> bool {
-        self.last == Some(false) || self.at.is_none_or(|at| at.elapsed() >= every)
+        let eager = self.last == Some(false) && self.since.elapsed() < EAGER_AFTER_LEADING;
+        eager || self.at.is_none_or(|at| at.elapsed() >= every)
     }
 
     pub(super) async fn prove(
@@ -131,11 +147,10 @@ impl Confinement {
         let candidates = outside_nodes(nodes, s).await;
         if candidates.is_empty() {
             // Every Node is in the pool (or none could be listed): nothing to prove on.
-            if self.last.is_some() {
+            if self.last.is_none() {
                 tracing::info!("no Node outside the pool to prove the guard's confinement on");
+                m.set_confined(None, "");
             }
-            m.set_confined(None, "");
-            self.last = None;
             return;
         }
         // The first that answers about the policy: a Node deleted meanwhile (404) says
@@ -168,7 +183,6 @@ impl Confinement {
              changed. Restore them (deploy/guard.yaml, daemonset.yaml); until then a leaked \
              guard token can taint any Node"
         );
-        m.set_confined(Some(!admitted), &why);
         if self.last != Some(!admitted) {
             if admitted {
                 emit(events, s, "Warning", NOT_CONFINED, &why).await;
@@ -185,6 +199,8 @@ impl Confinement {
                 tracing::info!(node = %name, "{note}");
             }
         }
+        // Said in the metric and `/readyz` once the Event is out.
+        m.set_confined(Some(!admitted), &why);
         self.last = Some(!admitted);
     }
 }
