@@ -938,7 +938,7 @@ fn a_sixth_failing_a_second_after_a_burst_is_held_at_one_half() {
     assert!(first.contains("guard"), "{first}");
     eprintln!("the sixth's first count: {first}");
     drop(agents);
-    drop(guard);
+    guard.stop();
 }
 
 /// Issue 41: a whole 16-node pool failing within a second. The fraction cap (one half) holds
@@ -1186,7 +1186,7 @@ fn burst_under_a_lagging_summary(pool: &str, n: usize, failing: usize, stagger: 
     let now = tainted(&nodes);
     assert_eq!(now.len(), cap, "{now:?}\n{}", report());
     drop(agents);
-    drop(guard);
+    guard.stop();
 }
 
 /// The burst of the field report: 10 Nodes, one failed earlier and one tainted by the guard
@@ -1306,5 +1306,5 @@ fn a_real_failure_right_after_a_fleet_wide_start_is_tainted_at_once() {
         .to_owned();
     assert!(count.contains("guard"), "{count}");
     drop(agents);
-    drop(guard);
+    guard.stop();
 }

@@ -56,6 +56,20 @@ impl Guard {
         found.unwrap_or_default()
     }
 
+    /// SIGTERM, as a rollout stops a replica: the guard releases its Lease on the way out, so
+    /// the next test's guard on the same Lease leads at once (a killed one holds it for its
+    /// whole `--lease-duration`).
+    pub fn stop(mut self) {
+        crate::common::signal(&self.child, "TERM");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while std::time::Instant::now() < deadline {
+            if !self.alive() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     pub fn child(&self) -> &Child {
         &self.child
     }
