@@ -1006,6 +1006,9 @@ fn guard_manifest_is_least_privilege_two_replicas_with_a_pdb_and_its_args_parse(
         "ClusterRole /pods watch",
         "ClusterRole /pods/eviction create",
         "ClusterRole events.k8s.io/events create",
+        // The breaker's ledger (one ConfigMap): its taints reserved as the agents' are.
+        "Role /configmaps get",
+        "Role /configmaps update",
         "Role /pods list",
         "Role /pods watch",
         "Role coordination.k8s.io/leases create",
@@ -1116,8 +1119,9 @@ fn guard_manifest_is_least_privilege_two_replicas_with_a_pdb_and_its_args_parse(
         "the shipped one is the default"
     );
     // Its admission policies: for its own ServiceAccount; one confines what it may change,
-    // the other the Nodes, to the pool its binding's parameter defines: the requirements
-    // ConfigMap's key pool-selector, which the guard reads too.
+    // the second the Nodes, to the pool its binding's parameter defines: the requirements
+    // ConfigMap's key pool-selector, which the guard reads too; the third what it may change
+    // in the breaker's ledger.
     let policies: Vec<&Value> = docs
         .iter()
         .filter(|d| d["kind"] == "ValidatingAdmissionPolicy")
@@ -1126,7 +1130,14 @@ fn guard_manifest_is_least_privilege_two_replicas_with_a_pdb_and_its_args_parse(
         .iter()
         .map(|p| p["metadata"]["name"].as_str().unwrap())
         .collect();
-    assert_eq!(names, ["fabricgate-guard", "fabricgate-guard-pool"]);
+    assert_eq!(
+        names,
+        [
+            "fabricgate-guard",
+            "fabricgate-guard-pool",
+            "fabricgate-guard-ledger"
+        ]
+    );
     for vap in &policies {
         assert_eq!(vap["spec"]["failurePolicy"], "Fail");
         assert!(

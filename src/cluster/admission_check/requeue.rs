@@ -271,52 +271,8 @@ pub(super) fn judge(
     Verdict::Requeue(Decision::retry(message).escalate(retry_count, gang))
 }
 
-/// The requeue breaker's count: each admitted gang requeued (or rejected) within
-/// `gang.requeue_window`, by namespace and time. It rides on the controller's Lease
-/// ([`requeues_annotation`]) so that a new leader goes on counting where the last one
-/// stopped: a failover never resets the window.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct RequeueLedger {
-    #[serde(default)]
-    pub requeues: Vec<RequeueEntry>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct RequeueEntry {
-    /// The Workload's namespace.
-    pub namespace: String,
-    pub at: Timestamp,
-}
-
-/// `<label_prefix>requeues`: the annotation of the admission check's Lease that holds its
-/// [`RequeueLedger`].
-pub fn requeues_annotation(label_prefix: &str) -> String {
-    format!("{label_prefix}requeues")
-}
-
-impl RequeueLedger {
-    /// The ledger as published.
-    pub fn annotation(&self) -> String {
-        serde_json::to_string(self).unwrap_or_else(|_| "{\"requeues\":[]}".to_owned())
-    }
-
-    /// # Errors
-    /// What is wrong with `text` (not JSON, or not this shape).
-    pub fn parse(text: &str) -> Result<Self, serde_json::Error> {
-        serde_json::from_str(text)
-    }
-
-    /// Drop the entries past `window` (a clock far ahead of `now` counts as now).
-    fn forget_past(&mut self, now: Timestamp, window: Duration) {
-        self.requeues.retain(|e| age(e.at, now) < window);
-    }
-}
-
-fn age(at: Timestamp, now: Timestamp) -> Duration {
-    now.duration_since(at).try_into().unwrap_or(Duration::ZERO)
-}
+use super::state::age;
+pub use super::state::{RequeueEntry, RequeueLedger, requeues_annotation};
 
 /// Whether one more admitted gang of `namespace` may be requeued (or rejected) now: `Ok`
 /// (counted in `ledger`), or the breaker's `BreakerOpen` message and when to ask again. Two

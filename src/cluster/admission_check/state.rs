@@ -2,8 +2,9 @@
 //! durable is in the API objects, the requeue breaker's count on the Lease). Read by the decisions (`step.rs`), kept by the passes
 //! (`reconcile.rs`) and the FabricCheck objects' upkeep (`objects.rs`).
 
-use super::requeue::RequeueLedger;
+use k8s_openapi::jiff::Timestamp;
 use std::collections::{HashMap, HashSet};
+use std::time::Duration;
 use std::time::Instant;
 
 #[derive(Default)]
@@ -35,4 +36,51 @@ pub(super) struct State {
     pub(super) requeues_changed: bool,
     /// Workload uids held by the breaker and reported (their Event recorded once).
     pub(super) held: HashSet<String>,
+}
+
+/// The requeue breaker's count: each admitted gang requeued (or rejected) within
+/// `gang.requeue_window`, by namespace and time. It rides on the controller's Lease
+/// ([`requeues_annotation`]) so that a new leader goes on counting where the last one
+/// stopped: a failover never resets the window.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RequeueLedger {
+    #[serde(default)]
+    pub requeues: Vec<RequeueEntry>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RequeueEntry {
+    /// The Workload's namespace.
+    pub namespace: String,
+    pub at: Timestamp,
+}
+
+/// `<label_prefix>requeues`: the annotation of the admission check's Lease that holds its
+/// [`RequeueLedger`].
+pub fn requeues_annotation(label_prefix: &str) -> String {
+    format!("{label_prefix}requeues")
+}
+
+impl RequeueLedger {
+    /// The ledger as published.
+    pub fn annotation(&self) -> String {
+        serde_json::to_string(self).unwrap_or_else(|_| "{\"requeues\":[]}".to_owned())
+    }
+
+    /// # Errors
+    /// What is wrong with `text` (not JSON, or not this shape).
+    pub fn parse(text: &str) -> Result<Self, serde_json::Error> {
+        serde_json::from_str(text)
+    }
+
+    /// Drop the entries past `window` (a clock far ahead of `now` counts as now).
+    pub(super) fn forget_past(&mut self, now: Timestamp, window: Duration) {
+        self.requeues.retain(|e| age(e.at, now) < window);
+    }
+}
+
+pub(super) fn age(at: Timestamp, now: Timestamp) -> Duration {
+    now.duration_since(at).try_into().unwrap_or(Duration::ZERO)
 }
