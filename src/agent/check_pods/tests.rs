@@ -15,6 +15,7 @@ fn tcp(bytes: u64) -> Observed<InternodeTcp> {
         window: Duration::from_secs(5),
         peers: vec!["169.254.77.2".parse::<IpAddr>().unwrap()],
         interfaces: vec!["eth0".into()],
+        other_bytes: 0,
     })
 }
 
@@ -78,8 +79,8 @@ fn the_table_section_reads_as_a_person_on_the_node_reads_it() {
     let want = "
 Pods: sampled over 5.0 s
   POD UID                               TRANSPORT  QPS   INTER-NODE TCP  WHY
-  1111aaaa-2222-4333-8444-555566667777  rdma       1 RC  4.1 kB          1 data-path QP in RTS; 4.1 kB over TCP to 1 node in 5 s via eth0
-  2222bbbb-3333-4444-8555-666677778888  sockets    0     60.0 MB         0 data-path QPs; 60.0 MB over TCP to 1 node in 5 s via eth0
+  1111aaaa-2222-4333-8444-555566667777  rdma       1 RC  4.1 kB          1 data-path QP in RTS; 4.1 kB over TCP with 1 peer in 5 s via eth0
+  2222bbbb-3333-4444-8555-666677778888  sockets    0     60.0 MB         0 data-path QPs; 60.0 MB over TCP with 1 peer in 5 s via eth0
   3333cccc-4444-4555-8666-777788889999  unknown    ?     0 B             its queue pairs cannot be listed: the kernel has no RDMA netlink (NETLINK_RDMA: protocol not supported): ib_core is not loaded, so no queue pair exists on this node
   ! the kernel has no RDMA netlink (NETLINK_RDMA: protocol not supported): ib_core is not loaded, so no queue pair exists on this node
   node heuristic (fallback) over the same window: says nothing: the RDMA ports in scope have no byte counters (port_xmit_data, port_rcv_data); TCP 12.5 MB/s
@@ -104,7 +105,7 @@ fn the_json_section_has_exactly_the_issues_keys_per_pod() {
                     "lqpn": 17, "rqpn": 18, "pid": 120
                 }],
                 "internode_tcp_bytes": 4096,
-                "why": "1 data-path QP in RTS; 4.1 kB over TCP to 1 node in 5 s via eth0"
+                "why": "1 data-path QP in RTS; 4.1 kB over TCP with 1 peer in 5 s via eth0"
             },
             {
                 "uid": SOCKETS_POD,
@@ -113,7 +114,7 @@ fn the_json_section_has_exactly_the_issues_keys_per_pod() {
                 "transport": "sockets",
                 "qps": [],
                 "internode_tcp_bytes": 60_000_000,
-                "why": "0 data-path QPs; 60.0 MB over TCP to 1 node in 5 s via eth0"
+                "why": "0 data-path QPs; 60.0 MB over TCP with 1 peer in 5 s via eth0"
             },
             {
                 "uid": BLIND_POD,
