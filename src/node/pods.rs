@@ -157,7 +157,8 @@ pub fn wanted_condition(
 /// shows it (zero writes at steady state). `conditions` is a list merged by `type` under a
 /// strategic merge patch, so only our entry is sent and the kubelet's stay as they are. The
 /// pod's UID rides along as a precondition: a pod deleted and recreated under the same name
-/// since the verdict refuses the patch (409) rather than inherit another pod's condition.
+/// since the verdict refuses the patch (422, `metadata.uid` is immutable) rather than inherit
+/// another pod's condition.
 pub fn condition_patch(pod: &JudgedPod, verdict: &PodVerdict, now: &str) -> Option<Value> {
     let (status, reason) = wanted_condition(verdict, pod.condition.as_ref())?;
     if pod

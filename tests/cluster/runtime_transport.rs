@@ -311,6 +311,36 @@ fn a_judged_pod_on_sockets_gets_the_condition_events_and_metric_and_nothing_else
     );
     patch_as_agent(cp, &kubeconfig, NS, "trainer", &set("False"))
         .expect("its own condition on its own node's pod is allowed");
+    // The agent's patch carries the pod's UID (node::pods::condition_patch): the pod it judged,
+    // deleted and recreated under the same name, refuses it, and the new pod starts clean.
+    let with_uid = |uid: &str| {
+        let mut p = set("False");
+        p["metadata"] = json!({"uid": uid});
+        p
+    };
+    patch_as_agent(cp, &kubeconfig, NS, "trainer", &with_uid(&uid(&trainer)))
+        .expect("the pod's own UID passes the policy");
+    std::fs::write(&facts, "").unwrap();
+    cp.kubectl(&[
+        "-n",
+        NS,
+        "delete",
+        "pod",
+        "trainer",
+        "--grace-period=0",
+        "--force",
+    ]);
+    let again = create(cp, &pod("trainer", OWN, RESOURCE, Some(&job)), PODS);
+    assert_ne!(uid(&again), uid(&trainer));
+    let e = patch_as_agent(cp, &kubeconfig, NS, "trainer", &with_uid(&uid(&trainer)))
+        .expect_err("a patch for the deleted pod refused on its namesake");
+    // The real apiserver's answer: 422, "metadata.uid: ... field is immutable".
+    assert!(e.starts_with("422 ") && e.contains("metadata.uid"), "{e}");
+    assert_eq!(
+        condition(cp, "trainer"),
+        None,
+        "the recreated pod starts clean"
+    );
     let _ = uid(&far);
     let _ = web;
     drop(agent);
