@@ -1,18 +1,29 @@
-//! Runtime transport per pod (issue 42) on the real node: the agent from its image, composed
-//! with `deploy/overlays/runtime-transport` (`deploy::runtime_transport`), its REAL sampler (`probes::runtime::sample::PodSampler`: no
-//! test seam), real pods started by the kubelet and containerd on the CNI bridge (each its own
-//! network namespace, 10.244.0.0/24, default route via `cni0`, no masquerade).
+//! Runtime transport per pod on the real node: the agent from its image, composed with
+//! `deploy/overlays/runtime-transport` (`deploy::runtime_transport`), its REAL sampler
+//! (`probes::runtime::sample::PodSampler`: no test seam), real pods started by the kubelet and
+//! containerd on the CNI bridge (each its own network namespace, host-local IPAM 10.244.0.0/24,
+//! default route via `cni0`, no masquerade).
 //!
-//! "Another Node": a second Node object `realnode-2` (no kubelet, unschedulable) whose
-//! `status.addresses` names 10.0.9.2, an address added to `fgnode0` inside the node's own
-//! network namespace, where a sink (a thread of this test, entered into that namespace)
-//! accepts and discards. Nothing leaves the node's namespace.
+//! The network is the shape Calico or Cilium cluster-pool IPAM gives: the pods' addresses come
+//! from a pool that no Node's `spec.podCIDRs` holds. "Another node" is a second Node object
+//! `realnode-2` (no kubelet, unschedulable, `spec.podCIDR` 10.245.0.0/24, `status.addresses`
+//! 10.0.9.2) and pod objects bound to it whose `status.podIPs` the test writes as a kubelet
+//! would; their addresses are added to `fgnode0` inside the node's own network namespace,
+//! where threads of this test (entered into that namespace) play them. Nothing leaves the
+//! node's namespace.
 //!
 //! The pods (namespace `rt-train`):
-//! - Job `llm` (one pod, requests `rdma/hca_shared_devices_a`): pushes ~5 MB/s of TCP to the
-//!   sink (bash `/dev/tcp`) → `sockets`: the condition, the Events on the pod and its Job, the
-//!   metric; then, with `runtime.on_sockets: evict`, the guard's eviction held by a PDB
+//! - Job `llm` (its pod requests `rdma/hca_shared_devices_a`) and its peer `llm-peer` on
+//!   realnode-2 at 10.244.9.2 (outside every podCIDR): the Job's pod pushes ~5 MB/s of TCP to
+//!   its peer (bash `/dev/tcp`) → `sockets` once `runtime.confirm_windows` windows in a row
+//!   showed it: the condition, the Events on the pod and its Job, the metric; then, with
+//!   `runtime.on_sockets: evict`, the guard's eviction held by a PDB
 //!   (`TransportFallbackNotEvicted`) and done once the PDB is relaxed;
+//! - job `ckpt` (label `training.kubeflow.org/job-name`): `listener` (requests the resource,
+//!   listens on :29500) into which `intruder`, a pod of another job on realnode-2 at 10.245.0.3
+//!   (inside realnode-2's podCIDR), streams ~5 MB/s; `reader`, pulling ~5 MB/s from a
+//!   "storage" server at 10.0.9.2 (realnode-2's Node address); and their peer `ckpt-1` on
+//!   realnode-2. Neither is ever `sockets`; both show their TCP as `other_tcp_bytes`;
 //! - pod `quiet` (requests the resource, moves nothing): judged, never `sockets`;
 //! - pod `web` (no RDMA resource) pushing the same TCP: never judged (no condition, no series);
 //! - the agent's own pod, which requests the RDMA resource too: never judged.
@@ -25,7 +36,7 @@ use super::harness::{NODE_IP, RESOURCE, RealNode, condition as node_condition, w
 use super::scenarios::{INTERVAL, agent_logs, agent_pod, wait_validated};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
-use std::io::Read;
+use std::io::{Read, Write};
 use std::net::{IpAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -34,10 +45,23 @@ use std::time::{Duration, Instant};
 
 const NS: &str = "rt-train";
 const OTHER_NODE: &str = "realnode-2";
+/// realnode-2's Node address, and the "storage" server the reader pulls from.
 const OTHER_IP: &str = "10.0.9.2";
+/// realnode-2's `spec.podCIDR`, which its pods' addresses (Calico-like) are not taken from.
+const OTHER_POD_CIDR: &str = "10.245.0.0/24";
+/// The Job's peer on realnode-2: outside every podCIDR.
+const PEER_IP: &str = "10.244.9.2";
+/// A pod of another job on realnode-2, inside its podCIDR (the old rule counted it).
+const INTRUDER_IP: &str = "10.245.0.3";
+/// The ckpt job's pod on realnode-2.
+const CKPT_PEER_IP: &str = "10.244.9.4";
 const SINK_PORT: u16 = 7100;
+const STORAGE_PORT: u16 = 7200;
+const LISTEN_PORT: u16 = 29500;
 /// `runtime.window` of this scenario (the least allowed: 5 s).
 const WINDOW: Duration = Duration::from_secs(5);
+/// `runtime.confirm_windows` of this scenario (the default).
+const CONFIRM: u32 = 2;
 /// `runtime.evict_after` of this scenario (the least allowed: 10 s).
 const EVICT_AFTER: Duration = Duration::from_secs(10);
 /// `runtime.tcp_min_bytes_per_second`: 1 MB/s; the pushers move ~5 MB/s.
@@ -51,20 +75,44 @@ const CONDITION: &str = "fabricgate.io/TransportReady";
 fn runtime_settings() -> String {
     format!(
         "runtime:\n  enabled: true\n  window: {}s\n  tcp_min_bytes_per_second: {TCP_MIN}\n  \
-         on_sockets: evict\n  evict_after: {}s\n",
+         on_sockets: evict\n  evict_after: {}s\n  confirm_windows: {CONFIRM}\n",
         WINDOW.as_secs(),
         EVICT_AFTER.as_secs()
     )
 }
 
-/// ~5 MB/s to the sink, reconnecting if the connection drops.
-fn push_command() -> Value {
+/// ~5 MB/s to `ip:port`, reconnecting if the connection drops.
+fn push_command(ip: &str, port: u16) -> Value {
     json!([
         "bash",
         "-c",
         format!(
-            "while :; do exec 3<>/dev/tcp/{OTHER_IP}/{SINK_PORT} || {{ sleep 1; continue; }}; \
+            "while :; do exec 3<>/dev/tcp/{ip}/{port} || {{ sleep 1; continue; }}; \
              while head -c 1000000 /dev/zero >&3; do sleep 0.2; done; exec 3>&-; done"
+        )
+    ])
+}
+
+/// Everything `ip:port` sends, read and dropped, reconnecting if the connection drops.
+fn pull_command(ip: &str, port: u16) -> Value {
+    json!([
+        "bash",
+        "-c",
+        format!("while :; do cat </dev/tcp/{ip}/{port} >/dev/null || sleep 1; done")
+    ])
+}
+
+/// Listens on LISTEN_PORT (a TCPStore's port) and reads whatever comes (perl-base's
+/// IO::Socket::INET: the image is Debian minbase).
+fn listen_command() -> Value {
+    json!([
+        "perl",
+        "-MIO::Socket::INET",
+        "-e",
+        format!(
+            "my $s = IO::Socket::INET->new(LocalPort => {LISTEN_PORT}, Listen => 5, \
+             ReuseAddr => 1) or die \"listen: $!\"; \
+             while (my $c = $s->accept) {{ my $b; while (sysread($c, $b, 1 << 20)) {{}} }}"
         )
     ])
 }
@@ -91,71 +139,98 @@ fn pod_spec(command: Value, rdma: bool) -> Value {
     })
 }
 
-/// The sink on OTHER_IP:SINK_PORT in the node's network namespace: accepts, reads, counts
-/// the bytes per peer address, until dropped.
-struct Sink {
+/// What a test thread in the node's network namespace does with its connections.
+#[derive(Clone, Copy)]
+enum Role {
+    /// Accepts on the address, reads and counts what each peer sends.
+    Sink,
+    /// Accepts on the address and sends ~5 MB/s to each client (the storage server).
+    Source,
+    /// Connects from the address (bound) to a target and sends ~5 MB/s (the intruder).
+    Stream { to: std::net::SocketAddr },
+}
+
+/// A test thread in the node's network namespace playing an address of "another node";
+/// counts the bytes it moved per remote address, until dropped.
+struct Player {
     stop: Arc<AtomicBool>,
     bytes: Arc<Mutex<BTreeMap<IpAddr, u64>>>,
     thread: Option<JoinHandle<()>>,
 }
 
-impl Sink {
-    fn start(node: &RealNode) -> Result<Sink, String> {
+impl Player {
+    fn start(node: &RealNode, ip: &str, port: u16, role: Role) -> Result<Player, String> {
         let path = node.netns_path();
         let ns = std::fs::File::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
         let stop = Arc::new(AtomicBool::new(false));
         let bytes = Arc::new(Mutex::new(BTreeMap::new()));
         let (tx, rx) = std::sync::mpsc::channel();
         let (stop2, bytes2) = (stop.clone(), bytes.clone());
+        let local: std::net::SocketAddr = format!("{ip}:{port}")
+            .parse()
+            .map_err(|e| format!("{ip}:{port}: {e}"))?;
         let thread = std::thread::spawn(move || {
             // This thread only: the namespace holds the socket after the thread ends.
-            let bound = rustix::thread::move_into_link_name_space(
+            if let Err(e) = rustix::thread::move_into_link_name_space(
                 std::os::fd::AsFd::as_fd(&ns),
                 Some(rustix::thread::LinkNameSpaceType::Network),
-            )
-            .map_err(std::io::Error::from)
-            .and_then(|()| TcpListener::bind((OTHER_IP, SINK_PORT)))
-            .and_then(|l| l.set_nonblocking(true).map(|()| l));
-            let listener = match bound {
+            ) {
+                let _ = tx.send(Err(format!("setns: {e}")));
+                return;
+            }
+            if let Role::Stream { to } = role {
+                let _ = tx.send(Ok(()));
+                stream_from(local, to, &stop2, &bytes2);
+                return;
+            }
+            let listener = match TcpListener::bind(local).and_then(|l| {
+                l.set_nonblocking(true)?;
+                Ok(l)
+            }) {
                 Ok(l) => {
                     let _ = tx.send(Ok(()));
                     l
                 }
                 Err(e) => {
-                    let _ = tx.send(Err(format!("sink on {OTHER_IP}:{SINK_PORT}: {e}")));
+                    let _ = tx.send(Err(format!("listen on {local}: {e}")));
                     return;
                 }
             };
-            let mut readers = Vec::new();
+            let mut workers = Vec::new();
             while !stop2.load(Ordering::Relaxed) {
                 match listener.accept() {
                     Ok((stream, peer)) => {
                         let (stop, bytes) = (stop2.clone(), bytes2.clone());
-                        readers.push(std::thread::spawn(move || {
-                            drain(stream, peer.ip(), &stop, &bytes)
+                        workers.push(std::thread::spawn(move || match role {
+                            Role::Source => send(stream, peer.ip(), &stop, &bytes),
+                            _ => drain(stream, peer.ip(), &stop, &bytes),
                         }));
                     }
                     Err(_) => std::thread::sleep(Duration::from_millis(50)),
                 }
             }
-            for r in readers {
-                let _ = r.join();
+            for w in workers {
+                let _ = w.join();
             }
         });
         rx.recv_timeout(Duration::from_secs(10))
-            .map_err(|e| format!("sink thread: {e}"))??;
-        Ok(Sink {
+            .map_err(|e| format!("test thread for {ip}: {e}"))??;
+        Ok(Player {
             stop,
             bytes,
             thread: Some(thread),
         })
     }
 
-    fn from(&self, peer: IpAddr) -> u64 {
+    fn with(&self, peer: IpAddr) -> u64 {
         self.bytes
             .lock()
             .map(|b| b.get(&peer).copied().unwrap_or(0))
             .unwrap_or(0)
+    }
+
+    fn total(&self) -> u64 {
+        self.bytes.lock().map(|b| b.values().sum()).unwrap_or(0)
     }
 }
 
@@ -186,7 +261,62 @@ fn drain(
     }
 }
 
-impl Drop for Sink {
+/// ~5 MB/s to `peer` over `stream` until stopped or closed.
+fn send(
+    mut stream: TcpStream,
+    peer: IpAddr,
+    stop: &AtomicBool,
+    bytes: &Mutex<BTreeMap<IpAddr, u64>>,
+) {
+    let _ = stream.set_nonblocking(false);
+    let _ = stream.set_write_timeout(Some(Duration::from_millis(500)));
+    let chunk = vec![0u8; 1_000_000];
+    while !stop.load(Ordering::Relaxed) {
+        match stream.write_all(&chunk) {
+            Ok(()) => {
+                if let Ok(mut b) = bytes.lock() {
+                    *b.entry(peer).or_default() += chunk.len() as u64;
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => break,
+        }
+    }
+}
+
+/// Connect from `local` to `to` (again whenever it drops) and send ~5 MB/s.
+fn stream_from(
+    local: std::net::SocketAddr,
+    to: std::net::SocketAddr,
+    stop: &AtomicBool,
+    bytes: &Mutex<BTreeMap<IpAddr, u64>>,
+) {
+    while !stop.load(Ordering::Relaxed) {
+        let connected = rustix::net::socket(
+            rustix::net::AddressFamily::INET,
+            rustix::net::SocketType::STREAM,
+            None,
+        )
+        .and_then(|fd| {
+            rustix::net::bind(&fd, &local)?;
+            rustix::net::connect(&fd, &to)?;
+            Ok(fd)
+        });
+        let Ok(fd) = connected else {
+            std::thread::sleep(Duration::from_millis(500));
+            continue;
+        };
+        let socket = TcpStream::from(fd);
+        send(socket, to.ip(), stop, bytes);
+    }
+}
+
+impl Drop for Player {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(t) = self.thread.take() {
@@ -269,17 +399,31 @@ fn series(metrics: &str, pod: &str) -> Vec<String> {
         .collect()
 }
 
-fn ip_addr(node: &RealNode, verb: &str) -> Result<(), String> {
+/// A pod bound to realnode-2 (no kubelet runs it; the test writes its status), tolerating its
+/// node's not-ready taints so that nothing evicts it meanwhile.
+fn remote_pod(name: &str, labels: Value) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": { "name": name, "namespace": NS, "labels": labels },
+        "spec": {
+            "nodeName": OTHER_NODE,
+            "tolerations": [{ "operator": "Exists" }],
+            "containers": [container(json!(["sleep", "3600"]), false)],
+        },
+    })
+}
+
+fn ip_addr(node: &RealNode, verb: &str, ip: &str) -> Result<(), String> {
     let out = node
         .nsenter("ip")
-        .args(["addr", verb, &format!("{OTHER_IP}/32"), "dev", "fgnode0"])
+        .args(["addr", verb, &format!("{ip}/32"), "dev", "fgnode0"])
         .output()
         .map_err(|e| format!("ip addr {verb}: {e}"))?;
     if out.status.success() {
         Ok(())
     } else {
         Err(format!(
-            "ip addr {verb} {OTHER_IP}: {}",
+            "ip addr {verb} {ip}: {}",
             String::from_utf8_lossy(&out.stderr)
         ))
     }
@@ -376,17 +520,22 @@ fn scenario(node: &RealNode, image: &str) -> Result<(), String> {
     ])?;
     rollout(node, "deployment/fabricgate-guard")?;
 
-    // Another Node whose address is in this node's namespace, and a sink there.
-    ip_addr(node, "add")?;
-    let sink = Sink::start(node)?;
+    // "Another node": its Node object, its pods' addresses in this node's namespace, and the
+    // test's threads playing them.
+    for ip in [OTHER_IP, PEER_IP, INTRUDER_IP, CKPT_PEER_IP] {
+        ip_addr(node, "add", ip)?;
+    }
+    let sink = Player::start(node, PEER_IP, SINK_PORT, Role::Sink)?;
+    let storage = Player::start(node, OTHER_IP, STORAGE_PORT, Role::Source)?;
     let other = json!({
         "apiVersion": "v1", "kind": "Node",
         "metadata": { "name": OTHER_NODE },
-        "spec": { "unschedulable": true },
+        "spec": { "unschedulable": true, "podCIDR": OTHER_POD_CIDR, "podCIDRs": [OTHER_POD_CIDR] },
         "status": { "addresses": [{ "type": "InternalIP", "address": OTHER_IP }] },
     });
     node.kubectl_stdin(&["create", "-f", "-"], Some(&other.to_string()))?;
 
+    let ckpt = json!({ "training.kubeflow.org/job-name": "ckpt" });
     let objects = [
         json!({ "apiVersion": "v1", "kind": "Namespace", "metadata": { "name": NS } }),
         // Blocks any eviction of the Job's pod until relaxed below.
@@ -402,7 +551,7 @@ fn scenario(node: &RealNode, image: &str) -> Result<(), String> {
                 "backoffLimit": 0,
                 "template": {
                     "metadata": { "labels": { "app": "llm" } },
-                    "spec": pod_spec(push_command(), true),
+                    "spec": pod_spec(push_command(PEER_IP, SINK_PORT), true),
                 },
             },
         }),
@@ -414,8 +563,24 @@ fn scenario(node: &RealNode, image: &str) -> Result<(), String> {
         json!({
             "apiVersion": "v1", "kind": "Pod",
             "metadata": { "name": "web", "namespace": NS },
-            "spec": pod_spec(push_command(), false),
+            "spec": pod_spec(push_command(PEER_IP, SINK_PORT), false),
         }),
+        json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": { "name": "listener", "namespace": NS, "labels": ckpt },
+            "spec": pod_spec(listen_command(), true),
+        }),
+        json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": { "name": "reader", "namespace": NS, "labels": ckpt },
+            "spec": pod_spec(pull_command(OTHER_IP, STORAGE_PORT), true),
+        }),
+        remote_pod("llm-peer", json!({ "batch.kubernetes.io/job-name": "llm" })),
+        remote_pod("ckpt-1", ckpt.clone()),
+        remote_pod(
+            "intruder",
+            json!({ "training.kubeflow.org/job-name": "other" }),
+        ),
     ];
     let manifest = objects
         .iter()
@@ -428,29 +593,59 @@ fn scenario(node: &RealNode, image: &str) -> Result<(), String> {
         node.apply(&manifest).map_err(|e| last = e).is_ok()
     })
     .map_err(|e| format!("{e}: {last}"))?;
+    // What realnode-2's kubelet would write: the pods running at their addresses.
+    for (name, ip) in [
+        ("llm-peer", PEER_IP),
+        ("ckpt-1", CKPT_PEER_IP),
+        ("intruder", INTRUDER_IP),
+    ] {
+        let status = json!({ "status": { "phase": "Running", "podIP": ip,
+            "podIPs": [{ "ip": ip }], "hostIP": OTHER_IP, "hostIPs": [{ "ip": OTHER_IP }] } });
+        node.kubectl(&[
+            "patch",
+            "pod",
+            name,
+            "-n",
+            NS,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            &status.to_string(),
+        ])?;
+    }
+    let here = ["quiet", "web", "listener", "reader"];
     wait_for(
-        "the Job's pod, quiet and web running",
+        "the Job's pod, quiet, web, listener and reader running",
         Duration::from_secs(120),
         || {
             job_pod(node).is_some_and(|p| running(&p))
-                && pod(node, "quiet").is_some_and(|p| running(&p))
-                && pod(node, "web").is_some_and(|p| running(&p))
+                && here
+                    .iter()
+                    .all(|n| pod(node, n).is_some_and(|p| running(&p)))
         },
     )?;
     let started = Instant::now();
     let trainer = job_pod(node).ok_or("no Job pod")?;
     let trainer_name = name_of(&trainer);
-    let web_ip: IpAddr = pod(node, "web")
-        .and_then(|p| p.pointer("/status/podIP")?.as_str()?.parse().ok())
-        .ok_or("web has no pod IP")?;
-    let trainer_ip: IpAddr = trainer
-        .pointer("/status/podIP")
-        .and_then(Value::as_str)
-        .and_then(|s| s.parse().ok())
-        .ok_or("the Job's pod has no pod IP")?;
+    let ip_of = |p: Option<Value>, what: &str| -> Result<IpAddr, String> {
+        p.and_then(|p| p.pointer("/status/podIP")?.as_str()?.parse().ok())
+            .ok_or(format!("{what} has no pod IP"))
+    };
+    let web_ip = ip_of(pod(node, "web"), "web")?;
+    let trainer_ip = ip_of(Some(trainer.clone()), "the Job's pod")?;
+    let listener_ip = ip_of(pod(node, "listener"), "listener")?;
+    let reader_ip = ip_of(pod(node, "reader"), "reader")?;
+    let intruder = Player::start(
+        node,
+        INTRUDER_IP,
+        0,
+        Role::Stream {
+            to: std::net::SocketAddr::new(listener_ip, LISTEN_PORT),
+        },
+    )?;
 
-    // sockets within the window + one probe interval.
-    let bound = WINDOW + INTERVAL + SLACK;
+    // sockets within the confirmation windows + one probe interval.
+    let bound = WINDOW * CONFIRM + INTERVAL + SLACK;
     let took = wait_for("the Job's pod False/SocketsFallback", bound, || {
         pod(node, &trainer_name)
             .and_then(|p| transport_condition(&p))
@@ -458,20 +653,20 @@ fn scenario(node: &RealNode, image: &str) -> Result<(), String> {
     })
     .map_err(|e| {
         format!(
-            "{e}: condition {:?}, sink got {} bytes from it\n{}",
+            "{e}: condition {:?}, its peer got {} bytes from it\n{}",
             pod(node, &trainer_name).and_then(|p| transport_condition(&p)),
-            sink.from(trainer_ip),
+            sink.with(trainer_ip),
             agent_logs(node)
         )
     })?;
     println!(
-        "figure: real pod pushing TCP to another Node's address -> fabricgate.io/TransportReady False/SocketsFallback {took:?} after it ran (window {WINDOW:?}, interval {INTERVAL:?})"
+        "figure: real pod pushing TCP to its Job's peer at an address outside every podCIDR -> fabricgate.io/TransportReady False/SocketsFallback {took:?} after it ran (window {WINDOW:?}, confirm_windows {CONFIRM}, interval {INTERVAL:?})"
     );
     let (_, _, message) = pod(node, &trainer_name)
         .and_then(|p| transport_condition(&p))
         .ok_or("the condition went away")?;
     println!("figure: condition message: {message}");
-    for needle in ["0 data-path QPs", "over TCP to 1 node", "via eth0"] {
+    for needle in ["0 data-path QPs", "over TCP with 1 peer", "via eth0"] {
         if !message.contains(needle) {
             return Err(format!(
                 "the condition's message does not say {needle:?}: {message}"
@@ -493,8 +688,8 @@ fn scenario(node: &RealNode, image: &str) -> Result<(), String> {
     }
 
     // The metric; the quiet pod judged and not on sockets; the unrelated pod never judged.
-    // Two more windows first, so the quiet pod and web have had their chances.
-    std::thread::sleep(WINDOW * 2);
+    // More windows first than confirmation needs, so every other pod has had its chances.
+    std::thread::sleep(WINDOW * (CONFIRM + 1));
     let metrics = agent_metrics(node)?;
     let want = format!(
         "fabricgate_pod_transport{{namespace=\"{NS}\",pod=\"{trainer_name}\",transport=\"sockets\"}} 1"
@@ -534,7 +729,46 @@ fn scenario(node: &RealNode, image: &str) -> Result<(), String> {
             .filter(|l| l.starts_with("fabricgate_pod_transport") && l.ends_with(" 1"))
             .collect::<Vec<_>>()
     );
-    let web_bytes = sink.from(web_ip);
+    // Bulk TCP with what is not the job: another job's pod streaming into the listener, the
+    // storage server feeding the reader. Judged, shown, never sockets.
+    let enough = TCP_MIN * WINDOW.as_secs() * u64::from(CONFIRM);
+    for (name, moved) in [
+        ("listener", intruder.total()),
+        ("reader", storage.with(reader_ip)),
+    ] {
+        if moved < enough {
+            return Err(format!(
+                "only {moved} bytes moved with {name}: it would not show that TCP outside its job never decides"
+            ));
+        }
+        let lines = series(&metrics, name);
+        let condition = pod(node, name).and_then(|p| transport_condition(&p));
+        let sockets = format!(
+            "fabricgate_pod_transport{{namespace=\"{NS}\",pod=\"{name}\",transport=\"sockets\"}} 1"
+        );
+        if lines.is_empty()
+            || lines.contains(&sockets)
+            || condition.as_ref().is_some_and(|(s, _, _)| s == "False")
+        {
+            return Err(format!(
+                "{name} ({moved} bytes with addresses outside its job) judged sockets, or not judged: {lines:?} {condition:?}"
+            ));
+        }
+        let other = lines
+            .iter()
+            .find(|l| l.starts_with("fabricgate_pod_other_tcp_bytes_total{"))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .unwrap_or(0.0);
+        if other < enough as f64 {
+            return Err(format!(
+                "{name}'s fabricgate_pod_other_tcp_bytes_total is {other}, {moved} bytes moved: {lines:?}"
+            ));
+        }
+        println!(
+            "figure: {name}: {moved} bytes with addresses outside its job, other_tcp_bytes {other}, condition {condition:?}"
+        );
+    }
+    let web_bytes = sink.with(web_ip);
     if web_bytes < TCP_MIN * WINDOW.as_secs() {
         return Err(format!(
             "the unrelated pod pushed only {web_bytes} bytes: it would not show it is ignored"
@@ -560,9 +794,11 @@ fn scenario(node: &RealNode, image: &str) -> Result<(), String> {
         ));
     }
     println!(
-        "figure: sink received {} bytes from the Job's pod, {web_bytes} from the unrelated pod (never judged)",
-        sink.from(trainer_ip)
+        "figure: the peer received {} bytes from the Job's pod, {web_bytes} from the unrelated pod (never judged)",
+        sink.with(trainer_ip)
     );
+    drop(intruder);
+    drop(storage);
 
     // runtime.on_sockets: evict: the guard evicts through the Eviction API; the PDB holds it.
     let held = wait_for(
@@ -646,7 +882,9 @@ fn restore(node: &RealNode, image: &str, had_guard: bool) -> Result<(), String> 
         ]),
         node.kubectl(&["delete", "node", OTHER_NODE, "--ignore-not-found"]),
     ];
-    let _ = ip_addr(node, "del");
+    for ip in [OTHER_IP, PEER_IP, INTRUDER_IP, CKPT_PEER_IP] {
+        let _ = ip_addr(node, "del", ip);
+    }
     results.push(deploy::daemonset(node, image).and_then(|m| node.apply(&m)));
     for (kind, name) in deploy::RUNTIME_TRANSPORT_EXTRA {
         results.push(node.kubectl(&["delete", kind, name, "--ignore-not-found"]));
