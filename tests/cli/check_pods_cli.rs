@@ -83,6 +83,7 @@ fn a_pod_whose_tcp_cannot_be_measured_is_unknown_with_the_why_and_check_still_ex
         "transport",
         "qps",
         "internode_tcp_bytes",
+        "other_tcp_bytes",
         "why",
     ];
     want.sort_unstable();
@@ -105,6 +106,12 @@ fn a_pod_whose_tcp_cannot_be_measured_is_unknown_with_the_why_and_check_still_ex
         "{why}"
     );
     let sample = &doc["pods_sample"];
+    // No cluster to ask: the section says so, and what it takes as a peer instead.
+    let peers = sample["peers"].as_str().unwrap_or_default();
+    assert!(
+        peers.starts_with("no cluster to ask") && peers.contains("any address not on this node"),
+        "{sample:#}"
+    );
     assert!(
         sample["window_seconds"].as_f64().unwrap() >= 0.1,
         "{sample:#}"

@@ -468,3 +468,93 @@ fn redteam_a_tenant_pod_labelled_fabricgate_is_judged_like_any_other() {
         "fabricgate-redteam",
     ]);
 }
+
+/// `fabricgate check --pods` with `--kubeconfig` reads the cluster: the pods of its node are
+/// named, and their peers are the pods of their jobs on other nodes, as the agent judges them.
+/// A cluster that cannot be read falls back to "any address not on this node" and says why.
+/// (The fixture procfs's pod process has no network namespace to list, so the pod is
+/// `unknown`; the peer rule on real sockets is the agent's, on the real node.)
+#[test]
+fn check_pods_asks_the_cluster_for_the_pods_jobs_and_says_when_it_cannot() {
+    let Some(cp) = control_plane() else { return };
+    cp.install_agent_rbac();
+    let _widened = WidenedRbac::apply(cp);
+    let ns = "rt-check";
+    cp.create_namespace(ns);
+    let path = format!("/api/v1/namespaces/{ns}/pods");
+    let member = |name: &str, node: &str| {
+        json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": ns,
+                "labels": {"batch.kubernetes.io/job-name": "j"}},
+            "spec": {"nodeName": node, "automountServiceAccountToken": false,
+                "containers": [{"name": "c", "image": "trainer:test"}]}})
+    };
+    let here = create(cp, &member("j-0", "chk-a"), &path);
+    create(cp, &member("j-1", "chk-b"), &path);
+    let uid = here["metadata"]["uid"].as_str().unwrap().to_owned();
+
+    let dir = tempfile::tempdir().unwrap();
+    let proc = dir.path().join("proc");
+    std::fs::create_dir_all(proc.join("2")).unwrap();
+    std::fs::write(proc.join("2/comm"), "kthreadd\n").unwrap();
+    std::fs::create_dir_all(proc.join("140/ns")).unwrap();
+    std::fs::write(
+        proc.join("140/cgroup"),
+        format!("4:memory:/kubepods/besteffort/pod{uid}/3f5e1c0a9b8d7e6f5a4b3c2d1e0f9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c4d3e2f\n"),
+    )
+    .unwrap();
+    std::fs::write(proc.join("140/ns/net"), "").unwrap();
+    std::fs::create_dir_all(proc.join("self")).unwrap();
+    std::fs::copy(
+        crate::common::fixture("ndr-8x400-healthy/proc/self/mountinfo"),
+        proc.join("self/mountinfo"),
+    )
+    .unwrap();
+    let sys = crate::common::fixture("ndr-8x400-healthy/sys");
+    let check = |kubeconfig: &Path| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_fabricgate"))
+            .args([
+                "check",
+                "--verbs",
+                "off",
+                "--format",
+                "json",
+                "--pods-window",
+                "100ms",
+            ])
+            .arg("--sysfs-root")
+            .arg(&sys)
+            .arg("--proc-root")
+            .arg(&proc)
+            .args(["--node-name", "chk-a", "--kubeconfig"])
+            .arg(kubeconfig)
+            .output()
+            .unwrap();
+        let doc: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+        doc
+    };
+    let doc = check(&cp.agent_kubeconfig("chk-a", None));
+    let pod = &doc["pods"][0];
+    assert_eq!(pod["uid"], uid.as_str(), "{doc:#}");
+    assert_eq!(
+        (pod["namespace"].as_str(), pod["name"].as_str()),
+        (Some(ns), Some("j-0"))
+    );
+    let peers = doc["pods_sample"]["peers"].as_str().unwrap_or_default();
+    assert!(
+        peers.starts_with("peers from the cluster") && peers.contains("1 jobs"),
+        "{doc:#}"
+    );
+    // A kubeconfig whose server answers nothing: said, and the fallback rule named.
+    let dead = dir.path().join("dead.kubeconfig");
+    cp.write_kubeconfig(&dead, "https://127.0.0.1:9", "x");
+    let doc = check(&dead);
+    let peers = doc["pods_sample"]["peers"].as_str().unwrap_or_default();
+    assert!(
+        peers.starts_with("cannot read the cluster")
+            && peers.contains("any address not on this node"),
+        "{doc:#}"
+    );
+    assert_eq!(doc["pods"][0]["name"], "", "{doc:#}");
+}

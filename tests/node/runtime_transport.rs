@@ -8,9 +8,9 @@
 //! from a pool that no Node's `spec.podCIDRs` holds. "Another node" is a second Node object
 //! `realnode-2` (no kubelet, unschedulable, `spec.podCIDR` 10.245.0.0/24, `status.addresses`
 //! 10.0.9.2) and pod objects bound to it whose `status.podIPs` the test writes as a kubelet
-//! would; their addresses are added to `fgnode0` inside the node's own network namespace,
-//! where threads of this test (entered into that namespace) play them. Nothing leaves the
-//! node's namespace.
+//! would; their addresses live in a network namespace of their own behind a veth from the
+//! node's (`Remote`: not the node's own addresses, as on a real cluster), where threads of
+//! this test play them. Nothing leaves the node's namespaces.
 //!
 //! The pods (namespace `rt-train`):
 //! - Job `llm` (its pod requests `rdma/hca_shared_devices_a`) and its peer `llm-peer` on
@@ -19,8 +19,8 @@
 //!   showed it: the condition, the Events on the pod and its Job, the metric; then, with
 //!   `runtime.on_sockets: evict`, the guard's eviction held by a PDB
 //!   (`TransportFallbackNotEvicted`) and done once the PDB is relaxed;
-//! - job `ckpt` (label `training.kubeflow.org/job-name`): `listener` (requests the resource,
-//!   listens on :29500) into which `intruder`, a pod of another job on realnode-2 at 10.245.0.3
+//! - job `ckpt` (label `training.kubeflow.org/job-name`, judged by `runtime.pod_selector`: the
+//!   node's device plugin has 4 units): `listener` (listens on :29500) into which `intruder`, a pod of another job on realnode-2 at 10.245.0.3
 //!   (inside realnode-2's podCIDR), streams ~5 MB/s; `reader`, pulling ~5 MB/s from a
 //!   "storage" server at 10.0.9.2 (realnode-2's Node address); and their peer `ckpt-1` on
 //!   realnode-2. Neither is ever `sockets`; both show their TCP as `other_tcp_bytes`;
@@ -75,7 +75,8 @@ const CONDITION: &str = "fabricgate.io/TransportReady";
 fn runtime_settings() -> String {
     format!(
         "runtime:\n  enabled: true\n  window: {}s\n  tcp_min_bytes_per_second: {TCP_MIN}\n  \
-         on_sockets: evict\n  evict_after: {}s\n  confirm_windows: {CONFIRM}\n",
+         on_sockets: evict\n  evict_after: {}s\n  confirm_windows: {CONFIRM}\n  \
+         pod_selector: training.kubeflow.org/job-name=ckpt\n",
         WINDOW.as_secs(),
         EVICT_AFTER.as_secs()
     )
@@ -139,7 +140,7 @@ fn pod_spec(command: Value, rdma: bool) -> Value {
     })
 }
 
-/// What a test thread in the node's network namespace does with its connections.
+/// What a test thread in the remote network namespace does with its connections.
 #[derive(Clone, Copy)]
 enum Role {
     /// Accepts on the address, reads and counts what each peer sends.
@@ -150,7 +151,7 @@ enum Role {
     Stream { to: std::net::SocketAddr },
 }
 
-/// A test thread in the node's network namespace playing an address of "another node";
+/// A test thread in the remote network namespace playing an address of "another node";
 /// counts the bytes it moved per remote address, until dropped.
 struct Player {
     stop: Arc<AtomicBool>,
@@ -159,8 +160,8 @@ struct Player {
 }
 
 impl Player {
-    fn start(node: &RealNode, ip: &str, port: u16, role: Role) -> Result<Player, String> {
-        let path = node.netns_path();
+    fn start(netns: &std::path::Path, ip: &str, port: u16, role: Role) -> Result<Player, String> {
+        let path = netns.to_path_buf();
         let ns = std::fs::File::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
         let stop = Arc::new(AtomicBool::new(false));
         let bytes = Arc::new(Mutex::new(BTreeMap::new()));
@@ -325,6 +326,84 @@ impl Drop for Player {
     }
 }
 
+/// "Another node" off this one: a network namespace of its own (held by a `sleep`), behind a
+/// veth from the node's namespace, holding realnode-2's address and its pods'; the node routes
+/// to them. Its addresses are not the node's own, as on a real cluster.
+struct Remote {
+    holder: std::process::Child,
+}
+
+const REMOTE_IPS: [&str; 4] = [OTHER_IP, PEER_IP, INTRUDER_IP, CKPT_PEER_IP];
+
+impl Remote {
+    fn start(node: &RealNode) -> Result<Remote, String> {
+        let holder = node
+            .nsenter("unshare")
+            .args(["--net", "--", "sleep", "infinity"])
+            .spawn()
+            .map_err(|e| format!("unshare --net: {e}"))?;
+        let remote = Remote { holder };
+        let node_ns = std::fs::read_link(node.netns_path()).map_err(|e| e.to_string())?;
+        wait_for("the remote namespace", Duration::from_secs(10), || {
+            std::fs::read_link(remote.netns()).is_ok_and(|ns| ns != node_ns)
+        })?;
+        let pid = remote.holder.id().to_string();
+        let in_node = |args: &[&str]| run(node.nsenter(args[0]).args(&args[1..]));
+        let in_remote = |args: &[&str]| {
+            let mut c = std::process::Command::new("nsenter");
+            c.arg(format!("--net={}", remote.netns().display()))
+                .arg("--")
+                .args(args);
+            run(&mut c)
+        };
+        in_node(&[
+            "ip", "link", "add", "fgr0", "type", "veth", "peer", "name", "fgr1", "netns", &pid,
+        ])?;
+        in_node(&["ip", "addr", "add", "10.0.8.1/30", "dev", "fgr0"])?;
+        in_node(&["ip", "link", "set", "fgr0", "up"])?;
+        in_node(&["sh", "-c", "echo 1 > /proc/sys/net/ipv4/ip_forward"])?;
+        in_remote(&["ip", "link", "set", "lo", "up"])?;
+        in_remote(&["ip", "addr", "add", "10.0.8.2/30", "dev", "fgr1"])?;
+        in_remote(&["ip", "link", "set", "fgr1", "up"])?;
+        in_remote(&["ip", "route", "add", "default", "via", "10.0.8.1"])?;
+        for ip in REMOTE_IPS {
+            in_remote(&["ip", "addr", "add", &format!("{ip}/32"), "dev", "fgr1"])?;
+            in_node(&[
+                "ip",
+                "route",
+                "add",
+                &format!("{ip}/32"),
+                "via",
+                "10.0.8.2",
+                "dev",
+                "fgr0",
+            ])?;
+        }
+        Ok(remote)
+    }
+
+    fn netns(&self) -> std::path::PathBuf {
+        std::path::PathBuf::from(format!("/proc/{}/ns/net", self.holder.id()))
+    }
+}
+
+impl Drop for Remote {
+    /// The namespace goes with its last holder, the veth pair and the node's routes with it.
+    fn drop(&mut self) {
+        let _ = self.holder.kill();
+        let _ = self.holder.wait();
+    }
+}
+
+fn run(c: &mut std::process::Command) -> Result<(), String> {
+    let out = c.output().map_err(|e| format!("{c:?}: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!("{c:?}: {}", String::from_utf8_lossy(&out.stderr)))
+    }
+}
+
 fn pod(node: &RealNode, name: &str) -> Option<Value> {
     node.get_json(&["pod", name, "-n", NS])
 }
@@ -411,22 +490,6 @@ fn remote_pod(name: &str, labels: Value) -> Value {
             "containers": [container(json!(["sleep", "3600"]), false)],
         },
     })
-}
-
-fn ip_addr(node: &RealNode, verb: &str, ip: &str) -> Result<(), String> {
-    let out = node
-        .nsenter("ip")
-        .args(["addr", verb, &format!("{ip}/32"), "dev", "fgnode0"])
-        .output()
-        .map_err(|e| format!("ip addr {verb}: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "ip addr {verb} {ip}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        ))
-    }
 }
 
 fn current_agent_image(node: &RealNode) -> Result<String, String> {
@@ -522,11 +585,9 @@ fn scenario(node: &RealNode, image: &str) -> Result<(), String> {
 
     // "Another node": its Node object, its pods' addresses in this node's namespace, and the
     // test's threads playing them.
-    for ip in [OTHER_IP, PEER_IP, INTRUDER_IP, CKPT_PEER_IP] {
-        ip_addr(node, "add", ip)?;
-    }
-    let sink = Player::start(node, PEER_IP, SINK_PORT, Role::Sink)?;
-    let storage = Player::start(node, OTHER_IP, STORAGE_PORT, Role::Source)?;
+    let remote = Remote::start(node)?;
+    let sink = Player::start(&remote.netns(), PEER_IP, SINK_PORT, Role::Sink)?;
+    let storage = Player::start(&remote.netns(), OTHER_IP, STORAGE_PORT, Role::Source)?;
     let other = json!({
         "apiVersion": "v1", "kind": "Node",
         "metadata": { "name": OTHER_NODE },
@@ -568,12 +629,12 @@ fn scenario(node: &RealNode, image: &str) -> Result<(), String> {
         json!({
             "apiVersion": "v1", "kind": "Pod",
             "metadata": { "name": "listener", "namespace": NS, "labels": ckpt },
-            "spec": pod_spec(listen_command(), true),
+            "spec": pod_spec(listen_command(), false),
         }),
         json!({
             "apiVersion": "v1", "kind": "Pod",
             "metadata": { "name": "reader", "namespace": NS, "labels": ckpt },
-            "spec": pod_spec(pull_command(OTHER_IP, STORAGE_PORT), true),
+            "spec": pod_spec(pull_command(OTHER_IP, STORAGE_PORT), false),
         }),
         remote_pod("llm-peer", json!({ "batch.kubernetes.io/job-name": "llm" })),
         remote_pod("ckpt-1", ckpt.clone()),
@@ -636,7 +697,7 @@ fn scenario(node: &RealNode, image: &str) -> Result<(), String> {
     let listener_ip = ip_of(pod(node, "listener"), "listener")?;
     let reader_ip = ip_of(pod(node, "reader"), "reader")?;
     let intruder = Player::start(
-        node,
+        &remote.netns(),
         INTRUDER_IP,
         0,
         Role::Stream {
@@ -865,6 +926,7 @@ fn scenario(node: &RealNode, image: &str) -> Result<(), String> {
     }
     println!("figure: eviction requests (user, code): {evictions:?}");
     drop(sink);
+    drop(remote);
     Ok(())
 }
 
@@ -882,9 +944,6 @@ fn restore(node: &RealNode, image: &str, had_guard: bool) -> Result<(), String> 
         ]),
         node.kubectl(&["delete", "node", OTHER_NODE, "--ignore-not-found"]),
     ];
-    for ip in [OTHER_IP, PEER_IP, INTRUDER_IP, CKPT_PEER_IP] {
-        let _ = ip_addr(node, "del", ip);
-    }
     results.push(deploy::daemonset(node, image).and_then(|m| node.apply(&m)));
     for (kind, name) in deploy::RUNTIME_TRANSPORT_EXTRA {
         results.push(node.kubectl(&["delete", kind, name, "--ignore-not-found"]));

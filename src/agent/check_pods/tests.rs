@@ -71,6 +71,8 @@ fn section() -> PodsSection {
             status,
         }),
         namespace_hcas: Vec::new(),
+        peers_note: "peers from the cluster: the pods of each pod's job on other nodes".into(),
+        names: [(SOCKETS_POD.to_owned(), ("ml".to_owned(), "w-0".to_owned()))].into(),
     }
 }
 
@@ -83,6 +85,7 @@ Pods: sampled over 5.0 s
   2222bbbb-3333-4444-8555-666677778888  sockets    0     60.0 MB         0 data-path QPs; 60.0 MB over TCP with 1 peer in 5 s via eth0
   3333cccc-4444-4555-8666-777788889999  unknown    ?     0 B             its queue pairs cannot be listed: the kernel has no RDMA netlink (NETLINK_RDMA: protocol not supported): ib_core is not loaded, so no queue pair exists on this node
   ! the kernel has no RDMA netlink (NETLINK_RDMA: protocol not supported): ib_core is not loaded, so no queue pair exists on this node
+  peers: peers from the cluster: the pods of each pod's job on other nodes
   node heuristic (fallback) over the same window: says nothing: the RDMA ports in scope have no byte counters (port_xmit_data, port_rcv_data); TCP 12.5 MB/s
 ";
     assert_eq!(to_table(&section()), want);
@@ -105,15 +108,17 @@ fn the_json_section_has_exactly_the_issues_keys_per_pod() {
                     "lqpn": 17, "rqpn": 18, "pid": 120
                 }],
                 "internode_tcp_bytes": 4096,
+                "other_tcp_bytes": 0,
                 "why": "1 data-path QP in RTS; 4.1 kB over TCP with 1 peer in 5 s via eth0"
             },
             {
                 "uid": SOCKETS_POD,
-                "namespace": "",
-                "name": "",
+                "namespace": "ml",
+                "name": "w-0",
                 "transport": "sockets",
                 "qps": [],
                 "internode_tcp_bytes": 60_000_000,
+                "other_tcp_bytes": 0,
                 "why": "0 data-path QPs; 60.0 MB over TCP with 1 peer in 5 s via eth0"
             },
             {
@@ -123,6 +128,7 @@ fn the_json_section_has_exactly_the_issues_keys_per_pod() {
                 "transport": "unknown",
                 "qps": null,
                 "internode_tcp_bytes": 0,
+                "other_tcp_bytes": 0,
                 "why": format!("its queue pairs cannot be listed: {NO_RDMA_NETLINK}")
             }
         ],
@@ -130,6 +136,7 @@ fn the_json_section_has_exactly_the_issues_keys_per_pod() {
         "pods_sample": {
             "window_seconds": 5.02,
             "notes": [NO_RDMA_NETLINK],
+            "peers": "peers from the cluster: the pods of each pod's job on other nodes",
             "node_fallback": {
                 "suspected": false,
                 "tcp_bytes_per_second": 12_500_000.0,
