@@ -558,3 +558,105 @@ fn check_pods_asks_the_cluster_for_the_pods_jobs_and_says_when_it_cannot() {
     );
     assert_eq!(doc["pods"][0]["name"], "", "{doc:#}");
 }
+
+/// One window of bulk TCP (a peer streaming into a member's TCPStore, a checkpoint restore
+/// before NCCL starts) is not a fallback: with `runtime.confirm_windows: 2` the pod's condition
+/// says "not yet confirmed" and never turns `False`, so nothing that acts on `False` (the gang
+/// requeue, `kueue_requeues_a_gang_whose_member_pod_is_on_sockets`; the guard's eviction) ever
+/// sees it; no `TransportFallback` Event is written.
+#[test]
+fn one_unconfirmed_window_of_sockets_never_turns_the_condition_false() {
+    let Some(cp) = control_plane() else { return };
+    cp.install_agent_rbac();
+    let _widened = WidenedRbac::apply(cp);
+    cp.apply(&overlay_file("pod-transport-policy.yaml"));
+    let node = "rt-confirm";
+    cp.create_node(node, json!({}), json!([]), json!({}));
+    let ns = "rt-confirm";
+    cp.create_namespace(ns);
+    let path = format!("/api/v1/namespaces/{ns}/pods");
+    let mut body = pod("member", node, RESOURCE, None);
+    body["metadata"]["namespace"] = json!(ns);
+    let member = create(cp, &body, &path);
+    let uid = member["metadata"]["uid"].as_str().unwrap().to_owned();
+    let hca = FakeHca::new(true);
+    let facts = hca.scratch().join("pod-facts");
+    std::fs::write(&facts, format!("{uid} sockets 41000000000 10.0.0.2 eth0\n")).unwrap();
+    let config = hca.scratch().join("requirements.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "kubernetes:\n  rdma_resources: [\"{RESOURCE}\"]\nruntime:\n  enabled: true\n  \
+             window: 5s\n  confirm_windows: 2\n"
+        ),
+    )
+    .unwrap();
+    let kubeconfig = cp.agent_kubeconfig(node, None);
+    let (sysfs, proc_root) = (hca.sysfs_root(), hca.proc_root());
+    let facts_env = facts.to_str().unwrap().to_owned();
+    let env = [("FABRICGATE_TEST_POD_FACTS", facts_env.as_str())];
+    let args = ["--interval", "1s", "--config", config.to_str().unwrap()];
+    let agent = Launch::at(node, &sysfs, &proc_root, hca.scratch())
+        .kubeconfig(Some(&kubeconfig))
+        .args(&args)
+        .env(&env)
+        .known_addr()
+        .start();
+    let message = |cp: &ControlPlane| {
+        let p = cp.get_json(&format!("{path}/member"))?;
+        p["status"]["conditions"]
+            .as_array()?
+            .iter()
+            .find(|c| c["type"] == "fabricgate.io/TransportReady")
+            .map(|c| {
+                format!(
+                    "{}/{}: {}",
+                    c["status"].as_str().unwrap_or_default(),
+                    c["reason"].as_str().unwrap_or_default(),
+                    c["message"].as_str().unwrap_or_default()
+                )
+            })
+    };
+    wait_until(
+        "the first window: sockets, not yet confirmed",
+        Duration::from_secs(30),
+        || message(cp).is_some_and(|m| m.contains("on sockets for 1 of 2 windows")),
+    );
+    // The window's burst ends: the pod moves nothing from now on.
+    std::fs::write(&facts, format!("{uid} sockets 0 10.0.0.2 eth0\n")).unwrap();
+    let shown = message(cp).unwrap_or_default();
+    assert!(
+        shown.starts_with("Unknown/NoInterNodeTraffic: "),
+        "a first window shows nothing to act on: {shown}"
+    );
+    // Three more windows: never False.
+    let until = std::time::Instant::now() + Duration::from_secs(16);
+    while std::time::Instant::now() < until {
+        let now = message(cp).unwrap_or_default();
+        assert!(
+            !now.starts_with("False/"),
+            "turned False on one window: {now}\n{}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let events = cp
+        .get_json(&format!("/apis/events.k8s.io/v1/namespaces/{ns}/events"))
+        .unwrap();
+    assert!(
+        !events["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["reason"] == "TransportFallback"),
+        "{events:#}"
+    );
+    let (_, metrics) = agent.get("/metrics").unwrap();
+    assert!(
+        metrics.contains(&format!(
+            "fabricgate_pod_transport{{namespace=\"{ns}\",pod=\"member\",transport=\"sockets\"}} 0"
+        )),
+        "{metrics}"
+    );
+    drop(agent);
+}

@@ -55,6 +55,13 @@ const PEER_IP: &str = "10.244.9.2";
 const INTRUDER_IP: &str = "10.245.0.3";
 /// The ckpt job's pod on realnode-2.
 const CKPT_PEER_IP: &str = "10.244.9.4";
+/// The secondary network (macvlan on `fgm0` in the node's namespace, as Multus would attach a
+/// `NetworkAttachmentDefinition` on the RoCE netdev): the mnet job's pod here, and its peer's
+/// address on it, in no podCIDR and not in its `status.podIPs`.
+const SECONDARY_HERE: &str = "192.168.50.10";
+const SECONDARY_PEER: &str = "192.168.50.2";
+/// The mnet job's peer's primary address (never reached: its traffic is on the secondary).
+const MNET_PEER_IP: &str = "10.244.9.6";
 const SINK_PORT: u16 = 7100;
 const STORAGE_PORT: u16 = 7200;
 const LISTEN_PORT: u16 = 29500;
@@ -76,7 +83,7 @@ fn runtime_settings() -> String {
     format!(
         "runtime:\n  enabled: true\n  window: {}s\n  tcp_min_bytes_per_second: {TCP_MIN}\n  \
          on_sockets: evict\n  evict_after: {}s\n  confirm_windows: {CONFIRM}\n  \
-         pod_selector: training.kubeflow.org/job-name=ckpt\n",
+         pod_selector: fabricgate-test/judge=yes\n",
         WINDOW.as_secs(),
         EVICT_AFTER.as_secs()
     )
@@ -344,8 +351,11 @@ impl Remote {
             .map_err(|e| format!("unshare --net: {e}"))?;
         let remote = Remote { holder };
         let node_ns = std::fs::read_link(node.netns_path()).map_err(|e| e.to_string())?;
+        // Until the holder is `sleep`, it is still nsenter or unshare in another namespace.
+        let comm = format!("/proc/{}/comm", remote.holder.id());
         wait_for("the remote namespace", Duration::from_secs(10), || {
-            std::fs::read_link(remote.netns()).is_ok_and(|ns| ns != node_ns)
+            std::fs::read_to_string(&comm).is_ok_and(|c| c.trim() == "sleep")
+                && std::fs::read_link(remote.netns()).is_ok_and(|ns| ns != node_ns)
         })?;
         let pid = remote.holder.id().to_string();
         let in_node = |args: &[&str]| run(node.nsenter(args[0]).args(&args[1..]));
@@ -395,6 +405,158 @@ impl Drop for Remote {
     }
 }
 
+/// A secondary network as Multus gives one: a veth end `fgm0` in the node's namespace as the
+/// macvlan master (the "RoCE netdev"), the pod's `net1` from the reference macvlan plugin's
+/// ADD (`/usr/lib/cni/macvlan`, static IPAM), the peer's macvlan on the same master in the
+/// remote namespace, and both pods' `k8s.v1.cni.cncf.io/network-status` written as Multus
+/// writes it.
+struct Secondary<'a> {
+    node: &'a RealNode,
+}
+
+impl<'a> Secondary<'a> {
+    fn attach(node: &'a RealNode, remote: &Remote, pod_json: &Value) -> Result<Self, String> {
+        let in_node = |args: &[&str]| run(node.nsenter(args[0]).args(&args[1..]));
+        in_node(&[
+            "ip", "link", "add", "fgm0", "type", "veth", "peer", "name", "fgm1",
+        ])?;
+        let secondary = Secondary { node };
+        in_node(&["ip", "link", "set", "fgm0", "up"])?;
+        in_node(&["ip", "link", "set", "fgm1", "up"])?;
+        // The peer's attachment: a macvlan sibling on the same master, in the remote namespace.
+        let holder = remote.holder.id().to_string();
+        in_node(&[
+            "ip", "link", "add", "link", "fgm0", "name", "fgpeer", "type", "macvlan", "mode",
+            "bridge",
+        ])?;
+        in_node(&["ip", "link", "set", "fgpeer", "netns", &holder])?;
+        let in_remote = |args: &[&str]| {
+            let mut c = std::process::Command::new("nsenter");
+            c.arg(format!("--net={}", remote.netns().display()))
+                .arg("--")
+                .args(args);
+            run(&mut c)
+        };
+        in_remote(&[
+            "ip",
+            "addr",
+            "add",
+            &format!("{SECONDARY_PEER}/24"),
+            "dev",
+            "fgpeer",
+        ])?;
+        in_remote(&["ip", "link", "set", "fgpeer", "up"])?;
+        // The pod's attachment: the plugin's ADD, in the node's namespaces, into the pod's.
+        let pid = container_pid(node, pod_json).ok_or("rank-0's container has no PID")?;
+        let id = pod_json
+            .pointer("/status/containerStatuses/0/containerID")
+            .and_then(Value::as_str)
+            .unwrap_or("rank-0");
+        let config = json!({
+            "cniVersion": "1.0.0", "name": "fabric-macvlan", "type": "macvlan",
+            "master": "fgm0", "mode": "bridge",
+            "ipam": { "type": "static", "addresses": [{ "address": format!("{SECONDARY_HERE}/24") }] },
+        });
+        let mut add = node.nsenter("/usr/lib/cni/macvlan");
+        add.env("CNI_COMMAND", "ADD")
+            .env("CNI_CONTAINERID", id)
+            .env("CNI_NETNS", format!("/proc/{pid}/ns/net"))
+            .env("CNI_IFNAME", "net1")
+            .env("CNI_PATH", "/usr/lib/cni")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        let mut child = add.spawn().map_err(|e| format!("macvlan ADD: {e}"))?;
+        if let Some(mut stdin) = child.stdin.take() {
+            stdin
+                .write_all(config.to_string().as_bytes())
+                .map_err(|e| format!("macvlan ADD stdin: {e}"))?;
+        }
+        let out = child
+            .wait_with_output()
+            .map_err(|e| format!("macvlan ADD: {e}"))?;
+        let result: Value = serde_json::from_slice(&out.stdout).map_err(|e| {
+            format!(
+                "macvlan ADD answered {e}: {} {}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })?;
+        let mac = result
+            .pointer("/interfaces/0/mac")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_owned();
+        let primary = pod_json
+            .pointer("/status/podIP")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        let annotate = |name: &str, cluster_ip: &str, ip: &str, mac: &str| {
+            let status = network_status(cluster_ip, ip, mac);
+            node.kubectl(&[
+                "annotate",
+                "--overwrite",
+                "pod",
+                name,
+                "-n",
+                NS,
+                "k8s.v1.cni.cncf.io/networks=fabric-macvlan",
+                &format!("k8s.v1.cni.cncf.io/network-status={status}"),
+            ])
+        };
+        annotate("rank-0", primary, SECONDARY_HERE, &mac)?;
+        annotate("rank-1", MNET_PEER_IP, SECONDARY_PEER, "0a:58:c0:a8:32:02")?;
+        Ok(secondary)
+    }
+}
+
+impl Drop for Secondary<'_> {
+    fn drop(&mut self) {
+        let _ = run(self.node.nsenter("ip").args(["link", "del", "fgm0"]));
+    }
+}
+
+/// The `k8s.v1.cni.cncf.io/network-status` annotation as Multus writes it (its indented JSON):
+/// the cluster network first (`default: true`), then the attachment.
+fn network_status(cluster_ip: &str, ip: &str, mac: &str) -> String {
+    format!(
+        r#"[{{
+    "name": "realnode",
+    "interface": "eth0",
+    "ips": [
+        "{cluster_ip}"
+    ],
+    "mac": "0a:58:0a:f4:00:0a",
+    "default": true,
+    "dns": {{}}
+}},{{
+    "name": "{NS}/fabric-macvlan",
+    "interface": "net1",
+    "ips": [
+        "{ip}"
+    ],
+    "mac": "{mac}",
+    "dns": {{}}
+}}]"#
+    )
+}
+
+/// The host PID of a pod's first container (containerd's task list).
+fn container_pid(node: &RealNode, pod_json: &Value) -> Option<String> {
+    let id = pod_json
+        .pointer("/status/containerStatuses/0/containerID")?
+        .as_str()?
+        .strip_prefix("containerd://")?
+        .to_owned();
+    let tasks = node.ctr(&["tasks", "ls"]).ok()?;
+    tasks
+        .lines()
+        .find(|l| l.starts_with(&id))?
+        .split_whitespace()
+        .nth(1)
+        .map(str::to_owned)
+}
+
 fn run(c: &mut std::process::Command) -> Result<(), String> {
     let out = c.output().map_err(|e| format!("{c:?}: {e}"))?;
     if out.status.success() {
@@ -410,7 +572,13 @@ fn pod(node: &RealNode, name: &str) -> Option<Value> {
 
 /// The Job's pod (not being deleted).
 fn job_pod(node: &RealNode) -> Option<Value> {
-    node.get_json(&["pods", "-n", NS, "-l", "batch.kubernetes.io/job-name=llm"])?["items"]
+    node.get_json(&[
+        "pods",
+        "-n",
+        NS,
+        "-l",
+        "batch.kubernetes.io/job-name=llm,app=llm",
+    ])?["items"]
         .as_array()?
         .iter()
         .find(|p| p["metadata"]["deletionTimestamp"].is_null())
@@ -596,7 +764,8 @@ fn scenario(node: &RealNode, image: &str) -> Result<(), String> {
     });
     node.kubectl_stdin(&["create", "-f", "-"], Some(&other.to_string()))?;
 
-    let ckpt = json!({ "training.kubeflow.org/job-name": "ckpt" });
+    let ckpt = json!({ "training.kubeflow.org/job-name": "ckpt", "fabricgate-test/judge": "yes" });
+    let mnet = json!({ "training.kubeflow.org/job-name": "mnet", "fabricgate-test/judge": "yes" });
     let objects = [
         json!({ "apiVersion": "v1", "kind": "Namespace", "metadata": { "name": NS } }),
         // Blocks any eviction of the Job's pod until relaxed below.
@@ -636,6 +805,11 @@ fn scenario(node: &RealNode, image: &str) -> Result<(), String> {
             "metadata": { "name": "reader", "namespace": NS, "labels": ckpt },
             "spec": pod_spec(pull_command(OTHER_IP, STORAGE_PORT), false),
         }),
+        json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": { "name": "rank-0", "namespace": NS, "labels": mnet },
+            "spec": pod_spec(push_command(SECONDARY_PEER, SINK_PORT), false),
+        }),
         remote_pod("llm-peer", json!({ "batch.kubernetes.io/job-name": "llm" })),
         remote_pod("ckpt-1", ckpt.clone()),
         remote_pod(
@@ -659,6 +833,7 @@ fn scenario(node: &RealNode, image: &str) -> Result<(), String> {
         ("llm-peer", PEER_IP),
         ("ckpt-1", CKPT_PEER_IP),
         ("intruder", INTRUDER_IP),
+        ("rank-1", MNET_PEER_IP),
     ] {
         let status = json!({ "status": { "phase": "Running", "podIP": ip,
             "podIPs": [{ "ip": ip }], "hostIP": OTHER_IP, "hostIPs": [{ "ip": OTHER_IP }] } });
@@ -674,9 +849,9 @@ fn scenario(node: &RealNode, image: &str) -> Result<(), String> {
             &status.to_string(),
         ])?;
     }
-    let here = ["quiet", "web", "listener", "reader"];
+    let here = ["quiet", "web", "listener", "reader", "rank-0"];
     wait_for(
-        "the Job's pod, quiet, web, listener and reader running",
+        "the Job's pod, quiet, web, listener, reader and rank-0 running",
         Duration::from_secs(120),
         || {
             job_pod(node).is_some_and(|p| running(&p))
@@ -704,6 +879,12 @@ fn scenario(node: &RealNode, image: &str) -> Result<(), String> {
             to: std::net::SocketAddr::new(listener_ip, LISTEN_PORT),
         },
     )?;
+
+    // rank-0's second interface, as Multus attaches one: the reference macvlan plugin's ADD
+    // into its namespace, then the annotations Multus writes; its peer rank-1's attachment on
+    // the same network lives in the remote namespace.
+    let secondary = Secondary::attach(node, &remote, &pod(node, "rank-0").ok_or("no rank-0")?)?;
+    let secondary_sink = Player::start(&remote.netns(), SECONDARY_PEER, SINK_PORT, Role::Sink)?;
 
     // sockets within the confirmation windows + one probe interval.
     let bound = WINDOW * CONFIRM + INTERVAL + SLACK;
@@ -829,6 +1010,22 @@ fn scenario(node: &RealNode, image: &str) -> Result<(), String> {
             "figure: {name}: {moved} bytes with addresses outside its job, other_tcp_bytes {other}, condition {condition:?}"
         );
     }
+    // Bulk TCP with its job's peer over the secondary network: sockets, via net1.
+    let (status, reason, message) = pod(node, "rank-0")
+        .and_then(|p| transport_condition(&p))
+        .unwrap_or_default();
+    if (status.as_str(), reason.as_str()) != ("False", "SocketsFallback")
+        || !message.contains("via net1")
+    {
+        return Err(format!(
+            "rank-0, {} bytes to its peer's Multus address {SECONDARY_PEER}: {status}/{reason} {message:?}\n{}",
+            secondary_sink.with(SECONDARY_HERE.parse().map_err(|e| format!("{e}"))?),
+            agent_logs(node)
+        ));
+    }
+    println!(
+        "figure: rank-0 pushing TCP to its peer over a macvlan secondary network (network-status {SECONDARY_PEER}) -> {status}/{reason}: {message}"
+    );
     let web_bytes = sink.with(web_ip);
     if web_bytes < TCP_MIN * WINDOW.as_secs() {
         return Err(format!(
@@ -926,6 +1123,8 @@ fn scenario(node: &RealNode, image: &str) -> Result<(), String> {
     }
     println!("figure: eviction requests (user, code): {evictions:?}");
     drop(sink);
+    drop(secondary_sink);
+    drop(secondary);
     drop(remote);
     Ok(())
 }
