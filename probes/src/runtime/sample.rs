@@ -387,7 +387,17 @@ impl PodSampler {
             );
             all.clone()
         };
-        let routes = procs::routes(&self.roots, if host { "self" } else { &pid_dir });
+        // The routes from the first of the pod's processes still there to read them: a pod's
+        // short-lived processes (a `head` in a loop) come and go between the listing and here.
+        let routes = if host {
+            procs::routes(&self.roots, "self")
+        } else {
+            std::iter::once(pid)
+                .chain(pids.iter().copied().filter(|p| *p != pid))
+                .map(|p| procs::routes(&self.roots, &p.to_string()))
+                .find(|r| !r.is_empty())
+                .unwrap_or_default()
+        };
         Ok(PodSockets {
             netns,
             sockets,
