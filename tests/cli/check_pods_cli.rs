@@ -155,7 +155,10 @@ fn without_the_host_pid_namespace_each_pod_cgroup_is_an_unknown_row() {
         "\nPods:\n\
          \x20 POD UID                               TRANSPORT  QPS  INTER-NODE TCP  WHY\n\
          \x20 {POD}  unknown    ?    ?               {why}\n\
-         \x20 ! {NO_HOST_PID}\n"
+         \x20 ! {NO_HOST_PID}\n\
+         \x20 peers: no cluster to ask (no --kubeconfig, not in a pod): a pod's peers are taken \
+         to be any address not on this node, so TCP with object storage or another job counts \
+         too; give --kubeconfig (or run in a pod) for the job's own peers\n"
     );
     assert_eq!(section, want);
     let off = check(&sys, &proc, &["--pods", "off"]);

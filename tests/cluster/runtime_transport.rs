@@ -543,7 +543,7 @@ fn check_pods_asks_the_cluster_for_the_pods_jobs_and_says_when_it_cannot() {
     );
     let peers = doc["pods_sample"]["peers"].as_str().unwrap_or_default();
     assert!(
-        peers.starts_with("peers from the cluster") && peers.contains("1 jobs"),
+        peers.starts_with("peers from the cluster") && peers.contains("on node chk-a"),
         "{doc:#}"
     );
     // A kubeconfig whose server answers nothing: said, and the fallback rule named.
