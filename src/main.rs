@@ -3,14 +3,15 @@
 #![forbid(unsafe_code)]
 
 use clap::Parser;
-use fabricgate::agent::{check, check_peers, check_pods, daemon};
+use fabricgate::agent::{check, daemon};
 use fabricgate::cli::{
     AdmissionCheckArgs, CheckArgs, Cli, Command, Format, GuardArgs, OnOff, PingArgs, PreflightArgs,
     RunArgs, SelftestArgs, WebhookArgs,
 };
+use fabricgate::transport::{check as check_pods, check_peers};
 use fabricgate::{EXIT_USAGE, EXIT_VALIDATED, policy};
 use fabricgate_probes::Prober;
-use fabricgate_probes::runtime::sample::PodSampler;
+use fabricgate_probes::transport::sample::PodSampler;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {

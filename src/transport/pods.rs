@@ -4,9 +4,9 @@
 //! Pure: a `Pod` and the settings in, a decision out; the agent's runtime task does the I/O.
 
 use crate::config::KubernetesRequirements;
-use crate::config::runtime::RuntimeSettings;
 use crate::policy::breaker::selector_matches;
-use crate::policy::transport::{PodVerdict, Transport};
+use crate::transport::settings::RuntimeSettings;
+use crate::transport::verdict::{PodVerdict, Transport};
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
 

@@ -12,7 +12,7 @@
 //! false` or a cap of 0 lifts it. `max_unvalidated_fraction` is about Nodes and does not apply.
 
 use crate::config::BreakerSettings;
-use crate::config::runtime::{OnSockets, RuntimeSettings};
+use crate::transport::settings::{OnSockets, RuntimeSettings};
 use k8s_openapi::api::core::v1::{Pod, PodCondition};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use serde::{Deserialize, Serialize};
@@ -21,8 +21,8 @@ use std::time::Duration;
 
 /// The pod condition the agents write (issue 42).
 pub const TRANSPORT_READY: &str = "fabricgate.io/TransportReady";
-/// Reason of the condition on sockets ([`crate::policy::transport::REASON_SOCKETS`]).
-pub use crate::policy::transport::REASON_SOCKETS as SOCKETS_FALLBACK;
+/// Reason of the condition on sockets ([`crate::transport::verdict::REASON_SOCKETS`]).
+pub use crate::transport::verdict::REASON_SOCKETS as SOCKETS_FALLBACK;
 /// Reason of the guard's Event on a pod it evicted (the agent's own Event is
 /// `TransportFallback`).
 pub const EVICTED: &str = "TransportFallbackEvicted";

@@ -6,9 +6,9 @@
 //! the namespace's pods read and kept by their job where only the owner or the native gang
 //! does.
 
-use super::WATCH_TIMEOUT_SECS;
 use super::jobs::{JobKey, is_host_network, job_of, pod_addresses};
-use super::watch::WatchBackoff;
+use crate::node::WATCH_TIMEOUT_SECS;
+use crate::node::WatchBackoff;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::Api;

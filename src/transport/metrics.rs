@@ -5,8 +5,8 @@
 //! Every series of a pod is removed when the pod stops being judged. Registered in the live
 //! registry: the runtime task records without the probe loop's state lock.
 
-use crate::policy::transport::{PodVerdict, Transport};
-use fabricgate_probes::runtime::restrack::QpEntry;
+use crate::transport::verdict::{PodVerdict, Transport};
+use fabricgate_probes::transport::restrack::QpEntry;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -211,7 +211,7 @@ impl PodMetrics {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::transport::REASON_SOCKETS;
+    use crate::transport::verdict::REASON_SOCKETS;
 
     fn text(r: &Registry) -> String {
         let mut s = String::new();

@@ -8,7 +8,7 @@
 //! the native gang (`spec.schedulingGroup.podGroupName`), the controller owner, and last the
 //! pod itself (a bare pod is a job of one: it has no peer, so it is never `sockets`).
 
-use crate::config::runtime::BUILTIN_JOB_LABELS;
+use crate::transport::settings::BUILTIN_JOB_LABELS;
 use k8s_openapi::api::core::v1::Pod;
 use serde::Deserialize;
 use std::collections::BTreeSet;
