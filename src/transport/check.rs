@@ -1,7 +1,7 @@
-//! The `pods` section of `fabricgate check` (issue 42; docs/runtime-transport.md): without a
+//! The `pods` section of `fabricgate check` (docs/runtime-transport.md): without a
 //! cluster, every pod cgroup on this node whose processes hold RDMA queue pairs or move TCP to
 //! a non-local address, sampled twice `--pods-window` apart and judged by
-//! `policy::transport::judge_pod` with the config's `runtime:` settings. Beside it, what the
+//! `transport::verdict::judge_pod` with the config's `runtime:` settings. Beside it, what the
 //! node's byte heuristic (`observe::fallback`) says over the same window.
 //!
 //! With it, the RDMA devices a pod's own network namespace holds that the node's probe does not

@@ -1,4 +1,4 @@
-//! Which pods on sockets `fabricgate guard` evicts now (`runtime.on_sockets: evict`, issue 42).
+//! Which pods on sockets `fabricgate guard` evicts now (`runtime.on_sockets: evict`).
 //! Pure: the pods as the guard's cache holds them, the settings, the ledger of its recent
 //! evictions and the time in; a [`Plan`] out. The guard's evictor does the API work.
 //!
@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::time::Duration;
 
-/// The pod condition the agents write (issue 42).
+/// The pod condition the agents write.
 pub const TRANSPORT_READY: &str = "fabricgate.io/TransportReady";
 /// Reason of the condition on sockets ([`crate::transport::verdict::REASON_SOCKETS`]).
 pub use crate::transport::verdict::REASON_SOCKETS as SOCKETS_FALLBACK;

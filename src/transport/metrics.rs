@@ -1,4 +1,4 @@
-//! The per-pod runtime transport metrics (issue 42): `fabricgate_pod_transport` (one-hot),
+//! The per-pod runtime transport metrics: `fabricgate_pod_transport` (one-hot),
 //! `fabricgate_pod_rdma_qps`, `fabricgate_pod_internode_tcp_bytes_total`,
 //! `fabricgate_pod_other_tcp_bytes_total` and
 //! `fabricgate_pod_owner_info` (the pod's controller owner, which the per-job alert joins on).

@@ -1,5 +1,5 @@
 //! The peer watch of the runtime transport: for each job with a judged pod on this node, the
-//! pods of that job on other nodes and their addresses (`node::jobs`). One watch per job,
+//! pods of that job on other nodes and their addresses (`transport::jobs`). One watch per job,
 //! started when the job's first pod on this node is judged and stopped when its last one goes,
 //! so an agent's watches carry the pods of its own jobs, never every pod of the cluster: a
 //! label selector in the job's namespace where a label names the job (every built-in kind), or

@@ -1,4 +1,4 @@
-//! The pods of this node judged at run time (issue 42), and what the agent writes on them:
+//! The pods of this node judged at run time, and what the agent writes on them:
 //! which pods are judged, the pod condition `fabricgate.io/TransportReady` (written only when
 //! it changes, so steady state costs no API write) and the `TransportFallback` Event's text.
 //! Pure: a `Pod` and the settings in, a decision out; the agent's runtime task does the I/O.

@@ -1,4 +1,4 @@
-//! The `runtime:` section (issue 42): which pods of the node are judged at run time, and how a
+//! The `runtime:` section: which pods of the node are judged at run time, and how a
 //! pod on sockets is told from one on RDMA (docs/runtime-transport.md).
 
 use crate::config::{bounded_duration, parse_bounded_duration};

@@ -1,9 +1,9 @@
-//! The runtime transport task (issue 42; docs/runtime-transport.md): every `runtime.window`
+//! The runtime transport task (docs/runtime-transport.md): every `runtime.window`
 //! it samples the judged pods on a blocking thread (never on the async runtime, never holding
-//! up the node's probe), judges each with `policy::transport::judge_pod`, records the
+//! up the node's probe), judges each with `transport::verdict::judge_pod`, records the
 //! `fabricgate_pod_*` metrics and writes the pod condition and Events through
-//! `node::pod_writer`. Wiring only: which pods are judged is `node::pods`, who their peers are
-//! `node::jobs` and `node::peer_pods`, the verdict and its confirmation are policy's, the facts
+//! `transport::writer`. Wiring only: which pods are judged is `transport::pods`, who their peers are
+//! `transport::jobs` and `transport::peers`, the verdict and its confirmation are policy's, the facts
 //! are the probes'.
 
 use super::sampler::Sampler;
@@ -122,7 +122,7 @@ struct Judging {
     writer: PodWriter,
     metrics: Arc<Metrics>,
     sampler: Arc<Mutex<Box<dyn Sampler>>>,
-    /// Per judged pod UID: its windows on sockets in a row and its quiet (`policy::transport::confirm`).
+    /// Per judged pod UID: its windows on sockets in a row and its quiet (`transport::verdict::confirm`).
     history: HashMap<String, PodHistory>,
     /// `unknown` is logged once with what to add, not every window.
     told_unknown: bool,

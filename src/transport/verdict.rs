@@ -1,5 +1,5 @@
-//! The verdict per pod at run time (issue 42): is a training pod on RDMA or on sockets? Pure:
-//! the facts one sampling window saw (`probes::runtime::PodTransportFacts`) and `runtime:` in,
+//! The verdict per pod at run time: is a training pod on RDMA or on sockets? Pure:
+//! the facts one sampling window saw (`probes::transport::PodTransportFacts`) and `runtime:` in,
 //! a [`PodVerdict`] out; no clock, no I/O.
 //!
 //! - `rdma`: the pod's processes hold a data-path QP (RC, UC, XRC, or a driver's own, e.g.
