@@ -5,7 +5,7 @@
 //! and a Node with nothing of ours is not written at all.
 
 use crate::error::{Error, Result};
-use crate::node::dra::NODE_LABEL;
+use crate::node::dra::{NODE_LABEL, node_label_value};
 use crate::node::{CONDITION_TYPES, FIELD_MANAGER};
 use json_patch::jsonptr::PointerBuf;
 use json_patch::{Patch as JsonPatch, PatchOperation, RemoveOperation, TestOperation};
@@ -88,7 +88,8 @@ pub async fn wait_pods_gone(
 }
 
 /// Remove fabricgate's marks from `only` (empty: every Node) and delete the agents'
-/// DeviceTaintRules (none where the cluster does not serve `resource.k8s.io/v1`).
+/// DeviceTaintRules of those Nodes (none where the cluster does not serve
+/// `resource.k8s.io/v1`).
 ///
 /// # Errors
 /// [`Error::Kube`]/[`Error::KubeObject`] when a read or write is refused (a write that
@@ -122,31 +123,40 @@ pub async fn cleanup(client: &kube::Client, prefix: &str, only: &[String]) -> Re
         }
     }
     let rules: Api<DeviceTaintRule> = Api::all(client.clone());
-    match rules.list(&ListParams::default().labels(NODE_LABEL)).await {
-        Ok(list) => {
-            for rule in list.items {
-                let name = rule.metadata.name.unwrap_or_default();
-                match rules.delete(&name, &DeleteParams::default()).await {
-                    Ok(_) => cleaned.rules.push(name),
-                    Err(e) if is_not_found(&e) => {}
-                    Err(e) => {
-                        return Err(Error::KubeObject {
-                            action: "delete",
-                            object: format!("DeviceTaintRule {name}"),
-                            source: Box::new(e),
-                        });
-                    }
+    // Every agent's rules, or those of the Nodes named.
+    let selectors: Vec<String> = if only.is_empty() {
+        vec![NODE_LABEL.to_owned()]
+    } else {
+        only.iter()
+            .map(|n| format!("{NODE_LABEL}={}", node_label_value(n)))
+            .collect()
+    };
+    for selector in selectors {
+        let list = match rules.list(&ListParams::default().labels(&selector)).await {
+            Ok(list) => list,
+            // DRA's v1 API not served: there is no rule to remove.
+            Err(e) if is_not_found(&e) => break,
+            Err(e) => {
+                return Err(Error::KubeObject {
+                    action: "list",
+                    object: "DeviceTaintRules".into(),
+                    source: Box::new(e),
+                });
+            }
+        };
+        for rule in list.items {
+            let name = rule.metadata.name.unwrap_or_default();
+            match rules.delete(&name, &DeleteParams::default()).await {
+                Ok(_) => cleaned.rules.push(name),
+                Err(e) if is_not_found(&e) => {}
+                Err(e) => {
+                    return Err(Error::KubeObject {
+                        action: "delete",
+                        object: format!("DeviceTaintRule {name}"),
+                        source: Box::new(e),
+                    });
                 }
             }
-        }
-        // DRA's v1 API not served: there is no rule to remove.
-        Err(e) if is_not_found(&e) => {}
-        Err(e) => {
-            return Err(Error::KubeObject {
-                action: "list",
-                object: "DeviceTaintRules".into(),
-                source: Box::new(e),
-            });
         }
     }
     Ok(cleaned)
