@@ -625,6 +625,12 @@ fn helm_install_refuses_bad_values_naming_the_key() {
         "name",
     ]);
     assert_eq!(secrets.trim(), "", "a release was recorded");
+    // Another namespace is refused too: the policies and service accounts name fabricgate.
+    let (ok, _, err) = template(&helm, &json!({}), &["--namespace", "default"]);
+    assert!(
+        !ok && err.contains("install fabricgate into the namespace fabricgate"),
+        "{err}"
+    );
     // The same values, made right, pass the schema.
     let (ok, out, err) = template(
         &helm,

@@ -1,6 +1,7 @@
 //! The Helm chart on the real node, with Helm itself (`.ci/helm.sh`): `helm install` → the node
 //! validated, the guard and the admission check running; `helm upgrade` turning runtime
-//! transport on rolls the agent out without tainting the validated node; `helm uninstall` →
+//! transport on, then DRA (privileged), rolls the agent out without ever leaving the validated
+//! node unvalidated; `helm uninstall` →
 //! the chart's cleanup hook leaves no fabricgate mark on the Node, and Helm prints what it
 //! removed. The values are the node's, as tests/node/deploy.rs makes daemonset.yaml the
 //! node's: the image (no registry), the apiserver's address (no kube-proxy), verbs off and the
@@ -199,86 +200,18 @@ pub fn install_upgrade_uninstall(node: &RealNode) -> Result<(), String> {
 
     // Upgrade: runtime transport on (host PID namespace, capabilities, pods RBAC,
     // runtime.enabled) and a shorter interval; the validated node is never tainted meanwhile.
-    let stop = AtomicBool::new(false);
-    let marks: std::sync::Mutex<Vec<String>> = std::sync::Mutex::default();
-    let t = Instant::now();
-    let (upgraded, rolled) = std::thread::scope(|scope| {
-        scope.spawn(|| {
-            while !stop.load(Ordering::Relaxed) {
-                if let Some(n) = node.node()
-                    && !validated(&n)
-                {
-                    marks.lock().unwrap().push(format!(
-                        "labels {} taints {}",
-                        n["metadata"]["labels"], n["spec"]["taints"]
-                    ));
-                }
-                std::thread::sleep(Duration::from_millis(200));
-            }
-        });
-        let upgraded = helm(
-            node,
-            &[
-                "upgrade",
-                "fabricgate",
-                &chart,
-                "--namespace",
-                "fabricgate",
-                "-f",
-                &values,
-                "--set",
-                "runtimeTransport.enabled=true,agent.interval=5s",
-                "--wait",
-                "--timeout",
-                "4m",
-            ],
-        );
-        let rolled = upgraded.clone().and_then(|_| {
-            wait_for(
-                "the upgraded agent Ready with hostPID",
-                Duration::from_secs(120),
-                || {
-                    node.get_json(&[
-                        "pods",
-                        "-n",
-                        "fabricgate",
-                        "-l",
-                        "app.kubernetes.io/component=agent",
-                    ])
-                    .and_then(|p| p["items"].as_array().cloned())
-                    .is_some_and(|items| {
-                        items.len() == 1
-                            && items[0]["spec"]["hostPID"] == true
-                            && items[0]["status"]["conditions"]
-                                .as_array()
-                                .is_some_and(|c| {
-                                    c.iter()
-                                        .any(|c| c["type"] == "Ready" && c["status"] == "True")
-                                })
-                    })
-                },
-            )
-        });
-        // Two of the new agent's probes after its rollout.
-        std::thread::sleep(Duration::from_secs(10));
-        stop.store(true, Ordering::Relaxed);
-        (upgraded, rolled)
-    });
-    let out = upgraded?;
-    rolled?;
-    println!("helm upgrade:\n{out}");
-    println!(
-        "figure: helm upgrade (runtime transport on) rolled out in {:?}",
-        t.elapsed()
-    );
-    let seen = marks.into_inner().unwrap_or_default();
-    if !seen.is_empty() {
-        return Err(format!(
-            "the upgrade left the node not validated {} times: {:?}",
-            seen.len(),
-            seen.first()
-        ));
-    }
+    upgrade_keeps_validated(
+        node,
+        &[
+            &chart,
+            "-f",
+            &values,
+            "--set",
+            "runtimeTransport.enabled=true,agent.interval=5s",
+        ],
+        "runtime transport on",
+        |pod| pod["spec"]["hostPID"] == true,
+    )?;
     let n = node.node().ok_or("no Node")?;
     if !validated(&n) {
         return Err(format!(
@@ -294,6 +227,33 @@ pub fn install_upgrade_uninstall(node: &RealNode) -> Result<(), String> {
     if req["runtime"]["enabled"] != true {
         return Err(format!("runtime.enabled not set by the upgrade: {req}"));
     }
+    // Upgrade: DRA on, with the privileged device access it needs (the host's device nodes:
+    // an empty directory here, verbs are off) and the kubelet's plugin registry.
+    let dev = node.dir.join("dev-infiniband");
+    std::fs::create_dir_all(&dev).map_err(|e| e.to_string())?;
+    let dev_set = format!(
+        "dra.enabled=true,agent.deviceAccess=privileged,agent.hostPaths.devInfiniband={}",
+        dev.display()
+    );
+    upgrade_keeps_validated(
+        node,
+        &[
+            &chart,
+            "-f",
+            &values,
+            "--set",
+            "runtimeTransport.enabled=true,agent.interval=5s",
+            "--set",
+            &dev_set,
+        ],
+        "DRA on, privileged",
+        |pod| {
+            pod["spec"]["containers"][0]["securityContext"]["privileged"] == true
+                && pod["spec"]["volumes"]
+                    .as_array()
+                    .is_some_and(|v| v.iter().any(|v| v["name"] == "plugins-registry"))
+        },
+    )?;
 
     // Uninstall: the cleanup hook waits for the agent and the guard to go, then removes
     // every mark; Helm prints its output.
@@ -369,6 +329,85 @@ pub fn install_upgrade_uninstall(node: &RealNode) -> Result<(), String> {
         .collect();
     if !ours.is_empty() {
         return Err(format!("left in the cluster: {ours:?}"));
+    }
+    Ok(())
+}
+
+/// `helm upgrade fabricgate ARGS --wait` while the Node is read every 200 ms: the agent rolls
+/// out (its one pod Ready and `changed`), and the validated Node is never seen otherwise, up
+/// to two of the new agent's probes after.
+fn upgrade_keeps_validated(
+    node: &RealNode,
+    args: &[&str],
+    what: &str,
+    changed: fn(&Value) -> bool,
+) -> Result<(), String> {
+    let stop = AtomicBool::new(false);
+    let marks: std::sync::Mutex<Vec<String>> = std::sync::Mutex::default();
+    let t = Instant::now();
+    let (upgraded, rolled) = std::thread::scope(|scope| {
+        scope.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                if let Some(n) = node.node()
+                    && !validated(&n)
+                {
+                    marks.lock().unwrap().push(format!(
+                        "labels {} taints {}",
+                        n["metadata"]["labels"], n["spec"]["taints"]
+                    ));
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        });
+        let mut full = vec!["upgrade", "fabricgate", "--namespace", "fabricgate"];
+        full.extend_from_slice(args);
+        full.extend_from_slice(&["--wait", "--timeout", "4m"]);
+        let upgraded = helm(node, &full);
+        let rolled = upgraded.clone().and_then(|_| {
+            wait_for(
+                &format!("the agent Ready with {what}"),
+                Duration::from_secs(120),
+                || {
+                    node.get_json(&[
+                        "pods",
+                        "-n",
+                        "fabricgate",
+                        "-l",
+                        "app.kubernetes.io/component=agent",
+                    ])
+                    .and_then(|p| p["items"].as_array().cloned())
+                    .is_some_and(|items| {
+                        items.len() == 1
+                            && changed(&items[0])
+                            && items[0]["status"]["conditions"]
+                                .as_array()
+                                .is_some_and(|c| {
+                                    c.iter()
+                                        .any(|c| c["type"] == "Ready" && c["status"] == "True")
+                                })
+                    })
+                },
+            )
+        });
+        // Two of the new agent's probes after its rollout.
+        std::thread::sleep(Duration::from_secs(10));
+        stop.store(true, Ordering::Relaxed);
+        (upgraded, rolled)
+    });
+    let out = upgraded?;
+    rolled.map_err(|e| format!("{e}\n{}", super::scenarios::agent_logs(node)))?;
+    println!("helm upgrade ({what}):\n{out}");
+    println!(
+        "figure: helm upgrade ({what}) rolled out in {:?}",
+        t.elapsed()
+    );
+    let seen = marks.into_inner().unwrap_or_default();
+    if !seen.is_empty() {
+        return Err(format!(
+            "the upgrade ({what}) left the node not validated {} times: {:?}",
+            seen.len(),
+            seen.first()
+        ));
     }
     Ok(())
 }
