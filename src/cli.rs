@@ -465,6 +465,14 @@ pub struct CheckArgs {
     /// not waited when no pod process runs on this node.
     #[arg(long, default_value = "5s", value_parser = parse_pods_window, value_name = "DURATION")]
     pub pods_window: std::time::Duration,
+    /// A kubeconfig for the pods section: each pod's peers are then the pods of its job on
+    /// other nodes, as the agent judges them, and the pods are named. Without it (and outside
+    /// a pod) any address not on this node counts as a peer, and the section says so.
+    #[arg(long, value_name = "PATH")]
+    pub kubeconfig: Option<std::path::PathBuf>,
+    /// This node's name in the cluster (default: the host name), for the pods section.
+    #[arg(long, env = "NODE_NAME", value_name = "NAME")]
+    pub node_name: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

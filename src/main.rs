@@ -3,7 +3,7 @@
 #![forbid(unsafe_code)]
 
 use clap::Parser;
-use fabricgate::agent::{check, check_pods, daemon};
+use fabricgate::agent::{check, check_peers, check_pods, daemon};
 use fabricgate::cli::{
     AdmissionCheckArgs, CheckArgs, CleanupArgs, Cli, Command, Format, GuardArgs, OnOff, PingArgs,
     PreflightArgs, RunArgs, SelftestArgs, WebhookArgs,
@@ -46,11 +46,21 @@ fn run_check(args: &CheckArgs) -> anyhow::Result<u8> {
     let verdict = policy::evaluate(&report, &config);
     // The pods section is for a person; the exit code stays the node's.
     let pods = (args.pods == OnOff::On).then(|| {
+        let node = args
+            .node_name
+            .clone()
+            .unwrap_or_else(|| check_peers::host_name(&roots));
         let mut sampler =
             PodSampler::new(roots).with_max_sockets(config.runtime.max_sockets_per_pod);
-        check_pods::sample(&mut sampler, &config, args.pods_window, &report, || {
-            prober.probe()
-        })
+        let peers = check_peers::read(args.kubeconfig.as_deref(), &node, &config);
+        check_pods::sample(
+            &mut sampler,
+            &config,
+            args.pods_window,
+            peers,
+            &report,
+            || prober.probe(),
+        )
     });
     let text = match args.format {
         Format::Json => {

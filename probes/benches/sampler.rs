@@ -113,12 +113,16 @@ fn eight_pods_one_window(c: &mut Criterion) {
     let request = SampleRequest {
         pod_uids: Some((0..PODS).map(pod_uid).collect()),
         host_network: BTreeSet::new(),
-        remote: RemoteScope::Nodes {
-            addresses: (2..9)
-                .map(|h| IpAddr::V4(Ipv4Addr::new(10, 0, 1, h)))
+        remote: RemoteScope::JobPeers(
+            (0..PODS)
+                .map(|p| {
+                    let peers = (2..9)
+                        .map(|h| IpAddr::V4(Ipv4Addr::new(10, 0, 1, h)))
+                        .collect();
+                    (pod_uid(p), peers)
+                })
                 .collect(),
-            pod_cidrs: Vec::new(),
-        },
+        ),
     };
     assert!(
         sampler.sample(&request).is_empty(),

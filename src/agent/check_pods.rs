@@ -11,12 +11,13 @@
 //! The section never changes `check`'s exit code: what it cannot see (no host PID namespace,
 //! no RDMA netlink) is an `unknown` pod or a note, with the why.
 
+use super::check_peers::ClusterPeers;
 use crate::config::{Config, FallbackSettings};
 use crate::observe::fallback::{FallbackDetector, FallbackStatus};
 use crate::policy::transport::{PodVerdict, human_bytes, judge_pod};
 use fabricgate_probes::runtime::pod_hcas::{self, LiveNamespaces, NamespaceRdma, PodHcas};
 use fabricgate_probes::runtime::restrack::{NetlinkPort, QpEntry, QpOwner};
-use fabricgate_probes::runtime::sample::{NO_HOST_PID, PodSampler, RemoteScope, SampleRequest};
+use fabricgate_probes::runtime::sample::{NO_HOST_PID, PodSampler, SampleRequest};
 use fabricgate_probes::runtime::{Observed, PodTransportFacts, procs};
 use fabricgate_probes::{ProbeReport, Roots};
 use serde_json::{Value, json};
@@ -52,6 +53,10 @@ pub struct PodsSection {
     /// Pods whose own network namespace holds RDMA devices the node's probe does not list, or
     /// could not be looked into; sorted by pod UID.
     pub namespace_hcas: Vec<PodHcas>,
+    /// How the pods' peers were found (the cluster's jobs, or why any non-local address).
+    pub peers_note: String,
+    /// Pod UID → (namespace, name), where the cluster was asked.
+    pub names: BTreeMap<String, (String, String)>,
 }
 
 /// Sample every pod of the node (sample, wait `window`, sample) and judge each one. `first`
@@ -61,13 +66,14 @@ pub fn sample(
     sampler: &mut PodSampler,
     config: &Config,
     window: Duration,
+    peers: ClusterPeers,
     first: &ProbeReport,
     probe_again: impl FnOnce() -> ProbeReport,
 ) -> PodsSection {
     let request = SampleRequest {
         pod_uids: None,
         host_network: BTreeSet::new(),
-        remote: RemoteScope::NotLocal,
+        remote: peers.scope,
     };
     // The first sample only takes each pod's baseline.
     let _ = sampler.sample(&request);
@@ -84,6 +90,8 @@ pub fn sample(
             window: None,
             node_fallback: None,
             namespace_hcas: Vec::new(),
+            peers_note: peers.note,
+            names: peers.names,
         };
     }
     let start = Instant::now();
@@ -98,6 +106,8 @@ pub fn sample(
         window: Some(waited),
         node_fallback: Some(node_fallback(config, window, first, &second)),
         namespace_hcas,
+        peers_note: peers.note,
+        names: peers.names,
     }
 }
 
@@ -261,17 +271,22 @@ pub fn insert_json(doc: &mut Value, section: &PodsSection) {
         .pods
         .iter()
         .map(|p| {
+            // Without a cluster the pod's name is not known.
+            let (namespace, name) = section
+                .names
+                .get(&p.facts.pod_uid)
+                .map_or(("", ""), |(n, p)| (n.as_str(), p.as_str()));
             json!({
                 "uid": p.facts.pod_uid,
-                // Without a cluster the pod's name is not known.
-                "namespace": "",
-                "name": "",
+                "namespace": namespace,
+                "name": name,
                 "transport": p.verdict.transport,
                 "qps": match &p.facts.qps {
                     Observed::Seen(qps) => Value::Array(qps.iter().map(qp_json).collect()),
                     Observed::Unseen { .. } => Value::Null,
                 },
                 "internode_tcp_bytes": p.verdict.internode_tcp_bytes,
+                "other_tcp_bytes": p.verdict.other_tcp_bytes,
                 "why": p.verdict.why,
             })
         })
@@ -305,6 +320,7 @@ pub fn insert_json(doc: &mut Value, section: &PodsSection) {
         json!({
             "window_seconds": section.window.map(|w| w.as_secs_f64()),
             "notes": section.notes,
+            "peers": section.peers_note,
             "node_fallback": node_fallback,
         }),
     );
@@ -342,6 +358,9 @@ pub fn to_table(section: &PodsSection) -> String {
     }
     for note in &section.notes {
         let _ = writeln!(out, "  ! {note}");
+    }
+    if !section.peers_note.is_empty() {
+        let _ = writeln!(out, "  peers: {}", section.peers_note);
     }
     if let Some(f) = &section.node_fallback {
         let _ = writeln!(

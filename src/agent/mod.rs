@@ -3,6 +3,7 @@
 //! floors together; it never decides a verdict itself.
 
 pub mod check;
+pub mod check_peers;
 pub mod check_pods;
 pub mod daemon;
 mod mesh;

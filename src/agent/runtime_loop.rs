@@ -2,21 +2,24 @@
 //! it samples the judged pods on a blocking thread (never on the async runtime, never holding
 //! up the node's probe), judges each with `policy::transport::judge_pod`, records the
 //! `fabricgate_pod_*` metrics and writes the pod condition and Events through
-//! `node::pod_writer`. Wiring only: which pods are judged is `node::pods`, the verdict is
-//! policy's, the facts are the probes'.
+//! `node::pod_writer`. Wiring only: which pods are judged is `node::pods`, who their peers are
+//! `node::jobs` and `node::peer_pods`, the verdict and its confirmation are policy's, the facts
+//! are the probes'.
 
 use super::runtime_sampler::Sampler;
 use crate::config::Config;
-use crate::node::pod_writer::{PodWriter, RemoteNodes, watch_pods, watch_remote_nodes};
+use crate::node::jobs::{JobKey, job_of};
+use crate::node::peer_pods::{JobPeers, peer_addresses, watch_job_peers};
+use crate::node::pod_writer::{PodWriter, watch_pods};
 use crate::node::pods::{JudgedPod, is_judged};
 use crate::observe::metrics::Metrics;
 use crate::observe::pods::PodSample;
-use crate::policy::transport::{PodVerdict, judge_pod};
+use crate::policy::transport::{PodHistory, PodVerdict, confirm, judge_pod};
 use fabricgate_probes::Roots;
 use fabricgate_probes::runtime::sample::{PodSampler, RemoteScope, SampleRequest};
 use fabricgate_probes::runtime::{Observed, PodTransportFacts};
 use k8s_openapi::api::core::v1::Pod;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -28,7 +31,7 @@ pub struct RuntimeJobs {
     pub pods: Option<watch::Receiver<BTreeMap<String, Pod>>>,
 }
 
-/// Start the pods watch, the Nodes watch and the judging loop; nothing while
+/// Start the pods watch, the peer watch and the judging loop; nothing while
 /// `runtime.enabled` is false or without a cluster.
 #[allow(clippy::too_many_arguments)]
 pub fn start(
@@ -53,9 +56,9 @@ pub fn start(
     };
     let backoff = config.runtime.window;
     let (pods_tx, pods_rx) = watch::channel(BTreeMap::new());
-    let pods_for_nodes = pods_rx.clone();
     let pods_for_others = pods_rx.clone();
-    let (nodes_tx, nodes_rx) = watch::channel(RemoteNodes::default());
+    let (jobs_tx, jobs_rx) = watch::channel(BTreeSet::new());
+    let (peers_tx, peers_rx) = watch::channel(JobPeers::new());
     let writer = PodWriter {
         client: clients.requests.clone(),
         node: node.to_owned(),
@@ -65,18 +68,18 @@ pub fn start(
         config: config.clone(),
         sample_deadline: config.runtime.window,
         own_namespace: own_namespace.to_owned(),
+        node: node.to_owned(),
         pods: pods_rx,
-        nodes: nodes_rx,
+        jobs: jobs_tx,
+        peers: peers_rx,
         writer,
         metrics: Arc::clone(metrics),
         sampler,
+        history: HashMap::new(),
         told_unknown: false,
     };
-    let sampler: Box<dyn Sampler> = match std::env::var_os(super::runtime_sampler::ENV) {
-        Some(path) => Box::new(super::runtime_sampler::FileFacts {
-            path: path.into(),
-            window: config.runtime.window,
-        }),
+    let sampler: Box<dyn Sampler> = match super::runtime_sampler::from_env(config) {
+        Some(seam) => seam,
         None => {
             Box::new(PodSampler::new(roots).with_max_sockets(config.runtime.max_sockets_per_pod))
         }
@@ -90,36 +93,17 @@ pub fn start(
                 pods_tx,
                 backoff,
             )),
-            tokio::spawn(remote_nodes_once_judged(
+            tokio::spawn(watch_job_peers(
                 watch_client,
-                node.to_owned(),
-                (config.clone(), own_namespace.to_owned()),
-                pods_for_nodes,
-                nodes_tx,
+                config.runtime.job_labels.clone(),
+                jobs_rx,
+                peers_tx,
+                backoff,
             )),
             run,
         ],
         pods: Some(pods_for_others),
     }
-}
-
-/// The Nodes watch starts only once this node has a judged pod: a node without training pods
-/// (and every test that counts the agent's Node lists) pays nothing for it.
-async fn remote_nodes_once_judged(
-    client: kube::Client,
-    node: String,
-    (config, own_namespace): (Config, String),
-    mut pods: watch::Receiver<BTreeMap<String, Pod>>,
-    tx: watch::Sender<RemoteNodes>,
-) {
-    let judged = |m: &BTreeMap<String, Pod>| {
-        m.values()
-            .any(|p| is_judged(p, &config.kubernetes, &config.runtime, &own_namespace))
-    };
-    if pods.wait_for(judged).await.is_err() {
-        return;
-    }
-    watch_remote_nodes(client, node, tx, config.runtime.window).await;
 }
 
 struct Judging {
@@ -128,11 +112,17 @@ struct Judging {
     sample_deadline: std::time::Duration,
     /// The agent's namespace: its own pods there are never judged.
     own_namespace: String,
+    /// This node: the peers that count are the job's pods on the others.
+    node: String,
     pods: watch::Receiver<BTreeMap<String, Pod>>,
-    nodes: watch::Receiver<RemoteNodes>,
+    /// The jobs of the judged pods, which the peer watch follows.
+    jobs: watch::Sender<BTreeSet<JobKey>>,
+    peers: watch::Receiver<JobPeers>,
     writer: PodWriter,
     metrics: Arc<Metrics>,
     sampler: Arc<Mutex<Box<dyn Sampler>>>,
+    /// Per judged pod UID: its windows on sockets in a row and its quiet (`policy::transport::confirm`).
+    history: HashMap<String, PodHistory>,
     /// `unknown` is logged once with what to add, not every window.
     told_unknown: bool,
 }
@@ -153,9 +143,10 @@ impl Judging {
         }
     }
 
-    /// One window: sample, judge, record, write.
+    /// One window: sample, judge, confirm, record, write.
     async fn window(&mut self) {
-        let judged: Vec<JudgedPod> = self
+        let job_labels = &self.config.runtime.job_labels;
+        let judged: Vec<(JudgedPod, Option<JobKey>)> = self
             .pods
             .borrow()
             .values()
@@ -167,9 +158,27 @@ impl Judging {
                     &self.own_namespace,
                 )
             })
-            .filter_map(JudgedPod::of)
+            .filter_map(|p| Some((JudgedPod::of(p)?, job_of(p, job_labels))))
             .collect();
-        let remote = self.nodes.borrow().clone();
+        let wanted: BTreeSet<JobKey> = judged.iter().filter_map(|(_, j)| j.clone()).collect();
+        self.jobs.send_if_modified(|jobs| {
+            let changed = *jobs != wanted;
+            *jobs = wanted;
+            changed
+        });
+        let scope = {
+            let peers = self.peers.borrow();
+            judged
+                .iter()
+                .filter_map(|(p, job)| {
+                    let addresses = peer_addresses(&peers, job.as_ref()?, &self.node);
+                    (!addresses.is_empty()).then(|| (p.uid.clone(), addresses))
+                })
+                .collect()
+        };
+        let judged: Vec<JudgedPod> = judged.into_iter().map(|(p, _)| p).collect();
+        self.history
+            .retain(|uid, _| judged.iter().any(|p| &p.uid == uid));
         let request = SampleRequest {
             pod_uids: Some(judged.iter().map(|p| p.uid.clone()).collect()),
             host_network: judged
@@ -177,10 +186,7 @@ impl Judging {
                 .filter(|p| p.host_network)
                 .map(|p| p.uid.clone())
                 .collect::<BTreeSet<_>>(),
-            remote: RemoteScope::Nodes {
-                addresses: remote.addresses,
-                pod_cidrs: remote.pod_cidrs,
-            },
+            remote: RemoteScope::JobPeers(scope),
         };
         let facts = match self.sample(request).await {
             Ok(facts) => facts,
@@ -217,6 +223,12 @@ impl Judging {
             let v = judge_pod(f, &self.config.runtime, |device, _| {
                 matcher.is_match(device)
             });
+            let window = match &f.internode_tcp {
+                Observed::Seen(t) => t.window,
+                Observed::Unseen { .. } => self.config.runtime.window,
+            };
+            let history = self.history.entry(pod.uid.clone()).or_default();
+            let v = confirm(v, history, &self.config.runtime, window);
             verdicts.push((pod, v, f));
         }
         self.record(&verdicts);
@@ -332,7 +344,8 @@ mod tests {
         }))
         .unwrap();
         let (_pods_tx, pods) = watch::channel(BTreeMap::from([("u-1".to_owned(), pod)]));
-        let (_nodes_tx, nodes) = watch::channel(RemoteNodes::default());
+        let (jobs, _jobs_rx) = watch::channel(BTreeSet::new());
+        let (_peers_tx, peers) = watch::channel(JobPeers::new());
         let (client, mut server) = scripted::client();
         let metrics = Arc::new(Metrics::with_config(&config));
         let mut judging = Judging {
@@ -340,8 +353,10 @@ mod tests {
             // The window's 5 s at the least in a config; a test needs no 5 s wait.
             sample_deadline: std::time::Duration::from_millis(200),
             own_namespace: "fabricgate".to_owned(),
+            node: "gpu-a".to_owned(),
             pods,
-            nodes,
+            jobs,
+            peers,
             writer: PodWriter {
                 client,
                 node: "gpu-a".to_owned(),
@@ -349,6 +364,7 @@ mod tests {
             },
             metrics: Arc::clone(&metrics),
             sampler: Arc::new(Mutex::new(Box::new(Wedged))),
+            history: HashMap::new(),
             told_unknown: false,
         };
         let window = tokio::spawn(async move {

@@ -15,12 +15,36 @@ pub const DEFAULT_WINDOW: Duration = Duration::from_secs(30);
 pub const DEFAULT_TCP_MIN_BYTES_PER_SECOND: u64 = 10_000_000;
 /// Default `runtime.evict_after`.
 pub const DEFAULT_EVICT_AFTER: Duration = Duration::from_secs(120);
+/// Default `runtime.confirm_windows`: a pod is `sockets` after two windows in a row show it,
+/// so one window of a checkpoint restore or a peer streaming in never acts.
+pub const DEFAULT_CONFIRM_WINDOWS: u32 = 2;
+/// Default `runtime.clear_after`: a confirmed `False` with this long of quiet since returns to
+/// `Unknown`/`NoInterNodeTraffic` (a finished warm-up never stays `False` by inertia).
+pub const DEFAULT_CLEAR_AFTER: Duration = Duration::from_secs(600);
+/// The labels that name a pod's job, in this order, after `runtime.job_labels`: JobSet before
+/// Job (a JobSet's Jobs each have their own name), the training operators', LeaderWorkerSet's,
+/// the gang schedulers' pod groups, then a Job's own.
+pub const BUILTIN_JOB_LABELS: [&str; 7] = [
+    "jobset.sigs.k8s.io/jobset-name",
+    "training.kubeflow.org/job-name",
+    "leaderworkerset.sigs.k8s.io/name",
+    "kueue.x-k8s.io/pod-group-name",
+    "scheduling.x-k8s.io/pod-group",
+    "volcano.sh/job-name",
+    "batch.kubernetes.io/job-name",
+];
 
 bounded_duration!(
     window,
     "runtime.window",
     Duration::from_secs(5),
     Duration::from_secs(600)
+);
+bounded_duration!(
+    clear_after,
+    "runtime.clear_after",
+    Duration::from_secs(10),
+    Duration::from_secs(24 * 3600)
 );
 bounded_duration!(
     evict_after,
@@ -69,6 +93,18 @@ pub struct RuntimeSettings {
     /// on being judged, so no pod can make the agent's memory or time per window grow with
     /// what it opens (1 or more).
     pub max_sockets_per_pod: usize,
+    /// Windows in a row that must show a pod on sockets before it is `sockets` (its condition
+    /// `False`, its Event, anything that acts on it): 1 to 10.
+    pub confirm_windows: u32,
+    /// How long a pod found on sockets must then be quiet (no bulk TCP with its job's peers,
+    /// no data-path QP) before its condition returns to `Unknown`/`NoInterNodeTraffic`
+    /// (10s to 24h).
+    #[serde(with = "clear_after")]
+    pub clear_after: Duration,
+    /// Labels that name a pod's job, tried before the built-in ones (JobSet, Kubeflow,
+    /// LeaderWorkerSet, Kueue and scheduler-plugins pod groups, Volcano, Job): the pods with
+    /// the same value of the first label present are one job.
+    pub job_labels: Vec<String>,
 }
 
 impl Default for RuntimeSettings {
@@ -81,6 +117,9 @@ impl Default for RuntimeSettings {
             on_sockets: OnSockets::Record,
             evict_after: DEFAULT_EVICT_AFTER,
             max_sockets_per_pod: fabricgate_probes::runtime::tcp::DEFAULT_MAX_SOCKETS,
+            confirm_windows: DEFAULT_CONFIRM_WINDOWS,
+            clear_after: DEFAULT_CLEAR_AFTER,
+            job_labels: Vec::new(),
         }
     }
 }
@@ -91,6 +130,27 @@ impl RuntimeSettings {
     /// not `key=value`, `key!=value`, `key` or `!key`) or `runtime.tcp_min_bytes_per_second`
     /// (0).
     pub fn validate(&self) -> Result<()> {
+        if !(1..=10).contains(&self.confirm_windows) {
+            return Err(Error::ConfigValue {
+                key: "runtime.confirm_windows".to_owned(),
+                message: format!(
+                    "{} is outside 1 to 10; give how many windows in a row must show a pod on \
+                     sockets before it is acted on (e.g. 2)",
+                    self.confirm_windows
+                ),
+            });
+        }
+        for key in &self.job_labels {
+            if super::validate_label_key(key).is_err() {
+                return Err(Error::ConfigValue {
+                    key: "runtime.job_labels".to_owned(),
+                    message: format!(
+                        "{key:?} is not a label key; give label keys whose value names a \
+                         pod's job (e.g. \"example.com/training-run\")"
+                    ),
+                });
+            }
+        }
         if self.max_sockets_per_pod == 0 {
             return Err(Error::ConfigValue {
                 key: "runtime.max_sockets_per_pod".to_owned(),
@@ -155,6 +215,16 @@ mod tests {
         assert_eq!(c.on_sockets, OnSockets::Evict);
         assert_eq!(c.evict_after, Duration::from_secs(300));
         assert_eq!(c.tcp_min_bytes_per_second, 1000);
+        assert_eq!(c.confirm_windows, DEFAULT_CONFIRM_WINDOWS);
+        assert_eq!(c.clear_after, DEFAULT_CLEAR_AFTER);
+        let c = Config::parse(
+            "runtime:\n  confirm_windows: 3\n  clear_after: 2m\n  job_labels: [example.com/run]\n",
+        )
+        .unwrap()
+        .runtime;
+        assert_eq!(c.confirm_windows, 3);
+        assert_eq!(c.clear_after, Duration::from_secs(120));
+        assert_eq!(c.job_labels, ["example.com/run"]);
         for (yaml, key) in [
             ("runtime:\n  window: 1s\n", "runtime.window"),
             ("runtime:\n  evict_after: 1s\n", "runtime.evict_after"),
@@ -169,6 +239,16 @@ mod tests {
             ),
             ("runtime:\n  pod_selector: \"=x\"\n", "runtime.pod_selector"),
             ("runtime:\n  podselector: a\n", "podselector"),
+            (
+                "runtime:\n  confirm_windows: 0\n",
+                "runtime.confirm_windows",
+            ),
+            (
+                "runtime:\n  confirm_windows: 11\n",
+                "runtime.confirm_windows",
+            ),
+            ("runtime:\n  clear_after: 1s\n", "runtime.clear_after"),
+            ("runtime:\n  job_labels: [\"a b\"]\n", "runtime.job_labels"),
         ] {
             let e = Config::parse(yaml).unwrap_err().to_string();
             assert!(e.contains(key), "{yaml}: {e}");

@@ -1,6 +1,6 @@
-//! The runtime transport's API side (issue 42): the watch of this node's pods (a field
-//! selector on `spec.nodeName`), the watch of the other Nodes' addresses and pod CIDRs, and
-//! the writes on a judged pod: the `fabricgate.io/TransportReady` condition through
+//! The runtime transport's API side: the watch of this node's pods (a field selector on
+//! `spec.nodeName`; the judged pods' jobs are followed by `node::peer_pods`), and the writes on
+//! a judged pod: the `fabricgate.io/TransportReady` condition through
 //! `pods/status` (only when it changes) and the `TransportFallback` Event on the pod and its
 //! controller owner (once per transition).
 
@@ -13,15 +13,14 @@ use crate::error::{Error, Result};
 use crate::policy::transport::PodVerdict;
 use crate::text::truncate;
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event as WatchEvent, watcher};
-use std::collections::{BTreeMap, BTreeSet};
-use std::net::IpAddr;
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 /// Follow the pods of `node` (a field selector, no polling) and send each change as the
@@ -86,86 +85,6 @@ pub async fn watch_pods(
         if tx.send(pods.clone()).is_err() {
             return;
         }
-    }
-}
-
-/// The other Nodes' addresses and pod CIDRs (`RemoteScope::Nodes`).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct RemoteNodes {
-    pub addresses: BTreeSet<IpAddr>,
-    pub pod_cidrs: Vec<(IpAddr, u8)>,
-}
-
-/// Follow every Node but `node` and send their addresses and pod CIDRs when they change. One
-/// watch from the watch cache; at 5,000 Nodes the initial list is the cost (the agent keeps
-/// only the addresses), and steady state is the watch's events.
-pub async fn watch_remote_nodes(
-    client: kube::Client,
-    node: String,
-    tx: tokio::sync::watch::Sender<RemoteNodes>,
-    max_backoff: Duration,
-) {
-    let config = watcher::Config::default()
-        .timeout(WATCH_TIMEOUT_SECS)
-        .any_semantic();
-    let mut events = watcher(Api::<Node>::all(client), config)
-        .backoff(WatchBackoff::new(max_backoff))
-        .boxed();
-    let mut nodes: BTreeMap<String, RemoteNodes> = BTreeMap::new();
-    while let Some(event) = events.next().await {
-        match event {
-            Ok(WatchEvent::Init) => nodes.clear(),
-            Ok(WatchEvent::InitApply(n) | WatchEvent::Apply(n)) => {
-                let name = n.metadata.name.clone().unwrap_or_default();
-                if name != node {
-                    nodes.insert(name, remote_of(&n));
-                }
-            }
-            Ok(WatchEvent::Delete(n)) => {
-                nodes.remove(n.metadata.name.as_deref().unwrap_or_default());
-            }
-            Ok(WatchEvent::InitDone) => {}
-            Err(e) => {
-                tracing::debug!(error = %e, "watch of the Nodes broke");
-                continue;
-            }
-        }
-        let mut all = RemoteNodes::default();
-        for r in nodes.values() {
-            all.addresses.extend(r.addresses.iter().copied());
-            all.pod_cidrs.extend(r.pod_cidrs.iter().copied());
-        }
-        tx.send_if_modified(|old| {
-            let changed = *old != all;
-            *old = all;
-            changed
-        });
-    }
-}
-
-fn remote_of(n: &Node) -> RemoteNodes {
-    let addresses = n
-        .status
-        .as_ref()
-        .and_then(|s| s.addresses.as_ref())
-        .into_iter()
-        .flatten()
-        .filter_map(|a| a.address.parse().ok())
-        .collect();
-    let pod_cidrs = n
-        .spec
-        .as_ref()
-        .and_then(|s| s.pod_cidrs.as_ref())
-        .into_iter()
-        .flatten()
-        .filter_map(|c| {
-            let (net, len) = c.split_once('/')?;
-            Some((net.parse().ok()?, len.parse().ok()?))
-        })
-        .collect();
-    RemoteNodes {
-        addresses,
-        pod_cidrs,
     }
 }
 

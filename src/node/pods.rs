@@ -129,9 +129,9 @@ impl JudgedPod {
 /// The condition a verdict wants: `rdma` True, `sockets` False/SocketsFallback, `unknown`
 /// Unknown/TransportUnknown. `idle` (no data-path QP, little TCP: between steps, loading data,
 /// before NCCL is up) wants nothing new: a pod that was on RDMA and pauses stays True, one on
-/// sockets stays False, so the condition never flaps with a job's rhythm; a pod with no
-/// condition yet, or one still showing an earlier `unknown` (the agent sees it now), gets
-/// Unknown/NoInterNodeTraffic.
+/// sockets stays False (until `runtime.clear_after` of quiet: `PodVerdict::clears`), so the
+/// condition never flaps with a job's rhythm; a pod with no condition yet, or one still
+/// showing an earlier `unknown` (the agent sees it now), gets Unknown/NoInterNodeTraffic.
 pub fn wanted_condition(
     verdict: &PodVerdict,
     current: Option<&(String, String)>,
@@ -140,6 +140,13 @@ pub fn wanted_condition(
         Transport::Rdma => "True",
         Transport::Sockets => "False",
         Transport::Unknown => "Unknown",
+        // Quiet for runtime.clear_after: a False (a recreated pod's, a finished warm-up's)
+        // is not kept by inertia.
+        Transport::Idle
+            if verdict.clears && current.is_some_and(|(status, _)| status == "False") =>
+        {
+            "Unknown"
+        }
         Transport::Idle if current.is_some_and(|(status, _)| status != "Unknown") => return None,
         Transport::Idle => "Unknown",
     };
@@ -148,7 +155,10 @@ pub fn wanted_condition(
 
 /// The merge patch of `pods/status` that sets the condition, or `None` when the pod already
 /// shows it (zero writes at steady state). `conditions` is a list merged by `type` under a
-/// strategic merge patch, so only our entry is sent and the kubelet's stay as they are.
+/// strategic merge patch, so only our entry is sent and the kubelet's stay as they are. The
+/// pod's UID rides along as a precondition: a pod deleted and recreated under the same name
+/// since the verdict refuses the patch (422, `metadata.uid` is immutable) rather than inherit
+/// another pod's condition.
 pub fn condition_patch(pod: &JudgedPod, verdict: &PodVerdict, now: &str) -> Option<Value> {
     let (status, reason) = wanted_condition(verdict, pod.condition.as_ref())?;
     if pod
@@ -159,6 +169,7 @@ pub fn condition_patch(pod: &JudgedPod, verdict: &PodVerdict, now: &str) -> Opti
         return None;
     }
     Some(json!({
+        "metadata": { "uid": pod.uid },
         "status": {
             "conditions": [{
                 "type": CONDITION_TYPE,

@@ -35,6 +35,7 @@ fn sockets_verdict(c: &Config) -> PodVerdict {
             window: Duration::from_secs(30),
             peers: vec!["10.0.0.2".parse().unwrap()],
             interfaces: vec!["ib0".into()],
+            other_bytes: 0,
         }),
     };
     judge_pod(&facts, &c.runtime, |_, _| true)
@@ -96,6 +97,10 @@ fn the_condition_is_written_once_per_change_and_the_event_once_per_transition() 
     let v = sockets_verdict(&c);
     let patch = condition_patch(&p, &v, "2026-12-05T00:00:00Z").unwrap();
     let cond = &patch["status"]["conditions"][0];
+    assert_eq!(
+        patch["metadata"]["uid"], "u-1",
+        "the pod's UID as a precondition"
+    );
     assert_eq!(cond["type"], CONDITION_TYPE);
     assert_eq!(cond["status"], "False");
     assert_eq!(cond["reason"], "SocketsFallback");
@@ -112,8 +117,24 @@ fn the_condition_is_written_once_per_change_and_the_event_once_per_transition() 
         why: "0 data-path QPs; no TCP".into(),
         data_path_qps: Some(0),
         internode_tcp_bytes: Some(0),
+        other_tcp_bytes: Some(0),
+        clears: false,
     };
     assert_eq!(condition_patch(&p, &idle, "t"), None);
+    // Quiet for runtime.clear_after: the False goes to Unknown/NoInterNodeTraffic, and a True
+    // stays (a job on RDMA that pauses is still on RDMA).
+    let cleared = PodVerdict {
+        clears: true,
+        ..idle.clone()
+    };
+    let cond = &condition_patch(&p, &cleared, "t").unwrap()["status"]["conditions"][0];
+    assert_eq!(
+        (cond["status"].as_str(), cond["reason"].as_str()),
+        (Some("Unknown"), Some("NoInterNodeTraffic"))
+    );
+    let mut on_rdma = p.clone();
+    on_rdma.condition = Some(("True".into(), "DataPathQueuePairs".into()));
+    assert_eq!(condition_patch(&on_rdma, &cleared, "t"), None);
     p.condition = None;
     assert_eq!(
         condition_patch(&p, &idle, "t").unwrap()["status"]["conditions"][0]["status"],

@@ -1,5 +1,6 @@
 //! The per-pod runtime transport metrics (issue 42): `fabricgate_pod_transport` (one-hot),
-//! `fabricgate_pod_rdma_qps`, `fabricgate_pod_internode_tcp_bytes_total` and
+//! `fabricgate_pod_rdma_qps`, `fabricgate_pod_internode_tcp_bytes_total`,
+//! `fabricgate_pod_other_tcp_bytes_total` and
 //! `fabricgate_pod_owner_info` (the pod's controller owner, which the per-job alert joins on).
 //! Every series of a pod is removed when the pod stops being judged. Registered in the live
 //! registry: the runtime task records without the probe loop's state lock.
@@ -68,6 +69,7 @@ pub struct PodMetrics {
     transport: Family<TransportLabels, Gauge>,
     qps: Family<QpLabels, Gauge>,
     tcp_bytes: Family<PodLabels, Counter>,
+    other_tcp_bytes: Family<PodLabels, Counter>,
     owner: Family<OwnerLabels, Gauge>,
     sampler_missed: Counter,
     known: Mutex<BTreeMap<PodLabels, Known>>,
@@ -89,8 +91,15 @@ impl PodMetrics {
         );
         r.register(
             "fabricgate_pod_internode_tcp_bytes",
-            "TCP bytes a judged pod moved with other nodes (any interface, IPoIB included)",
+            "TCP bytes a judged pod moved with its peers, the pods of its job on other nodes (any \
+             interface and network, IPoIB and secondary networks included)",
             m.tcp_bytes.clone(),
+        );
+        r.register(
+            "fabricgate_pod_other_tcp_bytes",
+            "TCP bytes a judged pod moved with addresses off its node that are not its job's \
+             (object storage, a dataset server, another job's pods): shown, never deciding sockets",
+            m.other_tcp_bytes.clone(),
         );
         r.register(
             "fabricgate_pod_owner_info",
@@ -134,6 +143,9 @@ impl PodMetrics {
             }
             if let Some(bytes) = s.verdict.internode_tcp_bytes {
                 self.tcp_bytes.get_or_create(&pod).inc_by(bytes);
+            }
+            if let Some(bytes) = s.verdict.other_tcp_bytes {
+                self.other_tcp_bytes.get_or_create(&pod).inc_by(bytes);
             }
             let mut counts: BTreeMap<QpLabels, i64> = BTreeMap::new();
             for qp in s.qps.into_iter().flatten() {
@@ -184,6 +196,7 @@ impl PodMetrics {
                 });
             }
             self.tcp_bytes.remove(pod);
+            self.other_tcp_bytes.remove(pod);
             for q in &old.qps {
                 self.qps.remove(q);
             }
@@ -216,6 +229,8 @@ mod tests {
             why: "0 data-path QPs".into(),
             data_path_qps: Some(0),
             internode_tcp_bytes: Some(41_000),
+            other_tcp_bytes: Some(7),
+            clears: false,
         };
         let s = PodSample {
             namespace: "ml",

@@ -6,15 +6,20 @@
 //!   mlx5's DC) in RTS on an in-scope port. UD and GSI alone do not count: NCCL's data moves
 //!   over RC, and a UD QP is what any verbs user (or a CM) holds without moving data.
 //! - `sockets`: no such QP, and at least `tcp_min_bytes_per_second` × the window of TCP with
-//!   other nodes, whatever interface carried it.
+//!   the pod's peers (the pods of its job on other nodes), whatever interface carried it, in
+//!   either direction; TCP with any other address never decides.
 //! - `idle`: no such QP and less TCP than that.
 //! - `unknown`: the agent could not see (its QPs or its TCP), with the reason.
+//!
+//! [`confirm`] then holds a `sockets` verdict back until `runtime.confirm_windows` windows in
+//! a row showed it, and clears a pod's `False` after `runtime.clear_after` of quiet.
 
 use crate::config::runtime::RuntimeSettings;
 use fabricgate_probes::runtime::restrack::{QpEntry, QpState, QpType};
 use fabricgate_probes::runtime::{InternodeTcp, Observed, PodTransportFacts};
 use serde::Serialize;
 use std::fmt;
+use std::time::Duration;
 
 /// A pod's transport, as `fabricgate_pod_transport{transport}` and `check`'s JSON write it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -61,8 +66,15 @@ pub struct PodVerdict {
     pub why: String,
     /// Data-path QPs in RTS on in-scope ports (`None`: not seen).
     pub data_path_qps: Option<usize>,
-    /// Inter-node TCP bytes over the window (`None`: not measured).
+    /// TCP bytes with the pod's peers over the window (`None`: not measured).
     pub internode_tcp_bytes: Option<u64>,
+    /// TCP bytes with other addresses off the node over the window: object storage, a dataset
+    /// server, a pod of another job (`None`: not measured). Never decides `sockets`.
+    pub other_tcp_bytes: Option<u64>,
+    /// With `idle`: the pod has been quiet for `runtime.clear_after`, so a `False` it shows
+    /// returns to `Unknown`/`NoInterNodeTraffic` (set by [`confirm`]).
+    #[serde(skip)]
+    pub clears: bool,
 }
 
 /// A QP that moves a job's data: RC, UC, XRC or a driver's own type, in RTS.
@@ -101,6 +113,8 @@ pub fn judge_pod(
         why,
         data_path_qps: data_path,
         internode_tcp_bytes: tcp_bytes,
+        other_tcp_bytes: tcp.map(|t| t.other_bytes),
+        clears: false,
     };
     if let Some(n) = data_path.filter(|n| *n > 0) {
         let qps = plural(n, "data-path QP in RTS", "data-path QPs in RTS");
@@ -141,16 +155,76 @@ fn threshold_bytes(settings: &RuntimeSettings, tcp: &InternodeTcp) -> u64 {
 
 fn describe_tcp(tcp: &InternodeTcp) -> String {
     let mut text = format!(
-        "{} over TCP to {} in {} s",
+        "{} over TCP with {} in {} s",
         human_bytes(tcp.bytes),
-        plural(tcp.peers.len(), "node", "nodes"),
+        plural(tcp.peers.len(), "peer", "peers"),
         tcp.window.as_secs()
     );
     if !tcp.interfaces.is_empty() {
         text.push_str(" via ");
         text.push_str(&tcp.interfaces.join(", "));
     }
+    if tcp.other_bytes > 0 {
+        text.push_str(&format!(
+            "; {} with addresses outside its job",
+            human_bytes(tcp.other_bytes)
+        ));
+    }
     text
+}
+
+/// What the runtime task remembers of a judged pod between windows.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodHistory {
+    /// Windows in a row that judged the pod `sockets`.
+    pub sockets_windows: u32,
+    /// How long the pod has been `idle` since its last `sockets` or `rdma` window.
+    pub quiet: Duration,
+}
+
+/// The verdict to act on, from this window's and the pod's history (which it updates):
+/// - `sockets` stands only from the `runtime.confirm_windows`-th window in a row; before, the
+///   pod is `idle` ("not yet confirmed"), which changes no condition, so one window of a
+///   checkpoint restore or a warm-up never turns a pod `False`;
+/// - `rdma` and `unknown` stand at once (a `False` returns to `True` as soon as data-path QPs
+///   are seen; what the agent cannot see is never left `False`);
+/// - `idle` for `runtime.clear_after` in a row `clears` (a `False` returns to `Unknown`).
+pub fn confirm(
+    verdict: PodVerdict,
+    history: &mut PodHistory,
+    settings: &RuntimeSettings,
+    window: Duration,
+) -> PodVerdict {
+    match verdict.transport {
+        Transport::Sockets => {
+            history.sockets_windows = history.sockets_windows.saturating_add(1);
+            history.quiet = Duration::ZERO;
+            if history.sockets_windows >= settings.confirm_windows {
+                return verdict;
+            }
+            PodVerdict {
+                transport: Transport::Idle,
+                reason: REASON_IDLE,
+                why: format!(
+                    "on sockets for {} of {} windows, not yet confirmed (runtime.confirm_windows): {}",
+                    history.sockets_windows, settings.confirm_windows, verdict.why
+                ),
+                ..verdict
+            }
+        }
+        Transport::Rdma | Transport::Unknown => {
+            *history = PodHistory::default();
+            verdict
+        }
+        Transport::Idle => {
+            history.sockets_windows = 0;
+            history.quiet = history.quiet.saturating_add(window);
+            PodVerdict {
+                clears: history.quiet >= settings.clear_after,
+                ..verdict
+            }
+        }
+    }
 }
 
 fn plural(n: usize, one: &str, many: &str) -> String {
@@ -205,6 +279,7 @@ mod tests {
                 .map(|i| IpAddr::V4(Ipv4Addr::new(10, 0, 0, i)))
                 .collect(),
             interfaces: vec!["ib0".into()],
+            other_bytes: 0,
         })
     }
 
@@ -248,7 +323,7 @@ mod tests {
         assert_eq!(v.reason, REASON_SOCKETS);
         assert_eq!(
             v.why,
-            "0 data-path QPs; 41.0 GB over TCP to 7 nodes in 30 s via ib0"
+            "0 data-path QPs; 41.0 GB over TCP with 7 peers in 30 s via ib0"
         );
         assert_eq!(v.internode_tcp_bytes, Some(41_000_000_000));
     }
@@ -292,6 +367,67 @@ mod tests {
             Observed::Unseen { reason: "x".into() },
         );
         assert_eq!(judge(&rdma_no_tcp).transport, Transport::Rdma);
+    }
+
+    /// One window of bulk TCP (a checkpoint restore, a warm-up) never stands as `sockets`;
+    /// the second in a row does. A pod back on data-path QPs is `rdma` at once; quiet for
+    /// `clear_after` it clears.
+    #[test]
+    fn sockets_stands_only_once_confirmed_and_quiet_clears_it() {
+        let settings = RuntimeSettings::default();
+        let window = Duration::from_secs(30);
+        let mut history = PodHistory::default();
+        let sockets = || judge(&facts(vec![], tcp(41_000_000_000, 7)));
+        let idle = || judge(&facts(vec![], tcp(0, 0)));
+        let first = confirm(sockets(), &mut history, &settings, window);
+        assert_eq!(first.transport, Transport::Idle);
+        assert!(
+            first.why.starts_with("on sockets for 1 of 2 windows"),
+            "{}",
+            first.why
+        );
+        // A quiet window in between starts the count again.
+        assert_eq!(
+            confirm(idle(), &mut history, &settings, window).transport,
+            Transport::Idle
+        );
+        assert_eq!(
+            confirm(sockets(), &mut history, &settings, window).transport,
+            Transport::Idle
+        );
+        let second = confirm(sockets(), &mut history, &settings, window);
+        assert_eq!(second.transport, Transport::Sockets);
+        assert_eq!(second.reason, REASON_SOCKETS);
+        let rdma = judge(&facts(
+            vec![qp("mlx5_0", 1, QpType::Rc, QpState::Rts)],
+            tcp(0, 0),
+        ));
+        assert_eq!(
+            confirm(rdma, &mut history, &settings, window).transport,
+            Transport::Rdma
+        );
+        assert_eq!(history, PodHistory::default());
+        let quiet_windows = settings.clear_after.as_secs() / window.as_secs();
+        for n in 1..=quiet_windows {
+            let v = confirm(idle(), &mut history, &settings, window);
+            assert_eq!(v.clears, n == quiet_windows, "window {n}");
+        }
+    }
+
+    #[test]
+    fn tcp_outside_the_job_is_shown_and_never_decides() {
+        let mut t = tcp(0, 0);
+        if let Observed::Seen(t) = &mut t {
+            t.other_bytes = 41_000_000_000;
+        }
+        let v = judge(&facts(vec![], t));
+        assert_eq!(v.transport, Transport::Idle);
+        assert_eq!(v.other_tcp_bytes, Some(41_000_000_000));
+        assert!(
+            v.why.contains("41.0 GB with addresses outside its job"),
+            "{}",
+            v.why
+        );
     }
 
     #[test]

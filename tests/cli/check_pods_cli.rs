@@ -83,6 +83,7 @@ fn a_pod_whose_tcp_cannot_be_measured_is_unknown_with_the_why_and_check_still_ex
         "transport",
         "qps",
         "internode_tcp_bytes",
+        "other_tcp_bytes",
         "why",
     ];
     want.sort_unstable();
@@ -105,6 +106,12 @@ fn a_pod_whose_tcp_cannot_be_measured_is_unknown_with_the_why_and_check_still_ex
         "{why}"
     );
     let sample = &doc["pods_sample"];
+    // No cluster to ask: the section says so, and what it takes as a peer instead.
+    let peers = sample["peers"].as_str().unwrap_or_default();
+    assert!(
+        peers.starts_with("no cluster to ask") && peers.contains("any address not on this node"),
+        "{sample:#}"
+    );
     assert!(
         sample["window_seconds"].as_f64().unwrap() >= 0.1,
         "{sample:#}"
@@ -148,7 +155,10 @@ fn without_the_host_pid_namespace_each_pod_cgroup_is_an_unknown_row() {
         "\nPods:\n\
          \x20 POD UID                               TRANSPORT  QPS  INTER-NODE TCP  WHY\n\
          \x20 {POD}  unknown    ?    ?               {why}\n\
-         \x20 ! {NO_HOST_PID}\n"
+         \x20 ! {NO_HOST_PID}\n\
+         \x20 peers: no cluster to ask (no --kubeconfig, not in a pod): a pod's peers are taken \
+         to be any address not on this node, so TCP with object storage or another job counts \
+         too; give --kubeconfig (or run in a pod) for the job's own peers\n"
     );
     assert_eq!(section, want);
     let off = check(&sys, &proc, &["--pods", "off"]);

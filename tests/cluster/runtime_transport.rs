@@ -311,6 +311,36 @@ fn a_judged_pod_on_sockets_gets_the_condition_events_and_metric_and_nothing_else
     );
     patch_as_agent(cp, &kubeconfig, NS, "trainer", &set("False"))
         .expect("its own condition on its own node's pod is allowed");
+    // The agent's patch carries the pod's UID (node::pods::condition_patch): the pod it judged,
+    // deleted and recreated under the same name, refuses it, and the new pod starts clean.
+    let with_uid = |uid: &str| {
+        let mut p = set("False");
+        p["metadata"] = json!({"uid": uid});
+        p
+    };
+    patch_as_agent(cp, &kubeconfig, NS, "trainer", &with_uid(&uid(&trainer)))
+        .expect("the pod's own UID passes the policy");
+    std::fs::write(&facts, "").unwrap();
+    cp.kubectl(&[
+        "-n",
+        NS,
+        "delete",
+        "pod",
+        "trainer",
+        "--grace-period=0",
+        "--force",
+    ]);
+    let again = create(cp, &pod("trainer", OWN, RESOURCE, Some(&job)), PODS);
+    assert_ne!(uid(&again), uid(&trainer));
+    let e = patch_as_agent(cp, &kubeconfig, NS, "trainer", &with_uid(&uid(&trainer)))
+        .expect_err("a patch for the deleted pod refused on its namesake");
+    // The real apiserver's answer: 422, "metadata.uid: ... field is immutable".
+    assert!(e.starts_with("422 ") && e.contains("metadata.uid"), "{e}");
+    assert_eq!(
+        condition(cp, "trainer"),
+        None,
+        "the recreated pod starts clean"
+    );
     let _ = uid(&far);
     let _ = web;
     drop(agent);
@@ -437,4 +467,196 @@ fn redteam_a_tenant_pod_labelled_fabricgate_is_judged_like_any_other() {
         "daemonset",
         "fabricgate-redteam",
     ]);
+}
+
+/// `fabricgate check --pods` with `--kubeconfig` reads the cluster: the pods of its node are
+/// named, and their peers are the pods of their jobs on other nodes, as the agent judges them.
+/// A cluster that cannot be read falls back to "any address not on this node" and says why.
+/// (The fixture procfs's pod process has no network namespace to list, so the pod is
+/// `unknown`; the peer rule on real sockets is the agent's, on the real node.)
+#[test]
+fn check_pods_asks_the_cluster_for_the_pods_jobs_and_says_when_it_cannot() {
+    let Some(cp) = control_plane() else { return };
+    cp.install_agent_rbac();
+    let _widened = WidenedRbac::apply(cp);
+    let ns = "rt-check";
+    cp.create_namespace(ns);
+    let path = format!("/api/v1/namespaces/{ns}/pods");
+    let member = |name: &str, node: &str| {
+        json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": ns,
+                "labels": {"batch.kubernetes.io/job-name": "j"}},
+            "spec": {"nodeName": node, "automountServiceAccountToken": false,
+                "containers": [{"name": "c", "image": "trainer:test"}]}})
+    };
+    let here = create(cp, &member("j-0", "chk-a"), &path);
+    create(cp, &member("j-1", "chk-b"), &path);
+    let uid = here["metadata"]["uid"].as_str().unwrap().to_owned();
+
+    let dir = tempfile::tempdir().unwrap();
+    let proc = dir.path().join("proc");
+    std::fs::create_dir_all(proc.join("2")).unwrap();
+    std::fs::write(proc.join("2/comm"), "kthreadd\n").unwrap();
+    std::fs::create_dir_all(proc.join("140/ns")).unwrap();
+    std::fs::write(
+        proc.join("140/cgroup"),
+        format!("4:memory:/kubepods/besteffort/pod{uid}/3f5e1c0a9b8d7e6f5a4b3c2d1e0f9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c4d3e2f\n"),
+    )
+    .unwrap();
+    std::fs::write(proc.join("140/ns/net"), "").unwrap();
+    std::fs::create_dir_all(proc.join("self")).unwrap();
+    std::fs::copy(
+        crate::common::fixture("ndr-8x400-healthy/proc/self/mountinfo"),
+        proc.join("self/mountinfo"),
+    )
+    .unwrap();
+    let sys = crate::common::fixture("ndr-8x400-healthy/sys");
+    let check = |kubeconfig: &Path| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_fabricgate"))
+            .args([
+                "check",
+                "--verbs",
+                "off",
+                "--format",
+                "json",
+                "--pods-window",
+                "100ms",
+            ])
+            .arg("--sysfs-root")
+            .arg(&sys)
+            .arg("--proc-root")
+            .arg(&proc)
+            .args(["--node-name", "chk-a", "--kubeconfig"])
+            .arg(kubeconfig)
+            .output()
+            .unwrap();
+        let doc: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+        doc
+    };
+    let doc = check(&cp.agent_kubeconfig("chk-a", None));
+    let pod = &doc["pods"][0];
+    assert_eq!(pod["uid"], uid.as_str(), "{doc:#}");
+    assert_eq!(
+        (pod["namespace"].as_str(), pod["name"].as_str()),
+        (Some(ns), Some("j-0"))
+    );
+    let peers = doc["pods_sample"]["peers"].as_str().unwrap_or_default();
+    assert!(
+        peers.starts_with("peers from the cluster") && peers.contains("on node chk-a"),
+        "{doc:#}"
+    );
+    // A kubeconfig whose server answers nothing: said, and the fallback rule named.
+    let dead = dir.path().join("dead.kubeconfig");
+    cp.write_kubeconfig(&dead, "https://127.0.0.1:9", "x");
+    let doc = check(&dead);
+    let peers = doc["pods_sample"]["peers"].as_str().unwrap_or_default();
+    assert!(
+        peers.starts_with("cannot read the cluster")
+            && peers.contains("any address not on this node"),
+        "{doc:#}"
+    );
+    assert_eq!(doc["pods"][0]["name"], "", "{doc:#}");
+}
+
+/// One window of bulk TCP (a peer streaming into a member's TCPStore, a checkpoint restore
+/// before NCCL starts) is not a fallback: with `runtime.confirm_windows: 2` the pod's condition
+/// says "not yet confirmed" and never turns `False`, so nothing that acts on `False` (the gang
+/// requeue, `kueue_requeues_a_gang_whose_member_pod_is_on_sockets`; the guard's eviction) ever
+/// sees it; no `TransportFallback` Event is written.
+#[test]
+fn one_unconfirmed_window_of_sockets_never_turns_the_condition_false() {
+    let Some(cp) = control_plane() else { return };
+    cp.install_agent_rbac();
+    let _widened = WidenedRbac::apply(cp);
+    cp.apply(&overlay_file("pod-transport-policy.yaml"));
+    let node = "rt-confirm";
+    cp.create_node(node, json!({}), json!([]), json!({}));
+    let ns = "rt-confirm";
+    cp.create_namespace(ns);
+    let path = format!("/api/v1/namespaces/{ns}/pods");
+    let mut body = pod("member", node, RESOURCE, None);
+    body["metadata"]["namespace"] = json!(ns);
+    let member = create(cp, &body, &path);
+    let uid = member["metadata"]["uid"].as_str().unwrap().to_owned();
+    let hca = FakeHca::new(true);
+    let facts = hca.scratch().join("pod-facts");
+    std::fs::write(&facts, format!("{uid} sockets 41000000000 10.0.0.2 eth0\n")).unwrap();
+    let config = hca.scratch().join("requirements.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "kubernetes:\n  rdma_resources: [\"{RESOURCE}\"]\nruntime:\n  enabled: true\n  \
+             window: 5s\n  confirm_windows: 2\n"
+        ),
+    )
+    .unwrap();
+    let kubeconfig = cp.agent_kubeconfig(node, None);
+    let (sysfs, proc_root) = (hca.sysfs_root(), hca.proc_root());
+    let facts_env = facts.to_str().unwrap().to_owned();
+    let env = [("FABRICGATE_TEST_POD_FACTS", facts_env.as_str())];
+    let args = ["--interval", "1s", "--config", config.to_str().unwrap()];
+    let agent = Launch::at(node, &sysfs, &proc_root, hca.scratch())
+        .kubeconfig(Some(&kubeconfig))
+        .args(&args)
+        .env(&env)
+        .known_addr()
+        .start();
+    let message = |cp: &ControlPlane| {
+        let p = cp.get_json(&format!("{path}/member"))?;
+        p["status"]["conditions"]
+            .as_array()?
+            .iter()
+            .find(|c| c["type"] == "fabricgate.io/TransportReady")
+            .map(|c| {
+                format!(
+                    "{}/{}: {}",
+                    c["status"].as_str().unwrap_or_default(),
+                    c["reason"].as_str().unwrap_or_default(),
+                    c["message"].as_str().unwrap_or_default()
+                )
+            })
+    };
+    wait_until(
+        "the first window: sockets, not yet confirmed",
+        Duration::from_secs(30),
+        || message(cp).is_some_and(|m| m.contains("on sockets for 1 of 2 windows")),
+    );
+    // The window's burst ends: the pod moves nothing from now on.
+    std::fs::write(&facts, format!("{uid} sockets 0 10.0.0.2 eth0\n")).unwrap();
+    let shown = message(cp).unwrap_or_default();
+    assert!(
+        shown.starts_with("Unknown/NoInterNodeTraffic: "),
+        "a first window shows nothing to act on: {shown}"
+    );
+    // Three more windows: never False.
+    let until = std::time::Instant::now() + Duration::from_secs(16);
+    while std::time::Instant::now() < until {
+        let now = message(cp).unwrap_or_default();
+        assert!(
+            !now.starts_with("False/"),
+            "turned False on one window: {now}\n{}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let events = cp
+        .get_json(&format!("/apis/events.k8s.io/v1/namespaces/{ns}/events"))
+        .unwrap();
+    assert!(
+        !events["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["reason"] == "TransportFallback"),
+        "{events:#}"
+    );
+    let (_, metrics) = agent.get("/metrics").unwrap();
+    assert!(
+        metrics.contains(&format!(
+            "fabricgate_pod_transport{{namespace=\"{ns}\",pod=\"member\",transport=\"sockets\"}} 0"
+        )),
+        "{metrics}"
+    );
+    drop(agent);
 }

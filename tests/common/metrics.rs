@@ -137,13 +137,19 @@ fn record_pods(metrics: &Metrics) {
         why: "2 data-path QPs in RTS on mlx5_0/1".into(),
         data_path_qps: Some(2),
         internode_tcp_bytes: Some(1_000_000),
+        other_tcp_bytes: Some(0),
+        clears: false,
     };
     let sockets = PodVerdict {
         transport: Transport::Sockets,
         reason: transport::REASON_SOCKETS,
-        why: "0 data-path QPs; 41.0 GB over TCP to 7 nodes in 30 s via ib0".into(),
+        why: "0 data-path QPs; 41.0 GB over TCP with 7 peers in 30 s via ib0; 2.0 GB with \
+              addresses outside its job"
+            .into(),
         data_path_qps: Some(0),
         internode_tcp_bytes: Some(41_000_000_000),
+        other_tcp_bytes: Some(2_000_000_000),
+        clears: false,
     };
     let pods = metrics
         .pods

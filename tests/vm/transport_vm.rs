@@ -107,7 +107,7 @@ fn check_tells_the_rdma_pod_from_the_pod_on_sockets_over_the_roce_netdev() {
     let why = tcp["why"].as_str().unwrap();
     assert!(
         why.starts_with("0 data-path QPs;")
-            && why.contains(" over TCP to 1 node in ")
+            && why.contains(" over TCP with 1 peer in ")
             && why.ends_with(" s via eth0"),
         "{why}"
     );

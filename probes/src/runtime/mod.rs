@@ -47,12 +47,16 @@ pub enum Observed<T> {
     Unseen { reason: String },
 }
 
-/// A pod's TCP with other nodes (another Node's address, or an address in another Node's pod
-/// CIDR) over one window, whatever interface carried it (IPoIB included).
+/// A pod's TCP with its peers (the pods of its job on other nodes, at any of their addresses)
+/// over one window, whatever interface carried it (IPoIB included), and apart from it the TCP
+/// with any other address off the node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Default)]
 pub struct InternodeTcp {
-    /// Bytes sent plus received over the window.
+    /// Bytes sent plus received with the peers over the window.
     pub bytes: u64,
+    /// Bytes sent plus received with other addresses off the node (object storage, a dataset
+    /// server, a pod of another job): reported, never deciding `sockets`.
+    pub other_bytes: u64,
     /// How long the sample really covered.
     pub window: Duration,
     /// The distinct remote addresses (sorted) the bytes went to or came from.

@@ -13,7 +13,8 @@
 //! namespace (`tcp`, the namespace entered from a short-lived thread), or for a pod on the
 //! host's network only the sockets its processes hold open; the bytes each socket moved since
 //! the pod's baseline (`tcpi_bytes_acked + tcpi_bytes_received`; a socket new since then
-//! counts whole), summed over the sockets whose remote end is in [`RemoteScope`].
+//! counts whole), summed over the sockets whose remote end is one of the pod's peers
+//! ([`RemoteScope`]); what went elsewhere off the node is summed apart (`other_bytes`).
 
 use super::restrack::{self, QpEntry};
 use super::tcp::{self, TcpSocket};
@@ -26,19 +27,28 @@ use std::net::IpAddr;
 use std::path::Path;
 use std::time::Instant;
 
-/// Which remote addresses are "other nodes".
+/// Which remote addresses are a pod's peers: the ends whose TCP can decide `sockets`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RemoteScope {
-    /// Without a cluster (`fabricgate check`): any address not on this node (not loopback,
-    /// not one of the node's own addresses, not in one of this node's pods' networks).
+    /// Without a cluster (`fabricgate check` with no API server to ask): any address not on
+    /// this node (not loopback, not one of the node's own addresses, not in one of this node's
+    /// pods' networks).
     NotLocal,
-    /// With the cluster: the other Nodes' addresses (`status.addresses`) and the other Nodes'
-    /// pod CIDRs (`spec.podCIDRs`).
-    Nodes {
-        addresses: BTreeSet<IpAddr>,
-        /// (network address, prefix length)
-        pod_cidrs: Vec<(IpAddr, u8)>,
-    },
+    /// With the cluster: per pod UID, every address of the pods of its job on other nodes
+    /// (`status.podIPs`, Multus's `network-status` IPs, a `hostNetwork` pod's Node addresses).
+    /// A pod absent here has no peer: none of its TCP is inter-node traffic of its job.
+    JobPeers(BTreeMap<String, BTreeSet<IpAddr>>),
+}
+
+/// Where one socket's remote end is, for one pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RemoteKind {
+    /// On this node (loopback, this node's or its pods' own addresses).
+    Local,
+    /// A peer: a pod of the same job on another node (or, without a cluster, any remote).
+    Peer,
+    /// Anything else off this node: object storage, a dataset server, a stranger.
+    Other,
 }
 
 /// What to sample.
@@ -377,7 +387,17 @@ impl PodSampler {
             );
             all.clone()
         };
-        let routes = procs::routes(&self.roots, if host { "self" } else { &pid_dir });
+        // The routes from the first of the pod's processes still there to read them: a pod's
+        // short-lived processes (a `head` in a loop) come and go between the listing and here.
+        let routes = if host {
+            procs::routes(&self.roots, "self")
+        } else {
+            std::iter::once(pid)
+                .chain(pids.iter().copied().filter(|p| *p != pid))
+                .map(|p| procs::routes(&self.roots, &p.to_string()))
+                .find(|r| !r.is_empty())
+                .unwrap_or_default()
+        };
         Ok(PodSockets {
             netns,
             sockets,
@@ -428,13 +448,18 @@ impl PodSampler {
             let Some(total) = socket.bytes() else {
                 continue;
             };
-            if !scope.is_remote(remote, local) {
+            let kind = scope.classify(uid, remote, local);
+            if kind == RemoteKind::Local {
                 continue;
             }
             let moved = before
                 .get(&(view.netns, socket.cookie))
                 .map_or(total, |b| total.saturating_sub(*b));
             if moved == 0 {
+                continue;
+            }
+            if kind == RemoteKind::Other {
+                tcp.other_bytes = tcp.other_bytes.saturating_add(moved);
                 continue;
             }
             tcp.bytes = tcp.bytes.saturating_add(moved);
@@ -448,22 +473,18 @@ impl PodSampler {
 }
 
 impl RemoteScope {
-    /// Whether `remote` is another node's, `local` being the addresses of this node's own
+    /// Where `remote` is for the pod `uid`, `local` being the addresses of this node's own
     /// namespaces (the host's and the pods' seen in this sample).
-    pub fn is_remote(&self, remote: IpAddr, local: &BTreeSet<IpAddr>) -> bool {
+    pub fn classify(&self, uid: &str, remote: IpAddr, local: &BTreeSet<IpAddr>) -> RemoteKind {
+        if remote.is_loopback() || remote.is_unspecified() || local.contains(&remote) {
+            return RemoteKind::Local;
+        }
         match self {
-            Self::NotLocal => {
-                !remote.is_loopback() && !remote.is_unspecified() && !local.contains(&remote)
+            Self::NotLocal => RemoteKind::Peer,
+            Self::JobPeers(peers) if peers.get(uid).is_some_and(|p| p.contains(&remote)) => {
+                RemoteKind::Peer
             }
-            Self::Nodes {
-                addresses,
-                pod_cidrs,
-            } => {
-                addresses.contains(&remote)
-                    || pod_cidrs
-                        .iter()
-                        .any(|(network, prefix)| procs::in_network(remote, *network, *prefix))
-            }
+            Self::JobPeers(_) => RemoteKind::Other,
         }
     }
 }

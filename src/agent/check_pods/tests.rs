@@ -15,6 +15,7 @@ fn tcp(bytes: u64) -> Observed<InternodeTcp> {
         window: Duration::from_secs(5),
         peers: vec!["169.254.77.2".parse::<IpAddr>().unwrap()],
         interfaces: vec!["eth0".into()],
+        other_bytes: 0,
     })
 }
 
@@ -70,6 +71,8 @@ fn section() -> PodsSection {
             status,
         }),
         namespace_hcas: Vec::new(),
+        peers_note: "peers from the cluster: the pods of each pod's job on other nodes".into(),
+        names: [(SOCKETS_POD.to_owned(), ("ml".to_owned(), "w-0".to_owned()))].into(),
     }
 }
 
@@ -78,10 +81,11 @@ fn the_table_section_reads_as_a_person_on_the_node_reads_it() {
     let want = "
 Pods: sampled over 5.0 s
   POD UID                               TRANSPORT  QPS   INTER-NODE TCP  WHY
-  1111aaaa-2222-4333-8444-555566667777  rdma       1 RC  4.1 kB          1 data-path QP in RTS; 4.1 kB over TCP to 1 node in 5 s via eth0
-  2222bbbb-3333-4444-8555-666677778888  sockets    0     60.0 MB         0 data-path QPs; 60.0 MB over TCP to 1 node in 5 s via eth0
+  1111aaaa-2222-4333-8444-555566667777  rdma       1 RC  4.1 kB          1 data-path QP in RTS; 4.1 kB over TCP with 1 peer in 5 s via eth0
+  2222bbbb-3333-4444-8555-666677778888  sockets    0     60.0 MB         0 data-path QPs; 60.0 MB over TCP with 1 peer in 5 s via eth0
   3333cccc-4444-4555-8666-777788889999  unknown    ?     0 B             its queue pairs cannot be listed: the kernel has no RDMA netlink (NETLINK_RDMA: protocol not supported): ib_core is not loaded, so no queue pair exists on this node
   ! the kernel has no RDMA netlink (NETLINK_RDMA: protocol not supported): ib_core is not loaded, so no queue pair exists on this node
+  peers: peers from the cluster: the pods of each pod's job on other nodes
   node heuristic (fallback) over the same window: says nothing: the RDMA ports in scope have no byte counters (port_xmit_data, port_rcv_data); TCP 12.5 MB/s
 ";
     assert_eq!(to_table(&section()), want);
@@ -104,16 +108,18 @@ fn the_json_section_has_exactly_the_issues_keys_per_pod() {
                     "lqpn": 17, "rqpn": 18, "pid": 120
                 }],
                 "internode_tcp_bytes": 4096,
-                "why": "1 data-path QP in RTS; 4.1 kB over TCP to 1 node in 5 s via eth0"
+                "other_tcp_bytes": 0,
+                "why": "1 data-path QP in RTS; 4.1 kB over TCP with 1 peer in 5 s via eth0"
             },
             {
                 "uid": SOCKETS_POD,
-                "namespace": "",
-                "name": "",
+                "namespace": "ml",
+                "name": "w-0",
                 "transport": "sockets",
                 "qps": [],
                 "internode_tcp_bytes": 60_000_000,
-                "why": "0 data-path QPs; 60.0 MB over TCP to 1 node in 5 s via eth0"
+                "other_tcp_bytes": 0,
+                "why": "0 data-path QPs; 60.0 MB over TCP with 1 peer in 5 s via eth0"
             },
             {
                 "uid": BLIND_POD,
@@ -122,6 +128,7 @@ fn the_json_section_has_exactly_the_issues_keys_per_pod() {
                 "transport": "unknown",
                 "qps": null,
                 "internode_tcp_bytes": 0,
+                "other_tcp_bytes": 0,
                 "why": format!("its queue pairs cannot be listed: {NO_RDMA_NETLINK}")
             }
         ],
@@ -129,6 +136,7 @@ fn the_json_section_has_exactly_the_issues_keys_per_pod() {
         "pods_sample": {
             "window_seconds": 5.02,
             "notes": [NO_RDMA_NETLINK],
+            "peers": "peers from the cluster: the pods of each pod's job on other nodes",
             "node_fallback": {
                 "suspected": false,
                 "tcp_bytes_per_second": 12_500_000.0,

@@ -27,7 +27,7 @@ fn pod(name: &str, node: &str, status: &str, reason: &str, since: Option<i64>) -
                 status: status.into(),
                 reason: Some(reason.into()),
                 message: Some(
-                    "0 data-path QPs; 41.0 GB over TCP to 7 nodes in 30 s via ib0".into(),
+                    "0 data-path QPs; 41.0 GB over TCP with 7 peers in 30 s via ib0".into(),
                 ),
                 last_transition_time: since.map(|s| Time(at(s))),
                 ..PodCondition::default()

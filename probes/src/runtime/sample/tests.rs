@@ -25,15 +25,112 @@ fn without_the_host_pid_namespace_pods_are_unknown_with_what_to_add() {
 fn remote_scopes() {
     let ip = |s: &str| s.parse::<IpAddr>().unwrap();
     let local: BTreeSet<IpAddr> = [ip("10.0.0.5")].into();
-    assert!(RemoteScope::NotLocal.is_remote(ip("10.0.0.6"), &local));
-    assert!(!RemoteScope::NotLocal.is_remote(ip("10.0.0.5"), &local));
-    assert!(!RemoteScope::NotLocal.is_remote(ip("127.0.0.1"), &local));
-    let nodes = RemoteScope::Nodes {
-        addresses: [ip("10.0.0.6")].into(),
-        pod_cidrs: vec![(ip("10.244.1.0"), 24)],
-    };
-    assert!(nodes.is_remote(ip("10.244.1.9"), &local));
-    assert!(!nodes.is_remote(ip("8.8.8.8"), &local));
+    let not_local = RemoteScope::NotLocal;
+    assert_eq!(
+        not_local.classify("a", ip("10.0.0.6"), &local),
+        RemoteKind::Peer
+    );
+    assert_eq!(
+        not_local.classify("a", ip("10.0.0.5"), &local),
+        RemoteKind::Local
+    );
+    assert_eq!(
+        not_local.classify("a", ip("127.0.0.1"), &local),
+        RemoteKind::Local
+    );
+    let peers = RemoteScope::JobPeers([("a".to_owned(), [ip("192.168.7.9")].into())].into());
+    assert_eq!(
+        peers.classify("a", ip("192.168.7.9"), &local),
+        RemoteKind::Peer
+    );
+    // Another pod's peer, or a pod with no peer at all, is other traffic.
+    assert_eq!(
+        peers.classify("b", ip("192.168.7.9"), &local),
+        RemoteKind::Other
+    );
+    assert_eq!(
+        peers.classify("a", ip("8.8.8.8"), &local),
+        RemoteKind::Other
+    );
+    assert_eq!(
+        peers.classify("a", ip("10.0.0.5"), &local),
+        RemoteKind::Local
+    );
+}
+
+/// A kernel whose one pod namespace holds three established sockets: to a peer of its job, to
+/// a storage address, and to loopback; each sample they have moved `step` bytes more.
+#[derive(Debug)]
+struct ThreeSockets {
+    moved: u64,
+    step: u64,
+}
+
+impl Kernel for ThreeSockets {
+    fn qps(&mut self) -> Result<Vec<QpEntry>> {
+        Ok(Vec::new())
+    }
+
+    fn tcp_sockets(&mut self, _ns: Option<&Path>, _max: usize) -> Result<Vec<TcpSocket>> {
+        self.moved += self.step;
+        let socket = |cookie: u64, remote: &str| TcpSocket {
+            local: "10.99.0.4:40000".parse().unwrap(),
+            remote: remote.parse().unwrap(),
+            inode: cookie as u32,
+            cookie,
+            state: 1,
+            bytes_acked: Some(self.moved),
+            bytes_received: Some(0),
+        };
+        Ok(vec![
+            socket(1, "192.168.7.9:29500"),
+            socket(2, "203.0.113.10:9000"),
+            socket(3, "127.0.0.1:8080"),
+        ])
+    }
+}
+
+/// Only the job's peers decide: the bytes to the peer are the pod's inter-node TCP, those to
+/// the storage address are `other_bytes`, loopback is neither; and a pod whose job has no
+/// peer on another node moves no inter-node TCP at all, whatever it sends.
+#[test]
+fn only_the_jobs_peers_count_and_other_tcp_is_reported_apart() {
+    let dir = tempfile::tempdir().unwrap();
+    let roots = host_procfs(dir.path());
+    add_pod_process(dir.path(), 100);
+    let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+    for (peers, want_peer, want_other) in [
+        (Some([ip("192.168.7.9")].into()), 1_000, 1_000),
+        (None, 0, 2_000),
+    ] {
+        let mut sampler = PodSampler::with_kernel(
+            roots.clone(),
+            Box::new(ThreeSockets {
+                moved: 0,
+                step: 1_000,
+            }),
+        );
+        let request = SampleRequest {
+            remote: RemoteScope::JobPeers(peers.into_iter().map(|p| (POD.to_owned(), p)).collect()),
+            ..request_of(POD)
+        };
+        assert!(sampler.sample(&request).is_empty(), "the baseline");
+        let facts = sampler.sample(&request);
+        let Observed::Seen(tcp) = &facts[0].internode_tcp else {
+            panic!("{facts:?}");
+        };
+        assert_eq!(
+            (tcp.bytes, tcp.other_bytes),
+            (want_peer, want_other),
+            "{tcp:?}"
+        );
+        let want_peers: Vec<IpAddr> = if want_peer > 0 {
+            vec![ip("192.168.7.9")]
+        } else {
+            Vec::new()
+        };
+        assert_eq!(tcp.peers, want_peers);
+    }
 }
 
 /// A kernel that answers no RDMA netlink and no sockets.

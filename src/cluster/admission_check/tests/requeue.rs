@@ -49,7 +49,7 @@ fn pod(name: &str, node: &str, annotated: bool, transport: Option<(&str, &str)>)
     if let Some((status, reason)) = transport {
         p.status = serde_json::from_value(json!({ "conditions": [{
             "type": TRANSPORT_CONDITION, "status": status, "reason": reason,
-            "message": "0 data-path QPs; 41.0 GB over TCP to 3 nodes in 60 s via ib0" }] }))
+            "message": "0 data-path QPs; 41.0 GB over TCP with 3 peers in 60 s via ib0" }] }))
         .unwrap();
     }
     p
