@@ -7,7 +7,7 @@
 # re-runs itself with sudo). CI (.ci/run) runs exactly this.
 #
 # Two lanes at once (FABRICGATE_SETUP_SERIAL=1: one after the other): the Go builds
-# (.ci/controlplane.sh, then .ci/kueue.sh: 10.5 min of compiling on a new 2-core machine, needing
+# (.ci/controlplane.sh, .ci/kueue.sh, then .ci/helm.sh: ~12.5 min of compiling on a new 2-core machine, needing
 # only Go) beside every other setup in name order (packages, pip, downloads, the images: mostly
 # waiting on the network and dpkg). Their output is prefixed with the script's name. apt runs
 # one at a time (.ci/apt.bash). A failure in either lane fails the whole setup, after both
@@ -22,7 +22,7 @@ if command -v rustup >/dev/null 2>&1; then
   rustup component add rustfmt clippy >/dev/null 2>&1 || true
 fi
 
-go_lane=(controlplane.sh kueue.sh)
+go_lane=(controlplane.sh kueue.sh helm.sh)
 step() { # script: run one .ci setup, its lines prefixed, and say how long it took
   local name="$1" started rc=0
   started=$(date +%s)

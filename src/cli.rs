@@ -43,6 +43,30 @@ pub enum Command {
     /// replicas, leader election on a Lease): hold a Workload until its assigned nodes are
     /// validated and pass a gang-wide RDMA pre-flight (docs/gangs.md).
     AdmissionCheck(AdmissionCheckArgs),
+    /// Remove every fabricgate mark from the Nodes (labels and annotations under the prefix,
+    /// the taint, the conditions) and the agents' DeviceTaintRules, once the agents and the
+    /// guard are gone (what `helm uninstall` runs); exit 0 done / 2 usage / other: refused.
+    Cleanup(CleanupArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CleanupArgs {
+    /// Prefix of fabricgate's labels, annotations and taint (`node.label_prefix`).
+    #[arg(long, default_value = crate::config::DEFAULT_LABEL_PREFIX, value_name = "PREFIX")]
+    pub label_prefix: String,
+    /// First wait until no pod of --namespace matches this label selector (repeatable): the
+    /// agents and the guard would write the marks again.
+    #[arg(long, value_name = "SELECTOR")]
+    pub wait_for_pods: Vec<String>,
+    /// Namespace of the pods waited for.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "fabricgate")]
+    pub namespace: String,
+    /// Longest wait for those pods to go.
+    #[arg(long, default_value = "120s", value_parser = humantime::parse_duration)]
+    pub timeout: std::time::Duration,
+    /// Only these Nodes (default: every Node).
+    #[arg(value_name = "NODE")]
+    pub nodes: Vec<String>,
 }
 
 #[derive(Debug, Args)]

@@ -5,8 +5,8 @@
 use clap::Parser;
 use fabricgate::agent::{check, daemon};
 use fabricgate::cli::{
-    AdmissionCheckArgs, CheckArgs, Cli, Command, Format, GuardArgs, OnOff, PingArgs, PreflightArgs,
-    RunArgs, SelftestArgs, WebhookArgs,
+    AdmissionCheckArgs, CheckArgs, CleanupArgs, Cli, Command, Format, GuardArgs, OnOff, PingArgs,
+    PreflightArgs, RunArgs, SelftestArgs, WebhookArgs,
 };
 use fabricgate::transport::{self, check_peers};
 use fabricgate::{EXIT_USAGE, EXIT_VALIDATED, policy};
@@ -25,6 +25,7 @@ fn main() -> ExitCode {
         Command::Ping(args) => run_ping(&args),
         Command::Preflight(args) => run_preflight(&args),
         Command::Webhook(args) => run_webhook(&args),
+        Command::Cleanup(args) => run_cleanup(&args),
     };
     match result {
         Ok(code) => ExitCode::from(code),
@@ -276,6 +277,42 @@ fn run_webhook(args: &WebhookArgs) -> anyhow::Result<u8> {
         anyhow::Ok(())
     })?;
     Ok(EXIT_VALIDATED)
+}
+
+fn run_cleanup(args: &CleanupArgs) -> anyhow::Result<u8> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let clients = fabricgate::node::client(fabricgate::node::RetryAfter::default()).await?;
+        let client = &clients.requests;
+        fabricgate::cluster::cleanup::wait_pods_gone(
+            client,
+            &args.namespace,
+            &args.wait_for_pods,
+            args.timeout,
+        )
+        .await?;
+        let cleaned =
+            fabricgate::cluster::cleanup::cleanup(client, &args.label_prefix, &args.nodes).await?;
+        for n in &cleaned.nodes {
+            let mut removed: Vec<String> = n.labels.iter().map(|k| format!("label {k}")).collect();
+            removed.extend(n.annotations.iter().map(|k| format!("annotation {k}")));
+            removed.extend(n.taints.iter().map(|k| format!("taint {k}")));
+            removed.extend(n.conditions.iter().map(|k| format!("condition {k}")));
+            println!("Node {}: removed {}", n.node, removed.join(", "));
+        }
+        for r in &cleaned.rules {
+            println!("DeviceTaintRule {r}: deleted");
+        }
+        println!(
+            "fabricgate cleanup: {} of {} Nodes had fabricgate marks, all removed; {} DeviceTaintRules deleted",
+            cleaned.nodes.len(),
+            cleaned.nodes_seen,
+            cleaned.rules.len()
+        );
+        Ok(0)
+    })
 }
 
 fn run_guard(args: GuardArgs) -> anyhow::Result<u8> {

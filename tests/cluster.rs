@@ -33,6 +33,8 @@ mod gang;
 mod gang_ring;
 #[path = "cluster/guard.rs"]
 mod guard;
+#[path = "cluster/helm.rs"]
+mod helm;
 #[path = "cluster/kueue.rs"]
 mod kueue;
 #[path = "cluster/kueue_requeue.rs"]

@@ -21,6 +21,8 @@ mod dra_agent;
 mod dra_scenarios;
 #[path = "node/harness.rs"]
 mod harness;
+#[path = "node/helm.rs"]
+mod helm;
 #[path = "node/images.rs"]
 mod images;
 #[path = "node/runtime_transport.rs"]

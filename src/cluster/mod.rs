@@ -1,7 +1,9 @@
 //! Cluster-level controllers: the guard (a Deployment that taints nodes whose agent is gone)
-//! and the Kueue admission check (a gang's nodes validated and tested together).
+//! and the Kueue admission check (a gang's nodes validated and tested together); and the
+//! cleanup `helm uninstall` runs.
 
 pub mod admission_check;
+pub mod cleanup;
 pub mod guard;
 pub mod lease;
 

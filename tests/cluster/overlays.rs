@@ -11,11 +11,13 @@ use serde::Deserialize;
 use serde_json::Value;
 use std::time::{Duration, Instant};
 
-const OVERLAYS: [&str; 4] = [
+const OVERLAYS: [&str; 6] = [
     "shared-device",
     "privileged",
     "dra",
+    "shared-device-runtime-transport",
     "privileged-runtime-transport",
+    "dra-runtime-transport",
 ];
 
 fn render(cp: &ControlPlane, overlay: &str) -> String {
@@ -140,6 +142,19 @@ fn every_overlay_passes_both_schemas_and_a_server_side_dry_run() {
                             && d["metadata"]["name"] == policy),
                         "{policy}"
                     );
+                }
+                assert!(docs.iter().any(|d| d["kind"] == "ClusterRole"
+                    && d["metadata"]["name"] == "fabricgate-agent-pods"));
+            }
+            // The component on the default overlay and on the DRA one: the same additions,
+            // the device access of the overlay below it.
+            "shared-device-runtime-transport" | "dra-runtime-transport" => {
+                assert_eq!(privileged, overlay == "dra-runtime-transport", "{c}");
+                let ds = docs.iter().find(|d| d["kind"] == "DaemonSet").unwrap();
+                assert_eq!(ds["spec"]["template"]["spec"]["hostPID"], true);
+                let caps = c["securityContext"]["capabilities"]["add"].to_string();
+                for cap in ["IPC_LOCK", "SYS_PTRACE", "SYS_ADMIN"] {
+                    assert!(caps.contains(cap), "{caps}");
                 }
                 assert!(docs.iter().any(|d| d["kind"] == "ClusterRole"
                     && d["metadata"]["name"] == "fabricgate-agent-pods"));

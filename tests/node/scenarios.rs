@@ -94,10 +94,15 @@ pub const ALL: &[(&str, Scenario)] = &[
         "runtime_transport_sockets_pod_judged_then_evicted_past_its_pdb",
         runtime_transport::sockets_pod_is_judged_and_evicted,
     ),
-    // Last: it uninstalls.
+    // Last: they uninstall.
     (
         "cleanup_nodes_after_uninstall_leaves_no_mark",
         cleanup_nodes_leaves_no_mark,
+    ),
+    // Helm (helm.rs): install, upgrade with runtime transport, uninstall with the cleanup.
+    (
+        "helm_install_validates_upgrade_keeps_it_validated_uninstall_leaves_no_mark",
+        super::helm::install_upgrade_uninstall,
     ),
 ];
 

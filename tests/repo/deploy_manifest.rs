@@ -832,6 +832,8 @@ fn manifest_passes_yamllint() {
         "deploy/overlays/dra",
         "deploy/overlays/runtime-transport",
         "deploy/overlays/privileged-runtime-transport",
+        "deploy/overlays/shared-device-runtime-transport",
+        "deploy/overlays/dra-runtime-transport",
     ] {
         for entry in std::fs::read_dir(root().join(dir)).unwrap() {
             sources.arg(entry.unwrap().path());
