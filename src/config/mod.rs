@@ -7,13 +7,13 @@ use serde::{Deserialize, Serialize};
 use std::path::Path;
 
 pub mod dra;
-mod duration;
+pub(crate) mod duration;
 pub mod events;
 mod file;
 pub mod gang;
 #[cfg(test)]
 mod hardening_tests;
-mod labels;
+pub(crate) mod labels;
 pub mod peers;
 mod pool;
 mod requirements;

@@ -319,3 +319,63 @@ fn unreadable_file_names_the_path() {
         .to_string();
     assert!(e.contains("/nonexistent/fabricgate.yaml"), "{e}");
 }
+
+/// The `runtime:` section (`transport::settings`), parsed with the rest of the file.
+#[test]
+fn runtime_defaults_parse_and_bad_values_name_their_key() {
+    use crate::transport::settings::*;
+    let c = Config::default().runtime;
+    assert!(!c.enabled, "opt-in: the base DaemonSet lacks what it needs");
+    assert_eq!(c.window, DEFAULT_WINDOW);
+    assert_eq!(c.on_sockets, OnSockets::Record);
+    let c = Config::parse(
+        "runtime:\n  enabled: true\n  pod_selector: app=trainer\n  window: 45s\n  on_sockets: evict\n  \
+         evict_after: 5m\n  tcp_min_bytes_per_second: 1000\n",
+    )
+    .unwrap()
+    .runtime;
+    assert!(c.enabled);
+    assert_eq!(c.pod_selector, "app=trainer");
+    assert_eq!(c.window, Duration::from_secs(45));
+    assert_eq!(c.on_sockets, OnSockets::Evict);
+    assert_eq!(c.evict_after, Duration::from_secs(300));
+    assert_eq!(c.tcp_min_bytes_per_second, 1000);
+    assert_eq!(c.confirm_windows, DEFAULT_CONFIRM_WINDOWS);
+    assert_eq!(c.clear_after, DEFAULT_CLEAR_AFTER);
+    let c = Config::parse(
+        "runtime:\n  confirm_windows: 3\n  clear_after: 2m\n  job_labels: [example.com/run]\n",
+    )
+    .unwrap()
+    .runtime;
+    assert_eq!(c.confirm_windows, 3);
+    assert_eq!(c.clear_after, Duration::from_secs(120));
+    assert_eq!(c.job_labels, ["example.com/run"]);
+    for (yaml, key) in [
+        ("runtime:\n  window: 1s\n", "runtime.window"),
+        ("runtime:\n  evict_after: 1s\n", "runtime.evict_after"),
+        ("runtime:\n  on_sockets: kill\n", "on_sockets"),
+        (
+            "runtime:\n  tcp_min_bytes_per_second: 0\n",
+            "runtime.tcp_min",
+        ),
+        (
+            "runtime:\n  pod_selector: \"app=a,,b=c\"\n",
+            "runtime.pod_selector",
+        ),
+        ("runtime:\n  pod_selector: \"=x\"\n", "runtime.pod_selector"),
+        ("runtime:\n  podselector: a\n", "podselector"),
+        (
+            "runtime:\n  confirm_windows: 0\n",
+            "runtime.confirm_windows",
+        ),
+        (
+            "runtime:\n  confirm_windows: 11\n",
+            "runtime.confirm_windows",
+        ),
+        ("runtime:\n  clear_after: 1s\n", "runtime.clear_after"),
+        ("runtime:\n  job_labels: [\"a b\"]\n", "runtime.job_labels"),
+    ] {
+        let e = Config::parse(yaml).unwrap_err().to_string();
+        assert!(e.contains(key), "{yaml}: {e}");
+    }
+}

@@ -1,7 +1,7 @@
 //! The `runtime:` section: which pods of the node are judged at run time, and how a
 //! pod on sockets is told from one on RDMA (docs/runtime-transport.md).
 
-use crate::config::{bounded_duration, parse_bounded_duration};
+use crate::config::duration::{bounded_duration, parse_bounded_duration};
 use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
@@ -141,7 +141,7 @@ impl RuntimeSettings {
             });
         }
         for key in &self.job_labels {
-            if crate::config::validate_label_key(key).is_err() {
+            if crate::config::labels::validate_label_key(key).is_err() {
                 return Err(Error::ConfigValue {
                     key: "runtime.job_labels".to_owned(),
                     message: format!(
@@ -176,7 +176,7 @@ impl RuntimeSettings {
                     .next()
                     .unwrap_or_default()
                     .trim();
-                if key.is_empty() || crate::config::validate_label_key(key).is_err() {
+                if key.is_empty() || crate::config::labels::validate_label_key(key).is_err() {
                     return Err(Error::ConfigValue {
                         key: "runtime.pod_selector".to_owned(),
                         message: format!(
@@ -189,69 +189,5 @@ impl RuntimeSettings {
             }
         }
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::config::Config;
-
-    #[test]
-    fn defaults_parse_and_bad_values_name_their_key() {
-        let c = Config::default().runtime;
-        assert!(!c.enabled, "opt-in: the base DaemonSet lacks what it needs");
-        assert_eq!(c.window, DEFAULT_WINDOW);
-        assert_eq!(c.on_sockets, OnSockets::Record);
-        let c = Config::parse(
-            "runtime:\n  enabled: true\n  pod_selector: app=trainer\n  window: 45s\n  on_sockets: evict\n  \
-             evict_after: 5m\n  tcp_min_bytes_per_second: 1000\n",
-        )
-        .unwrap()
-        .runtime;
-        assert!(c.enabled);
-        assert_eq!(c.pod_selector, "app=trainer");
-        assert_eq!(c.window, Duration::from_secs(45));
-        assert_eq!(c.on_sockets, OnSockets::Evict);
-        assert_eq!(c.evict_after, Duration::from_secs(300));
-        assert_eq!(c.tcp_min_bytes_per_second, 1000);
-        assert_eq!(c.confirm_windows, DEFAULT_CONFIRM_WINDOWS);
-        assert_eq!(c.clear_after, DEFAULT_CLEAR_AFTER);
-        let c = Config::parse(
-            "runtime:\n  confirm_windows: 3\n  clear_after: 2m\n  job_labels: [example.com/run]\n",
-        )
-        .unwrap()
-        .runtime;
-        assert_eq!(c.confirm_windows, 3);
-        assert_eq!(c.clear_after, Duration::from_secs(120));
-        assert_eq!(c.job_labels, ["example.com/run"]);
-        for (yaml, key) in [
-            ("runtime:\n  window: 1s\n", "runtime.window"),
-            ("runtime:\n  evict_after: 1s\n", "runtime.evict_after"),
-            ("runtime:\n  on_sockets: kill\n", "on_sockets"),
-            (
-                "runtime:\n  tcp_min_bytes_per_second: 0\n",
-                "runtime.tcp_min",
-            ),
-            (
-                "runtime:\n  pod_selector: \"app=a,,b=c\"\n",
-                "runtime.pod_selector",
-            ),
-            ("runtime:\n  pod_selector: \"=x\"\n", "runtime.pod_selector"),
-            ("runtime:\n  podselector: a\n", "podselector"),
-            (
-                "runtime:\n  confirm_windows: 0\n",
-                "runtime.confirm_windows",
-            ),
-            (
-                "runtime:\n  confirm_windows: 11\n",
-                "runtime.confirm_windows",
-            ),
-            ("runtime:\n  clear_after: 1s\n", "runtime.clear_after"),
-            ("runtime:\n  job_labels: [\"a b\"]\n", "runtime.job_labels"),
-        ] {
-            let e = Config::parse(yaml).unwrap_err().to_string();
-            assert!(e.contains(key), "{yaml}: {e}");
-        }
     }
 }
