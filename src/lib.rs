@@ -14,6 +14,7 @@ pub mod peers;
 pub mod pod;
 pub mod policy;
 pub mod text;
+pub mod transport;
 
 pub use error::{
     EXIT_AGENT_PANIC, EXIT_CANNOT_PROBE, EXIT_NOT_VALIDATED, EXIT_USAGE, EXIT_VALIDATED, Error,

@@ -3,14 +3,15 @@
 #![forbid(unsafe_code)]
 
 use clap::Parser;
-use fabricgate::agent::{check, check_peers, check_pods, daemon};
+use fabricgate::agent::{check, daemon};
 use fabricgate::cli::{
     AdmissionCheckArgs, CheckArgs, CleanupArgs, Cli, Command, Format, GuardArgs, OnOff, PingArgs,
     PreflightArgs, RunArgs, SelftestArgs, WebhookArgs,
 };
+use fabricgate::transport::{self, check_peers};
 use fabricgate::{EXIT_USAGE, EXIT_VALIDATED, policy};
 use fabricgate_probes::Prober;
-use fabricgate_probes::runtime::sample::PodSampler;
+use fabricgate_probes::transport::sample::PodSampler;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
@@ -53,7 +54,7 @@ fn run_check(args: &CheckArgs) -> anyhow::Result<u8> {
         let mut sampler =
             PodSampler::new(roots).with_max_sockets(config.runtime.max_sockets_per_pod);
         let peers = check_peers::read(args.kubeconfig.as_deref(), &node, &config);
-        check_pods::sample(
+        transport::check::sample(
             &mut sampler,
             &config,
             args.pods_window,
@@ -66,14 +67,14 @@ fn run_check(args: &CheckArgs) -> anyhow::Result<u8> {
         Format::Json => {
             let mut doc = check::to_json(&report, &verdict);
             if let Some(pods) = &pods {
-                check_pods::insert_json(&mut doc, pods);
+                transport::check::insert_json(&mut doc, pods);
             }
             serde_json::to_string_pretty(&doc)? + "\n"
         }
         Format::Table => {
             let mut text = check::to_table(&report, &verdict);
             if let Some(pods) = &pods {
-                text.push_str(&check_pods::to_table(pods));
+                text.push_str(&transport::check::to_table(pods));
             }
             text
         }

@@ -14,9 +14,9 @@
 use criterion::{Criterion, criterion_group, criterion_main};
 use fabricgate_probes::Roots;
 use fabricgate_probes::netlink::{Protocol, Socket};
-use fabricgate_probes::runtime::pod_hcas::{self, NamespaceRdma};
-use fabricgate_probes::runtime::procs;
-use fabricgate_probes::runtime::restrack::{self, NetlinkPort};
+use fabricgate_probes::transport::pod_hcas::{self, NamespaceRdma};
+use fabricgate_probes::transport::procs;
+use fabricgate_probes::transport::restrack::{self, NetlinkPort};
 use std::collections::BTreeSet;
 use std::hint::black_box;
 use std::path::{Path, PathBuf};
@@ -80,7 +80,7 @@ fn look_into_claim_pods(c: &mut Criterion) {
             assert_eq!(seen.len(), PODS as usize);
             assert!(
                 seen.iter()
-                    .all(|s| matches!(&s.ports, fabricgate_probes::runtime::Observed::Seen(p) if p.len() == 1)),
+                    .all(|s| matches!(&s.ports, fabricgate_probes::transport::Observed::Seen(p) if p.len() == 1)),
                 "{seen:?}"
             );
             seen

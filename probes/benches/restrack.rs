@@ -5,7 +5,7 @@
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use fabricgate_probes::Roots;
-use fabricgate_probes::runtime::{attribute, restrack};
+use fabricgate_probes::transport::{attribute, restrack};
 use std::hint::black_box;
 
 #[path = "support/kubepods.rs"]

@@ -8,9 +8,9 @@
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use fabricgate_probes::Roots;
-use fabricgate_probes::runtime::restrack::{QpEntry, QpOwner, QpState, QpType};
-use fabricgate_probes::runtime::sample::{Kernel, PodSampler, RemoteScope, SampleRequest};
-use fabricgate_probes::runtime::tcp::TcpSocket;
+use fabricgate_probes::transport::restrack::{QpEntry, QpOwner, QpState, QpType};
+use fabricgate_probes::transport::sample::{Kernel, PodSampler, RemoteScope, SampleRequest};
+use fabricgate_probes::transport::tcp::TcpSocket;
 use std::collections::BTreeSet;
 use std::hint::black_box;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};

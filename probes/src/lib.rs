@@ -17,9 +17,9 @@ pub mod netlink;
 pub mod pod;
 pub mod rdma;
 pub mod roots;
-pub mod runtime;
 pub mod storage;
 mod sysfs_io;
+pub mod transport;
 
 pub use error::{ProbeError, Result};
 pub use roots::Roots;

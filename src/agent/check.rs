@@ -75,7 +75,7 @@ pub fn to_json(report: &ProbeReport, verdict: &Verdict) -> Value {
 }
 
 /// `header` and `rows` as left-aligned columns two spaces apart, each line indented by two.
-pub(super) fn write_columns(out: &mut String, header: &[&str], rows: Vec<Vec<String>>) {
+pub(crate) fn write_columns(out: &mut String, header: &[&str], rows: Vec<Vec<String>>) {
     let widths: Vec<usize> = (0..header.len())
         .map(|c| {
             rows.iter()

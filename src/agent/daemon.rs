@@ -272,7 +272,7 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
         _ => Advertised::default(),
     };
     // Runtime transport per pod (docs/runtime-transport.md): its own watches and window.
-    let runtime = super::runtime_loop::start(
+    let runtime = crate::transport::task::start(
         config,
         client,
         node,

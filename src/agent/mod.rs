@@ -3,8 +3,6 @@
 //! floors together; it never decides a verdict itself.
 
 pub mod check;
-pub mod check_peers;
-pub mod check_pods;
 pub mod daemon;
 mod mesh;
 mod node_checks;
@@ -12,8 +10,6 @@ mod probe_loop;
 mod probe_thread;
 mod reconcile_loop;
 pub mod ring;
-mod runtime_loop;
-mod runtime_sampler;
 pub mod selftest;
 mod timing;
 pub mod wakeup;

@@ -17,13 +17,13 @@ mod labels;
 pub mod peers;
 mod pool;
 mod requirements;
-pub mod runtime;
 mod settings;
 pub mod storage;
 #[cfg(test)]
 mod tests;
 pub mod webhook;
 
+pub(crate) use duration::bounded_duration;
 pub use duration::parse_bounded_duration;
 use file::read_config_file;
 pub use file::{MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH, nesting_depth};
@@ -67,7 +67,7 @@ pub struct Config {
     /// `storage.lustre.require_lnet`: the LNet networks Lustre's imports must use.
     pub storage: storage::StorageSettings,
     /// Which pods of the node are judged at run time: RDMA or sockets (issue 42).
-    pub runtime: runtime::RuntimeSettings,
+    pub runtime: crate::transport::settings::RuntimeSettings,
 }
 
 /// A wrong value of the requirements file at `key`, and what to give instead.

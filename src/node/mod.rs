@@ -18,11 +18,8 @@ pub(crate) mod breaker;
 mod client;
 pub mod dra;
 pub mod fabriccheck;
-pub mod jobs;
-pub mod peer_pods;
 mod plan;
-pub mod pod_writer;
-pub mod pods;
+pub mod pods_watch;
 mod reconciler;
 mod watch;
 

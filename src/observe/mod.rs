@@ -7,5 +7,4 @@ pub mod exposition;
 pub mod fallback;
 pub mod health;
 pub mod metrics;
-pub mod pods;
 pub mod server;

@@ -4,7 +4,6 @@ pub mod agent_fault;
 pub mod breaker;
 pub mod device_plugin;
 pub mod dra;
-pub mod eviction;
 mod gpudirect;
 mod hysteresis;
 pub mod judge;
@@ -13,7 +12,6 @@ mod rdma;
 mod storage;
 #[cfg(test)]
 mod tests;
-pub mod transport;
 
 use gpudirect::evaluate_gpudirect;
 pub use hysteresis::{AWAITING_VALIDATION, Hysteresis};

@@ -5,7 +5,7 @@
 
 use crate::common;
 
-use fabricgate_probes::runtime::sample::NO_HOST_PID;
+use fabricgate_probes::transport::sample::NO_HOST_PID;
 use serde_json::Value;
 use std::path::Path;
 use std::process::{Command, Output};

@@ -552,7 +552,7 @@ fn kueue_requeues_a_gang_whose_member_pod_is_on_sockets() {
         "type": "fabricgate.io/TransportReady", "status": "False", "reason": "SocketsFallback",
         "message": "NCCL_NET=Socket: no RDMA device in the pod",
         "lastTransitionTime": "2026-12-05T00:00:00Z" }] } });
-    // The agent's own request (`node::pod_writer`: a strategic merge patch of pods/status, no
+    // The agent's own request (`transport::writer`: a strategic merge patch of pods/status, no
     // GET first), retried while the apiserver has not yet loaded the overlay's grants.
     let err = std::cell::RefCell::new(String::new());
     wait_until_ctx(

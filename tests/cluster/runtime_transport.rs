@@ -6,8 +6,8 @@
 //! the agent's own token cannot set the condition on another node's pod nor touch anything
 //! else of its own node's pod.
 //!
-//! The facts come through the agent's test seam `FABRICGATE_TEST_POD_FACTS` (src/agent/
-//! runtime_sampler.rs): there is no kubelet here to run a pod, so no process holds QPs or moves
+//! The facts come through the agent's test seam `FABRICGATE_TEST_POD_FACTS` (src/transport/
+//! sampler.rs, in test builds only): there is no kubelet here to run a pod, so no process holds QPs or moves
 //! TCP. Everything after the sampler (the pods watch, judging, metrics, writes, the policy)
 //! is the real path. The pod's controller owner is a PyTorchJob (Kubeflow's training
 //! operator), an API this control plane does not serve: nothing here reconciles it. (A batch
@@ -120,7 +120,7 @@ fn fallback_events(cp: &ControlPlane, kind: &str, name: &str) -> Vec<Value> {
 }
 
 /// A strategic merge patch of the status of pod `ns/pod` as an agent (its pod-bound token in
-/// `kubeconfig`): the agent's own request shape (`node::pod_writer`), no GET first. Ok, or the
+/// `kubeconfig`): the agent's own request shape (`transport::writer`), no GET first. Ok, or the
 /// error's code and message.
 pub(crate) fn patch_as_agent(
     cp: &ControlPlane,
@@ -311,7 +311,7 @@ fn a_judged_pod_on_sockets_gets_the_condition_events_and_metric_and_nothing_else
     );
     patch_as_agent(cp, &kubeconfig, NS, "trainer", &set("False"))
         .expect("its own condition on its own node's pod is allowed");
-    // The agent's patch carries the pod's UID (node::pods::condition_patch): the pod it judged,
+    // The agent's patch carries the pod's UID (transport::pods::condition_patch): the pod it judged,
     // deleted and recreated under the same name, refuses it, and the new pod starts clean.
     let with_uid = |uid: &str| {
         let mut p = set("False");

@@ -116,9 +116,9 @@ pub fn unhealthy_metrics() -> Metrics {
 /// Runtime transport on the unhealthy node: one Job's pod on RDMA (two RC QPs in RTS), another
 /// Job's pod on sockets (41 GB over TCP to other nodes in the window).
 fn record_pods(metrics: &Metrics) {
-    use fabricgate::observe::pods::PodSample;
-    use fabricgate::policy::transport::{self, PodVerdict, Transport};
-    use fabricgate_probes::runtime::restrack::{QpEntry, QpOwner, QpState, QpType};
+    use fabricgate::transport::metrics::PodSample;
+    use fabricgate::transport::verdict::{self, PodVerdict, Transport};
+    use fabricgate_probes::transport::restrack::{QpEntry, QpOwner, QpState, QpType};
     let qp = |lqpn| QpEntry {
         device_index: 0,
         device: "mlx5_0".into(),
@@ -133,7 +133,7 @@ fn record_pods(metrics: &Metrics) {
     let qps = [qp(17), qp(18)];
     let rdma = PodVerdict {
         transport: Transport::Rdma,
-        reason: transport::REASON_RDMA,
+        reason: verdict::REASON_RDMA,
         why: "2 data-path QPs in RTS on mlx5_0/1".into(),
         data_path_qps: Some(2),
         internode_tcp_bytes: Some(1_000_000),
@@ -142,7 +142,7 @@ fn record_pods(metrics: &Metrics) {
     };
     let sockets = PodVerdict {
         transport: Transport::Sockets,
-        reason: transport::REASON_SOCKETS,
+        reason: verdict::REASON_SOCKETS,
         why: "0 data-path QPs; 41.0 GB over TCP with 7 peers in 30 s via ib0; 2.0 GB with \
               addresses outside its job"
             .into(),

@@ -1,6 +1,6 @@
 //! Runtime transport per pod on the real node: the agent from its image, composed with
 //! `deploy/overlays/runtime-transport` (`deploy::runtime_transport`), its REAL sampler
-//! (`probes::runtime::sample::PodSampler`: no test seam), real pods started by the kubelet and
+//! (`probes::transport::sample::PodSampler`: no test seam), real pods started by the kubelet and
 //! containerd on the CNI bridge (each its own network namespace, host-local IPAM 10.244.0.0/24,
 //! default route via `cni0`, no masquerade).
 //!

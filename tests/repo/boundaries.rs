@@ -99,6 +99,39 @@ const FLOORS: &[(&str, &[&str])] = &[
     ),
 ];
 
+/// Feature folders: the whole of one feature, its own floors inside. Each file (or folder of
+/// tests beside it) is on the crate floor its name says, and is checked as a file of that floor;
+/// a path into the feature (`crate::transport::verdict`) is a use of the floor of that file.
+const FEATURES: &[(&str, &[(&str, &str)])] = &[(
+    "transport",
+    &[
+        ("settings", "config"),
+        ("verdict", "policy"),
+        ("eviction", "policy"),
+        ("metrics", "observe"),
+        ("jobs", "node"),
+        ("pods", "node"),
+        ("pods_tests", "node"),
+        ("peers", "node"),
+        ("writer", "node"),
+        ("sampler", "agent"),
+        ("task", "agent"),
+        ("check", "agent"),
+        ("check_peers", "agent"),
+    ],
+)];
+
+/// The crate floor of `feature::file`, `None` for a name the feature table does not know.
+fn feature_floor(feature: &str, file: &str) -> Option<&'static str> {
+    FEATURES
+        .iter()
+        .find(|(f, _)| *f == feature)?
+        .1
+        .iter()
+        .find(|(name, _)| *name == file)
+        .map(|(_, floor)| *floor)
+}
+
 /// Rust source with comments, string and character literals blanked out (same length), so
 /// that a path in a doc comment or a message is not an import.
 pub(crate) fn code_only(text: &str) -> String {
@@ -242,7 +275,10 @@ fn crate_modules_used(text: &str) -> std::collections::BTreeSet<String> {
             && let Some(m) = tokens.get(t + 2)
             && m != "{"
         {
-            used.insert(m.clone());
+            match feature_sub(&tokens[t + 2..]) {
+                Some(sub) => used.insert(sub),
+                None => used.insert(m.clone()),
+            };
             t += 3;
         } else {
             t += 1;
@@ -282,12 +318,12 @@ fn expand_use(tree: &[String], used: &mut std::collections::BTreeSet<String>, in
         if item[0] == "{" {
             expand_use(item, used, in_crate);
         } else if in_crate {
-            used.insert(item[0].clone());
+            used.insert(feature_sub(item).unwrap_or_else(|| item[0].clone()));
         } else if item[0] == "crate" && item.get(1).is_some_and(|x| x == "::") {
             match item.get(2).map(String::as_str) {
                 Some("{") => expand_use(&item[2..], used, true),
                 Some(m) => {
-                    used.insert(m.to_owned());
+                    used.insert(feature_sub(&item[2..]).unwrap_or_else(|| m.to_owned()));
                 }
                 None => {}
             }
@@ -295,14 +331,55 @@ fn expand_use(tree: &[String], used: &mut std::collections::BTreeSet<String>, in
     }
 }
 
-/// The floor a file of `src/` belongs to: its folder, or its own name at the top.
+/// `feature::file` for a path that starts with a feature folder (`transport :: verdict ...`);
+/// a group into it (`transport::{verdict::X, pods::Y}`) names the first file only, so the
+/// feature's own files name one file per `use`.
+fn feature_sub(path: &[String]) -> Option<String> {
+    let feature = path.first()?;
+    FEATURES.iter().find(|(f, _)| f == feature)?;
+    if path.get(1).is_some_and(|x| x == "::")
+        && let Some(file) = path.get(2)
+        && file != "{"
+    {
+        return Some(format!("{feature}::{file}"));
+    }
+    Some(feature.clone())
+}
+
+/// The floor a file of `src/` belongs to: its folder, or its own name at the top; in a feature
+/// folder, the floor its file's name says (`transport/verdict.rs`, `transport/check/tests.rs`).
 fn floor_of(rel: &std::path::Path) -> Option<String> {
     let mut comps = rel.components();
     let first = comps.next()?.as_os_str().to_str()?.to_owned();
-    Some(match comps.next() {
-        Some(_) => first,
-        None => first.trim_end_matches(".rs").to_owned(),
-    })
+    let Some(second) = comps.next() else {
+        return Some(first.trim_end_matches(".rs").to_owned());
+    };
+    if FEATURES.iter().any(|(f, _)| *f == first) {
+        let file = second.as_os_str().to_str()?.trim_end_matches(".rs");
+        if file == "mod" {
+            return Some("lib".to_owned());
+        }
+        return feature_floor(&first, file).map(str::to_owned);
+    }
+    Some(first)
+}
+
+/// The siblings a file of a feature folder names through `super::` (`use super::pods::X`), as
+/// `feature::file`.
+fn feature_siblings_used(rel: &std::path::Path, text: &str) -> Vec<String> {
+    let Some(feature) = rel.components().next().and_then(|c| c.as_os_str().to_str()) else {
+        return Vec::new();
+    };
+    if !FEATURES.iter().any(|(f, _)| *f == feature) || rel.components().count() != 2 {
+        return Vec::new();
+    }
+    let tokens = tokens(&code_only(text));
+    tokens
+        .windows(3)
+        .filter(|w| w[0] == "super" && w[1] == "::")
+        .filter(|w| feature_floor(feature, &w[2]).is_some())
+        .map(|w| format!("{feature}::{}", w[2]))
+        .collect()
 }
 
 #[test]
@@ -320,6 +397,44 @@ fn use_paths_parse_groups_nesting_and_ignore_comments_and_strings() {
     assert_eq!(got, ["config", "error", "observe", "peers", "policy"]);
 }
 
+/// A feature folder's files are on their own floors, and a path into the feature is a use of
+/// the floor of the file it names.
+#[test]
+fn feature_folders_have_floors_by_file() {
+    let text = r#"
+        use crate::transport::verdict::PodVerdict;
+        use crate::{transport::pods::JudgedPod, node::Clients};
+        use super::writer::PodWriter;
+        fn f() { crate::transport::task::start(); }
+    "#;
+    let got: Vec<String> = crate_modules_used(text).into_iter().collect();
+    assert_eq!(
+        got,
+        [
+            "node",
+            "transport::pods",
+            "transport::task",
+            "transport::verdict"
+        ]
+    );
+    let rel = std::path::Path::new("transport/check.rs");
+    assert_eq!(feature_siblings_used(rel, text), ["transport::writer"]);
+    for (file, floor) in [
+        ("transport/settings.rs", "config"),
+        ("transport/verdict.rs", "policy"),
+        ("transport/check/tests.rs", "agent"),
+        ("transport/mod.rs", "lib"),
+        ("node/pods_watch.rs", "node"),
+    ] {
+        assert_eq!(
+            floor_of(std::path::Path::new(file)).as_deref(),
+            Some(floor),
+            "{file}"
+        );
+    }
+    assert_eq!(floor_of(std::path::Path::new("transport/new.rs")), None);
+}
+
 #[test]
 fn every_floor_uses_only_the_floors_below_it() {
     let root = common::repo_root().join("src");
@@ -328,7 +443,10 @@ fn every_floor_uses_only_the_floors_below_it() {
     let mut seen = std::collections::BTreeSet::new();
     for file in common::rust_files(&root) {
         let rel = file.strip_prefix(&root).unwrap();
-        let floor = floor_of(rel).unwrap();
+        let Some(floor) = floor_of(rel) else {
+            wrong.push(format!("{}: a feature file not in FEATURES", rel.display()));
+            continue;
+        };
         if floor == "lib" || floor == "main" {
             continue; // the crate root and the CLI dispatch see everything
         }
@@ -338,10 +456,33 @@ fn every_floor_uses_only_the_floors_below_it() {
         };
         seen.insert(floor.clone());
         let text = std::fs::read_to_string(&file).unwrap();
-        for m in crate_modules_used(&text) {
+        let mut used: Vec<String> = crate_modules_used(&text).into_iter().collect();
+        used.extend(feature_siblings_used(rel, &text));
+        for m in used {
             let top_level_item =
                 m.chars().next().is_some_and(char::is_uppercase) || m.starts_with("EXIT_");
-            if m == floor || top_level_item || may.contains(&m.as_str()) {
+            // A file of a feature folder is a use of its floor.
+            let target = match m.split_once("::") {
+                Some((feature, file)) => match feature_floor(feature, file) {
+                    Some(f) => f.to_owned(),
+                    None => {
+                        wrong.push(format!(
+                            "{} uses crate::{m}, not in FEATURES",
+                            rel.display()
+                        ));
+                        continue;
+                    }
+                },
+                None if FEATURES.iter().any(|(f, _)| *f == m) => {
+                    wrong.push(format!(
+                        "{} ({floor}) uses crate::{m} without naming its file",
+                        rel.display()
+                    ));
+                    continue;
+                }
+                None => m.clone(),
+            };
+            if target == floor || top_level_item || may.contains(&target.as_str()) {
                 continue;
             }
             wrong.push(format!("{} ({floor}) uses crate::{m}", rel.display()));

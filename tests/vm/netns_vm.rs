@@ -9,7 +9,7 @@
 
 use crate::common;
 
-use fabricgate_probes::runtime::restrack::{parse_device_dump, parse_port_dump};
+use fabricgate_probes::transport::restrack::{parse_device_dump, parse_port_dump};
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};

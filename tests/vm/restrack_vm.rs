@@ -9,8 +9,8 @@
 
 use crate::common;
 
-use fabricgate_probes::runtime::cgroup::{CgroupOwner, parse_proc_cgroup};
-use fabricgate_probes::runtime::restrack::{
+use fabricgate_probes::transport::cgroup::{CgroupOwner, parse_proc_cgroup};
+use fabricgate_probes::transport::restrack::{
     QpOwner, QpState, QpType, parse_device_dump, parse_qp_dump,
 };
 use std::path::{Path, PathBuf};

@@ -226,8 +226,8 @@ impl Socket {
     /// Send `request`, a whole message built by the caller (its sequence number is replaced
     /// by this socket's own), and return the kernel's reply datagrams as they came, up to
     /// and including the one that ends it (`NLMSG_DONE`, `NLMSG_ERROR`, or a single answer
-    /// without `NLM_F_MULTI`). For parsers of their own framing (`runtime::restrack`,
-    /// `runtime::tcp`): the kernel's refusal is in the datagrams for them to read.
+    /// without `NLM_F_MULTI`). For parsers of their own framing (`transport::restrack`,
+    /// `transport::tcp`): the kernel's refusal is in the datagrams for them to read.
     ///
     /// # Errors
     /// `request` is shorter than a netlink header, the socket failed, the reply overran the

@@ -12,7 +12,7 @@ pub(super) use super::model::{TRANSPORT_CONDITION, WORKLOAD_ANNOTATION};
 use super::state::State;
 use super::step::Decision;
 use crate::config::gang::GangSettings;
-use crate::policy::transport::REASON_SOCKETS;
+use crate::transport::verdict::REASON_SOCKETS;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;

@@ -3,7 +3,7 @@
 //! back stale versions of a Node it just wrote and tell when each watch is live.
 
 use crate::cluster::slim_node;
-use crate::policy::eviction::TRANSPORT_READY;
+use crate::transport::eviction::TRANSPORT_READY;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::runtime::reflector::{ObjectRef, store::Writer};
 use kube::runtime::watcher::{self, Event};
@@ -113,7 +113,7 @@ pub(super) fn slim_pod(pod: &mut Pod) {
 }
 
 /// Keep of a running pod what the eviction decision reads
-/// ([`crate::policy::eviction::plan`]): name, namespace, UID, resourceVersion, deletion
+/// ([`crate::transport::eviction::plan`]): name, namespace, UID, resourceVersion, deletion
 /// timestamp, `spec.nodeName` and the `fabricgate.io/TransportReady` condition.
 pub(super) fn slim_transport_pod(pod: &mut Pod) {
     let m = std::mem::take(&mut pod.metadata);

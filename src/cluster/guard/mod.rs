@@ -130,7 +130,7 @@ pub async fn run(
     // not only on the next tick.
     let mut due: Option<tokio::time::Instant> = None;
     let summary_key = breaker::pool_annotation(&s.config.node.label_prefix);
-    let ledger_key = crate::policy::eviction::ledger_annotation(&s.config.node.label_prefix);
+    let ledger_key = crate::transport::eviction::ledger_annotation(&s.config.node.label_prefix);
     // The leader's evictions of pods on sockets (`runtime.on_sockets: evict`).
     let mut evictor = evict::Evictor::default();
     tokio::pin!(shutdown);
@@ -156,7 +156,7 @@ pub async fn run(
                 }
                 if leading
                     && !evictor.loaded()
-                    && s.config.runtime.on_sockets == crate::config::runtime::OnSockets::Evict
+                    && s.config.runtime.on_sockets == crate::transport::settings::OnSockets::Evict
                 {
                     evictor.load(&leases, &s).await;
                 }

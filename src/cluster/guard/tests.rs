@@ -296,7 +296,7 @@ fn training_pod(name: &str, transport: Option<&str>) -> Pod {
             .as_mut()
             .unwrap()
             .push(PodCondition {
-                type_: crate::policy::eviction::TRANSPORT_READY.into(),
+                type_: crate::transport::eviction::TRANSPORT_READY.into(),
                 status: status.into(),
                 reason: Some("SocketsFallback".into()),
                 ..PodCondition::default()

@@ -2,7 +2,7 @@
 //! (issue 42 item 6; docs/dra.md, "Exclusive RDMA network namespaces"). In RDMA netns mode
 //! `exclusive` an HCA a DRA driver moved into a pod is gone from the node's probe; RDMA
 //! netlink from a socket opened in the pod's namespace still lists it with its ports
-//! (`fabricgate_probes::runtime::pod_hcas`). Every probe interval, and whenever the claims
+//! (`fabricgate_probes::transport::pod_hcas`). Every probe interval, and whenever the claims
 //! change, each pod that names a claim is looked into once; what each shows is merged into
 //! the DRA facts and judged in [`crate::policy::dra`].
 //!
@@ -11,8 +11,8 @@
 
 use crate::policy::dra::{ClaimedDevice, PodNamespaceHcas};
 use fabricgate_probes::Roots;
-use fabricgate_probes::runtime::pod_hcas::{self, LiveNamespaces};
-use fabricgate_probes::runtime::procs;
+use fabricgate_probes::transport::pod_hcas::{self, LiveNamespaces};
+use fabricgate_probes::transport::procs;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 use tokio::sync::watch;
@@ -81,7 +81,7 @@ fn look(roots: &Roots, pods: &BTreeMap<String, String>) -> Vec<PodNamespaceHcas>
 mod tests {
     use super::*;
     use crate::policy::dra::ClaimPod;
-    use fabricgate_probes::runtime::Observed;
+    use fabricgate_probes::transport::Observed;
 
     #[test]
     fn the_claims_pods_are_found_by_uid_and_a_pod_not_on_this_node_says_so() {

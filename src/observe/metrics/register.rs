@@ -74,7 +74,7 @@ impl Metrics {
         let pods = config
             .runtime
             .enabled
-            .then(|| crate::observe::pods::PodMetrics::register(&mut live));
+            .then(|| crate::transport::metrics::PodMetrics::register(&mut live));
         // Counted by the event thread and the probe loop without the state lock.
         let events = crate::observe::events::EventMetrics::register(&mut live);
         Self {

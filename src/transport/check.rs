@@ -1,12 +1,12 @@
-//! The `pods` section of `fabricgate check` (issue 42; docs/runtime-transport.md): without a
+//! The `pods` section of `fabricgate check` (docs/runtime-transport.md): without a
 //! cluster, every pod cgroup on this node whose processes hold RDMA queue pairs or move TCP to
 //! a non-local address, sampled twice `--pods-window` apart and judged by
-//! `policy::transport::judge_pod` with the config's `runtime:` settings. Beside it, what the
+//! `transport::verdict::judge_pod` with the config's `runtime:` settings. Beside it, what the
 //! node's byte heuristic (`observe::fallback`) says over the same window.
 //!
 //! With it, the RDMA devices a pod's own network namespace holds that the node's probe does not
 //! list (RDMA netns mode `exclusive`: an HCA a DRA driver moved into the pod), looked at from
-//! inside that namespace (`fabricgate_probes::runtime::pod_hcas`), each port with its state.
+//! inside that namespace (`fabricgate_probes::transport::pod_hcas`), each port with its state.
 //!
 //! The section never changes `check`'s exit code: what it cannot see (no host PID namespace,
 //! no RDMA netlink) is an `unknown` pod or a note, with the why.
@@ -14,11 +14,11 @@
 use super::check_peers::ClusterPeers;
 use crate::config::{Config, FallbackSettings};
 use crate::observe::fallback::{FallbackDetector, FallbackStatus};
-use crate::policy::transport::{PodVerdict, human_bytes, judge_pod};
-use fabricgate_probes::runtime::pod_hcas::{self, LiveNamespaces, NamespaceRdma, PodHcas};
-use fabricgate_probes::runtime::restrack::{NetlinkPort, QpEntry, QpOwner};
-use fabricgate_probes::runtime::sample::{NO_HOST_PID, PodSampler, SampleRequest};
-use fabricgate_probes::runtime::{Observed, PodTransportFacts, procs};
+use crate::transport::verdict::{PodVerdict, human_bytes, judge_pod};
+use fabricgate_probes::transport::pod_hcas::{self, LiveNamespaces, NamespaceRdma, PodHcas};
+use fabricgate_probes::transport::restrack::{NetlinkPort, QpEntry, QpOwner};
+use fabricgate_probes::transport::sample::{NO_HOST_PID, PodSampler, SampleRequest};
+use fabricgate_probes::transport::{Observed, PodTransportFacts, procs};
 use fabricgate_probes::{ProbeReport, Roots};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
@@ -354,7 +354,7 @@ pub fn to_table(section: &PodsSection) -> String {
         })
         .collect();
     if !rows.is_empty() {
-        super::check::write_columns(&mut out, &HEADER, rows);
+        crate::agent::check::write_columns(&mut out, &HEADER, rows);
     }
     for note in &section.notes {
         let _ = writeln!(out, "  ! {note}");
@@ -404,7 +404,7 @@ pub fn to_table(section: &PodsSection) -> String {
                 }
             })
             .collect();
-        super::check::write_columns(&mut out, &NAMESPACE_HEADER, rows);
+        crate::agent::check::write_columns(&mut out, &NAMESPACE_HEADER, rows);
     }
     out
 }

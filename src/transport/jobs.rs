@@ -1,6 +1,6 @@
 //! Who a judged pod's peers are: the pods of the same job on other nodes, and every address
 //! they can be reached at. Pure: a `Pod` in, its job and its addresses out; the runtime task's
-//! peer watch (`node::peer_pods`) does the I/O.
+//! peer watch (`transport::peers`) does the I/O.
 //!
 //! A job is the pods' common identity, tried in this order: the first of `runtime.job_labels`
 //! and then [`BUILTIN_JOB_LABELS`] the pod carries (JobSet, the training operators,
@@ -8,7 +8,7 @@
 //! the native gang (`spec.schedulingGroup.podGroupName`), the controller owner, and last the
 //! pod itself (a bare pod is a job of one: it has no peer, so it is never `sockets`).
 
-use crate::config::runtime::BUILTIN_JOB_LABELS;
+use crate::transport::settings::BUILTIN_JOB_LABELS;
 use k8s_openapi::api::core::v1::Pod;
 use serde::Deserialize;
 use std::collections::BTreeSet;

@@ -509,7 +509,7 @@ fn per_device<T>(
 pub const DUMP_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The probes' one netlink socket, for any protocol's dumps (`NETLINK_RDMA` here,
-/// `NETLINK_SOCK_DIAG` in `runtime::tcp`).
+/// `NETLINK_SOCK_DIAG` in `transport::tcp`).
 impl NetlinkDump for Socket {
     fn dump(&mut self, request: &[u8]) -> io::Result<Vec<Vec<u8>>> {
         self.dump_datagrams(request, DUMP_TIMEOUT)

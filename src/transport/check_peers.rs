@@ -4,10 +4,10 @@
 //! back to "any address not on this node" (`RemoteScope::NotLocal`).
 
 use crate::config::Config;
-use crate::node::jobs::{JobKey, job_of};
-use crate::node::peer_pods::peer_addresses;
-use crate::node::peer_pods::{JobPeers, PeerPod};
-use fabricgate_probes::runtime::sample::RemoteScope;
+use crate::transport::jobs::{JobKey, job_of};
+use crate::transport::peers::peer_addresses;
+use crate::transport::peers::{JobPeers, PeerPod};
+use fabricgate_probes::transport::sample::RemoteScope;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ListParams};
 use std::collections::{BTreeMap, BTreeSet};
@@ -139,8 +139,8 @@ async fn ask(
             ) else {
                 continue;
             };
-            let mut addresses = crate::node::jobs::pod_addresses(&pod);
-            if crate::node::jobs::is_host_network(&pod)
+            let mut addresses = crate::transport::jobs::pod_addresses(&pod);
+            if crate::transport::jobs::is_host_network(&pod)
                 && let Ok(n) = Api::<Node>::all(client.clone()).get(&node_name).await
             {
                 addresses.extend(

@@ -1,12 +1,12 @@
-//! The per-pod runtime transport metrics (issue 42): `fabricgate_pod_transport` (one-hot),
+//! The per-pod runtime transport metrics: `fabricgate_pod_transport` (one-hot),
 //! `fabricgate_pod_rdma_qps`, `fabricgate_pod_internode_tcp_bytes_total`,
 //! `fabricgate_pod_other_tcp_bytes_total` and
 //! `fabricgate_pod_owner_info` (the pod's controller owner, which the per-job alert joins on).
 //! Every series of a pod is removed when the pod stops being judged. Registered in the live
 //! registry: the runtime task records without the probe loop's state lock.
 
-use crate::policy::transport::{PodVerdict, Transport};
-use fabricgate_probes::runtime::restrack::QpEntry;
+use crate::transport::verdict::{PodVerdict, Transport};
+use fabricgate_probes::transport::restrack::QpEntry;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -211,7 +211,7 @@ impl PodMetrics {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::transport::REASON_SOCKETS;
+    use crate::transport::verdict::REASON_SOCKETS;
 
     fn text(r: &Registry) -> String {
         let mut s = String::new();

@@ -1,4 +1,4 @@
-//! The per-pod sampler (issue 42): one call lists the QPs of every pod and measures each pod's
+//! The per-pod sampler: one call lists the QPs of every pod and measures each pod's
 //! TCP with other nodes since the previous call. Stateful (it keeps each pod's byte baseline),
 //! never sleeps: the agent calls it once a `runtime.window`, `fabricgate check` twice
 //! `--pods-window` apart.

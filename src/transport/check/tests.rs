@@ -1,8 +1,8 @@
 use super::*;
 use fabricgate_probes::rdma::{PhysState, PortState};
-use fabricgate_probes::runtime::InternodeTcp;
-use fabricgate_probes::runtime::restrack::{QpState, QpType};
-use fabricgate_probes::runtime::sample::NO_RDMA_NETLINK;
+use fabricgate_probes::transport::InternodeTcp;
+use fabricgate_probes::transport::restrack::{QpState, QpType};
+use fabricgate_probes::transport::sample::NO_RDMA_NETLINK;
 use std::net::IpAddr;
 
 const RDMA_POD: &str = "1111aaaa-2222-4333-8444-555566667777";
@@ -168,6 +168,7 @@ fn no_pod_is_said_so_and_not_waited_for() {
         &mut sampler,
         &Config::default(),
         Duration::from_secs(30),
+        ClusterPeers::not_local("no cluster in this test"),
         &report,
         || panic!("no second probe without pods"),
     );
@@ -202,6 +203,7 @@ fn without_the_host_pid_namespace_every_pod_cgroup_is_unknown_with_what_to_add()
         &mut sampler,
         &Config::default(),
         Duration::from_secs(30),
+        ClusterPeers::not_local("no cluster in this test"),
         &ProbeReport::default(),
         || panic!("nothing to wait for"),
     );
@@ -210,7 +212,7 @@ fn without_the_host_pid_namespace_every_pod_cgroup_is_unknown_with_what_to_add()
     for p in &section.pods {
         assert_eq!(
             p.verdict.transport,
-            crate::policy::transport::Transport::Unknown
+            crate::transport::verdict::Transport::Unknown
         );
         assert!(p.verdict.why.contains("hostPID: true"), "{}", p.verdict.why);
     }

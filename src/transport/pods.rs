@@ -1,12 +1,12 @@
-//! The pods of this node judged at run time (issue 42), and what the agent writes on them:
+//! The pods of this node judged at run time, and what the agent writes on them:
 //! which pods are judged, the pod condition `fabricgate.io/TransportReady` (written only when
 //! it changes, so steady state costs no API write) and the `TransportFallback` Event's text.
 //! Pure: a `Pod` and the settings in, a decision out; the agent's runtime task does the I/O.
 
 use crate::config::KubernetesRequirements;
-use crate::config::runtime::RuntimeSettings;
 use crate::policy::breaker::selector_matches;
-use crate::policy::transport::{PodVerdict, Transport};
+use crate::transport::settings::RuntimeSettings;
+use crate::transport::verdict::{PodVerdict, Transport};
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
 

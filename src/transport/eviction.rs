@@ -1,4 +1,4 @@
-//! Which pods on sockets `fabricgate guard` evicts now (`runtime.on_sockets: evict`, issue 42).
+//! Which pods on sockets `fabricgate guard` evicts now (`runtime.on_sockets: evict`).
 //! Pure: the pods as the guard's cache holds them, the settings, the ledger of its recent
 //! evictions and the time in; a [`Plan`] out. The guard's evictor does the API work.
 //!
@@ -12,17 +12,17 @@
 //! false` or a cap of 0 lifts it. `max_unvalidated_fraction` is about Nodes and does not apply.
 
 use crate::config::BreakerSettings;
-use crate::config::runtime::{OnSockets, RuntimeSettings};
+use crate::transport::settings::{OnSockets, RuntimeSettings};
 use k8s_openapi::api::core::v1::{Pod, PodCondition};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::time::Duration;
 
-/// The pod condition the agents write (issue 42).
+/// The pod condition the agents write.
 pub const TRANSPORT_READY: &str = "fabricgate.io/TransportReady";
-/// Reason of the condition on sockets ([`crate::policy::transport::REASON_SOCKETS`]).
-pub use crate::policy::transport::REASON_SOCKETS as SOCKETS_FALLBACK;
+/// Reason of the condition on sockets ([`crate::transport::verdict::REASON_SOCKETS`]).
+pub use crate::transport::verdict::REASON_SOCKETS as SOCKETS_FALLBACK;
 /// Reason of the guard's Event on a pod it evicted (the agent's own Event is
 /// `TransportFallback`).
 pub const EVICTED: &str = "TransportFallbackEvicted";

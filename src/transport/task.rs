@@ -1,23 +1,24 @@
-//! The runtime transport task (issue 42; docs/runtime-transport.md): every `runtime.window`
+//! The runtime transport task (docs/runtime-transport.md): every `runtime.window`
 //! it samples the judged pods on a blocking thread (never on the async runtime, never holding
-//! up the node's probe), judges each with `policy::transport::judge_pod`, records the
+//! up the node's probe), judges each with `transport::verdict::judge_pod`, records the
 //! `fabricgate_pod_*` metrics and writes the pod condition and Events through
-//! `node::pod_writer`. Wiring only: which pods are judged is `node::pods`, who their peers are
-//! `node::jobs` and `node::peer_pods`, the verdict and its confirmation are policy's, the facts
+//! `transport::writer`. Wiring only: which pods are judged is `transport::pods`, who their peers are
+//! `transport::jobs` and `transport::peers`, the verdict and its confirmation are policy's, the facts
 //! are the probes'.
 
-use super::runtime_sampler::Sampler;
+use super::sampler::Sampler;
 use crate::config::Config;
-use crate::node::jobs::{JobKey, job_of};
-use crate::node::peer_pods::{JobPeers, peer_addresses, watch_job_peers};
-use crate::node::pod_writer::{PodWriter, watch_pods};
-use crate::node::pods::{JudgedPod, is_judged};
+use crate::node::pods_watch::watch_pods;
 use crate::observe::metrics::Metrics;
-use crate::observe::pods::PodSample;
-use crate::policy::transport::{PodHistory, PodVerdict, confirm, judge_pod};
+use crate::transport::jobs::{JobKey, job_of};
+use crate::transport::metrics::PodSample;
+use crate::transport::peers::{JobPeers, peer_addresses, watch_job_peers};
+use crate::transport::pods::{JudgedPod, is_judged};
+use crate::transport::verdict::{PodHistory, PodVerdict, confirm, judge_pod};
+use crate::transport::writer::PodWriter;
 use fabricgate_probes::Roots;
-use fabricgate_probes::runtime::sample::{PodSampler, RemoteScope, SampleRequest};
-use fabricgate_probes::runtime::{Observed, PodTransportFacts};
+use fabricgate_probes::transport::sample::{PodSampler, RemoteScope, SampleRequest};
+use fabricgate_probes::transport::{Observed, PodTransportFacts};
 use k8s_openapi::api::core::v1::Pod;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -78,7 +79,7 @@ pub fn start(
         history: HashMap::new(),
         told_unknown: false,
     };
-    let sampler: Box<dyn Sampler> = match super::runtime_sampler::from_env(config) {
+    let sampler: Box<dyn Sampler> = match super::sampler::from_env(config) {
         Some(seam) => seam,
         None => {
             Box::new(PodSampler::new(roots).with_max_sockets(config.runtime.max_sockets_per_pod))
@@ -121,7 +122,7 @@ struct Judging {
     writer: PodWriter,
     metrics: Arc<Metrics>,
     sampler: Arc<Mutex<Box<dyn Sampler>>>,
-    /// Per judged pod UID: its windows on sockets in a row and its quiet (`policy::transport::confirm`).
+    /// Per judged pod UID: its windows on sockets in a row and its quiet (`transport::verdict::confirm`).
     history: HashMap<String, PodHistory>,
     /// `unknown` is logged once with what to add, not every window.
     told_unknown: bool,
@@ -274,7 +275,7 @@ impl Judging {
         if !self.told_unknown
             && let Some((pod, v, _)) = verdicts
                 .iter()
-                .find(|(_, v, _)| v.transport == crate::policy::transport::Transport::Unknown)
+                .find(|(_, v, _)| v.transport == crate::transport::verdict::Transport::Unknown)
         {
             tracing::warn!(namespace = %pod.namespace, pod = %pod.name, why = %v.why,
                 "runtime transport unknown (logged once): apply \
@@ -295,8 +296,8 @@ impl Judging {
                     .map(|o| (o.kind.as_str(), o.name.as_str())),
                 verdict: v,
                 qps: match &f.qps {
-                    fabricgate_probes::runtime::Observed::Seen(q) => Some(q.as_slice()),
-                    fabricgate_probes::runtime::Observed::Unseen { .. } => None,
+                    fabricgate_probes::transport::Observed::Seen(q) => Some(q.as_slice()),
+                    fabricgate_probes::transport::Observed::Unseen { .. } => None,
                 },
             })
             .collect();
@@ -308,8 +309,149 @@ impl Judging {
 mod tests {
     use super::*;
     use crate::node::tests::scripted;
-    use fabricgate_probes::runtime::sample::SampleRequest;
+    use fabricgate_probes::transport::sample::SampleRequest;
     use serde_json::json;
+
+    /// A sampler that says the pod moved bulk TCP with whatever the request calls its peers,
+    /// and records each request's scope.
+    struct PeersSeen(Arc<Mutex<Vec<fabricgate_probes::transport::sample::RemoteScope>>>);
+
+    impl Sampler for PeersSeen {
+        fn sample(&mut self, request: &SampleRequest) -> Vec<PodTransportFacts> {
+            if let Ok(mut seen) = self.0.lock() {
+                seen.push(request.remote.clone());
+            }
+            let fabricgate_probes::transport::sample::RemoteScope::JobPeers(peers) =
+                &request.remote
+            else {
+                return Vec::new();
+            };
+            let peer = peers.get("u-1").and_then(|p| p.iter().next().copied());
+            vec![PodTransportFacts {
+                pod_uid: "u-1".into(),
+                qps: Observed::Seen(Vec::new()),
+                internode_tcp: Observed::Seen(fabricgate_probes::transport::InternodeTcp {
+                    bytes: if peer.is_some() { 41_000_000_000 } else { 0 },
+                    other_bytes: if peer.is_some() { 0 } else { 41_000_000_000 },
+                    window: std::time::Duration::from_secs(5),
+                    peers: peer.into_iter().collect(),
+                    interfaces: vec!["net1".into()],
+                }),
+            }]
+        }
+    }
+
+    /// The task asks the peer watch for the judged pod's job, scopes the sample to that job's
+    /// pods on other nodes (their Multus addresses included, never this node's), and writes
+    /// `False` only on the second window in a row (`runtime.confirm_windows` 2): the first
+    /// says "not yet confirmed".
+    #[tokio::test]
+    async fn the_jobs_peers_on_other_nodes_scope_the_sample_and_sockets_waits_for_confirmation() {
+        use crate::transport::jobs::JobKey;
+        use crate::transport::peers::PeerPod;
+        let config = Config::parse(
+            "kubernetes:\n  rdma_resources: [\"rdma/hca\"]\nruntime:\n  enabled: true\n  \
+             window: 5s\n",
+        )
+        .unwrap();
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "w-0", "namespace": "ml", "uid": "u-1",
+                "labels": {"training.kubeflow.org/job-name": "llm"}},
+            "spec": {"nodeName": "gpu-a", "containers": [{"name": "c",
+                "resources": {"limits": {"rdma/hca": "1"}}}]},
+            "status": {"phase": "Running"}
+        }))
+        .unwrap();
+        let (pods_tx, pods) = watch::channel(BTreeMap::from([("u-1".to_owned(), pod.clone())]));
+        let (jobs, mut jobs_rx) = watch::channel(BTreeSet::new());
+        let (peers_tx, peers) = watch::channel(JobPeers::new());
+        let (client, mut server) = scripted::client();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let mut judging = Judging {
+            config: config.clone(),
+            sample_deadline: std::time::Duration::from_secs(5),
+            own_namespace: "fabricgate".to_owned(),
+            node: "gpu-a".to_owned(),
+            pods,
+            jobs,
+            peers,
+            writer: PodWriter {
+                client,
+                node: "gpu-a".to_owned(),
+                dry_run: false,
+            },
+            metrics: Arc::new(Metrics::with_config(&config)),
+            sampler: Arc::new(Mutex::new(Box::new(PeersSeen(Arc::clone(&seen))))),
+            history: HashMap::new(),
+            told_unknown: false,
+        };
+        // The first window asks for the job; nothing is known of it yet: no peer, the pod's TCP
+        // is other traffic, and it gets Unknown/NoInterNodeTraffic.
+        let first = tokio::spawn(async move {
+            judging.window().await;
+            judging
+        });
+        let patch = server.answer(200, json!({})).await;
+        assert_eq!(
+            patch.body["status"]["conditions"][0]["reason"],
+            "NoInterNodeTraffic"
+        );
+        let mut judging = first.await.unwrap();
+        assert!(jobs_rx.has_changed().unwrap());
+        let job: JobKey = jobs_rx.borrow_and_update().iter().next().cloned().unwrap();
+        assert_eq!(job.name(), "training.kubeflow.org/job-name=llm");
+        let peer = |node: &str, ip: &str| PeerPod {
+            node: node.to_owned(),
+            addresses: [ip.parse().unwrap()].into(),
+        };
+        peers_tx.send_modify(|m| {
+            m.insert(
+                job.clone(),
+                BTreeMap::from([
+                    ("u-1".to_owned(), peer("gpu-a", "10.1.0.5")),
+                    ("u-2".to_owned(), peer("gpu-b", "192.168.50.2")),
+                ]),
+            );
+        });
+        // The pod shows what the first window wrote.
+        let mut shown = pod;
+        shown.status = serde_json::from_value(json!({"phase": "Running", "conditions": [{
+            "type": "fabricgate.io/TransportReady", "status": "Unknown",
+            "reason": "NoInterNodeTraffic"}]}))
+        .unwrap();
+        pods_tx.send_modify(|m| {
+            m.insert("u-1".to_owned(), shown);
+        });
+        // Second window: sockets with its peer, not yet confirmed: nothing new to write.
+        judging.window().await;
+        // Third: confirmed. The Event on the pod (a bare pod: no owner), then the condition.
+        let third = tokio::spawn(async move {
+            judging.window().await;
+            judging
+        });
+        let event = server.answer(201, json!({})).await;
+        assert_eq!(event.body["reason"], "TransportFallback");
+        let patch = server.answer(200, json!({})).await;
+        let condition = &patch.body["status"]["conditions"][0];
+        assert_eq!(condition["status"], "False", "{}", patch.body);
+        assert!(
+            condition["message"].as_str().unwrap().contains("via net1"),
+            "{}",
+            patch.body
+        );
+        drop(third.await.unwrap());
+        let scopes = seen.lock().unwrap().clone();
+        let fabricgate_probes::transport::sample::RemoteScope::JobPeers(last) = &scopes[2] else {
+            panic!("{scopes:?}");
+        };
+        // Only the job's pod on the other node, at its secondary address.
+        assert_eq!(
+            last.get("u-1")
+                .map(|a| a.iter().map(ToString::to_string).collect::<Vec<_>>()),
+            Some(vec!["192.168.50.2".to_owned()])
+        );
+        server.expect_no_more().await;
+    }
 
     /// A look into a pod that does not return (a wedged namespace, a flood on the agent's
     /// netlink port): this sampler sleeps far past the window.

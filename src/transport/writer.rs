@@ -1,92 +1,20 @@
-//! The runtime transport's API side: the watch of this node's pods (a field selector on
-//! `spec.nodeName`; the judged pods' jobs are followed by `node::peer_pods`), and the writes on
-//! a judged pod: the `fabricgate.io/TransportReady` condition through
+//! The runtime transport's writes on a judged pod (this node's pods come from the shared
+//! `node::pods_watch`, the judged pods' jobs from `transport::peers`): the `fabricgate.io/TransportReady` condition through
 //! `pods/status` (only when it changes) and the `TransportFallback` Event on the pod and its
 //! controller owner (once per transition).
 
 use super::pods::{
     EVENT_REASON, JudgedPod, condition_patch, fallback_note, is_fallback_transition,
 };
-use super::watch::WatchBackoff;
-use super::{FIELD_MANAGER, REPORTING_CONTROLLER, WATCH_TIMEOUT_SECS};
 use crate::error::{Error, Result};
-use crate::policy::transport::PodVerdict;
+use crate::node::{FIELD_MANAGER, REPORTING_CONTROLLER};
 use crate::text::truncate;
-use futures::StreamExt;
+use crate::transport::verdict::PodVerdict;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube::runtime::WatchStreamExt;
-use kube::runtime::watcher::{self, Event as WatchEvent, watcher};
-use std::collections::BTreeMap;
-use std::time::Duration;
-
-/// Follow the pods of `node` (a field selector, no polling) and send each change as the
-/// whole set by UID. A 403 (the agent's RBAC lacks pods: deploy/overlays/runtime-transport
-/// not applied) is logged once and retried only every [`FORBIDDEN_RETRY`]: a missing grant
-/// is not fixed in seconds, and each refused list is a line in the API server's audit log.
-/// How long a pods watch refused by 403 waits before asking again.
-pub const FORBIDDEN_RETRY: Duration = Duration::from_secs(300);
-
-pub async fn watch_pods(
-    client: kube::Client,
-    node: String,
-    tx: tokio::sync::watch::Sender<BTreeMap<String, Pod>>,
-    max_backoff: Duration,
-) {
-    let config = watcher::Config::default()
-        .fields(&format!("spec.nodeName={node}"))
-        .timeout(WATCH_TIMEOUT_SECS)
-        .any_semantic();
-    let mut events = watcher(Api::<Pod>::all(client), config)
-        .backoff(WatchBackoff::new(max_backoff))
-        .boxed();
-    let mut pods = BTreeMap::new();
-    let mut staged = BTreeMap::new();
-    let mut told = false;
-    while let Some(event) = events.next().await {
-        match event {
-            Ok(WatchEvent::Init) => staged.clear(),
-            Ok(WatchEvent::InitApply(p)) => {
-                if let Some(uid) = p.metadata.uid.clone() {
-                    staged.insert(uid, p);
-                }
-            }
-            Ok(WatchEvent::InitDone) => pods = std::mem::take(&mut staged),
-            Ok(WatchEvent::Apply(p)) => {
-                if let Some(uid) = p.metadata.uid.clone() {
-                    pods.insert(uid, p);
-                }
-            }
-            Ok(WatchEvent::Delete(p)) => {
-                if let Some(uid) = &p.metadata.uid {
-                    pods.remove(uid);
-                }
-            }
-            Err(e) => {
-                let forbidden = matches!(&e,
-                    watcher::Error::InitialListFailed(kube::Error::Api(s))
-                    | watcher::Error::WatchStartFailed(kube::Error::Api(s)) if s.code == 403);
-                if !told {
-                    tracing::warn!(node = %node, error = %e,
-                        "cannot watch this node's pods: runtime transport judges no pod; \
-                         apply deploy/overlays/runtime-transport (pods list/watch)");
-                    told = true;
-                }
-                if forbidden {
-                    // The stream is not polled while sleeping, so no request is made.
-                    tokio::time::sleep(FORBIDDEN_RETRY).await;
-                }
-                continue;
-            }
-        }
-        if tx.send(pods.clone()).is_err() {
-            return;
-        }
-    }
-}
 
 /// The writes on judged pods.
 #[derive(Clone)]
@@ -194,5 +122,101 @@ impl PodWriter {
                 object: format!("Pod {}/{}", pod.namespace, pod.name),
                 source: Box::new(e),
             })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::node::tests::scripted;
+    use crate::transport::pods::Owner;
+    use crate::transport::verdict::{REASON_RDMA, REASON_SOCKETS, Transport};
+    use serde_json::json;
+
+    fn pod(condition: Option<(&str, &str)>) -> JudgedPod {
+        JudgedPod {
+            uid: "u-1".into(),
+            namespace: "ml".into(),
+            name: "w-0".into(),
+            host_network: false,
+            owner: Some(Owner {
+                api_version: "batch/v1".into(),
+                kind: "Job".into(),
+                name: "llm".into(),
+                uid: "j-1".into(),
+            }),
+            condition: condition.map(|(s, r)| (s.to_owned(), r.to_owned())),
+        }
+    }
+
+    fn verdict(transport: Transport, reason: &'static str) -> PodVerdict {
+        PodVerdict {
+            transport,
+            reason,
+            why: "0 data-path QPs; 41.0 GB over TCP with 7 peers in 30 s via ib0".into(),
+            data_path_qps: Some(0),
+            internode_tcp_bytes: Some(41_000_000_000),
+            other_tcp_bytes: Some(0),
+            clears: false,
+        }
+    }
+
+    /// A transition to sockets: the Event on the pod, the Event on its Job, then the condition
+    /// through pods/status with the pod's UID; a refused Event stops before the condition, so
+    /// the transition is told again next window.
+    #[tokio::test]
+    async fn a_transition_to_sockets_tells_the_pod_and_its_job_then_sets_the_condition() {
+        let (client, mut server) = scripted::client();
+        let writer = PodWriter {
+            client,
+            node: "gpu-a".into(),
+            dry_run: false,
+        };
+        let sockets = verdict(Transport::Sockets, REASON_SOCKETS);
+        let task = tokio::spawn(async move {
+            let n = writer.apply(&pod(None), &sockets).await;
+            (writer, n)
+        });
+        let on_pod = server.answer(201, json!({})).await;
+        assert_eq!(on_pod.path, "/apis/events.k8s.io/v1/namespaces/ml/events");
+        assert_eq!(on_pod.body["regarding"]["kind"], "Pod");
+        assert_eq!(on_pod.body["reason"], "TransportFallback");
+        let on_job = server.answer(201, json!({})).await;
+        assert_eq!(on_job.body["regarding"]["kind"], "Job");
+        assert_eq!(on_job.body["regarding"]["uid"], "j-1");
+        let patch = server.answer(200, json!({})).await;
+        assert_eq!(patch.path, "/api/v1/namespaces/ml/pods/w-0/status");
+        assert_eq!(patch.body["metadata"]["uid"], "u-1");
+        assert_eq!(patch.body["status"]["conditions"][0]["status"], "False");
+        let (writer, n) = task.await.unwrap();
+        assert_eq!(n.unwrap(), 3);
+
+        // Refused Event: no condition written (told again next window).
+        let sockets = verdict(Transport::Sockets, REASON_SOCKETS);
+        let task = tokio::spawn(async move { writer.apply(&pod(None), &sockets).await });
+        server.answer(403, scripted::status(403, "Forbidden")).await;
+        assert!(task.await.unwrap().is_err());
+
+        server.expect_no_more().await;
+    }
+
+    /// What the pod already shows is not written again; back on RDMA only the condition is.
+    #[tokio::test]
+    async fn steady_state_writes_nothing_and_rdma_sets_only_the_condition() {
+        let (client, mut server) = scripted::client();
+        let writer = PodWriter {
+            client,
+            node: "gpu-a".into(),
+            dry_run: false,
+        };
+        let shown = pod(Some(("False", REASON_SOCKETS)));
+        let sockets = verdict(Transport::Sockets, REASON_SOCKETS);
+        assert_eq!(writer.apply(&shown, &sockets).await.unwrap(), 0);
+        let rdma = verdict(Transport::Rdma, REASON_RDMA);
+        let task = tokio::spawn(async move { writer.apply(&shown, &rdma).await });
+        let patch = server.answer(200, json!({})).await;
+        assert_eq!(patch.body["status"]["conditions"][0]["status"], "True");
+        assert_eq!(task.await.unwrap().unwrap(), 1);
+        server.expect_no_more().await;
     }
 }

@@ -1,5 +1,5 @@
-//! The verdict per pod at run time (issue 42): is a training pod on RDMA or on sockets? Pure:
-//! the facts one sampling window saw (`probes::runtime::PodTransportFacts`) and `runtime:` in,
+//! The verdict per pod at run time: is a training pod on RDMA or on sockets? Pure:
+//! the facts one sampling window saw (`probes::transport::PodTransportFacts`) and `runtime:` in,
 //! a [`PodVerdict`] out; no clock, no I/O.
 //!
 //! - `rdma`: the pod's processes hold a data-path QP (RC, UC, XRC, or a driver's own, e.g.
@@ -14,9 +14,9 @@
 //! [`confirm`] then holds a `sockets` verdict back until `runtime.confirm_windows` windows in
 //! a row showed it, and clears a pod's `False` after `runtime.clear_after` of quiet.
 
-use crate::config::runtime::RuntimeSettings;
-use fabricgate_probes::runtime::restrack::{QpEntry, QpState, QpType};
-use fabricgate_probes::runtime::{InternodeTcp, Observed, PodTransportFacts};
+use crate::transport::settings::RuntimeSettings;
+use fabricgate_probes::transport::restrack::{QpEntry, QpState, QpType};
+use fabricgate_probes::transport::{InternodeTcp, Observed, PodTransportFacts};
 use serde::Serialize;
 use std::fmt;
 use std::time::Duration;
@@ -253,7 +253,7 @@ pub fn human_bytes(bytes: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use fabricgate_probes::runtime::restrack::QpOwner;
+    use fabricgate_probes::transport::restrack::QpOwner;
     use std::net::{IpAddr, Ipv4Addr};
     use std::time::Duration;
 

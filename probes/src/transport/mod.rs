@@ -1,4 +1,4 @@
-//! Runtime facts per pod (issue 42): which processes hold RDMA queue pairs, and which pod
+//! Runtime facts per pod: which processes hold RDMA queue pairs, and which pod
 //! each process belongs to. Pure parsers and thin readers; the agent joins them with the
 //! pods it watches.
 //!

@@ -1,7 +1,7 @@
 use super::*;
 use crate::config::Config;
-use crate::policy::transport::judge_pod;
-use fabricgate_probes::runtime::{InternodeTcp, Observed, PodTransportFacts};
+use crate::transport::verdict::judge_pod;
+use fabricgate_probes::transport::{InternodeTcp, Observed, PodTransportFacts};
 use std::time::Duration;
 
 fn pod(json: Value) -> Pod {
@@ -113,7 +113,7 @@ fn the_condition_is_written_once_per_change_and_the_event_once_per_transition() 
     // Idle keeps what the pod shows; with nothing yet it is Unknown.
     let idle = PodVerdict {
         transport: Transport::Idle,
-        reason: crate::policy::transport::REASON_IDLE,
+        reason: crate::transport::verdict::REASON_IDLE,
         why: "0 data-path QPs; no TCP".into(),
         data_path_qps: Some(0),
         internode_tcp_bytes: Some(0),

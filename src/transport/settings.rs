@@ -1,7 +1,7 @@
-//! The `runtime:` section (issue 42): which pods of the node are judged at run time, and how a
+//! The `runtime:` section: which pods of the node are judged at run time, and how a
 //! pod on sockets is told from one on RDMA (docs/runtime-transport.md).
 
-use super::duration::{bounded_duration, parse_bounded_duration};
+use crate::config::{bounded_duration, parse_bounded_duration};
 use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
@@ -116,7 +116,7 @@ impl Default for RuntimeSettings {
             tcp_min_bytes_per_second: DEFAULT_TCP_MIN_BYTES_PER_SECOND,
             on_sockets: OnSockets::Record,
             evict_after: DEFAULT_EVICT_AFTER,
-            max_sockets_per_pod: fabricgate_probes::runtime::tcp::DEFAULT_MAX_SOCKETS,
+            max_sockets_per_pod: fabricgate_probes::transport::tcp::DEFAULT_MAX_SOCKETS,
             confirm_windows: DEFAULT_CONFIRM_WINDOWS,
             clear_after: DEFAULT_CLEAR_AFTER,
             job_labels: Vec::new(),
@@ -141,7 +141,7 @@ impl RuntimeSettings {
             });
         }
         for key in &self.job_labels {
-            if super::validate_label_key(key).is_err() {
+            if crate::config::validate_label_key(key).is_err() {
                 return Err(Error::ConfigValue {
                     key: "runtime.job_labels".to_owned(),
                     message: format!(
@@ -176,7 +176,7 @@ impl RuntimeSettings {
                     .next()
                     .unwrap_or_default()
                     .trim();
-                if key.is_empty() || super::validate_label_key(key).is_err() {
+                if key.is_empty() || crate::config::validate_label_key(key).is_err() {
                     return Err(Error::ConfigValue {
                         key: "runtime.pod_selector".to_owned(),
                         message: format!(

@@ -1,14 +1,14 @@
 //! The peer watch of the runtime transport: for each job with a judged pod on this node, the
-//! pods of that job on other nodes and their addresses (`node::jobs`). One watch per job,
+//! pods of that job on other nodes and their addresses (`transport::jobs`). One watch per job,
 //! started when the job's first pod on this node is judged and stopped when its last one goes,
 //! so an agent's watches carry the pods of its own jobs, never every pod of the cluster: a
 //! label selector in the job's namespace where a label names the job (every built-in kind), or
 //! the namespace's pods read and kept by their job where only the owner or the native gang
 //! does.
 
-use super::WATCH_TIMEOUT_SECS;
 use super::jobs::{JobKey, is_host_network, job_of, pod_addresses};
-use super::watch::WatchBackoff;
+use crate::node::WATCH_TIMEOUT_SECS;
+use crate::node::WatchBackoff;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::Api;

@@ -1,4 +1,4 @@
-//! The RDMA devices in a pod's own network namespace (issue 42 item 6; docs/dra.md, "Exclusive
+//! The RDMA devices in a pod's own network namespace (docs/dra.md, "Exclusive
 //! RDMA network namespaces"). In RDMA netns mode `exclusive` a DRA driver moves an allocated
 //! HCA into the pod's namespace: the node's sysfs, its netlink and libibverbs no longer list
 //! it. Only RDMA netlink from a socket opened in the pod's namespace does: one of the pod's

@@ -9,8 +9,8 @@
 //! `<uid> rdma <device>` (one RC QP in RTS on port 1 of the device); a line that does not
 //! read is skipped. Everything after the sampler (judging, metrics, writes) is the real path.
 
-use fabricgate_probes::runtime::PodTransportFacts;
-use fabricgate_probes::runtime::sample::{PodSampler, SampleRequest};
+use fabricgate_probes::transport::PodTransportFacts;
+use fabricgate_probes::transport::sample::{PodSampler, SampleRequest};
 
 /// Where the facts come from: the probes' [`PodSampler`] in production; a test gives its own.
 pub trait Sampler: Send + 'static {
@@ -42,9 +42,9 @@ pub fn from_env(_config: &crate::config::Config) -> Option<Box<dyn Sampler>> {
 #[cfg(feature = "test-seams")]
 mod seam {
     use super::Sampler;
-    use fabricgate_probes::runtime::restrack::{QpEntry, QpOwner, QpState, QpType};
-    use fabricgate_probes::runtime::sample::SampleRequest;
-    use fabricgate_probes::runtime::{InternodeTcp, Observed, PodTransportFacts};
+    use fabricgate_probes::transport::restrack::{QpEntry, QpOwner, QpState, QpType};
+    use fabricgate_probes::transport::sample::SampleRequest;
+    use fabricgate_probes::transport::{InternodeTcp, Observed, PodTransportFacts};
     use std::path::PathBuf;
     use std::time::Duration;
 
