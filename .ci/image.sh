@@ -106,7 +106,7 @@ context_files() {
         else
             find . -type f -not -path './.git/*' -not -path './target/*' -printf '%P\0'
         fi
-    ) | tr '\0' '\n' | grep -Ev '^(\.git|\.ci|target|docs|deploy)/|(^|/)target/|^tests/vm/cache/|^daemonset\.yaml$|^[^/]*\.md$' \
+    ) | tr '\0' '\n' | grep -Ev '^(\.git|\.ci|target|docs|deploy|charts)/|(^|/)target/|^tests/vm/cache/|^daemonset\.yaml$|^[^/]*\.md$' \
         | LC_ALL=C sort
 }
 fabricgate_stamp() {

@@ -1,7 +1,7 @@
 //! The Helm chart on the real node, with Helm itself (`.ci/helm.sh`): `helm install` → the node
 //! validated, the guard and the admission check running; `helm upgrade` turning runtime
-//! transport on, then DRA (privileged), rolls the agent out without ever leaving the validated
-//! node unvalidated; `helm uninstall` →
+//! transport on rolls the agent out without ever leaving the validated node unvalidated;
+//! `helm uninstall` →
 //! the chart's cleanup hook leaves no fabricgate mark on the Node, and Helm prints what it
 //! removed. The values are the node's, as tests/node/deploy.rs makes daemonset.yaml the
 //! node's: the image (no registry), the apiserver's address (no kube-proxy), verbs off and the
@@ -227,33 +227,9 @@ pub fn install_upgrade_uninstall(node: &RealNode) -> Result<(), String> {
     if req["runtime"]["enabled"] != true {
         return Err(format!("runtime.enabled not set by the upgrade: {req}"));
     }
-    // Upgrade: DRA on, with the privileged device access it needs (the host's device nodes:
-    // an empty directory here, verbs are off) and the kubelet's plugin registry.
-    let dev = node.dir.join("dev-infiniband");
-    std::fs::create_dir_all(&dev).map_err(|e| e.to_string())?;
-    let dev_set = format!(
-        "dra.enabled=true,agent.deviceAccess=privileged,agent.hostPaths.devInfiniband={}",
-        dev.display()
-    );
-    upgrade_keeps_validated(
-        node,
-        &[
-            &chart,
-            "-f",
-            &values,
-            "--set",
-            "runtimeTransport.enabled=true,agent.interval=5s",
-            "--set",
-            &dev_set,
-        ],
-        "DRA on, privileged",
-        |pod| {
-            pod["spec"]["containers"][0]["securityContext"]["privileged"] == true
-                && pod["spec"]["volumes"]
-                    .as_array()
-                    .is_some_and(|v| v.iter().any(|v| v["name"] == "plugins-registry"))
-        },
-    )?;
+    // Not DRA here: it needs agent.deviceAccess privileged, and the privileged-agent policy
+    // refuses this node's DaemonSet pods (its kube-controller-manager creates them as admin,
+    // --use-service-account-credentials=false), as in runtime_transport.rs.
 
     // Uninstall: the cleanup hook waits for the agent and the guard to go, then removes
     // every mark; Helm prints its output.
