@@ -23,7 +23,6 @@ pub mod storage;
 mod tests;
 pub mod webhook;
 
-pub(crate) use duration::bounded_duration;
 pub use duration::parse_bounded_duration;
 use file::read_config_file;
 pub use file::{MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH, nesting_depth};
