@@ -88,6 +88,38 @@ fn pod(name: &str, node: &str, resource: &str, owner: Option<&Value>) -> Value {
 
 use crate::common::controlplane::WidenedRbac;
 
+/// The agent of `node` with runtime transport on (window 5 s, `extra` added to `runtime:`), the
+/// pods' facts read from `facts` through the test seam; the agent and its kubeconfig.
+fn agent_with_facts(
+    cp: &ControlPlane,
+    hca: &FakeHca,
+    node: &str,
+    facts: &Path,
+    extra: &str,
+) -> (crate::common::agent::Agent, std::path::PathBuf) {
+    let config = hca.scratch().join("requirements.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "kubernetes:\n  rdma_resources: [\"{RESOURCE}\"]\nruntime:\n  enabled: true\n  \
+             window: 5s\n{extra}"
+        ),
+    )
+    .unwrap();
+    let kubeconfig = cp.agent_kubeconfig(node, None);
+    let (sysfs, proc_root) = (hca.sysfs_root(), hca.proc_root());
+    let facts_env = facts.to_str().unwrap().to_owned();
+    let env = [("FABRICGATE_TEST_POD_FACTS", facts_env.as_str())];
+    let args = ["--interval", "1s", "--config", config.to_str().unwrap()];
+    let agent = Launch::at(node, &sysfs, &proc_root, hca.scratch())
+        .kubeconfig(Some(&kubeconfig))
+        .args(&args)
+        .env(&env)
+        .known_addr()
+        .start();
+    (agent, kubeconfig)
+}
+
 fn condition(cp: &ControlPlane, name: &str) -> Option<(String, String)> {
     let p = cp.get_json(&format!("/api/v1/namespaces/{NS}/pods/{name}"))?;
     p["status"]["conditions"]
@@ -165,23 +197,7 @@ fn a_judged_pod_on_sockets_gets_the_condition_events_and_metric_and_nothing_else
         uid(&web)
     );
     std::fs::write(&facts, &sockets).unwrap();
-    let config = hca.scratch().join("requirements.yaml");
-    std::fs::write(
-        &config,
-        format!("kubernetes:\n  rdma_resources: [\"{RESOURCE}\"]\nruntime:\n  enabled: true\n  window: 5s\n"),
-    )
-    .unwrap();
-    let kubeconfig = cp.agent_kubeconfig(OWN, None);
-    let (sysfs, proc_root) = (hca.sysfs_root(), hca.proc_root());
-    let facts_env = facts.to_str().unwrap().to_owned();
-    let env = [("FABRICGATE_TEST_POD_FACTS", facts_env.as_str())];
-    let args = ["--interval", "1s", "--config", config.to_str().unwrap()];
-    let agent = Launch::at(OWN, &sysfs, &proc_root, hca.scratch())
-        .kubeconfig(Some(&kubeconfig))
-        .args(&args)
-        .env(&env)
-        .known_addr()
-        .start();
+    let (agent, kubeconfig) = agent_with_facts(cp, &hca, OWN, &facts, "");
 
     let took = wait_until(
         "the trainer's condition False/SocketsFallback",
@@ -397,23 +413,7 @@ fn redteam_a_tenant_pod_labelled_fabricgate_is_judged_like_any_other() {
         ),
     )
     .unwrap();
-    let config = hca.scratch().join("requirements.yaml");
-    std::fs::write(
-        &config,
-        format!("kubernetes:\n  rdma_resources: [\"{RESOURCE}\"]\nruntime:\n  enabled: true\n  window: 5s\n"),
-    )
-    .unwrap();
-    let kubeconfig = cp.agent_kubeconfig(node, None);
-    let (sysfs, proc_root) = (hca.sysfs_root(), hca.proc_root());
-    let facts_env = facts.to_str().unwrap().to_owned();
-    let env = [("FABRICGATE_TEST_POD_FACTS", facts_env.as_str())];
-    let args = ["--interval", "1s", "--config", config.to_str().unwrap()];
-    let agent = Launch::at(node, &sysfs, &proc_root, hca.scratch())
-        .kubeconfig(Some(&kubeconfig))
-        .args(&args)
-        .env(&env)
-        .known_addr()
-        .start();
+    let (agent, _) = agent_with_facts(cp, &hca, node, &facts, "");
     let own_condition = || {
         cp.get_json("/api/v1/namespaces/fabricgate/pods/own-agent")
             .and_then(|p| {
@@ -582,26 +582,7 @@ fn one_unconfirmed_window_of_sockets_never_turns_the_condition_false() {
     let hca = FakeHca::new(true);
     let facts = hca.scratch().join("pod-facts");
     std::fs::write(&facts, format!("{uid} sockets 41000000000 10.0.0.2 eth0\n")).unwrap();
-    let config = hca.scratch().join("requirements.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "kubernetes:\n  rdma_resources: [\"{RESOURCE}\"]\nruntime:\n  enabled: true\n  \
-             window: 5s\n  confirm_windows: 2\n"
-        ),
-    )
-    .unwrap();
-    let kubeconfig = cp.agent_kubeconfig(node, None);
-    let (sysfs, proc_root) = (hca.sysfs_root(), hca.proc_root());
-    let facts_env = facts.to_str().unwrap().to_owned();
-    let env = [("FABRICGATE_TEST_POD_FACTS", facts_env.as_str())];
-    let args = ["--interval", "1s", "--config", config.to_str().unwrap()];
-    let agent = Launch::at(node, &sysfs, &proc_root, hca.scratch())
-        .kubeconfig(Some(&kubeconfig))
-        .args(&args)
-        .env(&env)
-        .known_addr()
-        .start();
+    let (agent, _) = agent_with_facts(cp, &hca, node, &facts, "  confirm_windows: 2\n");
     let message = |cp: &ControlPlane| {
         let p = cp.get_json(&format!("{path}/member"))?;
         p["status"]["conditions"]

@@ -367,13 +367,7 @@ impl Remote {
         })?;
         let pid = remote.holder.id().to_string();
         let in_node = |args: &[&str]| run(node.nsenter(args[0]).args(&args[1..]));
-        let in_remote = |args: &[&str]| {
-            let mut c = std::process::Command::new("nsenter");
-            c.arg(format!("--net={}", remote.netns().display()))
-                .arg("--")
-                .args(args);
-            run(&mut c)
-        };
+        let in_remote = |args: &[&str]| remote.run_in(args);
         in_node(&[
             "ip", "link", "add", "fgr0", "type", "veth", "peer", "name", "fgr1", "netns", &pid,
         ])?;
@@ -402,6 +396,15 @@ impl Remote {
 
     fn netns(&self) -> std::path::PathBuf {
         std::path::PathBuf::from(format!("/proc/{}/ns/net", self.holder.id()))
+    }
+
+    /// `args` run inside the remote namespace.
+    fn run_in(&self, args: &[&str]) -> Result<(), String> {
+        let mut c = std::process::Command::new("nsenter");
+        c.arg(format!("--net={}", self.netns().display()))
+            .arg("--")
+            .args(args);
+        run(&mut c)
     }
 }
 
@@ -438,13 +441,7 @@ impl<'a> Secondary<'a> {
             "bridge",
         ])?;
         in_node(&["ip", "link", "set", "fgpeer", "netns", &holder])?;
-        let in_remote = |args: &[&str]| {
-            let mut c = std::process::Command::new("nsenter");
-            c.arg(format!("--net={}", remote.netns().display()))
-                .arg("--")
-                .args(args);
-            run(&mut c)
-        };
+        let in_remote = |args: &[&str]| remote.run_in(args);
         in_remote(&[
             "ip",
             "addr",
