@@ -17,12 +17,13 @@ pod="$pod/kubepods-besteffort-pod5f1d3c2e_8a4b_4f6e_9c1d_2b3a4c5d6e7f.slice"
 ctr="$pod/cri-containerd-3b9e1f7a2c4d6e8f0a1b2c3d4e5f60718293a4b5c6d7e8f9011223344556677a.scope"
 mkdir -p "$ctr"
 
-# fg_wait_qps PATTERN COUNT: wait (up to 20 s) until `rdma res show qp` has COUNT lines
-# matching PATTERN (the emulated guest needs seconds to set a QP up).
+# fg_wait_qps PATTERN COUNT: wait (up to 60 s) until `rdma res show qp` has COUNT lines
+# matching PATTERN (the emulated guest needs seconds to set a QP up, many more while the host's
+# two cores also run the node and cluster suites beside it).
 fg_wait_qps() {
     i=0
     while [ "$(rdma res show qp | grep -c "$1")" -lt "$2" ]; do
-        [ "$i" -ge 200 ] && { echo "no $2 QPs matching '$1':" >&2; rdma res show qp >&2; return 1; }
+        [ "$i" -ge 600 ] && { echo "no $2 QPs matching '$1':" >&2; rdma res show qp >&2; return 1; }
         sleep 0.1
         i=$((i + 1))
     done
