@@ -5,10 +5,9 @@
 
 use crate::config::Config;
 use crate::transport::jobs::{JobKey, job_of};
-use crate::transport::peers::peer_addresses;
-use crate::transport::peers::{JobPeers, PeerPod};
+use crate::transport::peers::{JobPeers, NodeAddresses, members, peer_addresses};
 use fabricgate_probes::transport::sample::RemoteScope;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -117,6 +116,7 @@ async fn ask(
         }
     }
     let mut peers = JobPeers::new();
+    let nodes = NodeAddresses::default();
     let wanted: BTreeSet<&JobKey> = jobs.values().collect();
     for job in wanted {
         let api: Api<Pod> = Api::namespaced(client.clone(), &job.namespace);
@@ -128,37 +128,7 @@ async fn ask(
             .list(&params)
             .await
             .map_err(|e| format!("list the pods of {}: {e}", job.name()))?;
-        let mut members = BTreeMap::new();
-        for pod in list.items {
-            if job_of(&pod, labels).as_ref() != Some(job) {
-                continue;
-            }
-            let (Some(uid), Some(node_name)) = (
-                pod.metadata.uid.clone(),
-                pod.spec.as_ref().and_then(|s| s.node_name.clone()),
-            ) else {
-                continue;
-            };
-            let mut addresses = crate::transport::jobs::pod_addresses(&pod);
-            if crate::transport::jobs::is_host_network(&pod)
-                && let Ok(n) = Api::<Node>::all(client.clone()).get(&node_name).await
-            {
-                addresses.extend(
-                    n.status
-                        .and_then(|s| s.addresses)
-                        .into_iter()
-                        .flatten()
-                        .filter_map(|a| a.address.parse::<std::net::IpAddr>().ok()),
-                );
-            }
-            members.insert(
-                uid,
-                PeerPod {
-                    node: node_name,
-                    addresses,
-                },
-            );
-        }
+        let members = members(&client, job, labels, &list.items, &nodes).await;
         peers.insert(job.clone(), members);
     }
     let scope = jobs

@@ -45,7 +45,8 @@ pub fn peer_addresses(peers: &JobPeers, job: &JobKey, node: &str) -> BTreeSet<Ip
 /// How long a Node's addresses (for a `hostNetwork` peer) are used before being read again.
 const NODE_ADDRESSES_TTL: Duration = Duration::from_secs(600);
 
-type NodeAddresses = Arc<Mutex<HashMap<String, (Instant, BTreeSet<IpAddr>)>>>;
+/// The Nodes' addresses read for `hostNetwork` peers, shared by every job's watch.
+pub(crate) type NodeAddresses = Arc<Mutex<HashMap<String, (Instant, BTreeSet<IpAddr>)>>>;
 
 /// Follow the pods of every job in `wanted` and publish them on `tx`; a job leaving `wanted`
 /// has its watch stopped and its pods dropped. Ends when `wanted`'s sender is gone.
@@ -145,12 +146,7 @@ async fn watch_one_job(
                 continue;
             }
         }
-        let mut peers = BTreeMap::new();
-        for (uid, pod) in &pods {
-            if let Some(peer) = peer_of(&client, pod, &nodes).await {
-                peers.insert(uid.clone(), peer);
-            }
-        }
+        let peers = members(&client, &key, &job_labels, pods.values(), &nodes).await;
         tx.send_if_modified(|m| {
             if m.get(&key) == Some(&peers) {
                 return false;
@@ -159,6 +155,27 @@ async fn watch_one_job(
             true
         });
     }
+}
+
+/// The running pods of job `key` among `pods`, as peers by UID (the agent's watch and
+/// `fabricgate check` alike).
+pub(crate) async fn members<'a>(
+    client: &kube::Client,
+    key: &JobKey,
+    job_labels: &[String],
+    pods: impl IntoIterator<Item = &'a Pod>,
+    nodes: &NodeAddresses,
+) -> BTreeMap<String, PeerPod> {
+    let mut peers = BTreeMap::new();
+    for pod in pods {
+        if job_of(pod, job_labels).as_ref() != Some(key) {
+            continue;
+        }
+        if let (Some(uid), Some(peer)) = (&pod.metadata.uid, peer_of(client, pod, nodes).await) {
+            peers.insert(uid.clone(), peer);
+        }
+    }
+    peers
 }
 
 /// A running pod of the job as a peer: its node and addresses (a `hostNetwork` pod's Node's

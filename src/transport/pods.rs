@@ -115,11 +115,7 @@ impl JudgedPod {
             uid: m.uid.clone()?,
             namespace: m.namespace.clone()?,
             name: m.name.clone()?,
-            host_network: pod
-                .spec
-                .as_ref()
-                .and_then(|s| s.host_network)
-                .unwrap_or(false),
+            host_network: super::jobs::is_host_network(pod),
             owner,
             condition,
         })

@@ -312,6 +312,61 @@ mod tests {
     use fabricgate_probes::transport::sample::SampleRequest;
     use serde_json::json;
 
+    /// The judging task of node `gpu-a` (`rdma/hca` judged, window 5 s) over `pod`, writing to
+    /// the scripted API, and the test's ends of its channels.
+    struct Harness {
+        judging: Judging,
+        pods: watch::Sender<BTreeMap<String, Pod>>,
+        jobs: watch::Receiver<BTreeSet<JobKey>>,
+        peers: watch::Sender<JobPeers>,
+        server: scripted::Server,
+        metrics: Arc<Metrics>,
+    }
+
+    fn harness(
+        pod: Pod,
+        sampler: Box<dyn Sampler>,
+        sample_deadline: std::time::Duration,
+    ) -> Harness {
+        let config = Config::parse(
+            "kubernetes:\n  rdma_resources: [\"rdma/hca\"]\nruntime:\n  enabled: true\n  \
+             window: 5s\n",
+        )
+        .unwrap();
+        let uid = pod.metadata.uid.clone().unwrap();
+        let (pods_tx, pods) = watch::channel(BTreeMap::from([(uid, pod)]));
+        let (jobs, jobs_rx) = watch::channel(BTreeSet::new());
+        let (peers_tx, peers) = watch::channel(JobPeers::new());
+        let (client, server) = scripted::client();
+        let metrics = Arc::new(Metrics::with_config(&config));
+        let judging = Judging {
+            config,
+            sample_deadline,
+            own_namespace: "fabricgate".to_owned(),
+            node: "gpu-a".to_owned(),
+            pods,
+            jobs,
+            peers,
+            writer: PodWriter {
+                client,
+                node: "gpu-a".to_owned(),
+                dry_run: false,
+            },
+            metrics: Arc::clone(&metrics),
+            sampler: Arc::new(Mutex::new(sampler)),
+            history: HashMap::new(),
+            told_unknown: false,
+        };
+        Harness {
+            judging,
+            pods: pods_tx,
+            jobs: jobs_rx,
+            peers: peers_tx,
+            server,
+            metrics,
+        }
+    }
+
     /// A sampler that says the pod moved bulk TCP with whatever the request calls its peers,
     /// and records each request's scope.
     struct PeersSeen(Arc<Mutex<Vec<fabricgate_probes::transport::sample::RemoteScope>>>);
@@ -347,13 +402,7 @@ mod tests {
     /// says "not yet confirmed".
     #[tokio::test]
     async fn the_jobs_peers_on_other_nodes_scope_the_sample_and_sockets_waits_for_confirmation() {
-        use crate::transport::jobs::JobKey;
         use crate::transport::peers::PeerPod;
-        let config = Config::parse(
-            "kubernetes:\n  rdma_resources: [\"rdma/hca\"]\nruntime:\n  enabled: true\n  \
-             window: 5s\n",
-        )
-        .unwrap();
         let pod: Pod = serde_json::from_value(json!({
             "metadata": {"name": "w-0", "namespace": "ml", "uid": "u-1",
                 "labels": {"training.kubeflow.org/job-name": "llm"}},
@@ -362,29 +411,19 @@ mod tests {
             "status": {"phase": "Running"}
         }))
         .unwrap();
-        let (pods_tx, pods) = watch::channel(BTreeMap::from([("u-1".to_owned(), pod.clone())]));
-        let (jobs, mut jobs_rx) = watch::channel(BTreeSet::new());
-        let (peers_tx, peers) = watch::channel(JobPeers::new());
-        let (client, mut server) = scripted::client();
         let seen = Arc::new(Mutex::new(Vec::new()));
-        let mut judging = Judging {
-            config: config.clone(),
-            sample_deadline: std::time::Duration::from_secs(5),
-            own_namespace: "fabricgate".to_owned(),
-            node: "gpu-a".to_owned(),
-            pods,
-            jobs,
-            peers,
-            writer: PodWriter {
-                client,
-                node: "gpu-a".to_owned(),
-                dry_run: false,
-            },
-            metrics: Arc::new(Metrics::with_config(&config)),
-            sampler: Arc::new(Mutex::new(Box::new(PeersSeen(Arc::clone(&seen))))),
-            history: HashMap::new(),
-            told_unknown: false,
-        };
+        let Harness {
+            mut judging,
+            pods: pods_tx,
+            jobs: mut jobs_rx,
+            peers: peers_tx,
+            mut server,
+            ..
+        } = harness(
+            pod.clone(),
+            Box::new(PeersSeen(Arc::clone(&seen))),
+            std::time::Duration::from_secs(5),
+        );
         // The first window asks for the job; nothing is known of it yet: no peer, the pod's TCP
         // is other traffic, and it gets Unknown/NoInterNodeTraffic.
         let first = tokio::spawn(async move {
@@ -471,11 +510,6 @@ mod tests {
     /// than start a second thread.
     #[tokio::test]
     async fn redteam_a_wedged_sampler_makes_the_pods_unknown_never_frozen() {
-        let config = Config::parse(
-            "kubernetes:\n  rdma_resources: [\"rdma/hca\"]\nruntime:\n  enabled: true\n  \
-             window: 5s\n",
-        )
-        .unwrap();
         let pod: Pod = serde_json::from_value(json!({
             "metadata": {"name": "w-0", "namespace": "ml", "uid": "u-1"},
             "spec": {"nodeName": "gpu-a", "containers": [{"name": "c",
@@ -485,30 +519,13 @@ mod tests {
                 "reason": "SocketsFallback"}]}
         }))
         .unwrap();
-        let (_pods_tx, pods) = watch::channel(BTreeMap::from([("u-1".to_owned(), pod)]));
-        let (jobs, _jobs_rx) = watch::channel(BTreeSet::new());
-        let (_peers_tx, peers) = watch::channel(JobPeers::new());
-        let (client, mut server) = scripted::client();
-        let metrics = Arc::new(Metrics::with_config(&config));
-        let mut judging = Judging {
-            config,
-            // The window's 5 s at the least in a config; a test needs no 5 s wait.
-            sample_deadline: std::time::Duration::from_millis(200),
-            own_namespace: "fabricgate".to_owned(),
-            node: "gpu-a".to_owned(),
-            pods,
-            jobs,
-            peers,
-            writer: PodWriter {
-                client,
-                node: "gpu-a".to_owned(),
-                dry_run: false,
-            },
-            metrics: Arc::clone(&metrics),
-            sampler: Arc::new(Mutex::new(Box::new(Wedged))),
-            history: HashMap::new(),
-            told_unknown: false,
-        };
+        // The window's 5 s at the least in a config; a test needs no 5 s wait.
+        let Harness {
+            mut judging,
+            mut server,
+            metrics,
+            ..
+        } = harness(pod, Box::new(Wedged), std::time::Duration::from_millis(200));
         let window = tokio::spawn(async move {
             judging.window().await;
             judging

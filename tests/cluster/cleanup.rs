@@ -67,6 +67,22 @@ fn cleanup_script_removes_only_what_fabricgate_owns() {
         String::from_utf8_lossy(&out.stderr)
     );
 
+    let after = crate::cleanup::assert_only_others_marks_left(&node);
+    assert_ne!(
+        before["metadata"]["resourceVersion"],
+        after["metadata"]["resourceVersion"]
+    );
+    // The node with nothing of ours was not written at all.
+    assert_eq!(
+        clean.json()["metadata"]["resourceVersion"],
+        before_clean["metadata"]["resourceVersion"]
+    );
+}
+
+/// The Node seeded by `TestNode::seeded`, after a removal: none of fabricgate's labels, taint
+/// or conditions left, and everything of others' (the `team` label, the GPU taint, the
+/// kubelet's `Ready`) kept. The Node as read.
+pub(crate) fn assert_only_others_marks_left(node: &TestNode) -> serde_json::Value {
     let after = node.json();
     let labels = after["metadata"]["labels"].as_object().unwrap();
     assert!(
@@ -82,13 +98,5 @@ fn cleanup_script_removes_only_what_fabricgate_owns() {
         .filter_map(|c| c["type"].as_str())
         .collect();
     assert_eq!(types, vec!["Ready"], "only the kubelet's condition is left");
-    assert_ne!(
-        before["metadata"]["resourceVersion"],
-        after["metadata"]["resourceVersion"]
-    );
-    // The node with nothing of ours was not written at all.
-    assert_eq!(
-        clean.json()["metadata"]["resourceVersion"],
-        before_clean["metadata"]["resourceVersion"]
-    );
+    after
 }

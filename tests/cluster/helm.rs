@@ -473,17 +473,7 @@ fn chart_with_every_part_passes_both_schemas_yamllint_and_a_server_side_dry_run(
     // The CRDs Helm installs first (crds/), then the release.
     let crds = std::fs::read_to_string(chart().join("crds/fabricgate.io.yaml")).unwrap();
     cp.apply(&crds);
-    let (ok, out, err) = cp.kubectl_as(
-        &cp.admin_kubeconfig,
-        &["apply", "--dry-run=server", "-f", path.to_str().unwrap()],
-        None,
-    );
-    assert!(ok, "server-side dry run refused:\n{out}{err}");
-    assert_eq!(
-        out.lines().count(),
-        builtin.len(),
-        "every object accepted:\n{out}"
-    );
+    cp.assert_dry_run_accepts(&path, builtin.len(), "the chart with every part");
 }
 
 /// Least privilege, part by part: every grant the chart renders for a service account is one
@@ -757,21 +747,7 @@ fn cleanup_hook_removes_only_fabricgates_marks_under_its_policy() {
             && text.contains("fabricgate cleanup: 1 of 1 Nodes had fabricgate marks"),
         "{text}"
     );
-    let after = node.json();
-    let labels = after["metadata"]["labels"].as_object().unwrap();
-    assert!(
-        labels.keys().all(|k| !k.starts_with("fabricgate.io/")),
-        "{labels:?}"
-    );
-    assert_eq!(labels["team"], "ml");
-    assert_eq!(node.taints(), vec!["nvidia.com/gpu"]);
-    let types: Vec<&str> = after["status"]["conditions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|c| c["type"].as_str())
-        .collect();
-    assert_eq!(types, vec!["Ready"], "only the kubelet's condition is left");
+    let after = crate::cleanup::assert_only_others_marks_left(&node);
     let rules = cp.kubectl(&["get", "devicetaintrules", "-o", "name"]);
     assert!(
         !rules.contains("fabricgate-helm-cleanup-a-mlx5-0"),

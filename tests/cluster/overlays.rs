@@ -63,17 +63,7 @@ fn every_overlay_passes_both_schemas_and_a_server_side_dry_run() {
         let file = cp.path(&format!("overlay-{overlay}.yaml"));
         std::fs::write(&file, &text).unwrap();
         crate::common::assert_valid_for_both_schemas(&kv, &file, docs.len());
-        let (ok, out, err) = cp.kubectl_as(
-            &cp.admin_kubeconfig,
-            &["apply", "--dry-run=server", "-f", file.to_str().unwrap()],
-            None,
-        );
-        assert!(ok, "{overlay}: server-side dry run refused:\n{out}{err}");
-        assert_eq!(
-            out.lines().count(),
-            docs.len(),
-            "{overlay}: every object accepted:\n{out}"
-        );
+        cp.assert_dry_run_accepts(&file, docs.len(), overlay);
 
         let c = agent_container(&docs);
         let privileged = c["securityContext"]["privileged"] == true;

@@ -468,6 +468,22 @@ impl ControlPlane {
         out
     }
 
+    /// `kubectl apply --dry-run=server -f file` as admin: refused by nothing, and each of its
+    /// `objects` accepted (`what` names the file in a failure).
+    pub fn assert_dry_run_accepts(&self, file: &Path, objects: usize, what: &str) {
+        let (ok, out, err) = self.kubectl_as(
+            &self.admin_kubeconfig,
+            &["apply", "--dry-run=server", "-f", file.to_str().unwrap()],
+            None,
+        );
+        assert!(ok, "{what}: server-side dry run refused:\n{out}{err}");
+        assert_eq!(
+            out.lines().count(),
+            objects,
+            "{what}: every object accepted:\n{out}"
+        );
+    }
+
     /// `kubectl` with `kubeconfig`, optional stdin; (success, stdout, stderr).
     pub fn kubectl_as(
         &self,

@@ -10,7 +10,7 @@
 use super::deploy;
 use super::harness::{NODE_IP, RealNode, wait_for};
 use super::images;
-use super::scenarios::{TAINT, validated, wait_validated};
+use super::scenarios::{TAINT, marks_left, validated, wait_validated};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
@@ -256,25 +256,8 @@ pub fn install_upgrade_uninstall(node: &RealNode) -> Result<(), String> {
             "helm uninstall did not print the cleanup's summary:\n{out}"
         ));
     }
-    let mut n = node.node().ok_or("no Node")?;
-    if let Some(m) = n.get_mut("metadata").and_then(Value::as_object_mut) {
-        m.remove("managedFields");
-    }
-    if let Some(s) = n.get_mut("status").and_then(Value::as_object_mut) {
-        s.remove("images");
-    }
-    let text = n.to_string();
-    let left: Vec<&str> = [
-        "fabricgate",
-        TAINT,
-        "FabricReady",
-        "RDMAReady",
-        "LustreReady",
-        "GPUDirectReady",
-    ]
-    .into_iter()
-    .filter(|m| text.contains(m))
-    .collect();
+    // The taint's key starts with "fabricgate": a taint left is a mark left.
+    let (left, n) = marks_left(node)?;
     if !left.is_empty() {
         return Err(format!(
             "after helm uninstall the Node still has {left:?}: {n:#}"

@@ -250,50 +250,43 @@ impl Player {
     }
 }
 
-fn drain(
+/// Whatever `peer` sends over `stream`, read and counted, until stopped or closed.
+fn drain(stream: TcpStream, peer: IpAddr, stop: &AtomicBool, bytes: &Mutex<BTreeMap<IpAddr, u64>>) {
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
+    let mut buf = vec![0u8; 256 * 1024];
+    pump(stream, peer, stop, bytes, |s| match s.read(&mut buf) {
+        Ok(0) => Err(std::io::ErrorKind::UnexpectedEof.into()),
+        other => other,
+    });
+}
+
+/// ~5 MB/s to `peer` over `stream` until stopped or closed.
+fn send(stream: TcpStream, peer: IpAddr, stop: &AtomicBool, bytes: &Mutex<BTreeMap<IpAddr, u64>>) {
+    let _ = stream.set_write_timeout(Some(Duration::from_millis(500)));
+    let chunk = vec![0u8; 1_000_000];
+    pump(stream, peer, stop, bytes, |s| {
+        s.write_all(&chunk)?;
+        std::thread::sleep(Duration::from_millis(200));
+        Ok(chunk.len())
+    });
+}
+
+/// `step` over `stream` (blocking, with its timeout) until stopped or the connection ends,
+/// counting the bytes it moved with `peer`; a timeout is a step that moved nothing.
+fn pump(
     mut stream: TcpStream,
     peer: IpAddr,
     stop: &AtomicBool,
     bytes: &Mutex<BTreeMap<IpAddr, u64>>,
+    mut step: impl FnMut(&mut TcpStream) -> std::io::Result<usize>,
 ) {
     let _ = stream.set_nonblocking(false);
-    let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
-    let mut buf = vec![0u8; 256 * 1024];
     while !stop.load(Ordering::Relaxed) {
-        match stream.read(&mut buf) {
-            Ok(0) => break,
+        match step(&mut stream) {
             Ok(n) => {
                 if let Ok(mut b) = bytes.lock() {
                     *b.entry(peer).or_default() += n as u64;
                 }
-            }
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) => {}
-            Err(_) => break,
-        }
-    }
-}
-
-/// ~5 MB/s to `peer` over `stream` until stopped or closed.
-fn send(
-    mut stream: TcpStream,
-    peer: IpAddr,
-    stop: &AtomicBool,
-    bytes: &Mutex<BTreeMap<IpAddr, u64>>,
-) {
-    let _ = stream.set_nonblocking(false);
-    let _ = stream.set_write_timeout(Some(Duration::from_millis(500)));
-    let chunk = vec![0u8; 1_000_000];
-    while !stop.load(Ordering::Relaxed) {
-        match stream.write_all(&chunk) {
-            Ok(()) => {
-                if let Ok(mut b) = bytes.lock() {
-                    *b.entry(peer).or_default() += chunk.len() as u64;
-                }
-                std::thread::sleep(Duration::from_millis(200));
             }
             Err(e)
                 if matches!(

@@ -795,16 +795,28 @@ fn cleanup_nodes_leaves_no_mark(node: &RealNode) -> Result<(), String> {
             String::from_utf8_lossy(&out.stderr)
         ));
     }
+    let (marks, n) = marks_left(node)?;
+    if !marks.is_empty() {
+        return Err(format!(
+            "after uninstall + cleanup-nodes.sh the Node still has {marks:?}: {n:#}"
+        ));
+    }
+    Ok(())
+}
+
+/// The fabricgate marks (label, annotation and taint keys, the conditions) the Node still
+/// carries, and the Node as read: after a removal, there should be none. Its managed fields and
+/// the images it holds are not marks of ours and are left out.
+pub fn marks_left(node: &RealNode) -> Result<(Vec<&'static str>, Value), String> {
     let mut n = node.node().ok_or("no Node")?;
     if let Some(m) = n.get_mut("metadata").and_then(Value::as_object_mut) {
         m.remove("managedFields");
     }
-    // The images the node holds are not marks of ours on the Node.
     if let Some(s) = n.get_mut("status").and_then(Value::as_object_mut) {
         s.remove("images");
     }
     let text = n.to_string();
-    let marks: Vec<&str> = [
+    let marks = [
         "fabricgate",
         "FabricReady",
         "RDMAReady",
@@ -814,10 +826,5 @@ fn cleanup_nodes_leaves_no_mark(node: &RealNode) -> Result<(), String> {
     .into_iter()
     .filter(|m| text.contains(m))
     .collect();
-    if !marks.is_empty() {
-        return Err(format!(
-            "after uninstall + cleanup-nodes.sh the Node still has {marks:?}: {n:#}"
-        ));
-    }
-    Ok(())
+    Ok((marks, n))
 }
