@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CI needs of the metrics work (issue 5): the real Prometheus binaries the tests run
+# CI needs of the metrics work: the real Prometheus binaries the tests run
 # (promtool check metrics / check rules / test rules, a prometheus server scraping the
 # agent), node_exporter and curl for benches/compare_node_exporter.sh.
 set -euo pipefail

@@ -13,7 +13,10 @@
 //!   `FABRICGATE_SCALE_AGENTS` real agents (default 512), `FABRICGATE_SCALE_LEAF` of them
 //!   (default all) failing at once, the breaker on, per `FABRICGATE_SCALE_MODES`
 //!   (`summary`: the guard publishes the pool summary; `list`: no guard, the agents list the
-//!   pool), quiet window `FABRICGATE_SCALE_QUIET_SECS` (default 120) (docs/scale.md);
+//!   pool; `transport`: `FABRICGATE_SCALE_JOBS` running jobs (default 1000) of
+//!   `FABRICGATE_SCALE_JOB_PODS` pods (default 8) on the pool and the agents with runtime
+//!   transport, what their per-job watches carry; `transport-off`: the same without it),
+//!   quiet window `FABRICGATE_SCALE_QUIET_SECS` (default 120) (docs/scale.md);
 //! - `guard`: `fabricgate guard` over `FABRICGATE_SCALE_POOL` GPU-sized Nodes (default 5000),
 //!   each with a Ready agent pod: its lists, RSS, CPU, agent death -> taint at
 //!   `--stale-after 30s`, alone and under a status storm of `FABRICGATE_GUARD_STORM_SECS`
@@ -29,6 +32,7 @@ mod common;
 use common::fleet::{self, report, run_fleet};
 use common::guard_scale::{GuardScaleSpec, run_guard_scale};
 use common::scale::{ScaleSpec, run_scale};
+use common::scale_transport::{TransportScaleSpec, run_transport_scale};
 use common::{TestNode, control_plane, env_usize, wait_until};
 use std::time::Duration;
 
@@ -130,6 +134,22 @@ fn scale() {
         let guard = match mode.trim() {
             "summary" => true,
             "list" => false,
+            transport @ ("transport" | "transport-off") => {
+                let spec = TransportScaleSpec {
+                    pool,
+                    agents,
+                    jobs: env_usize("FABRICGATE_SCALE_JOBS", 1000),
+                    pods_per_job: env_usize("FABRICGATE_SCALE_JOB_PODS", 8).max(1),
+                    namespaces: 20,
+                    runtime: transport == "transport",
+                    quiet,
+                };
+                println!(
+                    "{}",
+                    run_transport_scale(cp, &format!("scale-{transport}"), &spec).report
+                );
+                continue;
+            }
             other => panic!("FABRICGATE_SCALE_MODES: unknown mode {other:?}"),
         };
         let spec = ScaleSpec {

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README's setup commands, timed on a fresh Debian bookworm (issue 26, item 4). A new
+# The README's setup commands, timed on a fresh Debian bookworm. A new
 # machine cannot be had here, so the "fresh machine" is an mmdebstrap chroot of Debian's
 # default (required + important) package set on this machine (its kernel, CPUs, network):
 # nothing of the project's installed, the project copied in (git ls-files), the host's Rust

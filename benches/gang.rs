@@ -1,6 +1,6 @@
 //! Quota reserved -> admission check decided, for gangs of 8, 32 and 64 nodes on a validated
 //! fleet of `FABRICGATE_FLEET` agents (default 500, `tests/common/fleet.rs`) on the real
-//! kube-apiserver with Kueue's CRDs (issue 25, item 5: the API half). Printed, not asserted.
+//! kube-apiserver with Kueue's CRDs (the API half). Printed, not asserted.
 //!
 //! `cargo bench --profile dev --bench gang -- decide` (without a name it measures nothing).
 //!
@@ -16,9 +16,9 @@
 //! authenticated side channel is the exchange). `FABRICGATE_GANG_WRITES` picks the modes,
 //! default all three. `FABRICGATE_GANG_SIZES`
 //! overrides the gang sizes (default 8,32,64); `FABRICGATE_GANG_POOL` fills the pool up to that
-//! many Nodes with GPU-sized ones that are no members (issue 35: 5000), and the controller's
-//! RSS and CPU are printed. `fabricgate admission-check` runs as its own process with the shipped
-//! ServiceAccount and RBAC.
+//! many Nodes with GPU-sized ones that are no members (5000 for the scale figure), and the
+//! controller's RSS and CPU are printed. `fabricgate admission-check` runs as its own process
+//! with the shipped ServiceAccount and RBAC.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -474,14 +474,14 @@ fn one_gang(cp: &ControlPlane, name: &str, members: &[String], answers: Answers)
             let writes = ring.iter().enumerate().map(|(i, node)| {
                 let peer = &ring[(i + 1) % ring.len()];
                 let prev = &ring[(i + ring.len() - 1) % ring.len()];
-                // Both ends of each pair (issue 36, item 3): the receiving end of prev's.
+                // Both ends of each pair: the receiving end of prev's.
                 let result = json!({ "node": node, "peer": peer, "ok": true, "rdma": "measured",
                     "device": "mlx5_0", "port": 1, "rttMicros": 3.1, "bandwidthGbps": 92.1,
                     "received": { "peer": prev, "ok": true, "rdma": "measured",
                         "rails": [{ "device": "mlx5_0", "port": 1, "ok": true,
                             "bytes": 1024 }] } });
                 // Filled as the agent fills it: a merge patch of the empty answer the
-                // controller created with the check (issue 41, edge C), tried again while
+                // controller created with the check, tried again while
                 // the controller has not created it yet.
                 let fill = json!({ "spec": common::fabriccheck_answer(&fc, &check_uid, &result)
                     ["spec"].clone() });

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The peer-channel attacks of issue 24 against two real agents of a given binary, over
+"""The red-team peer-channel attacks against two real agents of a given binary, over
 loopback (the before/after table of docs/hardening.md, "The peer channel").
 
     python3 benches/peer_attacks.py BIN v1|v2 name|dribble|hold|squatter

@@ -1,5 +1,5 @@
 //! One full sysfs probe + policy pass over a 12-device / 24-port node with every counter.
-//! Target (issues 2 and 17): at most 2 ms median on the project's 2-core machine.
+//! Target: at most 2 ms median on the project's 2-core machine.
 //! Run: `cargo bench --bench probe_policy`.
 
 use criterion::{Criterion, criterion_group, criterion_main};

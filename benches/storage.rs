@@ -63,7 +63,7 @@ fn bench(c: &mut Criterion) {
         b.iter(|| black_box(prober.probe(&roots)))
     });
 
-    // Issue 14: 10,000 Lustre entries (`all_lustre`, the default) took 7.7 s per probe when
+    // 10,000 Lustre entries (`all_lustre`, the default) took 7.7 s per probe when
     // mounts were de-duplicated pairwise. The points do not exist here, so each statfs fails
     // fast with ENOENT: what is measured is the table, the de-duplication and the lookups
     // (and one statfs worker per mount).

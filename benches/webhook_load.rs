@@ -1,4 +1,4 @@
-//! The admission webhook under load (issue 35, item 3): the real server (`webhook::serve`,
+//! The admission webhook under load: the real server (`webhook::serve`,
 //! TLS with the test CA, its connection cap and timeouts) answering the recorded PyTorchJob
 //! worker's AdmissionReview on keep-alive HTTPS connections, as the API server's webhook
 //! client sends them: for each number of connections, every connection sends its next review

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Print the N largest Rust functions (by lines, signature to closing brace) under the given
-directories. Used for the before/after figures in docs/ (issue #12).
+directories. Used for the before/after figures in docs/.
 
     python3 scripts/largest-functions.py [-n 5] [DIR ...]     # default: src probes/src
 

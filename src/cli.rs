@@ -95,9 +95,11 @@ pub struct AdmissionCheckArgs {
     /// controller's FabricChecks of other namespaces' Workloads are left alone too.
     #[arg(long, value_name = "NAMESPACE")]
     pub workload_namespace: Option<String>,
+    // The agent's and the guard's flag name; `--metrics-listen`, the name before, is still
+    // read (hidden) for one release.
     /// Address of `/metrics`, `/healthz` and `/readyz`.
-    #[arg(long, default_value = "0.0.0.0:9467", value_name = "ADDR", value_parser = crate::observe::server::parse_listen_addr)]
-    pub metrics_listen: std::net::SocketAddr,
+    #[arg(long, alias = "metrics-listen", default_value = "0.0.0.0:9467", value_name = "ADDR", value_parser = crate::observe::server::parse_listen_addr)]
+    pub metrics_addr: std::net::SocketAddr,
     /// Log line format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,

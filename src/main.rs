@@ -399,11 +399,11 @@ fn run_admission_check(args: AdmissionCheckArgs) -> anyhow::Result<u8> {
         .enable_all()
         .build()?;
     let result = runtime.block_on(async {
-        let listener = tokio::net::TcpListener::bind(args.metrics_listen)
+        let listener = tokio::net::TcpListener::bind(args.metrics_addr)
             .await
             .map_err(|e| fabricgate::Error::Usage {
                 flag: "--metrics-listen".into(),
-                message: format!("cannot listen on {}: {e}", args.metrics_listen),
+                message: format!("cannot listen on {}: {e}", args.metrics_addr),
             })?;
         let clients = fabricgate::node::client(fabricgate::node::RetryAfter::default()).await?;
         let metrics =

@@ -752,7 +752,7 @@ fn valid_label_value(s: &str) -> bool {
 }
 
 // ---------------------------------------------------------------------------------------------
-// 3. A small descriptor limit (issue 24): the kept-open budget leaves room for everything else.
+// 3. A small descriptor limit: the kept-open budget leaves room for everything else.
 
 /// Requirements that only a fully probed bench-12x2 tree meets: all 24 ports.
 const ALL_24_PORTS: &str = "rdma:\n  min_active_ports: 24\n";

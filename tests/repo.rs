@@ -15,3 +15,5 @@ mod docs;
 mod fixtures_reproducible;
 #[path = "repo/image.rs"]
 mod image;
+#[path = "repo/issue_numbers.rs"]
+mod issue_numbers;

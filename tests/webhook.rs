@@ -1,8 +1,8 @@
 //! The admission webhook: AdmissionReview in, JSON patch out, on recorded pod specs
 //! (tests/fixtures/admission/: a PyTorchJob worker, a JobSet pod, a pod with blanket
 //! tolerations, one already mutated); then the server over real TLS on 127.0.0.1 with a test
-//! CA, and the certificate reloaded when its files change. `redteam` replays issue 24's
-//! attacks on the pod path (pods that argue with the webhook, a server held open).
+//! CA, and the certificate reloaded when its files change. `redteam` replays the red
+//! team's attacks on the pod path (pods that argue with the webhook, a server held open).
 
 mod common;
 #[path = "webhook/redteam.rs"]
@@ -200,7 +200,7 @@ fn pytorchjob_worker_gets_affinity_preflight_and_nccl_conf() {
     assert_eq!(env(worker, "NCCL_NET"), Some(&json!("IB")));
 }
 
-/// Issue 25: a native gang's pod (`spec.schedulingGroup`, Kubernetes 1.37) is wired like any
+/// A native gang's pod (`spec.schedulingGroup`, Kubernetes 1.37) is wired like any
 /// opted-in pod, keeps its group, and gets none of the removed `v1alpha2` fields
 /// (`spec.workloadRef`).
 #[test]

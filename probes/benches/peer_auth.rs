@@ -1,4 +1,4 @@
-//! Cost of the peer channel's authentication (issue 24): the HMAC-SHA256 work of one
+//! Cost of the peer channel's authentication: the HMAC-SHA256 work of one
 //! session, and one authenticated side-channel exchange over loopback (OPEN, CHALLENGE,
 //! HELLO, WELCOME: up to where the RDMA part would start) next to a refusal at CHALLENGE.
 //!

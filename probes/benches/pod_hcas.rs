@@ -1,4 +1,4 @@
-//! The cost of looking into DRA claim pods' network namespaces (issue 42 item 6; the agent's
+//! The cost of looking into DRA claim pods' network namespaces (the agent's
 //! `node::dra::in_pods`, every probe interval while this node's pods name DRA claims):
 //! - `dra_look_8_claim_pods`: one look's own work — `procs::pod_processes` over a temporary
 //!   procfs laid out as the host's (8 claim pods × 4 processes in kubepods cgroups, each pod its

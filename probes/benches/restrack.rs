@@ -1,6 +1,6 @@
-//! Issue 42's cost figure: one RDMA resource-tracking dump of 10,000 QPs parsed and each QP
-//! attributed to its pod, in at most 20 ms of CPU. The dump is synthetic but laid out as the
-//! kernel's (benches/support/restrack_synth.rs); 64 owner processes, each with a
+//! The cost of per-pod RDMA tracking: one resource-tracking dump of 10,000 QPs parsed and
+//! each QP attributed to its pod, in at most 20 ms of CPU. The dump is synthetic but laid out
+//! as the kernel's (benches/support/restrack_synth.rs); 64 owner processes, each with a
 //! kubepods-shaped `/proc/<pid>/cgroup` in a temporary procfs.
 
 use criterion::{Criterion, criterion_group, criterion_main};

@@ -1,10 +1,13 @@
-//! Issue 42's steady-cost figure: what one runtime-transport window costs the agent on a node
-//! with 8 judged pods. `PodSampler::sample` over a temporary procfs laid out as the host's
+//! The steady cost of runtime transport: what one window costs the agent on a node with 8
+//! judged pods. `PodSampler::sample` over a temporary procfs laid out as the host's
 //! (kthreadd at PID 2; 8 pods of 4 processes in kubepods cgroups, each pod its own network
 //! namespace with its routes and addresses; 300 other processes), with the kernel's answers
 //! recorded (16 RC QPs per pod, 64 TCP sockets per namespace whose byte counts grow every
-//! call). The netlink round trips themselves are not in it (no RDMA netlink here): the figure
-//! is the sampler's own work per window, which the agent pays once per `runtime.window`.
+//! call), and a sysfs of 8 InfiniBand HCAs (one port each, its data counters, its IPoIB
+//! netdev) beside 2 Ethernet netdevs: every port carries data-path QPs, so each window reads
+//! every port's counters and subtracts its IPoIB. The netlink round trips themselves are not
+//! in it (no RDMA netlink here): the figure is the sampler's own work per window, which the
+//! agent pays once per `runtime.window`.
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use fabricgate_probes::Roots;
@@ -104,10 +107,90 @@ fn procfs(proc: &Path) {
     }
 }
 
+/// 8 HCAs as the kernel lays them out (`class/infiniband/mlx5_N` → the PCI function's
+/// `infiniband/mlx5_N`, whose `device` points back), each with port 1's InfiniBand data
+/// counters and its IPoIB netdev `ibN`; two Ethernet netdevs beside them.
+fn sysfs(sys: &Path) {
+    for n in 0..8 {
+        let pci = format!("devices/pci0000:00/0000:0{n}:00.0");
+        let hca = sys.join(format!("{pci}/infiniband/mlx5_{n}"));
+        write(
+            &hca.join("ports/1/link_layer"),
+            "InfiniBand
+",
+        );
+        write(
+            &hca.join("ports/1/counters/port_xmit_data"),
+            "123456789
+",
+        );
+        write(
+            &hca.join("ports/1/counters/port_rcv_data"),
+            "987654321
+",
+        );
+        link("../../../0000:0{n}:00.0", &hca.join("device"), n);
+        link(
+            &format!("../../{pci}/infiniband/mlx5_{n}"),
+            &sys.join(format!("class/infiniband/mlx5_{n}")),
+            n,
+        );
+        let ib = sys.join(format!("{pci}/net/ib{n}"));
+        write(
+            &ib.join("type"),
+            "32
+",
+        );
+        write(
+            &ib.join("dev_port"),
+            "0
+",
+        );
+        write(
+            &ib.join("statistics/tx_bytes"),
+            "1000
+",
+        );
+        write(
+            &ib.join("statistics/rx_bytes"),
+            "1000
+",
+        );
+        link("../../../0000:0{n}:00.0", &ib.join("device"), n);
+        link(
+            &format!("../../{pci}/net/ib{n}"),
+            &sys.join(format!("class/net/ib{n}")),
+            n,
+        );
+    }
+    for name in ["eth0", "eth1"] {
+        let dev = sys.join(format!("devices/virtual/net/{name}"));
+        write(
+            &dev.join("type"),
+            "1
+",
+        );
+        link(
+            &format!("../../devices/virtual/net/{name}"),
+            &sys.join(format!("class/net/{name}")),
+            0,
+        );
+    }
+}
+
+/// A symlink at `at` to `target` (`{n}` in it replaced by `n`).
+fn link(target: &str, at: &Path, n: u32) {
+    if let Some(parent) = at.parent() {
+        std::fs::create_dir_all(parent).expect("sysfs dir");
+    }
+    std::os::unix::fs::symlink(target.replace("{n}", &n.to_string()), at).expect("symlink");
+}
+
 fn eight_pods_one_window(c: &mut Criterion) {
     let dir = tempfile::tempdir().expect("temp dir");
     let proc = dir.path().join("proc");
     procfs(&proc);
+    sysfs(&dir.path().join("sys"));
     let roots = Roots::new(dir.path().join("sys"), &proc);
     let mut sampler = PodSampler::with_kernel(roots, Box::new(Recorded { calls: 0 }));
     let request = SampleRequest {
@@ -130,6 +213,14 @@ fn eight_pods_one_window(c: &mut Criterion) {
     );
     let facts = sampler.sample(&request);
     assert_eq!(facts.len(), PODS as usize, "{:?}", sampler.notes());
+    assert!(
+        facts.iter().all(|f| f.ports.len() == 8
+            && f.ports
+                .iter()
+                .all(|p| p.transmit_bytes.is_some() && p.subtracted.len() == 1)),
+        "every pod's 8 ports read, IPoIB subtracted: {:?}",
+        facts[0].ports
+    );
     c.bench_function("sample_8_pods_one_window", |b| {
         b.iter(|| {
             let facts = sampler.sample(black_box(&request));

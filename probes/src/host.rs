@@ -4,9 +4,9 @@
 //! "missing" mount is the container's blindness, not the node's). Facts only; what they mean
 //! for the node is the agent's policy.
 
-use crate::Roots;
 use crate::pod::{self, DeviceNode};
 use crate::rdma::RdmaReport;
+use crate::roots::Roots;
 use crate::storage::{MountStatus, StorageReport};
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Component, Path, PathBuf};

@@ -291,7 +291,7 @@ fn selftest_due(schedule: SelftestSchedule, probes: u64, memory: Option<&PortMem
 mod tests {
     use super::*;
 
-    /// Issue 17, item 2: counters on every probe when probes are at least 10 s apart, else
+    /// Counters on every probe when probes are at least 10 s apart, else
     /// every 10 s; due again after the interval (less 5 % of jitter), and always at first.
     #[test]
     fn counters_cadence_defaults_to_every_probe_from_10s_else_every_10s() {

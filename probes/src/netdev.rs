@@ -5,7 +5,7 @@
 //! RDMA traffic offloaded to the HCA does not pass the kernel's network stack, so these
 //! counters hold the TCP/IP path only, even on the netdev of a RoCE port.
 
-use crate::Roots;
+use crate::roots::Roots;
 use crate::sysfs_io::{AttrBuf, KeptAttr, list_dir};
 use serde::Serialize;
 use std::fs;

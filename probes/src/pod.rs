@@ -4,8 +4,8 @@
 //! through [`Roots`] (`<procfs>/self/limits`, `<procfs>/self/status`,
 //! `<sysfs>/class/infiniband_verbs`, `<devfs>/infiniband`).
 
-use crate::Roots;
 use crate::error::{ProbeError, Result};
+use crate::roots::Roots;
 use serde::Serialize;
 use std::path::PathBuf;
 

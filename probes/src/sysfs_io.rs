@@ -192,7 +192,7 @@ pub(crate) fn read_to_string(path: &Path) -> io::Result<String> {
 /// `readlink`; none for a directory) is unchanged and the result still exists (one `stat`).
 /// Canonicalizing walks every component with a `readlink` each, and the GPUDirect probe's
 /// scan of the PCI bus resolves every GPU's link again (on every probe at the default
-/// `rdma.counters_interval`; issue 17: agent CPU). A re-created device's link points
+/// `rdma.counters_interval`: agent CPU). A re-created device's link points
 /// elsewhere, so it is resolved again.
 pub(crate) fn canonical_cached(path: &Path) -> io::Result<PathBuf> {
     use std::collections::HashMap;

@@ -328,15 +328,7 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
         dry_run = agent.dry_run,
         "fabricgate agent started"
     );
-    // Kernel events wake the probe loop before the interval (docs/events.md).
-    let wakeup = Wakeup::start(
-        &config.events,
-        fabricgate_probes::events::EventOptions {
-            verbs,
-            ..Default::default()
-        },
-        metrics.events.clone(),
-    );
+    let wakeup = kernel_events(config, verbs, metrics);
     let links = Links {
         desired: &desired_tx,
         node_findings,
@@ -366,6 +358,18 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
     wind_down(writer, server, watches).await;
     tracing::info!(node = %node, "fabricgate agent stopped");
     result
+}
+
+/// Kernel events wake the probe loop before the interval (docs/events.md).
+fn kernel_events(config: &Config, verbs: bool, metrics: &Metrics) -> Wakeup {
+    Wakeup::start(
+        &config.events,
+        fabricgate_probes::events::EventOptions {
+            verbs,
+            ..Default::default()
+        },
+        metrics.events.clone(),
+    )
 }
 
 /// After supervision: the Node writer finishes or abandons its write within [`WRITE_GRACE`],

@@ -65,11 +65,10 @@ pub struct GangSettings {
     #[serde(with = "timeout")]
     pub timeout: Duration,
     /// Also run an RDMA WRITE bandwidth burst on every rail of every pair and require this
-    /// much (Gbit/s); default [`DEFAULT_MIN_BANDWIDTH_GBPS`], `null`: no burst (issue 36,
-    /// item 8).
+    /// much (Gbit/s); default [`DEFAULT_MIN_BANDWIDTH_GBPS`], `null`: no burst.
     pub min_bandwidth_gbps: Option<f64>,
     /// The median RTT of every rail of every pair must stay below this (µs); default
-    /// [`DEFAULT_MAX_RTT_MICROS`], `null`: no ceiling (issue 36, item 8).
+    /// [`DEFAULT_MAX_RTT_MICROS`], `null`: no ceiling.
     pub max_rtt_micros: Option<f64>,
     /// Largest gang the pre-flight runs on (2 to 4096); a larger one is `Rejected`.
     pub max_nodes: usize,
@@ -80,7 +79,7 @@ pub struct GangSettings {
     /// Every pod set must have a topology assignment (Kueue Topology Aware Scheduling), so
     /// that its nodes are known and ring-tested; one without is `Retry`, never `Ready`.
     /// `false`: such a pod set gets node validation of its flavors' nodes only, and the
-    /// message says the RDMA pre-flight did not run (issue 36, item 9).
+    /// message says the RDMA pre-flight did not run.
     pub require_topology: bool,
     /// The delay Kueue waits before it reserves again after the first `Retry`
     /// (`requeueAfterSeconds` on the check's state), doubled for every earlier retry of the
@@ -304,7 +303,7 @@ mod tests {
         assert_eq!(d.timeout, Duration::from_secs(20));
         assert_eq!(d.max_nodes, 256);
         assert!(d.require_rdma);
-        assert!(d.require_topology, "issue 36, item 9: on by default");
+        assert!(d.require_topology, "require_topology is on by default");
         let ok: GangSettings = serde_norway::from_str(
             "namespace: gangs\ntimeout: 5s\nmin_bandwidth_gbps: 25\nmax_nodes: 64\n\
              require_rdma: false\nrequire_topology: false\n",
@@ -332,7 +331,7 @@ mod tests {
         assert!(serde_norway::from_str::<GangSettings>("peers_port: 1\n").is_err());
     }
 
-    /// Issue 43: after admission, requeue by default after a minute, at most 10 per 10 min.
+    /// After admission, requeue by default after a minute, at most 10 per 10 min.
     #[test]
     fn after_admission_defaults_and_bounds() {
         let d = GangSettings::default();
@@ -366,7 +365,7 @@ mod tests {
         assert!(e.contains("gang.max_requeues_per_window"), "{e}");
     }
 
-    /// Issue 36, item 8: "ok" proves bandwidth and latency by default: a minimum bandwidth
+    /// "ok" proves bandwidth and latency by default: a minimum bandwidth
     /// and an RTT ceiling ship on, and `null` turns each off.
     #[test]
     fn redteam_ok_has_a_default_bandwidth_floor_and_rtt_ceiling() {
@@ -381,7 +380,7 @@ mod tests {
         assert_eq!(set.max_rtt_micros, Some(8.0));
     }
 
-    /// Issue 36, item 2: a failing gang is retried with a doubling delay from Kueue's
+    /// A failing gang is retried with a doubling delay from Kueue's
     /// `retryCount`, bounded, and `Rejected` after `gang.max_attempts` failures.
     #[test]
     fn redteam_retry_backs_off_exponentially_and_rejects_after_max_attempts() {

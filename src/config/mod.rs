@@ -65,7 +65,7 @@ pub struct Config {
     pub gang: gang::GangSettings,
     /// `storage.lustre.require_lnet`: the LNet networks Lustre's imports must use.
     pub storage: storage::StorageSettings,
-    /// Which pods of the node are judged at run time: RDMA or sockets (issue 42).
+    /// Which pods of the node are judged at run time: RDMA or sockets.
     pub runtime: crate::transport::settings::RuntimeSettings,
 }
 

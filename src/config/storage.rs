@@ -1,4 +1,4 @@
-//! The `storage:` section, as issue 42 names its key: `storage.lustre.require_lnet`, the LNet
+//! The `storage:` section and its key `storage.lustre.require_lnet`: the LNet
 //! networks a Lustre client's imports must use (beside the top-level `lustre:` section, which
 //! says which mounts must be healthy).
 

@@ -4,7 +4,7 @@
 //! - `FabricCheck` (`fabricchecks.fabricgate.io`): the controller's question, the ring's members
 //!   and a deadline; member `i` measures member `(i + 1) % n`;
 //! - `FabricCheckResult` (`fabriccheckresults.fabricgate.io`): one member's answer, created
-//!   empty by the controller with the check, one per member (issue 41, edge C: so no agent can
+//!   empty by the controller with the check, one per member (so no agent can
 //!   create answers, nor fill the namespace's quota), under the name `<check uid>.<node>`,
 //!   labelled with the check's uid and owned by the check (garbage-collected with it); that
 //!   member's agent fills it once (a merge patch of its spec).
@@ -36,7 +36,7 @@ pub const ENDPOINT_ANNOTATION: &str = "fabricgate.io/peers-endpoint";
 /// addresses of its usable ports, comma-separated `device/port=<gid>` (RoCE: the GID its
 /// sessions use) or `device/port=lid:<n>` (InfiniBand). Only the Node's own agent may write
 /// it (the own-node admission policy): the controller copies it into each member of a check,
-/// and the member that dials this Node holds the responder's ENDPOINT to it (issue 36, item 4).
+/// and the member that dials this Node holds the responder's ENDPOINT to it.
 pub const GIDS_ANNOTATION: &str = "fabricgate.io/peers-gids";
 /// Entries of [`GIDS_ANNOTATION`] taken (a node has a few ports).
 pub const MAX_GIDS: usize = 64;
@@ -131,7 +131,7 @@ pub struct CheckSpec {
     /// With it, a WRITE bandwidth burst too, on every rail, compared against it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub min_bandwidth_gbps: Option<f64>,
-    /// With it, every rail's median RTT must stay below it (µs; issue 36, item 8).
+    /// With it, every rail's median RTT must stay below it (µs).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_rtt_micros: Option<f64>,
     /// RFC 3339; agents give up at it.
@@ -217,7 +217,7 @@ pub struct PairResult {
     pub error: Option<String>,
     pub finished_at: String,
     /// This node's receiving end of the pair its ring predecessor measured: what its own
-    /// responder saw of that member's sessions for this check (issue 36, item 3). The
+    /// responder saw of that member's sessions for this check. The
     /// controller requires both ends of every pair to agree. Absent in an older agent's answer.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub received: Option<Received>,
@@ -434,7 +434,7 @@ mod tests {
         assert_eq!(back.check, check.name);
     }
 
-    /// Issue 36, item 5: only a uid-shaped `checkUID` names a check (the CRD's pattern too).
+    /// Only a uid-shaped `checkUID` names a check (the CRD's pattern too).
     #[test]
     fn redteam_only_a_uid_shaped_check_uid_is_an_answer() {
         assert!(is_uid("0f1e2d3c-aaaa-bbbb-cccc-000000000001"));

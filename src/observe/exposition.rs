@@ -1,4 +1,4 @@
-//! `/metrics` bytes encoded once per change, not once per scrape (issue 17, item 4).
+//! `/metrics` bytes encoded once per change, not once per scrape.
 //!
 //! Almost every series changes only when a probe is recorded (or a node write, or the agent
 //! error), all under [`crate::observe::metrics::Metrics`]'s state lock, and taking that lock bumps a

@@ -235,7 +235,7 @@ impl PeerAgent {
         Arc::clone(&self.addresses)
     }
 
-    /// What the responder saw of each gang check's sessions (issue 36, item 3).
+    /// What the responder saw of each gang check's sessions.
     pub fn receipts(&self) -> fabricgate_probes::rdma::peer::Receipts {
         self.responder.receipts()
     }

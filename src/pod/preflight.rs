@@ -515,7 +515,7 @@ mod tests {
         assert!(e.to_string().contains("absent/.fabricgate-"), "{e}");
     }
 
-    /// Issue 24: a container that can write the NCCL directory plants `nccl.tmp` (the old
+    /// A container that can write the NCCL directory plants `nccl.tmp` (the old
     /// temporary name) and the final names as symlinks to a file elsewhere; preflight must
     /// write neither through them.
     #[test]

@@ -14,6 +14,7 @@
 use super::check_peers::ClusterPeers;
 use crate::config::{Config, FallbackSettings};
 use crate::observe::fallback::{FallbackDetector, FallbackStatus};
+use crate::transport::bandwidth::{JobId, PortShare, job_ports, port_shares};
 use crate::transport::verdict::{PodVerdict, human_bytes, judge_pod};
 use fabricgate_probes::transport::pod_hcas::{self, LiveNamespaces, NamespaceRdma, PodHcas};
 use fabricgate_probes::transport::restrack::{NetlinkPort, QpEntry, QpOwner};
@@ -57,6 +58,8 @@ pub struct PodsSection {
     pub peers_note: String,
     /// Pod UID → (namespace, name), where the cluster was asked.
     pub names: BTreeMap<String, (String, String)>,
+    /// Every port the pods' data-path QPs are on: what it carried over the window, and whose.
+    pub ports: Vec<PortShare>,
 }
 
 /// Sample every pod of the node (sample, wait `window`, sample) and judge each one. `first`
@@ -92,16 +95,37 @@ pub fn sample(
             namespace_hcas: Vec::new(),
             peers_note: peers.note,
             names: peers.names,
+            ports: Vec::new(),
         };
     }
+    // A person at a terminal waits the window out: say so (on stderr, the output stays clean).
+    eprintln!(
+        "pods: first sample of {} pod(s) taken; the second in {} (--pods-window)",
+        sampler.pods_tracked(),
+        humantime::format_duration(window)
+    );
     let start = Instant::now();
     std::thread::sleep(window);
     let facts = sampler.sample(&request);
     let waited = start.elapsed();
     let second = probe_again();
     let namespace_hcas = namespace_hcas(sampler.roots(), &second, &mut LiveNamespaces);
+    let job_of = |uid: &str| {
+        Some(peers.jobs.get(uid).cloned().unwrap_or_else(|| JobId {
+            namespace: String::new(),
+            job: format!("Pod/{uid}"),
+        }))
+    };
+    let ports = port_shares(&facts, job_of);
     PodsSection {
-        pods: facts.into_iter().map(|f| judge(f, config)).collect(),
+        pods: facts
+            .into_iter()
+            .map(|f| {
+                let job = job_of(&f.pod_uid);
+                judge(f, config, &ports, job.as_ref())
+            })
+            .collect(),
+        ports,
         notes: sampler.notes().to_vec(),
         window: Some(waited),
         node_fallback: Some(node_fallback(config, window, first, &second)),
@@ -148,11 +172,16 @@ pub fn namespace_hcas(
         .collect()
 }
 
-fn judge(facts: PodTransportFacts, config: &Config) -> PodLine {
+fn judge(
+    facts: PodTransportFacts,
+    config: &Config,
+    shares: &[PortShare],
+    job: Option<&JobId>,
+) -> PodLine {
     let matcher = config.device_matcher();
-    let verdict = judge_pod(&facts, &config.runtime, |device, _| {
-        matcher.is_match(device)
-    });
+    let in_scope = |device: &str, _| matcher.is_match(device);
+    let ports = job_ports(&facts, shares, job, in_scope);
+    let verdict = judge_pod(&facts, &config.runtime, in_scope, ports.as_ref());
     PodLine { facts, verdict }
 }
 
@@ -171,8 +200,9 @@ fn blind_pods(roots: &Roots, config: &Config) -> Vec<PodLine> {
                 pod_uid,
                 qps: unseen(),
                 internode_tcp: unseen(),
+                ports: Vec::new(),
             };
-            judge(facts, config)
+            judge(facts, config, &[], None)
         })
         .collect()
 }
@@ -285,8 +315,13 @@ pub fn insert_json(doc: &mut Value, section: &PodsSection) {
                     Observed::Seen(qps) => Value::Array(qps.iter().map(qp_json).collect()),
                     Observed::Unseen { .. } => Value::Null,
                 },
+                "reason": p.verdict.reason,
                 "internode_tcp_bytes": p.verdict.internode_tcp_bytes,
                 "other_tcp_bytes": p.verdict.other_tcp_bytes,
+                "rdma_bytes": p.verdict.rdma_bytes,
+                "rdma_ports": p.facts.ports.iter()
+                    .map(|t| format!("{}/{}", t.device, t.port))
+                    .collect::<Vec<_>>(),
                 "why": p.verdict.why,
             })
         })
@@ -322,6 +357,7 @@ pub fn insert_json(doc: &mut Value, section: &PodsSection) {
             "notes": section.notes,
             "peers": section.peers_note,
             "node_fallback": node_fallback,
+            "ports": section.ports,
         }),
     );
 }
@@ -369,6 +405,11 @@ pub fn to_table(section: &PodsSection) -> String {
             f.why
         );
     }
+    if !section.ports.is_empty() {
+        out.push_str("\nRDMA ports of the pods' data-path queue pairs, over the same window:\n");
+        let rows: Vec<Vec<String>> = section.ports.iter().map(port_row).collect();
+        crate::agent::check::write_columns(&mut out, &PORTS_HEADER, rows);
+    }
     if !section.namespace_hcas.is_empty() {
         out.push_str(
             "\nRDMA devices in pods' own network namespaces (not in the node's; in use by the pod):\n",
@@ -407,6 +448,30 @@ pub fn to_table(section: &PodsSection) -> String {
         crate::agent::check::write_columns(&mut out, &NAMESPACE_HEADER, rows);
     }
     out
+}
+
+const PORTS_HEADER: [&str; 5] = ["PORT", "SENT", "RECEIVED", "WHOSE", "COUNTED FROM"];
+
+/// One port: its bytes each way, whose it is (one job, or every holder of a shared port).
+fn port_row(share: &PortShare) -> Vec<String> {
+    let bytes = |b: Option<u64>| b.map_or_else(|| "?".to_owned(), human_bytes);
+    let mut holders: Vec<String> = share.jobs.iter().map(|j| j.job.clone()).collect();
+    holders.extend(share.others.iter().cloned());
+    let whose = match share.owner() {
+        Some(job) => job.job.clone(),
+        None => format!("shared: {}", holders.join(", ")),
+    };
+    let counted = match &share.unseen {
+        Some(why) => format!("{}: {why}", share.counter.describe()),
+        None => share.counter.describe(),
+    };
+    vec![
+        share.name(),
+        bytes(share.transmit_bytes),
+        bytes(share.receive_bytes),
+        whose,
+        counted,
+    ]
 }
 
 const NAMESPACE_HEADER: [&str; 6] = ["POD UID", "PID", "PORT", "STATE", "PHYS", "NETDEV"];

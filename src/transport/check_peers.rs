@@ -4,6 +4,7 @@
 //! back to "any address not on this node" (`RemoteScope::NotLocal`).
 
 use crate::config::Config;
+use crate::transport::bandwidth::JobId;
 use crate::transport::jobs::{JobKey, job_of};
 use crate::transport::peers::{JobPeers, NodeAddresses, members, peer_addresses};
 use fabricgate_probes::transport::sample::RemoteScope;
@@ -24,6 +25,9 @@ pub struct ClusterPeers {
     pub names: BTreeMap<String, (String, String)>,
     /// One line: what was asked, or why nothing was and what that means.
     pub note: String,
+    /// Pod UID → its job, for the pods of this node the cluster lists (without a cluster each
+    /// pod is a job of its own).
+    pub jobs: BTreeMap<String, JobId>,
 }
 
 impl ClusterPeers {
@@ -32,6 +36,7 @@ impl ClusterPeers {
         Self {
             scope: RemoteScope::NotLocal,
             names: BTreeMap::new(),
+            jobs: BTreeMap::new(),
             note: format!(
                 "{why}: a pod's peers are taken to be any address not on this node, so TCP with \
                  object storage or another job counts too; give --kubeconfig (or run in a pod) \
@@ -145,5 +150,6 @@ async fn ask(
             jobs.values().collect::<BTreeSet<_>>().len()
         ),
         names,
+        jobs: jobs.into_iter().map(|(uid, job)| (uid, job.id())).collect(),
     })
 }

@@ -109,7 +109,7 @@ pub fn ledger_annotation(label_prefix: &str) -> String {
 }
 
 /// The pod's `fabricgate.io/TransportReady` condition when it says sockets (`False`,
-/// `SocketsFallback`).
+/// `SocketsFallback` or `SocketsBesideIdleQueuePairs`).
 pub fn sockets_condition(pod: &Pod) -> Option<&PodCondition> {
     pod.status
         .as_ref()?
@@ -117,7 +117,12 @@ pub fn sockets_condition(pod: &Pod) -> Option<&PodCondition> {
         .as_ref()?
         .iter()
         .find(|c| c.type_ == TRANSPORT_READY)
-        .filter(|c| c.status == "False" && c.reason.as_deref() == Some(SOCKETS_FALLBACK))
+        .filter(|c| {
+            c.status == "False"
+                && c.reason
+                    .as_deref()
+                    .is_some_and(crate::transport::verdict::is_sockets_reason)
+        })
 }
 
 /// A due pod.

@@ -8,6 +8,7 @@
 //! the native gang (`spec.schedulingGroup.podGroupName`), the controller owner, and last the
 //! pod itself (a bare pod is a job of one: it has no peer, so it is never `sockets`).
 
+use crate::transport::bandwidth::JobId;
 use crate::transport::settings::BUILTIN_JOB_LABELS;
 use k8s_openapi::api::core::v1::Pod;
 use serde::Deserialize;
@@ -51,6 +52,14 @@ impl JobKey {
             JobBy::PodGroup(name) => format!("PodGroup/{name}"),
             JobBy::Owner { kind, name, .. } => format!("{kind}/{name}"),
             JobBy::Pod(uid) => format!("Pod/{uid}"),
+        }
+    }
+
+    /// The job as metrics and the port figures name it (`transport::bandwidth`).
+    pub fn id(&self) -> JobId {
+        JobId {
+            namespace: self.namespace.clone(),
+            job: self.name(),
         }
     }
 

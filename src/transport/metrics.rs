@@ -1,10 +1,15 @@
 //! The per-pod runtime transport metrics: `fabricgate_pod_transport` (one-hot),
 //! `fabricgate_pod_rdma_qps`, `fabricgate_pod_internode_tcp_bytes_total`,
 //! `fabricgate_pod_other_tcp_bytes_total` and
-//! `fabricgate_pod_owner_info` (the pod's controller owner, which the per-job alert joins on).
-//! Every series of a pod is removed when the pod stops being judged. Registered in the live
-//! registry: the runtime task records without the probe loop's state lock.
+//! `fabricgate_pod_owner_info` (the pod's controller owner, which the per-job alert joins on);
+//! per job, `fabricgate_job_rdma_bytes_total` (what the ports that are the job's alone
+//! carried) and `fabricgate_rdma_port_jobs` (every job holding data-path QPs on a port: more
+//! than one series for a port is a shared port, whose bytes are nobody's).
+//! Every series of a pod is removed when the pod stops being judged, every series of a job's
+//! port when the job no longer holds it. Registered in the live registry: the runtime task
+//! records without the probe loop's state lock.
 
+use crate::transport::bandwidth::PortShare;
 use crate::transport::verdict::{PodVerdict, Transport};
 use fabricgate_probes::transport::restrack::QpEntry;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -45,6 +50,23 @@ struct OwnerLabels {
     owner_name: String,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+struct JobPortLabels {
+    namespace: String,
+    job: String,
+    device: String,
+    port: String,
+    direction: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+struct PortJobLabels {
+    device: String,
+    port: String,
+    namespace: String,
+    job: String,
+}
+
 /// One judged pod's sample, as the runtime task hands it over.
 #[derive(Debug, Clone)]
 pub struct PodSample<'a> {
@@ -73,6 +95,9 @@ pub struct PodMetrics {
     owner: Family<OwnerLabels, Gauge>,
     sampler_missed: Counter,
     known: Mutex<BTreeMap<PodLabels, Known>>,
+    job_rdma_bytes: Family<JobPortLabels, Counter>,
+    port_jobs: Family<PortJobLabels, Gauge>,
+    known_ports: Mutex<(BTreeSet<JobPortLabels>, BTreeSet<PortJobLabels>)>,
 }
 
 impl PodMetrics {
@@ -108,6 +133,19 @@ impl PodMetrics {
             m.owner.clone(),
         );
         r.register(
+            "fabricgate_job_rdma_bytes",
+            "Bytes an RDMA port carried while its data-path queue pairs were all one job's, by \
+             job, device, port and direction (port_xmit_data/port_rcv_data x 4, IPoIB \
+             subtracted on InfiniBand; rxe: RoCE packets x MTU, an estimate)",
+            m.job_rdma_bytes.clone(),
+        );
+        r.register(
+            "fabricgate_rdma_port_jobs",
+            "The jobs whose judged pods hold data-path queue pairs on an RDMA port (always 1; a \
+             port with several is shared, and its bytes are not counted for any job)",
+            m.port_jobs.clone(),
+        );
+        r.register(
             "fabricgate_pod_sampler_missed_windows",
             "Windows whose pod sample did not finish within runtime.window (a wedged or slow \
              look into the pods): their judged pods were unknown for that window",
@@ -119,6 +157,56 @@ impl PodMetrics {
     /// One window whose sample missed its deadline.
     pub fn sampler_missed(&self) {
         self.sampler_missed.inc();
+    }
+
+    /// Count what each job's own ports carried this window, list every port's jobs, and
+    /// remove the series of ports a job no longer holds.
+    pub fn record_ports(&self, shares: &[PortShare]) {
+        let Ok(mut known) = self.known_ports.lock() else {
+            return;
+        };
+        let mut bytes_now = BTreeSet::new();
+        let mut jobs_now = BTreeSet::new();
+        for share in shares {
+            let port = share.port.to_string();
+            for job in &share.jobs {
+                let labels = PortJobLabels {
+                    device: share.device.clone(),
+                    port: port.clone(),
+                    namespace: job.namespace.clone(),
+                    job: job.job.clone(),
+                };
+                self.port_jobs.get_or_create(&labels).set(1);
+                jobs_now.insert(labels);
+            }
+            let Some(owner) = share.owner() else {
+                continue;
+            };
+            for (direction, bytes) in [
+                ("transmit", share.transmit_bytes),
+                ("receive", share.receive_bytes),
+            ] {
+                let labels = JobPortLabels {
+                    namespace: owner.namespace.clone(),
+                    job: owner.job.clone(),
+                    device: share.device.clone(),
+                    port: port.clone(),
+                    direction,
+                };
+                let counter = self.job_rdma_bytes.get_or_create(&labels);
+                if let Some(b) = bytes {
+                    counter.inc_by(b);
+                }
+                bytes_now.insert(labels);
+            }
+        }
+        for gone in known.0.difference(&bytes_now) {
+            self.job_rdma_bytes.remove(gone);
+        }
+        for gone in known.1.difference(&jobs_now) {
+            self.port_jobs.remove(gone);
+        }
+        *known = (bytes_now, jobs_now);
     }
 
     /// Set every judged pod's series from `samples` and remove those of pods no longer in it.
@@ -230,6 +318,7 @@ mod tests {
             data_path_qps: Some(0),
             internode_tcp_bytes: Some(41_000),
             other_tcp_bytes: Some(7),
+            rdma_bytes: None,
             clears: false,
         };
         let s = PodSample {
@@ -259,5 +348,69 @@ mod tests {
         ));
         m.record(&[]);
         assert!(!text(&r).contains("pod=\"w-0\""), "{}", text(&r));
+    }
+
+    /// A job's own port counts its bytes per direction, window after window; a shared port is
+    /// listed with each job and counts for none; a port the job gives up loses its series.
+    #[test]
+    fn a_jobs_own_port_counts_its_bytes_and_a_shared_port_lists_its_jobs() {
+        use crate::transport::bandwidth::JobId;
+        use fabricgate_probes::transport::ports::PortCounter;
+        let mut r = Registry::default();
+        let m = PodMetrics::register(&mut r);
+        let job = |name: &str| JobId {
+            namespace: "ml".into(),
+            job: name.into(),
+        };
+        let share = |device: &str, jobs: Vec<JobId>, tx: Option<u64>| PortShare {
+            device: device.into(),
+            port: 1,
+            jobs,
+            others: Vec::new(),
+            counter: PortCounter::DataWords,
+            transmit_bytes: tx,
+            receive_bytes: tx.map(|b| b / 2),
+            unseen: None,
+        };
+        let window = [
+            share("mlx5_0", vec![job("Job/llm")], Some(1_000)),
+            share("mlx5_1", vec![job("Job/llm"), job("Job/eval")], Some(50)),
+        ];
+        m.record_ports(&window);
+        m.record_ports(&window);
+        let t = text(&r);
+        let own = "fabricgate_job_rdma_bytes_total{namespace=\"ml\",job=\"Job/llm\",device=\"mlx5_0\",port=\"1\"";
+        assert!(
+            t.contains(&format!("{own},direction=\"transmit\"}} 2000")),
+            "{t}"
+        );
+        assert!(
+            t.contains(&format!("{own},direction=\"receive\"}} 1000")),
+            "{t}"
+        );
+        assert!(
+            !t.contains(
+                "fabricgate_job_rdma_bytes_total{namespace=\"ml\",job=\"Job/llm\",device=\"mlx5_1\""
+            ),
+            "{t}"
+        );
+        for j in ["Job/llm", "Job/eval"] {
+            assert!(
+                t.contains(&format!(
+                    "fabricgate_rdma_port_jobs{{device=\"mlx5_1\",port=\"1\",namespace=\"ml\",job=\"{j}\"}} 1"
+                )),
+                "{t}"
+            );
+        }
+        // A window without a figure keeps the series and adds nothing.
+        m.record_ports(&[share("mlx5_0", vec![job("Job/llm")], None)]);
+        let t = text(&r);
+        assert!(
+            t.contains(&format!("{own},direction=\"transmit\"}} 2000")),
+            "{t}"
+        );
+        assert!(!t.contains("device=\"mlx5_1\""), "{t}");
+        m.record_ports(&[]);
+        assert!(!text(&r).contains("Job/llm"));
     }
 }

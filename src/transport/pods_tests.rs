@@ -37,8 +37,9 @@ fn sockets_verdict(c: &Config) -> PodVerdict {
             interfaces: vec!["ib0".into()],
             other_bytes: 0,
         }),
+        ports: Vec::new(),
     };
-    judge_pod(&facts, &c.runtime, |_, _| true)
+    judge_pod(&facts, &c.runtime, |_, _| true, None)
 }
 
 #[test]
@@ -118,6 +119,7 @@ fn the_condition_is_written_once_per_change_and_the_event_once_per_transition() 
         data_path_qps: Some(0),
         internode_tcp_bytes: Some(0),
         other_tcp_bytes: Some(0),
+        rdma_bytes: None,
         clears: false,
     };
     assert_eq!(condition_patch(&p, &idle, "t"), None);

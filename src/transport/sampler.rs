@@ -105,6 +105,7 @@ mod seam {
                 pod_uid: w.first()?.to_string(),
                 qps: Observed::Seen(qps),
                 internode_tcp: Observed::Seen(tcp),
+                ports: Vec::new(),
             })
         }
     }

@@ -10,6 +10,7 @@ use super::sampler::Sampler;
 use crate::config::Config;
 use crate::node::pods_watch::watch_pods;
 use crate::observe::metrics::Metrics;
+use crate::transport::bandwidth::{JobId, PortShare, job_ports, port_shares};
 use crate::transport::jobs::{JobKey, job_of};
 use crate::transport::metrics::PodSample;
 use crate::transport::peers::{JobPeers, peer_addresses, watch_job_peers};
@@ -177,6 +178,10 @@ impl Judging {
                 })
                 .collect()
         };
+        let job_ids: HashMap<String, JobId> = judged
+            .iter()
+            .filter_map(|(p, job)| Some((p.uid.clone(), job.as_ref()?.id())))
+            .collect();
         let judged: Vec<JudgedPod> = judged.into_iter().map(|(p, _)| p).collect();
         self.history
             .retain(|uid, _| judged.iter().any(|p| &p.uid == uid));
@@ -208,10 +213,12 @@ impl Judging {
                         internode_tcp: Observed::Unseen {
                             reason: why.clone(),
                         },
+                        ports: Vec::new(),
                     })
                     .collect()
             }
         };
+        let shares = port_shares(&facts, |uid| job_ids.get(uid).cloned());
         let facts: BTreeMap<&str, &PodTransportFacts> =
             facts.iter().map(|f| (f.pod_uid.as_str(), f)).collect();
         let matcher = self.config.device_matcher();
@@ -221,9 +228,9 @@ impl Judging {
             let Some(f) = facts.get(pod.uid.as_str()) else {
                 continue;
             };
-            let v = judge_pod(f, &self.config.runtime, |device, _| {
-                matcher.is_match(device)
-            });
+            let in_scope = |device: &str, _| matcher.is_match(device);
+            let ports = job_ports(f, &shares, job_ids.get(&pod.uid), in_scope);
+            let v = judge_pod(f, &self.config.runtime, in_scope, ports.as_ref());
             let window = match &f.internode_tcp {
                 Observed::Seen(t) => t.window,
                 Observed::Unseen { .. } => self.config.runtime.window,
@@ -232,7 +239,7 @@ impl Judging {
             let v = confirm(v, history, &self.config.runtime, window);
             verdicts.push((pod, v, f));
         }
-        self.record(&verdicts);
+        self.record(&verdicts, &shares);
         for (pod, v, _) in &verdicts {
             match self.writer.apply(pod, v).await {
                 Ok(0) => {}
@@ -271,7 +278,11 @@ impl Judging {
         }
     }
 
-    fn record(&mut self, verdicts: &[(&JudgedPod, PodVerdict, &PodTransportFacts)]) {
+    fn record(
+        &mut self,
+        verdicts: &[(&JudgedPod, PodVerdict, &PodTransportFacts)],
+        shares: &[PortShare],
+    ) {
         if !self.told_unknown
             && let Some((pod, v, _)) = verdicts
                 .iter()
@@ -302,6 +313,7 @@ impl Judging {
             })
             .collect();
         m.record(&samples);
+        m.record_ports(shares);
     }
 }
 
@@ -392,6 +404,7 @@ mod tests {
                     peers: peer.into_iter().collect(),
                     interfaces: vec!["net1".into()],
                 }),
+                ports: Vec::new(),
             }]
         }
     }
@@ -583,6 +596,127 @@ mod tests {
             "{text}"
         );
         drop(judging);
+        server.expect_no_more().await;
+    }
+
+    /// Each window: an RC QP in RTS on mlx5_0/1 (the pod's alone), the port having carried
+    /// `port_bytes` out, and 41 GB of TCP with a peer.
+    struct OnItsPort {
+        port_bytes: u64,
+    }
+
+    impl Sampler for OnItsPort {
+        fn sample(&mut self, _request: &SampleRequest) -> Vec<PodTransportFacts> {
+            use fabricgate_probes::transport::ports::{PortCounter, PortTraffic};
+            use fabricgate_probes::transport::restrack::{QpEntry, QpOwner, QpState, QpType};
+            vec![PodTransportFacts {
+                pod_uid: "u-1".into(),
+                qps: Observed::Seen(vec![QpEntry {
+                    device_index: 0,
+                    device: "mlx5_0".into(),
+                    port: Some(1),
+                    lqpn: 17,
+                    rqpn: Some(18),
+                    qp_type: QpType::Rc,
+                    state: QpState::Rts,
+                    owner: QpOwner::Pid(4242),
+                    pdn: None,
+                }]),
+                internode_tcp: Observed::Seen(fabricgate_probes::transport::InternodeTcp {
+                    bytes: 41_000_000_000,
+                    other_bytes: 0,
+                    window: std::time::Duration::from_secs(5),
+                    peers: vec!["192.168.50.2".parse().unwrap()],
+                    interfaces: vec!["ib0".into()],
+                }),
+                ports: vec![PortTraffic {
+                    device: "mlx5_0".into(),
+                    port: 1,
+                    link_layer: Some("InfiniBand".into()),
+                    counter: PortCounter::DataWords,
+                    transmit_bytes: Some(self.port_bytes),
+                    receive_bytes: Some(0),
+                    subtracted: vec!["ib0".into()],
+                    window: std::time::Duration::from_secs(5),
+                    pods: vec!["u-1".into()],
+                    others: Vec::new(),
+                    unseen: None,
+                }],
+            }]
+        }
+    }
+
+    /// The port of the pod's QPs is its job's: what it carried is the job's
+    /// (`fabricgate_job_rdma_bytes_total`, the job named as the peer watch names it). When it
+    /// carries nothing while 41 GB go over TCP to a peer, the pod is on sockets all the same
+    /// (confirmed on the second window): `False`, `SocketsBesideIdleQueuePairs`.
+    #[tokio::test]
+    async fn the_jobs_own_port_counts_its_bytes_and_an_idle_one_is_no_alibi() {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "w-0", "namespace": "ml", "uid": "u-1",
+                "labels": {"jobset.sigs.k8s.io/jobset-name": "llm"}},
+            "spec": {"nodeName": "gpu-a", "containers": [{"name": "c",
+                "resources": {"limits": {"rdma/hca": "1"}}}]},
+            "status": {"phase": "Running", "conditions": [{
+                "type": "fabricgate.io/TransportReady", "status": "True",
+                "reason": "DataPathQueuePairs"}]}
+        }))
+        .unwrap();
+        let busy = harness(
+            pod.clone(),
+            Box::new(OnItsPort {
+                port_bytes: 50_000_000_000,
+            }),
+            std::time::Duration::from_secs(5),
+        );
+        let mut judging = busy.judging;
+        judging.window().await;
+        let text = busy.metrics.encode(false);
+        assert!(
+            text.contains(
+                "fabricgate_job_rdma_bytes_total{namespace=\"ml\",job=\"jobset.sigs.k8s.io/jobset-name=llm\",device=\"mlx5_0\",port=\"1\",direction=\"transmit\"} 50000000000"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "fabricgate_pod_transport{namespace=\"ml\",pod=\"w-0\",transport=\"rdma\"} 1"
+            ),
+            "{text}"
+        );
+        drop(judging);
+        let server = busy.server;
+        server.expect_no_more().await;
+
+        let idle = harness(
+            pod,
+            Box::new(OnItsPort { port_bytes: 4_096 }),
+            std::time::Duration::from_secs(5),
+        );
+        let Harness {
+            mut judging,
+            mut server,
+            ..
+        } = idle;
+        judging.window().await;
+        let second = tokio::spawn(async move {
+            judging.window().await;
+            judging
+        });
+        let event = server.answer(201, json!({})).await;
+        assert_eq!(event.body["reason"], "TransportFallback");
+        let patch = server.answer(200, json!({})).await;
+        let condition = &patch.body["status"]["conditions"][0];
+        assert_eq!(condition["status"], "False", "{}", patch.body);
+        assert_eq!(condition["reason"], "SocketsBesideIdleQueuePairs");
+        assert!(
+            condition["message"].as_str().is_some_and(
+                |m| m.starts_with("1 data-path QP in RTS, but mlx5_0/1 carried 4.1 kB")
+            ),
+            "{}",
+            patch.body
+        );
+        drop(second.await.unwrap());
         server.expect_no_more().await;
     }
 }

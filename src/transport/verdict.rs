@@ -7,15 +7,17 @@
 //!   over RC, and a UD QP is what any verbs user (or a CM) holds without moving data.
 //! - `sockets`: no such QP, and at least `tcp_min_bytes_per_second` × the window of TCP with
 //!   the pod's peers (the pods of its job on other nodes), whatever interface carried it, in
-//!   either direction; TCP with any other address never decides.
+//!   either direction; TCP with any other address never decides. Or such QPs, but the ports
+//!   they are on are the job's alone and carried less than a tenth of that TCP
+//!   (`SocketsBesideIdleQueuePairs`): a decoy or stale QP does not hide a fallback.
 //! - `idle`: no such QP and less TCP than that.
 //! - `unknown`: the agent could not see (its QPs or its TCP), with the reason.
 //!
 //! [`confirm`] then holds a `sockets` verdict back until `runtime.confirm_windows` windows in
 //! a row showed it, and clears a pod's `False` after `runtime.clear_after` of quiet.
 
+use crate::transport::bandwidth::JobPorts;
 use crate::transport::settings::RuntimeSettings;
-use fabricgate_probes::transport::restrack::{QpEntry, QpState, QpType};
 use fabricgate_probes::transport::{InternodeTcp, Observed, PodTransportFacts};
 use serde::Serialize;
 use std::fmt;
@@ -53,6 +55,8 @@ impl fmt::Display for Transport {
 /// The reason of the pod condition `fabricgate.io/TransportReady` for each transport.
 pub const REASON_RDMA: &str = "DataPathQueuePairs";
 pub const REASON_SOCKETS: &str = "SocketsFallback";
+/// Sockets while the pod holds data-path QPs whose ports (its job's alone) carry nothing.
+pub const REASON_SOCKETS_BESIDE_IDLE: &str = "SocketsBesideIdleQueuePairs";
 pub const REASON_IDLE: &str = "NoInterNodeTraffic";
 pub const REASON_UNKNOWN: &str = "TransportUnknown";
 
@@ -71,33 +75,36 @@ pub struct PodVerdict {
     /// TCP bytes with other addresses off the node over the window: object storage, a dataset
     /// server, a pod of another job (`None`: not measured). Never decides `sockets`.
     pub other_tcp_bytes: Option<u64>,
+    /// What the pod's data-path ports carried over the window, when they are its job's alone
+    /// and have byte counters (`None` otherwise).
+    pub rdma_bytes: Option<u64>,
     /// With `idle`: the pod has been quiet for `runtime.clear_after`, so a `False` it shows
     /// returns to `Unknown`/`NoInterNodeTraffic` (set by [`confirm`]).
     #[serde(skip)]
     pub clears: bool,
 }
 
-/// A QP that moves a job's data: RC, UC, XRC or a driver's own type, in RTS.
-pub fn is_data_path(qp: &QpEntry) -> bool {
-    matches!(
-        qp.qp_type,
-        QpType::Rc | QpType::Uc | QpType::XrcIni | QpType::XrcTgt | QpType::Driver
-    ) && qp.state == QpState::Rts
+/// Whether a condition's reason says sockets (what the guard's eviction and the gang requeue
+/// act on when the condition is `False`).
+pub fn is_sockets_reason(reason: &str) -> bool {
+    reason == REASON_SOCKETS || reason == REASON_SOCKETS_BESIDE_IDLE
 }
 
 /// The verdict on one pod. `in_scope(device, port)` says whether a port is one the
 /// requirements select (a QP on a port outside them, e.g. a storage HCA, is not the job's
 /// fabric); a QP not bound to a port counts when its device has any port in scope, which the
-/// caller says with `in_scope(device, 0)`.
+/// caller says with `in_scope(device, 0)`. `ports`: what the pod's data-path ports carried,
+/// when they are its job's alone (`transport::bandwidth::job_ports`).
 pub fn judge_pod(
     facts: &PodTransportFacts,
     settings: &RuntimeSettings,
     in_scope: impl Fn(&str, u32) -> bool,
+    ports: Option<&JobPorts>,
 ) -> PodVerdict {
     let data_path = match &facts.qps {
         Observed::Seen(qps) => Some(
             qps.iter()
-                .filter(|qp| is_data_path(qp) && in_scope(&qp.device, qp.port.unwrap_or(0)))
+                .filter(|qp| qp.is_data_path() && in_scope(&qp.device, qp.port.unwrap_or(0)))
                 .count(),
         ),
         Observed::Unseen { .. } => None,
@@ -107,6 +114,8 @@ pub fn judge_pod(
         Observed::Unseen { .. } => None,
     };
     let tcp_bytes = tcp.map(|t| t.bytes);
+    // Bulk TCP with the peers: at least `tcp_min_bytes_per_second` over the window, and some.
+    let bulk = |t: &InternodeTcp| t.bytes > 0 && t.bytes >= threshold_bytes(settings, t);
     let verdict = |transport, reason, why| PodVerdict {
         transport,
         reason,
@@ -114,10 +123,24 @@ pub fn judge_pod(
         data_path_qps: data_path,
         internode_tcp_bytes: tcp_bytes,
         other_tcp_bytes: tcp.map(|t| t.other_bytes),
+        rdma_bytes: ports.map(|p| p.bytes),
         clears: false,
     };
     if let Some(n) = data_path.filter(|n| *n > 0) {
         let qps = plural(n, "data-path QP in RTS", "data-path QPs in RTS");
+        if let (Some(ports), Some(t)) = (ports, tcp)
+            && bulk(t)
+            && ports.bytes.saturating_mul(10) < t.bytes
+        {
+            let why = format!(
+                "{qps}, but {} carried {} in {} s; {}",
+                ports.names.join(", "),
+                human_bytes(ports.bytes),
+                t.window.as_secs(),
+                describe_tcp(t)
+            );
+            return verdict(Transport::Sockets, REASON_SOCKETS_BESIDE_IDLE, why);
+        }
         let why = match tcp {
             Some(t) => format!("{qps}; {}", describe_tcp(t)),
             None => qps,
@@ -134,15 +157,14 @@ pub fn judge_pod(
         }
         return verdict(Transport::Unknown, REASON_UNKNOWN, unseen.join("; "));
     };
-    let threshold = threshold_bytes(settings, tcp);
-    if tcp.bytes >= threshold && tcp.bytes > 0 {
+    if bulk(tcp) {
         let why = format!("0 data-path QPs; {}", describe_tcp(tcp));
         return verdict(Transport::Sockets, REASON_SOCKETS, why);
     }
     let why = format!(
         "0 data-path QPs; {} (below {} over the window)",
         describe_tcp(tcp),
-        human_bytes(threshold)
+        human_bytes(threshold_bytes(settings, tcp))
     );
     verdict(Transport::Idle, REASON_IDLE, why)
 }
@@ -253,7 +275,7 @@ pub fn human_bytes(bytes: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use fabricgate_probes::transport::restrack::QpOwner;
+    use fabricgate_probes::transport::restrack::{QpEntry, QpOwner, QpState, QpType};
     use std::net::{IpAddr, Ipv4Addr};
     use std::time::Duration;
 
@@ -288,11 +310,17 @@ mod tests {
             pod_uid: "u".into(),
             qps: Observed::Seen(qps),
             internode_tcp,
+            ports: Vec::new(),
         }
     }
 
     fn judge(f: &PodTransportFacts) -> PodVerdict {
-        judge_pod(f, &RuntimeSettings::default(), |dev, _| dev != "mlx5_8")
+        judge_pod(
+            f,
+            &RuntimeSettings::default(),
+            |dev, _| dev != "mlx5_8",
+            None,
+        )
     }
 
     #[test]
@@ -305,6 +333,42 @@ mod tests {
         assert_eq!(v.reason, REASON_RDMA);
         assert_eq!(v.data_path_qps, Some(1));
         assert!(v.why.starts_with("1 data-path QP in RTS;"), "{}", v.why);
+    }
+
+    /// A data-path QP whose ports are the job's alone and carry next to nothing while bulk TCP
+    /// flows to the job's peers is no alibi: `sockets`, `SocketsBesideIdleQueuePairs`. Ports
+    /// that carry the job's traffic, ports not known to be the job's (no figure: `None`), or
+    /// TCP below the threshold leave it `rdma`.
+    #[test]
+    fn an_idle_queue_pair_beside_bulk_tcp_to_the_peers_is_sockets() {
+        let rc = || vec![qp("mlx5_0", 1, QpType::Rc, QpState::Rts)];
+        let ports = |bytes| JobPorts {
+            bytes,
+            names: vec!["mlx5_0/1".into()],
+        };
+        let settings = RuntimeSettings::default();
+        let judge_with =
+            |f: &PodTransportFacts, p: Option<&JobPorts>| judge_pod(f, &settings, |_, _| true, p);
+        let bulk = facts(rc(), tcp(41_000_000_000, 7));
+        let v = judge_with(&bulk, Some(&ports(4_000)));
+        assert_eq!(v.transport, Transport::Sockets);
+        assert_eq!(v.reason, REASON_SOCKETS_BESIDE_IDLE);
+        assert!(is_sockets_reason(v.reason));
+        assert_eq!(
+            v.why,
+            "1 data-path QP in RTS, but mlx5_0/1 carried 4.0 kB in 30 s; 41.0 GB over TCP with \
+             7 peers in 30 s via ib0"
+        );
+        assert_eq!(v.rdma_bytes, Some(4_000));
+        // A tenth of the TCP or more on the job's ports: its QPs move its data.
+        let v = judge_with(&bulk, Some(&ports(4_100_000_000)));
+        assert_eq!((v.transport, v.reason), (Transport::Rdma, REASON_RDMA));
+        assert_eq!(judge_with(&bulk, None).transport, Transport::Rdma);
+        let little = facts(rc(), tcp(1_000, 1));
+        assert_eq!(
+            judge_with(&little, Some(&ports(0))).transport,
+            Transport::Rdma
+        );
     }
 
     #[test]
@@ -349,6 +413,7 @@ mod tests {
                 reason: "not in the host PID namespace".into(),
             },
             internode_tcp: tcp(41_000_000_000, 7),
+            ports: Vec::new(),
         };
         let v = judge(&hidden);
         assert_eq!(v.transport, Transport::Unknown);

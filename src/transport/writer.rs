@@ -157,6 +157,7 @@ mod tests {
             data_path_qps: Some(0),
             internode_tcp_bytes: Some(41_000_000_000),
             other_tcp_bytes: Some(0),
+            rdma_bytes: None,
             clears: false,
         }
     }

@@ -1,4 +1,4 @@
-//! `fabricgate check`'s pods section (issue 42) through the real binary: fixture procfs trees
+//! `fabricgate check`'s pods section through the real binary: fixture procfs trees
 //! with pod-shaped `/proc/<pid>/cgroup` (the Soft-RoCE VM's capture), the JSON keys, the
 //! table, `--pods off`, and that the section never changes the exit code. The live kernel's
 //! RDMA and TCP are the VM's to test (tests/vm/transport_vm.rs).
@@ -81,9 +81,12 @@ fn a_pod_whose_tcp_cannot_be_measured_is_unknown_with_the_why_and_check_still_ex
         "namespace",
         "name",
         "transport",
+        "reason",
         "qps",
         "internode_tcp_bytes",
         "other_tcp_bytes",
+        "rdma_ports",
+        "rdma_bytes",
         "why",
     ];
     want.sort_unstable();
@@ -93,7 +96,11 @@ fn a_pod_whose_tcp_cannot_be_measured_is_unknown_with_the_why_and_check_still_ex
     assert_eq!(pod["uid"], POD);
     assert_eq!((&pod["namespace"], &pod["name"]), (&"".into(), &"".into()));
     assert_eq!(pod["transport"], "unknown", "{pod:#}");
+    assert_eq!(pod["reason"], "TransportUnknown", "{pod:#}");
     assert_eq!(pod["internode_tcp_bytes"], Value::Null);
+    // No data-path QP of its own, so no port of its own and no figure.
+    assert_eq!(pod["rdma_ports"], Value::Array(Vec::new()), "{pod:#}");
+    assert_eq!(pod["rdma_bytes"], Value::Null, "{pod:#}");
     // Its QPs are this machine's kernel's to list: none of them is the fixture pod's, or the
     // kernel has no RDMA netlink at all.
     assert!(

@@ -1,4 +1,4 @@
-//! The peer-channel attacks of issue 24 against real agents over loopback: two
+//! The red team's peer-channel attacks against real agents over loopback: two
 //! `fabricgate run --dry-run` agents with peers on, measuring each other from the fixture
 //! node's `mlx5_0` (no RDMA device here, so a measurement that passes the side channel ends
 //! at the local verbs step: kind `local`, never an error blamed on the peer; the RTT itself

@@ -236,7 +236,7 @@ fn preflight_env(requirements: &str, log: &Path, nccl: &Path) -> std::io::Result
         .output()
 }
 
-/// Issue 24: preflight exited 2 on a validated run when `/dev/termination-log` was absent.
+/// Preflight exited 2 on a validated run when `/dev/termination-log` was absent.
 #[test]
 fn redteam_a_missing_termination_log_never_changes_the_verdict() {
     let dir = tempfile::tempdir().unwrap();
@@ -262,7 +262,7 @@ fn redteam_a_missing_termination_log_never_changes_the_verdict() {
     );
 }
 
-/// Issue 24: a 150 KiB requirements file made the init container's environment too large
+/// A 150 KiB requirements file made the init container's environment too large
 /// to exec. What the webhook hands preflight now starts, and means the same requirements.
 #[test]
 fn redteam_150_kib_of_requirements_still_exec_preflight() {

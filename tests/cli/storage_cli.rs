@@ -185,7 +185,7 @@ fn table_output_lists_the_mounts() {
     assert!(text.contains("lustre client 2.15.3"), "{text}");
 }
 
-/// Issue 42, item 5: an import that moved to the servers' tcp NID while o2ib is required, and
+/// An import that moved to the servers' tcp NID while o2ib is required, and
 /// the o2ib LNet interface down, with every import FULL and the client healthy.
 #[test]
 fn lnet_fallback_to_tcp_fails_the_node_only_where_o2ib_is_required() {

@@ -123,7 +123,7 @@ pub(crate) fn start(
         .args(["--namespace", NS, "--lease-name", lease])
         .args(["--lease-duration", "3s", "--poll-interval", "300ms"])
         .args(["--identity", identity, "--workload-namespace", workload_ns])
-        .args(["--metrics-listen", &metrics])
+        .args(["--metrics-addr", &metrics])
         .env("KUBECONFIG", &env.kubeconfig)
         .env("HOME", env.scratch.path())
         .env_remove("KUBERNETES_SERVICE_HOST")
@@ -318,7 +318,7 @@ fn reserved_gang(
         fabric_check(cp, &fc).is_some()
     });
     // Labelled for each member, whose agent watches only the checks labelled for its Node,
-    // once every member's empty answer is there (issue 41, edge C).
+    // once every member's empty answer is there.
     c.wait("the FabricCheck labelled", Duration::from_secs(10), || {
         fabric_check(cp, &fc).is_some_and(|check| labelled_for(&check, nodes))
     });
@@ -429,8 +429,7 @@ fn good(node: &str, peer: &str) -> Value {
     good_from(node, peer, peer)
 }
 
-/// A good answer: `node` measured `peer`, and attests its receiving end of `prev`'s pair
-/// (issue 36, item 3).
+/// A good answer: `node` measured `peer`, and attests its receiving end of `prev`'s pair.
 fn good_from(node: &str, peer: &str, prev: &str) -> Value {
     json!({ "node": node, "peer": peer, "ok": true, "rdma": "measured", "device": "mlx5_0",
             "port": 1, "rttMicros": 14.2, "bandwidthGbps": 92.1,
@@ -537,8 +536,8 @@ fn admission_check_retries_an_unvalidated_node_then_a_good_ring_is_ready() {
         want,
         "the ring in name order, with each Node's endpoint"
     );
-    // And the addresses each Node publishes of its ports, well-formed entries only (issue 36,
-    // item 4): the dialling member holds the responder's ENDPOINT to them.
+    // And the addresses each Node publishes of its ports, well-formed entries only: the
+    // dialling member holds the responder's ENDPOINT to them.
     for m in obj["spec"]["members"].as_array().unwrap() {
         let node = m["node"].as_str().unwrap();
         assert_eq!(m["gids"], json!([gids(node)]), "{m}");
@@ -546,7 +545,7 @@ fn admission_check_retries_an_unvalidated_node_then_a_good_ring_is_ready() {
     assert_eq!(obj["spec"]["workload"]["uid"], uid.as_str());
     assert_eq!(obj["spec"]["workload"]["namespace"], ns);
     assert_eq!(obj["metadata"]["labels"]["fabricgate.io/check"], "gang");
-    // The shipped floor and ceiling (issue 36, item 8).
+    // The shipped floor and ceiling.
     assert_eq!(obj["spec"]["minBandwidthGbps"], 25.0);
     assert_eq!(obj["spec"]["maxRttMicros"], 50.0);
     let deadline: k8s_openapi::jiff::Timestamp =
@@ -557,8 +556,8 @@ fn admission_check_retries_an_unvalidated_node_then_a_good_ring_is_ready() {
         "deadline {deadline}: created + gang.timeout"
     );
 
-    // Each member's empty answer, made by the controller (issue 41, edge C: the agents only
-    // fill them), then the check labelled for the members' watches.
+    // Each member's empty answer, made by the controller (the agents only fill
+    // them), then the check labelled for the members' watches.
     let check_uid = obj["metadata"]["uid"].as_str().unwrap().to_owned();
     c.wait("the members labelled", Duration::from_secs(10), || {
         fabric_check(cp, &fc).is_some_and(|o| {
@@ -864,7 +863,7 @@ fn admission_check_leader_fails_over_keeps_the_check_active_and_uses_only_its_gr
         &["create", "fabricchecks.fabricgate.io", "-n", NS],
         &["patch", "fabricchecks.fabricgate.io", "-n", NS],
         &["delete", "fabricchecks.fabricgate.io", "-n", NS],
-        // Each member's empty answer (issue 41, edge C); only the agents fill them.
+        // Each member's empty answer; only the agents fill them.
         &["create", "fabriccheckresults.fabricgate.io", "-n", NS],
         &[
             "deletecollection",
@@ -1008,7 +1007,7 @@ fn admission_check_a_check_its_dead_leader_never_labelled_is_made_again() {
 }
 
 /// Kueue without Topology Aware Scheduling: no nodes are assigned, so no ring can be tested.
-/// Issue 36, item 9. Before: such a pod set was `Ready` on node validation alone. Now, with
+/// Before: such a pod set was `Ready` on node validation alone. Now, with
 /// `gang.require_topology` (the default), it is `Retry` saying why, and no FabricCheck is
 /// made; with `gang.require_topology: false`, only node validation is checked: at least
 /// `count` Nodes of the flavor's `nodeLabels` validated, and the message says the RDMA
@@ -1143,7 +1142,7 @@ pub(crate) fn config_with(env: &Env, name: &str, timeout: &str, extra: &str) -> 
     path
 }
 
-/// Issue 36, item 2: a `Retry` used to carry no `requeueAfterSeconds`, so Kueue reserved again
+/// A `Retry` used to carry no `requeueAfterSeconds`, so Kueue reserved again
 /// at once (TAS picking the same nodes, a StrictFIFO queue blocked behind the gang), forever.
 /// Now the delay doubles with Kueue's `retryCount` (the Kueue CRD accepts the field: the
 /// write is validated against Kueue v0.19's own schema) and the Workload is `Rejected` after
@@ -1246,7 +1245,7 @@ fn redteam_a_failing_gang_is_retried_with_backoff_then_rejected() {
     );
 }
 
-/// Issue 36, item 6: a FabricCheck was reused when the Workload's uid and the reservation time
+/// A FabricCheck was reused when the Workload's uid and the reservation time
 /// (to the second) matched, without comparing its members with the new assignment: a gang
 /// evicted and placed again within the second on other nodes was released on the old nodes'
 /// answers. Now the members are compared, and a check of other nodes is replaced.
@@ -1318,7 +1317,7 @@ fn redteam_a_stale_check_is_not_reused_for_other_nodes() {
     });
 }
 
-/// Issue 36, item 10: the peers endpoint annotation was put into the FabricCheck as written
+/// The peers endpoint annotation was put into the FabricCheck as written
 /// (any host and port: the members' agents dialled it, and their errors quoting it went into
 /// the tenant's Workload status). Now only one of the Node's own `status.addresses` at the
 /// configured peers port is accepted; another value is a `Retry` naming the node, never the
@@ -1411,12 +1410,12 @@ fn rss_kib(c: &Controller) -> u64 {
         .unwrap_or(0)
 }
 
-/// Issue 36, item 5: any `checkUID`, no limit on their number, and every labelled answer held
+/// Any `checkUID`, no limit on their number, and every labelled answer held
 /// in the controller's cache (a 256Mi container) let whoever may create a FabricCheckResult
 /// (every agent) run the controller out of memory. Now the CRD takes only a uid-shaped
 /// `checkUID`, the controller keeps only answers to live checks (a gang is still judged on
-/// its members' answers), and the shipped ResourceQuota bounds their count. (Since issue 41,
-/// edge C, no agent may create an answer at all, only the controller and system:masters: the
+/// its members' answers), and the shipped ResourceQuota bounds their count. (Now no agent
+/// may create an answer at all, only the controller and system:masters: the
 /// flood here is an admin's.)
 #[test]
 fn redteam_an_answer_flood_neither_fills_the_controller_nor_is_unbounded() {
@@ -1564,7 +1563,7 @@ fn redteam_an_answer_flood_neither_fills_the_controller_nor_is_unbounded() {
     );
 }
 
-/// Issue 36, item 7: the members were judged once, before the pre-flight; one whose agent
+/// The members were judged once, before the pre-flight; one whose agent
 /// turned it `FabricReady=False` while the ring was measured was released with the gang on
 /// its (earlier) good answer. Now it gives `Retry`, naming it, as docs/gangs.md says.
 #[test]
@@ -1603,7 +1602,7 @@ fn redteam_a_member_failing_during_the_check_gives_retry() {
     );
 }
 
-/// Issue 36, item 11: a Topology without a hostname level. Kueue then assigns domains (here a
+/// A Topology without a hostname level. Kueue then assigns domains (here a
 /// leaf), not nodes, and a pod may land on any node of the domain. Before: the controller took
 /// every Node of the domain as the gang (3 nodes for 2 pods, a FabricCheck over all of them:
 /// the ring tested nodes the gang may not use, and not the nodes it will). Now `Retry` saying
@@ -1665,7 +1664,7 @@ fn redteam_a_topology_without_a_hostname_level_is_not_a_gang() {
     );
 }
 
-/// Issue 36, item 3: a compromised agent vouches for a broken link. Answers are
+/// A compromised agent vouches for a broken link. Answers are
 /// self-reported, and the pair a -> b was attested by a alone: its `ok: true` released the
 /// gang whatever b saw. Now each member also attests its receiving end (what its own
 /// responder saw of its predecessor's sessions for the check), and the controller requires
@@ -1710,7 +1709,7 @@ fn redteam_a_pair_vouched_for_by_one_end_only_is_not_ready() {
     drop(c);
 }
 
-/// Issue 36, item 8: "ok" proved little by default: one rail, 16 × 64-byte WRITEs, no
+/// "ok" proved little by default: one rail, 16 × 64-byte WRITEs, no
 /// bandwidth, no RTT ceiling. Before: a pair answering `ok` over one rail at a 900 µs median
 /// RTT and no bandwidth burst was `Ready`, and the FabricCheck asked for no minimum. Now the
 /// check carries the shipped floor (`gang.min_bandwidth_gbps` 25) and ceiling

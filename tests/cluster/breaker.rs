@@ -231,7 +231,7 @@ fn start_pool_guard(
     guard
 }
 
-/// Issue 35: a newly failing node decides without listing the pool. The guard's leader (the
+/// A newly failing node decides without listing the pool. The guard's leader (the
 /// shipped deploy/guard.yaml and its ServiceAccount) publishes the pool's summary on its
 /// Lease; the agent reads that one object (and the ledger when it may taint). The breaker
 /// holds as with the list: 5 of 10 tainted, the sixth failing node is held (`BreakerOpen`,
@@ -607,7 +607,7 @@ fn a_burst_of_eight_failures_taints_exactly_max_new_per_window() {
     drop(guard);
 }
 
-/// Issue 24: one compromised agent disabled the breaker fleet-wide. With node `rt-ledger-0`'s
+/// One compromised agent disabled the breaker fleet-wide. With node `rt-ledger-0`'s
 /// own pod-bound token it rewrote the shared ledger with fresh entries for the other nodes of
 /// its pool, so another node with a real port down said `BreakerOpen` and stayed untainted.
 /// Replayed here, rewriting it every 200 ms (far more often than every window), while the
@@ -615,8 +615,8 @@ fn a_burst_of_eight_failures_taints_exactly_max_new_per_window() {
 /// `fabricgate-breaker-ledger`, and even entries for healthy nodes that do get in (written as
 /// admin here, a minute old) count for nothing, because a reservation counts only while its
 /// Node shows the failure. The victim is tainted `PortDown`. What the forger may still do, and
-/// does here: keep its own entry fresh (one slot, as tainting its own Node would). Issue 36,
-/// item 11: it could also drop others' entries, lifting their reservations so that a burst
+/// does here: keep its own entry fresh (one slot, as tainting its own Node would). It
+/// could also drop others' entries, lifting their reservations so that a burst
 /// overshoots `max_new_per_window`; now that is refused while the ledger holds no more than
 /// `LEDGER_PRUNE_AT` entries.
 #[test]
@@ -873,7 +873,7 @@ fn tainted(nodes: &[TestNode]) -> Vec<&str> {
         .collect()
 }
 
-/// Issue 41, the burst that overshot the fraction: 2 of 10 tainted, then 3 fail together (5
+/// The burst that overshot the fraction: 2 of 10 tainted, then 3 fail together (5
 /// of 10), then a sixth a second later. The guard renews its summary every 10 s, so the
 /// sixth's agent reads a summary that has not seen the three taints of the last second; it
 /// counts them from the ledger, under the compare-and-swap that takes its slot, and is held:
@@ -941,7 +941,7 @@ fn a_sixth_failing_a_second_after_a_burst_is_held_at_one_half() {
     guard.stop();
 }
 
-/// Issue 41: a whole 16-node pool failing within a second. The fraction cap (one half) holds
+/// A whole 16-node pool failing within a second. The fraction cap (one half) holds
 /// exactly: 8 tainted, 8 held with `BreakerOpen`, however stale each agent's view of the pool.
 /// None is lost: two of the tainted recover, their slots are free again (their reservations
 /// past the in-flight time, the guard's summary showing them untainted), and two held nodes

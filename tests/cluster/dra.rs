@@ -703,7 +703,7 @@ fn redteam_an_agent_cannot_taint_or_untaint_another_nodes_devices() {
     }
 }
 
-/// Issue 41, edge A: node `dra-sq`'s agent squats node `dra-sq-a`'s rule name. The prefix form
+/// Node `dra-sq`'s agent squats node `dra-sq-a`'s rule name. The prefix form
 /// (its pool, `dra-sq-a`'s device) and `fabricgate-fnv-` are refused; the exact form (its own
 /// junk device `a-<device>`) is its own name and allowed, and `dra-sq-a`'s agent then names its
 /// bad HCA's rule `fabricgate.<device>.dra-sq-a`, which no other node can take.
@@ -875,7 +875,7 @@ fn agent_through(n: &DraNode, proxy: &crate::common::faultproxy::FaultProxy) -> 
     .start()
 }
 
-/// Issue 41, edge B: a device of the node in a pool not named after it (its rule would be
+/// A device of the node in a pool not named after it (its rule would be
 /// refused, 403) and a rule whose every write is refused (422) sort before a bad HCA's rule;
 /// neither stops it. The foreign-pool device is skipped (`DraForeignPool`), never written.
 #[test]
@@ -999,7 +999,7 @@ fn rules_writable(agent: &Agent) -> Option<String> {
         .map(|l| l.rsplit(' ').next().unwrap_or_default().to_owned())
 }
 
-/// Issue 41, edge D: every create of a DeviceTaintRule refused by 422 (a webhook or a policy):
+/// Every create of a DeviceTaintRule refused by 422 (a webhook or a policy):
 /// the bad HCA is not protected, so the metric says 0 and the Node is tainted with a reason
 /// saying so; once the writes pass, the rule is written and the node validated again.
 #[test]
@@ -1057,7 +1057,7 @@ fn redteam_a_rule_write_refused_by_422_is_not_invisible() {
 /// An API server that refuses the agent's DeviceTaintRules (403: RBAC missing; a fault proxy
 /// in front of the real one answers them so): one warning naming the grant, retries with
 /// backoff instead of a loop, no `AgentError`; the bad HCA's rule cannot be written, so the
-/// Node is tainted instead (`DraDeviceRulesRefused`, issue 41 D); allowed again, the bad HCA
+/// Node is tainted instead (`DraDeviceRulesRefused`); allowed again, the bad HCA
 /// gets its rule and the node is validated.
 #[test]
 fn dra_an_agent_refused_device_taint_rules_warns_once_backs_off_and_recovers() {
@@ -1101,7 +1101,7 @@ fn dra_an_agent_refused_device_taint_rules_warns_once_backs_off_and_recovers() {
     n.delete_slice();
 }
 
-/// Issue 42 item 6: in RDMA netns mode `exclusive` a DRA driver moves an allocated HCA into the
+/// In RDMA netns mode `exclusive` a DRA driver moves an allocated HCA into the
 /// pod's network namespace, and the node's sysfs no longer lists it. With the runtime-transport
 /// component (its pods watch, `resourceclaims get`) the agent reads the claims of its node's
 /// pods: the HCA a claim holds is in use, not missing — the node stays validated on the other

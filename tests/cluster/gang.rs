@@ -1,4 +1,4 @@
-//! Native gangs (issue 25, item 1) on Kubernetes 1.37's own scheduler: a `PodGroup`
+//! Native gangs on Kubernetes 1.37's own scheduler: a `PodGroup`
 //! (`scheduling.k8s.io/v1beta1`, feature gates `GenericWorkload` and
 //! `TopologyAwareWorkloadScheduling`) of 3 workers, all in one value of the operator's leaf
 //! label, each requiring `fabricgate.io/ready In ["true"]` as docs/deploy.md tells users
@@ -215,7 +215,7 @@ fn a_native_gang_waits_whole_for_a_leaf_of_validated_nodes_and_binds_there() {
     );
 }
 
-/// The gang path on a DRA cluster (issue 34): a native gang of three whose workers each claim
+/// The gang path on a DRA cluster: a native gang of three whose workers each claim
 /// three HCAs through a ResourceClaim, over four validated nodes of one leaf whose agents keep
 /// a DeviceTaintRule per bad HCA (`taint_scope: device`, two of four ports required): dg-0's
 /// mlx5_0 and dg-1's mlx5_3 bad, dg-3 with two bad HCAs (one untainted HCA short of a

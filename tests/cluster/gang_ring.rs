@@ -1,4 +1,4 @@
-//! The agents' half of the gang pre-flight (issue 25, item 2; docs/gangs.md) on the real
+//! The agents' half of the gang pre-flight (docs/gangs.md) on the real
 //! apiserver: real agents with `peers.enabled` (responders on loopback, distinct ports, one
 //! pool key, `--verbs off`, so `rdma: unmeasured` and the authenticated side channel decides)
 //! advertise `fabricgate.io/peers-endpoint` on their Nodes and answer a `FabricCheck` in ring
@@ -6,7 +6,7 @@
 //! controller does) through its pod-bound token; a member
 //! whose peer's responder is down answers `ok: false` naming the peer. The red-team test shows
 //! the admission policy `fabricgate-fabriccheck-results` and RBAC keep every agent to its own
-//! answer, filled once, off the FabricCheck, and unable to create answers (issue 41, edge C).
+//! answer, filled once, off the FabricCheck, and unable to create answers.
 //!
 //! The CRDs are the ones `deploy/admission-check.yaml` ships (`common::fabriccheck_crds`).
 
@@ -336,7 +336,7 @@ fn agents_answer_a_fabriccheck_in_ring_order_and_name_a_dead_peer() {
         assert_eq!(r["ok"], true, "{r}");
         assert_eq!(r["rdma"], "unmeasured", "--verbs off: {r}");
         assert!(r["finishedAt"].is_string(), "{r}");
-        // Its receiving end: its predecessor greeted it for this check (issue 36, item 3).
+        // Its receiving end: its predecessor greeted it for this check.
         let rec = &r["received"];
         assert_eq!(rec["peer"], names[(i + 2) % 3], "{r}");
         assert_eq!(
@@ -587,7 +587,7 @@ fn redteam_an_agent_fills_only_its_own_fabriccheck_result_once() {
     );
 }
 
-/// Issue 41, edge C. Before: an agent's token could create FabricCheckResults for checks
+/// Before: an agent's token could create FabricCheckResults for checks
 /// that do not exist (any uid-shaped `checkUID`, an owner that is not there) or that do not
 /// list its node: 200 of ~77 kB each in 2.8 s, so the shared ResourceQuota (4,096) filled in
 /// about a minute, after which every member's answer was refused and every gang pre-flight
@@ -727,7 +727,7 @@ fn redteam_an_agent_cannot_fill_the_answers_room() {
     drop(peers);
 }
 
-/// Issue 36, item 1: tenant pods (127.0.0.2 to 127.0.0.5, two connections each) keep idle
+/// Tenant pods (127.0.0.2 to 127.0.0.5, two connections each) keep idle
 /// connections to a member's peers port, each reconnecting the moment it is cut, for the whole
 /// check. Before: the first two alone took the responder's 4 slots at accept, before
 /// authentication, so the member's ring predecessor was told BUSY until the check's deadline
@@ -823,7 +823,7 @@ fn redteam_idle_strangers_cannot_keep_a_gangs_predecessor_out() {
     drop(peers);
 }
 
-/// Issue 36, item 11: an agent whose clock is ahead of the API server's by more than
+/// An agent whose clock is ahead of the API server's by more than
 /// `gang.timeout` (the `clock-ahead` failpoint: 15 minutes). Before: it read every check as
 /// past its deadline and answered none, so the check timed out and every gang with its node
 /// failed. Now deadlines are read against the API server's clock (the `Date` of a list of one
@@ -868,7 +868,7 @@ fn redteam_an_agent_whose_clock_is_ahead_still_answers() {
     drop(peers);
 }
 
-/// Issue 36, item 11 and issue 41, edge C: answers writable by any account with create
+/// Answers writable by any account with create
 /// rights. The controller cannot tell a forged `ok: true` from a member's answer, so RBAC
 /// alone (a Role granting `create` or `patch` on fabriccheckresults in the agents' namespace,
 /// to a user, a CI bot, a namespace admin's helper) decided who may pass a gang. Before: such
@@ -1012,7 +1012,7 @@ fn redteam_only_the_agents_fill_answers_whatever_rbac_grants() {
     assert_eq!(results(cp, check).len(), 1);
 }
 
-/// Issue 36, item 4: one fleet-wide peer key. Whoever holds it (any node's agent, anything on
+/// One fleet-wide peer key. Whoever holds it (any node's agent, anything on
 /// a compromised node) can run a responder. Before: one that answered WELCOME as no node (the
 /// name check was skipped when empty) was taken for whatever Node was dialled, and the member
 /// answered `ok: true` for a peer whose agent never spoke. Now WELCOME must name the Node
@@ -1086,7 +1086,7 @@ fn redteam_a_responder_that_is_not_the_dialled_node_is_not_believed() {
     drop(peers);
 }
 
-/// Issue 36, item 3: a compromised agent vouches for a broken link. Its node's pod-bound token
+/// A compromised agent vouches for a broken link. Its node's pod-bound token
 /// may fill its own answer, and the pair it measures was attested by it alone: an `ok: true`
 /// for a link that never carried a byte passed. Here rt-forge-0 is compromised: something
 /// holding the pool's key answers at its endpoint as rt-forge-0 (so its successor's own pair

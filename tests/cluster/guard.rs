@@ -630,7 +630,7 @@ pub(crate) fn ready_pod(
     set_pod_ready(cp, name, true);
 }
 
-/// Issue 24: the guard's default selector (`app.kubernetes.io/name=fabricgate`) also matched
+/// The guard's default selector (`app.kubernetes.io/name=fabricgate`) also matched
 /// the webhook's pods, so a node running a Ready webhook pod and no live agent was never
 /// tainted, and the peers Service selected the webhook too. Now both select the agent's own
 /// `app.kubernetes.io/component: agent`: the guard, with its default `--pod-selector` (the
@@ -785,7 +785,7 @@ fn as_user(
     }
 }
 
-/// Issue 24: the guard's token could set foreign labels, the breaker override annotation,
+/// The guard's token could set foreign labels, the breaker override annotation,
 /// cordon, clear every taint and zero allocatable on any Node. Now its admission policy
 /// (deploy/guard.yaml) refuses each of those, and any write to a Node outside the pool, and a
 /// `FabricReady` with any other reason; what the guard does (add its taint, set
@@ -1258,7 +1258,7 @@ fn guard_proves_its_policy_admits_its_taint_and_says_what_disagrees() {
     signal(guard.child(), "TERM");
 }
 
-/// Issue 41: the pool is defined once, in the requirements ConfigMap's key `pool-selector`.
+/// The pool is defined once, in the requirements ConfigMap's key `pool-selector`.
 /// With the shipped manifests (renamed), the guard mounts that ConfigMap and its pool policy
 /// reads it: the guard's taint is admitted on the pool's Nodes and refused outside it. The one
 /// value changed (nothing else): the guard, restarted as a rollout would, and its policy both

@@ -1,4 +1,4 @@
-//! Kueue for real (issue 25, item 3): Kueue v0.19's own manager, kube-controller-manager and
+//! Kueue for real: Kueue v0.19's own manager, kube-controller-manager and
 //! kube-scheduler on the shared control plane (`tests/common/kueue.rs`), the `fabricgate
 //! admission-check` controller as a separate process, and a real agent on each of six fixture
 //! Nodes in two leaves. The Topology, ResourceFlavor, ClusterQueue, LocalQueue, AdmissionCheck
@@ -16,7 +16,7 @@
 
 use crate::common::kueue::Kueue;
 use crate::common::sysfs::FakeHca;
-use crate::common::{Agent, TAINT, TestNode, start_agent, wait_until};
+use crate::common::{Agent, Launch, TAINT, TestNode, wait_until};
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -88,6 +88,19 @@ impl Fleet {
         leaves: usize,
         per_leaf: usize,
     ) -> Fleet {
+        Self::up_with(kueue, prefix, leaves, per_leaf, "", &[])
+    }
+
+    /// As [`Fleet::up_sized`], `extra` appended to every agent's requirements file and `env`
+    /// set for every agent (runtime transport with the pod-facts seam, say).
+    pub(crate) fn up_with(
+        kueue: &'static Kueue,
+        prefix: &str,
+        leaves: usize,
+        per_leaf: usize,
+        extra: &str,
+        env: &[(&str, &str)],
+    ) -> Fleet {
         let cp = kueue.cp;
         // Peers on, so each agent answers the FabricChecks that name its node, its responder
         // on a loopback port it advertises on its Node; no rounds of its own (no peers).
@@ -99,7 +112,7 @@ impl Fleet {
             &config,
             format!(
                 "peers:\n  enabled: true\n  listen: \"127.0.0.1:0\"\n  interval: 10m\n  \
-                 timeout: 2s\n  key_file: {}\n",
+                 timeout: 2s\n  key_file: {}\n{extra}",
                 key.display()
             ),
         )
@@ -123,7 +136,7 @@ impl Fleet {
                 );
                 // Each node its own loopback address (its status.addresses, as the kubelet
                 // reports them) and the one peers port: the controller accepts only such an
-                // endpoint (issue 36, item 10).
+                // endpoint.
                 let ip = format!("127.0.0.{}", 11 + l * per_leaf + i);
                 cp.patch_node_status(
                     &name,
@@ -134,19 +147,22 @@ impl Fleet {
                 let node = TestNode { cp, name };
                 let hca = FakeHca::new(true);
                 let kubeconfig = node.agent_kubeconfig(None);
-                fleet.agents.push(start_agent(
-                    &node.name,
-                    &hca,
-                    Some(&kubeconfig),
-                    &[
-                        "--interval",
-                        "500ms",
-                        "--config",
-                        &config_arg,
-                        "--peers-listen",
-                        &listen,
-                    ],
-                ));
+                let args = [
+                    "--interval",
+                    "500ms",
+                    "--config",
+                    &config_arg,
+                    "--peers-listen",
+                    &listen,
+                ];
+                let (sysfs, proc_root) = (hca.sysfs_root(), hca.proc_root());
+                fleet.agents.push(
+                    Launch::at(&node.name, &sysfs, &proc_root, hca.scratch())
+                        .kubeconfig(Some(&kubeconfig))
+                        .args(&args)
+                        .env(env)
+                        .start(),
+                );
                 fleet.nodes.push(node);
                 fleet.hcas.push(hca);
             }
@@ -694,7 +710,7 @@ fn kueue_keeps_a_gang_pending_while_the_check_controller_is_down() {
     controller.kill();
 }
 
-/// Issue 36, item 2, with Kueue itself: a gang whose pre-flight fails every time (RDMA
+/// With Kueue itself: a gang whose pre-flight fails every time (RDMA
 /// required, and the fixture agents have no verbs: every pair is `unmeasured`) is retried
 /// after the check's `requeueAfterSeconds` (Kueue keeps it waiting that long, not re-reserving
 /// at once) and, at `gang.max_attempts`, `Rejected`: Kueue deactivates the Workload and the

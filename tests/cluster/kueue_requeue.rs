@@ -1,4 +1,4 @@
-//! After admission (issue 43), for real: Kueue v0.19's manager, kube-controller-manager and
+//! After admission, for real: Kueue v0.19's manager, kube-controller-manager and
 //! kube-scheduler on the shared control plane, the `fabricgate admission-check` controller as
 //! its own process and a real agent on each fixture Node (the `kueue` tests' harness,
 //! tests/cluster/kueue.rs). A gang Kueue admitted whose member node turns unvalidated (its
@@ -584,16 +584,172 @@ fn kueue_requeues_a_gang_whose_member_pod_is_on_sockets() {
         )),
         "{retry}"
     );
-    let requeued = requeued_notes(cp, &wl);
+    requeued_once_for(cp, &wl, &pod, &controller, &fleet, &node);
+    controller.kill();
+}
+
+/// The gang requeued once for `pod` (one `FabricGangRequeued` Event naming it, the metric at
+/// 1), and `node`, the pod's, still validated: the pod was the cause, not its node.
+fn requeued_once_for(
+    cp: &ControlPlane,
+    wl: &str,
+    pod: &str,
+    controller: &Controller,
+    fleet: &Fleet,
+    node: &str,
+) {
+    let requeued = requeued_notes(cp, wl);
     assert!(
-        requeued.len() == 1 && requeued[0].contains(&pod),
+        requeued.len() == 1 && requeued[0].contains(pod),
         "one FabricGangRequeued Event naming {pod}: {requeued:?}"
     );
     assert_eq!(controller.metric(REQUEUED), 1.0);
     assert!(
-        !fleet.nodes[fleet.by_name(&node)].has_our_taint(),
+        !fleet.nodes[fleet.by_name(node)].has_our_taint(),
         "the node itself stays validated"
     );
+}
+
+/// `fabricgate.io/TransportReady` of pod `pod` in the Job's namespace as
+/// `status/reason: message`.
+fn transport_condition(cp: &ControlPlane, pod: &str) -> Option<String> {
+    crate::runtime_transport::transport_condition(cp, NS, pod)
+}
+
+/// The converse of `kueue_requeues_a_gang_whose_member_pod_is_on_sockets`: real agents with
+/// runtime transport (`runtime.confirm_windows: 2`, window 5 s, the pod facts through the test
+/// seam) judge the pods of an admitted, running gang. One member shows one window of bulk TCP, then is quiet
+/// (a checkpoint restore, a peer streaming into its TCPStore): its condition says "on sockets
+/// for 1 of 2 windows" and never turns `False`, so past the grace and three windows more the
+/// gang stays admitted: no `Retry`, no `FabricGangRequeued` Event, `requeued` 0. Then two
+/// windows in a row on sockets: `False`, and the gang is requeued after the grace (the same
+/// setup can requeue).
+#[test]
+fn kueue_does_not_requeue_a_gang_whose_member_shows_one_unconfirmed_window_of_sockets() {
+    let Some((_serial, kueue)) = start() else {
+        return;
+    };
+    let cp = kueue.cp;
+    const WINDOW: Duration = Duration::from_secs(5);
+    // The agents read pods and write their condition from their first window: the
+    // runtime-transport overlay's grants and policy before they start.
+    cp.install_agent_rbac();
+    let _widened = crate::common::controlplane::WidenedRbac::apply(cp);
+    let path = crate::common::repo_root()
+        .join("deploy/overlays/runtime-transport")
+        .join("pod-transport-policy.yaml");
+    cp.apply(&std::fs::read_to_string(&path).expect("read the runtime-transport overlay"));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let facts = dir.path().join("pod-facts");
+    std::fs::write(&facts, "").expect("write the facts");
+    let runtime = format!(
+        "runtime:\n  enabled: true\n  window: {}s\n  confirm_windows: 2\n  \
+         pod_selector: \"batch.kubernetes.io/job-name={JOB}\"\n",
+        WINDOW.as_secs()
+    );
+    let seam = facts.to_str().expect("a UTF-8 path").to_owned();
+    let fleet = Fleet::up_with(
+        kueue,
+        "kqw",
+        1,
+        WORKERS,
+        &runtime,
+        &[("FABRICGATE_TEST_POD_FACTS", seam.as_str())],
+    );
+    apply_queues(cp);
+    let controller = Controller::start_with(kueue, &gang(GRACE, ""));
+    wait_queue_active(kueue, &controller);
+    create_job(cp, &gang_job(JOB, WORKERS, 8, false));
+    let on = wait_admitted_and_bound(kueue, &controller);
+    mark_running(cp);
+    let wl = name_of(&workload_of(cp, JOB).expect("the Workload"));
+    let pods = pods_of(cp, JOB);
+    let field = |p: &Value, f: &str| p["metadata"][f].as_str().unwrap_or("").to_owned();
+    let member = pods
+        .iter()
+        .find(|p| p["spec"]["nodeName"] == on[0].as_str())
+        .expect("a pod on the first node");
+    let (pod, uid) = (field(member, "name"), field(member, "uid"));
+    // The other members on RDMA throughout.
+    let others: String = pods
+        .iter()
+        .filter(|p| field(p, "uid") != uid)
+        .map(|p| format!("{} rdma mlx5_0\n", field(p, "uid")))
+        .collect();
+    let set_member = |line: &str| {
+        std::fs::write(&facts, format!("{others}{uid} {line}\n")).expect("write the facts");
+    };
+    let watch = WorkloadWatch::start(cp);
+    let seen = std::cell::RefCell::new(Vec::<String>::new());
+    let record = || {
+        let now = transport_condition(cp, &pod).unwrap_or_default();
+        assert!(
+            !now.starts_with("False/"),
+            "turned False on one window: {now}\ncontroller:\n{}",
+            controller.log()
+        );
+        let mut seen = seen.borrow_mut();
+        if seen.last() != Some(&now) {
+            seen.push(now);
+        }
+    };
+
+    // One window of bulk TCP with a peer, then quiet.
+    set_member("sockets 41000000000 10.0.0.2 eth0");
+    wait_until_ctx(
+        "the member's first window: sockets, not yet confirmed",
+        Duration::from_secs(30),
+        || {
+            record();
+            transport_condition(cp, &pod)
+                .is_some_and(|m| m.contains("on sockets for 1 of 2 windows"))
+        },
+        || format!("\nconditions seen: {:?}", seen.borrow()),
+    );
+    set_member("sockets 0 10.0.0.2 eth0");
+    let unconfirmed = Instant::now();
+    // Past the grace and three windows more: the gang stays as it was.
+    let until = unconfirmed + GRACE + 3 * WINDOW;
+    while Instant::now() < until {
+        record();
+        assert!(
+            watch.retries().is_empty(),
+            "requeued on one window: {:?}",
+            watch.retries()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let shown = seen.borrow().clone();
+    assert!(
+        shown
+            .iter()
+            .any(|m| m.starts_with("Unknown/NoInterNodeTraffic: ")
+                && m.contains("on sockets for 1 of 2 windows")),
+        "{shown:?}"
+    );
+    assert!(events(cp, &wl, "FabricGangRequeued").is_empty());
+    assert_eq!(controller.metric(REQUEUED), 0.0);
+    let now = workload_of(cp, JOB).expect("the Workload");
+    assert!(condition_true(&now, "Admitted"), "{now:#}");
+    assert_eq!(check_state(&now).map(|s| s.0).as_deref(), Some("Ready"));
+    assert_eq!(bound_pods_of(cp, JOB).1, on, "the gang keeps running");
+    assert!(!crate::kueue::job_suspended(cp));
+
+    // Two windows in a row: confirmed, `False`, and requeued after the grace.
+    set_member("sockets 41000000000 10.0.0.2 eth0");
+    wait_until_ctx(
+        "the member's condition False/SocketsFallback",
+        Duration::from_secs(30),
+        || transport_condition(cp, &pod).is_some_and(|m| m.starts_with("False/SocketsFallback")),
+        || format!("\n{:?}", transport_condition(cp, &pod)),
+    );
+    let set = Instant::now();
+    let retried = wait_retry(&watch, &pod, &controller);
+    assert!(
+        retried.duration_since(set) + Duration::from_millis(500) >= GRACE,
+        "requeued before the grace"
+    );
+    requeued_once_for(cp, &wl, &pod, &controller, &fleet, &on[0]);
     controller.kill();
 }
 

@@ -1,4 +1,4 @@
-//! The kustomize overlays of `deploy/` (issue 15, "a deployment that works as shipped"),
+//! The kustomize overlays of `deploy/` (a deployment that works as shipped),
 //! rendered by Kubernetes' own `kubectl kustomize` and checked against the real apiserver:
 //! `daemonset.yaml` is exactly the rendered default, every overlay passes both schemas and a
 //! server-side dry run, and the privileged overlay's admission policy confines privilege to the
@@ -288,7 +288,7 @@ fn host_root_pod(labels: Value, owner: Option<Value>) -> Value {
     pod
 }
 
-/// Issue 24: the privileged overlay's policy looked only at `privileged`; a pod with hostPath
+/// The privileged overlay's policy looked only at `privileged`; a pod with hostPath
 /// `/`, hostPID, hostNetwork and `SYS_ADMIN` was admitted in the agent's namespace. Now each
 /// of those is the DaemonSet's alone: the plain pod is refused (by anyone but the DaemonSet
 /// controller creating a pod of the DaemonSet), each way onto the host on its own too, and

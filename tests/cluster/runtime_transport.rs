@@ -1,4 +1,4 @@
-//! Runtime transport per pod (issue 42) against the real kube-apiserver: the shipped agent,
+//! Runtime transport per pod against the real kube-apiserver: the shipped agent,
 //! with the runtime-transport overlay's RBAC and admission policy installed, judges only the
 //! pod that requests the RDMA resource; facts saying sockets set `fabricgate.io/TransportReady`
 //! False/SocketsFallback through pods/status, an Event `TransportFallback` on the pod and on
@@ -583,21 +583,7 @@ fn one_unconfirmed_window_of_sockets_never_turns_the_condition_false() {
     let facts = hca.scratch().join("pod-facts");
     std::fs::write(&facts, format!("{uid} sockets 41000000000 10.0.0.2 eth0\n")).unwrap();
     let (agent, _) = agent_with_facts(cp, &hca, node, &facts, "  confirm_windows: 2\n");
-    let message = |cp: &ControlPlane| {
-        let p = cp.get_json(&format!("{path}/member"))?;
-        p["status"]["conditions"]
-            .as_array()?
-            .iter()
-            .find(|c| c["type"] == "fabricgate.io/TransportReady")
-            .map(|c| {
-                format!(
-                    "{}/{}: {}",
-                    c["status"].as_str().unwrap_or_default(),
-                    c["reason"].as_str().unwrap_or_default(),
-                    c["message"].as_str().unwrap_or_default()
-                )
-            })
-    };
+    let message = |cp: &ControlPlane| transport_condition(cp, ns, "member");
     wait_until(
         "the first window: sockets, not yet confirmed",
         Duration::from_secs(30),
@@ -640,4 +626,22 @@ fn one_unconfirmed_window_of_sockets_never_turns_the_condition_false() {
         "{metrics}"
     );
     drop(agent);
+}
+
+/// Pod `ns/pod`'s `fabricgate.io/TransportReady` as `status/reason: message`; `None` before
+/// the agent set it.
+pub(crate) fn transport_condition(cp: &ControlPlane, ns: &str, pod: &str) -> Option<String> {
+    let p = cp.get_json(&format!("/api/v1/namespaces/{ns}/pods/{pod}"))?;
+    p["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == "fabricgate.io/TransportReady")
+        .map(|c| {
+            format!(
+                "{}/{}: {}",
+                c["status"].as_str().unwrap_or_default(),
+                c["reason"].as_str().unwrap_or_default(),
+                c["message"].as_str().unwrap_or_default()
+            )
+        })
 }

@@ -368,7 +368,7 @@ fn the_cluster_role_grants_exactly_what_a_full_agent_run_uses() {
     );
 }
 
-/// Issue 24: the agent could create Events in every namespace (a ClusterRole). It writes them
+/// The agent could create Events in every namespace (a ClusterRole). It writes them
 /// to one: `EVENT_NAMESPACE` (`default`, where Events about Nodes go). With its real pod-bound
 /// token, the apiserver's own answer (`SelfSubjectAccessReview`) and a real create: allowed
 /// there, refused in every other namespace, and never the core/v1 Events it does not use.

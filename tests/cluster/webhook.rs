@@ -5,9 +5,9 @@
 //! refuses opted-in pods with a clear message while other pods are unaffected. Admission
 //! latency through the real API server is measured (p50/p99) with and without the webhook.
 //!
-//! The `redteam_` tests replay issue 24 on the real apiserver and scheduler: a pod whose own
-//! affinity names the readiness key is still kept off a tainted `ready=false` node, and with
-//! the webhook stopped, or its real process frozen (`SIGSTOP`: connections accepted, never
+//! The `redteam_` tests replay the red team's attacks on the real apiserver and scheduler: a pod
+//! whose own affinity names the readiness key is still kept off a tainted `ready=false` node, and
+//! with the webhook stopped, or its real process frozen (`SIGSTOP`: connections accepted, never
 //! answered), a labelled pod outside the opted-in namespaces is refused.
 //! Each registers its own configuration under its own label prefix, so the tests' webhooks
 //! never see each other's pods.

@@ -100,6 +100,20 @@ impl Fleet {
         watch: bool,
         breaker: bool,
     ) -> Fleet {
+        Fleet::start_tuned(cp, names, pool, interval, watch, breaker, Arc::new(|_| {}))
+    }
+
+    /// As [`Fleet::start_on`], `tune` applied to each agent's configuration last (runtime
+    /// transport on, say).
+    pub fn start_tuned(
+        cp: &'static ControlPlane,
+        names: Vec<String>,
+        pool: &str,
+        interval: Duration,
+        watch: bool,
+        breaker: bool,
+        tune: Arc<dyn Fn(&mut Config) + Send + Sync>,
+    ) -> Fleet {
         let n = names.len();
         let prefix = pool;
         if breaker {
@@ -131,6 +145,7 @@ impl Fleet {
             let mut stop_rx = stop_rx.clone();
             let pool = prefix.to_owned();
             let registry = registry.clone();
+            let tune = Arc::clone(&tune);
             tasks.push(runtime.spawn(async move {
                 let kube_config = {
                     let kc = kube::config::Kubeconfig::read_from(&kc).unwrap();
@@ -166,6 +181,7 @@ impl Fleet {
                     .kubernetes
                     .dra;
                 }
+                tune(&mut config);
                 let prober = Prober::new(
                     roots,
                     ProbeConfig {

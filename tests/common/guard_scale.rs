@@ -1,4 +1,4 @@
-//! The guard's leader over a pool of thousands of GPU Nodes (issue 35, item 3): `fabricgate
+//! The guard's leader over a pool of thousands of GPU Nodes: `fabricgate
 //! guard` as its own process (the shipped ServiceAccount, RBAC and admission policy), one
 //! Ready agent pod per Node (the test plays the kubelets), then what an operator would watch:
 //! its first lists, its RSS, the time from an agent's death to its Node's taint, and the same

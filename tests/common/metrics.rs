@@ -113,8 +113,10 @@ pub fn unhealthy_metrics() -> Metrics {
     metrics
 }
 
-/// Runtime transport on the unhealthy node: one Job's pod on RDMA (two RC QPs in RTS), another
-/// Job's pod on sockets (41 GB over TCP to other nodes in the window).
+/// Runtime transport on the unhealthy node: one Job's pod on RDMA (two RC QPs in RTS on
+/// mlx5_0/1, the Job's own port, which carried 12 GB out and 11 GB in over the window; and
+/// mlx5_1/1, shared with another Job), another Job's pod on sockets (41 GB over TCP to other
+/// nodes in the window).
 fn record_pods(metrics: &Metrics) {
     use fabricgate::transport::metrics::PodSample;
     use fabricgate::transport::verdict::{self, PodVerdict, Transport};
@@ -138,6 +140,7 @@ fn record_pods(metrics: &Metrics) {
         data_path_qps: Some(2),
         internode_tcp_bytes: Some(1_000_000),
         other_tcp_bytes: Some(0),
+        rdma_bytes: Some(23_000_000_000),
         clears: false,
     };
     let sockets = PodVerdict {
@@ -149,6 +152,7 @@ fn record_pods(metrics: &Metrics) {
         data_path_qps: Some(0),
         internode_tcp_bytes: Some(41_000_000_000),
         other_tcp_bytes: Some(2_000_000_000),
+        rdma_bytes: None,
         clears: false,
     };
     let pods = metrics
@@ -170,6 +174,36 @@ fn record_pods(metrics: &Metrics) {
             verdict: &sockets,
             qps: Some(&[]),
         },
+    ]);
+    use fabricgate::transport::bandwidth::{JobId, PortShare};
+    use fabricgate_probes::transport::ports::PortCounter;
+    let job = |name: &str| JobId {
+        namespace: "ml".into(),
+        job: name.into(),
+    };
+    let port = |device: &str, jobs: Vec<JobId>, tx, rx| PortShare {
+        device: device.into(),
+        port: 1,
+        jobs,
+        others: Vec::new(),
+        counter: PortCounter::DataWords,
+        transmit_bytes: Some(tx),
+        receive_bytes: Some(rx),
+        unseen: None,
+    };
+    pods.record_ports(&[
+        port(
+            "mlx5_0",
+            vec![job("Job/llm")],
+            12_000_000_000,
+            11_000_000_000,
+        ),
+        port(
+            "mlx5_1",
+            vec![job("Job/eval"), job("Job/llm")],
+            1_000_000,
+            1_000_000,
+        ),
     ]);
 }
 

@@ -34,6 +34,7 @@ pub mod metrics;
 pub mod node;
 pub mod procstat;
 pub mod scale;
+pub mod scale_transport;
 pub mod storage;
 pub mod sysfs;
 pub mod tls;

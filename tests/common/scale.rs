@@ -1,4 +1,4 @@
-//! A pool of thousands of GPU Nodes on the real API server (issue 35): `pool` Node objects of
+//! A pool of thousands of GPU Nodes on the real API server: `pool` Node objects of
 //! a real GPU node's size (labels, capacity, 50 container images: about 10 kB each), real
 //! agents on the first `agents` of them (the fleet, in this process, as the agent's
 //! ServiceAccount), the guard beside them (its ServiceAccount, in this process) or not, and
@@ -185,23 +185,33 @@ pub fn delete_pool(cp: &ControlPlane, names: &[String]) {
 }
 
 /// Response bytes and count per "resource verb" from the API server's
-/// `apiserver_response_sizes` (lists and gets; watches are not in it).
+/// `apiserver_response_sizes` (lists and gets; watches are not in it), and the bytes and count
+/// of the events sent on watches per "resource WATCH" (`apiserver_watch_events_sizes`, one per
+/// event per watcher).
 fn response_sizes(cp: &ControlPlane) -> BTreeMap<String, (f64, f64)> {
     let text = cp.metrics_text();
     if std::env::var_os("FABRICGATE_SCALE_DEBUG").is_some() {
         for l in text
             .lines()
-            .filter(|l| l.contains("response_sizes"))
-            .take(5)
+            .filter(|l| l.contains("response_sizes") || l.contains("watch_events_sizes"))
+            .take(10)
         {
             eprintln!("scale: metrics: {l}");
         }
     }
+    let mut out = histogram_sums(&text, "apiserver_response_sizes");
+    out.extend(histogram_sums(&text, "apiserver_watch_events_sizes"));
+    out
+}
+
+/// Sum and count of histogram `name` per "resource verb" (verb `WATCH` where it has none).
+fn histogram_sums(text: &str, name: &str) -> BTreeMap<String, (f64, f64)> {
+    let (sums, counts) = (format!("{name}_sum{{"), format!("{name}_count{{"));
     let mut out: BTreeMap<String, (f64, f64)> = BTreeMap::new();
     for line in text.lines() {
-        let (sum, rest) = if let Some(r) = line.strip_prefix("apiserver_response_sizes_sum{") {
+        let (sum, rest) = if let Some(r) = line.strip_prefix(sums.as_str()) {
             (true, r)
-        } else if let Some(r) = line.strip_prefix("apiserver_response_sizes_count{") {
+        } else if let Some(r) = line.strip_prefix(counts.as_str()) {
             (false, r)
         } else {
             continue;
@@ -220,7 +230,11 @@ fn response_sizes(cp: &ControlPlane) -> BTreeMap<String, (f64, f64)> {
         if resource.is_empty() {
             continue; // the non-resource paths (this very /metrics, /readyz)
         }
-        let key = format!("{resource} {}", label("verb"));
+        let verb = label("verb");
+        let key = format!(
+            "{resource} {}",
+            if verb.is_empty() { "WATCH" } else { &verb }
+        );
         let v: f64 = value.trim().parse().unwrap_or(0.0);
         let e = out.entry(key).or_default();
         if sum {
@@ -233,19 +247,19 @@ fn response_sizes(cp: &ControlPlane) -> BTreeMap<String, (f64, f64)> {
 }
 
 /// What the API server did in one phase.
-struct Phase {
-    name: &'static str,
-    took: Duration,
-    events: Vec<AuditEvent>,
-    bytes: BTreeMap<String, (f64, f64)>,
-    cpu: f64,
-    rss_before: u64,
-    rss_max: u64,
+pub(super) struct Phase {
+    pub(super) name: &'static str,
+    pub(super) took: Duration,
+    pub(super) events: Vec<AuditEvent>,
+    pub(super) bytes: BTreeMap<String, (f64, f64)>,
+    pub(super) cpu: f64,
+    pub(super) rss_before: u64,
+    pub(super) rss_max: u64,
 }
 
 impl Phase {
     /// Measure `f` (which returns when the phase is over).
-    fn measure(cp: &ControlPlane, name: &'static str, f: impl FnOnce()) -> Phase {
+    pub(super) fn measure(cp: &ControlPlane, name: &'static str, f: impl FnOnce()) -> Phase {
         let mark = cp.audit_mark();
         let sizes = response_sizes(cp);
         let cpu = cp.apiserver_cpu_seconds();
@@ -286,7 +300,7 @@ impl Phase {
         }
     }
 
-    fn report(&self, out: &mut String) {
+    pub(super) fn report(&self, out: &mut String) {
         let _ = writeln!(
             out,
             "  phase {}: {:.1} s; apiserver CPU {:.1} s ({:.1}% of a core), RSS {} MiB -> max {} MiB (+{} MiB)",
@@ -334,20 +348,21 @@ impl Phase {
             .count()
     }
 
-    /// Response bytes of all users' `resource verb` ("nodes LIST") in this phase.
-    fn bytes_of(&self, key: &str) -> f64 {
+    /// Response bytes of all users' `resource verb` ("nodes LIST", "pods WATCH": the events
+    /// sent on watches) in this phase.
+    pub(super) fn bytes_of(&self, key: &str) -> f64 {
         self.bytes.get(key).map_or(0.0, |(s, _)| *s)
     }
 }
 
 /// The agents' Nodes as an admin reflector sees them (one list, then a watch: the census costs
 /// no list per look).
-struct Census {
+pub(super) struct Census {
     store: Store<Node>,
 }
 
 impl Census {
-    fn start(cp: &ControlPlane, fleet: &Fleet) -> Census {
+    pub(super) fn start(cp: &ControlPlane, fleet: &Fleet) -> Census {
         let nodes: Api<Node> = Api::all(cp.admin());
         let (store, writer) = reflector::store();
         let stream = watcher(
@@ -370,7 +385,7 @@ impl Census {
     }
 
     /// (tainted, validated, held by the breaker) among `names`.
-    fn count(&self, names: &[String]) -> (usize, usize, usize) {
+    pub(super) fn count(&self, names: &[String]) -> (usize, usize, usize) {
         let (mut tainted, mut ready, mut held) = (0, 0, 0);
         for name in names {
             let Some(n) = self
@@ -410,7 +425,7 @@ impl Census {
         (tainted, ready, held)
     }
 
-    fn wait(&self, what: &str, limit: Duration, mut done: impl FnMut(&Census) -> bool) {
+    pub(super) fn wait(&self, what: &str, limit: Duration, mut done: impl FnMut(&Census) -> bool) {
         let started = Instant::now();
         while !done(self) {
             assert!(

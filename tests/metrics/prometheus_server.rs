@@ -378,6 +378,8 @@ fn every_dashboard_query_returns_data_from_the_agent() {
         "Guard: Node writes",
         "Jobs with pods on sockets",
         "Pod transport",
+        "Active fabric bandwidth per job",
+        "Shared RDMA ports (bytes not attributed)",
     ] {
         assert!(
             titles.contains(&wanted),

@@ -183,10 +183,8 @@ pub fn base64(data: &[u8]) -> String {
 /// `deploy/overlays/runtime-transport`, without the privileged overlay's `privileged: true`
 /// (so the component's capability list is what the agent has). Rendered by the real `kubectl
 /// kustomize` from copies of the shipped files under the run directory. The privileged-agent
-/// policy is not applied: this node's kube-controller-manager runs with the admin's
-/// credentials (`--use-service-account-credentials=false`), so the DaemonSet controller's pod
-/// creations come as `admin`, which that policy refuses for any pod with host access (the
-/// shipped agent's too); the policy is checked on the real apiserver by the cluster tests.
+/// policy belongs to the privileged overlay, not to this component, so it is not applied here
+/// (the Helm scenario applies it with DRA, tests/node/helm.rs).
 pub fn runtime_transport(node: &RealNode, image: &str, runtime: &str) -> Result<String, String> {
     let mut t = daemonset(node, image)?;
     let indented: String = runtime.lines().map(|l| format!("    {l}\n")).collect();

@@ -1,4 +1,4 @@
-//! fabricgate's own DRA path on the real node (issue 34): the agent of `daemonset.yaml` with
+//! fabricgate's own DRA path on the real node: the agent of `daemonset.yaml` with
 //! the `deploy/overlays/dra` registry mount and `kubernetes.dra` (DraNet's `dra.net`,
 //! `taint_effect: NoExecute`, 7 of the 8 compute ports required, `taint_scope` at its default
 //! `device`), against the real kubelet, kube-scheduler, kube-controller-manager and the DRA

@@ -319,7 +319,10 @@ impl RealNode {
             format!("--kubeconfig={d}/admin.kubeconfig"),
             "--leader-elect=false".into(),
             "--secure-port=0".into(),
-            "--use-service-account-credentials=false".into(),
+            // Each controller with its own service account, as kubeadm runs it: the
+            // privileged-agent policy admits host access only from the DaemonSet
+            // controller's (system:serviceaccount:kube-system:daemon-set-controller).
+            "--use-service-account-credentials=true".into(),
             format!("--service-account-private-key-file={p}/sa.key"),
             format!("--root-ca-file={p}/ca.crt"),
             format!("--cluster-signing-cert-file={p}/ca.crt"),

@@ -1,6 +1,8 @@
 //! The Helm chart on the real node, with Helm itself (`.ci/helm.sh`): `helm install` → the node
 //! validated, the guard and the admission check running; `helm upgrade` turning runtime
-//! transport on rolls the agent out without ever leaving the validated node unvalidated;
+//! transport on, then DRA (the privileged agent, admitted by the privileged-agent policy as the
+//! DaemonSet controller's), rolls the agent out without ever leaving the validated node
+//! unvalidated;
 //! `helm uninstall` →
 //! the chart's cleanup hook leaves no fabricgate mark on the Node, and Helm prints what it
 //! removed. The values are the node's, as tests/node/deploy.rs makes daemonset.yaml the
@@ -81,6 +83,10 @@ fn node_values(node: &RealNode) -> Result<Value, String> {
         { "name": "KUBERNETES_SERVICE_HOST", "value": NODE_IP },
         { "name": "KUBERNETES_SERVICE_PORT", "value": "6443" },
     ]);
+    // No RDMA in this kernel: the privileged agent (DRA on) mounts an empty folder as the
+    // host's /dev/infiniband, as verbs are off.
+    let dev = node.dir.join("dev-infiniband");
+    std::fs::create_dir_all(&dev).map_err(|e| format!("mkdir {}: {e}", dev.display()))?;
     // One node, in the pool: the guard and the admission check run on it.
     let anywhere = json!({ "nodeAffinity": {} });
     Ok(json!({
@@ -88,7 +94,11 @@ fn node_values(node: &RealNode) -> Result<Value, String> {
         "requirements": requirements,
         "agent": {
             "verbs": "off",
-            "hostPaths": { "sys": format!("{d}/fixture/sys"), "lustre": format!("{d}/lustre") },
+            "hostPaths": {
+                "sys": format!("{d}/fixture/sys"),
+                "lustre": format!("{d}/lustre"),
+                "devInfiniband": dev.display().to_string(),
+            },
             "extraEnv": api,
         },
         "guard": { "affinity": anywhere, "extraEnv": api },
@@ -227,9 +237,58 @@ pub fn install_upgrade_uninstall(node: &RealNode) -> Result<(), String> {
     if req["runtime"]["enabled"] != true {
         return Err(format!("runtime.enabled not set by the upgrade: {req}"));
     }
-    // Not DRA here: it needs agent.deviceAccess privileged, and the privileged-agent policy
-    // refuses this node's DaemonSet pods (its kube-controller-manager creates them as admin,
-    // --use-service-account-credentials=false), as in runtime_transport.rs.
+    // Upgrade: DRA on (agent.deviceAccess privileged, the kubelet's plugin registry mounted),
+    // runtime transport kept. The chart now installs the privileged-agent policy, and the real
+    // apiserver admits the privileged agent pod only because the DaemonSet controller (its own
+    // service account, as kubeadm runs kube-controller-manager) creates it; the validated node
+    // is never tainted meanwhile.
+    upgrade_keeps_validated(
+        node,
+        &[
+            &chart,
+            "-f",
+            &values,
+            "--set",
+            "runtimeTransport.enabled=true,agent.interval=5s,agent.deviceAccess=privileged,\
+             dra.enabled=true",
+        ],
+        "DRA on",
+        |pod| {
+            pod["spec"]["containers"][0]["securityContext"]["privileged"] == true
+                && pod["spec"]["volumes"]
+                    .as_array()
+                    .is_some_and(|v| v.iter().any(|v| v["name"] == "plugins-registry"))
+        },
+    )?;
+    let policy = node.kubectl(&[
+        "get",
+        "validatingadmissionpolicy",
+        "fabricgate-privileged-agent-only",
+        "-o",
+        "name",
+    ])?;
+    if policy.trim().is_empty() {
+        return Err("the privileged-agent policy is not installed with DRA on".into());
+    }
+    // The policy is in force: a privileged pod created by anyone else is refused.
+    let refused = node.apply(
+        &json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": { "name": "not-the-agent", "namespace": "fabricgate" },
+            "spec": { "containers": [{ "name": "c", "image": images::AGENT,
+                "securityContext": { "privileged": true } }] },
+        })
+        .to_string(),
+    );
+    match refused {
+        Err(e) if e.contains("only the fabricgate DaemonSet may run pods with host access") => {}
+        other => {
+            let _ = node.kubectl(&["delete", "pod", "-n", "fabricgate", "not-the-agent"]);
+            return Err(format!(
+                "a privileged pod by the admin was not refused by the policy: {other:?}"
+            ));
+        }
+    }
 
     // Uninstall: the cleanup hook waits for the agent and the guard to go, then removes
     // every mark; Helm prints its output.

@@ -1,4 +1,4 @@
-//! Bounded probe I/O through the real `fabricgate check` binary (issue 14, item 3): a FIFO
+//! Bounded probe I/O through the real `fabricgate check` binary: a FIFO
 //! where `rate` should be and a symlink to `/dev/zero` as an attribute end the check within
 //! seconds, with the attribute named; a mount table with non-UTF-8 mount points and one with
 //! 10,000 Lustre entries are read, never rejected as a whole.

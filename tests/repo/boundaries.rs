@@ -106,6 +106,7 @@ const FEATURES: &[(&str, &[(&str, &str)])] = &[(
     "transport",
     &[
         ("settings", "config"),
+        ("bandwidth", "policy"),
         ("verdict", "policy"),
         ("eviction", "policy"),
         ("metrics", "observe"),
@@ -526,6 +527,85 @@ fn no_source_file_is_over_900_lines() {
     assert!(
         long.is_empty(),
         "split these by responsibility:\n{}",
+        long.join("\n")
+    );
+}
+
+/// Each function of `code` (comments and strings blanked, [`code_only`]) with its first line
+/// (1-based) and its length in lines, from `fn` to its closing brace.
+fn function_lengths(code: &str) -> Vec<(String, usize, usize)> {
+    let lines: Vec<&str> = code.lines().collect();
+    let mut out = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        let t = line.trim_start();
+        let Some(at) = t.find("fn ") else { continue };
+        let head = &t[..at];
+        let is_fn = head.split_whitespace().all(|w| {
+            matches!(w, "pub" | "async" | "const" | "unsafe" | "extern") || w.starts_with("pub(")
+        });
+        if !is_fn {
+            continue;
+        }
+        let name: String = t[at + 3..]
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect();
+        // The body: from the first `{` after the signature to its matching `}`; a declaration
+        // without a body (`;` first) is no function here.
+        let mut depth = 0usize;
+        let mut opened = false;
+        let mut end = None;
+        'scan: for (j, l) in lines.iter().enumerate().skip(i) {
+            for c in l.chars() {
+                match c {
+                    ';' if !opened => break 'scan,
+                    '{' => {
+                        depth += 1;
+                        opened = true;
+                    }
+                    '}' if opened => {
+                        depth -= 1;
+                        if depth == 0 {
+                            end = Some(j);
+                            break 'scan;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        if let Some(end) = end {
+            out.push((name, i + 1, end - i + 1));
+        }
+    }
+    out
+}
+
+#[test]
+fn function_lengths_count_from_fn_to_its_closing_brace() {
+    let code = "fn a() {\n    if x { y }\n}\n\nfn decl();\n\npub(crate) async fn b(\n    x: u8,\n) -> u8 {\n    x\n}\n";
+    assert_eq!(
+        function_lengths(code),
+        [("a".to_owned(), 1, 3), ("b".to_owned(), 7, 5)]
+    );
+}
+
+#[test]
+fn no_function_is_over_120_lines() {
+    let mut long = Vec::new();
+    for dir in ["src", "probes/src"] {
+        for file in common::rust_files(&common::repo_root().join(dir)) {
+            let code = code_only(&std::fs::read_to_string(&file).unwrap());
+            for (name, line, n) in function_lengths(&code) {
+                if n > 120 {
+                    long.push(format!("{}:{line}: fn {name}: {n} lines", file.display()));
+                }
+            }
+        }
+    }
+    assert!(
+        long.is_empty(),
+        "split these into steps that each say what they do:\n{}",
         long.join("\n")
     );
 }

@@ -312,7 +312,7 @@ fn rbac_grants_exactly_what_the_agent_uses() {
     // Lease, by name: read it (the pool summary); and the gang pre-flight: list and watch the
     // FabricChecks, patch FabricCheckResults (fill its own answer, which the controller
     // created: the policy fabricgate-fabriccheck-results keeps each agent to it, once), never
-    // create one (issue 41, edge C).
+    // create one.
     let ledger = object_in("Role", NAMESPACE);
     assert_eq!(
         ledger["rules"],
@@ -510,7 +510,7 @@ fn metrics_port_listens_on_the_nodes_address_only() {
 }
 
 /// The peer side channel, when enabled, listens on the node's own address (not 0.0.0.0) and
-/// reads the pool's key where the `fabricgate-peers` Secret is mounted (issue 24).
+/// reads the pool's key where the `fabricgate-peers` Secret is mounted.
 #[test]
 fn peers_listen_on_the_nodes_address_with_the_secrets_key() {
     let raw = strings(&container()["args"]);
@@ -695,7 +695,7 @@ fn admission_policy_uses_the_binarys_names_and_is_bound() {
             .unwrap()
             .contains(&format!("'{user}'"))
     );
-    // Others' entries may be dropped only past LEDGER_PRUNE_AT (issue 36, item 11).
+    // Others' entries may be dropped only past LEDGER_PRUNE_AT.
     let prune = format!(
         "variables.oldData.size() > {}",
         fabricgate::policy::breaker::LEDGER_PRUNE_AT
@@ -716,8 +716,7 @@ fn admission_policy_uses_the_binarys_names_and_is_bound() {
     assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]));
 
     // Answers of the gang pre-flight: created (empty) by the controller only and filled by
-    // the agents only, whatever RBAC grants (issue 36, item 11; issue 41, edge C), bound the
-    // same way.
+    // the agents only, whatever RBAC grants, bound the same way.
     let writers = named(
         "ValidatingAdmissionPolicy",
         "fabricgate-fabriccheck-results-writers",
@@ -1296,7 +1295,7 @@ fn admission_check_manifest_is_least_privilege_two_replicas_and_its_args_parse()
         "ClusterRole /nodes get",
         "ClusterRole /nodes list",
         "ClusterRole /nodes watch",
-        // Kueue's pods, for gang.after_admission: requeue (issue 43).
+        // Kueue's pods, for gang.after_admission: requeue.
         "ClusterRole /pods list",
         "ClusterRole /pods watch",
         "ClusterRole events.k8s.io/events create",
@@ -1365,7 +1364,7 @@ fn admission_check_manifest_is_least_privilege_two_replicas_and_its_args_parse()
     assert_eq!(members["x-kubernetes-list-type"], "map");
     assert_eq!(members["x-kubernetes-list-map-keys"], json!(["node"]));
     // The answers: one small object each, created empty by the controller, filled once
-    // (immutable once answered, issue 41, edge C), every field bounded.
+    // (immutable once answered), every field bounded.
     let answer = crd("fabriccheckresults.fabricgate.io");
     assert_eq!(answer["spec"]["scope"], "Namespaced");
     assert_eq!(answer["spec"]["names"]["shortNames"], json!(["fcr"]));
@@ -1418,6 +1417,28 @@ fn admission_check_manifest_is_least_privilege_two_replicas_and_its_args_parse()
     let Command::AdmissionCheck(args) = Cli::try_parse_from(&argv).unwrap().command else {
         panic!("not the admission-check subcommand: {argv:?}");
     };
+    // One flag name for the metrics address everywhere; the old one still read, not shown.
+    assert!(
+        argv.iter().any(|a| a == "--metrics-addr=0.0.0.0:9467"),
+        "{argv:?}"
+    );
+    let old = Cli::try_parse_from([
+        "fabricgate",
+        "admission-check",
+        "--metrics-listen=127.0.0.1:9",
+    ]);
+    match old.map(|c| c.command) {
+        Ok(Command::AdmissionCheck(a)) => assert_eq!(a.metrics_addr.to_string(), "127.0.0.1:9"),
+        other => panic!("--metrics-listen no longer read: {other:?}"),
+    }
+    let help = match Cli::try_parse_from(["fabricgate", "admission-check", "--help"]) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("--help parsed"),
+    };
+    assert!(
+        help.contains("--metrics-addr") && !help.contains("metrics-listen"),
+        "{help}"
+    );
     let config = args.config.expect("--config");
     let dir = config.parent().unwrap().to_str().unwrap().to_owned();
     let mount = c["volumeMounts"]
@@ -1438,7 +1459,7 @@ fn admission_check_manifest_is_least_privilege_two_replicas_and_its_args_parse()
     );
     assert_eq!(
         c["ports"][0]["containerPort"],
-        json!(args.metrics_listen.port())
+        json!(args.metrics_addr.port())
     );
     // The Role's namespace is the shipped gang.namespace (the agents' and FabricChecks').
     let shipped: Config = Config::parse(

@@ -138,3 +138,68 @@ fn code_refers_to_design_documents_inside_docs() {
         "DESIGN.md referenced in {offenders:?}"
     );
 }
+
+/// docs/design.md's tables of `src/`'s floors and feature folders name every source file of
+/// the crate (tests aside), each in the row of its top folder: a file the map misses fails
+/// here, with the row to add it to.
+#[test]
+fn design_floor_tables_name_every_source_file() {
+    let root = crate::common::repo_root();
+    let design = std::fs::read_to_string(root.join("docs/design.md")).unwrap();
+    let section = design
+        .split("## The floors of `src/`")
+        .nth(1)
+        .and_then(|s| s.split("\n## ").next())
+        .expect("docs/design.md has the section \"The floors of `src/`\"");
+    // First cell (the floor or feature, or its folder) → the row's text.
+    let rows: Vec<(&str, &str)> = section
+        .lines()
+        .filter(|l| l.starts_with("| ") && !l.starts_with("| ---"))
+        .filter_map(|l| {
+            let mut cells = l.split(" | ");
+            Some((cells.next()?.trim_start_matches("| "), l))
+        })
+        .collect();
+    let src = root.join("src");
+    let mut missing = Vec::new();
+    for file in crate::common::rust_files(&src) {
+        let rel = file.strip_prefix(&src).unwrap();
+        let parts: Vec<String> = rel
+            .iter()
+            .map(|p| p.to_string_lossy().into_owned())
+            .collect();
+        if parts
+            .iter()
+            .any(|p| p == "tests" || p.ends_with("_tests.rs") || p == "tests.rs")
+            || matches!(parts.as_slice(), [f] if f == "lib.rs" || f == "main.rs")
+        {
+            continue;
+        }
+        let name = parts.last().unwrap();
+        let top = &parts[0];
+        // A file at the crate's root is its own row's or core's; a folder's, its folder's row
+        // (`node/`, `transport/`), or core's for `config/`.
+        let row = rows.iter().find(|(first, text)| {
+            if parts.len() == 1 {
+                first.contains(&format!("`{top}`")) || text.contains(&format!("`{top}`"))
+            } else {
+                first.contains(&format!("`{top}/`"))
+                    || (*first == "core" && text.contains(&format!("`{top}/`")))
+            }
+        });
+        let named = row.is_some_and(|(_, text)| {
+            text.contains(&format!("`{name}`"))
+                || (parts.len() > 2
+                    && text.contains(&format!("`{}/`", parts[parts.len() - 2]))
+                    && name == "mod.rs")
+        });
+        if !named {
+            missing.push(format!(
+                "src/{}: not named in the row of {} of docs/design.md's floor tables",
+                rel.display(),
+                row.map_or_else(|| format!("`{top}`"), |(f, _)| (*f).to_owned())
+            ));
+        }
+    }
+    assert!(missing.is_empty(), "{}", missing.join("\n"));
+}

@@ -1,4 +1,4 @@
-//! The mount table is parsed again only when the kernel says it changed (issue 17, item 3),
+//! The mount table is parsed again only when the kernel says it changed,
 //! seen with a real mount: in a private mount namespace (`unshare -m`, needs root) a tmpfs is
 //! mounted and unmounted under a required path while one `StorageProber` probes through
 //! `--proc-root /proc`. Each change is parsed exactly once and seen at the next probe; probes

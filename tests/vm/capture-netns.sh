@@ -16,11 +16,22 @@ mkdir -p "$out"
 steps="$out/steps.txt"
 : >"$steps"
 
-# s NAME CMD...: run CMD, keep its output in $out/NAME.txt and log it with its exit status.
-s() {
-    name="$1"
-    shift
-    "$@" >"$out/$name.txt" 2>&1
+# s NAME CMD...: run CMD, keep its output (stdout and stderr) in $out/NAME.txt and log it
+# with its exit status.
+s() { step_of merged "$@"; }
+
+# sj NAME CMD...: as s, for a command whose standard output is a JSON document: only that is
+# the step's output (what it says on stderr, such as check's progress line, goes to NAME.stderr).
+sj() { step_of apart "$@"; }
+
+step_of() {
+    how="$1" name="$2"
+    shift 2
+    if [ "$how" = apart ]; then
+        "$@" >"$out/$name.txt" 2>"$out/$name.stderr"
+    else
+        "$@" >"$out/$name.txt" 2>&1
+    fi
     rc=$?
     {
         echo "### $name: $*"
@@ -115,19 +126,19 @@ modprobe -d "$FG_KROOT" -S "$FG_KVER" tcp_diag 2>/dev/null ||
 mkdir -p "$out/excl-pod-ports"
 s excl-pod-ports-dump nsenter --net=/proc/$hca_pod_pid/ns/net python3 "$FG_CWD/scripts/capture_rdma_restrack.py" "$out/excl-pod-ports"
 if [ -n "${FG_BIN:-}" ]; then
-    s excl-agent-in-ns-check ip netns exec pod0 "$FG_BIN" check --format json --config "$FG_REQ" --pods on --pods-window 1s
+    sj excl-agent-in-ns-check ip netns exec pod0 "$FG_BIN" check --format json --config "$FG_REQ" --pods on --pods-window 1s
     # What of it needs CAP_NET_ADMIN (deploy/overlays/runtime-transport grants it): the same
     # looks with it taken away — the look into the pod's namespace, and from the host's
     # namespace the QP dump that attributes the pod's queue pair.
     s no-net-admin-capeff capsh --drop=cap_net_admin -- -c 'grep CapEff /proc/self/status'
-    s excl-agent-in-ns-check-no-net-admin ip netns exec pod0 capsh --drop=cap_net_admin -- -c "$FG_BIN check --format json --config $FG_REQ --pods on --pods-window 1s"
-    s excl-host-check-pods "$FG_BIN" check --format json --config "$FG_REQ" --pods on --pods-window 1s
-    s excl-host-check-pods-no-net-admin capsh --drop=cap_net_admin -- -c "$FG_BIN check --format json --config $FG_REQ --pods on --pods-window 1s"
+    sj excl-agent-in-ns-check-no-net-admin ip netns exec pod0 capsh --drop=cap_net_admin -- -c "$FG_BIN check --format json --config $FG_REQ --pods on --pods-window 1s"
+    sj excl-host-check-pods "$FG_BIN" check --format json --config "$FG_REQ" --pods on --pods-window 1s
+    sj excl-host-check-pods-no-net-admin capsh --drop=cap_net_admin -- -c "$FG_BIN check --format json --config $FG_REQ --pods on --pods-window 1s"
     s excl-rdma-res-qp-no-net-admin capsh --drop=cap_net_admin -- -c 'rdma res show qp'
     s excl-hca-port-down ip link set eth0 down
     fg_wait_port DOWN 10 || true
     s excl-host-rdma-link-down rdma link show
-    s excl-agent-in-ns-check-down ip netns exec pod0 "$FG_BIN" check --format json --config "$FG_REQ" --pods on --pods-window 1s
+    sj excl-agent-in-ns-check-down ip netns exec pod0 "$FG_BIN" check --format json --config "$FG_REQ" --pods on --pods-window 1s
     s excl-agent-in-ns-check-down-table ip netns exec pod0 "$FG_BIN" check --config "$FG_REQ" --pods on --pods-window 1s
     mkdir -p "$out/excl-pod-ports-down"
     s excl-pod-ports-dump-down python3 "$FG_CWD/scripts/capture_rdma_restrack.py" "$out/excl-pod-ports-down"

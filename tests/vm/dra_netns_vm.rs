@@ -1,11 +1,11 @@
-//! Issue 42 item 6 end to end on a real kernel and the real apiserver: an HCA a DRA claim gave
-//! to a pod, in that pod's network namespace (RDMA netns mode exclusive), judged by the agent
-//! daemon from inside that namespace. The Soft-RoCE VM runs tests/vm/dra-netns-scenarios.sh:
-//! the agent in a namespace without the HCA, the claim's pod a real process (its cgroup named
-//! after the real Pod's UID) in the namespace where rxe0 lives — the roles swapped, since rxe
-//! cannot be moved, which is the same to the kernel. The host publishes rxe0 as DraNet would,
-//! lets the real scheduler allocate it to the Pod's claim, and watches the Node and the
-//! DeviceTaintRules:
+//! DRA claims in pods' network namespaces, end to end on a real kernel and the real apiserver: an
+//! HCA a DRA claim gave to a pod, in that pod's network namespace (RDMA netns mode exclusive),
+//! judged by the agent daemon from inside that namespace. The Soft-RoCE VM runs
+//! tests/vm/dra-netns-scenarios.sh: the agent in a namespace without the HCA, the claim's pod a
+//! real process (its cgroup named after the real Pod's UID) in the namespace where rxe0 lives — the
+//! roles swapped, since rxe cannot be moved, which is the same to the kernel. The host publishes
+//! rxe0 as DraNet would, lets the real scheduler allocate it to the Pod's claim, and watches the
+//! Node and the DeviceTaintRules:
 //!
 //! 1. the Node validated although the agent's own namespace has no RDMA device (the HCA is the
 //!    pod's: 0 of 0 ports required), no rule;

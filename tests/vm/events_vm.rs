@@ -87,7 +87,7 @@ fn eth0_down_reaches_the_taint_within_a_second_with_a_30s_interval() {
             i + 1
         );
     }
-    // Issue 17's target for the agent's part, "port down -> verdict not ready <= 300 ms
+    // The target for the agent's part, "port down -> verdict not ready <= 300 ms
     // whatever --interval is", on the median (single flips can stall behind the host).
     assert!(median <= Duration::from_millis(300), "{down:?}");
     let up = series(&t, "up_to_untaint_us");

@@ -1,4 +1,4 @@
-//! The gang pre-flight on real kernels through the real controller (issue 25, item 3): a
+//! The gang pre-flight on real kernels through the real controller: a
 //! 2-node gang, one Soft-RoCE VM per node (tests/vm/run-pair.sh with FG_HOST_NET=1,
 //! tests/vm/gang-scenarios.sh), each VM's agent on the host's real kube-apiserver with its
 //! Node's pod-bound token, and `fabricgate admission-check` on the host as its own process
@@ -306,7 +306,7 @@ fn gang_pair(cp: &ControlPlane) -> (PathBuf, Option<Failure>) {
             json!({}),
         );
         // The address its agent's --peers-listen names, as a kubelet would report it: the
-        // controller dials only a Node's own address (issue 36, item 10).
+        // controller dials only a Node's own address.
         cp.patch_node_status(
             node,
             &json!({ "status": { "addresses": [{ "type": "InternalIP", "address": ip }] } }),

@@ -190,7 +190,7 @@ fn rxe_cannot_be_moved_and_vanishes_with_its_netdev() {
     assert!(step(&s, "netdev-ns-ip-link").output.contains("eth0"));
 }
 
-/// Issue 42 item 6, "probes it in that namespace where it can", on the real kernel: the agent
+/// "Probes it in that namespace where it can", on the real kernel: the agent
 /// (`fabricgate check`) runs in a namespace without the HCA, the "pod" holding it is a process
 /// in a kubepods cgroup of the namespace where rxe0 lives (the roles swapped, since rxe cannot
 /// be moved: the same to the kernel). The agent finds the pod's process, enters its network

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue 24's attacks on an agent's peer side channel, from a stranger without the pool's key:
+"""The red team's attacks on an agent's peer side channel, from a stranger without the pool's key:
 run in the victim's VM by tests/vm/peers-scenarios.sh while the other VM's agent measures it.
 
     python3 peer_attack.py HOST PORT SECONDS

@@ -118,7 +118,7 @@ timing ping_ms $(($(fg_now_ms) - t))
 mark pinged
 wait_for "$PEER_ROLE" pinged 300
 
-# --- 1b. a stranger attacks a's side channel while b measures a (issue 24) -------------
+# --- 1b. a stranger attacks a's side channel while b measures a ------------------------
 # From a's own eth1 address (another source than b's), without the pool's key: 4 dribblers
 # (a byte every 2 s) and 64 idle connections held, for 20 s (tests/vm/peer_attack.py). b's
 # rounds must go on, a's RTT series in b must stay, b's error counters for a must not move.

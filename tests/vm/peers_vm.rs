@@ -5,7 +5,7 @@
 //! - `ip link set eth0 down` in one VM turns into peer errors in the other within two rounds,
 //!   and the FabricgatePeerUnreachable expression (from deploy/prometheus-rules.yaml),
 //!   evaluated by promtool over the scraped series, fires for it,
-//! - a stranger's dribble and held connections to one agent's side channel (issue 24) leave
+//! - a stranger's dribble and held connections to one agent's side channel leave
 //!   its RTT in the other's metrics and the other's error counters for it flat,
 //! - `fabricgate ping` works in both directions (and fails as documented after the cut),
 //! - perftest's ib_write_lat / ib_write_bw run on the same pair, for comparison.
@@ -258,7 +258,7 @@ fn total(samples: &[Sample], name: &str, want: &[(&str, &str)]) -> f64 {
     find(samples, name, want).iter().map(|s| s.value).sum()
 }
 
-/// Issue 24, on real RDMA: a stranger in VM a (its own address, no key) dribbles a byte every
+/// On real RDMA: a stranger in VM a (its own address, no key) dribbles a byte every
 /// 2 s to a's responder from 4 connections and holds 64 idle ones for 20 s, while b measures
 /// a. The responder cuts every dribbler at the frame deadline and answers the held ones BUSY;
 /// b's rounds go on and are served, a's RTT stays in every scrape of b, and b's error
@@ -615,7 +615,7 @@ fn fabricgate_ping_works_both_ways_and_fails_as_documented_after_the_cut() {
 /// Numbers of a perftest result table: the row after the header containing `column`, by
 /// column name. Header words without a unit (`99%`, `BW`) belong to the next word
 /// (`99% percentile[usec]`, `BW average[MB/sec]`); `#bytes` and `#iterations` stand alone.
-fn perftest_row(text: &str, column: &str) -> Option<BTreeMap<String, f64>> {
+pub(crate) fn perftest_row(text: &str, column: &str) -> Option<BTreeMap<String, f64>> {
     let lines: Vec<&str> = text.lines().collect();
     let h = lines.iter().position(|l| l.contains(column))?;
     let mut header: Vec<String> = Vec::new();

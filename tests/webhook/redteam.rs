@@ -1,4 +1,4 @@
-//! Issue 24, "pod authors bypass the webhook silently": each test replays one way a pod
+//! "Pod authors bypass the webhook silently": each test replays one way a pod
 //! argued with the mutation at 35f8061 and fails if it works again.
 
 use super::{

@@ -1,4 +1,4 @@
-//! Issue 24, "the webhook can be held open": 3,000 idle TLS connections and 1,000 slowloris
+//! "The webhook can be held open": 3,000 idle TLS connections and 1,000 slowloris
 //! connections were never closed at 35f8061 (descriptors and memory grew toward the pod's
 //! 128Mi limit). Replayed over real TLS on 127.0.0.1; what the server holds is read from
 //! /proc/net/tcp (sockets on the server's port that still have a descriptor).

@@ -10,8 +10,8 @@ pub mod modules;
 pub mod pci;
 pub mod transport;
 
-use crate::Roots;
 use crate::rdma::RdmaReport;
+use crate::roots::Roots;
 use crate::sysfs_io::{AttrBuf, AttrReader, KeptAttr, list_dir};
 use pci::{AcsState, PciPath, Relation};
 use serde::Serialize;
@@ -33,7 +33,7 @@ pub struct GpudirectConfig {
 
 impl GpudirectConfig {
     /// The compiled glob. Compiling it (a regex) cost more than the rest of the GPUDirect
-    /// probe of a GPU-less node, on every probe; the last one is kept (issue 17: agent CPU).
+    /// probe of a GPU-less node, on every probe; the last one is kept (agent CPU).
     fn matcher(&self) -> Option<globset::GlobMatcher> {
         type Compiled = (Option<String>, Option<globset::GlobMatcher>);
         static LAST: std::sync::Mutex<Option<Compiled>> = std::sync::Mutex::new(None);

@@ -2,8 +2,8 @@
 //! driver's ECN switches (mlx5: `class/net/<if>/ecn/roce_np/enable/<prio>` and
 //! `.../roce_rp/enable/<prio>`, priorities 0..7).
 
-use crate::Roots;
 use crate::rdma::{LinkLayer, RdmaReport};
+use crate::roots::Roots;
 use crate::sysfs_io::{AttrBuf, KeptAttr};
 use serde::Serialize;
 use std::collections::BTreeMap;

@@ -11,7 +11,7 @@
 //!   CPU partition: `"%-24s %6s %5d %4d %4d %4d %5d %5d %5d\n"` of nid, status (`up` or
 //!   `down`), alive, refs, peer, rtr, max, tx, min.
 
-use crate::Roots;
+use crate::roots::Roots;
 use serde::Serialize;
 
 /// One local LNet interface.

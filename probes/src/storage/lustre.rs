@@ -9,7 +9,7 @@
 //!
 //! Nothing here touches a Lustre mount itself, so none of it can hang on a dead server.
 
-use crate::Roots;
+use crate::roots::Roots;
 use serde::Serialize;
 use std::io;
 use std::path::{Path, PathBuf};

@@ -11,7 +11,7 @@ pub mod lustre;
 pub mod mountinfo;
 pub mod statfs;
 
-use crate::Roots;
+use crate::roots::Roots;
 use mountinfo::{MountEntry, MountTable, MountTableFile};
 use serde::Serialize;
 use statfs::{LL_SUPER_MAGIC, Outcome, StatfsInfo, StatfsPool};

@@ -5,7 +5,7 @@
 //! worker thread and the prober waits for it only until a deadline. A call that misses the
 //! deadline stays tracked in [`StatfsPool`]: while it is stuck the mount is reported hung and
 //! no second call is started, so a hung mount costs exactly one thread however many probes
-//! run (node_exporter's issues #244 and #578 are what happens otherwise).
+//! run (otherwise each probe would add a stuck thread, as node_exporter's did).
 
 use serde::Serialize;
 use std::collections::{HashMap, VecDeque};

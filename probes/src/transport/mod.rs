@@ -6,11 +6,13 @@
 //! - [`cgroup`]: `/proc/<pid>/cgroup` → pod UID and container ID ([`pod_of_pid`]).
 //! - [`pod_hcas`]: the RDMA devices and ports in a pod's own network namespace (exclusive
 //!   RDMA netns mode: an HCA a DRA driver moved there).
+//! - [`ports`]: what an RDMA port moved over a window (IPoIB taken off on InfiniBand).
 //! - [`PodTransportFacts`]: what one pod was seen doing, the input of the agent's per-pod
 //!   verdict (`policy::transport`).
 
 pub mod cgroup;
 pub mod pod_hcas;
+pub mod ports;
 pub mod procs;
 pub mod restrack;
 pub mod sample;
@@ -36,6 +38,9 @@ pub struct PodTransportFacts {
     pub qps: Observed<Vec<QpEntry>>,
     /// Its TCP with other nodes over the window, or why it could not be measured.
     pub internode_tcp: Observed<InternodeTcp>,
+    /// The ports its data-path QPs are on: what each carried over the window and who else
+    /// holds data-path QPs there (empty when it holds none, or the QPs could not be listed).
+    pub ports: Vec<ports::PortTraffic>,
 }
 
 /// A fact seen, or the reason it could not be (for `unknown` and its message: "the agent is

@@ -16,7 +16,8 @@
 //! counts whole), summed over the sockets whose remote end is one of the pod's peers
 //! ([`RemoteScope`]); what went elsewhere off the node is summed apart (`other_bytes`).
 
-use super::restrack::{self, QpEntry};
+use super::ports::{self, PortReading, PortTraffic};
+use super::restrack::{self, QpEntry, QpOwner};
 use super::tcp::{self, TcpSocket};
 use super::{InternodeTcp, Observed, PodTransportFacts, QpAttribution, attribute, procs};
 use crate::Roots;
@@ -127,7 +128,12 @@ pub struct PodSampler {
     notes: Vec<String>,
     /// Sockets counted per namespace at most (`runtime.max_sockets_per_pod`).
     max_sockets: usize,
+    /// The last reading of each port that data-path QPs were on.
+    port_readings: HashMap<(String, u32), PortReading>,
 }
+
+/// Who holds data-path QPs on each port: pods by UID, and anyone else for a person.
+type PortUsers = BTreeMap<(String, u32), (BTreeSet<String>, BTreeSet<String>)>;
 
 /// A pod's counters at its last sample: per socket (namespace, cookie), its bytes; `None`
 /// when its sockets could not be read then.
@@ -159,6 +165,7 @@ impl PodSampler {
             baselines: HashMap::new(),
             notes: Vec::new(),
             max_sockets: tcp::DEFAULT_MAX_SOCKETS,
+            port_readings: HashMap::new(),
         }
     }
 
@@ -198,7 +205,8 @@ impl PodSampler {
         if !procs::in_host_pid_namespace(&self.roots) {
             return self.blind(request, now);
         }
-        let (mut qps, qp_unseen) = self.pod_qps();
+        let (mut qps, qp_unseen, users) = self.pod_qps();
+        let port_traffic = self.port_traffic(&users, now);
         let (processes, unrecognized) = procs::pod_processes(&self.roots);
         self.notes.extend(unrecognized.into_iter().map(|path| {
             format!("a kubepods cgroup of a shape not known: {path} (its processes are not attributed to a pod)")
@@ -238,6 +246,17 @@ impl PodSampler {
                 },
                 None => Observed::Seen(qps.remove(&uid).unwrap_or_default()),
             };
+            let ports = match &qps {
+                Observed::Seen(list) => list
+                    .iter()
+                    .filter(|qp| qp.is_data_path())
+                    .filter_map(|qp| Some((qp.device.clone(), qp.port?)))
+                    .collect::<BTreeSet<_>>()
+                    .into_iter()
+                    .filter_map(|key| port_traffic.get(&key).cloned())
+                    .collect(),
+                Observed::Unseen { .. } => Vec::new(),
+            };
             let moves = matches!(&internode_tcp, Observed::Seen(t) if t.bytes > 0)
                 || matches!(&internode_tcp, Observed::Unseen { .. });
             let holds = matches!(&qps, Observed::Seen(q) if !q.is_empty());
@@ -246,6 +265,7 @@ impl PodSampler {
                     pod_uid: uid,
                     qps,
                     internode_tcp,
+                    ports,
                 });
             }
         }
@@ -281,36 +301,67 @@ impl PodSampler {
                 pod_uid: uid.clone(),
                 qps: unseen(),
                 internode_tcp: unseen(),
+                ports: Vec::new(),
             })
             .collect()
     }
 
-    /// Every QP attributed to its pod, or why none could be listed. A kernel without RDMA
-    /// netlink has none to list: every pod holds none (a note says why).
-    fn pod_qps(&mut self) -> (BTreeMap<String, Vec<QpEntry>>, Option<String>) {
+    /// Every QP attributed to its pod, or why none could be listed, and who holds data-path
+    /// QPs on each port where a pod holds one (a port only the kernel or host processes use is
+    /// left out: it is never read). A kernel without RDMA netlink has none to list: every pod
+    /// holds none (a note says why).
+    fn pod_qps(&mut self) -> (BTreeMap<String, Vec<QpEntry>>, Option<String>, PortUsers) {
+        let mut users = PortUsers::new();
         let list = match self.kernel.qps() {
             Ok(list) => list,
             Err(ProbeError::RdmaNetlinkUnavailable { .. }) => {
                 self.notes.push(NO_RDMA_NETLINK.to_owned());
-                return (BTreeMap::new(), None);
+                return (BTreeMap::new(), None, users);
             }
             Err(other) => {
                 let reason = format!("the RDMA resource dump failed: {other}");
                 self.notes.push(reason.clone());
-                return (BTreeMap::new(), Some(reason));
+                return (BTreeMap::new(), Some(reason), users);
             }
         };
         let mut by_pod: BTreeMap<String, Vec<QpEntry>> = BTreeMap::new();
         let mut hidden = 0usize;
         for qp in attribute(&self.roots, list) {
-            match qp.owner {
-                QpAttribution::Pod(pod) => by_pod.entry(pod.pod_uid).or_default().push(qp.qp),
-                QpAttribution::Hidden => hidden += 1,
-                QpAttribution::Unrecognized { path } => self.notes.push(format!(
-                    "a QP of {} is owned by a process in a kubepods cgroup of a shape not known: {path}",
-                    qp.qp.device
-                )),
-                _ => {}
+            let port = qp
+                .qp
+                .port
+                .filter(|_| qp.qp.is_data_path())
+                .map(|p| users.entry((qp.qp.device.clone(), p)).or_default());
+            let pid = match qp.qp.owner {
+                QpOwner::Pid(pid) => pid.to_string(),
+                _ => "?".to_owned(),
+            };
+            let other = match qp.owner {
+                QpAttribution::Pod(pod) => {
+                    if let Some((pods, _)) = port {
+                        pods.insert(pod.pod_uid.clone());
+                    }
+                    by_pod.entry(pod.pod_uid).or_default().push(qp.qp);
+                    continue;
+                }
+                QpAttribution::Hidden => {
+                    hidden += 1;
+                    "a process in another PID namespace".to_owned()
+                }
+                QpAttribution::Unrecognized { path } => {
+                    self.notes.push(format!(
+                        "a QP of {} is owned by a process in a kubepods cgroup of a shape not known: {path}",
+                        qp.qp.device
+                    ));
+                    format!("pid {pid} ({path})")
+                }
+                QpAttribution::Kernel { name } => format!("kernel {name}"),
+                QpAttribution::Host => format!("host pid {pid}"),
+                QpAttribution::ProcessGone => continue,
+                QpAttribution::Unreadable { .. } => format!("pid {pid}"),
+            };
+            if let Some((_, others)) = port {
+                others.insert(other);
             }
         }
         if hidden > 0 {
@@ -318,7 +369,66 @@ impl PodSampler {
                 "{hidden} QP(s) without a visible owner (a PID namespace the agent is not an ancestor of)"
             ));
         }
-        (by_pod, None)
+        users.retain(|_, (pods, _)| !pods.is_empty());
+        (by_pod, None, users)
+    }
+
+    /// What each port of `users` (those with a pod's data-path QPs: on mlx5 each read is a
+    /// firmware command) carried since its last reading (none the first time: the reading is
+    /// the baseline), and who holds QPs there.
+    fn port_traffic(
+        &mut self,
+        users: &PortUsers,
+        now: Instant,
+    ) -> BTreeMap<(String, u32), PortTraffic> {
+        self.port_readings.retain(|key, _| users.contains_key(key));
+        let ipoib = if users.is_empty() {
+            Vec::new()
+        } else {
+            ports::ipoib_netdevs_of_node(&self.roots)
+        };
+        users
+            .iter()
+            .map(|((device, port), (pods, others))| {
+                let reading = ports::read_port(&self.roots, device, *port, &ipoib, now);
+                let previous = self
+                    .port_readings
+                    .insert((device.clone(), *port), reading.clone());
+                let mut traffic = PortTraffic {
+                    device: device.clone(),
+                    port: *port,
+                    link_layer: reading.link_layer.clone(),
+                    counter: reading.counter.clone(),
+                    transmit_bytes: None,
+                    receive_bytes: None,
+                    subtracted: Vec::new(),
+                    window: Default::default(),
+                    pods: pods.iter().cloned().collect(),
+                    others: others.iter().cloned().collect(),
+                    unseen: None,
+                };
+                match previous {
+                    None => {
+                        traffic.unseen = Some(
+                            "first reading of the port's counters: a figure from the next window"
+                                .into(),
+                        );
+                    }
+                    Some(before) => {
+                        traffic.window = reading.at.saturating_duration_since(before.at);
+                        match ports::between(&before, &reading) {
+                            Ok((tx, rx, subtracted)) => {
+                                traffic.transmit_bytes = Some(tx);
+                                traffic.receive_bytes = Some(rx);
+                                traffic.subtracted = subtracted;
+                            }
+                            Err(why) => traffic.unseen = Some(why),
+                        }
+                    }
+                }
+                ((device.clone(), *port), traffic)
+            })
+            .collect()
     }
 
     /// The sockets of a pod with processes `pids`: its namespace's, or on the host's network

@@ -1,6 +1,6 @@
 //! The time a FabricCheck's deadline is read against: the API server's, not this node's. An
 //! agent whose clock ran ahead by more than `gang.timeout` took every check as past its
-//! deadline and answered none, so every gang with its node failed (issue 36, item 11). The
+//! deadline and answered none, so every gang with its node failed. The
 //! offset of the API server's clock from ours is read from the `Date` header of a list of one
 //! FabricCheck (a request the agent's Role already grants; no other), at most once a minute
 //! and only while checks arrive.

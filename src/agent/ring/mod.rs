@@ -2,7 +2,7 @@
 //! `gang.namespace`, and for each that names this node as a member and whose deadline has not
 //! passed, measure the next member of the ring once and fill this node's own answer, the
 //! `FabricCheckResult` named `<check uid>.<node>` that the controller created empty with the
-//! check (`crate::node::fabriccheck`). The agent never creates one (issue 41, edge C).
+//! check (`crate::node::fabriccheck`). The agent never creates one.
 //!
 //! It runs beside the probe loop and the Node writer and shares nothing with them but the
 //! usable ports and the peers key: measurements run on blocking threads, at most
@@ -65,10 +65,10 @@ pub struct Ring {
     /// knows it as the predecessor it keeps places for. `None`: the route's source.
     pub source: Option<IpAddr>,
     /// Our responder's expected peers: each check's predecessor is added until the check's
-    /// deadline, so strangers' idle connections cannot keep it out (issue 36, item 1).
+    /// deadline, so strangers' idle connections cannot keep it out.
     pub expected: Option<ExpectedPeers>,
     /// What our responder saw of each check's sessions: this node attests its receiving end
-    /// of the pair its predecessor measures (issue 36, item 3).
+    /// of the pair its predecessor measures.
     pub receipts: Receipts,
     /// For lists and the answers' fills.
     pub requests: kube::Client,
@@ -175,7 +175,7 @@ pub async fn run(ring: Ring, mut stop: watch::Receiver<bool>) {
             continue;
         };
         // The deadline is the controller's, read against the API server's clock: this
-        // node's may be off by more than gang.timeout (issue 36, item 11).
+        // node's may be off by more than gang.timeout.
         let now = clock
             .now(&ring.requests, &ring.namespace, &member_label)
             .await;

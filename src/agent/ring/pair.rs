@@ -1,9 +1,9 @@
 //! One pair of the ring, measured once (synchronous: it runs on a blocking thread): RTT over
 //! RDMA from every usable local port (rail) to the peer's port of the same name, all required
-//! (with a bandwidth burst when the check asks for a minimum, and the check's RTT ceiling;
-//! issue 36, item 8), or, without a usable local port, the authenticated side-channel
-//! exchange alone. Whatever happens is a [`PairResult`]: our own trouble is `ok: false` with
-//! an error that says it is ours, never a verdict on the Node.
+//! (with a bandwidth burst when the check asks for a minimum, and the check's RTT ceiling),
+//! or, without a usable local port, the authenticated side-channel exchange alone. Whatever
+//! happens is a [`PairResult`]: our own trouble is `ok: false` with an error that says it is
+//! ours, never a verdict on the Node.
 
 use crate::node::fabriccheck::{Member, PairResult, RailResult, Rdma};
 use fabricgate_probes::rdma::peer::{self, Identity, Keys, LocalPort, Outcome, Plan, Skip};
@@ -34,7 +34,7 @@ pub struct PairJob<'a> {
     /// keeps places for its ring predecessor's address. `None`: the route's source.
     pub source: Option<IpAddr>,
     /// The check's uid, told to the peer's responder with each session so that it attests
-    /// what it received (issue 36, item 3).
+    /// what it received.
     pub check_uid: &'a str,
 }
 
@@ -95,10 +95,10 @@ pub fn measure_pair(job: &PairJob<'_>) -> PairResult {
         return greet_only(job, result, addr, &who);
     }
     // The Node dialled, as it publishes itself: its responder must answer as it, from one of
-    // its own ports (issue 36, item 4).
+    // its own ports.
     let mut pin = peer::Pin::new(&job.peer.node, &job.peer.gids);
     let rails = u8::try_from(job.ports.len()).unwrap_or(u8::MAX);
-    // Every rail, to the peer's port of the same name, all required (issue 36, item 8).
+    // Every rail, to the peer's port of the same name, all required.
     let mut measured = Vec::with_capacity(job.ports.len());
     for (rail, local) in job.ports.iter().enumerate() {
         pin.tag = peer::CheckTag::new(job.check_uid, u8::try_from(rail).unwrap_or(u8::MAX), rails)
@@ -227,7 +227,7 @@ fn greet_only(job: &PairJob<'_>, result: PairResult, addr: SocketAddr, who: &str
             local: None,
         };
         match peer::greet(addr, job.me, job.keys, &options) {
-            // WELCOME must name the Node dialled: an empty name is no one's (issue 36, item 4).
+            // WELCOME must name the Node dialled: an empty name is no one's.
             Ok(g) if g.peer_node != job.peer.node => {
                 return fail(result, wrong_node(who, &g.peer_node));
             }

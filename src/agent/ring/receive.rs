@@ -1,4 +1,4 @@
-//! This node's receiving end of the pair its ring predecessor measures (issue 36, item 3): a
+//! This node's receiving end of the pair its ring predecessor measures: a
 //! pair's sender alone could vouch for a link it never used, so each member also attests, in
 //! its own answer, what its responder saw of its predecessor's sessions for the check (the
 //! responder's [`Receipts`]): bytes landed and verified in its buffer, an authenticated
@@ -35,7 +35,7 @@ pub(crate) fn received(from: &str, receipts: &[Receipt]) -> (Received, bool) {
     let verified = receipts
         .iter()
         .any(|r| matches!(r.seen, Seen::Verified { .. }));
-    // Every rail the predecessor announced (issue 36, item 8), each ended, each delivered.
+    // Every rail the predecessor announced, each ended, each delivered.
     let announced = receipts.iter().map(|r| r.tag.rails).max().unwrap_or(0);
     let ended = |ok: bool| {
         announced > 0

@@ -182,7 +182,7 @@ fn results_serialize_as_the_interface_says() {
     );
 }
 
-/// Issue 36, item 11: the offset of the API server's clock is read from its `Date` header
+/// The offset of the API server's clock is read from its `Date` header
 /// (whole seconds, so its middle), against the middle of our request; garbage is no offset.
 #[test]
 fn redteam_the_api_servers_date_gives_the_clock_offset() {
@@ -212,7 +212,7 @@ fn redteam_the_api_servers_date_gives_the_clock_offset() {
     assert!(matches!(decide(&c, "a", server_now), Decision::Measure(_)));
 }
 
-/// Issue 36, item 4: whoever holds the pool's key can run a responder; one that answers as no
+/// Whoever holds the pool's key can run a responder; one that answers as no
 /// node (WELCOME's name empty) is not the Node dialled, whatever the key says.
 #[test]
 fn redteam_a_responder_that_names_no_node_is_not_the_dialled_node() {
@@ -226,7 +226,7 @@ fn redteam_a_responder_that_names_no_node_is_not_the_dialled_node() {
     );
 }
 
-/// Issue 36, item 3: the receiving end is attested from the responder's receipts: ok once a
+/// The receiving end is attested from the responder's receipts: ok once a
 /// session delivered (a greeting without RDMA, verified bytes with it); nothing, or only
 /// failures on every rail announced, is not ok and says why.
 #[test]
@@ -254,7 +254,7 @@ fn redteam_the_receiving_end_is_attested_from_the_receipts() {
     let failed = Seen::Failed("the session broke off before DONE".into());
     let (r, done) = super::receive::received("a", &[receipt(0, 2, failed.clone())]);
     assert!(!done && !r.ok, "one of two rails still to come: {r:?}");
-    // Issue 36, item 8: every rail announced must deliver.
+    // Every rail announced must deliver.
     let verified = Seen::Verified { bytes: 1024 };
     let (r, done) = super::receive::received("a", &[receipt(0, 2, verified.clone())]);
     assert!(!done && !r.ok, "rail 1 of 2 not in yet: {r:?}");
@@ -282,7 +282,7 @@ fn redteam_the_receiving_end_is_attested_from_the_receipts() {
     );
 }
 
-/// Issue 36, item 8: a pair is `ok` only when every rail is: one working rail no longer
+/// A pair is `ok` only when every rail is: one working rail no longer
 /// speaks for the others. The answer shows the first failed rail, the slowest RTT and the
 /// lowest bandwidth, and every rail.
 #[test]
@@ -367,7 +367,7 @@ fn ring_of(node: &str, client: kube::Client) -> Ring {
     }
 }
 
-/// Issue 41, edge C: the agent fills the answer the controller created with the check, by a
+/// The agent fills the answer the controller created with the check, by a
 /// merge patch under its own field manager, and never creates one: not there yet (404) is
 /// tried again; refused as invalid (422: filled once already) is left as it is.
 #[tokio::test]

@@ -116,7 +116,7 @@ pub struct Assigned {
 /// # Errors
 /// A message for the check: the Workload has no admission, an assignment is malformed, its
 /// lowest level is not the hostname (its domains are groups of nodes, any of which a pod may
-/// land on: issue 36, item 11), or a domain matches no Node.
+/// land on), or a domain matches no Node.
 pub fn assigned_nodes<'a>(
     status: &WorkloadStatus,
     nodes: impl Iterator<Item = &'a Node> + Clone,
@@ -320,7 +320,7 @@ mod tests {
         assert!(assigned_nodes(&at(&["host-b"]), racked.iter()).is_err());
     }
 
-    /// Issue 36, item 11: without a hostname level a domain is a group of nodes (a pod may
+    /// Without a hostname level a domain is a group of nodes (a pod may
     /// land on any of them), not the gang's nodes: refused, never matched to every Node of it.
     #[test]
     fn redteam_only_a_hostname_level_names_the_gangs_nodes() {
@@ -354,7 +354,7 @@ mod tests {
         }
     }
 
-    /// Issue 36, item 10: the peers endpoint annotation is any text anyone who may patch the
+    /// The peers endpoint annotation is any text anyone who may patch the
     /// Node writes; only one of the Node's own addresses at the configured port is dialled.
     #[test]
     fn redteam_only_an_address_of_the_node_itself_is_a_peers_endpoint() {

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 /// The label a node's hostname is under, the lowest level of a TAS topology.
 pub const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
-/// The pod condition the agents write (issue 42).
+/// The pod condition the agents write.
 pub const TRANSPORT_CONDITION: &str = "fabricgate.io/TransportReady";
 /// Kueue's annotation on the pods of an admitted Workload (with TAS): the Workload's name.
 pub const WORKLOAD_ANNOTATION: &str = "kueue.x-k8s.io/workload";

@@ -70,7 +70,7 @@ pub(super) async fn listed_answers(
 }
 
 /// Create the FabricCheck and each member's empty answer; the check's uid, when the API
-/// returned it. Only the controller creates answers (issue 41, edge C): their number is the
+/// returned it. Only the controller creates answers: their number is the
 /// members' of the checks in flight, whatever an agent does. The check is created without the
 /// member labels each agent watches, which are added once every answer is there, so no agent
 /// sees a check it cannot answer; when an answer or the labels cannot be written (the

@@ -99,7 +99,7 @@ enum Step {
     Pending,
     /// A FabricCheck in flight; judge again at this instant at the latest.
     Waiting(tokio::time::Instant),
-    /// Admitted and watched (issue 43); judge again at this instant at the latest.
+    /// Admitted and watched; judge again at this instant at the latest.
     Watching(Option<tokio::time::Instant>),
 }
 

@@ -1,4 +1,4 @@
-//! After admission (issue 43), without API calls: a Workload whose check of ours is `Ready`
+//! After admission, without API calls: a Workload whose check of ours is `Ready`
 //! and whose quota is still reserved is watched; a member Node that stops being validated
 //! (or is gone), or a member pod whose agent found it on sockets (the pod condition
 //! `fabricgate.io/TransportReady=False`, reason `SocketsFallback`), for `gang.requeue_grace`
@@ -12,7 +12,7 @@ pub(super) use super::model::{TRANSPORT_CONDITION, WORKLOAD_ANNOTATION};
 use super::state::State;
 use super::step::Decision;
 use crate::config::gang::GangSettings;
-use crate::transport::verdict::REASON_SOCKETS;
+use crate::transport::verdict::is_sockets_reason;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
@@ -173,7 +173,7 @@ pub(super) fn causes(m: &Members<'_>) -> Vec<Cause> {
             .as_ref()
             .and_then(|s| s.conditions.as_ref())
             .and_then(|cs| cs.iter().find(|c| c.type_ == TRANSPORT_CONDITION))
-            .filter(|c| c.status == "False" && c.reason.as_deref() == Some(REASON_SOCKETS));
+            .filter(|c| c.status == "False" && c.reason.as_deref().is_some_and(is_sockets_reason));
         if let Some(c) = on_sockets {
             let node = pod
                 .spec
@@ -183,9 +183,10 @@ pub(super) fn causes(m: &Members<'_>) -> Vec<Cause> {
             out.push(Cause {
                 key: format!("pod/{}", pod.uid().unwrap_or_else(|| pod.name_any())),
                 message: format!(
-                    "pod {}/{} on {node}: {TRANSPORT_CONDITION}=False ({REASON_SOCKETS}: {})",
+                    "pod {}/{} on {node}: {TRANSPORT_CONDITION}=False ({}: {})",
                     pod.namespace().unwrap_or_default(),
                     pod.name_any(),
+                    c.reason.as_deref().unwrap_or_default(),
                     crate::text::truncate(c.message.as_deref().unwrap_or(""), 256)
                 ),
             });

@@ -24,8 +24,7 @@ pub enum RingOutcome {
 /// then every pair good -> `Passed`, else `Failed` naming the failed pairs (with port and
 /// error) and the members that did not answer. A pair is good when `ok` and measured over RDMA
 /// (or only `ok`, with `require_rdma` off), at the bandwidth asked for, and its receiving end
-/// attests it: the next member's answer says it received from this one, verified (issue 36,
-/// item 3).
+/// attests it: the next member's answer says it received from this one, verified.
 pub fn assess_ring(
     spec: &CheckSpec,
     results: &[PairResult],
@@ -45,7 +44,7 @@ pub fn assess_ring(
             continue;
         };
         // Both ends of the pair: the sender's measurement and the receiver's own attestation
-        // of what arrived (issue 36, item 3). A receiver that has not answered is waited for
+        // of what arrived. A receiver that has not answered is waited for
         // (or named as silent at the deadline).
         let receiver = results.iter().find(|x| &x.node == peer);
         let problem = pair_problem(r, peer, spec, require_rdma)
@@ -119,7 +118,7 @@ fn receipt_problem(sender: &PairResult, receiver: &PairResult) -> Option<String>
     let Some(got) = &receiver.received else {
         return Some(format!(
             "{pair}: {} does not attest its receiving end (its answer has no `received`: an \
-             agent older than issue 36, item 3?); a pair needs both ends",
+             older agent?); a pair needs both ends",
             receiver.node
         ));
     };
@@ -143,7 +142,7 @@ fn receipt_problem(sender: &PairResult, receiver: &PairResult) -> Option<String>
             sender.node, receiver.node
         ));
     }
-    // Every rail the sender reports arrived verified at the receiver (issue 36, item 8).
+    // Every rail the sender reports arrived verified at the receiver.
     let verified = got
         .rails
         .iter()
@@ -189,8 +188,7 @@ fn pair_problem(
         ));
     }
     // Every rail, and the floor and ceiling on the slowest: for what was measured over RDMA
-    // (issue 36, item 8; side-channel answers, allowed without gang.require_rdma, carry
-    // neither).
+    // (side-channel answers, allowed without gang.require_rdma, carry neither).
     if let Some(bad) = r.rails.iter().find(|x| !x.ok) {
         let error = bad.error.as_deref().unwrap_or("failed (no error given)");
         return Some(format!(
@@ -265,7 +263,7 @@ mod tests {
         }
     }
 
-    /// Issue 36, item 3: a pair is vouched for by both its ends. The sender's `ok: true` is
+    /// A pair is vouched for by both its ends. The sender's `ok: true` is
     /// not enough when the receiver attests nothing, something else, a failure, or only a
     /// side-channel greeting where the sender claims RDMA.
     #[test]

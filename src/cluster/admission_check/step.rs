@@ -96,7 +96,7 @@ impl Decision {
 
     /// A `Retry` of a Workload whose check was retried `retry_count` times before: with
     /// `gang.retry_backoff` doubled per earlier retry as `requeueAfterSeconds`, or `Rejected`
-    /// once `gang.max_attempts` failures are reached (issue 36, item 2).
+    /// once `gang.max_attempts` failures are reached.
     pub(super) fn escalate(mut self, retry_count: u32, gang: &GangSettings) -> Self {
         if self.state != "Retry" {
             return self;
@@ -230,7 +230,7 @@ pub(super) fn next(
 /// Whether `fc` tests this Workload's reservation on its nodes: the same Workload, the same
 /// reservation, and the same nodes. A reservation's time is only to the second, so a gang
 /// placed again within it on other nodes would otherwise be released on the old nodes'
-/// answers (issue 36, item 6).
+/// answers.
 fn same_check(f: &Facts<'_>, state: &mut State, fc: &DynamicObject, spec: &CheckSpec) -> bool {
     let uid = f.wl.uid().unwrap_or_default();
     let rv = f.wl.resource_version().unwrap_or_default();
@@ -286,8 +286,7 @@ fn in_flight(
     }
     let outcome = assess_ring(spec, &results, past, gang.require_rdma, gang.timeout);
     // A member that stopped being validated while its agents measured (its agent saw a port
-    // go down, the guard found it gone) fails the check whatever the answers say (issue 36,
-    // item 7).
+    // go down, the guard found it gone) fails the check whatever the answers say.
     let outcome = match member_problems(spec, f) {
         Some(message) => RingOutcome::Failed {
             message,
@@ -365,7 +364,7 @@ fn prepare(f: &Facts<'_>) -> Result<Prepared, Decision> {
         .filter_map(|n| Some((n.metadata.name.as_deref()?, n.as_ref())))
         .collect();
     // Without a topology assignment there are no nodes to ring-test: not Ready unless the
-    // operator allows node validation alone (issue 36, item 9).
+    // operator allows node validation alone.
     if s.config.gang.require_topology
         && let Some(message) = untopological_refusal(&assigned)
     {
@@ -453,7 +452,7 @@ fn ring_members(
                 Some(endpoint) => members.push(Member {
                     node: n.clone(),
                     endpoint,
-                    // The ports its responder may give (its own agent's word, issue 36 item 4).
+                    // The ports its responder may give (its own agent's word).
                     gids: node
                         .metadata
                         .annotations
@@ -477,7 +476,7 @@ fn ring_members(
     }
     // The annotation is written by whoever may patch the Node: the pre-flight dials only an
     // address of the Node itself at the configured port, and the value is never quoted into
-    // the Workload's status (issue 36, item 10).
+    // the Workload's status.
     if !foreign.is_empty() {
         return Err(Decision::retry(format!(
             "{} assigned nodes publish a peers endpoint (Node annotation \

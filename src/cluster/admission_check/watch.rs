@@ -192,7 +192,7 @@ impl Watched {
     }
 }
 
-/// Only answers to a live check are kept (issue 36, item 5): any account that may create a
+/// Only answers to a live check are kept: any account that may create a
 /// FabricCheckResult could otherwise fill the controller's memory with answers to checks that
 /// do not exist. An answer that arrives before its check shows is read again by one LIST when
 /// that check is judged (`objects::answers`).

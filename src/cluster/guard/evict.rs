@@ -1,4 +1,4 @@
-//! The leader's evictions of pods on sockets (`runtime.on_sockets: evict`, issue 42). The
+//! The leader's evictions of pods on sockets (`runtime.on_sockets: evict`). The
 //! agents write each judged pod's `fabricgate.io/TransportReady` condition and never evict (an
 //! Eviction names only a pod, so no admission policy could keep an agent to its own node's
 //! pods); the guard's leader evicts a pod whose condition has said `SocketsFallback` for

@@ -1,5 +1,5 @@
 //! Which devices of the configured DRA drivers the ResourceClaims of this node's pods hold
-//! (issue 42 item 6, docs/dra.md "Exclusive RDMA network namespaces"). In RDMA netns mode
+//! (docs/dra.md, "Exclusive RDMA network namespaces"). In RDMA netns mode
 //! `exclusive` a DRA driver moves an allocated HCA into the pod's network namespace, where the
 //! agent's probe no longer sees it: the claim says it is in use, not gone.
 //!

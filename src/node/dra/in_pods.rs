@@ -1,5 +1,5 @@
 //! The HCAs the claims of this node's pods hold, seen from inside the pods' network namespaces
-//! (issue 42 item 6; docs/dra.md, "Exclusive RDMA network namespaces"). In RDMA netns mode
+//! (docs/dra.md, "Exclusive RDMA network namespaces"). In RDMA netns mode
 //! `exclusive` an HCA a DRA driver moved into a pod is gone from the node's probe; RDMA
 //! netlink from a socket opened in the pod's namespace still lists it with its ports
 //! (`fabricgate_probes::transport::pod_hcas`). Every probe interval, and whenever the claims

@@ -243,7 +243,7 @@ async fn a_conflict_that_leaves_no_slot_holds_the_node_without_writing() {
     done(breaker, nodes, server).await;
 }
 
-/// Issue 41: the fraction cap is decided under the compare-and-swap too. Two of ten are
+/// The fraction cap is decided under the compare-and-swap too. Two of ten are
 /// tainted in the guard's summary, two more reserved a moment ago (not in it yet): this one
 /// may be the fifth and swaps, but a third agent got in first; the re-read counts six of ten
 /// with this one, and it is held without writing.

@@ -158,7 +158,7 @@ fn redteam_the_ledger_keeps_others_entries_and_prunes_only_past_its_bound() {
     let next = ledger_with(&data, "d", "pool=a", w, &now);
     assert_eq!(next.get("d"), Some(&format!("{now} pool=a")));
     // Everyone else's entry is kept byte for byte, stale ones too (the admission policy
-    // admits only that: a drop would lift a reservation, issue 36, item 11).
+    // admits only that: a drop would lift a reservation).
     assert_eq!(next.len(), data.len() + 1);
     for (k, v) in &data {
         assert_eq!(next.get(k), Some(v), "{k} changed or dropped");
@@ -542,7 +542,7 @@ fn an_unseen_pool_counts_only_the_reservations_in_flight() {
     assert_eq!(ledger_recent(&data, "me", &pool, w, &now), 2);
 }
 
-/// Issue 41: the fraction cap is exact under the ledger. Two tainted, three reserved a moment
+/// The fraction cap is exact under the ledger. Two tainted, three reserved a moment
 /// ago (their taints not yet in the guard's summary), a sixth decides: it counts five tainted
 /// others, not two, and is held at 6 of 10. A reservation its view already shows tainted
 /// counts once; one of another pool, one made before the view for a Node it shows healthy

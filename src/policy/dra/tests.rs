@@ -396,7 +396,7 @@ fn a_port_event_taints_the_bad_hca_at_once_and_never_untaints() {
     assert!(full(&mut j, &node(&[])).device_taints.is_empty());
 }
 
-/// Issue 41 D: rules refused while a device is tainted: the device path protects nothing, so
+/// Rules refused while a device is tainted: the device path protects nothing, so
 /// the Node is tainted (`DraDeviceRulesRefused`); refused with nothing tainted: a warning;
 /// written again: the node recovers through the hysteresis.
 #[test]
@@ -500,7 +500,7 @@ fn an_absent_hca_held_by_a_claim_is_in_use_not_unmatched_and_never_tainted() {
     assert_eq!(codes, vec![DRA_DEVICE_UNMATCHED]);
 }
 
-/// Issue 42 item 6: an HCA a claim holds, gone from the node's namespace, is not a lost port.
+/// An HCA a claim holds, gone from the node's namespace, is not a lost port.
 /// Four HCAs required, one moved into a pod: the node is judged on the other three; the same
 /// absence without a claim is three of four ports, not validated.
 #[test]
@@ -543,7 +543,7 @@ fn mlx5_3_in_worker_0(state: PortState, phys: PhysState) -> PodNamespaceHcas {
     }
 }
 
-/// Issue 42 item 6, "probes it in that namespace where it can": an in-use HCA seen in its
+/// "Probes it in that namespace where it can": an in-use HCA seen in its
 /// pod's namespace is judged there. Port up: in use, nothing else. Port down: a fault of that
 /// HCA, so its DRA device gets a DeviceTaintRule (no new claim gets it), while the node stays
 /// judged on what is left (its taint would evict the pod that holds the HCA).

@@ -1,6 +1,7 @@
 use super::*;
 use fabricgate_probes::rdma::{PhysState, PortState};
 use fabricgate_probes::transport::InternodeTcp;
+use fabricgate_probes::transport::ports::{PortCounter, PortTraffic};
 use fabricgate_probes::transport::restrack::{QpState, QpType};
 use fabricgate_probes::transport::sample::NO_RDMA_NETLINK;
 use std::net::IpAddr;
@@ -8,6 +9,7 @@ use std::net::IpAddr;
 const RDMA_POD: &str = "1111aaaa-2222-4333-8444-555566667777";
 const SOCKETS_POD: &str = "2222bbbb-3333-4444-8555-666677778888";
 const BLIND_POD: &str = "3333cccc-4444-4555-8666-777788889999";
+const IDLE_QP_POD: &str = "4444dddd-5555-4666-8777-88889999aaaa";
 
 fn tcp(bytes: u64) -> Observed<InternodeTcp> {
     Observed::Seen(InternodeTcp {
@@ -20,9 +22,13 @@ fn tcp(bytes: u64) -> Observed<InternodeTcp> {
 }
 
 fn rc_qp() -> QpEntry {
+    rc_qp_on("rxe0")
+}
+
+fn rc_qp_on(device: &str) -> QpEntry {
     QpEntry {
         device_index: 0,
-        device: "rxe0".into(),
+        device: device.into(),
         port: Some(1),
         lqpn: 17,
         rqpn: Some(18),
@@ -33,20 +39,69 @@ fn rc_qp() -> QpEntry {
     }
 }
 
-/// An RDMA pod, a pod on sockets and a pod whose QPs cannot be listed, as `check` prints them.
+/// What `device`'s port 1 carried over the window, `pod` holding its data-path QPs.
+fn traffic(device: &str, pod: &str, sent: u64, counter: PortCounter) -> PortTraffic {
+    PortTraffic {
+        device: device.into(),
+        port: 1,
+        link_layer: Some("Ethernet".into()),
+        counter,
+        transmit_bytes: Some(sent),
+        receive_bytes: Some(sent / 64),
+        subtracted: Vec::new(),
+        window: Duration::from_secs(5),
+        pods: vec![pod.to_owned()],
+        others: Vec::new(),
+        unseen: None,
+    }
+}
+
+/// An RDMA pod, a pod on sockets, a pod whose QPs cannot be listed, and a pod holding an idle
+/// RC QP beside bulk TCP, as `check` prints them.
 fn section() -> PodsSection {
     let config = Config::default();
+    let rxe = PortCounter::PacketsTimesMtu { mtu: 1024 };
     let facts = [
-        (RDMA_POD, Observed::Seen(vec![rc_qp()]), tcp(4_096)),
-        (SOCKETS_POD, Observed::Seen(Vec::new()), tcp(60_000_000)),
+        (
+            RDMA_POD,
+            Observed::Seen(vec![rc_qp()]),
+            tcp(4_096),
+            vec![traffic("rxe0", RDMA_POD, 6_553_600, rxe)],
+        ),
+        (
+            SOCKETS_POD,
+            Observed::Seen(Vec::new()),
+            tcp(60_000_000),
+            Vec::new(),
+        ),
         (
             BLIND_POD,
             Observed::Unseen {
                 reason: NO_RDMA_NETLINK.to_owned(),
             },
             tcp(0),
+            Vec::new(),
         ),
-    ];
+        (
+            IDLE_QP_POD,
+            Observed::Seen(vec![rc_qp_on("mlx5_0")]),
+            tcp(60_000_000),
+            vec![traffic("mlx5_0", IDLE_QP_POD, 0, PortCounter::DataWords)],
+        ),
+    ]
+    .map(|(uid, qps, internode_tcp, ports)| PodTransportFacts {
+        pod_uid: uid.to_owned(),
+        qps,
+        internode_tcp,
+        ports,
+    });
+    let job = |uid: &str| {
+        Some(JobId {
+            namespace: String::new(),
+            job: format!("Pod/{uid}"),
+        })
+    };
+    let shares = port_shares(&facts, job);
     let status = FallbackStatus {
         suspected: false,
         tcp_bytes_per_second: Some(12_500_000.0),
@@ -55,15 +110,12 @@ fn section() -> PodsSection {
     PodsSection {
         pods: facts
             .into_iter()
-            .map(|(uid, qps, internode_tcp)| {
-                let facts = PodTransportFacts {
-                    pod_uid: uid.to_owned(),
-                    qps,
-                    internode_tcp,
-                };
-                judge(facts, &config)
+            .map(|f| {
+                let job = job(&f.pod_uid);
+                judge(f, &config, &shares, job.as_ref())
             })
             .collect(),
+        ports: shares,
         notes: vec![NO_RDMA_NETLINK.to_owned()],
         window: Some(Duration::from_millis(5_020)),
         node_fallback: Some(NodeFallback {
@@ -84,9 +136,15 @@ Pods: sampled over 5.0 s
   1111aaaa-2222-4333-8444-555566667777  rdma       1 RC  4.1 kB          1 data-path QP in RTS; 4.1 kB over TCP with 1 peer in 5 s via eth0
   2222bbbb-3333-4444-8555-666677778888  sockets    0     60.0 MB         0 data-path QPs; 60.0 MB over TCP with 1 peer in 5 s via eth0
   3333cccc-4444-4555-8666-777788889999  unknown    ?     0 B             its queue pairs cannot be listed: the kernel has no RDMA netlink (NETLINK_RDMA: protocol not supported): ib_core is not loaded, so no queue pair exists on this node
+  4444dddd-5555-4666-8777-88889999aaaa  sockets    1 RC  60.0 MB         1 data-path QP in RTS, but mlx5_0/1 carried 0 B in 5 s; 60.0 MB over TCP with 1 peer in 5 s via eth0
   ! the kernel has no RDMA netlink (NETLINK_RDMA: protocol not supported): ib_core is not loaded, so no queue pair exists on this node
   peers: peers from the cluster: the pods of each pod's job on other nodes
   node heuristic (fallback) over the same window: says nothing: the RDMA ports in scope have no byte counters (port_xmit_data, port_rcv_data); TCP 12.5 MB/s
+
+RDMA ports of the pods' data-path queue pairs, over the same window:
+  PORT      SENT    RECEIVED  WHOSE                                     COUNTED FROM
+  mlx5_0/1  0 B     0 B       Pod/4444dddd-5555-4666-8777-88889999aaaa  port_xmit_data/port_rcv_data × 4
+  rxe0/1    6.6 MB  102.4 kB  Pod/1111aaaa-2222-4333-8444-555566667777  hw_counters sent_pkts/rcvd_pkts × MTU 1024 (estimate)
 ";
     assert_eq!(to_table(&section()), want);
 }
@@ -107,8 +165,11 @@ fn the_json_section_has_exactly_the_issues_keys_per_pod() {
                     "device": "rxe0", "port": 1, "type": "RC", "state": "RTS",
                     "lqpn": 17, "rqpn": 18, "pid": 120
                 }],
+                "reason": "DataPathQueuePairs",
                 "internode_tcp_bytes": 4096,
                 "other_tcp_bytes": 0,
+                "rdma_bytes": 6_656_000,
+                "rdma_ports": ["rxe0/1"],
                 "why": "1 data-path QP in RTS; 4.1 kB over TCP with 1 peer in 5 s via eth0"
             },
             {
@@ -117,8 +178,11 @@ fn the_json_section_has_exactly_the_issues_keys_per_pod() {
                 "name": "w-0",
                 "transport": "sockets",
                 "qps": [],
+                "reason": "SocketsFallback",
                 "internode_tcp_bytes": 60_000_000,
                 "other_tcp_bytes": 0,
+                "rdma_bytes": null,
+                "rdma_ports": [],
                 "why": "0 data-path QPs; 60.0 MB over TCP with 1 peer in 5 s via eth0"
             },
             {
@@ -127,9 +191,29 @@ fn the_json_section_has_exactly_the_issues_keys_per_pod() {
                 "name": "",
                 "transport": "unknown",
                 "qps": null,
+                "reason": "TransportUnknown",
                 "internode_tcp_bytes": 0,
                 "other_tcp_bytes": 0,
+                "rdma_bytes": null,
+                "rdma_ports": [],
                 "why": format!("its queue pairs cannot be listed: {NO_RDMA_NETLINK}")
+            },
+            {
+                "uid": IDLE_QP_POD,
+                "namespace": "",
+                "name": "",
+                "transport": "sockets",
+                "qps": [{
+                    "device": "mlx5_0", "port": 1, "type": "RC", "state": "RTS",
+                    "lqpn": 17, "rqpn": 18, "pid": 120
+                }],
+                "reason": "SocketsBesideIdleQueuePairs",
+                "internode_tcp_bytes": 60_000_000,
+                "other_tcp_bytes": 0,
+                "rdma_bytes": 0,
+                "rdma_ports": ["mlx5_0/1"],
+                "why": "1 data-path QP in RTS, but mlx5_0/1 carried 0 B in 5 s; 60.0 MB over \
+                        TCP with 1 peer in 5 s via eth0"
             }
         ],
         "pod_namespace_rdma": [],
@@ -143,7 +227,23 @@ fn the_json_section_has_exactly_the_issues_keys_per_pod() {
                 "rdma_bytes_per_second": null,
                 "why": "says nothing: the RDMA ports in scope have no byte counters \
                         (port_xmit_data, port_rcv_data); TCP 12.5 MB/s"
-            }
+            },
+            "ports": [
+                {
+                    "device": "mlx5_0", "port": 1,
+                    "jobs": [{"namespace": "", "job": format!("Pod/{IDLE_QP_POD}")}],
+                    "others": [],
+                    "counter": {"kind": "data_words"},
+                    "transmit_bytes": 0, "receive_bytes": 0
+                },
+                {
+                    "device": "rxe0", "port": 1,
+                    "jobs": [{"namespace": "", "job": format!("Pod/{RDMA_POD}")}],
+                    "others": [],
+                    "counter": {"kind": "packets_times_mtu", "mtu": 1024},
+                    "transmit_bytes": 6_553_600, "receive_bytes": 102_400
+                }
+            ]
         }
     });
     assert_eq!(doc, want);

@@ -220,10 +220,26 @@ fn no_transition_time_or_one_in_the_future_counts_from_when_the_guard_saw_it() {
         pod("a", "gpu-1", "False", SOCKETS_FALLBACK, None),
         // The agent's clock runs ahead of the guard's.
         sockets("f", 10_000),
+        // Not on sockets: never due.
+        pod("r", "gpu-1", "True", "DataPathQueuePairs", None),
     ];
     assert_eq!(w.plan(&pods, 100).next, Some(at(170)));
     assert_eq!(names(&w.plan(&pods, 170).evict), ["a"]);
     assert_eq!(names(&w.plan(&pods, 180).evict), ["a", "f"]);
+}
+
+/// An idle queue pair beside bulk TCP to the job's peers is sockets for the guard as well.
+#[test]
+fn sockets_beside_idle_queue_pairs_is_due_like_sockets() {
+    let w = World::new();
+    let pods = [pod(
+        "q",
+        "gpu-1",
+        "False",
+        crate::transport::verdict::REASON_SOCKETS_BESIDE_IDLE,
+        Some(0),
+    )];
+    assert_eq!(names(&w.plan(&pods, 1000).evict), ["q"]);
 }
 
 #[test]

@@ -56,7 +56,7 @@ pub enum Skip {
     Busy,
 }
 
-/// What the dialled Node says about itself, to hold its responder to (issue 36, item 4): the
+/// What the dialled Node says about itself, to hold its responder to: the
 /// pool's key is shared by every node, so a responder's word on who it is proves nothing. Its
 /// WELCOME must name exactly `node`, and its ENDPOINT must address one of the ports that Node
 /// publishes (`fabricgate.io/peers-gids`, which only its own agent may write): a RoCE GID, or
@@ -67,7 +67,7 @@ pub struct Pin {
     pub gids: Vec<[u8; 16]>,
     pub lids: Vec<u16>,
     /// The gang check and rail of the session, told to the responder in HELLO so that it
-    /// attests what it received (issue 36, item 3); all zero: none.
+    /// attests what it received; all zero: none.
     pub tag: CheckTag,
 }
 

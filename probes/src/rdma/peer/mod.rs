@@ -36,7 +36,7 @@
 //! of the [`MAX_SESSIONS`] session slots ([`MAX_PER_SOURCE`] per address; beyond them a sealed
 //! WELCOME BUSY), so idle strangers never hold what a peer of the pool needs; the address of a
 //! live gang check's predecessor ([`ExpectedPeers`]) has [`EXPECTED_PER_PEER`] places beyond
-//! both pools (issue 36, item 1). Each session is closed after its session limit (default
+//! both pools. Each session is closed after its session limit (default
 //! [`SESSION_LIMIT`]); every frame must arrive whole within [`FRAME_TIMEOUT`]; frames have one
 //! fixed size; plans outside [`Plan::validate`] are refused before anything is allocated, so
 //! one session pins at most [`MAX_BUFFER`] bytes and the responder at most
@@ -45,7 +45,7 @@
 //!
 //! # Gang checks
 //! A session of a gang check names it in HELLO ([`CheckTag`]); the responder keeps a
-//! [`Receipt`] of what it saw, which its agent attests in its own answer (issue 36, item 3).
+//! [`Receipt`] of what it saw, which its agent attests in its own answer.
 //! The client holds the responder to the Node it dialled ([`Pin`]: WELCOME's name, ENDPOINT's
 //! GID or LID; item 4).
 //!
@@ -74,8 +74,8 @@ pub use receipts::{CheckTag, MAX_RECEIPTS, Receipt, Receipts, Seen};
 pub use responder::{Responder, ResponderStats};
 pub use slots::ExpectedPeers;
 
-use crate::Roots;
 use crate::rdma::{DeviceReport, GidType, LinkLayer, PortReport, RdmaReport};
+use crate::roots::Roots;
 use std::time::Duration;
 
 /// The side channel's protocol version (2: authenticated frames).

@@ -1,4 +1,4 @@
-//! What a responder saw of the sessions of a gang check (issue 36, item 3): the client names
+//! What a responder saw of the sessions of a gang check: the client names
 //! the check in its HELLO ([`CheckTag`]), and the responder keeps, per session that
 //! authenticated, who it was, the rail and what landed: a greeting only, bytes verified in its
 //! own buffer, or the failure. The receiving node's agent reads them back ([`Receipts::of`])

@@ -1,6 +1,6 @@
-//! The attacks of issue 24 on the side channel, replayed over loopback against a real
+//! The red team's attacks on the side channel, replayed over loopback against a real
 //! responder: a dribbling client, connect-and-hold, a replayed session (both ways), a client
-//! with the wrong key, and a squatter's unauthenticated OTHER_GROUP; and issue 36's (item 1)
+//! with the wrong key, and a squatter's unauthenticated OTHER_GROUP; and
 //! strangers holding every handshake place while a gang check's predecessor must get in.
 //! After each, a client of
 //! the pool still reaches the RDMA stage (`Failed { kind: None }`: the side channel let it
@@ -163,7 +163,7 @@ fn fill_handshakes(addr: SocketAddr, first: u8) -> Vec<TcpStream> {
         .collect()
 }
 
-/// Issue 36, item 1. Before: a slot was taken at accept, before authentication, so strangers
+/// Before: a slot was taken at accept, before authentication, so strangers
 /// (two tenant pods suffice) holding idle connections kept a gang check's predecessor out
 /// until the check's deadline. Now strangers fill only the handshake pool, never a session
 /// slot, and the address of the live check's predecessor has places of its own: while every
@@ -252,7 +252,7 @@ fn welcomed(addr: SocketAddr, src: [u8; 4]) -> TcpStream {
     s
 }
 
-/// Issue 36, item 1: a session slot is taken only once the client's HELLO authenticated, and
+/// A session slot is taken only once the client's HELLO authenticated, and
 /// the slots are capped per address too: two clients of the pool from one address hold its
 /// [`MAX_PER_SOURCE`] sessions and none of the handshake places; a third from that address is
 /// told BUSY in a sealed WELCOME (a skip, believed since it is authenticated); a client from
@@ -478,7 +478,7 @@ fn redteam_a_squatters_other_group_is_not_believed() {
     }
 }
 
-/// Issue 36, item 4: the pool's key is everyone's, so the responder is held to what the Node
+/// The pool's key is everyone's, so the responder is held to what the Node
 /// dialled publishes: its name (none is not a name), and its ENDPOINT to one of that Node's
 /// ports (a RoCE GID, an InfiniBand LID); another node's HCA is refused.
 #[test]
@@ -548,7 +548,7 @@ fn redteam_an_endpoint_is_pinned_to_the_dialled_nodes_ports() {
     }
 }
 
-/// Issue 36, item 3: the responder attests its end of a pair. A session that names a gang
+/// The responder attests its end of a pair. A session that names a gang
 /// check in its HELLO leaves a receipt: who (the authenticated HELLO's node), on which port,
 /// and what arrived (a greeting, verified bytes, or the failure); one naming no check, none.
 #[test]

@@ -14,8 +14,8 @@ use super::{
     FRAME_LEN, FRAME_TIMEOUT, HANDSHAKE_TIMEOUT, Identity, LocalPort, PROTOCOL_VERSION, Plan,
     Status, thread_cpu_ns,
 };
-use crate::Roots;
 use crate::rdma::verbs::rc::{self, EndpointInfo, EndpointSpec};
+use crate::roots::Roots;
 use std::io::{self, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -58,7 +58,7 @@ struct Shared {
     stats: Arc<ResponderStats>,
     roots: Roots,
     session_limit: Duration,
-    /// What the sessions of gang checks delivered (issue 36, item 3).
+    /// What the sessions of gang checks delivered.
     receipts: Receipts,
 }
 

@@ -3,8 +3,8 @@
 //! [`HANDSHAKE_TIMEOUT`]); only an authenticated client takes one of the [`MAX_SESSIONS`]
 //! session slots. The source address of a live gang check's predecessor
 //! ([`ExpectedPeers`]) has [`EXPECTED_PER_PEER`] handshake places beyond the pool, and as
-//! many sessions beyond [`MAX_SESSIONS`], so strangers holding idle connections (issue 36,
-//! item 1) cannot keep the one peer a check needs out.
+//! many sessions beyond [`MAX_SESSIONS`], so strangers holding idle connections
+//! cannot keep the one peer a check needs out.
 
 use super::{
     EXPECTED_PER_PEER, MAX_EXPECTED_PEERS, MAX_HANDSHAKES, MAX_HANDSHAKES_PER_SOURCE,

@@ -120,7 +120,7 @@ pub(super) struct Hello {
     pub(super) port: u8,
     pub(super) plan: Plan,
     /// The gang check this session is for (all zero: none), so that the responder can
-    /// attest what it received (issue 36, item 3). Older clients send zeros here.
+    /// attest what it received. Older clients send zeros here.
     pub(super) tag: CheckTag,
     /// The client closes after WELCOME (the side channel only, no RDMA).
     pub(super) greet: bool,

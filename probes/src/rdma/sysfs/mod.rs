@@ -21,7 +21,7 @@ pub use parse::{
 };
 
 use super::{DeviceReport, PhysState, PortState, RdmaReport};
-use crate::Roots;
+use crate::roots::Roots;
 use crate::sysfs_io::{AttrBuf, list_dir};
 use device::DevHandles;
 use std::os::unix::ffi::OsStrExt;

@@ -166,6 +166,18 @@ pub struct QpEntry {
     pub pdn: Option<u32>,
 }
 
+impl QpEntry {
+    /// A QP that moves a job's data: RC, UC, XRC or a driver's own type (mlx5's DC), in RTS.
+    /// UD and GSI do not: NCCL's data moves over RC, and a UD QP is what any verbs user (or a
+    /// CM) holds without moving data.
+    pub fn is_data_path(&self) -> bool {
+        matches!(
+            self.qp_type,
+            QpType::Rc | QpType::Uc | QpType::XrcIni | QpType::XrcTgt | QpType::Driver
+        ) && self.state == QpState::Rts
+    }
+}
+
 /// One port of an RDMA device as the port dump lists it (`rdma link show`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct NetlinkPort {

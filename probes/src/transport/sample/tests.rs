@@ -224,3 +224,84 @@ fn add_pod_process(dir: &Path, pid: u32) {
     .unwrap();
     std::fs::write(p.join("ns/net"), "").unwrap();
 }
+
+/// A kernel whose pod (PID 100) holds an RC QP in RTS on rxe0 port 1 and a UD QP on mlx5_0,
+/// where the kernel's `ko2iblnd` holds an RC QP in RTS too.
+#[derive(Debug)]
+struct QpsOnTwoPorts;
+
+impl Kernel for QpsOnTwoPorts {
+    fn qps(&mut self) -> Result<Vec<QpEntry>> {
+        use crate::transport::restrack::{QpState, QpType};
+        let qp = |device: &str, qp_type, owner| QpEntry {
+            device_index: 0,
+            device: device.into(),
+            port: Some(1),
+            lqpn: 17,
+            rqpn: None,
+            qp_type,
+            state: QpState::Rts,
+            owner,
+            pdn: None,
+        };
+        Ok(vec![
+            qp("rxe0", QpType::Rc, QpOwner::Pid(100)),
+            qp("mlx5_0", QpType::Ud, QpOwner::Pid(100)),
+            qp("mlx5_0", QpType::Rc, QpOwner::Kernel("ko2iblnd".into())),
+        ])
+    }
+
+    fn tcp_sockets(&mut self, _ns: Option<&Path>, _max: usize) -> Result<Vec<TcpSocket>> {
+        Ok(Vec::new())
+    }
+}
+
+/// A pod's facts carry the ports of its data-path QPs (not of its UD QP) with what each moved
+/// since the previous sample: none at the first reading (the baseline), then the packets rxe
+/// counted times its MTU; the kernel's QP on another port makes that port someone else's.
+#[test]
+fn a_pods_facts_carry_what_its_data_path_ports_moved_since_the_last_sample() {
+    let dir = tempfile::tempdir().unwrap();
+    let roots = host_procfs(dir.path());
+    add_pod_process(dir.path(), 100);
+    let sys = dir.path().join("sys");
+    let port = sys.join("devices/virtual/infiniband/rxe0/ports/1");
+    std::fs::create_dir_all(port.join("hw_counters")).unwrap();
+    std::fs::create_dir_all(port.join("gid_attrs/ndevs")).unwrap();
+    std::fs::write(port.join("link_layer"), "Ethernet\n").unwrap();
+    std::fs::write(port.join("gid_attrs/ndevs/0"), "eth0\n").unwrap();
+    std::fs::create_dir_all(sys.join("class/infiniband")).unwrap();
+    std::os::unix::fs::symlink(
+        "../../devices/virtual/infiniband/rxe0",
+        sys.join("class/infiniband/rxe0"),
+    )
+    .unwrap();
+    std::fs::create_dir_all(sys.join("class/net/eth0")).unwrap();
+    std::fs::write(sys.join("class/net/eth0/mtu"), "1500\n").unwrap();
+    let packets = |sent: u64| {
+        std::fs::write(port.join("hw_counters/sent_pkts"), format!("{sent}\n")).unwrap();
+        std::fs::write(port.join("hw_counters/rcvd_pkts"), "7\n").unwrap();
+    };
+    packets(100);
+    let mut sampler = PodSampler::with_kernel(roots, Box::new(QpsOnTwoPorts));
+    let request = request_of(POD);
+    assert!(sampler.sample(&request).is_empty(), "the pod's baseline");
+    packets(1_100);
+    let facts = sampler.sample(&request);
+    assert_eq!(facts[0].ports.len(), 1, "{:?}", facts[0].ports);
+    let rxe = &facts[0].ports[0];
+    assert_eq!((rxe.device.as_str(), rxe.port), ("rxe0", 1));
+    assert_eq!(rxe.pods, [POD]);
+    assert!(rxe.others.is_empty());
+    assert_eq!(
+        rxe.counter,
+        crate::transport::ports::PortCounter::PacketsTimesMtu { mtu: 1024 }
+    );
+    assert_eq!(
+        (rxe.transmit_bytes, rxe.receive_bytes),
+        (Some(1_000 * 1024), Some(0))
+    );
+    assert_eq!(rxe.bytes(), Some(1_000 * 1024));
+    // The pod's QP on mlx5_0 is UD: that port is not one of its data-path ports.
+    assert!(facts[0].ports.iter().all(|p| p.device != "mlx5_0"));
+}

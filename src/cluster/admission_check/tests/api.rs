@@ -159,7 +159,7 @@ async fn a_gang_of_validated_nodes_gets_its_fabric_check_and_no_state_yet() {
         assert_eq!(meta["annotations"][RESERVATION_ANNOTATION], RESERVED);
         let spec: CheckSpec = serde_json::from_value(seen.body["spec"].clone()).expect("a spec");
         assert_eq!(ring(2, &spec.deadline), spec);
-        // Each member's empty answer (issue 41, edge C), in any order.
+        // Each member's empty answer, in any order.
         let mut answers = Vec::new();
         for _ in 0..2 {
             let seen = server.answer(201, json!({})).await;

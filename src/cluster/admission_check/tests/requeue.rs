@@ -1,4 +1,4 @@
-//! After admission (issue 43, `requeue.rs`): which Workloads are watched, what counts as a bad
+//! After admission (`requeue.rs`): which Workloads are watched, what counts as a bad
 //! member, the grace, the escalation and the breaker, table-tested without an API server.
 
 use super::super::requeue::RequeueLedger;
@@ -148,6 +148,22 @@ fn bad_members_are_unvalidated_or_gone_nodes_and_pods_on_sockets() {
     ];
     let c = causes_of(&wl, &[node(0), node(1), node(2)], pods);
     assert_eq!(c.len(), 1, "{c:?}");
+    // An idle queue pair beside bulk TCP to the peers is sockets too.
+    let beside_idle = vec![pod(
+        "w-1",
+        &host(1),
+        true,
+        Some(("False", "SocketsBesideIdleQueuePairs")),
+    )];
+    let c2 = causes_of(&wl, &[node(0), node(1), node(2)], beside_idle);
+    assert_eq!(c2.len(), 1, "{c2:?}");
+    assert!(
+        c2[0]
+            .message
+            .contains("=False (SocketsBesideIdleQueuePairs: "),
+        "{}",
+        c2[0].message
+    );
     assert_eq!(c[0].key, "pod/uid-w-0");
     assert!(
         c[0].message.starts_with(

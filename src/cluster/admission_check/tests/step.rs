@@ -386,7 +386,7 @@ fn a_check_in_flight_waits_for_its_answers_until_the_deadline_and_grace() {
     assert_eq!(d.state, "Ready");
 }
 
-/// The controller's empty answers (issue 41, edge C) are no answers: past the deadline, a
+/// The controller's empty answers are no answers: past the deadline, a
 /// member whose answer is still empty is silent.
 #[test]
 fn an_empty_answer_is_not_an_answer() {
