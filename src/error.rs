@@ -7,7 +7,8 @@ pub const EXIT_VALIDATED: u8 = 0;
 pub const EXIT_NOT_VALIDATED: u8 = 1;
 pub const EXIT_USAGE: u8 = 2;
 pub const EXIT_CANNOT_PROBE: u8 = 3;
-/// `fabricgate run`: a task of the agent panicked; the process ends so the kubelet restarts it
+/// `run`, `guard`, `admission-check`, `webhook`: a task panicked; the process ends so that it is
+/// restarted
 /// (docs/hardening.md).
 pub const EXIT_AGENT_PANIC: u8 = 70;
 
@@ -61,6 +62,13 @@ pub enum Error {
 
     #[error("internal error: {message}")]
     Internal { message: String },
+
+    #[error("cannot {what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// kube's `Display` of an API error repeats the whole Status in Debug form; keep it short.
@@ -115,6 +123,7 @@ impl Error {
             },
             Self::Conflict { .. } => "api_conflict",
             Self::Internal { .. } => "internal",
+            Self::Io { .. } => "io",
         }
     }
 
@@ -148,7 +157,8 @@ impl Error {
             | Self::ConfigValue { .. }
             | Self::Usage { .. }
             | Self::KubeConfig { .. }
-            | Self::NodeNotFound { .. } => EXIT_USAGE,
+            | Self::NodeNotFound { .. }
+            | Self::Io { .. } => EXIT_USAGE,
             Self::Kube { .. }
             | Self::KubeObject { .. }
             | Self::Conflict { .. }

@@ -6,8 +6,10 @@
 pub mod agent;
 pub mod cli;
 pub mod cluster;
+pub mod command;
 pub mod config;
 pub mod error;
+pub mod harness;
 pub mod node;
 pub mod observe;
 pub mod peers;

@@ -1,5 +1,6 @@
 //! Text cut to the API's and the kubelet's size limits (an Event's `note` 1 kB, a condition's
-//! message 32 kB, a termination log 4 kB), always on a character boundary.
+//! message 32 kB, a termination log 4 kB), always on a character boundary; and the columns
+//! of the commands' tables.
 
 /// The longest prefix of `s` of at most `max` bytes that ends on a character boundary.
 pub fn truncate(s: &str, max: usize) -> String {
@@ -32,6 +33,31 @@ fn boundary(s: &str, max: usize) -> usize {
         end -= 1;
     }
     end
+}
+
+/// `header` and `rows` as left-aligned columns two spaces apart, each line indented by two.
+pub fn write_columns(out: &mut String, header: &[&str], rows: Vec<Vec<String>>) {
+    let widths: Vec<usize> = (0..header.len())
+        .map(|c| {
+            rows.iter()
+                .filter_map(|r| r.get(c))
+                .map(|cell| cell.chars().count())
+                .chain([header[c].chars().count()])
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let header: Vec<String> = header.iter().map(|h| (*h).to_owned()).collect();
+    for row in std::iter::once(header).chain(rows) {
+        let line: Vec<String> = row
+            .iter()
+            .zip(&widths)
+            .map(|(cell, w)| format!("{cell:<w$}"))
+            .collect();
+        out.push_str("  ");
+        out.push_str(line.join("  ").trim_end());
+        out.push('\n');
+    }
 }
 
 #[cfg(test)]

@@ -97,6 +97,26 @@ impl ProbeError {
         }
     }
 
+    /// A netlink `request` whose reply was cut short or bad in some other way.
+    pub fn netlink(request: &'static str, message: impl Into<String>) -> Self {
+        Self::Netlink {
+            request,
+            message: message.into(),
+        }
+    }
+
+    /// A netlink reply to `request` that the crate's framing could not read.
+    pub fn netlink_malformed(request: &'static str, e: &impl std::fmt::Display) -> Self {
+        Self::netlink(request, format!("malformed reply: {e}"))
+    }
+
+    /// The kernel's refusal of `request` (`errno`, positive), and what to do about it (`hint`,
+    /// empty or starting with a space).
+    pub fn netlink_refused(request: &'static str, errno: i32, hint: &str) -> Self {
+        let os = std::io::Error::from_raw_os_error(errno);
+        Self::netlink(request, format!("the kernel refused it: {os}{hint}"))
+    }
+
     /// Bounded, stable label for metrics (`fabricgate_probe_errors_total{kind=...}`).
     pub fn metric_label(&self) -> &'static str {
         match self {

@@ -74,29 +74,6 @@ pub fn to_json(report: &ProbeReport, verdict: &Verdict) -> Value {
     })
 }
 
-/// `header` and `rows` as left-aligned columns two spaces apart, each line indented by two.
-pub(crate) fn write_columns(out: &mut String, header: &[&str], rows: Vec<Vec<String>>) {
-    let widths: Vec<usize> = (0..header.len())
-        .map(|c| {
-            rows.iter()
-                .filter_map(|r| r.get(c))
-                .map(|cell| cell.chars().count())
-                .chain([header[c].chars().count()])
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
-    let header: Vec<String> = header.iter().map(|h| (*h).to_owned()).collect();
-    for row in std::iter::once(header).chain(rows) {
-        let line: Vec<String> = row
-            .iter()
-            .zip(&widths)
-            .map(|(cell, w)| format!("{cell:<w$}"))
-            .collect();
-        let _ = writeln!(out, "  {}", line.join("  ").trim_end());
-    }
-}
-
 fn messages(findings: &[crate::policy::Finding]) -> Vec<&str> {
     findings.iter().map(|f| f.message.as_str()).collect()
 }
@@ -138,7 +115,7 @@ pub fn to_table(report: &ProbeReport, verdict: &Verdict) -> String {
     if report.rdma.devices.is_empty() {
         let _ = writeln!(out, "  (no RDMA devices)");
     } else {
-        write_columns(&mut out, &HEADER, device_rows(&report.rdma.devices));
+        crate::text::write_columns(&mut out, &HEADER, device_rows(&report.rdma.devices));
     }
     let _ = writeln!(
         out,

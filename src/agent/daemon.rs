@@ -12,7 +12,7 @@ use super::probe_thread::{ProbeThread, host_checks};
 use super::reconcile_loop::{LoopTiming, node_writer, reconcile_loop, watch_own_node};
 use super::timing::{WRITE_GRACE, stopped, wait_stop};
 use super::wakeup::Wakeup;
-use crate::cli::{LogFormat, RunArgs};
+use crate::cli::RunArgs;
 use crate::config::Config;
 use crate::config::peers::PeerSpec;
 use crate::error::{Error, Result};
@@ -20,10 +20,11 @@ use crate::node::dra::DraJobs;
 use crate::node::{self, Reconciler, RetryAfter};
 use crate::observe::health::HealthTiming;
 use crate::observe::metrics::{self, Metrics};
-use crate::observe::server::Limits;
+use crate::observe::server::{Limits, Nofile};
 use crate::peers::{self, PeerAgent, Rounds};
 use crate::policy::Verdict;
 use crate::policy::judge::Judge;
+use crate::transport::metrics::PodMetrics;
 use fabricgate_probes::rdma::VerbsMode;
 use fabricgate_probes::rdma::peer::Identity;
 use fabricgate_probes::{Prober, Roots};
@@ -50,6 +51,8 @@ pub struct Agent {
     pub client: Option<node::Clients>,
     pub retry_after: RetryAfter,
     pub metrics: Arc<Metrics>,
+    /// Runtime transport's `fabricgate_pod_*` families, registered when `runtime.enabled`.
+    pub pod_metrics: Option<PodMetrics>,
     /// Connection limits of the metrics server (from `RLIMIT_NOFILE`).
     pub limits: Limits,
     pub probe_deadline: Duration,
@@ -67,7 +70,7 @@ impl Agent {
     /// # Errors
     /// [`Error::Usage`] for a missing node name, bad roots or an unbindable address; config
     /// errors; [`Error::KubeConfig`] when no cluster is configured and `--dry-run` is not set.
-    pub async fn from_args(args: &RunArgs) -> Result<Self> {
+    pub async fn from_args(args: &RunArgs, nofile: &Nofile) -> Result<Self> {
         let node_name = args
             .node_name
             .clone()
@@ -96,8 +99,8 @@ impl Agent {
         probe_config.counter_names = crate::observe::metrics::counters_read();
         probe_config.host = host_checks(&config.kubernetes);
         let prober = Prober::new(roots.clone(), probe_config);
-        // Descriptors: all the container allows, and HTTP connections kept far below that.
-        let nofile = crate::observe::server::raise_nofile();
+        // Descriptors: all the container allows (raised by the harness), and HTTP connections
+        // kept far below that.
         let limits = Limits::for_nofile(args.metrics_max_connections, nofile.soft);
         tracing::info!(
             nofile_before = ?nofile.before,
@@ -106,12 +109,7 @@ impl Agent {
             max_connections = limits.max_connections,
             "descriptor budget"
         );
-        let listener = tokio::net::TcpListener::bind(args.metrics_addr)
-            .await
-            .map_err(|e| Error::Usage {
-                flag: "--metrics-addr".into(),
-                message: format!("cannot listen on {}: {e}", args.metrics_addr),
-            })?;
+        let listener = crate::harness::bind(args.metrics_addr, "--metrics-addr").await?;
         let retry_after = RetryAfter::default();
         let client = match node::client(retry_after.clone()).await {
             Ok(c) => Some(c),
@@ -125,7 +123,10 @@ impl Agent {
             Err(e) => return Err(e),
         };
         // The fallback detector follows `fallback:` and `rdma.devices` of the config.
-        let metrics = Arc::new(Metrics::with_config(&config));
+        let (metrics, pod_metrics) = Metrics::with_config_and(&config, |live| {
+            config.runtime.enabled.then(|| PodMetrics::register(live))
+        });
+        let metrics = Arc::new(metrics);
         let peers =
             peers_from_args(args, &config, &node_name, client.as_ref(), roots, &metrics).await?;
         Ok(Self {
@@ -139,6 +140,7 @@ impl Agent {
             client,
             retry_after,
             metrics,
+            pod_metrics,
             limits,
             probe_deadline: args.probe_deadline,
             liveness_grace: args.liveness_grace,
@@ -148,53 +150,6 @@ impl Agent {
             namespace: args.namespace.clone(),
         })
     }
-}
-
-/// Make any panic, on any thread or task, end the process with [`crate::EXIT_AGENT_PANIC`]:
-/// never a half-alive agent whose probes and `/healthz` go on while its Node writer is dead.
-pub fn exit_on_panic() {
-    let default = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
-        default(info);
-        tracing::error!(
-            panic = %info,
-            "a task of the agent panicked; exiting with status {} so that it is restarted",
-            crate::EXIT_AGENT_PANIC
-        );
-        std::process::exit(i32::from(crate::EXIT_AGENT_PANIC));
-    }));
-}
-
-/// Install the global `tracing` subscriber (level from `RUST_LOG`, default `info`).
-pub fn init_logging(format: LogFormat) {
-    // kube's HTTP layer logs every failed request at ERROR; the reconcile loop already says
-    // what failed and when it retries, once per kind of failure.
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,kube_client=off"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr);
-    // A second init (tests) keeps the first subscriber.
-    let _ = match format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().flatten_event(true).try_init(),
-    };
-}
-
-/// Completes on SIGTERM or SIGINT.
-///
-/// # Errors
-/// I/O errors installing the handlers.
-pub async fn shutdown_signal() -> std::io::Result<()> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
-        _ = int.recv() => tracing::info!("SIGINT: shutting down"),
-    }
-    Ok(())
 }
 
 /// The peer responder and its rounds (`peers.enabled`), with the extra `--peers`.
@@ -245,7 +200,11 @@ async fn peers_from_args(
 ///
 /// # Errors
 /// Only if the probe thread dies; API errors are retried forever.
-pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<()> {
+pub async fn run(
+    mut agent: Agent,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<()> {
+    let pod_metrics = agent.pod_metrics.take();
     let (node, config, metrics) = (agent.node_name.as_str(), &agent.config, &agent.metrics);
     let (client, interval, failpoint) = (agent.client.as_ref(), agent.interval, agent.failpoint);
     metrics.health().set_timing(HealthTiming {
@@ -255,14 +214,19 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
     });
     metrics.set_stale_series_grace(agent.stale_series_grace);
     let stop = stop_on(shutdown);
-    let mesh = Mesh::start(agent.peers, config, interval)?;
+    let mesh = Mesh::start(agent.peers.take(), config, interval)?;
+    let (desired_tx, desired_rx) = watch::channel::<Option<Verdict>>(None);
+    let PodFeatures {
+        pods_watch,
+        runtime,
+        dra,
+    } = start_pod_features(&agent, pod_metrics, desired_rx.clone(), &stop);
     let mut server = tokio::spawn(metrics::serve_with_limits(
         agent.listener,
         Arc::clone(metrics),
         agent.limits,
         stopped(stop.clone()),
     ));
-    let (desired_tx, desired_rx) = watch::channel::<Option<Verdict>>(None);
     let (node_checks, node_findings) = NodeChecks::new(&config.kubernetes);
     let (node_watch, node_updates) = watch_own_node(client, node, interval);
     let verbs = agent.prober.config().verbs == VerbsMode::Required;
@@ -271,31 +235,6 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
         (Some(mesh), Some(c)) => mesh.start_ring(node, config, c, verbs, failpoint, stop.clone()),
         _ => Advertised::default(),
     };
-    // Runtime transport per pod (docs/runtime-transport.md): its own watches and window.
-    let runtime = crate::transport::task::start(
-        config,
-        client,
-        node,
-        &agent.namespace,
-        agent.dry_run,
-        agent.prober.roots().clone(),
-        metrics,
-        stop.clone(),
-    );
-    // DRA (docs/dra.md): this node's ResourceSlices in, a DeviceTaintRule per bad HCA out.
-    let dra = DraJobs {
-        node,
-        config,
-        clients: client,
-        dry_run: agent.dry_run,
-        interval,
-        rules_max_backoff: interval.max(super::ring::MAX_BACKOFF),
-        metrics,
-        // The claims of this node's pods: HCAs in use by a pod (docs/dra.md).
-        pods: runtime.pods.clone(),
-        roots: agent.prober.roots().clone(),
-    }
-    .start(desired_rx.clone(), stop.clone());
     let requests = client.map(|c| c.requests.clone());
     let reconciler = node_writer(
         node,
@@ -345,7 +284,7 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
     let probes = ProbeThread::spawn(agent.prober, failpoint)?;
     let probing = ProbeLoop::new(probes, wakeup, judge, config, timing, metrics, links).run();
     // Supervision: the probe loop, the Node writer and the server live and die together. A
-    // panic already ended the process (exit_on_panic); a task that returns early ends it too.
+    // panic already ended the process (`crate::harness`); a task that returns early ends it too.
     let ended = tokio::select! {
         r = probing => Ended::Probe(r),
         r = &mut writer => Ended::Reconcile(r),
@@ -354,10 +293,71 @@ pub async fn run(agent: Agent, shutdown: impl Future<Output = ()> + Send + 'stat
     let result = ended.into_result(*stop.borrow());
     // No more verdicts: the Node writer's loop ends.
     drop(desired_tx);
-    let watches = node_watch.into_iter().chain(dra.tasks).chain(runtime.tasks);
-    wind_down(writer, server, watches).await;
+    let writers = runtime.writers.into_iter().chain(dra.writers);
+    let watches = node_watch
+        .into_iter()
+        .chain(pods_watch)
+        .chain(dra.watches)
+        .chain(runtime.watches);
+    wind_down(writer, server, writers, watches).await;
     tracing::info!(node = %node, "fabricgate agent stopped");
     result
+}
+
+/// The features that read this node's pods, and the one watch they share.
+struct PodFeatures {
+    pods_watch: Option<JoinHandle<()>>,
+    runtime: crate::transport::task::RuntimeJobs,
+    dra: crate::node::dra::DraInputs,
+}
+
+/// Start this node's pods watch (one, for the two features that read it), runtime transport
+/// per pod (docs/runtime-transport.md: its peer watch and window) and DRA (docs/dra.md: this
+/// node's ResourceSlices in, a DeviceTaintRule per bad HCA out, the HCAs the pods' claims
+/// hold).
+fn start_pod_features(
+    agent: &Agent,
+    pod_metrics: Option<PodMetrics>,
+    verdicts: watch::Receiver<Option<Verdict>>,
+    stop: &watch::Receiver<bool>,
+) -> PodFeatures {
+    let (node, config, client) = (
+        agent.node_name.as_str(),
+        &agent.config,
+        agent.client.as_ref(),
+    );
+    let node::pods_watch::PodsWatch {
+        task: pods_watch,
+        pods,
+    } = node::pods_watch::start(client, node, config, agent.interval);
+    let runtime = crate::transport::task::start(
+        config,
+        client,
+        pods.clone(),
+        node,
+        &agent.namespace,
+        agent.dry_run,
+        agent.prober.roots().clone(),
+        pod_metrics,
+        stop.clone(),
+    );
+    let dra = DraJobs {
+        node,
+        config,
+        clients: client,
+        dry_run: agent.dry_run,
+        interval: agent.interval,
+        rules_max_backoff: agent.interval.max(super::ring::MAX_BACKOFF),
+        metrics: &agent.metrics,
+        pods,
+        roots: agent.prober.roots().clone(),
+    }
+    .start(verdicts, stop.clone());
+    PodFeatures {
+        pods_watch,
+        runtime,
+        dra,
+    }
 }
 
 /// Kernel events wake the probe loop before the interval (docs/events.md).
@@ -372,16 +372,26 @@ fn kernel_events(config: &Config, verbs: bool, metrics: &Metrics) -> Wakeup {
     )
 }
 
-/// After supervision: the Node writer finishes or abandons its write within [`WRITE_GRACE`],
-/// the watches are aborted, the server gets half a second to close. (A handle that completed
-/// inside the supervision's select is finished and not polled again.)
+/// After supervision: the Node writer and the other writers (the pod conditions, the
+/// DeviceTaintRules), which follow the stop signal, end their write within [`WRITE_GRACE`]
+/// (abandoned after it); the watches, which only read, are aborted; the server gets half a
+/// second to close. (A handle that completed inside the supervision's select is finished and
+/// not polled again.)
 async fn wind_down(
     mut writer: JoinHandle<()>,
     mut server: JoinHandle<std::io::Result<()>>,
+    writers: impl Iterator<Item = JoinHandle<()>>,
     watches: impl Iterator<Item = JoinHandle<()>>,
 ) {
+    let grace = WRITE_GRACE + Duration::from_millis(500);
     if !writer.is_finished() {
-        let _ = timeout(WRITE_GRACE + Duration::from_millis(500), &mut writer).await;
+        let _ = timeout(grace, &mut writer).await;
+    }
+    for mut task in writers {
+        if timeout(grace, &mut task).await.is_err() {
+            tracing::warn!("a writer did not end its write within its grace; abandoned");
+            task.abort();
+        }
     }
     for task in watches {
         task.abort();
@@ -459,5 +469,48 @@ impl Ended {
 fn task_died(what: &str, e: &tokio::task::JoinError) -> Error {
     Error::Internal {
         message: format!("{what} task ended abnormally: {e}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    /// At shutdown a writer in the middle of its write ends it (a pod condition, a
+    /// DeviceTaintRule is never cut off halfway), a watch is aborted, and a writer that
+    /// outlives its grace is abandoned rather than holding the process.
+    #[tokio::test(start_paused = true)]
+    async fn wind_down_lets_a_writer_end_its_write_and_aborts_the_watches() {
+        let written = Arc::new(AtomicBool::new(false));
+        let writing = {
+            let written = Arc::clone(&written);
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(800)).await;
+                written.store(true, Ordering::SeqCst);
+            })
+        };
+        let wedged = tokio::spawn(std::future::pending::<()>());
+        let watching = tokio::spawn(std::future::pending::<()>());
+        let watch_handle = watching.abort_handle();
+        let node_writer = tokio::spawn(async {});
+        let server = tokio::spawn(async { Ok(()) });
+        let started = tokio::time::Instant::now();
+        wind_down(
+            node_writer,
+            server,
+            [writing, wedged].into_iter(),
+            std::iter::once(watching),
+        )
+        .await;
+        assert!(written.load(Ordering::SeqCst), "the write was cut off");
+        tokio::task::yield_now().await;
+        assert!(watch_handle.is_finished(), "the watch was left running");
+        // The wedged writer held the wind-down for its grace, no longer.
+        let took = started.elapsed();
+        assert!(
+            took >= WRITE_GRACE && took < 2 * WRITE_GRACE + Duration::from_secs(2),
+            "{took:?}"
+        );
     }
 }

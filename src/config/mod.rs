@@ -11,8 +11,6 @@ pub(crate) mod duration;
 pub mod events;
 mod file;
 pub mod gang;
-#[cfg(test)]
-mod hardening_tests;
 pub(crate) mod labels;
 pub mod peers;
 mod pool;

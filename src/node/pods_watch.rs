@@ -11,13 +11,53 @@ use kube::runtime::watcher::{self, Event as WatchEvent, watcher};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-/// Follow the pods of `node` (a field selector, no polling) and send each change as the
-/// whole set by UID. A 403 (the agent's RBAC lacks pods: deploy/overlays/runtime-transport
-/// not applied) is logged once and retried only every [`FORBIDDEN_RETRY`]: a missing grant
-/// is not fixed in seconds, and each refused list is a line in the API server's audit log.
 /// How long a pods watch refused by 403 waits before asking again.
 pub const FORBIDDEN_RETRY: Duration = Duration::from_secs(300);
 
+/// This node's pods by UID, as the watch last saw them.
+pub type PodsByUid = BTreeMap<String, Pod>;
+
+/// The shared watch's task and the features' end of it (both `None` when not started).
+pub struct PodsWatch {
+    pub task: Option<tokio::task::JoinHandle<()>>,
+    pub pods: Option<tokio::sync::watch::Receiver<PodsByUid>>,
+}
+
+/// The watch of this node's pods when a feature reads them (`runtime.enabled`, or
+/// `kubernetes.dra` for its claims) and there is a cluster: its task (it only reads: aborted
+/// at shutdown) and the receiver the features share. Its longest backoff is the runtime
+/// window when runtime transport is on, the probe interval otherwise.
+pub fn start(
+    clients: Option<&super::Clients>,
+    node: &str,
+    config: &crate::config::Config,
+    interval: Duration,
+) -> PodsWatch {
+    let wanted = config.runtime.enabled || config.kubernetes.dra.enabled();
+    let Some(watch_client) = clients.and_then(|c| c.watch.clone()).filter(|_| wanted) else {
+        return PodsWatch {
+            task: None,
+            pods: None,
+        };
+    };
+    let backoff = if config.runtime.enabled {
+        config.runtime.window
+    } else {
+        interval
+    };
+    let (tx, rx) = tokio::sync::watch::channel(BTreeMap::new());
+    let task = tokio::spawn(watch_pods(watch_client, node.to_owned(), tx, backoff));
+    PodsWatch {
+        task: Some(task),
+        pods: Some(rx),
+    }
+}
+
+/// Follow the pods of `node` (a field selector, no polling) and send each change as the
+/// whole set by UID. A 403 (the agent's RBAC lacks pods: neither deploy/overlays/dra nor
+/// deploy/overlays/runtime-transport applied) is logged once and retried only every
+/// [`FORBIDDEN_RETRY`]: a missing grant is not fixed in seconds, and each refused list is a
+/// line in the API server's audit log.
 pub async fn watch_pods(
     client: kube::Client,
     node: String,
@@ -59,8 +99,9 @@ pub async fn watch_pods(
                     | watcher::Error::WatchStartFailed(kube::Error::Api(s)) if s.code == 403);
                 if !told {
                     tracing::warn!(node = %node, error = %e,
-                        "cannot watch this node's pods: runtime transport judges no pod; \
-                         apply deploy/overlays/runtime-transport (pods list/watch)");
+                        "cannot watch this node's pods: runtime transport judges no pod and \
+                         DRA reads no claim; apply deploy/overlays/runtime-transport or \
+                         deploy/overlays/dra (pods list/watch)");
                     told = true;
                 }
                 if forbidden {

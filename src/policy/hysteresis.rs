@@ -96,7 +96,7 @@ impl Hysteresis {
 
 /// Hysteresis tests with hand-built verdicts.
 #[cfg(test)]
-mod hysteresis_tests {
+mod tests {
     use super::*;
     use crate::policy::rdma::rdma_finding;
 

@@ -223,7 +223,7 @@ fn lnet_findings(
 }
 
 #[cfg(test)]
-mod lnet_tests {
+mod tests {
     use super::*;
     use fabricgate_probes::storage::LnetNi;
 

@@ -390,7 +390,7 @@ pub fn to_table(section: &PodsSection) -> String {
         })
         .collect();
     if !rows.is_empty() {
-        crate::agent::check::write_columns(&mut out, &HEADER, rows);
+        crate::text::write_columns(&mut out, &HEADER, rows);
     }
     for note in &section.notes {
         let _ = writeln!(out, "  ! {note}");
@@ -408,7 +408,7 @@ pub fn to_table(section: &PodsSection) -> String {
     if !section.ports.is_empty() {
         out.push_str("\nRDMA ports of the pods' data-path queue pairs, over the same window:\n");
         let rows: Vec<Vec<String>> = section.ports.iter().map(port_row).collect();
-        crate::agent::check::write_columns(&mut out, &PORTS_HEADER, rows);
+        crate::text::write_columns(&mut out, &PORTS_HEADER, rows);
     }
     if !section.namespace_hcas.is_empty() {
         out.push_str(
@@ -445,7 +445,7 @@ pub fn to_table(section: &PodsSection) -> String {
                 }
             })
             .collect();
-        crate::agent::check::write_columns(&mut out, &NAMESPACE_HEADER, rows);
+        crate::text::write_columns(&mut out, &NAMESPACE_HEADER, rows);
     }
     out
 }

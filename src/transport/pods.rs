@@ -203,5 +203,4 @@ pub fn fallback_note(pod: &JudgedPod, verdict: &PodVerdict, on_owner: bool) -> S
 }
 
 #[cfg(test)]
-#[path = "pods_tests.rs"]
 mod tests;

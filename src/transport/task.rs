@@ -8,11 +8,9 @@
 
 use super::sampler::Sampler;
 use crate::config::Config;
-use crate::node::pods_watch::watch_pods;
-use crate::observe::metrics::Metrics;
 use crate::transport::bandwidth::{JobId, PortShare, job_ports, port_shares};
 use crate::transport::jobs::{JobKey, job_of};
-use crate::transport::metrics::PodSample;
+use crate::transport::metrics::{PodMetrics, PodSample};
 use crate::transport::peers::{JobPeers, peer_addresses, watch_job_peers};
 use crate::transport::pods::{JudgedPod, is_judged};
 use crate::transport::verdict::{PodHistory, PodVerdict, confirm, judge_pod};
@@ -26,39 +24,40 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-/// The runtime task's handles (aborted at shutdown), and its pods watch for others to read
-/// (DRA's claims: `node::dra`).
+/// The runtime task's handles: the judging loop, which ends its write when `stop` comes (the
+/// agent waits for it), and the peer watch, which only reads (aborted at shutdown).
 pub struct RuntimeJobs {
-    pub tasks: Vec<JoinHandle<()>>,
-    pub pods: Option<watch::Receiver<BTreeMap<String, Pod>>>,
+    pub writers: Vec<JoinHandle<()>>,
+    pub watches: Vec<JoinHandle<()>>,
 }
 
-/// Start the pods watch, the peer watch and the judging loop; nothing while
-/// `runtime.enabled` is false or without a cluster.
+/// Start the peer watch and the judging loop over this node's pods (`pods`, the shared
+/// `node::pods_watch`); nothing while `runtime.enabled` is false or without a cluster.
 #[allow(clippy::too_many_arguments)]
 pub fn start(
     config: &Config,
     clients: Option<&crate::node::Clients>,
+    pods: Option<watch::Receiver<BTreeMap<String, Pod>>>,
     node: &str,
     own_namespace: &str,
     dry_run: bool,
     roots: Roots,
-    metrics: &Arc<Metrics>,
+    metrics: Option<PodMetrics>,
     stop: watch::Receiver<bool>,
 ) -> RuntimeJobs {
-    let none = || RuntimeJobs {
-        tasks: Vec::new(),
-        pods: None,
-    };
-    let (Some(clients), true) = (clients, config.runtime.enabled) else {
-        return none();
+    let (Some(clients), Some(pods), true) = (clients, pods, config.runtime.enabled) else {
+        return RuntimeJobs {
+            writers: Vec::new(),
+            watches: Vec::new(),
+        };
     };
     let Some(watch_client) = clients.watch.clone() else {
-        return none();
+        return RuntimeJobs {
+            writers: Vec::new(),
+            watches: Vec::new(),
+        };
     };
     let backoff = config.runtime.window;
-    let (pods_tx, pods_rx) = watch::channel(BTreeMap::new());
-    let pods_for_others = pods_rx.clone();
     let (jobs_tx, jobs_rx) = watch::channel(BTreeSet::new());
     let (peers_tx, peers_rx) = watch::channel(JobPeers::new());
     let writer = PodWriter {
@@ -71,11 +70,11 @@ pub fn start(
         sample_deadline: config.runtime.window,
         own_namespace: own_namespace.to_owned(),
         node: node.to_owned(),
-        pods: pods_rx,
+        pods,
         jobs: jobs_tx,
         peers: peers_rx,
         writer,
-        metrics: Arc::clone(metrics),
+        metrics,
         sampler,
         history: HashMap::new(),
         told_unknown: false,
@@ -88,23 +87,14 @@ pub fn start(
     };
     let run = tokio::spawn(judging(Arc::new(Mutex::new(sampler))).run(stop));
     RuntimeJobs {
-        tasks: vec![
-            tokio::spawn(watch_pods(
-                watch_client.clone(),
-                node.to_owned(),
-                pods_tx,
-                backoff,
-            )),
-            tokio::spawn(watch_job_peers(
-                watch_client,
-                config.runtime.job_labels.clone(),
-                jobs_rx,
-                peers_tx,
-                backoff,
-            )),
-            run,
-        ],
-        pods: Some(pods_for_others),
+        writers: vec![run],
+        watches: vec![tokio::spawn(watch_job_peers(
+            watch_client,
+            config.runtime.job_labels.clone(),
+            jobs_rx,
+            peers_tx,
+            backoff,
+        ))],
     }
 }
 
@@ -121,7 +111,8 @@ struct Judging {
     jobs: watch::Sender<BTreeSet<JobKey>>,
     peers: watch::Receiver<JobPeers>,
     writer: PodWriter,
-    metrics: Arc<Metrics>,
+    /// The `fabricgate_pod_*` families (`None`: not registered, nothing recorded).
+    metrics: Option<PodMetrics>,
     sampler: Arc<Mutex<Box<dyn Sampler>>>,
     /// Per judged pod UID: its windows on sockets in a row and its quiet (`transport::verdict::confirm`).
     history: HashMap<String, PodHistory>,
@@ -130,6 +121,9 @@ struct Judging {
 }
 
 impl Judging {
+    /// Every `runtime.window` one window, until `stop`. A stop during the sample drops the
+    /// window (nothing is written yet); a stop during the writes lets them end (the agent
+    /// waits for this task), so no condition is left half written.
     async fn run(mut self, mut stop: watch::Receiver<bool>) {
         let mut tick = tokio::time::interval(self.config.runtime.window);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -141,12 +135,26 @@ impl Judging {
             if *stop.borrow() {
                 return;
             }
-            self.window().await;
+            let (judged, job_ids, request) = self.prepare();
+            let sampled = tokio::select! {
+                s = self.sample(request) => s,
+                _ = stop.wait_for(|s| *s) => return,
+            };
+            self.conclude(&judged, &job_ids, sampled).await;
         }
     }
 
     /// One window: sample, judge, confirm, record, write.
+    #[cfg(test)]
     async fn window(&mut self) {
+        let (judged, job_ids, request) = self.prepare();
+        let sampled = self.sample(request).await;
+        self.conclude(&judged, &job_ids, sampled).await;
+    }
+
+    /// The judged pods of this window, their jobs (handed to the peer watch), and the sample
+    /// request scoped to each pod's peers.
+    fn prepare(&mut self) -> (Vec<JudgedPod>, HashMap<String, JobId>, SampleRequest) {
         let job_labels = &self.config.runtime.job_labels;
         let judged: Vec<(JudgedPod, Option<JobKey>)> = self
             .pods
@@ -194,12 +202,23 @@ impl Judging {
                 .collect::<BTreeSet<_>>(),
             remote: RemoteScope::JobPeers(scope),
         };
-        let facts = match self.sample(request).await {
+        (judged, job_ids, request)
+    }
+
+    /// Judge the sampled pods (every one unknown when the sample failed), confirm, record,
+    /// and write each pod's condition and Events.
+    async fn conclude(
+        &mut self,
+        judged: &[JudgedPod],
+        job_ids: &HashMap<String, JobId>,
+        sampled: Result<Vec<PodTransportFacts>, String>,
+    ) {
+        let facts = match sampled {
             Ok(facts) => facts,
             Err(why) => {
                 // Every judged pod unknown for this window: never a condition left as it was
                 // (a False one would still be acted on), never a node verdict.
-                if let Some(m) = &self.metrics.pods {
+                if let Some(m) = &self.metrics {
                     m.sampler_missed();
                 }
                 tracing::warn!("{why}; the judged pods are unknown for this window");
@@ -223,7 +242,7 @@ impl Judging {
             facts.iter().map(|f| (f.pod_uid.as_str(), f)).collect();
         let matcher = self.config.device_matcher();
         let mut verdicts: Vec<(&JudgedPod, PodVerdict, &PodTransportFacts)> = Vec::new();
-        for pod in &judged {
+        for pod in judged {
             // A pod first seen has its baseline now and facts from the next window.
             let Some(f) = facts.get(pod.uid.as_str()) else {
                 continue;
@@ -293,7 +312,7 @@ impl Judging {
                  deploy/overlays/runtime-transport (hostPID, SYS_PTRACE, SYS_ADMIN)");
             self.told_unknown = true;
         }
-        let Some(m) = &self.metrics.pods else {
+        let Some(m) = &self.metrics else {
             return;
         };
         let samples: Vec<PodSample<'_>> = verdicts
@@ -321,6 +340,7 @@ impl Judging {
 mod tests {
     use super::*;
     use crate::node::tests::scripted;
+    use crate::observe::metrics::Metrics;
     use fabricgate_probes::transport::sample::SampleRequest;
     use serde_json::json;
 
@@ -350,7 +370,9 @@ mod tests {
         let (jobs, jobs_rx) = watch::channel(BTreeSet::new());
         let (peers_tx, peers) = watch::channel(JobPeers::new());
         let (client, server) = scripted::client();
-        let metrics = Arc::new(Metrics::with_config(&config));
+        let (metrics, pod_metrics) =
+            Metrics::with_config_and(&config, |live| Some(PodMetrics::register(live)));
+        let metrics = Arc::new(metrics);
         let judging = Judging {
             config,
             sample_deadline,
@@ -364,7 +386,7 @@ mod tests {
                 node: "gpu-a".to_owned(),
                 dry_run: false,
             },
-            metrics: Arc::clone(&metrics),
+            metrics: pod_metrics,
             sampler: Arc::new(Mutex::new(sampler)),
             history: HashMap::new(),
             told_unknown: false,
@@ -514,6 +536,62 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(1500));
             Vec::new()
         }
+    }
+
+    /// At shutdown the judging task ends what it started: a stop during the window's sample
+    /// drops the window (nothing written, the task ends at once, not after the sample); a stop
+    /// while a condition is being written lets that write end, then the task ends.
+    #[tokio::test]
+    async fn a_stop_drops_a_window_being_sampled_and_lets_a_write_end() {
+        let pod = || -> Pod {
+            serde_json::from_value(json!({
+                "metadata": {"name": "w-0", "namespace": "ml", "uid": "u-1"},
+                "spec": {"nodeName": "gpu-a", "containers": [{"name": "c",
+                    "resources": {"limits": {"rdma/hca": "1"}}}]},
+                "status": {"phase": "Running", "conditions": [{
+                    "type": "fabricgate.io/TransportReady", "status": "False",
+                    "reason": "SocketsFallback"}]}
+            }))
+            .unwrap()
+        };
+        let second = std::time::Duration::from_secs(1);
+        // The sample takes 1.5 s, its deadline 10 s: the stop comes while sampling.
+        let Harness {
+            judging, server, ..
+        } = harness(pod(), Box::new(Wedged), 10 * second);
+        let (stop_tx, stop) = watch::channel(false);
+        let task = tokio::spawn(judging.run(stop));
+        tokio::time::sleep(second / 5).await;
+        let _ = stop_tx.send(true);
+        tokio::time::timeout(second, task)
+            .await
+            .expect("the task ended before its sample did")
+            .unwrap();
+        server.expect_no_more().await;
+
+        // The deadline 200 ms: the pod turns Unknown, and the stop comes during that write.
+        let Harness {
+            judging,
+            mut server,
+            ..
+        } = harness(pod(), Box::new(Wedged), second / 5);
+        let (stop_tx, stop) = watch::channel(false);
+        let task = tokio::spawn(judging.run(stop));
+        let patch = server
+            .answer_after(
+                || {
+                    let _ = stop_tx.send(true);
+                },
+                200,
+                json!({}),
+            )
+            .await;
+        assert_eq!(patch.body["status"]["conditions"][0]["status"], "Unknown");
+        tokio::time::timeout(10 * second, task)
+            .await
+            .expect("the task ended after its write")
+            .unwrap();
+        server.expect_no_more().await;
     }
 
     /// A wedged sampler froze every pod condition on the node (a `False` one was still

@@ -1102,22 +1102,17 @@ fn dra_an_agent_refused_device_taint_rules_warns_once_backs_off_and_recovers() {
 }
 
 /// In RDMA netns mode `exclusive` a DRA driver moves an allocated HCA into the
-/// pod's network namespace, and the node's sysfs no longer lists it. With the runtime-transport
-/// component (its pods watch, `resourceclaims get`) the agent reads the claims of its node's
-/// pods: the HCA a claim holds is in use, not missing — the node stays validated on the other
-/// three ports. Released (the pod and claim gone), the same absence is a lost port: tainted.
+/// pod's network namespace, and the node's sysfs no longer lists it. With the DRA overlay's
+/// own grants (its pods watch, `resourceclaims get`; runtime transport off) the agent reads
+/// the claims of its node's pods: the HCA a claim holds is in use, not missing — the node stays
+/// validated on the other three ports. Released (the pod and claim gone), the same absence is
+/// a lost port: tainted.
 #[test]
 fn dra_an_hca_moved_into_its_claims_pod_is_in_use_not_a_lost_port() {
     let Some(cp) = control_plane() else { return };
     setup_claims(cp);
-    let _widened = crate::common::controlplane::WidenedRbac::apply(cp);
-    let n = DraNode::with(
-        cp,
-        "dra-inuse",
-        json!({}),
-        4,
-        "runtime:\n  enabled: true\n  window: 5s\n",
-    );
+    let _widened = crate::common::controlplane::WidenedRbac::apply_dra_claims(cp);
+    let n = DraNode::with(cp, "dra-inuse", json!({}), 4, "");
     n.publish_slice(&[0, 1, 2, 3]);
     let agent = n.start_agent("500ms");
     agent.wait("validation on 4 of 4", Duration::from_secs(60), || {

@@ -493,6 +493,7 @@ fn chart_rbac_and_containers_are_least_privilege_with_every_part() {
         "deploy/base/rbac.yaml",
         "deploy/base/breaker-ledger.yaml",
         "deploy/overlays/runtime-transport/rbac.yaml",
+        "deploy/overlays/dra/claims-rbac.yaml",
     ] {
         sources.push_str(&std::fs::read_to_string(repo_root().join(o)).unwrap());
         sources.push_str("\n---\n");

@@ -98,9 +98,14 @@ fn every_overlay_passes_both_schemas_and_a_server_side_dry_run() {
                 assert!(docs.iter().any(|d| d["kind"] == "ValidatingAdmissionPolicy"
                     && d["metadata"]["name"] == "fabricgate-privileged-agent-only"));
             }
-            // The privileged overlay plus the kubelet's plugin registry, read-only.
+            // The privileged overlay plus the kubelet's plugin registry, read-only, and what
+            // reading the pods' claims needs: the host PID namespace, pods and claims read.
             "dra" => {
                 assert!(privileged && host_dev, "{c}");
+                let ds = docs.iter().find(|d| d["kind"] == "DaemonSet").unwrap();
+                assert_eq!(ds["spec"]["template"]["spec"]["hostPID"], true);
+                assert!(docs.iter().any(|d| d["kind"] == "ClusterRole"
+                    && d["metadata"]["name"] == "fabricgate-agent-dra-claims"));
                 assert!(extended.is_empty(), "{extended:?}");
                 let registry = c["volumeMounts"]
                     .as_array()

@@ -153,15 +153,38 @@ pub fn widened_agent_rbac() -> RwLockWriteGuard<'static, ()> {
 /// other tests assert the base's grants.
 pub struct WidenedRbac {
     cp: &'static ControlPlane,
+    binding: &'static str,
     _lock: RwLockWriteGuard<'static, ()>,
 }
 
 impl WidenedRbac {
     pub fn apply(cp: &'static ControlPlane) -> Self {
+        Self::apply_file(
+            cp,
+            "deploy/overlays/runtime-transport/rbac.yaml",
+            "fabricgate-agent-pods",
+        )
+    }
+
+    /// The DRA overlay's own grants (deploy/overlays/dra/claims-rbac.yaml: this node's pods,
+    /// their ResourceClaims), without runtime transport's.
+    pub fn apply_dra_claims(cp: &'static ControlPlane) -> Self {
+        Self::apply_file(
+            cp,
+            "deploy/overlays/dra/claims-rbac.yaml",
+            "fabricgate-agent-dra-claims",
+        )
+    }
+
+    fn apply_file(cp: &'static ControlPlane, file: &str, binding: &'static str) -> Self {
         let lock = widened_agent_rbac();
-        let rbac = crate::common::repo_root().join("deploy/overlays/runtime-transport/rbac.yaml");
-        cp.apply(&std::fs::read_to_string(&rbac).expect("read the component's rbac.yaml"));
-        Self { cp, _lock: lock }
+        let rbac = crate::common::repo_root().join(file);
+        cp.apply(&std::fs::read_to_string(&rbac).unwrap_or_else(|e| panic!("read {file}: {e}")));
+        Self {
+            cp,
+            binding,
+            _lock: lock,
+        }
     }
 }
 
@@ -172,7 +195,7 @@ impl Drop for WidenedRbac {
             &[
                 "delete",
                 "clusterrolebinding",
-                "fabricgate-agent-pods",
+                self.binding,
                 "--ignore-not-found",
                 "--wait",
             ],

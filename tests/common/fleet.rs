@@ -12,6 +12,7 @@ use fabricgate::agent::daemon::{self, Agent};
 use fabricgate::config::Config;
 use fabricgate::node::{RetryAfter, clients_from};
 use fabricgate::observe::metrics::Metrics;
+use fabricgate::transport::metrics::PodMetrics;
 use fabricgate_probes::rdma::VerbsMode;
 use fabricgate_probes::{ProbeConfig, Prober, Roots};
 use k8s_openapi::api::core::v1::Node;
@@ -189,9 +190,13 @@ impl Fleet {
                         ..ProbeConfig::default()
                     },
                 );
+                let (metrics, pod_metrics) = Metrics::with_config_and(&config, |live| {
+                    config.runtime.enabled.then(|| PodMetrics::register(live))
+                });
                 let agent = Agent {
                     node_name: name,
-                    metrics: Arc::new(Metrics::with_config(&config)),
+                    metrics: Arc::new(metrics),
+                    pod_metrics,
                     config,
                     prober,
                     interval,

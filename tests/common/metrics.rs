@@ -62,7 +62,12 @@ pub fn unhealthy_metrics() -> Metrics {
     .unwrap()
     .kubernetes
     .dra;
-    let metrics = Metrics::with_config(&config);
+    let (metrics, pods) = Metrics::with_config_and(&config, |live| {
+        config
+            .runtime
+            .enabled
+            .then(|| fabricgate::transport::metrics::PodMetrics::register(live))
+    });
     let node = committed_fixture("ndr-port-down");
     let t0 = 1_700_000_000.0;
     let window = config.fallback.window.as_secs();
@@ -109,7 +114,10 @@ pub fn unhealthy_metrics() -> Metrics {
         hca: "mlx5_10".into(),
         claim: "train/worker-0-rdma".into(),
     }]);
-    record_pods(&metrics);
+    record_pods(
+        pods.as_ref()
+            .expect("runtime.enabled registers the pod families"),
+    );
     metrics
 }
 
@@ -117,7 +125,7 @@ pub fn unhealthy_metrics() -> Metrics {
 /// mlx5_0/1, the Job's own port, which carried 12 GB out and 11 GB in over the window; and
 /// mlx5_1/1, shared with another Job), another Job's pod on sockets (41 GB over TCP to other
 /// nodes in the window).
-fn record_pods(metrics: &Metrics) {
+fn record_pods(pods: &fabricgate::transport::metrics::PodMetrics) {
     use fabricgate::transport::metrics::PodSample;
     use fabricgate::transport::verdict::{self, PodVerdict, Transport};
     use fabricgate_probes::transport::restrack::{QpEntry, QpOwner, QpState, QpType};
@@ -155,10 +163,6 @@ fn record_pods(metrics: &Metrics) {
         rdma_bytes: None,
         clears: false,
     };
-    let pods = metrics
-        .pods
-        .as_ref()
-        .expect("runtime.enabled registers the pod families");
     pods.record(&[
         PodSample {
             namespace: "ml",

@@ -92,9 +92,22 @@ const FLOORS: &[(&str, &[&str])] = &[
         &["config", "error", "text", "policy", "observe", "pod"],
     ),
     (
+        "harness",
+        &[
+            "cli", "config", "error", "text", "policy", "observe", "node",
+        ],
+    ),
+    (
         "agent",
         &[
-            "cli", "config", "error", "text", "policy", "peers", "observe", "node",
+            "cli", "config", "error", "text", "policy", "peers", "observe", "node", "harness",
+        ],
+    ),
+    (
+        "command",
+        &[
+            "cli", "config", "error", "text", "policy", "peers", "observe", "node", "pod",
+            "cluster", "harness", "agent",
         ],
     ),
 ];
@@ -112,7 +125,6 @@ const FEATURES: &[(&str, &[(&str, &str)])] = &[(
         ("metrics", "observe"),
         ("jobs", "node"),
         ("pods", "node"),
-        ("pods_tests", "node"),
         ("peers", "node"),
         ("writer", "node"),
         ("sampler", "agent"),
@@ -607,5 +619,51 @@ fn no_function_is_over_120_lines() {
         long.is_empty(),
         "split these into steps that each say what they do:\n{}",
         long.join("\n")
+    );
+}
+
+/// One convention for unit tests: a module `tests` right after `#[cfg(test)]`, inline
+/// (`mod tests { .. }`) or in its own file beside the code (`x/tests.rs`, `x/tests/mod.rs`),
+/// never a test module under another name or placed by `#[path]`.
+#[test]
+fn test_modules_follow_one_convention() {
+    let mut odd = Vec::new();
+    for dir in ["src", "probes/src"] {
+        for file in common::rust_files(&common::repo_root().join(dir)) {
+            let code = code_only(&std::fs::read_to_string(&file).unwrap());
+            let lines: Vec<&str> = code.lines().map(str::trim).collect();
+            for (i, line) in lines.iter().enumerate() {
+                if *line != "#[cfg(test)]" {
+                    continue;
+                }
+                // The item the attribute is on, past any other attributes.
+                let Some(item) = lines[i + 1..].iter().find(|l| !l.starts_with("#[")) else {
+                    continue;
+                };
+                let placed = lines[i + 1..]
+                    .iter()
+                    .take_while(|l| l.starts_with("#["))
+                    .any(|l| l.starts_with("#[path"));
+                let module = item
+                    .trim_start_matches("pub(crate) ")
+                    .trim_start_matches("pub ")
+                    .strip_prefix("mod ")
+                    .map(|rest| rest.trim_end_matches(['{', ';', ' ']));
+                match module {
+                    Some(name) if name != "tests" || placed => odd.push(format!(
+                        "{}:{}: mod {name}{}",
+                        file.display(),
+                        i + 2,
+                        if placed { " (placed by #[path])" } else { "" }
+                    )),
+                    _ => {}
+                }
+            }
+        }
+    }
+    assert!(
+        odd.is_empty(),
+        "name the module `tests`, inline or in tests.rs beside the code:\n{}",
+        odd.join("\n")
     );
 }

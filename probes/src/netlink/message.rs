@@ -1,27 +1,21 @@
-//! Netlink framing (uapi `linux/netlink.h`): the `nlmsghdr` every message starts with, the
-//! attributes (`nlattr`/`rtattr`, one layout) that follow a family's fixed header, and the
-//! request a client sends. Pure functions over bytes: a truncated or malformed message ends
-//! the walk (never a panic, never an out-of-bounds read).
+//! Netlink framing (uapi `linux/netlink.h`) on the rust-netlink crate's own types
+//! (`netlink_packet_core`: `NetlinkBuffer`, `NlaBuffer`, `NlasIterator`), the same ones
+//! `transport::restrack` and `transport::tcp` parse with: the messages of a datagram, the
+//! attributes of a message, and the request a client sends. A truncated or malformed message
+//! ends the walk (never a panic, never an out-of-bounds read: the crate checks each length
+//! before anything is read).
+
+pub use netlink_packet_core::{
+    NLA_F_NESTED, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR,
+};
+use netlink_packet_core::{NetlinkBuffer, NlaBuffer, NlasIterator};
 
 /// `struct nlmsghdr`: len (u32), type (u16), flags (u16), seq (u32), pid (u32).
 pub const NLMSG_HDRLEN: usize = 16;
 /// `struct nlattr` / `struct rtattr`: len (u16), type (u16).
-pub const NLA_HDRLEN: usize = 4;
-
-/// Message types every protocol shares.
-pub const NLMSG_ERROR: u16 = 2;
-pub const NLMSG_DONE: u16 = 3;
-
-/// `nlmsg_flags`.
-pub const NLM_F_REQUEST: u16 = 0x1;
-pub const NLM_F_MULTI: u16 = 0x2;
-pub const NLM_F_ACK: u16 = 0x4;
-/// `NLM_F_ROOT | NLM_F_MATCH`: every object of the kind, in as many messages as it takes.
-pub const NLM_F_DUMP: u16 = 0x300;
-
-/// The top two bits of an attribute's type are flags (`NLA_F_NESTED`, `NLA_F_NET_BYTEORDER`).
-const NLA_TYPE_MASK: u16 = 0x3fff;
-const NLA_F_NESTED: u16 = 0x8000;
+pub const NLA_HDRLEN: usize = netlink_packet_core::NLA_HEADER_SIZE;
+/// `NLM_F_MULTI`: one of several messages of an answer.
+pub const NLM_F_MULTI: u16 = netlink_packet_core::NLM_F_MULTIPART;
 
 /// Messages and attributes are aligned to 4 bytes (`NLMSG_ALIGN`, `NLA_ALIGN`).
 pub fn align4(n: usize) -> usize {
@@ -80,23 +74,19 @@ impl<'a> Iterator for Messages<'a> {
     type Item = Message<'a>;
 
     fn next(&mut self) -> Option<Message<'a>> {
-        let (buf, at) = (self.buf, self.at);
-        if buf.len().saturating_sub(at) < NLMSG_HDRLEN {
+        let rest = self.buf.get(self.at..)?;
+        let Ok(header) = NetlinkBuffer::new_checked(rest) else {
+            self.at = self.buf.len();
             return None;
-        }
-        let len = u32_at(buf, at)? as usize;
-        if len < NLMSG_HDRLEN || len > buf.len() - at {
-            self.at = buf.len();
-            return None;
-        }
-        let message = Message {
-            kind: u16_at(buf, at + 4)?,
-            flags: u16_at(buf, at + 6)?,
-            seq: u32_at(buf, at + 8)?,
-            pid: u32_at(buf, at + 12)?,
-            body: &buf[at + NLMSG_HDRLEN..at + len],
         };
-        self.at = at.saturating_add(align4(len));
+        let message = Message {
+            kind: header.message_type(),
+            flags: header.flags(),
+            seq: header.sequence_number(),
+            pid: header.port_number(),
+            body: header.payload(),
+        };
+        self.at = self.at.saturating_add(align4(header.length() as usize));
         Some(message)
     }
 }
@@ -111,65 +101,49 @@ pub struct Attribute<'a> {
 }
 
 /// Every attribute of `buf` (what follows a family's fixed header, or a nested attribute's
-/// value). A length shorter than the attribute header, or one that runs past the buffer,
-/// ends the walk.
-pub fn attributes(buf: &[u8]) -> Attributes<'_> {
-    Attributes { buf, at: 0 }
-}
-
-/// See [`attributes`].
-#[derive(Debug, Clone)]
-pub struct Attributes<'a> {
-    buf: &'a [u8],
-    at: usize,
-}
-
-impl<'a> Iterator for Attributes<'a> {
-    type Item = Attribute<'a>;
-
-    fn next(&mut self) -> Option<Attribute<'a>> {
-        let (buf, at) = (self.buf, self.at);
-        if buf.len().saturating_sub(at) < NLA_HDRLEN {
-            return None;
-        }
-        let len = usize::from(u16_at(buf, at)?);
-        let kind = u16_at(buf, at + 2)?;
-        if len < NLA_HDRLEN || len > buf.len() - at {
-            self.at = buf.len();
-            return None;
-        }
-        self.at = at.saturating_add(align4(len));
+/// value): the crate's `NlasIterator`. A length shorter than the attribute header, or one that
+/// runs past the buffer, ends the walk.
+pub fn attributes(buf: &[u8]) -> impl Iterator<Item = Attribute<'_>> + Clone {
+    NlasIterator::new(buf).map_while(|nla| {
+        let nla = nla.ok()?;
+        let (kind, nested, len) = (nla.kind(), nla.nested_flag(), usize::from(nla.length()));
+        // The value as a slice of `buf` itself (the crate's `value()` borrows its buffer).
+        let value = nla.into_inner().get(NLA_HDRLEN..len)?;
         Some(Attribute {
-            kind: kind & NLA_TYPE_MASK,
-            nested: kind & NLA_F_NESTED != 0,
-            value: &buf[at + NLA_HDRLEN..at + len],
+            kind,
+            nested,
+            value,
         })
-    }
+    })
 }
 
 /// One request message: the header (`NLM_F_REQUEST` added to `flags`, port id 0: the kernel
 /// fills in ours) and `body`, padded to 4 bytes.
 pub fn request(kind: u16, flags: u16, seq: u32, body: &[u8]) -> Vec<u8> {
     let len = NLMSG_HDRLEN + body.len();
-    let mut out = Vec::with_capacity(align4(len));
-    out.extend_from_slice(&u32::try_from(len).unwrap_or(u32::MAX).to_ne_bytes());
-    out.extend_from_slice(&kind.to_ne_bytes());
-    out.extend_from_slice(&(flags | NLM_F_REQUEST).to_ne_bytes());
-    out.extend_from_slice(&seq.to_ne_bytes());
-    out.extend_from_slice(&0u32.to_ne_bytes());
-    out.extend_from_slice(body);
-    out.resize(align4(len), 0);
+    let mut out = vec![0u8; align4(len)];
+    out[NLMSG_HDRLEN..len].copy_from_slice(body);
+    let mut header = NetlinkBuffer::new(&mut out[..]);
+    header.set_length(u32::try_from(len).unwrap_or(u32::MAX));
+    header.set_message_type(kind);
+    header.set_flags(flags | NLM_F_REQUEST);
+    header.set_sequence_number(seq);
+    header.set_port_number(0);
     out
 }
 
 /// One attribute, padded to 4 bytes, for a request's body.
 pub fn attribute(kind: u16, value: &[u8]) -> Vec<u8> {
     let len = NLA_HDRLEN + value.len();
-    let mut out = Vec::with_capacity(align4(len));
-    out.extend_from_slice(&u16::try_from(len).unwrap_or(u16::MAX).to_ne_bytes());
-    out.extend_from_slice(&kind.to_ne_bytes());
-    out.extend_from_slice(value);
-    out.resize(align4(len), 0);
+    let mut out = vec![0u8; align4(len)];
+    let mut nla = NlaBuffer::new(&mut out[..]);
+    // The crate masks the flag bits off the type; the caller's `NLA_F_NESTED` is kept.
+    nla.set_kind(kind);
+    if kind & NLA_F_NESTED != 0 {
+        nla.set_nested_flag();
+    }
+    nla.set_length(u16::try_from(len).unwrap_or(u16::MAX));
+    out[NLA_HDRLEN..len].copy_from_slice(value);
     out
 }
 

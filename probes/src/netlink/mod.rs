@@ -321,6 +321,46 @@ impl Socket {
     }
 }
 
+/// Sends one dump request and returns the reply datagrams up to and including the one with
+/// `NLMSG_DONE` (or `NLMSG_ERROR`). [`Socket`] implements it; a test hands recorded replies.
+pub trait NetlinkDump {
+    /// # Errors
+    /// The socket's I/O error; `EPROTONOSUPPORT` when the kernel has no such protocol.
+    fn dump(&mut self, request: &[u8]) -> io::Result<Vec<Vec<u8>>>;
+
+    /// The same dump, each reply datagram handed to `each` as it comes; `each` answers `true`
+    /// to stop reading (the socket is then not to be used again). Recorded replies are handed
+    /// over one by one; the probes' socket streams them, so nothing is kept but what `each`
+    /// keeps.
+    ///
+    /// # Errors
+    /// As [`NetlinkDump::dump`].
+    fn dump_each(&mut self, request: &[u8], each: &mut dyn FnMut(&[u8]) -> bool) -> io::Result<()> {
+        for datagram in self.dump(request)? {
+            if each(&datagram) {
+                break;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// How long one dump may take: the kernel answers a dump of 10,000 QPs or 100,000 sockets
+/// in well under this.
+pub const DUMP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The probes' one netlink socket, for any protocol's dumps (`NETLINK_RDMA` in
+/// `transport::restrack`, `NETLINK_SOCK_DIAG` in `transport::tcp`).
+impl NetlinkDump for Socket {
+    fn dump(&mut self, request: &[u8]) -> io::Result<Vec<Vec<u8>>> {
+        self.dump_datagrams(request, DUMP_TIMEOUT)
+    }
+
+    fn dump_each(&mut self, request: &[u8], each: &mut dyn FnMut(&[u8]) -> bool) -> io::Result<()> {
+        self.dump_streamed(request, DUMP_TIMEOUT, each)
+    }
+}
+
 /// The answer a request waits for: its kind and sequence number, within `timeout`.
 struct Answer {
     kind: u16,

@@ -13,9 +13,8 @@
 //! bytes (its typed form requires the newest kernel's whole struct), so the two fields are
 //! read at their uapi offsets, which never move.
 
-use super::restrack::NetlinkDump;
 use crate::error::{ProbeError, Result};
-use crate::netlink::{Protocol, Socket};
+use crate::netlink::{NetlinkDump, Protocol, Socket};
 use netlink_packet_core::{
     NLM_F_DUMP, NLM_F_REQUEST, NetlinkBuffer, NetlinkHeader, NetlinkMessage, NetlinkPayload,
 };
@@ -270,19 +269,15 @@ pub fn open_in_netns(ns: &Path) -> io::Result<Socket> {
 }
 
 fn netlink(message: impl Into<String>) -> ProbeError {
-    ProbeError::Netlink {
-        request: REQUEST,
-        message: message.into(),
-    }
+    ProbeError::netlink(REQUEST, message)
 }
 
 fn malformed(e: &impl std::fmt::Display) -> ProbeError {
-    netlink(format!("malformed reply: {e}"))
+    ProbeError::netlink_malformed(REQUEST, e)
 }
 
 fn refused(code: i32) -> ProbeError {
     let errno = code.saturating_neg();
-    let os = io::Error::from_raw_os_error(errno);
     // ENOENT: no inet_diag handler for TCP. The kernel loads tcp_diag on first use where it
     // can load modules; seen in the Soft-RoCE VM, whose modules are not in /lib/modules.
     let hint = if errno == libc::ENOENT {
@@ -291,7 +286,7 @@ fn refused(code: i32) -> ProbeError {
     } else {
         ""
     };
-    netlink(format!("the kernel refused it: {os}{hint}"))
+    ProbeError::netlink_refused(REQUEST, errno, hint)
 }
 
 #[cfg(test)]

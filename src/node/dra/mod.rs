@@ -46,15 +46,16 @@ pub struct DraJobs<'a> {
     pub rules_max_backoff: Duration,
     /// `fabricgate_dra_device_rules_writable`.
     pub metrics: &'a Arc<Metrics>,
-    /// This node's pods (the runtime transport's watch, `runtime.enabled`): the claims they
+    /// This node's pods (`node::pods_watch`, shared with runtime transport): the claims they
     /// name tell which HCAs are in use by a pod. `None`: no claim is read.
     pub pods: Option<watch::Receiver<BTreeMap<String, Pod>>>,
     /// Where the claims' pods' processes and namespaces are found (`--proc-root`).
     pub roots: Roots,
 }
 
-/// What the probe loop reads from the DRA jobs, and their API tasks (aborted at shutdown).
-/// A channel whose job does not run is closed.
+/// What the probe loop reads from the DRA jobs, and their API tasks: the rule writer, which
+/// ends its write when `stop` comes (the agent waits for it), and the watches, which only
+/// read (aborted at shutdown). A channel whose job does not run is closed.
 pub struct DraInputs {
     /// This node's slices ([`watch_slices`]): the last report is judged again on a change.
     pub facts: watch::Receiver<Option<DraFacts>>,
@@ -62,7 +63,8 @@ pub struct DraInputs {
     pub registrations: watch::Receiver<u64>,
     /// The rule writer's state ([`RulesState`]): the last report is judged again on a change.
     pub rules: watch::Receiver<RulesState>,
-    pub tasks: Vec<JoinHandle<()>>,
+    pub writers: Vec<JoinHandle<()>>,
+    pub watches: Vec<JoinHandle<()>>,
 }
 
 impl DraJobs<'_> {
@@ -79,6 +81,7 @@ impl DraJobs<'_> {
         let (registrations_tx, registrations) = watch::channel(0u64);
         let (state_tx, rules) = watch::channel(RulesState::On);
         let mut tasks = Vec::new();
+        let mut writers = Vec::new();
         if dra.enabled()
             && let Some(c) = self.clients
         {
@@ -128,7 +131,7 @@ impl DraJobs<'_> {
                     max_backoff: self.rules_max_backoff,
                     state: state_tx,
                 };
-                tasks.push(tokio::spawn(rules.run(verdicts, stop)));
+                writers.push(tokio::spawn(rules.run(verdicts, stop)));
                 tasks.push(tokio::spawn(follow_state(
                     Arc::clone(self.metrics),
                     state_rx,
@@ -147,7 +150,8 @@ impl DraJobs<'_> {
             facts,
             registrations,
             rules,
-            tasks,
+            writers,
+            watches: tasks,
         }
     }
 }

@@ -31,9 +31,21 @@ pub(crate) struct Seen {
 impl Server {
     /// The next request, answered with `status` and `answer` as JSON.
     pub(crate) async fn answer(&mut self, status: u16, answer: Value) -> Seen {
+        self.answer_after(|| {}, status, answer).await
+    }
+
+    /// [`Self::answer`], with `meanwhile` run once the request has arrived and before it is
+    /// answered (a shutdown in the middle of a write, say).
+    pub(crate) async fn answer_after(
+        &mut self,
+        meanwhile: impl FnOnce(),
+        status: u16,
+        answer: Value,
+    ) -> Seen {
         let Some((req, send)) = self.0.next_request().await else {
             panic!("the client sent no further request");
         };
+        meanwhile();
         let (parts, body) = req.into_parts();
         let bytes = body.collect().await.expect("request body").to_bytes();
         let body = if bytes.is_empty() {

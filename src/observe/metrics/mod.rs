@@ -306,8 +306,6 @@ pub struct Metrics {
     ecn_priority: u8,
     /// The `fabricgate_peer_*` families, registered when `peers.enabled`.
     pub peers: Option<crate::peers::PeerMetrics>,
-    /// The `fabricgate_pod_*` families (runtime transport), registered when `runtime.enabled`.
-    pub pods: Option<crate::transport::metrics::PodMetrics>,
     /// What triggered each probe and which event sources listen (docs/events.md).
     pub events: crate::observe::events::EventMetrics,
     /// Families that change without the state lock (HTTP connections, peers): encoded at

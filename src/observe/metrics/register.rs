@@ -28,6 +28,16 @@ macro_rules! reg {
 impl Metrics {
     /// Metrics whose fallback detector follows `config.fallback` and `config.rdma.devices`.
     pub fn with_config(config: &Config) -> Self {
+        Self::with_config_and(config, |_| ()).0
+    }
+
+    /// [`Self::with_config`], with a feature's own families registered by `feature` among
+    /// the live ones (runtime transport's `fabricgate_pod_*`): the feature keeps its handles,
+    /// and this crate's metrics need not know it.
+    pub fn with_config_and<T>(
+        config: &Config,
+        feature: impl FnOnce(&mut Registry) -> T,
+    ) -> (Self, T) {
         let f = Families::default();
         let probe_duration: Family<ProbeLabels, Histogram, fn() -> Histogram> =
             Family::new_with_constructor(duration_histogram);
@@ -71,13 +81,10 @@ impl Metrics {
             .peers
             .enabled
             .then(|| crate::peers::PeerMetrics::register(&mut live));
-        let pods = config
-            .runtime
-            .enabled
-            .then(|| crate::transport::metrics::PodMetrics::register(&mut live));
+        let registered = feature(&mut live);
         // Counted by the event thread and the probe loop without the state lock.
         let events = crate::observe::events::EventMetrics::register(&mut live);
-        Self {
+        let metrics = Self {
             registry: r,
             families: f,
             probe_duration,
@@ -100,11 +107,11 @@ impl Metrics {
             health: Health::default(),
             ecn_priority: config.rdma.roce.ecn_priority,
             peers,
-            pods,
             events,
             live,
             exposition: crate::observe::exposition::Cache::default(),
-        }
+        };
+        (metrics, registered)
     }
 }
 

@@ -57,8 +57,6 @@
 pub mod auth;
 mod client;
 mod receipts;
-#[cfg(test)]
-mod redteam;
 mod responder;
 mod slots;
 #[cfg(test)]

@@ -20,7 +20,7 @@
 //! socket).
 
 use crate::error::{ProbeError, Result};
-use crate::netlink::{Protocol, Socket};
+use crate::netlink::{NetlinkDump, Protocol, Socket};
 use crate::rdma::types::{PhysState, PortState};
 use netlink_packet_core::{
     NLA_HEADER_SIZE, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR, NetlinkBuffer,
@@ -28,7 +28,6 @@ use netlink_packet_core::{
 };
 use serde::Serialize;
 use std::io;
-use std::time::Duration;
 
 /// `NETLINK_RDMA`: the protocol number to open the socket with.
 pub const NETLINK_RDMA: i32 = 20;
@@ -194,30 +193,6 @@ impl NetlinkPort {
     /// `ACTIVE` with the link up: the port can carry traffic.
     pub fn is_active(&self) -> bool {
         self.state == Some(PortState::Active) && self.physical_state == Some(PhysState::LinkUp)
-    }
-}
-
-/// Sends one dump request and returns the reply datagrams up to and including the one with
-/// `NLMSG_DONE` (or `NLMSG_ERROR`). The probes' netlink socket implements it.
-pub trait NetlinkDump {
-    /// # Errors
-    /// The socket's I/O error; `EPROTONOSUPPORT` when the kernel has no such protocol.
-    fn dump(&mut self, request: &[u8]) -> io::Result<Vec<Vec<u8>>>;
-
-    /// The same dump, each reply datagram handed to `each` as it comes; `each` answers `true`
-    /// to stop reading (the socket is then not to be used again). Recorded replies are handed
-    /// over one by one; the probes' socket streams them, so nothing is kept but what `each`
-    /// keeps.
-    ///
-    /// # Errors
-    /// As [`NetlinkDump::dump`].
-    fn dump_each(&mut self, request: &[u8], each: &mut dyn FnMut(&[u8]) -> bool) -> io::Result<()> {
-        for datagram in self.dump(request)? {
-            if each(&datagram) {
-                break;
-            }
-        }
-        Ok(())
     }
 }
 
@@ -465,19 +440,15 @@ fn string_of(request: &'static str, attr: &NlaBuffer<&[u8]>) -> Result<String> {
 }
 
 fn netlink(request: &'static str, message: impl Into<String>) -> ProbeError {
-    ProbeError::Netlink {
-        request,
-        message: message.into(),
-    }
+    ProbeError::netlink(request, message)
 }
 
 fn malformed(request: &'static str, e: impl std::fmt::Display) -> ProbeError {
-    netlink(request, format!("malformed reply: {e}"))
+    ProbeError::netlink_malformed(request, &e)
 }
 
 fn refused(request: &'static str, errno: i32) -> ProbeError {
-    let os = io::Error::from_raw_os_error(-errno);
-    netlink(request, format!("the kernel refused it: {os}"))
+    ProbeError::netlink_refused(request, errno.saturating_neg(), "")
 }
 
 /// Every QP of every RDMA device: a device dump, then one QP dump per device.
@@ -514,22 +485,6 @@ fn per_device<T>(
         out.extend(parse(&reply)?);
     }
     Ok(out)
-}
-
-/// How long one dump may take: the kernel answers a dump of 10,000 QPs or 100,000 sockets
-/// in well under this.
-pub const DUMP_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// The probes' one netlink socket, for any protocol's dumps (`NETLINK_RDMA` here,
-/// `NETLINK_SOCK_DIAG` in `transport::tcp`).
-impl NetlinkDump for Socket {
-    fn dump(&mut self, request: &[u8]) -> io::Result<Vec<Vec<u8>>> {
-        self.dump_datagrams(request, DUMP_TIMEOUT)
-    }
-
-    fn dump_each(&mut self, request: &[u8], each: &mut dyn FnMut(&[u8]) -> bool) -> io::Result<()> {
-        self.dump_streamed(request, DUMP_TIMEOUT, each)
-    }
 }
 
 /// Every QP of every RDMA device of this kernel, through a fresh `NETLINK_RDMA` socket.

@@ -7,9 +7,9 @@
 //! through and only this machine's missing RDMA device stopped it), or is told BUSY, which
 //! is a skip and never an error.
 
-use super::tests::{connect_from, keys, local, responder, wait_until};
-use super::wire::*;
-use super::*;
+use super::{connect_from, keys, local, responder, wait_until};
+use crate::rdma::peer::wire::*;
+use crate::rdma::peer::*;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::Ordering;

@@ -7,6 +7,9 @@ use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
+/// Attacks on the responder and the client, each a redteam_ test.
+mod redteam;
+
 #[test]
 fn frames_round_trip_and_garbage_is_rejected() {
     let hello = Hello {

@@ -2,6 +2,9 @@ use super::*;
 use fabricgate_probes::rdma::verbs::selftest::SelftestSchedule;
 use std::time::Duration;
 
+/// Hostile and out-of-range values, each refused naming its key.
+mod hardening;
+
 #[test]
 fn empty_file_gives_documented_defaults() {
     let c = Config::parse("").unwrap();

@@ -1,4 +1,4 @@
-use super::*;
+use crate::config::*;
 use fabricgate_probes::rdma::verbs::selftest::SelftestSchedule;
 use std::time::Duration;
 
