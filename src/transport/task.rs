@@ -538,22 +538,25 @@ mod tests {
         }
     }
 
+    /// A bare pod of node `gpu-a` that asks for `rdma/hca`, its condition `False` (on sockets).
+    fn pod_shown_on_sockets() -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": "w-0", "namespace": "ml", "uid": "u-1"},
+            "spec": {"nodeName": "gpu-a", "containers": [{"name": "c",
+                "resources": {"limits": {"rdma/hca": "1"}}}]},
+            "status": {"phase": "Running", "conditions": [{
+                "type": "fabricgate.io/TransportReady", "status": "False",
+                "reason": "SocketsFallback"}]}
+        }))
+        .unwrap()
+    }
+
     /// At shutdown the judging task ends what it started: a stop during the window's sample
     /// drops the window (nothing written, the task ends at once, not after the sample); a stop
     /// while a condition is being written lets that write end, then the task ends.
     #[tokio::test]
     async fn a_stop_drops_a_window_being_sampled_and_lets_a_write_end() {
-        let pod = || -> Pod {
-            serde_json::from_value(json!({
-                "metadata": {"name": "w-0", "namespace": "ml", "uid": "u-1"},
-                "spec": {"nodeName": "gpu-a", "containers": [{"name": "c",
-                    "resources": {"limits": {"rdma/hca": "1"}}}]},
-                "status": {"phase": "Running", "conditions": [{
-                    "type": "fabricgate.io/TransportReady", "status": "False",
-                    "reason": "SocketsFallback"}]}
-            }))
-            .unwrap()
-        };
+        let pod = pod_shown_on_sockets;
         let second = std::time::Duration::from_secs(1);
         // The sample takes 1.5 s, its deadline 10 s: the stop comes while sampling.
         let Harness {
@@ -601,15 +604,7 @@ mod tests {
     /// than start a second thread.
     #[tokio::test]
     async fn redteam_a_wedged_sampler_makes_the_pods_unknown_never_frozen() {
-        let pod: Pod = serde_json::from_value(json!({
-            "metadata": {"name": "w-0", "namespace": "ml", "uid": "u-1"},
-            "spec": {"nodeName": "gpu-a", "containers": [{"name": "c",
-                "resources": {"limits": {"rdma/hca": "1"}}}]},
-            "status": {"phase": "Running", "conditions": [{
-                "type": "fabricgate.io/TransportReady", "status": "False",
-                "reason": "SocketsFallback"}]}
-        }))
-        .unwrap();
+        let pod = pod_shown_on_sockets();
         // The window's 5 s at the least in a config; a test needs no 5 s wait.
         let Harness {
             mut judging,
