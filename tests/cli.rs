@@ -1,6 +1,6 @@
 //! The binary's subcommands run as a user runs them, each module one subcommand's
-//! output and exit codes: `check` (and its pods section), `gpudirect`, `peers`, `preflight`, `selftest` and the
-//! storage side of `check`.
+//! output and exit codes: `check` (and its pods section), `gpudirect`, `peers`, `preflight`, `selftest`, the
+//! storage side of `check`, and what the long-running subcommands share (`serve_cli`).
 
 mod common;
 
@@ -18,5 +18,7 @@ mod peers_redteam;
 mod preflight_cli;
 #[path = "cli/selftest_cli.rs"]
 mod selftest_cli;
+#[path = "cli/serve_cli.rs"]
+mod serve_cli;
 #[path = "cli/storage_cli.rs"]
 mod storage_cli;
