@@ -422,7 +422,7 @@ impl Controller {
             .arg("admission-check")
             .arg("--config")
             .arg(&config)
-            .args(["--metrics-listen", &metrics, "--workload-namespace", NS])
+            .args(["--metrics-addr", &metrics, "--workload-namespace", NS])
             // One identity for every start: a restarted controller holds the Lease at once.
             .args([
                 "--identity",

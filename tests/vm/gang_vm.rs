@@ -69,7 +69,7 @@ impl Controller {
             .args(["--namespace", NS, "--lease-name", "gang-vm-check"])
             .args(["--lease-duration", "3s", "--poll-interval", "300ms"])
             .args(["--identity", "gang-vm-host", "--workload-namespace", WL_NS])
-            .args(["--metrics-listen", "127.0.0.1:0"])
+            .args(["--metrics-addr", "127.0.0.1:0"])
             .env("KUBECONFIG", &kubeconfig)
             .env("HOME", dir)
             .env_remove("KUBERNETES_SERVICE_HOST")
