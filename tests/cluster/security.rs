@@ -219,11 +219,27 @@ fn granted() -> BTreeSet<Grant> {
     })
 }
 
-/// A full agent run — validate, fail, recover, drift undone, restart, stop — and the audit
-/// log's account of what it used: the ClusterRole grants exactly that, no more.
+/// [`granted`] with what the DRA overlay adds (`deploy/overlays/dra/claims-rbac.yaml`: this
+/// node's pods, their ResourceClaims).
+fn granted_with_dra() -> BTreeSet<Grant> {
+    let claims = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("deploy/overlays/dra/claims-rbac.yaml"),
+    )
+    .unwrap();
+    let mut all = granted();
+    all.extend(rbac_grants(&claims, |d| d["kind"] == "ClusterRole"));
+    all
+}
+
+/// A full agent run with DRA, as the DRA overlay deploys it — validate, fail, recover, drift
+/// undone, a pod of the node naming a ResourceClaim, restart, stop — and the audit log's
+/// account of what it used: the ClusterRoles grant exactly that, no more.
 #[test]
 fn the_cluster_role_grants_exactly_what_a_full_agent_run_uses() {
     let Some(cp) = control_plane() else { return };
+    // The DRA overlay's own grants, bound while this run holds the agent's RBAC alone.
+    let _dra = crate::common::controlplane::WidenedRbac::apply_dra_claims(cp);
     let node = TestNode::seeded(cp, "sec-full-run");
     let hca = FakeHca::new(true);
     let kubeconfig = node.agent_kubeconfig(None);
@@ -278,6 +294,28 @@ fn the_cluster_role_grants_exactly_what_a_full_agent_run_uses() {
         ],
     );
     agent.wait("validation", Duration::from_secs(30), || node.ready());
+    // A pod of this node naming a claim: the agent reads the claim (DRA's in-use HCAs). (No
+    // service-account controller runs here: the pod's account is made by hand.)
+    cp.apply(
+        &json!({
+            "apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": { "name": "sec-full-run", "namespace": "default" },
+        })
+        .to_string(),
+    );
+    cp.apply(
+        &json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": { "name": "sec-full-run-claimer", "namespace": "default" },
+            "spec": { "nodeName": "sec-full-run", "serviceAccountName": "sec-full-run",
+                "automountServiceAccountToken": false,
+                "terminationGracePeriodSeconds": 0,
+                "containers": [{ "name": "c", "image": "registry.example.com/train:1",
+                    "resources": { "claims": [{ "name": "hca" }] } }],
+                "resourceClaims": [{ "name": "hca", "resourceClaimName": "sec-full-run-hca" }] },
+        })
+        .to_string(),
+    );
     let check = "team.sec-full-run.00000004";
     crate::gang_ring::create_check(
         cp,
@@ -345,6 +383,16 @@ fn the_cluster_role_grants_exactly_what_a_full_agent_run_uses() {
     let agent = node.start_agent(&hca, &["--interval", "200ms"]);
     std::thread::sleep(Duration::from_secs(2));
     drop(agent);
+    cp.kubectl(&[
+        "delete",
+        "pod",
+        "sec-full-run-claimer",
+        "-n",
+        "default",
+        "--ignore-not-found",
+        "--grace-period=0",
+        "--force",
+    ]);
 
     let used: BTreeSet<Grant> = node
         .agent_requests(mark)
@@ -362,9 +410,9 @@ fn the_cluster_role_grants_exactly_what_a_full_agent_run_uses() {
     );
     eprintln!("verbs and resources the agent used (audit log): {used:?}");
     assert_eq!(
-        granted(),
+        granted_with_dra(),
         used,
-        "the ClusterRole must grant exactly what the agent uses"
+        "the ClusterRoles must grant exactly what the agent uses"
     );
 }
 
