@@ -5,7 +5,37 @@ use crate::error::{Error, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use fabricgate_probes::rdma::VerbsMode;
 use fabricgate_probes::{ProbeConfig, Roots, SelftestConfig};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+
+/// `config` with every section a feature above `config` owns read and checked, so a wrong
+/// value there stops the subcommand at start like any other; a parse error names `path`.
+/// A feature with its own section adds its line here.
+///
+/// # Errors
+/// The section's [`crate::config::FeatureSection::of`] errors.
+pub fn checked(config: Config, path: &Path) -> Result<Config> {
+    use crate::config::FeatureSection;
+    let sections = || -> Result<()> {
+        crate::transport::settings::RuntimeSettings::of(&config)?;
+        Ok(())
+    };
+    sections().map_err(|e| match e {
+        Error::ConfigParse { message, .. } => Error::ConfigParse {
+            path: path.to_owned(),
+            message,
+        },
+        other => other,
+    })?;
+    Ok(config)
+}
+
+/// [`Config::load`] and [`checked`].
+///
+/// # Errors
+/// As those.
+pub fn load_config_file(path: &Path) -> Result<Config> {
+    checked(Config::load(path)?, path)
+}
 
 #[derive(Debug, Parser)]
 #[command(
@@ -183,13 +213,17 @@ impl PreflightArgs {
     /// The config errors of [`Config::parse`] / [`Config::load`].
     pub fn load_config(&self) -> Result<Config> {
         match &self.requirements {
-            Some(text) => Config::parse(text).map_err(|e| match e {
-                Error::ConfigParse { message, .. } => Error::ConfigParse {
-                    path: "$FABRICGATE_REQUIREMENTS".into(),
-                    message,
-                },
-                other => other,
-            }),
+            Some(text) => {
+                let path = Path::new("$FABRICGATE_REQUIREMENTS");
+                let config = Config::parse(text).map_err(|e| match e {
+                    Error::ConfigParse { message, .. } => Error::ConfigParse {
+                        path: path.to_owned(),
+                        message,
+                    },
+                    other => other,
+                })?;
+                checked(config, path)
+            }
             None => self.probe.load_config(),
         }
     }
@@ -254,7 +288,7 @@ impl WebhookArgs {
     pub fn mutation_config(&self) -> Result<crate::pod::webhook::MutationConfig> {
         let (config, yaml) = match &self.config {
             Some(path) => {
-                let config = Config::load(path)?;
+                let config = load_config_file(path)?;
                 let yaml = std::fs::read_to_string(path).map_err(|source| Error::ConfigRead {
                     path: path.clone(),
                     source,
@@ -490,7 +524,7 @@ impl ProbeArgs {
     /// The config errors of [`Config::load`].
     pub fn load_config(&self) -> Result<Config> {
         match &self.config {
-            Some(path) => Config::load(path),
+            Some(path) => load_config_file(path),
             None => Ok(Config::default()),
         }
     }
@@ -591,5 +625,42 @@ fn parse_max_connections(text: &str) -> std::result::Result<usize, String> {
     match text.trim().parse::<usize>() {
         Ok(n) if (2..=max).contains(&n) => Ok(n),
         _ => Err(format!("{text:?} is not a number from 2 to {max}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::FeatureSection;
+
+    /// Every subcommand loads the file through `cli::load_config_file`: a wrong value in the
+    /// section stops it naming the key, an unknown key naming the file.
+    #[test]
+    fn a_wrong_runtime_section_is_refused_at_load_naming_its_key_or_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("requirements.yaml");
+        std::fs::write(&path, "runtime:\n  window: 1s\n").unwrap();
+        let e = load_config_file(&path).unwrap_err();
+        assert!(e.to_string().contains("runtime.window"), "{e}");
+        std::fs::write(&path, "runtime:\n  podselector: a\n").unwrap();
+        let e = load_config_file(&path).unwrap_err().to_string();
+        assert!(
+            e.contains("podselector") && e.contains("requirements.yaml"),
+            "{e}"
+        );
+        std::fs::write(&path, "runtime:\n  enabled: true\n  window: 20s\n").unwrap();
+        let c = load_config_file(&path).unwrap();
+        let s = crate::transport::settings::RuntimeSettings::of(&c).unwrap();
+        assert!(s.enabled);
+        assert_eq!(s.window, std::time::Duration::from_secs(20));
+        // A section built in code reads back as it was given.
+        let built = Config {
+            runtime: crate::config::Section::holding("runtime", &s).unwrap(),
+            ..Config::default()
+        };
+        assert_eq!(
+            crate::transport::settings::RuntimeSettings::of(&built).unwrap(),
+            s
+        );
     }
 }

@@ -14,6 +14,7 @@ use super::timing::{WRITE_GRACE, stopped, wait_stop};
 use super::wakeup::Wakeup;
 use crate::cli::RunArgs;
 use crate::config::Config;
+use crate::config::FeatureSection;
 use crate::config::peers::PeerSpec;
 use crate::error::{Error, Result};
 use crate::node::dra::DraJobs;
@@ -25,6 +26,7 @@ use crate::peers::{self, PeerAgent, Rounds};
 use crate::policy::Verdict;
 use crate::policy::judge::Judge;
 use crate::transport::metrics::PodMetrics;
+use crate::transport::settings::RuntimeSettings;
 use fabricgate_probes::rdma::VerbsMode;
 use fabricgate_probes::rdma::peer::Identity;
 use fabricgate_probes::{Prober, Roots};
@@ -43,6 +45,8 @@ pub struct Agent {
     /// The agent's namespace (the breaker's ledger lives there).
     pub namespace: String,
     pub config: Config,
+    /// Runtime transport's section of `config` (`runtime:`), read once.
+    pub transport: RuntimeSettings,
     pub prober: Prober,
     pub interval: Duration,
     pub resync: Duration,
@@ -88,6 +92,7 @@ impl Agent {
             });
         }
         let mut config = args.probe.load_config()?;
+        let transport = RuntimeSettings::of(&config)?;
         if let Some(listen) = args.peers_listen
             && config.peers.enabled
         {
@@ -124,7 +129,7 @@ impl Agent {
         };
         // The fallback detector follows `fallback:` and `rdma.devices` of the config.
         let (metrics, pod_metrics) = Metrics::with_config_and(&config, |live| {
-            config.runtime.enabled.then(|| PodMetrics::register(live))
+            transport.enabled.then(|| PodMetrics::register(live))
         });
         let metrics = Arc::new(metrics);
         let peers =
@@ -132,6 +137,7 @@ impl Agent {
         Ok(Self {
             node_name,
             config,
+            transport,
             prober,
             interval: args.interval,
             resync: args.resync_interval,
@@ -329,9 +335,16 @@ fn start_pod_features(
     let node::pods_watch::PodsWatch {
         task: pods_watch,
         pods,
-    } = node::pods_watch::start(client, node, config, agent.interval);
+    } = node::pods_watch::start(
+        client,
+        node,
+        config,
+        agent.transport.enabled.then_some(agent.transport.window),
+        agent.interval,
+    );
     let runtime = crate::transport::task::start(
         config,
+        &agent.transport,
         client,
         pods.clone(),
         node,

@@ -2,15 +2,18 @@
 
 use crate::agent::check;
 use crate::cli::{CheckArgs, CleanupArgs, Format, OnOff, PingArgs, PreflightArgs, SelftestArgs};
+use crate::config::FeatureSection;
 use crate::error::{Error, Result};
 use crate::policy;
 use crate::transport::check as pods_check;
 use crate::transport::check_peers;
+use crate::transport::settings::RuntimeSettings;
 use fabricgate_probes::Prober;
 use fabricgate_probes::transport::sample::PodSampler;
 
 pub(super) fn check(args: &CheckArgs) -> Result<u8> {
     let config = args.probe.load_config()?;
+    let transport = RuntimeSettings::of(&config)?;
     let roots = args.probe.roots()?;
     let mut prober = Prober::new(roots.clone(), args.probe.probe_config(&config));
     let report = prober.probe();
@@ -21,12 +24,12 @@ pub(super) fn check(args: &CheckArgs) -> Result<u8> {
             .node_name
             .clone()
             .unwrap_or_else(|| check_peers::host_name(&roots));
-        let mut sampler =
-            PodSampler::new(roots).with_max_sockets(config.runtime.max_sockets_per_pod);
-        let peers = check_peers::read(args.kubeconfig.as_deref(), &node, &config);
+        let mut sampler = PodSampler::new(roots).with_max_sockets(transport.max_sockets_per_pod);
+        let peers = check_peers::read(args.kubeconfig.as_deref(), &node, &transport.job_labels);
         pods_check::sample(
             &mut sampler,
             &config,
+            &transport,
             args.pods_window,
             peers,
             &report,

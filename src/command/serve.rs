@@ -5,10 +5,11 @@ use crate::EXIT_VALIDATED;
 use crate::agent::daemon;
 use crate::cli::{AdmissionCheckArgs, GuardArgs, RunArgs, WebhookArgs};
 use crate::cluster::{admission_check, guard};
-use crate::config::Config;
+use crate::config::{Config, FeatureSection};
 use crate::error::Result;
 use crate::harness::{self, Harness, Threads};
 use crate::observe::server::{DEFAULT_MAX_CONNECTIONS, Limits};
+use crate::transport::settings::RuntimeSettings;
 use std::sync::Arc;
 
 pub(super) fn agent(args: &RunArgs) -> Result<u8> {
@@ -23,10 +24,12 @@ pub(super) fn agent(args: &RunArgs) -> Result<u8> {
 
 pub(super) fn guard(args: GuardArgs) -> Result<u8> {
     let harness = Harness::start(args.log_format, Threads::Two)?;
-    let config = Config::load(&args.config)?;
+    let config = crate::cli::load_config_file(&args.config)?;
+    let transport = RuntimeSettings::of(&config)?;
     let limits = Limits::for_nofile(DEFAULT_MAX_CONNECTIONS, harness.nofile.soft);
     let settings = guard::GuardSettings {
         config,
+        transport,
         namespace: args.namespace,
         pod_selector: args.pod_selector,
         stale_after: args.stale_after,
@@ -53,7 +56,7 @@ pub(super) fn guard(args: GuardArgs) -> Result<u8> {
 pub(super) fn admission_check(args: AdmissionCheckArgs) -> Result<u8> {
     let harness = Harness::start(args.log_format, Threads::Two)?;
     let config = match &args.config {
-        Some(path) => Config::load(path)?,
+        Some(path) => crate::cli::load_config_file(path)?,
         None => Config::default(),
     };
     let limits = Limits::for_nofile(DEFAULT_MAX_CONNECTIONS, harness.nofile.soft);

@@ -15,6 +15,7 @@ pub(crate) mod labels;
 pub mod peers;
 mod pool;
 mod requirements;
+mod section;
 mod settings;
 pub mod storage;
 #[cfg(test)]
@@ -32,6 +33,7 @@ pub use requirements::{
     LinkLayerRequirement, LustreRequirements, MAX_GLOB_BYTES, MountRequirement,
     PlacementRequirements, RdmaRequirements, RoceRequirements,
 };
+pub use section::{FeatureSection, Section};
 pub use settings::{
     BreakerSettings, DEFAULT_GUARD_LEASE, DEFAULT_LABEL_PREFIX, DEFAULT_RECOVER_AFTER,
     FallbackSettings, NodeSettings, OnAgentError, TaintEffect,
@@ -63,8 +65,9 @@ pub struct Config {
     pub gang: gang::GangSettings,
     /// `storage.lustre.require_lnet`: the LNet networks Lustre's imports must use.
     pub storage: storage::StorageSettings,
-    /// Which pods of the node are judged at run time: RDMA or sockets.
-    pub runtime: crate::transport::settings::RuntimeSettings,
+    /// Which pods of the node are judged at run time: RDMA or sockets (runtime transport's
+    /// own section: `transport::settings`).
+    pub runtime: Section,
 }
 
 /// A wrong value of the requirements file at `key`, and what to give instead.
@@ -140,7 +143,6 @@ impl Config {
         self.webhook.validate()?;
         self.gang.validate()?;
         self.storage.validate()?;
-        self.runtime.validate()?;
         validate_label_prefix(&self.node.label_prefix)
     }
 

@@ -23,28 +23,26 @@ pub struct PodsWatch {
     pub pods: Option<tokio::sync::watch::Receiver<PodsByUid>>,
 }
 
-/// The watch of this node's pods when a feature reads them (`runtime.enabled`, or
-/// `kubernetes.dra` for its claims) and there is a cluster: its task (it only reads: aborted
-/// at shutdown) and the receiver the features share. Its longest backoff is the runtime
-/// window when runtime transport is on, the probe interval otherwise.
+/// The watch of this node's pods when a feature reads them (runtime transport, its window
+/// given as `transport_window`, or `kubernetes.dra` for its claims) and there is a cluster:
+/// its task (it only reads: aborted at shutdown) and the receiver the features share. Its
+/// longest backoff is the runtime window when runtime transport is on, the probe interval
+/// otherwise.
 pub fn start(
     clients: Option<&super::Clients>,
     node: &str,
     config: &crate::config::Config,
+    transport_window: Option<Duration>,
     interval: Duration,
 ) -> PodsWatch {
-    let wanted = config.runtime.enabled || config.kubernetes.dra.enabled();
+    let wanted = transport_window.is_some() || config.kubernetes.dra.enabled();
     let Some(watch_client) = clients.and_then(|c| c.watch.clone()).filter(|_| wanted) else {
         return PodsWatch {
             task: None,
             pods: None,
         };
     };
-    let backoff = if config.runtime.enabled {
-        config.runtime.window
-    } else {
-        interval
-    };
+    let backoff = transport_window.unwrap_or(interval);
     let (tx, rx) = tokio::sync::watch::channel(BTreeMap::new());
     let task = tokio::spawn(watch_pods(watch_client, node.to_owned(), tx, backoff));
     PodsWatch {

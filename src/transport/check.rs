@@ -15,6 +15,7 @@ use super::check_peers::ClusterPeers;
 use crate::config::{Config, FallbackSettings};
 use crate::observe::fallback::{FallbackDetector, FallbackStatus};
 use crate::transport::bandwidth::{JobId, PortShare, job_ports, port_shares};
+use crate::transport::settings::RuntimeSettings;
 use crate::transport::verdict::{PodVerdict, human_bytes, judge_pod};
 use fabricgate_probes::transport::pod_hcas::{self, LiveNamespaces, NamespaceRdma, PodHcas};
 use fabricgate_probes::transport::restrack::{NetlinkPort, QpEntry, QpOwner};
@@ -68,6 +69,7 @@ pub struct PodsSection {
 pub fn sample(
     sampler: &mut PodSampler,
     config: &Config,
+    settings: &RuntimeSettings,
     window: Duration,
     peers: ClusterPeers,
     first: &ProbeReport,
@@ -83,7 +85,7 @@ pub fn sample(
     if sampler.pods_tracked() == 0 {
         let notes = sampler.notes().to_vec();
         let pods = if notes.iter().any(|n| n == NO_HOST_PID) {
-            blind_pods(sampler.roots(), config)
+            blind_pods(sampler.roots(), config, settings)
         } else {
             Vec::new()
         };
@@ -122,7 +124,7 @@ pub fn sample(
             .into_iter()
             .map(|f| {
                 let job = job_of(&f.pod_uid);
-                judge(f, config, &ports, job.as_ref())
+                judge(f, config, settings, &ports, job.as_ref())
             })
             .collect(),
         ports,
@@ -175,19 +177,20 @@ pub fn namespace_hcas(
 fn judge(
     facts: PodTransportFacts,
     config: &Config,
+    settings: &RuntimeSettings,
     shares: &[PortShare],
     job: Option<&JobId>,
 ) -> PodLine {
     let matcher = config.device_matcher();
     let in_scope = |device: &str, _| matcher.is_match(device);
     let ports = job_ports(&facts, shares, job, in_scope);
-    let verdict = judge_pod(&facts, &config.runtime, in_scope, ports.as_ref());
+    let verdict = judge_pod(&facts, settings, in_scope, ports.as_ref());
     PodLine { facts, verdict }
 }
 
 /// Without the host PID namespace no process (and so no QP or socket) of a pod is visible,
 /// but the pods' cgroups are: each is listed as `unknown`, with what to add.
-fn blind_pods(roots: &Roots, config: &Config) -> Vec<PodLine> {
+fn blind_pods(roots: &Roots, config: &Config, settings: &RuntimeSettings) -> Vec<PodLine> {
     fn unseen<T>() -> Observed<T> {
         Observed::Unseen {
             reason: NO_HOST_PID.to_owned(),
@@ -202,7 +205,7 @@ fn blind_pods(roots: &Roots, config: &Config) -> Vec<PodLine> {
                 internode_tcp: unseen(),
                 ports: Vec::new(),
             };
-            judge(facts, config, &[], None)
+            judge(facts, config, settings, &[], None)
         })
         .collect()
 }

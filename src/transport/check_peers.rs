@@ -3,7 +3,6 @@
 //! pods' names. Without one, or when the cluster cannot be read, it says so plainly and falls
 //! back to "any address not on this node" (`RemoteScope::NotLocal`).
 
-use crate::config::Config;
 use crate::transport::bandwidth::JobId;
 use crate::transport::jobs::{JobKey, job_of};
 use crate::transport::peers::{JobPeers, NodeAddresses, members, peer_addresses};
@@ -62,7 +61,7 @@ pub fn in_cluster() -> bool {
 
 /// Read this node's pods and their jobs' pods from the cluster (`kubeconfig`, else the
 /// in-cluster configuration); any failure falls back to [`ClusterPeers::not_local`] naming it.
-pub fn read(kubeconfig: Option<&Path>, node: &str, config: &Config) -> ClusterPeers {
+pub fn read(kubeconfig: Option<&Path>, node: &str, job_labels: &[String]) -> ClusterPeers {
     if kubeconfig.is_none() && !in_cluster() {
         return ClusterPeers::not_local("no cluster to ask (no --kubeconfig, not in a pod)");
     }
@@ -74,7 +73,7 @@ pub fn read(kubeconfig: Option<&Path>, node: &str, config: &Config) -> ClusterPe
         Err(e) => return ClusterPeers::not_local(&format!("cannot start a runtime: {e}")),
     };
     let asked = runtime.block_on(async {
-        tokio::time::timeout(CLUSTER_TIMEOUT, ask(kubeconfig, node, config)).await
+        tokio::time::timeout(CLUSTER_TIMEOUT, ask(kubeconfig, node, job_labels)).await
     });
     match asked {
         Ok(Ok(peers)) => peers,
@@ -89,7 +88,7 @@ pub fn read(kubeconfig: Option<&Path>, node: &str, config: &Config) -> ClusterPe
 async fn ask(
     kubeconfig: Option<&Path>,
     node: &str,
-    config: &Config,
+    job_labels: &[String],
 ) -> Result<ClusterPeers, String> {
     let kube_config = match kubeconfig {
         Some(path) => {
@@ -107,7 +106,7 @@ async fn ask(
         .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
         .await
         .map_err(|e| format!("list the pods of node {node}: {e}"))?;
-    let labels = &config.runtime.job_labels;
+    let labels = job_labels;
     let mut names = BTreeMap::new();
     let mut jobs: BTreeMap<String, JobKey> = BTreeMap::new();
     for pod in &here.items {

@@ -26,16 +26,16 @@ impl Sampler for PodSampler {
 /// The test seam's sampler when this build has it and the variable is set; `None` otherwise
 /// (always, in a shipped build).
 #[cfg(feature = "test-seams")]
-pub fn from_env(config: &crate::config::Config) -> Option<Box<dyn Sampler>> {
+pub fn from_env(window: std::time::Duration) -> Option<Box<dyn Sampler>> {
     let path = std::env::var_os("FABRICGATE_TEST_POD_FACTS")?;
     Some(Box::new(seam::FileFacts {
         path: path.into(),
-        window: config.runtime.window,
+        window,
     }))
 }
 
 #[cfg(not(feature = "test-seams"))]
-pub fn from_env(_config: &crate::config::Config) -> Option<Box<dyn Sampler>> {
+pub fn from_env(_window: std::time::Duration) -> Option<Box<dyn Sampler>> {
     None
 }
 

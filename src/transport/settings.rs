@@ -2,6 +2,7 @@
 //! pod on sockets is told from one on RDMA (docs/runtime-transport.md).
 
 use crate::config::duration::{bounded_duration, parse_bounded_duration};
+use crate::config::{Config, FeatureSection, Section};
 use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
@@ -124,12 +125,17 @@ impl Default for RuntimeSettings {
     }
 }
 
-impl RuntimeSettings {
-    /// # Errors
+impl FeatureSection for RuntimeSettings {
+    const KEY: &'static str = "runtime";
+
+    fn section(config: &Config) -> &Section {
+        &config.runtime
+    }
+
     /// [`Error::ConfigValue`] naming `runtime.pod_selector` (an empty term, or a term that is
-    /// not `key=value`, `key!=value`, `key` or `!key`) or `runtime.tcp_min_bytes_per_second`
-    /// (0).
-    pub fn validate(&self) -> Result<()> {
+    /// not `key=value`, `key!=value`, `key` or `!key`), `runtime.tcp_min_bytes_per_second`
+    /// (0), `runtime.confirm_windows`, `runtime.job_labels` or `runtime.max_sockets_per_pod`.
+    fn validate(&self) -> Result<()> {
         if !(1..=10).contains(&self.confirm_windows) {
             return Err(Error::ConfigValue {
                 key: "runtime.confirm_windows".to_owned(),
@@ -189,5 +195,71 @@ impl RuntimeSettings {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The `runtime:` section, read from a parsed file.
+    #[test]
+    fn runtime_defaults_parse_and_bad_values_name_their_key() {
+        let c = RuntimeSettings::of(&Config::default()).unwrap();
+        assert!(!c.enabled, "opt-in: the base DaemonSet lacks what it needs");
+        assert_eq!(c.window, DEFAULT_WINDOW);
+        assert_eq!(c.on_sockets, OnSockets::Record);
+        let c = Config::parse(
+            "runtime:\n  enabled: true\n  pod_selector: app=trainer\n  window: 45s\n  on_sockets: evict\n  \
+             evict_after: 5m\n  tcp_min_bytes_per_second: 1000\n",
+        )
+        .unwrap();
+        let c = RuntimeSettings::of(&c).unwrap();
+        assert!(c.enabled);
+        assert_eq!(c.pod_selector, "app=trainer");
+        assert_eq!(c.window, Duration::from_secs(45));
+        assert_eq!(c.on_sockets, OnSockets::Evict);
+        assert_eq!(c.evict_after, Duration::from_secs(300));
+        assert_eq!(c.tcp_min_bytes_per_second, 1000);
+        assert_eq!(c.confirm_windows, DEFAULT_CONFIRM_WINDOWS);
+        assert_eq!(c.clear_after, DEFAULT_CLEAR_AFTER);
+        let c = Config::parse(
+            "runtime:\n  confirm_windows: 3\n  clear_after: 2m\n  job_labels: [example.com/run]\n",
+        )
+        .unwrap();
+        let c = RuntimeSettings::of(&c).unwrap();
+        assert_eq!(c.confirm_windows, 3);
+        assert_eq!(c.clear_after, Duration::from_secs(120));
+        assert_eq!(c.job_labels, ["example.com/run"]);
+        for (yaml, key) in [
+            ("runtime:\n  window: 1s\n", "runtime.window"),
+            ("runtime:\n  evict_after: 1s\n", "runtime.evict_after"),
+            ("runtime:\n  on_sockets: kill\n", "on_sockets"),
+            (
+                "runtime:\n  tcp_min_bytes_per_second: 0\n",
+                "runtime.tcp_min",
+            ),
+            (
+                "runtime:\n  pod_selector: \"app=a,,b=c\"\n",
+                "runtime.pod_selector",
+            ),
+            ("runtime:\n  pod_selector: \"=x\"\n", "runtime.pod_selector"),
+            ("runtime:\n  podselector: a\n", "podselector"),
+            (
+                "runtime:\n  confirm_windows: 0\n",
+                "runtime.confirm_windows",
+            ),
+            (
+                "runtime:\n  confirm_windows: 11\n",
+                "runtime.confirm_windows",
+            ),
+            ("runtime:\n  clear_after: 1s\n", "runtime.clear_after"),
+            ("runtime:\n  job_labels: [\"a b\"]\n", "runtime.job_labels"),
+        ] {
+            let e = RuntimeSettings::of(&Config::parse(yaml).unwrap())
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(key), "{yaml}: {e}");
+        }
     }
 }

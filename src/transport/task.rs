@@ -13,6 +13,7 @@ use crate::transport::jobs::{JobKey, job_of};
 use crate::transport::metrics::{PodMetrics, PodSample};
 use crate::transport::peers::{JobPeers, peer_addresses, watch_job_peers};
 use crate::transport::pods::{JudgedPod, is_judged};
+use crate::transport::settings::RuntimeSettings;
 use crate::transport::verdict::{PodHistory, PodVerdict, confirm, judge_pod};
 use crate::transport::writer::PodWriter;
 use fabricgate_probes::Roots;
@@ -36,6 +37,7 @@ pub struct RuntimeJobs {
 #[allow(clippy::too_many_arguments)]
 pub fn start(
     config: &Config,
+    settings: &RuntimeSettings,
     clients: Option<&crate::node::Clients>,
     pods: Option<watch::Receiver<BTreeMap<String, Pod>>>,
     node: &str,
@@ -45,7 +47,7 @@ pub fn start(
     metrics: Option<PodMetrics>,
     stop: watch::Receiver<bool>,
 ) -> RuntimeJobs {
-    let (Some(clients), Some(pods), true) = (clients, pods, config.runtime.enabled) else {
+    let (Some(clients), Some(pods), true) = (clients, pods, settings.enabled) else {
         return RuntimeJobs {
             writers: Vec::new(),
             watches: Vec::new(),
@@ -57,7 +59,7 @@ pub fn start(
             watches: Vec::new(),
         };
     };
-    let backoff = config.runtime.window;
+    let backoff = settings.window;
     let (jobs_tx, jobs_rx) = watch::channel(BTreeSet::new());
     let (peers_tx, peers_rx) = watch::channel(JobPeers::new());
     let writer = PodWriter {
@@ -67,7 +69,8 @@ pub fn start(
     };
     let judging = |sampler| Judging {
         config: config.clone(),
-        sample_deadline: config.runtime.window,
+        settings: settings.clone(),
+        sample_deadline: settings.window,
         own_namespace: own_namespace.to_owned(),
         node: node.to_owned(),
         pods,
@@ -79,18 +82,16 @@ pub fn start(
         history: HashMap::new(),
         told_unknown: false,
     };
-    let sampler: Box<dyn Sampler> = match super::sampler::from_env(config) {
+    let sampler: Box<dyn Sampler> = match super::sampler::from_env(settings.window) {
         Some(seam) => seam,
-        None => {
-            Box::new(PodSampler::new(roots).with_max_sockets(config.runtime.max_sockets_per_pod))
-        }
+        None => Box::new(PodSampler::new(roots).with_max_sockets(settings.max_sockets_per_pod)),
     };
     let run = tokio::spawn(judging(Arc::new(Mutex::new(sampler))).run(stop));
     RuntimeJobs {
         writers: vec![run],
         watches: vec![tokio::spawn(watch_job_peers(
             watch_client,
-            config.runtime.job_labels.clone(),
+            settings.job_labels.clone(),
             jobs_rx,
             peers_tx,
             backoff,
@@ -100,6 +101,8 @@ pub fn start(
 
 struct Judging {
     config: Config,
+    /// Its own section of `config` (`runtime:`).
+    settings: RuntimeSettings,
     /// How long a window's sample may take (`runtime.window`): past it the window misses.
     sample_deadline: std::time::Duration,
     /// The agent's namespace: its own pods there are never judged.
@@ -125,7 +128,7 @@ impl Judging {
     /// window (nothing is written yet); a stop during the writes lets them end (the agent
     /// waits for this task), so no condition is left half written.
     async fn run(mut self, mut stop: watch::Receiver<bool>) {
-        let mut tick = tokio::time::interval(self.config.runtime.window);
+        let mut tick = tokio::time::interval(self.settings.window);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
@@ -155,7 +158,7 @@ impl Judging {
     /// The judged pods of this window, their jobs (handed to the peer watch), and the sample
     /// request scoped to each pod's peers.
     fn prepare(&mut self) -> (Vec<JudgedPod>, HashMap<String, JobId>, SampleRequest) {
-        let job_labels = &self.config.runtime.job_labels;
+        let job_labels = &self.settings.job_labels;
         let judged: Vec<(JudgedPod, Option<JobKey>)> = self
             .pods
             .borrow()
@@ -164,7 +167,7 @@ impl Judging {
                 is_judged(
                     p,
                     &self.config.kubernetes,
-                    &self.config.runtime,
+                    &self.settings,
                     &self.own_namespace,
                 )
             })
@@ -249,13 +252,13 @@ impl Judging {
             };
             let in_scope = |device: &str, _| matcher.is_match(device);
             let ports = job_ports(f, &shares, job_ids.get(&pod.uid), in_scope);
-            let v = judge_pod(f, &self.config.runtime, in_scope, ports.as_ref());
+            let v = judge_pod(f, &self.settings, in_scope, ports.as_ref());
             let window = match &f.internode_tcp {
                 Observed::Seen(t) => t.window,
-                Observed::Unseen { .. } => self.config.runtime.window,
+                Observed::Unseen { .. } => self.settings.window,
             };
             let history = self.history.entry(pod.uid.clone()).or_default();
-            let v = confirm(v, history, &self.config.runtime, window);
+            let v = confirm(v, history, &self.settings, window);
             verdicts.push((pod, v, f));
         }
         self.record(&verdicts, &shares);
@@ -339,6 +342,7 @@ impl Judging {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::FeatureSection;
     use crate::node::tests::scripted;
     use crate::observe::metrics::Metrics;
     use fabricgate_probes::transport::sample::SampleRequest;
@@ -374,6 +378,7 @@ mod tests {
             Metrics::with_config_and(&config, |live| Some(PodMetrics::register(live)));
         let metrics = Arc::new(metrics);
         let judging = Judging {
+            settings: RuntimeSettings::of(&config).unwrap(),
             config,
             sample_deadline,
             own_namespace: "fabricgate".to_owned(),

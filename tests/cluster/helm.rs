@@ -322,8 +322,11 @@ fn chart_values_change_the_pool_requirements_image_and_knobs() {
         fabricgate::config::Config::parse(cm["data"]["requirements.yaml"].as_str().unwrap())
             .expect("the binary accepts the rendered requirements");
     assert_eq!(req.rdma.min_active_ports, 4);
+    let transport: fabricgate::transport::settings::RuntimeSettings =
+        fabricgate::config::FeatureSection::of(&req)
+            .expect("the binary accepts the rendered runtime section");
     assert!(
-        req.runtime.enabled,
+        transport.enabled,
         "runtimeTransport turns runtime.enabled on"
     );
     let ds = find("DaemonSet", "fabricgate");

@@ -9,10 +9,11 @@ use super::controlplane::ControlPlane;
 use super::sysfs::FakeHca;
 use super::{TAINT, taint_keys, wait_until};
 use fabricgate::agent::daemon::{self, Agent};
-use fabricgate::config::Config;
+use fabricgate::config::{Config, FeatureSection};
 use fabricgate::node::{RetryAfter, clients_from};
 use fabricgate::observe::metrics::Metrics;
 use fabricgate::transport::metrics::PodMetrics;
+use fabricgate::transport::settings::RuntimeSettings;
 use fabricgate_probes::rdma::VerbsMode;
 use fabricgate_probes::{ProbeConfig, Prober, Roots};
 use k8s_openapi::api::core::v1::Node;
@@ -190,11 +191,13 @@ impl Fleet {
                         ..ProbeConfig::default()
                     },
                 );
+                let transport = RuntimeSettings::of(&config).unwrap();
                 let (metrics, pod_metrics) = Metrics::with_config_and(&config, |live| {
-                    config.runtime.enabled.then(|| PodMetrics::register(live))
+                    transport.enabled.then(|| PodMetrics::register(live))
                 });
                 let agent = Agent {
                     node_name: name,
+                    transport,
                     metrics: Arc::new(metrics),
                     pod_metrics,
                     config,

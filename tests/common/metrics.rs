@@ -55,7 +55,14 @@ pub fn unhealthy_metrics() -> Metrics {
     use fabricgate_probes::storage::MountStatus;
     let mut config = ndr_requirements();
     config.lustre.mounts = vec!["/lustre/scratch".into()];
-    config.runtime.enabled = true;
+    config.runtime = fabricgate::config::Section::holding(
+        "runtime",
+        &fabricgate::transport::settings::RuntimeSettings {
+            enabled: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     config.kubernetes.dra = Config::parse(
         "kubernetes:\n  dra:\n    drivers: [{name: dra.net}, {name: rdma.example.com}]\n",
     )
@@ -63,10 +70,7 @@ pub fn unhealthy_metrics() -> Metrics {
     .kubernetes
     .dra;
     let (metrics, pods) = Metrics::with_config_and(&config, |live| {
-        config
-            .runtime
-            .enabled
-            .then(|| fabricgate::transport::metrics::PodMetrics::register(live))
+        Some(fabricgate::transport::metrics::PodMetrics::register(live))
     });
     let node = committed_fixture("ndr-port-down");
     let t0 = 1_700_000_000.0;

@@ -456,6 +456,7 @@ fn spawn_guard(cp: &'static ControlPlane, fleet: &Fleet, pool: &str) {
             .expect("guard kubeconfig");
         let clients = clients_from(kube_config, RetryAfter::default()).expect("guard clients");
         let settings = GuardSettings {
+            transport: fabricgate::config::FeatureSection::of(&config).unwrap(),
             config,
             namespace: "fabricgate".to_owned(),
             pod_selector: "app=fabricgate-scale-no-agent-pods".to_owned(),

@@ -376,8 +376,15 @@ pub fn run_transport_scale(
     let runtime = spec.runtime;
     let tune: Arc<dyn Fn(&mut Config) + Send + Sync> = Arc::new(move |c: &mut Config| {
         c.kubernetes.rdma_resources = vec![RESOURCE.to_owned()];
-        c.runtime.enabled = runtime;
-        c.runtime.window = window;
+        c.runtime = fabricgate::config::Section::holding(
+            "runtime",
+            &fabricgate::transport::settings::RuntimeSettings {
+                enabled: runtime,
+                window,
+                ..Default::default()
+            },
+        )
+        .unwrap();
     });
     let mut fleet: Option<Fleet> = None;
     let start = Phase::measure(cp, "start -> all validated, watching, pods judged", || {

@@ -113,7 +113,7 @@ impl Evictor {
         s: &GuardSettings,
         m: &GuardMetrics,
     ) -> (Option<tokio::time::Instant>, bool) {
-        if s.config.runtime.on_sockets != OnSockets::Evict || !self.loaded || !cache.ready() {
+        if s.transport.on_sockets != OnSockets::Evict || !self.loaded || !cache.ready() {
             return (None, false);
         }
         let Some(pods) = cache.transport_pods() else {
@@ -128,7 +128,7 @@ impl Evictor {
             eviction::plan(
                 pods.iter().map(AsRef::as_ref),
                 &Inputs {
-                    runtime: &s.config.runtime,
+                    runtime: &s.transport,
                     breaker: &s.config.node.breaker,
                     ledger: &self.ledger,
                     in_pool: &in_pool,
@@ -224,7 +224,7 @@ impl Evictor {
                     humantime::format_duration(Duration::from_secs(on_sockets.as_secs())),
                     c.since,
                     c.message,
-                    humantime::format_duration(s.config.runtime.evict_after),
+                    humantime::format_duration(s.transport.evict_after),
                 );
                 tracing::warn!(pod = %pod, "{note}");
                 self.event(client, c, "Warning", eviction::EVICTED, &note, s)

@@ -50,6 +50,8 @@ pub const GUARD_FIELD_MANAGER: &str = "fabricgate-guard";
 /// Everything `fabricgate guard` needs.
 pub struct GuardSettings {
     pub config: Config,
+    /// Runtime transport's section of `config` (`runtime:`: whether and when to evict).
+    pub transport: crate::transport::settings::RuntimeSettings,
     pub namespace: String,
     pub pod_selector: String,
     pub stale_after: Duration,
@@ -156,7 +158,7 @@ pub async fn run(
                 }
                 if leading
                     && !evictor.loaded()
-                    && s.config.runtime.on_sockets == crate::transport::settings::OnSockets::Evict
+                    && s.transport.on_sockets == crate::transport::settings::OnSockets::Evict
                 {
                     evictor.load(&leases, &s).await;
                 }

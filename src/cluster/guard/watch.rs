@@ -52,7 +52,7 @@ impl Watched {
         let backoff = max_backoff(s);
         let (nodes_client, nodes_watching) = signalling(watch);
         let (pods_client, pods_watching) = signalling(watch);
-        let transport = (s.config.runtime.on_sockets == OnSockets::Evict).then(|| {
+        let transport = (s.transport.on_sockets == OnSockets::Evict).then(|| {
             let (client, watching) = signalling(watch);
             let config = watch_config("").fields(TRANSPORT_FIELDS);
             (

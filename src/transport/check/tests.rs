@@ -112,7 +112,13 @@ fn section() -> PodsSection {
             .into_iter()
             .map(|f| {
                 let job = job(&f.pod_uid);
-                judge(f, &config, &shares, job.as_ref())
+                judge(
+                    f,
+                    &config,
+                    &RuntimeSettings::default(),
+                    &shares,
+                    job.as_ref(),
+                )
             })
             .collect(),
         ports: shares,
@@ -267,6 +273,7 @@ fn no_pod_is_said_so_and_not_waited_for() {
     let section = sample(
         &mut sampler,
         &Config::default(),
+        &RuntimeSettings::default(),
         Duration::from_secs(30),
         ClusterPeers::not_local("no cluster in this test"),
         &report,
@@ -302,6 +309,7 @@ fn without_the_host_pid_namespace_every_pod_cgroup_is_unknown_with_what_to_add()
     let section = sample(
         &mut sampler,
         &Config::default(),
+        &RuntimeSettings::default(),
         Duration::from_secs(30),
         ClusterPeers::not_local("no cluster in this test"),
         &ProbeReport::default(),

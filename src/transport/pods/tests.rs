@@ -1,5 +1,5 @@
 use super::*;
-use crate::config::Config;
+use crate::config::{Config, FeatureSection};
 use crate::transport::verdict::judge_pod;
 use fabricgate_probes::transport::{InternodeTcp, Observed, PodTransportFacts};
 use std::time::Duration;
@@ -39,13 +39,14 @@ fn sockets_verdict(c: &Config) -> PodVerdict {
         }),
         ports: Vec::new(),
     };
-    judge_pod(&facts, &c.runtime, |_, _| true, None)
+    judge_pod(&facts, &RuntimeSettings::of(c).unwrap(), |_, _| true, None)
 }
 
 #[test]
 fn pods_requesting_the_rdma_resource_or_matching_the_selector_are_judged_others_never() {
     let c = config();
-    let judged = |p: &Pod| is_judged(p, &c.kubernetes, &c.runtime, "fabricgate");
+    let runtime = RuntimeSettings::of(&c).unwrap();
+    let judged = |p: &Pod| is_judged(p, &c.kubernetes, &runtime, "fabricgate");
     assert!(judged(&trainer("rdma/hca_shared_devices_a", json!({}))));
     assert!(judged(&trainer("cpu", json!({"app": "trainer"}))));
     assert!(!judged(&trainer("cpu", json!({"app": "web"}))));
@@ -65,7 +66,7 @@ fn pods_requesting_the_rdma_resource_or_matching_the_selector_are_judged_others_
     }));
     assert!(!judged(&agent), "fabricgate's own pods are never judged");
     assert!(
-        is_judged(&agent, &c.kubernetes, &c.runtime, "other"),
+        is_judged(&agent, &c.kubernetes, &runtime, "other"),
         "only in the agent's own namespace"
     );
     // A tenant's pod claiming to be fabricgate by its labels, or by an owner reference to a
