@@ -276,7 +276,7 @@ impl RingAgents {
             let receipts = r.receipts();
             responders.push(r);
             let clients = cp.block_on(agent_clients(cp, node));
-            let ring = fabricgate::agent::ring::Ring {
+            let ring = fabricgate::gang::ring::Ring {
                 node: node.to_owned(),
                 namespace: NS.to_owned(),
                 identity,
@@ -295,7 +295,7 @@ impl RingAgents {
                 clock_ahead: Duration::ZERO,
             };
             let rx = stop_rx.clone();
-            tasks.push(runtime.spawn(fabricgate::agent::ring::run(ring, rx)));
+            tasks.push(runtime.spawn(fabricgate::gang::ring::run(ring, rx)));
         }
         // Each watch has listed (and waits on its WATCH) before the clock starts.
         std::thread::sleep(Duration::from_secs(2));

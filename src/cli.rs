@@ -17,6 +17,7 @@ pub fn checked(config: Config, path: &Path) -> Result<Config> {
     use crate::config::FeatureSection;
     let sections = || -> Result<()> {
         crate::transport::settings::RuntimeSettings::of(&config)?;
+        crate::gang::settings::GangSettings::of(&config)?;
         Ok(())
     };
     sections().map_err(|e| match e {

@@ -9,6 +9,7 @@ pub mod cluster;
 pub mod command;
 pub mod config;
 pub mod error;
+pub mod gang;
 pub mod harness;
 pub mod node;
 pub mod observe;

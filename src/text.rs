@@ -60,6 +60,13 @@ pub fn write_columns(out: &mut String, header: &[&str], rows: Vec<Vec<String>>) 
     }
 }
 
+/// 64-bit FNV-1a: a stable short name for a text too long for a label or object name.
+pub fn fnv64(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

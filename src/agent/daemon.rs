@@ -360,7 +360,7 @@ fn start_pod_features(
         clients: client,
         dry_run: agent.dry_run,
         interval: agent.interval,
-        rules_max_backoff: agent.interval.max(super::ring::MAX_BACKOFF),
+        rules_max_backoff: agent.interval.max(crate::gang::ring::MAX_BACKOFF),
         metrics: &agent.metrics,
         pods,
         roots: agent.prober.roots().clone(),

@@ -2,10 +2,11 @@
 //! the gang ring, which answers `FabricCheck`s; the Node advertises the responder's address
 //! and ports for them ([`Advertised`]).
 
-use super::ring::{self, ENDPOINT_ANNOTATION, Ring};
 use super::timing::Failpoint;
-use crate::config::Config;
+use crate::config::{Config, FeatureSection};
 use crate::error::Result;
+use crate::gang::ring::{self, ENDPOINT_ANNOTATION, Ring};
+use crate::gang::settings::GangSettings;
 use crate::node::Clients;
 use crate::peers::{PeerAgent, Rounds};
 use fabricgate_probes::rdma::peer::Identity;
@@ -18,6 +19,8 @@ use tokio::sync::watch;
 pub(super) struct Mesh {
     pub(super) agent: PeerAgent,
     identity: Identity,
+    /// `gang.namespace`: where the ring finds its FabricChecks.
+    gang_namespace: String,
     /// The probe interval.
     interval: Duration,
     /// Dropped with the mesh (when `run` returns): stops the rounds thread.
@@ -46,6 +49,7 @@ impl Mesh {
         };
         let (stop, stop_rx) = std::sync::mpsc::channel::<()>();
         let identity = rounds.identity.clone();
+        let gang_namespace = GangSettings::of(config)?.namespace;
         agent.spawn_rounds(
             rounds,
             config.peers.interval(interval),
@@ -55,6 +59,7 @@ impl Mesh {
         Ok(Some(Self {
             agent,
             identity,
+            gang_namespace,
             interval,
             _stop: stop,
         }))
@@ -85,7 +90,7 @@ impl Mesh {
         }
         let ring = Ring {
             node: node.to_owned(),
-            namespace: config.gang.namespace.clone(),
+            namespace: self.gang_namespace.clone(),
             identity: self.identity.clone(),
             ports: pa.shared_ports(),
             rdma,

@@ -9,7 +9,6 @@ mod node_checks;
 mod probe_loop;
 mod probe_thread;
 mod reconcile_loop;
-pub mod ring;
 pub mod selftest;
 mod timing;
 pub mod wakeup;

@@ -37,7 +37,9 @@ pub(super) fn node_writer(
     .with_breaker_ledger(namespace)
     .with_annotations(advertised.annotations);
     match advertised.gids {
-        Some(gids) => reconciler.with_shared_annotation(node::fabriccheck::GIDS_ANNOTATION, gids),
+        Some(gids) => {
+            reconciler.with_shared_annotation(crate::gang::fabriccheck::GIDS_ANNOTATION, gids)
+        }
         None => reconciler,
     }
 }

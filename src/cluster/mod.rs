@@ -1,8 +1,7 @@
-//! Cluster-level controllers: the guard (a Deployment that taints nodes whose agent is gone)
-//! and the Kueue admission check (a gang's nodes validated and tested together); and the
-//! cleanup `helm uninstall` runs.
+//! Cluster-level controllers: the guard (a Deployment that taints nodes whose agent is gone),
+//! the Lease both it and the Kueue admission check (`crate::gang`) elect their leader with,
+//! and the cleanup `helm uninstall` runs.
 
-pub mod admission_check;
 pub mod cleanup;
 pub mod guard;
 pub mod lease;

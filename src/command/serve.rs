@@ -4,9 +4,11 @@
 use crate::EXIT_VALIDATED;
 use crate::agent::daemon;
 use crate::cli::{AdmissionCheckArgs, GuardArgs, RunArgs, WebhookArgs};
-use crate::cluster::{admission_check, guard};
+use crate::cluster::guard;
 use crate::config::{Config, FeatureSection};
 use crate::error::Result;
+use crate::gang::admission_check;
+use crate::gang::settings::GangSettings;
 use crate::harness::{self, Harness, Threads};
 use crate::observe::server::{DEFAULT_MAX_CONNECTIONS, Limits};
 use crate::transport::settings::RuntimeSettings;
@@ -60,8 +62,10 @@ pub(super) fn admission_check(args: AdmissionCheckArgs) -> Result<u8> {
         None => Config::default(),
     };
     let limits = Limits::for_nofile(DEFAULT_MAX_CONNECTIONS, harness.nofile.soft);
+    let gang = GangSettings::of(&config)?;
     let settings = admission_check::CheckSettings {
         config,
+        gang,
         namespace: args.namespace,
         lease_name: args.lease_name,
         lease_duration: args.lease_duration,

@@ -10,7 +10,6 @@ pub mod dra;
 pub(crate) mod duration;
 pub mod events;
 mod file;
-pub mod gang;
 pub(crate) mod labels;
 pub mod peers;
 mod pool;
@@ -61,8 +60,9 @@ pub struct Config {
     pub kubernetes: KubernetesRequirements,
     /// What the admission webhook lets opted-in pods set for NCCL (docs/preflight.md).
     pub webhook: webhook::WebhookSettings,
-    /// What `fabricgate admission-check` asks of a gang's nodes (docs/gangs.md).
-    pub gang: gang::GangSettings,
+    /// What `fabricgate admission-check` asks of a gang's nodes (docs/gangs.md; the gang
+    /// pre-flight's own section: `gang::settings`).
+    pub gang: Section,
     /// `storage.lustre.require_lnet`: the LNet networks Lustre's imports must use.
     pub storage: storage::StorageSettings,
     /// Which pods of the node are judged at run time: RDMA or sockets (runtime transport's
@@ -141,7 +141,6 @@ impl Config {
         self.validate_transport_and_placement()?;
         self.peers.validate()?;
         self.webhook.validate()?;
-        self.gang.validate()?;
         self.storage.validate()?;
         validate_label_prefix(&self.node.label_prefix)
     }

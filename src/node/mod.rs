@@ -11,13 +11,11 @@
 //!
 //! `plan` decides what to write (pure), `reconciler` writes it (asking `breaker`, the
 //! blast-radius breaker's reads and ledger, before a new taint), `watch` follows the Node and
-//! `client` builds the two API clients the agent uses. `fabriccheck` holds the gang
-//! pre-flight's resources, shared by the agents and `fabricgate admission-check`.
+//! `client` builds the two API clients the agent uses.
 
 pub(crate) mod breaker;
 mod client;
 pub mod dra;
-pub mod fabriccheck;
 mod plan;
 pub mod pods_watch;
 mod reconciler;

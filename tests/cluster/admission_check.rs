@@ -375,7 +375,7 @@ fn fill(result: &Value) -> Value {
 /// Whether FabricCheck `check` is labelled for the watch of each of `nodes`' agents.
 fn labelled_for(check: &Value, nodes: &[&str]) -> bool {
     nodes.iter().all(|node| {
-        let label = fabricgate::node::fabriccheck::member_label(node);
+        let label = fabricgate::gang::fabriccheck::member_label(node);
         check["metadata"]["labels"][&label] == "true"
     })
 }
@@ -562,7 +562,7 @@ fn admission_check_retries_an_unvalidated_node_then_a_good_ring_is_ready() {
     c.wait("the members labelled", Duration::from_secs(10), || {
         fabric_check(cp, &fc).is_some_and(|o| {
             want.iter().all(|(n, _)| {
-                o["metadata"]["labels"][fabricgate::node::fabriccheck::member_label(n)] == "true"
+                o["metadata"]["labels"][fabricgate::gang::fabriccheck::member_label(n)] == "true"
             })
         })
     });
@@ -939,13 +939,13 @@ fn admission_check_a_check_its_dead_leader_never_labelled_is_made_again() {
         &kube::api::DeleteParams::default(),
         &kube::api::ListParams::default().labels(&format!(
             "{}={old_uid}",
-            fabricgate::node::fabriccheck::CHECK_UID_LABEL
+            fabricgate::gang::fabriccheck::CHECK_UID_LABEL
         )),
     ))
     .expect("delete the answers");
     let unlabel: serde_json::Map<String, Value> = nodes
         .iter()
-        .map(|n| (fabricgate::node::fabriccheck::member_label(n), Value::Null))
+        .map(|n| (fabricgate::gang::fabriccheck::member_label(n), Value::Null))
         .collect();
     cp.block_on(
         api(
@@ -967,7 +967,7 @@ fn admission_check_a_check_its_dead_leader_never_labelled_is_made_again() {
     let left = fabric_check(cp, &fc).unwrap();
     assert!(
         nodes.iter().all(|n| left["metadata"]["labels"]
-            [&fabricgate::node::fabriccheck::member_label(n)]
+            [&fabricgate::gang::fabriccheck::member_label(n)]
             .is_null()),
         "{left:#}"
     );

@@ -63,7 +63,7 @@ pub(crate) fn install(cp: &ControlPlane) {
 /// member's empty answer (`fabriccheck::empty_result_object`), then the member labels the
 /// agents watch.
 pub(crate) fn create_check(cp: &ControlPlane, name: &str, members: &[(String, String)], secs: i64) {
-    use fabricgate::node::fabriccheck::{self, FabricCheck};
+    use fabricgate::gang::fabriccheck::{self, FabricCheck};
     let deadline = k8s_openapi::jiff::Timestamp::from_second(
         k8s_openapi::jiff::Timestamp::now().as_second() + secs,
     )
@@ -1095,7 +1095,7 @@ fn redteam_a_responder_that_is_not_the_dialled_node_is_not_believed() {
 /// rt-forge-0 for the check, and the controller's judgement names the pair.
 #[test]
 fn redteam_a_forged_answer_is_not_attested_by_its_receiver() {
-    use fabricgate::node::fabriccheck::{CheckSpec, ResultSpec};
+    use fabricgate::gang::fabriccheck::{CheckSpec, ResultSpec};
     use fabricgate_probes::rdma::peer::{Identity, KeyRing, Keys, LocalPort, Responder};
     let Some(cp) = control_plane() else { return };
     let peers = AdvertisedPeers::start(
@@ -1167,14 +1167,14 @@ fn redteam_a_forged_answer_is_not_attested_by_its_receiver() {
                 .result
         })
         .collect();
-    match fabricgate::cluster::admission_check::assess_ring(
+    match fabricgate::gang::admission_check::assess_ring(
         &spec,
         &answers,
         false,
         false,
         Duration::from_secs(10),
     ) {
-        fabricgate::cluster::admission_check::RingOutcome::Failed {
+        fabricgate::gang::admission_check::RingOutcome::Failed {
             message,
             failed_pairs: 1,
         } => assert!(

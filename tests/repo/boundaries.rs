@@ -115,24 +115,35 @@ const FLOORS: &[(&str, &[&str])] = &[
 /// Feature folders: the whole of one feature, its own floors inside. Each file (or folder of
 /// tests beside it) is on the crate floor its name says, and is checked as a file of that floor;
 /// a path into the feature (`crate::transport::verdict`) is a use of the floor of that file.
-const FEATURES: &[(&str, &[(&str, &str)])] = &[(
-    "transport",
-    &[
-        ("settings", "config"),
-        ("bandwidth", "policy"),
-        ("verdict", "policy"),
-        ("eviction", "policy"),
-        ("metrics", "observe"),
-        ("jobs", "node"),
-        ("pods", "node"),
-        ("peers", "node"),
-        ("writer", "node"),
-        ("sampler", "agent"),
-        ("task", "agent"),
-        ("check", "agent"),
-        ("check_peers", "agent"),
-    ],
-)];
+const FEATURES: &[(&str, &[(&str, &str)])] = &[
+    (
+        "gang",
+        &[
+            ("settings", "config"),
+            ("fabriccheck", "node"),
+            ("ring", "agent"),
+            ("admission_check", "cluster"),
+        ],
+    ),
+    (
+        "transport",
+        &[
+            ("settings", "config"),
+            ("bandwidth", "policy"),
+            ("verdict", "policy"),
+            ("eviction", "policy"),
+            ("metrics", "observe"),
+            ("jobs", "node"),
+            ("pods", "node"),
+            ("peers", "node"),
+            ("writer", "node"),
+            ("sampler", "agent"),
+            ("task", "agent"),
+            ("check", "agent"),
+            ("check_peers", "agent"),
+        ],
+    ),
+];
 
 /// The crate floor of `feature::file`, `None` for a name the feature table does not know.
 fn feature_floor(feature: &str, file: &str) -> Option<&'static str> {

@@ -1338,7 +1338,7 @@ fn admission_check_manifest_is_least_privilege_two_replicas_and_its_args_parse()
     let ac = one("AdmissionCheck");
     assert_eq!(
         ac["spec"]["controllerName"],
-        fabricgate::cluster::admission_check::CONTROLLER_NAME
+        fabricgate::gang::admission_check::CONTROLLER_NAME
     );
     let crd = |name: &str| -> Value {
         docs.iter()
@@ -1359,7 +1359,7 @@ fn admission_check_manifest_is_least_privilege_two_replicas_and_its_args_parse()
     let schema = &version["schema"]["openAPIV3Schema"]["properties"];
     let members = &schema["spec"]["properties"]["members"];
     // Bounded in size: the largest gang.max_nodes.
-    let max = fabricgate::config::gang::MAX_MAX_NODES;
+    let max = fabricgate::gang::settings::MAX_MAX_NODES;
     assert_eq!(members["maxItems"], json!(max));
     assert_eq!(members["x-kubernetes-list-type"], "map");
     assert_eq!(members["x-kubernetes-list-map-keys"], json!(["node"]));
@@ -1468,7 +1468,9 @@ fn admission_check_manifest_is_least_privilege_two_replicas_and_its_args_parse()
             .unwrap(),
     )
     .unwrap();
-    assert_eq!(one("Role")["metadata"]["namespace"], shipped.gang.namespace);
+    let gang: fabricgate::gang::settings::GangSettings =
+        fabricgate::config::FeatureSection::of(&shipped).unwrap();
+    assert_eq!(one("Role")["metadata"]["namespace"], gang.namespace);
 }
 
 #[test]

@@ -41,7 +41,7 @@ pub fn node_label_value(node: &str) -> String {
     if !node.is_empty() && node.len() <= 63 {
         node.to_owned()
     } else {
-        format!("fnv-{:016x}", crate::node::fabriccheck::fnv64(node))
+        format!("fnv-{:016x}", crate::text::fnv64(node))
     }
 }
 

@@ -9,9 +9,9 @@ use super::state::State;
 use super::step::{self, Action, Decision, Facts};
 use super::watch::Stores;
 use super::{CONTROLLER_NAME, CheckMetrics, CheckSettings, FIELD_MANAGER, model};
-use crate::config::gang::AfterAdmission;
 use crate::error::{Error, Result};
-use crate::node::fabriccheck;
+use crate::gang::fabriccheck;
+use crate::gang::settings::AfterAdmission;
 use crate::text::truncate;
 use k8s_openapi::api::core::v1::{Node, ObjectReference};
 use k8s_openapi::api::events::v1::Event;
@@ -85,7 +85,7 @@ pub(super) async fn pass(
         metrics.set_requeue_breaker_open(requeue::breaker_open(
             ledger,
             k8s_openapi::jiff::Timestamp::now(),
-            &s.config.gang,
+            &s.gang,
         ));
     }
     cleanup(client, w, s, state, &pending_uids).await;
@@ -121,7 +121,7 @@ impl Pass<'_> {
     /// Move one Workload on: what `step::next` decides, carried out.
     async fn workload(&self, state: &mut State, wl: &DynamicObject) -> Result<Step> {
         let Some(pending) = step::pending_check(wl, &self.ours) else {
-            if self.s.config.gang.after_admission == AfterAdmission::Requeue
+            if self.s.gang.after_admission == AfterAdmission::Requeue
                 && let Some(admitted) = requeue::admitted_check(wl, &self.ours)
             {
                 return self.admitted(state, wl, &admitted).await;
@@ -146,7 +146,7 @@ impl Pass<'_> {
             .or_insert_with(Instant::now);
         let checks: Api<DynamicObject> = Api::namespaced_with(
             self.client.clone(),
-            &self.s.config.gang.namespace,
+            &self.s.gang.namespace,
             &fabriccheck::checks(),
         );
         if let Action::ListAnswers(fc) = &plan.action {
@@ -169,7 +169,7 @@ impl Pass<'_> {
                 tracing::info!(workload = %key(wl), members = spec.members.len(), check = %name,
                     "gang pre-flight started");
                 Ok(Step::Waiting(
-                    tokio::time::Instant::now() + self.s.config.gang.timeout + self.s.grace(),
+                    tokio::time::Instant::now() + self.s.gang.timeout + self.s.grace(),
                 ))
             }
             Action::Write(d) => {
@@ -256,7 +256,7 @@ impl Pass<'_> {
         if state.decided.get(&uid) == Some(&rv) {
             return Ok(Step::Watching(None));
         }
-        let gang = &self.s.config.gang;
+        let gang = &self.s.gang;
         let taint = self.s.config.node.taint_key();
         let nodes = &self.w.nodes;
         let node = |name: &str| nodes.get(&ObjectRef::new(name));

@@ -38,6 +38,7 @@ pub use ring::{RingOutcome, assess_ring};
 use crate::cluster::lease::{Election, Leadership, release};
 use crate::config::Config;
 use crate::error::Result;
+use crate::gang::settings::GangSettings;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
 use std::future::Future;
@@ -57,6 +58,8 @@ pub const RESERVATION_ANNOTATION: &str = "fabricgate.io/reservation";
 /// Everything `fabricgate admission-check` needs.
 pub struct CheckSettings {
     pub config: Config,
+    /// The gang pre-flight's section of `config` (`gang:`).
+    pub gang: GangSettings,
     /// Namespace of the Lease (the controller's own).
     pub namespace: String,
     pub lease_name: String,
@@ -79,7 +82,7 @@ impl CheckSettings {
 
     /// After the deadline, this long for the members' last writes to arrive.
     fn grace(&self) -> Duration {
-        (self.config.gang.timeout / 4).min(Duration::from_secs(2))
+        (self.gang.timeout / 4).min(Duration::from_secs(2))
     }
 }
 

@@ -11,10 +11,11 @@ use super::model::{self, HOSTNAME_LABEL};
 use super::watch::Stores;
 use super::{CHECK_LABEL, CONTROLLER_NAME, CheckSettings, RESERVATION_ANNOTATION};
 use crate::config::Config;
-use crate::node::fabriccheck::{
+use crate::gang::fabriccheck::{
     self, CheckSpec, ENDPOINT_ANNOTATION, FabricCheck, Member, PairResult, Rdma, Received,
     WorkloadRef,
 };
+use crate::gang::settings::GangSettings;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{ApiResource, DynamicObject};
 use kube::runtime::reflector::store::{Store, Writer};
@@ -36,6 +37,7 @@ const GANG_NS: &str = "fabricgate";
 fn settings() -> CheckSettings {
     CheckSettings {
         config: Config::default(),
+        gang: GangSettings::default(),
         namespace: GANG_NS.to_owned(),
         lease_name: "fabricgate-admission-check".to_owned(),
         lease_duration: Duration::from_secs(15),
@@ -134,7 +136,7 @@ fn admission_check(active: bool) -> DynamicObject {
 
 /// The ring over `gpu-0` .. `gpu-<n-1>` the check creates, due at `deadline`.
 fn ring(n: usize, deadline: &str) -> CheckSpec {
-    let gang = settings().config.gang;
+    let gang = settings().gang;
     CheckSpec {
         workload: WorkloadRef {
             namespace: NS.to_owned(),

@@ -8,7 +8,7 @@ use super::super::requeue::{
 };
 use super::super::state::State;
 use super::*;
-use crate::config::gang::GangSettings;
+use crate::gang::settings::GangSettings;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use std::collections::BTreeSet;

@@ -5,7 +5,7 @@
 //! happens is a [`PairResult`]: our own trouble is `ok: false` with an error that says it is
 //! ours, never a verdict on the Node.
 
-use crate::node::fabriccheck::{Member, PairResult, RailResult, Rdma};
+use crate::gang::fabriccheck::{Member, PairResult, RailResult, Rdma};
 use fabricgate_probes::rdma::peer::{self, Identity, Keys, LocalPort, Outcome, Plan, Skip};
 use k8s_openapi::jiff::Timestamp;
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};

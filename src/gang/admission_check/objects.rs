@@ -6,7 +6,7 @@ use super::state::State;
 use super::watch::Stores;
 use super::{CHECK_LABEL, CheckSettings, FIELD_MANAGER, RESERVATION_ANNOTATION};
 use crate::error::{Error, Result};
-use crate::node::fabriccheck::{self, CheckSpec, FabricCheck, PairResult};
+use crate::gang::fabriccheck::{self, CheckSpec, FabricCheck, PairResult};
 use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
@@ -272,18 +272,15 @@ pub(super) async fn cleanup(
     state: &mut State,
     pending: &HashSet<String>,
 ) {
-    let checks: Api<DynamicObject> = Api::namespaced_with(
-        client.clone(),
-        &s.config.gang.namespace,
-        &fabriccheck::checks(),
-    );
+    let checks: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), &s.gang.namespace, &fabriccheck::checks());
     let live: HashSet<String> = w.checks.state().iter().filter_map(|fc| fc.uid()).collect();
     state.deleted.retain(|uid| live.contains(uid));
     state.same_members.retain(|uid, _| live.contains(uid));
     // Kept past a lagging store's view of it: a check is swept at twice gang.timeout anyway.
-    let made_for = s.config.gang.timeout * 2;
+    let made_for = s.gang.timeout * 2;
     state.made.retain(|_, at| at.elapsed() <= made_for);
-    let max_age = SignedDuration::try_from(s.config.gang.timeout * 2).unwrap_or_default();
+    let max_age = SignedDuration::try_from(s.gang.timeout * 2).unwrap_or_default();
     for fc in w.checks.state() {
         if state.deleted.contains(&fc.uid().unwrap_or_default()) {
             continue;

@@ -16,6 +16,7 @@
 //! Plain serde types over `DynamicObject`s: neither side needs a generated client, and fields
 //! added later are ignored on read.
 
+use crate::text::fnv64;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ApiResource, DynamicObject};
 use kube::core::GroupVersionKind;
@@ -75,13 +76,6 @@ pub fn member_label(node: &str) -> String {
         return format!("{MEMBER_LABEL_PREFIX}{node}");
     }
     format!("{MEMBER_LABEL_PREFIX}fnv-{:016x}", fnv64(node))
-}
-
-/// 64-bit FNV-1a: a stable short name for a text too long for a label or object name.
-pub(crate) fn fnv64(text: &str) -> u64 {
-    text.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
 }
 
 /// `fabricchecks.fabricgate.io/v1alpha1`.

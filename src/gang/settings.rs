@@ -1,7 +1,8 @@
 //! The `gang:` section: what `fabricgate admission-check` (the Kueue admission-check
 //! controller, docs/gangs.md) asks of a gang's nodes before Kueue releases it.
 
-use super::duration::{bounded_duration, parse_bounded_duration};
+use crate::config::duration::{bounded_duration, parse_bounded_duration};
+use crate::config::{Config, FeatureSection, Section};
 use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
@@ -197,8 +198,16 @@ impl GangSettings {
             attempt,
         }
     }
+}
 
-    pub(super) fn validate(&self) -> Result<()> {
+impl FeatureSection for GangSettings {
+    const KEY: &'static str = "gang";
+
+    fn section(config: &Config) -> &Section {
+        &config.gang
+    }
+
+    fn validate(&self) -> Result<()> {
         let bad = |key: &str, message: String| {
             Err(Error::ConfigValue {
                 key: format!("gang.{key}"),

@@ -9,8 +9,8 @@ use super::ring::{RingOutcome, assess_ring};
 use super::state::State;
 use super::watch::Stores;
 use super::{CheckSettings, RESERVATION_ANNOTATION};
-use crate::config::gang::{Escalation, GangSettings};
-use crate::node::fabriccheck::{self, CheckSpec, ENDPOINT_ANNOTATION, Member, WorkloadRef};
+use crate::gang::fabriccheck::{self, CheckSpec, ENDPOINT_ANNOTATION, Member, WorkloadRef};
+use crate::gang::settings::{Escalation, GangSettings};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
@@ -182,7 +182,7 @@ pub(super) fn next(
             action: Action::AlreadyWritten,
         };
     }
-    let gang_ns = &f.settings.config.gang.namespace;
+    let gang_ns = &f.settings.gang.namespace;
     let fc_name = model::fabric_check_name(
         &f.wl.namespace().unwrap_or_default(),
         &f.wl.name_any(),
@@ -216,13 +216,13 @@ pub(super) fn next(
     }
     let action = match prepare(f) {
         Ok(Prepared::Decided(d)) => {
-            Action::Write(d.escalate(f.pending.retry_count, &f.settings.config.gang))
+            Action::Write(d.escalate(f.pending.retry_count, &f.settings.gang))
         }
         Ok(Prepared::Ring(spec)) => Action::Create {
             name: fc_name,
             spec,
         },
-        Err(d) => Action::Write(d.escalate(f.pending.retry_count, &f.settings.config.gang)),
+        Err(d) => Action::Write(d.escalate(f.pending.retry_count, &f.settings.gang)),
     };
     Plan { stale, action }
 }
@@ -269,7 +269,7 @@ fn in_flight(
     spec: &CheckSpec,
     listed: Option<Vec<Arc<DynamicObject>>>,
 ) -> Action {
-    let gang = &f.settings.config.gang;
+    let gang = &f.settings.gang;
     let deadline: Option<Timestamp> = spec.deadline.parse().ok();
     let grace = SignedDuration::try_from(f.settings.grace()).unwrap_or_default();
     let decide_at = deadline.and_then(|d| d.checked_add(grace).ok());
@@ -365,7 +365,7 @@ fn prepare(f: &Facts<'_>) -> Result<Prepared, Decision> {
         .collect();
     // Without a topology assignment there are no nodes to ring-test: not Ready unless the
     // operator allows node validation alone.
-    if s.config.gang.require_topology
+    if s.gang.require_topology
         && let Some(message) = untopological_refusal(&assigned)
     {
         return Err(Decision::retry(message));
@@ -375,14 +375,14 @@ fn prepare(f: &Facts<'_>) -> Result<Prepared, Decision> {
         notes.push(flavor_nodes(f, podset, flavors, *count)?);
     }
     let gang = &assigned.nodes;
-    if gang.len() > s.config.gang.max_nodes {
+    if gang.len() > s.gang.max_nodes {
         return Err(Decision {
             state: "Rejected",
             ..Decision::retry(format!(
                 "the gang has {} nodes, more than gang.max_nodes ({}): the pre-flight cannot \
                  run on it; raise gang.max_nodes or split the job",
                 gang.len(),
-                s.config.gang.max_nodes
+                s.gang.max_nodes
             ))
         });
     }
@@ -424,9 +424,9 @@ fn prepare(f: &Facts<'_>) -> Result<Prepared, Decision> {
             uid: f.wl.uid().unwrap_or_default(),
         },
         members,
-        min_bandwidth_gbps: s.config.gang.min_bandwidth_gbps,
-        max_rtt_micros: s.config.gang.max_rtt_micros,
-        deadline: deadline_after(f.now, s.config.gang.timeout),
+        min_bandwidth_gbps: s.gang.min_bandwidth_gbps,
+        max_rtt_micros: s.gang.max_rtt_micros,
+        deadline: deadline_after(f.now, s.gang.timeout),
     }))
 }
 

@@ -1,7 +1,7 @@
 //! The objects the admission check reads and writes, as small serde views: Kueue's
 //! `Workload` (v1beta2: the admission checks' states, the quota reservation, the topology
 //! assignment). Only the fields used are modelled; everything else is ignored on read. The
-//! gang pre-flight's own resources are in `crate::node::fabriccheck`, shared with the agents.
+//! gang pre-flight's own resources are in `crate::gang::fabriccheck`, shared with the agents.
 
 use kube::api::ApiResource;
 use kube::core::GroupVersionKind;

@@ -3,9 +3,9 @@
 //! answers, and that nothing else is sent.
 
 use super::*;
-use crate::cluster::admission_check::metrics::CheckMetrics;
-use crate::cluster::admission_check::reconcile::pass;
-use crate::cluster::admission_check::state::State;
+use crate::gang::admission_check::metrics::CheckMetrics;
+use crate::gang::admission_check::reconcile::pass;
+use crate::gang::admission_check::state::State;
 use crate::node::tests::scripted::{self, Seen, Server, status};
 use http::Method;
 

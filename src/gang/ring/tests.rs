@@ -287,7 +287,7 @@ fn redteam_the_receiving_end_is_attested_from_the_receipts() {
 /// lowest bandwidth, and every rail.
 #[test]
 fn redteam_every_rail_must_pass() {
-    use crate::node::fabriccheck::RailResult;
+    use crate::gang::fabriccheck::RailResult;
     let rail = |dev: &str, rtt: f64, bw: f64, error: Option<&str>| RailResult {
         device: dev.into(),
         port: 1,

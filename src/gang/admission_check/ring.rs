@@ -2,7 +2,7 @@
 //! sender and attested by its receiver, within the floors asked for (`assess_ring`).
 
 use super::decide::list;
-use crate::node::fabriccheck::{CheckSpec, PairResult, Rdma};
+use crate::gang::fabriccheck::{CheckSpec, PairResult, Rdma};
 use std::fmt::Write as _;
 
 /// What the answers to a FabricCheck say about its ring (the check's state, `Ready` or
@@ -223,7 +223,7 @@ fn pair_problem(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::node::fabriccheck::{Member, Received};
+    use crate::gang::fabriccheck::{Member, Received};
     use std::time::Duration;
 
     struct St {

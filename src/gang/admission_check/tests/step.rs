@@ -2,8 +2,8 @@
 //! the clock and the settings alone.
 
 use super::*;
-use crate::cluster::admission_check::state::State;
-use crate::cluster::admission_check::step::{
+use crate::gang::admission_check::state::State;
+use crate::gang::admission_check::step::{
     self, Action, Decision, Facts, Plan, deadline_after, pending_check,
 };
 use k8s_openapi::jiff::Timestamp;
@@ -224,7 +224,7 @@ fn the_last_attempt_and_a_gang_over_max_nodes_are_rejected() {
     assert_eq!(written(plan(third)).requeue_after, Some(20));
 
     let mut s = settings();
-    s.config.gang.max_nodes = 2;
+    s.gang.max_nodes = 2;
     let d = written(plan_with(
         gang(3, "1"),
         &s,
@@ -286,7 +286,7 @@ fn pod_sets_without_topology_are_a_retry_unless_allowed() {
     );
 
     let mut allowed = settings();
-    allowed.config.gang.require_topology = false;
+    allowed.gang.require_topology = false;
     let with = |cache: Cache| {
         written(plan_with(
             cache,

@@ -2,7 +2,7 @@
 //! `gang.namespace`, and for each that names this node as a member and whose deadline has not
 //! passed, measure the next member of the ring once and fill this node's own answer, the
 //! `FabricCheckResult` named `<check uid>.<node>` that the controller created empty with the
-//! check (`crate::node::fabriccheck`). The agent never creates one.
+//! check (`crate::gang::fabriccheck`). The agent never creates one.
 //!
 //! It runs beside the probe loop and the Node writer and shares nothing with them but the
 //! usable ports and the peers key: measurements run on blocking threads, at most
@@ -16,12 +16,12 @@ mod receive;
 #[cfg(test)]
 mod tests;
 
-pub use crate::node::fabriccheck::{ENDPOINT_ANNOTATION, FabricCheck, Member, PairResult, Rdma};
+pub use crate::gang::fabriccheck::{ENDPOINT_ANNOTATION, FabricCheck, Member, PairResult, Rdma};
 pub use clock::ServerClock;
 pub use pair::{PairJob, measure_pair};
 
+use crate::gang::fabriccheck;
 use crate::node::WatchBackoff;
-use crate::node::fabriccheck;
 use fabricgate_probes::rdma::peer::{ExpectedPeers, Identity, KeyRing, LocalPort, Plan, Receipts};
 use futures::StreamExt;
 use k8s_openapi::jiff::Timestamp;

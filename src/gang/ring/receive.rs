@@ -4,7 +4,7 @@
 //! responder's [`Receipts`]): bytes landed and verified in its buffer, an authenticated
 //! greeting when there is no RDMA, or the failure. The controller requires both ends to agree.
 
-use crate::node::fabriccheck::{Rdma, Received, ReceivedRail};
+use crate::gang::fabriccheck::{Rdma, Received, ReceivedRail};
 use fabricgate_probes::rdma::peer::{Receipt, Receipts, Seen};
 use std::time::{Duration, Instant};
 

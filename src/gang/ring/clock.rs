@@ -87,7 +87,7 @@ impl ServerClock {
         namespace: &str,
         selector: &str,
     ) -> Result<SignedDuration, String> {
-        use crate::node::fabriccheck::{CHECK_PLURAL, GROUP, VERSION};
+        use crate::gang::fabriccheck::{CHECK_PLURAL, GROUP, VERSION};
         // Any answer carries the Date, an error too: the status is not looked at.
         // A label key's `/` is the one character of it a query must escape.
         let selector = selector.replace('/', "%2F");

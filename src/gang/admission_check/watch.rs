@@ -9,9 +9,9 @@ use super::model;
 use super::model::{PODSET_LABEL, TRANSPORT_CONDITION, WORKLOAD_ANNOTATION};
 use super::{CHECK_LABEL, CheckSettings, WATCH_TIMEOUT_SECS};
 use crate::cluster::slim_node;
-use crate::config::gang::AfterAdmission;
+use crate::gang::fabriccheck;
+use crate::gang::settings::AfterAdmission;
 use crate::node::WatchBackoff;
-use crate::node::fabriccheck;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod, PodSpec, PodStatus};
 use kube::ResourceExt;
@@ -115,7 +115,7 @@ impl Watched {
             None => Api::all_with(client.clone(), &wl),
         };
         let workloads = spawn_kept(workloads_api, wl, "", all(), "Workloads");
-        let gang_ns = &s.config.gang.namespace;
+        let gang_ns = &s.gang.namespace;
         let fc = fabriccheck::checks();
         let checks = spawn_kept(
             Api::namespaced_with(client.clone(), gang_ns, &fc),
@@ -224,7 +224,7 @@ fn watch_kueue_pods(
 ) -> (Store<Pod>, Option<JoinHandle<()>>) {
     let writer = Writer::new(());
     let pods = writer.as_reader();
-    if s.config.gang.after_admission != AfterAdmission::Requeue {
+    if s.gang.after_admission != AfterAdmission::Requeue {
         listed.store(true, Ordering::Release);
         return (pods, None);
     }

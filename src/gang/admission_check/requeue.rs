@@ -11,7 +11,7 @@ use super::model::{HOSTNAME_LABEL, WorkloadStatus};
 pub(super) use super::model::{TRANSPORT_CONDITION, WORKLOAD_ANNOTATION};
 use super::state::State;
 use super::step::Decision;
-use crate::config::gang::GangSettings;
+use crate::gang::settings::GangSettings;
 use crate::transport::verdict::is_sockets_reason;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::Timestamp;
