@@ -5,8 +5,9 @@
 //!
 //! [`Socket::open`] binds to a protocol's multicast groups; [`Socket::try_recv`] and
 //! [`Socket::recv_within`] read one datagram, kept only when the kernel sent it;
-//! [`Socket::request`] and [`Socket::dump`] send a request and hand each answer to the caller
-//! until the kernel says it is done. The framing ([`message`]) is pure and shared with the
+//! [`Socket::dump_streamed`] (the one way to ask; [`Socket::dump_datagrams`] keeps what it
+//! hands over) sends a request built with [`message::request`] and hands each reply datagram
+//! to the caller until the kernel says it is done: `NLMSG_DONE`, its errno, or a single answer. The framing ([`message`]) is pure and shared with the
 //! parsers. No `unsafe`: the socket calls are rustix's.
 
 pub mod message;
@@ -180,49 +181,6 @@ impl Socket {
         }
     }
 
-    /// Send a request of type `kind` (`flags` besides `NLM_F_REQUEST`) with `body`, and hand
-    /// `each` every answer to it, until `NLMSG_DONE`, an acknowledgement, or a single answer
-    /// (one without `NLM_F_MULTI`). Answers to earlier requests and notifications are skipped.
-    /// Bounded by `timeout`.
-    ///
-    /// # Errors
-    /// The kernel answered with an error (its errno), the answer was cut short (an overrun),
-    /// or none came within `timeout` (`TimedOut`).
-    pub fn request(
-        &mut self,
-        kind: u16,
-        flags: u16,
-        body: &[u8],
-        timeout: Duration,
-        mut each: impl FnMut(Message<'_>),
-    ) -> io::Result<()> {
-        let seq = self.next_seq();
-        let mut outcome = Ok(());
-        self.exchange(
-            &message::request(kind, flags, seq, body),
-            timeout,
-            |m| match m.status() {
-                Some(0) => true,
-                Some(errno) => {
-                    outcome = Err(io::Error::from_raw_os_error(errno));
-                    true
-                }
-                None if m.kind == NLMSG_ERROR => {
-                    outcome = Err(io::Error::new(
-                        io::ErrorKind::InvalidData,
-                        "netlink: an error message too short to read",
-                    ));
-                    true
-                }
-                None => {
-                    each(m);
-                    m.flags & NLM_F_MULTI == 0
-                }
-            },
-        )?;
-        outcome
-    }
-
     /// Send `request`, a whole message built by the caller (its sequence number is replaced
     /// by this socket's own), and return the kernel's reply datagrams as they came, up to
     /// and including the one that ends it (`NLMSG_DONE`, `NLMSG_ERROR`, or a single answer
@@ -245,8 +203,8 @@ impl Socket {
         Ok(datagrams)
     }
 
-    /// [`Self::dump_datagrams`] without keeping them: each reply datagram goes to `each` as it
-    /// comes, and `each` may end the wait early by answering `true` (the rest of the answer
+    /// The socket's one way to ask: [`Self::dump_datagrams`] without keeping them, each reply
+    /// datagram handed to `each` as it comes, and `each` may end the wait early by answering `true` (the rest of the answer
     /// is left unread: drop the socket then). What a dump holds is bounded by what `each`
     /// keeps, not by the kernel's answer.
     ///
@@ -264,60 +222,26 @@ impl Socket {
                 "netlink: a request shorter than its header",
             ));
         }
+        let seq = self.next_seq();
         let mut stamped = request.to_vec();
-        stamped[8..12].copy_from_slice(&self.next_seq().to_ne_bytes());
-        self.exchange_datagrams(&stamped, timeout, |datagram, ours| {
-            let last = ours
-                .iter()
-                .any(|m| matches!(m.kind, NLMSG_DONE | NLMSG_ERROR) || m.flags & NLM_F_MULTI == 0);
-            each(datagram) || last
-        })
+        stamped[8..12].copy_from_slice(&seq.to_ne_bytes());
+        self.send(&stamped)?;
+        let kind = message::u16_at(request, 4).unwrap_or_default();
+        let answer = Answer { kind, seq, timeout };
+        answer.receive(
+            |buf, left| self.recv_within(buf, left),
+            |datagram, ours| {
+                let last = ours.iter().any(|m| {
+                    matches!(m.kind, NLMSG_DONE | NLMSG_ERROR) || m.flags & NLM_F_MULTI == 0
+                });
+                each(datagram) || last
+            },
+        )
     }
 
     fn next_seq(&mut self) -> u32 {
         self.seq = self.seq.wrapping_add(1).max(1);
         self.seq
-    }
-
-    /// Send `request` and hand `each` every message of the answer (the messages with its
-    /// sequence number) until `each` says the answer is complete.
-    fn exchange(
-        &mut self,
-        request: &[u8],
-        timeout: Duration,
-        mut each: impl FnMut(Message<'_>) -> bool,
-    ) -> io::Result<()> {
-        self.exchange_datagrams(request, timeout, |_, ours| ours.iter().any(|m| each(*m)))
-    }
-
-    /// The one receive loop: send `request`, then hand `each` every kernel datagram that
-    /// answers it (with its messages of the request's sequence number) until `each` says the
-    /// answer is complete. Bounded by `timeout`.
-    fn exchange_datagrams(
-        &mut self,
-        request: &[u8],
-        timeout: Duration,
-        each: impl FnMut(&[u8], &[Message<'_>]) -> bool,
-    ) -> io::Result<()> {
-        let seq = message::u32_at(request, 8).unwrap_or_default();
-        let kind = message::u16_at(request, 4).unwrap_or_default();
-        self.send(request)?;
-        let answer = Answer { kind, seq, timeout };
-        answer.receive(|buf, left| self.recv_within(buf, left), each)
-    }
-
-    /// [`Self::request`] with `NLM_F_DUMP`: every object of the kind.
-    ///
-    /// # Errors
-    /// As [`Self::request`].
-    pub fn dump(
-        &mut self,
-        kind: u16,
-        body: &[u8],
-        timeout: Duration,
-        each: impl FnMut(Message<'_>),
-    ) -> io::Result<()> {
-        self.request(kind, NLM_F_DUMP, body, timeout, each)
     }
 }
 
@@ -444,31 +368,39 @@ mod tests {
             return;
         };
         for _ in 0..2 {
-            let mut names = Vec::new();
-            socket
-                .dump(RTM_GETLINK, &IFINFOMSG, Duration::from_secs(5), |m| {
-                    assert_eq!(m.kind, RTM_NEWLINK);
-                    let ifname = attributes(m.body.get(16..).unwrap_or_default())
-                        .find(|a| a.kind == 3)
-                        .map(|a| String::from_utf8_lossy(a.value).into_owned());
-                    names.extend(ifname);
-                })
+            let request = message::request(RTM_GETLINK, NLM_F_DUMP, 0, &IFINFOMSG);
+            let datagrams = socket
+                .dump_datagrams(&request, Duration::from_secs(5))
                 .unwrap();
+            let mut names = Vec::new();
+            for m in datagrams.iter().flat_map(|d| messages(d)) {
+                if m.kind == NLMSG_DONE {
+                    continue;
+                }
+                assert_eq!(m.kind, RTM_NEWLINK);
+                let ifname = attributes(m.body.get(16..).unwrap_or_default())
+                    .find(|a| a.kind == 3)
+                    .map(|a| String::from_utf8_lossy(a.value).into_owned());
+                names.extend(ifname);
+            }
             assert!(names.iter().any(|n| n == "lo\0"), "{names:?}");
         }
     }
 
-    /// The kernel's error comes back as the errno: a request type rtnetlink does not know.
+    /// The kernel's refusal ends the answer and carries its errno: a request type rtnetlink
+    /// does not know.
     #[test]
     fn a_refused_request_is_the_kernels_errno() {
         let Some(mut socket) = route_socket(0) else {
             return;
         };
-        let got = socket.request(0x7ff0, NLM_F_ACK, &[], Duration::from_secs(5), |m| {
-            panic!("no answer expected: {m:?}")
-        });
-        let e = got.unwrap_err();
-        assert!(e.raw_os_error().is_some(), "{e:?}");
+        let request = message::request(0x7ff0, NLM_F_ACK, 0, &[]);
+        let datagrams = socket
+            .dump_datagrams(&request, Duration::from_secs(5))
+            .unwrap();
+        let last = datagrams.last().and_then(|d| messages(d).last()).unwrap();
+        assert_eq!(last.kind, NLMSG_ERROR, "{last:?}");
+        assert!(last.status().is_some_and(|errno| errno > 0), "{last:?}");
     }
 
     /// Another process in the agent's network namespace (a pod with `CAP_NET_ADMIN` on the
