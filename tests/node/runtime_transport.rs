@@ -24,6 +24,11 @@
 //!   (inside realnode-2's podCIDR), streams ~5 MB/s; `reader`, pulling ~5 MB/s from a
 //!   "storage" server at 10.0.9.2 (realnode-2's Node address); and their peer `ckpt-1` on
 //!   realnode-2. Neither is ever `sockets`; both show their TCP as `other_tcp_bytes`;
+//! - job `hnet`, `hostNetwork` (the node's own namespace, shared with the agent and every
+//!   other host process): `hnet-0` pushes ~5 MB/s to its peer `hnet-1` on realnode-2, whose
+//!   addresses are its Node's (10.0.9.2) → `sockets`; `hnet-quiet`, of the same job and the same
+//!   namespace, moves nothing → never `sockets` (a host-network pod's TCP is its own
+//!   processes' sockets, not its namespace's);
 //! - pod `quiet` (requests the resource, moves nothing): judged, never `sockets`;
 //! - pod `web` (no RDMA resource) pushing the same TCP: never judged (no condition, no series);
 //! - the agent's own pod, which requests the RDMA resource too: never judged.
@@ -63,6 +68,8 @@ const SECONDARY_PEER: &str = "192.168.50.2";
 /// The mnet job's peer's primary address (never reached: its traffic is on the secondary).
 const MNET_PEER_IP: &str = "10.244.9.6";
 const SINK_PORT: u16 = 7100;
+/// Where the hostNetwork job's pod pushes, on its peer's Node address.
+const HOSTNET_PORT: u16 = 7300;
 const STORAGE_PORT: u16 = 7200;
 const LISTEN_PORT: u16 = 29500;
 /// `runtime.window` of this scenario (the least allowed: 5 s).
@@ -153,6 +160,13 @@ fn pod_spec(command: Value, rdma: bool) -> Value {
         "nodeSelector": { "kubernetes.io/hostname": "realnode-1" },
         "containers": [container(command, rdma)],
     })
+}
+
+/// [`pod_spec`] on the node's own network.
+fn host_network_spec(command: Value) -> Value {
+    let mut spec = pod_spec(command, false);
+    spec["hostNetwork"] = json!(true);
+    spec
 }
 
 /// What a test thread in the remote network namespace does with its connections.
@@ -759,6 +773,7 @@ fn scenario(node: &RealNode, image: &str) -> Result<(), String> {
     let remote = Remote::start(node)?;
     let sink = Player::start(&remote.netns(), PEER_IP, SINK_PORT, Role::Sink)?;
     let storage = Player::start(&remote.netns(), OTHER_IP, STORAGE_PORT, Role::Source)?;
+    let host_sink = Player::start(&remote.netns(), OTHER_IP, HOSTNET_PORT, Role::Sink)?;
     let other = json!({
         "apiVersion": "v1", "kind": "Node",
         "metadata": { "name": OTHER_NODE },
@@ -769,6 +784,11 @@ fn scenario(node: &RealNode, image: &str) -> Result<(), String> {
 
     let ckpt = json!({ "training.kubeflow.org/job-name": "ckpt", "fabricgate-test/judge": "yes" });
     let mnet = json!({ "training.kubeflow.org/job-name": "mnet", "fabricgate-test/judge": "yes" });
+    let hnet = json!({ "training.kubeflow.org/job-name": "hnet", "fabricgate-test/judge": "yes" });
+    let mut hnet_pusher = hnet.clone();
+    hnet_pusher["app"] = json!("hnet-0");
+    let mut hnet_peer = remote_pod("hnet-1", hnet.clone());
+    hnet_peer["spec"]["hostNetwork"] = json!(true);
     let objects = [
         json!({ "apiVersion": "v1", "kind": "Namespace", "metadata": { "name": NS } }),
         // Blocks any eviction of the Job's pod until relaxed below.
@@ -776,6 +796,12 @@ fn scenario(node: &RealNode, image: &str) -> Result<(), String> {
             "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
             "metadata": { "name": "llm", "namespace": NS },
             "spec": { "minAvailable": 1, "selector": { "matchLabels": { "app": "llm" } } },
+        }),
+        // Keeps hnet-0 (on sockets, evict_after later) for the looks below.
+        json!({
+            "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": { "name": "hnet-0", "namespace": NS },
+            "spec": { "minAvailable": 1, "selector": { "matchLabels": { "app": "hnet-0" } } },
         }),
         json!({
             "apiVersion": "batch/v1", "kind": "Job",
@@ -816,6 +842,17 @@ fn scenario(node: &RealNode, image: &str) -> Result<(), String> {
             // hang in SYN retries for minutes).
             "spec": pod_spec(push_command_on(SECONDARY_PEER, SINK_PORT, Some("net1")), false),
         }),
+        json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": { "name": "hnet-0", "namespace": NS, "labels": hnet_pusher },
+            "spec": host_network_spec(push_command(OTHER_IP, HOSTNET_PORT)),
+        }),
+        json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": { "name": "hnet-quiet", "namespace": NS, "labels": hnet },
+            "spec": host_network_spec(json!(["sleep", "3600"])),
+        }),
+        hnet_peer,
         remote_pod("llm-peer", json!({ "batch.kubernetes.io/job-name": "llm" })),
         remote_pod("ckpt-1", ckpt.clone()),
         remote_pod(
@@ -841,6 +878,8 @@ fn scenario(node: &RealNode, image: &str) -> Result<(), String> {
         ("ckpt-1", CKPT_PEER_IP),
         ("intruder", INTRUDER_IP),
         ("rank-1", MNET_PEER_IP),
+        // On its node's network: its address is the Node's.
+        ("hnet-1", OTHER_IP),
     ] {
         let status = json!({ "status": { "phase": "Running", "podIP": ip,
             "podIPs": [{ "ip": ip }], "hostIP": OTHER_IP, "hostIPs": [{ "ip": OTHER_IP }] } });
@@ -856,9 +895,17 @@ fn scenario(node: &RealNode, image: &str) -> Result<(), String> {
             &status.to_string(),
         ])?;
     }
-    let here = ["quiet", "web", "listener", "reader", "rank-0"];
+    let here = [
+        "quiet",
+        "web",
+        "listener",
+        "reader",
+        "rank-0",
+        "hnet-0",
+        "hnet-quiet",
+    ];
     wait_for(
-        "the Job's pod, quiet, web, listener, reader and rank-0 running",
+        "the Job's pod, quiet, web, listener, reader, rank-0, hnet-0 and hnet-quiet running",
         Duration::from_secs(120),
         || {
             job_pod(node).is_some_and(|p| running(&p))
@@ -966,6 +1013,34 @@ fn scenario(node: &RealNode, image: &str) -> Result<(), String> {
         "figure: rank-0 pushing TCP to its peer over a macvlan secondary network (network-status {SECONDARY_PEER}) -> False/SocketsFallback: {message}"
     );
 
+    // hostNetwork: bulk TCP from the node's own namespace to its job's peer, a host-network
+    // pod on realnode-2 (its addresses its Node's): sockets.
+    wait_for("hnet-0 False/SocketsFallback", bound, || {
+        pod(node, "hnet-0")
+            .and_then(|p| transport_condition(&p))
+            .is_some_and(|(s, r, _)| s == "False" && r == "SocketsFallback")
+    })
+    .map_err(|e| {
+        format!(
+            "{e}: hnet-0 (hostNetwork) moved {} bytes to its peer's Node address {OTHER_IP}; its condition {:?}\n{}",
+            host_sink.total(),
+            pod(node, "hnet-0").and_then(|p| transport_condition(&p)),
+            agent_logs(node)
+        )
+    })?;
+    let message = pod(node, "hnet-0")
+        .and_then(|p| transport_condition(&p))
+        .map(|(_, _, m)| m)
+        .unwrap_or_default();
+    if !message.contains("with 1 peer") {
+        return Err(format!(
+            "hnet-0's condition does not name its one peer: {message}"
+        ));
+    }
+    println!(
+        "figure: hnet-0 (hostNetwork) pushing TCP to its peer's Node address -> False/SocketsFallback: {message}"
+    );
+
     // The Event on the pod and on its Job.
     wait_for("TransportFallback on the pod and on the Job", SLACK, || {
         events(node, "TransportFallback", "Pod", &trainer_name).len() == 1
@@ -1020,6 +1095,30 @@ fn scenario(node: &RealNode, image: &str) -> Result<(), String> {
             .iter()
             .filter(|l| l.starts_with("fabricgate_pod_transport") && l.ends_with(" 1"))
             .collect::<Vec<_>>()
+    );
+    // hnet-quiet shares hnet-0's namespace (the node's) and its job, and moves nothing: its
+    // TCP is its own processes' sockets, so hnet-0's stream is not its.
+    let hnet_moved = host_sink.total();
+    if hnet_moved < TCP_MIN * WINDOW.as_secs() * u64::from(CONFIRM) {
+        return Err(format!(
+            "hnet-0 moved only {hnet_moved} bytes: it would not show that hnet-quiet is told apart"
+        ));
+    }
+    let lines = series(&metrics, "hnet-quiet");
+    let condition = pod(node, "hnet-quiet").and_then(|p| transport_condition(&p));
+    let sockets = format!(
+        "fabricgate_pod_transport{{namespace=\"{NS}\",pod=\"hnet-quiet\",transport=\"sockets\"}} 1"
+    );
+    if lines.is_empty()
+        || lines.contains(&sockets)
+        || condition.as_ref().is_some_and(|(s, _, _)| s == "False")
+    {
+        return Err(format!(
+            "hnet-quiet (hostNetwork beside hnet-0's {hnet_moved} bytes, moving nothing) judged sockets, or not judged: {lines:?} {condition:?}"
+        ));
+    }
+    println!(
+        "figure: hnet-quiet (hostNetwork, same job and namespace as hnet-0, {hnet_moved} bytes moved beside it): condition {condition:?}"
     );
     // Bulk TCP with what is not the job: another job's pod streaming into the listener, the
     // storage server feeding the reader. Judged, shown, never sockets.
@@ -1157,6 +1256,7 @@ fn scenario(node: &RealNode, image: &str) -> Result<(), String> {
     }
     println!("figure: eviction requests (user, code): {evictions:?}");
     drop(sink);
+    drop(host_sink);
     drop(secondary_sink);
     drop(secondary);
     drop(remote);
