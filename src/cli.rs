@@ -15,18 +15,8 @@ use std::path::{Path, PathBuf};
 /// The section's [`crate::config::FeatureSection::of`] errors.
 pub fn checked(config: Config, path: &Path) -> Result<Config> {
     use crate::config::FeatureSection;
-    let sections = || -> Result<()> {
-        crate::transport::settings::RuntimeSettings::of(&config)?;
-        crate::gang::settings::GangSettings::of(&config)?;
-        Ok(())
-    };
-    sections().map_err(|e| match e {
-        Error::ConfigParse { message, .. } => Error::ConfigParse {
-            path: path.to_owned(),
-            message,
-        },
-        other => other,
-    })?;
+    crate::transport::settings::RuntimeSettings::of(&config).map_err(|e| e.in_config_file(path))?;
+    crate::gang::settings::GangSettings::of(&config).map_err(|e| e.in_config_file(path))?;
     Ok(config)
 }
 
@@ -216,14 +206,10 @@ impl PreflightArgs {
         match &self.requirements {
             Some(text) => {
                 let path = Path::new("$FABRICGATE_REQUIREMENTS");
-                let config = Config::parse(text).map_err(|e| match e {
-                    Error::ConfigParse { message, .. } => Error::ConfigParse {
-                        path: path.to_owned(),
-                        message,
-                    },
-                    other => other,
-                })?;
-                checked(config, path)
+                checked(
+                    Config::parse(text).map_err(|e| e.in_config_file(path))?,
+                    path,
+                )
             }
             None => self.probe.load_config(),
         }

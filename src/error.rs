@@ -105,6 +105,19 @@ fn object_hint(e: &kube::Error) -> &'static str {
 }
 
 impl Error {
+    /// A parse error of the requirements text, now naming the file (or variable) it came from;
+    /// any other error as it is.
+    #[must_use]
+    pub fn in_config_file(self, path: &std::path::Path) -> Self {
+        match self {
+            Self::ConfigParse { message, .. } => Self::ConfigParse {
+                path: path.to_owned(),
+                message,
+            },
+            other => other,
+        }
+    }
+
     /// Bounded, stable label for metrics and logs.
     pub fn metric_label(&self) -> &'static str {
         match self {

@@ -87,13 +87,7 @@ impl Config {
     /// out of range.
     pub fn load(path: &Path) -> Result<Self> {
         let text = read_config_file(path)?;
-        let mut config = Self::parse(&text).map_err(|e| match e {
-            Error::ConfigParse { message, .. } => Error::ConfigParse {
-                path: path.to_owned(),
-                message,
-            },
-            other => other,
-        })?;
+        let mut config = Self::parse(&text).map_err(|e| e.in_config_file(path))?;
         pool::apply_pool_file(&mut config, path)?;
         Ok(config)
     }

@@ -606,8 +606,11 @@ fn name_of(pod: &Value) -> String {
     pod["metadata"]["name"].as_str().unwrap_or("").to_owned()
 }
 
+/// A pod's `fabricgate.io/TransportReady` as (status, reason, message).
+type TransportCondition = (String, String, String);
+
 /// The pod's `fabricgate.io/TransportReady` as (status, reason, message).
-fn transport_condition(pod: &Value) -> Option<(String, String, String)> {
+fn transport_condition(pod: &Value) -> Option<TransportCondition> {
     node_condition(pod, CONDITION).map(|c| {
         let s = |k: &str| c[k].as_str().unwrap_or("").to_owned();
         (s("status"), s("reason"), s("message"))
@@ -653,6 +656,31 @@ fn agent_metrics(node: &RealNode) -> Result<String, String> {
             String::from_utf8_lossy(&out.stderr)
         ))
     }
+}
+
+/// The series of pod `name` on the agent's `/metrics` and its condition, when it is judged
+/// (it has series) and not on sockets (no `sockets` series, the condition not `False`);
+/// otherwise what it shows, with `what` of the pod.
+fn judged_not_sockets(
+    node: &RealNode,
+    metrics: &str,
+    name: &str,
+    what: &str,
+) -> Result<(Vec<String>, Option<TransportCondition>), String> {
+    let lines = series(metrics, name);
+    let condition = pod(node, name).and_then(|p| transport_condition(&p));
+    let sockets = format!(
+        "fabricgate_pod_transport{{namespace=\"{NS}\",pod=\"{name}\",transport=\"sockets\"}} 1"
+    );
+    if lines.is_empty()
+        || lines.contains(&sockets)
+        || condition.as_ref().is_some_and(|(s, _, _)| s == "False")
+    {
+        return Err(format!(
+            "{name} ({what}) judged sockets, or not judged: {lines:?} {condition:?}"
+        ));
+    }
+    Ok((lines, condition))
 }
 
 fn series(metrics: &str, pod: &str) -> Vec<String> {
@@ -1098,31 +1126,24 @@ fn scenario(node: &RealNode, image: &str) -> Result<(), String> {
     );
     // hnet-quiet shares hnet-0's namespace (the node's) and its job, and moves nothing: its
     // TCP is its own processes' sockets, so hnet-0's stream is not its.
+    let enough = TCP_MIN * WINDOW.as_secs() * u64::from(CONFIRM);
     let hnet_moved = host_sink.total();
-    if hnet_moved < TCP_MIN * WINDOW.as_secs() * u64::from(CONFIRM) {
+    if hnet_moved < enough {
         return Err(format!(
             "hnet-0 moved only {hnet_moved} bytes: it would not show that hnet-quiet is told apart"
         ));
     }
-    let lines = series(&metrics, "hnet-quiet");
-    let condition = pod(node, "hnet-quiet").and_then(|p| transport_condition(&p));
-    let sockets = format!(
-        "fabricgate_pod_transport{{namespace=\"{NS}\",pod=\"hnet-quiet\",transport=\"sockets\"}} 1"
-    );
-    if lines.is_empty()
-        || lines.contains(&sockets)
-        || condition.as_ref().is_some_and(|(s, _, _)| s == "False")
-    {
-        return Err(format!(
-            "hnet-quiet (hostNetwork beside hnet-0's {hnet_moved} bytes, moving nothing) judged sockets, or not judged: {lines:?} {condition:?}"
-        ));
-    }
+    let (_, condition) = judged_not_sockets(
+        node,
+        &metrics,
+        "hnet-quiet",
+        &format!("hostNetwork beside hnet-0's {hnet_moved} bytes, moving nothing"),
+    )?;
     println!(
         "figure: hnet-quiet (hostNetwork, same job and namespace as hnet-0, {hnet_moved} bytes moved beside it): condition {condition:?}"
     );
     // Bulk TCP with what is not the job: another job's pod streaming into the listener, the
     // storage server feeding the reader. Judged, shown, never sockets.
-    let enough = TCP_MIN * WINDOW.as_secs() * u64::from(CONFIRM);
     for (name, moved) in [
         ("listener", intruder.total()),
         ("reader", storage.with(reader_ip)),
@@ -1132,19 +1153,12 @@ fn scenario(node: &RealNode, image: &str) -> Result<(), String> {
                 "only {moved} bytes moved with {name}: it would not show that TCP outside its job never decides"
             ));
         }
-        let lines = series(&metrics, name);
-        let condition = pod(node, name).and_then(|p| transport_condition(&p));
-        let sockets = format!(
-            "fabricgate_pod_transport{{namespace=\"{NS}\",pod=\"{name}\",transport=\"sockets\"}} 1"
-        );
-        if lines.is_empty()
-            || lines.contains(&sockets)
-            || condition.as_ref().is_some_and(|(s, _, _)| s == "False")
-        {
-            return Err(format!(
-                "{name} ({moved} bytes with addresses outside its job) judged sockets, or not judged: {lines:?} {condition:?}"
-            ));
-        }
+        let (lines, condition) = judged_not_sockets(
+            node,
+            &metrics,
+            name,
+            &format!("{moved} bytes with addresses outside its job"),
+        )?;
         let other = lines
             .iter()
             .find(|l| l.starts_with("fabricgate_pod_other_tcp_bytes_total{"))

@@ -7,8 +7,9 @@
 //! [`Socket::recv_within`] read one datagram, kept only when the kernel sent it;
 //! [`Socket::dump_streamed`] (the one way to ask; [`Socket::dump_datagrams`] keeps what it
 //! hands over) sends a request built with [`message::request`] and hands each reply datagram
-//! to the caller until the kernel says it is done: `NLMSG_DONE`, its errno, or a single answer. The framing ([`message`]) is pure and shared with the
-//! parsers. No `unsafe`: the socket calls are rustix's.
+//! to the caller until the kernel says it is done: `NLMSG_DONE`, its errno, or a single
+//! answer. The framing ([`message`]) is pure and shared with the parsers. No `unsafe`: the
+//! socket calls are rustix's.
 
 pub mod message;
 
@@ -204,9 +205,9 @@ impl Socket {
     }
 
     /// The socket's one way to ask: [`Self::dump_datagrams`] without keeping them, each reply
-    /// datagram handed to `each` as it comes, and `each` may end the wait early by answering `true` (the rest of the answer
-    /// is left unread: drop the socket then). What a dump holds is bounded by what `each`
-    /// keeps, not by the kernel's answer.
+    /// datagram handed to `each` as it comes; `each` may end the wait early by answering
+    /// `true` (the rest of the answer is left unread: drop the socket then). What a dump holds
+    /// is bounded by what `each` keeps, not by the kernel's answer.
     ///
     /// # Errors
     /// As [`Self::dump_datagrams`].
