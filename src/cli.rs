@@ -17,6 +17,9 @@ pub fn checked(config: Config, path: &Path) -> Result<Config> {
     use crate::config::FeatureSection;
     crate::transport::settings::RuntimeSettings::of(&config).map_err(|e| e.in_config_file(path))?;
     crate::gang::settings::GangSettings::of(&config).map_err(|e| e.in_config_file(path))?;
+    crate::checks::registered()
+        .validate(&config)
+        .map_err(|e| e.in_config_file(path))?;
     Ok(config)
 }
 
@@ -539,9 +542,6 @@ impl ProbeArgs {
         ProbeConfig {
             verbs: self.verbs.into(),
             storage: config.storage_config(),
-            netdev: fabricgate_probes::netdev::NetdevConfig {
-                interfaces: config.fallback.netdevs.clone(),
-            },
             selftest: SelftestConfig {
                 schedule: config.rdma.selftest_schedule(),
                 timeout: config.rdma.selftest_timeout(),
@@ -556,6 +556,7 @@ impl ProbeArgs {
             counter_names: Default::default(),
             // The device-plugin and own-mount checks are the agent's (`run`), about its pod.
             host: Default::default(),
+            collectors: crate::checks::registered().collectors(config),
         }
     }
 }

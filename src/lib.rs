@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 pub mod agent;
+pub mod checks;
 pub mod cli;
 pub mod cluster;
 pub mod command;

@@ -1,5 +1,7 @@
 //! All of fabricgate's hardware and OS knowledge: RDMA devices (sysfs and verbs), mounts and
 //! Lustre. Synchronous and free of Kubernetes; every path comes from one [`Roots`].
+//! [`Prober::probe`] runs the built-in probes, then each registered [`collect::Collector`]
+//! (the agent's list, `src/checks/`).
 //!
 //! `unsafe` is denied here and allowed on one module only, `rdma::verbs` (the libibverbs
 //! wrapper), where every block carries a `// SAFETY:` comment (clippy enforces it).
@@ -7,6 +9,7 @@
 #![deny(unsafe_code)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+pub mod collect;
 pub mod error;
 pub mod events;
 pub mod gpudirect;
@@ -34,8 +37,6 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 pub struct ProbeConfig {
     pub verbs: rdma::VerbsMode,
     pub storage: storage::StorageConfig,
-    /// Interfaces whose TCP-path byte counters are read (the fallback detector's input).
-    pub netdev: netdev::NetdevConfig,
     pub selftest: SelftestConfig,
     /// GPU ↔ HCA topology, ACS, peer memory and transport settings.
     pub gpudirect: gpudirect::GpudirectConfig,
@@ -49,6 +50,8 @@ pub struct ProbeConfig {
     pub counter_names: rdma::sysfs::CounterNames,
     /// The device plugins' sockets and device nodes, and the container's own mounts.
     pub host: host::HostConfig,
+    /// The registered subsystems' probes, run after the built-in ones in this order.
+    pub collectors: Vec<collect::NewCollector>,
 }
 
 /// The default of `rdma.counters_interval` for a probe interval: every probe when probes are
@@ -104,8 +107,6 @@ pub struct ProbeReport {
     pub timestamp: f64,
     pub rdma: rdma::RdmaReport,
     pub storage: storage::StorageReport,
-    /// TCP-path byte counters of the configured (or physical) network interfaces.
-    pub netdevs: Vec<netdev::NetdevReport>,
     /// GPUs, their nearest HCAs, ACS on the paths, peer memory, port MTUs and ECN.
     pub gpudirect: gpudirect::GpudirectReport,
     pub timings: ProbeTimings,
@@ -113,6 +114,9 @@ pub struct ProbeReport {
     /// into findings and agent errors).
     #[serde(skip)]
     pub host: host::HostReport,
+    /// What each registered [`collect::Collector`] found, under its name.
+    #[serde(flatten)]
+    pub facts: collect::Facts,
 }
 
 /// Wall time of each probe kind, for `fabricgate_probe_duration_seconds{probe=...}`.
@@ -121,8 +125,17 @@ pub struct ProbeTimings {
     pub rdma_sysfs_seconds: f64,
     pub rdma_verbs_seconds: f64,
     pub storage_seconds: f64,
-    pub netdev_seconds: f64,
     pub gpudirect_seconds: f64,
+    /// Each registered collector's, as `<name>_seconds`.
+    #[serde(flatten)]
+    pub collected: BTreeMap<String, f64>,
+}
+
+impl ProbeTimings {
+    /// The wall time of collector `name` in this probe, when it ran.
+    pub fn collected(&self, name: &str) -> Option<f64> {
+        self.collected.get(&format!("{name}_seconds")).copied()
+    }
 }
 
 /// Holds the state that must outlive a single probe (the statfs workers that may be stuck on a
@@ -134,13 +147,14 @@ pub struct Prober {
     /// The RDMA attribute files, kept open between probes.
     sysfs: rdma::sysfs::SysfsReader,
     gpudirect: gpudirect::GpudirectReader,
-    netdev: netdev::NetdevReader,
     /// When the RDMA counters (and the other slow attributes) were last read (drives
     /// `counters_interval`).
     counters_read: Option<Instant>,
     /// Probes completed so far (drives `every N probes`).
     probes: u64,
     ports: BTreeMap<(String, u32), PortMemory>,
+    /// Made from [`ProbeConfig::collectors`].
+    collectors: Vec<Box<dyn collect::Collector>>,
 }
 
 impl Prober {
@@ -148,16 +162,17 @@ impl Prober {
         let storage = storage::StorageProber::new(config.storage.clone());
         let sysfs =
             rdma::sysfs::SysfsReader::with_counter_names(&roots, config.counter_names.clone());
+        let collectors = config.collectors.iter().map(|c| c.make(&roots)).collect();
         Self {
             sysfs,
             gpudirect: gpudirect::GpudirectReader::new(&roots, config.gpudirect.clone()),
-            netdev: netdev::NetdevReader::new(&roots, config.netdev.clone()),
             counters_read: None,
             roots,
             config,
             storage,
             probes: 0,
             ports: BTreeMap::new(),
+            collectors,
         }
     }
 
@@ -202,20 +217,27 @@ impl Prober {
         let storage = self.storage.probe(&self.roots);
         timings.storage_seconds = started.elapsed().as_secs_f64();
 
-        let started = Instant::now();
-        let netdevs = self.netdev.probe();
-        timings.netdev_seconds = started.elapsed().as_secs_f64();
-
         let host = host::check(&self.config.host, &self.roots, &rdma, &storage);
-        ProbeReport {
+        let mut report = ProbeReport {
             timestamp,
             rdma,
             storage,
-            netdevs,
             gpudirect,
             timings,
             host,
+            facts: collect::Facts::default(),
+        };
+        for collector in &mut self.collectors {
+            let started = Instant::now();
+            let name = collector.name();
+            let fact = collector.collect(&self.roots, &report).from_probe(name);
+            report
+                .timings
+                .collected
+                .insert(format!("{name}_seconds"), started.elapsed().as_secs_f64());
+            report.facts.insert(collector.key(), fact);
         }
+        report
     }
 
     /// Only the RDMA ports' `state` and `phys_state`, re-read through the files the last probe

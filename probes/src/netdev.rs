@@ -5,6 +5,8 @@
 //! RDMA traffic offloaded to the HCA does not pass the kernel's network stack, so these
 //! counters hold the TCP/IP path only, even on the netdev of a RoCE port.
 
+use crate::ProbeReport;
+use crate::collect::{Collector, Fact};
 use crate::roots::Roots;
 use crate::sysfs_io::{AttrBuf, KeptAttr, list_dir};
 use serde::Serialize;
@@ -33,6 +35,44 @@ pub struct NetdevReport {
     pub rx_bytes: Option<u64>,
     pub tx_bytes: Option<u64>,
     pub errors: Vec<String>,
+}
+
+/// The collector's name: its `probe` label and timing (`netdev_seconds`).
+pub const NAME: &str = "netdev";
+/// Its key in the report (`check`'s JSON).
+pub const KEY: &str = "netdevs";
+
+/// The interfaces this probe read (none when the netdev collector did not run).
+pub fn reports(report: &ProbeReport) -> &[NetdevReport] {
+    report
+        .facts
+        .get::<Vec<NetdevReport>>(KEY)
+        .map_or(&[], Vec::as_slice)
+}
+
+/// Put `netdevs` in `report` as the collector would have (a report built or changed in code).
+pub fn set_reports(report: &mut ProbeReport, netdevs: Vec<NetdevReport>) {
+    report.facts.insert(KEY, fact(netdevs).from_probe(NAME));
+}
+
+/// The fact of one probe: the interfaces, and their errors as the probe's.
+fn fact(netdevs: Vec<NetdevReport>) -> Fact {
+    let errors = netdevs.iter().flat_map(|n| n.errors.clone()).collect();
+    Fact::new(netdevs).with_errors(errors)
+}
+
+impl Collector for NetdevReader {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn key(&self) -> &'static str {
+        KEY
+    }
+
+    fn collect(&mut self, _roots: &Roots, _report: &ProbeReport) -> Fact {
+        fact(self.probe())
+    }
 }
 
 /// Read the configured interfaces, or every physical one when none is configured, once.

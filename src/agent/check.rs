@@ -58,7 +58,7 @@ pub fn to_json(report: &ProbeReport, verdict: &Verdict) -> Value {
         "ready": verdict.placement.ready,
         "reasons": messages(&verdict.placement.findings),
     });
-    json!({
+    let mut doc = json!({
         "ready": verdict.ready,
         "reasons": verdict.reasons(),
         "warnings": verdict.warnings(),
@@ -71,7 +71,36 @@ pub fn to_json(report: &ProbeReport, verdict: &Verdict) -> Value {
         "conditions": verdict.conditions,
         "timestamp": report.timestamp,
         "timings": report.timings,
-    })
+    });
+    if let Value::Object(map) = &mut doc {
+        add_subsystems(map, report, verdict);
+    }
+    doc
+}
+
+/// The registered subsystems (src/checks/): each fact under its key, and each part of the
+/// verdict merged into its name's object as for `rdma` (`ready`, `required`, `reasons`,
+/// `warnings`; a fact that is not an object is then its `value`).
+fn add_subsystems(
+    doc: &mut serde_json::Map<String, Value>,
+    report: &ProbeReport,
+    verdict: &Verdict,
+) {
+    for (key, fact) in report.facts.iter() {
+        doc.insert(key.to_owned(), json!(fact));
+    }
+    for (name, part) in &verdict.checks {
+        let entry = doc.entry(*name).or_insert_with(|| json!({}));
+        if !entry.is_object() {
+            *entry = json!({ "value": entry.take() });
+        }
+        if let Value::Object(map) = entry {
+            map.insert("ready".into(), json!(part.part.ready));
+            map.insert("required".into(), json!(part.required));
+            map.insert("reasons".into(), json!(messages(&part.part.findings)));
+            map.insert("warnings".into(), json!(messages(&part.part.warnings)));
+        }
+    }
 }
 
 fn messages(findings: &[crate::policy::Finding]) -> Vec<&str> {

@@ -131,7 +131,7 @@ impl Agent {
         let (metrics, pod_metrics) = Metrics::with_config_and(&config, |live| {
             transport.enabled.then(|| PodMetrics::register(live))
         });
-        let metrics = Arc::new(metrics);
+        let metrics = Arc::new(crate::checks::registered().metrics(metrics));
         let peers =
             peers_from_args(args, &config, &node_name, client.as_ref(), roots, &metrics).await?;
         Ok(Self {
@@ -421,7 +421,7 @@ async fn judge_resuming(
     reconciler: &Reconciler,
     mut stop: watch::Receiver<bool>,
 ) -> Judge {
-    let mut judge = Judge::new(config);
+    let mut judge = Judge::new(config).with_checks(crate::checks::registered().checks());
     let resumed = tokio::select! {
         v = reconciler.validated_on_node() => v,
         () = wait_stop(&mut stop) => false,

@@ -17,7 +17,7 @@ pub(super) fn check(args: &CheckArgs) -> Result<u8> {
     let roots = args.probe.roots()?;
     let mut prober = Prober::new(roots.clone(), args.probe.probe_config(&config));
     let report = prober.probe();
-    let verdict = policy::evaluate(&report, &config);
+    let verdict = policy::evaluate_checked(&report, &config, &crate::checks::registered().checks());
     // The pods section is for a person; the exit code stays the node's.
     let pods = (args.pods == OnOff::On).then(|| {
         let node = args

@@ -68,6 +68,9 @@ pub struct Config {
     /// Which pods of the node are judged at run time: RDMA or sockets (runtime transport's
     /// own section: `transport::settings`).
     pub runtime: Section,
+    /// The registered subsystems' own sections, by name (`checks.<name>`; each read by its
+    /// subsystem in src/checks/, an unknown name refused at load).
+    pub checks: std::collections::BTreeMap<String, Section>,
 }
 
 /// A wrong value of the requirements file at `key`, and what to give instead.

@@ -49,29 +49,40 @@ pub trait FeatureSection: DeserializeOwned + Default {
     /// [`Error::ConfigParse`] for an unknown key or a wrong type (the message starts with the
     /// section's key), [`Error::ConfigValue`] for a value out of range.
     fn of(config: &Config) -> Result<Self> {
-        let Section(yaml) = Self::section(config);
-        let settings = if yaml.is_null() {
-            Self::default()
-        } else {
-            serde_path_to_error::deserialize(yaml.clone()).map_err(|e| {
-                let key = match e.path().to_string().as_str() {
-                    "." => Self::KEY.to_owned(),
-                    path => format!("{}.{path}", Self::KEY),
-                };
-                let inner = e.into_inner().to_string();
-                // A bounded duration already names its key (`config::duration`).
-                let message = if inner.starts_with(&format!("{key}:")) {
-                    inner
-                } else {
-                    format!("{key}: {inner}")
-                };
-                Error::ConfigParse {
-                    path: Default::default(),
-                    message,
-                }
-            })?
-        };
+        let settings: Self = Self::section(config).read(Self::KEY)?;
         settings.validate()?;
         Ok(settings)
+    }
+}
+
+impl Section {
+    /// The section as a `T`, the section being at `key` in the file: `T`'s defaults where it is
+    /// absent.
+    ///
+    /// # Errors
+    /// [`Error::ConfigParse`] for an unknown key or a wrong type, the message starting with
+    /// the key path of the wrong value (`checks.hugepages.min_free`).
+    pub fn read<T: DeserializeOwned + Default>(&self, key: &str) -> Result<T> {
+        let Section(yaml) = self;
+        if yaml.is_null() {
+            return Ok(T::default());
+        }
+        serde_path_to_error::deserialize(yaml.clone()).map_err(|e| {
+            let key = match e.path().to_string().as_str() {
+                "." => key.to_owned(),
+                path => format!("{key}.{path}"),
+            };
+            let inner = e.into_inner().to_string();
+            // A bounded duration already names its key (`config::duration`).
+            let message = if inner.starts_with(&format!("{key}:")) {
+                inner
+            } else {
+                format!("{key}: {inner}")
+            };
+            Error::ConfigParse {
+                path: Default::default(),
+                message,
+            }
+        })
     }
 }

@@ -130,7 +130,7 @@ impl FallbackDetector {
         let mut tcp_netdevs = 0usize;
         let mut tcp_delta = 0u64;
         let mut seen_tcp = Vec::new();
-        for nd in &report.netdevs {
+        for nd in fabricgate_probes::netdev::reports(report) {
             let mut counted = false;
             for (tx, bytes) in [(true, nd.tx_bytes), (false, nd.rx_bytes)] {
                 let Some(bytes) = bytes else { continue };
@@ -220,7 +220,7 @@ mod tests {
         counters.insert("port_xmit_data".into(), rdma_words);
         counters.insert("port_rcv_data".into(), rdma_words);
         port.counters_timestamp = Some(t);
-        ProbeReport {
+        let mut report = ProbeReport {
             timestamp: t,
             rdma: RdmaReport {
                 subsystem_present: true,
@@ -232,16 +232,19 @@ mod tests {
                 ..RdmaReport::default()
             },
             storage: StorageReport::default(),
-            netdevs: vec![NetdevReport {
-                name: "eth0".into(),
-                rx_bytes: Some(tcp_bytes),
-                tx_bytes: Some(0),
-                errors: Vec::new(),
-            }],
             gpudirect: Default::default(),
             timings: ProbeTimings::default(),
             host: Default::default(),
-        }
+            facts: Default::default(),
+        };
+        let eth0 = NetdevReport {
+            name: "eth0".into(),
+            rx_bytes: Some(tcp_bytes),
+            tx_bytes: Some(0),
+            errors: Vec::new(),
+        };
+        fabricgate_probes::netdev::set_reports(&mut report, vec![eth0]);
+        report
     }
 
     fn config(window_s: u64) -> Config {

@@ -33,6 +33,8 @@ pub enum Cause {
     /// The requirements were written for other hardware: RDMA devices exist, none matches
     /// `rdma.devices`.
     ConfigMismatch,
+    /// A registered subsystem cannot read what it judges (its `agent_problems`).
+    SubsystemUnreadable,
 }
 
 impl Cause {
@@ -45,6 +47,7 @@ impl Cause {
             Self::NoDeviceAccess => "no_device_access",
             Self::MissingOwnMount => "missing_own_mount",
             Self::ConfigMismatch => "config_mismatch",
+            Self::SubsystemUnreadable => "subsystem_unreadable",
         }
     }
 
@@ -53,6 +56,8 @@ impl Cause {
         match self {
             Self::NoDeviceAccess | Self::ConfigMismatch => &[Scope::Rdma],
             Self::MissingOwnMount => &[Scope::Lustre],
+            // The subsystem's own part already says so (check::CheckVerdict).
+            Self::SubsystemUnreadable => &[],
             Self::OutOfDescriptors | Self::OutOfMemory | Self::ProbeStalled => {
                 &[Scope::Rdma, Scope::Lustre]
             }
@@ -111,8 +116,8 @@ fn error_texts(report: &ProbeReport) -> Vec<&str> {
             out.push(&m.message);
         }
     }
-    for nd in &report.netdevs {
-        out.extend(nd.errors.iter().map(String::as_str));
+    for (_, fact) in report.facts.iter() {
+        out.extend(fact.errors().iter().map(String::as_str));
     }
     out
 }
@@ -238,6 +243,24 @@ pub fn config_mismatch(report: &ProbeReport, config: &Config) -> Option<AgentFau
     })
 }
 
+/// A registered subsystem that cannot read what it judges: its part says `AgentError`
+/// already; this makes it the agent's fault for the hysteresis and the taint gate too.
+pub fn subsystem_unreadable(verdict: &Verdict) -> Option<AgentFault> {
+    let problems: Vec<String> = verdict
+        .checks
+        .iter()
+        .flat_map(|(name, c)| c.agent_problems.iter().map(move |p| format!("{name}: {p}")))
+        .collect();
+    (!problems.is_empty()).then(|| AgentFault {
+        cause: Cause::SubsystemUnreadable,
+        message: format!(
+            "fabricgate agent error: {}; this says nothing about the node; fix: give the agent's \
+             container what the message names",
+            problems.join("; ")
+        ),
+    })
+}
+
 /// Required mounts reported missing whose top-level directory does not exist in the agent's
 /// own file system (the probe's host report): the container was not given the host directory,
 /// so "missing" is the agent's blindness, not the node's.
@@ -280,7 +303,7 @@ pub fn verdict(mut v: Verdict, fault: &AgentFault, config: &Config) -> Verdict {
                     .insert(format!("{prefix}lustre.ready"), "false".into());
             }
             // The agent's own faults are about the fabric probes and its mounts only.
-            Scope::Gpudirect | Scope::Placement => {}
+            Scope::Gpudirect | Scope::Placement | Scope::Check(_) => {}
         }
     }
     for c in &mut v.conditions {

@@ -135,6 +135,7 @@ mod tests {
             conditions: vec![condition("FabricReady", ready, "FabricValidated", &[&part])],
             keep_taint: false,
             device_taints: Vec::new(),
+            checks: Default::default(),
         }
     }
 

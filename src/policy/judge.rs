@@ -16,6 +16,7 @@
 //! ([`crate::policy::breaker::taint_decision`]).
 
 use super::agent_fault::{self, AgentFault};
+use super::check::Checks;
 use super::device_plugin;
 use super::dra::{self, DeviceHysteresis, DraFacts, RulesState};
 use super::{Finding, Hysteresis, Scope, Verdict, evaluate, evaluate_with, unvalidated_taint};
@@ -68,6 +69,8 @@ pub struct Judge {
     devices: DeviceHysteresis,
     /// The DRA facts of the last full judgment, for the event path.
     last_dra: Option<DraFacts>,
+    /// The registered subsystems, judged with the hardware.
+    checks: Checks,
 }
 
 impl Judge {
@@ -77,7 +80,14 @@ impl Judge {
             hysteresis: Hysteresis::new(config),
             devices: DeviceHysteresis::default(),
             last_dra: None,
+            checks: Checks::default(),
         }
+    }
+
+    /// With the registered subsystems' policy sides (the agent's one list of them).
+    pub fn with_checks(mut self, checks: Checks) -> Self {
+        self.checks = checks;
+        self
     }
 
     /// Continue a validation an earlier agent run recorded on the Node.
@@ -104,12 +114,12 @@ impl Judge {
         own_mounts.extend(dra.own_problems);
         self.last_dra = facts.dra.cloned();
         let mut instant = if in_use_ports == 0 {
-            evaluate_with(facts.report, config, &plugin_findings)
+            evaluate_with(facts.report, config, &plugin_findings, &self.checks)
         } else {
             // The ports of HCAs a claim holds serve that pod: the node is judged on the rest.
             let mut rest = config.clone();
             rest.rdma.min_active_ports = rest.rdma.min_active_ports.saturating_sub(in_use_ports);
-            evaluate_with(facts.report, &rest, &plugin_findings)
+            evaluate_with(facts.report, &rest, &plugin_findings, &self.checks)
         };
         instant.rdma.part.warnings.extend(dra.warnings);
         let dra_in_use = config.kubernetes.dra.enabled().then_some(dra.in_use);
@@ -121,7 +131,8 @@ impl Judge {
             .filter(|f| {
                 !(f.cause == agent_fault::Cause::NoDeviceAccess && host.incomplete_device_set)
             })
-            .or_else(|| agent_fault::config_mismatch(facts.report, config));
+            .or_else(|| agent_fault::config_mismatch(facts.report, config))
+            .or_else(|| agent_fault::subsystem_unreadable(&instant));
         // The agent's own trouble neither taints nor untaints a device.
         let device_taints = match &fault {
             None => self.devices.apply(&dra.taints, config.node.recover_after),
@@ -189,7 +200,7 @@ impl Judge {
     ///   full judgment's slices): `last` with those device taints, when they differ from its;
     /// - otherwise `None`. An event never untaints a device.
     pub fn port_event(&mut self, patched: &ProbeReport, last: &Verdict) -> Option<Verdict> {
-        let instant = evaluate(patched, &self.config);
+        let instant = evaluate_with(patched, &self.config, &[], &self.checks);
         let bad = dra::assess(patched, self.last_dra.as_ref(), &self.config).taints;
         if !instant.ready {
             let mut verdict = self.hysteresis.apply(instant);

@@ -2,6 +2,7 @@
 
 pub mod agent_fault;
 pub mod breaker;
+pub mod check;
 pub mod device_plugin;
 pub mod dra;
 mod gpudirect;
@@ -40,6 +41,22 @@ pub enum Scope {
     Lustre,
     Gpudirect,
     Placement,
+    /// A registered subsystem's ([`check::NodeCheck`]), by its name.
+    #[serde(untagged)]
+    Check(&'static str),
+}
+
+impl Scope {
+    /// As the `scope` label of `fabricgate_findings` and in `check`'s JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Rdma => "rdma",
+            Self::Lustre => "lustre",
+            Self::Gpudirect => "gpudirect",
+            Self::Placement => "placement",
+            Self::Check(name) => name,
+        }
+    }
 }
 
 /// One problem found, with a machine-readable code (the Node condition's reason).
@@ -152,32 +169,38 @@ pub struct Verdict {
     /// only by the [`judge::Judge`], after its device hysteresis.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub device_taints: Vec<dra::DeviceTaint>,
+    /// The registered subsystems' parts ([`check::NodeCheck`]), by name.
+    #[serde(flatten)]
+    pub checks: BTreeMap<&'static str, check::CheckVerdict>,
 }
 
 impl Verdict {
     /// One human sentence per problem, RDMA first.
     pub fn reasons(&self) -> Vec<String> {
-        self.rdma
-            .part
-            .findings
-            .iter()
-            .chain(&self.lustre.findings)
-            .chain(&self.gpudirect.part.findings)
-            .chain(&self.placement.findings)
+        self.parts()
+            .flat_map(|p| &p.findings)
             .map(|f| f.message.clone())
             .collect()
     }
 
     pub fn warnings(&self) -> Vec<String> {
-        self.rdma
-            .part
-            .warnings
-            .iter()
-            .chain(&self.lustre.warnings)
-            .chain(&self.gpudirect.part.warnings)
-            .chain(&self.placement.warnings)
+        self.parts()
+            .flat_map(|p| &p.warnings)
             .map(|f| f.message.clone())
             .collect()
+    }
+
+    /// Every part of the verdict: RDMA, Lustre, GPUDirect, placement, then the registered
+    /// subsystems' in name order.
+    pub fn parts(&self) -> impl Iterator<Item = &PartVerdict> {
+        [
+            &self.rdma.part,
+            &self.lustre,
+            &self.gpudirect.part,
+            &self.placement,
+        ]
+        .into_iter()
+        .chain(self.checks.values().map(|c| &c.part))
     }
 }
 
@@ -193,7 +216,12 @@ pub fn unvalidated_taint(config: &Config) -> Taint {
 
 /// Judge one probe report against the requirements, with no memory of earlier probes.
 pub fn evaluate(report: &ProbeReport, config: &Config) -> Verdict {
-    evaluate_with(report, config, &[])
+    evaluate_with(report, config, &[], &check::Checks::default())
+}
+
+/// [`evaluate`] with the registered subsystems judged too (what `check` and `preflight` give).
+pub fn evaluate_checked(report: &ProbeReport, config: &Config, checks: &check::Checks) -> Verdict {
+    evaluate_with(report, config, &[], checks)
 }
 
 /// Reason of the findings about the Node's device-plugin resources (`kubernetes.rdma_resources`).
@@ -202,8 +230,14 @@ pub const DEVICE_PLUGIN_UNAVAILABLE: &str = "DevicePluginUnavailable";
 /// [`evaluate`], plus what the agent's own Node object shows (device-plugin resources,
 /// [`crate::policy::device_plugin::device_plugin_findings`]): those findings make the RDMA part not ready after
 /// the hardware's own findings, so a healthy fabric with a dead plugin is not ready and the
-/// condition names the resource.
-pub fn evaluate_with(report: &ProbeReport, config: &Config, node_findings: &[Finding]) -> Verdict {
+/// condition names the resource. Each registered subsystem judges its own fact; a required
+/// one that does not pass makes the node not ready and names itself in `FabricReady`.
+pub fn evaluate_with(
+    report: &ProbeReport,
+    config: &Config,
+    node_findings: &[Finding],
+    checks: &check::Checks,
+) -> Verdict {
     let mut rdma = evaluate_rdma(&report.rdma, &report.gpudirect.transport, config);
     if !node_findings.is_empty() {
         rdma.part.ready = false;
@@ -211,7 +245,11 @@ pub fn evaluate_with(report: &ProbeReport, config: &Config, node_findings: &[Fin
     }
     let lustre = evaluate_lustre(report, config);
     let gpudirect = evaluate_gpudirect(&report.gpudirect, config);
-    let ready = rdma.part.ready && lustre.ready && gpudirect.part.ready;
+    let judged = check::judge_all(checks, report, config);
+    let ready = rdma.part.ready
+        && lustre.ready
+        && gpudirect.part.ready
+        && judged.iter().all(|j| j.verdict.part.ready);
     let prefix = &config.node.label_prefix;
 
     let mut labels = BTreeMap::new();
@@ -260,6 +298,7 @@ pub fn evaluate_with(report: &ProbeReport, config: &Config, node_findings: &[Fin
     if let Some(rails) = &gpudirect.rails {
         put_label(&mut labels, format!("{prefix}rails"), rails);
     }
+    check::put_labels(&mut labels, prefix, &judged);
 
     let taints = if ready {
         Vec::new()
@@ -267,13 +306,10 @@ pub fn evaluate_with(report: &ProbeReport, config: &Config, node_findings: &[Fin
         vec![unvalidated_taint(config)]
     };
 
+    let mut fabric_parts = vec![&rdma.part, &lustre, &gpudirect.part];
+    fabric_parts.extend(judged.iter().map(|j| &j.verdict.part));
     let mut conditions = vec![
-        condition(
-            "FabricReady",
-            ready,
-            "FabricValidated",
-            &[&rdma.part, &lustre, &gpudirect.part],
-        ),
+        condition("FabricReady", ready, "FabricValidated", &fabric_parts),
         condition(
             "RDMAReady",
             rdma.part.ready,
@@ -295,6 +331,7 @@ pub fn evaluate_with(report: &ProbeReport, config: &Config, node_findings: &[Fin
             &[&gpudirect.part],
         ));
     }
+    conditions.extend(judged.iter().map(check::Judged::condition));
 
     Verdict {
         ready,
@@ -307,6 +344,7 @@ pub fn evaluate_with(report: &ProbeReport, config: &Config, node_findings: &[Fin
         conditions,
         keep_taint: false,
         device_taints: Vec::new(),
+        checks: judged.into_iter().map(|j| (j.name, j.verdict)).collect(),
     }
 }
 

@@ -47,10 +47,10 @@ fn report(devices: Vec<DeviceReport>) -> ProbeReport {
             errors: Vec::new(),
         },
         storage: StorageReport::default(),
-        netdevs: Vec::new(),
         gpudirect: Default::default(),
         timings: ProbeTimings::default(),
         host: Default::default(),
+        facts: Default::default(),
     }
 }
 

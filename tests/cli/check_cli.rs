@@ -87,6 +87,33 @@ fn roce_storage_ports_count_with_their_netdev_and_gid() {
     assert_eq!(json["labels"]["fabricgate.io/rdma.rate-gbps"], "200");
 }
 
+/// The TCP path's counters (a registered subsystem, src/checks/netdev) under their key, with
+/// their probe's timing; a collected fact never becomes a part of the verdict it has none of.
+#[test]
+fn the_tcp_paths_counters_show_under_netdevs_with_their_timing() {
+    let (code, json) = check_json("ndr-8x400-healthy", Some(ALL_TEN));
+    assert_eq!(code, 0, "{json:#}");
+    let names: Vec<&str> = json["netdevs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["name"].as_str().unwrap())
+        .collect();
+    // No `fallback.netdevs`: the physical interfaces (eth0 is under devices/virtual/).
+    assert_eq!(names, ["ens10f0np0", "ens11f0np0"]);
+    assert!(
+        json["netdevs"][0]["rx_bytes"].is_u64(),
+        "{:#}",
+        json["netdevs"]
+    );
+    assert!(
+        json["timings"]["netdev_seconds"].is_f64(),
+        "{:#}",
+        json["timings"]
+    );
+    assert!(json["netdevs"].get("ready").is_none());
+}
+
 /// Each broken scenario: the exit code, the reason that must appear, and the port count.
 #[test]
 fn every_failure_scenario_gives_its_reason() {

@@ -4,7 +4,7 @@
 use fabricgate::config::Config;
 use fabricgate::observe::metrics::Metrics;
 use fabricgate::policy;
-use fabricgate_probes::netdev::NetdevConfig;
+use fabricgate_probes::netdev;
 use fabricgate_probes::rdma::VerbsMode;
 use fabricgate_probes::{ProbeConfig, ProbeReport, ProbeTimings, Prober, Roots};
 use std::io::{Read, Write};
@@ -28,7 +28,7 @@ pub fn ndr_requirements() -> Config {
 pub fn probe_fixture(node: &Path, timestamp: f64) -> ProbeReport {
     let config = ProbeConfig {
         verbs: VerbsMode::Off,
-        netdev: NetdevConfig::default(),
+        collectors: fabricgate::checks::registered().collectors(&Config::default()),
         counter_names: fabricgate::observe::metrics::counters_read(),
         ..ProbeConfig::default()
     };
@@ -40,8 +40,8 @@ pub fn probe_fixture(node: &Path, timestamp: f64) -> ProbeReport {
         rdma_sysfs_seconds: 0.0042,
         rdma_verbs_seconds: 0.0,
         storage_seconds: 0.0007,
-        netdev_seconds: 0.0001,
         gpudirect_seconds: 0.0003,
+        collected: [("netdev_seconds".to_owned(), 0.0001)].into(),
     };
     report
 }
@@ -72,14 +72,17 @@ pub fn unhealthy_metrics() -> Metrics {
     let (metrics, pods) = Metrics::with_config_and(&config, |live| {
         Some(fabricgate::transport::metrics::PodMetrics::register(live))
     });
+    let metrics = fabricgate::checks::registered().metrics(metrics);
     let node = committed_fixture("ndr-port-down");
     let t0 = 1_700_000_000.0;
     let window = config.fallback.window.as_secs();
     for (i, t) in [(0, t0), (1, t0 + window as f64)] {
         let mut report = probe_fixture(&node, t);
-        for nd in &mut report.netdevs {
+        let mut netdevs = netdev::reports(&report).to_vec();
+        for nd in &mut netdevs {
             nd.rx_bytes = nd.rx_bytes.map(|b| b + i * 200_000_000 * window);
         }
+        netdev::set_reports(&mut report, netdevs);
         let mut hung = mount_report("/lustre/scratch", MountStatus::Hung, None, None);
         hung.message = "statfs started 5s ago has still not returned".into();
         report.storage.mounts.push(hung);
@@ -248,6 +251,11 @@ pub fn set_counters_timestamp(report: &mut ProbeReport, timestamp: f64) {
     {
         port.counters_timestamp = Some(timestamp);
     }
+}
+
+/// The agent's metrics: the built-in families and every registered subsystem's.
+pub fn agent_metrics(config: &Config) -> Metrics {
+    fabricgate::checks::registered().metrics(Metrics::with_config(config))
 }
 
 /// Record one probe of the fixture into `metrics`.

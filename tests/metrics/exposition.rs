@@ -50,7 +50,7 @@ pub(crate) fn check_golden(name: &str, got: &str) {
 /// The example GPU node (8 x NDR InfiniBand + 2 RoCE storage ports) and its requirements.
 fn fixture_metrics() -> Metrics {
     let config = ndr_requirements();
-    let metrics = Metrics::with_config(&config);
+    let metrics = common::agent_metrics(&config);
     record_fixture(
         &metrics,
         &committed_fixture("ndr-8x400-healthy"),
@@ -63,7 +63,7 @@ fn fixture_metrics() -> Metrics {
 fn small_node_metrics() -> (tempfile::TempDir, Metrics) {
     let tmp = tempfile::tempdir().unwrap();
     write_node(tmp.path(), Shape::SMALL, 1);
-    let metrics = Metrics::new();
+    let metrics = common::agent_metrics(&Config::default());
     record_fixture(&metrics, tmp.path(), &Config::default(), 1_700_000_000.0);
     (tmp, metrics)
 }
@@ -365,8 +365,8 @@ fn not_ready_node_exports_its_findings_and_down_port() {
 #[test]
 fn counters_never_go_backwards_across_a_kernel_reset() {
     let tmp = tempfile::tempdir().unwrap();
-    let metrics = Metrics::new();
     let config = Config::default();
+    let metrics = common::agent_metrics(&config);
     let series = r#"fabricgate_rdma_port_transmit_bytes_total{device="mlx5_0",port="1"}"#;
     let netdev = r#"fabricgate_netdev_receive_bytes_total{device="eth0"}"#;
     let mut last = (0.0, 0.0);
@@ -421,12 +421,13 @@ fn fallback_gauge_rises_when_tcp_is_busy_and_rdma_idle() {
         report.timestamp = 10.0 * i as f64;
         common::set_counters_timestamp(&mut report, 10.0 * i as f64);
         // RDMA counters frozen (but read on every probe); eth0 moves 2 GB every 10 s.
-        report
-            .netdevs
+        let mut netdevs = fabricgate_probes::netdev::reports(&report).to_vec();
+        netdevs
             .iter_mut()
             .find(|n| n.name == "eth0")
             .unwrap()
             .rx_bytes = Some(2_000_000_000 * i);
+        fabricgate_probes::netdev::set_reports(&mut report, netdevs);
         let verdict = policy::evaluate(&report, &config);
         metrics.record_probe(&report, &verdict);
     }

@@ -81,6 +81,7 @@ const FLOORS: &[(&str, &[&str])] = &[
     ("policy", &["config", "error", "text"]),
     ("peers", &["config", "error", "text", "policy"]),
     ("observe", &["config", "error", "text", "policy", "peers"]),
+    ("checks", &["config", "error", "text", "policy", "observe"]),
     ("node", &["config", "error", "text", "policy", "observe"]),
     (
         "cluster",
@@ -89,7 +90,9 @@ const FLOORS: &[(&str, &[&str])] = &[
     ("pod", &["config", "error", "text", "policy", "observe"]),
     (
         "cli",
-        &["config", "error", "text", "policy", "observe", "pod"],
+        &[
+            "config", "error", "text", "policy", "observe", "checks", "pod",
+        ],
     ),
     (
         "harness",
@@ -100,14 +103,15 @@ const FLOORS: &[(&str, &[&str])] = &[
     (
         "agent",
         &[
-            "cli", "config", "error", "text", "policy", "peers", "observe", "node", "harness",
+            "cli", "config", "error", "text", "policy", "peers", "observe", "checks", "node",
+            "harness",
         ],
     ),
     (
         "command",
         &[
-            "cli", "config", "error", "text", "policy", "peers", "observe", "node", "pod",
-            "cluster", "harness", "agent",
+            "cli", "config", "error", "text", "policy", "peers", "observe", "checks", "node",
+            "pod", "cluster", "harness", "agent",
         ],
     ),
 ];

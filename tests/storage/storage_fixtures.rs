@@ -323,10 +323,10 @@ fn every_mount_status_maps_to_its_finding_code() {
             mounts,
             ..StorageReport::default()
         },
-        netdevs: Vec::new(),
         gpudirect: Default::default(),
         timings: Default::default(),
         host: Default::default(),
+        facts: Default::default(),
     };
     let v = policy::evaluate(&report, &config);
     let codes: Vec<&str> = v.lustre.findings.iter().map(|f| f.code).collect();

@@ -56,6 +56,7 @@ fn verdict(ready: bool) -> Verdict {
         ],
         keep_taint: false,
         device_taints: Vec::new(),
+        checks: Default::default(),
     }
 }
 

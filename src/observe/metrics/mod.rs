@@ -8,12 +8,14 @@
 //! resets (driver reload, `perfquery -R`) or wraps becomes a step of zero-or-more, so
 //! `rate()` is never negative and no increase is lost across the reset.
 
+mod checks;
 mod http;
 mod record;
 mod register;
 #[cfg(test)]
 mod tests;
 
+pub use checks::CheckMetrics;
 pub use http::{
     exposition_response, health_response, negotiate, router, serve, serve_with_limits,
     wants_openmetrics,
@@ -91,8 +93,9 @@ pub fn counters_read() -> fabricgate_probes::rdma::sysfs::CounterNames {
     }
 }
 
-/// The `probe` label values of the duration histogram and the error counter.
-pub const PROBE_KINDS: &[&str] = &["rdma_sysfs", "rdma_verbs", "storage", "netdev", "gpudirect"];
+/// The built-in `probe` label values of the duration histogram and the error counter (each
+/// registered subsystem adds its own, src/checks/).
+pub const PROBE_KINDS: &[&str] = &["rdma_sysfs", "rdma_verbs", "storage", "gpudirect"];
 
 /// The `kind` label values of `fabricgate_node_writes_total`.
 pub const NODE_WRITE_KINDS: &[&str] = &["labels", "taint", "conditions", "event"];
@@ -122,11 +125,6 @@ struct PortCounterLabels {
     device: String,
     port: u32,
     counter: &'static str,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct DeviceLabels {
-    device: String,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -226,9 +224,6 @@ struct Families {
     port_errors: Family<PortCounterLabels, Counter>,
     port_hw: Family<PortCounterLabels, Counter>,
 
-    netdev_rx_bytes: Family<DeviceLabels, Counter>,
-    netdev_tx_bytes: Family<DeviceLabels, Counter>,
-
     mount_up: Family<MountLabels, Gauge>,
     mount_hung: Family<MountLabels, Gauge>,
     mount_statfs_seconds: Family<MountLabels, GaugeF64>,
@@ -269,14 +264,11 @@ struct Readers {
     port_rx: HashMap<PortLabels, Monotonic>,
     port_errors: HashMap<PortCounterLabels, Monotonic>,
     port_hw: HashMap<PortCounterLabels, Monotonic>,
-    netdev_rx: HashMap<DeviceLabels, Monotonic>,
-    netdev_tx: HashMap<DeviceLabels, Monotonic>,
     /// Each port's `counters_timestamp` when its counters were last added: between two reads
     /// (`rdma.counters_interval`) a report carries the same values, which add nothing.
     port_counters_added: HashMap<PortLabels, f64>,
-    /// When each RDMA device / netdev was last in a report (stale-series pruning).
+    /// When each RDMA device was last in a report (stale-series pruning).
     rdma_seen: HashMap<String, std::time::Instant>,
-    netdev_seen: HashMap<String, std::time::Instant>,
     /// Series of a device absent for longer than this are dropped (`--stale-series-grace`).
     series_grace: std::time::Duration,
 }
@@ -313,6 +305,8 @@ pub struct Metrics {
     live: Registry,
     /// `/metrics` encoded once per change (src/exposition.rs).
     exposition: crate::observe::exposition::Cache,
+    /// The registered subsystems' own families (src/checks/).
+    checks: Vec<checks::Registered>,
 }
 
 impl Default for Metrics {

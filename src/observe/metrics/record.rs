@@ -1,75 +1,16 @@
-//! Recording a probe: the verdict, port, netdev, mount and GPUDirect series, and the kernel
+//! Recording a probe: the verdict, port, mount and GPUDirect series, and the kernel
 //! counters behind their reset-proof accumulators.
 
 use super::{
-    DeviceLabels, ERROR_COUNTERS, EcnLabels, FindingLabels, GpuPairLabels, HW_COUNTERS, Metrics,
-    MountLabels, PortCounterLabels, PortInfoLabels, PortLabels, ProbeLabels, Readers, ReasonLabels,
+    ERROR_COUNTERS, EcnLabels, FindingLabels, GpuPairLabels, HW_COUNTERS, Metrics, MountLabels,
+    PortCounterLabels, PortInfoLabels, PortLabels, ProbeLabels, Readers, ReasonLabels,
     set_optional,
 };
-use crate::observe::counters::Monotonic;
-use crate::policy::{Scope, Verdict};
+use crate::observe::counters::{accumulate, drop_series, expire};
+use crate::policy::Verdict;
 use fabricgate_probes::ProbeReport;
 use fabricgate_probes::rdma::PortReport;
 use fabricgate_probes::storage::{MountStatus, StorageReport};
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use std::collections::HashMap;
-use std::hash::Hash;
-
-/// Remember who was seen now and return the names unseen for longer than `grace`.
-fn expire(
-    seen: &mut HashMap<String, std::time::Instant>,
-    present: impl Iterator<Item = String>,
-    now: std::time::Instant,
-    grace: std::time::Duration,
-) -> Vec<String> {
-    for name in present {
-        seen.insert(name, now);
-    }
-    let gone: Vec<String> = seen
-        .iter()
-        .filter(|(_, t)| now.saturating_duration_since(**t) > grace)
-        .map(|(n, _)| n.clone())
-        .collect();
-    for n in &gone {
-        seen.remove(n);
-    }
-    gone
-}
-
-/// Drop the series (and their accumulators) whose labels `is_gone`.
-fn drop_series<L: Clone + Hash + Eq + EncodeLabelSet + std::fmt::Debug>(
-    family: &Family<L, Counter>,
-    readers: &mut HashMap<L, Monotonic>,
-    is_gone: impl Fn(&L) -> bool,
-) {
-    readers.retain(|labels, _| {
-        if is_gone(labels) {
-            family.remove(labels);
-            false
-        } else {
-            true
-        }
-    });
-}
-
-/// Add the increase of one kernel counter read to its exported counter.
-fn accumulate<L: Clone + Hash + Eq + EncodeLabelSet + std::fmt::Debug>(
-    family: &Family<L, Counter>,
-    readers: &mut HashMap<L, Monotonic>,
-    labels: L,
-    raw: u64,
-) {
-    let delta = match readers.get_mut(&labels) {
-        Some(m) => m.observe(raw),
-        None => {
-            readers.insert(labels.clone(), Monotonic::starting_at(raw));
-            raw
-        }
-    };
-    family.get_or_create(&labels).inc_by(delta);
-}
 
 impl Metrics {
     /// Record one completed probe and its verdict; the first call makes `/readyz` answer 200.
@@ -86,7 +27,6 @@ impl Metrics {
         let mut st = self.lock();
         self.record_verdict(verdict);
         let (errors_sysfs, errors_verbs) = self.record_rdma(report, &mut st);
-        let errors_netdev = self.record_netdevs(report, &mut st);
         let errors_storage = self.record_mounts(&report.storage);
         let t = &report.timings;
         let verbs_ran = report.rdma.verbs.is_some();
@@ -94,7 +34,6 @@ impl Metrics {
             ("rdma_sysfs", t.rdma_sysfs_seconds, true, errors_sysfs),
             ("rdma_verbs", t.rdma_verbs_seconds, verbs_ran, errors_verbs),
             ("storage", t.storage_seconds, true, errors_storage),
-            ("netdev", t.netdev_seconds, true, errors_netdev),
             (
                 "gpudirect",
                 t.gpudirect_seconds,
@@ -134,21 +73,10 @@ impl Metrics {
             drop_series(&f.port_hw, &mut st.port_hw, counter_gone);
             st.port_counters_added.retain(|l, _| !port_gone(l));
         }
-        let gone = expire(
-            &mut st.netdev_seen,
-            report.netdevs.iter().map(|n| n.name.clone()),
-            now,
-            grace,
-        );
-        if !gone.is_empty() {
-            let dev_gone = |l: &DeviceLabels| gone.contains(&l.device);
-            drop_series(&f.netdev_rx_bytes, &mut st.netdev_rx, dev_gone);
-            drop_series(&f.netdev_tx_bytes, &mut st.netdev_tx, dev_gone);
-        }
-
         f.fallback_suspected.set(i64::from(fallback.suspected));
         set_optional(&f.fallback_tcp_rate, fallback.tcp_bytes_per_second);
         set_optional(&f.fallback_rdma_rate, fallback.rdma_bytes_per_second);
+        self.record_checks(report, verdict, grace);
         drop(st);
         self.health.probe_completed();
     }
@@ -167,18 +95,8 @@ impl Metrics {
         f.rdma_ready.set(i64::from(verdict.rdma.part.ready));
         f.lustre_ready.set(i64::from(verdict.lustre.ready));
         f.findings.clear();
-        let findings = verdict.rdma.part.findings.iter();
-        for finding in findings
-            .chain(&verdict.lustre.findings)
-            .chain(&verdict.gpudirect.part.findings)
-            .chain(&verdict.placement.findings)
-        {
-            let scope = match finding.scope {
-                Scope::Rdma => "rdma",
-                Scope::Lustre => "lustre",
-                Scope::Gpudirect => "gpudirect",
-                Scope::Placement => "placement",
-            };
+        for finding in verdict.parts().flat_map(|p| &p.findings) {
+            let scope = finding.scope.name();
             let reason = finding.code;
             f.findings
                 .get_or_create(&FindingLabels { scope, reason })
@@ -293,25 +211,6 @@ impl Metrics {
                 }
             }
         }
-    }
-
-    /// Netdev byte counters; returns the errors the netdev probe reported.
-    fn record_netdevs(&self, report: &ProbeReport, st: &mut Readers) -> usize {
-        let f = &self.families;
-        let mut errors = 0;
-        for nd in &report.netdevs {
-            errors += nd.errors.len();
-            let l = DeviceLabels {
-                device: nd.name.clone(),
-            };
-            if let Some(b) = nd.rx_bytes {
-                accumulate(&f.netdev_rx_bytes, &mut st.netdev_rx, l.clone(), b);
-            }
-            if let Some(b) = nd.tx_bytes {
-                accumulate(&f.netdev_tx_bytes, &mut st.netdev_tx, l, b);
-            }
-        }
-        errors
     }
 
     /// Mount gauges (cleared first: an unmounted path disappears); returns the storage errors.

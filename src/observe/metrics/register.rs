@@ -93,11 +93,8 @@ impl Metrics {
                 port_rx: HashMap::new(),
                 port_errors: HashMap::new(),
                 port_hw: HashMap::new(),
-                netdev_rx: HashMap::new(),
-                netdev_tx: HashMap::new(),
                 port_counters_added: HashMap::new(),
                 rdma_seen: HashMap::new(),
-                netdev_seen: HashMap::new(),
                 series_grace: DEFAULT_STALE_SERIES_GRACE,
             }),
             fallback: Mutex::new(Fallback {
@@ -110,6 +107,7 @@ impl Metrics {
             events,
             live,
             exposition: crate::observe::exposition::Cache::default(),
+            checks: Vec::new(),
         };
         (metrics, registered)
     }
@@ -143,7 +141,7 @@ fn register_verdict(r: &mut Registry, f: &Families) {
     );
 }
 
-/// The RDMA ports (state, rate, self-test, counters) and the TCP path's netdevs.
+/// The RDMA ports (state, rate, self-test, counters).
 fn register_ports(r: &mut Registry, f: &Families) {
     reg!(
         r,
@@ -213,20 +211,6 @@ fn register_ports(r: &mut Registry, f: &Families) {
         "rdma_port_hw_events",
         "Driver hw_counters (RoCE retries, sequence errors, congestion notifications), by name",
         f.port_hw
-    );
-    reg!(
-        r,
-        "netdev_receive",
-        "Bytes received on the TCP path of the interface (statistics/rx_bytes)",
-        f.netdev_rx_bytes,
-        Unit::Bytes
-    );
-    reg!(
-        r,
-        "netdev_transmit",
-        "Bytes sent on the TCP path of the interface (statistics/tx_bytes)",
-        f.netdev_tx_bytes,
-        Unit::Bytes
     );
 }
 

@@ -360,10 +360,10 @@ fn a_required_finding_taints_and_names_itself_in_the_conditions() {
         timestamp: 0.0,
         rdma: Default::default(),
         storage: Default::default(),
-        netdevs: Vec::new(),
         gpudirect: Default::default(),
         timings: Default::default(),
         host: Default::default(),
+        facts: Default::default(),
     };
     let v = crate::policy::evaluate(&report, &config);
     let v = apply_required_finding(
@@ -385,4 +385,46 @@ fn a_required_finding_taints_and_names_itself_in_the_conditions() {
     assert_eq!(rdma.status, "False");
     assert!(rdma.message.contains("peers.required"), "{}", rdma.message);
     assert_eq!(v.labels["fabricgate.io/rdma.ready"], "false");
+}
+
+/// A registered subsystem that always passes, with its own condition and label.
+struct Passing;
+
+impl crate::policy::check::NodeCheck for Passing {
+    fn name(&self) -> &'static str {
+        "extra"
+    }
+
+    fn condition(&self) -> (&'static str, &'static str) {
+        ("ExtraReady", "ExtraFine")
+    }
+
+    fn judge(&self, _: &ProbeReport, _: &Config) -> crate::policy::check::Contribution {
+        crate::policy::check::Contribution {
+            required: true,
+            ..Default::default()
+        }
+    }
+}
+
+#[test]
+fn a_port_event_keeps_the_registered_subsystems_parts() {
+    let checks = Checks::new(vec![std::sync::Arc::new(Passing)]);
+    let mut j = validated(REQUIREMENTS).with_checks(checks);
+    let full = j.probe(facts(&node(&[]))).verdict;
+    assert!(full.ready);
+    let v = j.port_event(&node(&["mlx5_0"]), &full).unwrap();
+    assert!(!v.ready);
+    let extra: Vec<(&str, &str)> = v
+        .conditions
+        .iter()
+        .filter(|c| c.type_ == "ExtraReady")
+        .map(|c| (c.status.as_str(), c.reason.as_str()))
+        .collect();
+    assert_eq!(
+        extra,
+        [("True", "ExtraFine")],
+        "its condition is not dropped"
+    );
+    assert_eq!(v.labels["fabricgate.io/extra.ready"], "true");
 }

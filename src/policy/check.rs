@@ -1,0 +1,180 @@
+//! A registered subsystem's part of the node's verdict. Each subsystem judges its own fact
+//! ([`NodeCheck::judge`]); the fold into the verdict (readiness, its Node condition, its
+//! labels, `FabricReady`) is [`super::evaluate_checked`]'s, so the Judge stays the one place
+//! that decides.
+
+use super::agent_fault;
+use super::{Finding, PartVerdict, Scope};
+use crate::config::Config;
+use fabricgate_probes::ProbeReport;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// The policy side of one subsystem. Pure: no I/O, no clock.
+pub trait NodeCheck: Send + Sync {
+    /// Its key in the verdict's JSON, the `scope` of its findings and its label
+    /// `<prefix><name>.ready` (usually its collector's name too).
+    fn name(&self) -> &'static str;
+
+    /// Its Node condition's type (`HugepagesReady`) and reason while it passes.
+    fn condition(&self) -> (&'static str, &'static str);
+
+    /// Judge this probe: its own fact (`report.facts`, `None` when its collector did not run)
+    /// and whatever else of the report it needs.
+    fn judge(&self, report: &ProbeReport, config: &Config) -> Contribution;
+}
+
+/// What one subsystem says of this probe.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Contribution {
+    /// Whether its findings make the node not ready; when not, they are shown as warnings.
+    pub required: bool,
+    /// Why it does not pass (empty when it does); see [`finding`].
+    pub findings: Vec<Finding>,
+    /// Problems that do not block readiness.
+    pub warnings: Vec<Finding>,
+    /// More labels, as `(<name after the prefix>, value)`; a value that is not a valid label
+    /// value is left out.
+    pub labels: Vec<(String, String)>,
+    /// The agent's own trouble (what it cannot see, not what the node lacks): an agent error
+    /// instead of any verdict, like a missing mount of its own.
+    pub agent_problems: Vec<String>,
+}
+
+/// A finding of subsystem `check`, with its condition reason `code` (CamelCase, stable).
+pub fn finding(check: &'static str, code: &'static str, message: String) -> Finding {
+    Finding {
+        scope: Scope::Check(check),
+        code,
+        message,
+    }
+}
+
+/// One subsystem's part of the verdict, in `check`'s JSON under its name.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CheckVerdict {
+    #[serde(flatten)]
+    pub part: PartVerdict,
+    pub required: bool,
+    /// [`Contribution::agent_problems`]: the Judge turns them into an agent error.
+    #[serde(skip)]
+    pub agent_problems: Vec<String>,
+}
+
+impl CheckVerdict {
+    /// A subsystem that is not required passes, whatever it found; one the agent cannot see
+    /// says `AgentError` instead of anything about the node.
+    pub fn from_contribution(name: &'static str, c: &Contribution) -> Self {
+        if !c.agent_problems.is_empty() {
+            let findings = c
+                .agent_problems
+                .iter()
+                .map(|p| {
+                    finding(
+                        name,
+                        agent_fault::REASON,
+                        format!("fabricgate agent error: {p}"),
+                    )
+                })
+                .collect();
+            return Self {
+                part: PartVerdict {
+                    ready: false,
+                    findings,
+                    warnings: Vec::new(),
+                },
+                required: c.required,
+                agent_problems: c.agent_problems.clone(),
+            };
+        }
+        let (findings, mut warnings) = if c.required {
+            (c.findings.clone(), Vec::new())
+        } else {
+            (Vec::new(), c.findings.clone())
+        };
+        warnings.extend(c.warnings.iter().cloned());
+        Self {
+            part: PartVerdict {
+                ready: findings.is_empty(),
+                findings,
+                warnings,
+            },
+            required: c.required,
+            agent_problems: Vec::new(),
+        }
+    }
+}
+
+/// One subsystem's judgment of one probe, before the fold into the verdict.
+#[derive(Debug)]
+pub(super) struct Judged {
+    pub(super) name: &'static str,
+    /// Its condition's type and reason while it passes.
+    condition: (&'static str, &'static str),
+    pub(super) verdict: CheckVerdict,
+    labels: Vec<(String, String)>,
+}
+
+impl Judged {
+    /// Its Node condition.
+    pub(super) fn condition(&self) -> super::Condition {
+        let (type_, ok_reason) = self.condition;
+        let part = &self.verdict.part;
+        super::condition(type_, part.ready, ok_reason, &[part])
+    }
+}
+
+/// Each registered subsystem's judgment of `report`.
+pub(super) fn judge_all(checks: &Checks, report: &ProbeReport, config: &Config) -> Vec<Judged> {
+    checks
+        .iter()
+        .map(|c| {
+            let contribution = c.judge(report, config);
+            Judged {
+                name: c.name(),
+                condition: c.condition(),
+                verdict: CheckVerdict::from_contribution(c.name(), &contribution),
+                labels: contribution.labels,
+            }
+        })
+        .collect()
+}
+
+/// `<prefix><name>.ready` and each subsystem's own labels (`<prefix><name>.<key>`).
+pub(super) fn put_labels(labels: &mut BTreeMap<String, String>, prefix: &str, judged: &[Judged]) {
+    for j in judged {
+        let name = j.name;
+        let ready = if j.verdict.part.ready {
+            "true"
+        } else {
+            "false"
+        };
+        super::put_label(labels, format!("{prefix}{name}.ready"), ready);
+        for (key, value) in &j.labels {
+            super::put_label(labels, format!("{prefix}{name}.{key}"), value);
+        }
+    }
+}
+
+/// The registered subsystems' policy sides, in registration order.
+#[derive(Clone, Default)]
+pub struct Checks(Arc<[Arc<dyn NodeCheck>]>);
+
+impl Checks {
+    pub fn new(checks: Vec<Arc<dyn NodeCheck>>) -> Self {
+        Self(checks.into())
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &dyn NodeCheck> {
+        self.0.iter().map(|c| &**c)
+    }
+}
+
+impl std::fmt::Debug for Checks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(self.iter().map(|c| c.name()))
+            .finish()
+    }
+}
