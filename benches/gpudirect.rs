@@ -39,19 +39,28 @@ fn bench(c: &mut Criterion) {
         |b| b.iter(|| black_box(gpudirect::probe(&roots, &gd_config, black_box(&rdma)))),
     );
 
+    // As the agent probes and judges: with the registered subsystems (GPUDirect among them).
+    let registered = fabricgate::checks::registered();
+    let checks = registered.checks();
     let mut prober = Prober::new(
         roots.clone(),
         ProbeConfig {
             verbs: VerbsMode::Off,
-            gpudirect: gd_config.clone(),
+            collectors: registered.collectors(&config),
             ..ProbeConfig::default()
         },
     );
-    assert!(policy::evaluate(&prober.probe(), &config).ready);
+    let first = prober.probe();
+    assert_eq!(gpudirect::of(&first).map(|g| g.pairs.len()), Some(8));
+    assert!(policy::evaluate_checked(&first, &config, &checks).ready);
     group.bench_function("whole probe + policy, DGX-like node", |b| {
         b.iter(|| {
             let report = prober.probe();
-            black_box(policy::evaluate(black_box(&report), &config))
+            black_box(policy::evaluate_checked(
+                black_box(&report),
+                &config,
+                &checks,
+            ))
         })
     });
     group.finish();

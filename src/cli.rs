@@ -547,9 +547,6 @@ impl ProbeArgs {
                 timeout: config.rdma.selftest_timeout(),
                 devices: Some(config.rdma.devices.as_str().to_owned()),
             },
-            gpudirect: fabricgate_probes::gpudirect::GpudirectConfig {
-                hca_devices: Some(config.rdma.devices.as_str().to_owned()),
-            },
             // `check` probes once and reads every counter file; `run` sets the cadence from its
             // --interval and reads only the files it exports.
             counters_interval: None,

@@ -24,9 +24,21 @@ pub trait Collector: Send {
         self.name()
     }
 
-    /// Probe once. `report` holds this round's built-in probes (RDMA, GPUDirect, storage, the
-    /// host). Never panics on system input; what it cannot read goes in the fact's errors.
-    fn collect(&mut self, roots: &Roots, report: &ProbeReport) -> Fact;
+    /// Probe once. Never panics on system input; what it cannot read goes in the fact's
+    /// errors.
+    fn collect(&mut self, pass: &Pass<'_>) -> Fact;
+}
+
+/// One probe, as a collector sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct Pass<'a> {
+    pub roots: &'a Roots,
+    /// This probe so far: the built-in probes (RDMA, storage, the host) and the collectors
+    /// registered before this one.
+    pub report: &'a ProbeReport,
+    /// Whether this probe reads the slow attributes (`rdma.counters_interval`): a collector
+    /// with costly reads does them then.
+    pub slow: bool,
 }
 
 /// Makes a registered subsystem's collector, once per [`crate::Prober`] (the agent's
@@ -152,7 +164,6 @@ pub const RESERVED_NAMES: &[&str] = &[
     "timestamp",
     "rdma",
     "storage",
-    "gpudirect",
     "timings",
     "rdma_sysfs",
     "rdma_verbs",

@@ -38,8 +38,6 @@ pub struct ProbeConfig {
     pub verbs: rdma::VerbsMode,
     pub storage: storage::StorageConfig,
     pub selftest: SelftestConfig,
-    /// GPU ↔ HCA topology, ACS, peer memory and transport settings.
-    pub gpudirect: gpudirect::GpudirectConfig,
     /// How often the slow attributes are read (`rdma.counters_interval`): `counters/` and
     /// `hw_counters/`, each RDMA device's identity, firmware and PCIe capabilities, InfiniBand
     /// ports' GID tables, and a scan of the PCI bus for GPUs whose function list has not
@@ -107,8 +105,6 @@ pub struct ProbeReport {
     pub timestamp: f64,
     pub rdma: rdma::RdmaReport,
     pub storage: storage::StorageReport,
-    /// GPUs, their nearest HCAs, ACS on the paths, peer memory, port MTUs and ECN.
-    pub gpudirect: gpudirect::GpudirectReport,
     pub timings: ProbeTimings,
     /// What the host shows beside the hardware (not in `check`'s JSON: the policy turns it
     /// into findings and agent errors).
@@ -125,7 +121,6 @@ pub struct ProbeTimings {
     pub rdma_sysfs_seconds: f64,
     pub rdma_verbs_seconds: f64,
     pub storage_seconds: f64,
-    pub gpudirect_seconds: f64,
     /// Each registered collector's, as `<name>_seconds`.
     #[serde(flatten)]
     pub collected: BTreeMap<String, f64>,
@@ -146,7 +141,6 @@ pub struct Prober {
     storage: storage::StorageProber,
     /// The RDMA attribute files, kept open between probes.
     sysfs: rdma::sysfs::SysfsReader,
-    gpudirect: gpudirect::GpudirectReader,
     /// When the RDMA counters (and the other slow attributes) were last read (drives
     /// `counters_interval`).
     counters_read: Option<Instant>,
@@ -165,7 +159,6 @@ impl Prober {
         let collectors = config.collectors.iter().map(|c| c.make(&roots)).collect();
         Self {
             sysfs,
-            gpudirect: gpudirect::GpudirectReader::new(&roots, config.gpudirect.clone()),
             counters_read: None,
             roots,
             config,
@@ -210,10 +203,6 @@ impl Prober {
         self.probes += 1;
 
         let started = Instant::now();
-        let gpudirect = self.gpudirect.probe(&rdma, slow);
-        timings.gpudirect_seconds = started.elapsed().as_secs_f64();
-
-        let started = Instant::now();
         let storage = self.storage.probe(&self.roots);
         timings.storage_seconds = started.elapsed().as_secs_f64();
 
@@ -222,7 +211,6 @@ impl Prober {
             timestamp,
             rdma,
             storage,
-            gpudirect,
             timings,
             host,
             facts: collect::Facts::default(),
@@ -230,7 +218,12 @@ impl Prober {
         for collector in &mut self.collectors {
             let started = Instant::now();
             let name = collector.name();
-            let fact = collector.collect(&self.roots, &report).from_probe(name);
+            let pass = collect::Pass {
+                roots: &self.roots,
+                report: &report,
+                slow,
+            };
+            let fact = collector.collect(&pass).from_probe(name);
             report
                 .timings
                 .collected

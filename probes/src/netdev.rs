@@ -6,7 +6,7 @@
 //! counters hold the TCP/IP path only, even on the netdev of a RoCE port.
 
 use crate::ProbeReport;
-use crate::collect::{Collector, Fact};
+use crate::collect::{Collector, Fact, Pass};
 use crate::roots::Roots;
 use crate::sysfs_io::{AttrBuf, KeptAttr, list_dir};
 use serde::Serialize;
@@ -70,7 +70,7 @@ impl Collector for NetdevReader {
         KEY
     }
 
-    fn collect(&mut self, _roots: &Roots, _report: &ProbeReport) -> Fact {
+    fn collect(&mut self, _pass: &Pass<'_>) -> Fact {
         fact(self.probe())
     }
 }

@@ -2,6 +2,7 @@
 
 use crate::policy::Verdict;
 use fabricgate_probes::ProbeReport;
+use fabricgate_probes::gpudirect;
 use fabricgate_probes::rdma::{DeviceReport, format_gbps};
 use serde_json::{Value, json};
 use std::fmt::Write as _;
@@ -32,26 +33,6 @@ pub fn to_json(report: &ProbeReport, verdict: &Verdict) -> Value {
         map.insert("reasons".into(), json!(messages(&verdict.lustre.findings)));
         map.insert("warnings".into(), json!(messages(&verdict.lustre.warnings)));
     }
-    let gd = &verdict.gpudirect;
-    let mut gpudirect = serde_json::to_value(&report.gpudirect).unwrap_or(Value::Null);
-    if !gpudirect.is_object() {
-        gpudirect = json!({});
-    }
-    if let Value::Object(map) = &mut gpudirect {
-        map.insert("present".into(), json!(gd.gpus > 0));
-        if gd.gpus == 0 {
-            map.insert(
-                "message".into(),
-                json!("no NVIDIA GPUs found (PCI vendor 0x10de, display/3D class)"),
-            );
-        }
-        map.insert("required".into(), json!(gd.required));
-        map.insert("ready".into(), json!(gd.part.ready));
-        map.insert("relation".into(), json!(gd.relation));
-        map.insert("rails".into(), json!(gd.rails));
-        map.insert("reasons".into(), json!(messages(&gd.part.findings)));
-        map.insert("warnings".into(), json!(messages(&gd.part.warnings)));
-    }
     // `check` reads no Node, so `placement.required_labels` is the agent's to check.
     let placement = json!({
         "evaluated": !verdict.placement.findings.is_empty(),
@@ -64,7 +45,6 @@ pub fn to_json(report: &ProbeReport, verdict: &Verdict) -> Value {
         "warnings": verdict.warnings(),
         "rdma": rdma,
         "lustre": lustre,
-        "gpudirect": gpudirect,
         "placement": placement,
         "labels": verdict.labels,
         "taints": verdict.taints,
@@ -80,7 +60,7 @@ pub fn to_json(report: &ProbeReport, verdict: &Verdict) -> Value {
 
 /// The registered subsystems (src/checks/): each fact under its key, and each part of the
 /// verdict merged into its name's object as for `rdma` (`ready`, `required`, `reasons`,
-/// `warnings`; a fact that is not an object is then its `value`).
+/// `warnings` and its own details; a fact that is not an object is then its `value`).
 fn add_subsystems(
     doc: &mut serde_json::Map<String, Value>,
     report: &ProbeReport,
@@ -99,6 +79,7 @@ fn add_subsystems(
             map.insert("required".into(), json!(part.required));
             map.insert("reasons".into(), json!(messages(&part.part.findings)));
             map.insert("warnings".into(), json!(messages(&part.part.warnings)));
+            map.extend(part.details.clone());
         }
     }
 }
@@ -190,8 +171,9 @@ pub fn to_table(report: &ProbeReport, verdict: &Verdict) -> String {
 }
 
 fn gpudirect_table(out: &mut String, report: &ProbeReport, verdict: &Verdict) {
-    let gd = &report.gpudirect;
-    let v = &verdict.gpudirect;
+    let (Some(gd), Some(v)) = (gpudirect::of(report), verdict.checks.get(gpudirect::NAME)) else {
+        return;
+    };
     if gd.gpus.is_empty() {
         let _ = writeln!(
             out,
@@ -210,7 +192,7 @@ fn gpudirect_table(out: &mut String, report: &ProbeReport, verdict: &Verdict) {
         if v.part.ready { "ready" } else { "not ready" },
         gd.gpus.len(),
         if gd.gpus.len() == 1 { "" } else { "s" },
-        v.relation.map_or("-", |r| r.name()),
+        gd.worst_relation.map_or("-", |r| r.name()),
         gd.peermem.method.as_deref().unwrap_or("unavailable")
     );
     for p in &gd.pairs {

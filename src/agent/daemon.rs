@@ -131,7 +131,7 @@ impl Agent {
         let (metrics, pod_metrics) = Metrics::with_config_and(&config, |live| {
             transport.enabled.then(|| PodMetrics::register(live))
         });
-        let metrics = Arc::new(crate::checks::registered().metrics(metrics));
+        let metrics = Arc::new(crate::checks::registered().metrics(metrics, &config));
         let peers =
             peers_from_args(args, &config, &node_name, client.as_ref(), roots, &metrics).await?;
         Ok(Self {

@@ -8,6 +8,7 @@
 //! This floor sits above `observe` (a subsystem implements the policy's and the metrics'
 //! interfaces) and below the subcommands that probe, judge and record.
 
+mod gpudirect;
 mod netdev;
 #[cfg(test)]
 mod tests;
@@ -34,7 +35,7 @@ pub trait Subsystem: Send + Sync {
     fn check(&self) -> Option<Arc<dyn NodeCheck>>;
 
     /// Its own families, registered in `registry`, and their recorder.
-    fn metrics(&self, registry: &mut Registry) -> Box<dyn CheckMetrics>;
+    fn metrics(&self, registry: &mut Registry, config: &Config) -> Box<dyn CheckMetrics>;
 
     /// Its `checks.<name>:` section (or whatever of the file it reads) is valid.
     ///
@@ -48,7 +49,10 @@ pub trait Subsystem: Send + Sync {
 
 /// The registered subsystems, in the order they probe.
 pub fn registered() -> Registered {
-    Registered::new(vec![Arc::new(netdev::Netdev)])
+    Registered::new(vec![
+        Arc::new(gpudirect::Gpudirect),
+        Arc::new(netdev::Netdev),
+    ])
 }
 
 /// What [`registered`] lists, handed to the prober, the Judge and the metrics.
@@ -79,11 +83,11 @@ impl Registered {
     }
 
     /// `metrics` with every subsystem's own families.
-    pub fn metrics(&self, metrics: Metrics) -> Metrics {
+    pub fn metrics(&self, metrics: Metrics, config: &Config) -> Metrics {
         metrics.with_checks(|registry| {
             self.0
                 .iter()
-                .map(|s| (s.name(), s.metrics(registry)))
+                .map(|s| (s.name(), s.metrics(registry, config)))
                 .collect()
         })
     }

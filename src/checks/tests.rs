@@ -7,7 +7,7 @@ use crate::observe::metrics::Metrics;
 use crate::policy::check::{Contribution, finding};
 use crate::policy::judge::{Facts, Judge};
 use crate::policy::{self, Verdict, agent_fault};
-use fabricgate_probes::collect::{Fact, valid_name};
+use fabricgate_probes::collect::{Fact, Pass, valid_name};
 use fabricgate_probes::{ProbeConfig, ProbeReport, Prober};
 use prometheus_client::metrics::gauge::Gauge;
 use serde::{Deserialize, Serialize};
@@ -40,8 +40,8 @@ impl Collector for PagesCollector {
         "hugepages"
     }
 
-    fn collect(&mut self, roots: &Roots, _report: &ProbeReport) -> Fact {
-        let path = roots.sys(FILE);
+    fn collect(&mut self, pass: &Pass<'_>) -> Fact {
+        let path = pass.roots.sys(FILE);
         match std::fs::read_to_string(&path) {
             Ok(text) => Fact::new(PagesFact {
                 free: text.trim().parse().ok(),
@@ -92,7 +92,7 @@ impl NodeCheck for Pages {
             return c;
         }
         let free = fact.free.unwrap_or(0);
-        c.labels.push(("free".into(), free.to_string()));
+        c.labels.push(("hugepages.free".into(), free.to_string()));
         if free < settings.min_free {
             c.findings.push(finding(
                 "hugepages",
@@ -135,7 +135,7 @@ impl Subsystem for Pages {
         Some(Arc::new(Pages))
     }
 
-    fn metrics(&self, registry: &mut Registry) -> Box<dyn CheckMetrics> {
+    fn metrics(&self, registry: &mut Registry, _config: &Config) -> Box<dyn CheckMetrics> {
         let gauge = Gauge::default();
         registry.register(
             "fabricgate_hugepages_free",
@@ -239,7 +239,7 @@ fn a_required_subsystem_below_its_requirement_makes_the_node_not_ready_and_says_
     assert!(report_json["timings"]["hugepages_seconds"].is_f64());
     assert!(report_json["timings"]["netdev_seconds"].is_f64());
 
-    let metrics = registered.metrics(Metrics::with_config(&config));
+    let metrics = registered.metrics(Metrics::with_config(&config), &config);
     metrics.record_probe(&report, &v);
     let text = metrics.encode(false);
     assert!(text.contains("fabricgate_hugepages_free 2\n"), "{text}");

@@ -232,7 +232,6 @@ mod tests {
                 ..RdmaReport::default()
             },
             storage: StorageReport::default(),
-            gpudirect: Default::default(),
             timings: ProbeTimings::default(),
             host: Default::default(),
             facts: Default::default(),

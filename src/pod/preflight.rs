@@ -288,7 +288,6 @@ fn storage_only(roots: &Roots, probe: ProbeConfig) -> fabricgate_probes::ProbeRe
             .map_or(0.0, |d| d.as_secs_f64()),
         rdma: fabricgate_probes::rdma::RdmaReport::default(),
         storage,
-        gpudirect: Default::default(),
         timings: fabricgate_probes::ProbeTimings {
             storage_seconds: started.elapsed().as_secs_f64(),
             ..Default::default()

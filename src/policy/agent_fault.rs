@@ -303,7 +303,7 @@ pub fn verdict(mut v: Verdict, fault: &AgentFault, config: &Config) -> Verdict {
                     .insert(format!("{prefix}lustre.ready"), "false".into());
             }
             // The agent's own faults are about the fabric probes and its mounts only.
-            Scope::Gpudirect | Scope::Placement | Scope::Check(_) => {}
+            Scope::Placement | Scope::Check(_) => {}
         }
     }
     for c in &mut v.conditions {

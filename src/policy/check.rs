@@ -34,9 +34,14 @@ pub struct Contribution {
     pub findings: Vec<Finding>,
     /// Problems that do not block readiness.
     pub warnings: Vec<Finding>,
-    /// More labels, as `(<name after the prefix>, value)`; a value that is not a valid label
-    /// value is left out.
+    /// Nothing to say about this node (no GPUs where they are not required): no Node
+    /// condition and no `<name>.ready` label; its part still shows in `check`.
+    pub silent: bool,
+    /// More labels, as `(<key after the prefix>, value)` (`gpudirect.relation`); a value that
+    /// is not a valid label value is left out.
     pub labels: Vec<(String, String)>,
+    /// More of `check`'s JSON under its name (`relation`, `rails`).
+    pub details: serde_json::Map<String, serde_json::Value>,
     /// The agent's own trouble (what it cannot see, not what the node lacks): an agent error
     /// instead of any verdict, like a missing mount of its own.
     pub agent_problems: Vec<String>,
@@ -57,6 +62,12 @@ pub struct CheckVerdict {
     #[serde(flatten)]
     pub part: PartVerdict,
     pub required: bool,
+    /// [`Contribution::details`].
+    #[serde(flatten)]
+    pub details: serde_json::Map<String, serde_json::Value>,
+    /// [`Contribution::silent`].
+    #[serde(skip)]
+    pub silent: bool,
     /// [`Contribution::agent_problems`]: the Judge turns them into an agent error.
     #[serde(skip)]
     pub agent_problems: Vec<String>,
@@ -85,6 +96,8 @@ impl CheckVerdict {
                     warnings: Vec::new(),
                 },
                 required: c.required,
+                details: c.details.clone(),
+                silent: false,
                 agent_problems: c.agent_problems.clone(),
             };
         }
@@ -101,6 +114,8 @@ impl CheckVerdict {
                 warnings,
             },
             required: c.required,
+            details: c.details.clone(),
+            silent: c.silent,
             agent_problems: Vec::new(),
         }
     }
@@ -117,11 +132,11 @@ pub(super) struct Judged {
 }
 
 impl Judged {
-    /// Its Node condition.
-    pub(super) fn condition(&self) -> super::Condition {
+    /// Its Node condition, unless it has nothing to say about this node.
+    pub(super) fn condition(&self) -> Option<super::Condition> {
         let (type_, ok_reason) = self.condition;
         let part = &self.verdict.part;
-        super::condition(type_, part.ready, ok_reason, &[part])
+        (!self.verdict.silent).then(|| super::condition(type_, part.ready, ok_reason, &[part]))
     }
 }
 
@@ -141,18 +156,20 @@ pub(super) fn judge_all(checks: &Checks, report: &ProbeReport, config: &Config) 
         .collect()
 }
 
-/// `<prefix><name>.ready` and each subsystem's own labels (`<prefix><name>.<key>`).
+/// `<prefix><name>.ready` (unless it has nothing to say) and each subsystem's own labels.
 pub(super) fn put_labels(labels: &mut BTreeMap<String, String>, prefix: &str, judged: &[Judged]) {
     for j in judged {
         let name = j.name;
-        let ready = if j.verdict.part.ready {
-            "true"
-        } else {
-            "false"
-        };
-        super::put_label(labels, format!("{prefix}{name}.ready"), ready);
+        if !j.verdict.silent {
+            let ready = if j.verdict.part.ready {
+                "true"
+            } else {
+                "false"
+            };
+            super::put_label(labels, format!("{prefix}{name}.ready"), ready);
+        }
         for (key, value) in &j.labels {
-            super::put_label(labels, format!("{prefix}{name}.{key}"), value);
+            super::put_label(labels, format!("{prefix}{key}"), value);
         }
     }
 }

@@ -124,7 +124,6 @@ mod tests {
             ready,
             rdma,
             lustre: PartVerdict::ok(),
-            gpudirect: GpudirectVerdict::default(),
             placement: PartVerdict::ok(),
             labels,
             taints: if ready {

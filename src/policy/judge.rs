@@ -19,7 +19,7 @@ use super::agent_fault::{self, AgentFault};
 use super::check::Checks;
 use super::device_plugin;
 use super::dra::{self, DeviceHysteresis, DraFacts, RulesState};
-use super::{Finding, Hysteresis, Scope, Verdict, evaluate, evaluate_with, unvalidated_taint};
+use super::{Finding, Hysteresis, Scope, Verdict, evaluate_with, unvalidated_taint};
 use crate::config::Config;
 use fabricgate_probes::ProbeReport;
 use std::time::Duration;
@@ -174,9 +174,9 @@ impl Judge {
     /// empty node when no probe has completed yet). The hysteresis does not move.
     pub fn stalled(&self, last: Option<&Verdict>, deadline: Duration) -> Judgment {
         let fault = AgentFault::stalled(deadline);
-        let base = last
-            .cloned()
-            .unwrap_or_else(|| evaluate(&ProbeReport::default(), &self.config));
+        let base = last.cloned().unwrap_or_else(|| {
+            evaluate_with(&ProbeReport::default(), &self.config, &[], &self.checks)
+        });
         let mut recorded = agent_fault::verdict(base, &fault, &self.config);
         recorded.device_taints = self.devices.current();
         let verdict = agent_fault::gate(recorded.clone(), Some(&fault), &self.config);

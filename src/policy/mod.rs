@@ -5,7 +5,6 @@ pub mod breaker;
 pub mod check;
 pub mod device_plugin;
 pub mod dra;
-mod gpudirect;
 mod hysteresis;
 pub mod judge;
 mod placement;
@@ -14,7 +13,6 @@ mod storage;
 #[cfg(test)]
 mod tests;
 
-use gpudirect::evaluate_gpudirect;
 pub use hysteresis::{AWAITING_VALIDATION, Hysteresis};
 pub use placement::apply_placement;
 use rdma::evaluate_rdma;
@@ -23,9 +21,8 @@ use storage::evaluate_lustre;
 
 use crate::config::{Config, LinkLayerRequirement};
 use fabricgate_probes::ProbeReport;
-use fabricgate_probes::gpudirect::pci::{AcsState, Relation, acs_control_names};
 use fabricgate_probes::gpudirect::transport::netdev_mtu_for_roce;
-use fabricgate_probes::gpudirect::{GpudirectReport, MtuSource, PortTransport};
+use fabricgate_probes::gpudirect::{MtuSource, PortTransport};
 use fabricgate_probes::rdma::{
     DeviceReport, LinkLayer, PhysState, PortReport, PortState, RdmaReport, format_gbps,
 };
@@ -39,7 +36,6 @@ use std::collections::BTreeMap;
 pub enum Scope {
     Rdma,
     Lustre,
-    Gpudirect,
     Placement,
     /// A registered subsystem's ([`check::NodeCheck`]), by its name.
     #[serde(untagged)]
@@ -52,7 +48,6 @@ impl Scope {
         match self {
             Self::Rdma => "rdma",
             Self::Lustre => "lustre",
-            Self::Gpudirect => "gpudirect",
             Self::Placement => "placement",
             Self::Check(name) => name,
         }
@@ -102,34 +97,6 @@ pub struct RdmaVerdict {
     pub link_layer: Option<String>,
 }
 
-/// GPUDirect outcome (`gpudirect:` requirements), also feeding the topology labels.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct GpudirectVerdict {
-    #[serde(flatten)]
-    pub part: PartVerdict,
-    /// `gpudirect.required`: when false every problem here is a warning.
-    pub required: bool,
-    pub gpus: usize,
-    /// Worst relation between a GPU and its HCA.
-    pub relation: Option<Relation>,
-    /// The rail map as a label value: per GPU in PCI address order, the index of its HCA among
-    /// the in-scope HCAs in name order (`0.1.2.3.4.5.6.7`); `x` for a GPU without one.
-    pub rails: Option<String>,
-}
-
-impl Default for GpudirectVerdict {
-    /// A node without GPUs and without `gpudirect.required`.
-    fn default() -> Self {
-        Self {
-            part: PartVerdict::ok(),
-            required: false,
-            gpus: 0,
-            relation: None,
-            rails: None,
-        }
-    }
-}
-
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Taint {
     pub key: String,
@@ -154,7 +121,6 @@ pub struct Verdict {
     pub ready: bool,
     pub rdma: RdmaVerdict,
     pub lustre: PartVerdict,
-    pub gpudirect: GpudirectVerdict,
     /// `placement.required_labels` on the Node: only the agent (which reads its Node) fills
     /// this in, through [`apply_placement`]; `check` leaves it ready.
     pub placement: PartVerdict,
@@ -190,17 +156,13 @@ impl Verdict {
             .collect()
     }
 
-    /// Every part of the verdict: RDMA, Lustre, GPUDirect, placement, then the registered
-    /// subsystems' in name order.
+    /// Every part of the verdict: RDMA, Lustre, the registered subsystems' in name order
+    /// (GPUDirect's among them), placement.
     pub fn parts(&self) -> impl Iterator<Item = &PartVerdict> {
-        [
-            &self.rdma.part,
-            &self.lustre,
-            &self.gpudirect.part,
-            &self.placement,
-        ]
-        .into_iter()
-        .chain(self.checks.values().map(|c| &c.part))
+        [&self.rdma.part, &self.lustre]
+            .into_iter()
+            .chain(self.checks.values().map(|c| &c.part))
+            .chain([&self.placement])
     }
 }
 
@@ -238,18 +200,15 @@ pub fn evaluate_with(
     node_findings: &[Finding],
     checks: &check::Checks,
 ) -> Verdict {
-    let mut rdma = evaluate_rdma(&report.rdma, &report.gpudirect.transport, config);
+    let transport = fabricgate_probes::gpudirect::transport_of(report);
+    let mut rdma = evaluate_rdma(&report.rdma, transport, config);
     if !node_findings.is_empty() {
         rdma.part.ready = false;
         rdma.part.findings.extend(node_findings.iter().cloned());
     }
     let lustre = evaluate_lustre(report, config);
-    let gpudirect = evaluate_gpudirect(&report.gpudirect, config);
     let judged = check::judge_all(checks, report, config);
-    let ready = rdma.part.ready
-        && lustre.ready
-        && gpudirect.part.ready
-        && judged.iter().all(|j| j.verdict.part.ready);
+    let ready = rdma.part.ready && lustre.ready && judged.iter().all(|j| j.verdict.part.ready);
     let prefix = &config.node.label_prefix;
 
     let mut labels = BTreeMap::new();
@@ -280,24 +239,6 @@ pub fn evaluate_with(
         format!("{prefix}lustre.ready"),
         b(lustre.ready),
     );
-    let gpu_node = gpudirect.gpus > 0 || gpudirect.required;
-    if gpu_node {
-        put_label(
-            &mut labels,
-            format!("{prefix}gpudirect.ready"),
-            b(gpudirect.part.ready),
-        );
-    }
-    if let Some(rel) = gpudirect.relation {
-        put_label(
-            &mut labels,
-            format!("{prefix}gpudirect.relation"),
-            rel.name(),
-        );
-    }
-    if let Some(rails) = &gpudirect.rails {
-        put_label(&mut labels, format!("{prefix}rails"), rails);
-    }
     check::put_labels(&mut labels, prefix, &judged);
 
     let taints = if ready {
@@ -306,7 +247,7 @@ pub fn evaluate_with(
         vec![unvalidated_taint(config)]
     };
 
-    let mut fabric_parts = vec![&rdma.part, &lustre, &gpudirect.part];
+    let mut fabric_parts = vec![&rdma.part, &lustre];
     fabric_parts.extend(judged.iter().map(|j| &j.verdict.part));
     let mut conditions = vec![
         condition("FabricReady", ready, "FabricValidated", &fabric_parts),
@@ -323,21 +264,12 @@ pub fn evaluate_with(
             &[&lustre],
         ),
     ];
-    if gpu_node {
-        conditions.push(condition(
-            "GPUDirectReady",
-            gpudirect.part.ready,
-            "GPUDirectUsable",
-            &[&gpudirect.part],
-        ));
-    }
-    conditions.extend(judged.iter().map(check::Judged::condition));
+    conditions.extend(judged.iter().filter_map(check::Judged::condition));
 
     Verdict {
         ready,
         rdma,
         lustre,
-        gpudirect,
         placement: PartVerdict::ok(),
         labels,
         taints,

@@ -43,7 +43,7 @@ pub fn apply_placement(
         value: None,
         effect: node.taint_effect.as_str().to_owned(),
     }];
-    let parts = [&v.rdma.part, &v.lustre, &v.gpudirect.part, &v.placement];
+    let parts: Vec<&PartVerdict> = v.parts().collect();
     let fabric = condition("FabricReady", false, "FabricValidated", &parts);
     for c in v.conditions.iter_mut().filter(|c| c.type_ == "FabricReady") {
         *c = fabric.clone();

@@ -13,11 +13,15 @@ pub(super) fn rdma_finding(code: &'static str, message: String) -> Finding {
 /// The ports that meet every rule of `rdma:` (the ones `rdma.usable_ports` counts), as
 /// `(device, port)` in report order: what NCCL may be pinned to.
 pub fn usable_ports(report: &ProbeReport, config: &Config) -> Vec<(String, u32)> {
-    assess_rdma(&report.rdma, &report.gpudirect.transport, config)
-        .usable
-        .iter()
-        .map(|(dev, port)| (dev.name.clone(), port.port))
-        .collect()
+    assess_rdma(
+        &report.rdma,
+        fabricgate_probes::gpudirect::transport_of(report),
+        config,
+    )
+    .usable
+    .iter()
+    .map(|(dev, port)| (dev.name.clone(), port.port))
+    .collect()
 }
 
 /// Every RDMA problem found, the usable ports with their devices, and the facts that block
@@ -43,7 +47,12 @@ pub struct HcaHealth {
 
 /// [`HcaHealth`] of every in-scope HCA, in report order.
 pub fn hca_health(report: &ProbeReport, config: &Config) -> Vec<HcaHealth> {
-    assess_rdma(&report.rdma, &report.gpudirect.transport, config).devices
+    assess_rdma(
+        &report.rdma,
+        fabricgate_probes::gpudirect::transport_of(report),
+        config,
+    )
+    .devices
 }
 
 fn assess_rdma<'r>(

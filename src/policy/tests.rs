@@ -47,7 +47,6 @@ fn report(devices: Vec<DeviceReport>) -> ProbeReport {
             errors: Vec::new(),
         },
         storage: StorageReport::default(),
-        gpudirect: Default::default(),
         timings: ProbeTimings::default(),
         host: Default::default(),
         facts: Default::default(),
@@ -56,91 +55,6 @@ fn report(devices: Vec<DeviceReport>) -> ProbeReport {
 
 fn config(yaml: &str) -> Config {
     Config::parse(yaml).unwrap()
-}
-
-fn gpu_report(gpus: &[&str], pairs: &[(&str, &str, Relation)]) -> GpudirectReport {
-    use fabricgate_probes::gpudirect::{Gpu, Hca, Pair, PeerMemory};
-    let mut hcas: Vec<&str> = pairs.iter().map(|p| p.1).collect();
-    hcas.sort_unstable();
-    hcas.dedup();
-    GpudirectReport {
-        gpus: gpus
-            .iter()
-            .map(|a| Gpu {
-                address: (*a).into(),
-                device: None,
-                class: "0x030200".into(),
-                numa_node: Some(0),
-                path: String::new(),
-            })
-            .collect(),
-        hcas: hcas
-            .iter()
-            .map(|h| Hca {
-                name: (*h).into(),
-                address: String::new(),
-                numa_node: Some(0),
-                path: String::new(),
-            })
-            .collect(),
-        pairs: pairs
-            .iter()
-            .map(|(g, h, r)| Pair {
-                gpu: (*g).into(),
-                hca: (*h).into(),
-                hca_address: String::new(),
-                relation: *r,
-                numa: Some(0),
-                hca_numa: Some(1),
-                bridges: Vec::new(),
-            })
-            .collect(),
-        worst_relation: pairs.iter().map(|p| p.2).max(),
-        peermem: PeerMemory {
-            method: Some("dma-buf".into()),
-            ..PeerMemory::default()
-        },
-        ..GpudirectReport::default()
-    }
-}
-
-#[test]
-fn rails_label_maps_gpus_to_hca_indices_and_marks_gpus_without_one() {
-    let gd = gpu_report(
-        &["0000:01:00.0", "0000:02:00.0", "0000:03:00.0"],
-        &[
-            ("0000:01:00.0", "mlx5_1", Relation::Pix),
-            ("0000:03:00.0", "mlx5_0", Relation::Phb),
-        ],
-    );
-    let v = evaluate_gpudirect(&gd, &config(""));
-    assert_eq!(v.rails.as_deref(), Some("1.x.0"));
-    assert_eq!(v.relation, Some(Relation::Phb));
-    assert!(v.part.ready, "not required: warnings only");
-    assert_eq!(v.part.warnings[0].code, "GPUHCATooFar");
-    let v = evaluate_gpudirect(&gd, &config("gpudirect:\n  max_relation: PHB\n"));
-    assert!(v.part.warnings.is_empty(), "{:?}", v.part.warnings);
-    let v = evaluate_gpudirect(&gd, &config("gpudirect:\n  required: true\n"));
-    assert!(!v.part.ready);
-    assert_eq!(v.part.findings[0].code, "GPUHCATooFar");
-    // GPUs without any HCA.
-    let gd = gpu_report(&["0000:01:00.0"], &[]);
-    let v = evaluate_gpudirect(&gd, &config("gpudirect:\n  required: true\n"));
-    assert_eq!(v.part.findings[0].code, "NoHCAForGPUs");
-    assert_eq!(v.rails, None);
-    // 40 GPUs do not fit a label value: no label, a warning.
-    let names: Vec<String> = (0..40).map(|i| format!("0000:{i:02x}:00.0")).collect();
-    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-    let pairs: Vec<(&str, &str, Relation)> =
-        refs.iter().map(|g| (*g, "mlx5_0", Relation::Pix)).collect();
-    let v = evaluate_gpudirect(&gpu_report(&refs, &pairs), &config(""));
-    assert_eq!(v.rails, None);
-    assert!(
-        v.part
-            .warnings
-            .iter()
-            .any(|w| w.code == "RailsLabelTooLong")
-    );
 }
 
 fn reasons(v: &Verdict) -> String {

@@ -40,8 +40,11 @@ pub fn probe_fixture(node: &Path, timestamp: f64) -> ProbeReport {
         rdma_sysfs_seconds: 0.0042,
         rdma_verbs_seconds: 0.0,
         storage_seconds: 0.0007,
-        gpudirect_seconds: 0.0003,
-        collected: [("netdev_seconds".to_owned(), 0.0001)].into(),
+        collected: [
+            ("netdev_seconds".to_owned(), 0.0001),
+            ("gpudirect_seconds".to_owned(), 0.0003),
+        ]
+        .into(),
     };
     report
 }
@@ -72,7 +75,7 @@ pub fn unhealthy_metrics() -> Metrics {
     let (metrics, pods) = Metrics::with_config_and(&config, |live| {
         Some(fabricgate::transport::metrics::PodMetrics::register(live))
     });
-    let metrics = fabricgate::checks::registered().metrics(metrics);
+    let metrics = fabricgate::checks::registered().metrics(metrics, &config);
     let node = committed_fixture("ndr-port-down");
     let t0 = 1_700_000_000.0;
     let window = config.fallback.window.as_secs();
@@ -102,7 +105,8 @@ pub fn unhealthy_metrics() -> Metrics {
             duration_us: Some(5400.0),
             ..SelftestResult::default()
         });
-        let mut verdict = policy::evaluate(&report, &config);
+        let mut verdict =
+            policy::evaluate_checked(&report, &config, &fabricgate::checks::registered().checks());
         // A DRA node: the bad HCA kept off new claims by a DeviceTaintRule.
         verdict.device_taints.push(policy::dra::DeviceTaint {
             driver: "dra.net".into(),
@@ -255,13 +259,14 @@ pub fn set_counters_timestamp(report: &mut ProbeReport, timestamp: f64) {
 
 /// The agent's metrics: the built-in families and every registered subsystem's.
 pub fn agent_metrics(config: &Config) -> Metrics {
-    fabricgate::checks::registered().metrics(Metrics::with_config(config))
+    fabricgate::checks::registered().metrics(Metrics::with_config(config), config)
 }
 
 /// Record one probe of the fixture into `metrics`.
 pub fn record_fixture(metrics: &Metrics, node: &Path, config: &Config, timestamp: f64) {
     let report = probe_fixture(node, timestamp);
-    let verdict = policy::evaluate(&report, config);
+    let verdict =
+        policy::evaluate_checked(&report, config, &fabricgate::checks::registered().checks());
     metrics.record_probe(&report, &verdict);
 }
 

@@ -5,7 +5,6 @@ use crate::common;
 
 use common::{committed_fixture, record_fixture, sample};
 use fabricgate::config::Config;
-use fabricgate::observe::metrics::Metrics;
 
 fn requirements() -> Config {
     Config::load(&committed_fixture("requirements-dgx.yaml")).unwrap()
@@ -13,7 +12,7 @@ fn requirements() -> Config {
 
 fn metrics_of(fixture: &str) -> String {
     let config = requirements();
-    let metrics = Metrics::with_config(&config);
+    let metrics = common::agent_metrics(&config);
     record_fixture(&metrics, &committed_fixture(fixture), &config, 1.0);
     metrics.encode(false)
 }

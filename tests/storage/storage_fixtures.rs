@@ -323,7 +323,6 @@ fn every_mount_status_maps_to_its_finding_code() {
             mounts,
             ..StorageReport::default()
         },
-        gpudirect: Default::default(),
         timings: Default::default(),
         host: Default::default(),
         facts: Default::default(),

@@ -10,6 +10,8 @@ pub mod modules;
 pub mod pci;
 pub mod transport;
 
+use crate::ProbeReport;
+use crate::collect::{Collector, Fact, Pass};
 use crate::rdma::RdmaReport;
 use crate::roots::Roots;
 use crate::sysfs_io::{AttrBuf, AttrReader, KeptAttr, list_dir};
@@ -146,6 +148,41 @@ pub struct PeerMemory {
 impl PeerMemory {
     pub fn usable(&self) -> bool {
         self.method.is_some()
+    }
+}
+
+/// The collector's name, its key in the report and its `probe` label.
+pub const NAME: &str = "gpudirect";
+
+/// What this probe found, when the GPUDirect collector ran.
+pub fn of(report: &ProbeReport) -> Option<&GpudirectReport> {
+    report.facts.get(NAME)
+}
+
+/// The RDMA ports' transport settings this probe read (none when the collector did not run):
+/// the RoCE MTU and ECN the RDMA policy also judges.
+pub fn transport_of(report: &ProbeReport) -> &[PortTransport] {
+    of(report).map_or(&[], |g| g.transport.as_slice())
+}
+
+/// Put `gpudirect` in `report` as the collector would have (a report built in code).
+pub fn set(report: &mut ProbeReport, gpudirect: GpudirectReport) {
+    report.facts.insert(NAME, fact(gpudirect).from_probe(NAME));
+}
+
+fn fact(report: GpudirectReport) -> Fact {
+    let errors = report.errors.clone();
+    Fact::new(report).with_errors(errors)
+}
+
+impl Collector for GpudirectReader {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    /// After the RDMA probe: the HCAs are placed where it resolved them.
+    fn collect(&mut self, pass: &Pass<'_>) -> Fact {
+        fact(self.probe(&pass.report.rdma, pass.slow))
     }
 }
 

@@ -31,7 +31,7 @@ impl Subsystem for Netdev {
         None
     }
 
-    fn metrics(&self, registry: &mut Registry) -> Box<dyn CheckMetrics> {
+    fn metrics(&self, registry: &mut Registry, _config: &Config) -> Box<dyn CheckMetrics> {
         Box::new(metrics::NetdevMetrics::register(registry))
     }
 }

@@ -42,7 +42,6 @@ fn verdict(ready: bool) -> Verdict {
             link_layer: None,
         },
         lustre: part.clone(),
-        gpudirect: policy::GpudirectVerdict::default(),
         placement: part,
         labels: [("fabricgate.io/ready".to_owned(), ready.to_string())].into(),
         taints: if ready {

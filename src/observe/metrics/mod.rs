@@ -95,7 +95,7 @@ pub fn counters_read() -> fabricgate_probes::rdma::sysfs::CounterNames {
 
 /// The built-in `probe` label values of the duration histogram and the error counter (each
 /// registered subsystem adds its own, src/checks/).
-pub const PROBE_KINDS: &[&str] = &["rdma_sysfs", "rdma_verbs", "storage", "gpudirect"];
+pub const PROBE_KINDS: &[&str] = &["rdma_sysfs", "rdma_verbs", "storage"];
 
 /// The `kind` label values of `fabricgate_node_writes_total`.
 pub const NODE_WRITE_KINDS: &[&str] = &["labels", "taint", "conditions", "event"];
@@ -104,7 +104,7 @@ const DURATION_BUCKETS: [f64; 14] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
 
-type GaugeF64 = Gauge<f64, AtomicU64>;
+pub type GaugeF64 = Gauge<f64, AtomicU64>;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PortLabels {
@@ -151,22 +151,6 @@ struct WhyLabels {
 pub const HTTP_DROP_REASONS: &[&str] = &["evicted", "rejected"];
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct GpuPairLabels {
-    gpu: String,
-    hca: String,
-    relation: &'static str,
-    numa: String,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct EcnLabels {
-    device: String,
-    port: u32,
-    /// `np` (notification point) or `rp` (reaction point).
-    point: &'static str,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabels {
     reason: String,
 }
@@ -189,9 +173,10 @@ struct FindingLabels {
 }
 
 /// A gauge that is absent until its value is known (a missing value is not 0).
-type OptionalGauge = Family<Vec<(&'static str, &'static str)>, GaugeF64>;
+pub type OptionalGauge = Family<Vec<(&'static str, &'static str)>, GaugeF64>;
 
-fn set_optional(g: &OptionalGauge, v: Option<f64>) {
+/// Set `g` to `v`, or leave it without a sample when `v` is unknown.
+pub fn set_optional(g: &OptionalGauge, v: Option<f64>) {
     match v {
         Some(v) => {
             g.get_or_create(&Vec::new()).set(v);
@@ -247,14 +232,6 @@ struct Families {
     agent_error: Gauge,
     http_connections: Gauge,
     http_dropped: Family<WhyLabels, Counter>,
-    gpudirect_ready: Gauge,
-    gpudirect_gpus: Gauge,
-    gpudirect_pair_relation: Family<GpuPairLabels, Gauge>,
-    gpudirect_worst_relation: OptionalGauge,
-    gpudirect_acs_redirect_bridges: Gauge,
-    gpudirect_peer_memory: Gauge,
-    port_active_mtu: Family<PortLabels, Gauge>,
-    port_ecn_enabled: Family<EcnLabels, Gauge>,
 }
 
 /// Reader state behind the counters: the last raw value of every kernel counter series.
@@ -294,8 +271,6 @@ pub struct Metrics {
     /// Not under `state`: the detector's window work never holds up a scrape.
     fallback: Mutex<Fallback>,
     health: Health,
-    /// `rdma.roce.ecn_priority`: the priority `fabricgate_rdma_port_ecn_enabled` reports.
-    ecn_priority: u8,
     /// The `fabricgate_peer_*` families, registered when `peers.enabled`.
     pub peers: Option<crate::peers::PeerMetrics>,
     /// What triggered each probe and which event sources listen (docs/events.md).

@@ -2,9 +2,8 @@
 //! counters behind their reset-proof accumulators.
 
 use super::{
-    ERROR_COUNTERS, EcnLabels, FindingLabels, GpuPairLabels, HW_COUNTERS, Metrics, MountLabels,
-    PortCounterLabels, PortInfoLabels, PortLabels, ProbeLabels, Readers, ReasonLabels,
-    set_optional,
+    ERROR_COUNTERS, FindingLabels, HW_COUNTERS, Metrics, MountLabels, PortCounterLabels,
+    PortInfoLabels, PortLabels, ProbeLabels, Readers, ReasonLabels, set_optional,
 };
 use crate::observe::counters::{accumulate, drop_series, expire};
 use crate::policy::Verdict;
@@ -34,12 +33,6 @@ impl Metrics {
             ("rdma_sysfs", t.rdma_sysfs_seconds, true, errors_sysfs),
             ("rdma_verbs", t.rdma_verbs_seconds, verbs_ran, errors_verbs),
             ("storage", t.storage_seconds, true, errors_storage),
-            (
-                "gpudirect",
-                t.gpudirect_seconds,
-                true,
-                report.gpudirect.errors.len(),
-            ),
         ] {
             let l = ProbeLabels { probe };
             if ran {
@@ -52,7 +45,6 @@ impl Metrics {
         }
         let f = &self.families;
         f.last_probe_timestamp.set(report.timestamp);
-        self.record_gpudirect(report, verdict);
 
         // Counters of a device gone for longer than the grace (renamed, removed) are dropped,
         // so /metrics does not grow with every device name ever seen.
@@ -246,63 +238,6 @@ impl Metrics {
             }
         }
         errors
-    }
-
-    fn record_gpudirect(&self, report: &ProbeReport, verdict: &Verdict) {
-        let f = &self.families;
-        let gd = &report.gpudirect;
-        f.gpudirect_ready
-            .set(i64::from(verdict.gpudirect.part.ready));
-        f.gpudirect_gpus
-            .set(i64::try_from(gd.gpus.len()).unwrap_or(i64::MAX));
-        f.gpudirect_pair_relation.clear();
-        for p in &gd.pairs {
-            f.gpudirect_pair_relation
-                .get_or_create(&GpuPairLabels {
-                    gpu: p.gpu.clone(),
-                    hca: p.hca.clone(),
-                    relation: p.relation.name(),
-                    numa: p.numa.map_or(String::new(), |n| n.to_string()),
-                })
-                .set(i64::from(p.relation.rank()));
-        }
-        set_optional(
-            &f.gpudirect_worst_relation,
-            gd.worst_relation.map(|r| f64::from(r.rank())),
-        );
-        let redirecting: std::collections::BTreeSet<&str> = gd
-            .pairs
-            .iter()
-            .flat_map(|p| p.redirecting_bridges())
-            .map(|b| b.address.as_str())
-            .collect();
-        f.gpudirect_acs_redirect_bridges
-            .set(i64::try_from(redirecting.len()).unwrap_or(i64::MAX));
-        f.gpudirect_peer_memory.set(i64::from(gd.peermem.usable()));
-        f.port_active_mtu.clear();
-        f.port_ecn_enabled.clear();
-        for t in &gd.transport {
-            if let Some(mtu) = t.active_mtu {
-                f.port_active_mtu
-                    .get_or_create(&PortLabels {
-                        device: t.device.clone(),
-                        port: t.port,
-                    })
-                    .set(i64::from(mtu));
-            }
-            let Some(ecn) = &t.ecn else { continue };
-            for (point, map) in [("np", &ecn.np), ("rp", &ecn.rp)] {
-                if let Some(on) = map.get(&self.ecn_priority) {
-                    f.port_ecn_enabled
-                        .get_or_create(&EcnLabels {
-                            device: t.device.clone(),
-                            port: t.port,
-                            point,
-                        })
-                        .set(i64::from(*on));
-                }
-            }
-        }
     }
 }
 

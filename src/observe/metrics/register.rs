@@ -46,7 +46,6 @@ impl Metrics {
         register_ports(&mut r, &f);
         register_mounts_and_probes(&mut r, &f, &probe_duration);
         register_node_guards(&mut r, &f, config);
-        register_gpudirect(&mut r, &f);
         register_agent(&mut r, &f);
         // The families below change without the state lock (the HTTP server at every
         // connection, the peers' thread): they go to `live`, encoded at every scrape and
@@ -102,7 +101,6 @@ impl Metrics {
                 last: FallbackStatus::default(),
             }),
             health: Health::default(),
-            ecn_priority: config.rdma.roce.ecn_priority,
             peers,
             events,
             live,
@@ -340,59 +338,6 @@ fn register_node_guards(r: &mut Registry, f: &Families, config: &Config) {
         "fallback_rdma_bytes_per_second",
         "Average RDMA byte rate over the fallback window (all in-scope ports)",
         f.fallback_rdma_rate
-    );
-}
-
-/// GPUDirect and the ports' transport settings.
-fn register_gpudirect(r: &mut Registry, f: &Families) {
-    reg!(
-        r,
-        "gpudirect_ready",
-        "1 when the GPUDirect checks pass (or do not apply: no GPUs and not required), else 0",
-        f.gpudirect_ready
-    );
-    reg!(
-        r,
-        "gpudirect_gpus",
-        "NVIDIA GPUs found in sysfs (PCI vendor 0x10de, display/3D class)",
-        f.gpudirect_gpus
-    );
-    reg!(
-        r,
-        "gpudirect_pair_relation",
-        "PCIe relation between each GPU and its nearest HCA: 0 PIX, 1 PXB, 2 PHB, 3 NODE, 4 SYS",
-        f.gpudirect_pair_relation
-    );
-    reg!(
-        r,
-        "gpudirect_worst_relation",
-        "Worst GPU-HCA relation on the node: 0 PIX, 1 PXB, 2 PHB, 3 NODE, 4 SYS (absent without pairs)",
-        f.gpudirect_worst_relation
-    );
-    reg!(
-        r,
-        "gpudirect_acs_redirect_bridges",
-        "Bridges on GPU-HCA paths with ACS request or completion redirection enabled",
-        f.gpudirect_acs_redirect_bridges
-    );
-    reg!(
-        r,
-        "gpudirect_peer_memory",
-        "1 when GPU memory can be registered with the HCA (nvidia_peermem loaded, or DMA-BUF), else 0",
-        f.gpudirect_peer_memory
-    );
-    reg!(
-        r,
-        "rdma_port_active_mtu",
-        "Active RDMA MTU of the port (verbs; RoCE with --verbs off: derived from the netdev MTU)",
-        f.port_active_mtu,
-        Unit::Bytes
-    );
-    reg!(
-        r,
-        "rdma_port_ecn_enabled",
-        "1 when ECN is on for rdma.roce.ecn_priority at the notification (np) or reaction (rp) point",
-        f.port_ecn_enabled
     );
 }
 

@@ -2,7 +2,7 @@
 //! sequences (hysteresis, stalls, events) that only a stateful judge can get wrong.
 
 use super::*;
-use crate::policy::{AWAITING_VALIDATION, DEVICE_PLUGIN_UNAVAILABLE, Scope};
+use crate::policy::{AWAITING_VALIDATION, DEVICE_PLUGIN_UNAVAILABLE, Scope, evaluate};
 use agent_fault::Cause;
 use fabricgate_probes::host::{HostReport, OwnMountMissing, SocketProblem};
 use fabricgate_probes::rdma::{DeviceReport, LinkLayer, PhysState, PortReport, PortState, Rate};
@@ -360,7 +360,6 @@ fn a_required_finding_taints_and_names_itself_in_the_conditions() {
         timestamp: 0.0,
         rdma: Default::default(),
         storage: Default::default(),
-        gpudirect: Default::default(),
         timings: Default::default(),
         host: Default::default(),
         facts: Default::default(),

@@ -1,18 +1,41 @@
-//! GPUDirect RDMA: GPUs, their HCAs, ACS and the peer-memory path.
+//! GPUDirect RDMA's part of the verdict: GPUs, their HCAs, ACS and the peer-memory path.
 
-use super::*;
+use super::NAME;
+use crate::config::Config;
+use crate::policy::Finding;
+use crate::policy::check::{Contribution, NodeCheck, finding};
+use fabricgate_probes::ProbeReport;
+use fabricgate_probes::gpudirect::pci::{AcsState, Relation, acs_control_names};
+use fabricgate_probes::gpudirect::{self, GpudirectReport};
+use serde_json::json;
 
 fn gpudirect_finding(code: &'static str, message: String) -> Finding {
-    Finding {
-        scope: Scope::Gpudirect,
-        code,
-        message,
+    finding(NAME, code, message)
+}
+
+/// `GPUDirectReady`, the labels `gpudirect.ready` and `gpudirect.relation` and `rails`, and in
+/// `check`'s JSON `present`, `relation`, `rails`.
+pub struct GpudirectCheck;
+
+impl NodeCheck for GpudirectCheck {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn condition(&self) -> (&'static str, &'static str) {
+        ("GPUDirectReady", "GPUDirectUsable")
+    }
+
+    fn judge(&self, report: &ProbeReport, config: &Config) -> Contribution {
+        let empty = GpudirectReport::default();
+        evaluate_gpudirect(gpudirect::of(report).unwrap_or(&empty), config)
     }
 }
 
 /// GPUs, their HCAs, ACS on the paths and the peer-memory path. With `gpudirect.required`
-/// false every problem is a warning; a node without GPUs passes unless required.
-pub(super) fn evaluate_gpudirect(report: &GpudirectReport, config: &Config) -> GpudirectVerdict {
+/// false every problem is a warning (the fold's rule for a subsystem not required); a node
+/// without GPUs has nothing to say (no condition, no label) unless they are required.
+pub(super) fn evaluate_gpudirect(report: &GpudirectReport, config: &Config) -> Contribution {
     let req = &config.gpudirect;
     let mut problems = Vec::new();
     let mut notes = Vec::new();
@@ -28,20 +51,31 @@ pub(super) fn evaluate_gpudirect(report: &GpudirectReport, config: &Config) -> G
     }
     let rails = rails_label(report, &mut notes);
 
-    let mut part = PartVerdict::ok();
-    if req.required {
-        part.ready = problems.is_empty();
-        part.findings = problems;
-    } else {
-        part.warnings = problems;
+    let mut labels = Vec::new();
+    if let Some(rel) = report.worst_relation {
+        labels.push(("gpudirect.relation".to_owned(), rel.name().to_owned()));
     }
-    part.warnings.extend(notes);
-    GpudirectVerdict {
-        part,
+    if let Some(rails) = &rails {
+        labels.push(("rails".to_owned(), rails.clone()));
+    }
+    let mut details = serde_json::Map::new();
+    details.insert("present".into(), json!(!report.gpus.is_empty()));
+    if report.gpus.is_empty() {
+        details.insert(
+            "message".into(),
+            json!("no NVIDIA GPUs found (PCI vendor 0x10de, display/3D class)"),
+        );
+    }
+    details.insert("relation".into(), json!(report.worst_relation));
+    details.insert("rails".into(), json!(rails));
+    Contribution {
         required: req.required,
-        gpus: report.gpus.len(),
-        relation: report.worst_relation,
-        rails,
+        silent: report.gpus.is_empty() && !req.required,
+        findings: problems,
+        warnings: notes,
+        labels,
+        details,
+        agent_problems: Vec::new(),
     }
 }
 
