@@ -1,15 +1,13 @@
 //! The node's subsystems behind one interface: each one's probe (a [`Collector`] in the
 //! probes crate), its part of the verdict ([`NodeCheck`], folded in by the one Judge) and its
 //! own metrics ([`CheckMetrics`]), listed once in [`registered`]. A new subsystem is its
-//! probe's file or folder in `probes/src/`, its folder here, and one line in [`registered`]
+//! probe's file or folder in `probes/src/`, its folder here, and one line in `register!`
 //! (docs/design.md, "Where a new check goes"). Its requirements, if any, are its own
 //! `checks.<name>:` section of the file.
 //!
 //! This floor sits above `observe` (a subsystem implements the policy's and the metrics'
 //! interfaces) and below the subcommands that probe, judge and record.
 
-mod gpudirect;
-mod netdev;
 #[cfg(test)]
 mod tests;
 
@@ -47,12 +45,22 @@ pub trait Subsystem: Send + Sync {
     }
 }
 
-/// The registered subsystems, in the order they probe.
-pub fn registered() -> Registered {
-    Registered::new(vec![
-        Arc::new(gpudirect::Gpudirect),
-        Arc::new(netdev::Netdev),
-    ])
+/// Declares each subsystem's folder and lists it in [`registered`], in the order they probe:
+/// one line a subsystem (`folder::Type`).
+macro_rules! register {
+    ($($folder:ident :: $subsystem:ident),* $(,)?) => {
+        $(mod $folder;)*
+
+        /// The registered subsystems, in the order they probe.
+        pub fn registered() -> Registered {
+            Registered::new(vec![$(Arc::new($folder::$subsystem)),*])
+        }
+    };
+}
+
+register! {
+    gpudirect::Gpudirect,
+    netdev::Netdev,
 }
 
 /// What [`registered`] lists, handed to the prober, the Judge and the metrics.
