@@ -69,8 +69,8 @@ fn add_subsystems(
     for (key, fact) in report.facts.iter() {
         doc.insert(key.to_owned(), json!(fact));
     }
-    for (name, part) in &verdict.checks {
-        let entry = doc.entry(*name).or_insert_with(|| json!({}));
+    for (name, part) in verdict.checks.iter() {
+        let entry = doc.entry(name).or_insert_with(|| json!({}));
         if !entry.is_object() {
             *entry = json!({ "value": entry.take() });
         }

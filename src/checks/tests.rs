@@ -276,14 +276,14 @@ fn enough_passes_and_a_subsystem_not_required_only_warns() {
     let v = policy::evaluate_checked(&report, &config_warn, &registered.checks());
     assert!(v.ready, "not required: never blocks");
     assert_eq!(
-        v.checks["hugepages"].part.warnings[0].message,
+        v.checks.get("hugepages").unwrap().part.warnings[0].message,
         "8 free 1 GiB huge pages, 16 required"
     );
     assert!(
         v.warnings()
             .contains(&"8 free 1 GiB huge pages, 16 required".to_owned())
     );
-    assert_eq!(v.checks["hugepages"].part.findings, []);
+    assert_eq!(v.checks.get("hugepages").unwrap().part.findings, []);
 
     let without = policy::evaluate(&report, &config_ok);
     assert!(
@@ -326,7 +326,11 @@ fn what_the_agent_cannot_read_is_an_agent_error_never_a_verdict() {
     let own = condition(&judgment.verdict, "HugepagesReady");
     assert_eq!(own.reason, agent_fault::REASON);
     assert!(
-        judgment.verdict.checks["hugepages"]
+        judgment
+            .verdict
+            .checks
+            .get("hugepages")
+            .unwrap()
             .part
             .findings
             .iter()

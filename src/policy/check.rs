@@ -121,6 +121,46 @@ impl CheckVerdict {
     }
 }
 
+/// The registered subsystems' parts of a verdict, in registration order (the order of their
+/// conditions and of the verdict's reasons); in JSON, an object by name.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Parts(Vec<(&'static str, CheckVerdict)>);
+
+impl Parts {
+    pub fn get(&self, name: &str) -> Option<&CheckVerdict> {
+        self.0.iter().find(|(n, _)| *n == name).map(|(_, v)| v)
+    }
+
+    pub fn get_mut(&mut self, name: &str) -> Option<&mut CheckVerdict> {
+        self.0.iter_mut().find(|(n, _)| *n == name).map(|(_, v)| v)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&'static str, &CheckVerdict)> {
+        self.0.iter().map(|(n, v)| (*n, v))
+    }
+
+    pub fn values(&self) -> impl Iterator<Item = &CheckVerdict> {
+        self.0.iter().map(|(_, v)| v)
+    }
+}
+
+impl FromIterator<(&'static str, CheckVerdict)> for Parts {
+    fn from_iter<I: IntoIterator<Item = (&'static str, CheckVerdict)>>(iter: I) -> Self {
+        Self(iter.into_iter().collect())
+    }
+}
+
+impl Serialize for Parts {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = s.serialize_map(Some(self.0.len()))?;
+        for (name, part) in &self.0 {
+            map.serialize_entry(name, part)?;
+        }
+        map.end()
+    }
+}
+
 /// One subsystem's judgment of one probe, before the fold into the verdict.
 #[derive(Debug)]
 pub(super) struct Judged {

@@ -135,9 +135,9 @@ pub struct Verdict {
     /// only by the [`judge::Judge`], after its device hysteresis.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub device_taints: Vec<dra::DeviceTaint>,
-    /// The registered subsystems' parts ([`check::NodeCheck`]), by name.
+    /// The registered subsystems' parts ([`check::NodeCheck`]), by name, in registration order.
     #[serde(flatten)]
-    pub checks: BTreeMap<&'static str, check::CheckVerdict>,
+    pub checks: check::Parts,
 }
 
 impl Verdict {
@@ -156,8 +156,8 @@ impl Verdict {
             .collect()
     }
 
-    /// Every part of the verdict: RDMA, Lustre, the registered subsystems' in name order
-    /// (GPUDirect's among them), placement.
+    /// Every part of the verdict: RDMA, Lustre, the registered subsystems' in registration
+    /// order (GPUDirect's among them), placement.
     pub fn parts(&self) -> impl Iterator<Item = &PartVerdict> {
         [&self.rdma.part, &self.lustre]
             .into_iter()
