@@ -64,25 +64,43 @@ impl fmt::Debug for NewCollector {
     }
 }
 
-/// What one collector found in one probe: its typed value (read back with [`Fact::get`]), the
-/// same as JSON for `check`, and the errors of its probe.
+/// What one collector found in one probe: its typed value (read back with [`Fact::get`]),
+/// shown as JSON only when `check` prints it, and the errors of its probe.
 #[derive(Clone)]
 pub struct Fact {
     /// The collector's name (set by the prober).
     probe: &'static str,
-    value: Arc<dyn Any + Send + Sync>,
-    json: serde_json::Value,
+    value: Arc<dyn FactValue>,
     errors: Vec<String>,
 }
 
+/// A collected value: read back by type, shown as JSON, debug-printed.
+trait FactValue: Any + Send + Sync {
+    fn as_any(&self) -> &dyn Any;
+    fn to_json(&self) -> serde_json::Value;
+    fn debug(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result;
+}
+
+impl<T: Serialize + fmt::Debug + Send + Sync + 'static> FactValue for T {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn to_json(&self) -> serde_json::Value {
+        serde_json::to_value(self)
+            .unwrap_or_else(|e| serde_json::Value::String(format!("not shown: {e}")))
+    }
+
+    fn debug(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self, f)
+    }
+}
+
 impl Fact {
-    pub fn new<T: Serialize + Send + Sync + 'static>(value: T) -> Self {
-        let json = serde_json::to_value(&value)
-            .unwrap_or_else(|e| serde_json::Value::String(format!("not shown: {e}")));
+    pub fn new<T: Serialize + fmt::Debug + Send + Sync + 'static>(value: T) -> Self {
         Self {
             probe: "",
             value: Arc::new(value),
-            json,
             errors: Vec::new(),
         }
     }
@@ -106,7 +124,7 @@ impl Fact {
 
     /// The value, when it is a `T`.
     pub fn get<T: 'static>(&self) -> Option<&T> {
-        self.value.downcast_ref()
+        self.value.as_any().downcast_ref()
     }
 
     pub fn errors(&self) -> &[String] {
@@ -116,9 +134,15 @@ impl Fact {
 
 impl fmt::Debug for Fact {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        struct Value<'a>(&'a dyn FactValue);
+        impl fmt::Debug for Value<'_> {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                self.0.debug(f)
+            }
+        }
         f.debug_struct("Fact")
             .field("probe", &self.probe)
-            .field("value", &self.json)
+            .field("value", &Value(&*self.value))
             .field("errors", &self.errors)
             .finish()
     }
@@ -126,7 +150,7 @@ impl fmt::Debug for Fact {
 
 impl Serialize for Fact {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        self.json.serialize(s)
+        self.value.to_json().serialize(s)
     }
 }
 

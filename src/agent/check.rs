@@ -2,7 +2,6 @@
 
 use crate::policy::Verdict;
 use fabricgate_probes::ProbeReport;
-use fabricgate_probes::gpudirect;
 use fabricgate_probes::rdma::{DeviceReport, format_gbps};
 use serde_json::{Value, json};
 use std::fmt::Write as _;
@@ -152,7 +151,9 @@ pub fn to_table(report: &ProbeReport, verdict: &Verdict) -> String {
     if let Some(version) = &report.storage.client.version {
         let _ = writeln!(out, "  lustre client {version}");
     }
-    gpudirect_table(&mut out, report, verdict);
+    for subsystem in crate::checks::registered().iter() {
+        subsystem.table(&mut out, report, verdict);
+    }
     let _ = writeln!(out, "\nLabels:");
     for (k, v) in &verdict.labels {
         let _ = writeln!(out, "  {k}={v}");
@@ -168,56 +169,6 @@ pub fn to_table(report: &ProbeReport, verdict: &Verdict) -> String {
         };
     }
     out
-}
-
-fn gpudirect_table(out: &mut String, report: &ProbeReport, verdict: &Verdict) {
-    let (Some(gd), Some(v)) = (gpudirect::of(report), verdict.checks.get(gpudirect::NAME)) else {
-        return;
-    };
-    if gd.gpus.is_empty() {
-        let _ = writeln!(
-            out,
-            "\nGPUDirect: no NVIDIA GPUs found{}",
-            if v.required {
-                " (gpudirect.required)"
-            } else {
-                ", not checked"
-            }
-        );
-        return;
-    }
-    let _ = writeln!(
-        out,
-        "\nGPUDirect: {} ({} GPU{}, worst relation {}, peer memory {})",
-        if v.part.ready { "ready" } else { "not ready" },
-        gd.gpus.len(),
-        if gd.gpus.len() == 1 { "" } else { "s" },
-        gd.worst_relation.map_or("-", |r| r.name()),
-        gd.peermem.method.as_deref().unwrap_or("unavailable")
-    );
-    for p in &gd.pairs {
-        let acs = if p.redirecting_bridges().next().is_some() {
-            "ACS redirect"
-        } else if p.bridges.iter().any(|b| {
-            matches!(
-                b.acs,
-                fabricgate_probes::gpudirect::pci::AcsState::Unknown { .. }
-            )
-        }) {
-            "ACS unknown"
-        } else {
-            "ACS ok"
-        };
-        let _ = writeln!(
-            out,
-            "  GPU {}  {}  {}  numa {}  {}",
-            p.gpu,
-            p.hca,
-            p.relation,
-            p.numa.map_or("?".into(), |n| n.to_string()),
-            acs
-        );
-    }
 }
 
 const HEADER: [&str; 9] = [

@@ -14,9 +14,10 @@ mod tests;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::observe::metrics::{CheckMetrics, Metrics};
+use crate::policy::Verdict;
 use crate::policy::check::{Checks, NodeCheck};
-use fabricgate_probes::Roots;
 use fabricgate_probes::collect::{Collector, NewCollector};
+use fabricgate_probes::{ProbeReport, Roots};
 use prometheus_client::registry::Registry;
 use std::sync::Arc;
 
@@ -34,6 +35,10 @@ pub trait Subsystem: Send + Sync {
 
     /// Its own families, registered in `registry`, and their recorder.
     fn metrics(&self, registry: &mut Registry, config: &Config) -> Box<dyn CheckMetrics>;
+
+    /// Its section of `check --format table`, if any (its findings are in the table's reasons
+    /// and warnings already).
+    fn table(&self, _out: &mut String, _report: &ProbeReport, _verdict: &Verdict) {}
 
     /// Its `checks.<name>:` section (or whatever of the file it reads) is valid.
     ///
@@ -71,6 +76,11 @@ impl Registered {
     /// These subsystems, in this order (what [`registered`] builds; tests register their own).
     pub fn new(subsystems: Vec<Arc<dyn Subsystem>>) -> Self {
         Self(subsystems)
+    }
+
+    /// The subsystems, in the order they probe.
+    pub fn iter(&self) -> impl Iterator<Item = &dyn Subsystem> {
+        self.0.iter().map(|s| &**s)
     }
 
     /// For [`fabricgate_probes::ProbeConfig::collectors`].

@@ -6,6 +6,7 @@
 
 mod judge;
 mod metrics;
+mod table;
 #[cfg(test)]
 mod tests;
 
@@ -13,7 +14,8 @@ use super::Subsystem;
 use crate::config::Config;
 use crate::observe::metrics::CheckMetrics;
 use crate::policy::check::NodeCheck;
-use fabricgate_probes::Roots;
+use crate::policy::Verdict;
+use fabricgate_probes::{ProbeReport, Roots};
 use fabricgate_probes::collect::Collector;
 use fabricgate_probes::gpudirect::{GpudirectConfig, GpudirectReader};
 use prometheus_client::registry::Registry;
@@ -39,5 +41,9 @@ impl Subsystem for Gpudirect {
 
     fn metrics(&self, registry: &mut Registry, config: &Config) -> Box<dyn CheckMetrics> {
         Box::new(metrics::GpudirectMetrics::register(registry, config))
+    }
+
+    fn table(&self, out: &mut String, report: &ProbeReport, verdict: &Verdict) {
+        table::table(out, report, verdict);
     }
 }
