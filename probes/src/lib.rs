@@ -12,6 +12,7 @@
 pub mod collect;
 pub mod error;
 pub mod events;
+mod fact;
 pub mod gpudirect;
 pub mod host;
 mod kept_files;
@@ -19,16 +20,17 @@ pub mod netdev;
 pub mod netlink;
 pub mod pod;
 pub mod rdma;
+mod report;
 pub mod roots;
 pub mod storage;
 mod sysfs_io;
 pub mod transport;
 
 pub use error::{ProbeError, Result};
+pub use report::{ProbeReport, ProbeTimings};
 pub use roots::Roots;
 
 use rdma::verbs::selftest::{self, SelftestSchedule};
-use serde::Serialize;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -96,41 +98,6 @@ impl SelftestConfig {
 struct PortMemory {
     was_up: bool,
     last: Option<rdma::SelftestResult>,
-}
-
-/// One probe of the node.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct ProbeReport {
-    /// Seconds since the Unix epoch when the probe started.
-    pub timestamp: f64,
-    pub rdma: rdma::RdmaReport,
-    pub storage: storage::StorageReport,
-    pub timings: ProbeTimings,
-    /// What the host shows beside the hardware (not in `check`'s JSON: the policy turns it
-    /// into findings and agent errors).
-    #[serde(skip)]
-    pub host: host::HostReport,
-    /// What each registered [`collect::Collector`] found, under its name.
-    #[serde(flatten)]
-    pub facts: collect::Facts,
-}
-
-/// Wall time of each probe kind, for `fabricgate_probe_duration_seconds{probe=...}`.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct ProbeTimings {
-    pub rdma_sysfs_seconds: f64,
-    pub rdma_verbs_seconds: f64,
-    pub storage_seconds: f64,
-    /// Each registered collector's, as `<name>_seconds`.
-    #[serde(flatten)]
-    pub collected: BTreeMap<String, f64>,
-}
-
-impl ProbeTimings {
-    /// The wall time of collector `name` in this probe, when it ran.
-    pub fn collected(&self, name: &str) -> Option<f64> {
-        self.collected.get(&format!("{name}_seconds")).copied()
-    }
 }
 
 /// Holds the state that must outlive a single probe (the statfs workers that may be stuck on a
@@ -213,7 +180,7 @@ impl Prober {
             storage,
             timings,
             host,
-            facts: collect::Facts::default(),
+            facts: fact::Facts::default(),
         };
         for collector in &mut self.collectors {
             let started = Instant::now();

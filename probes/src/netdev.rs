@@ -5,8 +5,8 @@
 //! RDMA traffic offloaded to the HCA does not pass the kernel's network stack, so these
 //! counters hold the TCP/IP path only, even on the netdev of a RoCE port.
 
-use crate::ProbeReport;
 use crate::collect::{Collector, Fact, Pass};
+use crate::report::ProbeReport;
 use crate::roots::Roots;
 use crate::sysfs_io::{AttrBuf, KeptAttr, list_dir};
 use serde::Serialize;

@@ -10,9 +10,9 @@ pub mod modules;
 pub mod pci;
 pub mod transport;
 
-use crate::ProbeReport;
 use crate::collect::{Collector, Fact, Pass};
 use crate::rdma::RdmaReport;
+use crate::report::ProbeReport;
 use crate::roots::Roots;
 use crate::sysfs_io::{AttrBuf, AttrReader, KeptAttr, list_dir};
 use pci::{AcsState, PciPath, Relation};
