@@ -541,7 +541,6 @@ impl ProbeArgs {
     pub fn probe_config(&self, config: &Config) -> ProbeConfig {
         ProbeConfig {
             verbs: self.verbs.into(),
-            storage: config.storage_config(),
             selftest: SelftestConfig {
                 schedule: config.rdma.selftest_schedule(),
                 timeout: config.rdma.selftest_timeout(),

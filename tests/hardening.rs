@@ -360,10 +360,13 @@ fn no_access_to_the_device_nodes_is_an_agent_error_not_a_hardware_reason() {
 
     // Descriptor exhaustion in any probe is the agent's too.
     let mut report = prober.probe();
-    report
-        .storage
-        .errors
-        .push("cannot read the mount table /proc/self/mountinfo: Too many open files (os error 24); check --proc-root".into());
+    fabricgate_probes::storage::set(
+        &mut report,
+        fabricgate_probes::storage::StorageReport {
+            errors: vec!["cannot read the mount table /proc/self/mountinfo: Too many open files (os error 24); check --proc-root".into()],
+            ..Default::default()
+        },
+    );
     let fault = fabricgate::policy::agent_fault::classify(&report, &[]).unwrap();
     assert_eq!(
         fault.cause,

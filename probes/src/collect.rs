@@ -32,8 +32,8 @@ pub trait Collector: Send {
 #[derive(Debug, Clone, Copy)]
 pub struct Pass<'a> {
     pub roots: &'a Roots,
-    /// This probe so far: the built-in probes (RDMA, storage, the host) and the collectors
-    /// registered before this one.
+    /// This probe so far: the RDMA probe and the collectors registered before this one (the
+    /// host checks come after them all).
     pub report: &'a ProbeReport,
     /// Whether this probe reads the slow attributes (`rdma.counters_interval`): a collector
     /// with costly reads does them then.

@@ -127,14 +127,7 @@ impl Facts {
 }
 
 /// The report's own keys and the built-in probes' names, which no collector may take.
-pub const RESERVED_NAMES: &[&str] = &[
-    "timestamp",
-    "rdma",
-    "storage",
-    "timings",
-    "rdma_sysfs",
-    "rdma_verbs",
-];
+pub const RESERVED_NAMES: &[&str] = &["timestamp", "rdma", "timings", "rdma_sysfs", "rdma_verbs"];
 
 /// Whether `name` can name a collector or its key: `[a-z_]+`, not one of [`RESERVED_NAMES`].
 pub fn valid_name(name: &str) -> bool {

@@ -71,7 +71,7 @@ pub fn check(
     config: &HostConfig,
     roots: &Roots,
     rdma: &RdmaReport,
-    storage: &StorageReport,
+    storage: Option<&StorageReport>,
 ) -> HostReport {
     let mut out = HostReport::default();
     if !config.device_plugin_sockets.is_empty() {
@@ -83,7 +83,9 @@ pub fn check(
     if config.device_nodes {
         out.missing_device_nodes = missing_device_nodes(roots, rdma);
     }
-    if config.own_mounts && roots.procfs_root() == Path::new("/proc") {
+    if let Some(storage) = storage.filter(|_| config.own_mounts)
+        && roots.procfs_root() == Path::new("/proc")
+    {
         out.own_mounts_missing = own_mounts_missing(storage);
     }
     out
@@ -301,12 +303,12 @@ mod tests {
         let sock = dir.path().join("rdma.sock");
         let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
         assert_eq!(
-            check(&config, &roots, &rdma_of(&[]), &none),
+            check(&config, &roots, &rdma_of(&[]), Some(&none)),
             HostReport::default()
         );
         drop(listener);
         std::fs::remove_file(&sock).unwrap();
-        let found = check(&config, &roots, &rdma_of(&[]), &none);
+        let found = check(&config, &roots, &rdma_of(&[]), Some(&none));
         assert_eq!(
             found.socket_problems,
             vec![SocketProblem {
@@ -315,14 +317,14 @@ mod tests {
             }]
         );
         std::fs::write(&sock, "").unwrap();
-        let found = check(&config, &roots, &rdma_of(&[]), &none);
+        let found = check(&config, &roots, &rdma_of(&[]), Some(&none));
         assert!(
             found.socket_problems[0]
                 .problem
                 .ends_with("is not a socket")
         );
         let absent = sockets(&dir.path().join("absent"), &["rdma.sock"]);
-        let found = check(&absent, &roots, &rdma_of(&[]), &none);
+        let found = check(&absent, &roots, &rdma_of(&[]), Some(&none));
         assert!(found.plugin_dir_missing && found.socket_problems.is_empty());
     }
 
@@ -336,7 +338,7 @@ mod tests {
             ..HostConfig::default()
         };
         let none = StorageReport::default();
-        let found = check(&config, &roots, &rdma_of(&[]), &none);
+        let found = check(&config, &roots, &rdma_of(&[]), Some(&none));
         assert_eq!(found.dra_problems.len(), 1);
         assert!(
             found.dra_problems[0]
@@ -350,13 +352,13 @@ mod tests {
         let _other = std::os::unix::net::UnixListener::bind(&other).unwrap();
         let sock = dir.path().join(format!("dra.net-{uid}-reg.sock"));
         let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
-        let found = check(&config, &roots, &rdma_of(&[]), &none);
+        let found = check(&config, &roots, &rdma_of(&[]), Some(&none));
         assert!(found.dra_problems.is_empty(), "{:?}", found.dra_problems);
 
         // Killed without cleanup: the file stays, nobody listens.
         drop(listener);
         assert!(sock.exists());
-        let found = check(&config, &roots, &rdma_of(&[]), &none);
+        let found = check(&config, &roots, &rdma_of(&[]), Some(&none));
         assert_eq!(found.dra_problems.len(), 1);
         assert!(
             found.dra_problems[0]
@@ -370,7 +372,7 @@ mod tests {
             dra_registry_dir: dir.path().join("absent"),
             ..config
         };
-        let found = check(&absent, &roots, &rdma_of(&[]), &none);
+        let found = check(&absent, &roots, &rdma_of(&[]), Some(&none));
         assert!(found.dra_registry_missing && found.dra_problems.is_empty());
     }
 
@@ -401,23 +403,33 @@ mod tests {
             &config,
             &with_dev,
             &rdma_of(&["mlx5_0", "mlx5_1", "mlx5_4"]),
-            &none,
+            Some(&none),
         );
         assert_eq!(found.missing_device_nodes.len(), 1);
         assert!(
             found.missing_device_nodes[0].ends_with("infiniband/uverbs4 (mlx5_4)"),
             "{found:?}"
         );
-        let all_there = check(&config, &with_dev, &rdma_of(&["mlx5_0", "mlx5_3"]), &none);
+        let all_there = check(
+            &config,
+            &with_dev,
+            &rdma_of(&["mlx5_0", "mlx5_3"]),
+            Some(&none),
+        );
         assert_eq!(all_there, HostReport::default());
         let no_dev = roots.clone().with_devfs(fixture.join("no-dev"));
-        let nothing = check(&config, &no_dev, &rdma_of(&["mlx5_0", "mlx5_4"]), &none);
+        let nothing = check(
+            &config,
+            &no_dev,
+            &rdma_of(&["mlx5_0", "mlx5_4"]),
+            Some(&none),
+        );
         assert_eq!(nothing, HostReport::default());
         let off = check(
             &HostConfig::default(),
             &with_dev,
             &rdma_of(&["mlx5_0", "mlx5_4"]),
-            &none,
+            Some(&none),
         );
         assert_eq!(off, HostReport::default());
     }

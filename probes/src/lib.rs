@@ -38,7 +38,6 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 #[derive(Debug, Clone, Default)]
 pub struct ProbeConfig {
     pub verbs: rdma::VerbsMode,
-    pub storage: storage::StorageConfig,
     pub selftest: SelftestConfig,
     /// How often the slow attributes are read (`rdma.counters_interval`): `counters/` and
     /// `hw_counters/`, each RDMA device's identity, firmware and PCIe capabilities, InfiniBand
@@ -105,7 +104,6 @@ struct PortMemory {
 pub struct Prober {
     roots: Roots,
     config: ProbeConfig,
-    storage: storage::StorageProber,
     /// The RDMA attribute files, kept open between probes.
     sysfs: rdma::sysfs::SysfsReader,
     /// When the RDMA counters (and the other slow attributes) were last read (drives
@@ -120,7 +118,6 @@ pub struct Prober {
 
 impl Prober {
     pub fn new(roots: Roots, config: ProbeConfig) -> Self {
-        let storage = storage::StorageProber::new(config.storage.clone());
         let sysfs =
             rdma::sysfs::SysfsReader::with_counter_names(&roots, config.counter_names.clone());
         let collectors = config.collectors.iter().map(|c| c.make(&roots)).collect();
@@ -129,7 +126,6 @@ impl Prober {
             counters_read: None,
             roots,
             config,
-            storage,
             probes: 0,
             ports: BTreeMap::new(),
             collectors,
@@ -169,17 +165,11 @@ impl Prober {
         }
         self.probes += 1;
 
-        let started = Instant::now();
-        let storage = self.storage.probe(&self.roots);
-        timings.storage_seconds = started.elapsed().as_secs_f64();
-
-        let host = host::check(&self.config.host, &self.roots, &rdma, &storage);
         let mut report = ProbeReport {
             timestamp,
             rdma,
-            storage,
             timings,
-            host,
+            host: host::HostReport::default(),
             facts: fact::Facts::default(),
         };
         for collector in &mut self.collectors {
@@ -197,6 +187,13 @@ impl Prober {
                 .insert(format!("{name}_seconds"), started.elapsed().as_secs_f64());
             report.facts.insert(collector.key(), fact);
         }
+        // After the collectors: a required mount the container lacks is read from storage's.
+        report.host = host::check(
+            &self.config.host,
+            &self.roots,
+            &report.rdma,
+            storage::of(&report),
+        );
         report
     }
 

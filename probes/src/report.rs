@@ -2,7 +2,7 @@
 //! reports and the registered collectors' facts.
 
 use crate::fact::Facts;
-use crate::{host, rdma, storage};
+use crate::{host, rdma};
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -12,7 +12,6 @@ pub struct ProbeReport {
     /// Seconds since the Unix epoch when the probe started.
     pub timestamp: f64,
     pub rdma: rdma::RdmaReport,
-    pub storage: storage::StorageReport,
     pub timings: ProbeTimings,
     /// What the host shows beside the hardware (not in `check`'s JSON: the policy turns it
     /// into findings and agent errors).
@@ -28,7 +27,6 @@ pub struct ProbeReport {
 pub struct ProbeTimings {
     pub rdma_sysfs_seconds: f64,
     pub rdma_verbs_seconds: f64,
-    pub storage_seconds: f64,
     /// Each registered collector's, as `<name>_seconds`.
     #[serde(flatten)]
     pub collected: BTreeMap<String, f64>,

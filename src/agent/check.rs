@@ -7,7 +7,8 @@ use serde_json::{Value, json};
 use std::fmt::Write as _;
 
 /// The JSON document of `fabricgate check --format json`: the verdict and the report merged
-/// under `rdma` and `lustre`, so `rdma.ready` sits beside `rdma.devices`.
+/// under `rdma` and each registered part's name (`lustre`, `gpudirect`), so `rdma.ready` sits
+/// beside `rdma.devices`.
 pub fn to_json(report: &ProbeReport, verdict: &Verdict) -> Value {
     let mut rdma = serde_json::to_value(&report.rdma).unwrap_or(Value::Null);
     if let Value::Object(map) = &mut rdma {
@@ -23,15 +24,6 @@ pub fn to_json(report: &ProbeReport, verdict: &Verdict) -> Value {
             json!(messages(&verdict.rdma.part.warnings)),
         );
     }
-    let mut lustre = serde_json::to_value(&report.storage).unwrap_or(Value::Null);
-    if !lustre.is_object() {
-        lustre = json!({});
-    }
-    if let Value::Object(map) = &mut lustre {
-        map.insert("ready".into(), json!(verdict.lustre.ready));
-        map.insert("reasons".into(), json!(messages(&verdict.lustre.findings)));
-        map.insert("warnings".into(), json!(messages(&verdict.lustre.warnings)));
-    }
     // `check` reads no Node, so `placement.required_labels` is the agent's to check.
     let placement = json!({
         "evaluated": !verdict.placement.findings.is_empty(),
@@ -43,7 +35,6 @@ pub fn to_json(report: &ProbeReport, verdict: &Verdict) -> Value {
         "reasons": verdict.reasons(),
         "warnings": verdict.warnings(),
         "rdma": rdma,
-        "lustre": lustre,
         "placement": placement,
         "labels": verdict.labels,
         "taints": verdict.taints,
@@ -66,6 +57,13 @@ fn add_subsystems(
     verdict: &Verdict,
 ) {
     for (key, fact) in report.facts.iter() {
+        // A fact a part of another name is shown with goes under that name (storage's under
+        // `lustre`).
+        let key = verdict
+            .checks
+            .iter()
+            .find(|(_, part)| part.fact == key)
+            .map_or(key, |(name, _)| name);
         doc.insert(key.to_owned(), json!(fact));
     }
     for (name, part) in verdict.checks.iter() {
@@ -125,31 +123,6 @@ pub fn to_table(report: &ProbeReport, verdict: &Verdict) -> String {
         let _ = writeln!(out, "  (no RDMA devices)");
     } else {
         crate::text::write_columns(&mut out, &HEADER, device_rows(&report.rdma.devices));
-    }
-    let _ = writeln!(
-        out,
-        "\nLustre: {}",
-        if verdict.lustre.ready {
-            "ready"
-        } else {
-            "not ready"
-        }
-    );
-    if report.storage.mounts.is_empty() {
-        let _ = writeln!(out, "  (no mounts to check)");
-    }
-    for m in &report.storage.mounts {
-        let _ = writeln!(
-            out,
-            "  {}  {}  {}  {}",
-            m.path,
-            m.fstype.as_deref().unwrap_or("-"),
-            m.status.as_str(),
-            m.message
-        );
-    }
-    if let Some(version) = &report.storage.client.version {
-        let _ = writeln!(out, "  lustre client {version}");
     }
     for subsystem in crate::checks::registered().iter() {
         subsystem.table(&mut out, report, verdict);

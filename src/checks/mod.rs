@@ -64,6 +64,7 @@ macro_rules! register {
 }
 
 register! {
+    storage::Storage,
     gpudirect::Gpudirect,
     netdev::Netdev,
 }

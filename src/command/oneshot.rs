@@ -154,7 +154,9 @@ pub(super) fn preflight(args: &PreflightArgs) -> Result<u8> {
         min_active_ports: args.min_active_ports,
         nccl_net: args.nccl_net.clone(),
     };
-    let outcome = preflight::run(&roots, args.probe.probe_config(&config), &config, &opts);
+    let probe = args.probe.probe_config(&config);
+    let checks = crate::checks::registered().checks();
+    let outcome = preflight::run(&roots, probe, &config, &checks, &opts);
     if outcome.ok() {
         match preflight::write_nccl_files(&args.nccl_dir, &outcome.ports, &opts.nccl_net) {
             Ok((conf, env)) => println!(
@@ -183,9 +185,12 @@ pub(super) fn preflight(args: &PreflightArgs) -> Result<u8> {
         eprintln!("note: {note}");
     }
     let t = &outcome.timings;
+    let storage = t
+        .collected(fabricgate_probes::storage::NAME)
+        .map_or("-".to_owned(), |s| format!("{s:.3}s"));
     eprintln!(
-        "timings: rdma sysfs {:.3}s, verbs and self-test {:.3}s, storage {:.3}s, total {:.3}s",
-        t.rdma_sysfs_seconds, t.rdma_verbs_seconds, t.storage_seconds, outcome.elapsed_seconds
+        "timings: rdma sysfs {:.3}s, verbs and self-test {:.3}s, storage {storage}, total {:.3}s",
+        t.rdma_sysfs_seconds, t.rdma_verbs_seconds, outcome.elapsed_seconds
     );
     // The termination log is for `kubectl describe pod` only: a missing or unwritable one is
     // said on stderr and never changes the verdict's exit code.

@@ -206,9 +206,9 @@ fn moved<K: std::hash::Hash + Eq + Clone>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use fabricgate_probes::ProbeTimings;
     use fabricgate_probes::netdev::NetdevReport;
     use fabricgate_probes::rdma::{DeviceReport, PortReport, RdmaReport};
-    use fabricgate_probes::{ProbeTimings, storage::StorageReport};
     use std::time::Duration;
 
     fn report(t: f64, rdma_words: u64, tcp_bytes: u64) -> ProbeReport {
@@ -231,7 +231,6 @@ mod tests {
                 }],
                 ..RdmaReport::default()
             },
-            storage: StorageReport::default(),
             timings: ProbeTimings::default(),
             host: Default::default(),
             facts: Default::default(),

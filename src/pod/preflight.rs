@@ -6,7 +6,7 @@
 //! older NCCL); on failure it says why, one sentence per problem, also in the termination log.
 
 use crate::config::Config;
-use crate::policy;
+use crate::policy::{self, check::Checks};
 use crate::text::truncate_marked;
 use fabricgate_probes::pod::{self, DeviceNode, Limit, MemlockReport};
 use fabricgate_probes::rdma::verbs::selftest::SelftestSchedule;
@@ -141,7 +141,15 @@ fn safe_name(s: &str) -> bool {
 
 /// Probe once from inside the pod and judge it. Never panics on system input; bounded by the
 /// statfs timeout plus the self-test timeout per port.
-pub fn run(roots: &Roots, probe: ProbeConfig, config: &Config, opts: &Options) -> Outcome {
+/// `checks`: the registered subsystems (their probes are `probe`'s collectors): the storage
+/// part is read from them.
+pub fn run(
+    roots: &Roots,
+    probe: ProbeConfig,
+    config: &Config,
+    checks: &Checks,
+    opts: &Options,
+) -> Outcome {
     let started = Instant::now();
     let mut config = config.clone();
     if let Some(n) = opts.min_active_ports {
@@ -174,7 +182,7 @@ pub fn run(roots: &Roots, probe: ProbeConfig, config: &Config, opts: &Options) -
         &mut notes,
     );
 
-    let verdict = policy::evaluate(&report, &config);
+    let verdict = policy::evaluate_checked(&report, &config, checks);
     if !all_missing {
         if verdict.rdma.part.ready {
             notes.extend(verdict.rdma.part.warnings.iter().map(|f| f.message.clone()));
@@ -182,10 +190,13 @@ pub fn run(roots: &Roots, probe: ProbeConfig, config: &Config, opts: &Options) -
             problems.extend(verdict.rdma.part.findings.iter().map(|f| f.message.clone()));
         }
     }
-    if verdict.lustre.ready {
-        notes.extend(verdict.lustre.warnings.iter().map(|f| f.message.clone()));
-    } else {
-        problems.extend(verdict.lustre.findings.iter().map(|f| f.message.clone()));
+    if let Some(storage) = verdict.checks.get(policy::LUSTRE) {
+        let part = &storage.part;
+        if part.ready {
+            notes.extend(part.warnings.iter().map(|f| f.message.clone()));
+        } else {
+            problems.extend(part.findings.iter().map(|f| f.message.clone()));
+        }
     }
 
     let memlock = pod::memlock(roots);
@@ -261,7 +272,7 @@ fn probe_given_devices(
         ));
         // Nothing of the pod's RDMA to look at: fail fast, with the storage probe only (no
         // verbs providers loaded, no GID tables read).
-        return (storage_only(roots, probe), true);
+        return (storage_only(roots, config), true);
     }
     let mut report = Prober::new(roots.clone(), probe).probe();
     for n in &missing {
@@ -279,22 +290,22 @@ fn probe_given_devices(
 }
 
 /// A report with the storage probe alone (RDMA left empty).
-fn storage_only(roots: &Roots, probe: ProbeConfig) -> fabricgate_probes::ProbeReport {
+fn storage_only(roots: &Roots, config: &Config) -> fabricgate_probes::ProbeReport {
+    use fabricgate_probes::storage;
     let started = Instant::now();
-    let storage = fabricgate_probes::storage::StorageProber::new(probe.storage).probe(roots);
-    fabricgate_probes::ProbeReport {
+    let found = storage::StorageProber::new(config.storage_config()).probe(roots);
+    let mut report = fabricgate_probes::ProbeReport {
         timestamp: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0.0, |d| d.as_secs_f64()),
-        rdma: fabricgate_probes::rdma::RdmaReport::default(),
-        storage,
-        timings: fabricgate_probes::ProbeTimings {
-            storage_seconds: started.elapsed().as_secs_f64(),
-            ..Default::default()
-        },
-        host: Default::default(),
-        facts: Default::default(),
-    }
+        ..Default::default()
+    };
+    report.timings.collected.insert(
+        format!("{}_seconds", storage::NAME),
+        started.elapsed().as_secs_f64(),
+    );
+    storage::set(&mut report, found);
+    report
 }
 
 /// Whether `RLIMIT_MEMLOCK` lets RDMA pin memory: the soft limit is what a process gets.

@@ -11,7 +11,6 @@ use crate::config::{Config, OnAgentError};
 use crate::policy::{Finding, Scope, Verdict};
 use fabricgate_probes::ProbeReport;
 use fabricgate_probes::host::HostReport;
-use fabricgate_probes::storage::MountStatus;
 use std::time::Duration;
 
 /// Condition reason (and `fabricgate_findings` reason) of an agent error.
@@ -55,11 +54,11 @@ impl Cause {
     fn scopes(self) -> &'static [Scope] {
         match self {
             Self::NoDeviceAccess | Self::ConfigMismatch => &[Scope::Rdma],
-            Self::MissingOwnMount => &[Scope::Lustre],
+            Self::MissingOwnMount => &[Scope::Check(super::LUSTRE)],
             // The subsystem's own part already says so (check::CheckVerdict).
             Self::SubsystemUnreadable => &[],
             Self::OutOfDescriptors | Self::OutOfMemory | Self::ProbeStalled => {
-                &[Scope::Rdma, Scope::Lustre]
+                &[Scope::Rdma, Scope::Check(super::LUSTRE)]
             }
         }
     }
@@ -109,13 +108,7 @@ fn error_texts(report: &ProbeReport) -> Vec<&str> {
             }
         }
     }
-    out.extend(report.storage.errors.iter().map(String::as_str));
-    out.extend(report.storage.client.errors.iter().map(String::as_str));
-    for m in &report.storage.mounts {
-        if m.status == MountStatus::Error {
-            out.push(&m.message);
-        }
-    }
+    // The storage probe's errors among them (the mount table, the client, failed statfs).
     for (_, fact) in report.facts.iter() {
         out.extend(fact.errors().iter().map(String::as_str));
     }
@@ -189,10 +182,9 @@ pub fn classify(report: &ProbeReport, own_mounts: &[String]) -> Option<AgentFaul
             ),
         });
     }
-    if let Some(e) = report
-        .storage
-        .errors
-        .iter()
+    if let Some(e) = fabricgate_probes::storage::of(report)
+        .into_iter()
+        .flat_map(|s| &s.errors)
         .find(|e| e.starts_with("cannot read the mount table"))
     {
         return Some(AgentFault {
@@ -288,6 +280,7 @@ pub fn verdict(mut v: Verdict, fault: &AgentFault, config: &Config) -> Verdict {
     let prefix = &config.node.label_prefix;
     v.ready = false;
     v.labels.insert(format!("{prefix}ready"), "false".into());
+    let mut affected = vec!["FabricReady"];
     for &scope in fault.cause.scopes() {
         match scope {
             Scope::Rdma => {
@@ -295,24 +288,26 @@ pub fn verdict(mut v: Verdict, fault: &AgentFault, config: &Config) -> Verdict {
                 v.rdma.part.findings = vec![finding(Scope::Rdma)];
                 v.labels
                     .insert(format!("{prefix}rdma.ready"), "false".into());
+                affected.push("RDMAReady");
             }
-            Scope::Lustre => {
-                v.lustre.ready = false;
-                v.lustre.findings = vec![finding(Scope::Lustre)];
-                v.labels
-                    .insert(format!("{prefix}lustre.ready"), "false".into());
+            Scope::Check(name) => {
+                let Some(part) = v.checks.get_mut(name) else {
+                    continue;
+                };
+                part.part.ready = false;
+                part.part.findings = vec![finding(scope)];
+                if !part.silent {
+                    v.labels
+                        .insert(format!("{prefix}{name}.ready"), "false".into());
+                }
+                affected.push(part.condition);
             }
             // The agent's own faults are about the fabric probes and its mounts only.
-            Scope::Placement | Scope::Check(_) => {}
+            Scope::Placement => {}
         }
     }
     for c in &mut v.conditions {
-        let affected = match c.type_.as_str() {
-            "FabricReady" => true,
-            "RDMAReady" => fault.cause.scopes().contains(&Scope::Rdma),
-            "LustreReady" => fault.cause.scopes().contains(&Scope::Lustre),
-            _ => false,
-        };
+        let affected = affected.contains(&c.type_.as_str());
         if affected {
             c.status = "False".into();
             c.reason = REASON.into();

@@ -17,6 +17,12 @@ pub trait NodeCheck: Send + Sync {
     /// `<prefix><name>.ready` (usually its collector's name too).
     fn name(&self) -> &'static str;
 
+    /// The key of the fact its part is shown with in `check`'s JSON (the storage probe's,
+    /// `storage`, under `lustre`): its name unless said.
+    fn fact(&self) -> &'static str {
+        self.name()
+    }
+
     /// Its Node condition's type (`HugepagesReady`) and reason while it passes.
     fn condition(&self) -> (&'static str, &'static str);
 
@@ -68,6 +74,13 @@ pub struct CheckVerdict {
     /// [`Contribution::silent`].
     #[serde(skip)]
     pub silent: bool,
+    /// Its Node condition's type ([`NodeCheck::condition`]), for the agent fault that speaks
+    /// for it.
+    #[serde(skip)]
+    pub condition: &'static str,
+    /// [`NodeCheck::fact`].
+    #[serde(skip)]
+    pub fact: &'static str,
     /// [`Contribution::agent_problems`]: the Judge turns them into an agent error.
     #[serde(skip)]
     pub agent_problems: Vec<String>,
@@ -98,6 +111,8 @@ impl CheckVerdict {
                 required: c.required,
                 details: c.details.clone(),
                 silent: false,
+                condition: "",
+                fact: "",
                 agent_problems: c.agent_problems.clone(),
             };
         }
@@ -116,6 +131,8 @@ impl CheckVerdict {
             required: c.required,
             details: c.details.clone(),
             silent: c.silent,
+            condition: "",
+            fact: "",
             agent_problems: Vec::new(),
         }
     }
@@ -186,10 +203,13 @@ pub(super) fn judge_all(checks: &Checks, report: &ProbeReport, config: &Config) 
         .iter()
         .map(|c| {
             let contribution = c.judge(report, config);
+            let mut verdict = CheckVerdict::from_contribution(c.name(), &contribution);
+            verdict.condition = c.condition().0;
+            verdict.fact = c.fact();
             Judged {
                 name: c.name(),
                 condition: c.condition(),
-                verdict: CheckVerdict::from_contribution(c.name(), &contribution),
+                verdict,
                 labels: contribution.labels,
             }
         })

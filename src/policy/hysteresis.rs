@@ -123,7 +123,6 @@ mod tests {
         Verdict {
             ready,
             rdma,
-            lustre: PartVerdict::ok(),
             placement: PartVerdict::ok(),
             labels,
             taints: if ready {

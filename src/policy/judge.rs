@@ -226,15 +226,9 @@ pub fn apply_required_finding(mut v: Verdict, finding: Finding, config: &Config)
     v.labels
         .insert(format!("{prefix}rdma.ready"), "false".into());
     v.taints = vec![unvalidated_taint(config)];
-    let findings: Vec<&Finding> = v
-        .rdma
-        .part
-        .findings
-        .iter()
-        .chain(&v.lustre.findings)
-        .collect();
+    let findings: Vec<Finding> = v.parts().flat_map(|p| p.findings.clone()).collect();
     for c in &mut v.conditions {
-        let mine: Vec<&&Finding> = match c.type_.as_str() {
+        let mine: Vec<&Finding> = match c.type_.as_str() {
             "FabricReady" => findings.iter().collect(),
             "RDMAReady" => findings.iter().filter(|f| f.scope == Scope::Rdma).collect(),
             _ => continue,

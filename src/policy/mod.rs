@@ -9,7 +9,6 @@ mod hysteresis;
 pub mod judge;
 mod placement;
 mod rdma;
-mod storage;
 #[cfg(test)]
 mod tests;
 
@@ -17,7 +16,6 @@ pub use hysteresis::{AWAITING_VALIDATION, Hysteresis};
 pub use placement::apply_placement;
 use rdma::evaluate_rdma;
 pub use rdma::usable_ports;
-use storage::evaluate_lustre;
 
 use crate::config::{Config, LinkLayerRequirement};
 use fabricgate_probes::ProbeReport;
@@ -26,16 +24,18 @@ use fabricgate_probes::gpudirect::{MtuSource, PortTransport};
 use fabricgate_probes::rdma::{
     DeviceReport, LinkLayer, PhysState, PortReport, PortState, RdmaReport, format_gbps,
 };
-use fabricgate_probes::storage::{LustreHealth, MountStatus, StorageReport};
 use serde::Serialize;
 use std::collections::BTreeMap;
+
+/// The storage subsystem's part (src/checks/storage/): the agent's own trouble with its mounts
+/// speaks for it ([`agent_fault`]).
+pub const LUSTRE: &str = "lustre";
 
 /// Which part of the node a finding is about; each maps to one Node condition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Scope {
     Rdma,
-    Lustre,
     Placement,
     /// A registered subsystem's ([`check::NodeCheck`]), by its name.
     #[serde(untagged)]
@@ -47,7 +47,6 @@ impl Scope {
     pub fn name(self) -> &'static str {
         match self {
             Self::Rdma => "rdma",
-            Self::Lustre => "lustre",
             Self::Placement => "placement",
             Self::Check(name) => name,
         }
@@ -120,7 +119,6 @@ pub struct Condition {
 pub struct Verdict {
     pub ready: bool,
     pub rdma: RdmaVerdict,
-    pub lustre: PartVerdict,
     /// `placement.required_labels` on the Node: only the agent (which reads its Node) fills
     /// this in, through [`apply_placement`]; `check` leaves it ready.
     pub placement: PartVerdict,
@@ -156,10 +154,10 @@ impl Verdict {
             .collect()
     }
 
-    /// Every part of the verdict: RDMA, Lustre, the registered subsystems' in registration
-    /// order (GPUDirect's among them), placement.
+    /// Every part of the verdict: RDMA, the registered subsystems' in registration order
+    /// (Lustre's, GPUDirect's), placement.
     pub fn parts(&self) -> impl Iterator<Item = &PartVerdict> {
-        [&self.rdma.part, &self.lustre]
+        [&self.rdma.part]
             .into_iter()
             .chain(self.checks.values().map(|c| &c.part))
             .chain([&self.placement])
@@ -206,9 +204,8 @@ pub fn evaluate_with(
         rdma.part.ready = false;
         rdma.part.findings.extend(node_findings.iter().cloned());
     }
-    let lustre = evaluate_lustre(report, config);
     let judged = check::judge_all(checks, report, config);
-    let ready = rdma.part.ready && lustre.ready && judged.iter().all(|j| j.verdict.part.ready);
+    let ready = rdma.part.ready && judged.iter().all(|j| j.verdict.part.ready);
     let prefix = &config.node.label_prefix;
 
     let mut labels = BTreeMap::new();
@@ -234,11 +231,6 @@ pub fn evaluate_with(
             &format_gbps(rate),
         );
     }
-    put_label(
-        &mut labels,
-        format!("{prefix}lustre.ready"),
-        b(lustre.ready),
-    );
     check::put_labels(&mut labels, prefix, &judged);
 
     let taints = if ready {
@@ -247,7 +239,7 @@ pub fn evaluate_with(
         vec![unvalidated_taint(config)]
     };
 
-    let mut fabric_parts = vec![&rdma.part, &lustre];
+    let mut fabric_parts = vec![&rdma.part];
     fabric_parts.extend(judged.iter().map(|j| &j.verdict.part));
     let mut conditions = vec![
         condition("FabricReady", ready, "FabricValidated", &fabric_parts),
@@ -257,19 +249,12 @@ pub fn evaluate_with(
             "RDMAPortsActive",
             &[&rdma.part],
         ),
-        condition(
-            "LustreReady",
-            lustre.ready,
-            "LustreMountsHealthy",
-            &[&lustre],
-        ),
     ];
     conditions.extend(judged.iter().filter_map(check::Judged::condition));
 
     Verdict {
         ready,
         rdma,
-        lustre,
         placement: PartVerdict::ok(),
         labels,
         taints,

@@ -1,8 +1,8 @@
 use super::*;
+use fabricgate_probes::ProbeTimings;
 use fabricgate_probes::rdma::{
     Gid, GidType, Rate, SelftestResult, VerbsDevice, VerbsPort, VerbsStatus,
 };
-use fabricgate_probes::{ProbeTimings, storage::StorageReport};
 
 fn port(n: u32, layer: LinkLayer, gbps: f64) -> PortReport {
     PortReport {
@@ -46,7 +46,6 @@ fn report(devices: Vec<DeviceReport>) -> ProbeReport {
             verbs: None,
             errors: Vec::new(),
         },
-        storage: StorageReport::default(),
         timings: ProbeTimings::default(),
         host: Default::default(),
         facts: Default::default(),

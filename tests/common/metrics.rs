@@ -39,8 +39,8 @@ pub fn probe_fixture(node: &Path, timestamp: f64) -> ProbeReport {
     report.timings = ProbeTimings {
         rdma_sysfs_seconds: 0.0042,
         rdma_verbs_seconds: 0.0,
-        storage_seconds: 0.0007,
         collected: [
+            ("storage_seconds".to_owned(), 0.0007),
             ("netdev_seconds".to_owned(), 0.0001),
             ("gpudirect_seconds".to_owned(), 0.0003),
         ]
@@ -88,7 +88,7 @@ pub fn unhealthy_metrics() -> Metrics {
         netdev::set_reports(&mut report, netdevs);
         let mut hung = mount_report("/lustre/scratch", MountStatus::Hung, None, None);
         hung.message = "statfs started 5s ago has still not returned".into();
-        report.storage.mounts.push(hung);
+        edit_storage(&mut report, |s| s.mounts.push(hung));
         let devices = &mut report.rdma.devices;
         devices[0].ports[0].selftest = Some(SelftestResult {
             ok: false,
@@ -255,6 +255,35 @@ pub fn set_counters_timestamp(report: &mut ProbeReport, timestamp: f64) {
     {
         port.counters_timestamp = Some(timestamp);
     }
+}
+
+/// What the agent judges: the report against `config`, with every registered subsystem.
+pub fn evaluate(report: &ProbeReport, config: &Config) -> fabricgate::policy::Verdict {
+    policy::evaluate_checked(report, config, &fabricgate::checks::registered().checks())
+}
+
+/// The verdict's shared-storage part (`lustre`, the storage subsystem's).
+pub fn lustre(v: &fabricgate::policy::Verdict) -> &fabricgate::policy::PartVerdict {
+    &v.checks
+        .get(fabricgate::policy::LUSTRE)
+        .expect("the storage subsystem is registered")
+        .part
+}
+
+/// What the storage probe found (it ran: the prober had the registered collectors).
+pub fn storage_of(report: &ProbeReport) -> &fabricgate_probes::storage::StorageReport {
+    fabricgate_probes::storage::of(report).expect("the storage collector ran")
+}
+
+/// Change the report's storage as the storage probe would have found it.
+pub fn edit_storage(
+    report: &mut ProbeReport,
+    change: impl FnOnce(&mut fabricgate_probes::storage::StorageReport),
+) {
+    use fabricgate_probes::storage;
+    let mut found = storage::of(report).cloned().unwrap_or_default();
+    change(&mut found);
+    storage::set(report, found);
 }
 
 /// The agent's metrics: the built-in families and every registered subsystem's.

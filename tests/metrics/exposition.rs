@@ -596,9 +596,9 @@ fn mounts_export_up_hung_statfs_time_and_free_space() {
     let tmp = tempfile::tempdir().unwrap();
     write_node(tmp.path(), Shape::SMALL, 1);
     let config = Config::default();
-    let metrics = Metrics::new();
+    let metrics = common::agent_metrics(&config);
     let mut report = probe_fixture(tmp.path(), 1.0);
-    report.storage.mounts = vec![
+    let mounts = vec![
         mount_report(
             "/lustre/scratch",
             MountStatus::Ok,
@@ -616,11 +616,11 @@ fn mounts_export_up_hung_statfs_time_and_free_space() {
         mount_report("/lustre/home", MountStatus::Hung, None, None),
         mount_report("/data", MountStatus::Missing, None, None),
     ];
-    report
-        .storage
-        .errors
-        .push("mountinfo line 7 unparsable".into());
-    let verdict = policy::evaluate(&report, &config);
+    common::edit_storage(&mut report, |s| {
+        s.mounts = mounts;
+        s.errors.push("mountinfo line 7 unparsable".into());
+    });
+    let verdict = common::evaluate(&report, &config);
     metrics.record_probe(&report, &verdict);
     let t = metrics.encode(false);
     let m = |name: &str, mount: &str| sample(&t, &format!("{name}{{mount=\"{mount}\"}}"));
@@ -657,7 +657,7 @@ fn mounts_export_up_hung_statfs_time_and_free_space() {
         Some(1.0)
     );
     // The mount vanishes from the next report: its gauges go with it.
-    report.storage.mounts.truncate(1);
+    common::edit_storage(&mut report, |s| s.mounts.truncate(1));
     metrics.record_probe(&report, &verdict);
     let t = metrics.encode(false);
     assert_eq!(sample(&t, r#"fabricgate_mount_up{mount="/data"}"#), None);

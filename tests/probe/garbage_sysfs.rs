@@ -6,7 +6,6 @@
 use crate::common;
 use fabricgate::agent::check;
 use fabricgate::config::Config;
-use fabricgate::policy;
 use fabricgate_probes::rdma::VerbsMode;
 use fabricgate_probes::{ProbeConfig, Prober, Roots};
 use std::fs;
@@ -105,7 +104,7 @@ fn hostile_sysfs_content_never_panics() {
             }
         }
         let report = prober.probe();
-        let verdict = policy::evaluate(&report, &config);
+        let verdict = common::evaluate(&report, &config);
         let json = check::to_json(&report, &verdict);
         let table = check::to_table(&report, &verdict);
         assert!(json.is_object(), "round {round}");
@@ -114,7 +113,7 @@ fn hostile_sysfs_content_never_panics() {
         assert_eq!(verdict.ready, verdict.taints.is_empty(), "round {round}");
         assert_eq!(
             verdict.ready,
-            verdict.rdma.part.ready && verdict.lustre.ready,
+            verdict.parts().all(|p| p.ready),
             "round {round}"
         );
         saw_not_ready |= !verdict.ready;

@@ -19,7 +19,7 @@ fn probe_with(roots: Roots, yaml: &str) -> (ProbeReport, Config) {
     let mut prober = Prober::new(
         roots,
         ProbeConfig {
-            storage: config.storage_config(),
+            collectors: fabricgate::checks::registered().collectors(&config),
             ..ProbeConfig::default()
         },
     );
@@ -64,16 +64,15 @@ fn lost_ost_is_named() {
     assert_eq!(down[0].device, "scratch-OST0003-osc-ffff8f7c4a9e1000");
 
     let (report, config) = probe_with(roots("lustre-ost-down"), "rdma: {min_active_ports: 0}\n");
-    let v = policy::evaluate(&report, &config);
-    assert!(!v.lustre.ready);
-    let f = v
-        .lustre
+    let v = common::evaluate(&report, &config);
+    assert!(!common::lustre(&v).ready);
+    let f = common::lustre(&v)
         .findings
         .iter()
         .find(|f| f.code == "LustreImportDown")
         .expect("an import finding");
     assert_eq!(f.message, "lustre scratch-OST0003 import DISCONN");
-    assert_eq!(f.scope, Scope::Lustre);
+    assert_eq!(f.scope, Scope::Check(policy::LUSTRE));
     assert_eq!(v.labels["fabricgate.io/lustre.ready"], "false");
     let cond = v
         .conditions
@@ -93,21 +92,21 @@ fn deactivated_ost_is_a_warning_not_a_failure() {
         roots("lustre-ost-deactivated"),
         "rdma: {min_active_ports: 0}\n",
     );
-    let v = policy::evaluate(&report, &config);
+    let v = common::evaluate(&report, &config);
     assert!(
-        !v.lustre
+        !common::lustre(&v)
             .findings
             .iter()
             .any(|f| f.code == "LustreImportDown"),
         "{:?}",
-        v.lustre.findings
+        common::lustre(&v).findings
     );
     assert!(
-        v.lustre.warnings.iter().any(|w| w
+        common::lustre(&v).warnings.iter().any(|w| w
             .message
             .starts_with("lustre scratch-OST0001 import DISCONN")),
         "{:?}",
-        v.lustre.warnings
+        common::lustre(&v).warnings
     );
 }
 
@@ -122,9 +121,9 @@ fn legacy_procfs_health_check_not_healthy() {
     assert!(c.imports.iter().all(|i| i.active.is_none()));
 
     let (report, config) = probe_with(roots("lustre-legacy"), "rdma: {min_active_ports: 0}\n");
-    let v = policy::evaluate(&report, &config);
+    let v = common::evaluate(&report, &config);
     assert!(
-        v.lustre
+        common::lustre(&v)
             .findings
             .iter()
             .any(|f| f.code == "LustreUnhealthy" && f.message.contains("NOT HEALTHY"))
@@ -139,10 +138,10 @@ fn no_lustre_client_and_no_requirement_is_fine() {
         Roots::new(sys.path(), proc.path()),
         "rdma: {min_active_ports: 0}\n",
     );
-    assert!(!report.storage.client.present);
-    assert!(report.storage.mounts.is_empty());
-    let v = policy::evaluate(&report, &config);
-    assert!(v.lustre.ready, "{:?}", v.lustre);
+    assert!(!common::storage_of(&report).client.present);
+    assert!(common::storage_of(&report).mounts.is_empty());
+    let v = common::evaluate(&report, &config);
+    assert!(common::lustre(&v).ready, "{:?}", common::lustre(&v));
     assert_eq!(v.labels["fabricgate.io/lustre.ready"], "true");
 }
 
@@ -152,9 +151,9 @@ fn all_lustre_off_ignores_imports_of_file_systems_not_required() {
         roots("lustre-ost-down"),
         "rdma: {min_active_ports: 0}\nlustre: {all_lustre: false}\n",
     );
-    assert!(report.storage.mounts.is_empty());
-    let v = policy::evaluate(&report, &config);
-    assert!(v.lustre.ready, "{:?}", v.lustre);
+    assert!(common::storage_of(&report).mounts.is_empty());
+    let v = common::evaluate(&report, &config);
+    assert!(common::lustre(&v).ready, "{:?}", common::lustre(&v));
 }
 
 #[test]
@@ -164,7 +163,7 @@ fn missing_and_wrong_type_come_from_the_table_without_statfs() {
         "rdma: {min_active_ports: 0}\nlustre:\n  mounts: [/lustre/projects, /raid]\n  all_lustre: false\n\
          mounts:\n  - path: /datasets\n    fstype: nfs\n",
     );
-    let m = &report.storage.mounts;
+    let m = &common::storage_of(&report).mounts;
     assert_eq!(m.len(), 3);
     assert_eq!(m[0].path, "/lustre/projects");
     assert_eq!(m[0].status, MountStatus::Missing);
@@ -183,14 +182,14 @@ fn missing_and_wrong_type_come_from_the_table_without_statfs() {
     );
     assert_eq!(m[2].status, MountStatus::WrongType, "nfs4 is not nfs");
     assert!(m.iter().all(|m| m.statfs_seconds.is_none()));
-    let v = policy::evaluate(&report, &config);
-    let codes: Vec<&str> = v.lustre.findings.iter().map(|f| f.code).collect();
+    let v = common::evaluate(&report, &config);
+    let codes: Vec<&str> = common::lustre(&v).findings.iter().map(|f| f.code).collect();
     assert_eq!(
         codes,
         ["MountMissing", "WrongFilesystemType", "WrongFilesystemType"]
     );
     assert!(
-        v.lustre.findings[0]
+        common::lustre(&v).findings[0]
             .message
             .starts_with("/lustre/projects: not mounted")
     );
@@ -277,10 +276,13 @@ fn unreadable_mount_table_is_an_error_not_missing() {
         Roots::new(sys.path(), proc.path()),
         "rdma: {min_active_ports: 0}\nlustre: {mounts: [/lustre/scratch]}\n",
     );
-    assert_eq!(report.storage.mounts[0].status, MountStatus::Error);
-    assert!(report.storage.errors[0].contains("self/mountinfo"));
-    let v = policy::evaluate(&report, &config);
-    assert_eq!(v.lustre.findings[0].code, "MountTableUnreadable");
+    assert_eq!(
+        common::storage_of(&report).mounts[0].status,
+        MountStatus::Error
+    );
+    assert!(common::storage_of(&report).errors[0].contains("self/mountinfo"));
+    let v = common::evaluate(&report, &config);
+    assert_eq!(common::lustre(&v).findings[0].code, "MountTableUnreadable");
 }
 
 #[test]
@@ -316,22 +318,19 @@ fn every_mount_status_maps_to_its_finding_code() {
         mounts.push(mount(&format!("/m{i}"), *status));
     }
     let config = Config::parse(&yaml).unwrap();
-    let report = ProbeReport {
-        timestamp: 0.0,
-        rdma: Default::default(),
-        storage: StorageReport {
+    let mut report = ProbeReport::default();
+    storage::set(
+        &mut report,
+        StorageReport {
             mounts,
             ..StorageReport::default()
         },
-        timings: Default::default(),
-        host: Default::default(),
-        facts: Default::default(),
-    };
-    let v = policy::evaluate(&report, &config);
-    let codes: Vec<&str> = v.lustre.findings.iter().map(|f| f.code).collect();
+    );
+    let v = common::evaluate(&report, &config);
+    let codes: Vec<&str> = common::lustre(&v).findings.iter().map(|f| f.code).collect();
     let want: Vec<&str> = statuses.iter().filter_map(|(_, c)| *c).collect();
     assert_eq!(codes, want);
-    assert_eq!(v.lustre.findings[1].message, "/m2: hung here");
+    assert_eq!(common::lustre(&v).findings[1].message, "/m2: hung here");
     let cond = v
         .conditions
         .iter()
@@ -341,16 +340,19 @@ fn every_mount_status_maps_to_its_finding_code() {
     assert!(!v.ready);
 
     // Only ok mounts: ready, and a required mount absent from the report is not.
-    let report = ProbeReport {
-        storage: StorageReport {
+    storage::set(
+        &mut report,
+        StorageReport {
             mounts: vec![mount("/m0", MountStatus::Ok)],
             ..StorageReport::default()
         },
-        ..report
-    };
+    );
     let config = Config::parse("rdma: {min_active_ports: 0}\nmounts:\n  - path: /m0\n").unwrap();
-    assert!(policy::evaluate(&report, &config).lustre.ready);
+    assert!(common::lustre(&common::evaluate(&report, &config)).ready);
     let config = Config::parse("rdma: {min_active_ports: 0}\nmounts:\n  - path: /m9\n").unwrap();
-    let v = policy::evaluate(&report, &config);
-    assert_eq!(v.lustre.findings[0].message, "/m9: required but not probed");
+    let v = common::evaluate(&report, &config);
+    assert_eq!(
+        common::lustre(&v).findings[0].message,
+        "/m9: required but not probed"
+    );
 }

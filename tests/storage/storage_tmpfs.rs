@@ -6,7 +6,6 @@ use crate::common;
 use common::storage::{ProcRoot, TmpfsMount, mountinfo_line};
 use common::{fixture, require_root};
 use fabricgate::config::Config;
-use fabricgate::policy;
 use fabricgate_probes::storage::{MountSpec, MountStatus, StorageConfig, StorageProber};
 use fabricgate_probes::{ProbeConfig, Prober, Roots};
 use std::io::Write;
@@ -52,12 +51,12 @@ fn lustre_entry_pointing_at_a_real_tmpfs_is_wrong_type() {
     let mut prober = Prober::new(
         Roots::new(&sys, proc.path()),
         ProbeConfig {
-            storage: config.storage_config(),
+            collectors: fabricgate::checks::registered().collectors(&config),
             ..ProbeConfig::default()
         },
     );
     let report = prober.probe();
-    let m = &report.storage.mounts[0];
+    let m = &common::storage_of(&report).mounts[0];
     assert_eq!(m.status, MountStatus::WrongType, "{m:#?}");
     assert_eq!(m.fstype.as_deref(), Some("lustre"));
     assert_eq!(m.fs_magic.as_deref(), Some("0x01021994"));
@@ -68,9 +67,9 @@ fn lustre_entry_pointing_at_a_real_tmpfs_is_wrong_type() {
         m.message
     );
     assert!(m.statfs_seconds.is_some());
-    let v = policy::evaluate(&report, &config);
-    assert_eq!(v.lustre.findings[0].code, "WrongFilesystemType");
-    assert!(!v.lustre.ready);
+    let v = common::evaluate(&report, &config);
+    assert_eq!(common::lustre(&v).findings[0].code, "WrongFilesystemType");
+    assert!(!common::lustre(&v).ready);
 }
 
 #[test]

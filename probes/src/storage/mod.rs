@@ -6,6 +6,7 @@
 //! states ([`lustre`]). Only statfs touches the mounts themselves; everything else reads
 //! procfs/sysfs, so a dead file server can delay a probe by at most the statfs timeout.
 
+mod collector;
 pub mod lnet;
 pub mod lustre;
 pub mod mountinfo;
@@ -19,6 +20,7 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub use collector::{NAME, of, set};
 pub use lnet::LnetNi;
 pub use lustre::{Import, LustreClient, LustreHealth};
 

@@ -41,7 +41,6 @@ fn verdict(ready: bool) -> Verdict {
             min_rate_gbps: None,
             link_layer: None,
         },
-        lustre: part.clone(),
         placement: part,
         labels: [("fabricgate.io/ready".to_owned(), ready.to_string())].into(),
         taints: if ready {

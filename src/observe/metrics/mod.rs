@@ -20,7 +20,6 @@ pub use http::{
     exposition_response, health_response, negotiate, router, serve, serve_with_limits,
     wants_openmetrics,
 };
-pub use record::{MountSample, mount_samples};
 
 use crate::config::Config;
 pub use crate::observe::counters::Monotonic;
@@ -95,7 +94,7 @@ pub fn counters_read() -> fabricgate_probes::rdma::sysfs::CounterNames {
 
 /// The built-in `probe` label values of the duration histogram and the error counter (each
 /// registered subsystem adds its own, src/checks/).
-pub const PROBE_KINDS: &[&str] = &["rdma_sysfs", "rdma_verbs", "storage"];
+pub const PROBE_KINDS: &[&str] = &["rdma_sysfs", "rdma_verbs"];
 
 /// The `kind` label values of `fabricgate_node_writes_total`.
 pub const NODE_WRITE_KINDS: &[&str] = &["labels", "taint", "conditions", "event"];
@@ -125,11 +124,6 @@ struct PortCounterLabels {
     device: String,
     port: u32,
     counter: &'static str,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct MountLabels {
-    mount: String,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -194,7 +188,6 @@ fn duration_histogram() -> Histogram {
 struct Families {
     node_ready: Gauge,
     rdma_ready: Gauge,
-    lustre_ready: Gauge,
     findings: Family<FindingLabels, Gauge>,
 
     port_state: Family<PortLabels, Gauge>,
@@ -208,13 +201,6 @@ struct Families {
     port_rx_bytes: Family<PortLabels, Counter>,
     port_errors: Family<PortCounterLabels, Counter>,
     port_hw: Family<PortCounterLabels, Counter>,
-
-    mount_up: Family<MountLabels, Gauge>,
-    mount_hung: Family<MountLabels, Gauge>,
-    mount_statfs_seconds: Family<MountLabels, GaugeF64>,
-    mount_free_bytes: Family<MountLabels, Gauge>,
-    mount_available_bytes: Family<MountLabels, Gauge>,
-    mount_free_inodes: Family<MountLabels, Gauge>,
 
     probe_errors: Family<ProbeLabels, Counter>,
     last_probe_timestamp: GaugeF64,

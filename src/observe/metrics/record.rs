@@ -1,15 +1,14 @@
-//! Recording a probe: the verdict, port, mount and GPUDirect series, and the kernel
+//! Recording a probe: the verdict and port series, and the kernel
 //! counters behind their reset-proof accumulators.
 
 use super::{
-    ERROR_COUNTERS, FindingLabels, HW_COUNTERS, Metrics, MountLabels, PortCounterLabels,
-    PortInfoLabels, PortLabels, ProbeLabels, Readers, ReasonLabels, set_optional,
+    ERROR_COUNTERS, FindingLabels, HW_COUNTERS, Metrics, PortCounterLabels, PortInfoLabels,
+    PortLabels, ProbeLabels, Readers, ReasonLabels, set_optional,
 };
 use crate::observe::counters::{accumulate, drop_series, expire};
 use crate::policy::Verdict;
 use fabricgate_probes::ProbeReport;
 use fabricgate_probes::rdma::PortReport;
-use fabricgate_probes::storage::{MountStatus, StorageReport};
 
 impl Metrics {
     /// Record one completed probe and its verdict; the first call makes `/readyz` answer 200.
@@ -26,13 +25,11 @@ impl Metrics {
         let mut st = self.lock();
         self.record_verdict(verdict);
         let (errors_sysfs, errors_verbs) = self.record_rdma(report, &mut st);
-        let errors_storage = self.record_mounts(&report.storage);
         let t = &report.timings;
         let verbs_ran = report.rdma.verbs.is_some();
         for (probe, seconds, ran, errors) in [
             ("rdma_sysfs", t.rdma_sysfs_seconds, true, errors_sysfs),
             ("rdma_verbs", t.rdma_verbs_seconds, verbs_ran, errors_verbs),
-            ("storage", t.storage_seconds, true, errors_storage),
         ] {
             let l = ProbeLabels { probe };
             if ran {
@@ -85,7 +82,6 @@ impl Metrics {
                 .inc();
         }
         f.rdma_ready.set(i64::from(verdict.rdma.part.ready));
-        f.lustre_ready.set(i64::from(verdict.lustre.ready));
         f.findings.clear();
         for finding in verdict.parts().flat_map(|p| &p.findings) {
             let scope = finding.scope.name();
@@ -204,84 +200,4 @@ impl Metrics {
             }
         }
     }
-
-    /// Mount gauges (cleared first: an unmounted path disappears); returns the storage errors.
-    fn record_mounts(&self, storage: &StorageReport) -> usize {
-        let f = &self.families;
-        for fam in [
-            &f.mount_up,
-            &f.mount_hung,
-            &f.mount_free_bytes,
-            &f.mount_available_bytes,
-            &f.mount_free_inodes,
-        ] {
-            fam.clear();
-        }
-        f.mount_statfs_seconds.clear();
-        let (mounts, errors) = mount_samples(storage);
-        let as_gauge = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
-        for m in mounts {
-            let l = MountLabels { mount: m.mount };
-            f.mount_up.get_or_create(&l).set(i64::from(m.up));
-            f.mount_hung.get_or_create(&l).set(i64::from(m.hung));
-            if let Some(s) = m.statfs_seconds {
-                f.mount_statfs_seconds.get_or_create(&l).set(s);
-            }
-            for (family, value) in [
-                (&f.mount_free_bytes, m.free_bytes),
-                (&f.mount_available_bytes, m.available_bytes),
-                (&f.mount_free_inodes, m.free_inodes),
-            ] {
-                if let Some(v) = value {
-                    family.get_or_create(&l).set(as_gauge(v));
-                }
-            }
-        }
-        errors
-    }
-}
-
-/// What the metrics need of one checked mount.
-#[derive(Debug, Clone, PartialEq)]
-pub struct MountSample {
-    pub mount: String,
-    pub up: bool,
-    pub hung: bool,
-    pub statfs_seconds: Option<f64>,
-    pub free_bytes: Option<u64>,
-    pub available_bytes: Option<u64>,
-    pub free_inodes: Option<u64>,
-}
-
-/// The per-mount figures of a storage report, and the number of storage errors (problems
-/// not tied to one mount, Lustre client errors, and mounts whose statfs failed).
-pub fn mount_samples(report: &StorageReport) -> (Vec<MountSample>, usize) {
-    let samples = report
-        .mounts
-        .iter()
-        .map(|m| {
-            let capacity = m.capacity.as_ref();
-            MountSample {
-                mount: m.path.clone(),
-                up: !matches!(
-                    m.status,
-                    MountStatus::Missing | MountStatus::Hung | MountStatus::Error
-                ),
-                hung: m.status == MountStatus::Hung,
-                statfs_seconds: m.statfs_seconds,
-                free_bytes: capacity.map(|c| c.free_bytes),
-                available_bytes: capacity.map(|c| c.available_bytes),
-                free_inodes: capacity.and_then(|c| c.free_inodes),
-            }
-        })
-        .collect();
-    let failed = report
-        .mounts
-        .iter()
-        .filter(|m| m.status == MountStatus::Error)
-        .count();
-    (
-        samples,
-        report.errors.len() + report.client.errors.len() + failed,
-    )
 }

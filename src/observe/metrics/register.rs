@@ -44,7 +44,7 @@ impl Metrics {
         let mut r = Registry::default();
         register_verdict(&mut r, &f);
         register_ports(&mut r, &f);
-        register_mounts_and_probes(&mut r, &f, &probe_duration);
+        register_probes(&mut r, &f, &probe_duration);
         register_node_guards(&mut r, &f, config);
         register_agent(&mut r, &f);
         // The families below change without the state lock (the HTTP server at every
@@ -127,12 +127,6 @@ fn register_verdict(r: &mut Registry, f: &Families) {
     );
     reg!(
         r,
-        "lustre_ready",
-        "1 when every required mount is healthy, else 0",
-        f.lustre_ready
-    );
-    reg!(
-        r,
         "findings",
         "Problems that keep the node unvalidated, by scope and reason (the Node condition reason)",
         f.findings
@@ -212,51 +206,12 @@ fn register_ports(r: &mut Registry, f: &Families) {
     );
 }
 
-/// The mounts, the probes' own durations and errors, and the writes to the API.
-fn register_mounts_and_probes(
+/// The probes' own durations and errors, and the writes to the API.
+fn register_probes(
     r: &mut Registry,
     f: &Families,
     probe_duration: &Family<ProbeLabels, Histogram, fn() -> Histogram>,
 ) {
-    reg!(
-        r,
-        "mount_up",
-        "1 when the mount is present and statfs answered, else 0",
-        f.mount_up
-    );
-    reg!(
-        r,
-        "mount_hung",
-        "1 when statfs on the mount did not return in time, else 0",
-        f.mount_hung
-    );
-    reg!(
-        r,
-        "mount_statfs",
-        "How long statfs on the mount took",
-        f.mount_statfs_seconds,
-        Unit::Seconds
-    );
-    reg!(
-        r,
-        "mount_free",
-        "Free bytes on the mount",
-        f.mount_free_bytes,
-        Unit::Bytes
-    );
-    reg!(
-        r,
-        "mount_available",
-        "Bytes available to unprivileged users on the mount",
-        f.mount_available_bytes,
-        Unit::Bytes
-    );
-    reg!(
-        r,
-        "mount_free_inodes",
-        "Free inodes on the mount",
-        f.mount_free_inodes
-    );
     reg!(
         r,
         "probe_duration",

@@ -359,7 +359,6 @@ fn a_required_finding_taints_and_names_itself_in_the_conditions() {
     let report = fabricgate_probes::ProbeReport {
         timestamp: 0.0,
         rdma: Default::default(),
-        storage: Default::default(),
         timings: Default::default(),
         host: Default::default(),
         facts: Default::default(),

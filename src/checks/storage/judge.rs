@@ -1,21 +1,46 @@
-//! Shared storage: required mounts and the Lustre client.
+//! Shared storage's part of the verdict: required mounts and the Lustre client.
 
-use super::*;
-use fabricgate_probes::storage::{Import, LustreClient, lnet};
+use super::CHECK;
+use crate::config::Config;
+use crate::policy::Finding;
+use crate::policy::check::{Contribution, NodeCheck, finding};
+use fabricgate_probes::ProbeReport;
+use fabricgate_probes::storage::{
+    self, Import, LustreClient, LustreHealth, MountStatus, StorageReport, lnet,
+};
 
 fn lustre_finding(code: &'static str, message: String) -> Finding {
-    Finding {
-        scope: Scope::Lustre,
-        code,
-        message,
+    finding(CHECK, code, message)
+}
+
+/// `LustreReady` and the label `lustre.ready`; in `check`'s JSON under `lustre`, beside what
+/// the storage probe found.
+pub struct LustreCheck;
+
+impl NodeCheck for LustreCheck {
+    fn name(&self) -> &'static str {
+        CHECK
+    }
+
+    fn fact(&self) -> &'static str {
+        storage::NAME
+    }
+
+    fn condition(&self) -> (&'static str, &'static str) {
+        ("LustreReady", "LustreMountsHealthy")
+    }
+
+    fn judge(&self, report: &ProbeReport, config: &Config) -> Contribution {
+        let empty = StorageReport::default();
+        evaluate_lustre(storage::of(report).unwrap_or(&empty), config)
     }
 }
 
 /// Storage: the required mounts (`lustre.mounts` and `mounts`), every Lustre mount found when
 /// `lustre.all_lustre`, and the Lustre client's health and imports. All of it feeds the one
 /// `lustre` part, so `LustreReady` and `fabricgate.io/lustre.ready` cover all shared storage.
-pub(super) fn evaluate_lustre(report: &ProbeReport, config: &Config) -> PartVerdict {
-    let storage = &report.storage;
+/// Always required: a requirement that is not met makes the node not ready.
+pub(super) fn evaluate_lustre(storage: &StorageReport, config: &Config) -> Contribution {
     let mut findings = Vec::new();
     let mut warnings = Vec::new();
     mount_findings(storage, config, &mut findings, &mut warnings);
@@ -24,11 +49,12 @@ pub(super) fn evaluate_lustre(report: &ProbeReport, config: &Config) -> PartVerd
     if lustre_wanted && storage.client.present {
         lustre_client_findings(storage, config, &mut findings, &mut warnings);
     }
-    let mut part = PartVerdict::ok();
-    part.ready = findings.is_empty();
-    part.findings = findings;
-    part.warnings = warnings;
-    part
+    Contribution {
+        required: true,
+        findings,
+        warnings,
+        ..Contribution::default()
+    }
 }
 
 /// The mount table, each checked mount's status, and required mounts the probe did not check.
