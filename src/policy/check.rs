@@ -87,53 +87,45 @@ pub struct CheckVerdict {
 }
 
 impl CheckVerdict {
-    /// A subsystem that is not required passes, whatever it found; one the agent cannot see
-    /// says `AgentError` instead of anything about the node.
-    pub fn from_contribution(name: &'static str, c: &Contribution) -> Self {
-        if !c.agent_problems.is_empty() {
+    /// `check`'s part from what it contributed: one that is not required passes, whatever it
+    /// found; one the agent cannot see says `AgentError` instead of anything about the node.
+    pub fn of(check: &dyn NodeCheck, c: &Contribution) -> Self {
+        let unreadable = !c.agent_problems.is_empty();
+        let part = if unreadable {
             let findings = c
                 .agent_problems
                 .iter()
                 .map(|p| {
-                    finding(
-                        name,
-                        agent_fault::REASON,
-                        format!("fabricgate agent error: {p}"),
-                    )
+                    let message = format!("fabricgate agent error: {p}");
+                    finding(check.name(), agent_fault::REASON, message)
                 })
                 .collect();
-            return Self {
-                part: PartVerdict {
-                    ready: false,
-                    findings,
-                    warnings: Vec::new(),
-                },
-                required: c.required,
-                details: c.details.clone(),
-                silent: false,
-                condition: "",
-                fact: "",
-                agent_problems: c.agent_problems.clone(),
-            };
-        }
-        let (findings, mut warnings) = if c.required {
-            (c.findings.clone(), Vec::new())
+            PartVerdict {
+                ready: false,
+                findings,
+                warnings: Vec::new(),
+            }
         } else {
-            (Vec::new(), c.findings.clone())
-        };
-        warnings.extend(c.warnings.iter().cloned());
-        Self {
-            part: PartVerdict {
+            let (findings, mut warnings) = if c.required {
+                (c.findings.clone(), Vec::new())
+            } else {
+                (Vec::new(), c.findings.clone())
+            };
+            warnings.extend(c.warnings.iter().cloned());
+            PartVerdict {
                 ready: findings.is_empty(),
                 findings,
                 warnings,
-            },
+            }
+        };
+        Self {
+            part,
             required: c.required,
             details: c.details.clone(),
-            silent: c.silent,
-            condition: "",
-            fact: "",
-            agent_problems: Vec::new(),
+            silent: c.silent && !unreadable,
+            condition: check.condition().0,
+            fact: check.fact(),
+            agent_problems: c.agent_problems.clone(),
         }
     }
 }
@@ -182,8 +174,8 @@ impl Serialize for Parts {
 #[derive(Debug)]
 pub(super) struct Judged {
     pub(super) name: &'static str,
-    /// Its condition's type and reason while it passes.
-    condition: (&'static str, &'static str),
+    /// Its condition's reason while it passes (the type is the verdict's).
+    ok_reason: &'static str,
     pub(super) verdict: CheckVerdict,
     labels: Vec<(String, String)>,
 }
@@ -191,9 +183,8 @@ pub(super) struct Judged {
 impl Judged {
     /// Its Node condition, unless it has nothing to say about this node.
     pub(super) fn condition(&self) -> Option<super::Condition> {
-        let (type_, ok_reason) = self.condition;
-        let part = &self.verdict.part;
-        (!self.verdict.silent).then(|| super::condition(type_, part.ready, ok_reason, &[part]))
+        let v = &self.verdict;
+        (!v.silent).then(|| super::condition(v.condition, v.part.ready, self.ok_reason, &[&v.part]))
     }
 }
 
@@ -203,13 +194,10 @@ pub(super) fn judge_all(checks: &Checks, report: &ProbeReport, config: &Config) 
         .iter()
         .map(|c| {
             let contribution = c.judge(report, config);
-            let mut verdict = CheckVerdict::from_contribution(c.name(), &contribution);
-            verdict.condition = c.condition().0;
-            verdict.fact = c.fact();
             Judged {
                 name: c.name(),
-                condition: c.condition(),
-                verdict,
+                ok_reason: c.condition().1,
+                verdict: CheckVerdict::of(c, &contribution),
                 labels: contribution.labels,
             }
         })

@@ -174,7 +174,8 @@ pub fn unvalidated_taint(config: &Config) -> Taint {
     }
 }
 
-/// Judge one probe report against the requirements, with no memory of earlier probes.
+/// Judge one probe report against the requirements, with no memory of earlier probes: the RDMA
+/// part alone, without the registered subsystems (storage, GPUDirect: [`evaluate_checked`]).
 pub fn evaluate(report: &ProbeReport, config: &Config) -> Verdict {
     evaluate_with(report, config, &[], &check::Checks::default())
 }

@@ -1,7 +1,6 @@
 //! GPUDirect's part of the verdict, judged from literal reports.
 
-use super::NAME;
-use super::judge::evaluate_gpudirect;
+use super::judge::{GpudirectCheck, evaluate_gpudirect};
 use crate::config::Config;
 use crate::policy::check::{CheckVerdict, Contribution};
 use fabricgate_probes::gpudirect::GpudirectReport;
@@ -12,7 +11,7 @@ fn config(yaml: &str) -> Config {
 }
 
 fn part(c: &Contribution) -> CheckVerdict {
-    CheckVerdict::from_contribution(NAME, c)
+    CheckVerdict::of(&GpudirectCheck, c)
 }
 
 fn gpu_report(gpus: &[&str], pairs: &[(&str, &str, Relation)]) -> GpudirectReport {

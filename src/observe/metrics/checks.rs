@@ -18,7 +18,7 @@ pub trait CheckMetrics: Send + Sync + std::fmt::Debug {
 
 /// One registered subsystem's metrics: its probe's name and its recorder.
 #[derive(Debug)]
-pub(super) struct Registered {
+pub(super) struct CheckRecorder {
     pub(super) probe: &'static str,
     pub(super) metrics: Box<dyn CheckMetrics>,
 }
@@ -36,23 +36,16 @@ impl Metrics {
                 .probe_errors
                 .get_or_create(&ProbeLabels { probe })
                 .inc_by(0);
-            self.checks.push(Registered { probe, metrics });
+            self.checks.push(CheckRecorder { probe, metrics });
         }
         self
     }
 
     /// The registered subsystems' part of one probe's record.
     pub(super) fn record_checks(&self, report: &ProbeReport, verdict: &Verdict, grace: Duration) {
-        for Registered { probe, metrics } in &self.checks {
-            let l = ProbeLabels { probe };
-            if let Some(seconds) = report.timings.collected(probe) {
-                self.probe_duration.get_or_create(&l).observe(seconds);
-            }
+        for CheckRecorder { probe, metrics } in &self.checks {
             let errors = report.facts.of_probe(probe).map_or(0, |f| f.errors().len());
-            self.families
-                .probe_errors
-                .get_or_create(&l)
-                .inc_by(u64::try_from(errors).unwrap_or(u64::MAX));
+            self.record_probe_kind(probe, report.timings.collected(probe), errors);
             metrics.record(report, verdict, grace);
         }
     }

@@ -267,7 +267,7 @@ pub struct Metrics {
     /// `/metrics` encoded once per change (src/exposition.rs).
     exposition: crate::observe::exposition::Cache,
     /// The registered subsystems' own families (src/checks/).
-    checks: Vec<checks::Registered>,
+    checks: Vec<checks::CheckRecorder>,
 }
 
 impl Default for Metrics {

@@ -27,19 +27,9 @@ impl Metrics {
         let (errors_sysfs, errors_verbs) = self.record_rdma(report, &mut st);
         let t = &report.timings;
         let verbs_ran = report.rdma.verbs.is_some();
-        for (probe, seconds, ran, errors) in [
-            ("rdma_sysfs", t.rdma_sysfs_seconds, true, errors_sysfs),
-            ("rdma_verbs", t.rdma_verbs_seconds, verbs_ran, errors_verbs),
-        ] {
-            let l = ProbeLabels { probe };
-            if ran {
-                self.probe_duration.get_or_create(&l).observe(seconds);
-            }
-            self.families
-                .probe_errors
-                .get_or_create(&l)
-                .inc_by(u64::try_from(errors).unwrap_or(u64::MAX));
-        }
+        self.record_probe_kind("rdma_sysfs", Some(t.rdma_sysfs_seconds), errors_sysfs);
+        let verbs_seconds = verbs_ran.then_some(t.rdma_verbs_seconds);
+        self.record_probe_kind("rdma_verbs", verbs_seconds, errors_verbs);
         let f = &self.families;
         f.last_probe_timestamp.set(report.timestamp);
 
@@ -68,6 +58,23 @@ impl Metrics {
         self.record_checks(report, verdict, grace);
         drop(st);
         self.health.probe_completed();
+    }
+
+    /// One probe kind's wall time (`None`: it did not run) and errors, built-in or registered.
+    pub(super) fn record_probe_kind(
+        &self,
+        probe: &'static str,
+        seconds: Option<f64>,
+        errors: usize,
+    ) {
+        let l = ProbeLabels { probe };
+        if let Some(seconds) = seconds {
+            self.probe_duration.get_or_create(&l).observe(seconds);
+        }
+        self.families
+            .probe_errors
+            .get_or_create(&l)
+            .inc_by(u64::try_from(errors).unwrap_or(u64::MAX));
     }
 
     fn record_verdict(&self, verdict: &Verdict) {
