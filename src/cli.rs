@@ -17,6 +17,7 @@ pub fn checked(config: Config, path: &Path) -> Result<Config> {
     use crate::config::FeatureSection;
     crate::transport::settings::RuntimeSettings::of(&config).map_err(|e| e.in_config_file(path))?;
     crate::gang::settings::GangSettings::of(&config).map_err(|e| e.in_config_file(path))?;
+    crate::dra::settings::DraSettings::of(&config).map_err(|e| e.in_config_file(path))?;
     crate::checks::registered()
         .validate(&config)
         .map_err(|e| e.in_config_file(path))?;
@@ -619,6 +620,37 @@ mod tests {
 
     /// Every subcommand loads the file through `cli::load_config_file`: a wrong value in the
     /// section stops it naming the key, an unknown key naming the file.
+    #[test]
+    fn a_wrong_dra_section_is_refused_at_load_naming_its_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("requirements.yaml");
+        for (section, key) in [
+            (
+                "registry_dir: plugins_registry",
+                "kubernetes.dra.registry_dir",
+            ),
+            ("drivers: [{name: Dra_Net}]", "kubernetes.dra.drivers"),
+            ("slice_grace: 11m", "kubernetes.dra.slice_grace"),
+            ("taint_scope: rack", "kubernetes.dra.taint_scope"),
+            ("driver: [{name: dra.net}]", "kubernetes.dra"),
+        ] {
+            std::fs::write(&path, format!("kubernetes:\n  dra:\n    {section}\n")).unwrap();
+            let e = load_config_file(&path).unwrap_err().to_string();
+            assert!(e.contains(key), "{section}: {e}");
+        }
+        std::fs::write(
+            &path,
+            "kubernetes:\n  dra:\n    drivers: [{name: dra.net}]\n    taint_scope: both\n",
+        )
+        .unwrap();
+        let c = load_config_file(&path).unwrap();
+        let dra = crate::dra::settings::DraSettings::of(&c).unwrap();
+        assert_eq!(dra.driver_names(), ["dra.net"]);
+        assert_eq!(dra.taint_scope, crate::dra::settings::TaintScope::Both);
+        let defaults = crate::dra::settings::DraSettings::of(&Config::default()).unwrap();
+        assert!(!defaults.enabled(), "no section: DRA off");
+    }
+
     #[test]
     fn a_wrong_runtime_section_is_refused_at_load_naming_its_key_or_file() {
         let dir = tempfile::tempdir().unwrap();

@@ -1,5 +1,5 @@
 //! The cost of looking into DRA claim pods' network namespaces (the agent's
-//! `node::dra::in_pods`, every probe interval while this node's pods name DRA claims):
+//! `dra::in_pods`, every probe interval while this node's pods name DRA claims):
 //! - `dra_look_8_claim_pods`: one look's own work — `procs::pod_processes` over a temporary
 //!   procfs laid out as the host's (8 claim pods × 4 processes in kubepods cgroups, each pod its
 //!   own network namespace, 300 other processes), then `pod_hcas::look` with each namespace's

@@ -16,8 +16,10 @@ use crate::cli::RunArgs;
 use crate::config::Config;
 use crate::config::FeatureSection;
 use crate::config::peers::PeerSpec;
+use crate::dra::jobs::DraJobs;
+use crate::dra::metrics::DraMetrics;
+use crate::dra::settings::DraSettings;
 use crate::error::{Error, Result};
-use crate::node::dra::DraJobs;
 use crate::node::{self, Reconciler, RetryAfter};
 use crate::observe::health::HealthTiming;
 use crate::observe::metrics::{self, Metrics};
@@ -47,6 +49,8 @@ pub struct Agent {
     pub config: Config,
     /// Runtime transport's section of `config` (`runtime:`), read once.
     pub transport: RuntimeSettings,
+    /// DRA's section of `config` (`kubernetes.dra`), read once.
+    pub dra: DraSettings,
     pub prober: Prober,
     pub interval: Duration,
     pub resync: Duration,
@@ -57,6 +61,8 @@ pub struct Agent {
     pub metrics: Arc<Metrics>,
     /// Runtime transport's `fabricgate_pod_*` families, registered when `runtime.enabled`.
     pub pod_metrics: Option<PodMetrics>,
+    /// DRA's `fabricgate_dra_*` families (registered whether or not `kubernetes.dra` is on).
+    pub dra_metrics: DraMetrics,
     /// Connection limits of the metrics server (from `RLIMIT_NOFILE`).
     pub limits: Limits,
     pub probe_deadline: Duration,
@@ -93,6 +99,7 @@ impl Agent {
         }
         let mut config = args.probe.load_config()?;
         let transport = RuntimeSettings::of(&config)?;
+        let dra = DraSettings::of(&config)?;
         if let Some(listen) = args.peers_listen
             && config.peers.enabled
         {
@@ -102,7 +109,7 @@ impl Agent {
         let mut probe_config = args.probe.probe_config(&config);
         probe_config.counters_interval = config.rdma.counters_interval(args.interval);
         probe_config.counter_names = crate::observe::metrics::counters_read();
-        probe_config.host = host_checks(&config.kubernetes);
+        probe_config.host = host_checks(&config.kubernetes, &dra);
         let prober = Prober::new(roots.clone(), probe_config);
         // Descriptors: all the container allows (raised by the harness), and HTTP connections
         // kept far below that.
@@ -131,6 +138,7 @@ impl Agent {
         let (metrics, pod_metrics) = Metrics::with_config_and(&config, |live| {
             transport.enabled.then(|| PodMetrics::register(live))
         });
+        let (metrics, dra_metrics) = metrics.with_families(|r| DraMetrics::register(r, &dra));
         let metrics = Arc::new(crate::checks::registered().metrics(metrics, &config));
         let peers =
             peers_from_args(args, &config, &node_name, client.as_ref(), roots, &metrics).await?;
@@ -138,6 +146,7 @@ impl Agent {
             node_name,
             config,
             transport,
+            dra,
             prober,
             interval: args.interval,
             resync: args.resync_interval,
@@ -147,6 +156,7 @@ impl Agent {
             retry_after,
             metrics,
             pod_metrics,
+            dra_metrics,
             limits,
             probe_deadline: args.probe_deadline,
             liveness_grace: args.liveness_grace,
@@ -274,12 +284,15 @@ pub async fn run(
         "fabricgate agent started"
     );
     let wakeup = kernel_events(config, verbs, metrics);
+    let dra_settings = Arc::new(agent.dra.clone());
     let links = Links {
         desired: &desired_tx,
         node_findings,
         dra: dra.facts,
         registrations: dra.registrations,
         rules: dra.rules,
+        dra_settings: &dra_settings,
+        dra_metrics: &agent.dra_metrics,
         peers: mesh.as_ref().map(|m| &m.agent),
         stop: stop.clone(),
     };
@@ -314,7 +327,7 @@ pub async fn run(
 struct PodFeatures {
     pods_watch: Option<JoinHandle<()>>,
     runtime: crate::transport::task::RuntimeJobs,
-    dra: crate::node::dra::DraInputs,
+    dra: crate::dra::jobs::DraInputs,
 }
 
 /// Start this node's pods watch (one, for the two features that read it), runtime transport
@@ -338,8 +351,8 @@ fn start_pod_features(
     } = node::pods_watch::start(
         client,
         node,
-        config,
         agent.transport.enabled.then_some(agent.transport.window),
+        agent.dra.enabled(),
         agent.interval,
     );
     let runtime = crate::transport::task::start(
@@ -349,6 +362,7 @@ fn start_pod_features(
         pods.clone(),
         node,
         &agent.namespace,
+        agent.dra.enabled(),
         agent.dry_run,
         agent.prober.roots().clone(),
         pod_metrics,
@@ -357,11 +371,13 @@ fn start_pod_features(
     let dra = DraJobs {
         node,
         config,
+        settings: &agent.dra,
         clients: client,
         dry_run: agent.dry_run,
         interval: agent.interval,
         rules_max_backoff: agent.interval.max(crate::gang::ring::MAX_BACKOFF),
         metrics: &agent.metrics,
+        families: &agent.dra_metrics,
         pods,
         roots: agent.prober.roots().clone(),
     }

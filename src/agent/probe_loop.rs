@@ -6,14 +6,17 @@ use super::probe_thread::ProbeThread;
 use super::timing::{Jitter, later, wait_stop};
 use super::wakeup::{Trigger, Wakeup, patch_port_states};
 use crate::config::Config;
+use crate::dra::assess::{DraFacts, RulesState, Seen};
+use crate::dra::metrics::DraMetrics;
+use crate::dra::settings::DraSettings;
 use crate::error::Result;
 use crate::observe::metrics::Metrics;
 use crate::peers::PeerAgent;
 use crate::policy::agent_fault::AgentFault;
-use crate::policy::dra::{DraFacts, RulesState};
 use crate::policy::judge::{Facts, Judge};
 use crate::policy::{Finding, Verdict};
 use fabricgate_probes::ProbeReport;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep_until, timeout};
@@ -23,13 +26,18 @@ use tokio::time::{Instant, sleep_until, timeout};
 pub(super) struct Links<'a> {
     pub(super) desired: &'a watch::Sender<Option<Verdict>>,
     pub(super) node_findings: watch::Receiver<Vec<Finding>>,
-    /// This node's DRA slices (`kubernetes.dra`), from `node::dra::watch_slices`.
+    /// This node's DRA slices (`kubernetes.dra`), from `dra::watch_slices`.
     pub(super) dra: watch::Receiver<Option<DraFacts>>,
     /// Bumped when a DRA plugin's registration socket stops or starts answering
-    /// (`node::dra`'s registration follower): probe at once.
+    /// (`dra`'s registration follower): probe at once.
     pub(super) registrations: watch::Receiver<u64>,
-    /// The DeviceTaintRule writer's state (`node::dra`): a refusal is judged at once.
+    /// The DeviceTaintRule writer's state (`dra`): a refusal is judged at once.
     pub(super) rules: watch::Receiver<RulesState>,
+    /// DRA's section of the config (`kubernetes.dra`): while it names drivers, each judgment
+    /// hands the Judge what DRA sees and records `fabricgate_dra_*`.
+    pub(super) dra_settings: &'a Arc<DraSettings>,
+    /// `fabricgate_dra_*`.
+    pub(super) dra_metrics: &'a DraMetrics,
     /// The peer responder (`peers.enabled`): its ports follow each probe, and its required
     /// finding is judged with it.
     pub(super) peers: Option<&'a PeerAgent>,
@@ -84,8 +92,7 @@ pub(super) struct ProbeLoop<'a> {
     wakeup: Wakeup,
     judge: Judge,
     timing: ProbeTiming,
-    /// `node.recover_after`, for the log.
-    recover_after: u32,
+    config: &'a Config,
     metrics: &'a Metrics,
     links: Links<'a>,
     open: Open,
@@ -102,7 +109,7 @@ impl<'a> ProbeLoop<'a> {
         probes: ProbeThread,
         wakeup: Wakeup,
         judge: Judge,
-        config: &Config,
+        config: &'a Config,
         timing: ProbeTiming,
         metrics: &'a Metrics,
         links: Links<'a>,
@@ -112,7 +119,7 @@ impl<'a> ProbeLoop<'a> {
             wakeup,
             judge,
             timing,
-            recover_after: config.node.recover_after,
+            config,
             metrics,
             links,
             open: Open {
@@ -283,8 +290,12 @@ impl<'a> ProbeLoop<'a> {
             return;
         };
         let found = self.links.node_findings.borrow_and_update().clone();
-        let dra_facts = self.links.dra.borrow_and_update().clone();
-        let dra_rules = self.links.rules.borrow_and_update().clone();
+        let dra = Seen {
+            settings: Arc::clone(self.links.dra_settings),
+            facts: self.links.dra.borrow_and_update().clone(),
+            rules: Some(self.links.rules.borrow_and_update().clone()),
+        };
+        let dra = dra.settings.enabled().then(|| Arc::new(dra));
         let peer_finding = self.links.peers.and_then(|p| {
             if fresh {
                 p.update_ports(&report.rdma);
@@ -295,8 +306,7 @@ impl<'a> ProbeLoop<'a> {
             report,
             node_findings: &found,
             peer_finding,
-            dra: dra_facts.as_ref(),
-            dra_rules: Some(&dra_rules),
+            devices: dra.clone().map(|d| d as _),
         });
         let instant_ready = judged.instant_ready;
         self.metrics
@@ -305,11 +315,10 @@ impl<'a> ProbeLoop<'a> {
         if fresh {
             self.metrics.record_probe(report, &judged.recorded);
         }
-        if let Some(drivers) = &judged.dra_drivers {
-            self.metrics.set_dra_drivers(drivers);
-        }
-        if let Some(in_use) = &judged.dra_in_use {
-            self.metrics.set_dra_in_use(in_use);
+        if let Some(dra) = &dra {
+            let tainted = &judged.recorded.device_taints;
+            let m = self.links.dra_metrics;
+            m.record(self.metrics, report, dra, tainted, self.config);
         }
         let verdict = judged.verdict;
         self.last_verdict = Some(verdict.clone());
@@ -335,7 +344,7 @@ impl<'a> ProbeLoop<'a> {
             );
         } else if verdict.reasons().is_empty() {
             tracing::info!(
-                recover_after = self.recover_after,
+                recover_after = self.config.node.recover_after,
                 "node not validated yet: waiting for consecutive good probes"
             );
         } else {

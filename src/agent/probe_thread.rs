@@ -8,17 +8,19 @@ use fabricgate_probes::{ProbeReport, Prober};
 use tokio::sync::oneshot;
 
 /// The host checks `run` makes beside each probe: the device plugins' sockets and device nodes
-/// (`kubernetes.*`), and the agent's own mounts.
+/// (`kubernetes.*`), the DRA drivers' registration sockets (`kubernetes.dra`), and the agent's
+/// own mounts.
 pub(super) fn host_checks(
     k: &crate::config::KubernetesRequirements,
+    dra: &crate::dra::settings::DraSettings,
 ) -> fabricgate_probes::host::HostConfig {
     fabricgate_probes::host::HostConfig {
         device_plugin_dir: std::path::PathBuf::from(&k.device_plugin_dir),
         device_plugin_sockets: k.device_plugin_sockets.clone(),
         device_nodes: !k.rdma_resources.is_empty(),
         own_mounts: true,
-        dra_registry_dir: std::path::PathBuf::from(&k.dra.registry_dir),
-        dra_drivers: k.dra.driver_names(),
+        dra_registry_dir: std::path::PathBuf::from(&dra.registry_dir),
+        dra_drivers: dra.driver_names(),
     }
 }
 

@@ -313,8 +313,7 @@ fn what_the_agent_cannot_read_is_an_agent_error_never_a_verdict() {
         report: &report,
         node_findings: &[],
         peer_finding: None,
-        dra: None,
-        dra_rules: None,
+        devices: None,
     });
     let fault = judgment.fault.unwrap();
     assert_eq!(fault.cause, agent_fault::Cause::SubsystemUnreadable);

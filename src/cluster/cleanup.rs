@@ -4,8 +4,8 @@
 //! agents' DeviceTaintRules (label [`NODE_LABEL`]). Anything else is left exactly as it is,
 //! and a Node with nothing of ours is not written at all.
 
+use crate::dra::rules::{NODE_LABEL, node_label_value};
 use crate::error::{Error, Result};
-use crate::node::dra::{NODE_LABEL, node_label_value};
 use crate::node::{CONDITION_TYPES, FIELD_MANAGER};
 use json_patch::jsonptr::PointerBuf;
 use json_patch::{Patch as JsonPatch, PatchOperation, RemoveOperation, TestOperation};

@@ -6,7 +6,6 @@ use fabricgate_probes::gpudirect::pci::Relation;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
-pub mod dra;
 pub(crate) mod duration;
 pub mod events;
 mod file;
@@ -196,9 +195,9 @@ impl Config {
         Ok(())
     }
 
-    /// The DRA drivers, the device-plugin directory and sockets, and the RDMA resources.
+    /// The device-plugin directory and sockets, and the RDMA resources (`kubernetes.dra` is
+    /// DRA's own, checked by `dra::settings`).
     fn validate_kubernetes(&self) -> Result<()> {
-        self.kubernetes.dra.validate()?;
         if !self.kubernetes.device_plugin_dir.starts_with('/') {
             return bad(
                 "kubernetes.device_plugin_dir",

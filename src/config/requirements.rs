@@ -9,7 +9,7 @@ use std::time::Duration;
 
 /// Device-plugin liveness: what the agent requires of its own (watched) Node, and of the
 /// plugin's socket and device nodes on the host.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct KubernetesRequirements {
     /// Extended resources a device plugin advertises (`rdma/hca_shared_devices_a`,
@@ -30,7 +30,8 @@ pub struct KubernetesRequirements {
     #[serde(with = "plugin_grace")]
     pub plugin_grace: Duration,
     /// DRA drivers that publish the node's HCAs (`kubernetes.dra`, docs/dra.md).
-    pub dra: super::dra::DraRequirements,
+    /// Read by DRA itself (`dra::settings::DraSettings`).
+    pub dra: super::Section,
 }
 
 /// `kubernetes.plugin_grace`: three kubelet status syncs (10 s each) for the plugins to
@@ -48,7 +49,7 @@ impl Default for KubernetesRequirements {
             device_plugin_dir: DEFAULT_DEVICE_PLUGIN_DIR.into(),
             device_plugin_sockets: Vec::new(),
             plugin_grace: DEFAULT_PLUGIN_GRACE,
-            dra: super::dra::DraRequirements::default(),
+            dra: super::Section::default(),
         }
     }
 }

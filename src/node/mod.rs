@@ -15,7 +15,6 @@
 
 pub(crate) mod breaker;
 mod client;
-pub mod dra;
 mod plan;
 pub mod pods_watch;
 mod reconciler;
@@ -26,8 +25,8 @@ pub use client::{Clients, RetryAfter, WATCH_TIMEOUT_SECS, client, clients_from};
 pub use plan::{Plan, Transition, owned_labels, plan};
 pub use reconciler::Reconciler;
 pub(crate) use reconciler::patch_taints;
-pub(crate) use watch::WatchBackoff;
 pub use watch::watch_node;
+pub(crate) use watch::{FIRST_BACKOFF, WatchBackoff};
 
 /// Field manager of every write, and the owner name `kubectl get node -o yaml
 /// --show-managed-fields` shows.

@@ -24,18 +24,18 @@ pub struct PodsWatch {
 }
 
 /// The watch of this node's pods when a feature reads them (runtime transport, its window
-/// given as `transport_window`, or `kubernetes.dra` for its claims) and there is a cluster:
+/// given as `transport_window`, or DRA for its claims: `claims`) and there is a cluster:
 /// its task (it only reads: aborted at shutdown) and the receiver the features share. Its
 /// longest backoff is the runtime window when runtime transport is on, the probe interval
 /// otherwise.
 pub fn start(
     clients: Option<&super::Clients>,
     node: &str,
-    config: &crate::config::Config,
     transport_window: Option<Duration>,
+    claims: bool,
     interval: Duration,
 ) -> PodsWatch {
-    let wanted = transport_window.is_some() || config.kubernetes.dra.enabled();
+    let wanted = transport_window.is_some() || claims;
     let Some(watch_client) = clients.and_then(|c| c.watch.clone()).filter(|_| wanted) else {
         return PodsWatch {
             task: None,

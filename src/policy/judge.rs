@@ -18,10 +18,11 @@
 use super::agent_fault::{self, AgentFault};
 use super::check::Checks;
 use super::device_plugin;
-use super::dra::{self, DeviceHysteresis, DraFacts, RulesState};
+use super::devices::{DeviceHysteresis, DeviceView};
 use super::{Finding, Hysteresis, Scope, Verdict, evaluate_with, unvalidated_taint};
 use crate::config::Config;
 use fabricgate_probes::ProbeReport;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// What the agent knows when it judges a full probe.
@@ -35,10 +36,9 @@ pub struct Facts<'a> {
     pub node_findings: &'a [Finding],
     /// The peer mesh's finding when `peers` are required and a round failed.
     pub peer_finding: Option<Finding>,
-    /// The DRA drivers' slices of this node (`kubernetes.dra`); `None` while unknown.
-    pub dra: Option<&'a DraFacts>,
-    /// What the DeviceTaintRule writer found out; `None` when it does not run.
-    pub dra_rules: Option<&'a RulesState>,
+    /// What a feature publishing the node's HCAs to pods sees of them (DRA's slices and
+    /// claims, `kubernetes.dra`); `None` where none does.
+    pub devices: Option<Arc<dyn DeviceView>>,
 }
 
 /// What one judgment gives: the verdict for the Node writer, the one metrics record, and the
@@ -53,12 +53,6 @@ pub struct Judgment {
     /// The probe alone, before hysteresis, was ready.
     pub instant_ready: bool,
     pub fault: Option<AgentFault>,
-    /// `fabricgate_dra_driver_up` of each configured DRA driver ([`dra::drivers_up`]); `None`
-    /// without `kubernetes.dra` or when no report was judged.
-    pub dra_drivers: Option<Vec<(String, bool)>>,
-    /// `fabricgate_dra_device_in_use`: the HCAs pods' claims hold ([`dra::DraAssessment`]);
-    /// `None` without `kubernetes.dra` or when no report was judged.
-    pub dra_in_use: Option<Vec<dra::InUseHca>>,
 }
 
 /// Decides verdicts; owns the only state a verdict depends on (the hysteresis).
@@ -67,8 +61,8 @@ pub struct Judge {
     config: Config,
     hysteresis: Hysteresis,
     devices: DeviceHysteresis,
-    /// The DRA facts of the last full judgment, for the event path.
-    last_dra: Option<DraFacts>,
+    /// The device view of the last full judgment, for the event path.
+    last_devices: Option<Arc<dyn DeviceView>>,
     /// The registered subsystems, judged with the hardware.
     checks: Checks,
 }
@@ -79,7 +73,7 @@ impl Judge {
             config: config.clone(),
             hysteresis: Hysteresis::new(config),
             devices: DeviceHysteresis::default(),
-            last_dra: None,
+            last_devices: None,
             checks: Checks::default(),
         }
     }
@@ -108,11 +102,15 @@ impl Judge {
         plugin_findings.extend(host.findings);
         let mut own_mounts = agent_fault::own_mount_problems(&facts.report.host);
         own_mounts.extend(host.own_problems);
-        let dra = dra::assess(facts.report, facts.dra, config);
-        let in_use_ports = dra.in_use_ports();
-        plugin_findings.extend(dra.findings);
-        own_mounts.extend(dra.own_problems);
-        self.last_dra = facts.dra.cloned();
+        let devices = facts
+            .devices
+            .as_ref()
+            .map(|v| v.assess(facts.report, config))
+            .unwrap_or_default();
+        let in_use_ports = devices.ports_in_use;
+        plugin_findings.extend(devices.findings);
+        own_mounts.extend(devices.own_problems);
+        self.last_devices = facts.devices.clone();
         let mut instant = if in_use_ports == 0 {
             evaluate_with(facts.report, config, &plugin_findings, &self.checks)
         } else {
@@ -121,8 +119,7 @@ impl Judge {
             rest.rdma.min_active_ports = rest.rdma.min_active_ports.saturating_sub(in_use_ports);
             evaluate_with(facts.report, &rest, &plugin_findings, &self.checks)
         };
-        instant.rdma.part.warnings.extend(dra.warnings);
-        let dra_in_use = config.kubernetes.dra.enabled().then_some(dra.in_use);
+        instant.rdma.part.warnings.extend(devices.warnings);
         if let Some(finding) = facts.peer_finding {
             instant = apply_required_finding(instant, finding, config);
         }
@@ -135,11 +132,17 @@ impl Judge {
             .or_else(|| agent_fault::subsystem_unreadable(&instant));
         // The agent's own trouble neither taints nor untaints a device.
         let device_taints = match &fault {
-            None => self.devices.apply(&dra.taints, config.node.recover_after),
+            None => self
+                .devices
+                .apply(&devices.taints, config.node.recover_after),
             Some(_) => self.devices.current(),
         };
         // Device taints whose rules cannot be written protect nothing: the Node is tainted.
-        if let Some(refused) = dra::rules_refused(facts.dra_rules, &device_taints) {
+        let refused = facts
+            .devices
+            .as_ref()
+            .and_then(|v| v.taints_refused(&device_taints));
+        if let Some(refused) = refused {
             if device_taints.is_empty() {
                 instant.rdma.part.warnings.push(refused);
             } else {
@@ -155,18 +158,11 @@ impl Judge {
         };
         recorded.device_taints = device_taints;
         let verdict = agent_fault::gate(recorded.clone(), fault.as_ref(), config);
-        let dra_drivers = config
-            .kubernetes
-            .dra
-            .enabled()
-            .then(|| dra::drivers_up(facts.report, facts.dra, config));
         Judgment {
             verdict,
             recorded,
             instant_ready,
             fault,
-            dra_drivers,
-            dra_in_use,
         }
     }
 
@@ -185,8 +181,6 @@ impl Judge {
             recorded,
             instant_ready: false,
             fault: Some(fault),
-            dra_drivers: None,
-            dra_in_use: None,
         }
     }
 
@@ -201,7 +195,11 @@ impl Judge {
     /// - otherwise `None`. An event never untaints a device.
     pub fn port_event(&mut self, patched: &ProbeReport, last: &Verdict) -> Option<Verdict> {
         let instant = evaluate_with(patched, &self.config, &[], &self.checks);
-        let bad = dra::assess(patched, self.last_dra.as_ref(), &self.config).taints;
+        let bad = self
+            .last_devices
+            .as_ref()
+            .map(|v| v.assess(patched, &self.config).taints)
+            .unwrap_or_default();
         if !instant.ready {
             let mut verdict = self.hysteresis.apply(instant);
             verdict.device_taints = self.devices.add(&bad);

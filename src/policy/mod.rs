@@ -4,7 +4,7 @@ pub mod agent_fault;
 pub mod breaker;
 pub mod check;
 pub mod device_plugin;
-pub mod dra;
+pub mod devices;
 mod hysteresis;
 pub mod judge;
 mod placement;
@@ -15,7 +15,7 @@ mod tests;
 pub use hysteresis::{AWAITING_VALIDATION, Hysteresis};
 pub use placement::apply_placement;
 use rdma::evaluate_rdma;
-pub use rdma::usable_ports;
+pub use rdma::{HcaHealth, hca_health, usable_ports};
 
 use crate::config::{Config, LinkLayerRequirement};
 use fabricgate_probes::ProbeReport;
@@ -132,7 +132,7 @@ pub struct Verdict {
     /// The DRA devices of bad HCAs to keep a `DeviceTaintRule` on (`kubernetes.dra`); set
     /// only by the [`judge::Judge`], after its device hysteresis.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub device_taints: Vec<dra::DeviceTaint>,
+    pub device_taints: Vec<devices::DeviceTaint>,
     /// The registered subsystems' parts ([`check::NodeCheck`]), by name, in registration order.
     #[serde(flatten)]
     pub checks: check::Parts,

@@ -49,8 +49,8 @@ pub fn is_own_pod(pod: &Pod, own_namespace: &str) -> bool {
 }
 
 /// Why a pod is judged: it requests one of `kubernetes.rdma_resources` (requests or limits of
-/// any container, init containers included), holds a resource claim while
-/// `kubernetes.dra.drivers` is set, or matches `runtime.pod_selector`. The DRA test is an
+/// any container, init containers included), holds a resource claim while `claims` (DRA
+/// drivers are configured, `kubernetes.dra.drivers`), or matches `runtime.pod_selector`. The DRA test is an
 /// approximation: the pod's claims do not name their driver (the ResourceClaim does), so any
 /// claim counts; judging one pod too many costs one metric series, never a write (an idle pod
 /// gets no condition change). A finished pod is never judged, nor the agent's own pods
@@ -60,6 +60,7 @@ pub fn is_own_pod(pod: &Pod, own_namespace: &str) -> bool {
 pub fn is_judged(
     pod: &Pod,
     kube: &KubernetesRequirements,
+    claims: bool,
     runtime: &RuntimeSettings,
     own_namespace: &str,
 ) -> bool {
@@ -80,8 +81,7 @@ pub fn is_judged(
         .filter_map(|c| c.resources.as_ref())
         .flat_map(|r| r.requests.iter().flatten().chain(r.limits.iter().flatten()))
         .any(|(name, _)| kube.rdma_resources.iter().any(|r| r == name));
-    let claims_dra = !kube.dra.drivers.is_empty()
-        && spec.resource_claims.as_ref().is_some_and(|c| !c.is_empty());
+    let claims_dra = claims && spec.resource_claims.as_ref().is_some_and(|c| !c.is_empty());
     let selected = !runtime.pod_selector.is_empty()
         && selector_matches(
             &runtime.pod_selector,

@@ -42,6 +42,7 @@ pub fn start(
     pods: Option<watch::Receiver<BTreeMap<String, Pod>>>,
     node: &str,
     own_namespace: &str,
+    claims: bool,
     dry_run: bool,
     roots: Roots,
     metrics: Option<PodMetrics>,
@@ -72,6 +73,7 @@ pub fn start(
         settings: settings.clone(),
         sample_deadline: settings.window,
         own_namespace: own_namespace.to_owned(),
+        claims,
         node: node.to_owned(),
         pods,
         jobs: jobs_tx,
@@ -107,6 +109,8 @@ struct Judging {
     sample_deadline: std::time::Duration,
     /// The agent's namespace: its own pods there are never judged.
     own_namespace: String,
+    /// A pod's resource claims make it judged (DRA drivers are configured).
+    claims: bool,
     /// This node: the peers that count are the job's pods on the others.
     node: String,
     pods: watch::Receiver<BTreeMap<String, Pod>>,
@@ -167,6 +171,7 @@ impl Judging {
                 is_judged(
                     p,
                     &self.config.kubernetes,
+                    self.claims,
                     &self.settings,
                     &self.own_namespace,
                 )
@@ -382,6 +387,7 @@ mod tests {
             config,
             sample_deadline,
             own_namespace: "fabricgate".to_owned(),
+            claims: false,
             node: "gpu-a".to_owned(),
             pods,
             jobs,

@@ -10,6 +10,8 @@ use super::sysfs::FakeHca;
 use super::{TAINT, taint_keys, wait_until};
 use fabricgate::agent::daemon::{self, Agent};
 use fabricgate::config::{Config, FeatureSection};
+use fabricgate::dra::metrics::DraMetrics;
+use fabricgate::dra::settings::DraSettings;
 use fabricgate::node::{RetryAfter, clients_from};
 use fabricgate::observe::metrics::Metrics;
 use fabricgate::transport::metrics::PodMetrics;
@@ -195,11 +197,16 @@ impl Fleet {
                 let (metrics, pod_metrics) = Metrics::with_config_and(&config, |live| {
                     transport.enabled.then(|| PodMetrics::register(live))
                 });
+                let dra = DraSettings::of(&config).unwrap();
+                let (metrics, dra_metrics) =
+                    metrics.with_families(|r| DraMetrics::register(r, &dra));
                 let agent = Agent {
                     node_name: name,
                     transport,
+                    dra,
                     metrics: Arc::new(metrics),
                     pod_metrics,
+                    dra_metrics,
                     config,
                     prober,
                     interval,

@@ -2,6 +2,9 @@
 //! fixed clock, plain HTTP, reading samples out of an exposition.
 
 use fabricgate::config::Config;
+use fabricgate::config::FeatureSection;
+use fabricgate::dra::metrics::DraMetrics;
+use fabricgate::dra::settings::DraSettings;
 use fabricgate::observe::metrics::Metrics;
 use fabricgate::policy;
 use fabricgate_probes::netdev;
@@ -75,6 +78,8 @@ pub fn unhealthy_metrics() -> Metrics {
     let (metrics, pods) = Metrics::with_config_and(&config, |live| {
         Some(fabricgate::transport::metrics::PodMetrics::register(live))
     });
+    let dra_settings = DraSettings::of(&config).unwrap();
+    let (metrics, dra) = metrics.with_families(|r| DraMetrics::register(r, &dra_settings));
     let metrics = fabricgate::checks::registered().metrics(metrics, &config);
     let node = committed_fixture("ndr-port-down");
     let t0 = 1_700_000_000.0;
@@ -105,26 +110,27 @@ pub fn unhealthy_metrics() -> Metrics {
             duration_us: Some(5400.0),
             ..SelftestResult::default()
         });
-        let mut verdict =
+        let verdict =
             policy::evaluate_checked(&report, &config, &fabricgate::checks::registered().checks());
-        // A DRA node: the bad HCA kept off new claims by a DeviceTaintRule.
-        verdict.device_taints.push(policy::dra::DeviceTaint {
-            driver: "dra.net".into(),
-            pool: "gpu-b".into(),
-            device: "pci-0000-8a-00-0".into(),
-            hca: "mlx5_3".into(),
-            reason: "PortDown".into(),
-            message: "mlx5_3 port 1 is DOWN".into(),
-        });
         metrics.record_probe(&report, &verdict);
     }
-    metrics.set_dra_drivers(&[("dra.net".into(), true), ("rdma.example.com".into(), false)]);
-    metrics.set_dra_device_rules(true);
-    // An eleventh HCA, moved into a training pod's network namespace by its claim.
-    metrics.set_dra_in_use(&[policy::dra::InUseHca {
+    // A DRA node: the bad HCA kept off new claims by a DeviceTaintRule, and an eleventh HCA
+    // moved into a training pod's network namespace by its claim.
+    let tainted = [policy::devices::DeviceTaint {
+        driver: "dra.net".into(),
+        pool: "gpu-b".into(),
+        device: "pci-0000-8a-00-0".into(),
+        hca: "mlx5_3".into(),
+        reason: "PortDown".into(),
+        message: "mlx5_3 port 1 is DOWN".into(),
+    }];
+    let in_use = [fabricgate::dra::assess::InUseHca {
         hca: "mlx5_10".into(),
         claim: "train/worker-0-rdma".into(),
-    }]);
+    }];
+    let drivers = [("dra.net".into(), true), ("rdma.example.com".into(), false)];
+    dra.set(&metrics, &drivers, &in_use, &tainted);
+    dra.set_rules_writable(&metrics, true);
     record_pods(
         pods.as_ref()
             .expect("runtime.enabled registers the pod families"),

@@ -130,6 +130,21 @@ const FEATURES: &[(&str, &[(&str, &str)])] = &[
         ],
     ),
     (
+        "dra",
+        &[
+            ("settings", "config"),
+            ("assess", "policy"),
+            ("metrics", "observe"),
+            ("common", "node"),
+            ("slices", "node"),
+            ("claims", "node"),
+            ("in_pods", "node"),
+            ("registration", "node"),
+            ("rules", "node"),
+            ("jobs", "node"),
+        ],
+    ),
+    (
         "transport",
         &[
             ("settings", "config"),

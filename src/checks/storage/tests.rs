@@ -65,8 +65,7 @@ fn an_unreadable_mount_table_is_the_agents_trouble_on_the_lustre_part() {
         report: &r,
         node_findings: &[],
         peer_finding: None,
-        dra: None,
-        dra_rules: None,
+        devices: None,
     });
     let fault = j.fault.unwrap();
     assert_eq!(fault.cause, agent_fault::Cause::MissingOwnMount);

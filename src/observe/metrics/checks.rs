@@ -1,5 +1,5 @@
-//! A registered subsystem's own metric families (src/checks/): registered beside the built-in
-//! ones and recorded under the same lock with each probe, so a scrape never sees half a probe.
+//! A registered subsystem's own metric families (src/checks/), and a feature's: registered beside
+//! the built-in ones and recorded under the same lock with each probe, so a scrape never sees half a probe.
 //! Its `fabricgate_probe_duration_seconds{probe}` and `fabricgate_probe_errors_total{probe}`
 //! series come with the registration.
 
@@ -39,6 +39,21 @@ impl Metrics {
             self.checks.push(CheckRecorder { probe, metrics });
         }
         self
+    }
+
+    /// With a feature's own families (DRA's `fabricgate_dra_*`) registered among the cached
+    /// ones: the feature keeps its handles and changes them through [`Self::changing`].
+    #[must_use]
+    pub fn with_families<T>(mut self, register: impl FnOnce(&mut Registry) -> T) -> (Self, T) {
+        let families = register(&mut self.registry);
+        (self, families)
+    }
+
+    /// Run `change` (a feature's families changing) under the state lock, marking the cached
+    /// exposition stale: a scrape sees all of the change or none of it.
+    pub fn changing<R>(&self, change: impl FnOnce() -> R) -> R {
+        let _guard = self.lock();
+        change()
     }
 
     /// The registered subsystems' part of one probe's record.

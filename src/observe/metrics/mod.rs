@@ -145,22 +145,6 @@ struct WhyLabels {
 pub const HTTP_DROP_REASONS: &[&str] = &["evicted", "rejected"];
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ReasonLabels {
-    reason: String,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct DriverLabels {
-    driver: String,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct InUseLabels {
-    hca: String,
-    claim: String,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct FindingLabels {
     scope: &'static str,
     reason: &'static str,
@@ -206,10 +190,6 @@ struct Families {
     last_probe_timestamp: GaugeF64,
     node_writes: Family<KindLabels, Counter>,
     breaker_open: Gauge,
-    dra_devices_tainted: Family<ReasonLabels, Gauge>,
-    dra_driver_up: Family<DriverLabels, Gauge>,
-    dra_device_in_use: Family<InUseLabels, Gauge>,
-    dra_device_rules: Gauge,
 
     fallback_suspected: Gauge,
     fallback_tcp_rate: OptionalGauge,
@@ -311,41 +291,6 @@ impl Metrics {
         let _guard = self.lock();
         self.families.agent_error.set(i64::from(message.is_some()));
         self.health.set_agent_error(message.map(str::to_owned));
-    }
-
-    /// Each configured DRA driver: registered and publishing this node's slices (1) or not.
-    pub fn set_dra_drivers(&self, drivers: &[(String, bool)]) {
-        let _guard = self.lock();
-        self.families.dra_driver_up.clear();
-        for (driver, up) in drivers {
-            self.families
-                .dra_driver_up
-                .get_or_create(&DriverLabels {
-                    driver: driver.clone(),
-                })
-                .set(i64::from(*up));
-        }
-    }
-
-    /// The HCAs pods' ResourceClaims hold, out of the node's view (RDMA netns mode exclusive).
-    pub fn set_dra_in_use(&self, in_use: &[crate::policy::dra::InUseHca]) {
-        let _guard = self.lock();
-        self.families.dra_device_in_use.clear();
-        for hca in in_use {
-            self.families
-                .dra_device_in_use
-                .get_or_create(&InUseLabels {
-                    hca: hca.hca.clone(),
-                    claim: hca.claim.clone(),
-                })
-                .set(1);
-        }
-    }
-
-    /// Whether this node's DeviceTaintRules can be written (`node::dra::RulesState::On`).
-    pub fn set_dra_device_rules(&self, writable: bool) {
-        let _guard = self.lock();
-        self.families.dra_device_rules.set(i64::from(writable));
     }
 
     /// Whether the blast-radius breaker is holding back this node's taint.

@@ -3,7 +3,7 @@
 
 use super::{
     ERROR_COUNTERS, FindingLabels, HW_COUNTERS, Metrics, PortCounterLabels, PortInfoLabels,
-    PortLabels, ProbeLabels, Readers, ReasonLabels, set_optional,
+    PortLabels, ProbeLabels, Readers, set_optional,
 };
 use crate::observe::counters::{accumulate, drop_series, expire};
 use crate::policy::Verdict;
@@ -80,14 +80,6 @@ impl Metrics {
     fn record_verdict(&self, verdict: &Verdict) {
         let f = &self.families;
         f.node_ready.set(i64::from(verdict.ready));
-        f.dra_devices_tainted.clear();
-        for t in &verdict.device_taints {
-            f.dra_devices_tainted
-                .get_or_create(&ReasonLabels {
-                    reason: t.reason.clone(),
-                })
-                .inc();
-        }
         f.rdma_ready.set(i64::from(verdict.rdma.part.ready));
         f.findings.clear();
         for finding in verdict.parts().flat_map(|p| &p.findings) {

@@ -45,7 +45,7 @@ impl Metrics {
         register_verdict(&mut r, &f);
         register_ports(&mut r, &f);
         register_probes(&mut r, &f, &probe_duration);
-        register_node_guards(&mut r, &f, config);
+        register_node_guards(&mut r, &f);
         register_agent(&mut r, &f);
         // The families below change without the state lock (the HTTP server at every
         // connection, the peers' thread): they go to `live`, encoded at every scrape and
@@ -240,36 +240,8 @@ fn register_probes(
     );
 }
 
-/// What guards the taint and its use: the DRA device rules, the breaker, the fallback
-/// detector.
-fn register_node_guards(r: &mut Registry, f: &Families, config: &Config) {
-    reg!(
-        r,
-        "dra_devices_tainted",
-        "DRA devices of this node's bad HCAs under a fabricgate DeviceTaintRule, by reason (kubernetes.dra)",
-        f.dra_devices_tainted
-    );
-    reg!(
-        r,
-        "dra_driver_up",
-        "1 when the DRA driver's kubelet plugin is registered and it publishes this node's ResourceSlices, else 0",
-        f.dra_driver_up
-    );
-    reg!(
-        r,
-        "dra_device_in_use",
-        "1 for each HCA a pod's ResourceClaim holds that the node's own probe does not see (moved into the pod's network namespace), by HCA and claim",
-        f.dra_device_in_use
-    );
-    // Only with DRA: a 0 on a device-plugin cluster would read as a refusal.
-    if !config.kubernetes.dra.drivers.is_empty() {
-        reg!(
-            r,
-            "dra_device_rules_writable",
-            "1 when the agent can write its DeviceTaintRules, 0 when the API server does not serve them or refuses the agent",
-            f.dra_device_rules
-        );
-    }
+/// What guards the taint and its use: the breaker, the fallback detector.
+fn register_node_guards(r: &mut Registry, f: &Families) {
     reg!(
         r,
         "breaker_open",

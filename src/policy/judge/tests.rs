@@ -61,8 +61,7 @@ fn facts(report: &ProbeReport) -> Facts<'_> {
         report,
         node_findings: &[],
         peer_finding: None,
-        dra: None,
-        dra_rules: None,
+        devices: None,
     }
 }
 
@@ -235,8 +234,7 @@ fn judge_row(r: Row) {
         report: &report,
         node_findings: &plugin,
         peer_finding: r.peer.map(finding),
-        dra: None,
-        dra_rules: None,
+        devices: None,
     });
     let name = r.name;
     assert_eq!(

@@ -46,7 +46,7 @@ fn sockets_verdict(c: &Config) -> PodVerdict {
 fn pods_requesting_the_rdma_resource_or_matching_the_selector_are_judged_others_never() {
     let c = config();
     let runtime = RuntimeSettings::of(&c).unwrap();
-    let judged = |p: &Pod| is_judged(p, &c.kubernetes, &runtime, "fabricgate");
+    let judged = |p: &Pod| is_judged(p, &c.kubernetes, false, &runtime, "fabricgate");
     assert!(judged(&trainer("rdma/hca_shared_devices_a", json!({}))));
     assert!(judged(&trainer("cpu", json!({"app": "trainer"}))));
     assert!(!judged(&trainer("cpu", json!({"app": "web"}))));
@@ -66,7 +66,7 @@ fn pods_requesting_the_rdma_resource_or_matching_the_selector_are_judged_others_
     }));
     assert!(!judged(&agent), "fabricgate's own pods are never judged");
     assert!(
-        is_judged(&agent, &c.kubernetes, &runtime, "other"),
+        is_judged(&agent, &c.kubernetes, false, &runtime, "other"),
         "only in the agent's own namespace"
     );
     // A tenant's pod claiming to be fabricgate by its labels, or by an owner reference to a
@@ -89,6 +89,13 @@ fn pods_requesting_the_rdma_resource_or_matching_the_selector_are_judged_others_
             "resourceClaims": [{"name": "hca", "resourceClaimName": "hca-0"}]}}),
     );
     assert!(!judged(&claim));
+    assert!(is_judged(
+        &claim,
+        &c.kubernetes,
+        true,
+        &runtime,
+        "fabricgate"
+    ));
 }
 
 #[test]

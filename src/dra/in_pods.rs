@@ -4,12 +4,12 @@
 //! netlink from a socket opened in the pod's namespace still lists it with its ports
 //! (`fabricgate_probes::transport::pod_hcas`). Every probe interval, and whenever the claims
 //! change, each pod that names a claim is looked into once; what each shows is merged into
-//! the DRA facts and judged in [`crate::policy::dra`].
+//! the DRA facts and judged in [`super::assess`].
 //!
 //! Tested for real on the Soft-RoCE VM with the agent daemon and the real apiserver
 //! (tests/vm/dra_netns_vm.rs).
 
-use crate::policy::dra::{ClaimedDevice, PodNamespaceHcas};
+use super::assess::{ClaimedDevice, PodNamespaceHcas};
 use fabricgate_probes::Roots;
 use fabricgate_probes::transport::pod_hcas::{self, LiveNamespaces};
 use fabricgate_probes::transport::procs;
@@ -80,7 +80,7 @@ fn look(roots: &Roots, pods: &BTreeMap<String, String>) -> Vec<PodNamespaceHcas>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::dra::ClaimPod;
+    use crate::dra::assess::ClaimPod;
     use fabricgate_probes::transport::Observed;
 
     #[test]

@@ -1,15 +1,17 @@
 //! The rules out: this node's `DeviceTaintRule`s kept equal to the verdicts' device taints
 //! ([`DeviceTaintRules`]), and the writer's state mirrored into a metric ([`follow_state`]).
 
+use super::assess::RulesState;
 use super::common::{is_not_served, sleep_until_opt};
-use crate::config::dra::DeviceTaintEffect;
+use super::metrics::DraMetrics;
+use super::settings::DeviceTaintEffect;
 use crate::node::FIELD_MANAGER;
+use crate::node::FIRST_BACKOFF;
 use crate::node::WATCH_TIMEOUT_SECS;
 use crate::node::WatchBackoff;
-use crate::node::watch::FIRST_BACKOFF;
 use crate::observe::metrics::Metrics;
 use crate::policy::Verdict;
-use crate::policy::dra::{DeviceTaint, RulesState};
+use crate::policy::devices::DeviceTaint;
 use futures::StreamExt;
 use k8s_openapi::api::resource::v1::DeviceTaintRule;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -505,10 +507,14 @@ impl Default for Retry {
 }
 
 /// Mirror the DeviceTaintRule writer's state into `fabricgate_dra_device_rules_writable`.
-pub async fn follow_state(metrics: Arc<Metrics>, mut state: watch::Receiver<RulesState>) {
+pub async fn follow_state(
+    metrics: Arc<Metrics>,
+    families: DraMetrics,
+    mut state: watch::Receiver<RulesState>,
+) {
     loop {
         let writable = *state.borrow_and_update() == RulesState::On;
-        metrics.set_dra_device_rules(writable);
+        families.set_rules_writable(&metrics, writable);
         if state.changed().await.is_err() {
             return;
         }

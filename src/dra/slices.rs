@@ -1,11 +1,11 @@
 //! This node's ResourceSlices in: watched (field selector `spec.nodeName`), read into the
 //! configured drivers' devices ([`published`]) and sent as [`DraFacts`] after each change.
 
+use super::assess::{DraFacts, published};
 use super::common::{is_not_served, sleep_until_opt};
-use crate::config::dra::DraDriver;
+use super::settings::DraDriver;
 use crate::node::WATCH_TIMEOUT_SECS;
 use crate::node::WatchBackoff;
-use crate::policy::dra::{DraFacts, published};
 use futures::StreamExt;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::Api;
@@ -192,7 +192,7 @@ impl Hold {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::dra::PublishedDevice;
+    use crate::dra::assess::PublishedDevice;
 
     #[test]
     fn a_driver_whose_slices_vanish_is_held_for_the_grace_then_reported_once() {

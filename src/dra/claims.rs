@@ -7,9 +7,9 @@
 //! have no field selector for a node, and a cluster-wide claims watch would send every agent
 //! every claim's changes): each claim a running pod names is read once (GET), once allocated,
 //! and forgotten when no pod names it. What the claims mean is decided in
-//! [`crate::policy::dra`]; this only reads them.
+//! [`super::assess`]; this only reads them.
 
-use crate::policy::dra::{ClaimPod, ClaimedDevice, DraFacts, PodNamespaceHcas};
+use super::assess::{ClaimPod, ClaimedDevice, DraFacts, PodNamespaceHcas};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::api::Api;

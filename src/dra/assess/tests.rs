@@ -1,4 +1,6 @@
 use super::*;
+use crate::config::FeatureSection;
+use crate::policy::devices::DeviceHysteresis;
 use crate::policy::judge::{Facts, Judge};
 use fabricgate_probes::host::SocketProblem;
 use fabricgate_probes::rdma::{
@@ -112,8 +114,18 @@ fn all_four(c: &Config) -> DraFacts {
             1,
             &[(0, true), (1, true), (2, true), (3, true)],
         )],
-        &c.kubernetes.dra.drivers,
+        &settings(c).drivers,
     )
+}
+
+/// DRA's section of `c`.
+fn settings(c: &Config) -> DraSettings {
+    DraSettings::of(c).unwrap()
+}
+
+/// [`super::assess`] with `c`'s DRA section.
+fn assess(report: &ProbeReport, facts: Option<&DraFacts>, c: &Config) -> DraAssessment {
+    super::assess(report, facts, &settings(c), c)
 }
 
 fn config(yaml: &str) -> Config {
@@ -123,7 +135,7 @@ fn config(yaml: &str) -> Config {
 #[test]
 fn published_devices_by_qualified_or_short_attribute_newest_generation_only() {
     let c = config(DRA);
-    let drivers = &c.kubernetes.dra.drivers;
+    let drivers = &settings(&c).drivers;
     let facts = published(
         &[
             slice("dra.net", 1, &[(0, true)]),
@@ -168,7 +180,7 @@ fn a_bad_published_hca_is_a_device_taint_and_the_node_stays_ready_in_device_scop
             1,
             &[(0, true), (1, true), (2, true), (3, false)],
         )],
-        &c.kubernetes.dra.drivers,
+        &settings(&c).drivers,
     );
     let out = assess(&node(&["mlx5_3"]), Some(&facts), &c);
     assert!(out.findings.is_empty(), "{:?}", out.findings);
@@ -201,7 +213,7 @@ fn a_bad_published_hca_is_a_device_taint_and_the_node_stays_ready_in_device_scop
 fn a_missing_driver_a_missing_hca_an_unknown_device_and_two_drivers_for_one_hca() {
     let c =
         config("kubernetes:\n  dra:\n    drivers: [{name: dra.net}, {name: sriov.example.com}]\n");
-    let drivers = &c.kubernetes.dra.drivers;
+    let drivers = &settings(&c).drivers;
     // dra.net has no slice; nobody publishes mlx5_3.
     let facts = published(
         &[slice(
@@ -264,7 +276,7 @@ fn a_device_in_a_pool_not_named_after_the_node_is_skipped_with_a_warning() {
             slice("dra.net", 1, &[(0, true), (1, true), (2, true)]),
             foreign,
         ],
-        &c.kubernetes.dra.drivers,
+        &settings(&c).drivers,
     );
     assert_eq!(facts.devices.len(), 3);
     assert_eq!(facts.foreign_pool.len(), 2);
@@ -353,8 +365,7 @@ fn a_port_event_taints_the_bad_hca_at_once_and_never_untaints() {
             report,
             node_findings: &[],
             peer_finding: None,
-            dra: Some(&facts),
-            dra_rules: None,
+            devices: Some(seen(&c, &facts, None)),
         })
         .verdict
     };
@@ -411,8 +422,7 @@ fn refused_rules_of_a_tainted_device_taint_the_node_instead() {
             report: &node(down),
             node_findings: &[],
             peer_finding: None,
-            dra: Some(&facts),
-            dra_rules: Some(rules),
+            devices: Some(seen(&c, &facts, Some(rules))),
         })
         .verdict
     };
@@ -709,8 +719,20 @@ fn judged_validated(c: &Config, probe: &ProbeReport, facts: &DraFacts) -> crate:
         report: probe,
         node_findings: &[],
         peer_finding: None,
-        dra: Some(facts),
-        dra_rules: Some(&RulesState::On),
+        devices: Some(seen(c, facts, Some(&RulesState::On))),
     })
     .verdict
+}
+
+/// What the agent hands the Judge: the slices and claims, the rule writer's state.
+fn seen(
+    c: &Config,
+    facts: &DraFacts,
+    rules: Option<&RulesState>,
+) -> std::sync::Arc<dyn DeviceView> {
+    std::sync::Arc::new(Seen {
+        settings: std::sync::Arc::new(settings(c)),
+        facts: Some(facts.clone()),
+        rules: rules.cloned(),
+    })
 }

@@ -3,14 +3,14 @@
 //! published) and device taints (a published HCA the probe finds bad), one `DeviceTaintRule`
 //! each, kept with the same hysteresis as the node verdict ([`DeviceHysteresis`]).
 //!
-//! Pure: the slices arrive as [`DraFacts`] (`node::dra` reads them and holds a kubelet restart
+//! Pure: the slices arrive as [`DraFacts`] (`slices.rs` reads them and holds a kubelet restart
 //! back), the registration sockets in the probe's host report. Which device is tainted is
 //! decided here and applied through the Judge only, on every path (full probe, kernel event).
 
-use super::rdma::{HcaHealth, hca_health};
-use super::{Finding, Scope};
+use super::settings::{DraDriver, DraSettings, TaintScope};
 use crate::config::Config;
-use crate::config::dra::DraDriver;
+use crate::policy::devices::{DeviceAssessment, DeviceTaint, DeviceView};
+use crate::policy::{Finding, HcaHealth, Scope, hca_health};
 use fabricgate_probes::ProbeReport;
 use fabricgate_probes::host::HostReport;
 use fabricgate_probes::rdma::types::{PhysState, PortState};
@@ -41,7 +41,7 @@ pub const DRA_FOREIGN_POOL: &str = "DraForeignPool";
 /// nothing, so a bad HCA taints the Node instead.
 pub const DRA_DEVICE_RULES_REFUSED: &str = "DraDeviceRulesRefused";
 
-/// What the DeviceTaintRule writer (`node::dra`, `rules.rs`) found out about the API: a fact
+/// What the DeviceTaintRule writer (`rules.rs`) found out about the API: a fact
 /// the Judge reads ([`rules_refused`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RulesState {
@@ -216,19 +216,6 @@ pub fn published(slices: &[ResourceSlice], drivers: &[DraDriver]) -> DraFacts {
     facts
 }
 
-/// One bad HCA as the device taint its DRA device gets.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-pub struct DeviceTaint {
-    pub driver: String,
-    pub pool: String,
-    pub device: String,
-    /// The HCA (`mlx5_3`).
-    pub hca: String,
-    /// The first problem's code (`PortDown`): the taint's value.
-    pub reason: String,
-    pub message: String,
-}
-
 /// What the DRA facts make of one probe.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct DraAssessment {
@@ -249,6 +236,36 @@ impl DraAssessment {
     /// The ports of the HCAs in use by pods (one each: a DRA device is one PCI function).
     pub fn in_use_ports(&self) -> u32 {
         u32::try_from(self.in_use.len()).unwrap_or(u32::MAX)
+    }
+}
+
+/// What the DRA side sees at one moment, handed to the Judge: the slices and claims, and the
+/// rule writer's state.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Seen {
+    /// DRA's section of the config (`kubernetes.dra`), read once.
+    pub settings: std::sync::Arc<DraSettings>,
+    /// `None` until the slice watch has listed (the slices are then not judged, the
+    /// registration sockets are).
+    pub facts: Option<DraFacts>,
+    /// `None` where no rule writer runs.
+    pub rules: Option<RulesState>,
+}
+
+impl DeviceView for Seen {
+    fn assess(&self, report: &ProbeReport, config: &Config) -> DeviceAssessment {
+        let judged = assess(report, self.facts.as_ref(), &self.settings, config);
+        DeviceAssessment {
+            ports_in_use: judged.in_use_ports(),
+            findings: judged.findings,
+            warnings: judged.warnings,
+            own_problems: judged.own_problems,
+            taints: judged.taints,
+        }
+    }
+
+    fn taints_refused(&self, taints: &[DeviceTaint]) -> Option<Finding> {
+        rules_refused(self.rules.as_ref(), taints)
     }
 }
 
@@ -280,8 +297,12 @@ fn maps_to(device: &PublishedDevice, hca: &HcaHealth) -> bool {
 
 /// Judge the DRA side of a probe. `facts`: `None` until the slice watch has listed (the slices
 /// are then not judged, the sockets are).
-pub fn assess(report: &ProbeReport, facts: Option<&DraFacts>, config: &Config) -> DraAssessment {
-    let dra = &config.kubernetes.dra;
+pub fn assess(
+    report: &ProbeReport,
+    facts: Option<&DraFacts>,
+    dra: &DraSettings,
+    config: &Config,
+) -> DraAssessment {
     let mut out = DraAssessment::default();
     if !dra.enabled() {
         return out;
@@ -303,7 +324,7 @@ pub fn assess(report: &ProbeReport, facts: Option<&DraFacts>, config: &Config) -
     foreign_pool_warnings(facts, &mut out);
     let hcas = hca_health(report, config);
     unprobed_devices(report, facts, &mut out);
-    let taint_both = dra.taint_scope == crate::config::dra::TaintScope::Both;
+    let taint_both = dra.taint_scope == TaintScope::Both;
     for hca in &hcas {
         let mine: Vec<&PublishedDevice> =
             facts.devices.iter().filter(|d| maps_to(d, hca)).collect();
@@ -604,12 +625,9 @@ fn foreign_pool_warnings(facts: &DraFacts, out: &mut DraAssessment) {
 pub fn drivers_up(
     report: &ProbeReport,
     facts: Option<&DraFacts>,
-    config: &Config,
+    dra: &DraSettings,
 ) -> Vec<(String, bool)> {
-    config
-        .kubernetes
-        .dra
-        .drivers
+    dra.drivers
         .iter()
         .map(|d| {
             let registered = !report.host.dra_problems.iter().any(|p| p.name == d.name);
@@ -636,47 +654,6 @@ fn registration_findings(host: &HostReport, dir: &str, out: &mut DraAssessment) 
                 p.name, p.problem
             ),
         ));
-    }
-}
-
-/// The device taints in force: a bad device is tainted at once; a tainted one is untainted
-/// only after `node.recover_after` full probes in a row without it (as the Node's taint).
-#[derive(Debug, Clone, Default)]
-pub struct DeviceHysteresis {
-    /// Tainted devices by (driver, pool, device), with the good probes seen since.
-    tainted: BTreeMap<(String, String, String), (DeviceTaint, u32)>,
-}
-
-impl DeviceHysteresis {
-    /// A full probe's bad devices.
-    pub fn apply(&mut self, bad: &[DeviceTaint], recover_after: u32) -> Vec<DeviceTaint> {
-        let key = |t: &DeviceTaint| (t.driver.clone(), t.pool.clone(), t.device.clone());
-        let now: BTreeMap<_, _> = bad.iter().map(|t| (key(t), t)).collect();
-        self.tainted.retain(|k, (_, good)| {
-            if now.contains_key(k) {
-                return true;
-            }
-            *good += 1;
-            *good < recover_after.max(1)
-        });
-        for (k, t) in now {
-            self.tainted.insert(k, (t.clone(), 0));
-        }
-        self.current()
-    }
-
-    /// Bad devices seen between full probes (a kernel event): tainted at once, nothing
-    /// untainted.
-    pub fn add(&mut self, bad: &[DeviceTaint]) -> Vec<DeviceTaint> {
-        for t in bad {
-            let k = (t.driver.clone(), t.pool.clone(), t.device.clone());
-            self.tainted.insert(k, (t.clone(), 0));
-        }
-        self.current()
-    }
-
-    pub fn current(&self) -> Vec<DeviceTaint> {
-        self.tainted.values().map(|(t, _)| t.clone()).collect()
     }
 }
 

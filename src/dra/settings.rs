@@ -1,7 +1,10 @@
 //! `kubernetes.dra`: the DRA drivers that publish this node's HCAs (docs/dra.md). Empty
 //! `drivers` (the default): the agent reads no ResourceSlice and writes no DeviceTaintRule.
+//! The config keeps the section as written; DRA reads it with its own type
+//! ([`FeatureSection::of`]), checked by every subcommand at load.
 
-use super::duration::{bounded_duration, parse_bounded_duration};
+use crate::config::duration::{bounded_duration, parse_bounded_duration};
+use crate::config::{Config, FeatureSection, Section};
 use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
@@ -21,7 +24,7 @@ pub const DRANET: &str = "dra.net";
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct DraRequirements {
+pub struct DraSettings {
     /// The drivers whose devices are this node's HCAs.
     pub drivers: Vec<DraDriver>,
     /// The kubelet's plugin registration directory in the agent's container: each driver's
@@ -48,7 +51,7 @@ bounded_duration!(
     Duration::from_secs(600)
 );
 
-impl Default for DraRequirements {
+impl Default for DraSettings {
     fn default() -> Self {
         Self {
             drivers: Vec::new(),
@@ -120,7 +123,7 @@ impl DeviceTaintEffect {
     }
 }
 
-impl DraRequirements {
+impl DraSettings {
     /// Whether any driver is configured (the DRA path is on).
     pub fn enabled(&self) -> bool {
         !self.drivers.is_empty()
@@ -131,7 +134,7 @@ impl DraRequirements {
         self.drivers.iter().map(|d| d.name.clone()).collect()
     }
 
-    pub(super) fn validate(&self) -> Result<()> {
+    fn check(&self) -> Result<()> {
         let bad = |key: &str, message: String| {
             Err(Error::ConfigValue {
                 key: key.to_owned(),
@@ -186,6 +189,21 @@ impl DraRequirements {
     }
 }
 
+impl FeatureSection for DraSettings {
+    const KEY: &'static str = "kubernetes.dra";
+
+    fn section(config: &Config) -> &Section {
+        &config.kubernetes.dra
+    }
+
+    /// [`Error::ConfigValue`] naming `kubernetes.dra.registry_dir` (not absolute) or
+    /// `kubernetes.dra.drivers` (a name that is not a DNS subdomain, listed twice, or an
+    /// attribute that is not a device attribute's name).
+    fn validate(&self) -> Result<()> {
+        self.check()
+    }
+}
+
 /// A DNS subdomain (RFC 1123), as Kubernetes checks driver names.
 fn is_dns_subdomain(s: &str) -> bool {
     !s.is_empty()
@@ -207,26 +225,26 @@ mod tests {
 
     #[test]
     fn driver_names_and_attributes_are_checked() {
-        let mut dra = DraRequirements::default();
-        assert!(dra.validate().is_ok());
+        let mut dra = DraSettings::default();
+        assert!(dra.check().is_ok());
         dra.drivers.push(DraDriver {
             name: "dra.net".into(),
             rdma_device_attribute: None,
             pci_address_attribute: None,
         });
-        assert!(dra.validate().is_ok());
+        assert!(dra.check().is_ok());
         assert_eq!(dra.drivers[0].rdma_device_attribute(), "dra.net/rdmaDevice");
         assert_eq!(dra.drivers[0].pci_address_attribute(), "dra.net/pciAddress");
         dra.drivers.push(dra.drivers[0].clone());
-        assert!(dra.validate().unwrap_err().to_string().contains("twice"));
+        assert!(dra.check().unwrap_err().to_string().contains("twice"));
         dra.drivers.pop();
         dra.drivers[0].name = "Dra_Net".into();
-        assert!(dra.validate().is_err());
+        assert!(dra.check().is_err());
         dra.drivers[0].name = "dra.net".into();
         dra.drivers[0].rdma_device_attribute = Some("a/b/c".into());
-        assert!(dra.validate().is_err());
+        assert!(dra.check().is_err());
         dra.drivers[0].rdma_device_attribute = None;
         dra.registry_dir = "relative".into();
-        assert!(dra.validate().is_err());
+        assert!(dra.check().is_err());
     }
 }

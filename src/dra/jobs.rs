@@ -1,27 +1,18 @@
-//! DRA's I/O (docs/dra.md), in one place: this node's ResourceSlices in ([`watch_slices`],
-//! `slices.rs`), each driver's kubelet plugin followed through its registration socket
-//! (`registration.rs`), and the `DeviceTaintRule`s of its bad HCAs out ([`DeviceTaintRules`],
-//! `rules.rs`). What slices and probes mean (findings, which device is tainted) is decided in
-//! [`crate::policy::dra`] through the Judge, never here.
+//! The DRA jobs the agent starts (docs/dra.md): this node's ResourceSlices in
+//! ([`super::watch_slices`]), the claims of its pods and what their namespaces hold, each
+//! driver's kubelet plugin followed through its registration socket, and the
+//! `DeviceTaintRule`s of its bad HCAs out ([`super::DeviceTaintRules`]). What slices and probes
+//! mean is decided in [`super::assess`] through the Judge, never here.
 
-mod claims;
-mod common;
-mod in_pods;
-mod registration;
-mod rules;
-mod slices;
-
-pub use crate::policy::dra::RulesState;
-pub use rules::{
-    ALT_RULE_PREFIX, DeviceTaintRules, HCA_ANNOTATION, MESSAGE_ANNOTATION, NODE_LABEL, RULE_PREFIX,
-    alt_rule_name, follow_state, node_label_value, rule_name,
-};
-pub use slices::watch_slices;
-
-use super::Clients;
+use super::assess::{DraFacts, RulesState};
+use super::metrics::DraMetrics;
+use super::rules::{DeviceTaintRules, follow_state};
+use super::settings::DraSettings;
+use super::slices::watch_slices;
+use super::{claims, in_pods, registration};
 use crate::config::Config;
+use crate::node::Clients;
 use crate::observe::metrics::Metrics;
-use crate::policy::dra::DraFacts;
 use crate::policy::{Verdict, unvalidated_taint};
 use fabricgate_probes::Roots;
 use k8s_openapi::api::core::v1::Pod;
@@ -36,6 +27,8 @@ use tokio::task::JoinHandle;
 pub struct DraJobs<'a> {
     pub node: &'a str,
     pub config: &'a Config,
+    /// Its own section of `config` (`kubernetes.dra`).
+    pub settings: &'a DraSettings,
     /// `None`: a dry run without a cluster (the registration sockets alone are followed).
     pub clients: Option<&'a Clients>,
     /// A dry run writes no rule.
@@ -44,8 +37,10 @@ pub struct DraJobs<'a> {
     pub interval: Duration,
     /// The rule writer's longest wait between refused writes.
     pub rules_max_backoff: Duration,
-    /// `fabricgate_dra_device_rules_writable`.
+    /// `fabricgate_dra_device_rules_writable`: DRA's families, changed under the agent's
+    /// metrics' lock.
     pub metrics: &'a Arc<Metrics>,
+    pub families: &'a DraMetrics,
     /// This node's pods (`node::pods_watch`, shared with runtime transport): the claims they
     /// name tell which HCAs are in use by a pod. `None`: no claim is read.
     pub pods: Option<watch::Receiver<BTreeMap<String, Pod>>>,
@@ -76,7 +71,7 @@ impl DraJobs<'_> {
         verdicts: watch::Receiver<Option<Verdict>>,
         stop: watch::Receiver<bool>,
     ) -> DraInputs {
-        let dra = &self.config.kubernetes.dra;
+        let dra = self.settings;
         let (facts_tx, facts) = watch::channel(None);
         let (registrations_tx, registrations) = watch::channel(0u64);
         let (state_tx, rules) = watch::channel(RulesState::On);
@@ -134,6 +129,7 @@ impl DraJobs<'_> {
                 writers.push(tokio::spawn(rules.run(verdicts, stop)));
                 tasks.push(tokio::spawn(follow_state(
                     Arc::clone(self.metrics),
+                    self.families.clone(),
                     state_rx,
                 )));
             }
