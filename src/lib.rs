@@ -9,6 +9,7 @@ pub mod cli;
 pub mod cluster;
 pub mod command;
 pub mod config;
+pub mod device_plugin;
 pub mod dra;
 pub mod error;
 pub mod gang;

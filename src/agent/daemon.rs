@@ -6,7 +6,6 @@
 //! Shutdown is a future passed in (as in mini-redis), so tests drive it without signals.
 
 use super::mesh::{Advertised, Mesh};
-use super::node_checks::NodeChecks;
 use super::probe_loop::{Links, ProbeLoop, ProbeTiming};
 use super::probe_thread::{ProbeThread, host_checks};
 use super::reconcile_loop::{LoopTiming, node_writer, reconcile_loop, watch_own_node};
@@ -16,6 +15,7 @@ use crate::cli::RunArgs;
 use crate::config::Config;
 use crate::config::FeatureSection;
 use crate::config::peers::PeerSpec;
+use crate::device_plugin::node_checks::NodeChecks;
 use crate::dra::jobs::DraJobs;
 use crate::dra::metrics::DraMetrics;
 use crate::dra::settings::DraSettings;

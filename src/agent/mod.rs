@@ -5,7 +5,6 @@
 pub mod check;
 pub mod daemon;
 mod mesh;
-mod node_checks;
 mod probe_loop;
 mod probe_thread;
 mod reconcile_loop;

@@ -6,13 +6,15 @@ use super::probe_thread::ProbeThread;
 use super::timing::{Jitter, later, wait_stop};
 use super::wakeup::{Trigger, Wakeup, patch_port_states};
 use crate::config::Config;
-use crate::dra::assess::{DraFacts, RulesState, Seen};
+use crate::device_plugin::assess::PluginView;
+use crate::dra::assess::{DraFacts, DraView, RulesState};
 use crate::dra::metrics::DraMetrics;
 use crate::dra::settings::DraSettings;
 use crate::error::Result;
 use crate::observe::metrics::Metrics;
 use crate::peers::PeerAgent;
 use crate::policy::agent_fault::AgentFault;
+use crate::policy::devices::DeviceView;
 use crate::policy::judge::{Facts, Judge};
 use crate::policy::{Finding, Verdict};
 use fabricgate_probes::ProbeReport;
@@ -289,13 +291,17 @@ impl<'a> ProbeLoop<'a> {
         let Some(report) = self.last_probed.as_ref() else {
             return;
         };
-        let found = self.links.node_findings.borrow_and_update().clone();
-        let dra = Seen {
+        let dra = DraView {
             settings: Arc::clone(self.links.dra_settings),
             facts: self.links.dra.borrow_and_update().clone(),
             rules: Some(self.links.rules.borrow_and_update().clone()),
         };
         let dra = dra.settings.enabled().then(|| Arc::new(dra));
+        let plugins = PluginView {
+            node_findings: self.links.node_findings.borrow_and_update().clone(),
+        };
+        let mut devices: Vec<Arc<dyn DeviceView>> = vec![Arc::new(plugins)];
+        devices.extend(dra.clone().map(|d| d as Arc<dyn DeviceView>));
         let peer_finding = self.links.peers.and_then(|p| {
             if fresh {
                 p.update_ports(&report.rdma);
@@ -304,9 +310,8 @@ impl<'a> ProbeLoop<'a> {
         });
         let judged = self.judge.probe(Facts {
             report,
-            node_findings: &found,
             peer_finding,
-            devices: dra.clone().map(|d| d as _),
+            devices: &devices,
         });
         let instant_ready = judged.instant_ready;
         self.metrics

@@ -2,9 +2,9 @@
 //! on `resync`, and backs off with jitter while the API server fails.
 
 use super::mesh::Advertised;
-use super::node_checks::NodeChecks;
 use super::timing::{BACKOFF_BASE, Failpoint, Jitter, WRITE_GRACE, later, wait_stop};
 use crate::config::Config;
+use crate::device_plugin::node_checks::NodeChecks;
 use crate::node::{self, Clients, Reconciler, RetryAfter};
 use crate::observe::metrics::Metrics;
 use crate::policy::Verdict;

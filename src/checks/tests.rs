@@ -311,9 +311,8 @@ fn what_the_agent_cannot_read_is_an_agent_error_never_a_verdict() {
     let mut judge = Judge::new(&config).with_checks(registered.checks());
     let judgment = judge.probe(Facts {
         report: &report,
-        node_findings: &[],
         peer_finding: None,
-        devices: None,
+        devices: &[],
     });
     let fault = judgment.fault.unwrap();
     assert_eq!(fault.cause, agent_fault::Cause::SubsystemUnreadable);

@@ -242,7 +242,7 @@ impl DraAssessment {
 /// What the DRA side sees at one moment, handed to the Judge: the slices and claims, and the
 /// rule writer's state.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Seen {
+pub struct DraView {
     /// DRA's section of the config (`kubernetes.dra`), read once.
     pub settings: std::sync::Arc<DraSettings>,
     /// `None` until the slice watch has listed (the slices are then not judged, the
@@ -252,7 +252,7 @@ pub struct Seen {
     pub rules: Option<RulesState>,
 }
 
-impl DeviceView for Seen {
+impl DeviceView for DraView {
     fn assess(&self, report: &ProbeReport, config: &Config) -> DeviceAssessment {
         let judged = assess(report, self.facts.as_ref(), &self.settings, config);
         DeviceAssessment {
@@ -261,6 +261,7 @@ impl DeviceView for Seen {
             warnings: judged.warnings,
             own_problems: judged.own_problems,
             taints: judged.taints,
+            explains_missing_devices: false,
         }
     }
 

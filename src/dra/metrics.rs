@@ -2,7 +2,7 @@
 //! cached families ([`Metrics::with_families`]) and changed under the metrics' lock
 //! ([`Metrics::changing`]).
 
-use super::assess::{self, InUseHca, Seen};
+use super::assess::{self, DraView, InUseHca};
 use super::settings::DraSettings;
 use crate::config::Config;
 use crate::observe::metrics::Metrics;
@@ -74,7 +74,7 @@ impl DraMetrics {
         &self,
         metrics: &Metrics,
         report: &ProbeReport,
-        seen: &Seen,
+        seen: &DraView,
         tainted: &[DeviceTaint],
         config: &Config,
     ) {

@@ -10,7 +10,7 @@
 //! - `settings`: the `kubernetes.dra` section, read through `FeatureSection` (the config
 //!   floor);
 //! - `assess`: what the slices and claims make of a probe, handed to the Judge as a
-//!   [`crate::policy::devices::DeviceView`] ([`assess::Seen`]), which alone decides (the
+//!   [`crate::policy::devices::DeviceView`] ([`assess::DraView`]), which alone decides (the
 //!   policy floor);
 //! - `metrics`: `fabricgate_dra_*` (the observe floor);
 //! - `common`, `slices`, `claims`, `in_pods`, `registration`, `rules`, `jobs`: the I/O: this

@@ -1,6 +1,6 @@
-//! How the cluster sees this node's HCAs, judged beside the probe. A feature that publishes
-//! them to pods (DRA's ResourceSlices, docs/dra.md) hands the [`super::judge::Judge`] a
-//! [`DeviceView`]; the Judge folds its [`DeviceAssessment`] into the RDMA part (its findings,
+//! How the cluster sees this node's HCAs, judged beside the probe. A feature that hands them to
+//! pods (the device plugins, DRA's ResourceSlices: docs/dra.md) gives the
+//! [`super::judge::Judge`] a [`DeviceView`]; the Judge folds its [`DeviceAssessment`] into the RDMA part (its findings,
 //! its warnings, the ports pods hold out of the node's count, the agent's own trouble) and
 //! keeps the marks of single devices ([`DeviceTaint`]) with their own hysteresis. The Judge
 //! stays the one decider: a view says what it sees, never what the node's verdict is.
@@ -11,6 +11,7 @@ use fabricgate_probes::ProbeReport;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fmt::Debug;
+use std::sync::Arc;
 
 /// One bad HCA as the taint its published device gets.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -39,6 +40,10 @@ pub struct DeviceAssessment {
     pub ports_in_use: u32,
     /// The published devices of the HCAs the probe finds bad, before the hysteresis.
     pub taints: Vec<DeviceTaint>,
+    /// Device nodes missing in the agent's container are this view's finding (a plugin handed
+    /// out an incomplete set): the verbs probe's "cannot open" for them is then not the
+    /// agent's `NoDeviceAccess` fault.
+    pub explains_missing_devices: bool,
 }
 
 /// What a feature outside the probe sees of this node's HCAs, at one moment.
@@ -49,6 +54,30 @@ pub trait DeviceView: Debug + Send + Sync {
     /// The device taints in force (after the hysteresis) cannot be applied: with `taints` to
     /// apply, a finding (the Node is tainted instead); without, a warning. `None`: they can.
     fn taints_refused(&self, taints: &[DeviceTaint]) -> Option<Finding>;
+}
+
+/// Every view's assessment of one probe, together, in the order of `views`.
+pub fn assess_all(
+    views: &[Arc<dyn DeviceView>],
+    report: &ProbeReport,
+    config: &Config,
+) -> DeviceAssessment {
+    let mut all = DeviceAssessment::default();
+    for view in views {
+        let one = view.assess(report, config);
+        all.findings.extend(one.findings);
+        all.warnings.extend(one.warnings);
+        all.own_problems.extend(one.own_problems);
+        all.ports_in_use = all.ports_in_use.saturating_add(one.ports_in_use);
+        all.taints.extend(one.taints);
+        all.explains_missing_devices |= one.explains_missing_devices;
+    }
+    all
+}
+
+/// The first view that cannot apply the device taints in force says so.
+pub fn taints_refused(views: &[Arc<dyn DeviceView>], taints: &[DeviceTaint]) -> Option<Finding> {
+    views.iter().find_map(|v| v.taints_refused(taints))
 }
 
 /// The device taints in force: a bad device is tainted at once; a tainted one is untainted

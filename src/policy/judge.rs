@@ -3,8 +3,8 @@
 //! findings, hysteresis or agent faults on its own.
 //!
 //! Order of a full judgment (each step's reason in its comment below):
-//! 1. the hardware: [`evaluate_with`] over the report and the device plugins' findings (the
-//!    watched Node's resources, the probe's host report);
+//! 1. the hardware: [`evaluate_with`] over the report and what the device views see of the
+//!    node's HCAs ([`devices::DeviceView`]: the device plugins, DRA);
 //! 2. the peer mesh's required finding, if `peers` are required;
 //! 3. the agent's own faults ([`agent_fault::classify`], [`agent_fault::config_mismatch`]):
 //!    a probe the agent could not judge bypasses the hysteresis;
@@ -17,8 +17,7 @@
 
 use super::agent_fault::{self, AgentFault};
 use super::check::Checks;
-use super::device_plugin;
-use super::devices::{DeviceHysteresis, DeviceView};
+use super::devices::{self, DeviceHysteresis, DeviceView};
 use super::{Finding, Hysteresis, Scope, Verdict, evaluate_with, unvalidated_taint};
 use crate::config::Config;
 use fabricgate_probes::ProbeReport;
@@ -31,14 +30,12 @@ pub struct Facts<'a> {
     /// The probe, with what it saw on the host beside the hardware (device-plugin sockets and
     /// device nodes, the agent's own mounts).
     pub report: &'a ProbeReport,
-    /// What the watched Node says about the device plugins
-    /// ([`device_plugin::device_plugin_findings`]).
-    pub node_findings: &'a [Finding],
     /// The peer mesh's finding when `peers` are required and a round failed.
     pub peer_finding: Option<Finding>,
-    /// What a feature publishing the node's HCAs to pods sees of them (DRA's slices and
-    /// claims, `kubernetes.dra`); `None` where none does.
-    pub devices: Option<Arc<dyn DeviceView>>,
+    /// What the features handing the node's HCAs to pods see of them, in the order their
+    /// findings are named (the device plugins: the watched Node's resources, the sockets and
+    /// device nodes of the host report; DRA's slices and claims with `kubernetes.dra`).
+    pub devices: &'a [Arc<dyn DeviceView>],
 }
 
 /// What one judgment gives: the verdict for the Node writer, the one metrics record, and the
@@ -61,8 +58,8 @@ pub struct Judge {
     config: Config,
     hysteresis: Hysteresis,
     devices: DeviceHysteresis,
-    /// The device view of the last full judgment, for the event path.
-    last_devices: Option<Arc<dyn DeviceView>>,
+    /// The device views of the last full judgment, for the event path.
+    last_devices: Vec<Arc<dyn DeviceView>>,
     /// The registered subsystems, judged with the hardware.
     checks: Checks,
 }
@@ -73,7 +70,7 @@ impl Judge {
             config: config.clone(),
             hysteresis: Hysteresis::new(config),
             devices: DeviceHysteresis::default(),
-            last_devices: None,
+            last_devices: Vec::new(),
             checks: Checks::default(),
         }
     }
@@ -97,27 +94,18 @@ impl Judge {
     /// Judge a full probe (or, with the same report, a change of the Node's facts).
     pub fn probe(&mut self, facts: Facts<'_>) -> Judgment {
         let config = &self.config;
-        let host = device_plugin::host_findings(&facts.report.host, &config.kubernetes);
-        let mut plugin_findings = facts.node_findings.to_vec();
-        plugin_findings.extend(host.findings);
+        let devices = devices::assess_all(facts.devices, facts.report, config);
         let mut own_mounts = agent_fault::own_mount_problems(&facts.report.host);
-        own_mounts.extend(host.own_problems);
-        let devices = facts
-            .devices
-            .as_ref()
-            .map(|v| v.assess(facts.report, config))
-            .unwrap_or_default();
-        let in_use_ports = devices.ports_in_use;
-        plugin_findings.extend(devices.findings);
         own_mounts.extend(devices.own_problems);
-        self.last_devices = facts.devices.clone();
+        self.last_devices = facts.devices.to_vec();
+        let in_use_ports = devices.ports_in_use;
         let mut instant = if in_use_ports == 0 {
-            evaluate_with(facts.report, config, &plugin_findings, &self.checks)
+            evaluate_with(facts.report, config, &devices.findings, &self.checks)
         } else {
             // The ports of HCAs a claim holds serve that pod: the node is judged on the rest.
             let mut rest = config.clone();
             rest.rdma.min_active_ports = rest.rdma.min_active_ports.saturating_sub(in_use_ports);
-            evaluate_with(facts.report, &rest, &plugin_findings, &self.checks)
+            evaluate_with(facts.report, &rest, &devices.findings, &self.checks)
         };
         instant.rdma.part.warnings.extend(devices.warnings);
         if let Some(finding) = facts.peer_finding {
@@ -126,7 +114,7 @@ impl Judge {
         let fault = agent_fault::classify(facts.report, &own_mounts)
             // Devices missing from an incomplete plugin set are the plugin's fault.
             .filter(|f| {
-                !(f.cause == agent_fault::Cause::NoDeviceAccess && host.incomplete_device_set)
+                !(f.cause == agent_fault::Cause::NoDeviceAccess && devices.explains_missing_devices)
             })
             .or_else(|| agent_fault::config_mismatch(facts.report, config))
             .or_else(|| agent_fault::subsystem_unreadable(&instant));
@@ -138,11 +126,7 @@ impl Judge {
             Some(_) => self.devices.current(),
         };
         // Device taints whose rules cannot be written protect nothing: the Node is tainted.
-        let refused = facts
-            .devices
-            .as_ref()
-            .and_then(|v| v.taints_refused(&device_taints));
-        if let Some(refused) = refused {
+        if let Some(refused) = devices::taints_refused(facts.devices, &device_taints) {
             if device_taints.is_empty() {
                 instant.rdma.part.warnings.push(refused);
             } else {
@@ -195,11 +179,7 @@ impl Judge {
     /// - otherwise `None`. An event never untaints a device.
     pub fn port_event(&mut self, patched: &ProbeReport, last: &Verdict) -> Option<Verdict> {
         let instant = evaluate_with(patched, &self.config, &[], &self.checks);
-        let bad = self
-            .last_devices
-            .as_ref()
-            .map(|v| v.assess(patched, &self.config).taints)
-            .unwrap_or_default();
+        let bad = devices::assess_all(&self.last_devices, patched, &self.config).taints;
         if !instant.ready {
             let mut verdict = self.hysteresis.apply(instant);
             verdict.device_taints = self.devices.add(&bad);

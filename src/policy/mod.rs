@@ -3,7 +3,6 @@
 pub mod agent_fault;
 pub mod breaker;
 pub mod check;
-pub mod device_plugin;
 pub mod devices;
 mod hysteresis;
 pub mod judge;
@@ -185,25 +184,22 @@ pub fn evaluate_checked(report: &ProbeReport, config: &Config, checks: &check::C
     evaluate_with(report, config, &[], checks)
 }
 
-/// Reason of the findings about the Node's device-plugin resources (`kubernetes.rdma_resources`).
-pub const DEVICE_PLUGIN_UNAVAILABLE: &str = "DevicePluginUnavailable";
-
-/// [`evaluate`], plus what the agent's own Node object shows (device-plugin resources,
-/// [`crate::policy::device_plugin::device_plugin_findings`]): those findings make the RDMA part not ready after
-/// the hardware's own findings, so a healthy fabric with a dead plugin is not ready and the
-/// condition names the resource. Each registered subsystem judges its own fact; a required
-/// one that does not pass makes the node not ready and names itself in `FabricReady`.
+/// [`evaluate`], plus findings on the RDMA part from outside the probe (`rdma_findings`: what
+/// the device views saw, [`devices::DeviceView`]), after the hardware's own findings, so a
+/// healthy fabric with a dead device plugin is not ready and the condition names the
+/// resource. Each registered subsystem judges its own fact; a required one that does not pass
+/// makes the node not ready and names itself in `FabricReady`.
 pub fn evaluate_with(
     report: &ProbeReport,
     config: &Config,
-    node_findings: &[Finding],
+    rdma_findings: &[Finding],
     checks: &check::Checks,
 ) -> Verdict {
     let transport = fabricgate_probes::gpudirect::transport_of(report);
     let mut rdma = evaluate_rdma(&report.rdma, transport, config);
-    if !node_findings.is_empty() {
+    if !rdma_findings.is_empty() {
         rdma.part.ready = false;
-        rdma.part.findings.extend(node_findings.iter().cloned());
+        rdma.part.findings.extend(rdma_findings.iter().cloned());
     }
     let judged = check::judge_all(checks, report, config);
     let ready = rdma.part.ready && judged.iter().all(|j| j.verdict.part.ready);

@@ -130,6 +130,10 @@ const FEATURES: &[(&str, &[(&str, &str)])] = &[
         ],
     ),
     (
+        "device_plugin",
+        &[("assess", "policy"), ("node_checks", "agent")],
+    ),
+    (
         "dra",
         &[
             ("settings", "config"),

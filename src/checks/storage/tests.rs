@@ -63,9 +63,8 @@ fn an_unreadable_mount_table_is_the_agents_trouble_on_the_lustre_part() {
     let mut judge = Judge::new(&config).with_checks(registered().checks());
     let j = judge.probe(Facts {
         report: &r,
-        node_findings: &[],
         peer_finding: None,
-        devices: None,
+        devices: &[],
     });
     let fault = j.fault.unwrap();
     assert_eq!(fault.cause, agent_fault::Cause::MissingOwnMount);

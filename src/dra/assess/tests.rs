@@ -363,9 +363,8 @@ fn a_port_event_taints_the_bad_hca_at_once_and_never_untaints() {
     let full = |j: &mut Judge, report: &ProbeReport| {
         j.probe(Facts {
             report,
-            node_findings: &[],
             peer_finding: None,
-            devices: Some(seen(&c, &facts, None)),
+            devices: &[seen(&c, &facts, None)],
         })
         .verdict
     };
@@ -420,9 +419,8 @@ fn refused_rules_of_a_tainted_device_taint_the_node_instead() {
     let judge = |j: &mut Judge, down: &[&str], rules: &RulesState| {
         j.probe(Facts {
             report: &node(down),
-            node_findings: &[],
             peer_finding: None,
-            devices: Some(seen(&c, &facts, Some(rules))),
+            devices: &[seen(&c, &facts, Some(rules))],
         })
         .verdict
     };
@@ -717,9 +715,8 @@ fn judged_validated(c: &Config, probe: &ProbeReport, facts: &DraFacts) -> crate:
     j.resume_validated();
     j.probe(Facts {
         report: probe,
-        node_findings: &[],
         peer_finding: None,
-        devices: Some(seen(c, facts, Some(&RulesState::On))),
+        devices: &[seen(c, facts, Some(&RulesState::On))],
     })
     .verdict
 }
@@ -730,7 +727,7 @@ fn seen(
     facts: &DraFacts,
     rules: Option<&RulesState>,
 ) -> std::sync::Arc<dyn DeviceView> {
-    std::sync::Arc::new(Seen {
+    std::sync::Arc::new(DraView {
         settings: std::sync::Arc::new(settings(c)),
         facts: Some(facts.clone()),
         rules: rules.cloned(),

@@ -2,7 +2,8 @@
 //! sequences (hysteresis, stalls, events) that only a stateful judge can get wrong.
 
 use super::*;
-use crate::policy::{AWAITING_VALIDATION, DEVICE_PLUGIN_UNAVAILABLE, Scope, evaluate};
+use crate::device_plugin::assess::{DEVICE_PLUGIN_UNAVAILABLE, PluginView};
+use crate::policy::{AWAITING_VALIDATION, Scope, evaluate};
 use agent_fault::Cause;
 use fabricgate_probes::host::{HostReport, OwnMountMissing, SocketProblem};
 use fabricgate_probes::rdma::{DeviceReport, LinkLayer, PhysState, PortReport, PortState, Rate};
@@ -59,9 +60,8 @@ fn validated(yaml: &str) -> Judge {
 fn facts(report: &ProbeReport) -> Facts<'_> {
     Facts {
         report,
-        node_findings: &[],
         peer_finding: None,
-        devices: None,
+        devices: &[],
     }
 }
 
@@ -228,13 +228,16 @@ fn judge_row(r: Row) {
         report.rdma.errors.push(e.into());
     }
     report.host = r.host;
-    let plugin: Vec<Finding> = r.node_plugin.into_iter().map(finding).collect();
+    // The device plugins as the agent hands them over: the watched Node's findings, the
+    // host's sockets and device nodes read from the report.
+    let plugins = PluginView {
+        node_findings: r.node_plugin.into_iter().map(finding).collect(),
+    };
     let mut j = validated(r.yaml);
     let got = j.probe(Facts {
         report: &report,
-        node_findings: &plugin,
         peer_finding: r.peer.map(finding),
-        devices: None,
+        devices: &[Arc::new(plugins)],
     });
     let name = r.name;
     assert_eq!(

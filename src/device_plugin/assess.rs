@@ -1,11 +1,46 @@
 //! Device-plugin liveness: what the agent requires of the kubelet's device plugins besides the
 //! hardware. Two sources: the watched Node's resources ([`device_plugin_findings`]) and what the
-//! probe saw on the host ([`host_findings`], from [`fabricgate_probes::host`]).
+//! probe saw on the host ([`host_findings`], from [`fabricgate_probes::host`]); handed to the
+//! Judge together as a [`DeviceView`] ([`PluginView`]).
 
-use crate::config::KubernetesRequirements;
-use crate::policy::{DEVICE_PLUGIN_UNAVAILABLE, Finding, Scope};
+use crate::config::{Config, KubernetesRequirements};
+use crate::policy::devices::{DeviceAssessment, DeviceTaint, DeviceView};
+use crate::policy::{Finding, Scope};
+use fabricgate_probes::ProbeReport;
 use fabricgate_probes::host::HostReport;
 use k8s_openapi::api::core::v1::Node;
+
+/// Reason of the findings about the device plugins (`kubernetes.rdma_resources`,
+/// `kubernetes.device_plugin_sockets`, the device nodes they hand out).
+pub const DEVICE_PLUGIN_UNAVAILABLE: &str = "DevicePluginUnavailable";
+
+/// What the device plugins show at one moment, handed to the Judge: the watched Node's
+/// findings ([`device_plugin_findings`], a kubelet restart held back by
+/// [`super::node_checks::NodeChecks`]); the sockets and device nodes come with each probe's
+/// host report. Its findings make the RDMA part not ready after the hardware's own, so a
+/// healthy fabric with a dead plugin is not ready and the condition names the resource.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PluginView {
+    pub node_findings: Vec<Finding>,
+}
+
+impl DeviceView for PluginView {
+    fn assess(&self, report: &ProbeReport, config: &Config) -> DeviceAssessment {
+        let host = host_findings(&report.host, &config.kubernetes);
+        let mut findings = self.node_findings.clone();
+        findings.extend(host.findings);
+        DeviceAssessment {
+            findings,
+            own_problems: host.own_problems,
+            explains_missing_devices: host.incomplete_device_set,
+            ..DeviceAssessment::default()
+        }
+    }
+
+    fn taints_refused(&self, _taints: &[DeviceTaint]) -> Option<Finding> {
+        None
+    }
+}
 
 /// Findings about the device-plugin resources `resources` (`kubernetes.rdma_resources`) on
 /// `node`: each must be in `status.capacity` and have `status.allocatable` > 0. The kubelet

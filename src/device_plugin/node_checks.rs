@@ -2,13 +2,14 @@
 //! version becomes device-plugin findings on a `watch` channel, which the probe loop judges at
 //! once with its last report.
 
+use super::assess as device_plugin;
 use crate::config::KubernetesRequirements;
-use crate::policy::{Finding, device_plugin};
+use crate::policy::Finding;
 use std::time::Duration;
 use tokio::sync::watch;
 
 /// Checks of the agent's own Node object, fed from the watch to the probe loop.
-pub(super) struct NodeChecks {
+pub struct NodeChecks {
     rdma_resources: Vec<String>,
     findings: watch::Sender<Vec<Finding>>,
     /// `kubernetes.plugin_grace`.
@@ -38,7 +39,7 @@ fn publish_findings(tx: &watch::Sender<Vec<Finding>>, found: Vec<Finding>) {
 
 impl NodeChecks {
     /// The checks of `kubernetes.*`, and the receiving end of their findings.
-    pub(super) fn new(k: &KubernetesRequirements) -> (Self, watch::Receiver<Vec<Finding>>) {
+    pub fn new(k: &KubernetesRequirements) -> (Self, watch::Receiver<Vec<Finding>>) {
         let (findings, rx) = watch::channel(Vec::new());
         let checks = Self {
             rdma_resources: k.rdma_resources.clone(),
@@ -49,7 +50,7 @@ impl NodeChecks {
         (checks, rx)
     }
 
-    pub(super) fn observe(&self, node: &k8s_openapi::api::core::v1::Node) {
+    pub fn observe(&self, node: &k8s_openapi::api::core::v1::Node) {
         let found = device_plugin::device_plugin_findings(node, &self.rdma_resources);
         let mut held = self
             .held
@@ -168,7 +169,7 @@ mod tests {
         assert_eq!(rx.borrow().len(), 1);
         assert_eq!(
             rx.borrow()[0].code,
-            crate::policy::DEVICE_PLUGIN_UNAVAILABLE
+            super::super::assess::DEVICE_PLUGIN_UNAVAILABLE
         );
 
         // A plugin that dies under a running kubelet: at once.
