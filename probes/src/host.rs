@@ -7,7 +7,6 @@
 use crate::pod::{self, DeviceNode};
 use crate::rdma::RdmaReport;
 use crate::roots::Roots;
-use crate::storage::{MountStatus, StorageReport};
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Component, Path, PathBuf};
 
@@ -67,11 +66,12 @@ pub struct OwnMountMissing {
 
 /// Run the configured checks. May block on a hung mount (it stats a mount's parent), so it
 /// runs on the probe thread.
+/// `required_missing`: the required mounts the storage probe did not find in the mount table.
 pub fn check(
     config: &HostConfig,
     roots: &Roots,
     rdma: &RdmaReport,
-    storage: Option<&StorageReport>,
+    required_missing: &[String],
 ) -> HostReport {
     let mut out = HostReport::default();
     if !config.device_plugin_sockets.is_empty() {
@@ -83,10 +83,8 @@ pub fn check(
     if config.device_nodes {
         out.missing_device_nodes = missing_device_nodes(roots, rdma);
     }
-    if let Some(storage) = storage.filter(|_| config.own_mounts)
-        && roots.procfs_root() == Path::new("/proc")
-    {
-        out.own_mounts_missing = own_mounts_missing(storage);
+    if config.own_mounts && roots.procfs_root() == Path::new("/proc") {
+        out.own_mounts_missing = own_mounts_missing(required_missing);
     }
     out
 }
@@ -239,16 +237,16 @@ fn missing_device_nodes(roots: &Roots, rdma: &RdmaReport) -> Vec<String> {
     missing
 }
 
-fn own_mounts_missing(storage: &StorageReport) -> Vec<OwnMountMissing> {
-    storage
-        .mounts
+/// Of the required mounts missing from the mount table, those whose top-level directory does
+/// not exist in this container either: the agent's deployment lacks them.
+fn own_mounts_missing(required_missing: &[String]) -> Vec<OwnMountMissing> {
+    required_missing
         .iter()
-        .filter(|m| m.required && m.status == MountStatus::Missing)
-        .filter_map(|m| {
-            let top = top_level(Path::new(&m.path))?;
+        .filter_map(|path| {
+            let top = top_level(Path::new(path))?;
             match std::fs::symlink_metadata(&top) {
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some(OwnMountMissing {
-                    path: m.path.clone(),
+                    path: path.clone(),
                     top,
                 }),
                 _ => None,
@@ -299,16 +297,15 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let roots = Roots::new(dir.path(), dir.path());
         let config = sockets(dir.path(), &["rdma.sock"]);
-        let none = StorageReport::default();
         let sock = dir.path().join("rdma.sock");
         let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
         assert_eq!(
-            check(&config, &roots, &rdma_of(&[]), Some(&none)),
+            check(&config, &roots, &rdma_of(&[]), &[]),
             HostReport::default()
         );
         drop(listener);
         std::fs::remove_file(&sock).unwrap();
-        let found = check(&config, &roots, &rdma_of(&[]), Some(&none));
+        let found = check(&config, &roots, &rdma_of(&[]), &[]);
         assert_eq!(
             found.socket_problems,
             vec![SocketProblem {
@@ -317,14 +314,14 @@ mod tests {
             }]
         );
         std::fs::write(&sock, "").unwrap();
-        let found = check(&config, &roots, &rdma_of(&[]), Some(&none));
+        let found = check(&config, &roots, &rdma_of(&[]), &[]);
         assert!(
             found.socket_problems[0]
                 .problem
                 .ends_with("is not a socket")
         );
         let absent = sockets(&dir.path().join("absent"), &["rdma.sock"]);
-        let found = check(&absent, &roots, &rdma_of(&[]), Some(&none));
+        let found = check(&absent, &roots, &rdma_of(&[]), &[]);
         assert!(found.plugin_dir_missing && found.socket_problems.is_empty());
     }
 
@@ -337,8 +334,7 @@ mod tests {
             dra_drivers: vec!["dra.net".into()],
             ..HostConfig::default()
         };
-        let none = StorageReport::default();
-        let found = check(&config, &roots, &rdma_of(&[]), Some(&none));
+        let found = check(&config, &roots, &rdma_of(&[]), &[]);
         assert_eq!(found.dra_problems.len(), 1);
         assert!(
             found.dra_problems[0]
@@ -352,13 +348,13 @@ mod tests {
         let _other = std::os::unix::net::UnixListener::bind(&other).unwrap();
         let sock = dir.path().join(format!("dra.net-{uid}-reg.sock"));
         let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
-        let found = check(&config, &roots, &rdma_of(&[]), Some(&none));
+        let found = check(&config, &roots, &rdma_of(&[]), &[]);
         assert!(found.dra_problems.is_empty(), "{:?}", found.dra_problems);
 
         // Killed without cleanup: the file stays, nobody listens.
         drop(listener);
         assert!(sock.exists());
-        let found = check(&config, &roots, &rdma_of(&[]), Some(&none));
+        let found = check(&config, &roots, &rdma_of(&[]), &[]);
         assert_eq!(found.dra_problems.len(), 1);
         assert!(
             found.dra_problems[0]
@@ -372,7 +368,7 @@ mod tests {
             dra_registry_dir: dir.path().join("absent"),
             ..config
         };
-        let found = check(&absent, &roots, &rdma_of(&[]), Some(&none));
+        let found = check(&absent, &roots, &rdma_of(&[]), &[]);
         assert!(found.dra_registry_missing && found.dra_problems.is_empty());
     }
 
@@ -396,42 +392,46 @@ mod tests {
             device_nodes: true,
             ..HostConfig::default()
         };
-        let none = StorageReport::default();
         let with_dev = roots.clone().with_devfs(fixture.join("dev"));
         // uverbs0-3 are in the fixture's /dev, uverbs4-9 are not.
         let found = check(
             &config,
             &with_dev,
             &rdma_of(&["mlx5_0", "mlx5_1", "mlx5_4"]),
-            Some(&none),
+            &[],
         );
         assert_eq!(found.missing_device_nodes.len(), 1);
         assert!(
             found.missing_device_nodes[0].ends_with("infiniband/uverbs4 (mlx5_4)"),
             "{found:?}"
         );
-        let all_there = check(
-            &config,
-            &with_dev,
-            &rdma_of(&["mlx5_0", "mlx5_3"]),
-            Some(&none),
-        );
+        let all_there = check(&config, &with_dev, &rdma_of(&["mlx5_0", "mlx5_3"]), &[]);
         assert_eq!(all_there, HostReport::default());
         let no_dev = roots.clone().with_devfs(fixture.join("no-dev"));
-        let nothing = check(
-            &config,
-            &no_dev,
-            &rdma_of(&["mlx5_0", "mlx5_4"]),
-            Some(&none),
-        );
+        let nothing = check(&config, &no_dev, &rdma_of(&["mlx5_0", "mlx5_4"]), &[]);
         assert_eq!(nothing, HostReport::default());
         let off = check(
             &HostConfig::default(),
             &with_dev,
             &rdma_of(&["mlx5_0", "mlx5_4"]),
-            Some(&none),
+            &[],
         );
         assert_eq!(off, HostReport::default());
+    }
+
+    #[test]
+    fn a_required_mount_is_the_agents_to_lack_only_when_its_top_directory_is_absent() {
+        let absent = "/fabricgate-absent-top-level/scratch".to_owned();
+        let missing = own_mounts_missing(&[absent.clone(), "/tmp/not-mounted".into()]);
+        assert_eq!(
+            missing,
+            [OwnMountMissing {
+                path: absent,
+                top: PathBuf::from("/fabricgate-absent-top-level"),
+            }],
+            "/tmp exists in the container: only the mount itself is missing, the node's fault"
+        );
+        assert!(own_mounts_missing(&[]).is_empty());
     }
 
     #[test]

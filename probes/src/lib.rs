@@ -188,11 +188,14 @@ impl Prober {
             report.facts.insert(collector.key(), fact);
         }
         // After the collectors: a required mount the container lacks is read from storage's.
+        let required_missing = storage::of(&report)
+            .map(storage::StorageReport::required_missing)
+            .unwrap_or_default();
         report.host = host::check(
             &self.config.host,
             &self.roots,
             &report.rdma,
-            storage::of(&report),
+            &required_missing,
         );
         report
     }

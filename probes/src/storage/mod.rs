@@ -186,6 +186,15 @@ pub struct StorageReport {
 }
 
 impl StorageReport {
+    /// The required mounts the mount table does not have.
+    pub fn required_missing(&self) -> Vec<String> {
+        self.mounts
+            .iter()
+            .filter(|m| m.required && m.status == MountStatus::Missing)
+            .map(|m| m.path.clone())
+            .collect()
+    }
+
     /// Every checked mount is `ok`.
     pub fn all_ok(&self) -> bool {
         self.mounts.iter().all(|m| m.status == MountStatus::Ok)
