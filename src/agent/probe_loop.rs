@@ -291,11 +291,11 @@ impl<'a> ProbeLoop<'a> {
         let Some(report) = self.last_probed.as_ref() else {
             return;
         };
-        let dra = DraView {
-            settings: Arc::clone(self.links.dra_settings),
-            facts: self.links.dra.borrow_and_update().clone(),
-            rules: Some(self.links.rules.borrow_and_update().clone()),
-        };
+        let dra = DraView::new(
+            Arc::clone(self.links.dra_settings),
+            self.links.dra.borrow_and_update().clone(),
+            Some(self.links.rules.borrow_and_update().clone()),
+        );
         let dra = dra.settings.enabled().then(|| Arc::new(dra));
         let plugins = PluginView {
             node_findings: self.links.node_findings.borrow_and_update().clone(),

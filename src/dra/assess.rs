@@ -250,11 +250,39 @@ pub struct DraView {
     pub facts: Option<DraFacts>,
     /// `None` where no rule writer runs.
     pub rules: Option<RulesState>,
+    /// The first assessment made through this view (the full probe's, which the Judge makes
+    /// first): DRA's figures of that judgment are recorded from it, not assessed again.
+    first: std::sync::OnceLock<DraAssessment>,
+}
+
+impl DraView {
+    pub fn new(
+        settings: std::sync::Arc<DraSettings>,
+        facts: Option<DraFacts>,
+        rules: Option<RulesState>,
+    ) -> Self {
+        Self {
+            settings,
+            facts,
+            rules,
+            first: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// What this view made of the first report it assessed, or of `report` when it assessed
+    /// none yet.
+    pub fn first_assessment(&self, report: &ProbeReport, config: &Config) -> &DraAssessment {
+        self.first
+            .get_or_init(|| assess(report, self.facts.as_ref(), &self.settings, config))
+    }
 }
 
 impl DeviceView for DraView {
     fn assess(&self, report: &ProbeReport, config: &Config) -> DeviceAssessment {
         let judged = assess(report, self.facts.as_ref(), &self.settings, config);
+        if self.first.get().is_none() {
+            let _ = self.first.set(judged.clone());
+        }
         DeviceAssessment {
             ports_in_use: judged.in_use_ports(),
             findings: judged.findings,

@@ -69,7 +69,7 @@ impl DraMetrics {
     }
 
     /// One judgment's figures: each driver's state and the HCAs pods' claims hold, as `seen`
-    /// makes of `report`, and the device taints the Judge keeps (`tainted`).
+    /// made of `report` for the Judge, and the device taints the Judge keeps (`tainted`).
     pub fn record(
         &self,
         metrics: &Metrics,
@@ -80,8 +80,8 @@ impl DraMetrics {
     ) {
         let facts = seen.facts.as_ref();
         let drivers = assess::drivers_up(report, facts, &seen.settings);
-        let in_use = assess::assess(report, facts, &seen.settings, config).in_use;
-        self.set(metrics, &drivers, &in_use, tainted);
+        let in_use = &seen.first_assessment(report, config).in_use;
+        self.set(metrics, &drivers, in_use, tainted);
     }
 
     /// Each configured driver (registered and publishing this node's slices, or not), the

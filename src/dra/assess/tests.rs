@@ -508,6 +508,31 @@ fn an_absent_hca_held_by_a_claim_is_in_use_not_unmatched_and_never_tainted() {
     assert_eq!(codes, vec![DRA_DEVICE_UNMATCHED]);
 }
 
+/// The figures recorded after a judgment are the full probe's, as the Judge saw them: a later
+/// kernel event's assessment through the same view (the event path) does not replace them.
+#[test]
+fn the_recorded_figures_are_the_full_probes_assessment() {
+    let c = config(DRA);
+    let mut facts = all_four(&c);
+    facts.claimed.push(mlx5_3_held_by_worker_0());
+    let mut probe = node(&[]);
+    probe.rdma.devices.truncate(3);
+    let view = DraView::new(std::sync::Arc::new(settings(&c)), Some(facts), None);
+    let judged = view.assess(&probe, &c);
+    assert_eq!(judged.ports_in_use, 1);
+    // The event path reads the ports again: mlx5_3 back in the node's namespace, down.
+    let event = view.assess(&node(&["mlx5_3"]), &c);
+    assert_eq!(event.ports_in_use, 0, "the event's own assessment is fresh");
+    let recorded = view.first_assessment(&node(&["mlx5_3"]), &c);
+    assert_eq!(
+        recorded.in_use,
+        [InUseHca {
+            hca: "mlx5_3".into(),
+            claim: "train/worker-0-rdma".into(),
+        }]
+    );
+}
+
 /// An HCA a claim holds, gone from the node's namespace, is not a lost port.
 /// Four HCAs required, one moved into a pod: the node is judged on the other three; the same
 /// absence without a claim is three of four ports, not validated.
@@ -727,9 +752,9 @@ fn seen(
     facts: &DraFacts,
     rules: Option<&RulesState>,
 ) -> std::sync::Arc<dyn DeviceView> {
-    std::sync::Arc::new(DraView {
-        settings: std::sync::Arc::new(settings(c)),
-        facts: Some(facts.clone()),
-        rules: rules.cloned(),
-    })
+    std::sync::Arc::new(DraView::new(
+        std::sync::Arc::new(settings(c)),
+        Some(facts.clone()),
+        rules.cloned(),
+    ))
 }
