@@ -409,7 +409,11 @@ fn agent_writes(node: &RealNode, mark: u64) -> Vec<String> {
 /// condition change and at most the agent's own lease-free bookkeeping written, for a minute.
 pub fn agent_kubelet_restart(node: &RealNode) -> Result<(), String> {
     with_dra_agent(node, || {
-        wait_slice(node, Duration::from_secs(60))?;
+        let before = wait_slice(node, Duration::from_secs(60))?;
+        // The kubelet's start-up wipe and the plugin's republish are told by the slice's UID:
+        // a republish can follow the wipe faster than one poll (500 ms), never with the same
+        // object.
+        let first_uid = before["metadata"]["uid"].as_str().map(str::to_owned);
         let mark = audit_mark(node);
         let t0 = Instant::now();
         node.signal("kubelet", "TERM")?;
@@ -427,11 +431,14 @@ pub fn agent_kubelet_restart(node: &RealNode) -> Result<(), String> {
             if !agent_rules(node).is_empty() {
                 flap.get_or_insert_with(|| format!("{:?}: a DeviceTaintRule", t0.elapsed()));
             }
-            let has_slice = !dra::slices(node).is_empty();
-            if !has_slice && slice_gone.is_none() {
+            let uids: Vec<Option<String>> = dra::slices(node)
+                .iter()
+                .map(|s| s["metadata"]["uid"].as_str().map(str::to_owned))
+                .collect();
+            if !uids.contains(&first_uid) && slice_gone.is_none() {
                 slice_gone = Some(t0.elapsed());
             }
-            if has_slice && slice_gone.is_some() && slice_back.is_none() {
+            if uids.iter().any(|u| *u != first_uid) && slice_back.is_none() {
                 slice_back = Some(t0.elapsed());
             }
             std::thread::sleep(Duration::from_millis(500));
@@ -446,6 +453,9 @@ pub fn agent_kubelet_restart(node: &RealNode) -> Result<(), String> {
                 "the kubelet restart marked the node or a device: {f}"
             ));
         }
+        check(slice_gone.is_some(), || {
+            "the kubelet's restart did not wipe the plugin's slice within 60 s (same UID)".into()
+        })?;
         check(slice_back.is_some(), || {
             "the plugin's slice did not come back within 60 s".into()
         })?;

@@ -8,8 +8,19 @@
 //! resets (driver reload, `perfquery -R`) or wraps becomes a step of zero-or-more, so
 //! `rate()` is never negative and no increase is lost across the reset.
 
+/// Register `$m` (a clone: families are shared handles) as `fabricgate_<name>`.
+macro_rules! reg {
+    ($r:expr, $name:literal, $help:literal, $m:expr) => {
+        $r.register(concat!("fabricgate_", $name), $help, $m.clone())
+    };
+    ($r:expr, $name:literal, $help:literal, $m:expr, $unit:expr) => {
+        $r.register_with_unit(concat!("fabricgate_", $name), $help, $unit, $m.clone())
+    };
+}
+
 mod checks;
 mod http;
+mod rdma;
 mod record;
 mod register;
 #[cfg(test)]
@@ -20,6 +31,7 @@ pub use http::{
     exposition_response, health_response, negotiate, router, serve, serve_with_limits,
     wants_openmetrics,
 };
+pub use rdma::{DATA_COUNTERS, ERROR_COUNTERS, HW_COUNTERS, counters_read};
 
 use crate::config::Config;
 pub use crate::observe::counters::Monotonic;
@@ -31,7 +43,6 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
-use std::collections::HashMap;
 use std::hash::Hash;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Mutex, MutexGuard};
@@ -42,55 +53,6 @@ pub const OPENMETRICS_CONTENT_TYPE: &str =
 /// Content type of the classic Prometheus text format.
 pub const PROMETHEUS_CONTENT_TYPE: &str =
     prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
-
-/// IB performance-management error counters exported as
-/// `fabricgate_rdma_port_errors_total{counter=...}` (the names are the sysfs file names).
-pub const ERROR_COUNTERS: &[&str] = &[
-    "symbol_error",
-    "link_downed",
-    "link_error_recovery",
-    "port_rcv_errors",
-    "port_xmit_discards",
-    "excessive_buffer_overrun_errors",
-    "local_link_integrity_errors",
-    "port_rcv_remote_physical_errors",
-    "port_rcv_switch_relay_errors",
-    "port_rcv_constraint_errors",
-    "port_xmit_constraint_errors",
-    "VL15_dropped",
-];
-
-/// Driver `hw_counters` exported as `fabricgate_rdma_port_hw_events_total{counter=...}`: the
-/// RoCE retry, sequence and congestion counters that explain a slow or stalling fabric. A
-/// fixed list keeps the series bounded (mlx5 alone has dozens of hw_counters).
-pub const HW_COUNTERS: &[&str] = &[
-    "out_of_sequence",
-    "packet_seq_err",
-    "rnr_nak_retry_err",
-    "local_ack_timeout_err",
-    "implied_nak_seq_err",
-    "duplicate_request",
-    "req_cqe_error",
-    "resp_cqe_error",
-    "np_cnp_sent",
-    "np_ecn_marked_roce_packets",
-    "rp_cnp_handled",
-];
-
-/// The byte counters behind `fabricgate_rdma_port_{transmit,receive}_bytes_total` and the
-/// fallback detector's RDMA rate.
-pub const DATA_COUNTERS: &[&str] = &["port_xmit_data", "port_rcv_data"];
-
-/// The counter files the agent reads: what it exports and what its fallback detector needs.
-/// The rest of `counters/` and `hw_counters/` (about half of an mlx5 port's ~50 files) would be
-/// read on every probe for nothing.
-pub fn counters_read() -> fabricgate_probes::rdma::sysfs::CounterNames {
-    let owned = |names: &[&str]| names.iter().map(|&n| n.to_owned()).collect::<Vec<_>>();
-    fabricgate_probes::rdma::sysfs::CounterNames {
-        counters: Some([owned(DATA_COUNTERS), owned(ERROR_COUNTERS)].concat()),
-        hw_counters: Some(owned(HW_COUNTERS)),
-    }
-}
 
 /// The built-in `probe` label values of the duration histogram and the error counter (each
 /// registered subsystem adds its own, src/checks/).
@@ -104,27 +66,6 @@ const DURATION_BUCKETS: [f64; 14] = [
 ];
 
 pub type GaugeF64 = Gauge<f64, AtomicU64>;
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct PortLabels {
-    device: String,
-    port: u32,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct PortInfoLabels {
-    device: String,
-    port: u32,
-    link_layer: String,
-    netdev: String,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct PortCounterLabels {
-    device: String,
-    port: u32,
-    counter: &'static str,
-}
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ProbeLabels {
@@ -174,17 +115,8 @@ struct Families {
     rdma_ready: Gauge,
     findings: Family<FindingLabels, Gauge>,
 
-    port_state: Family<PortLabels, Gauge>,
-    port_phys_state: Family<PortLabels, Gauge>,
-    port_rate_gbps: Family<PortLabels, GaugeF64>,
-    port_up: Family<PortLabels, Gauge>,
-    selftest_ok: Family<PortLabels, Gauge>,
-    selftest_latency: Family<PortLabels, GaugeF64>,
-    port_info: Family<PortInfoLabels, Gauge>,
-    port_tx_bytes: Family<PortLabels, Counter>,
-    port_rx_bytes: Family<PortLabels, Counter>,
-    port_errors: Family<PortCounterLabels, Counter>,
-    port_hw: Family<PortCounterLabels, Counter>,
+    /// The RDMA ports' families (`rdma.rs`).
+    rdma: rdma::RdmaFamilies,
 
     probe_errors: Family<ProbeLabels, Counter>,
     last_probe_timestamp: GaugeF64,
@@ -203,15 +135,8 @@ struct Families {
 /// Reader state behind the counters: the last raw value of every kernel counter series.
 #[derive(Debug)]
 struct Readers {
-    port_tx: HashMap<PortLabels, Monotonic>,
-    port_rx: HashMap<PortLabels, Monotonic>,
-    port_errors: HashMap<PortCounterLabels, Monotonic>,
-    port_hw: HashMap<PortCounterLabels, Monotonic>,
-    /// Each port's `counters_timestamp` when its counters were last added: between two reads
-    /// (`rdma.counters_interval`) a report carries the same values, which add nothing.
-    port_counters_added: HashMap<PortLabels, f64>,
-    /// When each RDMA device was last in a report (stale-series pruning).
-    rdma_seen: HashMap<String, std::time::Instant>,
+    /// The RDMA ports' counters (`rdma.rs`).
+    rdma: rdma::RdmaReaders,
     /// Series of a device absent for longer than this are dropped (`--stale-series-grace`).
     series_grace: std::time::Duration,
 }

@@ -12,18 +12,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
-use std::collections::HashMap;
 use std::sync::Mutex;
-
-/// Register `$m` (a clone: families are shared handles) as `fabricgate_<name>`.
-macro_rules! reg {
-    ($r:expr, $name:literal, $help:literal, $m:expr) => {
-        $r.register(concat!("fabricgate_", $name), $help, $m.clone())
-    };
-    ($r:expr, $name:literal, $help:literal, $m:expr, $unit:expr) => {
-        $r.register_with_unit(concat!("fabricgate_", $name), $help, $unit, $m.clone())
-    };
-}
 
 impl Metrics {
     /// Metrics whose fallback detector follows `config.fallback` and `config.rdma.devices`.
@@ -43,7 +32,7 @@ impl Metrics {
             Family::new_with_constructor(duration_histogram);
         let mut r = Registry::default();
         register_verdict(&mut r, &f);
-        register_ports(&mut r, &f);
+        f.rdma.register(&mut r);
         register_probes(&mut r, &f, &probe_duration);
         register_node_guards(&mut r, &f);
         register_agent(&mut r, &f);
@@ -88,12 +77,7 @@ impl Metrics {
             families: f,
             probe_duration,
             state: Mutex::new(Readers {
-                port_tx: HashMap::new(),
-                port_rx: HashMap::new(),
-                port_errors: HashMap::new(),
-                port_hw: HashMap::new(),
-                port_counters_added: HashMap::new(),
-                rdma_seen: HashMap::new(),
+                rdma: super::rdma::RdmaReaders::default(),
                 series_grace: DEFAULT_STALE_SERIES_GRACE,
             }),
             fallback: Mutex::new(Fallback {
@@ -130,79 +114,6 @@ fn register_verdict(r: &mut Registry, f: &Families) {
         "findings",
         "Problems that keep the node unvalidated, by scope and reason (the Node condition reason)",
         f.findings
-    );
-}
-
-/// The RDMA ports (state, rate, self-test, counters).
-fn register_ports(r: &mut Registry, f: &Families) {
-    reg!(
-        r,
-        "rdma_port_state",
-        "Logical port state (ports/N/state): 1 DOWN, 2 INIT, 3 ARMED, 4 ACTIVE, 5 ACTIVE_DEFER",
-        f.port_state
-    );
-    reg!(
-        r,
-        "rdma_port_phys_state",
-        "Physical port state (ports/N/phys_state): 2 Polling, 3 Disabled, 5 LinkUp, 6 LinkErrorRecovery",
-        f.port_phys_state
-    );
-    reg!(
-        r,
-        "rdma_port_rate_gbps",
-        "Negotiated port rate in Gb/s (ports/N/rate)",
-        f.port_rate_gbps
-    );
-    reg!(
-        r,
-        "rdma_port_up",
-        "1 when the port is ACTIVE and LinkUp, else 0",
-        f.port_up
-    );
-    reg!(
-        r,
-        "rdma_selftest_ok",
-        "1 when the last loopback RC data-path self-test on the port passed, 0 when it failed",
-        f.selftest_ok
-    );
-    reg!(
-        r,
-        "rdma_selftest_latency",
-        "Round-trip latency of the last passing data-path self-test",
-        f.selftest_latency,
-        Unit::Seconds
-    );
-    reg!(
-        r,
-        "rdma_port_info",
-        "Port attributes as labels (link layer, netdev of a RoCE port); always 1",
-        f.port_info
-    );
-    reg!(
-        r,
-        "rdma_port_transmit",
-        "Data octets sent by the port (port_xmit_data x 4)",
-        f.port_tx_bytes,
-        Unit::Bytes
-    );
-    reg!(
-        r,
-        "rdma_port_receive",
-        "Data octets received by the port (port_rcv_data x 4)",
-        f.port_rx_bytes,
-        Unit::Bytes
-    );
-    reg!(
-        r,
-        "rdma_port_errors",
-        "Port error counters (ports/N/counters), by counter file name",
-        f.port_errors
-    );
-    reg!(
-        r,
-        "rdma_port_hw_events",
-        "Driver hw_counters (RoCE retries, sequence errors, congestion notifications), by name",
-        f.port_hw
     );
 }
 
