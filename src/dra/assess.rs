@@ -1,7 +1,8 @@
 //! DRA (docs/dra.md): the HCAs a DRA driver publishes in this node's ResourceSlices, matched to
 //! the HCAs the probe judged. Two outcomes: node findings (the driver is gone, an HCA is not
 //! published) and device taints (a published HCA the probe finds bad), one `DeviceTaintRule`
-//! each, kept with the same hysteresis as the node verdict ([`DeviceHysteresis`]).
+//! each, kept with the same hysteresis as the node verdict
+//! ([`crate::policy::devices::DeviceHysteresis`], the Judge's).
 //!
 //! Pure: the slices arrive as [`DraFacts`] (`slices.rs` reads them and holds a kubelet restart
 //! back), the registration sockets in the probe's host report. Which device is tainted is
@@ -241,7 +242,7 @@ impl DraAssessment {
 
 /// What the DRA side sees at one moment, handed to the Judge: the slices and claims, and the
 /// rule writer's state.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct DraView {
     /// DRA's section of the config (`kubernetes.dra`), read once.
     pub settings: std::sync::Arc<DraSettings>,

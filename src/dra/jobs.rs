@@ -1,7 +1,7 @@
 //! The DRA jobs the agent starts (docs/dra.md): this node's ResourceSlices in
-//! ([`super::watch_slices`]), the claims of its pods and what their namespaces hold, each
+//! ([`super::slices::watch_slices`]), the claims of its pods and what their namespaces hold, each
 //! driver's kubelet plugin followed through its registration socket, and the
-//! `DeviceTaintRule`s of its bad HCAs out ([`super::DeviceTaintRules`]). What slices and probes
+//! `DeviceTaintRule`s of its bad HCAs out ([`super::rules::DeviceTaintRules`]). What slices and probes
 //! mean is decided in [`super::assess`] through the Judge, never here.
 
 use super::assess::{DraFacts, RulesState};
@@ -37,9 +37,9 @@ pub struct DraJobs<'a> {
     pub interval: Duration,
     /// The rule writer's longest wait between refused writes.
     pub rules_max_backoff: Duration,
-    /// `fabricgate_dra_device_rules_writable`: DRA's families, changed under the agent's
-    /// metrics' lock.
+    /// The agent's metrics, whose lock DRA's families change under.
     pub metrics: &'a Arc<Metrics>,
+    /// DRA's families: the rule writer's state goes to `fabricgate_dra_device_rules_writable`.
     pub families: &'a DraMetrics,
     /// This node's pods (`node::pods_watch`, shared with runtime transport): the claims they
     /// name tell which HCAs are in use by a pod. `None`: no claim is read.

@@ -119,7 +119,7 @@ impl DraMetrics {
         });
     }
 
-    /// Whether this node's DeviceTaintRules can be written ([`super::RulesState::On`]).
+    /// Whether this node's DeviceTaintRules can be written ([`super::assess::RulesState::On`]).
     pub fn set_rules_writable(&self, metrics: &Metrics, writable: bool) {
         metrics.changing(|| self.rules_writable.set(i64::from(writable)));
     }

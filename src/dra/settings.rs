@@ -133,8 +133,19 @@ impl DraSettings {
     pub fn driver_names(&self) -> Vec<String> {
         self.drivers.iter().map(|d| d.name.clone()).collect()
     }
+}
 
-    fn check(&self) -> Result<()> {
+impl FeatureSection for DraSettings {
+    const KEY: &'static str = "kubernetes.dra";
+
+    fn section(config: &Config) -> &Section {
+        &config.kubernetes.dra
+    }
+
+    /// [`Error::ConfigValue`] naming `kubernetes.dra.registry_dir` (not absolute) or
+    /// `kubernetes.dra.drivers` (a name that is not a DNS subdomain, listed twice, or an
+    /// attribute that is not a device attribute's name).
+    fn validate(&self) -> Result<()> {
         let bad = |key: &str, message: String| {
             Err(Error::ConfigValue {
                 key: key.to_owned(),
@@ -189,21 +200,6 @@ impl DraSettings {
     }
 }
 
-impl FeatureSection for DraSettings {
-    const KEY: &'static str = "kubernetes.dra";
-
-    fn section(config: &Config) -> &Section {
-        &config.kubernetes.dra
-    }
-
-    /// [`Error::ConfigValue`] naming `kubernetes.dra.registry_dir` (not absolute) or
-    /// `kubernetes.dra.drivers` (a name that is not a DNS subdomain, listed twice, or an
-    /// attribute that is not a device attribute's name).
-    fn validate(&self) -> Result<()> {
-        self.check()
-    }
-}
-
 /// A DNS subdomain (RFC 1123), as Kubernetes checks driver names.
 fn is_dns_subdomain(s: &str) -> bool {
     !s.is_empty()
@@ -226,25 +222,25 @@ mod tests {
     #[test]
     fn driver_names_and_attributes_are_checked() {
         let mut dra = DraSettings::default();
-        assert!(dra.check().is_ok());
+        assert!(dra.validate().is_ok());
         dra.drivers.push(DraDriver {
             name: "dra.net".into(),
             rdma_device_attribute: None,
             pci_address_attribute: None,
         });
-        assert!(dra.check().is_ok());
+        assert!(dra.validate().is_ok());
         assert_eq!(dra.drivers[0].rdma_device_attribute(), "dra.net/rdmaDevice");
         assert_eq!(dra.drivers[0].pci_address_attribute(), "dra.net/pciAddress");
         dra.drivers.push(dra.drivers[0].clone());
-        assert!(dra.check().unwrap_err().to_string().contains("twice"));
+        assert!(dra.validate().unwrap_err().to_string().contains("twice"));
         dra.drivers.pop();
         dra.drivers[0].name = "Dra_Net".into();
-        assert!(dra.check().is_err());
+        assert!(dra.validate().is_err());
         dra.drivers[0].name = "dra.net".into();
         dra.drivers[0].rdma_device_attribute = Some("a/b/c".into());
-        assert!(dra.check().is_err());
+        assert!(dra.validate().is_err());
         dra.drivers[0].rdma_device_attribute = None;
         dra.registry_dir = "relative".into();
-        assert!(dra.check().is_err());
+        assert!(dra.validate().is_err());
     }
 }
